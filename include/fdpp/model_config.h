@@ -1,0 +1,51 @@
+// What a model is, independent of where its weights came from (GGUF, HF directory) and of the
+// backend that runs it. Loaders fill it; fdpp::validate() checks it before any weight is read.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fdpp {
+
+enum class RopeScaling { None, Linear, Llama3 };
+
+struct RopeConfig {
+  double theta = 10000.0;
+  int rotary_dim = 0;  // dimensions of each head that rotate (== head_dim for Llama)
+  RopeScaling scaling = RopeScaling::None;
+  double factor = 1.0;            // Linear and Llama3
+  double low_freq_factor = 1.0;   // Llama3
+  double high_freq_factor = 4.0;  // Llama3
+  int original_max_positions = 8192;  // Llama3
+  // Per-frequency divisors (GGUF rope_freqs.weight, how llama.cpp stores Llama 3 scaling); empty
+  // when absent. Applied after `scaling`.
+  std::vector<double> freq_factors;
+};
+
+struct ModelConfig {
+  std::string architecture;  // "llama" (Llama 2/3, Mistral, SmolLM2)
+  std::string name;
+  int n_layers = 0;
+  int hidden = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int ffn_hidden = 0;
+  int vocab_size = 0;
+  int max_context = 0;
+  double norm_eps = 1e-5;
+  RopeConfig rope;
+  bool tied_embeddings = false;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+
+  int q_dim() const { return n_heads * head_dim; }
+  int kv_dim() const { return n_kv_heads * head_dim; }
+};
+
+// Throws fdpp::Error ("<origin>: <field> = <value> ...") for zero, negative or inconsistent fields
+// (heads not a multiple of kv heads, odd rotary dim, absurd sizes).
+void validate(const ModelConfig& config, const std::string& origin);
+
+}  // namespace fdpp

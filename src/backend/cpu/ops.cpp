@@ -1,0 +1,170 @@
+#include "backend/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+namespace fdpp::cpu {
+
+namespace {
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+}  // namespace
+
+void linear(const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias, float* y) {
+  // One pass over the weights: each weight row is read once and applied to all M input rows while
+  // it is in L1. Rows are blocked so that each thread streams a contiguous slice of w.
+  constexpr int64_t kRowsPerTask = 16;
+  const int64_t tasks = (N + kRowsPerTask - 1) / kRowsPerTask;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t n_end = std::min(N, (t + 1) * kRowsPerTask);
+    for (int64_t n = t * kRowsPerTask; n < n_end; ++n) {
+      const float* wr = w + n * K;
+      const float b = bias != nullptr ? bias[n] : 0.f;
+      for (int64_t m = 0; m < M; ++m) y[m * N + n] = dot(x + m * K, wr, K) + b;
+    }
+  }
+}
+
+void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, double eps, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* o = out + r * dim;
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
+    for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * weight[i];
+  }
+}
+
+void layer_norm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t dim, double eps,
+                float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* o = out + r * dim;
+    double mean = 0.0;
+    for (int64_t i = 0; i < dim; ++i) mean += xr[i];
+    mean /= static_cast<double>(dim);
+    double var = 0.0;
+    for (int64_t i = 0; i < dim; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= static_cast<double>(dim);
+    const double inv = 1.0 / std::sqrt(var + eps);
+    for (int64_t i = 0; i < dim; ++i) {
+      const float normed = static_cast<float>((xr[i] - mean) * inv);
+      o[i] = normed * weight[i] + (bias != nullptr ? bias[i] : 0.f);
+    }
+  }
+}
+
+void add_inplace(float* x, const float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.f + std::exp(-g)) * up[i];
+  }
+}
+
+std::vector<double> rope_inv_freq(const RopeConfig& rope) {
+  const int half = rope.rotary_dim / 2;
+  std::vector<double> inv(half);
+  for (int i = 0; i < half; ++i) inv[i] = 1.0 / std::pow(rope.theta, (2.0 * i) / rope.rotary_dim);
+  if (rope.scaling == RopeScaling::Linear) {
+    for (double& f : inv) f /= rope.factor;
+  } else if (rope.scaling == RopeScaling::Llama3) {
+    // transformers' _compute_llama3_parameters: long wavelengths are divided by factor, short ones
+    // kept, and the band between is interpolated smoothly.
+    const double low_freq_wavelen = rope.original_max_positions / rope.low_freq_factor;
+    const double high_freq_wavelen = rope.original_max_positions / rope.high_freq_factor;
+    for (double& f : inv) {
+      const double wavelen = 2.0 * std::numbers::pi / f;
+      if (wavelen > low_freq_wavelen) {
+        f = f / rope.factor;
+      } else if (wavelen >= high_freq_wavelen) {
+        const double smooth = (rope.original_max_positions / wavelen - rope.low_freq_factor) /
+                              (rope.high_freq_factor - rope.low_freq_factor);
+        f = (1.0 - smooth) * f / rope.factor + smooth * f;
+      }
+    }
+  }
+  if (!rope.freq_factors.empty()) {
+    for (int i = 0; i < half; ++i) inv[i] /= rope.freq_factors[i];
+  }
+  return inv;
+}
+
+void rope_rotate_half(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, std::span<const double> inv_freq,
+                      std::span<const int32_t> positions) {
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    // HF computes cos/sin in fp32 from an fp32 product position * inv_freq; do the same so that
+    // long positions round the same way.
+    std::vector<float> cos_v(half), sin_v(half);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(positions[t]) * static_cast<float>(inv_freq[i]);
+      cos_v[i] = std::cos(angle);
+      sin_v[i] = std::sin(angle);
+    }
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* xh = x + (t * n_heads + h) * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = xh[i], b = xh[i + half];
+        xh[i] = a * cos_v[i] - b * sin_v[i];
+        xh[i + half] = b * cos_v[i] + a * sin_v[i];
+      }
+    }
+  }
+}
+
+void attention(const float* q, const float* k, const float* v, int64_t n_q, int64_t start_pos, int64_t n_heads,
+               int64_t n_kv_heads, int64_t head_dim, float scale, float* out) {
+  const int64_t group = n_heads / n_kv_heads;
+  const int64_t q_stride = n_heads * head_dim;
+  const int64_t kv_stride = n_kv_heads * head_dim;
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<size_t>(start_pos + n_q));
+    std::vector<float> acc(static_cast<size_t>(head_dim));
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t t = 0; t < n_q; ++t) {
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const int64_t len = start_pos + t + 1;  // causal: keys 0 .. own position
+        const float* qh = q + t * q_stride + h * head_dim;
+        const int64_t kvh = h / group;
+        float max_score = -INFINITY;
+        for (int64_t j = 0; j < len; ++j) {
+          scores[j] = dot(qh, k + j * kv_stride + kvh * head_dim, head_dim) * scale;
+          max_score = std::max(max_score, scores[j]);
+        }
+        double denom = 0.0;
+        for (int64_t j = 0; j < len; ++j) {
+          scores[j] = std::exp(scores[j] - max_score);
+          denom += scores[j];
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t j = 0; j < len; ++j) {
+          const float p = scores[j];
+          const float* vj = v + j * kv_stride + kvh * head_dim;
+#pragma omp simd
+          for (int64_t d = 0; d < head_dim; ++d) acc[d] += p * vj[d];
+        }
+        float* o = out + t * q_stride + h * head_dim;
+        const float inv = static_cast<float>(1.0 / denom);
+        for (int64_t d = 0; d < head_dim; ++d) o[d] = acc[d] * inv;
+      }
+    }
+  }
+}
+
+}  // namespace fdpp::cpu

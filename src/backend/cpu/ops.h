@@ -1,0 +1,51 @@
+// The CPU reference backend: every op a decoder layer needs, fp32 in and out with fp32
+// accumulation, parallel over output rows with OpenMP. These functions define the truth that every
+// CUDA kernel is tested against, so they favour plain, obviously-right loops; speed comes from
+// OpenMP and the compiler's vectorization (AVX2 + FMA), not from cleverness.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "fdpp/model_config.h"
+
+namespace fdpp::cpu {
+
+// y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]); w is [N, K] row-major (out x in). bias may be null.
+void linear(const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias, float* y);
+
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight  (out may alias x)
+void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, double eps, float* out);
+
+// out[r, :] = (x[r, :] - mean) / sqrt(var + eps) * weight + bias  (out may alias x)
+void layer_norm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t dim, double eps,
+                float* out);
+
+// x[i] += y[i]
+void add_inplace(float* x, const float* y, int64_t n);
+
+// out[r, i] = silu(gate[r, i]) * up[r, i]  (out may alias gate)
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+
+// Inverse frequencies of the rotary embedding (rotary_dim / 2 of them), with Linear or Llama 3
+// frequency scaling applied as HF transformers does.
+std::vector<double> rope_inv_freq(const RopeConfig& rope);
+
+// Rotates the first rotary_dim dims of every head in x[n_tokens, n_heads * head_dim] in place, in
+// the "rotate half" layout (HF Llama: pairs (i, i + rotary_dim / 2)). positions[t] gives each
+// token's position.
+void rope_rotate_half(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, std::span<const double> inv_freq,
+                      std::span<const int32_t> positions);
+
+// Causal attention of n_q new query tokens (at positions start_pos .. start_pos + n_q - 1) over a
+// cache holding positions 0 .. start_pos + n_q - 1.
+//   q:   [n_q, n_heads * head_dim]
+//   k,v: [>= start_pos + n_q, n_kv_heads * head_dim] (the layer's cache)
+//   out: [n_q, n_heads * head_dim]
+// Query head h reads kv head h / (n_heads / n_kv_heads) (GQA). scale is usually 1/sqrt(head_dim).
+// Softmax is the stable one (max subtracted) in fp32 with a double-precision denominator.
+void attention(const float* q, const float* k, const float* v, int64_t n_q, int64_t start_pos, int64_t n_heads,
+               int64_t n_kv_heads, int64_t head_dim, float scale, float* out);
+
+}  // namespace fdpp::cpu

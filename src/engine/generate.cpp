@@ -1,0 +1,68 @@
+#include "engine/generate.h"
+
+#include <chrono>
+
+#include "engine/sampler.h"
+#include "fdpp/error.h"
+
+namespace fdpp {
+
+double GenerateResult::prefill_tokens_per_second() const {
+  return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0.0;
+}
+
+double GenerateResult::decode_tokens_per_second() const {
+  const size_t decoded = tokens.size() > 1 ? tokens.size() - 1 : 0;
+  return decode_seconds > 0 ? static_cast<double>(decoded) / decode_seconds : 0.0;
+}
+
+GenerateResult generate(LlamaCpu& runner, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                        const GenerateOptions& options, const std::function<void(std::string_view)>& on_text) {
+  using Clock = std::chrono::steady_clock;
+  check(!prompt.empty(), "the prompt is empty (no tokens to start from)");
+  check(options.max_tokens >= 0, "max tokens = {} must be >= 0", options.max_tokens);
+  const int vocab = runner.config().vocab_size;
+  for (int32_t id : prompt) check(id >= 0 && id < vocab, "prompt token id {} is out of range [0, {})", id, vocab);
+  check(static_cast<int64_t>(prompt.size()) + options.max_tokens <= runner.max_context(),
+        "prompt ({} tokens) + max tokens ({}) exceed the context size {}", prompt.size(), options.max_tokens,
+        runner.max_context());
+
+  GenerateResult r;
+  r.prompt_tokens = static_cast<int>(prompt.size());
+  r.finish_reason = "length";
+  if (options.max_tokens == 0) return r;
+
+  Sampler sampler(options.sampling);
+  StreamingDetokenizer detok(tokenizer, /*skip_special=*/true);
+  std::vector<int32_t> history(prompt.begin(), prompt.end());
+  std::vector<float> logits(vocab);
+
+  auto t0 = Clock::now();
+  runner.forward(prompt, 0, /*all_positions=*/false, logits);
+  r.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  auto decode_start = Clock::now();
+  for (int step = 0; step < options.max_tokens; ++step) {
+    if (step > 0) {
+      const int32_t last = r.tokens.back();
+      runner.forward(std::span<const int32_t>(&last, 1), static_cast<int>(history.size()) - 1, false, logits);
+    }
+    const int32_t next = sampler.sample(logits, history);
+    r.tokens.push_back(next);
+    history.push_back(next);
+    if (!options.ignore_eos && tokenizer.is_end_of_generation(next)) {
+      r.finish_reason = "stop";
+      break;
+    }
+    std::string piece = detok.push(next);
+    r.text += piece;
+    if (on_text && !piece.empty()) on_text(piece);
+  }
+  std::string rest = detok.flush();
+  r.text += rest;
+  if (on_text && !rest.empty()) on_text(rest);
+  r.decode_seconds = std::chrono::duration<double>(Clock::now() - decode_start).count();
+  return r;
+}
+
+}  // namespace fdpp

@@ -1,0 +1,88 @@
+#include "io/model_loader.h"
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+
+#include "fdpp/error.h"
+#include "io/gguf.h"
+
+namespace fdpp {
+
+namespace {
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+ModelDescription describe_gguf(const gguf::GgufFile& f) {
+  ModelDescription d;
+  d.path = f.path();
+  d.format = "gguf";
+  d.config = llama_config_from_gguf(f);
+  for (const TensorSpec& spec : llama_gguf_tensor_specs(d.config)) {
+    const gguf::TensorInfo* info = f.find_tensor(spec.name);
+    if (info == nullptr) {
+      check(!spec.required, "{}: tensor '{}' is missing", f.path(), spec.name);
+      continue;
+    }
+    std::vector<int64_t> shape(info->dims.rbegin(), info->dims.rend());
+    check(shape == spec.shape, "{}: tensor '{}' has shape {}, but the metadata implies {}", f.path(), spec.name,
+          shape_string(shape), shape_string(spec.shape));
+    check(gguf::is_supported(info->type), "{}: tensor '{}' has type {}, which fdpp cannot dequantize yet", f.path(),
+          spec.name, gguf::type_name(info->type));
+    d.tensors.push_back({spec.name, shape, gguf::type_name(info->type), info->n_bytes});
+    d.n_params += info->n_elements;
+    d.stored_bytes += info->n_bytes;
+    d.dtype_counts[gguf::type_name(info->type)]++;
+  }
+  return d;
+}
+
+}  // namespace
+
+std::string default_model_path() {
+  if (const char* env = std::getenv("FDPP_MODEL"); env != nullptr && *env != '\0') return env;
+  std::string cache;
+  if (const char* c = std::getenv("FDPP_CACHE"); c != nullptr && *c != '\0') {
+    cache = c;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+    cache = std::string(x) + "/fdpp";
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    cache = std::string(home) + "/.cache/fdpp";
+  } else {
+    cache = ".cache/fdpp";
+  }
+  return cache + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+std::string resolve_model_path(const std::string& path) {
+  if (!path.empty()) return path;
+  std::string def = default_model_path();
+  check(exists(def), "{}: default model not found; fetch it with scripts/fetch-default-model.sh or pass --model PATH",
+        def);
+  return def;
+}
+
+ModelDescription describe_model(const std::string& path) {
+  check(exists(path), "{}: no such file or directory", path);
+  // Only GGUF files for now; HF directories (config.json + safetensors/.bin) come next.
+  const auto f = gguf::GgufFile::open(path);
+  return describe_gguf(f);
+}
+
+LoadedModel load_model(const std::string& path, const ProgressFn& progress) {
+  check(exists(path), "{}: no such file or directory", path);
+  const auto f = gguf::GgufFile::open(path);
+  LoadedModel m;
+  m.description = describe_gguf(f);
+  m.tokenizer = Tokenizer::from_gguf(f);
+  check(m.tokenizer->vocab_size() <= m.description.config.vocab_size,
+        "{}: tokenizer has {} tokens but the model's vocabulary is {}", path, m.tokenizer->vocab_size(),
+        m.description.config.vocab_size);
+  m.weights = load_llama_gguf(f, m.description.config, progress);
+  return m;
+}
+
+}  // namespace fdpp

@@ -1,0 +1,58 @@
+// From a path on disk to a runnable model: resolves the default model, recognizes the format,
+// describes and validates the model without reading weights (fdpp info), and loads it.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fdpp/model_config.h"
+#include "model/llama.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fdpp {
+
+namespace gguf {
+class GgufFile;
+}
+
+struct TensorDescription {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype;   // as stored: "Q4_1", "F32", ...
+  uint64_t bytes = 0;  // as stored
+};
+
+struct ModelDescription {
+  std::string path;
+  std::string format;  // "gguf"
+  ModelConfig config;
+  std::vector<TensorDescription> tensors;  // the ones the model uses, validated
+  uint64_t n_params = 0;
+  uint64_t stored_bytes = 0;                // weights as stored in the file
+  std::map<std::string, int> dtype_counts;  // stored dtype -> tensor count
+};
+
+// The default model: $FDPP_MODEL, else the file scripts/fetch-default-model.sh puts in the cache
+// (${FDPP_CACHE:-${XDG_CACHE_HOME:-~/.cache}/fdpp}/models/SmolLM2-135M-Instruct.Q4_1.gguf).
+std::string default_model_path();
+// An empty path means the default model; a missing default gives an error saying how to fetch it.
+std::string resolve_model_path(const std::string& path);
+
+// Parses and validates the whole model description (metadata against tensor names, shapes and
+// types, and everything against the file size) without reading weights.
+ModelDescription describe_model(const std::string& path);
+
+struct LoadedModel {
+  ModelDescription description;
+  LlamaWeights weights;
+  std::unique_ptr<Tokenizer> tokenizer;
+  const ModelConfig& config() const { return description.config; }
+};
+
+// Loads weights (dequantized to fp32) and the tokenizer. progress(fraction) is called as tensors
+// are read.
+LoadedModel load_model(const std::string& path, const ProgressFn& progress = {});
+
+}  // namespace fdpp

@@ -1,0 +1,255 @@
+#include "model/llama.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/ops.h"
+#include "fdpp/error.h"
+#include "io/gguf.h"
+
+namespace fdpp {
+
+namespace {
+
+// GGUF architectures that use the Llama recipe and llama.cpp's tensor names.
+bool is_llama_family(const std::string& arch) { return arch == "llama" || arch == "mistral"; }
+
+int to_int(uint64_t v, const std::string& path, const char* key) {
+  check(v <= (1u << 30), "{}: metadata {} = {} is out of range", path, key, v);
+  return static_cast<int>(v);
+}
+
+// llama.cpp's converter permutes the rows of attn_q/attn_k within each head so that its RoPE can
+// rotate adjacent pairs; HF checkpoints (and fdpp) rotate halves. Undo it:
+// GGUF row (2 i + j) of a head is HF row (j * head_dim / 2 + i).
+void unpermute_rows_for_rotate_half(Tensor& t, int n_heads) {
+  if (t.empty()) return;
+  const int64_t rows = t.shape[0];
+  const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+  const int64_t head_dim = rows / n_heads;
+  const int64_t half = head_dim / 2;
+  std::vector<float> out(t.data.size());
+  for (int64_t h = 0; h < n_heads; ++h)
+    for (int64_t i = 0; i < half; ++i)
+      for (int64_t j = 0; j < 2; ++j) {
+        const int64_t src = h * head_dim + 2 * i + j;
+        const int64_t dst = h * head_dim + j * half + i;
+        std::memcpy(&out[dst * cols], &t.data[src * cols], cols * sizeof(float));
+      }
+  t.data = std::move(out);
+}
+
+}  // namespace
+
+ModelConfig llama_config_from_gguf(const gguf::GgufFile& f) {
+  const std::string& path = f.path();
+  ModelConfig c;
+  c.architecture = f.get_string("general.architecture");
+  check(is_llama_family(c.architecture), "{}: unsupported architecture '{}' (supported: llama, mistral)", path,
+        c.architecture);
+  const std::string a = c.architecture;
+  auto key = [&](const char* suffix) { return fmt::format("{}.{}", a, suffix); };
+  auto get_int = [&](const std::string& k) { return to_int(f.get_uint(k), path, k.c_str()); };
+  auto get_int_or = [&](const std::string& k, int fallback) { return to_int(f.get_uint(k, fallback), path, k.c_str()); };
+
+  c.name = f.get_string("general.name", "");
+  c.n_layers = get_int(key("block_count"));
+  c.hidden = get_int(key("embedding_length"));
+  c.ffn_hidden = get_int(key("feed_forward_length"));
+  c.n_heads = get_int(key("attention.head_count"));
+  c.n_kv_heads = get_int_or(key("attention.head_count_kv"), c.n_heads);
+  check(c.n_heads > 0, "{}: {} must be positive", path, key("attention.head_count"));
+  c.head_dim = get_int_or(key("attention.key_length"), c.hidden / c.n_heads);
+  c.max_context = get_int_or(key("context_length"), 2048);
+  c.norm_eps = f.get_float(key("attention.layer_norm_rms_epsilon"), 1e-5);
+  c.rope.theta = f.get_float(key("rope.freq_base"), 10000.0);
+  c.rope.rotary_dim = get_int_or(key("rope.dimension_count"), c.head_dim);
+  const std::string scaling = f.get_string(key("rope.scaling.type"), "none");
+  if (scaling == "linear") {
+    c.rope.scaling = RopeScaling::Linear;
+    c.rope.factor = f.get_float(key("rope.scaling.factor"));
+  } else {
+    check(scaling == "none", "{}: rope scaling '{}' is not supported (supported: none, linear)", path, scaling);
+  }
+  if (const auto* factors = f.find_tensor("rope_freqs.weight")) {
+    check(factors->n_elements == static_cast<uint64_t>(c.rope.rotary_dim / 2),
+          "{}: rope_freqs.weight has {} elements, expected rotary_dim / 2 = {}", path, factors->n_elements,
+          c.rope.rotary_dim / 2);
+    std::vector<float> v(factors->n_elements);
+    f.read_f32(*factors, v);
+    for (float x : v) {
+      check(std::isfinite(x) && x > 0, "{}: rope_freqs.weight holds {}, expected positive factors", path, x);
+      c.rope.freq_factors.push_back(x);
+    }
+  }
+  // vocab size: the metadata key when present, else the tokenizer's vocabulary length, else the
+  // embedding's shape.
+  if (f.find(key("vocab_size")) != nullptr) {
+    c.vocab_size = get_int(key("vocab_size"));
+  } else if (f.find("tokenizer.ggml.tokens") != nullptr) {
+    c.vocab_size = static_cast<int>(f.get_string_array("tokenizer.ggml.tokens").size());
+  } else if (const auto* emb = f.find_tensor("token_embd.weight"); emb != nullptr && emb->dims.size() == 2) {
+    c.vocab_size = to_int(emb->dims[1], path, "token_embd.weight dims[1]");
+  }
+  c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
+  c.attention_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+  c.mlp_bias = f.find_tensor("blk.0.ffn_up.bias") != nullptr;
+  validate(c, path);
+  return c;
+}
+
+std::vector<TensorSpec> llama_gguf_tensor_specs(const ModelConfig& c) {
+  const int64_t h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), ff = c.ffn_hidden, v = c.vocab_size;
+  std::vector<TensorSpec> s;
+  s.push_back({"token_embd.weight", {v, h}});
+  for (int i = 0; i < c.n_layers; ++i) {
+    auto n = [i](const char* suffix) { return fmt::format("blk.{}.{}", i, suffix); };
+    s.push_back({n("attn_norm.weight"), {h}});
+    s.push_back({n("attn_q.weight"), {q, h}});
+    s.push_back({n("attn_k.weight"), {kv, h}});
+    s.push_back({n("attn_v.weight"), {kv, h}});
+    s.push_back({n("attn_output.weight"), {h, q}});
+    if (c.attention_bias) {
+      s.push_back({n("attn_q.bias"), {q}});
+      s.push_back({n("attn_k.bias"), {kv}});
+      s.push_back({n("attn_v.bias"), {kv}});
+      s.push_back({n("attn_output.bias"), {h}, false});
+    }
+    s.push_back({n("ffn_norm.weight"), {h}});
+    s.push_back({n("ffn_gate.weight"), {ff, h}});
+    s.push_back({n("ffn_up.weight"), {ff, h}});
+    s.push_back({n("ffn_down.weight"), {h, ff}});
+    if (c.mlp_bias) {
+      s.push_back({n("ffn_gate.bias"), {ff}});
+      s.push_back({n("ffn_up.bias"), {ff}});
+      s.push_back({n("ffn_down.bias"), {h}});
+    }
+  }
+  s.push_back({"output_norm.weight", {h}});
+  if (!c.tied_embeddings) s.push_back({"output.weight", {v, h}});
+  return s;
+}
+
+LlamaWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, const ProgressFn& progress) {
+  const auto specs = llama_gguf_tensor_specs(c);
+  uint64_t total = 0, done = 0;
+  for (const auto& s : specs) total += static_cast<uint64_t>(Tensor::numel_of(s.shape));
+
+  auto load = [&](const TensorSpec& spec) {
+    Tensor t;
+    const auto* info = f.find_tensor(spec.name);
+    if (info == nullptr) {
+      check(!spec.required, "{}: tensor '{}' is missing", f.path(), spec.name);
+      return t;
+    }
+    // GGUF dims are innermost-first; our shapes are outermost-first.
+    std::vector<int64_t> shape(info->dims.rbegin(), info->dims.rend());
+    check(shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", f.path(), spec.name,
+          shape_string(shape), shape_string(spec.shape));
+    t = Tensor(shape);
+    f.read_f32(*info, t.data);
+    done += static_cast<uint64_t>(t.numel());
+    if (progress) progress(static_cast<double>(done) / static_cast<double>(total));
+    return t;
+  };
+
+  LlamaWeights w;
+  size_t i = 0;
+  w.tok_embeddings = load(specs[i++]);
+  w.layers.resize(c.n_layers);
+  for (auto& L : w.layers) {
+    L.attn_norm = load(specs[i++]);
+    L.wq = load(specs[i++]);
+    L.wk = load(specs[i++]);
+    L.wv = load(specs[i++]);
+    L.wo = load(specs[i++]);
+    if (c.attention_bias) {
+      L.bq = load(specs[i++]);
+      L.bk = load(specs[i++]);
+      L.bv = load(specs[i++]);
+      L.bo = load(specs[i++]);
+    }
+    L.ffn_norm = load(specs[i++]);
+    L.w_gate = load(specs[i++]);
+    L.w_up = load(specs[i++]);
+    L.w_down = load(specs[i++]);
+    if (c.mlp_bias) {
+      L.b_gate = load(specs[i++]);
+      L.b_up = load(specs[i++]);
+      L.b_down = load(specs[i++]);
+    }
+    unpermute_rows_for_rotate_half(L.wq, c.n_heads);
+    unpermute_rows_for_rotate_half(L.wk, c.n_kv_heads);
+    unpermute_rows_for_rotate_half(L.bq, c.n_heads);
+    unpermute_rows_for_rotate_half(L.bk, c.n_kv_heads);
+  }
+  w.output_norm = load(specs[i++]);
+  if (!c.tied_embeddings) w.output = load(specs[i++]);
+  return w;
+}
+
+LlamaCpu::LlamaCpu(const ModelConfig& config, const LlamaWeights& weights, int max_context)
+    : config_(config), weights_(weights), max_context_(max_context), inv_freq_(cpu::rope_inv_freq(config.rope)) {
+  check(max_context > 0, "context size {} must be positive", max_context);
+  k_cache_.reserve(config.n_layers);
+  v_cache_.reserve(config.n_layers);
+  for (int i = 0; i < config.n_layers; ++i) {
+    k_cache_.emplace_back(std::vector<int64_t>{max_context, config.kv_dim()});
+    v_cache_.emplace_back(std::vector<int64_t>{max_context, config.kv_dim()});
+  }
+}
+
+void LlamaCpu::forward(std::span<const int32_t> tokens, int start_pos, bool all_positions, std::span<float> logits) {
+  const ModelConfig& c = config_;
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  check(T > 0, "forward: no tokens");
+  check(start_pos >= 0 && start_pos + T <= max_context_, "context overflow: {} + {} tokens exceed the context size {}",
+        start_pos, T, max_context_);
+  const int64_t out_rows = all_positions ? T : 1;
+  check(static_cast<int64_t>(logits.size()) == out_rows * c.vocab_size, "forward: logits buffer has {} floats, need {}",
+        logits.size(), out_rows * c.vocab_size);
+  const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
+
+  std::vector<float> x(T * H), h(T * H), q(T * Q), attn(T * Q), o(T * H), gate(T * FF), up(T * FF);
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t id = tokens[t];
+    check(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+    std::memcpy(&x[t * H], weights_.tok_embeddings.ptr() + static_cast<int64_t>(id) * H, H * sizeof(float));
+  }
+  std::vector<int32_t> positions(T);
+  for (int64_t t = 0; t < T; ++t) positions[t] = start_pos + static_cast<int32_t>(t);
+  auto bias = [](const Tensor& b) { return b.empty() ? nullptr : b.ptr(); };
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const LlamaLayerWeights& L = weights_.layers[layer];
+    float* k_rows = k_cache_[layer].ptr() + static_cast<int64_t>(start_pos) * KV;
+    float* v_rows = v_cache_[layer].ptr() + static_cast<int64_t>(start_pos) * KV;
+
+    cpu::rms_norm(x.data(), L.attn_norm.ptr(), T, H, c.norm_eps, h.data());
+    cpu::linear(h.data(), T, H, L.wq.ptr(), Q, bias(L.bq), q.data());
+    cpu::linear(h.data(), T, H, L.wk.ptr(), KV, bias(L.bk), k_rows);
+    cpu::linear(h.data(), T, H, L.wv.ptr(), KV, bias(L.bv), v_rows);
+    cpu::rope_rotate_half(q.data(), T, c.n_heads, c.head_dim, inv_freq_, positions);
+    cpu::rope_rotate_half(k_rows, T, c.n_kv_heads, c.head_dim, inv_freq_, positions);
+    cpu::attention(q.data(), k_cache_[layer].ptr(), v_cache_[layer].ptr(), T, start_pos, c.n_heads, c.n_kv_heads,
+                   c.head_dim, scale, attn.data());
+    cpu::linear(attn.data(), T, Q, L.wo.ptr(), H, bias(L.bo), o.data());
+    cpu::add_inplace(x.data(), o.data(), T * H);
+
+    cpu::rms_norm(x.data(), L.ffn_norm.ptr(), T, H, c.norm_eps, h.data());
+    cpu::linear(h.data(), T, H, L.w_gate.ptr(), FF, bias(L.b_gate), gate.data());
+    cpu::linear(h.data(), T, H, L.w_up.ptr(), FF, bias(L.b_up), up.data());
+    cpu::silu_mul(gate.data(), up.data(), T * FF, gate.data());
+    cpu::linear(gate.data(), T, FF, L.w_down.ptr(), H, bias(L.b_down), o.data());
+    cpu::add_inplace(x.data(), o.data(), T * H);
+  }
+
+  const float* last = x.data() + (T - out_rows) * H;
+  cpu::rms_norm(last, weights_.output_norm.ptr(), out_rows, H, c.norm_eps, h.data());
+  cpu::linear(h.data(), out_rows, H, weights_.lm_head().ptr(), c.vocab_size, nullptr, logits.data());
+}
+
+}  // namespace fdpp

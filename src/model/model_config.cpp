@@ -1,0 +1,30 @@
+#include "fdpp/model_config.h"
+
+#include "fdpp/error.h"
+
+namespace fdpp {
+
+void validate(const ModelConfig& c, const std::string& origin) {
+  // Upper bounds are far above any real model and keep size arithmetic far from overflow.
+  auto in_range = [&](const char* field, int64_t v, int64_t lo, int64_t hi) {
+    check(v >= lo && v <= hi, "{}: {} = {} is out of range [{}, {}]", origin, field, v, lo, hi);
+  };
+  in_range("n_layers", c.n_layers, 1, 1024);
+  in_range("hidden_size", c.hidden, 1, 1 << 17);
+  in_range("n_heads", c.n_heads, 1, 1024);
+  in_range("n_kv_heads", c.n_kv_heads, 1, 1024);
+  in_range("head_dim", c.head_dim, 2, 1024);
+  in_range("ffn_hidden", c.ffn_hidden, 1, 1 << 20);
+  in_range("vocab_size", c.vocab_size, 1, 1 << 24);
+  in_range("max_context", c.max_context, 1, 1 << 24);
+  check(c.n_heads % c.n_kv_heads == 0, "{}: n_heads = {} is not a multiple of n_kv_heads = {}", origin, c.n_heads,
+        c.n_kv_heads);
+  check(c.rope.rotary_dim > 0 && c.rope.rotary_dim <= c.head_dim && c.rope.rotary_dim % 2 == 0,
+        "{}: rotary dim {} must be even and in [2, head_dim = {}]", origin, c.rope.rotary_dim, c.head_dim);
+  check(c.rope.theta > 0, "{}: rope theta = {} must be positive", origin, c.rope.theta);
+  check(c.norm_eps > 0 && c.norm_eps < 1, "{}: norm epsilon = {} must be in (0, 1)", origin, c.norm_eps);
+  if (c.rope.scaling != RopeScaling::None)
+    check(c.rope.factor >= 1, "{}: rope scaling factor = {} must be >= 1", origin, c.rope.factor);
+}
+
+}  // namespace fdpp

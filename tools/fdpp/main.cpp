@@ -1,0 +1,304 @@
+// fdpp: the command-line front end (llama.cpp-style).
+//   fdpp generate  text from a model (the default model when no --model is given)
+//   fdpp logits    logits of every position as a float32 .npy [T, vocab]
+//   fdpp info      what a model is and what it needs, validated without reading the weights
+// Every failure prints one line "fdpp: error: ..." and exits 1; bad flags exit 2 (CLI11's code).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <omp.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+
+#include "core/npy.h"
+#include "engine/generate.h"
+#include "fdpp/error.h"
+#include "io/model_loader.h"
+#ifdef FDPP_HAVE_CUDA
+#include "backend/cuda/device_query.h"
+#endif
+
+namespace {
+
+using namespace fdpp;
+
+std::vector<int32_t> parse_token_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    std::string_view item(text.data() + pos, comma - pos);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    int32_t v = 0;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    check(!item.empty() && ec == std::errc() && end == item.data() + item.size() && v >= 0,
+          "--token-ids: '{}' is not a non-negative token id", std::string(item));
+    ids.push_back(v);
+    pos = comma + 1;
+  }
+  return ids;
+}
+
+// A progress bar on stderr while a model loads, only when stderr is a terminal.
+class LoadProgress {
+ public:
+  explicit LoadProgress(std::string label) : label_(std::move(label)), enabled_(::isatty(STDERR_FILENO) == 1) {}
+  ProgressFn callback() {
+    if (!enabled_) return {};
+    return [this](double f) {
+      const int percent = static_cast<int>(f * 100.0);
+      if (percent == last_) return;
+      last_ = percent;
+      const int filled = percent * kWidth / 100;
+      fmt::print(stderr, "\r{} [{}{}] {:3d}%", label_, std::string(filled, '#'), std::string(kWidth - filled, ' '),
+                 percent);
+      std::fflush(stderr);
+    };
+  }
+  void finish() {
+    if (enabled_ && last_ >= 0) fmt::print(stderr, "\r\033[K");
+  }
+
+ private:
+  static constexpr int kWidth = 30;
+  std::string label_;
+  bool enabled_;
+  int last_ = -1;
+};
+
+LoadedModel load_with_progress(const std::string& path) {
+  LoadProgress progress("loading " + path);
+  LoadedModel m = load_model(path, progress.callback());
+  progress.finish();
+  return m;
+}
+
+struct GenerateArgs {
+  std::string model;
+  std::string prompt;
+  std::string token_ids;
+  int max_tokens = 128;
+  SamplingParams sampling;
+  bool ignore_eos = false;
+  bool chat = false;
+  bool json = false;
+  int ctx_size = 0;
+};
+
+int run_generate(const GenerateArgs& a) {
+  const std::string path = resolve_model_path(a.model);
+  LoadedModel m = load_with_progress(path);
+  std::vector<int32_t> prompt;
+  if (!a.token_ids.empty()) {
+    prompt = parse_token_ids(a.token_ids);
+  } else {
+    std::string text = a.prompt;
+    if (a.chat) {
+      std::vector<ChatMessage> messages{{"user", a.prompt}};
+      text = m.tokenizer->apply_chat_template(messages, /*add_generation_prompt=*/true);
+    }
+    prompt = m.tokenizer->encode(text, m.tokenizer->add_bos_by_default(), /*parse_special=*/true);
+  }
+  check(!prompt.empty(), "the prompt encodes to no tokens; give --prompt TEXT or --token-ids");
+  const ModelConfig& c = m.config();
+  const int64_t needed = static_cast<int64_t>(prompt.size()) + a.max_tokens;
+  const int ctx = a.ctx_size > 0 ? a.ctx_size : c.max_context;
+  check(ctx <= c.max_context, "--ctx-size {} exceeds the model's context length {}", ctx, c.max_context);
+  check(needed <= ctx, "prompt ({} tokens) + --max-tokens ({}) exceed the context size {}", prompt.size(),
+        a.max_tokens, ctx);
+
+  LlamaCpu runner(c, m.weights, static_cast<int>(needed));
+  GenerateOptions opt{a.max_tokens, a.ignore_eos, a.sampling};
+  std::function<void(std::string_view)> stream;
+  if (!a.json) stream = [](std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    };
+  GenerateResult r = generate(runner, *m.tokenizer, prompt, opt, stream);
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = path;
+    j["prompt_token_ids"] = prompt;
+    j["token_ids"] = r.tokens;
+    j["text"] = r.text;
+    j["finish_reason"] = r.finish_reason;
+    j["timings"] = {{"prompt_tokens", r.prompt_tokens},
+                    {"generated_tokens", r.tokens.size()},
+                    {"prefill_seconds", r.prefill_seconds},
+                    {"decode_seconds", r.decode_seconds},
+                    {"prefill_tokens_per_second", r.prefill_tokens_per_second()},
+                    {"decode_tokens_per_second", r.decode_tokens_per_second()}};
+    // Invalid UTF-8 (a model can emit it) is replaced rather than aborting the dump.
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::fputc('\n', stdout);
+    fmt::print(stderr, "prefill: {} tokens, {:.1f} tokens/s | decode: {} tokens, {:.1f} tokens/s\n", r.prompt_tokens,
+               r.prefill_tokens_per_second(), r.tokens.size(), r.decode_tokens_per_second());
+  }
+  return 0;
+}
+
+int run_logits(const std::string& model, const std::string& token_ids, const std::string& out) {
+  const std::string path = resolve_model_path(model);
+  const std::vector<int32_t> ids = parse_token_ids(token_ids);
+  LoadedModel m = load_with_progress(path);
+  const ModelConfig& c = m.config();
+  for (int32_t id : ids) check(id < c.vocab_size, "--token-ids: id {} is out of range [0, {})", id, c.vocab_size);
+  check(static_cast<int64_t>(ids.size()) <= c.max_context, "{} tokens exceed the model's context length {}",
+        ids.size(), c.max_context);
+  LlamaCpu runner(c, m.weights, static_cast<int>(ids.size()));
+  std::vector<float> logits(ids.size() * static_cast<size_t>(c.vocab_size));
+  runner.forward(ids, 0, /*all_positions=*/true, logits);
+  write_npy_f32(out, {static_cast<int64_t>(ids.size()), c.vocab_size}, logits);
+  fmt::print(stderr, "wrote {} [{} x {}] float32\n", out, ids.size(), c.vocab_size);
+  return 0;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.2f} {}", b, units[u]);
+}
+
+int run_info(const std::string& model, bool json) {
+  const std::string path = resolve_model_path(model);
+  const ModelDescription d = describe_model(path);
+  const ModelConfig& c = d.config;
+  // Memory the CPU backend needs: weights dequantized to fp32, plus the fp32 KV cache at the
+  // model's full context length.
+  const double weight_bytes = 4.0 * static_cast<double>(d.n_params);
+  const double kv_bytes = 2.0 * 4.0 * c.n_layers * static_cast<double>(c.kv_dim()) * c.max_context;
+  std::string dtypes;
+  for (const auto& [t, n] : d.dtype_counts) dtypes += fmt::format("{}{} x{}", dtypes.empty() ? "" : ", ", t, n);
+  if (json) {
+    nlohmann::json j{{"path", d.path},
+                     {"format", d.format},
+                     {"architecture", c.architecture},
+                     {"name", c.name},
+                     {"n_layers", c.n_layers},
+                     {"hidden_size", c.hidden},
+                     {"n_heads", c.n_heads},
+                     {"n_kv_heads", c.n_kv_heads},
+                     {"head_dim", c.head_dim},
+                     {"ffn_hidden_size", c.ffn_hidden},
+                     {"vocab_size", c.vocab_size},
+                     {"context_length", c.max_context},
+                     {"rope_theta", c.rope.theta},
+                     {"norm_eps", c.norm_eps},
+                     {"tied_embeddings", c.tied_embeddings},
+                     {"n_params", d.n_params},
+                     {"stored_bytes", d.stored_bytes},
+                     {"dtypes", d.dtype_counts},
+                     {"cpu_weight_bytes", weight_bytes},
+                     {"cpu_kv_cache_bytes", kv_bytes}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  fmt::print("model:        {}\n", d.path);
+  fmt::print("format:       {}\n", d.format);
+  fmt::print("architecture: {}{}\n", c.architecture, c.name.empty() ? "" : " (" + c.name + ")");
+  fmt::print("layers:       {}\n", c.n_layers);
+  fmt::print("hidden:       {}   ffn: {}   vocab: {}   context: {}\n", c.hidden, c.ffn_hidden, c.vocab_size,
+             c.max_context);
+  fmt::print("attention:    {} heads, {} kv heads, head dim {}, rope theta {}{}\n", c.n_heads, c.n_kv_heads,
+             c.head_dim, c.rope.theta, c.rope.freq_factors.empty() ? "" : " (with frequency factors)");
+  fmt::print("embeddings:   {}\n", c.tied_embeddings ? "tied (lm head = token embeddings)" : "separate lm head");
+  fmt::print("dtypes:       {}\n", dtypes);
+  fmt::print("parameters:   {} ({:.1f} M)\n", d.n_params, d.n_params / 1e6);
+  fmt::print("stored:       {}\n", human_bytes(static_cast<double>(d.stored_bytes)));
+  fmt::print("memory (cpu): {} weights (fp32) + {} KV cache at {} tokens = {}\n", human_bytes(weight_bytes),
+             human_bytes(kv_bytes), c.max_context, human_bytes(weight_bytes + kv_bytes));
+  return 0;
+}
+
+int run_devices() {
+  fmt::print("cpu: {} threads (OpenMP)\n", omp_get_max_threads());
+#ifdef FDPP_HAVE_CUDA
+  std::string why;
+  const auto gpus = cuda::list_gpus(&why);
+  if (gpus.empty()) fmt::print("cuda: no usable GPU ({})\n", why);
+  for (const auto& g : gpus)
+    fmt::print("cuda:{} {} (sm_{}{}, {} SMs, {} memory, {} L2)\n", g.index, g.name, g.sm_major, g.sm_minor,
+               g.multiprocessors, human_bytes(static_cast<double>(g.total_memory)), human_bytes(static_cast<double>(g.l2_bytes)));
+#else
+  fmt::print("cuda: not compiled in (built with FDPP_CUDA=OFF or without nvcc)\n");
+#endif
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fdpp: fast LLM decoding (FlashDecoding++)", "fdpp"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "fdpp 0.1.0");
+
+  GenerateArgs g;
+  auto* gen = app.add_subcommand("generate", "generate text (streams to stdout)");
+  gen->add_option("-m,--model", g.model, "GGUF model file (default: the default model)");
+  auto* prompt_opt = gen->add_option("-p,--prompt", g.prompt, "prompt text");
+  auto* ids_opt = gen->add_option("--token-ids", g.token_ids, "prompt as token ids, e.g. 1,2,3");
+  prompt_opt->excludes(ids_opt);
+  gen->add_option("-n,--max-tokens", g.max_tokens, "tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  gen->add_option("--temperature,--temp", g.sampling.temperature, "0 = greedy")->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  gen->add_option("--top-k", g.sampling.top_k, "keep the k most likely tokens (0 = off)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  gen->add_option("--top-p", g.sampling.top_p, "nucleus sampling mass (1 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--min-p", g.sampling.min_p, "drop tokens below min-p x the top probability (0 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--repeat-penalty", g.sampling.repeat_penalty, "penalty for repeated tokens (1 = off)")->capture_default_str()->check(CLI::Range(0.01, 100.0));
+  gen->add_option("--repeat-last-n", g.sampling.repeat_last_n, "tokens the penalty looks back over (-1 = all)")->capture_default_str()->check(CLI::Range(-1, 1 << 30));
+  gen->add_option("-s,--seed", g.sampling.seed, "random seed")->capture_default_str();
+  gen->add_option("-c,--ctx-size", g.ctx_size, "context size (default: the model's)")->check(CLI::NonNegativeNumber);
+  gen->add_flag("--ignore-eos", g.ignore_eos, "keep generating past end-of-generation tokens");
+  gen->add_flag("--chat", g.chat, "wrap the prompt in the model's chat template");
+  gen->add_flag("--json", g.json, "print one JSON object (token_ids, text, timings) instead of streaming");
+
+  std::string l_model, l_ids, l_out;
+  auto* logits = app.add_subcommand("logits", "write the logits of every position as float32 .npy [T, vocab]");
+  logits->add_option("-m,--model", l_model, "model file (default: the default model)");
+  logits->add_option("--token-ids", l_ids, "token ids, e.g. 1,2,3")->required();
+  logits->add_option("-o,--out", l_out, "output .npy file")->required();
+
+  std::string i_model;
+  bool i_json = false;
+  auto* info = app.add_subcommand("info", "describe and validate a model without loading its weights");
+  info->add_option("-m,--model", i_model, "model file (default: the default model)");
+  info->add_flag("--json", i_json, "print JSON");
+
+  auto* devices = app.add_subcommand("devices", "list the CPU threads and CUDA GPUs fdpp can use");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (*gen) {
+      if (g.prompt.empty() && g.token_ids.empty()) fdpp::fail("generate needs --prompt TEXT or --token-ids 1,2,3");
+      return run_generate(g);
+    }
+    if (*logits) return run_logits(l_model, l_ids, l_out);
+    if (*info) return run_info(i_model, i_json);
+    if (*devices) return run_devices();
+  } catch (const fdpp::Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "fdpp: error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "fdpp: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "fdpp: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
