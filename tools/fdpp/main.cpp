@@ -241,6 +241,10 @@ int run_devices() {
 int main(int argc, char** argv) {
   CLI::App app{"fdpp: fast LLM decoding (FlashDecoding++)", "fdpp"};
   app.require_subcommand(1);
+  // Bad flags: one line, like every other error (CLI11's default adds a second line).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("fdpp: error: {} (see --help)\n", e.what());
+  });
   app.set_version_flag("--version", "fdpp 0.1.0");
 
   GenerateArgs g;
@@ -249,15 +253,15 @@ int main(int argc, char** argv) {
   auto* prompt_opt = gen->add_option("-p,--prompt", g.prompt, "prompt text");
   auto* ids_opt = gen->add_option("--token-ids", g.token_ids, "prompt as token ids, e.g. 1,2,3");
   prompt_opt->excludes(ids_opt);
-  gen->add_option("-n,--max-tokens", g.max_tokens, "tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  gen->add_option("-n,--max-tokens", g.max_tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 24));
   gen->add_option("--temperature,--temp", g.sampling.temperature, "0 = greedy")->capture_default_str()->check(CLI::Range(0.0, 100.0));
-  gen->add_option("--top-k", g.sampling.top_k, "keep the k most likely tokens (0 = off)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  gen->add_option("--top-k", g.sampling.top_k, "keep the k most likely tokens (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
   gen->add_option("--top-p", g.sampling.top_p, "nucleus sampling mass (1 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   gen->add_option("--min-p", g.sampling.min_p, "drop tokens below min-p x the top probability (0 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   gen->add_option("--repeat-penalty", g.sampling.repeat_penalty, "penalty for repeated tokens (1 = off)")->capture_default_str()->check(CLI::Range(0.01, 100.0));
   gen->add_option("--repeat-last-n", g.sampling.repeat_last_n, "tokens the penalty looks back over (-1 = all)")->capture_default_str()->check(CLI::Range(-1, 1 << 30));
   gen->add_option("-s,--seed", g.sampling.seed, "random seed")->capture_default_str();
-  gen->add_option("-c,--ctx-size", g.ctx_size, "context size (default: the model's)")->check(CLI::NonNegativeNumber);
+  gen->add_option("-c,--ctx-size", g.ctx_size, "context size (default: the model's)")->check(CLI::Range(0, 1 << 24));
   gen->add_flag("--ignore-eos", g.ignore_eos, "keep generating past end-of-generation tokens");
   gen->add_flag("--chat", g.chat, "wrap the prompt in the model's chat template");
   gen->add_flag("--json", g.json, "print one JSON object (token_ids, text, timings) instead of streaming");
@@ -279,7 +283,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = app.exit(e);  // prints --help / the one-line error
+    return code == 0 ? 0 : 2;      // usage errors exit 2, like getopt tools
   }
   try {
     if (*gen) {

@@ -1,0 +1,174 @@
+// CPU reference ops against straightforward fp64 implementations written here (NMSE <= 1e-8),
+// over odd sizes, GQA ratios 1..16, and length-1 cases.
+#include <numbers>
+
+#include "backend/cpu/ops.h"
+#include "test_util.h"
+
+namespace fdpp {
+namespace {
+
+using test::nmse;
+using test::random_vector;
+
+TEST(CpuOps, LinearMatchesFp64AcrossOddShapes) {
+  for (auto [M, K, N] : {std::tuple{1, 1, 1}, {1, 577, 193}, {3, 64, 17}, {7, 1000, 33}, {16, 4096, 5}}) {
+    const auto x = random_vector(size_t(M) * K), w = random_vector(size_t(N) * K), b = random_vector(N);
+    for (bool with_bias : {false, true}) {
+      std::vector<float> y(size_t(M) * N, NAN);  // poisoned: every element must be written
+      cpu::linear(x.data(), M, K, w.data(), N, with_bias ? b.data() : nullptr, y.data());
+      std::vector<double> ref(size_t(M) * N);
+      for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+          double acc = with_bias ? b[n] : 0.0;
+          for (int k = 0; k < K; ++k) acc += double(x[m * K + k]) * w[n * K + k];
+          ref[m * N + n] = acc;
+        }
+      EXPECT_LE(nmse(y, ref), 1e-8) << M << "x" << K << "x" << N;
+    }
+  }
+}
+
+TEST(CpuOps, RmsNormMatchesFp64) {
+  for (int dim : {1, 7, 576, 4099}) {
+    const int rows = 3;
+    const auto x = random_vector(size_t(rows) * dim, 3.f), w = random_vector(dim);
+    std::vector<float> out(x.size(), NAN);
+    cpu::rms_norm(x.data(), w.data(), rows, dim, 1e-5, out.data());
+    std::vector<double> ref(x.size());
+    for (int r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
+      const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+      for (int i = 0; i < dim; ++i) ref[r * dim + i] = x[r * dim + i] * inv * w[i];
+    }
+    EXPECT_LE(nmse(out, ref), 1e-8) << dim;
+  }
+}
+
+TEST(CpuOps, LayerNormMatchesFp64) {
+  const int rows = 4, dim = 301;
+  const auto x = random_vector(size_t(rows) * dim, 2.f), w = random_vector(dim), b = random_vector(dim);
+  std::vector<float> out(x.size(), NAN);
+  cpu::layer_norm(x.data(), w.data(), b.data(), rows, dim, 1e-5, out.data());
+  std::vector<double> ref(x.size());
+  for (int r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    for (int i = 0; i < dim; ++i) mean += x[r * dim + i];
+    mean /= dim;
+    for (int i = 0; i < dim; ++i) var += (x[r * dim + i] - mean) * (x[r * dim + i] - mean);
+    var /= dim;
+    for (int i = 0; i < dim; ++i) ref[r * dim + i] = (x[r * dim + i] - mean) / std::sqrt(var + 1e-5) * w[i] + b[i];
+  }
+  EXPECT_LE(nmse(out, ref), 1e-8);
+}
+
+TEST(CpuOps, SiluMulMatchesFp64) {
+  const auto g = random_vector(1001, 4.f), u = random_vector(1001);
+  std::vector<float> out(g.size(), NAN);
+  cpu::silu_mul(g.data(), u.data(), 1001, out.data());
+  std::vector<double> ref(g.size());
+  for (size_t i = 0; i < g.size(); ++i) ref[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+  EXPECT_LE(nmse(out, ref), 1e-8);
+}
+
+TEST(CpuOps, RopeRotateHalfMatchesFp64) {
+  const int tokens = 5, heads = 3, head_dim = 64;
+  RopeConfig rope;
+  rope.theta = 10000;
+  rope.rotary_dim = head_dim;
+  const auto inv = cpu::rope_inv_freq(rope);
+  auto x = random_vector(size_t(tokens) * heads * head_dim);
+  const auto x0 = x;
+  const std::vector<int32_t> pos{0, 1, 7, 30, 63};
+  cpu::rope_rotate_half(x.data(), tokens, heads, head_dim, inv, pos);
+  std::vector<double> ref(x.size());
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < head_dim / 2; ++i) {
+        const double f = 1.0 / std::pow(10000.0, 2.0 * i / head_dim), a = pos[t] * f;
+        const size_t base = (size_t(t) * heads + h) * head_dim;
+        const double x1 = x0[base + i], x2 = x0[base + i + head_dim / 2];
+        ref[base + i] = x1 * std::cos(a) - x2 * std::sin(a);
+        ref[base + i + head_dim / 2] = x2 * std::cos(a) + x1 * std::sin(a);
+      }
+  EXPECT_LE(nmse(x, ref), 1e-8);
+  // Position 0 is the identity.
+  for (int i = 0; i < heads * head_dim; ++i) EXPECT_EQ(x[i], x0[i]);
+}
+
+TEST(CpuOps, Llama3FrequencyScalingMatchesTransformers) {
+  // Values of transformers' _compute_llama3_parameters for Llama 3.1 (theta 5e5, factor 8,
+  // low 1, high 4, original 8192, head dim 128), evaluated in fp64.
+  RopeConfig rope;
+  rope.theta = 500000;
+  rope.rotary_dim = 128;
+  rope.scaling = RopeScaling::Llama3;
+  rope.factor = 8;
+  rope.low_freq_factor = 1;
+  rope.high_freq_factor = 4;
+  rope.original_max_positions = 8192;
+  const auto inv = cpu::rope_inv_freq(rope);
+  ASSERT_EQ(inv.size(), 64u);
+  const std::pair<int, double> expected[] = {{0, 1.0},
+                                             {20, 0.016560440080994446},
+                                             {40, 3.428102195952591e-05},
+                                             {45, 1.2297638677963614e-05},  // the smoothed band
+                                             {50, 4.411534674558404e-06},
+                                             {63, 3.068925988914511e-07}};
+  for (auto [i, v] : expected) EXPECT_NEAR(inv[i] / v, 1.0, 1e-12) << i;
+}
+
+// fp64 causal attention reference.
+std::vector<double> attention_ref(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                                  int n_q, int start, int H, int KVH, int D) {
+  std::vector<double> out(size_t(n_q) * H * D);
+  const int group = H / KVH;
+  for (int t = 0; t < n_q; ++t)
+    for (int h = 0; h < H; ++h) {
+      const int len = start + t + 1, kvh = h / group;
+      std::vector<double> s(len);
+      double mx = -INFINITY;
+      for (int j = 0; j < len; ++j) {
+        double acc = 0;
+        for (int d = 0; d < D; ++d) acc += double(q[(size_t(t) * H + h) * D + d]) * k[(size_t(j) * KVH + kvh) * D + d];
+        s[j] = acc / std::sqrt(double(D));
+        mx = std::max(mx, s[j]);
+      }
+      double den = 0;
+      for (double& x : s) den += (x = std::exp(x - mx));
+      for (int d = 0; d < D; ++d) {
+        double acc = 0;
+        for (int j = 0; j < len; ++j) acc += s[j] * v[(size_t(j) * KVH + kvh) * D + d];
+        out[(size_t(t) * H + h) * D + d] = acc / den;
+      }
+    }
+  return out;
+}
+
+TEST(CpuOps, AttentionMatchesFp64ForEveryGroupSize) {
+  for (int group : {1, 2, 3, 4, 8, 16}) {
+    for (auto [n_q, start, D] : {std::tuple{1, 0, 64}, {1, 37, 128}, {5, 0, 64}, {4, 11, 32}}) {
+      const int KVH = 2, H = KVH * group, L = start + n_q;
+      const auto q = random_vector(size_t(n_q) * H * D), k = random_vector(size_t(L) * KVH * D),
+                 v = random_vector(size_t(L) * KVH * D);
+      std::vector<float> out(q.size(), NAN);
+      cpu::attention(q.data(), k.data(), v.data(), n_q, start, H, KVH, D, 1.0f / std::sqrt(float(D)), out.data());
+      EXPECT_LE(nmse(out, attention_ref(q, k, v, n_q, start, H, KVH, D)), 1e-8)
+          << "group " << group << " n_q " << n_q << " start " << start << " D " << D;
+    }
+  }
+}
+
+TEST(CpuOps, AttentionIsStableForHugeLogits) {
+  // Logits around 1e4: a softmax without the max subtraction would overflow to inf/NaN.
+  const int H = 2, KVH = 1, D = 16, L = 9;
+  auto q = random_vector(size_t(H) * D, 100.f);
+  const auto k = random_vector(size_t(L) * KVH * D, 100.f), v = random_vector(size_t(L) * KVH * D);
+  std::vector<float> out(q.size(), NAN);
+  cpu::attention(q.data(), k.data(), v.data(), 1, L - 1, H, KVH, D, 1.0f / 4, out.data());
+  EXPECT_LE(nmse(out, attention_ref(q, k, v, 1, L - 1, H, KVH, D)), 1e-8);
+}
+
+}  // namespace
+}  // namespace fdpp
