@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -21,6 +22,37 @@ struct ChatMessage {
   std::string content;
 };
 
+// llama.cpp's token types (tokenizer.ggml.token_type; SentencePiece's ModelProto uses the same).
+enum class TokenType : int32_t {
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,      // <s>, <|im_start|>: matched in text only with parse_special, dropped by skip_special
+  kUserDefined = 4,  // always matched whole in text (like sentencepiece and HF's non-special added tokens)
+  kUnused = 5,
+  kByte = 6,         // <0xNN> byte fallback
+};
+
+// Everything a tokenizer is built from: the tokenizer.ggml.* metadata of a GGUF file, as plain
+// arrays, so that tests and other formats can build a Tokenizer without a GGUF file.
+struct VocabSpec {
+  std::string source = "vocabulary";  // names the origin in error messages (the GGUF path)
+  std::string model;                  // "gpt2" (byte-level BPE) or "llama" (SentencePiece-style)
+  std::string pre;                    // gpt2 pre-tokenizer: "smollm", "gpt2", "llama3", "qwen2", ...
+  std::vector<std::string> tokens;
+  std::vector<float> scores;           // "llama": merge priority; empty = all 0
+  std::vector<int32_t> token_types;    // TokenType values; empty = all normal
+  std::vector<std::string> merges;     // "gpt2": "left right", best first
+  int32_t bos_id = -1, eos_id = -1, unk_id = -1, eot_id = -1, eom_id = -1;
+  std::optional<bool> add_bos;         // unset: the model's default (llama.cpp's)
+  std::optional<bool> add_space_prefix;  // "llama" only; unset: true
+  std::string chat_template;
+
+  // Reads the tokenizer.ggml.* keys (and tokenizer.chat_template); throws fdpp::Error naming the
+  // file for a missing or mistyped key.
+  static VocabSpec from_gguf(const gguf::GgufFile& file);
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -28,6 +60,10 @@ class Tokenizer {
   // Builds the tokenizer a GGUF file describes (tokenizer.ggml.* keys). Throws fdpp::Error naming
   // the file for a missing or inconsistent vocabulary or an unsupported tokenizer model.
   static std::unique_ptr<Tokenizer> from_gguf(const gguf::GgufFile& file);
+  // Builds a tokenizer from arrays; throws fdpp::Error naming spec.source for an inconsistent
+  // vocabulary (array sizes, merges naming absent tokens, ids out of range) or an unsupported
+  // model / pre-tokenizer.
+  static std::unique_ptr<Tokenizer> from_vocab(const VocabSpec& spec);
 
   // Text -> ids. add_bos: prepend BOS (callers pass add_bos_by_default() unless told otherwise).
   // parse_special: text like "<|im_start|>" becomes the special token rather than plain text.
@@ -39,7 +75,14 @@ class Tokenizer {
 
   // ids -> text: concatenated token_bytes with the SentencePiece leading-space rule applied; bytes
   // that are not valid UTF-8 stay as they are (the streaming detokenizer handles incomplete ones).
+  // Throws fdpp::Error for an id outside [0, vocab_size).
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special) const = 0;
+
+  // One step of decode(): appends the text of id to out. at_start is true while no token has been
+  // emitted (tokens dropped by skip_special do not count) and is cleared here once one is; the
+  // SentencePiece rule strips one leading space from that first emitted token when it is a piece
+  // starting with U+2581 and add_space_prefix is on. decode() is this over all ids.
+  virtual void append_token_text(std::string& out, int32_t id, bool& at_start, bool skip_special) const = 0;
 
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 when the model has none
@@ -47,7 +90,13 @@ class Tokenizer {
   virtual bool add_bos_by_default() const = 0;
   // End of generation: EOS and end-of-turn tokens such as <|im_end|>, <|eot_id|>, </s>.
   virtual bool is_end_of_generation(int32_t id) const = 0;
+  // CONTROL, USER_DEFINED and UNKNOWN tokens (those that are not plain text pieces).
   virtual bool is_special(int32_t id) const = 0;
+  virtual TokenType token_type(int32_t id) const = 0;  // kUndefined for an id out of range
+  // The token's text as the vocabulary spells it (byte-level "Ġhello", SentencePiece "▁hello").
+  virtual const std::string& token_text(int32_t id) const = 0;
+  // The id of a token by its vocabulary spelling; -1 when absent.
+  virtual int32_t token_id(std::string_view text) const = 0;
 
   // Renders a conversation with the model's chat template. Supported: ChatML (<|im_start|>,
   // SmolLM2/Qwen), and whatever else the implementation adds; throws fdpp::Error otherwise.
@@ -56,7 +105,11 @@ class Tokenizer {
 
 // Streaming detokenization: feed ids one at a time, get the text that is complete so far. Bytes of
 // a UTF-8 sequence that is not yet complete are held back until the next token completes them
-// (or flush() gives them out as they are).
+// (or flush() gives them out as they are). Bytes that can never become valid UTF-8 (a stray
+// continuation byte, C0/C1/F5..FF, a sequence cut short by a byte that cannot continue it) are
+// given out as U+FFFD, one per maximal invalid subpart (Unicode's recommended practice), so push()
+// output is always valid UTF-8. For ids whose bytes are valid UTF-8, the concatenation of all
+// push() results and flush() equals tokenizer.decode(ids, skip_special).
 class StreamingDetokenizer {
  public:
   explicit StreamingDetokenizer(const Tokenizer& tokenizer, bool skip_special = true)

@@ -1,0 +1,125 @@
+// Chat templates, recognized by their markers in tokenizer.chat_template and rendered natively (no
+// Jinja engine): each renderer reproduces what transformers' apply_chat_template makes of the
+// model's template for plain role/content conversations.
+//
+// - ChatML (<|im_start|>: SmolLM2, Qwen2, ...): "<|im_start|>{role}\n{content}<|im_end|>\n" per
+//   message, "<|im_start|>assistant\n" as the generation prompt. A template that writes a fixed
+//   system message when the conversation has none (SmolLM2: "You are a helpful AI assistant named
+//   SmolLM, trained by Hugging Face"; Qwen2: "You are a helpful assistant") has that text read out
+//   of the template and written before the first message when it is not a system message.
+// - Llama 3 (<|start_header_id|>): "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}
+//   <|eot_id|>", BOS text before the first message.
+// - Llama 2 ([INST] with <<SYS>>): "<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]
+//   {assistant} </s>", contents stripped, roles alternating user/assistant.
+#include <algorithm>
+
+#include "fdpp/error.h"
+#include "tokenizer/internal.h"
+
+namespace fdpp::tok {
+namespace {
+
+bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+
+// Python's str.strip() for the whitespace chat contents carry.
+std::string_view trim(std::string_view s) {
+  const auto ws = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+  while (!s.empty() && ws(s.front())) s.remove_prefix(1);
+  while (!s.empty() && ws(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// The fixed system message of a ChatML template: the literal text between "<|im_start|>system\n"
+// and "<|im_end|>" inside one quoted string (so not a "... + message['content'] + ..." expression).
+// Jinja string escapes (\n, \t, \\, \', \") are undone. Empty when the template has none.
+std::string chatml_default_system(std::string_view tmpl) {
+  static constexpr std::string_view kHead = "<|im_start|>system";
+  size_t pos = 0;
+  while ((pos = tmpl.find(kHead, pos)) != std::string_view::npos) {
+    size_t i = pos + kHead.size();
+    pos = i;
+    if (tmpl.compare(i, 1, "\n") == 0) i += 1;
+    else if (tmpl.compare(i, 2, "\\n") == 0) i += 2;
+    else continue;
+    const size_t end = tmpl.find("<|im_end|>", i);
+    if (end == std::string_view::npos) break;
+    const std::string_view body = tmpl.substr(i, end - i);
+    if (body.empty() || body.find_first_of("'\"{}+") != std::string_view::npos) continue;
+    std::string out;
+    for (size_t k = 0; k < body.size(); ++k) {
+      if (body[k] == '\\' && k + 1 < body.size()) {
+        const char c = body[++k];
+        out += c == 'n' ? '\n' : c == 't' ? '\t' : c;
+      } else {
+        out += body[k];
+      }
+    }
+    return out;
+  }
+  return {};
+}
+
+std::string render_chatml(std::string_view tmpl, std::span<const ChatMessage> messages, bool add_generation_prompt) {
+  std::string out;
+  const std::string default_system = chatml_default_system(tmpl);
+  if (!default_system.empty() && !messages.empty() && messages[0].role != "system")
+    out += "<|im_start|>system\n" + default_system + "<|im_end|>\n";
+  for (const ChatMessage& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+  if (add_generation_prompt) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+std::string render_llama3(std::span<const ChatMessage> messages, bool add_generation_prompt, const std::string& bos) {
+  std::string out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (i == 0) out += bos;
+    out += "<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n";
+    out += trim(messages[i].content);
+    out += "<|eot_id|>";
+  }
+  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
+std::string render_llama2(std::span<const ChatMessage> messages, const std::string& bos, const std::string& eos) {
+  std::string out;
+  std::string system;
+  bool has_system = false;
+  if (!messages.empty() && messages[0].role == "system") {
+    system = messages[0].content;
+    has_system = true;
+    messages = messages.subspan(1);
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const bool user_turn = i % 2 == 0;
+    check((m.role == "user") == user_turn && (m.role == "user" || m.role == "assistant"),
+          "chat template (Llama 2): conversation roles must alternate user/assistant/user/..., got '{}' at message {}",
+          m.role, i + (has_system ? 1 : 0));
+    std::string content = m.content;
+    if (i == 0 && has_system) content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
+    if (m.role == "user") {
+      out.append(bos).append("[INST] ").append(trim(content)).append(" [/INST]");
+    } else {
+      out.append(" ").append(trim(content)).append(" ").append(eos);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string render_chat_template(const std::string& tmpl, std::span<const ChatMessage> messages,
+                                 bool add_generation_prompt, const std::string& bos_text, const std::string& eos_text) {
+  if (contains(tmpl, "<|im_start|>")) return render_chatml(tmpl, messages, add_generation_prompt);
+  if (contains(tmpl, "<|start_header_id|>") && !contains(tmpl, "Cutting Knowledge Date"))
+    return render_llama3(messages, add_generation_prompt, bos_text);
+  if (contains(tmpl, "[INST]") && contains(tmpl, "<<SYS>>")) return render_llama2(messages, bos_text, eos_text);
+  if (tmpl.empty()) fail("chat template not supported: the model has no tokenizer.chat_template");
+  std::string head = tmpl.substr(0, 80);
+  std::replace(head.begin(), head.end(), '\n', ' ');
+  fail("chat template not supported: \"{}{}\" (supported: ChatML, Llama 3, Llama 2)", head,
+       tmpl.size() > 80 ? "..." : "");
+}
+
+}  // namespace fdpp::tok
