@@ -461,15 +461,22 @@ TEST(TokenizerBpe, TinyVocabulary) {
 }
 
 TEST(TokenizerBpe, LargeInputs) {
-  const auto t = Tokenizer::from_vocab(tiny_bpe());
-  // Long runs stress the regex (backtracking in \s+(?!\S)) and the merge heap.
-  const std::string spaces(1 << 20, ' ');
-  EXPECT_EQ(t->decode(t->encode(spaces + "x", false, false), false), spaces + "x");
-  const std::string word(100000, 'l');
-  EXPECT_EQ(t->encode(word, false, false).size(), 50000u);
-  // Invalid UTF-8 in the input is kept byte for byte.
-  const std::string bad = "a\xFF\xFE\xC3(b \xE4\xBD";
-  EXPECT_EQ(t->decode(t->encode(bad, false, false), false), bad);
+  for (const char* pre : {"gpt2", "smollm", "llama3", "qwen2"}) {
+    VocabSpec spec = tiny_bpe();
+    spec.pre = pre;
+    const auto t = Tokenizer::from_vocab(spec);
+    // Long runs stress the regexes (backtracking in \s+(?!\S), \s*[\r\n]+) and the merge heap.
+    for (const std::string run : {std::string(1 << 20, ' '), std::string(1 << 18, '\t') + "\n \n",
+                                  std::string(1 << 18, '!'), std::string(1 << 18, '7')}) {
+      const std::string text = run + "x";
+      EXPECT_EQ(t->decode(t->encode(text, false, false), false), text) << pre;
+    }
+    const std::string word(100000, 'l');
+    EXPECT_EQ(t->encode(word, false, false).size(), 50000u) << pre;
+    // Invalid UTF-8 in the input is kept byte for byte.
+    const std::string bad = "a\xFF\xFE\xC3(b \xE4\xBD";
+    EXPECT_EQ(t->decode(t->encode(bad, false, false), false), bad) << pre;
+  }
 }
 
 // ---- Errors ----------------------------------------------------------------------------------------
