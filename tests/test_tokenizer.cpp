@@ -1,12 +1,13 @@
 // Tokenizer tests against references made by tests/fixtures/tokenizer/make_fixtures.py:
 // - smollm2.json: HF tokenizers' ids and decodes for the default model's byte-level BPE vocabulary
 //   (SmolLM2-135M-Instruct GGUF, skipped when absent), with the pre-tokenizers smollm, gpt2, llama3
-//   and qwen2, and transformers' apply_chat_template output (ChatML, Llama 3, Llama 2).
+//   and qwen2, and transformers' apply_chat_template output (ChatML, Llama 3, Llama 3.1, Llama 2).
 // - mistral_v3.gguf / mistral_v3.json: a SentencePiece vocabulary (Mistral v3, 32768 pieces with
 //   control, user-defined and byte tokens) and sentencepiece's own ids and decodes.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <ctime>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -247,19 +248,25 @@ TEST(TokenizerSmolLM2, Speed) {
   REQUIRE_SMOLLM2(s);
   using clock = std::chrono::steady_clock;
   auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-  const auto t0 = clock::now();
-  const auto tok = Tokenizer::from_vocab(s->spec);
-  const double build_ms = ms(clock::now() - t0);
   std::string text;
   for (const auto& c : s->fx["cases"]) text += c["text"].get<std::string>() + "\n";
   while (text.size() < 4096) text += text;
-  const auto t1 = clock::now();
-  const auto ids = tok->encode(text, false, true);  // cold: nothing cached yet
-  const double cold_ms = ms(clock::now() - t1);
-  const auto t2 = clock::now();
-  const auto again = tok->encode(text, false, true);
-  const double warm_ms = ms(clock::now() - t2);
-  EXPECT_EQ(ids, again);
+  // Best of three fresh tokenizers (cold: no piece cached yet), so a busy machine does not fail it.
+  double build_ms = 1e9, cold_ms = 1e9, warm_ms = 1e9;
+  std::vector<int32_t> ids;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const auto t0 = clock::now();
+    const auto tok = Tokenizer::from_vocab(s->spec);
+    build_ms = std::min(build_ms, ms(clock::now() - t0));
+    const auto t1 = clock::now();
+    ids = tok->encode(text, false, true);
+    cold_ms = std::min(cold_ms, ms(clock::now() - t1));
+    const auto t2 = clock::now();
+    const auto again = tok->encode(text, false, true);
+    warm_ms = std::min(warm_ms, ms(clock::now() - t2));
+    EXPECT_EQ(ids, again);
+  }
+  EXPECT_EQ(ids, s->tok->encode(text, false, true));
   std::printf("[ tokenizer ] build %.1f ms (49152 tokens, 48900 merges); encode %zu bytes -> %zu ids: cold %.2f ms, "
               "warm %.2f ms\n", build_ms, text.size(), ids.size(), cold_ms, warm_ms);
   // Targets: build ~100 ms, a few KB well under 10 ms; bounds loose enough for a loaded CI machine.
@@ -351,7 +358,9 @@ TEST(TokenizerSpm, StreamingByteFallbackAndInvalidBytes) {
   std::string out;
   for (size_t i = 0; i < bytes.size(); ++i) {
     const std::string p = d.push(bytes[i]);
-    if (i + 1 < bytes.size() && t.token_type(bytes[i]) == TokenType::kByte) EXPECT_EQ(p, "") << i;
+    if (i + 1 < bytes.size() && t.token_type(bytes[i]) == TokenType::kByte) {
+      EXPECT_EQ(p, "") << i;
+    }
     out += p;
   }
   EXPECT_EQ(d.flush(), "");
@@ -466,7 +475,7 @@ TEST(TokenizerBpe, LargeInputs) {
     spec.pre = pre;
     const auto t = Tokenizer::from_vocab(spec);
     // Long runs stress the regexes (backtracking in \s+(?!\S), \s*[\r\n]+) and the merge heap.
-    for (const std::string run : {std::string(1 << 20, ' '), std::string(1 << 18, '\t') + "\n \n",
+    for (const std::string& run : {std::string(1 << 20, ' '), std::string(1 << 18, '\t') + "\n \n",
                                   std::string(1 << 18, '!'), std::string(1 << 18, '7')}) {
       const std::string text = run + "x";
       EXPECT_EQ(t->decode(t->encode(text, false, false), false), text) << pre;
@@ -533,7 +542,7 @@ TEST(TokenizerErrors, BadIdsAndTemplates) {
 
 // ---- Other chat templates --------------------------------------------------------------------------
 
-TEST(TokenizerChatTemplate, Llama3AndLlama2MatchTransformers) {
+TEST(TokenizerChatTemplate, Llama3Llama31Llama2MatchTransformers) {
   const json fx = load_json("smollm2.json");  // the template fixtures need no model file
   int n = 0;
   for (const auto& tmpl : fx["other_templates"]) {
@@ -554,7 +563,29 @@ TEST(TokenizerChatTemplate, Llama3AndLlama2MatchTransformers) {
       ++n;
     }
   }
-  EXPECT_GE(n, 8);
+  EXPECT_GE(n, 12);
+}
+
+TEST(TokenizerChatTemplate, Llama32UsesTodaysDate) {
+  const json fx = load_json("smollm2.json");
+  VocabSpec spec = tiny_bpe();
+  spec.chat_template = fx["llama3.2_template"];
+  spec.tokens.push_back("<|begin_of_text|>");
+  spec.token_types.push_back(3);
+  spec.bos_id = static_cast<int32_t>(spec.tokens.size()) - 1;
+  const auto t = Tokenizer::from_vocab(spec);
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char date[32];
+  std::strftime(date, sizeof(date), "%d %b %Y", &local);
+  const std::vector<ChatMessage> msgs{{"system", " Be brief. "}, {"user", "Hi"}};
+  EXPECT_EQ(t->apply_chat_template(msgs, true),
+            std::string("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
+                        "December 2023\nToday Date: ") +
+                date +
+                "\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 }  // namespace

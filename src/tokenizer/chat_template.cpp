@@ -9,9 +9,14 @@
 //   of the template and written before the first message when it is not a system message.
 // - Llama 3 (<|start_header_id|>): "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}
 //   <|eot_id|>", BOS text before the first message.
+// - Llama 3.1/3.2/3.3 (<|start_header_id|> and "Cutting Knowledge Date"): as Llama 3, after a
+//   system block that is always written: "Cutting Knowledge Date: December 2023\nToday Date: {date}
+//   \n\n{system message|trim}"; date is today (local time, "%d %b %Y") when the template calls
+//   strftime_now (3.2), else the template's fixed date_string (3.1: "26 Jul 2024"). No tools.
 // - Llama 2 ([INST] with <<SYS>>): "<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]
 //   {assistant} </s>", contents stripped, roles alternating user/assistant.
 #include <algorithm>
+#include <ctime>
 
 #include "fdpp/error.h"
 #include "tokenizer/internal.h"
@@ -81,6 +86,46 @@ std::string render_llama3(std::span<const ChatMessage> messages, bool add_genera
   return out;
 }
 
+// The date a Llama 3.1+ template writes as "Today Date".
+std::string llama31_date(std::string_view tmpl) {
+  if (contains(tmpl, "strftime_now")) {
+    // transformers' strftime_now is datetime.now().strftime(format): local time.
+    const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char buf[32];
+    std::strftime(buf, sizeof(buf), "%d %b %Y", &local);
+    return buf;
+  }
+  static constexpr std::string_view kSet = "date_string = \"";
+  const size_t pos = tmpl.find(kSet);
+  if (pos != std::string_view::npos) {
+    const size_t start = pos + kSet.size(), end = tmpl.find('"', start);
+    if (end != std::string_view::npos && end - start < 40) return std::string(tmpl.substr(start, end - start));
+  }
+  return "26 Jul 2024";
+}
+
+std::string render_llama31(std::string_view tmpl, std::span<const ChatMessage> messages, bool add_generation_prompt,
+                           const std::string& bos) {
+  std::string system;
+  if (!messages.empty() && messages[0].role == "system") {
+    system = trim(messages[0].content);
+    messages = messages.subspan(1);
+  }
+  std::string out = bos;
+  out += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: ";
+  out += llama31_date(tmpl);
+  out += "\n\n" + system + "<|eot_id|>";
+  for (const ChatMessage& m : messages) {
+    out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
+    out += trim(m.content);
+    out += "<|eot_id|>";
+  }
+  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
 std::string render_llama2(std::span<const ChatMessage> messages, const std::string& bos, const std::string& eos) {
   std::string out;
   std::string system;
@@ -112,13 +157,15 @@ std::string render_llama2(std::span<const ChatMessage> messages, const std::stri
 std::string render_chat_template(const std::string& tmpl, std::span<const ChatMessage> messages,
                                  bool add_generation_prompt, const std::string& bos_text, const std::string& eos_text) {
   if (contains(tmpl, "<|im_start|>")) return render_chatml(tmpl, messages, add_generation_prompt);
-  if (contains(tmpl, "<|start_header_id|>") && !contains(tmpl, "Cutting Knowledge Date"))
+  if (contains(tmpl, "<|start_header_id|>")) {
+    if (contains(tmpl, "Cutting Knowledge Date")) return render_llama31(tmpl, messages, add_generation_prompt, bos_text);
     return render_llama3(messages, add_generation_prompt, bos_text);
+  }
   if (contains(tmpl, "[INST]") && contains(tmpl, "<<SYS>>")) return render_llama2(messages, bos_text, eos_text);
   if (tmpl.empty()) fail("chat template not supported: the model has no tokenizer.chat_template");
   std::string head = tmpl.substr(0, 80);
   std::replace(head.begin(), head.end(), '\n', ' ');
-  fail("chat template not supported: \"{}{}\" (supported: ChatML, Llama 3, Llama 2)", head,
+  fail("chat template not supported: \"{}{}\" (supported: ChatML, Llama 3, Llama 3.1+, Llama 2)", head,
        tmpl.size() > 80 ? "..." : "");
 }
 
