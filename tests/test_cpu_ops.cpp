@@ -81,7 +81,7 @@ TEST(CpuOps, RopeRotateHalfMatchesFp64) {
   auto x = random_vector(size_t(tokens) * heads * head_dim);
   const auto x0 = x;
   const std::vector<int32_t> pos{0, 1, 7, 30, 63};
-  cpu::rope_rotate_half(x.data(), tokens, heads, head_dim, inv, pos);
+  cpu::rope(x.data(), tokens, heads, head_dim, RopeStyle::RotateHalf, inv, pos);
   std::vector<double> ref(x.size());
   for (int t = 0; t < tokens; ++t)
     for (int h = 0; h < heads; ++h)
@@ -95,6 +95,36 @@ TEST(CpuOps, RopeRotateHalfMatchesFp64) {
   EXPECT_LE(nmse(x, ref), 1e-8);
   // Position 0 is the identity.
   for (int i = 0; i < heads * head_dim; ++i) EXPECT_EQ(x[i], x0[i]);
+}
+
+TEST(CpuOps, RopeInterleavedPartialMatchesFp64) {
+  // ChatGLM2 style: only the first half of each head rotates, in adjacent pairs (2i, 2i + 1).
+  const int tokens = 3, heads = 2, head_dim = 32, rotary = 16;
+  RopeConfig rope;
+  rope.theta = 10000;
+  rope.rotary_dim = rotary;
+  const auto inv = cpu::rope_inv_freq(rope);
+  auto x = random_vector(size_t(tokens) * heads * head_dim);
+  const auto x0 = x;
+  const std::vector<int32_t> pos{2, 5, 40};
+  cpu::rope(x.data(), tokens, heads, head_dim, RopeStyle::Interleaved, inv, pos);
+  std::vector<double> ref(x0.begin(), x0.end());
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < rotary / 2; ++i) {
+        const double a = pos[t] / std::pow(10000.0, 2.0 * i / rotary);
+        const size_t base = (size_t(t) * heads + h) * head_dim;
+        const double x1 = x0[base + 2 * i], x2 = x0[base + 2 * i + 1];
+        ref[base + 2 * i] = x1 * std::cos(a) - x2 * std::sin(a);
+        ref[base + 2 * i + 1] = x2 * std::cos(a) + x1 * std::sin(a);
+      }
+  EXPECT_LE(nmse(x, ref), 1e-8);
+  for (int t = 0; t < tokens; ++t)  // the second half of each head passes through untouched
+    for (int h = 0; h < heads; ++h)
+      for (int d = rotary; d < head_dim; ++d) {
+        const size_t i = (size_t(t) * heads + h) * head_dim + d;
+        EXPECT_EQ(x[i], x0[i]);
+      }
 }
 
 TEST(CpuOps, Llama3FrequencyScalingMatchesTransformers) {

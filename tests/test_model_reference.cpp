@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "backend/cpu/cpu_runner.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "io/model_loader.h"
@@ -45,7 +46,7 @@ TEST_F(SmolLM2Reference, LogitsOfEveryPositionMatchTransformers) {
     const int vocab = model_->config().vocab_size;
     ASSERT_EQ(ref.shape, (std::vector<int64_t>{static_cast<int64_t>(ids.size()), vocab}));
 
-    LlamaCpu runner(model_->config(), model_->weights, static_cast<int>(ids.size()));
+    CpuRunner runner(model_->config(), model_->weights, static_cast<int>(ids.size()));
     std::vector<float> logits(ids.size() * vocab);
     runner.forward(ids, 0, /*all_positions=*/true, logits);
     const double e = test::nmse(logits, ref.data);
@@ -67,10 +68,10 @@ TEST_F(SmolLM2Reference, IncrementalDecodeEqualsFullForward) {
   const auto& p = (*reference_)["prompts"][1];
   const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
   const int vocab = model_->config().vocab_size;
-  LlamaCpu full(model_->config(), model_->weights, static_cast<int>(ids.size()));
+  CpuRunner full(model_->config(), model_->weights, static_cast<int>(ids.size()));
   std::vector<float> all(ids.size() * vocab);
   full.forward(ids, 0, true, all);
-  LlamaCpu step(model_->config(), model_->weights, static_cast<int>(ids.size()));
+  CpuRunner step(model_->config(), model_->weights, static_cast<int>(ids.size()));
   std::vector<float> one(vocab);
   step.forward(std::span<const int32_t>(ids.data(), 3), 0, false, one);  // a 3-token prefill first
   for (size_t t = 3; t < ids.size(); ++t) step.forward(std::span<const int32_t>(&ids[t], 1), static_cast<int>(t), false, one);
@@ -83,7 +84,7 @@ TEST_F(SmolLM2Reference, GreedyContinuationMatchesTransformers) {
     if (!p.contains("greedy_ids")) continue;
     const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
     const std::vector<int32_t> expected = p["greedy_ids"].get<std::vector<int32_t>>();
-    LlamaCpu runner(model_->config(), model_->weights, static_cast<int>(ids.size() + expected.size()));
+    CpuRunner runner(model_->config(), model_->weights, static_cast<int>(ids.size() + expected.size()));
     GenerateOptions opt;
     opt.max_tokens = static_cast<int>(expected.size());
     opt.ignore_eos = true;

@@ -10,6 +10,19 @@ namespace fdpp {
 
 enum class RopeScaling { None, Linear, Llama3 };
 
+// The decoder variants fdpp runs. Every supported architecture is one combination of these; the
+// backends implement the combination once (src/backend/*/), the model files only map names.
+enum class NormType { RMSNorm, LayerNorm };
+enum class Activation {
+  SwiGLU,  // silu(gate(x)) * up(x), then down (Llama, ChatGLM2)
+  ReLU,    // relu(fc1(x)), then fc2 (OPT)
+};
+enum class PositionEncoding { Rope, Learned };
+enum class RopeStyle {
+  RotateHalf,   // pairs (i, i + rotary_dim / 2): HF Llama
+  Interleaved,  // pairs (2i, 2i + 1): ChatGLM2, GPT-J
+};
+
 struct RopeConfig {
   double theta = 10000.0;
   int rotary_dim = 0;  // dimensions of each head that rotate (== head_dim for Llama)
@@ -37,11 +50,24 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   RopeConfig rope;
   bool tied_embeddings = false;
-  bool attention_bias = false;
+
+  NormType norm = NormType::RMSNorm;
+  Activation activation = Activation::SwiGLU;
+  PositionEncoding position = PositionEncoding::Rope;
+  RopeStyle rope_style = RopeStyle::RotateHalf;
+  int learned_position_offset = 0;  // OPT: 2
+  bool pre_norm = true;             // false: post-LN (OPT with do_layer_norm_before = false)
+  bool final_norm = true;           // a norm after the last layer
+  int embed_dim = 0;                // token embedding width when it differs from hidden (OPT
+                                    // project_in/project_out); 0 = hidden
+  bool qkv_bias = false;
+  bool out_bias = false;
   bool mlp_bias = false;
+  bool norm_bias = false;           // LayerNorm with bias
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
+  int embedding_dim() const { return embed_dim > 0 ? embed_dim : hidden; }
 };
 
 // Throws fdpp::Error ("<origin>: <field> = <value> ...") for zero, negative or inconsistent fields

@@ -16,7 +16,7 @@ double GenerateResult::decode_tokens_per_second() const {
   return decode_seconds > 0 ? static_cast<double>(decoded) / decode_seconds : 0.0;
 }
 
-GenerateResult generate(LlamaCpu& runner, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                         const GenerateOptions& options, const std::function<void(std::string_view)>& on_text) {
   using Clock = std::chrono::steady_clock;
   check(!prompt.empty(), "the prompt is empty (no tokens to start from)");

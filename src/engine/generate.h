@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fdpp/sampling.h"
-#include "model/llama.h"
+#include "engine/runner.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fdpp {
@@ -33,7 +33,7 @@ struct GenerateResult {
 };
 
 // runner must be fresh (empty cache) and hold prompt + max_tokens positions.
-GenerateResult generate(LlamaCpu& runner, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                         const GenerateOptions& options, const std::function<void(std::string_view)>& on_text = {});
 
 }  // namespace fdpp

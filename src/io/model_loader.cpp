@@ -6,6 +6,7 @@
 
 #include "fdpp/error.h"
 #include "io/gguf.h"
+#include "model/llama.h"
 
 namespace fdpp {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fdpp/model_config.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fdpp {
@@ -46,7 +46,7 @@ ModelDescription describe_model(const std::string& path);
 
 struct LoadedModel {
   ModelDescription description;
-  LlamaWeights weights;
+  DecoderWeights weights;
   std::unique_ptr<Tokenizer> tokenizer;
   const ModelConfig& config() const { return description.config; }
 };

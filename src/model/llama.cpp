@@ -4,8 +4,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
-#include "backend/cpu/ops.h"
 #include "fdpp/error.h"
 #include "io/gguf.h"
 
@@ -94,7 +94,8 @@ ModelConfig llama_config_from_gguf(const gguf::GgufFile& f) {
     c.vocab_size = to_int(emb->dims[1], path, "token_embd.weight dims[1]");
   }
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
-  c.attention_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+  c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+  c.out_bias = f.find_tensor("blk.0.attn_output.bias") != nullptr;
   c.mlp_bias = f.find_tensor("blk.0.ffn_up.bias") != nullptr;
   validate(c, path);
   return c;
@@ -111,12 +112,12 @@ std::vector<TensorSpec> llama_gguf_tensor_specs(const ModelConfig& c) {
     s.push_back({n("attn_k.weight"), {kv, h}});
     s.push_back({n("attn_v.weight"), {kv, h}});
     s.push_back({n("attn_output.weight"), {h, q}});
-    if (c.attention_bias) {
+    if (c.qkv_bias) {
       s.push_back({n("attn_q.bias"), {q}});
       s.push_back({n("attn_k.bias"), {kv}});
       s.push_back({n("attn_v.bias"), {kv}});
-      s.push_back({n("attn_output.bias"), {h}, false});
     }
+    if (c.out_bias) s.push_back({n("attn_output.bias"), {h}});
     s.push_back({n("ffn_norm.weight"), {h}});
     s.push_back({n("ffn_gate.weight"), {ff, h}});
     s.push_back({n("ffn_up.weight"), {ff, h}});
@@ -132,7 +133,7 @@ std::vector<TensorSpec> llama_gguf_tensor_specs(const ModelConfig& c) {
   return s;
 }
 
-LlamaWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, const ProgressFn& progress) {
+DecoderWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, const ProgressFn& progress) {
   const auto specs = llama_gguf_tensor_specs(c);
   uint64_t total = 0, done = 0;
   for (const auto& s : specs) total += static_cast<uint64_t>(Tensor::numel_of(s.shape));
@@ -155,7 +156,7 @@ LlamaWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, cons
     return t;
   };
 
-  LlamaWeights w;
+  DecoderWeights w;
   size_t i = 0;
   w.tok_embeddings = load(specs[i++]);
   w.layers.resize(c.n_layers);
@@ -165,12 +166,12 @@ LlamaWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, cons
     L.wk = load(specs[i++]);
     L.wv = load(specs[i++]);
     L.wo = load(specs[i++]);
-    if (c.attention_bias) {
+    if (c.qkv_bias) {
       L.bq = load(specs[i++]);
       L.bk = load(specs[i++]);
       L.bv = load(specs[i++]);
-      L.bo = load(specs[i++]);
     }
+    if (c.out_bias) L.bo = load(specs[i++]);
     L.ffn_norm = load(specs[i++]);
     L.w_gate = load(specs[i++]);
     L.w_up = load(specs[i++]);
@@ -185,71 +186,9 @@ LlamaWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, cons
     unpermute_rows_for_rotate_half(L.bq, c.n_heads);
     unpermute_rows_for_rotate_half(L.bk, c.n_kv_heads);
   }
-  w.output_norm = load(specs[i++]);
-  if (!c.tied_embeddings) w.output = load(specs[i++]);
+  w.final_norm = load(specs[i++]);
+  if (!c.tied_embeddings) w.lm_head = load(specs[i++]);
   return w;
-}
-
-LlamaCpu::LlamaCpu(const ModelConfig& config, const LlamaWeights& weights, int max_context)
-    : config_(config), weights_(weights), max_context_(max_context), inv_freq_(cpu::rope_inv_freq(config.rope)) {
-  check(max_context > 0, "context size {} must be positive", max_context);
-  k_cache_.reserve(config.n_layers);
-  v_cache_.reserve(config.n_layers);
-  for (int i = 0; i < config.n_layers; ++i) {
-    k_cache_.emplace_back(std::vector<int64_t>{max_context, config.kv_dim()});
-    v_cache_.emplace_back(std::vector<int64_t>{max_context, config.kv_dim()});
-  }
-}
-
-void LlamaCpu::forward(std::span<const int32_t> tokens, int start_pos, bool all_positions, std::span<float> logits) {
-  const ModelConfig& c = config_;
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  check(T > 0, "forward: no tokens");
-  check(start_pos >= 0 && start_pos + T <= max_context_, "context overflow: {} + {} tokens exceed the context size {}",
-        start_pos, T, max_context_);
-  const int64_t out_rows = all_positions ? T : 1;
-  check(static_cast<int64_t>(logits.size()) == out_rows * c.vocab_size, "forward: logits buffer has {} floats, need {}",
-        logits.size(), out_rows * c.vocab_size);
-  const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
-
-  std::vector<float> x(T * H), h(T * H), q(T * Q), attn(T * Q), o(T * H), gate(T * FF), up(T * FF);
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t id = tokens[t];
-    check(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-    std::memcpy(&x[t * H], weights_.tok_embeddings.ptr() + static_cast<int64_t>(id) * H, H * sizeof(float));
-  }
-  std::vector<int32_t> positions(T);
-  for (int64_t t = 0; t < T; ++t) positions[t] = start_pos + static_cast<int32_t>(t);
-  auto bias = [](const Tensor& b) { return b.empty() ? nullptr : b.ptr(); };
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-
-  for (int layer = 0; layer < c.n_layers; ++layer) {
-    const LlamaLayerWeights& L = weights_.layers[layer];
-    float* k_rows = k_cache_[layer].ptr() + static_cast<int64_t>(start_pos) * KV;
-    float* v_rows = v_cache_[layer].ptr() + static_cast<int64_t>(start_pos) * KV;
-
-    cpu::rms_norm(x.data(), L.attn_norm.ptr(), T, H, c.norm_eps, h.data());
-    cpu::linear(h.data(), T, H, L.wq.ptr(), Q, bias(L.bq), q.data());
-    cpu::linear(h.data(), T, H, L.wk.ptr(), KV, bias(L.bk), k_rows);
-    cpu::linear(h.data(), T, H, L.wv.ptr(), KV, bias(L.bv), v_rows);
-    cpu::rope_rotate_half(q.data(), T, c.n_heads, c.head_dim, inv_freq_, positions);
-    cpu::rope_rotate_half(k_rows, T, c.n_kv_heads, c.head_dim, inv_freq_, positions);
-    cpu::attention(q.data(), k_cache_[layer].ptr(), v_cache_[layer].ptr(), T, start_pos, c.n_heads, c.n_kv_heads,
-                   c.head_dim, scale, attn.data());
-    cpu::linear(attn.data(), T, Q, L.wo.ptr(), H, bias(L.bo), o.data());
-    cpu::add_inplace(x.data(), o.data(), T * H);
-
-    cpu::rms_norm(x.data(), L.ffn_norm.ptr(), T, H, c.norm_eps, h.data());
-    cpu::linear(h.data(), T, H, L.w_gate.ptr(), FF, bias(L.b_gate), gate.data());
-    cpu::linear(h.data(), T, H, L.w_up.ptr(), FF, bias(L.b_up), up.data());
-    cpu::silu_mul(gate.data(), up.data(), T * FF, gate.data());
-    cpu::linear(gate.data(), T, FF, L.w_down.ptr(), H, bias(L.b_down), o.data());
-    cpu::add_inplace(x.data(), o.data(), T * H);
-  }
-
-  const float* last = x.data() + (T - out_rows) * H;
-  cpu::rms_norm(last, weights_.output_norm.ptr(), out_rows, H, c.norm_eps, h.data());
-  cpu::linear(h.data(), out_rows, H, weights_.lm_head().ptr(), c.vocab_size, nullptr, logits.data());
 }
 
 }  // namespace fdpp

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <optional>
 
+#include "backend/cpu/cpu_runner.h"
 #include "core/npy.h"
 #include "engine/generate.h"
 #include "fdpp/error.h"
@@ -113,7 +114,7 @@ int run_generate(const GenerateArgs& a) {
   check(needed <= ctx, "prompt ({} tokens) + --max-tokens ({}) exceed the context size {}", prompt.size(),
         a.max_tokens, ctx);
 
-  LlamaCpu runner(c, m.weights, static_cast<int>(needed));
+  CpuRunner runner(c, m.weights, static_cast<int>(needed));
   GenerateOptions opt{a.max_tokens, a.ignore_eos, a.sampling};
   std::function<void(std::string_view)> stream;
   if (!a.json) stream = [](std::string_view piece) {
@@ -152,7 +153,7 @@ int run_logits(const std::string& model, const std::string& token_ids, const std
   for (int32_t id : ids) check(id < c.vocab_size, "--token-ids: id {} is out of range [0, {})", id, c.vocab_size);
   check(static_cast<int64_t>(ids.size()) <= c.max_context, "{} tokens exceed the model's context length {}",
         ids.size(), c.max_context);
-  LlamaCpu runner(c, m.weights, static_cast<int>(ids.size()));
+  CpuRunner runner(c, m.weights, static_cast<int>(ids.size()));
   std::vector<float> logits(ids.size() * static_cast<size_t>(c.vocab_size));
   runner.forward(ids, 0, /*all_positions=*/true, logits);
   write_npy_f32(out, {static_cast<int64_t>(ids.size()), c.vocab_size}, logits);

@@ -104,8 +104,12 @@ std::vector<double> rope_inv_freq(const RopeConfig& rope) {
   return inv;
 }
 
-void rope_rotate_half(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, std::span<const double> inv_freq,
-                      std::span<const int32_t> positions) {
+void relu(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+
+void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, RopeStyle style,
+          std::span<const double> inv_freq, std::span<const int32_t> positions) {
   const int64_t half = static_cast<int64_t>(inv_freq.size());
   for (int64_t t = 0; t < n_tokens; ++t) {
     // HF computes cos/sin in fp32 from an fp32 product position * inv_freq; do the same so that
@@ -118,10 +122,15 @@ void rope_rotate_half(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_
     }
     for (int64_t h = 0; h < n_heads; ++h) {
       float* xh = x + (t * n_heads + h) * head_dim;
+      // (first, second) index of pair i in this style
+      const int64_t stride = style == RopeStyle::RotateHalf ? 1 : 2;
+      const int64_t offset = style == RopeStyle::RotateHalf ? half : 1;
       for (int64_t i = 0; i < half; ++i) {
-        const float a = xh[i], b = xh[i + half];
-        xh[i] = a * cos_v[i] - b * sin_v[i];
-        xh[i + half] = b * cos_v[i] + a * sin_v[i];
+        float& a = xh[i * stride];
+        float& b = xh[i * stride + offset];
+        const float a0 = a, b0 = b;
+        a = a0 * cos_v[i] - b0 * sin_v[i];
+        b = b0 * cos_v[i] + a0 * sin_v[i];
       }
     }
   }

@@ -25,18 +25,22 @@ void layer_norm(const float* x, const float* weight, const float* bias, int64_t 
 // x[i] += y[i]
 void add_inplace(float* x, const float* y, int64_t n);
 
-// out[r, i] = silu(gate[r, i]) * up[r, i]  (out may alias gate)
+// out[r, i] = silu(gate[r, i]) * up[r, i]  (out may alias gate or up)
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+
+// x[i] = max(x[i], 0)
+void relu(float* x, int64_t n);
 
 // Inverse frequencies of the rotary embedding (rotary_dim / 2 of them), with Linear or Llama 3
 // frequency scaling applied as HF transformers does.
 std::vector<double> rope_inv_freq(const RopeConfig& rope);
 
-// Rotates the first rotary_dim dims of every head in x[n_tokens, n_heads * head_dim] in place, in
-// the "rotate half" layout (HF Llama: pairs (i, i + rotary_dim / 2)). positions[t] gives each
-// token's position.
-void rope_rotate_half(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, std::span<const double> inv_freq,
-                      std::span<const int32_t> positions);
+// Rotates the first rotary_dim (= 2 * inv_freq.size()) dims of every head in
+// x[n_tokens, n_heads * head_dim] in place; the rest of each head passes through. Pair i (with
+// frequency inv_freq[i]) is (i, i + rotary_dim / 2) in RotateHalf style and (2i, 2i + 1) in
+// Interleaved style. positions[t] gives each token's position.
+void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, RopeStyle style,
+          std::span<const double> inv_freq, std::span<const int32_t> positions);
 
 // Causal attention of n_q new query tokens (at positions start_pos .. start_pos + n_q - 1) over a
 // cache holding positions 0 .. start_pos + n_q - 1.

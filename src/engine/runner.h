@@ -1,0 +1,26 @@
+// A model instance that can run forward passes over one sequence with its own KV cache. The CPU
+// backend's CpuRunner implements it; the CUDA backend's runner does too. The generation loop and
+// the CLI only see this interface.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "fdpp/model_config.h"
+
+namespace fdpp {
+
+class Runner {
+ public:
+  virtual ~Runner() = default;
+
+  // Appends tokens at positions start_pos .. start_pos + n - 1 (the cache must already hold
+  // 0 .. start_pos - 1) and writes logits: [n, vocab] when all_positions, else [1, vocab] for the
+  // last token.
+  virtual void forward(std::span<const int32_t> tokens, int start_pos, bool all_positions, std::span<float> logits) = 0;
+
+  virtual int max_context() const = 0;
+  virtual const ModelConfig& config() const = 0;
+};
+
+}  // namespace fdpp
