@@ -78,23 +78,40 @@ class TempDir {
   fs::path path_;
 };
 
-// Writes bytes to a temporary file and opens it.
-GgufFile open_bytes(const std::vector<uint8_t>& bytes, const std::string& name = "t.gguf") {
+// Writes bytes to a temporary file and opens it (the mmap path).
+GgufFile open_file(const std::vector<uint8_t>& bytes, const std::string& name = "t.gguf") {
   static TempDir dir;
   const std::string path = dir.file(name);
   gguftest::write_file(path, bytes);
   return GgufFile::open(path);
 }
 
-// The fdpp::Error message opening these bytes produces; fails the test if it opens.
+// Parses bytes from memory (a heap copy of exactly their size); name stands for the path.
+GgufFile open_bytes(const std::vector<uint8_t>& bytes, const std::string& name = "t.gguf") {
+  return GgufFile::from_bytes(name, bytes);
+}
+
+// The fdpp::Error message opening these bytes produces; fails the test if it opens. Both paths
+// (file and memory) must give the same message, up to the path.
 std::string open_error(const std::vector<uint8_t>& bytes, const std::string& name = "x.gguf") {
+  std::string from_memory, from_file;
   try {
     open_bytes(bytes, name);
   } catch (const Error& e) {
-    return e.what();
+    from_memory = e.what();
   }
-  ADD_FAILURE() << "expected fdpp::Error";
-  return "";
+  try {
+    open_file(bytes, name);
+  } catch (const Error& e) {
+    from_file = e.what();
+  }
+  if (from_memory.empty() || from_file.empty()) {
+    ADD_FAILURE() << "expected fdpp::Error";
+    return "";
+  }
+  EXPECT_EQ(from_file.substr(from_file.size() - from_memory.size()), from_memory);
+  EXPECT_NE(from_file.find("/" + name + ": "), std::string::npos) << from_file;
+  return from_memory;
 }
 
 #define EXPECT_OPEN_ERROR(bytes, substring)                                                      \
@@ -102,7 +119,7 @@ std::string open_error(const std::vector<uint8_t>& bytes, const std::string& nam
     const std::string msg_ = open_error(bytes);                                                  \
     EXPECT_NE(msg_.find(substring), std::string::npos) << "message: " << msg_;                  \
     EXPECT_EQ(msg_.find('\n'), std::string::npos) << "one line: " << msg_;                      \
-    EXPECT_NE(msg_.find("/x.gguf: "), std::string::npos) << "names the file: " << msg_;     \
+    EXPECT_EQ(msg_.rfind("x.gguf: ", 0), 0u) << "names the file: " << msg_;                  \
   } while (0)
 
 std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
@@ -517,7 +534,7 @@ TEST(Gguf, TensorInfosAndDataOffsets) {
   for (uint32_t version : {2u, 3u}) {
     GgufWriter w = small_valid_writer(version);
     const std::vector<uint8_t> bytes = w.build();
-    const GgufFile f = open_bytes(bytes);
+    const GgufFile f = version == 2 ? open_bytes(bytes) : open_file(bytes);
     EXPECT_EQ(f.version(), version);
     EXPECT_EQ(f.alignment(), 32u);
     EXPECT_EQ(f.data_offset() % 32, 0u);
@@ -535,6 +552,26 @@ TEST(Gguf, TensorInfosAndDataOffsets) {
     EXPECT_EQ(f.get_string("general.architecture"), "llama");
     EXPECT_EQ(f.get_string_array("tokenizer.ggml.tokens").size(), 3u);
   }
+}
+
+TEST(Gguf, MovedFilesKeepTheirBytes) {
+  const std::vector<float> x = random_floats(8);
+  GgufWriter w;
+  w.tensor("a", {8}, GgmlType::F32, f32_bytes(x));
+  std::vector<GgufFile> files;
+  files.push_back(open_bytes(w.build(), "m.gguf"));
+  files.push_back(open_file(w.build(), "m.gguf"));
+  files.reserve(64);  // reallocation moves both
+  GgufFile moved = std::move(files[0]);
+  for (const GgufFile* f : {&moved, &files[1]}) {
+    std::vector<float> out(8);
+    f->read_f32(f->tensors()[0], out);
+    EXPECT_EQ(out, x);
+  }
+  // tensor_bytes() checks that an info from another file lies inside this one.
+  TensorInfo far = moved.tensors()[0];
+  far.offset = moved.file_size() - 4;
+  EXPECT_THROW(moved.tensor_bytes(far), Error);
 }
 
 TEST(Gguf, CustomAlignment) {
@@ -712,7 +749,7 @@ TEST(Gguf, DequantMatchesGgufPy) {
 TEST(Gguf, KnownButUnsupportedTypeParsesAndDequantizeThrows) {
   GgufWriter w;
   w.tensor("iq", {256}, GgmlType::IQ2_XXS, random_bytes(66));
-  const GgufFile f = open_bytes(w.build(), "iq.gguf");
+  const GgufFile f = open_file(w.build(), "iq.gguf");
   const TensorInfo& t = f.tensors()[0];
   EXPECT_EQ(t.type, GgmlType::IQ2_XXS);
   EXPECT_EQ(t.n_bytes, 66u);
@@ -760,15 +797,19 @@ TEST(GgufHostile, UnsupportedVersions) {
 TEST(GgufHostile, TruncatedAtEveryByte) {
   const std::vector<uint8_t> full = small_valid_writer().build();
   ASSERT_NO_THROW(open_bytes(full));
+  ASSERT_NO_THROW(open_file(full));
   for (size_t len = 0; len < full.size(); ++len) {
     const std::vector<uint8_t> prefix(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(len));
-    try {
-      open_bytes(prefix, "x.gguf");
-      ADD_FAILURE() << "prefix of " << len << " bytes opened";
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find("x.gguf: "), std::string::npos) << msg;
-      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    for (bool mapped : {false, true}) {
+      try {
+        if (mapped) open_file(prefix, "x.gguf");
+        else open_bytes(prefix, "x.gguf");
+        ADD_FAILURE() << "prefix of " << len << " bytes opened";
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("x.gguf: "), std::string::npos) << msg;
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      }
     }
   }
 }
@@ -846,6 +887,25 @@ TEST(GgufHostile, BadValues) {
     GgufWriter w;
     w.kv_u32("", 1);
     EXPECT_OPEN_ERROR(w.build(), "empty metadata key");
+  }
+}
+
+// Names come from the file: control bytes are escaped so the message stays one line.
+TEST(GgufHostile, NamesInMessagesAreEscaped) {
+  {
+    GgufWriter w;
+    w.kv_u32("a\nb", 1).kv_u32("a\nb", 2);
+    EXPECT_OPEN_ERROR(w.build(), "duplicate metadata key 'a\\x0ab'");
+  }
+  {
+    GgufWriter w;
+    w.tensor_raw_type("evil\r\nname", {4}, 99, {});
+    EXPECT_OPEN_ERROR(w.build(), "tensor 'evil\\x0d\\x0aname' has unknown type 99");
+  }
+  {
+    GgufWriter w;
+    w.tensor_raw_type(std::string(5000, 'n'), {4}, 99, {});
+    EXPECT_OPEN_ERROR(w.build(), "...(5000 bytes)' has unknown type 99");
   }
 }
 

@@ -62,6 +62,20 @@ uint64_t min_value_bytes(uint32_t t) {
   return 0;
 }
 
+// A key or tensor name as shown in an error message: control bytes escaped (the message stays one
+// line) and long names cut.
+std::string shown(std::string_view s) {
+  constexpr size_t kMax = 120;
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < kMax; ++i) {
+    const unsigned char ch = static_cast<unsigned char>(s[i]);
+    if (ch < 0x20 || ch == 0x7f || ch == '\\') out += fmt::format("\\x{:02x}", ch);
+    else out += static_cast<char>(ch);
+  }
+  if (s.size() > kMax) out += fmt::format("...({} bytes)", s.size());
+  return out;
+}
+
 // Nested arrays are legal but unused by models; bounding the depth bounds the parser's recursion
 // (and the destructor's), which a hostile file could otherwise drive into a stack overflow.
 constexpr int kMaxArrayDepth = 8;
@@ -302,8 +316,27 @@ std::string format_value(const Value& v, size_t max_elements) {
 // Parsing
 
 GgufFile GgufFile::open(const std::string& path) {
-  GgufFile f{MappedFile(path)};
-  const std::span<const uint8_t> bytes = f.file_.bytes();
+  GgufFile f;
+  f.path_ = path;
+  f.file_.emplace(path);
+  f.bytes_ = f.file_->bytes();
+  f.parse();
+  return f;
+}
+
+GgufFile GgufFile::from_bytes(std::string name, std::vector<uint8_t> bytes) {
+  GgufFile f;
+  f.path_ = std::move(name);
+  f.owned_ = std::move(bytes);
+  f.bytes_ = std::span<const uint8_t>(f.owned_.data(), f.owned_.size());
+  f.parse();
+  return f;
+}
+
+void GgufFile::parse() {
+  GgufFile& f = *this;
+  const std::string& path = path_;
+  const std::span<const uint8_t> bytes = bytes_;
   const uint64_t size = bytes.size();
   if (size == 0) fail("{}: empty file", path);
   if (size < 4) fail("{}: not a GGUF file (only {} bytes)", path, size);
@@ -339,8 +372,8 @@ GgufFile GgufFile::open(const std::string& path) {
     c.set_context(fmt::format("metadata entry #{}", i));
     std::string key = c.read_string("key");
     if (key.empty()) c.error("empty metadata key");
-    c.set_context(fmt::format("metadata '{}'", key));
-    if (f.metadata_.count(key) != 0) fail("{}: duplicate metadata key '{}'", path, key);
+    c.set_context(fmt::format("metadata '{}'", shown(key)));
+    if (f.metadata_.count(key) != 0) fail("{}: duplicate metadata key '{}'", path, shown(key));
     const uint32_t type = c.read<uint32_t>("value type");
     Value v = read_value(c, type, 0);
     f.keys_.push_back(key);
@@ -363,38 +396,38 @@ GgufFile GgufFile::open(const std::string& path) {
     c.set_context(fmt::format("tensor info #{}", i));
     TensorInfo t;
     t.name = c.read_string("name");
-    c.set_context(fmt::format("tensor '{}'", t.name));
-    if (f.tensor_index_.count(t.name) != 0) fail("{}: duplicate tensor name '{}'", path, t.name);
+    c.set_context(fmt::format("tensor '{}'", shown(t.name)));
+    if (f.tensor_index_.count(t.name) != 0) fail("{}: duplicate tensor name '{}'", path, shown(t.name));
     const uint32_t n_dims = c.read<uint32_t>("n_dims");
     if (n_dims > kMaxDims)
-      fail("{}: tensor '{}' has {} dimensions (at most {} are allowed)", path, t.name, n_dims, kMaxDims);
+      fail("{}: tensor '{}' has {} dimensions (at most {} are allowed)", path, shown(t.name), n_dims, kMaxDims);
     uint64_t n_elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t dim = c.read<uint64_t>("dimension");
-      if (dim == 0) fail("{}: tensor '{}' has dimension {} equal to 0", path, t.name, d);
+      if (dim == 0) fail("{}: tensor '{}' has dimension {} equal to 0", path, shown(t.name), d);
       if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        fail("{}: tensor '{}' has dimension {} = {}, too large (negative as int64)", path, t.name, d, dim);
+        fail("{}: tensor '{}' has dimension {} = {}, too large (negative as int64)", path, shown(t.name), d, dim);
       if (__builtin_mul_overflow(n_elements, dim, &n_elements) ||
           n_elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
         fail("{}: tensor '{}' has too many elements (the product of its dimensions overflows int64)", path,
-             t.name);
+             shown(t.name));
       t.dims.push_back(dim);
     }
     const uint32_t type = c.read<uint32_t>("type");
     t.type = static_cast<GgmlType>(type);
-    if (!is_known(t.type)) fail("{}: tensor '{}' has unknown type {}", path, t.name, type);
+    if (!is_known(t.type)) fail("{}: tensor '{}' has unknown type {}", path, shown(t.name), type);
     t.offset = c.read<uint64_t>("offset");  // relative for now
 
     const uint64_t blck = block_elements(t.type);
     const uint64_t ne0 = t.dims.empty() ? 1 : t.dims[0];
     if (ne0 % blck != 0)
-      fail("{}: tensor '{}' has dims[0] = {}, not a multiple of the {} block size {}", path, t.name, ne0,
+      fail("{}: tensor '{}' has dims[0] = {}, not a multiple of the {} block size {}", path, shown(t.name), ne0,
            type_name(t.type), blck);
     t.n_elements = n_elements;
     if (__builtin_mul_overflow(n_elements / blck, block_bytes(t.type), &t.n_bytes))
-      fail("{}: tensor '{}' size overflows", path, t.name);
+      fail("{}: tensor '{}' size overflows", path, shown(t.name));
     if (t.offset % f.alignment_ != 0)
-      fail("{}: tensor '{}' data offset {} is not a multiple of the alignment {}", path, t.name, t.offset,
+      fail("{}: tensor '{}' data offset {} is not a multiple of the alignment {}", path, shown(t.name), t.offset,
            f.alignment_);
     f.tensor_index_.emplace(t.name, f.tensors_.size());
     f.tensors_.push_back(std::move(t));
@@ -409,10 +442,10 @@ GgufFile GgufFile::open(const std::string& path) {
     uint64_t abs;
     if (__builtin_add_overflow(f.data_offset_, rel, &abs) || abs > size)
       fail("{}: tensor '{}' data [offset {} + {}, {} bytes] starts past the end of the file ({} bytes)",
-           path, t.name, f.data_offset_, rel, t.n_bytes, size);
+           path, shown(t.name), f.data_offset_, rel, t.n_bytes, size);
     if (t.n_bytes > size - abs)
       fail("{}: tensor '{}' data [offset {}, {} bytes] extends past the end of the file ({} bytes)", path,
-           t.name, abs, t.n_bytes, size);
+           shown(t.name), abs, t.n_bytes, size);
     t.offset = abs;
   }
 
@@ -425,10 +458,9 @@ GgufFile GgufFile::open(const std::string& path) {
     const TensorInfo& a = f.tensors_[order[i - 1]];
     const TensorInfo& b = f.tensors_[order[i]];
     if (a.offset + a.n_bytes > b.offset)  // both ends are <= size: no overflow
-      fail("{}: tensors '{}' [offset {}, {} bytes] and '{}' [offset {}, {} bytes] overlap", path, a.name,
-           a.offset, a.n_bytes, b.name, b.offset, b.n_bytes);
+      fail("{}: tensors '{}' [offset {}, {} bytes] and '{}' [offset {}, {} bytes] overlap", path, shown(a.name),
+           a.offset, a.n_bytes, shown(b.name), b.offset, b.n_bytes);
   }
-  return f;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -444,14 +476,14 @@ namespace {
 [[noreturn]] void wrong_type(const std::string& path, std::string_view key, const Value& v, const char* expected) {
   std::string actual = value_type_name(v.type);
   if (v.type == ValueType::ARRAY) actual = fmt::format("ARRAY of {}", value_type_name(v.element_type));
-  fail("{}: metadata {} has type {}, expected {}", path, key, actual, expected);
+  fail("{}: metadata {} has type {}, expected {}", path, shown(key), actual, expected);
 }
 
 uint64_t as_uint(const std::string& path, std::string_view key, const Value& v) {
   if (is_unsigned(v.type)) return std::get<uint64_t>(v.data);
   if (is_signed(v.type)) {
     const int64_t x = std::get<int64_t>(v.data);
-    if (x < 0) fail("{}: metadata {} = {} is negative, expected an unsigned integer", path, key, x);
+    if (x < 0) fail("{}: metadata {} = {} is negative, expected an unsigned integer", path, shown(key), x);
     return static_cast<uint64_t>(x);
   }
   wrong_type(path, key, v, "an integer");
@@ -461,7 +493,7 @@ uint64_t as_uint(const std::string& path, std::string_view key, const Value& v) 
 
 uint64_t GgufFile::get_uint(std::string_view key) const {
   const Value* v = find(key);
-  if (v == nullptr) fail("{}: metadata {} missing", path(), key);
+  if (v == nullptr) fail("{}: metadata {} missing", path(), shown(key));
   return as_uint(path(), key, *v);
 }
 
@@ -472,7 +504,7 @@ uint64_t GgufFile::get_uint(std::string_view key, uint64_t fallback) const {
 
 double GgufFile::get_float(std::string_view key) const {
   const Value* v = find(key);
-  if (v == nullptr) fail("{}: metadata {} missing", path(), key);
+  if (v == nullptr) fail("{}: metadata {} missing", path(), shown(key));
   if (!is_float(v->type)) wrong_type(path(), key, *v, "F32 or F64");
   return std::get<double>(v->data);
 }
@@ -490,7 +522,7 @@ bool GgufFile::get_bool(std::string_view key, bool fallback) const {
 
 std::string GgufFile::get_string(std::string_view key) const {
   const Value* v = find(key);
-  if (v == nullptr) fail("{}: metadata {} missing", path(), key);
+  if (v == nullptr) fail("{}: metadata {} missing", path(), shown(key));
   if (v->type != ValueType::STRING) wrong_type(path(), key, *v, "STRING");
   return std::get<std::string>(v->data);
 }
@@ -501,7 +533,7 @@ std::string GgufFile::get_string(std::string_view key, const std::string& fallba
 
 const std::vector<std::string>& GgufFile::get_string_array(std::string_view key) const {
   const Value* v = find(key);
-  if (v == nullptr) fail("{}: metadata {} missing", path(), key);
+  if (v == nullptr) fail("{}: metadata {} missing", path(), shown(key));
   if (v->type != ValueType::ARRAY || v->element_type != ValueType::STRING)
     wrong_type(path(), key, *v, "ARRAY of STRING");
   return std::get<std::vector<std::string>>(v->data);
@@ -509,14 +541,14 @@ const std::vector<std::string>& GgufFile::get_string_array(std::string_view key)
 
 std::vector<double> GgufFile::get_float_array(std::string_view key) const {
   const Value* v = find(key);
-  if (v == nullptr) fail("{}: metadata {} missing", path(), key);
+  if (v == nullptr) fail("{}: metadata {} missing", path(), shown(key));
   if (v->type != ValueType::ARRAY || !is_float(v->element_type)) wrong_type(path(), key, *v, "ARRAY of F32 or F64");
   return std::get<std::vector<double>>(v->data);
 }
 
 std::vector<int64_t> GgufFile::get_int_array(std::string_view key) const {
   const Value* v = find(key);
-  if (v == nullptr) fail("{}: metadata {} missing", path(), key);
+  if (v == nullptr) fail("{}: metadata {} missing", path(), shown(key));
   if (v->type != ValueType::ARRAY || !is_integer(v->element_type))
     wrong_type(path(), key, *v, "ARRAY of an integer type");
   if (is_signed(v->element_type)) return std::get<std::vector<int64_t>>(v->data);
@@ -525,7 +557,7 @@ std::vector<int64_t> GgufFile::get_int_array(std::string_view key) const {
   out.reserve(u.size());
   for (size_t i = 0; i < u.size(); ++i) {
     if (u[i] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      fail("{}: metadata {}[{}] = {} does not fit in int64", path(), key, i, u[i]);
+      fail("{}: metadata {}[{}] = {} does not fit in int64", path(), shown(key), i, u[i]);
     out.push_back(static_cast<int64_t>(u[i]));
   }
   return out;
@@ -538,21 +570,23 @@ const TensorInfo* GgufFile::find_tensor(std::string_view name) const {
 
 std::span<const uint8_t> GgufFile::tensor_bytes(const TensorInfo& info) const {
   // info may come from another file: check its extent against this one.
-  check(info.offset <= file_.size() && info.n_bytes <= file_.size() - info.offset,
-        "{}: tensor '{}' data [offset {}, {} bytes] is not inside this file ({} bytes)", path(), info.name,
-        info.offset, info.n_bytes, file_.size());
-  return {file_.data() + info.offset, static_cast<size_t>(info.n_bytes)};
+  if (info.offset > bytes_.size() || info.n_bytes > bytes_.size() - info.offset)
+    fail("{}: tensor '{}' data [offset {}, {} bytes] is not inside this file ({} bytes)", path(), shown(info.name),
+         info.offset, info.n_bytes, bytes_.size());
+  return bytes_.subspan(static_cast<size_t>(info.offset), static_cast<size_t>(info.n_bytes));
 }
 
 void GgufFile::read_f32(const TensorInfo& info, std::span<float> dst) const {
-  check(dst.size() == info.n_elements, "{}: tensor '{}' has {} elements, but the destination holds {} floats",
-        path(), info.name, info.n_elements, dst.size());
-  check(is_supported(info.type), "{}: tensor '{}': tensor type {} is not supported", path(), info.name,
-        type_name(info.type));
+  if (dst.size() != info.n_elements)
+    fail("{}: tensor '{}' has {} elements, but the destination holds {} floats", path(), shown(info.name),
+         info.n_elements, dst.size());
+  if (!is_supported(info.type))
+    fail("{}: tensor '{}': tensor type {} is not supported", path(), shown(info.name), type_name(info.type));
   const std::span<const uint8_t> src = tensor_bytes(info);
-  check(src.size() == info.n_elements / block_elements(info.type) * block_bytes(info.type),
-        "{}: tensor '{}' has {} bytes, {} {} elements need {}", path(), info.name, src.size(),
-        info.n_elements, type_name(info.type), info.n_elements / block_elements(info.type) * block_bytes(info.type));
+  const uint64_t need = info.n_elements / block_elements(info.type) * block_bytes(info.type);
+  if (info.n_elements % block_elements(info.type) != 0 || src.size() != need)
+    fail("{}: tensor '{}' has {} bytes, {} {} elements need {}", path(), shown(info.name), src.size(),
+         info.n_elements, type_name(info.type), need);
   dequantize(info.type, src.data(), dst.data(), info.n_elements);
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -111,11 +112,14 @@ class GgufFile {
   // Maps and parses the whole description; throws fdpp::Error with "PATH: problem" on any defect.
   // Tensor data is not read (only its extent is checked against the file size).
   static GgufFile open(const std::string& path);
+  // Parses a GGUF image held in memory (tests, the fuzzer: a heap buffer lets AddressSanitizer see
+  // any read past the end, which a mapping's last page would hide). `name` stands for the path.
+  static GgufFile from_bytes(std::string name, std::vector<uint8_t> bytes);
 
-  const std::string& path() const { return file_.path(); }
+  const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
-  uint64_t file_size() const { return file_.size(); }
+  uint64_t file_size() const { return bytes_.size(); }
   // Absolute byte offset of the tensor data section (aligned end of the tensor infos).
   uint64_t data_offset() const { return data_offset_; }
 
@@ -143,8 +147,12 @@ class GgufFile {
   void read_f32(const TensorInfo& info, std::span<float> dst) const;
 
  private:
-  explicit GgufFile(MappedFile file) : file_(std::move(file)) {}
-  MappedFile file_;
+  GgufFile() = default;
+  void parse();
+  std::string path_;
+  std::optional<MappedFile> file_;  // open(): the mapping
+  std::vector<uint8_t> owned_;      // from_bytes(): the image
+  std::span<const uint8_t> bytes_;  // the file's bytes, from either (both keep their address on a move)
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;
