@@ -140,13 +140,18 @@ T read_scalar(Cursor& c) {
 
 Value read_value(Cursor& c, uint32_t type_number, int depth);
 
-// Reads `count` elements of element type `et` (already bounded by the bytes left).
+// Reads `count` elements of element type `et` (already bounded by the bytes left). Storage is
+// reserved up front only up to kMaxReserve elements (a vocabulary fits); beyond that it grows with
+// the elements actually read, so a count that the bytes left could only barely hold costs nothing
+// until those bytes have really been parsed.
+constexpr uint64_t kMaxReserve = uint64_t{1} << 20;
 void read_array_elements(Cursor& c, Value& v, ValueType et, uint64_t count, int depth) {
   const size_t n = static_cast<size_t>(count);
+  const size_t reserve = static_cast<size_t>(std::min(count, kMaxReserve));
   switch (et) {
     case ValueType::U8: case ValueType::U16: case ValueType::U32: case ValueType::U64: {
       std::vector<uint64_t> out;
-      out.reserve(n);
+      out.reserve(reserve);
       for (size_t i = 0; i < n; ++i) {
         switch (et) {
           case ValueType::U8: out.push_back(c.read<uint8_t>("array element")); break;
@@ -160,7 +165,7 @@ void read_array_elements(Cursor& c, Value& v, ValueType et, uint64_t count, int 
     }
     case ValueType::I8: case ValueType::I16: case ValueType::I32: case ValueType::I64: {
       std::vector<int64_t> out;
-      out.reserve(n);
+      out.reserve(reserve);
       for (size_t i = 0; i < n; ++i) {
         switch (et) {
           case ValueType::I8: out.push_back(c.read<int8_t>("array element")); break;
@@ -174,7 +179,7 @@ void read_array_elements(Cursor& c, Value& v, ValueType et, uint64_t count, int 
     }
     case ValueType::F32: case ValueType::F64: {
       std::vector<double> out;
-      out.reserve(n);
+      out.reserve(reserve);
       for (size_t i = 0; i < n; ++i)
         out.push_back(et == ValueType::F32 ? c.read<float>("array element")
                                            : c.read<double>("array element"));
@@ -183,21 +188,21 @@ void read_array_elements(Cursor& c, Value& v, ValueType et, uint64_t count, int 
     }
     case ValueType::BOOL: {
       std::vector<bool> out;
-      out.reserve(n);
+      out.reserve(reserve);
       for (size_t i = 0; i < n; ++i) out.push_back(c.read<uint8_t>("array element") != 0);
       v.data = std::move(out);
       return;
     }
     case ValueType::STRING: {
       std::vector<std::string> out;
-      out.reserve(n);
+      out.reserve(reserve);
       for (size_t i = 0; i < n; ++i) out.push_back(c.read_string("array string"));
       v.data = std::move(out);
       return;
     }
     case ValueType::ARRAY: {
       ValueArray out;
-      out.reserve(n);
+      out.reserve(reserve);
       for (size_t i = 0; i < n; ++i) out.push_back(read_value(c, static_cast<uint32_t>(ValueType::ARRAY), depth + 1));
       v.data = std::move(out);
       return;
@@ -391,7 +396,8 @@ void GgufFile::parse() {
   }
 
   // Tensor infos.
-  f.tensors_.reserve(static_cast<size_t>(tensor_count));  // bounded above by size / 24
+  // Not reserved by tensor_count: bounded only by size / 24, it could ask for several times the
+  // file's size in TensorInfos before a single one is parsed.
   for (uint64_t i = 0; i < tensor_count; ++i) {
     c.set_context(fmt::format("tensor info #{}", i));
     TensorInfo t;
