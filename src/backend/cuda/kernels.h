@@ -1,0 +1,94 @@
+// Host-callable launchers of the CUDA backend's element-wise, normalization, position, KV-cache,
+// attention and sampling kernels. Plain C++ header (no CUDA types beyond cudaStream_t) so that
+// host code and tests compiled by the C++ compiler can call them. Every launcher checks its
+// arguments' sizes, launches on `stream`, and checks cudaGetLastError() (throws fdpp::Error).
+//
+// Activations and weights are 16-bit (fp16 or bf16, `DType`); the residual stream is fp32 so
+// that a deep model accumulates no 16-bit rounding across layers; all arithmetic is fp32.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "fdpp/model_config.h"
+
+namespace fdpp::cuda {
+
+enum class DType { F16, BF16 };
+
+// ---- embedding ------------------------------------------------------------------------------
+// x[t, :] = table[ids[t], :] (+ pos_table[positions[t] + pos_offset, :] when pos_table != null),
+// written to the fp32 residual stream. table: [vocab, dim] 16-bit.
+void embedding(const void* table, const void* pos_table, int pos_offset, DType dtype, const int32_t* ids,
+               const int32_t* positions, int n_tokens, int dim, float* x, cudaStream_t stream);
+
+// ---- residual + norm ------------------------------------------------------------------------
+// For each row r of [rows, dim]:
+//   if delta != null: x[r] += delta[r] (+ delta_bias)      (16-bit delta into the fp32 stream)
+//   y = norm(x[r]) * weight (+ bias)                        RMSNorm or LayerNorm (bias nullable)
+//   out[r] = y (16-bit);  if write_back: x[r] = y           (post-LN models normalize the stream)
+void residual_norm(float* x, const void* delta, const void* delta_bias, const void* weight, const void* bias,
+                   void* out, int rows, int dim, double eps, NormType norm, bool write_back, DType dtype,
+                   cudaStream_t stream);
+
+// ---- element-wise ----------------------------------------------------------------------------
+// x[r, :] += bias (16-bit, in place). rows x n.
+void add_bias(void* x, const void* bias, int rows, int n, DType dtype, cudaStream_t stream);
+// gate_up: [rows, 2 * n] with gate in [:, :n] and up in [:, n:] (the fused gate/up projection's
+// output) -> out[rows, n] = silu(gate) * up.
+void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cudaStream_t stream);
+// x = max(x, 0) in place, rows x n.
+void relu(void* x, int rows, int n, DType dtype, cudaStream_t stream);
+
+// ---- rotary embedding ------------------------------------------------------------------------
+// In place on qkv [n_tokens, (n_heads + 2 * n_kv_heads) * head_dim] (the fused projection's
+// output: q heads, then k heads, then v heads): rotates the first 2 * n_freq dims of each q and k
+// head at positions[t] in the given style (see cpu::rope). inv_freq: device [n_freq] fp32.
+void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, int n_tokens, int n_heads,
+             int n_kv_heads, int head_dim, RopeStyle style, DType dtype, cudaStream_t stream);
+
+// ---- paged KV cache --------------------------------------------------------------------------
+// Cache layout per layer: k and v each [num_blocks, block_size, n_kv_heads, head_dim] 16-bit.
+// Copies the k and v heads of qkv (layout as above) for each token t into slot slots[t]
+// (slot = block * block_size + offset).
+void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_heads, int n_kv_heads, int head_dim,
+                    void* k_cache, void* v_cache, DType dtype, cudaStream_t stream);
+
+// ---- attention -------------------------------------------------------------------------------
+// Decode: one query token per sequence. q is read from qkv [batch, (H + 2 KVH) * D] (after rope).
+// Sequence b attends to cache positions 0 .. context_lens[b] - 1 through its block table
+// block_tables[b * max_blocks_per_seq + i]. out: [batch, H * D] 16-bit. GQA: query head h uses kv
+// head h / (H / KVH). Stable softmax (fp32). head_dim: 64, 128 (others: error).
+void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+                      int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
+                      int head_dim, int block_size, float scale, void* out, DType dtype, cudaStream_t stream);
+
+// Prefill: n_tokens query tokens of ONE sequence at positions start_pos .. start_pos + n_tokens - 1,
+// causal over cache positions 0 .. own position (the cache already holds them). q from qkv as above;
+// out: [n_tokens, H * D].
+void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_table,
+                       int start_pos, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size,
+                       float scale, void* out, DType dtype, cudaStream_t stream);
+
+// ---- sampling --------------------------------------------------------------------------------
+// Per row of logits [rows, vocab] (fp32, modified in place): repetition penalty over that row's
+// history (history[r * history_stride .. + history_lens[r]], -1 entries ignored), then greedy
+// (temperature <= 0) or temperature, top-k, top-p, min-p and one draw — the same filters, order
+// and tie-breaking as the CPU Sampler (src/engine/sampler.h). The draw uses Philox keyed by
+// (seed, offsets[r]) so a (seed, step) pair always gives the same token. Writes out_ids[r].
+// workspace: from sampling_workspace_bytes(rows, vocab).
+struct DeviceSamplingParams {
+  float temperature;
+  int top_k;
+  float top_p;
+  float min_p;
+  float repeat_penalty;
+  uint64_t seed;
+};
+size_t sampling_workspace_bytes(int rows, int vocab);
+void sample(float* logits, int rows, int vocab, const int32_t* history, const int32_t* history_lens,
+            int history_stride, const DeviceSamplingParams& params, const uint64_t* offsets, int32_t* out_ids,
+            void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace fdpp::cuda
