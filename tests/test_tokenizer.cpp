@@ -394,6 +394,17 @@ TEST(TokenizerSpm, UserDefinedAlwaysControlOnlyWithParseSpecial) {
   EXPECT_EQ(t.decode(t.encode("[INST] hi", false, true), true), " hi");
 }
 
+TEST(TokenizerSpm, LargeInputs) {
+  const Tokenizer& t = *mistral().tok;
+  // One long symbol sequence (SentencePiece has no pre-splitting): the merge heap holds ~10^6 pairs.
+  std::string text;
+  while (text.size() < (1 << 20)) text += "Lorem ipsum dolor sit amet, 😀 中文 \xFF\t\n";
+  const auto ids = t.encode(text, false, false);
+  EXPECT_EQ(t.decode(ids, true), text);
+  const std::string word(100000, 'x');
+  EXPECT_EQ(t.decode(t.encode(word, false, false), true), word);
+}
+
 TEST(TokenizerSpm, AddSpacePrefixOff) {
   VocabSpec spec = mistral().spec;
   spec.add_space_prefix = false;
