@@ -35,19 +35,13 @@ GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<co
   Sampler sampler(options.sampling);
   StreamingDetokenizer detok(tokenizer, /*skip_special=*/true);
   std::vector<int32_t> history(prompt.begin(), prompt.end());
-  std::vector<float> logits(vocab);
 
   auto t0 = Clock::now();
-  runner.forward(prompt, 0, /*all_positions=*/false, logits);
+  int32_t next = runner.forward_sample(prompt, 0, sampler, history, 0);
   r.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
   auto decode_start = Clock::now();
-  for (int step = 0; step < options.max_tokens; ++step) {
-    if (step > 0) {
-      const int32_t last = r.tokens.back();
-      runner.forward(std::span<const int32_t>(&last, 1), static_cast<int>(history.size()) - 1, false, logits);
-    }
-    const int32_t next = sampler.sample(logits, history);
+  for (int step = 0;; ++step) {
     r.tokens.push_back(next);
     history.push_back(next);
     if (!options.ignore_eos && tokenizer.is_end_of_generation(next)) {
@@ -57,6 +51,9 @@ GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<co
     std::string piece = detok.push(next);
     r.text += piece;
     if (on_text && !piece.empty()) on_text(piece);
+    if (step + 1 >= options.max_tokens) break;
+    next = runner.forward_sample(std::span<const int32_t>(&history.back(), 1), static_cast<int>(history.size()) - 1,
+                                 sampler, history, static_cast<uint64_t>(step + 1));
   }
   std::string rest = detok.flush();
   r.text += rest;

@@ -14,7 +14,7 @@
 #include <iostream>
 #include <optional>
 
-#include "backend/cpu/cpu_runner.h"
+#include "engine/backend_select.h"
 #include "core/npy.h"
 #include "engine/generate.h"
 #include "fdpp/error.h"
@@ -92,7 +92,31 @@ struct GenerateArgs {
   int ctx_size = 0;
 };
 
-int run_generate(const GenerateArgs& a) {
+// Backend flags shared by generate and logits.
+struct DeviceArgs {
+  std::string device = "auto";
+  RunnerOptions options() const {
+    RunnerOptions o;
+    o.device = parse_device(device);
+    o.dtype = dtype;
+    o.kv_cache_tokens = kv_cache_tokens;
+    o.cuda_graphs = !no_cuda_graphs;
+    return o;
+  }
+  std::string dtype = "auto";
+  int64_t kv_cache_tokens = 0;
+  bool no_cuda_graphs = false;
+
+  void add_to(CLI::App* app) {
+    app->add_option("--device", device, "auto (CUDA when a GPU is present), cpu or cuda")->capture_default_str();
+    app->add_option("--dtype", dtype, "CUDA weight/activation type: auto, f16, bf16")->capture_default_str();
+    app->add_option("--kv-cache-tokens", kv_cache_tokens, "CUDA KV-cache size in tokens (0: sized to the request)")
+        ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+    app->add_flag("--no-cuda-graphs", no_cuda_graphs, "launch the decode step eagerly (for comparison)");
+  }
+};
+
+int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
   const std::string path = resolve_model_path(a.model);
   LoadedModel m = load_with_progress(path);
   std::vector<int32_t> prompt;
@@ -114,14 +138,14 @@ int run_generate(const GenerateArgs& a) {
   check(needed <= ctx, "prompt ({} tokens) + --max-tokens ({}) exceed the context size {}", prompt.size(),
         a.max_tokens, ctx);
 
-  CpuRunner runner(c, m.weights, static_cast<int>(needed));
+  auto runner = make_runner(c, m.weights, static_cast<int>(needed), d.options());
   GenerateOptions opt{a.max_tokens, a.ignore_eos, a.sampling};
   std::function<void(std::string_view)> stream;
   if (!a.json) stream = [](std::string_view piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     };
-  GenerateResult r = generate(runner, *m.tokenizer, prompt, opt, stream);
+  GenerateResult r = generate(*runner, *m.tokenizer, prompt, opt, stream);
   if (a.json) {
     nlohmann::json j;
     j["model"] = path;
@@ -145,7 +169,7 @@ int run_generate(const GenerateArgs& a) {
   return 0;
 }
 
-int run_logits(const std::string& model, const std::string& token_ids, const std::string& out) {
+int run_logits(const std::string& model, const std::string& token_ids, const std::string& out, const DeviceArgs& d) {
   const std::string path = resolve_model_path(model);
   const std::vector<int32_t> ids = parse_token_ids(token_ids);
   LoadedModel m = load_with_progress(path);
@@ -153,9 +177,9 @@ int run_logits(const std::string& model, const std::string& token_ids, const std
   for (int32_t id : ids) check(id < c.vocab_size, "--token-ids: id {} is out of range [0, {})", id, c.vocab_size);
   check(static_cast<int64_t>(ids.size()) <= c.max_context, "{} tokens exceed the model's context length {}",
         ids.size(), c.max_context);
-  CpuRunner runner(c, m.weights, static_cast<int>(ids.size()));
+  auto runner = make_runner(c, m.weights, static_cast<int>(ids.size()), d.options());
   std::vector<float> logits(ids.size() * static_cast<size_t>(c.vocab_size));
-  runner.forward(ids, 0, /*all_positions=*/true, logits);
+  runner->forward(ids, 0, /*all_positions=*/true, logits);
   write_npy_f32(out, {static_cast<int64_t>(ids.size()), c.vocab_size}, logits);
   fmt::print(stderr, "wrote {} [{} x {}] float32\n", out, ids.size(), c.vocab_size);
   return 0;
@@ -249,7 +273,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "fdpp 0.1.0");
 
   GenerateArgs g;
+  DeviceArgs g_dev, l_dev;
   auto* gen = app.add_subcommand("generate", "generate text (streams to stdout)");
+  g_dev.add_to(gen);
   gen->add_option("-m,--model", g.model, "GGUF model file (default: the default model)");
   auto* prompt_opt = gen->add_option("-p,--prompt", g.prompt, "prompt text");
   auto* ids_opt = gen->add_option("--token-ids", g.token_ids, "prompt as token ids, e.g. 1,2,3");
@@ -272,6 +298,7 @@ int main(int argc, char** argv) {
   logits->add_option("-m,--model", l_model, "model file (default: the default model)");
   logits->add_option("--token-ids", l_ids, "token ids, e.g. 1,2,3")->required();
   logits->add_option("-o,--out", l_out, "output .npy file")->required();
+  l_dev.add_to(logits);
 
   std::string i_model;
   bool i_json = false;
@@ -290,9 +317,9 @@ int main(int argc, char** argv) {
   try {
     if (*gen) {
       if (g.prompt.empty() && g.token_ids.empty()) fdpp::fail("generate needs --prompt TEXT or --token-ids 1,2,3");
-      return run_generate(g);
+      return run_generate(g, g_dev);
     }
-    if (*logits) return run_logits(l_model, l_ids, l_out);
+    if (*logits) return run_logits(l_model, l_ids, l_out, l_dev);
     if (*info) return run_info(i_model, i_json);
     if (*devices) return run_devices();
   } catch (const fdpp::Error& e) {

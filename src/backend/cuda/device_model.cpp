@@ -1,0 +1,117 @@
+#include "backend/cuda/device_model.h"
+
+#include <cmath>
+
+#include "backend/cpu/ops.h"
+#include "core/half.h"
+
+namespace fdpp::cuda {
+
+DeviceBuffer DeviceModel::upload(const std::vector<const Tensor*>& parts) {
+  int64_t n = 0;
+  for (const Tensor* t : parts) n += t->numel();
+  if (n == 0) return {};
+  std::vector<uint16_t> host(n);
+  int64_t at = 0;
+  for (const Tensor* t : parts) {
+    const float* src = t->ptr();
+    const int64_t m = t->numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m; ++i) host[at + i] = dtype_ == DType::F16 ? f32_to_fp16(src[i]) : f32_to_bf16(src[i]);
+    at += m;
+  }
+  DeviceBuffer d(n * sizeof(uint16_t));
+  FDPP_CUDA_CHECK(cudaMemcpy(d.get(), host.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  bytes_ += d.bytes();
+  return d;
+}
+
+DeviceBuffer DeviceModel::random(int64_t n, float scale, float offset, uint64_t seed) {
+  if (n == 0) return {};
+  DeviceBuffer d(n * sizeof(uint16_t));
+  fill_random(d.get(), n, dtype_, scale, offset, seed, nullptr);
+  bytes_ += d.bytes();
+  return d;
+}
+
+void DeviceModel::upload_inv_freq() {
+  if (config_.position != PositionEncoding::Rope) return;
+  const std::vector<double> inv = cpu::rope_inv_freq(config_.rope);
+  std::vector<float> f(inv.begin(), inv.end());
+  inv_freq = DeviceBuffer(f.size() * sizeof(float));
+  FDPP_CUDA_CHECK(cudaMemcpy(inv_freq.get(), f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+DeviceModel::DeviceModel(const ModelConfig& c, const DecoderWeights& w, DType dtype) : config_(c), dtype_(dtype) {
+  const bool swiglu = c.activation == Activation::SwiGLU;
+  tok_embeddings = upload({&w.tok_embeddings});
+  pos_embeddings = upload({&w.pos_embeddings});
+  project_in = upload({&w.project_in});
+  project_out = upload({&w.project_out});
+  for (const LayerWeights& L : w.layers) {
+    DeviceLayer d;
+    d.attn_norm = upload({&L.attn_norm});
+    d.attn_norm_bias = upload({&L.attn_norm_bias});
+    d.w_qkv = upload({&L.wq, &L.wk, &L.wv});
+    if (c.qkv_bias) d.b_qkv = upload({&L.bq, &L.bk, &L.bv});
+    d.w_o = upload({&L.wo});
+    d.b_o = upload({&L.bo});
+    d.ffn_norm = upload({&L.ffn_norm});
+    d.ffn_norm_bias = upload({&L.ffn_norm_bias});
+    d.w_in = swiglu ? upload({&L.w_gate, &L.w_up}) : upload({&L.w_up});
+    if (c.mlp_bias) d.b_in = swiglu ? upload({&L.b_gate, &L.b_up}) : upload({&L.b_up});
+    d.w_down = upload({&L.w_down});
+    d.b_down = upload({&L.b_down});
+    layers.push_back(std::move(d));
+  }
+  final_norm = upload({&w.final_norm});
+  final_norm_bias = upload({&w.final_norm_bias});
+  lm_head = upload({&w.lm_head});
+  upload_inv_freq();
+}
+
+DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed) {
+  DeviceModel m(c, dtype);
+  const int64_t H = c.hidden, E = c.embedding_dim(), Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden,
+                V = c.vocab_size;
+  const bool swiglu = c.activation == Activation::SwiGLU;
+  const bool layer_norm = c.norm == NormType::LayerNorm;
+  uint64_t s = seed;
+  auto matrix = [&](int64_t rows, int64_t cols) { return m.random(rows * cols, 1.0f / std::sqrt(float(cols)), 0.f, ++s); };
+  auto norm_weight = [&](int64_t n) { return m.random(n, 0.1f, 1.0f, ++s); };
+  auto bias = [&](bool present, int64_t n) { return present ? m.random(n, 0.02f, 0.f, ++s) : DeviceBuffer(); };
+
+  m.tok_embeddings = m.random(V * E, 1.0f, 0.f, ++s);
+  if (c.position == PositionEncoding::Learned)
+    m.pos_embeddings = m.random((c.max_context + c.learned_position_offset) * H, 0.1f, 0.f, ++s);
+  if (E != H) {
+    m.project_in = matrix(H, E);
+    m.project_out = matrix(E, H);
+  }
+  for (int i = 0; i < c.n_layers; ++i) {
+    DeviceLayer d;
+    d.attn_norm = norm_weight(H);
+    d.attn_norm_bias = bias(layer_norm && c.norm_bias, H);
+    d.w_qkv = matrix(Q + 2 * KV, H);
+    d.b_qkv = bias(c.qkv_bias, Q + 2 * KV);
+    d.w_o = matrix(H, Q);
+    d.b_o = bias(c.out_bias, H);
+    d.ffn_norm = norm_weight(H);
+    d.ffn_norm_bias = bias(layer_norm && c.norm_bias, H);
+    d.w_in = matrix(swiglu ? 2 * FF : FF, H);
+    d.b_in = bias(c.mlp_bias, swiglu ? 2 * FF : FF);
+    d.w_down = matrix(H, FF);
+    d.b_down = bias(c.mlp_bias, H);
+    m.layers.push_back(std::move(d));
+  }
+  if (c.final_norm) {
+    m.final_norm = norm_weight(H);
+    m.final_norm_bias = bias(layer_norm && c.norm_bias, H);
+  }
+  if (!c.tied_embeddings) m.lm_head = matrix(V, E);
+  m.upload_inv_freq();
+  FDPP_CUDA_CHECK(cudaDeviceSynchronize());
+  return m;
+}
+
+}  // namespace fdpp::cuda

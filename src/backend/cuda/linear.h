@@ -1,0 +1,49 @@
+// Linear layers through cuBLASLt: y[M, N] = x[M, K] . W[N, K]^T (+ bias[N]), 16-bit inputs,
+// fp32 accumulation, output 16-bit or fp32 (the lm head writes fp32 logits). The algorithm is
+// chosen once per (M, N, K, types, bias) by cuBLASLt's heuristic and cached; the workspace is
+// fixed, so calls can be captured in CUDA graphs.
+//
+// This is ImplC of FlashDecoding++'s linear-layer trio; the GEMV and flat-GEMM kernels (their own
+// issue) will sit beside it behind the dispatch table.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/kernels.h"
+
+namespace fdpp::cuda {
+
+class CublasLtLinear {
+ public:
+  explicit CublasLtLinear(size_t workspace_bytes = 32u << 20);
+  ~CublasLtLinear();
+  CublasLtLinear(const CublasLtLinear&) = delete;
+  CublasLtLinear& operator=(const CublasLtLinear&) = delete;
+
+  // x: [M, K] dtype; w: [N, K] dtype; bias: [N] dtype or null; y: [M, N] dtype, or fp32 when
+  // fp32_out.
+  void run(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype, bool fp32_out,
+           cudaStream_t stream);
+
+  size_t workspace_bytes() const { return workspace_.bytes(); }
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  using Key = std::tuple<int, int, int, int, bool, bool>;
+  Plan& plan(int M, int N, int K, DType dtype, bool bias, bool fp32_out);
+
+  cublasLtHandle_t handle_ = nullptr;
+  DeviceBuffer workspace_;
+  std::map<Key, Plan> plans_;
+};
+
+}  // namespace fdpp::cuda

@@ -1,0 +1,31 @@
+// Which backend runs a model: CUDA when a GPU is present (and fdpp was built with CUDA), else the
+// CPU; `--device cpu|cuda` forces one.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/runner.h"
+#include "model/decoder.h"
+
+namespace fdpp {
+
+enum class Device { Auto, Cpu, Cuda };
+Device parse_device(const std::string& name);  // "auto", "cpu", "cuda"; throws on others
+// Auto becomes Cuda when a usable GPU exists, else Cpu. Cuda without one throws with the reason.
+Device resolve_device(Device requested);
+const char* device_name(Device d);
+
+struct RunnerOptions {
+  Device device = Device::Auto;
+  std::string dtype = "auto";  // CUDA weights: "f16", "bf16", "auto" (bf16 for bf16 checkpoints, else f16)
+  int64_t kv_cache_tokens = 0;
+  bool cuda_graphs = true;
+};
+
+// The weights must outlive the runner (the CPU backend reads them in place; the CUDA backend
+// copies them to the device and no longer needs them after this returns).
+std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeights& weights, int max_context,
+                                    const RunnerOptions& options);
+
+}  // namespace fdpp
