@@ -52,7 +52,14 @@ inline std::vector<float> random_vector(size_t n, float scale = 1.0f) {
   return v;
 }
 
-inline std::string fixture(const std::string& relative) { return std::string(FDPP_TEST_DIR) + "/fixtures/" + relative; }
+// The tests/ folder: compiled in, or $FDPP_TEST_DIR_OVERRIDE when the binary runs from another
+// checkout (the GPU machine runs binaries built here).
+inline std::string test_dir() {
+  if (const char* o = std::getenv("FDPP_TEST_DIR_OVERRIDE"); o != nullptr && *o != '\0') return o;
+  return FDPP_TEST_DIR;
+}
+
+inline std::string fixture(const std::string& relative) { return test_dir() + "/fixtures/" + relative; }
 
 // The default model, or empty when it has not been fetched (tests then skip).
 inline std::string default_model_or_empty() {

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds fdpp for the H200 (sm_90a) into build-gpu/, with the shared libraries the GPU machine
+# lacks copied into build-gpu/lib, ready to travel with a device call (scripts/gpu-check.sh).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export FDPP_BUILD_DIR="$root/build-gpu"
+bash "$root/scripts/build.sh" -DFDPP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a
+mkdir -p "$FDPP_BUILD_DIR/lib"
+# Debian libraries that Ubuntu's image may not have (fmt) or may have in another version.
+for exe in fdpp fdpp_gpu_tests; do
+  [[ -x "$FDPP_BUILD_DIR/$exe" ]] || continue
+  ldd "$FDPP_BUILD_DIR/$exe" | awk '/=> \// {print $3}' | grep -E 'libfmt|libpcre2|libgomp' | while read -r lib; do
+    cp -Lu "$lib" "$FDPP_BUILD_DIR/lib/"
+  done
+done
+# Keep only what runs: the travelling folder must stay far below 64 MiB.
+du -sh "$FDPP_BUILD_DIR"/{fdpp,fdpp_gpu_tests,lib} 2>/dev/null || true

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: GPU tests, compute-sanitizer, benchmarks (ours and the peers, same
+# run), a short table printed last. Full logs and JSON go to $OUT (or ./out).
+#
+# The build travels with the call (CMake and the Debian -dev packages are on the development
+# machine, not the GPU machine):  here: bash scripts/build-gpu.sh   then run this there with
+# carry ["build-gpu"] (plus ".ref" parts of the default model for the greedy test, see below).
+#   FDPP_GPU_STAGES="tests sanitizer bench peers" (default: all)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+B="${FDPP_BUILD_DIR:-$root/build-gpu}"
+OUT="${OUT:-$root/out}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export FDPP_TEST_DIR_OVERRIDE="$root/tests"
+stages="${FDPP_GPU_STAGES:-tests sanitizer bench peers}"
+summary="$OUT/summary.md"
+: >"$summary"
+log() { echo "$@" | tee -a "$summary"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+
+# The default model (98 MB) does not fit one call's 64 MiB: it travels in two parts (.ref/part.aa
+# in one call, stored under /root/ref, and .ref/part.ab in the next) and is joined here.
+model=/root/ref/model.gguf
+if [[ ! -s $model ]]; then
+  mkdir -p /root/ref
+  for p in part.aa part.ab; do [[ -f $root/.ref/$p ]] && cp "$root/.ref/$p" /root/ref/; done
+  if [[ -f /root/ref/part.aa && -f /root/ref/part.ab ]]; then cat /root/ref/part.aa /root/ref/part.ab >"$model"; fi
+fi
+if [[ -s $model ]]; then export FDPP_MODEL=$model; mkdir -p /root/.cache/fdpp/models; ln -sf "$model" /root/.cache/fdpp/models/SmolLM2-135M-Instruct.Q4_1.gguf; fi
+
+if [[ " $stages " == *" tests "* ]]; then
+  "$B/fdpp" devices | tee -a "$OUT/gpu.txt"
+  "$B/fdpp_gpu_tests" --gtest_color=no 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|NMSE|Failure" | tail -40
+  log "GPU tests: $(grep -E '^\[  PASSED  \]' "$OUT/gpu_tests.log" | head -1) $(grep -E '^\[  FAILED  \] [0-9]+ test' "$OUT/gpu_tests.log" | head -1) $(grep -E '^\[  SKIPPED \] [0-9]+ test' "$OUT/gpu_tests.log" | head -1)"
+  if [[ -s $model ]]; then
+    for d in cpu cuda; do
+      "$B/fdpp" generate --device $d --prompt "What is the capital of France?" --chat --temperature 0 -n 32 --ignore-eos --json >"$OUT/greedy_$d.json" 2>>"$OUT/gpu_tests.log"
+    done
+    python3 - "$OUT" <<'PY' | tee -a "$summary"
+import json, sys
+a, b = (json.load(open(f"{sys.argv[1]}/greedy_{d}.json")) for d in ("cpu", "cuda"))
+same = a["token_ids"] == b["token_ids"]
+print(f"greedy 32 tokens, default model, cpu vs cuda: {'IDENTICAL' if same else 'DIFFERENT'}; cuda decode {b['timings']['decode_tokens_per_second']:.0f} tok/s; text: {b['text'][:60]!r}")
+PY
+  fi
+fi
+
+if [[ " $stages " == *" sanitizer "* ]] && command -v compute-sanitizer >/dev/null; then
+  filter="${FDPP_SANITIZER_FILTER:-*Small*:*Sampl*:*Rope*:*Norm*:*KvCache*:*Embedding*}"
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 99 "$B/fdpp_gpu_tests" --gtest_filter="$filter" >"$OUT/sanitizer_$tool.log" 2>&1
+    rc=$?
+    log "compute-sanitizer $tool (filter $filter): rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+  done
+fi
+
+if [[ " $stages " == *" bench "* ]]; then
+  bench() {  # bench NAME ARGS...
+    local name=$1
+    shift
+    "$B/fdpp" bench --load-format dummy "$@" --json >"$OUT/bench_$name.json" 2>"$OUT/bench_$name.err" || { log "bench $name failed: $(tail -1 "$OUT/bench_$name.err")"; return; }
+    python3 - "$OUT/bench_$name.json" "$name" <<'PY' | tee -a "$summary"
+import json, sys
+r = json.load(open(sys.argv[1])); m = r["memory"]
+print(f"\n### fdpp {sys.argv[2]} ({r['dtype']}, {r['gpu']}, read BW measured {r['read_bandwidth_measured']/1e12:.2f} TB/s)")
+print(f"memory: accounted {m['accounted']/2**30:.2f} GiB (weights {m['weights']/2**30:.2f}, KV {m['kv_cache']/2**30:.2f}), device used {m['device_used_by_engine']/2**30:.2f} GiB ({100*(m['device_used_by_engine']-m['accounted'])/m['accounted']:+.1f}%)")
+print("| test | ms/step | tokens/s | % roofline (measured) | % (4.46 TB/s) |\n| --- | ---: | ---: | ---: | ---: |")
+for x in r["results"]:
+    ms = x.get("ms_per_step", x.get("seconds", 0) * 1e3)
+    print(f"| {x['test']} | {ms:.3f} | {x['tokens_per_second']:.1f} | {100*x['roofline_measured']:.1f} | {100*x['roofline_design']:.1f} |")
+PY
+  }
+  bench llama-2-7b --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024 -p 1024
+  for m in llama-2-13b llama-3-8b opt-6.7b chatglm2-6b; do
+    bench $m --config "$root/configs/$m.json" -b 1 -c 1024 -p 1024
+  done
+fi
+
+if [[ " $stages " == *" peers "* ]]; then
+  PYTHONUNBUFFERED=1 python3 "$root/bench/peers/peers.py" "$root/configs/llama-2-7b.json" --batches 1,8,32 --context 1024 \
+    --json "$OUT/peers_llama-2-7b.json" >"$OUT/peers.log" 2>&1 || log "peers failed: $(tail -2 "$OUT/peers.log")"
+  { echo; grep -E '^\|' "$OUT/peers.log"; } | tee -a "$summary"
+fi
+
+echo
+echo "==== summary ===="
+cat "$summary"
