@@ -19,9 +19,16 @@ void validate(const ModelConfig& c, const std::string& origin) {
   in_range("max_context", c.max_context, 1, 1 << 24);
   check(c.n_heads % c.n_kv_heads == 0, "{}: n_heads = {} is not a multiple of n_kv_heads = {}", origin, c.n_heads,
         c.n_kv_heads);
-  check(c.rope.rotary_dim > 0 && c.rope.rotary_dim <= c.head_dim && c.rope.rotary_dim % 2 == 0,
-        "{}: rotary dim {} must be even and in [2, head_dim = {}]", origin, c.rope.rotary_dim, c.head_dim);
-  check(c.rope.theta > 0, "{}: rope theta = {} must be positive", origin, c.rope.theta);
+  // Rotary settings matter only to models that rotate (OPT's learned positions leave them unset).
+  if (c.position == PositionEncoding::Rope) {
+    check(c.rope.rotary_dim > 0 && c.rope.rotary_dim <= c.head_dim && c.rope.rotary_dim % 2 == 0,
+          "{}: rotary dim {} must be even and in [2, head_dim = {}]", origin, c.rope.rotary_dim, c.head_dim);
+    check(c.rope.theta > 0, "{}: rope theta = {} must be positive", origin, c.rope.theta);
+  } else {
+    check(c.learned_position_offset >= 0 && c.learned_position_offset <= 1024,
+          "{}: learned position offset = {} is out of range [0, 1024]", origin, c.learned_position_offset);
+  }
+  if (c.embed_dim != 0) in_range("embed_dim", c.embed_dim, 1, 1 << 17);
   check(c.norm_eps > 0 && c.norm_eps < 1, "{}: norm epsilon = {} must be in (0, 1)", origin, c.norm_eps);
   if (c.rope.scaling != RopeScaling::None)
     check(c.rope.factor >= 1, "{}: rope scaling factor = {} must be >= 1", origin, c.rope.factor);

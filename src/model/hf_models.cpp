@@ -1,0 +1,115 @@
+#include "model/hf_models.h"
+
+#include <cstring>
+#include <unordered_set>
+
+#include "fdpp/error.h"
+
+namespace fdpp {
+
+namespace {
+
+bool readable_dtype(const std::string& d) { return d == "F32" || d == "F16" || d == "BF16"; }
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The layer index k of a name containing "layers.k." (any prefix), or -1.
+int64_t layer_index(std::string_view name) {
+  size_t pos = 0;
+  while ((pos = name.find("layers.", pos)) != std::string_view::npos) {
+    if (pos == 0 || name[pos - 1] == '.') {
+      size_t i = pos + 7;
+      int64_t k = 0;
+      size_t digits = 0;
+      while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9) k = k * 10 + (name[i++] - '0'), ++digits;
+      if (digits > 0 && i < name.size() && name[i] == '.') return k;
+    }
+    pos += 7;
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::vector<Tensor> split_rows(const Tensor& t, const std::vector<int64_t>& rows) {
+  const int64_t cols = t.shape.size() > 1 ? t.numel() / t.shape[0] : 1;
+  int64_t total = 0;
+  for (const int64_t r : rows) total += r;
+  check(!t.shape.empty() && t.shape[0] == total, "split_rows: tensor of shape {} has not {} rows",
+        shape_string(t.shape), total);
+  std::vector<Tensor> out;
+  int64_t row = 0;
+  for (const int64_t r : rows) {
+    std::vector<int64_t> shape = t.shape;
+    shape[0] = r;
+    Tensor part(shape);
+    std::memcpy(part.ptr(), t.ptr() + row * cols, static_cast<size_t>(r * cols) * sizeof(float));
+    row += r;
+    out.push_back(std::move(part));
+  }
+  return out;
+}
+
+std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& config, const WeightSource& source) {
+  const std::string& a = config.architecture;
+  if (a == "llama" || a == "mistral") return hf_llama_tensor_specs(config);
+  if (a == "opt") return opt_tensor_specs(config, source);
+  if (a == "chatglm") return chatglm_tensor_specs(config);
+  fail("{}: no Hugging Face tensor mapping for architecture '{}'", source.origin(), a);
+}
+
+void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec>& specs, const ModelConfig& config,
+                      const std::string& config_path) {
+  const std::string& origin = source.origin();
+  std::unordered_set<std::string_view> used;
+  for (const HfTensorSpec& spec : specs) {
+    const SourceTensor* t = source.find(spec.name);
+    check(t != nullptr, "{}: tensor '{}' is missing (the model {} describes needs it)", origin, spec.name,
+          config_path);
+    check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, but {} implies {}", origin, spec.name,
+          shape_string(t->shape), config_path, shape_string(spec.shape));
+    check(readable_dtype(t->dtype), "{}: tensor '{}' has dtype {}, which fdpp cannot read (supported: F32, F16, BF16)",
+          origin, spec.name, t->dtype);
+    used.insert(spec.name);
+  }
+  // Tensors the mapping did not take: harmless buffers (rotary inv_freq, a tied lm_head copy) are
+  // ignored, but a bias next to a weight we use, or a layer past the configured count, means
+  // config.json and the checkpoint disagree, and running would silently compute something else.
+  for (const SourceTensor& t : source.tensors()) {
+    if (used.count(t.name) != 0) continue;
+    if (ends_with(t.name, ".bias")) {
+      const std::string weight = t.name.substr(0, t.name.size() - 5) + ".weight";
+      check(used.count(weight) == 0,
+            "{}: tensor '{}' is in the checkpoint, but {} does not call for that bias (attention_bias, mlp_bias, "
+            "enable_bias or add_qkv_bias)",
+            origin, t.name, config_path);
+    }
+    const int64_t layer = layer_index(t.name);
+    check(layer < config.n_layers, "{}: tensor '{}' belongs to layer {}, but {} says the model has {} layers", origin,
+          t.name, layer, config_path, config.n_layers);
+  }
+}
+
+DecoderWeights load_hf_decoder(const WeightSource& source, const ModelConfig& config,
+                               const std::vector<HfTensorSpec>& specs, const ProgressFn& progress) {
+  uint64_t total = 0, done = 0;
+  for (const HfTensorSpec& s : specs) total += static_cast<uint64_t>(Tensor::numel_of(s.shape));
+  DecoderWeights w;
+  w.layers.resize(config.n_layers);
+  for (const HfTensorSpec& spec : specs) {
+    const SourceTensor* t = source.find(spec.name);
+    check(t != nullptr, "{}: tensor '{}' is missing", source.origin(), spec.name);
+    check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", source.origin(), spec.name,
+          shape_string(t->shape), shape_string(spec.shape));
+    Tensor tensor(spec.shape);
+    source.read_f32(*t, tensor.data);
+    done += static_cast<uint64_t>(tensor.numel());
+    spec.assign(w, std::move(tensor));
+    if (progress) progress(total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
+  }
+  return w;
+}
+
+}  // namespace fdpp

@@ -1,0 +1,59 @@
+// Hugging Face checkpoints -> DecoderWeights. One file per architecture maps the checkpoint's
+// tensor names (hf_llama.cpp: Llama/Mistral, opt.cpp: OPT, chatglm.cpp: THUDM ChatGLM2); this
+// header's generic part (hf_models.cpp) checks a WeightSource against the mapping without reading
+// data (fdpp info) and loads it.
+//
+// HF Llama checkpoints already rotate halves (no row permutation, unlike GGUF). Fused tensors
+// (ChatGLM2's query_key_value and dense_h_to_4h) are split by rows on load.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "io/weight_source.h"
+#include "model/decoder.h"
+
+namespace fdpp {
+
+// One tensor of a checkpoint: its name there, the shape config.json implies, and where it goes.
+struct HfTensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::function<void(DecoderWeights&, Tensor&&)> assign;
+};
+
+// The tensors an HF checkpoint of config.architecture ("llama", "mistral", "opt", "chatglm") must
+// hold. The source is consulted only where names vary between checkpoints (OPT's "model.decoder."
+// / "decoder." / "model." prefixes).
+std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& config, const WeightSource& source);
+
+std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& config);
+std::vector<HfTensorSpec> opt_tensor_specs(const ModelConfig& config, const WeightSource& source);
+std::vector<HfTensorSpec> chatglm_tensor_specs(const ModelConfig& config);
+
+// Checks that every spec's tensor is present with the expected shape and a readable dtype (F32,
+// F16, BF16), and that the checkpoint holds nothing that contradicts config.json (a bias the
+// config does not call for, layers beyond num_hidden_layers). Throws fdpp::Error naming the
+// directory, the tensor and config.json. Reads no tensor data.
+void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec>& specs, const ModelConfig& config,
+                      const std::string& config_path);
+
+// Reads every spec's tensor as fp32 into DecoderWeights (call check_hf_tensors first).
+DecoderWeights load_hf_decoder(const WeightSource& source, const ModelConfig& config,
+                               const std::vector<HfTensorSpec>& specs, const ProgressFn& progress = {});
+
+// Splits a [sum(rows), cols] tensor by rows into parts (for fused projections).
+std::vector<Tensor> split_rows(const Tensor& t, const std::vector<int64_t>& rows);
+
+// Specs whose tensor goes straight into one member of DecoderWeights / of layer i.
+inline HfTensorSpec hf_spec(std::string name, std::vector<int64_t> shape, Tensor DecoderWeights::*member) {
+  return {std::move(name), std::move(shape), [member](DecoderWeights& w, Tensor&& t) { w.*member = std::move(t); }};
+}
+inline HfTensorSpec hf_layer_spec(std::string name, std::vector<int64_t> shape, int layer,
+                                  Tensor LayerWeights::*member) {
+  return {std::move(name), std::move(shape),
+          [layer, member](DecoderWeights& w, Tensor&& t) { w.layers.at(layer).*member = std::move(t); }};
+}
+
+}  // namespace fdpp
