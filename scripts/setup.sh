@@ -10,7 +10,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config python3-pip
   libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libomp-dev
-  libgtest-dev googletest clang
+  libgtest-dev googletest clang libminizip-dev
   libsentencepiece-dev
 )
 
