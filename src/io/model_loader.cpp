@@ -6,7 +6,11 @@
 
 #include "fdpp/error.h"
 #include "io/gguf.h"
+#include "io/hf_config.h"
+#include "io/weight_source.h"
+#include "model/hf_models.h"
 #include "model/llama.h"
+#include "tokenizer/hf_tokenizer.h"
 
 namespace fdpp {
 
@@ -15,6 +19,17 @@ namespace {
 bool exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// A directory must be an HF model directory; anything else is read as GGUF.
+void check_hf_directory(const std::string& path) {
+  check(is_hf_directory(path),
+        "{}: is a directory without config.json (expected a GGUF file or a Hugging Face model directory)", path);
 }
 
 ModelDescription describe_gguf(const gguf::GgufFile& f) {
@@ -66,15 +81,57 @@ std::string resolve_model_path(const std::string& path) {
   return def;
 }
 
+ModelDescription describe_hf_model(const HfConfig& h, const WeightSource& source) {
+  ModelDescription d;
+  d.path = h.directory;
+  d.format = source.format();
+  d.config = h.config;
+  const auto specs = hf_tensor_specs(h.config, source);
+  check_hf_tensors(source, specs, h.config, h.config_path);
+  for (const HfTensorSpec& spec : specs) {
+    const SourceTensor* t = source.find(spec.name);
+    d.tensors.push_back({spec.name, t->shape, t->dtype, t->n_bytes});
+    d.n_params += static_cast<uint64_t>(Tensor::numel_of(t->shape));
+    d.stored_bytes += t->n_bytes;
+    d.dtype_counts[t->dtype]++;
+  }
+  return d;
+}
+
+DecoderWeights load_hf_model_weights(const HfConfig& h, const WeightSource& source, const ProgressFn& progress) {
+  const auto specs = hf_tensor_specs(h.config, source);
+  check_hf_tensors(source, specs, h.config, h.config_path);
+  return load_hf_decoder(source, h.config, specs, progress);
+}
+
 ModelDescription describe_model(const std::string& path) {
   check(exists(path), "{}: no such file or directory", path);
-  // Only GGUF files for now; HF directories (config.json + safetensors/.bin) come next.
+  if (is_directory(path)) {
+    check_hf_directory(path);
+    const HfConfig h = read_hf_config(path);
+    const auto source = open_hf_weights(path);
+    return describe_hf_model(h, *source);
+  }
   const auto f = gguf::GgufFile::open(path);
   return describe_gguf(f);
 }
 
 LoadedModel load_model(const std::string& path, const ProgressFn& progress) {
   check(exists(path), "{}: no such file or directory", path);
+  if (is_directory(path)) {
+    check_hf_directory(path);
+    const HfConfig h = read_hf_config(path);
+    const auto source = open_hf_weights(path);
+    LoadedModel m;
+    m.description = describe_hf_model(h, *source);
+    m.tokenizer = load_hf_tokenizer(path, HfTokenizerHints{h.model_type, h.eos_token_ids, h.bos_token_id});
+    if (m.tokenizer != nullptr)
+      check(m.tokenizer->vocab_size() <= h.config.vocab_size,
+            "{}: tokenizer has {} tokens but the model's vocabulary ({}) is {}", path, m.tokenizer->vocab_size(),
+            h.config_path, h.config.vocab_size);
+    m.weights = load_hf_decoder(*source, h.config, hf_tensor_specs(h.config, *source), progress);
+    return m;
+  }
   const auto f = gguf::GgufFile::open(path);
   LoadedModel m;
   m.description = describe_gguf(f);

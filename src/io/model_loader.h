@@ -1,5 +1,7 @@
-// From a path on disk to a runnable model: resolves the default model, recognizes the format,
-// describes and validates the model without reading weights (fdpp info), and loads it.
+// From a path on disk to a runnable model: resolves the default model, recognizes the format (a
+// GGUF file, or a Hugging Face model directory: config.json + safetensors / PyTorch .bin +
+// tokenizer files), describes and validates the model without reading weights (fdpp info), and
+// loads it.
 #pragma once
 
 #include <map>
@@ -26,7 +28,7 @@ struct TensorDescription {
 
 struct ModelDescription {
   std::string path;
-  std::string format;  // "gguf"
+  std::string format;  // "gguf", or for an HF directory "safetensors" / "pytorch"
   ModelConfig config;
   std::vector<TensorDescription> tensors;  // the ones the model uses, validated
   uint64_t n_params = 0;
@@ -47,6 +49,8 @@ ModelDescription describe_model(const std::string& path);
 struct LoadedModel {
   ModelDescription description;
   DecoderWeights weights;
+  // Null only for an HF directory without tokenizer files (a bare checkpoint): token ids work,
+  // text does not.
   std::unique_ptr<Tokenizer> tokenizer;
   const ModelConfig& config() const { return description.config; }
 };
@@ -54,5 +58,14 @@ struct LoadedModel {
 // Loads weights (dequantized to fp32) and the tokenizer. progress(fraction) is called as tensors
 // are read.
 LoadedModel load_model(const std::string& path, const ProgressFn& progress = {});
+
+struct HfConfig;
+class WeightSource;
+// The HF-directory steps on their own, over any WeightSource (tests pass an in-memory one):
+// validates the tensors against config.json (names, shapes, dtypes) without reading data, and
+// loads the weights (no tokenizer).
+ModelDescription describe_hf_model(const HfConfig& config, const WeightSource& source);
+DecoderWeights load_hf_model_weights(const HfConfig& config, const WeightSource& source,
+                                     const ProgressFn& progress = {});
 
 }  // namespace fdpp

@@ -119,6 +119,11 @@ struct DeviceArgs {
 int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
   const std::string path = resolve_model_path(a.model);
   LoadedModel m = load_with_progress(path);
+  // A bare HF checkpoint (no tokenizer files) can give logits, but text needs a tokenizer.
+  check(m.tokenizer != nullptr,
+        "{}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json + merges.txt); generate needs one, "
+        "logits --token-ids does not",
+        path);
   std::vector<int32_t> prompt;
   if (!a.token_ids.empty()) {
     prompt = parse_token_ids(a.token_ids);
@@ -276,7 +281,7 @@ int main(int argc, char** argv) {
   DeviceArgs g_dev, l_dev;
   auto* gen = app.add_subcommand("generate", "generate text (streams to stdout)");
   g_dev.add_to(gen);
-  gen->add_option("-m,--model", g.model, "GGUF model file (default: the default model)");
+  gen->add_option("-m,--model", g.model, "GGUF file or Hugging Face model directory (default: the default model)");
   auto* prompt_opt = gen->add_option("-p,--prompt", g.prompt, "prompt text");
   auto* ids_opt = gen->add_option("--token-ids", g.token_ids, "prompt as token ids, e.g. 1,2,3");
   prompt_opt->excludes(ids_opt);
@@ -295,7 +300,7 @@ int main(int argc, char** argv) {
 
   std::string l_model, l_ids, l_out;
   auto* logits = app.add_subcommand("logits", "write the logits of every position as float32 .npy [T, vocab]");
-  logits->add_option("-m,--model", l_model, "model file (default: the default model)");
+  logits->add_option("-m,--model", l_model, "GGUF file or HF model directory (default: the default model)");
   logits->add_option("--token-ids", l_ids, "token ids, e.g. 1,2,3")->required();
   logits->add_option("-o,--out", l_out, "output .npy file")->required();
   l_dev.add_to(logits);
@@ -303,7 +308,7 @@ int main(int argc, char** argv) {
   std::string i_model;
   bool i_json = false;
   auto* info = app.add_subcommand("info", "describe and validate a model without loading its weights");
-  info->add_option("-m,--model", i_model, "model file (default: the default model)");
+  info->add_option("-m,--model", i_model, "GGUF file or HF model directory (default: the default model)");
   info->add_flag("--json", i_json, "print JSON");
 
   auto* devices = app.add_subcommand("devices", "list the CPU threads and CUDA GPUs fdpp can use");
