@@ -9,7 +9,7 @@ mkdir -p "$FDPP_BUILD_DIR/lib"
 # Debian libraries that Ubuntu's image may not have (fmt) or may have in another version.
 for exe in fdpp fdpp_gpu_tests; do
   [[ -x "$FDPP_BUILD_DIR/$exe" ]] || continue
-  ldd "$FDPP_BUILD_DIR/$exe" | awk '/=> \// {print $3}' | grep -E 'libfmt|libpcre2|libgomp' | while read -r lib; do
+  ldd "$FDPP_BUILD_DIR/$exe" | awk '/=> \// {print $3}' | grep -E 'libfmt|libpcre2|libgomp|libsentencepiece' | while read -r lib; do
     cp -Lu "$lib" "$FDPP_BUILD_DIR/lib/"
   done
 done
