@@ -247,6 +247,14 @@ TEST(TorchBin, ReadsACheckpointInTorchSaveLayout) {
   expect_error([&] { f.read_f32(*f.find("model.w"), small); }, "has 12 elements, but the destination holds 3");
 }
 
+TEST(TorchBin, ReadsZip64Entries) {
+  // The same checkpoint with zip64 size fields in every local header (torch writes those for
+  // entries of 4 GB and more).
+  const TorchBinFile f = TorchBinFile::open(test::fixture("torch_bin/tiny_zip64/pytorch_model.bin"));
+  check_against(f, json::parse(std::ifstream(test::fixture("torch_bin/tiny/expected.json"))));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(f.storage_bytes("1").data()) % 64, 0u);
+}
+
 TEST(TorchBin, ParsesProtocol4AndRebuildV3AndParameters) {
   const StateDict p2 = parse(read_file(test::fixture("torch_bin/pkl/tiny_p2.pkl")));
   const StateDict p4 = parse(read_file(test::fixture("torch_bin/pkl/tiny_p4.pkl")));  // FRAME, MEMOIZE, STACK_GLOBAL
@@ -525,6 +533,11 @@ TEST(TorchBin, ChecksTensorExtentsAgainstTheirStorage) {
                     "strides reach past 2^64");
   // Empty tensors reach nothing, whatever their offset within the storage.
   EXPECT_EQ(parse(state_dict({{.name = "w", .numel = 0, .offset = 0, .shape = {0, 5}, .stride = {5, 1}}})).tensors[0].extent(), 0u);
+  // Sizes whose product passes 2^63 before their 0: empty, contiguous, reaching nothing.
+  const TensorRecord huge_empty =
+      parse(state_dict({{.name = "w", .numel = 0, .shape = {0, INT64_MAX, INT64_MAX}, .stride = {1, 1, 1}}})).tensors[0];
+  EXPECT_TRUE(huge_empty.contiguous());
+  EXPECT_EQ(huge_empty.extent(), 0u);
   // An untyped storage needs _rebuild_tensor_v3's dtype.
   expect_bad_pickle(state_dict({{.name = "w", .storage_class = "UntypedStorage", .numel = 16}}),
                     "_rebuild_tensor_v2 with an untyped storage and no dtype");
@@ -573,7 +586,8 @@ TEST(TorchBin, EveryTruncatedFileIsAnError) {
 }
 
 TEST(TorchBin, RandomCorruptionNeverCrashes) {
-  for (const char* fixture : {"torch_bin/tiny/pytorch_model.bin", "torch_bin/sharded/pytorch_model-00001-of-00002.bin"}) {
+  for (const char* fixture : {"torch_bin/tiny/pytorch_model.bin", "torch_bin/tiny_zip64/pytorch_model.bin",
+                              "torch_bin/sharded/pytorch_model-00001-of-00002.bin"}) {
     const Bytes file = read_file(test::fixture(fixture));
     std::uniform_int_distribution<size_t> pos(0, file.size() - 1);
     std::uniform_int_distribution<int> byte(0, 255);

@@ -19,10 +19,11 @@ namespace fdpp::torch_pickle {
 using hf::shown;
 
 bool TensorRecord::contiguous() const {
-  int64_t expected = 1;
+  if (n_elements == 0) return true;  // (and its sizes may multiply past 2^63 before the 0)
+  uint64_t expected = 1;              // <= n_elements, which fits
   for (size_t i = shape.size(); i-- > 0;) {
-    if (shape[i] != 1 && strides[i] != expected) return n_elements == 0;
-    expected *= shape[i];
+    if (shape[i] != 1 && static_cast<uint64_t>(strides[i]) != expected) return false;
+    expected *= static_cast<uint64_t>(shape[i]);
   }
   return true;
 }
