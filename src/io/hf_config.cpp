@@ -103,7 +103,7 @@ void collect_ids(const json& j, const char* key, const std::string& origin, std:
 }
 
 // The rotary embedding of Llama-style configs, from either shape of config.json.
-void parse_rope(const json& j, const std::string& origin, int max_positions, RopeConfig& rope) {
+void parse_rope(const json& j, const std::string& origin, RopeConfig& rope) {
   const Fields top(j, origin);
   std::string type = "default";
   const json* params = nullptr;
@@ -150,7 +150,6 @@ void parse_rope(const json& j, const std::string& origin, int max_positions, Rop
     fail("{}: {}rope_type '{}' is not supported (supported: default, linear, llama3)", origin, prefix, type);
   }
   check(rope.factor >= 1, "{}: {}factor = {} must be >= 1", origin, prefix, rope.factor);
-  (void)max_positions;
 }
 
 // hidden / heads when head_dim is not given; the heads must divide hidden then.
@@ -189,7 +188,7 @@ void parse_llama(const json& j, const std::string& origin, bool mistral, ModelCo
   c.activation = Activation::SwiGLU;
   c.position = PositionEncoding::Rope;
   c.rope_style = RopeStyle::RotateHalf;
-  parse_rope(j, origin, c.max_context, c.rope);
+  parse_rope(j, origin, c.rope);
   c.rope.rotary_dim = c.head_dim;
 }
 

@@ -129,11 +129,16 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
     prompt = parse_token_ids(a.token_ids);
   } else {
     std::string text = a.prompt;
+    bool add_bos = m.tokenizer->add_bos_by_default();
     if (a.chat) {
       std::vector<ChatMessage> messages{{"user", a.prompt}};
       text = m.tokenizer->apply_chat_template(messages, /*add_generation_prompt=*/true);
+      // Templates that write the BOS text themselves (Llama 2/3) get no second BOS, as in
+      // transformers' apply_chat_template(tokenize=True).
+      const int32_t bos = m.tokenizer->bos_id();
+      if (bos >= 0 && text.starts_with(m.tokenizer->token_text(bos))) add_bos = false;
     }
-    prompt = m.tokenizer->encode(text, m.tokenizer->add_bos_by_default(), /*parse_special=*/true);
+    prompt = m.tokenizer->encode(text, add_bos, /*parse_special=*/true);
   }
   check(!prompt.empty(), "the prompt encodes to no tokens; give --prompt TEXT or --token-ids");
   const ModelConfig& c = m.config();
