@@ -247,6 +247,25 @@ TEST(TorchBin, ReadsACheckpointInTorchSaveLayout) {
   expect_error([&] { f.read_f32(*f.find("model.w"), small); }, "has 12 elements, but the destination holds 3");
 }
 
+TEST(TorchBin, ReadsFilesWrittenByTorch) {
+  // Written by torch 2.11's torch.save on the GPU machine (make_real_torch.py): a plain dict with
+  // F32/F16/BF16/I64/BOOL tensors, a tensor held twice, views (offset, transposed, column), a
+  // float8 and a uint16 tensor (_rebuild_tensor_v3 over torch.storage.UntypedStorage), a 0-d and
+  // an empty tensor and an nn.Parameter; and a module's state_dict() (OrderedDict + BUILD).
+  const json expected = json::parse(std::ifstream(test::fixture("torch_bin/real/expected.json")));
+  for (const char* name : {"state_dict.bin", "module.bin"}) {
+    SCOPED_TRACE(name);
+    const TorchBinFile f = TorchBinFile::open(test::fixture(std::string("torch_bin/real/") + name));
+    check_against(f, expected[name]);
+  }
+  const TorchBinFile f = TorchBinFile::open(test::fixture("torch_bin/real/state_dict.bin"));
+  EXPECT_EQ(f.archive_name(), "state_dict");
+  EXPECT_EQ(f.find("f8")->dtype, "F8_E4M3");
+  EXPECT_FALSE(f.find("w.t")->contiguous());
+  EXPECT_EQ(f.find("tied.view")->storage_offset, 3u);
+  EXPECT_EQ(f.find("tied.b")->storage_key, f.find("tied.a")->storage_key);
+}
+
 TEST(TorchBin, ReadsZip64Entries) {
   // The same checkpoint with zip64 size fields in every local header (torch writes those for
   // entries of 4 GB and more).
@@ -410,7 +429,7 @@ TEST(TorchBin, RejectsOpcodesAStateDictDoesNotNeed) {
 // Hostile pickles
 
 TEST(TorchBin, EveryTruncatedPickleIsAnError) {
-  for (const char* name : {"tiny_p2.pkl", "tiny_p4.pkl", "v3_param.pkl"}) {
+  for (const char* name : {"tiny_p2.pkl", "tiny_p4.pkl", "v3_param.pkl", "real_state_dict.pkl"}) {
     const Bytes pkl = read_file(test::fixture(std::string("torch_bin/pkl/") + name));
     ASSERT_GT(pkl.size(), 100u);
     EXPECT_NO_THROW((void)parse(pkl));
@@ -587,6 +606,7 @@ TEST(TorchBin, EveryTruncatedFileIsAnError) {
 
 TEST(TorchBin, RandomCorruptionNeverCrashes) {
   for (const char* fixture : {"torch_bin/tiny/pytorch_model.bin", "torch_bin/tiny_zip64/pytorch_model.bin",
+                              "torch_bin/real/state_dict.bin",
                               "torch_bin/sharded/pytorch_model-00001-of-00002.bin"}) {
     const Bytes file = read_file(test::fixture(fixture));
     std::uniform_int_distribution<size_t> pos(0, file.size() - 1);
@@ -646,6 +666,24 @@ TEST(HfWeights, OpensShardedPytorchBins) {
   for (const auto& [name, e] : expected.items()) {
     const SourceTensor* t = w->find(name);
     ASSERT_NE(t, nullptr);
+    std::vector<float> out(e["values"].size());
+    w->read_f32(*t, out);
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], static_cast<float>(e["values"][i].get<double>())) << name;
+  }
+}
+
+TEST(HfWeights, OpensShardsWrittenByTransformers) {
+  // transformers 5.17 save_pretrained(max_shard_size="1KB") of a tiny bf16 Llama (tied lm_head not
+  // saved): its index and two safetensors shards, as written on the GPU machine.
+  const auto w = open_hf_weights(test::fixture("torch_bin/real/llama"));
+  EXPECT_EQ(w->format(), "safetensors");
+  const json expected = json::parse(std::ifstream(test::fixture("torch_bin/real/expected.json")))["llama"];
+  ASSERT_EQ(w->tensors().size(), expected.size());
+  for (const auto& [name, e] : expected.items()) {
+    const SourceTensor* t = w->find(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->dtype, "BF16");
+    EXPECT_EQ(t->shape, e["shape"].get<std::vector<int64_t>>());
     std::vector<float> out(e["values"].size());
     w->read_f32(*t, out);
     for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], static_cast<float>(e["values"][i].get<double>())) << name;

@@ -127,6 +127,7 @@ constexpr GlobalEntry kAllowedGlobals[] = {
     {"torch", "ByteStorage", Global::StorageClass, "U8"},
     {"torch", "BoolStorage", Global::StorageClass, "BOOL"},
     {"torch", "ComplexFloatStorage", Global::StorageClass, "C64"},
+    {"torch.storage", "UntypedStorage", Global::StorageClass, ""},  // how torch 2.x names it
     {"torch", "UntypedStorage", Global::StorageClass, ""},
     // dtypes (pickled by name), for _rebuild_tensor_v3.
     {"torch", "float32", Global::DType, "F32"},

@@ -12,7 +12,9 @@
 //                                   OrderedDict() [, metadata])
 //   where storage is a persistent id ('storage', torch.HalfStorage, key, location, numel) whose
 //   bytes are the zip entry <archive>/data/<key>. Dtypes without a typed storage class (float8,
-//   uint16..64) come as _rebuild_tensor_v3(untyped storage, ..., dtype [, metadata]).
+//   uint16..64) come as _rebuild_tensor_v3(storage, ..., dtype [, metadata]) over a persistent id
+//   naming torch.storage.UntypedStorage, whose numel is in bytes. (Checked against files written by
+//   torch 2.11: tests/fixtures/torch_bin/real.)
 // Every length, count and index is bounded by the pickle's size; memory use is proportional to it.
 #pragma once
 
