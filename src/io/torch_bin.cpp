@@ -299,17 +299,19 @@ void TorchBinFile::read_f32(const TensorRecord& t, std::span<float> dst) const {
     return;
   }
   // General strides: walk the index space row-major (an odometer over the outer dimensions),
-  // converting one innermost row at a time.
+  // gathering one innermost row into a packed buffer and converting it at once.
   const size_t nd = t.shape.size();
-  const int64_t inner = t.shape[nd - 1];
+  const uint64_t inner = static_cast<uint64_t>(t.shape[nd - 1]);
   const uint64_t inner_stride = static_cast<uint64_t>(t.strides[nd - 1]) * elem;
+  std::vector<uint8_t> packed(inner * elem);
   std::vector<int64_t> idx(nd, 0);
   float* out = dst.data();
-  for (uint64_t done = 0; done < t.n_elements; done += static_cast<uint64_t>(inner)) {
+  for (uint64_t done = 0; done < t.n_elements; done += inner, out += inner) {
     uint64_t off = 0;
     for (size_t d = 0; d + 1 < nd; ++d) off += static_cast<uint64_t>(idx[d]) * static_cast<uint64_t>(t.strides[d]);
     const uint8_t* row = base + off * elem;
-    for (int64_t j = 0; j < inner; ++j) hf::to_f32(t.dtype, row + static_cast<uint64_t>(j) * inner_stride, out++, 1);
+    for (uint64_t j = 0; j < inner; ++j) std::memcpy(packed.data() + j * elem, row + j * inner_stride, elem);
+    hf::to_f32(t.dtype, packed.data(), out, inner);
     for (size_t d = nd - 1; d-- > 0;) {
       if (++idx[d] < t.shape[d]) break;
       idx[d] = 0;
