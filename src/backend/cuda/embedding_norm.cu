@@ -1,0 +1,255 @@
+// Embedding lookup into the fp32 residual stream, and the fused residual-add + RMSNorm/LayerNorm.
+//
+// residual_norm: one block per row. Pass 1 adds the 16-bit delta (and its bias) into the fp32
+// row, writes it back and accumulates the sum (LayerNorm) or the sum of squares (RMSNorm); pass 2
+// (LayerNorm only) accumulates the squared deviations from the mean (two-pass: no cancellation);
+// pass 3 normalizes. Passes 2 and 3 re-read the row from global memory: every thread reads back
+// only the elements it wrote itself, so no synchronization is needed beyond the reductions, and a
+// row of a few thousand floats is still in L1/L2. Sums are fp32 (per-thread, then a tree over the
+// block); the final 1/sqrt(mean + eps) is computed in double as the CPU reference does.
+// Vectorized path (8 elements per 16-byte access) when dim % 8 == 0 and every pointer is 16-byte
+// aligned; a scalar path otherwise.
+#include <cmath>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace fdpp::cuda {
+
+namespace {
+
+using detail::aligned16;
+using detail::check_launch;
+using detail::load8;
+using detail::store8;
+using detail::to_float;
+using detail::from_float;
+using detail::warp_sum;
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+// `scratch`: 32 floats of shared memory, reusable across calls.
+__device__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // the previous call's readers are done with scratch
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < n_warps ? scratch[lane] : 0.f;
+  return warp_sum(t);
+}
+
+template <class T, bool kVec>
+__global__ void embedding_kernel(const T* __restrict__ table, const T* __restrict__ pos_table, int pos_offset,
+                                 const int32_t* __restrict__ ids, const int32_t* __restrict__ positions, int dim,
+                                 float* __restrict__ x) {
+  const int t = blockIdx.x;
+  const int32_t id = ids[t];
+  float* xr = x + static_cast<int64_t>(t) * dim;
+  if (id < 0) {  // an id the caller should have rejected: write zeros rather than read out of bounds
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = 0.f;
+    return;
+  }
+  const T* row = table + static_cast<int64_t>(id) * dim;
+  const T* prow = pos_table != nullptr ? pos_table + static_cast<int64_t>(positions[t] + pos_offset) * dim : nullptr;
+  if constexpr (kVec) {
+    for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) {
+      float a[8];
+      load8(row + c * 8, a);
+      if (prow != nullptr) {
+        float b[8];
+        load8(prow + c * 8, b);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a[i] += b[i];
+      }
+      float4* dst = reinterpret_cast<float4*>(xr + c * 8);
+      dst[0] = make_float4(a[0], a[1], a[2], a[3]);
+      dst[1] = make_float4(a[4], a[5], a[6], a[7]);
+    }
+  } else {
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+      float a = to_float(row[i]);
+      if (prow != nullptr) a += to_float(prow[i]);
+      xr[i] = a;
+    }
+  }
+}
+
+struct NormArgs {
+  float* x;
+  const void* delta;
+  const void* delta_bias;
+  const void* weight;
+  const void* bias;
+  void* out;
+  int dim;
+  double eps;
+  bool write_back;
+};
+
+template <class T, bool kVec, bool kLayerNorm>
+__global__ void residual_norm_kernel(NormArgs a) {
+  __shared__ float scratch[32];
+  const int dim = a.dim;
+  const int64_t row = blockIdx.x;
+  float* x = a.x + row * dim;
+  const T* delta = a.delta != nullptr ? static_cast<const T*>(a.delta) + row * dim : nullptr;
+  const T* dbias = a.delta != nullptr ? static_cast<const T*>(a.delta_bias) : nullptr;
+  const T* weight = static_cast<const T*>(a.weight);
+  const T* bias = static_cast<const T*>(a.bias);
+  T* out = a.out != nullptr ? static_cast<T*>(a.out) + row * dim : nullptr;
+
+  // Pass 1: x += delta (+ delta_bias), accumulate.
+  float acc = 0.f;
+  if constexpr (kVec) {
+    for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) {
+      float4* xp = reinterpret_cast<float4*>(x + c * 8);
+      const float4 x0 = xp[0], x1 = xp[1];
+      float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      if (delta != nullptr) {
+        float d[8];
+        load8(delta + c * 8, d);
+        if (dbias != nullptr) {
+          float e[8];
+          load8(dbias + c * 8, e);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) d[i] += e[i];
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] += d[i];
+        xp[0] = make_float4(v[0], v[1], v[2], v[3]);
+        xp[1] = make_float4(v[4], v[5], v[6], v[7]);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc += kLayerNorm ? v[i] : v[i] * v[i];
+    }
+  } else {
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+      float v = x[i];
+      if (delta != nullptr) {
+        float d = to_float(delta[i]);
+        if (dbias != nullptr) d += to_float(dbias[i]);
+        v += d;
+        x[i] = v;
+      }
+      acc += kLayerNorm ? v : v * v;
+    }
+  }
+  const float total = block_sum(acc, scratch);
+
+  float mean = 0.f, inv;
+  if constexpr (kLayerNorm) {
+    mean = total / static_cast<float>(dim);
+    // Pass 2: squared deviations (each thread re-reads exactly the elements it wrote in pass 1).
+    float sq = 0.f;
+    if constexpr (kVec) {
+      for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) {
+        const float4* xp = reinterpret_cast<const float4*>(x + c * 8);
+        const float4 x0 = xp[0], x1 = xp[1];
+        const float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sq += (v[i] - mean) * (v[i] - mean);
+      }
+    } else {
+      for (int i = threadIdx.x; i < dim; i += blockDim.x) sq += (x[i] - mean) * (x[i] - mean);
+    }
+    const float var = block_sum(sq, scratch) / static_cast<float>(dim);
+    inv = static_cast<float>(1.0 / sqrt(static_cast<double>(var) + a.eps));
+  } else {
+    inv = static_cast<float>(1.0 / sqrt(static_cast<double>(total) / dim + a.eps));
+  }
+
+  // Pass 3: y = norm(x) * weight (+ bias) -> out (16-bit), and x = y (fp32) when write_back.
+  if constexpr (kVec) {
+    for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) {
+      float4* xp = reinterpret_cast<float4*>(x + c * 8);
+      const float4 x0 = xp[0], x1 = xp[1];
+      const float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      float w[8], y[8];
+      load8(weight + c * 8, w);
+      if constexpr (kLayerNorm) {
+        float b[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (bias != nullptr) load8(bias + c * 8, b);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) y[i] = (v[i] - mean) * inv * w[i] + b[i];
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) y[i] = v[i] * inv * w[i];
+      }
+      if (out != nullptr) store8(out + c * 8, y);
+      if (a.write_back) {
+        xp[0] = make_float4(y[0], y[1], y[2], y[3]);
+        xp[1] = make_float4(y[4], y[5], y[6], y[7]);
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+      const float v = x[i];
+      float y;
+      if constexpr (kLayerNorm) {
+        y = (v - mean) * inv * to_float(weight[i]) + (bias != nullptr ? to_float(bias[i]) : 0.f);
+      } else {
+        y = v * inv * to_float(weight[i]);
+      }
+      if (out != nullptr) out[i] = from_float<T>(y);
+      if (a.write_back) x[i] = y;
+    }
+  }
+}
+
+// Threads per row-block: one 8-element unit (or one element) per thread up to 1024 threads.
+int row_threads(int units) {
+  int t = ((units + 31) / 32) * 32;
+  if (t < 32) t = 32;
+  if (t > 1024) t = 1024;
+  return t;
+}
+
+}  // namespace
+
+void embedding(const void* table, const void* pos_table, int pos_offset, DType dtype, const int32_t* ids,
+               const int32_t* positions, int n_tokens, int dim, float* x, cudaStream_t stream) {
+  check(table != nullptr && ids != nullptr && x != nullptr, "embedding: null pointer (table {}, ids {}, x {})",
+        table, static_cast<const void*>(ids), static_cast<const void*>(x));
+  check(n_tokens > 0 && dim > 0, "embedding: n_tokens = {} and dim = {} must be positive", n_tokens, dim);
+  check(pos_table == nullptr || positions != nullptr, "embedding: pos_table given without positions");
+  check(pos_offset >= 0, "embedding: pos_offset = {} is negative", pos_offset);
+  const bool vec = dim % 8 == 0 && aligned16(table) && (pos_table == nullptr || aligned16(pos_table)) && aligned16(x);
+  const int threads = row_threads(vec ? dim / 8 : dim);
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto* kernel = vec ? embedding_kernel<T, true> : embedding_kernel<T, false>;
+    kernel<<<n_tokens, threads, 0, stream>>>(static_cast<const T*>(table), static_cast<const T*>(pos_table),
+                                             pos_offset, ids, positions, dim, x);
+  });
+  check_launch("embedding");
+}
+
+void residual_norm(float* x, const void* delta, const void* delta_bias, const void* weight, const void* bias,
+                   void* out, int rows, int dim, double eps, NormType norm, bool write_back, DType dtype,
+                   cudaStream_t stream) {
+  check(x != nullptr && weight != nullptr, "residual_norm: null pointer (x {}, weight {})",
+        static_cast<const void*>(x), weight);
+  check(out != nullptr || write_back, "residual_norm: out is null and write_back is off: nothing to write");
+  check(rows > 0 && dim > 0, "residual_norm: rows = {} and dim = {} must be positive", rows, dim);
+  check(eps >= 0 && std::isfinite(eps), "residual_norm: eps = {} must be finite and non-negative", eps);
+  check(norm == NormType::RMSNorm || norm == NormType::LayerNorm, "residual_norm: unknown norm type {}",
+        static_cast<int>(norm));
+  check(norm == NormType::LayerNorm || bias == nullptr, "residual_norm: RMSNorm takes no bias");
+  const bool vec = dim % 8 == 0 && aligned16(x) && aligned16(weight) && (delta == nullptr || aligned16(delta)) &&
+                   (delta_bias == nullptr || aligned16(delta_bias)) && (bias == nullptr || aligned16(bias)) &&
+                   (out == nullptr || aligned16(out));
+  const int threads = row_threads(vec ? dim / 8 : dim);
+  const NormArgs args{x, delta, delta_bias, weight, bias, out, dim, eps, write_back};
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    void (*kernel)(NormArgs);
+    if (norm == NormType::LayerNorm) {
+      kernel = vec ? residual_norm_kernel<T, true, true> : residual_norm_kernel<T, false, true>;
+    } else {
+      kernel = vec ? residual_norm_kernel<T, true, false> : residual_norm_kernel<T, false, false>;
+    }
+    kernel<<<rows, threads, 0, stream>>>(args);
+  });
+  check_launch("residual_norm");
+}
+
+}  // namespace fdpp::cuda

@@ -1,0 +1,122 @@
+// Rotary position embedding on the fused q/k/v projection output, and the paged KV-cache write.
+//
+// rope_qk: one thread per (token, q-or-k head, frequency pair). The angle is float(position) *
+// inv_freq[i] in fp32 and cos/sin come from sincosf with full range reduction (not __sinf/__cosf,
+// whose error grows with the argument: positions reach 128K, angles 1e5 rad), exactly how HF and
+// the CPU reference compute them. V heads are not touched.
+//
+// kv_cache_write: one thread per (token, kv head, 8-element chunk): two 16-byte copies (k and v).
+// Tokens whose slot is negative are skipped (padding rows of a fixed-size batch).
+#include "backend/cuda/cuda_common.cuh"
+
+namespace fdpp::cuda {
+
+namespace {
+
+using detail::aligned16;
+using detail::check_launch;
+using detail::from_float;
+using detail::grid_for;
+using detail::to_float;
+
+constexpr int kThreads = 256;
+
+template <class T, bool kInterleaved>
+__global__ void rope_qk_kernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
+                               const float* __restrict__ inv_freq, int n_freq, int n_tokens, int n_rot_heads,
+                               int head_dim, int64_t row_stride) {
+  const int64_t total = int64_t(n_tokens) * n_rot_heads * n_freq;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx % n_freq);
+    const int64_t rest = idx / n_freq;
+    const int h = static_cast<int>(rest % n_rot_heads);  // q heads, then k heads: contiguous
+    const int64_t t = rest / n_rot_heads;
+    const float angle = static_cast<float>(positions[t]) * inv_freq[i];
+    float s, c;
+    sincosf(angle, &s, &c);
+    T* head = qkv + t * row_stride + int64_t(h) * head_dim;
+    const int ia = kInterleaved ? 2 * i : i;
+    const int ib = kInterleaved ? 2 * i + 1 : i + n_freq;
+    const float a0 = to_float(head[ia]), b0 = to_float(head[ib]);
+    head[ia] = from_float<T>(a0 * c - b0 * s);
+    head[ib] = from_float<T>(b0 * c + a0 * s);
+  }
+}
+
+// Element type only matters for its size: the copy moves bits.
+template <bool kVec>
+__global__ void kv_cache_write_kernel(const uint16_t* __restrict__ qkv, const int32_t* __restrict__ slots,
+                                      int n_tokens, int n_heads, int n_kv_heads, int head_dim,
+                                      uint16_t* __restrict__ k_cache, uint16_t* __restrict__ v_cache) {
+  const int chunks = kVec ? head_dim / 8 : head_dim;  // per head
+  const int64_t row_stride = int64_t(n_heads + 2 * n_kv_heads) * head_dim;
+  const int64_t total = int64_t(n_tokens) * n_kv_heads * chunks;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(idx % chunks);
+    const int64_t rest = idx / chunks;
+    const int kvh = static_cast<int>(rest % n_kv_heads);
+    const int64_t t = rest / n_kv_heads;
+    const int32_t slot = slots[t];
+    if (slot < 0) continue;
+    const int64_t elem = kVec ? int64_t(c) * 8 : c;
+    const uint16_t* src_k = qkv + t * row_stride + int64_t(n_heads + kvh) * head_dim + elem;
+    const uint16_t* src_v = src_k + int64_t(n_kv_heads) * head_dim;
+    const int64_t dst = (int64_t(slot) * n_kv_heads + kvh) * head_dim + elem;
+    if constexpr (kVec) {
+      *reinterpret_cast<uint4*>(k_cache + dst) = *reinterpret_cast<const uint4*>(src_k);
+      *reinterpret_cast<uint4*>(v_cache + dst) = *reinterpret_cast<const uint4*>(src_v);
+    } else {
+      k_cache[dst] = *src_k;
+      v_cache[dst] = *src_v;
+    }
+  }
+}
+
+}  // namespace
+
+void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, int n_tokens, int n_heads,
+             int n_kv_heads, int head_dim, RopeStyle style, DType dtype, cudaStream_t stream) {
+  check(qkv != nullptr && positions != nullptr && inv_freq != nullptr,
+        "rope_qk: null pointer (qkv {}, positions {}, inv_freq {})", qkv, static_cast<const void*>(positions),
+        static_cast<const void*>(inv_freq));
+  check(n_tokens > 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0,
+        "rope_qk: n_tokens = {}, n_heads = {}, n_kv_heads = {}, head_dim = {} must be positive", n_tokens, n_heads,
+        n_kv_heads, head_dim);
+  check(n_freq > 0 && 2 * n_freq <= head_dim, "rope_qk: n_freq = {} must be in [1, head_dim / 2 = {}]", n_freq,
+        head_dim / 2);
+  check(style == RopeStyle::RotateHalf || style == RopeStyle::Interleaved, "rope_qk: unknown rope style {}",
+        static_cast<int>(style));
+  const int64_t row_stride = int64_t(n_heads + 2 * n_kv_heads) * head_dim;
+  const int n_rot_heads = n_heads + n_kv_heads;
+  const int64_t total = int64_t(n_tokens) * n_rot_heads * n_freq;
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto* kernel = style == RopeStyle::Interleaved ? rope_qk_kernel<T, true> : rope_qk_kernel<T, false>;
+    kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<T*>(qkv), positions, inv_freq, n_freq,
+                                                               n_tokens, n_rot_heads, head_dim, row_stride);
+  });
+  check_launch("rope_qk");
+}
+
+void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_heads, int n_kv_heads, int head_dim,
+                    void* k_cache, void* v_cache, DType dtype, cudaStream_t stream) {
+  check(qkv != nullptr && slots != nullptr && k_cache != nullptr && v_cache != nullptr,
+        "kv_cache_write: null pointer (qkv {}, slots {}, k_cache {}, v_cache {})", qkv,
+        static_cast<const void*>(slots), k_cache, v_cache);
+  check(n_tokens > 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0,
+        "kv_cache_write: n_tokens = {}, n_heads = {}, n_kv_heads = {}, head_dim = {} must be positive", n_tokens,
+        n_heads, n_kv_heads, head_dim);
+  check(dtype == DType::F16 || dtype == DType::BF16, "kv_cache_write: unknown dtype {}", static_cast<int>(dtype));
+  const bool vec = head_dim % 8 == 0 && aligned16(qkv) && aligned16(k_cache) && aligned16(v_cache);
+  const int64_t total = int64_t(n_tokens) * n_kv_heads * (vec ? head_dim / 8 : head_dim);
+  auto* kernel = vec ? kv_cache_write_kernel<true> : kv_cache_write_kernel<false>;
+  kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<const uint16_t*>(qkv), slots, n_tokens,
+                                                             n_heads, n_kv_heads, head_dim,
+                                                             static_cast<uint16_t*>(k_cache),
+                                                             static_cast<uint16_t*>(v_cache));
+  check_launch("kv_cache_write");
+}
+
+}  // namespace fdpp::cuda
