@@ -20,6 +20,7 @@ enum class DType { F16, BF16 };
 // ---- embedding ------------------------------------------------------------------------------
 // x[t, :] = table[ids[t], :] (+ pos_table[positions[t] + pos_offset, :] when pos_table != null),
 // written to the fp32 residual stream. table: [vocab, dim] 16-bit.
+// (ids are not range-checked on the device: the caller validates them; a negative id gives zeros.)
 void embedding(const void* table, const void* pos_table, int pos_offset, DType dtype, const int32_t* ids,
                const int32_t* positions, int n_tokens, int dim, float* x, cudaStream_t stream);
 
@@ -28,6 +29,8 @@ void embedding(const void* table, const void* pos_table, int pos_offset, DType d
 //   if delta != null: x[r] += delta[r] (+ delta_bias)      (16-bit delta into the fp32 stream)
 //   y = norm(x[r]) * weight (+ bias)                        RMSNorm or LayerNorm (bias nullable)
 //   out[r] = y (16-bit);  if write_back: x[r] = y           (post-LN models normalize the stream)
+// delta_bias is only applied together with delta (x += delta + delta_bias, in fp32); out may be null
+// when write_back is set.
 void residual_norm(float* x, const void* delta, const void* delta_bias, const void* weight, const void* bias,
                    void* out, int rows, int dim, double eps, NormType norm, bool write_back, DType dtype,
                    cudaStream_t stream);
@@ -51,7 +54,7 @@ void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_f
 // ---- paged KV cache --------------------------------------------------------------------------
 // Cache layout per layer: k and v each [num_blocks, block_size, n_kv_heads, head_dim] 16-bit.
 // Copies the k and v heads of qkv (layout as above) for each token t into slot slots[t]
-// (slot = block * block_size + offset).
+// (slot = block * block_size + offset). Tokens with a negative slot are skipped (padding).
 void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_heads, int n_kv_heads, int head_dim,
                     void* k_cache, void* v_cache, DType dtype, cudaStream_t stream);
 
@@ -60,13 +63,16 @@ void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_h
 // Sequence b attends to cache positions 0 .. context_lens[b] - 1 through its block table
 // block_tables[b * max_blocks_per_seq + i]. out: [batch, H * D] 16-bit. GQA: query head h uses kv
 // head h / (H / KVH). Stable softmax (fp32). head_dim: 64, 128 (others: error).
+// Any group size (above 16 the group is split over CTAs); block_size a power of two; k/v caches
+// 16-byte aligned. context_lens[b] <= 0 writes zeros (padding rows); a length beyond the table's
+// capacity (max_blocks_per_seq * block_size) is clamped to it.
 void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                       int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
                       int head_dim, int block_size, float scale, void* out, DType dtype, cudaStream_t stream);
 
 // Prefill: n_tokens query tokens of ONE sequence at positions start_pos .. start_pos + n_tokens - 1,
 // causal over cache positions 0 .. own position (the cache already holds them). q from qkv as above;
-// out: [n_tokens, H * D].
+// out: [n_tokens, H * D]. head_dim 64 or 128; qkv and the caches 16-byte aligned.
 void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_table,
                        int start_pos, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size,
                        float scale, void* out, DType dtype, cudaStream_t stream);
@@ -77,7 +83,10 @@ void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache
 // (temperature <= 0) or temperature, top-k, top-p, min-p and one draw — the same filters, order
 // and tie-breaking as the CPU Sampler (src/engine/sampler.h). The draw uses Philox keyed by
 // (seed, offsets[r]) so a (seed, step) pair always gives the same token. Writes out_ids[r].
-// workspace: from sampling_workspace_bytes(rows, vocab).
+// workspace: from sampling_workspace_bytes(rows, vocab) = 16 bytes per logit + CUB's sort storage
+// (the full-sort path: top_k <= 0 or > 1024); the penalty uses 4 bytes per logit of it; greedy and
+// 1 <= top_k <= 1024 without a penalty use none (workspace may then be null). offsets are required
+// when temperature > 0. NaN logits count as -inf.
 struct DeviceSamplingParams {
   float temperature;
   int top_k;
