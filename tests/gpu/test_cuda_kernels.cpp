@@ -1,0 +1,1136 @@
+// CUDA kernels (src/backend/cuda/kernels.h) against the CPU reference (backend/cpu/ops.h,
+// engine/sampler.h): fp16 and bf16, fresh random inputs each run (seed printed; FDPP_TEST_SEED
+// replays), outputs poisoned with NaN before every launch, odd sizes, GQA ratios 1..20, paged caches
+// with scrambled block tables and NaN in every slot that must not be read, adversarial attention
+// logits, and the sampler's filters, tie-breaking, determinism and distribution.
+// Skipped (GTEST_SKIP) where no GPU is usable. Sizes are kept small enough for compute-sanitizer.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "backend/cpu/ops.h"
+#include "engine/sampler.h"
+#include "fdpp/error.h"
+#include "gpu/gpu_test_util.h"
+
+namespace fdpp::test {
+namespace {
+
+using cuda::DeviceSamplingParams;
+
+constexpr DType kTypes[] = {DType::F16, DType::BF16};
+
+[[maybe_unused]] ::testing::Environment* const nmse_report = ::testing::AddGlobalTestEnvironment(new NmseReport);
+
+std::string label(const char* what, DType t) { return std::string(what) + "/" + name(t); }
+
+// ================================================================================================
+// embedding
+// ================================================================================================
+
+TEST_F(CudaKernels, EmbeddingEqualsTableRowsPlusPositions) {
+  for (DType t : kTypes) {
+    for (int dim : {1, 7, 64, 4096, 4099}) {
+      for (bool with_pos : {false, true}) {
+        for (int n_tokens : {1, 5}) {
+          const int vocab = 37, n_pos = 40, pos_offset = with_pos ? 2 : 0;
+          std::vector<float> table_f, pos_f;
+          const auto table = random_bits(size_t(vocab) * dim, t, table_f);
+          const auto pos = random_bits(size_t(n_pos) * dim, t, pos_f);
+          std::vector<int32_t> ids(n_tokens), positions(n_tokens);
+          for (int i = 0; i < n_tokens; ++i) {
+            ids[i] = uniform_int(0, vocab - 1);
+            positions[i] = uniform_int(0, n_pos - 1 - pos_offset);
+          }
+          DeviceBuffer<uint16_t> d_table(table), d_pos(pos);
+          DeviceBuffer<int32_t> d_ids(ids), d_positions(positions);
+          DeviceBuffer<float> d_x(size_t(n_tokens) * dim);
+          d_x.poison();
+          cuda::embedding(d_table.get(), with_pos ? d_pos.get() : nullptr, pos_offset, t, d_ids.get(),
+                          d_positions.get(), n_tokens, dim, d_x.get(), nullptr);
+          sync("embedding");
+          const auto x = d_x.download();
+          size_t mismatches = 0;
+          for (int i = 0; i < n_tokens; ++i)
+            for (int c = 0; c < dim; ++c) {
+              float ref = table_f[size_t(ids[i]) * dim + c];
+              if (with_pos) ref += pos_f[size_t(positions[i] + pos_offset) * dim + c];
+              if (!(x[size_t(i) * dim + c] == ref)) ++mismatches;  // NaN counts as a mismatch
+            }
+          EXPECT_EQ(mismatches, 0u) << label("embedding", t) << " dim " << dim << " pos " << with_pos << " tokens "
+                                    << n_tokens;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernels, EmbeddingScalarPathOnUnalignedTable) {
+  const DType t = DType::BF16;
+  const int vocab = 5, dim = 64, n_tokens = 3;
+  std::vector<float> table_f;
+  const auto table = random_bits(size_t(vocab) * dim + 1, t, table_f);
+  const std::vector<int32_t> ids{4, 0, 2};
+  DeviceBuffer<uint16_t> d_table(table);
+  DeviceBuffer<int32_t> d_ids(ids);
+  DeviceBuffer<float> d_x(size_t(n_tokens) * dim);
+  d_x.poison();
+  cuda::embedding(d_table.get() + 1, nullptr, 0, t, d_ids.get(), nullptr, n_tokens, dim, d_x.get(), nullptr);
+  sync("embedding");
+  const auto x = d_x.download();
+  for (int i = 0; i < n_tokens; ++i)
+    for (int c = 0; c < dim; ++c) ASSERT_EQ(x[size_t(i) * dim + c], table_f[1 + size_t(ids[i]) * dim + c]) << i << "," << c;
+}
+
+// ================================================================================================
+// residual + norm
+// ================================================================================================
+
+struct NormCase {
+  NormType norm;
+  int rows, dim;
+  bool delta, delta_bias, bias, write_back, out;
+  int misalign;  // elements by which every 16-bit pointer is offset (1: forces the scalar path)
+};
+
+void run_norm(DType t, const NormCase& c) {
+  const size_t n = size_t(c.rows) * c.dim;
+  const int pad = c.misalign;
+  std::vector<float> x0 = random_vector(n, 2.f), delta_f, db_f, w_f, b_f;
+  for (size_t i = 0; i < n; ++i) x0[i] += 0.5f;  // a non-zero mean for LayerNorm
+  const auto delta = random_bits(n + pad, t, delta_f);
+  const auto db = random_bits(size_t(c.dim) + pad, t, db_f, 0.3f);
+  const auto w = random_bits(size_t(c.dim) + pad, t, w_f);
+  const auto b = random_bits(size_t(c.dim) + pad, t, b_f);
+  DeviceBuffer<float> d_x(x0);
+  DeviceBuffer<uint16_t> d_delta(delta), d_db(db), d_w(w), d_b(b), d_out(n + pad);
+  d_out.poison();
+  cuda::residual_norm(d_x.get(), c.delta ? d_delta.get() + pad : nullptr,
+                      c.delta && c.delta_bias ? d_db.get() + pad : nullptr, d_w.get() + pad,
+                      c.bias ? d_b.get() + pad : nullptr, c.out ? d_out.get() + pad : nullptr, c.rows, c.dim, 1e-5,
+                      c.norm, c.write_back, t, nullptr);
+  sync("residual_norm");
+
+  // Reference: the stream after the add (same fp32 operations as the kernel), then the CPU norm.
+  std::vector<float> x1 = x0;
+  if (c.delta)
+    for (int r = 0; r < c.rows; ++r)
+      for (int i = 0; i < c.dim; ++i) {
+        float d = delta_f[pad + size_t(r) * c.dim + i];
+        if (c.delta_bias) d += db_f[pad + i];
+        x1[size_t(r) * c.dim + i] += d;
+      }
+  const std::vector<float> wv(w_f.begin() + pad, w_f.end()), bv(b_f.begin() + pad, b_f.end());
+  std::vector<float> y(n);
+  if (c.norm == NormType::RMSNorm) {
+    cpu::rms_norm(x1.data(), wv.data(), c.rows, c.dim, 1e-5, y.data());
+  } else {
+    cpu::layer_norm(x1.data(), wv.data(), c.bias ? bv.data() : nullptr, c.rows, c.dim, 1e-5, y.data());
+  }
+  std::ostringstream what;
+  what << label("residual_norm", t) << (c.norm == NormType::RMSNorm ? " rms" : " layer") << " rows " << c.rows
+       << " dim " << c.dim << " delta " << c.delta << " delta_bias " << c.delta_bias << " bias " << c.bias
+       << " write_back " << c.write_back << " out " << c.out << " misalign " << c.misalign;
+  if (c.out) {
+    auto out_bits = d_out.download();
+    out_bits.erase(out_bits.begin(), out_bits.begin() + pad);
+    expect_close(from_bits(out_bits, t), y, rounding_tolerance(t), what.str() + " [out]");
+  }
+  const auto x = d_x.download();
+  // The stream: y (fp32) when written back, else the sum (bit-exact: the same fp32 additions).
+  expect_close(x, c.write_back ? y : x1, {1e-10, 1e-5, 1e-6}, what.str() + " [x]");
+}
+
+TEST_F(CudaKernels, ResidualNormMatchesCpu) {
+  for (DType t : kTypes) {
+    for (NormType norm : {NormType::RMSNorm, NormType::LayerNorm}) {
+      const bool ln = norm == NormType::LayerNorm;
+      const NormCase cases[] = {
+          {norm, 1, 1, true, false, false, false, true, 0},
+          {norm, 3, 13, true, true, ln, false, true, 0},
+          {norm, 17, 64, false, false, ln, false, true, 0},
+          {norm, 2, 576, true, true, ln, true, true, 0},
+          {norm, 5, 4096, true, false, ln, false, true, 0},
+          {norm, 3, 4099, true, true, ln, true, true, 0},
+          {norm, 2, 8192, true, true, ln, true, false, 0},   // write-back only, no 16-bit output
+          {norm, 4, 4096, true, true, ln, true, true, 1},    // misaligned: scalar path on dim % 8 == 0
+          {norm, 1, 16384, true, false, false, false, true, 0},
+      };
+      for (const auto& c : cases) run_norm(t, c);
+    }
+  }
+}
+
+// ================================================================================================
+// element-wise
+// ================================================================================================
+
+TEST_F(CudaKernels, AddBiasSiluMulRelu) {
+  for (DType t : kTypes) {
+    for (auto [rows, n] : {std::pair{1, 1}, {3, 7}, {2, 8}, {7, 4104}, {3, 11011}}) {
+      for (int misalign : {0, 1}) {
+        if (misalign && n % 8 != 0) continue;
+        const size_t total = size_t(rows) * n;
+        std::ostringstream what;
+        what << name(t) << " rows " << rows << " n " << n << " misalign " << misalign;
+        // add_bias: one fp32 addition and one rounding, so bit-exact with the host rounding.
+        {
+          std::vector<float> x_f, b_f;
+          const auto x = random_bits(total + misalign, t, x_f);
+          const auto b = random_bits(size_t(n) + misalign, t, b_f);
+          DeviceBuffer<uint16_t> d_x(x), d_b(b);
+          cuda::add_bias(d_x.get() + misalign, d_b.get() + misalign, rows, n, t, nullptr);
+          sync("add_bias");
+          const auto got = d_x.download();
+          size_t bad = 0;
+          for (size_t i = 0; i < total; ++i) {
+            const uint16_t want = to_bits(x_f[misalign + i] + b_f[misalign + i % n], t);
+            bad += got[misalign + i] != want;
+          }
+          EXPECT_EQ(bad, 0u) << "add_bias " << what.str();
+        }
+        // silu_mul: [rows, 2n] -> [rows, n].
+        {
+          std::vector<float> gu_f;
+          const auto gu = random_bits(2 * total + misalign, t, gu_f, 3.f);
+          DeviceBuffer<uint16_t> d_gu(gu), d_out(total + misalign);
+          d_out.poison();
+          cuda::silu_mul(d_gu.get() + misalign, d_out.get() + misalign, rows, n, t, nullptr);
+          sync("silu_mul");
+          std::vector<float> gate(total), up(total), ref(total);
+          for (int r = 0; r < rows; ++r)
+            for (int i = 0; i < n; ++i) {
+              gate[size_t(r) * n + i] = gu_f[misalign + size_t(r) * 2 * n + i];
+              up[size_t(r) * n + i] = gu_f[misalign + size_t(r) * 2 * n + n + i];
+            }
+          cpu::silu_mul(gate.data(), up.data(), int64_t(total), ref.data());
+          auto got = d_out.download();
+          got.erase(got.begin(), got.begin() + misalign);
+          expect_close(from_bits(got, t), ref, rounding_tolerance(t), "silu_mul " + what.str());
+        }
+        // relu: exact.
+        {
+          std::vector<float> x_f;
+          const auto x = random_bits(total + misalign, t, x_f);
+          DeviceBuffer<uint16_t> d_x(x);
+          cuda::relu(d_x.get() + misalign, rows, n, t, nullptr);
+          sync("relu");
+          const auto got = d_x.download();
+          size_t bad = 0;
+          for (size_t i = 0; i < total; ++i) {
+            const float want = x_f[misalign + i] > 0 ? x_f[misalign + i] : 0.f;
+            bad += from_bits(got[misalign + i], t) != want;
+          }
+          EXPECT_EQ(bad, 0u) << "relu " << what.str();
+        }
+      }
+    }
+  }
+}
+
+// ================================================================================================
+// rope
+// ================================================================================================
+
+TEST_F(CudaKernels, RopeMatchesCpuBothStylesPartialRotaryLongPositions) {
+  struct Case {
+    int head_dim, n_freq, n_heads, n_kv_heads, n_tokens;
+  };
+  const Case cases[] = {{64, 32, 4, 4, 1}, {128, 64, 8, 2, 7}, {128, 32, 16, 1, 5}, {80, 16, 6, 3, 3},
+                        {64, 1, 2, 1, 2}};
+  for (DType t : kTypes) {
+    for (RopeStyle style : {RopeStyle::RotateHalf, RopeStyle::Interleaved}) {
+      for (const auto& c : cases) {
+        const int D = c.head_dim, H = c.n_heads, KVH = c.n_kv_heads, T = c.n_tokens;
+        const int width = (H + 2 * KVH) * D;
+        std::vector<float> qkv_f;
+        const auto qkv = random_bits(size_t(T) * width, t, qkv_f);
+        std::vector<int32_t> positions(T);
+        for (int i = 0; i < T; ++i) positions[i] = i == 0 ? 0 : uniform_int(0, 131071);
+        RopeConfig rc;
+        rc.theta = 500000.0;
+        rc.rotary_dim = 2 * c.n_freq;
+        const auto inv_d = cpu::rope_inv_freq(rc);
+        std::vector<float> inv_f(inv_d.begin(), inv_d.end());
+        const std::vector<double> inv_exact(inv_f.begin(), inv_f.end());  // what the kernel sees
+
+        DeviceBuffer<uint16_t> d_qkv(qkv);
+        DeviceBuffer<int32_t> d_pos(positions);
+        DeviceBuffer<float> d_inv(inv_f);
+        cuda::rope_qk(d_qkv.get(), d_pos.get(), d_inv.get(), c.n_freq, T, H, KVH, D, style, t, nullptr);
+        sync("rope_qk");
+        const auto got_bits = d_qkv.download();
+
+        std::vector<float> q(size_t(T) * H * D), k(size_t(T) * KVH * D);
+        for (int i = 0; i < T; ++i) {
+          std::copy_n(&qkv_f[size_t(i) * width], H * D, &q[size_t(i) * H * D]);
+          std::copy_n(&qkv_f[size_t(i) * width + H * D], KVH * D, &k[size_t(i) * KVH * D]);
+        }
+        cpu::rope(q.data(), T, H, D, style, inv_exact, positions);
+        cpu::rope(k.data(), T, KVH, D, style, inv_exact, positions);
+        std::vector<float> got_q, got_k, ref_q, ref_k;
+        size_t untouched_bad = 0;
+        for (int i = 0; i < T; ++i)
+          for (int j = 0; j < width; ++j) {
+            const size_t at = size_t(i) * width + j;
+            const int head_pos = j % D;
+            const bool rotated = j < (H + KVH) * D && head_pos < 2 * c.n_freq;
+            if (!rotated) {
+              untouched_bad += got_bits[at] != qkv[at];  // v heads and the pass-through dims: bit-exact
+            } else if (j < H * D) {
+              got_q.push_back(from_bits(got_bits[at], t));
+              ref_q.push_back(q[size_t(i) * H * D + j]);
+            } else {
+              got_k.push_back(from_bits(got_bits[at], t));
+              ref_k.push_back(k[size_t(i) * KVH * D + j - H * D]);
+            }
+          }
+        std::ostringstream what;
+        what << label("rope_qk", t) << (style == RopeStyle::RotateHalf ? " rotate-half" : " interleaved") << " D "
+             << D << " n_freq " << c.n_freq << " H " << H << " KVH " << KVH << " T " << T;
+        EXPECT_EQ(untouched_bad, 0u) << what.str() << ": elements outside the rotary dims changed";
+        expect_close(got_q, ref_q, rounding_tolerance(t), what.str() + " [q]");
+        expect_close(got_k, ref_k, rounding_tolerance(t), what.str() + " [k]");
+      }
+    }
+  }
+}
+
+// ================================================================================================
+// KV cache write
+// ================================================================================================
+
+TEST_F(CudaKernels, KvCacheWriteCopiesToScrambledSlotsOnly) {
+  struct Case {
+    int head_dim, n_heads, n_kv_heads, n_tokens, misalign;
+  };
+  const Case cases[] = {{64, 4, 4, 1, 0}, {128, 32, 8, 13, 0}, {72, 6, 2, 5, 0}, {20, 3, 1, 4, 0}, {128, 8, 2, 3, 1}};
+  for (const auto& c : cases) {
+    const DType t = DType::F16;  // bits are copied, the type does not matter
+    const int D = c.head_dim, H = c.n_heads, KVH = c.n_kv_heads, T = c.n_tokens;
+    const int width = (H + 2 * KVH) * D, block_size = 16, num_blocks = 4;
+    const int n_slots = num_blocks * block_size;
+    std::vector<float> unused;
+    const auto qkv = random_bits(size_t(T) * width + c.misalign, t, unused);
+    const auto perm = permutation(n_slots);
+    std::vector<int32_t> slots(perm.begin(), perm.begin() + T);
+    if (T > 2) slots[1] = -1;  // padding token: skipped
+    DeviceBuffer<uint16_t> d_qkv(qkv), d_k(size_t(n_slots) * KVH * D + c.misalign),
+        d_v(size_t(n_slots) * KVH * D + c.misalign);
+    DeviceBuffer<int32_t> d_slots(slots);
+    d_k.poison();
+    d_v.poison();
+    cuda::kv_cache_write(d_qkv.get() + c.misalign, d_slots.get(), T, H, KVH, D, d_k.get() + c.misalign,
+                         d_v.get() + c.misalign, t, nullptr);
+    sync("kv_cache_write");
+    const auto k = d_k.download(), v = d_v.download();
+    std::vector<uint16_t> want_k(k.size(), 0xFFFF), want_v(v.size(), 0xFFFF);
+    for (int i = 0; i < T; ++i) {
+      if (slots[i] < 0) continue;
+      for (int h = 0; h < KVH; ++h)
+        for (int d = 0; d < D; ++d) {
+          const size_t dst = c.misalign + (size_t(slots[i]) * KVH + h) * D + d;
+          want_k[dst] = qkv[c.misalign + size_t(i) * width + size_t(H + h) * D + d];
+          want_v[dst] = qkv[c.misalign + size_t(i) * width + size_t(H + KVH + h) * D + d];
+        }
+    }
+    size_t bad_k = 0, bad_v = 0;
+    for (size_t i = 0; i < k.size(); ++i) {
+      bad_k += k[i] != want_k[i];
+      bad_v += v[i] != want_v[i];
+    }
+    EXPECT_EQ(bad_k + bad_v, 0u) << "kv_cache_write D " << D << " H " << H << " KVH " << KVH << " T " << T
+                                 << " misalign " << c.misalign << ": " << bad_k << " k and " << bad_v
+                                 << " v elements differ (written or untouched)";
+  }
+}
+
+// ================================================================================================
+// attention
+// ================================================================================================
+
+// A paged cache for a set of sequences: block ids handed out from a random permutation (non-
+// contiguous, non-monotonic, shared pool), every slot not holding a valid position is NaN so that
+// any read of it poisons the result, table entries past a sequence's blocks are -1.
+struct PagedCache {
+  DType t;
+  int D, KVH, block_size, max_blocks = 1, num_blocks = 0;
+  std::vector<int32_t> tables;         // [n_seq, max_blocks]
+  std::vector<uint16_t> k, v;          // [num_blocks * block_size, KVH, D]
+  std::vector<std::vector<float>> kf, vf;  // per sequence, contiguous [len, KVH * D] (the CPU layout)
+
+  PagedCache(DType t_, int D_, int KVH_, int block_size_, const std::vector<int>& lens, float k_scale = 1.f)
+      : t(t_), D(D_), KVH(KVH_), block_size(block_size_) {
+    std::vector<int> n_blocks;
+    for (int len : lens) {
+      n_blocks.push_back((len + block_size - 1) / block_size);
+      max_blocks = std::max(max_blocks, n_blocks.back() + 1);  // one spare entry: must never be read
+      num_blocks += n_blocks.back();
+    }
+    num_blocks += 3;  // unused blocks in the pool
+    const auto perm = permutation(num_blocks);
+    tables.assign(lens.size() * max_blocks, -1);
+    size_t next = 0;
+    for (size_t s = 0; s < lens.size(); ++s)
+      for (int i = 0; i < n_blocks[s]; ++i) tables[s * max_blocks + i] = perm[next++];
+    const size_t row = size_t(KVH) * D;
+    k.assign(size_t(num_blocks) * block_size * row, 0xFFFF);
+    v.assign(k.size(), 0xFFFF);
+    for (size_t s = 0; s < lens.size(); ++s) {
+      std::vector<float> ks, vs;
+      const auto kb = random_bits(size_t(lens[s]) * row, t, ks, k_scale);
+      const auto vb = random_bits(size_t(lens[s]) * row, t, vs);
+      for (int j = 0; j < lens[s]; ++j) {
+        const size_t slot = size_t(tables[s * max_blocks + j / block_size]) * block_size + j % block_size;
+        std::copy_n(&kb[j * row], row, &k[slot * row]);
+        std::copy_n(&vb[j * row], row, &v[slot * row]);
+      }
+      kf.push_back(std::move(ks));
+      vf.push_back(std::move(vs));
+    }
+  }
+  // Rewrites sequence s's key j (cache and reference) from floats.
+  void set_key(size_t s, int j, const std::vector<float>& row_values) {
+    const size_t row = size_t(KVH) * D;
+    const size_t slot = size_t(tables[s * max_blocks + j / block_size]) * block_size + j % block_size;
+    for (size_t i = 0; i < row; ++i) {
+      k[slot * row + i] = to_bits(row_values[i], t);
+      kf[s][j * row + i] = from_bits(k[slot * row + i], t);
+    }
+  }
+};
+
+enum class Adversarial { None, HugeLogits, OneHugeLogit, ZeroQuery, IdenticalKeys };
+
+const char* adversarial_name(Adversarial a) {
+  switch (a) {
+    case Adversarial::None: return "random";
+    case Adversarial::HugeLogits: return "logits +-1e4";
+    case Adversarial::OneHugeLogit: return "one huge logit";
+    case Adversarial::ZeroQuery: return "q = 0 (all logits equal)";
+    case Adversarial::IdenticalKeys: return "identical keys";
+  }
+  return "?";
+}
+
+// Scales q (in place, 16-bit rounded) so that the largest |logit| over the given keys is about
+// `target`.
+void scale_query_to(std::vector<float>& q, const std::vector<float>& kf, int len, int KVH, int D, int h_kv,
+                    float scale, float target) {
+  float max_abs = 0;
+  for (int j = 0; j < len; ++j) {
+    double dot = 0;
+    for (int d = 0; d < D; ++d) dot += double(q[d]) * kf[size_t(j) * KVH * D + size_t(h_kv) * D + d];
+    max_abs = std::max(max_abs, float(std::fabs(dot) * scale));
+  }
+  // Capped so that q stays representable in fp16 (max 65504): a row whose logits are all tiny gets
+  // large but finite logits instead.
+  float q_max = 0;
+  for (float x : q) q_max = std::max(q_max, std::fabs(x));
+  float f = max_abs > 0 ? target / max_abs : 1.f;
+  if (q_max > 0) f = std::min(f, 30000.f / q_max);
+  for (float& x : q) x *= f;
+}
+
+struct DecodeCase {
+  DType t;
+  int D, H, KVH, block_size;
+  std::vector<int> lens;
+  Adversarial adv = Adversarial::None;
+};
+
+void run_decode(const DecodeCase& c) {
+  const int D = c.D, H = c.H, KVH = c.KVH, B = int(c.lens.size()), G = H / KVH;
+  const int width = (H + 2 * KVH) * D;
+  const float scale = 1.f / std::sqrt(float(D));
+  PagedCache cache(c.t, D, KVH, c.block_size, c.lens);
+  std::vector<float> qkv_f;
+  auto qkv = random_bits(size_t(B) * width, c.t, qkv_f);
+
+  // Adversarial inputs, per sequence (q heads of the sequence's row; keys in the cache).
+  for (int s = 0; s < B; ++s) {
+    const int len = c.lens[s];
+    if (len <= 0) continue;
+    for (int h = 0; h < H; ++h) {
+      std::vector<float> q(&qkv_f[size_t(s) * width + size_t(h) * D], &qkv_f[size_t(s) * width + size_t(h + 1) * D]);
+      if (c.adv == Adversarial::HugeLogits) scale_query_to(q, cache.kf[s], len, KVH, D, h / G, scale, 1e4f);
+      if (c.adv == Adversarial::ZeroQuery) std::fill(q.begin(), q.end(), 0.f);
+      for (int d = 0; d < D; ++d) {
+        const size_t at = size_t(s) * width + size_t(h) * D + d;
+        qkv[at] = to_bits(q[d], c.t);
+        qkv_f[at] = from_bits(qkv[at], c.t);
+      }
+    }
+    if (c.adv == Adversarial::OneHugeLogit) {
+      // Key j* = 8 x (q of the group's first head): its logit dominates every other by far.
+      const int js = uniform_int(0, len - 1);
+      std::vector<float> row(size_t(KVH) * D);
+      for (int h_kv = 0; h_kv < KVH; ++h_kv)
+        for (int d = 0; d < D; ++d) row[size_t(h_kv) * D + d] = 8.f * qkv_f[size_t(s) * width + size_t(h_kv * G) * D + d];
+      cache.set_key(s, js, row);
+    }
+    if (c.adv == Adversarial::IdenticalKeys) {
+      std::vector<float> row(cache.kf[s].begin(), cache.kf[s].begin() + size_t(KVH) * D);
+      for (int j = 0; j < len; ++j) cache.set_key(s, j, row);
+    }
+  }
+
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_k(cache.k), d_v(cache.v), d_out(size_t(B) * H * D);
+  DeviceBuffer<int32_t> d_tables(cache.tables), d_lens(std::vector<int32_t>(c.lens.begin(), c.lens.end()));
+  d_out.poison();
+  cuda::decode_attention(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(), B, H, KVH,
+                         D, c.block_size, scale, d_out.get(), c.t, nullptr);
+  sync("decode_attention");
+  const auto out = from_bits(d_out.download(), c.t);
+
+  for (int s = 0; s < B; ++s) {
+    const int len = c.lens[s];
+    std::vector<float> got(out.begin() + size_t(s) * H * D, out.begin() + size_t(s + 1) * H * D);
+    std::ostringstream what;
+    what << label("decode_attention", c.t) << " D " << D << " H " << H << " KVH " << KVH << " block " << c.block_size
+         << " seq " << s << " len " << len << " " << adversarial_name(c.adv);
+    if (len <= 0) {
+      EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return x == 0.f; }))
+          << what.str() << ": an empty context must give zeros";
+      continue;
+    }
+    std::vector<float> q(&qkv_f[size_t(s) * width], &qkv_f[size_t(s) * width + size_t(H) * D]), ref(size_t(H) * D);
+    cpu::attention(q.data(), cache.kf[s].data(), cache.vf[s].data(), 1, len - 1, H, KVH, D, scale, ref.data());
+    // Logits of 1e4 carry fp32 rounding of ~1e-3 in absolute terms, which moves near-tied weights by
+    // ~0.1%: only the NMSE bound there.
+    const Tolerance tol = c.adv == Adversarial::HugeLogits ? Tolerance{5e-4, 0, 0} : rounding_tolerance(c.t);
+    expect_close(got, ref, tol, what.str());
+  }
+}
+
+// Few and short: these run under compute-sanitizer (scripts/gpu-check.sh filters on "Small").
+TEST_F(CudaKernels, DecodeAttentionSmallCases) {
+  for (DType t : kTypes) {
+    run_decode({t, 64, 8, 2, 16, {0, 1, 17, 40}});
+    run_decode({t, 128, 20, 1, 16, {33, 5}});
+    run_decode({t, 128, 3, 3, 4, {70}, Adversarial::OneHugeLogit});
+  }
+}
+
+TEST_F(CudaKernels, DecodeAttentionMixedLengthsAllGroupSizes) {
+  const std::vector<int> lens{1, 15, 16, 17, 1000, 4097};
+  const std::pair<int, int> heads[] = {{1, 1}, {4, 4}, {8, 4}, {6, 2}, {10, 2}, {14, 2}, {32, 4}, {16, 1}, {40, 2}};
+  for (DType t : kTypes)
+    for (int D : {64, 128})
+      for (auto [H, KVH] : heads) run_decode({t, D, H, KVH, 16, lens});
+}
+
+TEST_F(CudaKernels, DecodeAttentionOtherBlockSizesAndEmptyContext) {
+  for (int bs : {1, 8, 32, 256}) run_decode({DType::BF16, 128, 8, 2, bs, {0, 1, 33, 300}});
+  run_decode({DType::F16, 64, 12, 3, 16, {0, 5}});
+}
+
+TEST_F(CudaKernels, DecodeAttentionLongContext) {
+  run_decode({DType::BF16, 128, 16, 2, 16, {32768, 3}});
+  run_decode({DType::F16, 64, 16, 16, 16, {20000}});
+}
+
+TEST_F(CudaKernels, DecodeAttentionAdversarialLogitsStayFinite) {
+  for (DType t : kTypes)
+    for (Adversarial adv :
+         {Adversarial::HugeLogits, Adversarial::OneHugeLogit, Adversarial::ZeroQuery, Adversarial::IdenticalKeys}) {
+      run_decode({t, 128, 8, 2, 16, {1, 17, 1000}, adv});
+      run_decode({t, 64, 16, 1, 16, {300, 2}, adv});
+    }
+}
+
+struct PrefillCase {
+  DType t;
+  int D, H, KVH, block_size, start_pos, n_tokens;
+  Adversarial adv = Adversarial::None;
+  bool time_it = false;
+};
+
+void run_prefill(const PrefillCase& c) {
+  const int D = c.D, H = c.H, KVH = c.KVH, T = c.n_tokens, len = c.start_pos + T;
+  const int width = (H + 2 * KVH) * D, G = H / KVH;
+  const float scale = 1.f / std::sqrt(float(D));
+  PagedCache cache(c.t, D, KVH, c.block_size, {len});
+  std::vector<float> qkv_f;
+  auto qkv = random_bits(size_t(T) * width, c.t, qkv_f);
+  if (c.adv != Adversarial::None) {
+    for (int i = 0; i < T; ++i)
+      for (int h = 0; h < H; ++h) {
+        std::vector<float> q(&qkv_f[size_t(i) * width + size_t(h) * D], &qkv_f[size_t(i) * width + size_t(h + 1) * D]);
+        if (c.adv == Adversarial::HugeLogits) scale_query_to(q, cache.kf[0], c.start_pos + i + 1, KVH, D, h / G, scale, 1e4f);
+        if (c.adv == Adversarial::ZeroQuery) std::fill(q.begin(), q.end(), 0.f);
+        for (int d = 0; d < D; ++d) {
+          const size_t at = size_t(i) * width + size_t(h) * D + d;
+          qkv[at] = to_bits(q[d], c.t);
+          qkv_f[at] = from_bits(qkv[at], c.t);
+        }
+      }
+  }
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_k(cache.k), d_v(cache.v), d_out(size_t(T) * H * D);
+  DeviceBuffer<int32_t> d_table(cache.tables);
+  d_out.poison();
+  cuda::prefill_attention(d_qkv.get(), d_k.get(), d_v.get(), d_table.get(), c.start_pos, T, H, KVH, D, c.block_size,
+                          scale, d_out.get(), c.t, nullptr);
+  sync("prefill_attention");
+  std::ostringstream what;
+  what << label("prefill_attention", c.t) << " D " << D << " H " << H << " KVH " << KVH << " block " << c.block_size
+       << " start " << c.start_pos << " T " << T << " " << adversarial_name(c.adv);
+  if (c.time_it) {
+    cudaEvent_t e0, e1;
+    cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
+    cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
+    const int reps = 5;
+    cuda_ok(cudaEventRecord(e0), "cudaEventRecord");
+    for (int r = 0; r < reps; ++r)
+      cuda::prefill_attention(d_qkv.get(), d_k.get(), d_v.get(), d_table.get(), c.start_pos, T, H, KVH, D,
+                              c.block_size, scale, d_out.get(), c.t, nullptr);
+    cuda_ok(cudaEventRecord(e1), "cudaEventRecord");
+    sync("prefill_attention (timed)");
+    float ms = 0;
+    cuda_ok(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+    const double flops = 4.0 * H * D * (double(T) * c.start_pos + 0.5 * double(T) * (T + 1));
+    std::printf("[perf] %s: %.3f ms (%.1f TFLOP/s)\n", what.str().c_str(), ms / reps, flops / (ms / reps * 1e-3) / 1e12);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  const auto got = from_bits(d_out.download(), c.t);
+  std::vector<float> q(size_t(T) * H * D), ref(size_t(T) * H * D);
+  for (int i = 0; i < T; ++i) std::copy_n(&qkv_f[size_t(i) * width], H * D, &q[size_t(i) * H * D]);
+  cpu::attention(q.data(), cache.kf[0].data(), cache.vf[0].data(), T, c.start_pos, H, KVH, D, scale, ref.data());
+  const Tolerance tol = c.adv == Adversarial::HugeLogits ? Tolerance{5e-4, 0, 0} : rounding_tolerance(c.t);
+  expect_close(got, ref, tol, what.str());
+}
+
+// Under compute-sanitizer too ("Small").
+TEST_F(CudaKernels, PrefillAttentionSmallCases) {
+  for (DType t : kTypes) {
+    run_prefill({t, 64, 4, 2, 16, 3, 70});
+    run_prefill({t, 128, 2, 1, 8, 0, 17, Adversarial::ZeroQuery});
+  }
+}
+
+TEST_F(CudaKernels, PrefillAttentionCausalOverPagedCache) {
+  const std::pair<int, int> heads[] = {{4, 4}, {8, 2}, {16, 1}};
+  const std::pair<int, int> spans[] = {{0, 1}, {37, 1}, {0, 7}, {0, 64}, {3, 65}, {100, 200}};
+  for (DType t : kTypes)
+    for (int D : {64, 128})
+      for (auto [H, KVH] : heads)
+        for (auto [start, T] : spans) run_prefill({t, D, H, KVH, 16, start, T});
+  run_prefill({DType::BF16, 128, 8, 8, 1, 5, 70});
+  run_prefill({DType::F16, 64, 6, 3, 64, 0, 129});
+}
+
+TEST_F(CudaKernels, PrefillAttentionAdversarialLogitsStayFinite) {
+  for (DType t : kTypes)
+    for (Adversarial adv : {Adversarial::HugeLogits, Adversarial::ZeroQuery}) {
+      run_prefill({t, 128, 4, 2, 16, 0, 130, adv});
+      run_prefill({t, 64, 4, 1, 16, 20, 33, adv});
+    }
+}
+
+TEST_F(CudaKernels, PrefillAttentionLargeTimed) {
+  run_prefill({DType::F16, 128, 32, 8, 16, 0, 1024, Adversarial::None, true});
+  run_prefill({DType::BF16, 128, 8, 8, 16, 512, 1536, Adversarial::None, true});
+}
+
+// ================================================================================================
+// sampling
+// ================================================================================================
+
+struct SampleRun {
+  std::vector<int32_t> ids;
+  std::vector<float> logits_after;  // the logits buffer after the call (penalty applied in place)
+};
+
+// Runs cuda::sample over `logits` ([rows, vocab]) with optional histories (one per row).
+SampleRun gpu_sample(const std::vector<float>& logits, int rows, int vocab, const DeviceSamplingParams& p,
+                     const std::vector<uint64_t>& offsets, const std::vector<std::vector<int32_t>>& histories = {}) {
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<int32_t> d_out{size_t(rows)};
+  DeviceBuffer<uint64_t> d_offsets(offsets.empty() ? std::vector<uint64_t>(size_t(rows), 0) : offsets);
+  d_out.poison();
+  int stride = 0;
+  std::vector<int32_t> hist, lens(size_t(rows), 0);
+  for (const auto& h : histories) stride = std::max(stride, int(h.size()) + 3);
+  if (!histories.empty()) {
+    // Token 0 past each row's length: reading it would penalize token 0 and fail the exact check.
+    hist.assign(size_t(rows) * std::max(stride, 1), 0);
+    for (int r = 0; r < rows; ++r) {
+      std::copy(histories[r].begin(), histories[r].end(), hist.begin() + size_t(r) * stride);
+      lens[r] = int(histories[r].size());
+    }
+  }
+  DeviceBuffer<int32_t> d_hist(hist), d_lens(lens);
+  const size_t ws_bytes = cuda::sampling_workspace_bytes(rows, vocab);
+  DeviceBuffer<uint8_t> d_ws(ws_bytes);
+  cuda::sample(d_logits.get(), rows, vocab, histories.empty() ? nullptr : d_hist.get(), d_lens.get(), stride, p,
+               offsets.empty() && p.temperature <= 0 ? nullptr : d_offsets.get(), d_out.get(), d_ws.get(), ws_bytes,
+               nullptr);
+  sync("sample");
+  return {d_out.download(), d_logits.download()};
+}
+
+DeviceSamplingParams params(float temperature, int top_k, float top_p, float min_p, float penalty = 1.f,
+                            uint64_t seed = 1234) {
+  return {temperature, top_k, top_p, min_p, penalty, seed};
+}
+
+std::string describe(const DeviceSamplingParams& p) {
+  std::ostringstream s;
+  s << "T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p << " penalty "
+    << p.repeat_penalty;
+  return s.str();
+}
+
+// The CPU Sampler's kept candidates (with probabilities) for one row of already-penalized logits.
+std::vector<Candidate> cpu_filtered(std::span<const float> logits, float temperature, int top_k, float top_p,
+                                    float min_p) {
+  std::vector<Candidate> c;
+  c.reserve(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) c.push_back({int32_t(i), logits[i] / temperature, 0.f});
+  if (top_k > 0 && size_t(top_k) < c.size()) {
+    std::partial_sort(c.begin(), c.begin() + top_k, c.end(), [](const Candidate& a, const Candidate& b) {
+      return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    });
+    c.resize(top_k);
+  }
+  Sampler::softmax(c);
+  Sampler::top_p(c, top_p);
+  Sampler::min_p(c, min_p);
+  return c;
+}
+
+// The set the GPU may return: the CPU's kept set with top-p and min-p loosened by 1e-4 relative, so
+// that a candidate exactly at a threshold (where fp32 exp rounding on the two sides may differ) is
+// not counted as a violation.
+std::set<int32_t> allowed_ids(std::span<const float> logits, const DeviceSamplingParams& p) {
+  const float top_p = p.top_p >= 1.f ? 1.f : std::min(1.f, p.top_p * 1.0001f);
+  const auto c = cpu_filtered(logits, p.temperature, p.top_k, top_p, p.min_p * 0.9999f);
+  std::set<int32_t> ids;
+  for (const auto& x : c) ids.insert(x.id);
+  return ids;
+}
+
+std::vector<float> random_logits(int rows, int vocab, float scale) { return random_vector(size_t(rows) * vocab, scale); }
+
+TEST_F(CudaKernels, SampleGreedyIsCpuArgmaxIncludingTies) {
+  for (int vocab : {1, 7, 1000, 151936, 256000}) {
+    const int rows = vocab > 100000 ? 3 : 37;
+    auto logits = random_logits(rows, vocab, 3.f);
+    for (int r = 0; r < rows; ++r) {
+      float* row = &logits[size_t(r) * vocab];
+      if (r % 3 == 1 && vocab > 2) {  // planted ties at the maximum: the lowest index must win
+        const float top = *std::max_element(row, row + vocab) + 1.f;
+        for (int k = 0; k < 4; ++k) row[uniform_int(0, vocab - 1)] = top;
+      }
+      if (r % 5 == 2) std::fill(row, row + vocab, -INFINITY);  // all -inf: index 0
+      if (r % 7 == 3) std::fill(row, row + vocab, 0.5f);       // all equal: index 0
+    }
+    const auto run = gpu_sample(logits, rows, vocab, params(0.f, 40, 0.9f, 0.05f), {});
+    for (int r = 0; r < rows; ++r)
+      EXPECT_EQ(run.ids[r], argmax(std::span<const float>(&logits[size_t(r) * vocab], vocab)))
+          << "vocab " << vocab << " row " << r;
+  }
+}
+
+TEST_F(CudaKernels, SampleRepetitionPenaltyMatchesCpuInPlace) {
+  const int rows = 9, vocab = 5000;
+  const auto logits = random_logits(rows, vocab, 2.f);
+  std::vector<std::vector<int32_t>> histories(rows);
+  for (int r = 0; r < rows; ++r) {
+    const int n = r == 0 ? 0 : uniform_int(1, r == 8 ? 3000 : 64);
+    for (int i = 0; i < n; ++i) histories[r].push_back(uniform_int(0, vocab / (r + 1)));  // many repeats
+    if (n > 3) {
+      histories[r][1] = -1;         // ignored
+      histories[r][2] = vocab + 5;  // out of range: ignored
+    }
+  }
+  for (float penalty : {1.3f, 0.7f}) {
+    const auto run = gpu_sample(logits, rows, vocab, params(0.f, 0, 1.f, 0.f, penalty), {}, histories);
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> ref(logits.begin() + size_t(r) * vocab, logits.begin() + size_t(r + 1) * vocab);
+      Sampler::apply_repetition_penalty(ref, histories[r], penalty, -1);
+      const std::vector<float> got(run.logits_after.begin() + size_t(r) * vocab,
+                                   run.logits_after.begin() + size_t(r + 1) * vocab);
+      EXPECT_EQ(got, ref) << "penalty " << penalty << " row " << r << " (" << histories[r].size() << " history)";
+      EXPECT_EQ(run.ids[r], argmax(ref)) << "penalty " << penalty << " row " << r;
+    }
+  }
+}
+
+TEST_F(CudaKernels, SampleTopK1EqualsGreedy) {
+  const int rows = 64, vocab = 32000;
+  const auto logits = random_logits(rows, vocab, 4.f);
+  std::vector<uint64_t> offsets(rows);
+  std::iota(offsets.begin(), offsets.end(), 100);
+  const auto run = gpu_sample(logits, rows, vocab, params(1.f, 1, 0.5f, 0.1f), offsets);
+  for (int r = 0; r < rows; ++r)
+    EXPECT_EQ(run.ids[r], argmax(std::span<const float>(&logits[size_t(r) * vocab], vocab))) << "row " << r;
+}
+
+TEST_F(CudaKernels, SampleSameSeedAndOffsetSameTokens) {
+  const int rows = 32, vocab = 3000;
+  const auto logits = random_logits(rows, vocab, 1.f);
+  std::vector<uint64_t> offsets(rows);
+  std::iota(offsets.begin(), offsets.end(), uint64_t(1) << 40);
+  for (const auto& p : {params(1.f, 50, 0.95f, 0.f, 1.f, 7), params(1.f, 0, 0.95f, 0.f, 1.f, 7)}) {
+    const auto a = gpu_sample(logits, rows, vocab, p, offsets);
+    const auto b = gpu_sample(logits, rows, vocab, p, offsets);
+    EXPECT_EQ(a.ids, b.ids) << describe(p);
+    auto shifted = offsets;
+    for (auto& o : shifted) o += 1000;
+    const auto c = gpu_sample(logits, rows, vocab, p, shifted);
+    EXPECT_NE(a.ids, c.ids) << describe(p) << ": other offsets should give other draws";
+  }
+}
+
+// rows of identical logits with distinct offsets: 20000 draws against the CPU-filtered
+// distribution, every token within 5 sigma, filtered tokens never drawn.
+void check_distribution(int vocab, float logit_scale, const DeviceSamplingParams& p) {
+  const int rows = 250, launches = 80, draws = rows * launches;
+  const auto one = random_vector(size_t(vocab), logit_scale);
+  std::vector<float> logits;
+  for (int r = 0; r < rows; ++r) logits.insert(logits.end(), one.begin(), one.end());
+  std::vector<int64_t> counts(vocab, 0);
+  for (int l = 0; l < launches; ++l) {
+    std::vector<uint64_t> offsets(rows);
+    for (int r = 0; r < rows; ++r) offsets[r] = uint64_t(l) * rows + r;
+    const auto run = gpu_sample(logits, rows, vocab, p, offsets);
+    for (int id : run.ids) {
+      ASSERT_TRUE(id >= 0 && id < vocab) << describe(p) << ": id " << id << " out of range";
+      ++counts[id];
+    }
+  }
+  const auto kept = cpu_filtered(one, p.temperature, p.top_k, p.top_p, p.min_p);
+  std::vector<double> expected(vocab, 0.0);
+  for (const auto& c : kept) expected[c.id] = c.prob;
+  int bad = 0;
+  std::ostringstream first;
+  for (int i = 0; i < vocab; ++i) {
+    const double mean = draws * expected[i];
+    const double sigma = std::sqrt(draws * expected[i] * (1 - expected[i]));
+    const bool ok = expected[i] == 0 ? counts[i] == 0 : std::fabs(counts[i] - mean) <= 5 * sigma + 1;
+    if (!ok) {
+      if (bad++ < 5) first << " [" << i << "] drawn " << counts[i] << " expected " << mean << " (p " << expected[i] << ");";
+    }
+  }
+  EXPECT_EQ(bad, 0) << "vocab " << vocab << " " << describe(p) << " (" << kept.size() << " kept):" << first.str();
+}
+
+TEST_F(CudaKernels, SampleDistributionMatchesCpuFilters) {
+  check_distribution(64, 2.f, params(0.8f, 10, 1.f, 0.f));      // top-k (select path)
+  check_distribution(64, 2.f, params(1.3f, 40, 0.95f, 0.05f));  // all filters (select path)
+  check_distribution(64, 2.f, params(1.f, 0, 0.9f, 0.f));       // top-p only (sort path)
+  check_distribution(64, 2.f, params(0.7f, 0, 1.f, 0.1f));      // min-p only (sort path)
+  check_distribution(64, 1.f, params(1.f, 0, 1.f, 0.f));        // plain softmax (sort path)
+  check_distribution(3000, 6.f, params(1.f, 1500, 0.99f, 0.f)); // top_k > 1024 (sort path, truncated)
+  check_distribution(20000, 3.f, params(1.f, 50, 0.9f, 0.f));   // select path, threshold fast path
+  check_distribution(5000, 0.02f, params(1.f, 20, 1.f, 0.f));   // select path, radix-select fallback
+}
+
+TEST_F(CudaKernels, SampleNeverReturnsAFilteredToken) {
+  struct Setting {
+    int vocab;
+    DeviceSamplingParams p;
+  };
+  const Setting settings[] = {
+      {100, params(1.f, 5, 1.f, 0.f)},        {5000, params(0.5f, 40, 0.9f, 0.05f)},
+      {5000, params(2.f, 1024, 0.5f, 0.f)},   {32000, params(1.f, 0, 0.8f, 0.f)},
+      {32000, params(0.9f, 0, 1.f, 0.2f)},    {32000, params(1.5f, 3000, 0.95f, 0.02f)},
+      {7, params(1.f, 3, 0.6f, 0.3f)},        {256000, params(0.8f, 40, 0.95f, 0.05f)},
+      {256000, params(1.f, 0, 0.9f, 0.f)},
+  };
+  for (const auto& s : settings) {
+    const int rows = s.vocab > 100000 ? 2 : 96;
+    // scale 0.01: the logits are so flat that the top-k kernel's threshold fast path overflows and
+    // its radix-select fallback runs.
+    for (int rep = 0; rep < 3; ++rep) {
+      const float scale = rep == 0 ? 1.f : rep == 1 ? 5.f : 0.01f;
+      const auto logits = random_logits(rows, s.vocab, scale);
+      std::vector<uint64_t> offsets(rows);
+      for (int r = 0; r < rows; ++r) offsets[r] = uint64_t(rep) << 32 | r;
+      const auto run = gpu_sample(logits, rows, s.vocab, s.p, offsets);
+      for (int r = 0; r < rows; ++r) {
+        const auto allowed = allowed_ids(std::span<const float>(&logits[size_t(r) * s.vocab], s.vocab), s.p);
+        EXPECT_TRUE(allowed.count(run.ids[r])) << "vocab " << s.vocab << " " << describe(s.p) << " scale " << scale
+                                               << " row " << r << ": id " << run.ids[r] << " is filtered out ("
+                                               << allowed.size() << " allowed)";
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernels, SampleTiesKeepTheLowerIds) {
+  // All logits equal: top-k keeps ids 0..k-1; top-p keeps the lowest ids reaching the mass.
+  struct Setting {
+    int vocab;
+    DeviceSamplingParams p;
+    int max_id;  // exclusive bound on the allowed ids
+  };
+  const Setting settings[] = {
+      {1000, params(1.f, 5, 1.f, 0.f), 5},         // select path, all ties at the threshold
+      {100000, params(1.f, 17, 1.f, 0.f), 17},     // select path, ordered tie gather over a long row
+      {1000, params(1.f, 0, 0.5f, 0.f), 500},      // sort path: stable sort keeps ids ascending
+      {5000, params(1.f, 2000, 1.f, 0.f), 2000},   // sort path truncated to top_k
+  };
+  for (const auto& s : settings) {
+    const int rows = 64;
+    const std::vector<float> logits(size_t(rows) * s.vocab, 0.25f);
+    std::vector<uint64_t> offsets(rows);
+    std::iota(offsets.begin(), offsets.end(), 5);
+    const auto run = gpu_sample(logits, rows, s.vocab, s.p, offsets);
+    int max_seen = -1;
+    for (int r = 0; r < rows; ++r) {
+      EXPECT_TRUE(run.ids[r] >= 0 && run.ids[r] < s.max_id)
+          << "vocab " << s.vocab << " " << describe(s.p) << " row " << r << ": id " << run.ids[r];
+      max_seen = std::max(max_seen, run.ids[r]);
+    }
+    EXPECT_GT(max_seen, s.max_id / 4) << describe(s.p) << ": draws should spread over the kept ids";
+  }
+  // Ties straddling the top-k threshold: 3 distinct top logits, then ties; top-k 5 keeps the 2
+  // lowest-id ties.
+  const int vocab = 50000, rows = 128;
+  std::vector<float> row(vocab, 1.f);
+  row[40000] = 5.f;
+  row[7] = 4.f;
+  row[30000] = 3.f;
+  std::vector<float> logits;
+  for (int r = 0; r < rows; ++r) logits.insert(logits.end(), row.begin(), row.end());
+  std::vector<uint64_t> offsets(rows);
+  std::iota(offsets.begin(), offsets.end(), 0);
+  const auto run = gpu_sample(logits, rows, vocab, params(0.5f, 5, 1.f, 0.f), offsets);
+  const std::set<int32_t> allowed{40000, 7, 30000, 0, 1};
+  for (int r = 0; r < rows; ++r) EXPECT_TRUE(allowed.count(run.ids[r])) << "row " << r << ": id " << run.ids[r];
+
+  // The same through the threshold fast path (the tie group fits in shared memory): 3 distinct top
+  // logits, 100 ties at 1.0 on scattered ids, the rest far below; top-k 10 keeps the 7 lowest-id ties.
+  const int vocab2 = 10000;
+  std::vector<float> row2(vocab2, -30.f);
+  std::vector<int32_t> tie_ids;
+  for (int i = 0; i < 100; ++i) tie_ids.push_back(97 * i + 13);
+  for (int id : tie_ids) row2[id] = 1.f;
+  row2[9999] = 2.5f;
+  row2[5] = 2.f;
+  row2[4444] = 1.5f;
+  std::vector<float> logits2;
+  for (int r = 0; r < rows; ++r) logits2.insert(logits2.end(), row2.begin(), row2.end());
+  std::set<int32_t> allowed2{9999, 5, 4444};
+  std::sort(tie_ids.begin(), tie_ids.end());
+  allowed2.insert(tie_ids.begin(), tie_ids.begin() + 7);
+  const auto p2 = params(0.3f, 10, 1.f, 0.f);
+  EXPECT_EQ(allowed2, allowed_ids(row2, p2));
+  const auto run2 = gpu_sample(logits2, rows, vocab2, p2, offsets);
+  for (int r = 0; r < rows; ++r) EXPECT_TRUE(allowed2.count(run2.ids[r])) << "row " << r << ": id " << run2.ids[r];
+}
+
+TEST_F(CudaKernels, SampleSingleRowSortPath) {
+  // rows == 1 takes the device-wide radix sort instead of the segmented one.
+  const int vocab = 50000;
+  const auto logits = random_logits(1, vocab, 2.f);
+  const auto p = params(1.f, 0, 0.9f, 0.02f);
+  const auto allowed = allowed_ids(logits, p);
+  std::set<int32_t> seen;
+  for (uint64_t off = 0; off < 60; ++off) {
+    const auto run = gpu_sample(logits, 1, vocab, p, {off});
+    EXPECT_TRUE(allowed.count(run.ids[0])) << "offset " << off << ": id " << run.ids[0] << " is filtered out";
+    seen.insert(run.ids[0]);
+  }
+  EXPECT_GT(seen.size(), 1u) << "60 draws all gave the same token";
+  {  // a workspace sized for a larger batch serves one row (runners size it once)
+    DeviceBuffer<float> d_logits(logits);
+    DeviceBuffer<int32_t> d_out{size_t(1)};
+    DeviceBuffer<uint64_t> d_off(std::vector<uint64_t>{3});
+    const size_t bytes = cuda::sampling_workspace_bytes(8, vocab);
+    DeviceBuffer<uint8_t> ws(bytes);
+    cuda::sample(d_logits.get(), 1, vocab, nullptr, nullptr, 0, p, d_off.get(), d_out.get(), ws.get(), bytes, nullptr);
+    sync("sample");
+    EXPECT_TRUE(allowed.count(d_out.download()[0]));
+  }
+  const std::vector<float> flat(1000, -1.5f);
+  for (uint64_t off = 0; off < 30; ++off) {
+    const auto run = gpu_sample(flat, 1, 1000, params(1.f, 0, 0.5f, 0.f), {off});
+    EXPECT_TRUE(run.ids[0] >= 0 && run.ids[0] < 500) << "offset " << off << ": id " << run.ids[0];
+  }
+}
+
+// ================================================================================================
+// argument validation
+// ================================================================================================
+
+template <class F>
+void expect_error_naming(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an fdpp::Error mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CudaKernels, LaunchersRejectBadArguments) {
+  DeviceBuffer<uint16_t> buf(1 << 16);
+  DeviceBuffer<int32_t> ints(256);
+  DeviceBuffer<float> f32(1 << 14);
+  void* p = buf.get();
+  const int32_t* ip = ints.get();
+  expect_error_naming([&] { cuda::decode_attention(p, p, p, ip, 4, ip, 1, 8, 2, 96, 16, 0.1f, p, DType::F16, nullptr); },
+                      "head_dim = 96");
+  expect_error_naming([&] { cuda::decode_attention(p, p, p, ip, 4, ip, 1, 8, 3, 64, 16, 0.1f, p, DType::F16, nullptr); },
+                      "not a multiple");
+  expect_error_naming([&] { cuda::decode_attention(p, p, p, ip, 4, ip, 1, 8, 2, 64, 12, 0.1f, p, DType::F16, nullptr); },
+                      "block_size = 12");
+  expect_error_naming(
+      [&] { cuda::decode_attention(p, nullptr, p, ip, 4, ip, 1, 8, 2, 64, 16, 0.1f, p, DType::F16, nullptr); },
+      "decode_attention: null pointer");
+  expect_error_naming([&] { cuda::prefill_attention(p, p, p, ip, 0, 0, 8, 2, 64, 16, 0.1f, p, DType::F16, nullptr); },
+                      "prefill_attention");
+  expect_error_naming([&] { cuda::prefill_attention(p, p, p, ip, -1, 4, 8, 2, 64, 16, 0.1f, p, DType::F16, nullptr); },
+                      "start_pos = -1");
+  expect_error_naming([&] { cuda::rope_qk(p, ip, f32.get(), 33, 1, 2, 1, 64, RopeStyle::RotateHalf, DType::F16, nullptr); },
+                      "n_freq = 33");
+  expect_error_naming([&] { cuda::residual_norm(f32.get(), nullptr, nullptr, p, nullptr, nullptr, 1, 8, 1e-5,
+                                                NormType::RMSNorm, false, DType::BF16, nullptr); },
+                      "nothing to write");
+  expect_error_naming([&] { cuda::embedding(p, nullptr, 0, DType::F16, ip, ip, 0, 8, f32.get(), nullptr); }, "embedding");
+  expect_error_naming([&] { cuda::silu_mul(p, nullptr, 1, 8, DType::F16, nullptr); }, "silu_mul: null pointer");
+  expect_error_naming([&] { cuda::add_bias(p, p, -1, 8, DType::F16, nullptr); }, "add_bias");
+  expect_error_naming([&] { cuda::relu(p, 1, 0, DType::F16, nullptr); }, "relu");
+  expect_error_naming([&] { cuda::kv_cache_write(p, ip, 1, 2, 0, 64, p, p, DType::F16, nullptr); }, "kv_cache_write");
+  const DeviceSamplingParams ok = params(1.f, 40, 0.9f, 0.f);
+  expect_error_naming([&] { cuda::sample(f32.get(), 1, 100, nullptr, nullptr, 0, ok, nullptr, ints.get(), nullptr, 0,
+                                         nullptr); },
+                      "offsets");
+  expect_error_naming([&] { cuda::sample(f32.get(), 1, 100, nullptr, nullptr, 0, params(1.f, 0, 0.f, 0.f), nullptr,
+                                         ints.get(), nullptr, 0, nullptr); },
+                      "top-p");
+  DeviceBuffer<uint64_t> offs(4);
+  expect_error_naming([&] { cuda::sample(f32.get(), 1, 100, nullptr, nullptr, 0, params(1.f, 0, 0.9f, 0.f), offs.get(),
+                                         ints.get(), p, 16, nullptr); },
+                      "too small");
+  sync("(no launch expected)");
+}
+
+// ================================================================================================
+// benchmarks (FDPP_GPU_BENCH=1; skipped otherwise)
+// ================================================================================================
+
+namespace bench {
+
+bool enabled() {
+  const char* e = std::getenv("FDPP_GPU_BENCH");
+  return e != nullptr && std::string(e) == "1";
+}
+
+// Median time (us) of `reps` launches of f(rep), each timed by its own pair of events.
+template <class F>
+double median_us(int reps, F&& f) {
+  for (int i = 0; i < 3; ++i) f(i);
+  sync("bench warm-up");
+  std::vector<cudaEvent_t> ev(2 * reps);
+  for (auto& e : ev) cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < reps; ++i) {
+    cuda_ok(cudaEventRecord(ev[2 * i]), "cudaEventRecord");
+    f(i);
+    cuda_ok(cudaEventRecord(ev[2 * i + 1]), "cudaEventRecord");
+  }
+  sync("bench");
+  std::vector<double> t(reps);
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0;
+    cuda_ok(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
+    t[i] = ms * 1e3;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(t.begin(), t.end());
+  return t[reps / 2];
+}
+
+constexpr double kReadBandwidth = 4.46e12;  // DESIGN.md: measured H200 streaming read
+
+}  // namespace bench
+
+TEST_F(CudaKernels, BenchDecodeAttention) {
+  if (!bench::enabled()) GTEST_SKIP() << "set FDPP_GPU_BENCH=1";
+  struct Case {
+    int B, H, KVH, L;
+  };
+  const Case cases[] = {{1, 32, 32, 1024}, {1, 32, 32, 16384}, {8, 32, 32, 4096}, {1, 32, 8, 4096},
+                        {32, 32, 8, 1024}, {64, 32, 8, 4096}, {1, 32, 8, 131072}};
+  const int D = 128, bs = 16;
+  const DType t = DType::BF16;
+  for (const auto& c : cases) {
+    const int nb = (c.L + bs - 1) / bs;
+    const size_t cache_elems = size_t(c.B) * nb * bs * c.KVH * D;
+    const size_t bytes = 2 * cache_elems * 2;  // K and V, 16-bit
+    const int copies = int(std::max<size_t>(1, (256u << 20) / bytes + 1));  // working set past L2
+    std::vector<DeviceBuffer<uint16_t>> k, v;
+    for (int i = 0; i < copies; ++i) {
+      k.emplace_back(cache_elems);
+      v.emplace_back(cache_elems);
+      cuda_ok(cudaMemset(k.back().get(), 0x3c, cache_elems * 2), "cudaMemset");
+      cuda_ok(cudaMemset(v.back().get(), 0x3c, cache_elems * 2), "cudaMemset");
+    }
+    std::vector<int32_t> tables(size_t(c.B) * nb);
+    for (size_t i = 0; i < tables.size(); ++i) tables[i] = int32_t(i);
+    DeviceBuffer<int32_t> d_tables(tables), d_lens(std::vector<int32_t>(c.B, c.L));
+    DeviceBuffer<uint16_t> qkv(size_t(c.B) * (c.H + 2 * c.KVH) * D), out(size_t(c.B) * c.H * D);
+    cuda_ok(cudaMemset(qkv.get(), 0x3c, qkv.size() * 2), "cudaMemset");
+    const double us = bench::median_us(50, [&](int i) {
+      cuda::decode_attention(qkv.get(), k[i % copies].get(), v[i % copies].get(), d_tables.get(), nb, d_lens.get(),
+                             c.B, c.H, c.KVH, D, bs, 0.088f, out.get(), t, nullptr);
+    });
+    const double moved = 2.0 * c.B * c.L * c.KVH * D * 2;
+    std::printf("[perf] decode_attention bf16 B %d H %d KVH %d D %d L %d: %.1f us, %.1f%% of 4.46 TB/s\n", c.B, c.H,
+                c.KVH, D, c.L, us, 100 * moved / (us * 1e-6) / bench::kReadBandwidth);
+  }
+}
+
+TEST_F(CudaKernels, BenchPrefillAttention) {
+  if (!bench::enabled()) GTEST_SKIP() << "set FDPP_GPU_BENCH=1";
+  const int D = 128, H = 32, KVH = 8, bs = 16;
+  for (int T : {512, 1024, 4096, 8192}) {
+    const int nb = (T + bs - 1) / bs;
+    const size_t cache_elems = size_t(nb) * bs * KVH * D;
+    DeviceBuffer<uint16_t> k(cache_elems), v(cache_elems), qkv(size_t(T) * (H + 2 * KVH) * D), out(size_t(T) * H * D);
+    for (auto* b : {&k, &v, &qkv}) cuda_ok(cudaMemset(b->get(), 0x3c, b->size() * 2), "cudaMemset");
+    std::vector<int32_t> table(nb);
+    std::iota(table.begin(), table.end(), 0);
+    DeviceBuffer<int32_t> d_table(table);
+    const double us = bench::median_us(T >= 4096 ? 5 : 20, [&](int) {
+      cuda::prefill_attention(qkv.get(), k.get(), v.get(), d_table.get(), 0, T, H, KVH, D, bs, 0.088f, out.get(),
+                              DType::BF16, nullptr);
+    });
+    const double flops = 4.0 * H * D * 0.5 * double(T) * (T + 1);
+    std::printf("[perf] prefill_attention bf16 H %d KVH %d D %d T %d: %.3f ms, %.1f TFLOP/s\n", H, KVH, D, T, us / 1e3,
+                flops / (us * 1e-6) / 1e12);
+  }
+}
+
+TEST_F(CudaKernels, BenchSample) {
+  if (!bench::enabled()) GTEST_SKIP() << "set FDPP_GPU_BENCH=1";
+  for (int vocab : {32000, 128256, 256000}) {
+    for (int rows : {1, 64}) {
+      DeviceBuffer<float> logits(random_logits(rows, vocab, 3.f));
+      DeviceBuffer<int32_t> out{size_t(rows)};
+      std::vector<uint64_t> offs(rows);
+      std::iota(offs.begin(), offs.end(), 0);
+      DeviceBuffer<uint64_t> d_offs(offs);
+      const size_t ws_bytes = cuda::sampling_workspace_bytes(rows, vocab);
+      DeviceBuffer<uint8_t> ws(ws_bytes);
+      for (const auto& p : {params(0.f, 0, 1.f, 0.f), params(0.8f, 40, 0.95f, 0.05f), params(1.f, 0, 0.9f, 0.f)}) {
+        const double us = bench::median_us(20, [&](int) {
+          cuda::sample(logits.get(), rows, vocab, nullptr, nullptr, 0, p, d_offs.get(), out.get(), ws.get(), ws_bytes,
+                       nullptr);
+        });
+        std::printf("[perf] sample vocab %d rows %d %s: %.1f us (workspace %.1f MiB)\n", vocab, rows,
+                    describe(p).c_str(), us, ws_bytes / 1048576.0);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fdpp::test
