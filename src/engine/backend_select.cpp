@@ -2,7 +2,7 @@
 
 #include "backend/cpu/cpu_runner.h"
 #include "fdpp/error.h"
-#if defined(FDPP_HAVE_CUDA) && defined(FDPP_CUDA_ENGINE)
+#ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/device_query.h"
 #endif
@@ -20,7 +20,7 @@ const char* device_name(Device d) { return d == Device::Cuda ? "cuda" : d == Dev
 
 Device resolve_device(Device requested) {
   if (requested == Device::Cpu) return Device::Cpu;
-#if defined(FDPP_HAVE_CUDA) && defined(FDPP_CUDA_ENGINE)
+#ifdef FDPP_HAVE_CUDA
   std::string why;
   const bool gpu = !cuda::list_gpus(&why).empty();
   if (requested == Device::Cuda) check(gpu, "--device cuda: no usable GPU ({})", why);
@@ -35,7 +35,7 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
                                     const RunnerOptions& options) {
   const Device device = resolve_device(options.device);
   if (device == Device::Cpu) return std::make_unique<CpuRunner>(config, weights, max_context);
-#if defined(FDPP_HAVE_CUDA) && defined(FDPP_CUDA_ENGINE)
+#ifdef FDPP_HAVE_CUDA
   cuda::DType dtype = cuda::DType::F16;
   if (options.dtype == "bf16") dtype = cuda::DType::BF16;
   else check(options.dtype == "f16" || options.dtype == "auto", "--dtype '{}' is not one of auto, f16, bf16", options.dtype);

@@ -21,6 +21,7 @@
 #include "io/model_loader.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/device_query.h"
+#include "bench.h"
 #endif
 
 namespace {
@@ -318,6 +319,23 @@ int main(int argc, char** argv) {
 
   auto* devices = app.add_subcommand("devices", "list the CPU threads and CUDA GPUs fdpp can use");
 
+#ifdef FDPP_HAVE_CUDA
+  BenchArgs b;
+  auto* bench = app.add_subcommand("bench", "prefill (pp) and decode (tg) speed on the GPU, llama-bench style");
+  bench->add_option("-m,--model", b.model, "model file or HF directory (default: the default model)");
+  bench->add_option("--config", b.config, "config.json for --load-format dummy (see configs/)");
+  bench->add_option("--load-format", b.load_format, "auto (read the weights) or dummy (random weights on the GPU)")->capture_default_str();
+  bench->add_option("--dtype", b.dtype, "f16 or bf16")->capture_default_str();
+  bench->add_option("-b,--batch", b.batches, "decode batch sizes, e.g. 1,8,32")->delimiter(',')->check(CLI::Range(1, 1024));
+  bench->add_option("-c,--context", b.contexts, "decode context lengths, e.g. 1024,4096")->delimiter(',')->check(CLI::Range(2, 1 << 22));
+  bench->add_option("-p,--prompt", b.prompts, "prefill lengths (0 entries: none)")->delimiter(',')->check(CLI::Range(1, 1 << 22));
+  bench->add_option("-r,--repetitions", b.repetitions, "timed prefill runs per length")->capture_default_str()->check(CLI::Range(1, 1000));
+  bench->add_option("--steps", b.steps, "timed decode steps per (batch, context)")->capture_default_str()->check(CLI::Range(1, 100000));
+  bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
+  bench->add_flag("--json", b.json, "print JSON");
+  bench->add_flag("--no-cuda-graphs", b.no_cuda_graphs, "launch decode steps eagerly");
+#endif
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -332,6 +350,9 @@ int main(int argc, char** argv) {
     if (*logits) return run_logits(l_model, l_ids, l_out, l_dev);
     if (*info) return run_info(i_model, i_json);
     if (*devices) return run_devices();
+#ifdef FDPP_HAVE_CUDA
+    if (*bench) return run_bench(b);
+#endif
   } catch (const fdpp::Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "fdpp: error: {}\n", e.what());

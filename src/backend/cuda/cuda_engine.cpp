@@ -1,0 +1,349 @@
+#include "backend/cuda/cuda_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace fdpp::cuda {
+
+namespace {
+constexpr size_t kElem = 2;  // bytes of a 16-bit activation/weight
+template <class T>
+void upload(DeviceBuffer& dst, const std::vector<T>& src, cudaStream_t stream) {
+  FDPP_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+}
+}  // namespace
+
+CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOptions& options)
+    : model_(std::move(model)), options_(options) {
+  const ModelConfig& c = model_->config();
+  check(c.pre_norm && c.final_norm, "the CUDA backend runs pre-norm models with a final norm (post-LN OPT: use --device cpu)");
+  check(c.embedding_dim() == c.hidden,
+        "the CUDA backend does not run embedding projections (word_embed_proj_dim != hidden_size) yet: use --device cpu");
+  check(c.head_dim == 64 || c.head_dim == 128, "the CUDA backend supports head_dim 64 and 128, not {}", c.head_dim);
+  check(options.max_batch >= 1 && options.max_batch <= 1024, "max batch {} out of range [1, 1024]", options.max_batch);
+  check(options.block_size >= 1 && (options.block_size & (options.block_size - 1)) == 0,
+        "KV block size {} must be a power of two", options.block_size);
+  FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+
+  const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden, V = c.vocab_size;
+  const bool swiglu = c.activation == Activation::SwiGLU;
+  max_tokens_ = std::max(options.max_batch, options.max_prefill_tokens);
+  const int64_t T = max_tokens_;
+  x_ = DeviceBuffer(T * H * sizeof(float));
+  normed_ = DeviceBuffer(T * H * kElem);
+  qkv_ = DeviceBuffer(T * (Q + 2 * KV) * kElem);
+  attn_ = DeviceBuffer(T * Q * kElem);
+  o_ = DeviceBuffer(T * H * kElem);
+  ffn_in_ = DeviceBuffer(T * (swiglu ? 2 : 1) * FF * kElem);
+  ffn_act_ = DeviceBuffer(swiglu ? T * FF * kElem : 0);
+  // Logits rows: a decode step's batch, or a chunk of an all-positions prefill.
+  const int logit_rows = std::max(options.max_batch, std::min(options.max_prefill_tokens, 256));
+  logits_ = DeviceBuffer(static_cast<size_t>(logit_rows) * V * sizeof(float));
+  ids_ = DeviceBuffer(T * sizeof(int32_t));
+  positions_ = DeviceBuffer(T * sizeof(int32_t));
+  slots_ = DeviceBuffer(T * sizeof(int32_t));
+  max_blocks_per_seq_ = (c.max_context + options.block_size - 1) / options.block_size;
+  block_tables_ = DeviceBuffer(static_cast<size_t>(options.max_batch) * max_blocks_per_seq_ * sizeof(int32_t));
+  context_lens_ = DeviceBuffer(options.max_batch * sizeof(int32_t));
+  sample_ws_ = DeviceBuffer(sampling_workspace_bytes(logit_rows, static_cast<int>(V)));
+  sample_ids_ = DeviceBuffer(logit_rows * sizeof(int32_t));
+  history_lens_ = DeviceBuffer(logit_rows * sizeof(int32_t));
+  offsets_ = DeviceBuffer(logit_rows * sizeof(uint64_t));
+  host_block_tables_.assign(static_cast<size_t>(options.max_batch) * max_blocks_per_seq_, 0);
+
+  // The KV cache takes what is left (or exactly what was asked for).
+  block_bytes_ = static_cast<size_t>(options.block_size) * KV * kElem;
+  const size_t per_block_all_layers = block_bytes_ * 2 * c.n_layers;
+  size_t free_b = 0, total_b = 0;
+  FDPP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (options.kv_cache_tokens > 0) {
+    num_blocks_ = (options.kv_cache_tokens + options.block_size - 1) / options.block_size;
+    const double need = static_cast<double>(num_blocks_) * per_block_all_layers;
+    check(need <= 0.98 * free_b, "a KV cache of {} tokens needs {:.2f} GiB; {:.2f} GiB of GPU memory are free",
+          options.kv_cache_tokens, need / 1073741824.0, free_b / 1073741824.0);
+  } else {
+    num_blocks_ = static_cast<int64_t>(options.memory_fraction * static_cast<double>(free_b)) / per_block_all_layers;
+    check(num_blocks_ >= max_blocks_per_seq_ / 8 + 1,
+          "too little GPU memory for a KV cache: {:.2f} GiB free after the weights", free_b / 1073741824.0);
+  }
+  kv_ = DeviceBuffer(static_cast<size_t>(num_blocks_) * per_block_all_layers);
+  free_blocks_.resize(num_blocks_);
+  // Hand out low block ids first (pop_back takes the last element).
+  std::iota(free_blocks_.rbegin(), free_blocks_.rend(), 0);
+}
+
+CudaEngine::~CudaEngine() {
+  for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+MemoryReport CudaEngine::memory() const {
+  MemoryReport r;
+  r.weights = model_->bytes();
+  r.kv_cache = kv_.bytes();
+  r.kv_tokens = num_blocks_ * options_.block_size;
+  for (const DeviceBuffer* b : {&x_, &normed_, &qkv_, &attn_, &o_, &ffn_in_, &ffn_act_, &logits_, &ids_, &positions_,
+                                &slots_, &block_tables_, &context_lens_, &sample_ids_, &history_, &history_lens_,
+                                &offsets_})
+    r.activations += b->bytes();
+  r.workspace = linear_.workspace_bytes() + sample_ws_.bytes();
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) r.device_used = total_b - free_b;
+  return r;
+}
+
+int CudaEngine::create_sequence() {
+  for (size_t i = 0; i < sequences_.size(); ++i)
+    if (!sequences_[i].live) {
+      sequences_[i] = Sequence{0, {}, true};
+      return static_cast<int>(i);
+    }
+  sequences_.push_back(Sequence{0, {}, true});
+  return static_cast<int>(sequences_.size() - 1);
+}
+
+void CudaEngine::release_sequence(int seq) {
+  check(seq >= 0 && seq < static_cast<int>(sequences_.size()) && sequences_[seq].live, "no sequence {}", seq);
+  Sequence& s = sequences_[seq];
+  free_blocks_.insert(free_blocks_.end(), s.blocks.rbegin(), s.blocks.rend());
+  s = Sequence{};
+}
+
+int CudaEngine::sequence_length(int seq) const { return sequences_.at(seq).length; }
+
+void CudaEngine::ensure_capacity(Sequence& s, int new_length) {
+  check(new_length <= config().max_context, "sequence of {} tokens exceeds the model's context length {}", new_length,
+        config().max_context);
+  const size_t needed = (static_cast<size_t>(new_length) + options_.block_size - 1) / options_.block_size;
+  if (needed <= s.blocks.size()) return;
+  const size_t more = needed - s.blocks.size();
+  if (more > free_blocks_.size()) {
+    const double per_token = 2.0 * config().n_layers * config().kv_dim() * kElem;
+    fail("KV cache full: {} more tokens need {} blocks ({:.1f} MiB), {} of {} blocks are free; the cache holds {} "
+         "tokens ({:.2f} GiB): shorten the request or raise --kv-cache-tokens",
+         new_length - s.length, more, more * options_.block_size * per_token / 1048576.0, free_blocks_.size(),
+         num_blocks_, num_blocks_ * options_.block_size, kv_.bytes() / 1073741824.0);
+  }
+  for (size_t i = 0; i < more; ++i) {
+    s.blocks.push_back(free_blocks_.back());
+    free_blocks_.pop_back();
+  }
+}
+
+void* CudaEngine::layer_k(int layer) const {
+  return static_cast<char*>(kv_.get()) + static_cast<size_t>(layer) * 2 * num_blocks_ * block_bytes_;
+}
+void* CudaEngine::layer_v(int layer) const {
+  return static_cast<char*>(layer_k(layer)) + static_cast<size_t>(num_blocks_) * block_bytes_;
+}
+
+void CudaEngine::forward(int n, int decode_batch, int prefill_start, int logit_rows) {
+  const ModelConfig& c = config();
+  const DeviceModel& m = *model_;
+  const DType dt = m.dtype();
+  const int H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden, QKV = Q + 2 * KV;
+  const bool swiglu = c.activation == Activation::SwiGLU;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  cudaStream_t st = stream_;
+  auto at = [](const DeviceBuffer& b, size_t byte_offset) { return static_cast<const char*>(b.get()) + byte_offset; };
+
+  embedding(m.tok_embeddings.get(), m.pos_embeddings.empty() ? nullptr : m.pos_embeddings.get(),
+            c.learned_position_offset, dt, ids_.as<int32_t>(), positions_.as<int32_t>(), n, H, x_.as<float>(), st);
+  const void* pending_delta = nullptr;  // the previous block's output, added by the next norm
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const DeviceLayer& L = m.layers[layer];
+    residual_norm(x_.as<float>(), pending_delta, nullptr, L.attn_norm.get(), L.attn_norm_bias.get(), normed_.get(), n,
+                  H, c.norm_eps, c.norm, false, dt, st);
+    linear_.run(normed_.get(), L.w_qkv.get(), L.b_qkv.get(), qkv_.get(), n, QKV, H, dt, false, st);
+    if (c.position == PositionEncoding::Rope)
+      rope_qk(qkv_.get(), positions_.as<int32_t>(), m.inv_freq.as<float>(), c.rope.rotary_dim / 2, n, c.n_heads,
+              c.n_kv_heads, c.head_dim, c.rope_style, dt, st);
+    kv_cache_write(qkv_.get(), slots_.as<int32_t>(), n, c.n_heads, c.n_kv_heads, c.head_dim, layer_k(layer),
+                   layer_v(layer), dt, st);
+    if (decode_batch > 0) {
+      decode_attention(qkv_.get(), layer_k(layer), layer_v(layer), block_tables_.as<int32_t>(), max_blocks_per_seq_,
+                       context_lens_.as<int32_t>(), decode_batch, c.n_heads, c.n_kv_heads, c.head_dim,
+                       options_.block_size, scale, attn_.get(), dt, st);
+    } else {
+      prefill_attention(qkv_.get(), layer_k(layer), layer_v(layer), block_tables_.as<int32_t>(), prefill_start, n,
+                        c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale, attn_.get(), dt, st);
+    }
+    linear_.run(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, dt, false, st);
+    residual_norm(x_.as<float>(), o_.get(), nullptr, L.ffn_norm.get(), L.ffn_norm_bias.get(), normed_.get(), n, H,
+                  c.norm_eps, c.norm, false, dt, st);
+    if (swiglu) {
+      linear_.run(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_in_.get(), n, 2 * FF, H, dt, false, st);
+      silu_mul(ffn_in_.get(), ffn_act_.get(), n, FF, dt, st);
+      linear_.run(ffn_act_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, dt, false, st);
+    } else {
+      linear_.run(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_in_.get(), n, FF, H, dt, false, st);
+      relu(ffn_in_.get(), n, FF, dt, st);
+      linear_.run(ffn_in_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, dt, false, st);
+    }
+    pending_delta = o_.get();
+  }
+  // Only the rows whose logits are wanted: the last `logit_rows` tokens.
+  const size_t skip = static_cast<size_t>(n - logit_rows);
+  residual_norm(x_.as<float>() + skip * H, at(o_, skip * H * kElem), nullptr, m.final_norm.get(),
+                m.final_norm_bias.get(), normed_.get(), logit_rows, H, c.norm_eps, c.norm, false, dt, st);
+  linear_.run(normed_.get(), m.output_matrix(), nullptr, logits_.get(), logit_rows, c.vocab_size, H, dt, true, st);
+  last_logit_rows_ = logit_rows;
+}
+
+void CudaEngine::prefill(int seq, std::span<const int32_t> tokens, bool all_positions, float* host_logits) {
+  check(seq >= 0 && seq < static_cast<int>(sequences_.size()) && sequences_[seq].live, "no sequence {}", seq);
+  check(!tokens.empty(), "prefill: no tokens");
+  Sequence& s = sequences_[seq];
+  const int V = config().vocab_size;
+  for (int32_t id : tokens) check(id >= 0 && id < V, "token id {} is out of range [0, {})", id, V);
+  ensure_capacity(s, s.length + static_cast<int>(tokens.size()));
+  // One chunk at most max_prefill_tokens long; all-positions chunks are bounded by the logits rows.
+  const int logits_capacity = static_cast<int>(logits_.bytes() / (sizeof(float) * V));
+  const int chunk = all_positions ? std::min(options_.max_prefill_tokens, logits_capacity) : options_.max_prefill_tokens;
+
+  std::vector<int32_t> table(max_blocks_per_seq_, 0);
+  std::copy(s.blocks.begin(), s.blocks.end(), table.begin());
+  FDPP_CUDA_CHECK(cudaMemcpyAsync(block_tables_.get(), table.data(), table.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream_));
+  size_t done = 0;
+  while (done < tokens.size()) {
+    const int n = static_cast<int>(std::min<size_t>(chunk, tokens.size() - done));
+    std::vector<int32_t> ids(tokens.begin() + done, tokens.begin() + done + n), pos(n), slots(n);
+    for (int t = 0; t < n; ++t) {
+      pos[t] = s.length + t;
+      slots[t] = s.blocks[pos[t] / options_.block_size] * options_.block_size + pos[t] % options_.block_size;
+    }
+    upload(ids_, ids, stream_);
+    upload(positions_, pos, stream_);
+    upload(slots_, slots, stream_);
+    const bool last_chunk = done + n == tokens.size();
+    const int rows = all_positions ? n : 1;
+    if (all_positions || last_chunk) {
+      forward(n, 0, s.length, rows);
+      float* dst = host_logits == nullptr ? nullptr : host_logits + (all_positions ? done * static_cast<size_t>(V) : 0);
+      if (dst != nullptr)
+        FDPP_CUDA_CHECK(cudaMemcpyAsync(dst, logits_.get(), static_cast<size_t>(rows) * V * sizeof(float),
+                                        cudaMemcpyDeviceToHost, stream_));
+    } else {
+      forward(n, 0, s.length, 1);  // logits of a middle chunk are not needed; the last row is cheap
+    }
+    s.length += n;
+    done += n;
+    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));  // host vectors above must outlive their copies
+  }
+}
+
+void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> tokens, float* host_logits) {
+  const int b = static_cast<int>(seqs.size());
+  check(b > 0 && b <= options_.max_batch, "decode batch {} out of range [1, {}]", b, options_.max_batch);
+  check(tokens.size() == seqs.size(), "decode: {} sequences but {} tokens", seqs.size(), tokens.size());
+  const int V = config().vocab_size;
+  std::vector<int32_t> ids(b), pos(b), slots(b), lens(b);
+  for (int i = 0; i < b; ++i) {
+    const int sid = seqs[i];
+    check(sid >= 0 && sid < static_cast<int>(sequences_.size()) && sequences_[sid].live, "no sequence {}", sid);
+    for (int j = 0; j < i; ++j) check(seqs[j] != sid, "decode: sequence {} appears twice in one step", sid);
+    check(tokens[i] >= 0 && tokens[i] < V, "token id {} is out of range [0, {})", tokens[i], V);
+    Sequence& s = sequences_[sid];
+    ensure_capacity(s, s.length + 1);
+    ids[i] = tokens[i];
+    pos[i] = s.length;
+    slots[i] = s.blocks[pos[i] / options_.block_size] * options_.block_size + pos[i] % options_.block_size;
+    lens[i] = s.length + 1;
+    std::copy(s.blocks.begin(), s.blocks.end(), host_block_tables_.begin() + static_cast<size_t>(i) * max_blocks_per_seq_);
+  }
+  upload(ids_, ids, stream_);
+  upload(positions_, pos, stream_);
+  upload(slots_, slots, stream_);
+  upload(context_lens_, lens, stream_);
+  FDPP_CUDA_CHECK(cudaMemcpyAsync(block_tables_.get(), host_block_tables_.data(),
+                                  static_cast<size_t>(b) * max_blocks_per_seq_ * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream_));
+
+  // The step's launches never change for a batch size (only buffer contents do), so after one
+  // eager run (which also creates the cuBLASLt plans) it is captured once and replayed.
+  auto graph = graphs_.find(b);
+  if (!options_.cuda_graphs) {
+    forward(b, b, 0, b);
+  } else if (graph != graphs_.end()) {
+    FDPP_CUDA_CHECK(cudaGraphLaunch(graph->second, stream_));
+    last_logit_rows_ = b;
+  } else {
+    forward(b, b, 0, b);
+    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaGraph_t g = nullptr;
+    FDPP_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      forward(b, b, 0, b);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &g);
+      if (g != nullptr) cudaGraphDestroy(g);
+      throw;
+    }
+    FDPP_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    cudaGraphExec_t exec = nullptr;
+    FDPP_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    cudaGraphDestroy(g);
+    graphs_[b] = exec;  // captured, not run: the eager run above already computed this step
+  }
+  for (int i = 0; i < b; ++i) sequences_[seqs[i]].length += 1;
+  if (host_logits != nullptr)
+    FDPP_CUDA_CHECK(cudaMemcpyAsync(host_logits, logits_.get(), static_cast<size_t>(b) * V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::vector<int32_t> CudaEngine::sample(int rows, const SamplingParams& p, std::span<const std::vector<int32_t>> history,
+                                        uint64_t step) {
+  check(rows >= 1 && rows <= last_logit_rows_, "sample: {} rows requested, the last step produced {}", rows,
+        last_logit_rows_);
+  const int V = config().vocab_size;
+  const bool penalty = p.repeat_penalty != 1.0f;
+  // Repetition penalty: each row's window of recent tokens, packed [rows, stride].
+  std::vector<int32_t> lens(rows, 0), packed;
+  if (penalty) {
+    check(static_cast<int>(history.size()) >= rows, "sample: history for {} rows, need {}", history.size(), rows);
+    size_t stride = 1;
+    for (int r = 0; r < rows; ++r) {
+      const size_t n = p.repeat_last_n < 0 ? history[r].size()
+                                           : std::min(history[r].size(), static_cast<size_t>(p.repeat_last_n));
+      lens[r] = static_cast<int32_t>(n);
+      stride = std::max(stride, n);
+    }
+    history_stride_ = static_cast<int>(stride);
+    packed.assign(static_cast<size_t>(rows) * stride, -1);
+    for (int r = 0; r < rows; ++r)
+      std::copy(history[r].end() - lens[r], history[r].end(), packed.begin() + static_cast<size_t>(r) * stride);
+    if (history_.bytes() < packed.size() * sizeof(int32_t)) history_ = DeviceBuffer(packed.size() * sizeof(int32_t));
+    upload(history_, packed, stream_);
+  }
+  upload(history_lens_, lens, stream_);
+  std::vector<uint64_t> offsets(rows);
+  for (int r = 0; r < rows; ++r) offsets[r] = (step << 16) + static_cast<uint64_t>(r);
+  upload(offsets_, offsets, stream_);
+  // The logits of the last step's rows: for a prefill with all positions, the last row.
+  float* logits = logits_.as<float>() + static_cast<size_t>(last_logit_rows_ - rows) * V;
+  const DeviceSamplingParams dp{p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.seed};
+  cuda::sample(logits, rows, V, penalty ? history_.as<int32_t>() : nullptr, history_lens_.as<int32_t>(),
+               penalty ? history_stride_ : 0, dp, offsets_.as<uint64_t>(), sample_ids_.as<int32_t>(), sample_ws_.get(),
+               sample_ws_.bytes(), stream_);
+  std::vector<int32_t> out(rows);
+  FDPP_CUDA_CHECK(cudaMemcpyAsync(out.data(), sample_ids_.get(), rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return out;
+}
+
+void CudaEngine::reserve_for_benchmark(int seq, int length) {
+  Sequence& s = sequences_.at(seq);
+  ensure_capacity(s, length);
+  s.length = length;
+}
+
+void CudaEngine::randomize_kv_cache(uint64_t seed) {
+  // Values in [-0.5, 0.5): finite in fp16 and bf16, so attention over them stays well-defined.
+  fill_random(kv_.get(), static_cast<int64_t>(kv_.bytes() / kElem), model_->dtype(), 0.5f, 0.f, seed, stream_);
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace fdpp::cuda

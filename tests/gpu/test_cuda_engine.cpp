@@ -1,0 +1,284 @@
+// The CUDA engine end to end against the CPU reference: whole-model logits for every decoder
+// variant (random tiny models of each architecture's recipe, and the default model), batched
+// decode of sequences of different lengths, CUDA-graph replay against eager launches, and the
+// KV-cache-full error. Skipped where there is no GPU.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "backend/cpu/cpu_runner.h"
+#include "backend/cuda/cuda_runner.h"
+#include "backend/cuda/device_query.h"
+#include "engine/sampler.h"
+#include "fdpp/error.h"
+#include "io/model_loader.h"
+#include "../test_util.h"
+
+namespace fdpp {
+namespace {
+
+bool have_gpu() { return !cuda::list_gpus().empty(); }
+
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no usable GPU"
+
+Tensor random_tensor(std::vector<int64_t> shape, float scale, float offset = 0.f) {
+  Tensor t(std::move(shape));
+  std::normal_distribution<float> d(offset, scale);
+  for (auto& x : t.data) x = d(test::rng());
+  return t;
+}
+
+// A tiny model of a config's recipe with random weights, on the host.
+DecoderWeights random_weights(const ModelConfig& c) {
+  const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden, V = c.vocab_size;
+  const bool ln = c.norm == NormType::LayerNorm;
+  auto mat = [](int64_t r, int64_t k) { return random_tensor({r, k}, 1.0f / std::sqrt(float(k))); };
+  auto vec = [](bool present, int64_t n, float scale = 0.05f, float offset = 0.f) {
+    return present ? random_tensor({n}, scale, offset) : Tensor();
+  };
+  DecoderWeights w;
+  w.tok_embeddings = random_tensor({V, H}, 1.0f);
+  if (c.position == PositionEncoding::Learned)
+    w.pos_embeddings = random_tensor({c.max_context + c.learned_position_offset, H}, 0.3f);
+  for (int i = 0; i < c.n_layers; ++i) {
+    LayerWeights L;
+    L.attn_norm = vec(true, H, 0.1f, 1.0f);
+    L.attn_norm_bias = vec(ln && c.norm_bias, H);
+    L.wq = mat(Q, H);
+    L.wk = mat(KV, H);
+    L.wv = mat(KV, H);
+    L.bq = vec(c.qkv_bias, Q);
+    L.bk = vec(c.qkv_bias, KV);
+    L.bv = vec(c.qkv_bias, KV);
+    L.wo = mat(H, Q);
+    L.bo = vec(c.out_bias, H);
+    L.ffn_norm = vec(true, H, 0.1f, 1.0f);
+    L.ffn_norm_bias = vec(ln && c.norm_bias, H);
+    if (c.activation == Activation::SwiGLU) L.w_gate = mat(FF, H);
+    L.w_up = mat(FF, H);
+    L.w_down = mat(H, FF);
+    if (c.mlp_bias) {
+      if (c.activation == Activation::SwiGLU) L.b_gate = vec(true, FF);
+      L.b_up = vec(true, FF);
+      L.b_down = vec(true, H);
+    }
+    w.layers.push_back(std::move(L));
+  }
+  w.final_norm = vec(true, H, 0.1f, 1.0f);
+  w.final_norm_bias = vec(ln && c.norm_bias, H);
+  if (!c.tied_embeddings) w.lm_head = mat(V, H);
+  return w;
+}
+
+ModelConfig tiny(const std::string& recipe, int head_dim) {
+  ModelConfig c;
+  c.architecture = recipe;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = head_dim;
+  c.hidden = 4 * head_dim;
+  c.ffn_hidden = 3 * c.hidden + 8;  // not a multiple of 64
+  c.vocab_size = 1003;
+  c.max_context = 512;
+  c.rope.theta = 10000;
+  c.rope.rotary_dim = head_dim;
+  if (recipe == "opt") {  // LayerNorm with bias, learned positions, ReLU, biases everywhere
+    c.n_kv_heads = 4;
+    c.norm = NormType::LayerNorm;
+    c.norm_bias = true;
+    c.position = PositionEncoding::Learned;
+    c.learned_position_offset = 2;
+    c.activation = Activation::ReLU;
+    c.qkv_bias = c.out_bias = c.mlp_bias = true;
+    c.tied_embeddings = true;
+  } else if (recipe == "chatglm") {  // interleaved RoPE on half of each head, qkv bias, MQA-ish
+    c.n_kv_heads = 1;
+    c.rope.rotary_dim = head_dim / 2;
+    c.rope_style = RopeStyle::Interleaved;
+    c.qkv_bias = true;
+  } else {
+    c.tied_embeddings = recipe == "llama-tied";
+  }
+  validate(c, recipe);
+  return c;
+}
+
+std::vector<int32_t> random_ids(int n, int vocab) {
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(test::rng());
+  return v;
+}
+
+struct RecipeCase {
+  std::string recipe;
+  int head_dim;
+  cuda::DType dtype;
+};
+
+class CudaRecipes : public ::testing::TestWithParam<RecipeCase> {};
+
+TEST_P(CudaRecipes, PrefillAndDecodeLogitsMatchCpu) {
+  REQUIRE_GPU();
+  const auto& p = GetParam();
+  const ModelConfig c = tiny(p.recipe, p.head_dim);
+  const DecoderWeights w = random_weights(c);
+  const int T = 37, steps = 5;
+  const auto ids = random_ids(T + steps, c.vocab_size);
+
+  CpuRunner cpu(c, w, T + steps);
+  std::vector<float> cpu_prefill(size_t(T) * c.vocab_size), cpu_step(c.vocab_size);
+  cpu.forward(std::span(ids.data(), T), 0, true, cpu_prefill);
+
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, p.dtype);
+  cuda::CudaRunner gpu(model, T + steps, cuda::EngineOptions{});
+  std::vector<float> gpu_prefill(cpu_prefill.size(), NAN), gpu_step(c.vocab_size, NAN);
+  gpu.forward(std::span(ids.data(), T), 0, true, gpu_prefill);
+  const double bound = p.dtype == cuda::DType::F16 ? 5e-4 : 5e-3;  // bf16 keeps 8 mantissa bits
+  const double e = test::nmse(gpu_prefill, cpu_prefill);
+  std::printf("%s hd%d %s prefill NMSE %.3e\n", p.recipe.c_str(), p.head_dim,
+              p.dtype == cuda::DType::F16 ? "f16" : "bf16", e);
+  EXPECT_LE(e, bound);
+  for (int s = 0; s < steps; ++s) {
+    cpu.forward(std::span(&ids[T + s], 1), T + s, false, cpu_step);
+    gpu.forward(std::span(&ids[T + s], 1), T + s, false, gpu_step);
+    const double es = test::nmse(gpu_step, cpu_step);
+    EXPECT_LE(es, bound) << "decode step " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, CudaRecipes,
+    ::testing::Values(RecipeCase{"llama", 64, cuda::DType::F16}, RecipeCase{"llama", 128, cuda::DType::F16},
+                      RecipeCase{"llama", 128, cuda::DType::BF16}, RecipeCase{"llama-tied", 64, cuda::DType::F16},
+                      RecipeCase{"opt", 64, cuda::DType::F16}, RecipeCase{"opt", 128, cuda::DType::BF16},
+                      RecipeCase{"chatglm", 128, cuda::DType::F16}, RecipeCase{"chatglm", 64, cuda::DType::BF16}),
+    [](const auto& info) {
+      std::string n = info.param.recipe + "_hd" + std::to_string(info.param.head_dim) +
+                      (info.param.dtype == cuda::DType::F16 ? "_f16" : "_bf16");
+      for (auto& ch : n)
+        if (ch == '-') ch = '_';
+      return n;
+    });
+
+TEST(CudaEngine, BatchedDecodeOfMixedLengthsEqualsOneByOne) {
+  REQUIRE_GPU();
+  const ModelConfig c = tiny("llama", 128);
+  const DecoderWeights w = random_weights(c);
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+  const std::vector<int> lengths{1, 17, 64, 200, 5};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int n : lengths) prompts.push_back(random_ids(n, c.vocab_size));
+  const auto next = random_ids(static_cast<int>(lengths.size()), c.vocab_size);
+
+  cuda::EngineOptions eo;
+  eo.max_batch = 8;
+  eo.kv_cache_tokens = 4096;
+  cuda::CudaEngine batched(model, eo);
+  std::vector<int> seqs;
+  for (const auto& p : prompts) {
+    seqs.push_back(batched.create_sequence());
+    batched.prefill(seqs.back(), p, false, nullptr);
+  }
+  std::vector<float> rows(lengths.size() * c.vocab_size, NAN);
+  batched.decode(seqs, next, rows.data());
+
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    cuda::CudaRunner single(model, lengths[i] + 1, cuda::EngineOptions{});
+    std::vector<float> ignore(c.vocab_size), one(c.vocab_size);
+    single.forward(prompts[i], 0, false, ignore);
+    single.forward(std::span(&next[i], 1), lengths[i], false, one);
+    const double e = test::nmse(std::span<const float>(&rows[i * c.vocab_size], c.vocab_size), one);
+    EXPECT_LE(e, 1e-5) << "sequence " << i << " of length " << lengths[i];
+  }
+}
+
+TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
+  REQUIRE_GPU();
+  const ModelConfig c = tiny("llama", 64);
+  const DecoderWeights w = random_weights(c);
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+  const auto prompt = random_ids(20, c.vocab_size);
+  const auto steps = random_ids(6, c.vocab_size);
+  std::vector<std::vector<float>> out[2];
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    cuda::EngineOptions eo;
+    eo.cuda_graphs = graphs == 1;
+    cuda::CudaRunner r(model, 64, eo);
+    std::vector<float> l(c.vocab_size);
+    r.forward(prompt, 0, false, l);
+    for (size_t s = 0; s < steps.size(); ++s) {  // the first steps run eagerly, later ones replay
+      r.forward(std::span(&steps[s], 1), 20 + static_cast<int>(s), false, l);
+      out[graphs].push_back(l);
+    }
+  }
+  for (size_t s = 0; s < steps.size(); ++s) EXPECT_EQ(out[0][s], out[1][s]) << "step " << s;
+}
+
+TEST(CudaEngine, DeviceGreedySamplingEqualsHostArgmax) {
+  REQUIRE_GPU();
+  const ModelConfig c = tiny("llama", 64);
+  const DecoderWeights w = random_weights(c);
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+  cuda::CudaRunner r(model, 64, cuda::EngineOptions{});
+  const auto prompt = random_ids(9, c.vocab_size);
+  SamplingParams sp;
+  sp.temperature = 0;
+  Sampler s(sp);
+  const int32_t dev = r.forward_sample(prompt, 0, s, prompt, 0);
+  cuda::CudaRunner r2(model, 64, cuda::EngineOptions{});
+  std::vector<float> l(c.vocab_size);
+  r2.forward(prompt, 0, false, l);
+  EXPECT_EQ(dev, argmax(l));
+}
+
+TEST(CudaEngine, KvCacheFullIsAClearError) {
+  REQUIRE_GPU();
+  const ModelConfig c = tiny("llama", 64);
+  const DecoderWeights w = random_weights(c);
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+  cuda::EngineOptions eo;
+  eo.kv_cache_tokens = 64;
+  cuda::CudaEngine e(model, eo);
+  const int seq = e.create_sequence();
+  try {
+    e.prefill(seq, random_ids(100, c.vocab_size), false, nullptr);
+    FAIL() << "expected an error";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("KV cache full"), std::string::npos) << err.what();
+  }
+  // The engine stays usable: a request that fits still runs.
+  const int seq2 = e.create_sequence();
+  EXPECT_NO_THROW(e.prefill(seq2, random_ids(40, c.vocab_size), false, nullptr));
+}
+
+// The default model on the GPU against HF transformers' logits (fixtures of the CPU test).
+TEST(CudaEngine, DefaultModelLogitsMatchTransformers) {
+  REQUIRE_GPU();
+  const std::string path = test::default_model_or_empty();
+  if (path.empty()) GTEST_SKIP() << "default model not present";
+  const LoadedModel m = load_model(path);
+  const auto ref = test::read_npy(test::fixture("smollm2/logits_2.npy"));
+  const int T = static_cast<int>(ref.shape[0]);
+  std::ifstream f(test::fixture("smollm2/reference.json"));
+  const auto j = nlohmann::json::parse(f);
+  const auto ids = j["prompts"][2]["ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(static_cast<int>(ids.size()), T);
+  for (auto dt : {cuda::DType::F16, cuda::DType::BF16}) {
+    auto model = std::make_shared<const cuda::DeviceModel>(m.config(), m.weights, dt);
+    cuda::CudaRunner r(model, T, cuda::EngineOptions{});
+    std::vector<float> logits(static_cast<size_t>(T) * m.config().vocab_size, NAN);
+    r.forward(ids, 0, true, logits);
+    const double e = test::nmse(logits, ref.data);
+    std::printf("default model on GPU (%s): logits NMSE vs transformers %.3e\n", dt == cuda::DType::F16 ? "f16" : "bf16", e);
+    EXPECT_LE(e, dt == cuda::DType::F16 ? 5e-4 : 5e-3);
+  }
+}
+
+}  // namespace
+}  // namespace fdpp

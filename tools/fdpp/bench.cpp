@@ -1,0 +1,191 @@
+// fdpp bench: prefill (pp) and decode (tg) speed of the CUDA backend in the manner of llama-bench,
+// each with its % of the memory roofline: the bytes a step must read (weights + KV cache) over
+// the read bandwidth (measured at start, and the 4.46 TB/s of DESIGN.md).
+#include "bench.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <random>
+
+#include "backend/cuda/bandwidth.h"
+#include "backend/cuda/cuda_engine.h"
+#include "backend/cuda/device_query.h"
+#include "fdpp/error.h"
+#include "io/hf_config.h"
+#include "io/model_loader.h"
+
+namespace fdpp {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kDesignReadBandwidth = 4.46e12;  // DESIGN.md: read-only streaming kernel on the H200
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<int32_t> random_ids(int n, int vocab, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> ids(n);
+  for (auto& x : ids) x = d(rng);
+  return ids;
+}
+
+}  // namespace
+
+int run_bench(const BenchArgs& a) {
+  std::string why;
+  const auto gpus = cuda::list_gpus(&why);
+  check(!gpus.empty(), "fdpp bench measures the CUDA backend: no usable GPU ({})", why);
+  check(!a.batches.empty() && !a.contexts.empty(), "bench: give at least one batch size and context length");
+
+  // The model: real weights, or random ones of a config's shapes.
+  ModelConfig config;
+  std::string model_name;
+  LoadedModel loaded;
+  if (a.load_format == "dummy") {
+    check(!a.config.empty(), "--load-format dummy needs --config FILE.json (see configs/)");
+    config = parse_hf_config(read_json_file(a.config), nullptr, a.config, a.config).config;
+    model_name = a.config;
+  } else {
+    check(a.load_format == "auto", "--load-format '{}' is not one of auto, dummy", a.load_format);
+    loaded = load_model(resolve_model_path(a.model));
+    config = loaded.config();
+    model_name = loaded.description.path;
+  }
+  const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
+  check(a.dtype == "f16" || a.dtype == "bf16", "--dtype '{}' is not one of f16, bf16", a.dtype);
+  const int max_batch = *std::max_element(a.batches.begin(), a.batches.end());
+  const int max_ctx = *std::max_element(a.contexts.begin(), a.contexts.end());
+  const int max_prompt = a.prompts.empty() ? 0 : *std::max_element(a.prompts.begin(), a.prompts.end());
+  for (int c : a.contexts) check(c >= 2 && c + a.steps + 8 <= config.max_context, "context {} out of range [2, {}]", c, config.max_context - a.steps - 8);
+  for (int p : a.prompts) check(p >= 1 && p <= config.max_context, "prompt length {} out of range [1, {}]", p, config.max_context);
+
+  const double bandwidth = a.bandwidth > 0 ? a.bandwidth : cuda::measure_read_bandwidth();
+  size_t free0 = 0, total = 0;
+  FDPP_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+
+  auto model = std::make_shared<const cuda::DeviceModel>(
+      a.load_format == "dummy" ? cuda::DeviceModel::dummy(config, dtype, 1234)
+                               : cuda::DeviceModel(config, loaded.weights, dtype));
+  cuda::EngineOptions eo;
+  eo.max_batch = max_batch;
+  eo.max_prefill_tokens = std::max(2048, max_prompt);
+  eo.kv_cache_tokens = std::max<int64_t>(int64_t{max_batch} * (max_ctx + a.steps + 16), max_prompt + 16);
+  eo.cuda_graphs = !a.no_cuda_graphs;
+  cuda::CudaEngine engine(model, eo);
+  engine.randomize_kv_cache(99);
+  size_t free1 = 0;
+  FDPP_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+
+  // Bytes one decode step must read besides the KV cache: every weight except the embedding
+  // table (only B rows of it are read) unless it doubles as the lm head.
+  const uint64_t emb_bytes = model->tok_embeddings.bytes();
+  const uint64_t streamed_weights =
+      model->bytes() - model->pos_embeddings.bytes() - (config.tied_embeddings ? 0 : emb_bytes);
+  const double kv_bytes_per_token = 2.0 * config.n_layers * config.kv_dim() * 2;
+  const double matmul_params = static_cast<double>(streamed_weights) / 2;
+
+  nlohmann::json results = nlohmann::json::array();
+  std::mt19937 rng(7);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+
+  for (int p : a.prompts) {
+    std::vector<double> secs;
+    for (int r = -1; r < a.repetitions; ++r) {  // r = -1: warm-up
+      const int seq = engine.create_sequence();
+      const auto ids = random_ids(p, config.vocab_size, rng);
+      const auto t0 = Clock::now();
+      engine.prefill(seq, ids, false, nullptr);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      engine.release_sequence(seq);
+      if (r >= 0) secs.push_back(s);
+    }
+    const double t = median(secs);
+    const double flops = 2.0 * matmul_params * p +
+                         2.0 * 2.0 * config.n_layers * config.q_dim() * (static_cast<double>(p) * (p + 1) / 2);
+    results.push_back({{"test", fmt::format("pp{}", p)}, {"batch", 1}, {"n_tokens", p}, {"seconds", t},
+                       {"tokens_per_second", p / t}, {"tflops", flops / t / 1e12},
+                       {"roofline_measured", streamed_weights / bandwidth / t},
+                       {"roofline_design", streamed_weights / kDesignReadBandwidth / t}});
+  }
+
+  for (int b : a.batches) {
+    for (int ctx : a.contexts) {
+      std::vector<int> seqs;
+      for (int i = 0; i < b; ++i) {
+        seqs.push_back(engine.create_sequence());
+        engine.reserve_for_benchmark(seqs.back(), ctx - 1);
+      }
+      std::vector<int32_t> tokens = random_ids(b, config.vocab_size, rng);
+      std::vector<double> secs;
+      for (int step = -3; step < a.steps; ++step) {
+        const auto t0 = Clock::now();
+        engine.decode(seqs, tokens, nullptr);
+        tokens = engine.sample(b, greedy, {}, static_cast<uint64_t>(step + 3));
+        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (step >= 0) secs.push_back(s);
+      }
+      for (int s : seqs) engine.release_sequence(s);
+      const double t = median(secs);
+      const double avg_ctx = ctx + a.steps / 2.0;
+      const double bytes = static_cast<double>(streamed_weights) + b * avg_ctx * kv_bytes_per_token;
+      results.push_back({{"test", fmt::format("tg{}@{}", b, ctx)}, {"batch", b}, {"context", ctx},
+                         {"ms_per_step", t * 1e3}, {"tokens_per_second", b / t},
+                         {"floor_ms_measured", bytes / bandwidth * 1e3},
+                         {"roofline_measured", bytes / bandwidth / t},
+                         {"roofline_design", bytes / kDesignReadBandwidth / t}});
+    }
+  }
+
+  const cuda::MemoryReport mem = engine.memory();
+  const double accounted = static_cast<double>(mem.weights + mem.kv_cache + mem.activations + mem.workspace);
+  const double used = static_cast<double>(free0 - free1);
+  nlohmann::json out{{"model", model_name},
+                     {"gpu", gpus[0].name},
+                     {"dtype", a.dtype},
+                     {"params", matmul_params + static_cast<double>(config.tied_embeddings ? 0 : emb_bytes / 2)},
+                     {"cuda_graphs", !a.no_cuda_graphs},
+                     {"read_bandwidth_measured", bandwidth},
+                     {"read_bandwidth_design", kDesignReadBandwidth},
+                     {"memory",
+                      {{"weights", mem.weights},
+                       {"kv_cache", mem.kv_cache},
+                       {"kv_tokens", mem.kv_tokens},
+                       {"activations", mem.activations},
+                       {"workspace", mem.workspace},
+                       {"accounted", accounted},
+                       {"device_used_by_engine", used}}},
+                     {"results", results}};
+  if (a.json) {
+    std::cout << out.dump(1) << "\n";
+    return 0;
+  }
+  fmt::print("model: {} | GPU: {} | {} | CUDA graphs: {} | read bandwidth measured {:.2f} TB/s (design 4.46)\n",
+             model_name, gpus[0].name, a.dtype, a.no_cuda_graphs ? "off" : "on", bandwidth / 1e12);
+  fmt::print("memory: weights {:.2f} GiB + KV cache {:.2f} GiB ({} tokens) + activations {:.2f} GiB + workspace {:.2f} "
+             "GiB = {:.2f} GiB; the engine took {:.2f} GiB of device memory ({:+.1f}%)\n\n",
+             mem.weights / 1073741824.0, mem.kv_cache / 1073741824.0, mem.kv_tokens, mem.activations / 1073741824.0,
+             mem.workspace / 1073741824.0, accounted / 1073741824.0, used / 1073741824.0,
+             100.0 * (used - accounted) / accounted);
+  fmt::print("| test | batch | context | ms/step | tokens/s | TFLOP/s | % roofline (measured BW) | % roofline (4.46 TB/s) |\n");
+  fmt::print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const auto& r : results) {
+    const bool pp = r.contains("n_tokens");
+    fmt::print("| {} | {} | {} | {:.3f} | {:.1f} | {} | {:.1f} | {:.1f} |\n", r["test"].get<std::string>(),
+               r["batch"].get<int>(), pp ? std::string("-") : std::to_string(r["context"].get<int>()),
+               pp ? r["seconds"].get<double>() * 1e3 : r["ms_per_step"].get<double>(),
+               r["tokens_per_second"].get<double>(), pp ? fmt::format("{:.1f}", r["tflops"].get<double>()) : "-",
+               100 * r["roofline_measured"].get<double>(), 100 * r["roofline_design"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace fdpp

@@ -1,0 +1,26 @@
+// fdpp bench (CUDA builds): see bench.cpp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace fdpp {
+
+struct BenchArgs {
+  std::string model;
+  std::string config;
+  std::string load_format = "auto";
+  std::string dtype = "f16";
+  std::vector<int> batches{1};
+  std::vector<int> contexts{1024};
+  std::vector<int> prompts{1024};
+  int repetitions = 5;
+  int steps = 32;
+  double bandwidth = 0;  // bytes/s; 0: measure
+  bool json = false;
+  bool no_cuda_graphs = false;
+};
+
+int run_bench(const BenchArgs& args);
+
+}  // namespace fdpp
