@@ -51,6 +51,13 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   history_lens_ = DeviceBuffer(logit_rows * sizeof(int32_t));
   offsets_ = DeviceBuffer(logit_rows * sizeof(uint64_t));
   host_block_tables_.assign(static_cast<size_t>(options.max_batch) * max_blocks_per_seq_, 0);
+  FDPP_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, 0));
+  size_t attn_ws = 0;  // the most any decode step's split plan needs
+  for (int b = 1; b <= options.max_batch; ++b)
+    attn_ws = std::max(attn_ws, decode_attention_workspace_bytes(
+                                    b, c.n_heads, c.head_dim,
+                                    plan_decode_splits(b, c.n_heads, c.n_kv_heads, c.max_context, multiprocessors_)));
+  attn_ws_ = DeviceBuffer(attn_ws);
 
   // The KV cache takes what is left (or exactly what was asked for).
   block_bytes_ = static_cast<size_t>(options.block_size) * KV * kElem;
@@ -85,7 +92,7 @@ MemoryReport CudaEngine::memory() const {
   r.kv_tokens = num_blocks_ * options_.block_size;
   for (const DeviceBuffer* b : {&x_, &normed_, &qkv_, &attn_, &o_, &ffn_in_, &ffn_act_, &logits_, &ids_, &positions_,
                                 &slots_, &block_tables_, &context_lens_, &sample_ids_, &history_, &history_lens_,
-                                &offsets_})
+                                &offsets_, &attn_ws_})
     r.activations += b->bytes();
   r.workspace = linear_.workspace_bytes() + sample_ws_.bytes();
   size_t free_b = 0, total_b = 0;
@@ -138,7 +145,7 @@ void* CudaEngine::layer_v(int layer) const {
   return static_cast<char*>(layer_k(layer)) + static_cast<size_t>(num_blocks_) * block_bytes_;
 }
 
-void CudaEngine::forward(int n, int decode_batch, int prefill_start, int logit_rows) {
+void CudaEngine::forward(int n, int decode_batch, int prefill_start, int logit_rows, int attention_splits) {
   const ModelConfig& c = config();
   const DeviceModel& m = *model_;
   const DType dt = m.dtype();
@@ -162,9 +169,10 @@ void CudaEngine::forward(int n, int decode_batch, int prefill_start, int logit_r
     kv_cache_write(qkv_.get(), slots_.as<int32_t>(), n, c.n_heads, c.n_kv_heads, c.head_dim, layer_k(layer),
                    layer_v(layer), dt, st);
     if (decode_batch > 0) {
-      decode_attention(qkv_.get(), layer_k(layer), layer_v(layer), block_tables_.as<int32_t>(), max_blocks_per_seq_,
-                       context_lens_.as<int32_t>(), decode_batch, c.n_heads, c.n_kv_heads, c.head_dim,
-                       options_.block_size, scale, attn_.get(), dt, st);
+      decode_attention_split(qkv_.get(), layer_k(layer), layer_v(layer), block_tables_.as<int32_t>(),
+                             max_blocks_per_seq_, context_lens_.as<int32_t>(), decode_batch, c.n_heads, c.n_kv_heads,
+                             c.head_dim, options_.block_size, scale, attn_.get(), dt, attention_splits,
+                             attn_ws_.get(), attn_ws_.bytes(), st);
     } else {
       prefill_attention(qkv_.get(), layer_k(layer), layer_v(layer), block_tables_.as<int32_t>(), prefill_start, n,
                         c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale, attn_.get(), dt, st);
@@ -240,6 +248,7 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
   check(tokens.size() == seqs.size(), "decode: {} sequences but {} tokens", seqs.size(), tokens.size());
   const int V = config().vocab_size;
   std::vector<int32_t> ids(b), pos(b), slots(b), lens(b);
+  int max_len = 0;
   for (int i = 0; i < b; ++i) {
     const int sid = seqs[i];
     check(sid >= 0 && sid < static_cast<int>(sequences_.size()) && sequences_[sid].live, "no sequence {}", sid);
@@ -251,6 +260,7 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
     pos[i] = s.length;
     slots[i] = s.blocks[pos[i] / options_.block_size] * options_.block_size + pos[i] % options_.block_size;
     lens[i] = s.length + 1;
+    max_len = std::max(max_len, lens[i]);
     std::copy(s.blocks.begin(), s.blocks.end(), host_block_tables_.begin() + static_cast<size_t>(i) * max_blocks_per_seq_);
   }
   upload(ids_, ids, stream_);
@@ -263,19 +273,20 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
 
   // The step's launches never change for a batch size (only buffer contents do), so after one
   // eager run (which also creates the cuBLASLt plans) it is captured once and replayed.
-  auto graph = graphs_.find(b);
+  const int splits = plan_decode_splits(b, config().n_heads, config().n_kv_heads, max_len, multiprocessors_);
+  auto graph = graphs_.find({b, splits});
   if (!options_.cuda_graphs) {
-    forward(b, b, 0, b);
+    forward(b, b, 0, b, splits);
   } else if (graph != graphs_.end()) {
     FDPP_CUDA_CHECK(cudaGraphLaunch(graph->second, stream_));
     last_logit_rows_ = b;
   } else {
-    forward(b, b, 0, b);
+    forward(b, b, 0, b, splits);
     FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     cudaGraph_t g = nullptr;
     FDPP_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
-      forward(b, b, 0, b);
+      forward(b, b, 0, b, splits);
     } catch (...) {
       cudaStreamEndCapture(stream_, &g);
       if (g != nullptr) cudaGraphDestroy(g);
@@ -285,7 +296,7 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
     cudaGraphExec_t exec = nullptr;
     FDPP_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
     cudaGraphDestroy(g);
-    graphs_[b] = exec;  // captured, not run: the eager run above already computed this step
+    graphs_[{b, splits}] = exec;  // captured, not run: the eager run above already computed this step
   }
   for (int i = 0; i < b; ++i) sequences_[seqs[i]].length += 1;
   if (host_logits != nullptr)
@@ -318,14 +329,17 @@ std::vector<int32_t> CudaEngine::sample(int rows, const SamplingParams& p, std::
     if (history_.bytes() < packed.size() * sizeof(int32_t)) history_ = DeviceBuffer(packed.size() * sizeof(int32_t));
     upload(history_, packed, stream_);
   }
-  upload(history_lens_, lens, stream_);
-  std::vector<uint64_t> offsets(rows);
-  for (int r = 0; r < rows; ++r) offsets[r] = (step << 16) + static_cast<uint64_t>(r);
-  upload(offsets_, offsets, stream_);
+  const bool greedy = p.temperature <= 0;
+  if (penalty) upload(history_lens_, lens, stream_);
+  if (!greedy) {  // greedy draws no random numbers: nothing to upload
+    std::vector<uint64_t> offsets(rows);
+    for (int r = 0; r < rows; ++r) offsets[r] = (step << 16) + static_cast<uint64_t>(r);
+    upload(offsets_, offsets, stream_);
+  }
   // The logits of the last step's rows: for a prefill with all positions, the last row.
   float* logits = logits_.as<float>() + static_cast<size_t>(last_logit_rows_ - rows) * V;
   const DeviceSamplingParams dp{p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.seed};
-  cuda::sample(logits, rows, V, penalty ? history_.as<int32_t>() : nullptr, history_lens_.as<int32_t>(),
+  cuda::sample(logits, rows, V, penalty ? history_.as<int32_t>() : nullptr, penalty ? history_lens_.as<int32_t>() : nullptr,
                penalty ? history_stride_ : 0, dp, offsets_.as<uint64_t>(), sample_ids_.as<int32_t>(), sample_ws_.get(),
                sample_ws_.bytes(), stream_);
   std::vector<int32_t> out(rows);

@@ -82,7 +82,7 @@ class CudaEngine {
   // Runs the layers over n tokens whose ids/positions/slots are already in the device buffers.
   // decode_batch > 0: decode attention over decode_batch sequences; else prefill of one sequence
   // (block table in row 0) whose new tokens start at prefill_start.
-  void forward(int n_tokens, int decode_batch, int prefill_start, int logit_rows);
+  void forward(int n_tokens, int decode_batch, int prefill_start, int logit_rows, int attention_splits = 1);
   void* layer_k(int layer) const;
   void* layer_v(int layer) const;
 
@@ -105,7 +105,9 @@ class CudaEngine {
   int history_stride_ = 0;
   int last_logit_rows_ = 0;
   std::vector<int32_t> host_block_tables_;
-  std::map<int, cudaGraphExec_t> graphs_;  // decode batch size -> captured step
+  DeviceBuffer attn_ws_;  // split-KV partials
+  int multiprocessors_ = 0;
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (batch, attention splits) -> captured step
 };
 
 }  // namespace fdpp::cuda

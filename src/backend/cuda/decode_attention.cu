@@ -30,6 +30,7 @@
 // q = 0 and are never written); groups above 16 are split over several CTAs of 16 heads.
 // A context length <= 0 writes zeros (padding rows of a fixed-size batch); lengths beyond the
 // block table's capacity (max_blocks_per_seq * block_size) are clamped to it.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -60,6 +61,11 @@ struct DecodeArgs {
   int block_shift;
   float scale_log2;  // scale * log2(e)
   void* out;
+  // Split-KV (splits > 1): CTA (.., split) takes the split-th slice of the key tiles and writes
+  // its unnormalized partial (max m, sum d, sum o, all relative to m) to `partials`
+  // [batch][H][splits][D + 2]; decode_combine_kernel merges them. splits == 1 writes out directly.
+  int splits;
+  float* partials;
 };
 
 // K tile row stride in elements: 16 bytes of padding make the row-per-lane reads conflict-free.
@@ -116,6 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
   T* stage = reinterpret_cast<T*>(o_s);                        // per warp K [32][KS], V [32][D] (loop)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int split = blockIdx.y;
   const int sub = blockIdx.x % a.n_sub;
   const int bk = blockIdx.x / a.n_sub;
   const int kvh = bk % a.n_kv_heads;
@@ -129,8 +136,26 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
   int L = a.context_lens[b];
   const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.block_shift;
   if (L > capacity) L = static_cast<int>(capacity);
-  if (L <= 0) {
-    for (int i = tid; i < gc * D; i += kThreads) out[i] = from_float<T>(0.f);
+  // This CTA's slice of the key tiles (all of them when there is one split).
+  const int n_tiles = L > 0 ? (L + 31) >> 5 : 0;
+  const int tiles_per_split = (n_tiles + a.splits - 1) / a.splits;
+  const int tile_begin = split * tiles_per_split;
+  const int tile_end = min(n_tiles, tile_begin + tiles_per_split);
+  float* partial = a.splits > 1 ? a.partials + ((int64_t(b) * H + head0) * a.splits + split) * (D + 2) : nullptr;
+  if (tile_begin >= tile_end) {  // no keys: zeros, or an empty partial (m = -inf, d = 0, o = 0)
+    for (int i = tid; i < gc * D; i += kThreads) {
+      if (partial == nullptr) {
+        out[i] = from_float<T>(0.f);
+      } else {
+        float* pg = partial + int64_t(i / D) * a.splits * (D + 2);
+        const int d = i % D;
+        pg[2 + d] = 0.f;
+        if (d == 0) {
+          pg[0] = -INFINITY;
+          pg[1] = 0.f;
+        }
+      }
+    }
     return;
   }
 
@@ -157,8 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
   T* k_w = stage + warp * 32 * (KS + D);
   T* v_w = k_w + 32 * KS;
   const int copy_row = lane / CH, copy_chunk = lane % CH;
-  const int n_tiles = (L + 31) >> 5;
-  for (int tile = warp; tile < n_tiles; tile += kWarps) {
+  for (int tile = tile_begin + warp; tile < tile_end; tile += kWarps) {
     const int j = (tile << 5) + lane;
     const bool valid = j < L;
     int64_t row = 0;  // element offset of this key's row for head kvh
@@ -261,7 +285,38 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
         den += f * d_s[w * GMAX + g];
       }
     }
-    out[i] = from_float<T>(den > 0.f ? num / den : 0.f);
+    if (partial == nullptr) {
+      out[i] = from_float<T>(den > 0.f ? num / den : 0.f);
+    } else {
+      float* pg = partial + int64_t(g) * a.splits * (D + 2);
+      pg[2 + d] = num;
+      if (d == 0) {
+        pg[0] = M;
+        pg[1] = den;
+      }
+    }
+  }
+}
+
+// Merges the splits' partials of one (sequence, query head): out = sum_s 2^(m_s - M) o_s /
+// sum_s 2^(m_s - M) d_s with M = max_s m_s (the synchronized FlashDecoding reduction).
+template <class T, int D>
+__global__ void decode_combine_kernel(const float* __restrict__ partials, int splits, T* __restrict__ out) {
+  const int bh = blockIdx.x;  // b * H + h
+  const float* p = partials + int64_t(bh) * splits * (D + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, p[s * (D + 2)]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = 0.f, den = 0.f;
+    if (M != -INFINITY) {
+      for (int s = 0; s < splits; ++s) {
+        const float* ps = p + s * (D + 2);
+        const float f = exp2f(ps[0] - M);
+        num += f * ps[2 + d];
+        den += f * ps[1];
+      }
+    }
+    out[int64_t(bh) * D + d] = from_float<T>(den > 0.f ? num / den : 0.f);
   }
 }
 
@@ -273,7 +328,7 @@ void launch_decode(const DecodeArgs& a, int n_ctas, cudaStream_t stream) {
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                "cudaFuncSetAttribute(decode_attention_kernel, max dynamic shared memory)");
   }
-  kernel<<<n_ctas, kThreads, smem, stream>>>(a);
+  kernel<<<dim3(n_ctas, a.splits), kThreads, smem, stream>>>(a);
 }
 
 template <class T, int D>
@@ -289,9 +344,43 @@ void launch_decode_g(int gmax, const DecodeArgs& a, int n_ctas, cudaStream_t str
 
 }  // namespace
 
+size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, int splits) {
+  return splits <= 1 ? 0 : sizeof(float) * size_t(batch) * n_heads * splits * (head_dim + 2);
+}
+
+int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
+  // One CTA per (sequence, kv head [, 16-head sub-group]). When those fill less than one wave of
+  // the GPU, split each sequence's keys over more CTAs, keeping at least 8 tiles of 32 keys per
+  // split (one per warp) so that a split's fixed cost (loading q, the merge, the partial write)
+  // stays small next to its key traffic. Worked example, H200 (132 SMs), Llama-2-7B, batch 1,
+  // context 1024: 32 CTAs, 32 tiles -> 4 splits of 8 tiles -> 128 CTAs in one wave (measured
+  // without splits: 17 us, 32 of 132 SMs busy).
+  const int group = n_heads / n_kv_heads;
+  const int n_sub = (group + 15) / 16;
+  const int64_t ctas = int64_t(batch) * n_kv_heads * n_sub;
+  if (ctas >= multiprocessors || max_context_len <= 0) return 1;
+  const int n_tiles = (max_context_len + 31) / 32;
+  const int by_length = std::max(1, n_tiles / kWarps);
+  const int by_wave = static_cast<int>((multiprocessors + ctas - 1) / ctas);
+  return std::max(1, std::min({by_length, by_wave, 64}));
+}
+
 void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                       int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
                       int head_dim, int block_size, float scale, void* out, DType dtype, cudaStream_t stream) {
+  decode_attention_split(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
+                         n_kv_heads, head_dim, block_size, scale, out, dtype, 1, nullptr, 0, stream);
+}
+
+void decode_attention_split(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+                            int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
+                            int n_kv_heads, int head_dim, int block_size, float scale, void* out, DType dtype,
+                            int splits, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  check(splits >= 1 && splits <= 1024, "decode_attention: splits = {} out of range [1, 1024]", splits);
+  check(splits == 1 || (workspace != nullptr &&
+                        workspace_bytes >= decode_attention_workspace_bytes(batch, n_heads, head_dim, splits)),
+        "decode_attention: {} splits need {} bytes of workspace, got {}", splits,
+        decode_attention_workspace_bytes(batch, n_heads, head_dim, splits), workspace_bytes);
   check(qkv != nullptr && k_cache != nullptr && v_cache != nullptr && block_tables != nullptr &&
             context_lens != nullptr && out != nullptr,
         "decode_attention: null pointer (qkv {}, k_cache {}, v_cache {}, block_tables {}, context_lens {}, out {})",
@@ -316,13 +405,17 @@ void decode_attention(const void* qkv, const void* k_cache, const void* v_cache,
   while ((1 << shift) < block_size) ++shift;
   const DecodeArgs args{qkv,     k_cache,    v_cache, block_tables, max_blocks_per_seq,
                         context_lens, n_heads, n_kv_heads, group,  n_sub,
-                        shift,   scale * detail::kLog2e, out};
+                        shift,   scale * detail::kLog2e, out, splits, static_cast<float*>(workspace)};
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     if (head_dim == 64) {
       launch_decode_g<T, 64>(gmax, args, static_cast<int>(n_ctas), stream);
+      if (splits > 1)
+        decode_combine_kernel<T, 64><<<batch * n_heads, 64, 0, stream>>>(args.partials, splits, static_cast<T*>(out));
     } else {
       launch_decode_g<T, 128>(gmax, args, static_cast<int>(n_ctas), stream);
+      if (splits > 1)
+        decode_combine_kernel<T, 128><<<batch * n_heads, 128, 0, stream>>>(args.partials, splits, static_cast<T*>(out));
     }
   });
   check_launch("decode_attention");

@@ -70,6 +70,17 @@ void decode_attention(const void* qkv, const void* k_cache, const void* v_cache,
                       int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
                       int head_dim, int block_size, float scale, void* out, DType dtype, cudaStream_t stream);
 
+// Split-KV decode (FlashDecoding's synchronized reduction): each sequence's keys are split over
+// `splits` CTAs per kv head, whose partial results a second kernel merges. splits == 1 is
+// decode_attention. workspace: decode_attention_workspace_bytes(batch, n_heads, head_dim, splits).
+void decode_attention_split(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+                            int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
+                            int n_kv_heads, int head_dim, int block_size, float scale, void* out, DType dtype,
+                            int splits, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, int splits);
+// The split count for a decode step (host-side plan; see the worked example in the .cu).
+int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors);
+
 // Prefill: n_tokens query tokens of ONE sequence at positions start_pos .. start_pos + n_tokens - 1,
 // causal over cache positions 0 .. own position (the cache already holds them). q from qkv as above;
 // out: [n_tokens, H * D]. head_dim 64 or 128; qkv and the caches 16-byte aligned.
