@@ -18,15 +18,20 @@ summary="$OUT/summary.md"
 : >"$summary"
 log() { echo "$@" | tee -a "$summary"; }
 
+# The binaries may travel compressed (.ref/bin.tar.xz: fdpp, fdpp_gpu_tests, lib/ of build-gpu).
+if [[ -f $root/.ref/bin.tar.xz ]]; then mkdir -p "$B" && tar xJf "$root/.ref/bin.tar.xz" -C "$B"; fi
+
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
-# The default model (98 MB) does not fit one call's 64 MiB: it travels in two parts (.ref/part.aa
-# in one call, stored under /root/ref, and .ref/part.ab in the next) and is joined here.
+# The default model (98 MB) does not fit one call's 64 MiB: it travels in FDPP_MODEL_PARTS parts
+# (split -b 25000000: .ref/part.aa, .ab, ...), one per call, each copied to /root/ref by the
+# calls before this one, and is joined here.
 model=/root/ref/model.gguf
 if [[ ! -s $model ]]; then
   mkdir -p /root/ref
-  for p in part.aa part.ab; do [[ -f $root/.ref/$p ]] && cp "$root/.ref/$p" /root/ref/; done
-  if [[ -f /root/ref/part.aa && -f /root/ref/part.ab ]]; then cat /root/ref/part.aa /root/ref/part.ab >"$model"; fi
+  cp "$root"/.ref/part.* /root/ref/ 2>/dev/null
+  n_parts=$(ls /root/ref/part.* 2>/dev/null | wc -l)
+  if [[ $n_parts -gt 0 && $n_parts -eq ${FDPP_MODEL_PARTS:-2} ]]; then cat /root/ref/part.* >"$model"; fi
 fi
 if [[ -s $model ]]; then export FDPP_MODEL=$model; mkdir -p /root/.cache/fdpp/models; ln -sf "$model" /root/.cache/fdpp/models/SmolLM2-135M-Instruct.Q4_1.gguf; fi
 
@@ -73,13 +78,13 @@ for x in r["results"]:
 PY
   }
   bench llama-2-7b --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024 -p 1024
-  for m in llama-2-13b llama-3-8b opt-6.7b chatglm2-6b; do
+  for m in ${FDPP_BENCH_MORE_MODELS-llama-2-13b llama-3-8b opt-6.7b chatglm2-6b}; do
     bench $m --config "$root/configs/$m.json" -b 1 -c 1024 -p 1024
   done
 fi
 
 if [[ " $stages " == *" peers "* ]]; then
-  PYTHONUNBUFFERED=1 python3 "$root/bench/peers/peers.py" "$root/configs/llama-2-7b.json" --batches 1,8,32 --context 1024 \
+  PYTHONUNBUFFERED=1 python3 "$root/bench/peers/peers.py" "$root/configs/llama-2-7b.json" --batches "${FDPP_PEER_BATCHES:-1,8,32}" --context 1024 \
     --json "$OUT/peers_llama-2-7b.json" >"$OUT/peers.log" 2>&1 || log "peers failed: $(tail -2 "$OUT/peers.log")"
   { echo; grep -E '^\|' "$OUT/peers.log"; } | tee -a "$summary"
 fi
