@@ -322,26 +322,22 @@ std::string format_value(const Value& v, size_t max_elements) {
 
 GgufFile GgufFile::open(const std::string& path) {
   GgufFile f;
-  f.path_ = path;
-  f.file_.emplace(path);
-  f.bytes_ = f.file_->bytes();
+  f.image_ = FileImage::map(path);
   f.parse();
   return f;
 }
 
 GgufFile GgufFile::from_bytes(std::string name, std::vector<uint8_t> bytes) {
   GgufFile f;
-  f.path_ = std::move(name);
-  f.owned_ = std::move(bytes);
-  f.bytes_ = std::span<const uint8_t>(f.owned_.data(), f.owned_.size());
+  f.image_ = FileImage::from_bytes(std::move(name), std::move(bytes));
   f.parse();
   return f;
 }
 
 void GgufFile::parse() {
   GgufFile& f = *this;
-  const std::string& path = path_;
-  const std::span<const uint8_t> bytes = bytes_;
+  const std::string& path = image_.name();
+  const std::span<const uint8_t> bytes = image_.bytes();
   const uint64_t size = bytes.size();
   if (size == 0) fail("{}: empty file", path);
   if (size < 4) fail("{}: not a GGUF file (only {} bytes)", path, size);
@@ -576,10 +572,10 @@ const TensorInfo* GgufFile::find_tensor(std::string_view name) const {
 
 std::span<const uint8_t> GgufFile::tensor_bytes(const TensorInfo& info) const {
   // info may come from another file: check its extent against this one.
-  if (info.offset > bytes_.size() || info.n_bytes > bytes_.size() - info.offset)
+  if (info.offset > image_.bytes().size() || info.n_bytes > image_.bytes().size() - info.offset)
     fail("{}: tensor '{}' data [offset {}, {} bytes] is not inside this file ({} bytes)", path(), shown(info.name),
-         info.offset, info.n_bytes, bytes_.size());
-  return bytes_.subspan(static_cast<size_t>(info.offset), static_cast<size_t>(info.n_bytes));
+         info.offset, info.n_bytes, image_.bytes().size());
+  return image_.bytes().subspan(static_cast<size_t>(info.offset), static_cast<size_t>(info.n_bytes));
 }
 
 void GgufFile::read_f32(const TensorInfo& info, std::span<float> dst) const {

@@ -14,7 +14,7 @@
 #include <variant>
 #include <vector>
 
-#include "core/mapped_file.h"
+#include "core/file_image.h"
 
 namespace fdpp::gguf {
 
@@ -116,10 +116,10 @@ class GgufFile {
   // any read past the end, which a mapping's last page would hide). `name` stands for the path.
   static GgufFile from_bytes(std::string name, std::vector<uint8_t> bytes);
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return image_.name(); }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
-  uint64_t file_size() const { return bytes_.size(); }
+  uint64_t file_size() const { return image_.bytes().size(); }
   // Absolute byte offset of the tensor data section (aligned end of the tensor infos).
   uint64_t data_offset() const { return data_offset_; }
 
@@ -149,10 +149,7 @@ class GgufFile {
  private:
   GgufFile() = default;
   void parse();
-  std::string path_;
-  std::optional<MappedFile> file_;  // open(): the mapping
-  std::vector<uint8_t> owned_;      // from_bytes(): the image
-  std::span<const uint8_t> bytes_;  // the file's bytes, from either (both keep their address on a move)
+  FileImage image_;  // the mapped file, or the in-memory image of from_bytes()
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;

@@ -115,29 +115,25 @@ std::string kind_of(const json& v) {
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
-  f.path_ = path;
-  f.file_.emplace(path);
-  f.bytes_ = f.file_->bytes();
+  f.image_ = FileImage::map(path);
   f.parse();
   return f;
 }
 
 SafetensorsFile SafetensorsFile::from_bytes(std::string name, std::vector<uint8_t> bytes) {
   SafetensorsFile f;
-  f.path_ = std::move(name);
-  f.owned_ = std::move(bytes);
-  f.bytes_ = std::span<const uint8_t>(f.owned_.data(), f.owned_.size());
+  f.image_ = FileImage::from_bytes(std::move(name), std::move(bytes));
   f.parse();
   return f;
 }
 
 void SafetensorsFile::parse() {
-  const std::string& path = path_;
-  const uint64_t size = bytes_.size();
+  const std::string& path = image_.name();
+  const uint64_t size = image_.bytes().size();
   if (size == 0) fail("{}: empty file", path);
   if (size < 8) fail("{}: not a safetensors file (only {} bytes, the header length alone takes 8)", path, size);
   uint64_t header_len;
-  std::memcpy(&header_len, bytes_.data(), 8);  // little-endian, like the host
+  std::memcpy(&header_len, image_.bytes().data(), 8);  // little-endian, like the host
   if (header_len > kMaxHeaderBytes)
     fail("{}: header length {} is larger than the {} bytes safetensors allows (not a safetensors file?)", path,
          header_len, kMaxHeaderBytes);
@@ -148,7 +144,7 @@ void SafetensorsFile::parse() {
   data_offset_ = 8 + header_len;
   const uint64_t data_size = size - data_offset_;
 
-  const char* hb = reinterpret_cast<const char*>(bytes_.data() + 8);
+  const char* hb = reinterpret_cast<const char*>(image_.bytes().data() + 8);
   if (hb[0] != '{')
     fail("{}: header does not start with '{{' (starts with byte 0x{:02x}; not a safetensors file?)", path,
          static_cast<unsigned char>(hb[0]));
@@ -253,17 +249,17 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 }
 
 std::span<const uint8_t> SafetensorsFile::tensor_bytes(const TensorInfo& info) const {
-  check(info.offset <= bytes_.size() && info.n_bytes <= bytes_.size() - info.offset,
-        "{}: tensor '{}' lies outside the file", path_, shown(info.name));
-  return bytes_.subspan(info.offset, info.n_bytes);
+  check(info.offset <= image_.bytes().size() && info.n_bytes <= image_.bytes().size() - info.offset,
+        "{}: tensor '{}' lies outside the file", image_.name(), shown(info.name));
+  return image_.bytes().subspan(info.offset, info.n_bytes);
 }
 
 void SafetensorsFile::read_f32(const TensorInfo& info, std::span<float> dst) const {
   if (dst.size() != info.n_elements)
-    fail("{}: tensor '{}' has {} elements, but the destination holds {}", path_, shown(info.name), info.n_elements,
+    fail("{}: tensor '{}' has {} elements, but the destination holds {}", image_.name(), shown(info.name), info.n_elements,
          dst.size());
   if (!hf::dtype_readable(info.dtype))
-    fail("{}: tensor '{}': dtype {} not supported (fdpp converts F32, F16 and BF16)", path_, shown(info.name),
+    fail("{}: tensor '{}': dtype {} not supported (fdpp converts F32, F16 and BF16)", image_.name(), shown(info.name),
          info.dtype);
   const std::span<const uint8_t> src = tensor_bytes(info);
   hf::to_f32(info.dtype, src.data(), dst.data(), info.n_elements);

@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/mapped_file.h"
+#include "core/file_image.h"
 
 namespace fdpp::hf {
 
@@ -59,8 +59,8 @@ class SafetensorsFile {
   // Validates an image held in memory (tests, the fuzzer); `name` stands for the path.
   static SafetensorsFile from_bytes(std::string name, std::vector<uint8_t> bytes);
 
-  const std::string& path() const { return path_; }
-  uint64_t file_size() const { return bytes_.size(); }
+  const std::string& path() const { return image_.name(); }
+  uint64_t file_size() const { return image_.bytes().size(); }
   uint64_t data_offset() const { return data_offset_; }  // 8 + header length
   // In the order of their data in the file.
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
@@ -76,10 +76,7 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   void parse();
-  std::string path_;
-  std::optional<MappedFile> file_;  // open(): the mapping
-  std::vector<uint8_t> owned_;      // from_bytes(): the image
-  std::span<const uint8_t> bytes_;  // the file's bytes, from either (both keep their address on a move)
+  FileImage image_;  // the mapped file, or the in-memory image of from_bytes()
   uint64_t data_offset_ = 0;
   std::vector<TensorInfo> tensors_;
   std::unordered_map<std::string, size_t> index_;

@@ -145,28 +145,24 @@ std::vector<uint8_t> read_entry(unzFile zip, const Entry& e, uint64_t max_bytes,
 
 TorchBinFile TorchBinFile::open(const std::string& path) {
   TorchBinFile f;
-  f.path_ = path;
-  f.file_.emplace(path);
-  f.bytes_ = f.file_->bytes();
+  f.image_ = FileImage::map(path);
   f.parse();
   return f;
 }
 
 TorchBinFile TorchBinFile::from_bytes(std::string name, std::vector<uint8_t> bytes) {
   TorchBinFile f;
-  f.path_ = std::move(name);
-  f.owned_ = std::move(bytes);
-  f.bytes_ = std::span<const uint8_t>(f.owned_.data(), f.owned_.size());
+  f.image_ = FileImage::from_bytes(std::move(name), std::move(bytes));
   f.parse();
   return f;
 }
 
 void TorchBinFile::parse() {
-  const std::string& path = path_;
-  const uint64_t size = bytes_.size();
+  const std::string& path = image_.name();
+  const uint64_t size = image_.bytes().size();
   if (size == 0) fail("{}: empty file", path);
-  if (size < 4 || std::memcmp(bytes_.data(), "PK\x03\x04", 4) != 0) {
-    if (bytes_[0] == 0x80)
+  if (size < 4 || std::memcmp(image_.bytes().data(), "PK\x03\x04", 4) != 0) {
+    if (image_.bytes()[0] == 0x80)
       fail("{}: legacy torch.save format (PyTorch before 1.6, not a zip) is not supported; re-save it with a newer "
            "torch or convert it to safetensors",
            path);
@@ -178,14 +174,14 @@ void TorchBinFile::parse() {
   constexpr uint64_t kEocd = 22;
   bool eocd_ok = false;
   for (uint64_t back = kEocd; back <= size && back <= kEocd + 0xffff && !eocd_ok; ++back) {
-    const uint8_t* p = bytes_.data() + size - back;
+    const uint8_t* p = image_.bytes().data() + size - back;
     if (std::memcmp(p, "PK\x05\x06", 4) != 0) continue;
     const uint64_t comment = p[20] | (uint64_t{p[21]} << 8);
     eocd_ok = back == kEocd + comment;
   }
   if (!eocd_ok) fail("{}: incomplete zip archive (no end-of-central-directory record at its end: truncated?)", path);
 
-  Zip zip(bytes_, path);
+  Zip zip(image_.bytes(), path);
   unz_global_info64 info{};
   if (const int err = unzGetGlobalInfo64(zip.get(), &info); err != UNZ_OK)
     fail("{}: cannot read the zip directory: {}", path, zip_error(err));
@@ -263,7 +259,7 @@ void TorchBinFile::parse() {
     if (e.size != storage.n_bytes)
       fail("{}: zip entry {} holds {} bytes, but the pickle declares storage '{}' as {} bytes of {}", path, shown(name),
            e.size, shown(key), storage.n_bytes, storage.dtype);
-    storage_data_.emplace(key, bytes_.subspan(e.data_offset, e.size));
+    storage_data_.emplace(key, image_.bytes().subspan(e.data_offset, e.size));
   }
   index_.reserve(state_.tensors.size());
   for (size_t i = 0; i < state_.tensors.size(); ++i) index_.emplace(state_.tensors[i].name, i);
@@ -276,22 +272,22 @@ const TensorRecord* TorchBinFile::find(std::string_view name) const {
 
 std::span<const uint8_t> TorchBinFile::storage_bytes(const std::string& key) const {
   const auto it = storage_data_.find(key);
-  if (it == storage_data_.end()) fail("{}: no storage '{}'", path_, shown(key));
+  if (it == storage_data_.end()) fail("{}: no storage '{}'", image_.name(), shown(key));
   return it->second;
 }
 
 void TorchBinFile::read_f32(const TensorRecord& t, std::span<float> dst) const {
   if (dst.size() != t.n_elements)
-    fail("{}: tensor '{}' has {} elements, but the destination holds {}", path_, shown(t.name), t.n_elements,
+    fail("{}: tensor '{}' has {} elements, but the destination holds {}", image_.name(), shown(t.name), t.n_elements,
          dst.size());
   if (!hf::dtype_readable(t.dtype))
-    fail("{}: tensor '{}': dtype {} not supported (fdpp converts F32, F16 and BF16)", path_, shown(t.name), t.dtype);
+    fail("{}: tensor '{}': dtype {} not supported (fdpp converts F32, F16 and BF16)", image_.name(), shown(t.name), t.dtype);
   if (t.n_elements == 0) return;
   const std::span<const uint8_t> storage = storage_bytes(t.storage_key);
   const uint64_t elem = hf::dtype_bits(t.dtype) / 8;
   // The parser checked (offset + extent) * elem against the storage size the pickle declares, and
   // parse() the entry's size against that; check again here, where the bytes are read.
-  check((t.storage_offset + t.extent()) * elem <= storage.size(), "{}: tensor '{}' reaches past its storage", path_,
+  check((t.storage_offset + t.extent()) * elem <= storage.size(), "{}: tensor '{}' reaches past its storage", image_.name(),
         shown(t.name));
   const uint8_t* base = storage.data() + t.storage_offset * elem;
   if (t.contiguous()) {

@@ -21,7 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/mapped_file.h"
+#include "core/file_image.h"
 #include "io/unpickler.h"
 
 namespace fdpp::torch_bin {
@@ -38,7 +38,7 @@ class TorchBinFile {
   // Validates an image held in memory (tests, fuzzing); `name` stands for the path.
   static TorchBinFile from_bytes(std::string name, std::vector<uint8_t> bytes);
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return image_.name(); }
   // The zip's top folder ("pytorch_model", "archive", ...).
   const std::string& archive_name() const { return archive_; }
   // In the state dict's order.
@@ -53,10 +53,7 @@ class TorchBinFile {
  private:
   TorchBinFile() = default;
   void parse();
-  std::string path_;
-  std::optional<MappedFile> file_;  // open(): the mapping
-  std::vector<uint8_t> owned_;      // from_bytes(): the image
-  std::span<const uint8_t> bytes_;  // the file's bytes, from either (both keep their address on a move)
+  FileImage image_;  // the mapped file, or the in-memory image of from_bytes()
   std::string archive_;
   torch_pickle::StateDict state_;
   std::unordered_map<std::string, size_t> index_;
