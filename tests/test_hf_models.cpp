@@ -21,21 +21,12 @@
 namespace fdpp {
 namespace {
 
+using test::error_of;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 // ---- helpers ----------------------------------------------------------------------------------
-
-// The message of the fdpp::Error that fn throws ("" when it throws none).
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 #define EXPECT_ERROR(stmt, fragment)                                               \
   do {                                                                             \

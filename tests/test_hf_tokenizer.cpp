@@ -16,18 +16,10 @@
 namespace fdpp {
 namespace {
 
+using test::error_of;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 fs::path tokenizers_dir() { return test::fixture("hf/tokenizers"); }
 

@@ -16,9 +16,12 @@
 #include "fdpp/error.h"
 #include "io/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "test_util.h"
 
 namespace fdpp {
 namespace {
+
+using test::error_of;
 
 using nlohmann::json;
 
@@ -500,16 +503,6 @@ TEST(TokenizerBpe, LargeInputs) {
 }
 
 // ---- Errors ----------------------------------------------------------------------------------------
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(TokenizerErrors, BadVocabularies) {
   VocabSpec spec = tiny_bpe();

@@ -28,6 +28,8 @@
 namespace fdpp::torch_bin {
 namespace {
 
+using test::error_of;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Bytes = std::vector<uint8_t>;
@@ -45,19 +47,6 @@ Bytes read_file(const std::string& path) {
 void write_file(const fs::path& p, const Bytes& b) {
   std::ofstream f(p, std::ios::binary);
   f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << "multi-line message: " << msg;
-    return msg;
-  }
-  ADD_FAILURE() << "no error";
-  return "";
 }
 
 template <class F>

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "fdpp/error.h"
 
 namespace fdpp::test {
 
@@ -32,6 +33,21 @@ inline double nmse(std::span<const float> out, std::span<const double> ref) {
 inline double nmse(std::span<const float> out, std::span<const float> ref) {
   std::vector<double> r(ref.begin(), ref.end());
   return nmse(out, r);
+}
+
+// The message of the fdpp::Error that f throws. Every fdpp error is one line: a message with a
+// newline, or no error at all, fails the calling test.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "multi-line message: " << msg;
+    return msg;
+  }
+  ADD_FAILURE() << "no error";
+  return "";
 }
 
 // Fresh random inputs each run; the seed is printed so a failure can be replayed with FDPP_TEST_SEED.
