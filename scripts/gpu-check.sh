@@ -53,7 +53,7 @@ PY
 fi
 
 if [[ " $stages " == *" sanitizer "* ]] && command -v compute-sanitizer >/dev/null; then
-  filter="${FDPP_SANITIZER_FILTER:-*Small*:*Rope*:*Norm*:*KvCache*:*Embedding*:*SampleTies*:*SampleGreedy*:*SampleTopK1*:*SingleRow*:*GraphReplay*:*KvCacheFull*}"
+  filter="${FDPP_SANITIZER_FILTER:-*Small*:*Rope*:*Norm*:*KvCache*:*Embedding*:*SampleTies*:*SampleGreedy*:*SampleTopK1*:*SingleRow*:*GraphReplay*:*KvCacheFull*:*Fused*:*SplitKv*}"
   for tool in ${FDPP_SANITIZER_TOOLS:-memcheck racecheck}; do
     compute-sanitizer --tool $tool --error-exitcode 99 "$B/fdpp_gpu_tests" --gtest_filter="$filter" >"$OUT/sanitizer_$tool.log" 2>&1
     rc=$?

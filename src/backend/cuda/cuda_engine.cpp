@@ -24,7 +24,6 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   check(options.max_batch >= 1 && options.max_batch <= 1024, "max batch {} out of range [1, 1024]", options.max_batch);
   check(options.block_size >= 1 && (options.block_size & (options.block_size - 1)) == 0,
         "KV block size {} must be a power of two", options.block_size);
-  FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 
   const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden, V = c.vocab_size;
   const bool swiglu = c.activation == Activation::SwiGLU;
@@ -44,13 +43,14 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   positions_ = DeviceBuffer(T * sizeof(int32_t));
   slots_ = DeviceBuffer(T * sizeof(int32_t));
   max_blocks_per_seq_ = (c.max_context + options.block_size - 1) / options.block_size;
-  block_tables_ = DeviceBuffer(static_cast<size_t>(options.max_batch) * max_blocks_per_seq_ * sizeof(int32_t));
-  context_lens_ = DeviceBuffer(options.max_batch * sizeof(int32_t));
+  block_tables_ = DeviceBuffer(static_cast<size_t>(max_blocks_per_seq_) * sizeof(int32_t));  // prefill's sequence
   sample_ws_ = DeviceBuffer(sampling_workspace_bytes(logit_rows, static_cast<int>(V)));
   sample_ids_ = DeviceBuffer(logit_rows * sizeof(int32_t));
   history_lens_ = DeviceBuffer(logit_rows * sizeof(int32_t));
   offsets_ = DeviceBuffer(logit_rows * sizeof(uint64_t));
-  host_block_tables_.assign(static_cast<size_t>(options.max_batch) * max_blocks_per_seq_, 0);
+  const size_t decode_in_ints = 4 * static_cast<size_t>(options.max_batch) +
+                                static_cast<size_t>(options.max_batch) * max_blocks_per_seq_;
+  decode_in_ = DeviceBuffer(decode_in_ints * sizeof(int32_t));
   FDPP_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, 0));
   size_t attn_ws = 0;  // the most any decode step's split plan needs
   for (int b = 1; b <= options.max_batch; ++b)
@@ -78,10 +78,14 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   free_blocks_.resize(num_blocks_);
   // Hand out low block ids first (pop_back takes the last element).
   std::iota(free_blocks_.rbegin(), free_blocks_.rend(), 0);
+  // Last, so that no check above can throw after them (the destructor would not run).
+  FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  FDPP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&decode_in_host_), decode_in_.bytes()));
 }
 
 CudaEngine::~CudaEngine() {
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+  if (decode_in_host_ != nullptr) cudaFreeHost(decode_in_host_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -91,8 +95,8 @@ MemoryReport CudaEngine::memory() const {
   r.kv_cache = kv_.bytes();
   r.kv_tokens = num_blocks_ * options_.block_size;
   for (const DeviceBuffer* b : {&x_, &normed_, &qkv_, &attn_, &o_, &ffn_in_, &ffn_act_, &logits_, &ids_, &positions_,
-                                &slots_, &block_tables_, &context_lens_, &sample_ids_, &history_, &history_lens_,
-                                &offsets_, &attn_ws_})
+                                &slots_, &block_tables_, &sample_ids_, &history_, &history_lens_,
+                                &offsets_, &attn_ws_, &decode_in_})
     r.activations += b->bytes();
   r.workspace = linear_.workspace_bytes() + sample_ws_.bytes();
   size_t free_b = 0, total_b = 0;
@@ -145,7 +149,8 @@ void* CudaEngine::layer_v(int layer) const {
   return static_cast<char*>(layer_k(layer)) + static_cast<size_t>(num_blocks_) * block_bytes_;
 }
 
-void CudaEngine::forward(int n, int decode_batch, int prefill_start, int logit_rows, int attention_splits) {
+void CudaEngine::forward(const StepInputs& in, int n, int decode_batch, int prefill_start, int logit_rows,
+                         int attention_splits) {
   const ModelConfig& c = config();
   const DeviceModel& m = *model_;
   const DType dt = m.dtype();
@@ -156,25 +161,27 @@ void CudaEngine::forward(int n, int decode_batch, int prefill_start, int logit_r
   auto at = [](const DeviceBuffer& b, size_t byte_offset) { return static_cast<const char*>(b.get()) + byte_offset; };
 
   embedding(m.tok_embeddings.get(), m.pos_embeddings.empty() ? nullptr : m.pos_embeddings.get(),
-            c.learned_position_offset, dt, ids_.as<int32_t>(), positions_.as<int32_t>(), n, H, x_.as<float>(), st);
+            c.learned_position_offset, dt, in.ids, in.positions, n, H, x_.as<float>(), st);
   const void* pending_delta = nullptr;  // the previous block's output, added by the next norm
   for (int layer = 0; layer < c.n_layers; ++layer) {
     const DeviceLayer& L = m.layers[layer];
     residual_norm(x_.as<float>(), pending_delta, nullptr, L.attn_norm.get(), L.attn_norm_bias.get(), normed_.get(), n,
                   H, c.norm_eps, c.norm, false, dt, st);
     linear_.run(normed_.get(), L.w_qkv.get(), L.b_qkv.get(), qkv_.get(), n, QKV, H, dt, false, st);
-    if (c.position == PositionEncoding::Rope)
-      rope_qk(qkv_.get(), positions_.as<int32_t>(), m.inv_freq.as<float>(), c.rope.rotary_dim / 2, n, c.n_heads,
-              c.n_kv_heads, c.head_dim, c.rope_style, dt, st);
-    kv_cache_write(qkv_.get(), slots_.as<int32_t>(), n, c.n_heads, c.n_kv_heads, c.head_dim, layer_k(layer),
-                   layer_v(layer), dt, st);
+    if (c.position == PositionEncoding::Rope) {
+      rope_qk_cache(qkv_.get(), in.positions, m.inv_freq.as<float>(), c.rope.rotary_dim / 2, in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_style, layer_k(layer),
+                    layer_v(layer), dt, st);
+    } else {
+      kv_cache_write(qkv_.get(), in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, layer_k(layer),
+                     layer_v(layer), dt, st);
+    }
     if (decode_batch > 0) {
-      decode_attention_split(qkv_.get(), layer_k(layer), layer_v(layer), block_tables_.as<int32_t>(),
-                             max_blocks_per_seq_, context_lens_.as<int32_t>(), decode_batch, c.n_heads, c.n_kv_heads,
+      decode_attention_split(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
+                             in.context_lens, decode_batch, c.n_heads, c.n_kv_heads,
                              c.head_dim, options_.block_size, scale, attn_.get(), dt, attention_splits,
                              attn_ws_.get(), attn_ws_.bytes(), st);
     } else {
-      prefill_attention(qkv_.get(), layer_k(layer), layer_v(layer), block_tables_.as<int32_t>(), prefill_start, n,
+      prefill_attention(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, prefill_start, n,
                         c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale, attn_.get(), dt, st);
     }
     linear_.run(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, dt, false, st);
@@ -214,6 +221,8 @@ void CudaEngine::prefill(int seq, std::span<const int32_t> tokens, bool all_posi
   std::copy(s.blocks.begin(), s.blocks.end(), table.begin());
   FDPP_CUDA_CHECK(cudaMemcpyAsync(block_tables_.get(), table.data(), table.size() * sizeof(int32_t),
                                   cudaMemcpyHostToDevice, stream_));
+  const StepInputs prefill_in{ids_.as<int32_t>(), positions_.as<int32_t>(), slots_.as<int32_t>(),
+                              block_tables_.as<int32_t>(), nullptr};
   size_t done = 0;
   while (done < tokens.size()) {
     const int n = static_cast<int>(std::min<size_t>(chunk, tokens.size() - done));
@@ -228,13 +237,13 @@ void CudaEngine::prefill(int seq, std::span<const int32_t> tokens, bool all_posi
     const bool last_chunk = done + n == tokens.size();
     const int rows = all_positions ? n : 1;
     if (all_positions || last_chunk) {
-      forward(n, 0, s.length, rows);
+      forward(prefill_in, n, 0, s.length, rows);
       float* dst = host_logits == nullptr ? nullptr : host_logits + (all_positions ? done * static_cast<size_t>(V) : 0);
       if (dst != nullptr)
         FDPP_CUDA_CHECK(cudaMemcpyAsync(dst, logits_.get(), static_cast<size_t>(rows) * V * sizeof(float),
                                         cudaMemcpyDeviceToHost, stream_));
     } else {
-      forward(n, 0, s.length, 1);  // logits of a middle chunk are not needed; the last row is cheap
+      forward(prefill_in, n, 0, s.length, 1);  // logits of a middle chunk are not needed; the last row is cheap
     }
     s.length += n;
     done += n;
@@ -247,7 +256,12 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
   check(b > 0 && b <= options_.max_batch, "decode batch {} out of range [1, {}]", b, options_.max_batch);
   check(tokens.size() == seqs.size(), "decode: {} sequences but {} tokens", seqs.size(), tokens.size());
   const int V = config().vocab_size;
-  std::vector<int32_t> ids(b), pos(b), slots(b), lens(b);
+  const int mb = options_.max_batch;
+  int32_t* ids = decode_in_host_;  // pinned; the previous step's copy finished at its sync
+  int32_t* pos = ids + mb;
+  int32_t* slots = pos + mb;
+  int32_t* lens = slots + mb;
+  int32_t* tables = lens + mb;
   int max_len = 0;
   for (int i = 0; i < b; ++i) {
     const int sid = seqs[i];
@@ -261,32 +275,27 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
     slots[i] = s.blocks[pos[i] / options_.block_size] * options_.block_size + pos[i] % options_.block_size;
     lens[i] = s.length + 1;
     max_len = std::max(max_len, lens[i]);
-    std::copy(s.blocks.begin(), s.blocks.end(), host_block_tables_.begin() + static_cast<size_t>(i) * max_blocks_per_seq_);
+    std::copy(s.blocks.begin(), s.blocks.end(), tables + static_cast<size_t>(i) * max_blocks_per_seq_);
   }
-  upload(ids_, ids, stream_);
-  upload(positions_, pos, stream_);
-  upload(slots_, slots, stream_);
-  upload(context_lens_, lens, stream_);
-  FDPP_CUDA_CHECK(cudaMemcpyAsync(block_tables_.get(), host_block_tables_.data(),
-                                  static_cast<size_t>(b) * max_blocks_per_seq_ * sizeof(int32_t),
-                                  cudaMemcpyHostToDevice, stream_));
+  const size_t bytes = (4 * static_cast<size_t>(mb) + static_cast<size_t>(b) * max_blocks_per_seq_) * sizeof(int32_t);
+  FDPP_CUDA_CHECK(cudaMemcpyAsync(decode_in_.get(), decode_in_host_, bytes, cudaMemcpyHostToDevice, stream_));
+  const int32_t* d = decode_in_.as<int32_t>();
+  const StepInputs in{d, d + mb, d + 2 * mb, d + 4 * mb, d + 3 * mb};
 
-  // The step's launches never change for a batch size (only buffer contents do), so after one
-  // eager run (which also creates the cuBLASLt plans) it is captured once and replayed.
   const int splits = plan_decode_splits(b, config().n_heads, config().n_kv_heads, max_len, multiprocessors_);
   auto graph = graphs_.find({b, splits});
   if (!options_.cuda_graphs) {
-    forward(b, b, 0, b, splits);
+    forward(in, b, b, 0, b, splits);
   } else if (graph != graphs_.end()) {
     FDPP_CUDA_CHECK(cudaGraphLaunch(graph->second, stream_));
     last_logit_rows_ = b;
   } else {
-    forward(b, b, 0, b, splits);
+    forward(in, b, b, 0, b, splits);
     FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     cudaGraph_t g = nullptr;
     FDPP_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
-      forward(b, b, 0, b, splits);
+      forward(in, b, b, 0, b, splits);
     } catch (...) {
       cudaStreamEndCapture(stream_, &g);
       if (g != nullptr) cudaGraphDestroy(g);

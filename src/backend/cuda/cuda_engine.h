@@ -82,7 +82,11 @@ class CudaEngine {
   // Runs the layers over n tokens whose ids/positions/slots are already in the device buffers.
   // decode_batch > 0: decode attention over decode_batch sequences; else prefill of one sequence
   // (block table in row 0) whose new tokens start at prefill_start.
-  void forward(int n_tokens, int decode_batch, int prefill_start, int logit_rows, int attention_splits = 1);
+  struct StepInputs {  // device arrays a forward pass reads
+    const int32_t *ids, *positions, *slots, *block_tables, *context_lens;
+  };
+  void forward(const StepInputs& in, int n_tokens, int decode_batch, int prefill_start, int logit_rows,
+               int attention_splits = 1);
   void* layer_k(int layer) const;
   void* layer_v(int layer) const;
 
@@ -100,11 +104,14 @@ class CudaEngine {
 
   // Activations and step inputs (fixed addresses, so graphs can replay them).
   DeviceBuffer x_, normed_, qkv_, attn_, o_, ffn_in_, ffn_act_, logits_;
-  DeviceBuffer ids_, positions_, slots_, block_tables_, context_lens_;
+  DeviceBuffer ids_, positions_, slots_, block_tables_;  // prefill inputs
   DeviceBuffer sample_ws_, sample_ids_, history_, history_lens_, offsets_;
   int history_stride_ = 0;
   int last_logit_rows_ = 0;
-  std::vector<int32_t> host_block_tables_;
+  // Decode-step inputs travel in one copy from pinned memory: ids, positions, slots, context
+  // lengths ([max_batch] each), then block tables [max_batch][max_blocks_per_seq].
+  DeviceBuffer decode_in_;
+  int32_t* decode_in_host_ = nullptr;  // cudaMallocHost
   DeviceBuffer attn_ws_;  // split-KV partials
   int multiprocessors_ = 0;
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (batch, attention splits) -> captured step

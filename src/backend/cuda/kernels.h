@@ -58,6 +58,13 @@ void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_f
 void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_heads, int n_kv_heads, int head_dim,
                     void* k_cache, void* v_cache, DType dtype, cudaStream_t stream);
 
+// rope_qk and kv_cache_write in one launch: q rotated in place, k (rotated) and v written into the
+// cache at slots[t] (skipped for negative slots), bit for bit what the two launches give; the k
+// heads in qkv are left unrotated.
+void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, const int32_t* slots,
+                   int n_tokens, int n_heads, int n_kv_heads, int head_dim, RopeStyle style, void* k_cache,
+                   void* v_cache, DType dtype, cudaStream_t stream);
+
 // ---- attention -------------------------------------------------------------------------------
 // Decode: one query token per sequence. q is read from qkv [batch, (H + 2 KVH) * D] (after rope).
 // Sequence b attends to cache positions 0 .. context_lens[b] - 1 through its block table

@@ -3,6 +3,11 @@
 // chosen once per (M, N, K, types, bias) by cuBLASLt's heuristic and cached; the workspace is
 // fixed, so calls can be captured in CUDA graphs.
 //
+// cuBLASLt's heuristic ranks algorithms without knowing that decode's GEMMs stream weights from
+// HBM; so the first time a shape is seen (outside graph capture) its top candidates are timed
+// with L2 flushed before each run and the fastest kept, process-wide, so that every engine in a
+// process computes a shape the same way (FDPP_CUBLASLT_TUNE=0: take the heuristic's first).
+//
 // This is ImplC of FlashDecoding++'s linear-layer trio; the GEMV and flat-GEMM kernels (their own
 // issue) will sit beside it behind the dispatch table.
 #pragma once
@@ -39,7 +44,11 @@ class CublasLtLinear {
     cublasLtMatmulAlgo_t algo{};
   };
   using Key = std::tuple<int, int, int, int, bool, bool>;
-  Plan& plan(int M, int N, int K, DType dtype, bool bias, bool fp32_out);
+  Plan& plan(int M, int N, int K, DType dtype, const void* x, const void* w, const void* bias, void* y, bool fp32_out,
+             cudaStream_t stream);
+  // Times each candidate on the call's own buffers and returns the fastest.
+  cublasLtMatmulAlgo_t tune(Plan& p, const cublasLtMatmulHeuristicResult_t* results, int n, const void* x,
+                            const void* w, void* y, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;

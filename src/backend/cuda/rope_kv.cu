@@ -74,7 +74,84 @@ __global__ void kv_cache_write_kernel(const uint16_t* __restrict__ qkv, const in
   }
 }
 
+// rope_qk + kv_cache_write in one launch (one per layer instead of two): one thread per (token,
+// head of q, k or v, pair of dims). Pairs below n_freq rotate (q and k heads); the others pass
+// through. Rotated k and v go to the cache at the token's slot (skipped when the slot is
+// negative); q is rotated in place for the attention kernels, k stays unrotated in qkv (nothing
+// reads it there). The cache receives the values of rope_qk followed by kv_cache_write, bit for
+// bit (same math, same rounding).
+template <class T, bool kInterleaved>
+__global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
+                                     const float* __restrict__ inv_freq, int n_freq, const int32_t* __restrict__ slots,
+                                     int n_tokens, int n_heads, int n_kv_heads, int head_dim, T* __restrict__ k_cache,
+                                     T* __restrict__ v_cache) {
+  const int pairs = head_dim / 2;
+  const int heads = n_heads + 2 * n_kv_heads;
+  const int64_t row_stride = int64_t(heads) * head_dim;
+  const int64_t total = int64_t(n_tokens) * heads * pairs;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int p = static_cast<int>(idx % pairs);
+    const int64_t rest = idx / pairs;
+    const int h = static_cast<int>(rest % heads);
+    const int64_t t = rest / heads;
+    const bool is_q = h < n_heads, is_k = !is_q && h < n_heads + n_kv_heads;
+    T* head = qkv + t * row_stride + int64_t(h) * head_dim;
+    // Rotated pairs: (i, i + n_freq) or (2i, 2i + 1); the dims after 2 * n_freq pass through as
+    // (2p, 2p + 1) in both styles.
+    const bool rotate = (is_q || is_k) && p < n_freq;
+    const int ia = p < n_freq && !kInterleaved ? p : 2 * p;
+    const int ib = p < n_freq && !kInterleaved ? p + n_freq : 2 * p + 1;
+    T a = head[ia], b = head[ib];
+    if (rotate) {
+      const float angle = static_cast<float>(positions[t]) * inv_freq[p];
+      float sn, cs;
+      sincosf(angle, &sn, &cs);
+      const float a0 = to_float(a), b0 = to_float(b);
+      a = from_float<T>(a0 * cs - b0 * sn);
+      b = from_float<T>(b0 * cs + a0 * sn);
+      if (is_q) {
+        head[ia] = a;
+        head[ib] = b;
+      }
+    }
+    if (is_q) continue;
+    const int32_t slot = slots[t];
+    if (slot < 0) continue;
+    const int kvh = is_k ? h - n_heads : h - n_heads - n_kv_heads;
+    T* dst = (is_k ? k_cache : v_cache) + (int64_t(slot) * n_kv_heads + kvh) * head_dim;
+    dst[ia] = a;
+    dst[ib] = b;
+  }
+}
+
 }  // namespace
+
+void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, const int32_t* slots,
+                   int n_tokens, int n_heads, int n_kv_heads, int head_dim, RopeStyle style, void* k_cache,
+                   void* v_cache, DType dtype, cudaStream_t stream) {
+  check(qkv != nullptr && positions != nullptr && inv_freq != nullptr && slots != nullptr && k_cache != nullptr &&
+            v_cache != nullptr,
+        "rope_qk_cache: null pointer (qkv {}, positions {}, inv_freq {}, slots {}, k_cache {}, v_cache {})", qkv,
+        static_cast<const void*>(positions), static_cast<const void*>(inv_freq), static_cast<const void*>(slots),
+        k_cache, v_cache);
+  check(n_tokens > 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0 && head_dim % 2 == 0,
+        "rope_qk_cache: n_tokens = {}, n_heads = {}, n_kv_heads = {} must be positive, head_dim = {} even", n_tokens,
+        n_heads, n_kv_heads, head_dim);
+  check(n_freq > 0 && 2 * n_freq <= head_dim, "rope_qk_cache: n_freq = {} must be in [1, head_dim / 2 = {}]", n_freq,
+        head_dim / 2);
+  check(style == RopeStyle::RotateHalf || style == RopeStyle::Interleaved, "rope_qk_cache: unknown rope style {}",
+        static_cast<int>(style));
+  const int64_t total = int64_t(n_tokens) * (n_heads + 2 * n_kv_heads) * (head_dim / 2);
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto* kernel = style == RopeStyle::Interleaved ? rope_qk_cache_kernel<T, true> : rope_qk_cache_kernel<T, false>;
+    kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<T*>(qkv), positions, inv_freq, n_freq,
+                                                               slots, n_tokens, n_heads, n_kv_heads, head_dim,
+                                                               static_cast<T*>(k_cache), static_cast<T*>(v_cache));
+  });
+  check_launch("rope_qk_cache");
+}
 
 void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, int n_tokens, int n_heads,
              int n_kv_heads, int head_dim, RopeStyle style, DType dtype, cudaStream_t stream) {
