@@ -81,10 +81,14 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   // Last, so that no check above can throw after them (the destructor would not run).
   FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FDPP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&decode_in_host_), decode_in_.bytes()));
+  FDPP_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_copied_, cudaEventDisableTiming));
+  FDPP_CUDA_CHECK(cudaEventRecord(inputs_copied_, stream_));
 }
 
 CudaEngine::~CudaEngine() {
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);  // nothing in flight reads what is freed
+  if (inputs_copied_ != nullptr) cudaEventDestroy(inputs_copied_);
   if (decode_in_host_ != nullptr) cudaFreeHost(decode_in_host_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -257,7 +261,9 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
   check(tokens.size() == seqs.size(), "decode: {} sequences but {} tokens", seqs.size(), tokens.size());
   const int V = config().vocab_size;
   const int mb = options_.max_batch;
-  int32_t* ids = decode_in_host_;  // pinned; the previous step's copy finished at its sync
+  // The pinned inputs are rewritten below: the previous step's copy out of them must be done.
+  FDPP_CUDA_CHECK(cudaEventSynchronize(inputs_copied_));
+  int32_t* ids = decode_in_host_;
   int32_t* pos = ids + mb;
   int32_t* slots = pos + mb;
   int32_t* lens = slots + mb;
@@ -279,6 +285,7 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
   }
   const size_t bytes = (4 * static_cast<size_t>(mb) + static_cast<size_t>(b) * max_blocks_per_seq_) * sizeof(int32_t);
   FDPP_CUDA_CHECK(cudaMemcpyAsync(decode_in_.get(), decode_in_host_, bytes, cudaMemcpyHostToDevice, stream_));
+  FDPP_CUDA_CHECK(cudaEventRecord(inputs_copied_, stream_));
   const int32_t* d = decode_in_.as<int32_t>();
   const StepInputs in{d, d + mb, d + 2 * mb, d + 4 * mb, d + 3 * mb};
 
@@ -308,10 +315,13 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
     graphs_[{b, splits}] = exec;  // captured, not run: the eager run above already computed this step
   }
   for (int i = 0; i < b; ++i) sequences_[seqs[i]].length += 1;
-  if (host_logits != nullptr)
+  // Without host logits the step stays in flight: sample() queues behind it on the same stream
+  // and synchronizes once for both (one host round trip per token instead of two).
+  if (host_logits != nullptr) {
     FDPP_CUDA_CHECK(cudaMemcpyAsync(host_logits, logits_.get(), static_cast<size_t>(b) * V * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_));
-  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 }
 
 std::vector<int32_t> CudaEngine::sample(int rows, const SamplingParams& p, std::span<const std::vector<int32_t>> history,

@@ -61,6 +61,8 @@ class CudaEngine {
   // host_logits is given it receives [n, vocab] (all_positions) or [1, vocab].
   void prefill(int seq, std::span<const int32_t> tokens, bool all_positions, float* host_logits);
   // One decode step: appends tokens[i] to seqs[i] (all distinct) and computes one logits row each.
+  // Returns with the step still running unless host_logits is given; sample() (or any later
+  // synchronizing call) waits for it.
   void decode(std::span<const int> seqs, std::span<const int32_t> tokens, float* host_logits);
   // Samples one token per row of the last prefill (its last row) / decode logits, on the device.
   // history: the tokens the repetition penalty sees, per row (only read when it is on).
@@ -112,6 +114,7 @@ class CudaEngine {
   // lengths ([max_batch] each), then block tables [max_batch][max_blocks_per_seq].
   DeviceBuffer decode_in_;
   int32_t* decode_in_host_ = nullptr;  // cudaMallocHost
+  cudaEvent_t inputs_copied_ = nullptr;  // the last copy out of decode_in_host_ is done
   DeviceBuffer attn_ws_;  // split-KV partials
   int multiprocessors_ = 0;
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (batch, attention splits) -> captured step
