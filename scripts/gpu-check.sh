@@ -33,6 +33,10 @@ if [[ ! -s $model ]]; then
   n_parts=$(ls /root/ref/part.* 2>/dev/null | wc -l)
   if [[ $n_parts -gt 0 && $n_parts -eq ${FDPP_MODEL_PARTS:-2} ]]; then cat /root/ref/part.* >"$model"; fi
 fi
+# New HF fixtures made on this machine in the same call (FDPP_HF_FIXTURES_ARCHIVE) join the suite.
+if [[ -n ${FDPP_HF_FIXTURES_ARCHIVE:-} && -f $FDPP_HF_FIXTURES_ARCHIVE ]]; then
+  tar xzf "$FDPP_HF_FIXTURES_ARCHIVE" -C "$root/tests/fixtures/hf"
+fi
 if [[ -s $model ]]; then export FDPP_MODEL=$model; mkdir -p /root/.cache/fdpp/models; ln -sf "$model" /root/.cache/fdpp/models/SmolLM2-135M-Instruct.Q4_1.gguf; fi
 
 if [[ " $stages " == *" tests "* ]]; then
@@ -78,6 +82,11 @@ for x in r["results"]:
 PY
   }
   bench llama-2-7b --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024 -p 1024
+  # Linear-layer implementations side by side on the same model (FDPP_BENCH_LINEAR_COMPARE=1).
+  if [[ ${FDPP_BENCH_LINEAR_COMPARE:-0} == 1 ]]; then
+    FDPP_LINEAR=cublas bench llama-2-7b-cublas-only --config "$root/configs/llama-2-7b.json" -b 1,2,4,8 -c 1024 -p 1024
+    FDPP_GEMV_MAX_M=8 bench llama-2-7b-gemv-to-8 --config "$root/configs/llama-2-7b.json" -b 1,2,4,8 -c 1024 -p 1024
+  fi
   for m in ${FDPP_BENCH_MORE_MODELS-llama-2-13b llama-3-8b opt-6.7b chatglm2-6b}; do
     bench $m --config "$root/configs/$m.json" -b 1 -c 1024 -p 1024
   done

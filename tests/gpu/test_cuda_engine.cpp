@@ -296,6 +296,57 @@ TEST(CudaFusedRope, RopeQkCacheEqualsRopeThenCacheWrite) {
   }
 }
 
+// The CUDA-core GEMV against the CPU reference: every M it takes, odd N, K on the 16-byte path
+// and off it, bias, 16-bit and fp32 output, both dtypes; outputs poisoned first.
+TEST(CudaGemv, MatchesCpuForEveryM) {
+  REQUIRE_GPU();
+  for (auto dt : {cuda::DType::F16, cuda::DType::BF16}) {
+    for (auto [N, K] : {std::pair{1001, 4096}, {64, 1000}, {37, 1001}, {4096, 11008}}) {
+      auto round16 = [dt](std::vector<float> v, std::vector<uint16_t>& bits) {
+        bits.resize(v.size());
+        for (size_t i = 0; i < v.size(); ++i) {
+          bits[i] = dt == cuda::DType::F16 ? f32_to_fp16(v[i]) : f32_to_bf16(v[i]);
+          v[i] = dt == cuda::DType::F16 ? fp16_to_f32(bits[i]) : bf16_to_f32(bits[i]);
+        }
+        return v;
+      };
+      std::vector<uint16_t> wb, xb, bb;
+      const auto w = round16(test::random_vector(size_t(N) * K, 1.0f / std::sqrt(float(K))), wb);
+      const auto b = round16(test::random_vector(N), bb);
+      const auto x = round16(test::random_vector(size_t(cuda::kGemvMaxM) * K), xb);
+      auto dev = [](const void* src, size_t bytes) {
+        cuda::DeviceBuffer d(bytes);
+        FDPP_CUDA_CHECK(cudaMemcpy(d.get(), src, bytes, cudaMemcpyHostToDevice));
+        return d;
+      };
+      auto w_d = dev(wb.data(), wb.size() * 2), x_d = dev(xb.data(), xb.size() * 2), b_d = dev(bb.data(), bb.size() * 2);
+      cuda::DeviceBuffer y_d(size_t(cuda::kGemvMaxM) * N * 4);
+      for (int M = 1; M <= cuda::kGemvMaxM; ++M) {
+        for (bool with_bias : {false, true}) {
+          for (bool fp32_out : {false, true}) {
+            std::vector<float> ref(size_t(M) * N);
+            cpu::linear(x.data(), M, K, w.data(), N, with_bias ? b.data() : nullptr, ref.data());
+            FDPP_CUDA_CHECK(cudaMemset(y_d.get(), 0xff, y_d.bytes()));  // NaN in every format
+            cuda::gemv(x_d.get(), w_d.get(), with_bias ? b_d.get() : nullptr, y_d.get(), M, N, K, dt, fp32_out, nullptr);
+            FDPP_CUDA_CHECK(cudaDeviceSynchronize());
+            std::vector<float> out(size_t(M) * N);
+            if (fp32_out) {
+              FDPP_CUDA_CHECK(cudaMemcpy(out.data(), y_d.get(), out.size() * 4, cudaMemcpyDeviceToHost));
+            } else {
+              std::vector<uint16_t> h(out.size());
+              FDPP_CUDA_CHECK(cudaMemcpy(h.data(), y_d.get(), h.size() * 2, cudaMemcpyDeviceToHost));
+              for (size_t i = 0; i < h.size(); ++i) out[i] = dt == cuda::DType::F16 ? fp16_to_f32(h[i]) : bf16_to_f32(h[i]);
+            }
+            const double e = test::nmse(out, ref);
+            EXPECT_LE(e, fp32_out ? 1e-9 : 5e-4) << "N " << N << " K " << K << " M " << M << " bias " << with_bias
+                                                 << " fp32 " << fp32_out;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaEngine, BatchedDecodeOfMixedLengthsEqualsOneByOne) {
   REQUIRE_GPU();
   const ModelConfig c = tiny("llama", 128);

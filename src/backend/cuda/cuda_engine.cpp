@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
+#include <string>
 
 namespace fdpp::cuda {
 
@@ -27,6 +29,16 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
 
   const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden, V = c.vocab_size;
   const bool swiglu = c.activation == Activation::SwiGLU;
+  // The GEMV/cuBLASLt threshold; see linear().
+  const char* mode = std::getenv("FDPP_LINEAR");
+  const std::string m = mode != nullptr ? mode : "auto";
+  check(m == "auto" || m == "gemv" || m == "cublas", "FDPP_LINEAR='{}' is not one of auto, gemv, cublas", m);
+  if (m == "gemv") gemv_max_m_ = kGemvMaxM;
+  if (m == "cublas") gemv_max_m_ = 0;
+  if (const char* t = std::getenv("FDPP_GEMV_MAX_M"); t != nullptr && m == "auto") {
+    gemv_max_m_ = std::atoi(t);
+    check(gemv_max_m_ >= 0 && gemv_max_m_ <= kGemvMaxM, "FDPP_GEMV_MAX_M={} out of range [0, {}]", t, kGemvMaxM);
+  }
   max_tokens_ = std::max(options.max_batch, options.max_prefill_tokens);
   const int64_t T = max_tokens_;
   x_ = DeviceBuffer(T * H * sizeof(float));
@@ -102,7 +114,7 @@ MemoryReport CudaEngine::memory() const {
                                 &slots_, &block_tables_, &sample_ids_, &history_, &history_lens_,
                                 &offsets_, &attn_ws_, &decode_in_})
     r.activations += b->bytes();
-  r.workspace = linear_.workspace_bytes() + sample_ws_.bytes();
+  r.workspace = cublas_.workspace_bytes() + sample_ws_.bytes();
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) r.device_used = total_b - free_b;
   return r;
@@ -146,6 +158,14 @@ void CudaEngine::ensure_capacity(Sequence& s, int new_length) {
   }
 }
 
+void CudaEngine::linear(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, bool fp32_out) {
+  if (M <= gemv_max_m_) {
+    gemv(x, w, bias, y, M, N, K, model_->dtype(), fp32_out, stream_);
+  } else {
+    cublas_.run(x, w, bias, y, M, N, K, model_->dtype(), fp32_out, stream_);
+  }
+}
+
 void* CudaEngine::layer_k(int layer) const {
   return static_cast<char*>(kv_.get()) + static_cast<size_t>(layer) * 2 * num_blocks_ * block_bytes_;
 }
@@ -171,7 +191,7 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_batch, int pref
     const DeviceLayer& L = m.layers[layer];
     residual_norm(x_.as<float>(), pending_delta, nullptr, L.attn_norm.get(), L.attn_norm_bias.get(), normed_.get(), n,
                   H, c.norm_eps, c.norm, false, dt, st);
-    linear_.run(normed_.get(), L.w_qkv.get(), L.b_qkv.get(), qkv_.get(), n, QKV, H, dt, false, st);
+    linear(normed_.get(), L.w_qkv.get(), L.b_qkv.get(), qkv_.get(), n, QKV, H, false);
     if (c.position == PositionEncoding::Rope) {
       rope_qk_cache(qkv_.get(), in.positions, m.inv_freq.as<float>(), c.rope.rotary_dim / 2, in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_style, layer_k(layer),
                     layer_v(layer), dt, st);
@@ -188,17 +208,17 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_batch, int pref
       prefill_attention(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, prefill_start, n,
                         c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale, attn_.get(), dt, st);
     }
-    linear_.run(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, dt, false, st);
+    linear(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, false);
     residual_norm(x_.as<float>(), o_.get(), nullptr, L.ffn_norm.get(), L.ffn_norm_bias.get(), normed_.get(), n, H,
                   c.norm_eps, c.norm, false, dt, st);
     if (swiglu) {
-      linear_.run(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_in_.get(), n, 2 * FF, H, dt, false, st);
+      linear(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_in_.get(), n, 2 * FF, H, false);
       silu_mul(ffn_in_.get(), ffn_act_.get(), n, FF, dt, st);
-      linear_.run(ffn_act_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, dt, false, st);
+      linear(ffn_act_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, false);
     } else {
-      linear_.run(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_in_.get(), n, FF, H, dt, false, st);
+      linear(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_in_.get(), n, FF, H, false);
       relu(ffn_in_.get(), n, FF, dt, st);
-      linear_.run(ffn_in_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, dt, false, st);
+      linear(ffn_in_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, false);
     }
     pending_delta = o_.get();
   }
@@ -206,7 +226,7 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_batch, int pref
   const size_t skip = static_cast<size_t>(n - logit_rows);
   residual_norm(x_.as<float>() + skip * H, at(o_, skip * H * kElem), nullptr, m.final_norm.get(),
                 m.final_norm_bias.get(), normed_.get(), logit_rows, H, c.norm_eps, c.norm, false, dt, st);
-  linear_.run(normed_.get(), m.output_matrix(), nullptr, logits_.get(), logit_rows, c.vocab_size, H, dt, true, st);
+  linear(normed_.get(), m.output_matrix(), nullptr, logits_.get(), logit_rows, c.vocab_size, H, true);
   last_logit_rows_ = logit_rows;
 }
 

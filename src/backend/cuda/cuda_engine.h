@@ -89,13 +89,18 @@ class CudaEngine {
   };
   void forward(const StepInputs& in, int n_tokens, int decode_batch, int prefill_start, int logit_rows,
                int attention_splits = 1);
+  // Linear-layer dispatch, all in one place until issue 7's tuned table replaces the rule: the
+  // CUDA-core GEMV for M <= gemv_max_m_, cuBLASLt above. FDPP_LINEAR=gemv|cublas|auto forces one
+  // (gemv up to its kGemvMaxM rows); FDPP_GEMV_MAX_M moves the threshold for measurements.
+  void linear(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, bool fp32_out);
   void* layer_k(int layer) const;
   void* layer_v(int layer) const;
 
   std::shared_ptr<const DeviceModel> model_;
   EngineOptions options_;
   cudaStream_t stream_ = nullptr;
-  CublasLtLinear linear_;
+  CublasLtLinear cublas_;
+  int gemv_max_m_ = 4;
   int max_tokens_ = 0;  // per forward
   int max_blocks_per_seq_ = 0;
   int64_t num_blocks_ = 0;

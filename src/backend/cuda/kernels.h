@@ -44,6 +44,14 @@ void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cuda
 // x = max(x, 0) in place, rows x n.
 void relu(void* x, int rows, int n, DType dtype, cudaStream_t stream);
 
+// ---- linear layers on CUDA cores --------------------------------------------------------------
+// y[M, N] = x[M, K] . w[N, K]^T (+ bias[N]) for M <= kGemvMaxM: one warp per output row, the
+// weights streamed once with 16-byte loads (the FastGEMV design; see gemv.cu). y is 16-bit, or
+// fp32 when fp32_out. Any K (a multiple of 8 with 16-byte aligned x and w takes the fast path).
+constexpr int kGemvMaxM = 8;
+void gemv(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype, bool fp32_out,
+          cudaStream_t stream);
+
 // ---- rotary embedding ------------------------------------------------------------------------
 // In place on qkv [n_tokens, (n_heads + 2 * n_kv_heads) * head_dim] (the fused projection's
 // output: q heads, then k heads, then v heads): rotates the first 2 * n_freq dims of each q and k
