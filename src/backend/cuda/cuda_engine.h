@@ -92,6 +92,9 @@ class CudaEngine {
   // Linear-layer dispatch, all in one place until issue 7's tuned table replaces the rule: the
   // CUDA-core GEMV for M <= gemv_max_m_, cuBLASLt above. FDPP_LINEAR=gemv|cublas|auto forces one
   // (gemv up to its kGemvMaxM rows); FDPP_GEMV_MAX_M moves the threshold for measurements.
+  // Threshold 1, measured on the H200 (Llama-2-7B fp16, ctx 1024, ms per decode step, GEMV vs
+  // cuBLASLt in the same run): M=1 4.313 vs 4.466, M=2 5.000 vs 4.688, M=4 6.105 vs 5.093,
+  // M=8 8.573 vs 5.431 (docs/PERFORMANCE.md, run 5).
   void linear(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, bool fp32_out);
   void* layer_k(int layer) const;
   void* layer_v(int layer) const;
@@ -100,7 +103,7 @@ class CudaEngine {
   EngineOptions options_;
   cudaStream_t stream_ = nullptr;
   CublasLtLinear cublas_;
-  int gemv_max_m_ = 4;
+  int gemv_max_m_ = 1;
   int max_tokens_ = 0;  // per forward
   int max_blocks_per_seq_ = 0;
   int64_t num_blocks_ = 0;
