@@ -112,17 +112,8 @@ json tiny_chatglm_json() {
 
 HfConfig parse(const json& j, const json* gen = nullptr) { return parse_hf_config(j, gen, "DIR", "DIR/config.json"); }
 
-fs::path scratch_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / fmt::format("fdpp_hf_test_{}_{}", name, ::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary);
-  f << text;
-}
+using test::scratch_dir;
+using test::write_text;
 
 // A real model.safetensors (F32) of the given tensors.
 void write_safetensors(const fs::path& p, const MemorySource& src) {

@@ -23,17 +23,8 @@ using nlohmann::json;
 
 fs::path tokenizers_dir() { return test::fixture("hf/tokenizers"); }
 
-fs::path scratch_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / fmt::format("fdpp_hf_tok_{}_{}", name, ::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary);
-  f << text;
-}
+using test::scratch_dir;
+using test::write_text;
 
 json read_reference(const std::string& name) {
   std::ifstream f(tokenizers_dir() / name / "reference.json");

@@ -104,10 +104,7 @@ void write_bytes(const fs::path& p, const Bytes& b) {
   f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
-void write_text(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
+using test::write_text;
 
 json load_json(const std::string& path) {
   std::ifstream f(path);

@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fmt/format.h>
+#include <unistd.h>
 #include <fstream>
 #include <random>
 #include <span>
@@ -48,6 +51,19 @@ std::string error_of(F&& f) {
   }
   ADD_FAILURE() << "no error";
   return "";
+}
+
+// An empty directory under the system's temp dir, unique to this process and name.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  const auto d = std::filesystem::temp_directory_path() / fmt::format("fdpp_test_{}_{}", name, ::getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+inline void write_text(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary);
+  f << text;
 }
 
 // Fresh random inputs each run; the seed is printed so a failure can be replayed with FDPP_TEST_SEED.
