@@ -344,7 +344,7 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
   }
 }
 
-std::vector<int32_t> CudaEngine::sample(int rows, const SamplingParams& p, std::span<const std::vector<int32_t>> history,
+std::vector<int32_t> CudaEngine::sample(int rows, const SamplingParams& p, std::span<const std::span<const int32_t>> history,
                                         uint64_t step) {
   check(rows >= 1 && rows <= last_logit_rows_, "sample: {} rows requested, the last step produced {}", rows,
         last_logit_rows_);

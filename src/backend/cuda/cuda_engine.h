@@ -66,7 +66,7 @@ class CudaEngine {
   void decode(std::span<const int> seqs, std::span<const int32_t> tokens, float* host_logits);
   // Samples one token per row of the last prefill (its last row) / decode logits, on the device.
   // history: the tokens the repetition penalty sees, per row (only read when it is on).
-  std::vector<int32_t> sample(int rows, const SamplingParams& params, std::span<const std::vector<int32_t>> history,
+  std::vector<int32_t> sample(int rows, const SamplingParams& params, std::span<const std::span<const int32_t>> history,
                               uint64_t step);
 
   // Benchmarks: gives the sequence `length` positions of (unwritten) cache without computing them.

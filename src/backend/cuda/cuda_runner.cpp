@@ -43,8 +43,7 @@ void CudaRunner::forward(std::span<const int32_t> tokens, int start_pos, bool al
 int32_t CudaRunner::forward_sample(std::span<const int32_t> tokens, int start_pos, Sampler& sampler,
                                    std::span<const int32_t> history, uint64_t step) {
   run(tokens, start_pos, false, nullptr);
-  const std::vector<int32_t> h(history.begin(), history.end());
-  return engine_.sample(1, sampler.params(), std::span<const std::vector<int32_t>>(&h, 1), step)[0];
+  return engine_.sample(1, sampler.params(), std::span<const std::span<const int32_t>>(&history, 1), step)[0];
 }
 
 }  // namespace fdpp::cuda
