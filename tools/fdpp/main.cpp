@@ -2,6 +2,7 @@
 //   fdpp generate  text from a model (the default model when no --model is given)
 //   fdpp logits    logits of every position as a float32 .npy [T, vocab]
 //   fdpp info      what a model is and what it needs, validated without reading the weights
+//   fdpp calibrate the unified-max phi per layer from the attention logits of real text
 // Every failure prints one line "fdpp: error: ..." and exits 1; bad flags exit 2 (CLI11's code).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 #include <iostream>
 #include <optional>
 
+#include "attention/calibration.h"
 #include "engine/backend_select.h"
 #include "core/npy.h"
 #include "engine/generate.h"
@@ -214,6 +216,10 @@ int run_info(const std::string& model, bool json) {
   // model's full context length.
   const double weight_bytes = 4.0 * static_cast<double>(d.n_params);
   const double kv_bytes = 2.0 * 4.0 * c.n_layers * static_cast<double>(c.kv_dim()) * c.max_context;
+  const std::optional<Calibration> cal = load_calibration(path);
+  if (cal)
+    check(static_cast<int>(cal->layers.size()) == c.n_layers, "{}: calibration has {} layers, the model {}",
+          cal->path, cal->layers.size(), c.n_layers);
   std::string dtypes;
   for (const auto& [t, n] : d.dtype_counts) dtypes += fmt::format("{}{} x{}", dtypes.empty() ? "" : ", ", t, n);
   if (json) {
@@ -237,6 +243,14 @@ int run_info(const std::string& model, bool json) {
                      {"dtypes", d.dtype_counts},
                      {"cpu_weight_bytes", weight_bytes},
                      {"cpu_kv_cache_bytes", kv_bytes}};
+    if (cal) {
+      j["calibration"] = {{"path", cal->path},
+                          {"phi_min", cal->phi_min()},
+                          {"phi_max", cal->phi_max()},
+                          {"fallback_rate", cal->fallback_rate()}};
+    } else {
+      j["calibration"] = nullptr;
+    }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -254,6 +268,46 @@ int run_info(const std::string& model, bool json) {
   fmt::print("stored:       {}\n", human_bytes(static_cast<double>(d.stored_bytes)));
   fmt::print("memory (cpu): {} weights (fp32) + {} KV cache at {} tokens = {}\n", human_bytes(weight_bytes),
              human_bytes(kv_bytes), c.max_context, human_bytes(weight_bytes + kv_bytes));
+  if (cal) {
+    fmt::print("calibration:  {} (phi range [{:.2f}, {:.2f}], a = {:.2f}, b = {:.2f}, fallback {:.3f}% of rows)\n",
+               cal->path, cal->phi_min(), cal->phi_max(), cal->layers[0].bounds.a, cal->layers[0].bounds.b,
+               100.0 * cal->fallback_rate());
+  } else {
+    const UnifiedMaxBounds b = default_unified_max_bounds(c.max_context);
+    fmt::print("calibration:  none (conservative default phi = 0 with guard, a = {:.2f}, b = {:.2f}; run fdpp calibrate)\n",
+               b.a, b.b);
+  }
+  return 0;
+}
+
+struct CalibrateArgs {
+  std::string model, prompts, out;
+  double percentile = 99.0;
+  int max_tokens = 0;
+};
+
+int run_calibrate(const CalibrateArgs& a) {
+  // The prompts first: a bad prompts file fails before the model loads.
+  const std::vector<std::string> prompts =
+      a.prompts.empty() ? builtin_calibration_prompts() : read_calibration_prompts(a.prompts);
+  const std::string path = resolve_model_path(a.model);
+  const std::string out = a.out.empty() ? default_calibration_output(path) : a.out;
+  LoadedModel m = load_with_progress(path);
+  CalibrationOptions opt;
+  opt.percentile = a.percentile;
+  opt.max_tokens_per_prompt = a.max_tokens;
+  Calibration cal = calibrate_model(m, path, prompts, opt);
+  write_calibration(cal, out);
+  for (size_t i = 0; i < cal.layers.size(); ++i) {
+    const LayerCalibration& l = cal.layers[i];
+    fmt::print("layer {:3d}: phi {:8.3f}  row max [{:8.3f}, {:8.3f}]  logits [{:9.3f}, {:9.3f}]  fallback {:.3f}%\n", i,
+               l.bounds.phi, l.row_max.at("min"), l.row_max.at("max"), l.logits.at("min"), l.logits.at("max"),
+               100.0 * l.fallback_rate);
+  }
+  fmt::print("wrote {}: {} prompts, {} tokens, {} layers, phi in [{:.3f}, {:.3f}], [a, b] = [{:.2f}, {:.2f}], "
+             "fallback {:.3f}% of rows\n",
+             cal.path, cal.prompts, cal.tokens, cal.layers.size(), cal.phi_min(), cal.phi_max(),
+             cal.layers[0].bounds.a, cal.layers[0].bounds.b, 100.0 * cal.fallback_rate());
   return 0;
 }
 
@@ -317,6 +371,17 @@ int main(int argc, char** argv) {
   info->add_option("-m,--model", i_model, "GGUF file or HF model directory (default: the default model)");
   info->add_flag("--json", i_json, "print JSON");
 
+  CalibrateArgs cal;
+  auto* calibrate = app.add_subcommand("calibrate", "choose the unified-max phi per layer from real text (CPU)");
+  calibrate->add_option("-m,--model", cal.model, "GGUF file or HF model directory (default: the default model)");
+  calibrate->add_option("--prompts", cal.prompts, "text file, one prompt per blank-line-separated paragraph "
+                        "(default: a built-in English set)");
+  calibrate->add_option("-o,--out", cal.out, "calibration file (default: <model>.fdpp-calib.json, else the cache)");
+  calibrate->add_option("--percentile", cal.percentile, "phi = this percentile of each layer's row max logits")
+      ->capture_default_str()->check(CLI::Range(0.001, 100.0));
+  calibrate->add_option("--max-tokens", cal.max_tokens, "truncate each prompt to N tokens (0: the model's context)")
+      ->check(CLI::Range(0, 1 << 24));
+
   auto* devices = app.add_subcommand("devices", "list the CPU threads and CUDA GPUs fdpp can use");
 
 #ifdef FDPP_HAVE_CUDA
@@ -349,6 +414,7 @@ int main(int argc, char** argv) {
     }
     if (*logits) return run_logits(l_model, l_ids, l_out, l_dev);
     if (*info) return run_info(i_model, i_json);
+    if (*calibrate) return run_calibrate(cal);
     if (*devices) return run_devices();
 #ifdef FDPP_HAVE_CUDA
     if (*bench) return run_bench(b);

@@ -84,6 +84,9 @@ void CpuRunner::forward(std::span<const int32_t> tokens, int start_pos, bool all
       cpu::rope(q.data(), T, c.n_heads, c.head_dim, c.rope_style, inv_freq_, positions);
       cpu::rope(k_rows, T, c.n_kv_heads, c.head_dim, c.rope_style, inv_freq_, positions);
     }
+    if (observer_)
+      observer_(AttentionObservation{layer, q.data(), k_cache_[layer].ptr(), v_cache_[layer].ptr(), T, start_pos,
+                                     c.n_heads, c.n_kv_heads, c.head_dim, scale});
     cpu::attention(q.data(), k_cache_[layer].ptr(), v_cache_[layer].ptr(), T, start_pos, c.n_heads, c.n_kv_heads,
                    c.head_dim, scale, attn.data());
     cpu::linear(attn.data(), T, Q, L.wo.ptr(), H, bias_or_null(L.bo), o.data());
