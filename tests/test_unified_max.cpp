@@ -4,9 +4,14 @@
 #include <cfloat>
 #include <cmath>
 
+#include <chrono>
+
+#include "attention/calibration.h"
 #include "attention/unified_max.h"
 #include "backend/cpu/ops.h"
 #include "test_util.h"
+
+#include <nlohmann/json.hpp>
 
 namespace fdpp {
 namespace {
@@ -201,6 +206,201 @@ TEST(UnifiedMax, RejectsBadArguments) {
   const UnifiedMaxBounds b = default_unified_max_bounds(16);
   test::error_of([&] { unified_max_attention_row(q.data(), k.data(), v.data(), 0, 4, 4, 1.f, b, 1, out.data()); });
   test::error_of([&] { unified_max_attention_row(q.data(), k.data(), v.data(), 1, 4, 4, 1.f, b, 0, out.data()); });
+}
+
+// --- Calibration ---------------------------------------------------------------------------
+
+// A calibration of the model at model_path, made up: the file tests need no model.
+Calibration fake_calibration(const std::string& model_path, int layers) {
+  Calibration c;
+  c.model_path = model_path;
+  c.model_name = "fake";
+  c.model_fingerprint = model_fingerprint(model_path, &c.model_size);
+  c.max_context = 4096;
+  c.percentile = 99.0;
+  c.prompts = 1;
+  c.tokens = 10;
+  for (int i = 0; i < layers; ++i) {
+    LayerCalibration l;
+    l.bounds = derive_unified_max_bounds(0.5f * static_cast<float>(i), c.max_context);
+    l.rows = 100;
+    l.fallback_rate = 0.01 * i;
+    l.row_max = {{"min", -1.f}, {"p50", 2.f}, {"max", 5.f}};
+    l.logits = {{"min", -9.f}, {"max", 5.f}};
+    l.heads.push_back(HeadCalibration{{{"max", 5.f}}, -9.f, 5.f});
+    c.layers.push_back(l);
+  }
+  return c;
+}
+
+void expect_same(const Calibration& a, const Calibration& b) {
+  EXPECT_EQ(a.model_path, b.model_path);
+  EXPECT_EQ(a.model_fingerprint, b.model_fingerprint);
+  EXPECT_EQ(a.model_size, b.model_size);
+  EXPECT_EQ(a.max_context, b.max_context);
+  EXPECT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    EXPECT_EQ(a.layers[i].bounds.phi, b.layers[i].bounds.phi) << i;
+    EXPECT_EQ(a.layers[i].bounds.a, b.layers[i].bounds.a) << i;
+    EXPECT_EQ(a.layers[i].bounds.b, b.layers[i].bounds.b) << i;
+    EXPECT_EQ(a.layers[i].rows, b.layers[i].rows) << i;
+    EXPECT_DOUBLE_EQ(a.layers[i].fallback_rate, b.layers[i].fallback_rate) << i;
+    EXPECT_EQ(a.layers[i].row_max, b.layers[i].row_max) << i;
+    EXPECT_EQ(a.layers[i].heads.size(), b.layers[i].heads.size()) << i;
+  }
+}
+
+TEST(Calibration, FindsBesideOrInCacheAndChecksTheModel) {
+  const auto dir = test::scratch_dir("calib_find");
+  const std::string model = (dir / "model.gguf").string();
+  test::write_text(model, "not really a model, but a file with a fingerprint");
+  ::setenv("FDPP_CACHE", (dir / "cache").string().c_str(), 1);
+  EXPECT_FALSE(load_calibration(model).has_value());
+  EXPECT_EQ(calibration_path_beside(model), model + ".fdpp-calib.json");
+  EXPECT_EQ(default_calibration_output(model), model + ".fdpp-calib.json");  // the dir is writable
+
+  // In the cache.
+  Calibration c = fake_calibration(model, 3);
+  const std::string cached = calibration_path_in_cache(model);
+  EXPECT_EQ(cached.rfind((dir / "cache" / "calib").string(), 0), 0u) << cached;
+  write_calibration(c, cached);
+  std::optional<Calibration> found = load_calibration(model);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->path, cached);
+  expect_same(c, *found);
+
+  // Beside the model wins.
+  write_calibration(c, calibration_path_beside(model));
+  found = load_calibration(model);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->path, model + ".fdpp-calib.json");
+  EXPECT_NEAR(found->phi_min(), 0.f, 0.f);
+  EXPECT_NEAR(found->phi_max(), 1.f, 0.f);
+
+  // Another model file under the same name: refused, naming the calibration file.
+  test::write_text(model, "a different model file");
+  const std::string msg = test::error_of([&] { load_calibration(model); });
+  EXPECT_NE(msg.find(model + ".fdpp-calib.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("another model"), std::string::npos) << msg;
+  ::unsetenv("FDPP_CACHE");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Calibration, RejectsMalformedFiles) {
+  const auto dir = test::scratch_dir("calib_bad");
+  const std::string model = (dir / "model.gguf").string();
+  test::write_text(model, "model bytes");
+  Calibration good = fake_calibration(model, 2);
+  const std::string good_path = (dir / "good.json").string();
+  write_calibration(good, good_path);
+  std::ifstream f(good_path);
+  const nlohmann::json valid = nlohmann::json::parse(f);
+  expect_same(good, read_calibration(good_path));
+
+  std::vector<std::pair<std::string, std::string>> cases = {
+      {"empty", ""},
+      {"not_json", "hello\nworld"},
+      {"truncated", valid.dump().substr(0, 100)},
+      {"array", "[1, 2, 3]"},
+  };
+  auto edited = [&](const std::string& name, auto&& edit) {
+    nlohmann::json j = valid;
+    edit(j);
+    cases.emplace_back(name, j.dump());
+  };
+  edited("wrong_format", [](nlohmann::json& j) { j["format"] = "something-else"; });
+  edited("wrong_version", [](nlohmann::json& j) { j["version"] = 99; });
+  edited("no_layers", [](nlohmann::json& j) { j["layers"] = nlohmann::json::array(); });
+  edited("layers_not_array", [](nlohmann::json& j) { j["layers"] = 7; });
+  edited("no_model", [](nlohmann::json& j) { j.erase("model"); });
+  edited("phi_missing", [](nlohmann::json& j) { j["layers"][1].erase("phi"); });
+  edited("phi_string", [](nlohmann::json& j) { j["layers"][0]["phi"] = "1.0"; });
+  edited("phi_null", [](nlohmann::json& j) { j["layers"][0]["phi"] = nullptr; });
+  edited("phi_huge", [](nlohmann::json& j) { j["layers"][0]["phi"] = 1e300; });
+  edited("a_positive", [](nlohmann::json& j) { j["layers"][0]["a"] = 1.0; });
+  edited("b_too_wide", [](nlohmann::json& j) { j["layers"][0]["b"] = 88.0; });
+  edited("a_too_wide", [](nlohmann::json& j) { j["layers"][0]["a"] = -100.0; });
+  edited("fallback_rate_2", [](nlohmann::json& j) { j["layers"][0]["fallback_rate"] = 2.0; });
+  edited("max_context_0", [](nlohmann::json& j) { j["max_context"] = 0; });
+  edited("max_context_string", [](nlohmann::json& j) { j["max_context"] = "lots"; });
+  for (const auto& [name, text] : cases) {
+    const std::string path = (dir / (name + ".json")).string();
+    test::write_text(path, text);
+    const std::string msg = test::error_of([&] { read_calibration(path); });
+    EXPECT_NE(msg.find(path), std::string::npos) << name << ": " << msg;
+  }
+  const std::string missing = (dir / "missing.json").string();
+  EXPECT_NE(test::error_of([&] { read_calibration(missing); }).find(missing), std::string::npos);
+  // A malformed file beside the model makes load_calibration fail, naming it.
+  test::write_text(calibration_path_beside(model), "{");
+  EXPECT_NE(test::error_of([&] { load_calibration(model); }).find(calibration_path_beside(model)),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Calibration, PromptsFile) {
+  const auto dir = test::scratch_dir("calib_prompts");
+  const std::string p = (dir / "prompts.txt").string();
+  test::write_text(p, "\n\nFirst paragraph,\nstill first.\n\n  \nSecond one.\r\n\r\n\n\nThird.\n");
+  const std::vector<std::string> prompts = read_calibration_prompts(p);
+  ASSERT_EQ(prompts.size(), 3u);
+  EXPECT_EQ(prompts[0], "First paragraph,\nstill first.");
+  EXPECT_EQ(prompts[1], "Second one.");
+  EXPECT_EQ(prompts[2], "Third.");
+  test::write_text(p, "\n \n\t\n");
+  EXPECT_NE(test::error_of([&] { read_calibration_prompts(p); }).find(p), std::string::npos);
+  const std::string missing = (dir / "nope.txt").string();
+  EXPECT_NE(test::error_of([&] { read_calibration_prompts(missing); }).find(missing), std::string::npos);
+  EXPECT_EQ(builtin_calibration_prompts().size(), 10u);
+  std::filesystem::remove_all(dir);
+}
+
+// The default model with a short prompt set: per-layer phi finite, fallback <= 0.5%, and the
+// file round-trips. The built-in set holds >= 2000 tokens.
+TEST(Calibration, DefaultModel) {
+  const std::string path = test::default_model_or_empty();
+  if (path.empty()) GTEST_SKIP() << "default model not fetched (scripts/fetch-default-model.sh)";
+  const auto t0 = std::chrono::steady_clock::now();
+  const LoadedModel m = load_model(path);
+  ASSERT_NE(m.tokenizer, nullptr);
+  size_t builtin_tokens = 0;
+  for (const auto& p : builtin_calibration_prompts()) builtin_tokens += m.tokenizer->encode(p, false, false).size();
+  EXPECT_GE(builtin_tokens, 2000u);
+
+  const std::vector<std::string> prompts = {builtin_calibration_prompts()[0], builtin_calibration_prompts()[4],
+                                            builtin_calibration_prompts()[3]};
+  CalibrationOptions opt;
+  opt.max_tokens_per_prompt = 48;
+  Calibration c = calibrate_model(m, path, prompts, opt);
+  ASSERT_EQ(static_cast<int>(c.layers.size()), m.config().n_layers);
+  EXPECT_EQ(c.prompts, 3);
+  EXPECT_EQ(c.tokens, 3 * 48);
+  const UnifiedMaxBounds range = derive_unified_max_bounds(0.f, m.config().max_context);
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    const LayerCalibration& l = c.layers[i];
+    EXPECT_TRUE(std::isfinite(l.bounds.phi)) << i;
+    EXPECT_EQ(l.bounds.a, range.a);
+    EXPECT_EQ(l.bounds.b, range.b);
+    EXPECT_EQ(l.rows, c.tokens * m.config().n_heads) << i;
+    EXPECT_LE(l.fallback_rate, 0.005) << i;
+    EXPECT_EQ(static_cast<int>(l.heads.size()), m.config().n_heads);
+    EXPECT_LE(l.row_max.at("min"), l.row_max.at("p50"));
+    EXPECT_LE(l.row_max.at("p50"), l.row_max.at("max"));
+    EXPECT_LE(l.logits.at("min"), l.row_max.at("min"));
+    EXPECT_EQ(l.logits.at("max"), l.row_max.at("max"));
+    // The observed row maxima sit inside [phi + a, phi + b] with the rule's margin.
+    EXPECT_TRUE(l.bounds.contains(l.row_max.at("min")) && l.bounds.contains(l.row_max.at("max"))) << i;
+  }
+  EXPECT_LE(c.fallback_rate(), 0.005);
+  const auto dir = test::scratch_dir("calib_model");
+  const std::string out = (dir / "smol.fdpp-calib.json").string();
+  write_calibration(c, out);
+  EXPECT_EQ(c.path, out);
+  expect_same(c, read_calibration(out));
+  std::filesystem::remove_all(dir);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("calibration of the default model (%lld tokens): %.1f s\n", static_cast<long long>(c.tokens), seconds);
 }
 
 }  // namespace

@@ -152,9 +152,12 @@ struct LayerStats {
   fail("{}: bad calibration file: {}", path, w);
 }
 
-nlohmann::json quantiles_json(const Quantiles& q) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [k, v] : q) j[k] = v;
+nlohmann::ordered_json quantiles_json(const Quantiles& q) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [name, p] : quantile_points()) {
+    (void)p;
+    if (auto it = q.find(name); it != q.end()) j[name] = it->second;
+  }
   return j;
 }
 
@@ -388,7 +391,7 @@ std::string default_calibration_output(const std::string& model_path) {
 }
 
 void write_calibration(Calibration& c, const std::string& path) {
-  nlohmann::json j;
+  nlohmann::ordered_json j;
   j["format"] = kFormat;
   j["version"] = kVersion;
   j["model"] = {{"path", c.model_path}, {"name", c.model_name}, {"size", c.model_size},
@@ -401,10 +404,10 @@ void write_calibration(Calibration& c, const std::string& path) {
   j["prompts"] = c.prompts;
   j["tokens"] = c.tokens;
   j["fallback_rate"] = c.fallback_rate();
-  nlohmann::json layers = nlohmann::json::array();
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
   for (size_t i = 0; i < c.layers.size(); ++i) {
     const LayerCalibration& l = c.layers[i];
-    nlohmann::json heads = nlohmann::json::array();
+    nlohmann::ordered_json heads = nlohmann::ordered_json::array();
     for (const auto& h : l.heads)
       heads.push_back({{"row_max", quantiles_json(h.row_max)}, {"logit_min", h.logit_min}, {"logit_max", h.logit_max}});
     layers.push_back({{"layer", i},
@@ -475,7 +478,8 @@ Calibration read_calibration(const std::string& path) {
         const auto& v = l.at(key);
         if (!v.is_number()) bad_file(path, fmt::format("layer {}: {} is not a number", i, key));
         const double d = v.get<double>();
-        if (!std::isfinite(d)) bad_file(path, fmt::format("layer {}: {} is not finite", i, key));
+        if (!std::isfinite(static_cast<float>(d)))
+          bad_file(path, fmt::format("layer {}: {} = {} is not a finite fp32 number", i, key, v.dump()));
         return d;
       };
       lc.bounds.phi = static_cast<float>(num("phi"));
