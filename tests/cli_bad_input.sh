@@ -78,6 +78,13 @@ expect_error "negative max tokens" "max-tokens" "$BIN" generate --prompt hi --ma
 expect_error "top-p out of range" "top-p" "$BIN" generate --prompt hi --top-p 1.5
 expect_error "bad token ids" "token-ids.*'x'" "$BIN" logits --model "$TMP/text.gguf" --token-ids 1,x,3 --out "$TMP/o.npy"
 expect_error "unknown flag" "--bogus" "$BIN" generate --bogus
+expect_ok "calibrate --help" "$BIN" calibrate --help
+expect_error "calibrate: missing prompts file" "$TMP/nope.txt" "$BIN" calibrate --model "$TMP/text.gguf" --prompts "$TMP/nope.txt"
+printf '\n \n\n' >"$TMP/blank.txt"
+expect_error "calibrate: no prompts" "blank.txt.*no prompts" "$BIN" calibrate --model "$TMP/text.gguf" --prompts "$TMP/blank.txt"
+expect_error "calibrate: percentile out of range" "percentile" "$BIN" calibrate --percentile 150
+expect_error "calibrate on a bad file" "text.gguf" "$BIN" calibrate --model "$TMP/text.gguf" --out "$TMP/c.json"
+[[ -e "$TMP/c.json" ]] && { echo "FAIL: calibration written despite the error"; fail=$((fail + 1)); }
 
 # With the real model (when fetched): truncated copies, out-of-range ids, impossible lengths.
 MODEL="${FDPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fdpp}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -91,6 +98,24 @@ if [[ -s "$MODEL" ]]; then
   expect_error "context overflow" "context" "$BIN" generate --model "$MODEL" --prompt hi --max-tokens 100000
   expect_error "unwritable output" "/nonexistent/o.npy" "$BIN" logits --model "$MODEL" --token-ids 1,2 --out /nonexistent/o.npy
   expect_ok "info on the default model" "$BIN" info --model "$MODEL"
+  # Calibration files beside a model (a link to it, so that the real model's folder is untouched).
+  ln -s "$MODEL" "$TMP/link.gguf"
+  echo '{' >"$TMP/link.gguf.fdpp-calib.json"
+  expect_error "malformed calibration file" "link.gguf.fdpp-calib.json.*bad calibration" "$BIN" info --model "$TMP/link.gguf"
+  echo '{"format": "fdpp-calibration", "version": 1, "layers": []}' >"$TMP/link.gguf.fdpp-calib.json"
+  expect_error "calibration without layers" "link.gguf.fdpp-calib.json" "$BIN" info --model "$TMP/link.gguf"
+  rm -f "$TMP/link.gguf.fdpp-calib.json"
+  printf 'The cat sat on the mat.\n\nA second, different prompt about rivers.\n' >"$TMP/prompts.txt"
+  expect_error "unwritable calibration output" "text.gguf/c.json" "$BIN" calibrate --model "$TMP/link.gguf" \
+    --prompts "$TMP/prompts.txt" --max-tokens 8 --out "$TMP/text.gguf/c.json"
+  expect_ok "calibrate" "$BIN" calibrate --model "$TMP/link.gguf" --prompts "$TMP/prompts.txt" --max-tokens 16
+  if "$BIN" info --model "$TMP/link.gguf" | grep -q "calibration: *$TMP/link.gguf.fdpp-calib.json (phi range"; then
+    echo "ok   info shows the calibration"
+    pass=$((pass + 1))
+  else
+    echo "FAIL info does not show the calibration"
+    fail=$((fail + 1))
+  fi
 else
   echo "skip real-model cases: $MODEL not fetched"
 fi

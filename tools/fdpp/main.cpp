@@ -12,6 +12,7 @@
 
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 
@@ -292,6 +293,17 @@ int run_calibrate(const CalibrateArgs& a) {
       a.prompts.empty() ? builtin_calibration_prompts() : read_calibration_prompts(a.prompts);
   const std::string path = resolve_model_path(a.model);
   const std::string out = a.out.empty() ? default_calibration_output(path) : a.out;
+  {
+    // Fail before the model loads and the text runs when the output cannot be written.
+    std::error_code ec;
+    const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    const std::string probe = out + ".probe";
+    std::FILE* f = std::fopen(probe.c_str(), "wb");
+    check(f != nullptr, "{}: cannot write the calibration file", out);
+    std::fclose(f);
+    std::filesystem::remove(probe, ec);
+  }
   LoadedModel m = load_with_progress(path);
   CalibrationOptions opt;
   opt.percentile = a.percentile;
