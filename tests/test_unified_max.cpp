@@ -77,7 +77,6 @@ TEST(UnifiedMax, MatchesStableInsideBounds) {
   const int head_dim = 64;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const UnifiedMaxBounds base = derive_unified_max_bounds(0.f, 131072);
-  std::uniform_int_distribution<int> tile_dist(1, 64);
   std::uniform_real_distribution<float> offset_dist(base.a + 0.5f, base.b - 0.5f);
   std::uniform_real_distribution<float> qscale_dist(0.1f, 3.0f);
   for (int len : {1, 2, 3, 7, 64, 65, 127, 500, 1024, 2049, 4096}) {
@@ -91,7 +90,7 @@ TEST(UnifiedMax, MatchesStableInsideBounds) {
       const float m = row_max_logit(q, k, len, head_dim, scale);
       bounds.phi = m - offset_dist(rng());
       ASSERT_TRUE(bounds.contains(m));
-      for (int tile : {1, 2, 16, 64, tile_dist(rng())}) {
+      for (int tile = 1; tile <= 64; ++tile) {
         std::vector<float> out(head_dim);
         const bool fell_back = unified_max_attention_row(q.data(), k.data(), v.data(), len, head_dim, head_dim, scale,
                                                          bounds, tile, out.data());
@@ -99,6 +98,45 @@ TEST(UnifiedMax, MatchesStableInsideBounds) {
         EXPECT_LE(nmse(out, ref), 1e-10) << "len " << len << " tile " << tile << " max - phi " << m - bounds.phi;
       }
     }
+  }
+}
+
+// The worst rows the bounds admit, in fp32: max_context keys all at max - phi = b with |v| = 2^16
+// (the largest sums), and all at max - phi = a with the smallest relevant terms 24 ln 2 + ln N
+// below (the smallest). Both stay finite and exact, without a fallback.
+TEST(UnifiedMax, WorstCaseRowsAtTheEnds) {
+  const int n = 131072;
+  const UnifiedMaxBounds bounds = derive_unified_max_bounds(3.0f, n);
+  const float q = 1.f;
+  std::vector<float> k(n), v(n), out(1);
+  // Top end: every logit at phi + b, every value 2^16.
+  std::fill(k.begin(), k.end(), bounds.phi + bounds.b);
+  std::fill(v.begin(), v.end(), 65536.f);
+  ASSERT_TRUE(bounds.contains(k[0]));
+  for (int tile : {1, 256, n}) {
+    EXPECT_FALSE(unified_max_attention_row(&q, k.data(), v.data(), n, 1, 1, 1.f, bounds, tile, out.data()));
+    EXPECT_TRUE(std::isfinite(out[0]));
+    EXPECT_FLOAT_EQ(out[0], 65536.f) << "tile " << tile;
+  }
+  // Bottom end: the max at phi + a (value 1). A term 24 ln 2 + ln N below it (weight 2^-24 / N of
+  // the max, the smallest that can matter) is still a normal float. The rest of the row sits 10
+  // nats below the max (value -1; together they outweigh it about 6 to 1), so the answer depends on
+  // every one of them.
+  const float low = bounds.phi + bounds.a;
+  const float lowest = low - static_cast<float>(24.0 * std::log(2.0) + std::log(static_cast<double>(n)));
+  ASSERT_TRUE(std::isnormal(std::exp(lowest - bounds.phi)));
+  const float lower = low - 10.f;
+  std::fill(k.begin(), k.end(), lower);
+  std::fill(v.begin(), v.end(), -1.f);
+  k[n / 3] = low;
+  v[n / 3] = 1.f;
+  // The exact answer in double: (1 - (N - 1) r) / (1 + (N - 1) r), r = e^(lower - low) in fp32 terms.
+  const double r = static_cast<double>(std::exp(lower - bounds.phi)) / std::exp(low - bounds.phi);
+  const double exact = (1.0 - (n - 1) * r) / (1.0 + (n - 1) * r);
+  for (int tile : {1, 256, n}) {
+    EXPECT_FALSE(unified_max_attention_row(&q, k.data(), v.data(), n, 1, 1, 1.f, bounds, tile, out.data()));
+    EXPECT_NEAR(out[0], exact, 1e-6 * std::abs(exact)) << "tile " << tile;
+    EXPECT_LT(out[0], -0.5f) << "the small terms were lost";
   }
 }
 

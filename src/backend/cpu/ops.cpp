@@ -176,4 +176,6 @@ void attention(const float* q, const float* k, const float* v, int64_t n_q, int6
   }
 }
 
+float attention_dot(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
+
 }  // namespace fdpp::cpu

@@ -52,4 +52,8 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, RopeSty
 void attention(const float* q, const float* k, const float* v, int64_t n_q, int64_t start_pos, int64_t n_heads,
                int64_t n_kv_heads, int64_t head_dim, float scale, float* out);
 
+// The dot product attention() computes its logits with (the same code, so the same fp32 result):
+// for references that must see exactly the logits attention() sees.
+float attention_dot(const float* a, const float* b, int64_t n);
+
 }  // namespace fdpp::cpu
