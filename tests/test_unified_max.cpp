@@ -265,7 +265,7 @@ Calibration fake_calibration(const std::string& model_path, int layers) {
     l.fallback_rate = 0.01 * i;
     l.row_max = {{"min", -1.f}, {"p50", 2.f}, {"max", 5.f}};
     l.logits = {{"min", -9.f}, {"max", 5.f}};
-    l.heads.push_back(HeadCalibration{{{"max", 5.f}}, -9.f, 5.f});
+    l.heads.push_back(HeadCalibration{0.25f, {{"max", 5.f}}, {{"min", -9.f}, {"max", 5.f}}, -9.f, 5.f});
     c.layers.push_back(l);
   }
   return c;
@@ -285,7 +285,12 @@ void expect_same(const Calibration& a, const Calibration& b) {
     EXPECT_EQ(a.layers[i].rows, b.layers[i].rows) << i;
     EXPECT_DOUBLE_EQ(a.layers[i].fallback_rate, b.layers[i].fallback_rate) << i;
     EXPECT_EQ(a.layers[i].row_max, b.layers[i].row_max) << i;
-    EXPECT_EQ(a.layers[i].heads.size(), b.layers[i].heads.size()) << i;
+    ASSERT_EQ(a.layers[i].heads.size(), b.layers[i].heads.size()) << i;
+    for (size_t h = 0; h < a.layers[i].heads.size(); ++h) {
+      EXPECT_EQ(a.layers[i].heads[h].phi, b.layers[i].heads[h].phi);
+      EXPECT_EQ(a.layers[i].heads[h].row_max, b.layers[i].heads[h].row_max);
+      EXPECT_EQ(a.layers[i].heads[h].logits, b.layers[i].heads[h].logits);
+    }
   }
 }
 
@@ -423,6 +428,11 @@ TEST(Calibration, DefaultModel) {
     EXPECT_EQ(l.rows, c.tokens * m.config().n_heads) << i;
     EXPECT_LE(l.fallback_rate, 0.005) << i;
     EXPECT_EQ(static_cast<int>(l.heads.size()), m.config().n_heads);
+    for (const HeadCalibration& h : l.heads) {
+      EXPECT_TRUE(std::isfinite(h.phi));
+      EXPECT_EQ(h.logits.at("max"), h.row_max.at("max"));
+      EXPECT_LE(h.logits.at("min"), h.logits.at("p50"));
+    }
     EXPECT_LE(l.row_max.at("min"), l.row_max.at("p50"));
     EXPECT_LE(l.row_max.at("p50"), l.row_max.at("max"));
     EXPECT_LE(l.logits.at("min"), l.row_max.at("min"));

@@ -344,7 +344,11 @@ Calibration calibrate_model(const LoadedModel& model, const std::string& model_p
     float lo = INFINITY, hi = -INFINITY;
     for (int h = 0; h < n_heads; ++h) {
       HeadCalibration hc;
+      std::vector<float> sorted = s.row_max[h];
+      std::sort(sorted.begin(), sorted.end());
+      hc.phi = choose_phi(sorted, options.percentile, range.a, range.b);
       hc.row_max = quantiles_of(s.row_max[h]);
+      hc.logits = quantiles_of_hist(s.hist[h], s.lo[h], s.hi[h]);
       hc.logit_min = s.lo[h];
       hc.logit_max = s.hi[h];
       lc.heads.push_back(hc);
@@ -409,7 +413,11 @@ void write_calibration(Calibration& c, const std::string& path) {
     const LayerCalibration& l = c.layers[i];
     nlohmann::ordered_json heads = nlohmann::ordered_json::array();
     for (const auto& h : l.heads)
-      heads.push_back({{"row_max", quantiles_json(h.row_max)}, {"logit_min", h.logit_min}, {"logit_max", h.logit_max}});
+      heads.push_back({{"phi", h.phi},
+                       {"row_max", quantiles_json(h.row_max)},
+                       {"logits", quantiles_json(h.logits)},
+                       {"logit_min", h.logit_min},
+                       {"logit_max", h.logit_max}});
     layers.push_back({{"layer", i},
                       {"phi", l.bounds.phi},
                       {"a", l.bounds.a},
@@ -501,7 +509,9 @@ Calibration read_calibration(const std::string& path) {
       if (l.contains("heads"))
         for (const auto& h : l.at("heads")) {
           HeadCalibration hc;
+          hc.phi = h.value("phi", 0.f);
           if (h.contains("row_max")) hc.row_max = quantiles_from_json(h.at("row_max"));
+          if (h.contains("logits")) hc.logits = quantiles_from_json(h.at("logits"));
           hc.logit_min = h.value("logit_min", 0.f);
           hc.logit_max = h.value("logit_max", 0.f);
           lc.heads.push_back(hc);

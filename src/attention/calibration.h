@@ -22,7 +22,9 @@ namespace fdpp {
 using Quantiles = std::map<std::string, float>;
 
 struct HeadCalibration {
+  float phi = 0.f;    // the layer's rule applied to this head alone (for a per-head phi later)
   Quantiles row_max;  // per-row max logits of this head
+  Quantiles logits;   // every logit of this head (from the histogram; min and max exact)
   float logit_min = 0.f, logit_max = 0.f;
 };
 
