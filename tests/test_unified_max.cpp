@@ -8,6 +8,7 @@
 
 #include "attention/calibration.h"
 #include "attention/unified_max.h"
+#include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/ops.h"
 #include "test_util.h"
 
@@ -441,6 +442,46 @@ TEST(Calibration, DefaultModel) {
     EXPECT_TRUE(l.bounds.contains(l.row_max.at("min")) && l.bounds.contains(l.row_max.at("max"))) << i;
   }
   EXPECT_LE(c.fallback_rate(), 0.005);
+
+  // The unified-max reference on the model's own attention rows, with the calibrated phi of each
+  // layer: the stable result, and a fallback exactly where the calibration counted one.
+  {
+    CpuRunner runner(m.config(), m.weights, 48);
+    std::vector<float> got, want;
+    int64_t rows = 0, fallbacks = 0, expected = 0;
+    runner.set_attention_observer([&](const AttentionObservation& o) {
+      const UnifiedMaxBounds& bounds = c.layers[static_cast<size_t>(o.layer)].bounds;
+      const int group = o.n_heads / o.n_kv_heads;
+      const int kv_stride = o.n_kv_heads * o.head_dim;
+      std::vector<float> out(o.head_dim), ref(o.head_dim);
+      for (int64_t t = 0; t < o.n_q; t += 3) {
+        for (int h = 0; h < o.n_heads; ++h) {
+          const float* q = o.q + (t * o.n_heads + h) * o.head_dim;
+          const float* k = o.k + (h / group) * o.head_dim;
+          const float* v = o.v + (h / group) * o.head_dim;
+          const int len = static_cast<int>(o.start_pos + t + 1);
+          float m = -INFINITY;
+          for (int j = 0; j < len; ++j)
+            m = std::max(m, cpu::attention_dot(q, k + static_cast<int64_t>(j) * kv_stride, o.head_dim) * o.scale);
+          expected += !bounds.contains(m);
+          fallbacks += unified_max_attention_row(q, k, v, len, o.head_dim, kv_stride, o.scale, bounds, 16, out.data());
+          stable_attention_row(q, k, v, len, o.head_dim, kv_stride, o.scale, ref.data());
+          got.insert(got.end(), out.begin(), out.end());
+          want.insert(want.end(), ref.begin(), ref.end());
+          ++rows;
+        }
+      }
+    });
+    std::vector<int32_t> ids = m.tokenizer->encode(prompts[1], true, false);
+    ids.resize(std::min<size_t>(ids.size(), 48));
+    std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
+    runner.forward(ids, 0, false, logits);
+    EXPECT_GT(rows, 0);
+    EXPECT_EQ(fallbacks, expected);
+    EXPECT_LE(static_cast<double>(fallbacks), 0.005 * static_cast<double>(rows));
+    EXPECT_LE(nmse(got, want), 1e-10);
+  }
+
   const auto dir = test::scratch_dir("calib_model");
   const std::string out = (dir / "smol.fdpp-calib.json").string();
   write_calibration(c, out);
