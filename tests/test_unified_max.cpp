@@ -299,6 +299,8 @@ TEST(Calibration, FindsBesideOrInCacheAndChecksTheModel) {
   const auto dir = test::scratch_dir("calib_find");
   const std::string model = (dir / "model.gguf").string();
   test::write_text(model, "not really a model, but a file with a fingerprint");
+  const char* old_cache = std::getenv("FDPP_CACHE");
+  const std::optional<std::string> saved_cache = old_cache ? std::optional<std::string>(old_cache) : std::nullopt;
   ::setenv("FDPP_CACHE", (dir / "cache").string().c_str(), 1);
   EXPECT_FALSE(load_calibration(model).has_value());
   EXPECT_EQ(calibration_path_beside(model), model + ".fdpp-calib.json");
@@ -327,7 +329,8 @@ TEST(Calibration, FindsBesideOrInCacheAndChecksTheModel) {
   const std::string msg = test::error_of([&] { load_calibration(model); });
   EXPECT_NE(msg.find(model + ".fdpp-calib.json"), std::string::npos) << msg;
   EXPECT_NE(msg.find("another model"), std::string::npos) << msg;
-  ::unsetenv("FDPP_CACHE");
+  if (saved_cache) ::setenv("FDPP_CACHE", saved_cache->c_str(), 1);
+  else ::unsetenv("FDPP_CACHE");
   std::filesystem::remove_all(dir);
 }
 
