@@ -5,16 +5,19 @@
 # The build travels with the call (CMake and the Debian -dev packages are on the development
 # machine, not the GPU machine):  here: bash scripts/build-gpu.sh   then run this there with
 # carry ["build-gpu"] (plus ".ref" parts of the default model for the greedy test, see below).
-#   FDPP_GPU_STAGES="tests sanitizer bench peers" (default: all)
+#   FDPP_GPU_STAGES="tests sanitizer attention bench peers" (default: all)
+# Only a few files come back from the device call: everything is written under $OUT/full and
+# packed into $OUT/full.tar.gz at the end, beside summary.md.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 B="${FDPP_BUILD_DIR:-$root/build-gpu}"
-OUT="${OUT:-$root/out}"
+OUT_TOP="${OUT:-$root/out}"
+OUT="$OUT_TOP/full"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
-stages="${FDPP_GPU_STAGES:-tests sanitizer bench peers}"
-summary="$OUT/summary.md"
+stages="${FDPP_GPU_STAGES:-tests sanitizer attention bench peers}"
+summary="$OUT_TOP/summary.md"
 : >"$summary"
 log() { echo "$@" | tee -a "$summary"; }
 
@@ -65,6 +68,20 @@ if [[ " $stages " == *" sanitizer "* ]] && command -v compute-sanitizer >/dev/nu
   done
 fi
 
+if [[ " $stages " == *" attention "* ]]; then
+  # Issue 5: decode attention alone, ours (async, sync) and torch SDPA (cuDNN, flash), same shapes.
+  ab="${FDPP_ATTN_BATCHES:-1,8,32,64}"
+  ac="${FDPP_ATTN_CONTEXTS:-512,1024,4096,16384,65536}"
+  for kvh in 32 8; do
+    "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" --json \
+      >"$OUT/attn_ours_$kvh.json" 2>"$OUT/attn_ours_$kvh.err" || log "bench-attention 32/$kvh failed: $(tail -1 "$OUT/attn_ours_$kvh.err")"
+    python3 "$root/bench/peers/attention_peers.py" --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" \
+      --json "$OUT/attn_peers_$kvh.json" >"$OUT/attn_peers_$kvh.log" 2>&1 || log "attention peers 32/$kvh failed: $(tail -1 "$OUT/attn_peers_$kvh.log")"
+  done
+  { echo; echo "### decode attention (graph-timed, L2 rotated), fp16, head_dim 128"; \
+    python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers "$OUT"/attn_peers_*.json; } | tee -a "$summary"
+fi
+
 if [[ " $stages " == *" bench "* ]]; then
   bench() {  # bench NAME ARGS...
     local name=$1
@@ -73,15 +90,19 @@ if [[ " $stages " == *" bench "* ]]; then
     python3 - "$OUT/bench_$name.json" "$name" <<'PY' | tee -a "$summary"
 import json, sys
 r = json.load(open(sys.argv[1])); m = r["memory"]
-print(f"\n### fdpp {sys.argv[2]} ({r['dtype']}, {r['gpu']}, read BW measured {r['read_bandwidth_measured']/1e12:.2f} TB/s)")
+print(f"\n### fdpp {sys.argv[2]} ({r['dtype']}, attention {r.get('attention', '?')}, {r['gpu']}, read BW measured {r['read_bandwidth_measured']/1e12:.2f} TB/s)")
 print(f"memory: accounted {m['accounted']/2**30:.2f} GiB (weights {m['weights']/2**30:.2f}, KV {m['kv_cache']/2**30:.2f}), device used {m['device_used_by_engine']/2**30:.2f} GiB ({100*(m['device_used_by_engine']-m['accounted'])/m['accounted']:+.1f}%)")
-print("| test | ms/step | tokens/s | % roofline (measured) | % (4.46 TB/s) |\n| --- | ---: | ---: | ---: | ---: |")
+print("| test | ms/step | tokens/s | % roofline (measured) | % (4.46 TB/s) | attention fallback rows |\n| --- | ---: | ---: | ---: | ---: | ---: |")
 for x in r["results"]:
     ms = x.get("ms_per_step", x.get("seconds", 0) * 1e3)
-    print(f"| {x['test']} | {ms:.3f} | {x['tokens_per_second']:.1f} | {100*x['roofline_measured']:.1f} | {100*x['roofline_design']:.1f} |")
+    fb = f"{x['attention_fallback_rows']}/{x['attention_rows']}" if "attention_rows" in x else "-"
+    print(f"| {x['test']} | {ms:.3f} | {x['tokens_per_second']:.1f} | {100*x['roofline_measured']:.1f} | {100*x['roofline_design']:.1f} | {fb} |")
 PY
   }
   bench llama-2-7b --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024 -p 1024
+  # End to end, asynchronized (default, above) against synchronized softmax (issue 5).
+  bench llama-2-7b-sync-attention --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024,4096 -p 1024 --attention sync
+  bench llama-2-7b-async-4k --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 4096 -p 1024
   # Linear-layer implementations side by side on the same model (FDPP_BENCH_LINEAR_COMPARE=1).
   if [[ ${FDPP_BENCH_LINEAR_COMPARE:-0} == 1 ]]; then
     FDPP_LINEAR=cublas bench llama-2-7b-cublas-only --config "$root/configs/llama-2-7b.json" -b 1,2,4,8 -c 1024 -p 1024
@@ -98,6 +119,7 @@ if [[ " $stages " == *" peers "* ]]; then
   { echo; grep -E '^\|' "$OUT/peers.log"; } | tee -a "$summary"
 fi
 
+tar czf "$OUT_TOP/full.tar.gz" -C "$OUT_TOP" full && rm -rf "$OUT"
 echo
 echo "==== summary ===="
 cat "$summary"

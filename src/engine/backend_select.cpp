@@ -43,6 +43,10 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
   cuda::EngineOptions eo;
   eo.kv_cache_tokens = options.kv_cache_tokens;
   eo.cuda_graphs = options.cuda_graphs;
+  check(options.attention == "async" || options.attention == "sync", "--attention '{}' is not one of async, sync",
+        options.attention);
+  eo.attention = options.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
+  eo.unified_max_phi = options.unified_max_phi;
   return std::make_unique<cuda::CudaRunner>(std::move(model), max_context, eo);
 #else
   fail("unreachable: CUDA runner requested in a CPU-only build");

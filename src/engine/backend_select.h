@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/runner.h"
 #include "model/decoder.h"
@@ -21,6 +22,10 @@ struct RunnerOptions {
   std::string dtype = "auto";  // CUDA weights: "f16", "bf16", "auto" (bf16 for bf16 checkpoints, else f16)
   int64_t kv_cache_tokens = 0;
   bool cuda_graphs = true;
+  // CUDA decode attention: "async" (unified max, FlashDecoding++) or "sync" (FlashDecoding).
+  std::string attention = "async";
+  // Per-layer unified max phi from the model's calibration file (empty: phi = 0, see EngineOptions).
+  std::vector<float> unified_max_phi;
 };
 
 // The weights must outlive the runner (the CPU backend reads them in place; the CUDA backend

@@ -461,6 +461,56 @@ TEST(CudaEngine, DefaultModelLogitsMatchTransformers) {
   }
 }
 
+// Issue 5: the asynchronized softmax (unified max, the engine's default) against the synchronized
+// one, whole model, decode steps over a prompt long enough for split-KV: logits within NMSE 5e-4
+// (fp16). With phi = 0 the default model's rows are all in range (no fallback); with phi = 500
+// every row falls back and is recomputed, and the logits must not change either.
+TEST(CudaEngine, AsyncSoftmaxLogitsEqualSyncWholeModel) {
+  REQUIRE_GPU();
+  const std::string path = test::default_model_or_empty();
+  ModelConfig c;
+  DecoderWeights w;
+  LoadedModel m;
+  if (!path.empty()) {
+    m = load_model(path);
+    c = m.config();
+  } else {
+    c = tiny("llama", 64);
+    w = random_weights(c);
+  }
+  const DecoderWeights& weights = path.empty() ? w : m.weights;
+  const int T = std::min(600, c.max_context - 40), steps = 24;
+  const auto ids = random_ids(T + steps, c.vocab_size);
+  auto model = std::make_shared<const cuda::DeviceModel>(c, weights, cuda::DType::F16);
+  auto run = [&](cuda::AttentionMode mode, float phi, uint64_t* fallback, uint64_t* rows) {
+    cuda::EngineOptions eo;
+    eo.attention = mode;
+    if (phi != 0.f) eo.unified_max_phi.assign(c.n_layers, phi);
+    cuda::CudaRunner r(model, T + steps, eo);
+    std::vector<float> logits(size_t(steps) * c.vocab_size, NAN);
+    r.forward(std::span(ids.data(), T), 0, false, std::span(logits.data(), c.vocab_size));
+    for (int s = 0; s < steps; ++s)
+      r.forward(std::span(&ids[T + s], 1), T + s, false, std::span(logits.data() + size_t(s) * c.vocab_size, c.vocab_size));
+    if (fallback != nullptr) *fallback = r.engine().attention_fallback_rows();
+    if (rows != nullptr) *rows = r.engine().attention_rows();
+    return logits;
+  };
+  uint64_t fb = 0, rows = 0, fb_all = 0, rows_all = 0;
+  const auto sync_logits = run(cuda::AttentionMode::Sync, 0.f, nullptr, nullptr);
+  const auto async_logits = run(cuda::AttentionMode::Async, 0.f, &fb, &rows);
+  const auto forced = run(cuda::AttentionMode::Async, 500.f, &fb_all, &rows_all);
+  const double e = test::nmse(async_logits, sync_logits), e_forced = test::nmse(forced, sync_logits);
+  std::printf("%s: async vs sync logits NMSE %.3e (fallback %llu of %llu rows); phi = 500: NMSE %.3e (fallback %llu of "
+              "%llu rows)\n",
+              path.empty() ? "tiny llama" : "default model", e, (unsigned long long)fb, (unsigned long long)rows,
+              e_forced, (unsigned long long)fb_all, (unsigned long long)rows_all);
+  EXPECT_LE(e, 5e-4);
+  EXPECT_LE(e_forced, 5e-4);
+  EXPECT_GT(rows, 0u);
+  EXPECT_EQ(rows_all, rows);
+  EXPECT_EQ(fb_all, rows_all) << "phi = 500 puts every row's max logit below phi + a: all must fall back";
+}
+
 }  // namespace
 }  // namespace fdpp
 

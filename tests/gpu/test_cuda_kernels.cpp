@@ -11,6 +11,7 @@
 #include <numeric>
 #include <set>
 
+#include "attention/unified_max.h"
 #include "backend/cpu/ops.h"
 #include "engine/sampler.h"
 #include "fdpp/error.h"
@@ -403,7 +404,8 @@ struct PagedCache {
   }
 };
 
-enum class Adversarial { None, HugeLogits, OneHugeLogit, ZeroQuery, IdenticalKeys };
+// Mixed: logits of +-1e4 on the even query heads only (rows that fall back beside rows that do not).
+enum class Adversarial { None, HugeLogits, OneHugeLogit, ZeroQuery, IdenticalKeys, Mixed };
 
 const char* adversarial_name(Adversarial a) {
   switch (a) {
@@ -412,6 +414,7 @@ const char* adversarial_name(Adversarial a) {
     case Adversarial::OneHugeLogit: return "one huge logit";
     case Adversarial::ZeroQuery: return "q = 0 (all logits equal)";
     case Adversarial::IdenticalKeys: return "identical keys";
+    case Adversarial::Mixed: return "+-1e4 on even heads";
   }
   return "?";
 }
@@ -440,6 +443,11 @@ struct DecodeCase {
   int D, H, KVH, block_size;
   std::vector<int> lens;
   Adversarial adv = Adversarial::None;
+  // Asynchronized softmax with a unified max (decode_attention_async) instead of the synchronized
+  // kernel; splits 0 = the engine's plan for this shape on this GPU.
+  bool async = false;
+  int splits = 1;
+  float phi = 0.f;
 };
 
 void run_decode(const DecodeCase& c) {
@@ -456,7 +464,8 @@ void run_decode(const DecodeCase& c) {
     if (len <= 0) continue;
     for (int h = 0; h < H; ++h) {
       std::vector<float> q(&qkv_f[size_t(s) * width + size_t(h) * D], &qkv_f[size_t(s) * width + size_t(h + 1) * D]);
-      if (c.adv == Adversarial::HugeLogits) scale_query_to(q, cache.kf[s], len, KVH, D, h / G, scale, 1e4f);
+      if (c.adv == Adversarial::HugeLogits || (c.adv == Adversarial::Mixed && h % 2 == 0))
+        scale_query_to(q, cache.kf[s], len, KVH, D, h / G, scale, 1e4f);
       if (c.adv == Adversarial::ZeroQuery) std::fill(q.begin(), q.end(), 0.f);
       for (int d = 0; d < D; ++d) {
         const size_t at = size_t(s) * width + size_t(h) * D + d;
@@ -481,16 +490,71 @@ void run_decode(const DecodeCase& c) {
   DeviceBuffer<uint16_t> d_qkv(qkv), d_k(cache.k), d_v(cache.v), d_out(size_t(B) * H * D);
   DeviceBuffer<int32_t> d_tables(cache.tables), d_lens(std::vector<int32_t>(c.lens.begin(), c.lens.end()));
   d_out.poison();
-  cuda::decode_attention(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(), B, H, KVH,
-                         D, c.block_size, scale, d_out.get(), c.t, nullptr);
-  sync("decode_attention");
+  const auto bounds = derive_unified_max_bounds(c.phi, 131072);
+  int64_t expected_fallback = 0, ambiguous = 0;  // rows whose max logit - phi is outside / near [a, b]
+  if (!c.async) {
+    cuda::decode_attention(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(), B, H,
+                           KVH, D, c.block_size, scale, d_out.get(), c.t, nullptr);
+    sync("decode_attention");
+  } else {
+    int max_len = 0;
+    for (int len : c.lens) max_len = std::max(max_len, len);
+    int splits = c.splits;
+    if (splits == 0) {
+      int sms = 0;
+      cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+      splits = cuda::plan_decode_splits(B, H, KVH, max_len, sms);
+    }
+    const size_t ws_bytes = cuda::decode_attention_async_workspace_bytes(B, H, KVH, D, splits);
+    DeviceBuffer<uint8_t> ws(std::vector<uint8_t>(ws_bytes, 0));
+    DeviceBuffer<unsigned long long> fallback(std::vector<unsigned long long>{0});
+    // The host's view of the guard, from the same 16-bit inputs (in double).
+    for (int s = 0; s < B; ++s) {
+      if (c.lens[s] <= 0) continue;
+      for (int h = 0; h < H; ++h) {
+        double mx = -INFINITY;
+        for (int j = 0; j < c.lens[s]; ++j) {
+          double dot = 0;
+          for (int d = 0; d < D; ++d)
+            dot += double(qkv_f[size_t(s) * width + size_t(h) * D + d]) *
+                   cache.kf[s][size_t(j) * KVH * D + size_t(h / G) * D + d];
+          mx = std::max(mx, dot * scale);
+        }
+        const double rel = mx - c.phi;
+        if (rel < bounds.a || rel > bounds.b) ++expected_fallback;
+        if (std::fabs(rel - bounds.a) < 1e-2 || std::fabs(rel - bounds.b) < 1e-2) ++ambiguous;
+      }
+    }
+    const cuda::UnifiedMaxRange range{bounds.phi, bounds.a, bounds.b};
+    // Twice on the same workspace: the semaphores and the fallback list must come back to zero.
+    for (int rep = 0; rep < 2; ++rep) {
+      d_out.poison();
+      cuda::decode_attention_async(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(),
+                                   B, H, KVH, D, c.block_size, scale, range, d_out.get(), c.t, splits, ws.get(),
+                                   ws_bytes, fallback.get(), nullptr);
+      sync("decode_attention_async");
+    }
+    const int64_t counted = int64_t(fallback.download()[0]);
+    EXPECT_LE(std::llabs(counted - 2 * expected_fallback), 2 * ambiguous)
+        << label("decode_attention_async", c.t) << " " << adversarial_name(c.adv) << " splits " << splits
+        << ": device fallback count (two launches) " << counted << ", rows out of range on the host "
+        << expected_fallback << " (" << ambiguous << " within 0.01 of an edge)";
+    // Workspace tail: semaphores [n_groups] ints, then the list (count, done, entries).
+    const auto bytes = ws.download();
+    const int64_t n_groups = int64_t(B) * KVH * ((G + 15) / 16);
+    const int64_t list_at = int64_t(bytes.size()) - int64_t(sizeof(int)) * (2 + 2 * n_groups);
+    const int64_t sem_at = list_at - int64_t(sizeof(int)) * n_groups;
+    EXPECT_TRUE(std::all_of(bytes.begin() + sem_at, bytes.begin() + list_at + 2 * sizeof(int),
+                            [](uint8_t x) { return x == 0; }))
+        << "decode_attention_async left its semaphores or list count non-zero";
+  }
   const auto out = from_bits(d_out.download(), c.t);
 
   for (int s = 0; s < B; ++s) {
     const int len = c.lens[s];
     std::vector<float> got(out.begin() + size_t(s) * H * D, out.begin() + size_t(s + 1) * H * D);
     std::ostringstream what;
-    what << label("decode_attention", c.t) << " D " << D << " H " << H << " KVH " << KVH << " block " << c.block_size
+    what << label(c.async ? "decode_attention_async" : "decode_attention", c.t) << " splits " << c.splits << " D " << D << " H " << H << " KVH " << KVH << " block " << c.block_size
          << " seq " << s << " len " << len << " " << adversarial_name(c.adv);
     if (len <= 0) {
       EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return x == 0.f; }))
@@ -501,7 +565,8 @@ void run_decode(const DecodeCase& c) {
     cpu::attention(q.data(), cache.kf[s].data(), cache.vf[s].data(), 1, len - 1, H, KVH, D, scale, ref.data());
     // Logits of 1e4 carry fp32 rounding of ~1e-3 in absolute terms, which moves near-tied weights by
     // ~0.1%: only the NMSE bound there.
-    const Tolerance tol = c.adv == Adversarial::HugeLogits ? Tolerance{5e-4, 0, 0} : rounding_tolerance(c.t);
+    const Tolerance tol = c.adv == Adversarial::HugeLogits || c.adv == Adversarial::Mixed ? Tolerance{5e-4, 0, 0}
+                                                                                       : rounding_tolerance(c.t);
     expect_close(got, ref, tol, what.str());
   }
 }
@@ -540,6 +605,51 @@ TEST_F(CudaKernels, DecodeAttentionAdversarialLogitsStayFinite) {
       run_decode({t, 128, 8, 2, 16, {1, 17, 1000}, adv});
       run_decode({t, 64, 16, 1, 16, {300, 2}, adv});
     }
+}
+
+// Asynchronized softmax (unified max): the same cases as the synchronized kernel, split and
+// unsplit, with the guard's fallback count checked against the host's view of every row.
+TEST_F(CudaKernels, DecodeAsyncSmallCases) {
+  for (DType t : kTypes)
+    for (int splits : {1, 3}) {
+      run_decode({t, 64, 8, 2, 16, {0, 1, 17, 40}, Adversarial::None, true, splits});
+      run_decode({t, 128, 20, 1, 16, {33, 5}, Adversarial::None, true, splits});
+      run_decode({t, 128, 3, 3, 4, {70}, Adversarial::OneHugeLogit, true, splits});
+      run_decode({t, 128, 8, 2, 16, {1, 300}, Adversarial::Mixed, true, splits});
+    }
+}
+
+TEST_F(CudaKernels, DecodeAsyncMixedLengthsAllGroupSizes) {
+  const std::vector<int> lens{1, 15, 16, 17, 1000, 4097};
+  const std::pair<int, int> heads[] = {{1, 1}, {4, 4}, {8, 4}, {6, 2}, {10, 2}, {14, 2}, {32, 4}, {16, 1}, {40, 2},
+                                       {24, 8}, {12, 1}};
+  for (DType t : kTypes)
+    for (int D : {64, 128})
+      for (auto [H, KVH] : heads)
+        for (int splits : {0, 1, 5}) run_decode({t, D, H, KVH, 16, lens, Adversarial::None, true, splits});
+}
+
+TEST_F(CudaKernels, DecodeAsyncLongContextTo128K) {
+  run_decode({DType::BF16, 128, 8, 2, 16, {131072, 3}, Adversarial::None, true, 0});
+  run_decode({DType::F16, 128, 16, 2, 16, {65536, 1000}, Adversarial::None, true, 0});
+  run_decode({DType::F16, 64, 16, 16, 16, {20000}, Adversarial::None, true, 7});
+}
+
+TEST_F(CudaKernels, DecodeAsyncAdversarialFallsBackExactly) {
+  for (DType t : kTypes)
+    for (Adversarial adv : {Adversarial::HugeLogits, Adversarial::OneHugeLogit, Adversarial::ZeroQuery,
+                            Adversarial::IdenticalKeys, Adversarial::Mixed})
+      for (int splits : {1, 4}) {
+        run_decode({t, 128, 8, 2, 16, {1, 17, 1000}, adv, true, splits});
+        run_decode({t, 64, 16, 1, 16, {300, 2}, adv, true, splits});
+      }
+}
+
+// phi far from the logits: every row leaves [a, b] from below (phi = +200) or above (phi = -200)
+// and is recomputed; the results still equal the stable softmax.
+TEST_F(CudaKernels, DecodeAsyncPhiOutOfRangeRecomputesEveryRow) {
+  for (float phi : {200.f, -200.f, 3.f})
+    for (int splits : {1, 6}) run_decode({DType::F16, 128, 32, 8, 16, {1, 64, 999}, Adversarial::None, true, splits, phi});
 }
 
 struct PrefillCase {

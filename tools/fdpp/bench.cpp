@@ -11,6 +11,7 @@
 #include <iostream>
 #include <random>
 
+#include "attention/calibration.h"
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/device_query.h"
@@ -79,6 +80,11 @@ int run_bench(const BenchArgs& a) {
   eo.max_prefill_tokens = std::max(2048, max_prompt);
   eo.kv_cache_tokens = std::max<int64_t>(int64_t{max_batch} * (max_ctx + a.steps + 16), max_prompt + 16);
   eo.cuda_graphs = !a.no_cuda_graphs;
+  check(a.attention == "async" || a.attention == "sync", "--attention '{}' is not one of async, sync", a.attention);
+  eo.attention = a.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
+  if (a.load_format != "dummy" && eo.attention == cuda::AttentionMode::Async)
+    if (const auto cal = load_calibration(loaded.description.path))
+      for (const LayerCalibration& l : cal->layers) eo.unified_max_phi.push_back(l.bounds.phi);
   cuda::CudaEngine engine(model, eo);
   engine.randomize_kv_cache(99);
   size_t free1 = 0;
@@ -126,6 +132,7 @@ int run_bench(const BenchArgs& a) {
       }
       std::vector<int32_t> tokens = random_ids(b, config.vocab_size, rng);
       std::vector<double> secs;
+      const uint64_t rows0 = engine.attention_rows(), fallback0 = engine.attention_fallback_rows();
       for (int step = -3; step < a.steps; ++step) {
         const auto t0 = Clock::now();
         engine.decode(seqs, tokens, nullptr);
@@ -133,6 +140,8 @@ int run_bench(const BenchArgs& a) {
         const double s = std::chrono::duration<double>(Clock::now() - t0).count();
         if (step >= 0) secs.push_back(s);
       }
+      const uint64_t rows = engine.attention_rows() - rows0;
+      const uint64_t fallback = engine.attention_fallback_rows() - fallback0;
       for (int s : seqs) engine.release_sequence(s);
       const double t = median(secs);
       const double avg_ctx = ctx + a.steps / 2.0;
@@ -141,7 +150,8 @@ int run_bench(const BenchArgs& a) {
                          {"ms_per_step", t * 1e3}, {"tokens_per_second", b / t},
                          {"floor_ms_measured", bytes / bandwidth * 1e3},
                          {"roofline_measured", bytes / bandwidth / t},
-                         {"roofline_design", bytes / kDesignReadBandwidth / t}});
+                         {"roofline_design", bytes / kDesignReadBandwidth / t},
+                         {"attention_rows", rows}, {"attention_fallback_rows", fallback}});
     }
   }
 
@@ -153,6 +163,7 @@ int run_bench(const BenchArgs& a) {
                      {"dtype", a.dtype},
                      {"params", matmul_params + static_cast<double>(config.tied_embeddings ? 0 : emb_bytes / 2)},
                      {"cuda_graphs", !a.no_cuda_graphs},
+                     {"attention", a.attention},
                      {"read_bandwidth_measured", bandwidth},
                      {"read_bandwidth_design", kDesignReadBandwidth},
                      {"memory",
@@ -168,8 +179,9 @@ int run_bench(const BenchArgs& a) {
     std::cout << out.dump(1) << "\n";
     return 0;
   }
-  fmt::print("model: {} | GPU: {} | {} | CUDA graphs: {} | read bandwidth measured {:.2f} TB/s (design 4.46)\n",
-             model_name, gpus[0].name, a.dtype, a.no_cuda_graphs ? "off" : "on", bandwidth / 1e12);
+  fmt::print("model: {} | GPU: {} | {} | CUDA graphs: {} | attention: {} | read bandwidth measured {:.2f} TB/s (design "
+             "4.46)\n",
+             model_name, gpus[0].name, a.dtype, a.no_cuda_graphs ? "off" : "on", a.attention, bandwidth / 1e12);
   fmt::print("memory: weights {:.2f} GiB + KV cache {:.2f} GiB ({} tokens) + activations {:.2f} GiB + workspace {:.2f} "
              "GiB = {:.2f} GiB; the engine took {:.2f} GiB of device memory ({:+.1f}%)\n\n",
              mem.weights / 1073741824.0, mem.kv_cache / 1073741824.0, mem.kv_tokens, mem.activations / 1073741824.0,

@@ -19,6 +19,7 @@ struct BenchArgs {
   double bandwidth = 0;  // bytes/s; 0: measure
   bool json = false;
   bool no_cuda_graphs = false;
+  std::string attention = "async";  // decode attention: async (unified max) or sync
 };
 
 int run_bench(const BenchArgs& args);

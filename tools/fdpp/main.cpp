@@ -25,6 +25,7 @@
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/device_query.h"
 #include "bench.h"
+#include "bench_attention.h"
 #endif
 
 namespace {
@@ -99,19 +100,30 @@ struct GenerateArgs {
 // Backend flags shared by generate and logits.
 struct DeviceArgs {
   std::string device = "auto";
-  RunnerOptions options() const {
+  // model_path: where to look for the model's unified-max calibration (fdpp calibrate).
+  RunnerOptions options(const std::string& model_path) const {
     RunnerOptions o;
     o.device = parse_device(device);
     o.dtype = dtype;
     o.kv_cache_tokens = kv_cache_tokens;
     o.cuda_graphs = !no_cuda_graphs;
+    o.attention = attention;
+    if (attention == "async" && o.device != Device::Cpu) {
+      if (const std::optional<Calibration> cal = load_calibration(model_path))
+        for (const LayerCalibration& l : cal->layers) o.unified_max_phi.push_back(l.bounds.phi);
+    }
     return o;
   }
   std::string dtype = "auto";
   int64_t kv_cache_tokens = 0;
   bool no_cuda_graphs = false;
+  std::string attention = "async";
 
   void add_to(CLI::App* app) {
+    app->add_option("--attention", attention,
+                    "CUDA decode attention: async (unified max, FlashDecoding++) or sync (FlashDecoding)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"async", "sync"}));
     app->add_option("--device", device, "auto (CUDA when a GPU is present), cpu or cuda")->capture_default_str();
     app->add_option("--dtype", dtype, "CUDA weight/activation type: auto, f16, bf16")->capture_default_str();
     app->add_option("--kv-cache-tokens", kv_cache_tokens, "CUDA KV-cache size in tokens (0: sized to the request)")
@@ -152,7 +164,7 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
   check(needed <= ctx, "prompt ({} tokens) + --max-tokens ({}) exceed the context size {}", prompt.size(),
         a.max_tokens, ctx);
 
-  auto runner = make_runner(c, m.weights, static_cast<int>(needed), d.options());
+  auto runner = make_runner(c, m.weights, static_cast<int>(needed), d.options(path));
   GenerateOptions opt{a.max_tokens, a.ignore_eos, a.sampling};
   std::function<void(std::string_view)> stream;
   if (!a.json) stream = [](std::string_view piece) {
@@ -191,7 +203,7 @@ int run_logits(const std::string& model, const std::string& token_ids, const std
   for (int32_t id : ids) check(id < c.vocab_size, "--token-ids: id {} is out of range [0, {})", id, c.vocab_size);
   check(static_cast<int64_t>(ids.size()) <= c.max_context, "{} tokens exceed the model's context length {}",
         ids.size(), c.max_context);
-  auto runner = make_runner(c, m.weights, static_cast<int>(ids.size()), d.options());
+  auto runner = make_runner(c, m.weights, static_cast<int>(ids.size()), d.options(path));
   std::vector<float> logits(ids.size() * static_cast<size_t>(c.vocab_size));
   runner->forward(ids, 0, /*all_positions=*/true, logits);
   write_npy_f32(out, {static_cast<int64_t>(ids.size()), c.vocab_size}, logits);
@@ -411,6 +423,21 @@ int main(int argc, char** argv) {
   bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
   bench->add_flag("--json", b.json, "print JSON");
   bench->add_flag("--no-cuda-graphs", b.no_cuda_graphs, "launch decode steps eagerly");
+  bench->add_option("--attention", b.attention, "decode attention: async (unified max) or sync")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"async", "sync"}));
+
+  BenchAttentionArgs ba;
+  auto* bench_attn = app.add_subcommand("bench-attention", "decode attention kernels alone: async vs sync, graph-timed");
+  bench_attn->add_option("--heads", ba.heads, "query heads")->capture_default_str()->check(CLI::Range(1, 1024));
+  bench_attn->add_option("--kv-heads", ba.kv_heads, "key/value heads")->capture_default_str()->check(CLI::Range(1, 1024));
+  bench_attn->add_option("--head-dim", ba.head_dim, "64 or 128")->capture_default_str();
+  bench_attn->add_option("--dtype", ba.dtype, "f16 or bf16")->capture_default_str();
+  bench_attn->add_option("-b,--batch", ba.batches, "batch sizes")->delimiter(',')->check(CLI::Range(1, 4096));
+  bench_attn->add_option("-c,--context", ba.contexts, "context lengths")->delimiter(',')->check(CLI::Range(1, 1 << 22));
+  bench_attn->add_option("--modes", ba.modes, "async, sync")->delimiter(',');
+  bench_attn->add_option("--replays", ba.replays, "graph replays per point (median)")->capture_default_str()->check(CLI::Range(1, 1000));
+  bench_attn->add_flag("--json", ba.json, "print JSON");
 #endif
 
   try {
@@ -430,6 +457,7 @@ int main(int argc, char** argv) {
     if (*devices) return run_devices();
 #ifdef FDPP_HAVE_CUDA
     if (*bench) return run_bench(b);
+    if (*bench_attn) return run_bench_attention(ba);
 #endif
   } catch (const fdpp::Error& e) {
     std::fflush(stdout);

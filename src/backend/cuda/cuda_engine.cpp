@@ -1,5 +1,7 @@
 #include "backend/cuda/cuda_engine.h"
 
+#include "attention/unified_max.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -65,11 +67,26 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   decode_in_ = DeviceBuffer(decode_in_ints * sizeof(int32_t));
   FDPP_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, 0));
   size_t attn_ws = 0;  // the most any decode step's split plan needs
-  for (int b = 1; b <= options.max_batch; ++b)
-    attn_ws = std::max(attn_ws, decode_attention_workspace_bytes(
-                                    b, c.n_heads, c.head_dim,
-                                    plan_decode_splits(b, c.n_heads, c.n_kv_heads, c.max_context, multiprocessors_)));
+  for (int b = 1; b <= options.max_batch; ++b) {
+    const int splits = plan_decode_splits(b, c.n_heads, c.n_kv_heads, c.max_context, multiprocessors_);
+    attn_ws = std::max(attn_ws, options.attention == AttentionMode::Async
+                                    ? decode_attention_async_workspace_bytes(b, c.n_heads, c.n_kv_heads, c.head_dim,
+                                                                             splits)
+                                    : decode_attention_workspace_bytes(b, c.n_heads, c.head_dim, splits));
+  }
   attn_ws_ = DeviceBuffer(attn_ws);
+  // The async kernels need their semaphores and fallback list zeroed once (they leave them so).
+  if (attn_ws > 0) FDPP_CUDA_CHECK(cudaMemset(attn_ws_.get(), 0, attn_ws));
+  fallback_rows_ = DeviceBuffer(sizeof(unsigned long long));
+  FDPP_CUDA_CHECK(cudaMemset(fallback_rows_.get(), 0, sizeof(unsigned long long)));
+  check(options.unified_max_phi.empty() || static_cast<int>(options.unified_max_phi.size()) == c.n_layers,
+        "unified max: {} phi values for a model of {} layers", options.unified_max_phi.size(), c.n_layers);
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const float phi = options.unified_max_phi.empty() ? 0.f : options.unified_max_phi[layer];
+    // The range holds for rows of up to the model's context length (attention/unified_max.cpp).
+    const UnifiedMaxBounds bounds = derive_unified_max_bounds(phi, std::max(1, c.max_context));
+    unified_max_.push_back({bounds.phi, bounds.a, bounds.b});
+  }
 
   // The KV cache takes what is left (or exactly what was asked for).
   block_bytes_ = static_cast<size_t>(options.block_size) * KV * kElem;
@@ -112,7 +129,7 @@ MemoryReport CudaEngine::memory() const {
   r.kv_tokens = num_blocks_ * options_.block_size;
   for (const DeviceBuffer* b : {&x_, &normed_, &qkv_, &attn_, &o_, &ffn_in_, &ffn_act_, &logits_, &ids_, &positions_,
                                 &slots_, &block_tables_, &sample_ids_, &history_, &history_lens_,
-                                &offsets_, &attn_ws_, &decode_in_})
+                                &offsets_, &attn_ws_, &decode_in_, &fallback_rows_})
     r.activations += b->bytes();
   r.workspace = cublas_.workspace_bytes() + sample_ws_.bytes();
   size_t free_b = 0, total_b = 0;
@@ -166,6 +183,13 @@ void CudaEngine::linear(const void* x, const void* w, const void* bias, void* y,
   }
 }
 
+uint64_t CudaEngine::attention_fallback_rows() const {
+  unsigned long long n = 0;
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  FDPP_CUDA_CHECK(cudaMemcpy(&n, fallback_rows_.get(), sizeof(n), cudaMemcpyDeviceToHost));
+  return n;
+}
+
 void* CudaEngine::layer_k(int layer) const {
   return static_cast<char*>(kv_.get()) + static_cast<size_t>(layer) * 2 * num_blocks_ * block_bytes_;
 }
@@ -200,10 +224,17 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_batch, int pref
                      layer_v(layer), dt, st);
     }
     if (decode_batch > 0) {
-      decode_attention_split(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
-                             in.context_lens, decode_batch, c.n_heads, c.n_kv_heads,
-                             c.head_dim, options_.block_size, scale, attn_.get(), dt, attention_splits,
-                             attn_ws_.get(), attn_ws_.bytes(), st);
+      if (options_.attention == AttentionMode::Async) {
+        decode_attention_async(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
+                               in.context_lens, decode_batch, c.n_heads, c.n_kv_heads, c.head_dim,
+                               options_.block_size, scale, unified_max_[layer], attn_.get(), dt, attention_splits,
+                               attn_ws_.get(), attn_ws_.bytes(), fallback_rows_.as<unsigned long long>(), st);
+      } else {
+        decode_attention_split(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
+                               in.context_lens, decode_batch, c.n_heads, c.n_kv_heads, c.head_dim,
+                               options_.block_size, scale, attn_.get(), dt, attention_splits, attn_ws_.get(),
+                               attn_ws_.bytes(), st);
+      }
     } else {
       prefill_attention(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, prefill_start, n,
                         c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale, attn_.get(), dt, st);
@@ -335,6 +366,7 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
     graphs_[{b, splits}] = exec;  // captured, not run: the eager run above already computed this step
   }
   for (int i = 0; i < b; ++i) sequences_[seqs[i]].length += 1;
+  attention_rows_ += static_cast<uint64_t>(b) * config().n_heads * config().n_layers;
   // Without host logits the step stays in flight: sample() queues behind it on the same stream
   // and synchronizes once for both (one host round trip per token instead of two).
   if (host_logits != nullptr) {

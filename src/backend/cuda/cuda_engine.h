@@ -25,6 +25,8 @@
 
 namespace fdpp::cuda {
 
+enum class AttentionMode { Sync, Async };
+
 struct EngineOptions {
   int max_batch = 64;              // sequences in one decode step
   int max_prefill_tokens = 2048;   // prefill runs in chunks of at most this many tokens
@@ -32,6 +34,13 @@ struct EngineOptions {
   int64_t kv_cache_tokens = 0;     // 0: size the cache from free memory
   double memory_fraction = 0.90;   // of the free memory after weights, for the KV cache
   bool cuda_graphs = true;
+  // Decode attention: the asynchronized softmax with a unified max (FlashDecoding++, the default)
+  // or the synchronized split-KV kernel (FlashDecoding), for comparison.
+  AttentionMode attention = AttentionMode::Async;
+  // The unified max phi per layer (natural-log units of q.k / sqrt(d)), from the model's
+  // calibration file; empty: the conservative default phi = 0 for every layer. Either way rows
+  // outside the safe range are recomputed, so results do not depend on phi, only speed does.
+  std::vector<float> unified_max_phi;
 };
 
 struct MemoryReport {
@@ -68,6 +77,13 @@ class CudaEngine {
   // history: the tokens the repetition penalty sees, per row (only read when it is on).
   std::vector<int32_t> sample(int rows, const SamplingParams& params, std::span<const std::span<const int32_t>> history,
                               uint64_t step);
+
+  // Decode attention rows (sequence x query head x layer) computed so far, and how many of them the
+  // asynchronized softmax recomputed because their max logit left [phi + a, phi + b] (synchronizes).
+  uint64_t attention_rows() const { return attention_rows_; }
+  uint64_t attention_fallback_rows() const;
+  // The unified max and safe range used for a layer.
+  const UnifiedMaxRange& unified_max(int layer) const { return unified_max_.at(layer); }
 
   // Benchmarks: gives the sequence `length` positions of (unwritten) cache without computing them.
   void reserve_for_benchmark(int seq, int length);
@@ -123,7 +139,10 @@ class CudaEngine {
   DeviceBuffer decode_in_;
   int32_t* decode_in_host_ = nullptr;  // cudaMallocHost
   cudaEvent_t inputs_copied_ = nullptr;  // the last copy out of decode_in_host_ is done
-  DeviceBuffer attn_ws_;  // split-KV partials
+  DeviceBuffer attn_ws_;  // split-KV partials (sync), or partials, semaphores and fallback list (async)
+  DeviceBuffer fallback_rows_;  // one device counter (unsigned long long)
+  std::vector<UnifiedMaxRange> unified_max_;  // per layer
+  uint64_t attention_rows_ = 0;
   int multiprocessors_ = 0;
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (batch, attention splits) -> captured step
 };

@@ -62,10 +62,20 @@ struct DecodeArgs {
   float scale_log2;  // scale * log2(e)
   void* out;
   // Split-KV (splits > 1): CTA (.., split) takes the split-th slice of the key tiles and writes
-  // its unnormalized partial (max m, sum d, sum o, all relative to m) to `partials`
-  // [batch][H][splits][D + 2]; decode_combine_kernel merges them. splits == 1 writes out directly.
+  // its partial to `partials` [batch][H][splits][D + 2] = (m, d, o[D]). Sync mode: m is the
+  // slice's running max, d and o are relative to it, and decode_combine_kernel merges the slices.
+  // Async mode: m is the slice's max logit (for the guard only), d and o are relative to the
+  // unified max phi, and the last CTA of the group to finish adds them up (no rescaling).
   int splits;
   float* partials;
+  // Async (unified max) mode, all in log2 units (x * log2 e): phi and the safe range [lo, hi] of
+  // (row max - phi). Rows outside it are left unwritten and listed for the fallback launch.
+  float phi2, lo2, hi2;
+  int* semaphores;                      // [CTA groups] arrival counts (splits > 1), left at 0
+  int* fallback_list;                   // [0] count, [1] done, then (group, head mask) pairs
+  unsigned long long* fallback_rows;    // cumulative count of rows recomputed (nullable)
+  // Fallback launch (sync mode): CTA i recomputes the i-th listed group, only its masked heads.
+  bool from_list;
 };
 
 // K tile row stride in elements: 16 bytes of padding make the row-per-lane reads conflict-free.
@@ -105,7 +115,15 @@ __device__ __forceinline__ void load_small(const T* p, float (&f)[N]) {
   }
 }
 
-template <class T, int D, int GMAX>
+__device__ __forceinline__ void wait_for_previous_grid() {
+  // Programmatic dependent launch: the fallback launch may start while the async launch finishes;
+  // this waits until that grid has completed and its writes are visible (no-op otherwise).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+template <class T, int D, int GMAX, bool kAsync>
 __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArgs a) {
   static_assert(D == 64 || D == 128, "head_dim");
   constexpr int VPL = D / 32;  // output dims per lane
@@ -120,11 +138,36 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
   float* d_s = m_s + kWarps * GMAX;                            // [kWarps][GMAX]
   float* o_s = d_s + kWarps * GMAX;                            // [kWarps][GMAX][D] (after the loop)
   T* stage = reinterpret_cast<T*>(o_s);                        // per warp K [32][KS], V [32][D] (loop)
+  __shared__ int group_s, mask_s, last_s;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.y;
-  const int sub = blockIdx.x % a.n_sub;
-  const int bk = blockIdx.x / a.n_sub;
+  int group_index = blockIdx.x;  // (b * KVH + kvh) * n_sub + sub
+  unsigned head_mask = 0xffffffffu;
+  if (!kAsync && a.from_list) {
+    // The fallback launch: a fixed grid (graph-friendly) of which only the first `count` CTAs work.
+    wait_for_previous_grid();
+    if (tid == 0) {
+      const int count = atomicAdd(a.fallback_list, 0);
+      group_s = -1;
+      if (int(blockIdx.x) < count) {
+        group_s = a.fallback_list[2 + 2 * blockIdx.x];
+        mask_s = a.fallback_list[3 + 2 * blockIdx.x];
+      }
+      // Every CTA has read the count: the last one resets the list for the next step.
+      __threadfence();
+      if (atomicAdd(a.fallback_list + 1, 1) == int(gridDim.x) - 1) {
+        a.fallback_list[0] = 0;
+        a.fallback_list[1] = 0;
+      }
+    }
+    __syncthreads();
+    if (group_s < 0) return;
+    group_index = group_s;
+    head_mask = static_cast<unsigned>(mask_s);
+  }
+  const int sub = group_index % a.n_sub;
+  const int bk = group_index / a.n_sub;
   const int kvh = bk % a.n_kv_heads;
   const int b = bk / a.n_kv_heads;
   const int g0 = sub * GMAX;
@@ -142,22 +185,23 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
   const int tile_begin = split * tiles_per_split;
   const int tile_end = min(n_tiles, tile_begin + tiles_per_split);
   float* partial = a.splits > 1 ? a.partials + ((int64_t(b) * H + head0) * a.splits + split) * (D + 2) : nullptr;
-  if (tile_begin >= tile_end) {  // no keys: zeros, or an empty partial (m = -inf, d = 0, o = 0)
+  if (n_tiles == 0) {  // a padding row (length <= 0): zeros, written by every split alike
+    for (int i = tid; i < gc * D; i += kThreads) out[i] = from_float<T>(0.f);
+    return;
+  }
+  if (!kAsync && tile_begin >= tile_end) {  // sync: no keys in this slice, an empty partial
     for (int i = tid; i < gc * D; i += kThreads) {
-      if (partial == nullptr) {
-        out[i] = from_float<T>(0.f);
-      } else {
-        float* pg = partial + int64_t(i / D) * a.splits * (D + 2);
-        const int d = i % D;
-        pg[2 + d] = 0.f;
-        if (d == 0) {
-          pg[0] = -INFINITY;
-          pg[1] = 0.f;
-        }
+      float* pg = partial + int64_t(i / D) * a.splits * (D + 2);
+      const int d = i % D;
+      pg[2 + d] = 0.f;
+      if (d == 0) {
+        pg[0] = -INFINITY;
+        pg[1] = 0.f;
       }
     }
     return;
   }
+  // (Async: an empty slice still arrives at the semaphore below, with zero sums.)
 
   const T* q = static_cast<const T*>(a.qkv) + int64_t(b) * (H + 2 * KVH) * D + int64_t(head0) * D;
   for (int i = tid; i < GMAX * D; i += kThreads) q_s[i] = i < gc * D ? to_float(q[i]) * a.scale_log2 : 0.f;
@@ -169,6 +213,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
   const int shift = a.block_shift;
   const int in_block_mask = (1 << shift) - 1;
 
+  // Sync: m is the running max, d and o are relative to it. Async: m is this lane's max logit
+  // (the guard's input only), d and o are relative to phi and never rescaled.
   float m[GMAX], dl[GMAX], o[GMAX][VPL];
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
@@ -228,18 +274,30 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
       }
     }
 
-    // Online softmax update (the tile has at least one valid key, so m_new is finite).
+    if constexpr (kAsync) {
+      // Unified max: p = 2^(s - phi), no max, no rescale, no shuffle. Each lane keeps the max of
+      // its own logits for the guard (reduced once, after the loop).
 #pragma unroll
-    for (int g = 0; g < GMAX; ++g) {
-      const float sg = valid ? s[g] : -INFINITY;
-      const float m_new = fmaxf(m[g], warp_max(sg));
-      const float alpha = exp2f(m[g] - m_new);  // m = -inf on the first tile: 0
-      const float p = exp2f(sg - m_new);        // masked: exp2(-inf) = 0
-      dl[g] = dl[g] * alpha + p;
+      for (int g = 0; g < GMAX; ++g) {
+        const float p = valid ? exp2f(s[g] - a.phi2) : 0.f;
+        if (valid) m[g] = fmaxf(m[g], s[g]);
+        dl[g] += p;
+        p_w[g * 32 + lane] = p;
+      }
+    } else {
+      // Online softmax update (the tile has at least one valid key, so m_new is finite).
 #pragma unroll
-      for (int v = 0; v < VPL; ++v) o[g][v] *= alpha;
-      m[g] = m_new;
-      p_w[g * 32 + lane] = p;
+      for (int g = 0; g < GMAX; ++g) {
+        const float sg = valid ? s[g] : -INFINITY;
+        const float m_new = fmaxf(m[g], warp_max(sg));
+        const float alpha = exp2f(m[g] - m_new);  // m = -inf on the first tile: 0
+        const float p = exp2f(sg - m_new);        // masked: exp2(-inf) = 0
+        dl[g] = dl[g] * alpha + p;
+#pragma unroll
+        for (int v = 0; v < VPL; ++v) o[g][v] *= alpha;
+        m[g] = m_new;
+        p_w[g * 32 + lane] = p;
+      }
     }
     __syncwarp();  // p_w visible to the whole warp
 
@@ -263,36 +321,103 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
     const float d_total = warp_sum(dl[g]);
+    const float m_total = kAsync ? warp_max(m[g]) : m[g];
     if (lane == 0) {
-      m_s[warp * GMAX + g] = m[g];
+      m_s[warp * GMAX + g] = m_total;
       d_s[warp * GMAX + g] = d_total;
     }
 #pragma unroll
     for (int v = 0; v < VPL; ++v) o_s[(warp * GMAX + g) * D + lane * VPL + v] = o[g][v];
   }
+  if (kAsync && tid == 0) mask_s = 0;
   __syncthreads();
-  for (int i = tid; i < gc * D; i += kThreads) {
-    const int g = i / D, d = i - g * D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w * GMAX + g]);
-    float num = 0.f, den = 0.f;
-    if (M != -INFINITY) {
+
+  if constexpr (kAsync) {
+    // Add the warps' sums (all relative to phi: no rescale) and take the CTA's max logit.
+    for (int i = tid; i < gc * D; i += kThreads) {
+      const int g = i / D, d = i - g * D;
+      float M = -INFINITY, num = 0.f, den = 0.f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
-        const float f = exp2f(m_s[w * GMAX + g] - M);
-        num += f * o_s[(w * GMAX + g) * D + d];
-        den += f * d_s[w * GMAX + g];
+        M = fmaxf(M, m_s[w * GMAX + g]);
+        num += o_s[(w * GMAX + g) * D + d];
+        den += d_s[w * GMAX + g];
+      }
+      if (partial == nullptr) {
+        // One split: this CTA holds the whole row. Guard: a <= max - phi <= b (NaN fails).
+        const float rel = M - a.phi2;
+        if (rel >= a.lo2 && rel <= a.hi2) out[i] = from_float<T>(num / den);
+        else if (d == 0) atomicOr(&mask_s, 1 << g);
+      } else {
+        float* pg = partial + int64_t(g) * a.splits * (D + 2);
+        pg[2 + d] = num;
+        if (d == 0) {
+          pg[0] = M;
+          pg[1] = den;
+        }
       }
     }
-    if (partial == nullptr) {
-      out[i] = from_float<T>(den > 0.f ? num / den : 0.f);
-    } else {
-      float* pg = partial + int64_t(g) * a.splits * (D + 2);
-      pg[2 + d] = num;
-      if (d == 0) {
-        pg[0] = M;
-        pg[1] = den;
+    if (partial != nullptr) {
+      // Last-block reduction: the CTA that arrives last for this group adds the splits' partials
+      // (fp32 addition in split order, so the result does not depend on arrival order).
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        const int arrived = atomicAdd(a.semaphores + group_index, 1);
+        last_s = arrived == a.splits - 1;
+        if (last_s) a.semaphores[group_index] = 0;  // ready for the next launch
+      }
+      __syncthreads();
+      if (!last_s) return;
+      __threadfence();
+      for (int i = tid; i < gc * D; i += kThreads) {
+        const int g = i / D, d = i - g * D;
+        const float* pg = a.partials + ((int64_t(b) * H + head0 + g) * a.splits) * (D + 2);
+        float M = -INFINITY, num = 0.f, den = 0.f;
+        for (int sp = 0; sp < a.splits; ++sp) {
+          const float* ps = pg + sp * (D + 2);
+          M = fmaxf(M, __ldcg(ps));
+          den += __ldcg(ps + 1);
+          num += __ldcg(ps + 2 + d);
+        }
+        const float rel = M - a.phi2;
+        if (rel >= a.lo2 && rel <= a.hi2) out[i] = from_float<T>(num / den);
+        else if (d == 0) atomicOr(&mask_s, 1 << g);
+      }
+    }
+    __syncthreads();
+    if (tid == 0 && mask_s != 0) {
+      // Rows out of range: list the group (with its heads) for the synchronized recomputation.
+      const int slot = atomicAdd(a.fallback_list, 1);
+      a.fallback_list[2 + 2 * slot] = group_index;
+      a.fallback_list[3 + 2 * slot] = mask_s;
+      if (a.fallback_rows != nullptr) atomicAdd(a.fallback_rows, static_cast<unsigned long long>(__popc(mask_s)));
+    }
+    return;
+  } else {
+    for (int i = tid; i < gc * D; i += kThreads) {
+      const int g = i / D, d = i - g * D;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w * GMAX + g]);
+      float num = 0.f, den = 0.f;
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const float f = exp2f(m_s[w * GMAX + g] - M);
+          num += f * o_s[(w * GMAX + g) * D + d];
+          den += f * d_s[w * GMAX + g];
+        }
+      }
+      if (partial == nullptr) {
+        if ((head_mask >> g) & 1u) out[i] = from_float<T>(den > 0.f ? num / den : 0.f);
+      } else {
+        float* pg = partial + int64_t(g) * a.splits * (D + 2);
+        pg[2 + d] = num;
+        if (d == 0) {
+          pg[0] = M;
+          pg[1] = den;
+        }
       }
     }
   }
@@ -320,26 +445,71 @@ __global__ void decode_combine_kernel(const float* __restrict__ partials, int sp
   }
 }
 
-template <class T, int D, int GMAX>
-void launch_decode(const DecodeArgs& a, int n_ctas, cudaStream_t stream) {
+template <class T, int D, int GMAX, bool kAsync>
+void launch_decode(const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
   constexpr size_t smem = decode_smem_bytes<D, GMAX>();
-  auto* kernel = decode_attention_kernel<T, D, GMAX>;
-  if (smem > 48 * 1024) {
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-               "cudaFuncSetAttribute(decode_attention_kernel, max dynamic shared memory)");
+  auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync>;
+  static const bool configured = [&] {  // once per instantiation (not inside graph capture each time)
+    if (smem > 48 * 1024)
+      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                 "cudaFuncSetAttribute(decode_attention_kernel, max dynamic shared memory)");
+    return true;
+  }();
+  (void)configured;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(n_ctas, a.splits);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  if (dependent) {
+    // The fallback launch follows the async launch programmatically: its CTAs are scheduled while
+    // the async grid drains and wait for it in griddepcontrol.wait, hiding most of a launch gap.
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
   }
-  kernel<<<dim3(n_ctas, a.splits), kThreads, smem, stream>>>(a);
+  cuda_check(cudaLaunchKernelEx(&config, kernel, a), "cudaLaunchKernelEx(decode_attention_kernel)");
 }
 
-template <class T, int D>
-void launch_decode_g(int gmax, const DecodeArgs& a, int n_ctas, cudaStream_t stream) {
+template <class T, int D, bool kAsync>
+void launch_decode_g(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
   switch (gmax) {
-    case 1: return launch_decode<T, D, 1>(a, n_ctas, stream);
-    case 2: return launch_decode<T, D, 2>(a, n_ctas, stream);
-    case 4: return launch_decode<T, D, 4>(a, n_ctas, stream);
-    case 8: return launch_decode<T, D, 8>(a, n_ctas, stream);
-    default: return launch_decode<T, D, 16>(a, n_ctas, stream);
+    case 1: return launch_decode<T, D, 1, kAsync>(a, n_ctas, dependent, stream);
+    case 2: return launch_decode<T, D, 2, kAsync>(a, n_ctas, dependent, stream);
+    case 4: return launch_decode<T, D, 4, kAsync>(a, n_ctas, dependent, stream);
+    case 8: return launch_decode<T, D, 8, kAsync>(a, n_ctas, dependent, stream);
+    default: return launch_decode<T, D, 16, kAsync>(a, n_ctas, dependent, stream);
   }
+}
+
+// CTA groups of a launch: one per (sequence, kv head, sub-group of at most 16 query heads).
+struct GroupPlan {
+  int group, gmax, n_sub;
+  int64_t n_groups;
+};
+GroupPlan plan_groups(int batch, int n_heads, int n_kv_heads) {
+  GroupPlan g{};
+  g.group = n_heads / n_kv_heads;
+  g.gmax = g.group <= 1 ? 1 : g.group <= 2 ? 2 : g.group <= 4 ? 4 : g.group <= 8 ? 8 : 16;
+  g.n_sub = (g.group + g.gmax - 1) / g.gmax;
+  g.n_groups = int64_t(batch) * n_kv_heads * g.n_sub;
+  return g;
+}
+
+// The async workspace: partials (splits > 1), then the semaphores and the fallback list.
+struct AsyncWorkspace {
+  size_t partial_bytes, semaphore_offset, list_offset, total;
+};
+AsyncWorkspace async_workspace_layout(int batch, int n_heads, int n_kv_heads, int head_dim, int splits) {
+  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads);
+  AsyncWorkspace w{};
+  w.partial_bytes = decode_attention_workspace_bytes(batch, n_heads, head_dim, splits);
+  w.semaphore_offset = (w.partial_bytes + 15) & ~size_t(15);
+  w.list_offset = w.semaphore_offset + sizeof(int) * size_t(g.n_groups);
+  w.total = w.list_offset + sizeof(int) * (2 + 2 * size_t(g.n_groups));
+  return w;
 }
 
 }  // namespace
@@ -348,21 +518,44 @@ size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, in
   return splits <= 1 ? 0 : sizeof(float) * size_t(batch) * n_heads * splits * (head_dim + 2);
 }
 
+size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_heads, int head_dim, int splits) {
+  check(batch > 0 && n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && splits >= 1,
+        "decode_attention_async_workspace_bytes: batch {}, heads {}/{}, splits {}", batch, n_heads, n_kv_heads, splits);
+  return async_workspace_layout(batch, n_heads, n_kv_heads, head_dim, splits).total;
+}
+
 int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
-  // One CTA per (sequence, kv head [, 16-head sub-group]). When those fill less than one wave of
-  // the GPU, split each sequence's keys over more CTAs, keeping at least 8 tiles of 32 keys per
-  // split (one per warp) so that a split's fixed cost (loading q, the merge, the partial write)
-  // stays small next to its key traffic. Worked example, H200 (132 SMs), Llama-2-7B, batch 1,
-  // context 1024: 32 CTAs, 32 tiles -> 4 splits of 8 tiles -> 128 CTAs in one wave (measured
-  // without splits: 17 us, 32 of 132 SMs busy).
+  // A launch has one CTA per (sequence, kv head [, 16-head sub-group]) and split, and the kernel
+  // runs one CTA per SM (135 KB of shared memory at head_dim 128). A grid of C CTAs therefore takes
+  // ceil(C / SMs) waves, and the last wave idles SMs: wave efficiency = C / (ceil(C / SMs) SMs).
+  // Splitting a row's keys multiplies C; we take the smallest split count whose efficiency is
+  // within 85% of the best achievable one (FlashAttention's rule), keeping at least 8 tiles of 32
+  // keys per split (one per warp) so that a split's fixed cost (loading q, the merge, writing the
+  // partial) stays small next to its key traffic.
+  // Worked numbers on the H200 (132 SMs), 32 heads (MHA):
+  //   batch 1, context 1024: C = 32, 32 tiles -> at most 4 splits; efficiency 0.24, 0.48, 0.73,
+  //   0.97 for 1..4 splits -> 4 splits, 128 CTAs in one wave (measured without splits: 17 us,
+  //   32 of 132 SMs busy; see docs/PERFORMANCE.md).
+  //   batch 1, context 64K: the best efficiency is 1.0 (33 splits, 1056 CTAs = 8 full waves);
+  //   4 splits already give 0.97 -> 4 splits (fewer partials to write and add).
+  //   batch 5, context 4K: C = 160: 1 split 0.61, 2 -> 0.81, 3 -> 0.91 -> 3 splits.
+  //   batch 8: C = 256, 0.97 without splitting -> 1 split.
   const int group = n_heads / n_kv_heads;
   const int n_sub = (group + 15) / 16;
   const int64_t ctas = int64_t(batch) * n_kv_heads * n_sub;
-  if (ctas >= multiprocessors || max_context_len <= 0) return 1;
+  if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   const int n_tiles = (max_context_len + 31) / 32;
-  const int by_length = std::max(1, n_tiles / kWarps);
-  const int by_wave = static_cast<int>((multiprocessors + ctas - 1) / ctas);
-  return std::max(1, std::min({by_length, by_wave, 64}));
+  const int max_splits = std::max(1, std::min(n_tiles / kWarps, 64));
+  auto efficiency = [&](int splits) {
+    const int64_t c = ctas * splits;
+    const int64_t waves = (c + multiprocessors - 1) / multiprocessors;
+    return double(c) / double(waves * multiprocessors);
+  };
+  double best = 0.0;
+  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  for (int s = 1; s <= max_splits; ++s)
+    if (efficiency(s) >= 0.85 * best) return s;
+  return 1;
 }
 
 void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
@@ -372,15 +565,13 @@ void decode_attention(const void* qkv, const void* k_cache, const void* v_cache,
                          n_kv_heads, head_dim, block_size, scale, out, dtype, 1, nullptr, 0, stream);
 }
 
-void decode_attention_split(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
-                            int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
-                            int n_kv_heads, int head_dim, int block_size, float scale, void* out, DType dtype,
-                            int splits, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+namespace {
+
+// Checks the arguments shared by both modes and fills the kernel's arguments.
+DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+                     int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
+                     int head_dim, int block_size, float scale, void* out, DType dtype, int splits) {
   check(splits >= 1 && splits <= 1024, "decode_attention: splits = {} out of range [1, 1024]", splits);
-  check(splits == 1 || (workspace != nullptr &&
-                        workspace_bytes >= decode_attention_workspace_bytes(batch, n_heads, head_dim, splits)),
-        "decode_attention: {} splits need {} bytes of workspace, got {}", splits,
-        decode_attention_workspace_bytes(batch, n_heads, head_dim, splits), workspace_bytes);
   check(qkv != nullptr && k_cache != nullptr && v_cache != nullptr && block_tables != nullptr &&
             context_lens != nullptr && out != nullptr,
         "decode_attention: null pointer (qkv {}, k_cache {}, v_cache {}, block_tables {}, context_lens {}, out {})",
@@ -396,29 +587,98 @@ void decode_attention_split(const void* qkv, const void* k_cache, const void* v_
   check(std::isfinite(scale), "decode_attention: scale = {} is not finite", scale);
   check(aligned16(k_cache) && aligned16(v_cache), "decode_attention: k/v cache pointers must be 16-byte aligned");
   check(dtype == DType::F16 || dtype == DType::BF16, "decode_attention: unknown dtype {}", static_cast<int>(dtype));
-  const int group = n_heads / n_kv_heads;
-  const int gmax = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : group <= 8 ? 8 : 16;
-  const int n_sub = (group + gmax - 1) / gmax;
-  const int64_t n_ctas = int64_t(batch) * n_kv_heads * n_sub;
-  check(n_ctas <= 0x7fffffff, "decode_attention: {} CTAs exceed the grid limit", n_ctas);
+  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads);
+  check(g.n_groups <= 0x7fffffff, "decode_attention: {} CTAs exceed the grid limit", g.n_groups);
   int shift = 0;
   while ((1 << shift) < block_size) ++shift;
-  const DecodeArgs args{qkv,     k_cache,    v_cache, block_tables, max_blocks_per_seq,
-                        context_lens, n_heads, n_kv_heads, group,  n_sub,
-                        shift,   scale * detail::kLog2e, out, splits, static_cast<float*>(workspace)};
+  DecodeArgs a{};
+  a.qkv = qkv;
+  a.k_cache = k_cache;
+  a.v_cache = v_cache;
+  a.block_tables = block_tables;
+  a.max_blocks_per_seq = max_blocks_per_seq;
+  a.context_lens = context_lens;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  a.group = g.group;
+  a.n_sub = g.n_sub;
+  a.block_shift = shift;
+  a.scale_log2 = scale * detail::kLog2e;
+  a.out = out;
+  a.splits = splits;
+  return a;
+}
+
+}  // namespace
+
+void decode_attention_split(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+                            int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
+                            int n_kv_heads, int head_dim, int block_size, float scale, void* out, DType dtype,
+                            int splits, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  DecodeArgs a = make_args(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
+                           n_kv_heads, head_dim, block_size, scale, out, dtype, splits);
+  check(splits == 1 || (workspace != nullptr &&
+                        workspace_bytes >= decode_attention_workspace_bytes(batch, n_heads, head_dim, splits)),
+        "decode_attention: {} splits need {} bytes of workspace, got {}", splits,
+        decode_attention_workspace_bytes(batch, n_heads, head_dim, splits), workspace_bytes);
+  a.partials = static_cast<float*>(workspace);
+  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads);
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     if (head_dim == 64) {
-      launch_decode_g<T, 64>(gmax, args, static_cast<int>(n_ctas), stream);
+      launch_decode_g<T, 64, false>(g.gmax, a, static_cast<int>(g.n_groups), false, stream);
       if (splits > 1)
-        decode_combine_kernel<T, 64><<<batch * n_heads, 64, 0, stream>>>(args.partials, splits, static_cast<T*>(out));
+        decode_combine_kernel<T, 64><<<batch * n_heads, 64, 0, stream>>>(a.partials, splits, static_cast<T*>(out));
     } else {
-      launch_decode_g<T, 128>(gmax, args, static_cast<int>(n_ctas), stream);
+      launch_decode_g<T, 128, false>(g.gmax, a, static_cast<int>(g.n_groups), false, stream);
       if (splits > 1)
-        decode_combine_kernel<T, 128><<<batch * n_heads, 128, 0, stream>>>(args.partials, splits, static_cast<T*>(out));
+        decode_combine_kernel<T, 128><<<batch * n_heads, 128, 0, stream>>>(a.partials, splits, static_cast<T*>(out));
     }
   });
   check_launch("decode_attention");
+}
+
+void decode_attention_async(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+                            int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
+                            int n_kv_heads, int head_dim, int block_size, float scale, const UnifiedMaxRange& range,
+                            void* out, DType dtype, int splits, void* workspace, size_t workspace_bytes,
+                            unsigned long long* fallback_rows, cudaStream_t stream) {
+  DecodeArgs a = make_args(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
+                           n_kv_heads, head_dim, block_size, scale, out, dtype, splits);
+  check(std::isfinite(range.phi) && std::isfinite(range.a) && std::isfinite(range.b) && range.a < range.b,
+        "decode_attention_async: unified max phi = {}, range [{}, {}] is not a finite, non-empty interval", range.phi,
+        range.a, range.b);
+  const AsyncWorkspace w = async_workspace_layout(batch, n_heads, n_kv_heads, head_dim, splits);
+  check(workspace != nullptr && workspace_bytes >= w.total && aligned16(workspace),
+        "decode_attention_async: needs {} bytes of 16-byte aligned, zeroed workspace, got {} at {}", w.total,
+        workspace_bytes, workspace);
+  unsigned char* base = static_cast<unsigned char*>(workspace);
+  a.partials = splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
+  a.semaphores = reinterpret_cast<int*>(base + w.semaphore_offset);
+  a.fallback_list = reinterpret_cast<int*>(base + w.list_offset);
+  a.fallback_rows = fallback_rows;
+  // The kernel works in log2 units: 2^(x log2 e - phi log2 e) = e^(x - phi).
+  a.phi2 = range.phi * detail::kLog2e;
+  a.lo2 = range.a * detail::kLog2e;
+  a.hi2 = range.b * detail::kLog2e;
+  // The fallback launch: the synchronized kernel over the listed groups only, one CTA each.
+  DecodeArgs f = a;
+  f.splits = 1;
+  f.partials = nullptr;
+  f.from_list = true;
+  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads);
+  const int n = static_cast<int>(g.n_groups);
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (head_dim == 64) {
+      launch_decode_g<T, 64, true>(g.gmax, a, n, false, stream);
+      launch_decode_g<T, 64, false>(g.gmax, f, n, true, stream);
+    } else {
+      launch_decode_g<T, 128, true>(g.gmax, a, n, false, stream);
+      launch_decode_g<T, 128, false>(g.gmax, f, n, true, stream);
+    }
+  });
+  check_launch("decode_attention_async");
 }
 
 }  // namespace fdpp::cuda

@@ -93,6 +93,30 @@ void decode_attention_split(const void* qkv, const void* k_cache, const void* v_
                             int n_kv_heads, int head_dim, int block_size, float scale, void* out, DType dtype,
                             int splits, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, int splits);
+
+// Asynchronized softmax with a unified max (FlashDecoding++; attention/unified_max.h has the
+// derivation of the range and the CPU reference). Every split of a row accumulates
+// sum e^(x - phi) v and sum e^(x - phi) on its own and the splits' sums are added by the last CTA
+// of the row's group to finish (same launch): no running max, no rescaling. A row whose max logit
+// x_max has x_max - phi outside [a, b] (or is NaN) is left unwritten by that launch and listed;
+// a second launch (programmatically dependent, a fixed grid whose CTAs beyond the list's length
+// exit at once) recomputes exactly the listed rows with the synchronized softmax, one CTA per
+// group over all its keys. The result always equals the stable softmax to fp32 rounding.
+// `fallback_rows` (device, nullable) is incremented by the number of rows recomputed.
+// workspace: decode_attention_async_workspace_bytes(...), 16-byte aligned, zeroed ONCE before the
+// first call (the kernels leave the semaphores and the list at zero; graphs may replay them).
+// Other arguments as decode_attention_split.
+struct UnifiedMaxRange {
+  float phi = 0.f;  // the unified max, natural-log units of x = q.k * scale
+  float a = 0.f;    // safe range of (row max - phi)
+  float b = 0.f;
+};
+void decode_attention_async(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+                            int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
+                            int n_kv_heads, int head_dim, int block_size, float scale, const UnifiedMaxRange& range,
+                            void* out, DType dtype, int splits, void* workspace, size_t workspace_bytes,
+                            unsigned long long* fallback_rows, cudaStream_t stream);
+size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
 // The split count for a decode step (host-side plan; see the worked example in the .cu).
 int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors);
 

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""torch SDPA decode attention (q_len 1) on the shapes of `fdpp bench-attention`, in the same GPU run.
+
+Backends: cuDNN and FlashAttention (each forced with sdpa_kernel). Graph-timed like fdpp: one graph
+holds calls on several K/V copies whose total exceeds twice the 60 MB L2, so no call reads its
+inputs from L2; the time per call is the median over replays divided by the calls per replay.
+K and V are dense [B, KVH, L, D] (SDPA has no paged cache): the same bytes per key as fdpp's.
+
+usage: attention_peers.py --heads 32 --kv-heads 8 [--head-dim 128] [-b 1,8,32,64]
+                          [-c 512,1024,4096,16384,65536] [--json OUT]
+"""
+import argparse
+import json
+import math
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+READ_BW = 4.46e12  # DESIGN.md: read-only streaming on the H200
+L2 = 60e6
+
+
+def graph_time_us(fns, replays=7):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / len(fns))
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=32)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("-b", "--batch", default="1,8,32,64")
+    ap.add_argument("-c", "--context", default="512,1024,4096,16384,65536")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    h, kvh, d = a.heads, a.kv_heads, a.head_dim
+    rows = []
+    for b in [int(x) for x in a.batch.split(",")]:
+        for L in [int(x) for x in a.context.split(",")]:
+            kv_bytes = 2 * b * kvh * L * d * 2
+            copies = max(1, math.ceil(2 * L2 / kv_bytes))
+            calls = max(copies, min(50, math.ceil(2e-3 / (kv_bytes / READ_BW))))
+            try:
+                def uniform(*shape):  # in place: no temporaries the size of K
+                    return torch.empty(*shape, device="cuda", dtype=torch.float16).uniform_(-1, 1)
+                q = uniform(b, h, 1, d)
+                kvs = [(uniform(b, kvh, L, d), uniform(b, kvh, L, d)) for _ in range(copies)]
+            except torch.OutOfMemoryError as e:
+                rows.append({"B": b, "L": L, "error": "out of memory"})
+                continue
+            for backend, label in [(SDPBackend.CUDNN_ATTENTION, "sdpa-cudnn"), (SDPBackend.FLASH_ATTENTION, "sdpa-flash")]:
+                fns = [lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=kvh != h)
+                       for k, v in (kvs[i % copies] for i in range(calls))]
+                try:
+                    with sdpa_kernel(backend):
+                        us = graph_time_us(fns)
+                except Exception as e:  # a backend may refuse a shape
+                    rows.append({"peer": label, "B": b, "L": L, "error": str(e).splitlines()[0][:200]})
+                    continue
+                byts = kv_bytes + 2 * b * h * d * 2
+                rows.append({"peer": label, "heads": h, "kv_heads": kvh, "head_dim": d, "B": b, "L": L, "us": us,
+                             "pct_bw": byts / (us * 1e-6) / READ_BW})
+                print(f"{label} H {h}/{kvh} B {b} L {L}: {us:.2f} us", flush=True)
+            del kvs
+            torch.cuda.empty_cache()
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    if a.json:
+        json.dump(res, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

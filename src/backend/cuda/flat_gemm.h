@@ -1,0 +1,61 @@
+// Decode's linear layers on the GPU: the implementations FlashDecoding++ chooses between
+// (ImplA GEMV on CUDA cores, ImplB flat GEMM on tensor cores; ImplC cuBLASLt lives in linear.h)
+// and the epilogues they can fuse. Plain C++ header (host code and tests include it).
+//
+// Every implementation computes y[M, N] = x[M, K] . W[N, K]^T with 16-bit x and W (row-major, W as
+// stored by DeviceModel), fp32 accumulation, then the epilogue:
+//   Store      y[m, n] = acc + bias[n]                          (16-bit y, dtype)
+//   StoreF32   y[m, n] = acc + bias[n]                          (fp32 y: the lm head's logits)
+//   AddF32     y[m, n] += acc + bias[n]                         (fp32 y: the residual stream)
+//   SwiGLU     W holds [gate; up] (N = 2 * F rows, gate rows 0..F-1, up rows F..2F-1):
+//              y[m, f] = silu(g + bias[f]) * (u + bias[F + f])  (16-bit y [M, F])
+// bias may be null. M is the batch of a decode step (1..64) or more; x, W and y 16-byte aligned
+// for the fast paths (K not a multiple of 8 is handled by a slower path or rejected, see each).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "backend/cuda/kernels.h"
+
+namespace fdpp::cuda {
+
+enum class Epilogue { Store, StoreF32, AddF32, SwiGLU };
+
+// ImplB: flat GEMM on tensor cores, M padded to 8 (not 64), K streamed through shared memory with
+// double buffering, split-K where N alone cannot fill the GPU. M in [1, kFlatGemmMaxM].
+constexpr int kFlatGemmMaxM = 64;
+// Bytes of device workspace flat_gemm needs for this shape (split-K partials and their
+// semaphores; 0 when the plan needs none). The workspace must be zeroed once before first use
+// (the kernels leave the semaphores zeroed again when they finish), so one buffer sized for the
+// largest shape serves every call on a stream.
+size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors);
+void flat_gemm(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
+               Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// The plan flat_gemm follows (flat_gemm.cu's flat_gemm_plan says how it is chosen). Exposed so that
+// tests and benchmarks can see it and force other tilings; the engine only needs the two calls above.
+struct FlatGemmPlan {
+  int m_tiles = 1;      // n8 token tiles the kernel is compiled for: 1, 2, 4 or 8 (M <= 8 * m_tiles)
+  int stages = 3;       // shared-memory pipeline depth (cp.async groups in flight + 1)
+  int block_n = 64;     // weight rows per CTA (SwiGLU: block_n / 2 gate rows and the matching up rows)
+  int block_k = 128;    // K per pipeline stage
+  int tiles_n = 0;      // CTAs along N
+  int splits = 1;       // CTAs along K (split-K); > 1 needs the workspace
+  int k_tiles = 0;      // ceil(K / block_k)
+  int ctas_per_sm = 1;  // resident CTAs per SM by shared memory (what the split rule assumes)
+  size_t smem_bytes = 0;
+  size_t workspace_bytes = 0;
+};
+// splits > 0 forces the split count (clamped to [1, k_tiles]); stages > 0 forces the depth (2..6).
+FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits = 0, int stages = 0);
+void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
+               DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// ImplA: GEMV on CUDA cores with the same epilogues (the plain-store version is gemv() in
+// kernels.h). M in [1, kGemvMaxM].
+void gemv_ex(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
+             Epilogue epilogue, cudaStream_t stream);
+
+}  // namespace fdpp::cuda

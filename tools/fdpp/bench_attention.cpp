@@ -1,0 +1,185 @@
+// fdpp bench-attention: decode attention kernels alone (issue 5's benchmark): the asynchronized
+// softmax with a unified max and the synchronized split-KV kernel on the same paged KV cache, over
+// a grid of batch sizes and context lengths, CUDA-graph timed, each with its % of 4.46 TB/s.
+//
+// Bytes a call must read: K and V of every key of every sequence (B x L x KVH x D x 2 x 2 bytes)
+// plus q; the time is the median over graph replays of R back-to-back calls. Consecutive calls read
+// different parts of a pool larger than twice the 60 MB L2 (their block tables point at disjoint
+// blocks), so no call is served from L2 by its predecessor. The peers (torch SDPA, cuDNN and
+// FlashAttention backends) run the same shapes in bench/peers/peers.py --attention.
+#include "bench_attention.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <numeric>
+#include <random>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/device_model.h"
+#include "backend/cuda/device_query.h"
+#include "backend/cuda/kernels.h"
+#include "attention/unified_max.h"
+#include "fdpp/error.h"
+
+namespace fdpp {
+
+namespace {
+
+constexpr double kDesignReadBandwidth = 4.46e12;  // DESIGN.md: read-only streaming kernel on the H200
+constexpr double kL2Bytes = 60e6;
+constexpr int kBlock = 16;
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Times `launch(r)` for r = 0..reps-1 captured into one graph: median over replays, per call.
+template <class F>
+double graph_time_us(cudaStream_t stream, int reps, int replays, F&& launch) {
+  cudaGraph_t graph = nullptr;
+  FDPP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int r = 0; r < reps; ++r) launch(r);
+  FDPP_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  FDPP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphDestroy(graph);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  FDPP_CUDA_CHECK(cudaEventCreate(&start));
+  FDPP_CUDA_CHECK(cudaEventCreate(&stop));
+  FDPP_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+  std::vector<double> us;
+  for (int i = 0; i < replays; ++i) {
+    FDPP_CUDA_CHECK(cudaEventRecord(start, stream));
+    FDPP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    FDPP_CUDA_CHECK(cudaEventRecord(stop, stream));
+    FDPP_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    FDPP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    us.push_back(1e3 * ms / reps);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  return median(us);
+}
+
+}  // namespace
+
+int run_bench_attention(const BenchAttentionArgs& a) {
+  std::string why;
+  const auto gpus = cuda::list_gpus(&why);
+  check(!gpus.empty(), "fdpp bench-attention measures CUDA kernels: no usable GPU ({})", why);
+  check(a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0, "--heads {} must be a multiple of --kv-heads {}",
+        a.heads, a.kv_heads);
+  check(a.head_dim == 64 || a.head_dim == 128, "--head-dim {} is not one of 64, 128", a.head_dim);
+  check(a.dtype == "f16" || a.dtype == "bf16", "--dtype '{}' is not one of f16, bf16", a.dtype);
+  check(!a.batches.empty() && !a.contexts.empty(), "bench-attention: give batch sizes and context lengths");
+  for (const auto& m : a.modes) check(m == "async" || m == "sync", "--modes: '{}' is not one of async, sync", m);
+  const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
+  const int H = a.heads, KVH = a.kv_heads, D = a.head_dim;
+  const double token_bytes = 2.0 * KVH * D * 2;  // K and V of one position, all kv heads
+
+  // One pool for every point: the largest B x L, and at least 3 x L2 so that calls can rotate.
+  int64_t max_tokens = 0;
+  for (int b : a.batches)
+    for (int l : a.contexts) max_tokens = std::max<int64_t>(max_tokens, int64_t(b) * ((l + kBlock - 1) / kBlock) * kBlock);
+  const int64_t pool_tokens = std::max<int64_t>(max_tokens, static_cast<int64_t>(std::ceil(3 * kL2Bytes / token_bytes)));
+  const int64_t pool_blocks = (pool_tokens + kBlock - 1) / kBlock;
+  size_t free_b = 0, total_b = 0;
+  FDPP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const double need = 2.0 * pool_blocks * kBlock * KVH * D * 2;
+  check(need < 0.9 * free_b, "bench-attention: the KV pool needs {:.1f} GiB, {:.1f} GiB are free", need / 1073741824.0,
+        free_b / 1073741824.0);
+  cudaStream_t stream = nullptr;
+  FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int64_t pool_elems = pool_blocks * kBlock * KVH * D;
+  cuda::DeviceBuffer k(pool_elems * 2), v(pool_elems * 2);
+  // Keys and values uniform in [-1, 1) like activations after a norm; q likewise: logits stay
+  // within a few units, the regime of real models (no fallback rows).
+  cuda::fill_random(k.get(), pool_elems, dtype, 1.f, 0.f, 11, stream);
+  cuda::fill_random(v.get(), pool_elems, dtype, 1.f, 0.f, 12, stream);
+  const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
+  const int64_t qkv_elems = int64_t(max_b) * (H + 2 * KVH) * D;
+  cuda::DeviceBuffer qkv(qkv_elems * 2), out(int64_t(max_b) * H * D * 2);
+  cuda::fill_random(qkv.get(), qkv_elems, dtype, 1.f, 0.f, 13, stream);
+  cuda::DeviceBuffer fallback(sizeof(unsigned long long));
+  FDPP_CUDA_CHECK(cudaMemsetAsync(fallback.get(), 0, sizeof(unsigned long long), stream));
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const UnifiedMaxBounds bounds = default_unified_max_bounds(131072);
+  const cuda::UnifiedMaxRange range{bounds.phi, bounds.a, bounds.b};
+  std::mt19937 rng(5);
+
+  nlohmann::json results = nlohmann::json::array();
+  for (int B : a.batches) {
+    for (int L : a.contexts) {
+      const int blocks_per_seq = (L + kBlock - 1) / kBlock;
+      const int64_t call_blocks = int64_t(B) * blocks_per_seq;
+      const double bytes = double(B) * L * token_bytes + double(B) * H * D * 2 * 2;  // + q read, out written
+      // Rotations: enough disjoint block sets that R consecutive calls cover > 2 x L2.
+      const int rotations = static_cast<int>(std::clamp<int64_t>(
+          static_cast<int64_t>(std::ceil(2 * kL2Bytes / (call_blocks * kBlock * token_bytes))), 1,
+          pool_blocks / call_blocks));
+      std::vector<int32_t> perm(static_cast<size_t>(call_blocks) * rotations);
+      std::iota(perm.begin(), perm.end(), 0);
+      // Each sequence's blocks in shuffled order within its rotation (a paged cache is not contiguous).
+      for (int r = 0; r < rotations; ++r)
+        std::shuffle(perm.begin() + int64_t(r) * call_blocks, perm.begin() + int64_t(r + 1) * call_blocks, rng);
+      cuda::DeviceBuffer tables(perm.size() * sizeof(int32_t));
+      FDPP_CUDA_CHECK(cudaMemcpy(tables.get(), perm.data(), perm.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      std::vector<int32_t> lens_h(B, L);
+      cuda::DeviceBuffer lens(B * sizeof(int32_t));
+      FDPP_CUDA_CHECK(cudaMemcpy(lens.get(), lens_h.data(), B * sizeof(int32_t), cudaMemcpyHostToDevice));
+      const int splits = cuda::plan_decode_splits(B, H, KVH, L, gpus[0].multiprocessors);
+      const int reps = static_cast<int>(std::clamp(2e-3 / (bytes / kDesignReadBandwidth), 4.0, 50.0));
+      for (const auto& mode : a.modes) {
+        const bool async = mode == "async";
+        const size_t ws_bytes = async ? cuda::decode_attention_async_workspace_bytes(B, H, KVH, D, splits)
+                                      : cuda::decode_attention_workspace_bytes(B, H, D, splits);
+        cuda::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
+        FDPP_CUDA_CHECK(cudaMemset(ws.get(), 0, ws.bytes()));
+        FDPP_CUDA_CHECK(cudaMemset(fallback.get(), 0, sizeof(unsigned long long)));
+        auto launch = [&](int r) {
+          const int32_t* t = tables.as<int32_t>() + int64_t(r % rotations) * call_blocks;
+          if (async) {
+            cuda::decode_attention_async(qkv.get(), k.get(), v.get(), t, blocks_per_seq, lens.as<int32_t>(), B, H, KVH,
+                                         D, kBlock, scale, range, out.get(), dtype, splits, ws.get(), ws.bytes(),
+                                         fallback.as<unsigned long long>(), stream);
+          } else {
+            cuda::decode_attention_split(qkv.get(), k.get(), v.get(), t, blocks_per_seq, lens.as<int32_t>(), B, H, KVH,
+                                         D, kBlock, scale, out.get(), dtype, splits, ws.get(), ws.bytes(), stream);
+          }
+        };
+        const double us = graph_time_us(stream, reps, a.replays, launch);
+        unsigned long long fb = 0;
+        FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
+        results.push_back({{"mode", mode}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
+                           {"context", L}, {"splits", splits}, {"us", us}, {"bytes", bytes},
+                           {"pct_design_bw", bytes / (us * 1e-6) / kDesignReadBandwidth},
+                           {"fallback_rows", fb}, {"reps", reps}, {"rotations", rotations}});
+        if (!a.json)
+          std::cerr << fmt::format("{} H {}/{} D {} B {} L {}: {:.2f} us\n", mode, H, KVH, D, B, L, us);
+      }
+    }
+  }
+  FDPP_CUDA_CHECK(cudaStreamDestroy(stream));
+  nlohmann::json doc{{"gpu", gpus[0].name}, {"dtype", a.dtype}, {"results", results}};
+  if (a.json) {
+    std::cout << doc.dump(1) << "\n";
+    return 0;
+  }
+  fmt::print("decode attention | GPU: {} | {} | heads {}/{} x {} | graph-timed, L2 rotated\n\n", gpus[0].name, a.dtype,
+             H, KVH, D);
+  fmt::print("| mode | batch | context | splits | us | % of 4.46 TB/s | fallback rows |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const auto& r : results)
+    fmt::print("| {} | {} | {} | {} | {:.2f} | {:.1f} | {} |\n", r["mode"].get<std::string>(), r["batch"].get<int>(),
+               r["context"].get<int>(), r["splits"].get<int>(), r["us"].get<double>(),
+               100 * r["pct_design_bw"].get<double>(), r["fallback_rows"].get<unsigned long long>());
+  return 0;
+}
+
+}  // namespace fdpp
