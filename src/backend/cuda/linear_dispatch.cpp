@@ -1,0 +1,130 @@
+#include "backend/cuda/linear_dispatch.h"
+
+#include <algorithm>
+
+namespace fdpp::cuda {
+
+static_assert(LinearLimits{}.gemv_max_m == kGemvMaxM, "dispatch_table.h's default GEMV limit must be kGemvMaxM");
+static_assert(LinearLimits{}.flat_max_m == kFlatGemmMaxM,
+              "dispatch_table.h's default flat GEMM limit must be kFlatGemmMaxM");
+
+LinearLimits kernel_linear_limits() { return LinearLimits{kGemvMaxM, kFlatGemmMaxM}; }
+
+const char* dtype_name(DType dtype) { return dtype == DType::F16 ? "f16" : "bf16"; }
+
+GpuIdentity current_gpu() {
+  GpuIdentity g;
+  FDPP_CUDA_CHECK(cudaGetDevice(&g.device));
+  cudaDeviceProp p{};
+  FDPP_CUDA_CHECK(cudaGetDeviceProperties(&p, g.device));
+  g.name = p.name;
+  g.sm_count = p.multiProcessorCount;
+  g.l2_bytes = static_cast<size_t>(p.l2CacheSize);
+  return g;
+}
+
+LinearDispatcher::LinearDispatcher(DType dtype, const DispatchSelectOptions& options)
+    : dtype_(dtype), gpu_(current_gpu()) {
+  chooser_ = LinearChooser::load(options, gpu_.name, gpu_.sm_count, dtype_name(dtype), kernel_linear_limits());
+}
+
+LinearDispatcher::LinearDispatcher(DType dtype, LinearChooser chooser)
+    : dtype_(dtype), gpu_(current_gpu()), chooser_(std::move(chooser)) {}
+
+bool LinearDispatcher::fuses(LinearImpl impl, Epilogue epilogue) {
+  if (impl != LinearImpl::Cublas) return true;
+  return epilogue == Epilogue::Store || epilogue == Epilogue::StoreF32;
+}
+
+void LinearDispatcher::ensure_flat_workspace(size_t bytes, cudaStream_t stream) {
+  if (bytes <= flat_ws_.bytes()) return;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  FDPP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  check(capturing == cudaStreamCaptureStatusNone,
+        "linear dispatch: the flat GEMM needs {} bytes of workspace ({} reserved) during CUDA-graph capture; call "
+        "LinearDispatcher::reserve (or run the shape once) before capturing",
+        bytes, flat_ws_.bytes());
+  // The old buffer is freed by cudaFree, which waits for the kernels that may still use it.
+  flat_ws_ = DeviceBuffer(bytes);
+  FDPP_CUDA_CHECK(cudaMemsetAsync(flat_ws_.get(), 0, bytes, stream));
+}
+
+void* LinearDispatcher::scratch(size_t bytes, cudaStream_t stream) {
+  if (bytes > scratch_.bytes()) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    FDPP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    check(capturing == cudaStreamCaptureStatusNone,
+          "linear dispatch: cuBLAS's unfused epilogue needs {} bytes of scratch ({} reserved) during CUDA-graph "
+          "capture; call LinearDispatcher::reserve (or run the shape once) before capturing",
+          bytes, scratch_.bytes());
+    scratch_ = DeviceBuffer(bytes);
+  }
+  return scratch_.get();
+}
+
+void LinearDispatcher::reserve(int max_m, std::span<const LinearShape> shapes, bool cublas_epilogues,
+                               cudaStream_t stream) {
+  check(max_m >= 1 && max_m <= kDispatchMaxM, "linear dispatch: reserve for M = {} (not in [1, {}])", max_m,
+        kDispatchMaxM);
+  size_t ws = 0, sc = 0;
+  for (const LinearShape& s : shapes) {
+    check(s.n >= 1 && s.k >= 1, "linear dispatch: reserve for shape {} [{}, {}]", s.name, s.n, s.k);
+    // Not assumed monotone in M (split-K plans change with M): every M the flat GEMM can take.
+    for (int m = 1; m <= std::min(max_m, kFlatGemmMaxM); ++m)
+      ws = std::max(ws, flat_gemm_workspace_bytes(m, s.n, s.k, gpu_.sm_count));
+    if (cublas_epilogues) sc = std::max(sc, static_cast<size_t>(max_m) * static_cast<size_t>(s.n) * sizeof(float));
+  }
+  ensure_flat_workspace(ws, stream);
+  if (sc > 0) scratch(sc, stream);
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void LinearDispatcher::run(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
+                           Epilogue epilogue, cudaStream_t stream) {
+  run_impl(chooser_.choose(M, N, K), x, w, bias, y, M, N, K, dtype, epilogue, stream);
+}
+
+void LinearDispatcher::run_impl(LinearImpl impl, const void* x, const void* w, const void* bias, void* y, int M, int N,
+                                int K, DType dtype, Epilogue epilogue, cudaStream_t stream) {
+  check(dtype == dtype_, "linear dispatch: a {} call on a dispatcher for {}", dtype_name(dtype), dtype_name(dtype_));
+  check(M >= 1 && N >= 1 && K >= 1, "linear: bad shape M={} N={} K={}", M, N, K);
+  check(M <= chooser_.limits().max_m(impl), "linear: {} takes M <= {}, not {}", linear_impl_name(impl),
+        chooser_.limits().max_m(impl), M);
+  check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "linear: the SwiGLU epilogue needs an even N (gate; up), not {}",
+        N);
+  switch (impl) {
+    case LinearImpl::Gemv:
+      gemv_ex(x, w, bias, y, M, N, K, dtype, epilogue, stream);
+      return;
+    case LinearImpl::Flat: {
+      ensure_flat_workspace(flat_gemm_workspace_bytes(M, N, K, gpu_.sm_count), stream);
+      flat_gemm(x, w, bias, y, M, N, K, dtype, epilogue, flat_ws_.get(), flat_ws_.bytes(), stream);
+      return;
+    }
+    case LinearImpl::Cublas:
+      break;
+  }
+  const size_t elems = static_cast<size_t>(M) * static_cast<size_t>(N);
+  switch (epilogue) {
+    case Epilogue::Store:
+      cublas_.run(x, w, bias, y, M, N, K, dtype, false, stream);
+      return;
+    case Epilogue::StoreF32:
+      cublas_.run(x, w, bias, y, M, N, K, dtype, true, stream);
+      return;
+    case Epilogue::SwiGLU: {
+      void* gate_up = scratch(elems * 2, stream);
+      cublas_.run(x, w, bias, gate_up, M, N, K, dtype, false, stream);
+      silu_mul(gate_up, y, M, N / 2, dtype, stream);
+      return;
+    }
+    case Epilogue::AddF32: {
+      auto* acc = static_cast<float*>(scratch(elems * sizeof(float), stream));
+      cublas_.run(x, w, bias, acc, M, N, K, dtype, true, stream);
+      add_f32(static_cast<float*>(y), acc, static_cast<int64_t>(elems), stream);
+      return;
+    }
+  }
+}
+
+}  // namespace fdpp::cuda

@@ -1,0 +1,104 @@
+// Heuristic dataflow on the GPU (DESIGN.md idea 3): every linear-layer dispatch decision of the
+// CUDA backend in one place. A LinearDispatcher owns the three implementations' state (the
+// cuBLASLt plans, the flat GEMM workspace, a scratch buffer for epilogues cuBLAS cannot fuse) and
+// a LinearChooser (engine/dispatch_table.h: the tuned table, its lookup, the fallback rule and the
+// forced modes), and runs y[M, N] = x[M, K] . W[N, K]^T with the chosen implementation:
+//
+//   Gemv    gemv_ex()   (flat_gemm.h)  M <= kGemvMaxM       every epilogue fused
+//   Flat    flat_gemm() (flat_gemm.h)  M <= kFlatGemmMaxM   every epilogue fused
+//   Cublas  CublasLtLinear (linear.h)  any M                Store / StoreF32 fused (bias too);
+//           SwiGLU: the GEMM into scratch [M, N] 16-bit, then silu_mul (kernels.h);
+//           AddF32: the GEMM into scratch [M, N] fp32, then add_f32 (linear_dispatch.cu).
+//
+// So run() accepts every epilogue with every implementation; fuses() says which pairs cost an extra
+// pass (the engine may prefer to keep its own element-wise kernel there).
+//
+// Workspaces: one dispatcher serves one stream at a time (the flat GEMM's split-K semaphores live
+// in its workspace). reserve() sizes the flat workspace and the scratch for the shapes and largest
+// M the caller will use; otherwise they grow on first need, which must happen outside CUDA-graph
+// capture (the engine's first, eager decode step does that before it captures; growing during
+// capture is an error that says so).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <span>
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/flat_gemm.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/linear.h"
+#include "engine/dispatch_table.h"
+
+namespace fdpp::cuda {
+
+using fdpp::LinearImpl;
+
+// The kernels' M limits as the table logic sees them: {kGemvMaxM, kFlatGemmMaxM}.
+LinearLimits kernel_linear_limits();
+const char* dtype_name(DType dtype);  // "f16", "bf16"
+
+// The GPU the calls run on (the current device).
+struct GpuIdentity {
+  int device = 0;
+  std::string name;  // cudaDeviceProp::name
+  int sm_count = 0;
+  size_t l2_bytes = 0;
+};
+GpuIdentity current_gpu();
+
+// y[i] += d[i] for i < n (fp32): cuBLAS's AddF32 epilogue after a GEMM into scratch.
+void add_f32(float* y, const float* d, int64_t n, cudaStream_t stream);
+
+class LinearDispatcher {
+ public:
+  // Loads the dispatch table for the current GPU and this dtype (lookup order, modes and
+  // environment: DispatchSelectOptions in engine/dispatch_table.h).
+  explicit LinearDispatcher(DType dtype, const DispatchSelectOptions& options = {});
+  // With a given chooser (no files): the profiler and tests.
+  LinearDispatcher(DType dtype, LinearChooser chooser);
+  LinearDispatcher(const LinearDispatcher&) = delete;
+  LinearDispatcher& operator=(const LinearDispatcher&) = delete;
+
+  // Allocates (and zeroes) the flat GEMM workspace for every shape at M = 1 .. min(max_m,
+  // kFlatGemmMaxM), and, when cublas_epilogues, the scratch cuBLAS needs for SwiGLU / AddF32 up to
+  // max_m rows. Synchronizes the device once. Call before capturing graphs.
+  void reserve(int max_m, std::span<const LinearShape> shapes, bool cublas_epilogues, cudaStream_t stream);
+
+  LinearImpl choose(int M, int N, int K) const { return chooser_.choose(M, N, K); }
+  // Whether impl computes the epilogue inside its GEMM kernel (no extra pass over y).
+  static bool fuses(LinearImpl impl, Epilogue epilogue);
+
+  // y = epilogue(x . W^T + bias) with the chosen implementation. x [M, K], w [N, K], bias [N] or
+  // null, all `dtype`; y as the epilogue says (flat_gemm.h). dtype must be the dispatcher's (its
+  // table was measured for it).
+  void run(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
+           Epilogue epilogue, cudaStream_t stream);
+  // The same with the implementation given (no choice, no fallback): M must be within its limit.
+  void run_impl(LinearImpl impl, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
+                DType dtype, Epilogue epilogue, cudaStream_t stream);
+
+  // fdpp info: the table in use and M1/M2/ranges per shape (LinearChooser::describe).
+  std::string describe(std::span<const LinearShape> shapes) const { return chooser_.describe(shapes); }
+  const LinearChooser& chooser() const { return chooser_; }
+  LinearChooser& chooser() { return chooser_; }
+  DType dtype() const { return dtype_; }
+  const GpuIdentity& gpu() const { return gpu_; }
+  CublasLtLinear& cublas() { return cublas_; }
+  // Device memory held: flat workspace + scratch + cuBLASLt workspace.
+  size_t workspace_bytes() const { return flat_ws_.bytes() + scratch_.bytes() + cublas_.workspace_bytes(); }
+
+ private:
+  void ensure_flat_workspace(size_t bytes, cudaStream_t stream);
+  void* scratch(size_t bytes, cudaStream_t stream);
+
+  DType dtype_;
+  GpuIdentity gpu_;
+  LinearChooser chooser_;
+  CublasLtLinear cublas_;
+  DeviceBuffer flat_ws_;  // zeroed when allocated; the kernels leave it zeroed
+  DeviceBuffer scratch_;
+};
+
+}  // namespace fdpp::cuda
