@@ -3,6 +3,8 @@
 //   fdpp logits    logits of every position as a float32 .npy [T, vocab]
 //   fdpp info      what a model is and what it needs, validated without reading the weights
 //   fdpp calibrate the unified-max phi per layer from the attention logits of real text
+//   fdpp tune      (CUDA) the linear-layer dispatch table of a model on this GPU (tune.cpp)
+//   fdpp bench-linear (CUDA) GEMV / flat GEMM / cuBLAS on preset models' shapes (bench_linear.cpp)
 // Every failure prints one line "fdpp: error: ..." and exits 1; bad flags exit 2 (CLI11's code).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -26,6 +28,7 @@
 #include "backend/cuda/device_query.h"
 #include "bench.h"
 #include "bench_attention.h"
+#include "tune.h"
 #endif
 
 namespace {
@@ -233,6 +236,12 @@ int run_info(const std::string& model, bool json) {
   if (cal)
     check(static_cast<int>(cal->layers.size()) == c.n_layers, "{}: calibration has {} layers, the model {}",
           cal->path, cal->layers.size(), c.n_layers);
+  // The linear-layer dispatch the CUDA backend would use for this model (engine/dispatch_table.h).
+  nlohmann::json dispatch_json = {{"available", false}, {"reason", "not compiled in (CPU-only build)"}};
+  std::string dispatch = "not compiled in (CPU-only build: the CUDA linear layers are not built)";
+#ifdef FDPP_HAVE_CUDA
+  dispatch = describe_dispatch_for_model(path, c, &dispatch_json);
+#endif
   std::string dtypes;
   for (const auto& [t, n] : d.dtype_counts) dtypes += fmt::format("{}{} x{}", dtypes.empty() ? "" : ", ", t, n);
   if (json) {
@@ -264,6 +273,7 @@ int run_info(const std::string& model, bool json) {
     } else {
       j["calibration"] = nullptr;
     }
+    j["dispatch"] = dispatch_json;
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -289,6 +299,11 @@ int run_info(const std::string& model, bool json) {
     const UnifiedMaxBounds b = default_unified_max_bounds(c.max_context);
     fmt::print("calibration:  none (conservative default phi = 0 with guard, a = {:.2f}, b = {:.2f}; run fdpp calibrate)\n",
                b.a, b.b);
+  }
+  for (size_t pos = 0, line = 0; pos <= dispatch.size(); ++line) {
+    const size_t nl = std::min(dispatch.find('\n', pos), dispatch.size());
+    fmt::print("{:<14}{}\n", line == 0 ? "dispatch:" : "", dispatch.substr(pos, nl - pos));
+    pos = nl + 1;
   }
   return 0;
 }
@@ -438,6 +453,8 @@ int main(int argc, char** argv) {
   bench_attn->add_option("--modes", ba.modes, "async, sync")->delimiter(',');
   bench_attn->add_option("--replays", ba.replays, "graph replays per point (median)")->capture_default_str()->check(CLI::Range(1, 1000));
   bench_attn->add_flag("--json", ba.json, "print JSON");
+  auto* tune = register_tune(app);
+  auto* bench_linear = register_bench_linear(app);
 #endif
 
   try {
@@ -458,6 +475,8 @@ int main(int argc, char** argv) {
 #ifdef FDPP_HAVE_CUDA
     if (*bench) return run_bench(b);
     if (*bench_attn) return run_bench_attention(ba);
+    if (*tune) return run_tune();
+    if (*bench_linear) return run_bench_linear();
 #endif
   } catch (const fdpp::Error& e) {
     std::fflush(stdout);
