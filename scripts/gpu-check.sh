@@ -101,8 +101,8 @@ PY
   }
   bench llama-2-7b --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024 -p 1024
   # End to end, asynchronized (default, above) against synchronized softmax (issue 5).
-  bench llama-2-7b-sync-attention --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024,4096 -p 1024 --attention sync
-  bench llama-2-7b-async-4k --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 4096 -p 1024
+  bench llama-2-7b-sync-attention --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024,4000 -p 1024 --attention sync
+  bench llama-2-7b-async-4k --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 4000 -p 1024
   # Linear-layer implementations side by side on the same model (FDPP_BENCH_LINEAR_COMPARE=1).
   if [[ ${FDPP_BENCH_LINEAR_COMPARE:-0} == 1 ]]; then
     FDPP_LINEAR=cublas bench llama-2-7b-cublas-only --config "$root/configs/llama-2-7b.json" -b 1,2,4,8 -c 1024 -p 1024

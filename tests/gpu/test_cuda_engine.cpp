@@ -379,6 +379,50 @@ TEST(CudaEngine, BatchedDecodeOfMixedLengthsEqualsOneByOne) {
   }
 }
 
+// One async engine through steps whose batch and split count change (graphs of several (batch,
+// splits) keys sharing one workspace and one set of counters), against a sync engine doing the
+// same steps: every step's logits agree.
+TEST(CudaEngine, AsyncEngineVaryingBatchesAndSplitsEqualsSync) {
+  REQUIRE_GPU();
+  ModelConfig c = tiny("llama", 128);
+  c.max_context = 4096;
+  const DecoderWeights w = random_weights(c);
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+  const std::vector<int> lengths{3000, 300, 40, 1200};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int n : lengths) prompts.push_back(random_ids(n, c.vocab_size));
+  const std::vector<std::vector<int>> steps{{0}, {0, 1, 2, 3}, {1}, {0, 2}, {3, 1}, {0}, {2}, {0, 1, 2, 3}, {0}};
+  std::vector<std::vector<float>> logits[2];
+  for (int mode = 0; mode < 2; ++mode) {
+    cuda::EngineOptions eo;
+    eo.max_batch = 4;
+    eo.kv_cache_tokens = 8192;
+    eo.attention = mode == 0 ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
+    cuda::CudaEngine e(model, eo);
+    std::vector<int> seqs;
+    for (const auto& p : prompts) {
+      seqs.push_back(e.create_sequence());
+      e.prefill(seqs.back(), p, false, nullptr);
+    }
+    int t = 0;
+    for (int rep = 0; rep < 2; ++rep)  // the second pass replays the captured graphs
+      for (const auto& step : steps) {
+        std::vector<int> ss;
+        std::vector<int32_t> toks;
+        for (int i : step) {
+          ss.push_back(seqs[i]);
+          toks.push_back((7 * t++ + i) % c.vocab_size);
+        }
+        std::vector<float> rows(step.size() * c.vocab_size, NAN);
+        e.decode(ss, toks, rows.data());
+        logits[mode].push_back(std::move(rows));
+      }
+    if (mode == 1) EXPECT_EQ(e.attention_fallback_rows(), 0u);
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  for (size_t i = 0; i < logits[0].size(); ++i) EXPECT_LE(test::nmse(logits[1][i], logits[0][i]), 5e-4) << "step " << i;
+}
+
 TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
   REQUIRE_GPU();
   const ModelConfig c = tiny("llama", 64);

@@ -506,7 +506,9 @@ void run_decode(const DecodeCase& c) {
       splits = cuda::plan_decode_splits(B, H, KVH, max_len, sms);
     }
     const size_t ws_bytes = cuda::decode_attention_async_workspace_bytes(B, H, KVH, D, splits);
-    DeviceBuffer<uint8_t> ws(std::vector<uint8_t>(ws_bytes, 0));
+    DeviceBuffer<uint8_t> ws(std::vector<uint8_t>(ws_bytes, 0xFF));  // no initialization needed
+    const int n_counters = cuda::decode_attention_async_counters(B, H, KVH) + 5;  // larger than needed is fine
+    DeviceBuffer<int32_t> counters(std::vector<int32_t>(n_counters, 0));
     DeviceBuffer<unsigned long long> fallback(std::vector<unsigned long long>{0});
     // The host's view of the guard, from the same 16-bit inputs (in double).
     for (int s = 0; s < B; ++s) {
@@ -531,7 +533,7 @@ void run_decode(const DecodeCase& c) {
       d_out.poison();
       cuda::decode_attention_async(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(),
                                    B, H, KVH, D, c.block_size, scale, range, d_out.get(), c.t, splits, ws.get(),
-                                   ws_bytes, fallback.get(), nullptr);
+                                   ws_bytes, counters.get(), n_counters, fallback.get(), nullptr);
       sync("decode_attention_async");
     }
     const int64_t counted = int64_t(fallback.download()[0]);
@@ -539,13 +541,8 @@ void run_decode(const DecodeCase& c) {
         << label("decode_attention_async", c.t) << " " << adversarial_name(c.adv) << " splits " << splits
         << ": device fallback count (two launches) " << counted << ", rows out of range on the host "
         << expected_fallback << " (" << ambiguous << " within 0.01 of an edge)";
-    // Workspace tail: semaphores [n_groups] ints, then the list (count, done, entries).
-    const auto bytes = ws.download();
-    const int64_t n_groups = int64_t(B) * KVH * ((G + 15) / 16);
-    const int64_t list_at = int64_t(bytes.size()) - int64_t(sizeof(int)) * (2 + 2 * n_groups);
-    const int64_t sem_at = list_at - int64_t(sizeof(int)) * n_groups;
-    EXPECT_TRUE(std::all_of(bytes.begin() + sem_at, bytes.begin() + list_at + 2 * sizeof(int),
-                            [](uint8_t x) { return x == 0; }))
+    const auto left = counters.download();
+    EXPECT_TRUE(std::all_of(left.begin(), left.end(), [](int32_t x) { return x == 0; }))
         << "decode_attention_async left its semaphores or list count non-zero";
   }
   const auto out = from_bits(d_out.download(), c.t);

@@ -141,14 +141,16 @@ int run_bench_attention(const BenchAttentionArgs& a) {
         const size_t ws_bytes = async ? cuda::decode_attention_async_workspace_bytes(B, H, KVH, D, splits)
                                       : cuda::decode_attention_workspace_bytes(B, H, D, splits);
         cuda::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
-        FDPP_CUDA_CHECK(cudaMemset(ws.get(), 0, ws.bytes()));
+        const int n_counters = cuda::decode_attention_async_counters(B, H, KVH);
+        cuda::DeviceBuffer counters(sizeof(int) * n_counters);
+        FDPP_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
         FDPP_CUDA_CHECK(cudaMemset(fallback.get(), 0, sizeof(unsigned long long)));
         auto launch = [&](int r) {
           const int32_t* t = tables.as<int32_t>() + int64_t(r % rotations) * call_blocks;
           if (async) {
             cuda::decode_attention_async(qkv.get(), k.get(), v.get(), t, blocks_per_seq, lens.as<int32_t>(), B, H, KVH,
                                          D, kBlock, scale, range, out.get(), dtype, splits, ws.get(), ws.bytes(),
-                                         fallback.as<unsigned long long>(), stream);
+                                         counters.as<int>(), n_counters, fallback.as<unsigned long long>(), stream);
           } else {
             cuda::decode_attention_split(qkv.get(), k.get(), v.get(), t, blocks_per_seq, lens.as<int32_t>(), B, H, KVH,
                                          D, kBlock, scale, out.get(), dtype, splits, ws.get(), ws.bytes(), stream);

@@ -75,8 +75,10 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
                                     : decode_attention_workspace_bytes(b, c.n_heads, c.head_dim, splits));
   }
   attn_ws_ = DeviceBuffer(attn_ws);
-  // The async kernels need their semaphores and fallback list zeroed once (they leave them so).
-  if (attn_ws > 0) FDPP_CUDA_CHECK(cudaMemset(attn_ws_.get(), 0, attn_ws));
+  // The async kernels' counters, for the largest batch, zeroed once (the kernels leave them so).
+  attn_counter_ints_ = decode_attention_async_counters(options.max_batch, c.n_heads, c.n_kv_heads);
+  attn_counters_ = DeviceBuffer(sizeof(int) * static_cast<size_t>(attn_counter_ints_));
+  FDPP_CUDA_CHECK(cudaMemset(attn_counters_.get(), 0, attn_counters_.bytes()));
   fallback_rows_ = DeviceBuffer(sizeof(unsigned long long));
   FDPP_CUDA_CHECK(cudaMemset(fallback_rows_.get(), 0, sizeof(unsigned long long)));
   check(options.unified_max_phi.empty() || static_cast<int>(options.unified_max_phi.size()) == c.n_layers,
@@ -129,7 +131,7 @@ MemoryReport CudaEngine::memory() const {
   r.kv_tokens = num_blocks_ * options_.block_size;
   for (const DeviceBuffer* b : {&x_, &normed_, &qkv_, &attn_, &o_, &ffn_in_, &ffn_act_, &logits_, &ids_, &positions_,
                                 &slots_, &block_tables_, &sample_ids_, &history_, &history_lens_,
-                                &offsets_, &attn_ws_, &decode_in_, &fallback_rows_})
+                                &offsets_, &attn_ws_, &decode_in_, &fallback_rows_, &attn_counters_})
     r.activations += b->bytes();
   r.workspace = cublas_.workspace_bytes() + sample_ws_.bytes();
   size_t free_b = 0, total_b = 0;
@@ -228,7 +230,8 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_batch, int pref
         decode_attention_async(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
                                in.context_lens, decode_batch, c.n_heads, c.n_kv_heads, c.head_dim,
                                options_.block_size, scale, unified_max_[layer], attn_.get(), dt, attention_splits,
-                               attn_ws_.get(), attn_ws_.bytes(), fallback_rows_.as<unsigned long long>(), st);
+                               attn_ws_.get(), attn_ws_.bytes(), attn_counters_.as<int>(), attn_counter_ints_,
+                               fallback_rows_.as<unsigned long long>(), st);
       } else {
         decode_attention_split(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
                                in.context_lens, decode_batch, c.n_heads, c.n_kv_heads, c.head_dim,

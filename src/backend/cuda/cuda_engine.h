@@ -140,6 +140,8 @@ class CudaEngine {
   int32_t* decode_in_host_ = nullptr;  // cudaMallocHost
   cudaEvent_t inputs_copied_ = nullptr;  // the last copy out of decode_in_host_ is done
   DeviceBuffer attn_ws_;  // split-KV partials (sync), or partials, semaphores and fallback list (async)
+  DeviceBuffer attn_counters_;  // async: semaphores and the fallback list's length
+  int attn_counter_ints_ = 0;
   DeviceBuffer fallback_rows_;  // one device counter (unsigned long long)
   std::vector<UnifiedMaxRange> unified_max_;  // per layer
   uint64_t attention_rows_ = 0;

@@ -47,6 +47,8 @@ using detail::to_float;
 using detail::warp_max;
 using detail::warp_sum;
 
+// 8 warps, one CTA per SM at head_dim 128 (135 KB of shared memory). Measured on the H200 against
+// 4 warps (three CTAs per SM): no better anywhere, 10-50% slower at batch 1 (docs/PERFORMANCE.md).
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 
@@ -71,8 +73,9 @@ struct DecodeArgs {
   // Async (unified max) mode, all in log2 units (x * log2 e): phi and the safe range [lo, hi] of
   // (row max - phi). Rows outside it are left unwritten and listed for the fallback launch.
   float phi2, lo2, hi2;
-  int* semaphores;                      // [CTA groups] arrival counts (splits > 1), left at 0
-  int* fallback_list;                   // [0] count, [1] done, then (group, head mask) pairs
+  int* counters;                        // [0] listed groups, [1] fallback CTAs done, [2 + g] arrivals of
+                                        // group g's splits; all left at 0 by the kernels
+  int* fallback_entries;                // (group, head mask) pairs, [0 .. counters[0])
   unsigned long long* fallback_rows;    // cumulative count of rows recomputed (nullable)
   // Fallback launch (sync mode): CTA i recomputes the i-th listed group, only its masked heads.
   bool from_list;
@@ -115,6 +118,18 @@ __device__ __forceinline__ void load_small(const T* p, float (&f)[N]) {
   }
 }
 
+// Waits until at most one cp.async group of this thread is still in flight.
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+// Lets the fallback launch (programmatically dependent on this one) be scheduled now: its CTAs
+// take SMs as this grid's CTAs retire and wait in wait_for_previous_grid, so the second launch
+// costs almost nothing when no row falls back.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void wait_for_previous_grid() {
   // Programmatic dependent launch: the fallback launch may start while the async launch finishes;
   // this waits until that grid has completed and its writes are visible (no-op otherwise).
@@ -142,23 +157,24 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.y;
+  if constexpr (kAsync) allow_dependent_launch();
   int group_index = blockIdx.x;  // (b * KVH + kvh) * n_sub + sub
   unsigned head_mask = 0xffffffffu;
   if (!kAsync && a.from_list) {
     // The fallback launch: a fixed grid (graph-friendly) of which only the first `count` CTAs work.
     wait_for_previous_grid();
     if (tid == 0) {
-      const int count = atomicAdd(a.fallback_list, 0);
+      const int count = atomicAdd(a.counters, 0);
       group_s = -1;
       if (int(blockIdx.x) < count) {
-        group_s = a.fallback_list[2 + 2 * blockIdx.x];
-        mask_s = a.fallback_list[3 + 2 * blockIdx.x];
+        group_s = a.fallback_entries[2 * blockIdx.x];
+        mask_s = a.fallback_entries[2 * blockIdx.x + 1];
       }
-      // Every CTA has read the count: the last one resets the list for the next step.
+      // Every CTA has read the count: the last one resets it for the next step.
       __threadfence();
-      if (atomicAdd(a.fallback_list + 1, 1) == int(gridDim.x) - 1) {
-        a.fallback_list[0] = 0;
-        a.fallback_list[1] = 0;
+      if (atomicAdd(a.counters + 1, 1) == int(gridDim.x) - 1) {
+        a.counters[0] = 0;
+        a.counters[1] = 0;
       }
     }
     __syncthreads();
@@ -203,9 +219,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
   }
   // (Async: an empty slice still arrives at the semaphore below, with zero sums.)
 
-  const T* q = static_cast<const T*>(a.qkv) + int64_t(b) * (H + 2 * KVH) * D + int64_t(head0) * D;
-  for (int i = tid; i < GMAX * D; i += kThreads) q_s[i] = i < gc * D ? to_float(q[i]) * a.scale_log2 : 0.f;
-  __syncthreads();
 
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);
@@ -228,28 +241,43 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
   T* k_w = stage + warp * 32 * (KS + D);
   T* v_w = k_w + 32 * KS;
   const int copy_row = lane / CH, copy_chunk = lane % CH;
-  for (int tile = tile_begin + warp; tile < tile_end; tile += kWarps) {
+  // Element offset of this lane's key row (head kvh) in a tile; 0 for keys past the end.
+  auto key_row = [&](int tile) -> int64_t {
     const int j = (tile << 5) + lane;
-    const bool valid = j < L;
-    int64_t row = 0;  // element offset of this key's row for head kvh
-    if (valid) {
-      const int64_t blk = btab[j >> shift];
-      row = ((blk << shift) + (j & in_block_mask)) * KVH * D + int64_t(kvh) * D;
-    }
-    // Stage the tile's K and V rows (coalesced: lanes copy consecutive chunks of RPS rows a step).
+    if (j >= L) return 0;
+    const int64_t blk = btab[j >> shift];
+    return ((blk << shift) + (j & in_block_mask)) * KVH * D + int64_t(kvh) * D;
+  };
+  // Stage a tile's K (or V) rows with cp.async, coalesced: the lanes copy consecutive 16-byte
+  // chunks of RPS rows per step, the rows' offsets broadcast from the lanes that looked them up.
+  auto stage_rows = [&](int tile, int64_t row, const T* src_cache, T* dst, int stride) {
     const int n_valid = min(32, L - (tile << 5));
 #pragma unroll
     for (int step = 0; step < 32 / RPS; ++step) {
       const int jj = step * RPS + copy_row;
       const int64_t src = __shfl_sync(0xffffffffu, row, jj);
-      if (jj < n_valid) {
-        detail::cp_async16(k_w + jj * KS + copy_chunk * 8, k_cache + src + copy_chunk * 8);
-        detail::cp_async16(v_w + jj * D + copy_chunk * 8, v_cache + src + copy_chunk * 8);
-      }
+      if (jj < n_valid) detail::cp_async16(dst + jj * stride + copy_chunk * 8, src_cache + src + copy_chunk * 8);
     }
-    detail::cp_async_commit();
-    detail::cp_async_wait_all();
-    __syncwarp();  // every lane's copies visible to the whole warp
+  };
+  // Software pipeline per warp (two cp.async groups in flight): while the logits of tile t are
+  // computed, V(t) is loading; while P.V(t) runs, K(t + 8) is loading; V(t + 8) is issued right
+  // after P.V(t). Without it (load, wait, compute) the loads and the math of a warp never overlap
+  // and the kernel reached 61% of read bandwidth at GQA 32/8, B 1, L 64K (docs/PERFORMANCE.md).
+  int tile = tile_begin + warp;
+  int64_t row = tile < tile_end ? key_row(tile) : 0;
+  if (tile < tile_end) stage_rows(tile, row, k_cache, k_w, KS);
+  detail::cp_async_commit();
+  if (tile < tile_end) stage_rows(tile, row, v_cache, v_w, D);
+  detail::cp_async_commit();
+  // q after the first tiles' loads are in flight (its latency overlaps theirs).
+  const T* q = static_cast<const T*>(a.qkv) + int64_t(b) * (H + 2 * KVH) * D + int64_t(head0) * D;
+  for (int i = tid; i < GMAX * D; i += kThreads) q_s[i] = i < gc * D ? to_float(q[i]) * a.scale_log2 : 0.f;
+  __syncthreads();
+  for (; tile < tile_end; tile += kWarps) {
+    const bool valid = (tile << 5) + lane < L;
+    const int n_valid = min(32, L - (tile << 5));
+    cp_async_wait_one();  // K(tile) has landed (V(tile) may still be in flight)
+    __syncwarp();         // every lane's copies visible to the whole warp
 
     // Logits of this lane's key for every head of the group (log2 domain).
     float s[GMAX];
@@ -299,7 +327,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
         p_w[g * 32 + lane] = p;
       }
     }
-    __syncwarp();  // p_w visible to the whole warp
+    __syncwarp();  // p_w visible to the whole warp; every lane is done with the K stage
+    const int next = tile + kWarps;
+    const int64_t next_row = next < tile_end ? key_row(next) : 0;
+    if (next < tile_end) stage_rows(next, next_row, k_cache, k_w, KS);
+    detail::cp_async_commit();
+    cp_async_wait_one();  // V(tile) has landed (K(next) may still be in flight)
+    __syncwarp();
 
     // o += P . V over the tile's valid keys.
 #pragma unroll 4
@@ -313,8 +347,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
         for (int v = 0; v < VPL; ++v) o[g][v] += p * vf[v];
       }
     }
-    __syncwarp();  // p_w and the stage are rewritten by the next tile
+    __syncwarp();  // p_w and the V stage are rewritten by the next tile
+    if (next < tile_end) stage_rows(next, next_row, v_cache, v_w, D);
+    detail::cp_async_commit();
   }
+  detail::cp_async_wait_all();  // (only empty groups remain; the stage is about to be reused)
 
   // Cross-warp merge. o_s overlays the other warps' V tiles: wait until every warp is done.
   __syncthreads();
@@ -363,18 +400,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
       __threadfence();
       __syncthreads();
       if (tid == 0) {
-        const int arrived = atomicAdd(a.semaphores + group_index, 1);
+        const int arrived = atomicAdd(a.counters + 2 + group_index, 1);
         last_s = arrived == a.splits - 1;
-        if (last_s) a.semaphores[group_index] = 0;  // ready for the next launch
+        if (last_s) a.counters[2 + group_index] = 0;  // ready for the next launch
       }
       __syncthreads();
       if (!last_s) return;
       __threadfence();
+      // (Staging the partials in shared memory with one coalesced load per chunk measured slower
+      // on the H200: +0.8 us at batch 1, 4 to 16 splits.)
       for (int i = tid; i < gc * D; i += kThreads) {
         const int g = i / D, d = i - g * D;
         const float* pg = a.partials + ((int64_t(b) * H + head0 + g) * a.splits) * (D + 2);
         float M = -INFINITY, num = 0.f, den = 0.f;
-        for (int sp = 0; sp < a.splits; ++sp) {
+        for (int sp = 0; sp < a.splits; ++sp) {  // in split order: the sum does not depend on timing
           const float* ps = pg + sp * (D + 2);
           M = fmaxf(M, __ldcg(ps));
           den += __ldcg(ps + 1);
@@ -388,9 +427,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
     __syncthreads();
     if (tid == 0 && mask_s != 0) {
       // Rows out of range: list the group (with its heads) for the synchronized recomputation.
-      const int slot = atomicAdd(a.fallback_list, 1);
-      a.fallback_list[2 + 2 * slot] = group_index;
-      a.fallback_list[3 + 2 * slot] = mask_s;
+      const int slot = atomicAdd(a.counters, 1);
+      a.fallback_entries[2 * slot] = group_index;
+      a.fallback_entries[2 * slot + 1] = mask_s;
       if (a.fallback_rows != nullptr) atomicAdd(a.fallback_rows, static_cast<unsigned long long>(__popc(mask_s)));
     }
     return;
@@ -498,17 +537,16 @@ GroupPlan plan_groups(int batch, int n_heads, int n_kv_heads) {
   return g;
 }
 
-// The async workspace: partials (splits > 1), then the semaphores and the fallback list.
+// The async workspace: partials (splits > 1), then the fallback list's entries.
 struct AsyncWorkspace {
-  size_t partial_bytes, semaphore_offset, list_offset, total;
+  size_t partial_bytes, entries_offset, total;
 };
 AsyncWorkspace async_workspace_layout(int batch, int n_heads, int n_kv_heads, int head_dim, int splits) {
   const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads);
   AsyncWorkspace w{};
   w.partial_bytes = decode_attention_workspace_bytes(batch, n_heads, head_dim, splits);
-  w.semaphore_offset = (w.partial_bytes + 15) & ~size_t(15);
-  w.list_offset = w.semaphore_offset + sizeof(int) * size_t(g.n_groups);
-  w.total = w.list_offset + sizeof(int) * (2 + 2 * size_t(g.n_groups));
+  w.entries_offset = (w.partial_bytes + 15) & ~size_t(15);
+  w.total = w.entries_offset + sizeof(int) * 2 * size_t(g.n_groups);
   return w;
 }
 
@@ -522,6 +560,14 @@ size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_h
   check(batch > 0 && n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && splits >= 1,
         "decode_attention_async_workspace_bytes: batch {}, heads {}/{}, splits {}", batch, n_heads, n_kv_heads, splits);
   return async_workspace_layout(batch, n_heads, n_kv_heads, head_dim, splits).total;
+}
+
+int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
+  check(batch > 0 && n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+        "decode_attention_async_counters: batch {}, heads {}/{}", batch, n_heads, n_kv_heads);
+  const int64_t n = 2 + plan_groups(batch, n_heads, n_kv_heads).n_groups;
+  check(n <= 0x7fffffff, "decode_attention_async_counters: {} groups", n);
+  return static_cast<int>(n);
 }
 
 int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
@@ -546,10 +592,14 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   const int n_tiles = (max_context_len + 31) / 32;
   const int max_splits = std::max(1, std::min(n_tiles / kWarps, 64));
+  // CTAs resident per SM (shared memory bound; head_dim 128, groups up to 4 heads).
+  constexpr int kSmemPerSm = 227 * 1024;
+  constexpr int kPerSm = std::max<int>(1, std::min<int>(2048 / kThreads, kSmemPerSm / decode_smem_bytes<128, 4>()));
+  const int64_t slots = int64_t(multiprocessors) * kPerSm;
   auto efficiency = [&](int splits) {
     const int64_t c = ctas * splits;
-    const int64_t waves = (c + multiprocessors - 1) / multiprocessors;
-    return double(c) / double(waves * multiprocessors);
+    const int64_t waves = (c + slots - 1) / slots;
+    return double(c) / double(waves * slots);
   };
   double best = 0.0;
   for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
@@ -642,7 +692,7 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
                             int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
                             int n_kv_heads, int head_dim, int block_size, float scale, const UnifiedMaxRange& range,
                             void* out, DType dtype, int splits, void* workspace, size_t workspace_bytes,
-                            unsigned long long* fallback_rows, cudaStream_t stream) {
+                            int* counters, int counter_ints, unsigned long long* fallback_rows, cudaStream_t stream) {
   DecodeArgs a = make_args(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
                            n_kv_heads, head_dim, block_size, scale, out, dtype, splits);
   check(std::isfinite(range.phi) && std::isfinite(range.a) && std::isfinite(range.b) && range.a < range.b,
@@ -650,12 +700,16 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
         range.a, range.b);
   const AsyncWorkspace w = async_workspace_layout(batch, n_heads, n_kv_heads, head_dim, splits);
   check(workspace != nullptr && workspace_bytes >= w.total && aligned16(workspace),
-        "decode_attention_async: needs {} bytes of 16-byte aligned, zeroed workspace, got {} at {}", w.total,
-        workspace_bytes, workspace);
+        "decode_attention_async: needs {} bytes of 16-byte aligned workspace, got {} at {}", w.total, workspace_bytes,
+        workspace);
+  const int need_counters = decode_attention_async_counters(batch, n_heads, n_kv_heads);
+  check(counters != nullptr && counter_ints >= need_counters,
+        "decode_attention_async: needs {} zeroed counters, got {} at {}", need_counters, counter_ints,
+        static_cast<const void*>(counters));
   unsigned char* base = static_cast<unsigned char*>(workspace);
   a.partials = splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
-  a.semaphores = reinterpret_cast<int*>(base + w.semaphore_offset);
-  a.fallback_list = reinterpret_cast<int*>(base + w.list_offset);
+  a.fallback_entries = reinterpret_cast<int*>(base + w.entries_offset);
+  a.counters = counters;
   a.fallback_rows = fallback_rows;
   // The kernel works in log2 units: 2^(x log2 e - phi log2 e) = e^(x - phi).
   a.phi2 = range.phi * detail::kLog2e;

@@ -103,8 +103,10 @@ size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, in
 // exit at once) recomputes exactly the listed rows with the synchronized softmax, one CTA per
 // group over all its keys. The result always equals the stable softmax to fp32 rounding.
 // `fallback_rows` (device, nullable) is incremented by the number of rows recomputed.
-// workspace: decode_attention_async_workspace_bytes(...), 16-byte aligned, zeroed ONCE before the
-// first call (the kernels leave the semaphores and the list at zero; graphs may replay them).
+// workspace: decode_attention_async_workspace_bytes(...) bytes, 16-byte aligned (partials and the
+// fallback list; no initialization). counters: decode_attention_async_counters(...) ints, zeroed
+// ONCE before the first call; the kernels leave them at zero, so graphs may replay them, and a
+// buffer sized for the largest batch serves every smaller one (entry g is the same group).
 // Other arguments as decode_attention_split.
 struct UnifiedMaxRange {
   float phi = 0.f;  // the unified max, natural-log units of x = q.k * scale
@@ -115,8 +117,9 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
                             int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
                             int n_kv_heads, int head_dim, int block_size, float scale, const UnifiedMaxRange& range,
                             void* out, DType dtype, int splits, void* workspace, size_t workspace_bytes,
-                            unsigned long long* fallback_rows, cudaStream_t stream);
+                            int* counters, int counter_ints, unsigned long long* fallback_rows, cudaStream_t stream);
 size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
+int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads);
 // The split count for a decode step (host-side plan; see the worked example in the .cu).
 int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors);
 
