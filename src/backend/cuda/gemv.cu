@@ -1,16 +1,30 @@
 // GEMV on CUDA cores for decode's smallest batches (FlashDecoding++'s ImplA, FastGEMV style):
-// y[M, N] = x[M, K] . W[N, K]^T (+ bias), M = 1..8, 16-bit inputs, fp32 accumulation.
+// y[M, N] = x[M, K] . W[N, K]^T (+ bias), M = 1..8, 16-bit inputs, fp32 accumulation, with the
+// epilogues of flat_gemm.h (gemv_ex) or a plain 16-bit / fp32 store (gemv, kernels.h).
 //
-// Decode at batch 1 is a pure stream of the weights: each output row n is one warp reading W's
-// row n once with 16-byte loads (lane l takes 16-byte chunks l, l + 32, ...: a warp reads 512
-// contiguous bytes per step), four loads in flight per lane, loaded with the streaming hint
-// (__ldcs: the weights are read once per step, x is what should stay cached). Every x row is
-// applied to the same loaded W chunk, so W is read once for all M rows. A warp-shuffle sum ends
-// each row; lane 0 adds the bias and stores. Eight warps per 256-thread CTA, one row each.
-// K not a multiple of 8 (or unaligned pointers) take a scalar path.
+// Decode at batch 1 is a pure stream of the weights, so the kernel is built around bytes in flight:
+// one warp owns R weight rows (R = 2 at M <= 2, 4 above: the x chunk a lane loads is applied to all
+// R rows, so x costs 1/R of the W traffic in L1) and lane l takes the rows' 16-byte chunks l, l + 32,
+// ... Each pass issues R x U independent 16-byte loads per lane before the first use (U = 8 at
+// M <= 2: 16 loads = 256 bytes per lane, a whole 8 KB row pair of K = 4096 in two passes; U = 4 at
+// M > 2), with the streaming hint (__ldcs, evict-first: the weights are read once per step; x
+// stays cached). Each chunk's 8 products go to their own fp32 chain before joining the row's sum,
+// so a row is not one long dependent FMA chain (U x R x M independent chains per lane). A
+// warp-shuffle butterfly ends each row; lane i stores value i. 8 warps per CTA. SwiGLU: the warp's
+// rows are R / 2 gate rows and the matching up rows.
+//
+// Measured on the H200 (fdpp_flat_gemm_bench, fp16, graph of 20 calls over weights rotated past L2;
+// bench/kernels/NOTES.md), M = 1: 88-94% of 4.46 TB/s on the large gate+up shapes (Llama-2-7B
+// [22016, 4096] 45.9 us, 88%; Llama-2-13B [27648, 5120] 93.5%), but 53-67% on the small ones
+// ([4096, 4096] 11.3-12.4 us, ChatGLM2 QKV [4608, 4096] 53%): the fixed cost of a launch (first
+// bytes, tail) is ~4 us there. From M = 4 on it loses to the flat GEMM (x loads and FMAs per W chunk).
+//
+// The old one-row-per-warp kernel (4 loads in flight per lane) stays for K not a multiple of 8 or
+// unaligned pointers (gemv only; gemv_ex rejects them).
 // (cuBLAS at M = 1, measured on the H200 through torch, reaches 54% of read bandwidth on Llama-2-7B's
 // O projection [4096, 4096] and 70-86% on the others; see docs/PERFORMANCE.md.)
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/flat_gemm.h"
 
 namespace fdpp::cuda {
 
@@ -91,6 +105,172 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_kernel(const T* __rest
   }
 }
 
+// ---- gemv_ex: R rows per warp, R x U loads in flight per lane --------------------------------------
+
+template <int M>
+struct ExShape {
+  static constexpr int R = M <= 2 ? 2 : 4;  // weight rows per warp (even: SwiGLU pairs)
+  static constexpr int U = M <= 2 ? 8 : 4;  // chunks per row per lane per pass
+};
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+// Programmatic dependent launch (flat_gemm.h: linear_pdl_enabled): the first pass's weight loads
+// are issued before waiting for the previous kernel (which may write x or y). No-ops otherwise.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+template <class T, int M>
+__global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_ex_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                                     const T* __restrict__ bias, void* __restrict__ y,
+                                                                     int N, int K, Epilogue epilogue) {
+  constexpr int R = ExShape<M>::R, U = ExShape<M>::U, P = R / 2;
+  pdl_trigger();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int unit = blockIdx.x * kWarpsPerCta + warp;
+  const bool swiglu = epilogue == Epilogue::SwiGLU;
+  const int F = N / 2;
+  // Rows of this warp (clamped into W for loading; results of rows past the end are not stored).
+  int rows[R];
+  bool valid[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (swiglu) {
+      const int f = unit * P + (r % P);
+      valid[r] = f < F;
+      rows[r] = (r < P ? 0 : F) + min(f, F - 1);
+    } else {
+      const int n = unit * R + r;
+      valid[r] = n < N;
+      rows[r] = min(n, N - 1);
+    }
+  }
+  if (!valid[0]) {  // whole warps: no shuffle below runs with missing lanes
+    pdl_wait();
+    return;
+  }
+  const int chunks = K / 8;
+  bool waited = false;
+  const uint4* __restrict__ w4 = reinterpret_cast<const uint4*>(w);
+  const uint4* __restrict__ x4 = reinterpret_cast<const uint4*>(x);
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+
+  for (int base = lane; base < chunks; base += 32 * U) {
+    uint4 wv[R][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = base + 32 * u;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        wv[r][u] = c < chunks ? __ldcs(w4 + int64_t(rows[r]) * chunks + c) : make_uint4(0, 0, 0, 0);
+    }
+    if (!waited) {  // x and y may be the previous kernel's: wait for it after the first weights
+      pdl_wait();
+      waited = true;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = base + 32 * u;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float xf[8];
+        unpack8<T>(__ldg(x4 + int64_t(m) * chunks + c), xf);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float wf[8];
+          unpack8<T>(wv[r][u], wf);
+          float d = wf[0] * xf[0];
+#pragma unroll
+          for (int i = 1; i < 8; ++i) d = fmaf(wf[i], xf[i], d);
+          acc[r][m] += d;
+        }
+      }
+    }
+  }
+  if (!waited) pdl_wait();  // lanes past the last chunk (K < 256) ran no pass but may store below
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+
+  if (swiglu) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        if (lane != (p * M + m) % 32 || !valid[p]) continue;
+        const int f = rows[p];
+        float g = acc[p][m], u = acc[P + p][m];
+        if (bias != nullptr) {
+          g += to_float(bias[f]);
+          u += to_float(bias[F + f]);
+        }
+        static_cast<T*>(y)[int64_t(m) * F + f] = from_float<T>(silu(g) * u);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (lane != (r * M + m) % 32 || !valid[r]) continue;
+      const int n = rows[r];
+      float v = acc[r][m];
+      if (bias != nullptr) v += to_float(bias[n]);
+      const int64_t o = int64_t(m) * N + n;
+      switch (epilogue) {
+        case Epilogue::Store: static_cast<T*>(y)[o] = from_float<T>(v); break;
+        case Epilogue::StoreF32: static_cast<float*>(y)[o] = v; break;
+        default: static_cast<float*>(y)[o] += v; break;  // AddF32
+      }
+    }
+  }
+}
+
+template <class T, int M>
+void launch_ex_m(const void* x, const void* w, const void* bias, void* y, int N, int K, Epilogue ep,
+                 cudaStream_t stream) {
+  constexpr int R = ExShape<M>::R;
+  const int units = ep == Epilogue::SwiGLU ? (N / 2 + R / 2 - 1) / (R / 2) : (N + R - 1) / R;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>((units + kWarpsPerCta - 1) / kWarpsPerCta));
+  config.blockDim = dim3(kWarpsPerCta * 32);
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (linear_pdl_enabled()) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  detail::cuda_check(cudaLaunchKernelEx(&config, gemv_ex_kernel<T, M>, static_cast<const T*>(x),
+                                        static_cast<const T*>(w), static_cast<const T*>(bias), y, N, K, ep),
+                     "cudaLaunchKernelEx(gemv_ex)");
+}
+
+template <class T>
+void launch_ex(int M, const void* x, const void* w, const void* bias, void* y, int N, int K, Epilogue ep,
+               cudaStream_t stream) {
+  switch (M) {
+    case 1: return launch_ex_m<T, 1>(x, w, bias, y, N, K, ep, stream);
+    case 2: return launch_ex_m<T, 2>(x, w, bias, y, N, K, ep, stream);
+    case 3: return launch_ex_m<T, 3>(x, w, bias, y, N, K, ep, stream);
+    case 4: return launch_ex_m<T, 4>(x, w, bias, y, N, K, ep, stream);
+    case 5: return launch_ex_m<T, 5>(x, w, bias, y, N, K, ep, stream);
+    case 6: return launch_ex_m<T, 6>(x, w, bias, y, N, K, ep, stream);
+    case 7: return launch_ex_m<T, 7>(x, w, bias, y, N, K, ep, stream);
+    default: return launch_ex_m<T, 8>(x, w, bias, y, N, K, ep, stream);
+  }
+}
+
+// ---- the one-row-per-warp kernel: any K, any alignment (gemv only) -------------------------------
+
 template <class T, int M, class OutT>
 void launch_m(const void* x, const void* w, const void* bias, void* y, int N, int K, bool vec, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>((N + kWarpsPerCta - 1) / kWarpsPerCta);
@@ -125,10 +305,24 @@ void gemv(const void* x, const void* w, const void* bias, void* y, int M, int N,
   const bool vec = K % 8 == 0 && aligned16(x) && aligned16(w);
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (fp32_out) launch<T, float>(M, x, w, bias, y, N, K, vec, stream);
-    else launch<T, T>(M, x, w, bias, y, N, K, vec, stream);
+    if (vec) launch_ex<T>(M, x, w, bias, y, N, K, fp32_out ? Epilogue::StoreF32 : Epilogue::Store, stream);
+    else if (fp32_out) launch<T, float>(M, x, w, bias, y, N, K, false, stream);
+    else launch<T, T>(M, x, w, bias, y, N, K, false, stream);
   });
   check_launch("gemv");
+}
+
+void gemv_ex(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
+             Epilogue epilogue, cudaStream_t stream) {
+  check(x != nullptr && w != nullptr && y != nullptr, "gemv_ex: null pointer (x {}, w {}, y {})", x, w, y);
+  check(M >= 1 && M <= kGemvMaxM, "gemv_ex: M = {} out of range [1, {}]", M, kGemvMaxM);
+  check(N > 0 && K > 0, "gemv_ex: N = {}, K = {} must be positive", N, K);
+  check(K % 8 == 0, "gemv_ex: K = {} is not a multiple of 8 (rows are streamed in 16-byte chunks)", K);
+  check(aligned16(x) && aligned16(w), "gemv_ex: x ({}) and w ({}) must be 16-byte aligned", x, w);
+  check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "gemv_ex: SwiGLU needs an even N ([gate; up]), got N = {}", N);
+  check(dtype == DType::F16 || dtype == DType::BF16, "gemv_ex: unknown dtype {}", static_cast<int>(dtype));
+  detail::dispatch_dtype(dtype, [&](auto tag) { launch_ex<decltype(tag)>(M, x, w, bias, y, N, K, epilogue, stream); });
+  check_launch("gemv_ex");
 }
 
 }  // namespace fdpp::cuda

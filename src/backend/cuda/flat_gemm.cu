@@ -1,0 +1,555 @@
+// ImplB of FlashDecoding++'s linear-layer trio: the flat GEMM of decode on tensor cores,
+// y[M, N] = x[M, K] . W[N, K]^T for M = 1..64 (see flat_gemm.h for the epilogues).
+//
+// Why "flat": decode's M is the batch (1..64) while N and K are the model's (4096..28672). Libraries
+// tile M to 64 or 128 and waste the tensor cores and, worse, shared memory and registers on rows
+// that do not exist. Here the mma is turned around: mma.sync m16n8k16 takes the WEIGHTS as its
+// 16-row A operand and the TOKENS as the 8-wide B operand, so M is padded to 8, not 64, and the
+// kernel is compiled for 1, 2, 4 or 8 such n8 token tiles (M <= 8, 16, 32, 64).
+//
+// Tiles. A CTA (8 warps) owns block_n = 64 weight rows and streams its share of K through shared
+// memory in block_k = 128 slices (64 x 128 x 2 B = 16 KB of W, plus 8*m_tiles x 128 of x, per stage)
+// with a cp.async pipeline `stages` deep (the weights carry an L2 evict-first policy: they are read
+// once per step, and x and the split-K partials are what should stay in L2). The 8 warps split the
+// 64 x 128 stage as WN warps along N (64 / WN rows each) times WK warps along K (128 / WK each); the
+// WK partial sums are added in shared memory at the end in a fixed order.
+//
+// Fragments without ldmatrix: a K-reduction may visit K in any order as long as A and B use the
+// same order. Lane (g = lane / 4, t = lane % 4) reads ONE 16-byte chunk (8 consecutive k) of weight
+// row g, one of row g + 8 and one of token row g, all at chunk t of a 32-wide k group, and feeds
+// them to two m16n8k16 mmas: the first takes the chunk's k 0-3 as the mma's logical k {2t, 2t+1,
+// 2t+8, 2t+9}, the second k 4-7. So every shared-memory read is a 16-byte LDS, and rows r, r + 1
+// are swizzled (chunk ^ 4 * (r & 1)) so that the 8 lanes of each quarter-warp hit 8 different
+// 16-byte bank groups.
+//
+// Split-K. Where N / 64 tiles cannot give every SM two CTAs, K is split over `splits` CTAs per
+// tile. Each writes its fp32 partial tile [M, 64] to the workspace, then bumps the tile's semaphore;
+// the CTA that sees the count reach splits - 1 (the last to finish) sums the partials in split order
+// (deterministic: no float atomics, whose order varies from run to run), applies the epilogue, and
+// puts the semaphore back to zero, so the next launch - or the next replay of a CUDA graph - finds
+// the workspace as the first one did. One launch, no second reduction kernel, no memset.
+// (fp32 atomics into y were the alternative: they need a zeroed fp32 y, so they cannot serve the
+// 16-bit Store and SwiGLU epilogues without a second pass, and their results change from run to run.)
+//
+// Measured on the H200 (fdpp_flat_gemm_bench, fp16, Store, graph of 20 calls over weights rotated
+// past L2; bench/kernels/NOTES.md): Llama-2-7B QKV [12288, 4096] 81% of 4.46 TB/s at M = 1, 86-92%
+// at M = 2..16; gate+up [22016, 4096] 88-91% at M = 1..16; but the split-K shapes reach less: O
+// [4096, 4096] 63-66% at M = 1..8 (cuBLASLt 58-60%), down [4096, 11008] 65-71% (cuBLASLt 78-79%);
+// M = 64 (m_tiles 8) only 31-44% (cuBLASLt 74-87%). Summed over the layer, flat is within +-3% of
+// cuBLASLt for M <= 16, not the 1.15x the issue asked for.
+//
+// Workspace layout (flat_gemm.h's contract): [0, 16 KB) 4096 semaphores at fixed places, the
+// partials after them. Fixed places are what let one buffer serve every shape: a call never finds
+// another shape's partials where its semaphores live.
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <mutex>
+#include <type_traits>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/flat_gemm.h"
+
+namespace fdpp::cuda {
+
+namespace {
+
+using detail::check_launch;
+using detail::from_float;
+using detail::to_float;
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kBlockN = 64;
+constexpr int kBlockK = 128;
+constexpr int kChunksK = kBlockK / 8;            // 16-byte chunks per row per stage
+constexpr int kSemaphores = 4096;                // fixed semaphore slots at the workspace's start
+constexpr size_t kSemaphoreBytes = kSemaphores * 4;
+constexpr int kRedStride = kBlockN + 4;          // fp32 reduction rows, padded (bank spread)
+constexpr size_t kSmemPerSm = 228 * 1024;        // H100/H200: 228 KB per SM, 1 KB reserved per CTA
+constexpr size_t kSmemReservedPerCta = 1024;
+
+// Warp layout per m_tiles: WN warps along N, WK along K (WN * WK = 8).
+template <int MT>
+struct WarpLayout {
+  // M <= 32: one 16-row tile per warp along N, two warps along K; x is read by 4 warps per stage
+  // (at MT = 4: 4 x 8 KB of LDS against 16 KB of W, well inside shared-memory bandwidth).
+  static constexpr int WN = 4, WK = 2;
+};
+template <>
+struct WarpLayout<8> {
+  // M <= 64: two 16-row tiles per warp (64 fp32 accumulators) so that x (16 KB per stage) is read
+  // by 2 warps, not 4.
+  static constexpr int WN = 2, WK = 4;
+};
+
+constexpr int default_stages(int mt) {
+  // smem per stage: 16 KB of W + mt * 2 KB of x. 4 stages at mt = 1 (72 KB: 3 CTAs per SM),
+  // 3 at mt = 2, 4 (60, 72 KB: 3 CTAs), 3 at mt = 8 (96 KB: 2 CTAs). Two or three stages in flight
+  // per CTA, 2-3 CTAs per SM: 64-144 KB of loads in flight per SM, far above the ~35 KB that
+  // 4.46 TB/s x ~1 us of latency / 132 SMs needs.
+  return mt == 1 ? 4 : 3;
+}
+
+size_t stage_bytes(int mt) { return size_t(kBlockN) * kBlockK * 2 + size_t(mt) * 8 * kBlockK * 2; }
+
+size_t smem_bytes_for(int mt, int stages) {
+  const int wk = mt == 8 ? WarpLayout<8>::WK : WarpLayout<1>::WK;
+  const size_t red = size_t(wk) * mt * 8 * kRedStride * 4;
+  return std::max(stage_bytes(mt) * stages, red);
+}
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+
+// 16 bytes global -> shared, L1 bypassed, with an L2 eviction policy; zero-filled when !valid
+// (src is then not read).
+__device__ __forceinline__ void cp_async16_policy(unsigned dst, const void* src, bool valid, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Plain C++ shared loads (not asm): the compiler orders them against __syncthreads and schedules them.
+// Programmatic dependent launch (flat_gemm.h: linear_pdl_enabled): the next kernel may launch once
+// every CTA of this one has started; this kernel streams its first weight stages before waiting for
+// the previous kernel (its x, y and workspace may be that kernel's), so a launch gap and the HBM
+// ramp-up overlap the previous kernel's tail. Both are no-ops in a launch without the attribute.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+__device__ __forceinline__ uint4 lds128(const unsigned char* smem, unsigned offset) {
+  return *reinterpret_cast<const uint4*>(smem + offset);
+}
+
+template <class T>
+__device__ __forceinline__ void mma16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// Shared-memory offset (bytes) of 16-byte chunk c of row r in a [rows][kChunksK] tile.
+__device__ __forceinline__ unsigned swz(int r, int c) { return unsigned((r * kChunksK + (c ^ ((r & 1) << 2))) * 16); }
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+struct Args {
+  const void* x;
+  const void* w;
+  const void* bias;
+  void* y;
+  int M, N, K;
+  int tiles_n, splits, k_tiles;
+  Epilogue epilogue;
+  float* partials;
+  unsigned* semaphores;
+};
+
+template <class T, int MT, int STAGES>
+__global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(const Args a) {
+  using WL = WarpLayout<MT>;
+  constexpr int WN = WL::WN, WK = WL::WK;
+  constexpr int RT = kBlockN / 16 / WN;      // 16-row tiles per warp
+  constexpr int KG = kBlockK / 32 / WK;      // 32-wide k groups per warp per stage
+  constexpr int XR = MT * 8;                 // token rows in smem (padded)
+  constexpr unsigned kWBytes = kBlockN * kBlockK * 2;
+  constexpr unsigned kStageBytes = kWBytes + XR * kBlockK * 2;
+  constexpr int kWLoads = kBlockN * kChunksK / kThreads;  // 4
+  constexpr int kXChunks = XR * kChunksK;                  // 128 .. 1024
+  constexpr int kXLoads = (kXChunks + kThreads - 1) / kThreads;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const unsigned smem_base = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tile = blockIdx.x, split = blockIdx.y;
+  const int M = a.M, N = a.N, K = a.K;
+  const bool swiglu = a.epilogue == Epilogue::SwiGLU;
+  const int F = N / 2;
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const T* __restrict__ w = static_cast<const T*>(a.w);
+
+  // Weight row of local row r (clamped into the matrix: rows past the end load real data whose
+  // results are never stored).
+  auto w_row = [&](int r) -> int {
+    if (!swiglu) return min(tile * kBlockN + r, N - 1);
+    const int half = kBlockN / 2;
+    const int f = min(tile * half + (r & (half - 1)), F - 1);
+    return r < half ? f : F + f;
+  };
+
+  // Per-thread load assignments (fixed over the K loop): W chunk q = tid + 256 i -> row q / 16,
+  // chunk q % 16 (16 consecutive threads read 256 contiguous bytes of one row). The chunk and the
+  // swizzle are the same for every i (256 is a multiple of 16 and of 2 rows), only the row moves.
+  const int ld_c = (tid % kChunksK) * 8;
+  const unsigned ld_dst = swz(tid / kChunksK, tid % kChunksK);
+  constexpr unsigned kRowsPerPass = kThreads / kChunksK;  // 16
+  int w_rows[kWLoads];
+#pragma unroll
+  for (int i = 0; i < kWLoads; ++i) w_rows[i] = w_row(tid / kChunksK + kRowsPerPass * i);
+  int x_rows[kXLoads];
+#pragma unroll
+  for (int i = 0; i < kXLoads; ++i) x_rows[i] = min(tid / kChunksK + int(kRowsPerPass) * i, M - 1);
+  const uint64_t policy = evict_first_policy();
+
+  const int kt_begin = int(int64_t(split) * a.k_tiles / a.splits);
+  const int kt_end = int(int64_t(split + 1) * a.k_tiles / a.splits);
+  const int nk = kt_end - kt_begin;
+
+  auto load_w = [&](int stage, int kt) {
+    const int k = kt * kBlockK + ld_c;
+    const bool ok = k < K;  // K tail: zero-filled chunks (K is a multiple of 8)
+    const unsigned base = smem_base + unsigned(stage) * kStageBytes + ld_dst;
+#pragma unroll
+    for (int i = 0; i < kWLoads; ++i)
+      cp_async16_policy(base + i * kRowsPerPass * kChunksK * 16, w + int64_t(w_rows[i]) * K + (ok ? k : 0), ok,
+                        policy);
+  };
+  auto load_x = [&](int stage, int kt) {
+    const int k = kt * kBlockK + ld_c;
+    const bool ok = k < K;
+    const unsigned base = smem_base + unsigned(stage) * kStageBytes + ld_dst;
+#pragma unroll
+    for (int i = 0; i < kXLoads; ++i) {
+      if (kXChunks % kThreads == 0 || tid + kThreads * i < kXChunks)
+        cp_async16_zfill(base + kWBytes + i * kRowsPerPass * kChunksK * 16, x + int64_t(x_rows[i]) * K + (ok ? k : 0),
+                         ok);
+    }
+  };
+
+  const int g = lane >> 2, t = lane & 3;
+  const int wn = warp % WN, wk = warp / WN;
+  float acc[RT][MT][4];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][mt][i] = 0.f;
+
+  // Prologue: the weights of the first STAGES - 1 stages, then (after the previous kernel is done:
+  // PDL) their x, all in one cp.async group followed by empty groups, so that the main loop's
+  // wait_group<STAGES - 2> counting is unchanged (at it = 0 it waits for the whole prologue).
+  pdl_trigger();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < nk) load_w(s, kt_begin + s);
+  pdl_wait();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < nk) load_x(s, kt_begin + s);
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) detail::cp_async_commit();
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    {
+      const int nxt = it + STAGES - 1;
+      if (nxt < nk) {
+        load_w(nxt % STAGES, kt_begin + nxt);
+        load_x(nxt % STAGES, kt_begin + nxt);
+      }
+      detail::cp_async_commit();
+    }
+    const unsigned base = unsigned(it % STAGES) * kStageBytes;
+#pragma unroll
+    for (int kg = 0; kg < KG; ++kg) {
+      const int c = (wk * KG + kg) * 4 + t;  // this lane's chunk within the stage
+      uint4 lo[RT], hi[RT];  // weight rows g and g + 8 of each 16-row tile
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        const int r0 = (wn * RT + rt) * 16 + g;
+        lo[rt] = lds128(smem, base + swz(r0, c));
+        hi[rt] = lds128(smem, base + swz(r0 + 8, c));
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint4 b = lds128(smem, base + kWBytes + swz(mt * 8 + g, c));  // token row g of tile mt
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) {
+          mma16816<T>(acc[rt][mt], lo[rt].x, hi[rt].x, lo[rt].y, hi[rt].y, b.x, b.y);
+          mma16816<T>(acc[rt][mt], lo[rt].z, hi[rt].z, lo[rt].w, hi[rt].w, b.z, b.w);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the pipeline buffers: they become the reduction area
+
+  // acc[rt][mt] = {(row g, token 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)} of its 16 x 8 tile.
+  float* red = reinterpret_cast<float*>(smem);  // [WK][XR][kRedStride]
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const int r0 = (wn * RT + rt) * 16 + g;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      float* p = red + (wk * XR + mt * 8 + 2 * t) * kRedStride + r0;
+      p[0] = acc[rt][mt][0];
+      p[kRedStride] = acc[rt][mt][1];
+      p[8] = acc[rt][mt][2];
+      p[kRedStride + 8] = acc[rt][mt][3];
+    }
+  }
+  __syncthreads();
+  auto cta_sum = [&](int m, int r) {
+    float v = red[m * kRedStride + r];
+#pragma unroll
+    for (int k = 1; k < WK; ++k) v += red[(k * XR + m) * kRedStride + r];
+    return v;
+  };
+
+  bool summed = false;  // true: red[0] holds the finished sums (split-K), else cta_sum
+  if (a.splits > 1) {
+    __shared__ bool s_last;
+    float* part = a.partials + int64_t(tile) * M * kBlockN;
+    const int64_t split_stride = int64_t(a.tiles_n) * M * kBlockN;
+    for (int i = tid; i < M * kBlockN; i += kThreads) __stcg(part + split * split_stride + i, cta_sum(i / kBlockN, i % kBlockN));
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(a.semaphores + tile, 1u) == unsigned(a.splits - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int i = tid; i < M * kBlockN; i += kThreads) {
+      float v = 0.f;
+      for (int s = 0; s < a.splits; ++s) v += __ldcg(part + s * split_stride + i);
+      red[(i / kBlockN) * kRedStride + i % kBlockN] = v;
+    }
+    if (tid == 0) a.semaphores[tile] = 0u;  // every split has arrived: ready for the next launch
+    __syncthreads();
+    summed = true;
+  }
+  auto total = [&](int m, int r) { return summed ? red[m * kRedStride + r] : cta_sum(m, r); };
+
+  const T* bias = static_cast<const T*>(a.bias);
+  if (swiglu) {
+    constexpr int half = kBlockN / 2;
+    T* y = static_cast<T*>(a.y);
+    for (int i = tid; i < M * half; i += kThreads) {
+      const int m = i / half, j = i % half, f = tile * half + j;
+      if (f >= F) continue;
+      float gv = total(m, j), uv = total(m, half + j);
+      if (bias != nullptr) {
+        gv += to_float(bias[f]);
+        uv += to_float(bias[F + f]);
+      }
+      y[int64_t(m) * F + f] = from_float<T>(silu(gv) * uv);
+    }
+    return;
+  }
+  for (int i = tid; i < M * kBlockN; i += kThreads) {
+    const int m = i / kBlockN, r = i % kBlockN, n = tile * kBlockN + r;
+    if (n >= N) continue;
+    float v = total(m, r);
+    if (bias != nullptr) v += to_float(bias[n]);
+    const int64_t o = int64_t(m) * N + n;
+    switch (a.epilogue) {
+      case Epilogue::Store: static_cast<T*>(a.y)[o] = from_float<T>(v); break;
+      case Epilogue::StoreF32: static_cast<float*>(a.y)[o] = v; break;
+      default: static_cast<float*>(a.y)[o] += v; break;  // AddF32
+    }
+  }
+}
+
+template <class T, int MT, int S>
+void launch_kernel(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
+  auto* kernel = flat_gemm_kernel<T, MT, S>;
+  // Raising the dynamic shared-memory limit is a per-kernel attribute: done once per instantiation
+  // (thread-safe static), not per launch, so launches stay capturable in CUDA graphs.
+  // The carveout preference asks for the largest shared-memory share of L1 (228 KB), which the
+  // 2-3 resident CTAs per SM of the plan assume.
+  static const cudaError_t attr = [&] {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem_bytes_for(MT, S)));
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                int(cudaSharedmemCarveoutMaxShared));
+  }();
+  detail::cuda_check(attr, "flat_gemm: cudaFuncSetAttribute");
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(p.tiles_n), unsigned(p.splits));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = p.smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (linear_pdl_enabled()) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  detail::cuda_check(cudaLaunchKernelEx(&config, kernel, args), "cudaLaunchKernelEx(flat_gemm)");
+}
+
+template <class T, int MT>
+void launch_mt(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
+  if constexpr (MT == 8) {
+    launch_kernel<T, MT, 3>(p, args, stream);  // 3 stages only: see flat_gemm_plan
+  } else {
+    switch (p.stages) {
+      case 3: return launch_kernel<T, MT, 3>(p, args, stream);
+      case 4: return launch_kernel<T, MT, 4>(p, args, stream);
+      default: return launch_kernel<T, MT, 6>(p, args, stream);
+    }
+  }
+}
+
+}  // namespace
+
+bool linear_pdl_enabled() {
+  static const bool enabled = [] {
+    const char* e = std::getenv("FDPP_LINEAR_PDL");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return enabled;
+}
+
+namespace {
+
+int multiprocessors_of_current_device() {
+  int dev = 0;
+  detail::cuda_check(cudaGetDevice(&dev), "flat_gemm: cudaGetDevice");
+  static std::mutex mu;
+  static int cached[64] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  if (dev < 0 || dev >= 64) fail("flat_gemm: device index {} out of range", dev);
+  if (cached[dev] == 0) {
+    detail::cuda_check(cudaDeviceGetAttribute(&cached[dev], cudaDevAttrMultiProcessorCount, dev),
+                       "flat_gemm: cudaDeviceGetAttribute(multiprocessors)");
+  }
+  return cached[dev];
+}
+
+}  // namespace
+
+// Planning. tiles_n = ceil(N / 64) CTAs along N (SwiGLU: ceil(F / 32) with F = N / 2, the same
+// number for even N), so the plan does not depend on the epilogue.
+//
+// Split-K: a CTA streams 16 KB per stage with 2-3 stages in flight; to keep HBM busy every SM needs
+// CTAs, and a tile count below ~2 per SM leaves bandwidth unused. So where tiles_n < SMs, the split
+// count s maximizes
+//     min(1, tiles_n * s / (2 * SMs))          (two CTAs per SM reach full bandwidth)
+//   * (k_tiles / s) / ceil(k_tiles / s)        (the longest split sets the time: balance them)
+//   * (1 - 0.01 * s)                           (each split writes and re-reads an fp32 partial)
+// with tiles_n * s within one resident wave (SMs * ctas_per_sm) and every split streaming at least
+// kMinKTiles * 128 of K. Worked numbers on the H200 (132 SMs, m_tiles 1: 3 CTAs per SM):
+//   O [4096, 4096]: 64 tiles, 32 k-tiles: s = 4 -> 0.97 * 1.00 * 0.96 = 0.93; s = 5 -> 1.00 * 0.91 *
+//     0.95 = 0.87; s = 6 -> 0.84: 4 splits, 256 CTAs of 8 k-tiles (1 MB of partials at M = 16).
+//   down [4096, 11008]: 64 tiles, 86 k-tiles: s = 4 -> 0.97 * 0.98 * 0.96 = 0.910, s = 5 -> 0.908: 4.
+//   Llama-3 QKV [6144, 4096]: 96 tiles: s = 4 (cap 396 / 96) -> 1.00 * 1.00 * 0.96 = 0.96 (s = 3: 0.94).
+//   [16, 4096] (one tile): s = 8 (the k-tile cap 32 / 4): 8 CTAs instead of 1.
+//   QKV [12288, 4096] (192 tiles), gate+up [22016, 4096] (344): >= 132 tiles, no split.
+FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits, int stages) {
+  check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
+  check(N >= 1 && K >= 1, "flat_gemm: N = {}, K = {} must be positive", N, K);
+  check(multiprocessors >= 1, "flat_gemm: multiprocessors = {} must be positive", multiprocessors);
+  constexpr int kMinKTiles = 4;
+  FlatGemmPlan p;
+  p.m_tiles = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+  p.stages = stages > 0 ? stages : default_stages(p.m_tiles);
+  check(p.stages == 3 || p.stages == 4 || p.stages == 6, "flat_gemm: stages = {} (compiled: 3, 4, 6)", p.stages);
+  // m_tiles 8 is compiled with 3 stages only: its 4-stage build (128 registers with a small spill
+  // under __launch_bounds__(256, 2)) stopped with "illegal instruction" on the H200 (run 2 of
+  // flat_gemm; cause not found yet), while 3 stages passed every test.
+  check(p.m_tiles != 8 || p.stages == 3, "flat_gemm: M = {} (m_tiles 8) is compiled with 3 stages only, not {}", M,
+        p.stages);
+  p.block_n = kBlockN;
+  p.block_k = kBlockK;
+  p.tiles_n = (N + kBlockN - 1) / kBlockN;
+  p.k_tiles = (K + kBlockK - 1) / kBlockK;
+  p.smem_bytes = smem_bytes_for(p.m_tiles, p.stages);
+  p.ctas_per_sm = std::max<int>(1, int(std::min<size_t>(8, kSmemPerSm / (p.smem_bytes + kSmemReservedPerCta))));
+  if (splits > 0) {
+    p.splits = std::clamp(splits, 1, p.k_tiles);
+  } else if (p.tiles_n < multiprocessors) {
+    const int slots = multiprocessors * p.ctas_per_sm;
+    const int cap = std::max(1, std::min(slots / p.tiles_n, p.k_tiles / kMinKTiles));
+    double best = -1;
+    for (int s = 1; s <= cap; ++s) {
+      const double par = std::min(1.0, double(p.tiles_n) * s / (2.0 * multiprocessors));
+      const double bal = (double(p.k_tiles) / s) / ((p.k_tiles + s - 1) / s);
+      const double score = par * bal * (1.0 - 0.01 * s);
+      if (score > best) {
+        best = score;
+        p.splits = s;
+      }
+    }
+  }
+  if (p.splits > 1) {
+    check(p.tiles_n <= kSemaphores, "flat_gemm: {} tiles with split-K exceed the {} semaphores", p.tiles_n,
+          kSemaphores);
+    p.workspace_bytes = kSemaphoreBytes + size_t(p.splits) * p.tiles_n * M * kBlockN * sizeof(float);
+  }
+  return p;
+}
+
+size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors) {
+  return flat_gemm_plan(M, N, K, multiprocessors).workspace_bytes;
+}
+
+void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
+               DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  check(x != nullptr && w != nullptr && y != nullptr, "flat_gemm: null pointer (x {}, w {}, y {})", x, w, y);
+  check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
+  check(N >= 1 && K >= 1, "flat_gemm: N = {}, K = {} must be positive", N, K);
+  check(K % 8 == 0, "flat_gemm: K = {} is not a multiple of 8 (rows are streamed in 16-byte chunks)", K);
+  check(detail::aligned16(x) && detail::aligned16(w), "flat_gemm: x ({}) and w ({}) must be 16-byte aligned", x, w);
+  check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "flat_gemm: SwiGLU needs an even N ([gate; up]), got N = {}", N);
+  check(dtype == DType::F16 || dtype == DType::BF16, "flat_gemm: unknown dtype {}", static_cast<int>(dtype));
+  const int need_mt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+  check(plan.m_tiles == need_mt && plan.k_tiles == (K + kBlockK - 1) / kBlockK &&
+            plan.tiles_n == (N + kBlockN - 1) / kBlockN && plan.splits >= 1 && plan.splits <= plan.k_tiles,
+        "flat_gemm: plan (m_tiles {}, tiles_n {}, k_tiles {}, splits {}) does not fit M = {}, N = {}, K = {}",
+        plan.m_tiles, plan.tiles_n, plan.k_tiles, plan.splits, M, N, K);
+  Args args{x, w, bias, y, M, N, K, plan.tiles_n, plan.splits, plan.k_tiles, epilogue, nullptr, nullptr};
+  if (plan.splits > 1) {
+    check(workspace != nullptr && workspace_bytes >= plan.workspace_bytes,
+          "flat_gemm: split-K ({} splits) needs {} bytes of zeroed workspace, got {} at {}", plan.splits,
+          plan.workspace_bytes, workspace_bytes, workspace);
+    check(detail::aligned16(workspace), "flat_gemm: workspace {} must be 16-byte aligned", workspace);
+    args.semaphores = static_cast<unsigned*>(workspace);
+    args.partials = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + kSemaphoreBytes);
+  }
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    switch (plan.m_tiles) {
+      case 1: return launch_mt<T, 1>(plan, args, stream);
+      case 2: return launch_mt<T, 2>(plan, args, stream);
+      case 4: return launch_mt<T, 4>(plan, args, stream);
+      default: return launch_mt<T, 8>(plan, args, stream);
+    }
+  });
+  check_launch("flat_gemm");
+}
+
+void flat_gemm(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
+               Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
+  check(K % 8 == 0, "flat_gemm: K = {} is not a multiple of 8 (rows are streamed in 16-byte chunks)", K);
+  const FlatGemmPlan plan = flat_gemm_plan(M, N, K, multiprocessors_of_current_device());
+  flat_gemm(plan, x, w, bias, y, M, N, K, dtype, epilogue, workspace, workspace_bytes, stream);
+}
+
+}  // namespace fdpp::cuda
