@@ -5,7 +5,7 @@
 # The build travels with the call (CMake and the Debian -dev packages are on the development
 # machine, not the GPU machine):  here: bash scripts/build-gpu.sh   then run this there with
 # carry ["build-gpu"] (plus ".ref" parts of the default model for the greedy test, see below).
-#   FDPP_GPU_STAGES="tests sanitizer attention bench peers" (default: all)
+#   FDPP_GPU_STAGES="tests sanitizer attention linear tune dataflow bench peers" (default: all but tune)
 # Only a few files come back from the device call: everything is written under $OUT/full and
 # packed into $OUT/full.tar.gz at the end, beside summary.md.
 set -uo pipefail
@@ -16,7 +16,8 @@ OUT="$OUT_TOP/full"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
-stages="${FDPP_GPU_STAGES:-tests sanitizer attention bench peers}"
+stages="${FDPP_GPU_STAGES:-tests sanitizer attention linear dataflow bench peers}"
+presets="llama-2-7b llama-2-13b llama-3-8b opt-6.7b chatglm2-6b"
 summary="$OUT_TOP/summary.md"
 : >"$summary"
 log() { echo "$@" | tee -a "$summary"; }
@@ -80,6 +81,50 @@ if [[ " $stages " == *" attention "* ]]; then
   done
   { echo; echo "### decode attention (graph-timed, L2 rotated), fp16, head_dim 128"; \
     python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers "$OUT"/attn_peers_*.json; } | tee -a "$summary"
+fi
+
+if [[ " $stages " == *" linear "* ]]; then
+  # Issue 6: every [N, K] of the five presets, GEMV / flat GEMM / cuBLAS side by side.
+  "$B/fdpp" bench-linear --preset "${presets// /,}" -M 1,2,4,8,16,32,64 >"$OUT/linear.md" 2>"$OUT/linear.err" \
+    || log "bench-linear failed: $(tail -1 "$OUT/linear.err")"
+  "$B/fdpp" bench-linear --preset "${presets// /,}" -M 1,2,4,8,16,32,64 --json >"$OUT/linear.json" 2>>"$OUT/linear.err"
+  { echo; echo "### linear layers, layer sums (full table: linear.md)"; grep -E "^\| (model|---)|layer" "$OUT/linear.md" | grep -E "\| (best|model|---)|---"; } | tee -a "$summary"
+fi
+
+if [[ " $stages " == *" tune "* ]]; then
+  # Issue 7: the dispatch tables (ship them: copy $OUT_TOP/dispatch-*.json to configs/dispatch/).
+  for dt in f16 bf16; do
+    for p in $presets; do
+      "$B/fdpp" tune --preset $p --dtype $dt --out "$OUT_TOP/dispatch-h200-$dt.json" >>"$OUT/tune.log" 2>&1 || log "tune $p $dt failed: $(tail -1 "$OUT/tune.log")"
+    done
+  done
+  { echo; echo "### fdpp tune (last summary)"; tail -30 "$OUT/tune.log"; } | tee -a "$summary"
+fi
+
+# Tables tuned in this call serve the measurements after it (they are what gets shipped).
+if [[ -s $OUT_TOP/dispatch-h200-f16.json ]]; then export FDPP_DISPATCH_TABLE="$OUT_TOP/dispatch-h200-f16.json"; fi
+
+if [[ " $stages " == *" dataflow "* ]]; then
+  # Issue 7: end-to-end decode with the tuned table (auto) against each static choice.
+  for mode in auto gemv flat cublas; do
+    "$B/fdpp" bench --load-format dummy --config "$root/configs/llama-2-7b.json" -b 1,2,4,8,16,32,64 -c 1024 -p 1024 \
+      --linear $mode --json >"$OUT/dataflow_$mode.json" 2>"$OUT/dataflow_$mode.err" || log "bench --linear $mode failed: $(tail -1 "$OUT/dataflow_$mode.err")"
+  done
+  python3 - "$OUT" <<'PY' | tee -a "$summary"
+import json, sys, os
+d = sys.argv[1]
+runs = {m: json.load(open(f"{d}/dataflow_{m}.json")) for m in ("auto", "gemv", "flat", "cublas") if os.path.getsize(f"{d}/dataflow_{m}.json") > 0}
+print("\n### end-to-end decode, Llama-2-7B fp16, ctx 1024: ms/token by linear dispatch (loss vs auto)")
+print("| batch | " + " | ".join(runs) + " |\n| ---: | " + " | ".join("---:" for _ in runs) + " |")
+rows = {m: {x["batch"]: x for x in r["results"] if "ms_per_step" in x} for m, r in runs.items()}
+for b in sorted(rows.get("auto", {})):
+    a = rows["auto"][b]["ms_per_step"]
+    cells = []
+    for m in runs:
+        t = rows[m].get(b, {}).get("ms_per_step")
+        cells.append("-" if t is None else (f"{t:.3f}" if m == "auto" else f"{t:.3f} ({100*(t/a-1):+.1f}%)"))
+    print(f"| {b} | " + " | ".join(cells) + " |")
+PY
 fi
 
 if [[ " $stages " == *" bench "* ]]; then

@@ -47,6 +47,9 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
         options.attention);
   eo.attention = options.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
   eo.unified_max_phi = options.unified_max_phi;
+  eo.linear_mode = options.linear;
+  eo.model_path = options.model_path;
+  eo.dispatch_table = options.dispatch_table;
   return std::make_unique<cuda::CudaRunner>(std::move(model), max_context, eo);
 #else
   fail("unreachable: CUDA runner requested in a CPU-only build");

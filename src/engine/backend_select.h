@@ -26,6 +26,11 @@ struct RunnerOptions {
   std::string attention = "async";
   // Per-layer unified max phi from the model's calibration file (empty: phi = 0, see EngineOptions).
   std::vector<float> unified_max_phi;
+  // CUDA linear layers: "" (FDPP_LINEAR, else auto), auto, gemv, flat, cublas; the model's path
+  // (a dispatch table beside it is used) and an explicit table file.
+  std::string linear;
+  std::string model_path;
+  std::string dispatch_table;
 };
 
 // The weights must outlive the runner (the CPU backend reads them in place; the CUDA backend

@@ -626,6 +626,14 @@ TEST_F(CudaKernels, DecodeAsyncMixedLengthsAllGroupSizes) {
         for (int splits : {0, 1, 5}) run_decode({t, D, H, KVH, 16, lens, Adversarial::None, true, splits});
 }
 
+TEST_F(CudaKernels, DecodeAsyncBatch256MixedLengths) {
+  std::vector<int> lens(256);
+  for (int& l : lens) l = uniform_int(0, 300);
+  lens[7] = 2000;  // one long row among short ones: the split plan follows the longest
+  for (int splits : {0, 1}) run_decode({DType::BF16, 128, 32, 8, 16, lens, Adversarial::None, true, splits});
+  run_decode({DType::F16, 64, 12, 4, 16, lens, Adversarial::Mixed, true, 0});
+}
+
 TEST_F(CudaKernels, DecodeAsyncLongContextTo128K) {
   run_decode({DType::BF16, 128, 8, 2, 16, {131072, 3}, Adversarial::None, true, 0});
   run_decode({DType::F16, 128, 16, 2, 16, {65536, 1000}, Adversarial::None, true, 0});

@@ -85,6 +85,9 @@ int run_bench(const BenchArgs& a) {
   if (a.load_format != "dummy" && eo.attention == cuda::AttentionMode::Async)
     if (const auto cal = load_calibration(loaded.description.path))
       for (const LayerCalibration& l : cal->layers) eo.unified_max_phi.push_back(l.bounds.phi);
+  eo.linear_mode = a.linear;
+  eo.dispatch_table = a.dispatch_table;
+  if (a.load_format != "dummy") eo.model_path = loaded.description.path;
   cuda::CudaEngine engine(model, eo);
   engine.randomize_kv_cache(99);
   size_t free1 = 0;
@@ -164,6 +167,7 @@ int run_bench(const BenchArgs& a) {
                      {"params", matmul_params + static_cast<double>(config.tied_embeddings ? 0 : emb_bytes / 2)},
                      {"cuda_graphs", !a.no_cuda_graphs},
                      {"attention", a.attention},
+                     {"linear", linear_mode_name(engine.linear_dispatcher().chooser().mode())},
                      {"read_bandwidth_measured", bandwidth},
                      {"read_bandwidth_design", kDesignReadBandwidth},
                      {"memory",

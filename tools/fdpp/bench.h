@@ -20,6 +20,8 @@ struct BenchArgs {
   bool json = false;
   bool no_cuda_graphs = false;
   std::string attention = "async";  // decode attention: async (unified max) or sync
+  std::string linear;               // linear layers: "" (FDPP_LINEAR, else auto), auto, gemv, flat, cublas
+  std::string dispatch_table;       // explicit dispatch table file
 };
 
 int run_bench(const BenchArgs& args);

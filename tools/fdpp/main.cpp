@@ -111,6 +111,9 @@ struct DeviceArgs {
     o.kv_cache_tokens = kv_cache_tokens;
     o.cuda_graphs = !no_cuda_graphs;
     o.attention = attention;
+    o.linear = linear;
+    o.model_path = model_path;
+    o.dispatch_table = dispatch_table;
     if (attention == "async" && o.device != Device::Cpu) {
       if (const std::optional<Calibration> cal = load_calibration(model_path))
         for (const LayerCalibration& l : cal->layers) o.unified_max_phi.push_back(l.bounds.phi);
@@ -121,8 +124,15 @@ struct DeviceArgs {
   int64_t kv_cache_tokens = 0;
   bool no_cuda_graphs = false;
   std::string attention = "async";
+  std::string linear;  // "": FDPP_LINEAR, else auto
+  std::string dispatch_table;
 
   void add_to(CLI::App* app) {
+    app->add_option("--linear", linear,
+                    "CUDA linear layers: auto (the tuned dispatch table), gemv, flat or cublas (default: $FDPP_LINEAR, "
+                    "else auto)")
+        ->check(CLI::IsMember({"auto", "gemv", "flat", "cublas"}));
+    app->add_option("--dispatch-table", dispatch_table, "dispatch table file from fdpp tune (default: looked up)");
     app->add_option("--attention", attention,
                     "CUDA decode attention: async (unified max, FlashDecoding++) or sync (FlashDecoding)")
         ->capture_default_str()
@@ -438,6 +448,9 @@ int main(int argc, char** argv) {
   bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
   bench->add_flag("--json", b.json, "print JSON");
   bench->add_flag("--no-cuda-graphs", b.no_cuda_graphs, "launch decode steps eagerly");
+  bench->add_option("--linear", b.linear, "linear layers: auto (dispatch table), gemv, flat, cublas (default: $FDPP_LINEAR, else auto)")
+      ->check(CLI::IsMember({"auto", "gemv", "flat", "cublas"}));
+  bench->add_option("--dispatch-table", b.dispatch_table, "dispatch table file from fdpp tune (default: looked up)");
   bench->add_option("--attention", b.attention, "decode attention: async (unified max) or sync")
       ->capture_default_str()
       ->check(CLI::IsMember({"async", "sync"}));

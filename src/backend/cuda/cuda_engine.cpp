@@ -31,18 +31,17 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
 
   const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden, V = c.vocab_size;
   const bool swiglu = c.activation == Activation::SwiGLU;
-  // The GEMV/cuBLASLt threshold; see linear().
-  const char* mode = std::getenv("FDPP_LINEAR");
-  const std::string m = mode != nullptr ? mode : "auto";
-  check(m == "auto" || m == "gemv" || m == "cublas", "FDPP_LINEAR='{}' is not one of auto, gemv, cublas", m);
-  if (m == "gemv") gemv_max_m_ = kGemvMaxM;
-  if (m == "cublas") gemv_max_m_ = 0;
-  if (const char* t = std::getenv("FDPP_GEMV_MAX_M"); t != nullptr && m == "auto") {
-    gemv_max_m_ = std::atoi(t);
-    check(gemv_max_m_ >= 0 && gemv_max_m_ <= kGemvMaxM, "FDPP_GEMV_MAX_M={} out of range [0, {}]", t, kGemvMaxM);
-  }
+  // Every linear layer goes through the dispatcher (heuristic dataflow: the tuned table for this
+  // GPU, else the fallback rule; --linear / FDPP_LINEAR force one implementation).
+  DispatchSelectOptions dispatch;
+  dispatch.table_path = options.dispatch_table;
+  dispatch.model_path = options.model_path;
+  dispatch.mode = options.linear_mode;
+  linear_ = std::make_unique<LinearDispatcher>(model_->dtype(), dispatch);
   max_tokens_ = std::max(options.max_batch, options.max_prefill_tokens);
   const int64_t T = max_tokens_;
+  // Workspaces for every shape of the model before any graph is captured.
+  linear_->reserve(max_tokens_, model_linear_shapes(c), /*cublas_epilogues=*/false, nullptr);
   x_ = DeviceBuffer(T * H * sizeof(float));
   normed_ = DeviceBuffer(T * H * kElem);
   qkv_ = DeviceBuffer(T * (Q + 2 * KV) * kElem);
@@ -133,7 +132,7 @@ MemoryReport CudaEngine::memory() const {
                                 &slots_, &block_tables_, &sample_ids_, &history_, &history_lens_,
                                 &offsets_, &attn_ws_, &decode_in_, &fallback_rows_, &attn_counters_})
     r.activations += b->bytes();
-  r.workspace = cublas_.workspace_bytes() + sample_ws_.bytes();
+  r.workspace = linear_->workspace_bytes() + sample_ws_.bytes();
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) r.device_used = total_b - free_b;
   return r;
@@ -178,11 +177,7 @@ void CudaEngine::ensure_capacity(Sequence& s, int new_length) {
 }
 
 void CudaEngine::linear(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, bool fp32_out) {
-  if (M <= gemv_max_m_) {
-    gemv(x, w, bias, y, M, N, K, model_->dtype(), fp32_out, stream_);
-  } else {
-    cublas_.run(x, w, bias, y, M, N, K, model_->dtype(), fp32_out, stream_);
-  }
+  linear_->run(x, w, bias, y, M, N, K, model_->dtype(), fp32_out ? Epilogue::StoreF32 : Epilogue::Store, stream_);
 }
 
 uint64_t CudaEngine::attention_fallback_rows() const {
@@ -245,7 +240,11 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_batch, int pref
     linear(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, false);
     residual_norm(x_.as<float>(), o_.get(), nullptr, L.ffn_norm.get(), L.ffn_norm_bias.get(), normed_.get(), n, H,
                   c.norm_eps, c.norm, false, dt, st);
-    if (swiglu) {
+    if (swiglu && LinearDispatcher::fuses(linear_->choose(n, 2 * FF, H), Epilogue::SwiGLU)) {
+      // Gate/up with SwiGLU in the GEMM's epilogue: one pass, no [n, 2 FF] intermediate.
+      linear_->run(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_act_.get(), n, 2 * FF, H, dt, Epilogue::SwiGLU, st);
+      linear(ffn_act_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, false);
+    } else if (swiglu) {
       linear(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_in_.get(), n, 2 * FF, H, false);
       silu_mul(ffn_in_.get(), ffn_act_.get(), n, FF, dt, st);
       linear(ffn_act_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, false);

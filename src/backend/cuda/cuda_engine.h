@@ -15,12 +15,14 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/linear.h"
+#include "backend/cuda/linear_dispatch.h"
 #include "fdpp/sampling.h"
 
 namespace fdpp::cuda {
@@ -41,6 +43,11 @@ struct EngineOptions {
   // calibration file; empty: the conservative default phi = 0 for every layer. Either way rows
   // outside the safe range are recomputed, so results do not depend on phi, only speed does.
   std::vector<float> unified_max_phi;
+  // Linear layers: "" (FDPP_LINEAR, else auto), auto, gemv, flat or cublas; the dispatch table
+  // file ("" : FDPP_DISPATCH_TABLE, else beside model_path, the cache, configs/dispatch/).
+  std::string linear_mode;
+  std::string dispatch_table;
+  std::string model_path;
 };
 
 struct MemoryReport {
@@ -78,6 +85,8 @@ class CudaEngine {
   std::vector<int32_t> sample(int rows, const SamplingParams& params, std::span<const std::span<const int32_t>> history,
                               uint64_t step);
 
+  const LinearDispatcher& linear_dispatcher() const { return *linear_; }
+
   // Decode attention rows (sequence x query head x layer) computed so far, and how many of them the
   // asynchronized softmax recomputed because their max logit left [phi + a, phi + b] (synchronizes).
   uint64_t attention_rows() const { return attention_rows_; }
@@ -105,12 +114,7 @@ class CudaEngine {
   };
   void forward(const StepInputs& in, int n_tokens, int decode_batch, int prefill_start, int logit_rows,
                int attention_splits = 1);
-  // Linear-layer dispatch, all in one place until issue 7's tuned table replaces the rule: the
-  // CUDA-core GEMV for M <= gemv_max_m_, cuBLASLt above. FDPP_LINEAR=gemv|cublas|auto forces one
-  // (gemv up to its kGemvMaxM rows); FDPP_GEMV_MAX_M moves the threshold for measurements.
-  // Threshold 1, measured on the H200 (Llama-2-7B fp16, ctx 1024, ms per decode step, GEMV vs
-  // cuBLASLt in the same run): M=1 4.313 vs 4.466, M=2 5.000 vs 4.688, M=4 6.105 vs 5.093,
-  // M=8 8.573 vs 5.431 (docs/PERFORMANCE.md, run 5).
+  // A linear layer through the dispatcher (GEMV / flat GEMM / cuBLASLt by the tuned table).
   void linear(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, bool fp32_out);
   void* layer_k(int layer) const;
   void* layer_v(int layer) const;
@@ -118,8 +122,7 @@ class CudaEngine {
   std::shared_ptr<const DeviceModel> model_;
   EngineOptions options_;
   cudaStream_t stream_ = nullptr;
-  CublasLtLinear cublas_;
-  int gemv_max_m_ = 1;
+  std::unique_ptr<LinearDispatcher> linear_;
   int max_tokens_ = 0;  // per forward
   int max_blocks_per_seq_ = 0;
   int64_t num_blocks_ = 0;
