@@ -99,9 +99,9 @@ size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, in
 // sum e^(x - phi) v and sum e^(x - phi) on its own and the splits' sums are added by the last CTA
 // of the row's group to finish (same launch): no running max, no rescaling. A row whose max logit
 // x_max has x_max - phi outside [a, b] (or is NaN) is left unwritten by that launch and listed;
-// a second launch (programmatically dependent, a fixed grid whose CTAs beyond the list's length
-// exit at once) recomputes exactly the listed rows with the synchronized softmax, one CTA per
-// group over all its keys. The result always equals the stable softmax to fp32 rounding.
+// a second launch (programmatically dependent; a fixed grid of at most one wave whose CTAs take
+// the listed groups round-robin and exit at once when none is listed) recomputes exactly the
+// listed rows with the synchronized softmax, one CTA per group over all its keys. The result always equals the stable softmax to fp32 rounding.
 // `fallback_rows` (device, nullable) is incremented by the number of rows recomputed.
 // workspace: decode_attention_async_workspace_bytes(...) bytes, 16-byte aligned (partials and the
 // fallback list; no initialization). counters: decode_attention_async_counters(...) ints, zeroed
