@@ -76,8 +76,10 @@ if [[ " $stages " == *" attention "* ]]; then
   for kvh in 32 8; do
     "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" --json \
       >"$OUT/attn_ours_$kvh.json" 2>"$OUT/attn_ours_$kvh.err" || log "bench-attention 32/$kvh failed: $(tail -1 "$OUT/attn_ours_$kvh.err")"
-    [[ ${FDPP_ATTN_PEERS:-1} == 1 ]] && python3 "$root/bench/peers/attention_peers.py" --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" \
-      --json "$OUT/attn_peers_$kvh.json" >"$OUT/attn_peers_$kvh.log" 2>&1 || log "attention peers 32/$kvh failed: $(tail -1 "$OUT/attn_peers_$kvh.log")"
+    if [[ ${FDPP_ATTN_PEERS:-1} == 1 ]]; then
+      python3 "$root/bench/peers/attention_peers.py" --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" \
+        --json "$OUT/attn_peers_$kvh.json" >"$OUT/attn_peers_$kvh.log" 2>&1 || log "attention peers 32/$kvh failed: $(tail -1 "$OUT/attn_peers_$kvh.log")"
+    fi
   done
   { echo; echo "### decode attention (graph-timed, L2 rotated), fp16, head_dim 128"; \
     python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers $(ls "$OUT"/attn_peers_*.json 2>/dev/null); } | tee -a "$summary"

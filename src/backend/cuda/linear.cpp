@@ -70,8 +70,16 @@ CublasLtLinear::Plan& CublasLtLinear::plan(int M, int N, int K, DType dtype, con
   constexpr int kCandidates = 8;
   cublasLtMatmulHeuristicResult_t results[kCandidates]{};
   int found = 0;
-  const cublasStatus_t st =
+  cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
+  if (bias && !fp32_out && (st != CUBLAS_STATUS_SUCCESS || found == 0)) {
+    // cuBLASLt offers no bias epilogue for some shapes (seen: N = 1001, fp16, on the H200): the
+    // GEMM alone, then add_bias.
+    const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;
+    FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof none));
+    p.separate_bias = true;
+    st = cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
+  }
   cublasLtMatmulPreferenceDestroy(pref);
   check(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no algorithm for [{}, {}] x [{}, {}]^T", M, K, N, K);
   p.algo = results[0].algo;
@@ -81,7 +89,7 @@ CublasLtLinear::Plan& CublasLtLinear::plan(int M, int N, int K, DType dtype, con
     std::lock_guard<std::mutex> lock(tuned_mutex);
     auto t = tuned_algos.find(key);
     if (t == tuned_algos.end()) {
-      if (bias)
+      if (bias && !p.separate_bias)
         FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr));
       t = tuned_algos.emplace(key, tune(p, results, found, x, w, y, stream)).first;
     }
@@ -130,11 +138,12 @@ void CublasLtLinear::run(const void* x, const void* w, const void* bias, void* y
                          bool fp32_out, cudaStream_t stream) {
   check(M > 0 && N > 0 && K > 0, "linear: bad shape M={} N={} K={}", M, N, K);
   Plan& p = plan(M, N, K, dtype, x, w, bias, y, fp32_out, stream);
-  if (bias != nullptr)
+  if (bias != nullptr && !p.separate_bias)
     FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   const float alpha = 1.f, beta = 0.f;
   FDPP_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
                                    workspace_.get(), workspace_.bytes(), stream));
+  if (bias != nullptr && p.separate_bias) add_bias(y, bias, M, N, dtype, stream);
 }
 
 }  // namespace fdpp::cuda

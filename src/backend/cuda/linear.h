@@ -42,6 +42,7 @@ class CublasLtLinear {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool separate_bias = false;  // no algorithm with the bias epilogue: GEMM, then add_bias
   };
   using Key = std::tuple<int, int, int, int, bool, bool>;
   Plan& plan(int M, int N, int K, DType dtype, const void* x, const void* w, const void* bias, void* y, bool fp32_out,
