@@ -527,30 +527,50 @@ void launch_decode_g(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, 
   }
 }
 
-// CTA groups of a launch: one per (sequence, kv head, sub-group of at most 16 query heads).
+int multiprocessor_count() {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "SM count");
+    return count;
+  }();
+  return sms;
+}
+
+// CTA groups of a launch: one per (sequence, kv head, sub-group of at most gmax query heads).
+// A CTA normally takes the whole GQA group (up to 16 heads), so each K/V tile is read once for
+// all of them. When even with `splits` that leaves most SMs idle (short contexts at small batch:
+// ChatGLM2-6B, 32 query heads on 2 kv heads, batch 1, context 1024 ran 8 CTAs of 16 heads each,
+// 56% of the roofline end to end), the group is split over more CTAs, halving gmax while fewer
+// than half the SMs would be busy: the extra K/V reads of the sub-groups hit L2 (the cache of
+// such a short context is a few MB). Long contexts split the keys instead and keep whole groups.
 struct GroupPlan {
   int group, gmax, n_sub;
   int64_t n_groups;
 };
-GroupPlan plan_groups(int batch, int n_heads, int n_kv_heads) {
+GroupPlan plan_groups(int batch, int n_heads, int n_kv_heads, int splits) {
   GroupPlan g{};
   g.group = n_heads / n_kv_heads;
   g.gmax = g.group <= 1 ? 1 : g.group <= 2 ? 2 : g.group <= 4 ? 4 : g.group <= 8 ? 8 : 16;
-  g.n_sub = (g.group + g.gmax - 1) / g.gmax;
+  auto n_sub = [&](int gmax) { return (g.group + gmax - 1) / gmax; };
+  const int64_t half_sms = multiprocessor_count() / 2;
+  while (g.gmax > 1 && int64_t(batch) * n_kv_heads * n_sub(g.gmax) * splits < half_sms) g.gmax /= 2;
+  g.n_sub = n_sub(g.gmax);
   g.n_groups = int64_t(batch) * n_kv_heads * g.n_sub;
   return g;
 }
+// The most groups any plan can have (one query head per CTA): bounds the counters and the list.
+int64_t max_groups(int batch, int n_heads) { return int64_t(batch) * n_heads; }
 
 // The async workspace: partials (splits > 1), then the fallback list's entries.
 struct AsyncWorkspace {
   size_t partial_bytes, entries_offset, total;
 };
-AsyncWorkspace async_workspace_layout(int batch, int n_heads, int n_kv_heads, int head_dim, int splits) {
-  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads);
+AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/, int head_dim, int splits) {
   AsyncWorkspace w{};
   w.partial_bytes = decode_attention_workspace_bytes(batch, n_heads, head_dim, splits);
   w.entries_offset = (w.partial_bytes + 15) & ~size_t(15);
-  w.total = w.entries_offset + sizeof(int) * 2 * size_t(g.n_groups);
+  w.total = w.entries_offset + sizeof(int) * 2 * size_t(max_groups(batch, n_heads));
   return w;
 }
 
@@ -569,7 +589,7 @@ size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_h
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
   check(batch > 0 && n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
         "decode_attention_async_counters: batch {}, heads {}/{}", batch, n_heads, n_kv_heads);
-  const int64_t n = 2 + plan_groups(batch, n_heads, n_kv_heads).n_groups;
+  const int64_t n = 2 + max_groups(batch, n_heads);
   check(n <= 0x7fffffff, "decode_attention_async_counters: {} groups", n);
   return static_cast<int>(n);
 }
@@ -641,7 +661,7 @@ DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, 
   check(std::isfinite(scale), "decode_attention: scale = {} is not finite", scale);
   check(aligned16(k_cache) && aligned16(v_cache), "decode_attention: k/v cache pointers must be 16-byte aligned");
   check(dtype == DType::F16 || dtype == DType::BF16, "decode_attention: unknown dtype {}", static_cast<int>(dtype));
-  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads);
+  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits);
   check(g.n_groups <= 0x7fffffff, "decode_attention: {} CTAs exceed the grid limit", g.n_groups);
   int shift = 0;
   while ((1 << shift) < block_size) ++shift;
@@ -676,7 +696,7 @@ void decode_attention_split(const void* qkv, const void* k_cache, const void* v_
         "decode_attention: {} splits need {} bytes of workspace, got {}", splits,
         decode_attention_workspace_bytes(batch, n_heads, head_dim, splits), workspace_bytes);
   a.partials = static_cast<float*>(workspace);
-  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads);
+  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits);
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     if (head_dim == 64) {
@@ -724,17 +744,11 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
   f.splits = 1;
   f.partials = nullptr;
   f.from_list = true;
-  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads);
+  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits);
   const int n = static_cast<int>(g.n_groups);
   // The fallback grid: at most one wave. (A CTA per group measured +17 us at batch 64 with no row
   // to recompute: 2048 CTAs of 135 KB shared memory take 16 waves just to exit.)
-  static const int sms = [] {
-    int device = 0, count = 0;
-    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-    cuda_check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "SM count");
-    return count;
-  }();
-  const int n_fallback = std::max(1, std::min(n, sms));
+  const int n_fallback = std::max(1, std::min(n, multiprocessor_count()));
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     if (head_dim == 64) {

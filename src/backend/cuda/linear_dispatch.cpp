@@ -1,5 +1,7 @@
 #include "backend/cuda/linear_dispatch.h"
 
+#include <string_view>
+
 #include <algorithm>
 
 namespace fdpp::cuda {
@@ -102,8 +104,26 @@ void LinearDispatcher::run_impl(LinearImpl impl, const void* x, const void* w, c
       return;
     }
     case LinearImpl::Cublas:
-      break;
+      // cuBLASLt has no algorithm for a few small-M shapes with an N that is not a multiple of 8
+      // (seen on the H200: M = 1, N = 1001, K = 4096, fp16): the flat GEMM computes those.
+      if (M <= kFlatGemmMaxM && cublas_unsupported_.count({M, N, K, static_cast<int>(epilogue), bias != nullptr})) {
+        run_impl(LinearImpl::Flat, x, w, bias, y, M, N, K, dtype, epilogue, stream);
+        return;
+      }
+      try {
+        run_cublas(x, w, bias, y, M, N, K, dtype, epilogue, stream);
+      } catch (const Error& e) {
+        if (M > kFlatGemmMaxM || std::string_view(e.what()).find("cuBLASLt has no algorithm") == std::string_view::npos)
+          throw;
+        cublas_unsupported_.insert({M, N, K, static_cast<int>(epilogue), bias != nullptr});
+        run_impl(LinearImpl::Flat, x, w, bias, y, M, N, K, dtype, epilogue, stream);
+      }
+      return;
   }
+}
+
+void LinearDispatcher::run_cublas(const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
+                                  DType dtype, Epilogue epilogue, cudaStream_t stream) {
   const size_t elems = static_cast<size_t>(M) * static_cast<size_t>(N);
   switch (epilogue) {
     case Epilogue::Store:

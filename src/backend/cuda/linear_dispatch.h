@@ -22,7 +22,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <set>
 #include <span>
+#include <tuple>
 #include <string>
 
 #include "backend/cuda/check.h"
@@ -91,6 +93,8 @@ class LinearDispatcher {
 
  private:
   void ensure_flat_workspace(size_t bytes, cudaStream_t stream);
+  void run_cublas(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
+                  Epilogue epilogue, cudaStream_t stream);
   void* scratch(size_t bytes, cudaStream_t stream);
 
   DType dtype_;
@@ -99,6 +103,8 @@ class LinearDispatcher {
   CublasLtLinear cublas_;
   DeviceBuffer flat_ws_;  // zeroed when allocated; the kernels leave it zeroed
   DeviceBuffer scratch_;
+  // (M, N, K, epilogue, bias) cuBLASLt found no algorithm for: computed by the flat GEMM.
+  std::set<std::tuple<int, int, int, int, bool>> cublas_unsupported_;
 };
 
 }  // namespace fdpp::cuda
