@@ -57,6 +57,23 @@ a, b = (json.load(open(f"{sys.argv[1]}/greedy_{d}.json")) for d in ("cpu", "cuda
 same = a["token_ids"] == b["token_ids"]
 print(f"greedy 32 tokens, default model, cpu vs cuda: {'IDENTICAL' if same else 'DIFFERENT'}; cuda decode {b['timings']['decode_tokens_per_second']:.0f} tok/s; text: {b['text'][:60]!r}")
 PY
+    # Issue 5: the unified max's fallback rate on real text (this repository's README as the
+    # prompt, 256 generated tokens), with the default phi = 0 and after fdpp calibrate.
+    prompt="$(head -c 6000 "$root/README.md")"
+    "$B/fdpp" generate --device cuda --prompt "$prompt" --temperature 0 -n 256 --ignore-eos --json >"$OUT/fallback_default_phi.json" 2>>"$OUT/gpu_tests.log"
+    "$B/fdpp" calibrate -m "$model" >"$OUT/calibrate.log" 2>&1 || log "calibrate failed: $(tail -1 "$OUT/calibrate.log")"
+    "$B/fdpp" generate --device cuda --prompt "$prompt" --temperature 0 -n 256 --ignore-eos --json >"$OUT/fallback_calibrated.json" 2>>"$OUT/gpu_tests.log"
+    python3 - "$OUT" <<'PY' | tee -a "$summary"
+import json, sys
+for name in ("default_phi", "calibrated"):
+    try:
+        r = json.load(open(f"{sys.argv[1]}/fallback_{name}.json"))
+        a = r["attention"]
+        print(f"unified-max fallback on real text ({name}, {r['timings']['prompt_tokens']} prompt + 256 tokens): {a['fallback_rows']} of {a['decode_rows']} decode rows ({100*a['fallback_rows']/max(1,a['decode_rows']):.3f}%)")
+    except Exception as e:
+        print(f"fallback {name}: no result ({e})")
+PY
+    grep -E "phi|fallback" "$OUT/calibrate.log" | tail -3 | tee -a "$summary"
   fi
 fi
 

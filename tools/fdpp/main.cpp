@@ -25,6 +25,7 @@
 #include "fdpp/error.h"
 #include "io/model_loader.h"
 #ifdef FDPP_HAVE_CUDA
+#include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/device_query.h"
 #include "bench.h"
 #include "bench_attention.h"
@@ -198,6 +199,14 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
                     {"decode_seconds", r.decode_seconds},
                     {"prefill_tokens_per_second", r.prefill_tokens_per_second()},
                     {"decode_tokens_per_second", r.decode_tokens_per_second()}};
+#ifdef FDPP_HAVE_CUDA
+    // The asynchronized softmax's guard: decode attention rows recomputed (issue 5's fallback rate).
+    if (auto* gpu = dynamic_cast<cuda::CudaRunner*>(runner.get())) {
+      j["attention"] = {{"mode", d.attention},
+                        {"decode_rows", gpu->engine().attention_rows()},
+                        {"fallback_rows", gpu->engine().attention_fallback_rows()}};
+    }
+#endif
     // Invalid UTF-8 (a model can emit it) is replaced rather than aborting the dump.
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {

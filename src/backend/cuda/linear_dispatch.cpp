@@ -104,21 +104,33 @@ void LinearDispatcher::run_impl(LinearImpl impl, const void* x, const void* w, c
       return;
     }
     case LinearImpl::Cublas:
-      // cuBLASLt has no algorithm for a few small-M shapes with an N that is not a multiple of 8
-      // (seen on the H200: M = 1, N = 1001, K = 4096, fp16): the flat GEMM computes those.
-      if (M <= kFlatGemmMaxM && cublas_unsupported_.count({M, N, K, static_cast<int>(epilogue), bias != nullptr})) {
-        run_impl(LinearImpl::Flat, x, w, bias, y, M, N, K, dtype, epilogue, stream);
+      // cuBLASLt has no algorithm for some shapes whose N is not a multiple of 8 (seen on the
+      // H200: N = 1001, K = 4096, fp16, at M = 1 and M = 100): the flat GEMM computes those, 64
+      // rows at a time.
+      if (cublas_unsupported_.count({M, N, K, static_cast<int>(epilogue), bias != nullptr})) {
+        run_flat_rows(x, w, bias, y, M, N, K, dtype, epilogue, stream);
         return;
       }
       try {
         run_cublas(x, w, bias, y, M, N, K, dtype, epilogue, stream);
       } catch (const Error& e) {
-        if (M > kFlatGemmMaxM || std::string_view(e.what()).find("cuBLASLt has no algorithm") == std::string_view::npos)
-          throw;
+        if (std::string_view(e.what()).find("cuBLASLt has no algorithm") == std::string_view::npos) throw;
         cublas_unsupported_.insert({M, N, K, static_cast<int>(epilogue), bias != nullptr});
-        run_impl(LinearImpl::Flat, x, w, bias, y, M, N, K, dtype, epilogue, stream);
+        run_flat_rows(x, w, bias, y, M, N, K, dtype, epilogue, stream);
       }
       return;
+  }
+}
+
+void LinearDispatcher::run_flat_rows(const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
+                                     DType dtype, Epilogue epilogue, cudaStream_t stream) {
+  // Row r of y starts at r * (columns) elements of (bytes each).
+  const int64_t columns = epilogue == Epilogue::SwiGLU ? N / 2 : N;
+  const int64_t bytes = epilogue == Epilogue::StoreF32 || epilogue == Epilogue::AddF32 ? 4 : 2;
+  for (int r = 0; r < M; r += kFlatGemmMaxM) {
+    const int rows = std::min(kFlatGemmMaxM, M - r);
+    run_impl(LinearImpl::Flat, static_cast<const char*>(x) + int64_t(r) * K * 2, w, bias,
+             static_cast<char*>(y) + int64_t(r) * columns * bytes, rows, N, K, dtype, epilogue, stream);
   }
 }
 

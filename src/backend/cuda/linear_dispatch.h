@@ -95,6 +95,9 @@ class LinearDispatcher {
   void ensure_flat_workspace(size_t bytes, cudaStream_t stream);
   void run_cublas(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
                   Epilogue epilogue, cudaStream_t stream);
+  // The flat GEMM over any M, kFlatGemmMaxM rows at a time.
+  void run_flat_rows(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
+                     Epilogue epilogue, cudaStream_t stream);
   void* scratch(size_t bytes, cudaStream_t stream);
 
   DType dtype_;
