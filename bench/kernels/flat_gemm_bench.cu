@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/graph_timer.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/flat_gemm.h"
 #include "backend/cuda/linear.h"
@@ -78,32 +79,7 @@ template <class F>
 double time_us(cudaStream_t stream, const Buffers& b, F&& launch) {
   launch(0, stream);  // outside capture: first-call setup (cuBLASLt tuning, function attributes)
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  FDPP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunches; ++i) launch(i % int(b.w.size()), stream);
-  FDPP_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  FDPP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) FDPP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  cudaEvent_t e0, e1;
-  FDPP_CUDA_CHECK(cudaEventCreate(&e0));
-  FDPP_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<double> t;
-  for (int r = 0; r < kReplays; ++r) {
-    FDPP_CUDA_CHECK(cudaEventRecord(e0, stream));
-    FDPP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    FDPP_CUDA_CHECK(cudaEventRecord(e1, stream));
-    FDPP_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    FDPP_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms * 1e3 / kLaunches);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return fdpp::cuda::time_graph(stream, kLaunches, kReplays, [&](int i) { launch(i % int(b.w.size()), stream); }).us;
 }
 
 double pct(const Shape& s, int M, double us) {

@@ -21,6 +21,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/device_query.h"
+#include "backend/cuda/graph_timer.h"
 #include "backend/cuda/kernels.h"
 #include "attention/unified_max.h"
 #include "fdpp/error.h"
@@ -32,41 +33,6 @@ namespace {
 constexpr double kDesignReadBandwidth = 4.46e12;  // DESIGN.md: read-only streaming kernel on the H200
 constexpr double kL2Bytes = 60e6;
 constexpr int kBlock = 16;
-
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
-// Times `launch(r)` for r = 0..reps-1 captured into one graph: median over replays, per call.
-template <class F>
-double graph_time_us(cudaStream_t stream, int reps, int replays, F&& launch) {
-  cudaGraph_t graph = nullptr;
-  FDPP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int r = 0; r < reps; ++r) launch(r);
-  FDPP_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  FDPP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaGraphDestroy(graph);
-  cudaEvent_t start = nullptr, stop = nullptr;
-  FDPP_CUDA_CHECK(cudaEventCreate(&start));
-  FDPP_CUDA_CHECK(cudaEventCreate(&stop));
-  FDPP_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
-  std::vector<double> us;
-  for (int i = 0; i < replays; ++i) {
-    FDPP_CUDA_CHECK(cudaEventRecord(start, stream));
-    FDPP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    FDPP_CUDA_CHECK(cudaEventRecord(stop, stream));
-    FDPP_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    FDPP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    us.push_back(1e3 * ms / reps);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  return median(us);
-}
 
 }  // namespace
 
@@ -156,7 +122,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                                          D, kBlock, scale, out.get(), dtype, splits, ws.get(), ws.bytes(), stream);
           }
         };
-        const double us = graph_time_us(stream, reps, a.replays, launch);
+        const double us = cuda::time_graph(stream, reps, a.replays, launch).us;
         unsigned long long fb = 0;
         FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
         results.push_back({{"mode", mode}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},

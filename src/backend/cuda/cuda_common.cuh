@@ -103,6 +103,34 @@ inline void dispatch_dtype(DType dtype, F&& f) {
   }
 }
 
+// ---- launches ------------------------------------------------------------------------------------
+
+// A cudaLaunchKernelEx configuration, optionally a programmatic dependent launch: the kernel may
+// be scheduled while the previous kernel on the stream drains, and must execute
+// griddepcontrol.wait before it reads anything that kernel wrote.
+class LaunchConfig {
+ public:
+  LaunchConfig(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, bool programmatic) {
+    config_.gridDim = grid;
+    config_.blockDim = block;
+    config_.dynamicSmemBytes = smem_bytes;
+    config_.stream = stream;
+    if (programmatic) {
+      attribute_.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attribute_.val.programmaticStreamSerializationAllowed = 1;
+      config_.attrs = &attribute_;
+      config_.numAttrs = 1;
+    }
+  }
+  LaunchConfig(const LaunchConfig&) = delete;  // config_ points at attribute_
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
+  const cudaLaunchConfig_t* get() const { return &config_; }
+
+ private:
+  cudaLaunchAttribute attribute_{};
+  cudaLaunchConfig_t config_{};
+};
+
 // ---- warp reductions ---------------------------------------------------------------------------
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -118,6 +118,15 @@ __device__ __forceinline__ void load_small(const T* p, float (&f)[N]) {
   }
 }
 
+// One element of a split's partial result [m, d, o[D]]: o[dim], and m and d with dim 0.
+__device__ __forceinline__ void write_partial(float* p, int dim, float m, float d, float o) {
+  p[2 + dim] = o;
+  if (dim == 0) {
+    p[0] = m;
+    p[1] = d;
+  }
+}
+
 // Waits until at most one cp.async group of this thread is still in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
@@ -182,13 +191,7 @@ __device__ __forceinline__ void attend_group(const DecodeArgs& a, int group_inde
   }
   if (!kAsync && tile_begin >= tile_end) {  // sync: no keys in this slice, an empty partial
     for (int i = tid; i < gc * D; i += kThreads) {
-      float* pg = partial + int64_t(i / D) * a.splits * (D + 2);
-      const int d = i % D;
-      pg[2 + d] = 0.f;
-      if (d == 0) {
-        pg[0] = -INFINITY;
-        pg[1] = 0.f;
-      }
+      write_partial(partial + int64_t(i / D) * a.splits * (D + 2), i % D, -INFINITY, 0.f, 0.f);
     }
     return;
   }
@@ -361,12 +364,7 @@ __device__ __forceinline__ void attend_group(const DecodeArgs& a, int group_inde
         if (rel >= a.lo2 && rel <= a.hi2) out[i] = from_float<T>(num / den);
         else if (d == 0) atomicOr(&mask_s, 1 << g);
       } else {
-        float* pg = partial + int64_t(g) * a.splits * (D + 2);
-        pg[2 + d] = num;
-        if (d == 0) {
-          pg[0] = M;
-          pg[1] = den;
-        }
+        write_partial(partial + int64_t(g) * a.splits * (D + 2), d, M, den, num);
       }
     }
     if (partial != nullptr) {
@@ -426,12 +424,7 @@ __device__ __forceinline__ void attend_group(const DecodeArgs& a, int group_inde
       if (partial == nullptr) {
         if ((head_mask >> g) & 1u) out[i] = from_float<T>(den > 0.f ? num / den : 0.f);
       } else {
-        float* pg = partial + int64_t(g) * a.splits * (D + 2);
-        pg[2 + d] = num;
-        if (d == 0) {
-          pg[0] = M;
-          pg[1] = den;
-        }
+        write_partial(partial + int64_t(g) * a.splits * (D + 2), d, M, den, num);
       }
     }
   }
@@ -499,21 +492,10 @@ void launch_decode(const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t
     return true;
   }();
   (void)configured;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(n_ctas, a.splits);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  if (dependent) {
-    // The fallback launch follows the async launch programmatically: its CTAs are scheduled while
-    // the async grid drains and wait for it in griddepcontrol.wait, hiding most of a launch gap.
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  cuda_check(cudaLaunchKernelEx(&config, kernel, a), "cudaLaunchKernelEx(decode_attention_kernel)");
+  // The fallback launch (dependent) follows the async launch programmatically: its CTAs are
+  // scheduled while the async grid drains and wait for it in griddepcontrol.wait.
+  const detail::LaunchConfig config(dim3(n_ctas, a.splits), dim3(kThreads), smem, stream, dependent);
+  cuda_check(cudaLaunchKernelEx(config.get(), kernel, a), "cudaLaunchKernelEx(decode_attention_kernel)");
 }
 
 template <class T, int D, bool kAsync>

@@ -388,19 +388,9 @@ void launch_kernel(const FlatGemmPlan& p, const Args& args, cudaStream_t stream)
                                 int(cudaSharedmemCarveoutMaxShared));
   }();
   detail::cuda_check(attr, "flat_gemm: cudaFuncSetAttribute");
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(p.tiles_n), unsigned(p.splits));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = p.smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (linear_pdl_enabled()) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  detail::cuda_check(cudaLaunchKernelEx(&config, kernel, args), "cudaLaunchKernelEx(flat_gemm)");
+  const detail::LaunchConfig config(dim3(unsigned(p.tiles_n), unsigned(p.splits)), dim3(kThreads), p.smem_bytes, stream,
+                                    linear_pdl_enabled());
+  detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, args), "cudaLaunchKernelEx(flat_gemm)");
 }
 
 template <class T, int MT>

@@ -238,18 +238,9 @@ void launch_ex_m(const void* x, const void* w, const void* bias, void* y, int N,
                  cudaStream_t stream) {
   constexpr int R = ExShape<M>::R;
   const int units = ep == Epilogue::SwiGLU ? (N / 2 + R / 2 - 1) / (R / 2) : (N + R - 1) / R;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>((units + kWarpsPerCta - 1) / kWarpsPerCta));
-  config.blockDim = dim3(kWarpsPerCta * 32);
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (linear_pdl_enabled()) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  detail::cuda_check(cudaLaunchKernelEx(&config, gemv_ex_kernel<T, M>, static_cast<const T*>(x),
+  const detail::LaunchConfig config(dim3(static_cast<unsigned>((units + kWarpsPerCta - 1) / kWarpsPerCta)),
+                                    dim3(kWarpsPerCta * 32), 0, stream, linear_pdl_enabled());
+  detail::cuda_check(cudaLaunchKernelEx(config.get(), gemv_ex_kernel<T, M>, static_cast<const T*>(x),
                                         static_cast<const T*>(w), static_cast<const T*>(bias), y, N, K, ep),
                      "cudaLaunchKernelEx(gemv_ex)");
 }

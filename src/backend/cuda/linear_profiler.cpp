@@ -1,5 +1,7 @@
 #include "backend/cuda/linear_profiler.h"
 
+#include "backend/cuda/graph_timer.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -25,7 +27,7 @@ LinearProfiler::LinearProfiler(DType dtype, const ProfilerOptions& options)
         "profiler: copies range [{}, {}] is invalid", options.min_copies, options.max_copies);
   check(options.max_launches >= 1 && options.target_graph_us > 0, "profiler: bad launch limits");
   FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  events_.assign(static_cast<size_t>(options.replays) + 3, nullptr);
+  events_.assign(2, nullptr);
   for (cudaEvent_t& e : events_) FDPP_CUDA_CHECK(cudaEventCreate(&e));
 }
 
@@ -106,7 +108,7 @@ LinearTiming LinearProfiler::time(LinearImpl impl, int M, int N, int K) {
 
   // R from one eager pass over the copies (launch overhead makes this an overestimate for tiny
   // calls, so R errs small, never large).
-  cudaEvent_t a = events_[events_.size() - 2], b = events_.back();
+  cudaEvent_t a = events_[0], b = events_[1];
   FDPP_CUDA_CHECK(cudaEventRecord(a, stream_));
   for (int c = 0; c < copies_; ++c) launch(impl, c, M, N, K);
   FDPP_CUDA_CHECK(cudaEventRecord(b, stream_));
@@ -119,40 +121,10 @@ LinearTiming LinearProfiler::time(LinearImpl impl, int M, int N, int K) {
   R = (R + copies_ - 1) / copies_ * copies_;  // whole rotations: every reuse >= copies - 1 launches apart
   r.launches = R;
 
-  cudaGraph_t graph = nullptr;
-  FDPP_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  try {
-    for (int i = 0; i < R; ++i) launch(impl, i % copies_, M, N, K);
-  } catch (...) {
-    cudaStreamEndCapture(stream_, &graph);
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    throw;
-  }
-  FDPP_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  FDPP_CUDA_CHECK(inst);
-
-  std::vector<double> us(static_cast<size_t>(options_.replays));
-  cudaError_t err = cudaGraphLaunch(exec, stream_);  // warm-up replay
-  if (err == cudaSuccess) err = cudaEventRecord(events_[0], stream_);
-  for (int i = 0; i < options_.replays && err == cudaSuccess; ++i) {
-    err = cudaGraphLaunch(exec, stream_);
-    if (err == cudaSuccess) err = cudaEventRecord(events_[i + 1], stream_);
-  }
-  if (err == cudaSuccess) err = cudaEventSynchronize(events_[options_.replays]);
-  for (int i = 0; i < options_.replays && err == cudaSuccess; ++i) {
-    float t = 0;
-    err = cudaEventElapsedTime(&t, events_[i], events_[i + 1]);
-    us[i] = 1e3 * t / R;
-  }
-  cudaGraphExecDestroy(exec);
-  FDPP_CUDA_CHECK(err);
-
-  std::sort(us.begin(), us.end());
-  r.us = us[us.size() / 2];
-  r.spread = r.us > 0 ? (us.back() - us.front()) / r.us : 0;
+  const GraphTiming t =
+      time_graph(stream_, R, options_.replays, [&](int i) { launch(impl, i % copies_, M, N, K); });
+  r.us = t.us;
+  r.spread = t.spread;
   return r;
 }
 

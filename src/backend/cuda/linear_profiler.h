@@ -86,7 +86,7 @@ class LinearProfiler {
   ProfilerOptions options_;
   LinearDispatcher dispatcher_;
   cudaStream_t stream_ = nullptr;
-  std::vector<cudaEvent_t> events_;  // replays + 1, plus 2 for sizing R
+  std::vector<cudaEvent_t> events_;  // 2, for sizing R
   int n_ = 0, k_ = 0, copies_ = 0;
   size_t stride_ = 0;  // bytes between weight copies (256-aligned)
   DeviceBuffer weights_, x_, y_;
