@@ -12,37 +12,20 @@ usage: attention_peers.py --heads 32 --kv-heads 8 [--head-dim 128] [-b 1,8,32,64
 import argparse
 import json
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from peers import graph_time_us as peer_graph_time_us  # same directory
 
 READ_BW = 4.46e12  # DESIGN.md: read-only streaming on the H200
 L2 = 60e6
 
 
 def graph_time_us(fns, replays=7):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(fns))
-    return statistics.median(times)
+    """Median microseconds per call of the calls in fns, all captured into one graph."""
+    return peer_graph_time_us(lambda: [f() for f in fns], reps=replays) / len(fns)
 
 
 def main():

@@ -38,29 +38,28 @@ bool LinearDispatcher::fuses(LinearImpl impl, Epilogue epilogue) {
   return epilogue == Epilogue::Store || epilogue == Epilogue::StoreF32;
 }
 
-void LinearDispatcher::ensure_flat_workspace(size_t bytes, cudaStream_t stream) {
-  if (bytes <= flat_ws_.bytes()) return;
+namespace {
+// Buffers may only grow outside graph capture (an allocation cannot be captured); the old buffer is
+// freed by cudaFree, which waits for the kernels that may still use it.
+void grow_outside_capture(DeviceBuffer& buffer, size_t bytes, cudaStream_t stream, const char* what) {
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   FDPP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
   check(capturing == cudaStreamCaptureStatusNone,
-        "linear dispatch: the flat GEMM needs {} bytes of workspace ({} reserved) during CUDA-graph capture; call "
-        "LinearDispatcher::reserve (or run the shape once) before capturing",
-        bytes, flat_ws_.bytes());
-  // The old buffer is freed by cudaFree, which waits for the kernels that may still use it.
-  flat_ws_ = DeviceBuffer(bytes);
+        "linear dispatch: {} needs {} bytes ({} reserved) during CUDA-graph capture; call LinearDispatcher::reserve "
+        "(or run the shape once) before capturing",
+        what, bytes, buffer.bytes());
+  buffer = DeviceBuffer(bytes);
+}
+}  // namespace
+
+void LinearDispatcher::ensure_flat_workspace(size_t bytes, cudaStream_t stream) {
+  if (bytes <= flat_ws_.bytes()) return;
+  grow_outside_capture(flat_ws_, bytes, stream, "the flat GEMM's workspace");
   FDPP_CUDA_CHECK(cudaMemsetAsync(flat_ws_.get(), 0, bytes, stream));
 }
 
 void* LinearDispatcher::scratch(size_t bytes, cudaStream_t stream) {
-  if (bytes > scratch_.bytes()) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    FDPP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    check(capturing == cudaStreamCaptureStatusNone,
-          "linear dispatch: cuBLAS's unfused epilogue needs {} bytes of scratch ({} reserved) during CUDA-graph "
-          "capture; call LinearDispatcher::reserve (or run the shape once) before capturing",
-          bytes, scratch_.bytes());
-    scratch_ = DeviceBuffer(bytes);
-  }
+  if (bytes > scratch_.bytes()) grow_outside_capture(scratch_, bytes, stream, "cuBLAS's unfused epilogue scratch");
   return scratch_.get();
 }
 
