@@ -105,6 +105,24 @@ inline void dispatch_dtype(DType dtype, F&& f) {
 
 // ---- launches ------------------------------------------------------------------------------------
 
+// Programmatic dependent launch (PDL) in the decode step. A kernel launched with it may be
+// scheduled while the kernel before it drains (once all that kernel's CTAs have called
+// pdl_trigger, or exited); it must call pdl_wait before reading anything the previous kernels
+// wrote, and every such kernel calls pdl_wait unconditionally, so that each one completes only
+// after its predecessor did (the chain stays transitive). Both are no-ops in a normal launch.
+// The GEMV and flat GEMM issue their first weight loads before pdl_wait: the weights do not depend
+// on the previous kernel, so their stream starts during its tail.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // A cudaLaunchKernelEx configuration, optionally a programmatic dependent launch: the kernel may
 // be scheduled while the previous kernel on the stream drains, and must execute
 // griddepcontrol.wait before it reads anything that kernel wrote.

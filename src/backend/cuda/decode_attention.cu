@@ -130,22 +130,6 @@ __device__ __forceinline__ void write_partial(float* p, int dim, float m, float 
 // Waits until at most one cp.async group of this thread is still in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
-// Lets the fallback launch (programmatically dependent on this one) be scheduled now: its CTAs
-// take SMs as this grid's CTAs retire and wait in wait_for_previous_grid, so the second launch
-// costs almost nothing when no row falls back.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void wait_for_previous_grid() {
-  // Programmatic dependent launch: the fallback launch may start while the async launch finishes;
-  // this waits until that grid has completed and its writes are visible (no-op otherwise).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 // One CTA's work: the group `group_index` ((b * KVH + kvh) * n_sub + sub), key slice `split`,
 // writing only the heads in head_mask (sync mode without splits).
@@ -434,11 +418,15 @@ template <class T, int D, int GMAX, bool kAsync>
 __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int mask_s, last_s, count_s;
-  if constexpr (kAsync) allow_dependent_launch();
+  // The next launch (the fallback launch after the async one; the O projection after that) may be
+  // scheduled now: its CTAs take SMs as this grid's retire, so a second launch with nothing to do
+  // costs almost nothing. Then wait for the previous kernel (rope: qkv and the cache; the async
+  // launch: the fallback list). See kernels.h, programmatic launch.
+  detail::pdl_trigger();
+  detail::pdl_wait();
   if (!kAsync && a.from_list) {
     // The fallback launch: a fixed grid (graph-friendly, at most one wave) whose CTAs take the
     // listed groups round-robin; with an empty list every CTA exits at once.
-    wait_for_previous_grid();
     if (threadIdx.x == 0) {
       count_s = atomicAdd(a.counters, 0);
       // Every CTA has read the count: the last one resets it for the next step.
@@ -463,6 +451,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArg
 // sum_s 2^(m_s - M) d_s with M = max_s m_s (the synchronized FlashDecoding reduction).
 template <class T, int D>
 __global__ void decode_combine_kernel(const float* __restrict__ partials, int splits, T* __restrict__ out) {
+  detail::pdl_trigger();
+  detail::pdl_wait();
   const int bh = blockIdx.x;  // b * H + h
   const float* p = partials + int64_t(bh) * splits * (D + 2);
   float M = -INFINITY;
@@ -681,14 +671,19 @@ void decode_attention_split(const void* qkv, const void* k_cache, const void* v_
   const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits);
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
+    const bool pdl = programmatic_launch_enabled();
+    auto combine = [&](auto* kernel, int threads) {
+      const detail::LaunchConfig config(dim3(batch * n_heads), dim3(threads), 0, stream, pdl);
+      cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const float*>(a.partials), splits,
+                                    static_cast<T*>(out)),
+                 "cudaLaunchKernelEx(decode_combine_kernel)");
+    };
     if (head_dim == 64) {
-      launch_decode_g<T, 64, false>(g.gmax, a, static_cast<int>(g.n_groups), false, stream);
-      if (splits > 1)
-        decode_combine_kernel<T, 64><<<batch * n_heads, 64, 0, stream>>>(a.partials, splits, static_cast<T*>(out));
+      launch_decode_g<T, 64, false>(g.gmax, a, static_cast<int>(g.n_groups), pdl, stream);
+      if (splits > 1) combine(decode_combine_kernel<T, 64>, 64);
     } else {
-      launch_decode_g<T, 128, false>(g.gmax, a, static_cast<int>(g.n_groups), false, stream);
-      if (splits > 1)
-        decode_combine_kernel<T, 128><<<batch * n_heads, 128, 0, stream>>>(a.partials, splits, static_cast<T*>(out));
+      launch_decode_g<T, 128, false>(g.gmax, a, static_cast<int>(g.n_groups), pdl, stream);
+      if (splits > 1) combine(decode_combine_kernel<T, 128>, 128);
     }
   });
   check_launch("decode_attention");
@@ -734,10 +729,10 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     if (head_dim == 64) {
-      launch_decode_g<T, 64, true>(g.gmax, a, n, false, stream);
+      launch_decode_g<T, 64, true>(g.gmax, a, n, programmatic_launch_enabled(), stream);
       launch_decode_g<T, 64, false>(g.gmax, f, n_fallback, true, stream);
     } else {
-      launch_decode_g<T, 128, true>(g.gmax, a, n, false, stream);
+      launch_decode_g<T, 128, true>(g.gmax, a, n, programmatic_launch_enabled(), stream);
       launch_decode_g<T, 128, false>(g.gmax, f, n_fallback, true, stream);
     }
   });

@@ -88,6 +88,8 @@ struct NormArgs {
 template <class T, bool kVec, bool kLayerNorm>
 __global__ void residual_norm_kernel(NormArgs a) {
   __shared__ float scratch[32];
+  detail::pdl_trigger();
+  detail::pdl_wait();  // x and delta are the previous kernels' (programmatic launch: see kernels.h)
   const int dim = a.dim;
   const int64_t row = blockIdx.x;
   float* x = a.x + row * dim;
@@ -247,7 +249,8 @@ void residual_norm(float* x, const void* delta, const void* delta_bias, const vo
     } else {
       kernel = vec ? residual_norm_kernel<T, true, false> : residual_norm_kernel<T, false, false>;
     }
-    kernel<<<rows, threads, 0, stream>>>(args);
+    const detail::LaunchConfig config(dim3(rows), dim3(threads), 0, stream, programmatic_launch_enabled());
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, args), "cudaLaunchKernelEx(residual_norm)");
   });
   check_launch("residual_norm");
 }

@@ -121,12 +121,10 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Plain C++ shared loads (not asm): the compiler orders them against __syncthreads and schedules them.
-// Programmatic dependent launch (flat_gemm.h: linear_pdl_enabled): the next kernel may launch once
+// Programmatic dependent launch (cuda_common.cuh; FDPP_PDL): the next kernel may launch once
 // every CTA of this one has started; this kernel streams its first weight stages before waiting for
 // the previous kernel (its x, y and workspace may be that kernel's), so a launch gap and the HBM
 // ramp-up overlap the previous kernel's tail. Both are no-ops in a launch without the attribute.
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 __device__ __forceinline__ uint4 lds128(const unsigned char* smem, unsigned offset) {
   return *reinterpret_cast<const uint4*>(smem + offset);
@@ -252,11 +250,11 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   // Prologue: the weights of the first STAGES - 1 stages, then (after the previous kernel is done:
   // PDL) their x, all in one cp.async group followed by empty groups, so that the main loop's
   // wait_group<STAGES - 2> counting is unchanged (at it = 0 it waits for the whole prologue).
-  pdl_trigger();
+  detail::pdl_trigger();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s)
     if (s < nk) load_w(s, kt_begin + s);
-  pdl_wait();
+  detail::pdl_wait();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s)
     if (s < nk) load_x(s, kt_begin + s);
@@ -389,7 +387,7 @@ void launch_kernel(const FlatGemmPlan& p, const Args& args, cudaStream_t stream)
   }();
   detail::cuda_check(attr, "flat_gemm: cudaFuncSetAttribute");
   const detail::LaunchConfig config(dim3(unsigned(p.tiles_n), unsigned(p.splits)), dim3(kThreads), p.smem_bytes, stream,
-                                    linear_pdl_enabled());
+                                    programmatic_launch_enabled());
   detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, args), "cudaLaunchKernelEx(flat_gemm)");
 }
 
@@ -408,10 +406,12 @@ void launch_mt(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
 
 }  // namespace
 
-bool linear_pdl_enabled() {
+bool programmatic_launch_enabled() {
+  // FDPP_PDL=1 turns it on (FDPP_LINEAR_PDL=1, its first name, too); see kernels.h.
   static const bool enabled = [] {
-    const char* e = std::getenv("FDPP_LINEAR_PDL");
-    return e != nullptr && std::string(e) == "1";
+    for (const char* name : {"FDPP_PDL", "FDPP_LINEAR_PDL"})
+      if (const char* e = std::getenv(name); e != nullptr) return std::string(e) == "1";
+    return false;
   }();
   return enabled;
 }

@@ -115,17 +115,15 @@ struct ExShape {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
-// Programmatic dependent launch (flat_gemm.h: linear_pdl_enabled): the first pass's weight loads
+// Programmatic dependent launch (cuda_common.cuh; FDPP_PDL): the first pass's weight loads
 // are issued before waiting for the previous kernel (which may write x or y). No-ops otherwise.
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 template <class T, int M>
 __global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_ex_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                                      const T* __restrict__ bias, void* __restrict__ y,
                                                                      int N, int K, Epilogue epilogue) {
   constexpr int R = ExShape<M>::R, U = ExShape<M>::U, P = R / 2;
-  pdl_trigger();
+  detail::pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int unit = blockIdx.x * kWarpsPerCta + warp;
   const bool swiglu = epilogue == Epilogue::SwiGLU;
@@ -146,7 +144,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_ex_kernel(const T* __r
     }
   }
   if (!valid[0]) {  // whole warps: no shuffle below runs with missing lanes
-    pdl_wait();
+    detail::pdl_wait();
     return;
   }
   const int chunks = K / 8;
@@ -169,7 +167,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_ex_kernel(const T* __r
         wv[r][u] = c < chunks ? __ldcs(w4 + int64_t(rows[r]) * chunks + c) : make_uint4(0, 0, 0, 0);
     }
     if (!waited) {  // x and y may be the previous kernel's: wait for it after the first weights
-      pdl_wait();
+      detail::pdl_wait();
       waited = true;
     }
 #pragma unroll
@@ -192,7 +190,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_ex_kernel(const T* __r
       }
     }
   }
-  if (!waited) pdl_wait();  // lanes past the last chunk (K < 256) ran no pass but may store below
+  if (!waited) detail::pdl_wait();  // lanes past the last chunk (K < 256) ran no pass but may store below
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -239,7 +237,7 @@ void launch_ex_m(const void* x, const void* w, const void* bias, void* y, int N,
   constexpr int R = ExShape<M>::R;
   const int units = ep == Epilogue::SwiGLU ? (N / 2 + R / 2 - 1) / (R / 2) : (N + R - 1) / R;
   const detail::LaunchConfig config(dim3(static_cast<unsigned>((units + kWarpsPerCta - 1) / kWarpsPerCta)),
-                                    dim3(kWarpsPerCta * 32), 0, stream, linear_pdl_enabled());
+                                    dim3(kWarpsPerCta * 32), 0, stream, programmatic_launch_enabled());
   detail::cuda_check(cudaLaunchKernelEx(config.get(), gemv_ex_kernel<T, M>, static_cast<const T*>(x),
                                         static_cast<const T*>(w), static_cast<const T*>(bias), y, N, K, ep),
                      "cudaLaunchKernelEx(gemv_ex)");

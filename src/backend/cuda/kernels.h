@@ -17,6 +17,12 @@ namespace fdpp::cuda {
 
 enum class DType { F16, BF16 };
 
+// Programmatic dependent launch for the kernels of a decode step (residual_norm, rope_qk_cache,
+// decode attention, gemv, flat GEMM): each may start while the previous kernel drains and waits
+// for it on the device (cuda_common.cuh: pdl_wait). FDPP_PDL=1 turns it on; off by default until
+// measured faster end to end (docs/PERFORMANCE.md).
+bool programmatic_launch_enabled();
+
 // ---- embedding ------------------------------------------------------------------------------
 // x[t, :] = table[ids[t], :] (+ pos_table[positions[t] + pos_offset, :] when pos_table != null),
 // written to the fp32 residual stream. table: [vocab, dim] 16-bit.

@@ -85,6 +85,8 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
                                      const float* __restrict__ inv_freq, int n_freq, const int32_t* __restrict__ slots,
                                      int n_tokens, int n_heads, int n_kv_heads, int head_dim, T* __restrict__ k_cache,
                                      T* __restrict__ v_cache) {
+  detail::pdl_trigger();
+  detail::pdl_wait();  // qkv is the previous kernel's (programmatic launch: see kernels.h)
   const int pairs = head_dim / 2;
   const int heads = n_heads + 2 * n_kv_heads;
   const int64_t row_stride = int64_t(heads) * head_dim;
@@ -146,9 +148,12 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     auto* kernel = style == RopeStyle::Interleaved ? rope_qk_cache_kernel<T, true> : rope_qk_cache_kernel<T, false>;
-    kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<T*>(qkv), positions, inv_freq, n_freq,
-                                                               slots, n_tokens, n_heads, n_kv_heads, head_dim,
-                                                               static_cast<T*>(k_cache), static_cast<T*>(v_cache));
+    const detail::LaunchConfig config(dim3(grid_for(total, kThreads)), dim3(kThreads), 0, stream,
+                                      programmatic_launch_enabled());
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<T*>(qkv), positions, inv_freq, n_freq,
+                                          slots, n_tokens, n_heads, n_kv_heads, head_dim, static_cast<T*>(k_cache),
+                                          static_cast<T*>(v_cache)),
+                       "cudaLaunchKernelEx(rope_qk_cache)");
   });
   check_launch("rope_qk_cache");
 }
