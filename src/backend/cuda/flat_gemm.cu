@@ -386,8 +386,16 @@ void launch_kernel(const FlatGemmPlan& p, const Args& args, cudaStream_t stream)
                                 int(cudaSharedmemCarveoutMaxShared));
   }();
   detail::cuda_check(attr, "flat_gemm: cudaFuncSetAttribute");
+  // Split-K launches stay ordinary: with programmatic launch the Llama-2-7B down projection
+  // ([4096, 11008], 4 splits) measured 24.8 -> 29.0 us at M = 1 and the whole decode step +5%
+  // (docs/PERFORMANCE.md); FDPP_FLAT_SPLIT_PDL=1 lifts the exception for measurements.
+  static const bool split_pdl = [] {
+    const char* e = std::getenv("FDPP_FLAT_SPLIT_PDL");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  const bool programmatic = linear_programmatic_launch_enabled() && (p.splits == 1 || split_pdl);
   const detail::LaunchConfig config(dim3(unsigned(p.tiles_n), unsigned(p.splits)), dim3(kThreads), p.smem_bytes, stream,
-                                    programmatic_launch_enabled());
+                                    programmatic);
   detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, args), "cudaLaunchKernelEx(flat_gemm)");
 }
 
@@ -407,11 +415,19 @@ void launch_mt(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
 }  // namespace
 
 bool programmatic_launch_enabled() {
-  // FDPP_PDL=1 turns it on (FDPP_LINEAR_PDL=1, its first name, too); see kernels.h.
+  // On unless FDPP_PDL=0 (kernels.h has the measurement).
   static const bool enabled = [] {
-    for (const char* name : {"FDPP_PDL", "FDPP_LINEAR_PDL"})
-      if (const char* e = std::getenv(name); e != nullptr) return std::string(e) == "1";
-    return false;
+    const char* e = std::getenv("FDPP_PDL");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return enabled;
+}
+
+bool linear_programmatic_launch_enabled() {
+  // FDPP_LINEAR_PDL=0|1 sets the linear kernels apart from the rest (measurements); else FDPP_PDL.
+  static const bool enabled = [] {
+    if (const char* e = std::getenv("FDPP_LINEAR_PDL"); e != nullptr) return std::string(e) == "1";
+    return programmatic_launch_enabled();
   }();
   return enabled;
 }

@@ -237,7 +237,7 @@ void launch_ex_m(const void* x, const void* w, const void* bias, void* y, int N,
   constexpr int R = ExShape<M>::R;
   const int units = ep == Epilogue::SwiGLU ? (N / 2 + R / 2 - 1) / (R / 2) : (N + R - 1) / R;
   const detail::LaunchConfig config(dim3(static_cast<unsigned>((units + kWarpsPerCta - 1) / kWarpsPerCta)),
-                                    dim3(kWarpsPerCta * 32), 0, stream, programmatic_launch_enabled());
+                                    dim3(kWarpsPerCta * 32), 0, stream, linear_programmatic_launch_enabled());
   detail::cuda_check(cudaLaunchKernelEx(config.get(), gemv_ex_kernel<T, M>, static_cast<const T*>(x),
                                         static_cast<const T*>(w), static_cast<const T*>(bias), y, N, K, ep),
                      "cudaLaunchKernelEx(gemv_ex)");

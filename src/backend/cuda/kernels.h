@@ -18,10 +18,13 @@ namespace fdpp::cuda {
 enum class DType { F16, BF16 };
 
 // Programmatic dependent launch for the kernels of a decode step (residual_norm, rope_qk_cache,
-// decode attention, gemv, flat GEMM): each may start while the previous kernel drains and waits
-// for it on the device (cuda_common.cuh: pdl_wait). FDPP_PDL=1 turns it on; off by default until
-// measured faster end to end (docs/PERFORMANCE.md).
+// decode attention, gemv, flat GEMM without split-K): each may start while the previous kernel
+// drains and waits for it on the device (cuda_common.cuh: pdl_wait). On by default, FDPP_PDL=0
+// turns it off: on the H200 it made every measured decode step faster, by 0.2-3.4% (Llama-2-7B,
+// Llama-3-8B, OPT-6.7B, ChatGLM2-6B at batch 1, 8, 32; docs/PERFORMANCE.md).
 bool programmatic_launch_enabled();
+// The GEMV and flat GEMM launches: FDPP_LINEAR_PDL=0|1 when set, else as above.
+bool linear_programmatic_launch_enabled();
 
 // ---- embedding ------------------------------------------------------------------------------
 // x[t, :] = table[ids[t], :] (+ pos_table[positions[t] + pos_offset, :] when pos_table != null),
