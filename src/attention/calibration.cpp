@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "backend/cpu/cpu_runner.h"
 #include "fdpp/error.h"
 
@@ -429,26 +430,7 @@ void write_calibration(Calibration& c, const std::string& path) {
                       {"heads", heads}});
   }
   j["layers"] = layers;
-
-  std::error_code ec;
-  const fs::path p(path);
-  if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
-  const std::string tmp = path + fmt::format(".tmp{}", ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    check(f.good(), "{}: cannot write the calibration file", path);
-    f << j.dump(1) << "\n";
-    f.close();
-    if (!f.good()) {
-      fs::remove(tmp, ec);
-      fail("{}: cannot write the calibration file", path);
-    }
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    fail("{}: cannot write the calibration file", path);
-  }
+  write_file_atomically(path, j.dump(1) + "\n", "the calibration file");
   c.path = path;
 }
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 
+#include "core/atomic_file.h"
 #include "fdpp/error.h"
 
 namespace fdpp {
@@ -362,26 +363,7 @@ ojson dispatch_file_json(const DispatchFile& f, bool with_measurements) {
 }
 
 void write_dispatch_file(DispatchFile& f, const std::string& path) {
-  const std::string text = dispatch_file_json(f).dump(1) + "\n";
-  std::error_code ec;
-  const fs::path p(path);
-  if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
-  const std::string tmp = path + fmt::format(".tmp{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    check(out.good(), "{}: cannot write the dispatch table", path);
-    out << text;
-    out.close();
-    if (!out.good()) {
-      fs::remove(tmp, ec);
-      fail("{}: cannot write the dispatch table", path);
-    }
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    fail("{}: cannot write the dispatch table ({})", path, ec.message());
-  }
+  write_file_atomically(path, dispatch_file_json(f).dump(1) + "\n", "the dispatch table");
   f.path = path;
 }
 
