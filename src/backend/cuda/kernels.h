@@ -54,9 +54,10 @@ void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cuda
 void relu(void* x, int rows, int n, DType dtype, cudaStream_t stream);
 
 // ---- linear layers on CUDA cores --------------------------------------------------------------
-// y[M, N] = x[M, K] . w[N, K]^T (+ bias[N]) for M <= kGemvMaxM: one warp per output row, the
-// weights streamed once with 16-byte loads (the FastGEMV design; see gemv.cu). y is 16-bit, or
-// fp32 when fp32_out. Any K (a multiple of 8 with 16-byte aligned x and w takes the fast path).
+// y[M, N] = x[M, K] . w[N, K]^T (+ bias[N]) for M <= kGemvMaxM: the weights streamed once with
+// 16-byte loads, several rows per warp and many loads in flight (the FastGEMV design; gemv.cu, the
+// same kernel as gemv_ex in flat_gemm.h). y is 16-bit, or fp32 when fp32_out. Any K (a multiple
+// of 8 with 16-byte aligned x and w takes the fast path, other K a scalar one).
 constexpr int kGemvMaxM = 8;
 void gemv(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype, bool fp32_out,
           cudaStream_t stream);
