@@ -52,6 +52,9 @@ void add_bias(void* x, const void* bias, int rows, int n, DType dtype, cudaStrea
 void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cudaStream_t stream);
 // x = max(x, 0) in place, rows x n.
 void relu(void* x, int rows, int n, DType dtype, cudaStream_t stream);
+// dst[r, :] = src[index[r], :] for r < rows; rows of row_bytes bytes (a multiple of 16, both
+// buffers 16-byte aligned); index on the device.
+void gather_rows(const void* src, const int32_t* index, int rows, int row_bytes, void* dst, cudaStream_t stream);
 
 // ---- linear layers on CUDA cores --------------------------------------------------------------
 // y[M, N] = x[M, K] . w[N, K]^T (+ bias[N]) for M <= kGemvMaxM: the weights streamed once with
@@ -149,7 +152,8 @@ void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache
 // workspace: from sampling_workspace_bytes(rows, vocab) = 16 bytes per logit + CUB's sort storage
 // (the full-sort path: top_k <= 0 or > 1024); the penalty uses 4 bytes per logit of it; greedy and
 // 1 <= top_k <= 1024 without a penalty use none (workspace may then be null). offsets are required
-// when temperature > 0. NaN logits count as -inf.
+// when temperature > 0. seeds (device, nullable): row r draws with key seeds[r] instead of
+// params.seed (requests sharing a step each keep their own stream). NaN logits count as -inf.
 struct DeviceSamplingParams {
   float temperature;
   int top_k;
@@ -161,6 +165,6 @@ struct DeviceSamplingParams {
 size_t sampling_workspace_bytes(int rows, int vocab);
 void sample(float* logits, int rows, int vocab, const int32_t* history, const int32_t* history_lens,
             int history_stride, const DeviceSamplingParams& params, const uint64_t* offsets, int32_t* out_ids,
-            void* workspace, size_t workspace_bytes, cudaStream_t stream);
+            void* workspace, size_t workspace_bytes, cudaStream_t stream, const uint64_t* seeds = nullptr);
 
 }  // namespace fdpp::cuda
