@@ -482,6 +482,8 @@ int main(int argc, char** argv) {
   bench_attn->add_option("--modes", ba.modes, "async, sync")->delimiter(',');
   bench_attn->add_option("--replays", ba.replays, "graph replays per point (median)")->capture_default_str()->check(CLI::Range(1, 1000));
   bench_attn->add_flag("--json", ba.json, "print JSON");
+  bench_attn->add_flag("--prefill", ba.prefill, "causal prefill attention (tensor cores) instead of decode");
+  bench_attn->add_option("--points", ba.points, "prefill points BxL (B sequences of L tokens)")->delimiter(',');
   auto* tune = register_tune(app);
   auto* bench_linear = register_bench_linear(app);
 #endif
@@ -503,7 +505,7 @@ int main(int argc, char** argv) {
     if (*devices) return run_devices();
 #ifdef FDPP_HAVE_CUDA
     if (*bench) return run_bench(b);
-    if (*bench_attn) return run_bench_attention(ba);
+    if (*bench_attn) return ba.prefill ? run_bench_prefill_attention(ba) : run_bench_attention(ba);
     if (*tune) return run_tune();
     if (*bench_linear) return run_bench_linear();
 #endif
