@@ -115,6 +115,7 @@ class CudaEngine final : public Engine {
     const int32_t *ids, *positions, *slots;
     const int32_t *block_tables, *context_lens;  // decode rows: [decode_rows][max_blocks_per_seq], [decode_rows]
     const int32_t* chunk_tables;                 // prefill chunks: [chunks][max_blocks_per_seq]
+    const int32_t *chunk_q_begin, *chunk_starts; // [chunks + 1] token offsets, [chunks] first positions
     const int32_t* head_index;                   // rows whose logits are computed (null: the last logit_rows)
   };
   struct Chunk {  // a prefill chunk of a step: tokens [q_offset, q_offset + n) at positions start..
@@ -145,6 +146,7 @@ class CudaEngine final : public Engine {
   DeviceBuffer x_, normed_, qkv_, attn_, o_, ffn_in_, ffn_act_, logits_;
   DeviceBuffer ids_, positions_, slots_, block_tables_;  // prefill and mixed-step inputs
   DeviceBuffer context_lens_, head_index_;                // mixed steps: decode rows' lengths, logit rows
+  DeviceBuffer chunk_meta_;                               // prefill chunks: q_begin [max_batch + 1], starts
   DeviceBuffer sample_ws_, sample_ids_, history_, history_lens_, offsets_, seeds_;
   int history_stride_ = 0;
   int last_logit_rows_ = 0;
