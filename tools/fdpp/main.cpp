@@ -211,7 +211,9 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
     if (auto* gpu = dynamic_cast<cuda::CudaEngine*>(engine.get())) {
       j["attention"] = {{"mode", d.attention},
                         {"decode_rows", gpu->attention_rows()},
-                        {"fallback_rows", gpu->attention_fallback_rows()}};
+                        {"fallback_rows", gpu->attention_fallback_rows()},
+                        {"prefill_rows", gpu->prefill_attention_rows()},
+                        {"prefill_fallback_rows", gpu->prefill_attention_fallback_rows()}};
     }
 #endif
     // Invalid UTF-8 (a model can emit it) is replaced rather than aborting the dump.
