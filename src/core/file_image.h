@@ -33,6 +33,8 @@ class FileImage {
 
   const std::string& name() const { return name_; }  // the path, as error messages show it
   std::span<const uint8_t> bytes() const { return bytes_; }
+  // Whether the bytes are a file on disk (map()), so that offsets into bytes() are file offsets.
+  bool on_disk() const { return file_.has_value(); }
 
  private:
   std::string name_;

@@ -34,12 +34,34 @@ Device resolve_device(Device requested) {
 
 #ifdef FDPP_HAVE_CUDA
 namespace {
+// What the GPU needs beyond the weights, before any of it is allocated: the KV cache of kv_tokens
+// (16-bit K and V of every layer) and an estimate of a step of step_tokens (activations of 16 bits,
+// fp32 logits for every token) plus the 512 MiB the engine keeps as headroom.
+cuda::GpuMemoryNeed memory_need(const ModelConfig& c, const WeightPlan& plan, int64_t kv_tokens, int64_t step_tokens) {
+  cuda::GpuMemoryNeed need;
+  need.weights = cuda::plan_device_bytes(plan);
+  need.kv_tokens = kv_tokens;
+  need.kv_cache = static_cast<uint64_t>(kv_tokens) * 2 * c.n_layers * static_cast<uint64_t>(c.kv_dim()) * 2;
+  const uint64_t per_token = (4 * static_cast<uint64_t>(c.hidden) + c.q_dim() + 2 * c.kv_dim() + 3 * c.ffn_hidden) * 2 +
+                             static_cast<uint64_t>(c.vocab_size) * 6;
+  need.activations = static_cast<uint64_t>(step_tokens) * per_token + (uint64_t{512} << 20);
+  return need;
+}
+
 std::shared_ptr<const cuda::DeviceModel> device_model(const ModelConfig& config, const DecoderWeights& weights,
-                                                      const RunnerOptions& options) {
+                                                      const RunnerOptions& options, int64_t kv_tokens,
+                                                      int64_t step_tokens) {
   cuda::DType dtype = cuda::DType::F16;
   if (options.dtype == "bf16") dtype = cuda::DType::BF16;
   else check(options.dtype == "f16" || options.dtype == "auto", "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
-  return std::make_shared<const cuda::DeviceModel>(config, weights, dtype);
+  if (options.plan == nullptr) return std::make_shared<const cuda::DeviceModel>(config, weights, dtype);
+  cuda::check_gpu_memory(memory_need(config, *options.plan, kv_tokens, step_tokens));
+  cuda::StreamOptions so;
+  if (options.load_progress)
+    so.progress = [&options](const cuda::StreamProgress& p) {
+      options.load_progress(p.tensors_done, p.tensors_total, p.bytes_done, p.bytes_total, p.seconds);
+    };
+  return std::make_shared<const cuda::DeviceModel>(cuda::DeviceModel::from_plan(config, *options.plan, dtype, so));
 }
 
 cuda::EngineOptions engine_options(const RunnerOptions& options) {
@@ -63,7 +85,8 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
   const Device device = resolve_device(options.device);
   if (device == Device::Cpu) return std::make_unique<CpuRunner>(config, weights, max_context);
 #ifdef FDPP_HAVE_CUDA
-  return std::make_unique<cuda::CudaRunner>(device_model(config, weights, options), max_context,
+  const int64_t kv_tokens = options.kv_cache_tokens > 0 ? options.kv_cache_tokens : max_context;
+  return std::make_unique<cuda::CudaRunner>(device_model(config, weights, options, kv_tokens, max_context), max_context,
                                             engine_options(options));
 #else
   fail("unreachable: CUDA runner requested in a CPU-only build");
@@ -82,7 +105,10 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeig
   eo.max_prefill_tokens = limits.max_step_tokens;
   eo.block_size = limits.block_size;
   if (limits.kv_cache_tokens > 0) eo.kv_cache_tokens = limits.kv_cache_tokens;
-  return std::make_unique<cuda::CudaEngine>(device_model(config, weights, options), eo);
+  // Without a size the engine takes what is free; it needs at least an eighth of one context.
+  const int64_t kv_tokens = eo.kv_cache_tokens > 0 ? eo.kv_cache_tokens : config.max_context / 8 + eo.block_size;
+  return std::make_unique<cuda::CudaEngine>(device_model(config, weights, options, kv_tokens, eo.max_prefill_tokens),
+                                            eo);
 #else
   fail("unreachable: CUDA engine requested in a CPU-only build");
 #endif

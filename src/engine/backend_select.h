@@ -2,6 +2,7 @@
 // CPU; `--device cpu|cuda` forces one.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/runner.h"
 #include "model/decoder.h"
+#include "model/weight_plan.h"
 
 namespace fdpp {
 
@@ -32,6 +34,13 @@ struct RunnerOptions {
   std::string linear;
   std::string model_path;
   std::string dispatch_table;
+  // CUDA: stream the weights from this plan (io/model_loader.h plan_model) straight from the files
+  // to the GPU instead of uploading `weights` (then empty); checked against free GPU memory before
+  // anything is allocated. load_progress reports the streaming (tensors, bytes as stored, seconds).
+  const WeightPlan* plan = nullptr;
+  std::function<void(int tensors_done, int tensors_total, uint64_t bytes_done, uint64_t bytes_total,
+                     double seconds)>
+      load_progress;
 };
 
 // The weights must outlive the runner (the CPU backend reads them in place; the CUDA backend

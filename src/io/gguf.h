@@ -143,6 +143,8 @@ class GgufFile {
   const TensorInfo* find_tensor(std::string_view name) const;  // nullptr when absent
   // The raw bytes of a tensor inside the mapped file.
   std::span<const uint8_t> tensor_bytes(const TensorInfo& info) const;
+  // Whether the file is on disk (open()), so that TensorInfo::offset can be read with pread.
+  bool on_disk() const { return image_.on_disk(); }
   // Dequantizes a whole tensor to float32 into dst (dst.size() must equal n_elements).
   void read_f32(const TensorInfo& info, std::span<float> dst) const;
 

@@ -55,6 +55,29 @@ class HfWeights final : public WeightSource {
     }
   }
 
+  RawTensorBytes raw_bytes(const SourceTensor& tensor) const override {
+    const auto it = index_.find(tensor.name);
+    if (it == index_.end()) fail("{}: no tensor '{}'", origin_, shown(tensor.name));
+    const size_t shard = shard_of_[it->second];
+    RawTensorBytes r;
+    if (format_ == Format::Safetensors) {
+      const safetensors::SafetensorsFile& f = *st_[shard];
+      const safetensors::TensorInfo& info = *f.find(tensor.name);
+      const auto bytes = f.tensor_bytes(info);
+      r.data = bytes.data();
+      r.n_bytes = bytes.size();
+      if (f.on_disk()) r.file = f.path(), r.file_offset = info.offset;
+    } else {
+      const torch_bin::TorchBinFile& f = *pt_[shard];
+      const auto bytes = f.contiguous_bytes(*f.find(tensor.name));
+      if (bytes.data() == nullptr) return {};
+      r.data = bytes.data();
+      r.n_bytes = bytes.size();
+      if (f.on_disk()) r.file = f.path(), r.file_offset = f.file_offset_of(bytes.data());
+    }
+    return r;
+  }
+
   // Opens one shard and adds its tensors; returns the shard's number.
   size_t add_shard(const std::string& path) {
     const size_t shard = format_ == Format::Safetensors ? st_.size() : pt_.size();

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <memory>
 
 #include "fdpp/error.h"
 #include "io/gguf.h"
@@ -86,6 +87,8 @@ ModelDescription describe_hf_model(const HfConfig& h, const WeightSource& source
   d.path = h.directory;
   d.format = source.format();
   d.config = h.config;
+  d.eos_token_ids = h.eos_token_ids;
+  d.bos_token_id = h.bos_token_id;
   const auto specs = hf_tensor_specs(h.config, source);
   check_hf_tensors(source, specs, h.config, h.config_path);
   for (const HfTensorSpec& spec : specs) {
@@ -140,6 +143,33 @@ LoadedModel load_model(const std::string& path, const ProgressFn& progress) {
         "{}: tokenizer has {} tokens but the model's vocabulary is {}", path, m.tokenizer->vocab_size(),
         m.description.config.vocab_size);
   m.weights = load_llama_gguf(f, m.description.config, progress);
+  return m;
+}
+
+PlannedModel plan_model(const std::string& path) {
+  check(exists(path), "{}: no such file or directory", path);
+  PlannedModel m;
+  if (is_directory(path)) {
+    check_hf_directory(path);
+    const HfConfig h = read_hf_config(path);
+    std::shared_ptr<const WeightSource> source = open_hf_weights(path);
+    m.description = describe_hf_model(h, *source);
+    m.tokenizer = load_hf_tokenizer(path, HfTokenizerHints{h.model_type, h.eos_token_ids, h.bos_token_id});
+    if (m.tokenizer != nullptr)
+      check(m.tokenizer->vocab_size() <= h.config.vocab_size,
+            "{}: tokenizer has {} tokens but the model's vocabulary ({}) is {}", path, m.tokenizer->vocab_size(),
+            h.config_path, h.config.vocab_size);
+    m.plan = plan_hf_weights(*source, hf_tensor_specs(h.config, *source));
+    m.plan.storage = std::move(source);  // the mappings and the read_f32 fallbacks point into it
+    return m;
+  }
+  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
+  m.description = describe_gguf(*file);
+  m.tokenizer = Tokenizer::from_gguf(*file);
+  check(m.tokenizer->vocab_size() <= m.description.config.vocab_size,
+        "{}: tokenizer has {} tokens but the model's vocabulary is {}", path, m.tokenizer->vocab_size(),
+        m.description.config.vocab_size);
+  m.plan = plan_llama_gguf(file, m.description.config);
   return m;
 }
 

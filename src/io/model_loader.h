@@ -11,6 +11,7 @@
 
 #include "fdpp/model_config.h"
 #include "model/decoder.h"
+#include "model/weight_plan.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fdpp {
@@ -34,6 +35,10 @@ struct ModelDescription {
   uint64_t n_params = 0;
   uint64_t stored_bytes = 0;                // weights as stored in the file
   std::map<std::string, int> dtype_counts;  // stored dtype -> tensor count
+  // HF directories: config.json's / generation_config.json's ids (what a checkpoint without
+  // tokenizer files still knows: Tokenizer::ids_only); -1 / empty when absent, and for GGUF.
+  std::vector<int32_t> eos_token_ids;
+  int32_t bos_token_id = -1;
 };
 
 // The default model: $FDPP_MODEL, else the file scripts/fetch-default-model.sh puts in the cache
@@ -58,6 +63,17 @@ struct LoadedModel {
 // Loads weights (dequantized to fp32) and the tokenizer. progress(fraction) is called as tensors
 // are read.
 LoadedModel load_model(const std::string& path, const ProgressFn& progress = {});
+
+// The GPU load's first half: the description, the tokenizer and a plan of where every weight lies
+// in the files (model/weight_plan.h), reading no weight data; weights stays empty. The GPU loader
+// streams the plan to the device (cuda::DeviceModel::from_plan).
+struct PlannedModel {
+  ModelDescription description;
+  WeightPlan plan;
+  std::unique_ptr<Tokenizer> tokenizer;  // null for an HF directory without tokenizer files
+  const ModelConfig& config() const { return description.config; }
+};
+PlannedModel plan_model(const std::string& path);
 
 struct HfConfig;
 class WeightSource;

@@ -69,6 +69,8 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
   std::span<const uint8_t> tensor_bytes(const TensorInfo& info) const;
+  // Whether the file is on disk (open()), so that TensorInfo::offset can be read with pread.
+  bool on_disk() const { return image_.on_disk(); }
   // Converts the tensor to float32 into dst (dst.size() must equal n_elements). Throws fdpp::Error
   // naming the file and tensor for a dtype other than F32/F16/BF16 or a size mismatch.
   void read_f32(const TensorInfo& info, std::span<float> dst) const;

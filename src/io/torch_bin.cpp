@@ -316,3 +316,16 @@ void TorchBinFile::read_f32(const TensorRecord& t, std::span<float> dst) const {
 }
 
 }  // namespace fdpp::torch_bin
+
+namespace fdpp::torch_bin {
+
+std::span<const uint8_t> TorchBinFile::contiguous_bytes(const TensorRecord& t) const {
+  if (!t.contiguous() || !hf::dtype_readable(t.dtype) || t.n_elements == 0) return {};
+  const std::span<const uint8_t> storage = storage_bytes(t.storage_key);
+  const uint64_t elem = hf::dtype_bits(t.dtype) / 8;
+  check((t.storage_offset + t.n_elements) * elem <= storage.size(), "{}: tensor '{}' reaches past its storage",
+        image_.name(), shown(t.name));
+  return storage.subspan(t.storage_offset * elem, t.n_elements * elem);
+}
+
+}  // namespace fdpp::torch_bin

@@ -46,6 +46,11 @@ class TorchBinFile {
   const TensorRecord* find(std::string_view name) const;  // nullptr when absent
   // The bytes of a storage entry inside the file.
   std::span<const uint8_t> storage_bytes(const std::string& key) const;
+  // The tensor's bytes when it is contiguous in its storage (row-major, in its dtype), else an
+  // empty span; and the offset of bytes inside the file (open() only: on_disk()).
+  std::span<const uint8_t> contiguous_bytes(const TensorRecord& tensor) const;
+  bool on_disk() const { return image_.on_disk(); }
+  uint64_t file_offset_of(const uint8_t* p) const { return static_cast<uint64_t>(p - image_.bytes().data()); }
   // Converts the tensor to float32 into dst (dst.size() must equal n_elements), following its
   // strides. Throws fdpp::Error naming the file and tensor for a dtype other than F32/F16/BF16.
   void read_f32(const TensorRecord& tensor, std::span<float> dst) const;

@@ -20,6 +20,15 @@ struct SourceTensor {
   std::string file;            // the file (shard) that holds it
 };
 
+// A tensor's bytes where they lie: data inside the file's mapping (or an in-memory image), and,
+// when that is a file on disk, the same bytes' path and absolute offset (file empty otherwise).
+struct RawTensorBytes {
+  const uint8_t* data = nullptr;
+  uint64_t n_bytes = 0;
+  std::string file;
+  uint64_t file_offset = 0;
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -32,6 +41,13 @@ class WeightSource {
   // Converts the tensor to float32 into dst (dst.size() must equal its element count). Throws
   // fdpp::Error naming the file and tensor for an unsupported dtype or a size mismatch.
   virtual void read_f32(const SourceTensor& tensor, std::span<float> dst) const = 0;
+  // The tensor's bytes in place, row-major and contiguous in its stored dtype, without reading
+  // them; data is null when it is not stored that way (a strided PyTorch view), or for a source
+  // that cannot say. The GPU loader streams from these; read_f32 is its fallback.
+  virtual RawTensorBytes raw_bytes(const SourceTensor& tensor) const {
+    (void)tensor;
+    return {};
+  }
 };
 
 // Opens the weights of an HF model directory: model.safetensors, or model.safetensors.index.json

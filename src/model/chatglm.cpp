@@ -32,14 +32,16 @@ std::vector<HfTensorSpec> chatglm_tensor_specs(const ModelConfig& c) {
                    w.layers.at(i).wq = std::move(parts[0]);
                    w.layers.at(i).wk = std::move(parts[1]);
                    w.layers.at(i).wv = std::move(parts[2]);
-                 }});
+                 },
+                 {{WeightSlot::Wq, i, 0, {q, h}}, {WeightSlot::Wk, i, q, {kv, h}}, {WeightSlot::Wv, i, q + kv, {kv, h}}}});
     if (c.qkv_bias) {
       s.push_back({n("self_attention.query_key_value.bias"), {q + 2 * kv}, [i, q, kv](D& w, Tensor&& t) {
                      auto parts = split_rows(t, {q, kv, kv});
                      w.layers.at(i).bq = std::move(parts[0]);
                      w.layers.at(i).bk = std::move(parts[1]);
                      w.layers.at(i).bv = std::move(parts[2]);
-                   }});
+                   },
+                   {{WeightSlot::Bq, i, 0, {q}}, {WeightSlot::Bk, i, q, {kv}}, {WeightSlot::Bv, i, q + kv, {kv}}}});
     }
     s.push_back(hf_layer_spec(n("self_attention.dense.weight"), {h, q}, i, &L::wo));
     s.push_back(hf_layer_spec(n("post_attention_layernorm.weight"), {h}, i, &L::ffn_norm));
@@ -47,7 +49,8 @@ std::vector<HfTensorSpec> chatglm_tensor_specs(const ModelConfig& c) {
                    auto parts = split_rows(t, {ff, ff});
                    w.layers.at(i).w_gate = std::move(parts[0]);
                    w.layers.at(i).w_up = std::move(parts[1]);
-                 }});
+                 },
+                 {{WeightSlot::WGate, i, 0, {ff, h}}, {WeightSlot::WUp, i, ff, {ff, h}}}});
     s.push_back(hf_layer_spec(n("mlp.dense_4h_to_h.weight"), {h, ff}, i, &L::w_down));
   }
   if (c.final_norm) s.push_back(hf_spec("transformer.encoder.final_layernorm.weight", {h}, &D::final_norm));

@@ -113,3 +113,65 @@ DecoderWeights load_hf_decoder(const WeightSource& source, const ModelConfig& co
 }
 
 }  // namespace fdpp
+
+namespace fdpp {
+
+namespace {
+
+gguf::GgmlType stored_type(const std::string& dtype) {
+  if (dtype == "F32") return gguf::GgmlType::F32;
+  if (dtype == "F16") return gguf::GgmlType::F16;
+  if (dtype == "BF16") return gguf::GgmlType::BF16;
+  fail("dtype {} cannot be loaded (supported: F32, F16, BF16)", dtype);
+}
+
+}  // namespace
+
+WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTensorSpec>& specs) {
+  WeightPlan plan;
+  for (const HfTensorSpec& spec : specs) {
+    const SourceTensor* t = source.find(spec.name);
+    check(t != nullptr, "{}: tensor '{}' is missing", source.origin(), spec.name);
+    check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", source.origin(), spec.name,
+          shape_string(t->shape), shape_string(spec.shape));
+    const gguf::GgmlType type = stored_type(t->dtype);
+    const uint64_t elem = gguf::block_bytes(type);
+    const int64_t numel = Tensor::numel_of(t->shape);
+    const int64_t cols = t->shape.empty() || t->shape[0] == 0 ? 1 : numel / t->shape[0];
+    const RawTensorBytes raw = source.raw_bytes(*t);
+    if (raw.data != nullptr)
+      check(raw.n_bytes == static_cast<uint64_t>(numel) * elem, "{}: tensor '{}' holds {} bytes, expected {}",
+            source.origin(), spec.name, raw.n_bytes, static_cast<uint64_t>(numel) * elem);
+    for (const HfSlotPart& part : spec.parts) {
+      PlannedTensor p;
+      p.slot = part.slot;
+      p.layer = part.layer;
+      p.shape = part.shape;
+      const int64_t n = p.numel();
+      const uint64_t begin = static_cast<uint64_t>(part.row_begin * cols) * elem;
+      check(part.row_begin * cols + n <= numel, "{}: tensor '{}': slot {} reaches past its end", source.origin(),
+            spec.name, slot_name(part.slot));
+      p.src.name = spec.name;
+      p.src.type = type;
+      p.src.n_bytes = static_cast<uint64_t>(n) * elem;
+      if (raw.data != nullptr) {
+        p.src.data = raw.data + begin;
+        if (!raw.file.empty()) p.src.file = raw.file, p.src.file_offset = raw.file_offset + begin;
+      } else {
+        // Not in place: the whole tensor through read_f32, this part's rows kept.
+        const int64_t first = part.row_begin * cols;
+        p.src.type = gguf::GgmlType::F32;
+        p.src.n_bytes = static_cast<uint64_t>(n) * 4;
+        p.src.read_f32 = [&source, t, numel, first, n](std::span<float> dst) {
+          std::vector<float> all(static_cast<size_t>(numel));
+          source.read_f32(*t, all);
+          std::copy(all.begin() + first, all.begin() + first + n, dst.begin());
+        };
+      }
+      plan.tensors.push_back(std::move(p));
+    }
+  }
+  return plan;
+}
+
+}  // namespace fdpp

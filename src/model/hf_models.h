@@ -13,14 +13,26 @@
 
 #include "io/weight_source.h"
 #include "model/decoder.h"
+#include "model/weight_plan.h"
 
 namespace fdpp {
 
-// One tensor of a checkpoint: its name there, the shape config.json implies, and where it goes.
+// A row range of a checkpoint tensor that fills one slot (a whole tensor: row_begin 0, all rows).
+struct HfSlotPart {
+  WeightSlot slot;
+  int layer = -1;
+  int64_t row_begin = 0;
+  std::vector<int64_t> shape;  // the slot's
+};
+
+// One tensor of a checkpoint: its name there, the shape config.json implies, and where it goes:
+// assign puts the fp32 tensor into DecoderWeights (the CPU load), parts says the same as slots and
+// row ranges (the GPU load's plan, plan_hf_weights). The two must agree; tests check that they do.
 struct HfTensorSpec {
   std::string name;
   std::vector<int64_t> shape;
   std::function<void(DecoderWeights&, Tensor&&)> assign;
+  std::vector<HfSlotPart> parts;
 };
 
 // The tensors an HF checkpoint of config.architecture ("llama", "mistral", "opt", "chatglm") must
@@ -43,17 +55,26 @@ void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec
 DecoderWeights load_hf_decoder(const WeightSource& source, const ModelConfig& config,
                                const std::vector<HfTensorSpec>& specs, const ProgressFn& progress = {});
 
+// The same mapping as a plan for the GPU loader: where each slot's bytes lie in the checkpoint (call
+// check_hf_tensors first). A tensor the source cannot give in place (a strided .bin view) is read
+// through read_f32 instead.
+WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTensorSpec>& specs);
+
 // Splits a [sum(rows), cols] tensor by rows into parts (for fused projections).
 std::vector<Tensor> split_rows(const Tensor& t, const std::vector<int64_t>& rows);
 
 // Specs whose tensor goes straight into one member of DecoderWeights / of layer i.
 inline HfTensorSpec hf_spec(std::string name, std::vector<int64_t> shape, Tensor DecoderWeights::*member) {
-  return {std::move(name), std::move(shape), [member](DecoderWeights& w, Tensor&& t) { w.*member = std::move(t); }};
+  std::vector<HfSlotPart> parts{{slot_of(member), -1, 0, shape}};
+  return {std::move(name), std::move(shape), [member](DecoderWeights& w, Tensor&& t) { w.*member = std::move(t); },
+          std::move(parts)};
 }
 inline HfTensorSpec hf_layer_spec(std::string name, std::vector<int64_t> shape, int layer,
                                   Tensor LayerWeights::*member) {
+  std::vector<HfSlotPart> parts{{slot_of(member), layer, 0, shape}};
   return {std::move(name), std::move(shape),
-          [layer, member](DecoderWeights& w, Tensor&& t) { w.layers.at(layer).*member = std::move(t); }};
+          [layer, member](DecoderWeights& w, Tensor&& t) { w.layers.at(layer).*member = std::move(t); },
+          std::move(parts)};
 }
 
 }  // namespace fdpp

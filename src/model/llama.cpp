@@ -192,3 +192,79 @@ DecoderWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, co
 }
 
 }  // namespace fdpp
+
+namespace fdpp {
+
+namespace {
+
+// llama.cpp's names -> slots (the table load_llama_gguf follows by position).
+struct GgufSlotName {
+  const char* suffix;
+  WeightSlot slot;
+};
+constexpr GgufSlotName kLayerSlots[] = {
+    {"attn_norm.weight", WeightSlot::AttnNorm},   {"attn_q.weight", WeightSlot::Wq},
+    {"attn_k.weight", WeightSlot::Wk},            {"attn_v.weight", WeightSlot::Wv},
+    {"attn_output.weight", WeightSlot::Wo},       {"attn_q.bias", WeightSlot::Bq},
+    {"attn_k.bias", WeightSlot::Bk},              {"attn_v.bias", WeightSlot::Bv},
+    {"attn_output.bias", WeightSlot::Bo},         {"ffn_norm.weight", WeightSlot::FfnNorm},
+    {"ffn_gate.weight", WeightSlot::WGate},       {"ffn_up.weight", WeightSlot::WUp},
+    {"ffn_down.weight", WeightSlot::WDown},       {"ffn_gate.bias", WeightSlot::BGate},
+    {"ffn_up.bias", WeightSlot::BUp},             {"ffn_down.bias", WeightSlot::BDown},
+};
+
+std::pair<WeightSlot, int> gguf_slot(const std::string& name) {
+  if (name == "token_embd.weight") return {WeightSlot::TokEmbeddings, -1};
+  if (name == "output_norm.weight") return {WeightSlot::FinalNorm, -1};
+  if (name == "output.weight") return {WeightSlot::LmHead, -1};
+  int layer = -1;
+  size_t used = 0;
+  if (name.starts_with("blk.")) {
+    layer = 0;
+    size_t i = 4;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9') layer = layer * 10 + (name[i++] - '0');
+    used = i + 1;
+  }
+  if (layer >= 0 && used < name.size())
+    for (const GgufSlotName& s : kLayerSlots)
+      if (name.compare(used, std::string::npos, s.suffix) == 0) return {s.slot, layer};
+  fail("GGUF tensor '{}' has no weight slot", name);
+}
+
+}  // namespace
+
+WeightPlan plan_llama_gguf(std::shared_ptr<const gguf::GgufFile> file, const ModelConfig& c) {
+  const gguf::GgufFile& f = *file;
+  WeightPlan plan;
+  for (const TensorSpec& spec : llama_gguf_tensor_specs(c)) {
+    const gguf::TensorInfo* info = f.find_tensor(spec.name);
+    if (info == nullptr) {
+      check(!spec.required, "{}: tensor '{}' is missing", f.path(), spec.name);
+      continue;
+    }
+    std::vector<int64_t> shape(info->dims.rbegin(), info->dims.rend());
+    check(shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", f.path(), spec.name, shape_string(shape),
+          shape_string(spec.shape));
+    check(gguf::is_supported(info->type), "{}: tensor '{}' has type {}, which fdpp cannot dequantize yet", f.path(),
+          spec.name, gguf::type_name(info->type));
+    const auto [slot, layer] = gguf_slot(spec.name);
+    PlannedTensor p;
+    p.slot = slot;
+    p.layer = layer;
+    p.shape = spec.shape;
+    p.src.name = spec.name;
+    p.src.type = info->type;
+    const auto bytes = f.tensor_bytes(*info);
+    p.src.data = bytes.data();
+    p.src.n_bytes = bytes.size();
+    if (f.on_disk()) p.src.file = f.path(), p.src.file_offset = info->offset;
+    // As load_llama_gguf: q/k rows (and their biases) back to rotate-half order.
+    if (slot == WeightSlot::Wq || slot == WeightSlot::Bq) p.permute_heads = c.n_heads;
+    if (slot == WeightSlot::Wk || slot == WeightSlot::Bk) p.permute_heads = c.n_kv_heads;
+    plan.tensors.push_back(std::move(p));
+  }
+  plan.storage = std::move(file);
+  return plan;
+}
+
+}  // namespace fdpp

@@ -5,7 +5,10 @@
 
 #include <vector>
 
+#include <memory>
+
 #include "model/decoder.h"
+#include "model/weight_plan.h"
 
 namespace fdpp {
 
@@ -16,5 +19,8 @@ class GgufFile;
 ModelConfig llama_config_from_gguf(const gguf::GgufFile& file);
 std::vector<TensorSpec> llama_gguf_tensor_specs(const ModelConfig& config);
 DecoderWeights load_llama_gguf(const gguf::GgufFile& file, const ModelConfig& config, const ProgressFn& progress);
+// The same mapping as a plan for the GPU loader (tensors in their stored types, attn_q/attn_k with
+// their row permutation to undo); the plan keeps the file mapped.
+WeightPlan plan_llama_gguf(std::shared_ptr<const gguf::GgufFile> file, const ModelConfig& config);
 
 }  // namespace fdpp

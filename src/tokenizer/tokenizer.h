@@ -64,6 +64,9 @@ class Tokenizer {
   // vocabulary (array sizes, merges naming absent tokens, ids out of range) or an unsupported
   // model / pre-tokenizer.
   static std::unique_ptr<Tokenizer> from_vocab(const VocabSpec& spec);
+  // For a checkpoint without tokenizer files: token ids only. encode and apply_chat_template throw
+  // ("no tokenizer"); every token's text is empty; end of generation is any of eos_ids.
+  static std::unique_ptr<Tokenizer> ids_only(int32_t vocab_size, std::vector<int32_t> eos_ids, int32_t bos_id);
 
   // Text -> ids. add_bos: prepend BOS (callers pass add_bos_by_default() unless told otherwise).
   // parse_special: text like "<|im_start|>" becomes the special token rather than plain text.

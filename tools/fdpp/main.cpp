@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -82,6 +83,55 @@ class LoadProgress {
   int last_ = -1;
 };
 
+// The GPU load's progress bar on stderr (tensors, GB as stored, GB/s), only when stderr is a
+// terminal and not --quiet.
+class StreamBar {
+ public:
+  StreamBar(std::string label, bool quiet) : label_(std::move(label)), enabled_(!quiet && ::isatty(STDERR_FILENO) == 1) {}
+  void update(int tensors_done, int tensors_total, uint64_t bytes_done, uint64_t bytes_total, double seconds) {
+    seconds_ = seconds;
+    bytes_ = bytes_done;
+    if (!enabled_) return;
+    const double f = bytes_total > 0 ? static_cast<double>(bytes_done) / static_cast<double>(bytes_total) : 1.0;
+    const int filled = static_cast<int>(f * kWidth);
+    if (filled == last_filled_ && seconds - last_print_ < 0.1 && tensors_done != tensors_total) return;
+    last_filled_ = filled;
+    last_print_ = seconds;
+    fmt::print(stderr, "\r{} [{}{}] {}/{} tensors {:.2f}/{:.2f} GB {:.2f} GB/s\033[K", label_, std::string(filled, '#'),
+               std::string(kWidth - filled, ' '), tensors_done, tensors_total, bytes_done / 1e9, bytes_total / 1e9,
+               seconds > 0 ? bytes_done / 1e9 / seconds : 0.0);
+    std::fflush(stderr);
+    printed_ = true;
+  }
+  void finish() {
+    if (printed_) fmt::print(stderr, "\r\033[K");
+  }
+  double seconds() const { return seconds_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  static constexpr int kWidth = 30;
+  std::string label_;
+  bool enabled_;
+  bool printed_ = false;
+  int last_filled_ = -1;
+  double last_print_ = -1;
+  double seconds_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+// Peak resident set size of this process (VmHWM of /proc/self/status), bytes; 0 where unknown.
+uint64_t peak_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  uint64_t kb = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "VmHWM: %lu kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
+
 LoadedModel load_with_progress(const std::string& path) {
   LoadProgress progress("loading " + path);
   LoadedModel m = load_model(path, progress.callback());
@@ -127,8 +177,10 @@ struct DeviceArgs {
   std::string attention = "async";
   std::string linear;  // "": FDPP_LINEAR, else auto
   std::string dispatch_table;
+  bool quiet = false;
 
   void add_to(CLI::App* app) {
+    app->add_flag("--quiet", quiet, "no load progress bar or load line on stderr");
     app->add_option("--linear", linear,
                     "CUDA linear layers: auto (the tuned dispatch table), gemv, flat or cublas (default: $FDPP_LINEAR, "
                     "else auto)")
@@ -146,14 +198,84 @@ struct DeviceArgs {
   }
 };
 
+// A model as its backend takes it: on the GPU a plan that the runner streams from the files (no
+// host copy), on the CPU fp32 host weights. options() points the runner at the plan and the bar.
+struct CliModel {
+  std::string path;
+  ModelDescription description;
+  DecoderWeights weights;  // CPU
+  WeightPlan plan;         // CUDA
+  bool planned = false;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::unique_ptr<StreamBar> bar;
+  const ModelConfig& config() const { return description.config; }
+
+  RunnerOptions options(const DeviceArgs& d) {
+    RunnerOptions o = d.options(path);
+    if (planned) {
+      o.plan = &plan;
+      o.load_progress = [this](int t, int tt, uint64_t b, uint64_t bt, double s) { bar->update(t, tt, b, bt, s); };
+    }
+    return o;
+  }
+  // After the runner exists: the load's numbers (seconds since open_model, the weights' streaming).
+  nlohmann::json load_stats() {
+    if (bar) bar->finish();
+    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    nlohmann::json j{{"seconds", total},
+                     {"path", planned ? "stream" : "host"},
+                     {"stored_bytes", description.stored_bytes},
+                     {"peak_rss_bytes", peak_rss_bytes()}};
+    if (planned && bar) {
+      j["weights_seconds"] = bar->seconds();
+      j["weights_gb_per_second"] = bar->seconds() > 0 ? bar->bytes() / 1e9 / bar->seconds() : 0.0;
+    }
+    return j;
+  }
+};
+
+CliModel open_model(const std::string& path, const DeviceArgs& d, bool quiet) {
+  CliModel m;
+  m.path = path;
+  if (resolve_device(parse_device(d.device)) == Device::Cuda) {
+    PlannedModel p = plan_model(path);
+    m.description = std::move(p.description);
+    m.plan = std::move(p.plan);
+    m.tokenizer = std::move(p.tokenizer);
+    m.planned = true;
+    m.bar = std::make_unique<StreamBar>("loading " + path, quiet);
+  } else {
+    LoadedModel l = quiet ? load_model(path) : load_with_progress(path);
+    m.description = std::move(l.description);
+    m.weights = std::move(l.weights);
+    m.tokenizer = std::move(l.tokenizer);
+  }
+  return m;
+}
+
+std::string load_line(const nlohmann::json& s) {
+  std::string line = fmt::format("load: {:.2f} s ({}), peak RSS {:.2f} GiB", s["seconds"].get<double>(),
+                                 s["path"].get<std::string>(), s["peak_rss_bytes"].get<uint64_t>() / 1073741824.0);
+  if (s.contains("weights_seconds"))
+    line += fmt::format(", weights {:.2f} GB in {:.2f} s ({:.2f} GB/s)", s["stored_bytes"].get<uint64_t>() / 1e9,
+                        s["weights_seconds"].get<double>(), s["weights_gb_per_second"].get<double>());
+  return line;
+}
+
 int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
   const std::string path = resolve_model_path(a.model);
-  LoadedModel m = load_with_progress(path);
-  // A bare HF checkpoint (no tokenizer files) can give logits, but text needs a tokenizer.
-  check(m.tokenizer != nullptr,
-        "{}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json + merges.txt); generate needs one, "
-        "logits --token-ids does not",
-        path);
+  CliModel m = open_model(path, d, d.quiet || a.json);
+  // A bare HF checkpoint (no tokenizer files) runs by token ids: the ids are the output, the text
+  // stays empty.
+  const bool has_tokenizer = m.tokenizer != nullptr;
+  if (!has_tokenizer) {
+    check(!a.token_ids.empty(),
+          "{}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json + merges.txt); give --token-ids instead of "
+          "--prompt",
+          path);
+    m.tokenizer = Tokenizer::ids_only(m.config().vocab_size, m.description.eos_token_ids, m.description.bos_token_id);
+  }
   std::vector<int32_t> prompt;
   if (!a.token_ids.empty()) {
     prompt = parse_token_ids(a.token_ids);
@@ -185,7 +307,9 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
   limits.max_step_rows = 1;
   limits.max_step_tokens = static_cast<int>(std::min<int64_t>(needed, 8192));
   limits.kv_cache_tokens = needed;
-  auto engine = make_engine(c, m.weights, d.options(path), limits);
+  for (int32_t id : prompt) check(id < c.vocab_size, "--token-ids: id {} is out of range [0, {})", id, c.vocab_size);
+  auto engine = make_engine(c, m.weights, m.options(d), limits);
+  const nlohmann::json load = m.load_stats();
   GenerateOptions opt{a.max_tokens, a.ignore_eos, a.sampling, {}};
   std::function<void(std::string_view)> stream;
   if (!a.json) stream = [](std::string_view piece) {
@@ -199,7 +323,9 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
     j["prompt_token_ids"] = prompt;
     j["token_ids"] = r.tokens;
     j["text"] = r.text;
+    if (!has_tokenizer) j["note"] = "no tokenizer files: text is empty, token_ids are the output";
     j["finish_reason"] = r.finish_reason;
+    j["load"] = load;
     j["timings"] = {{"prompt_tokens", r.prompt_tokens},
                     {"generated_tokens", r.tokens.size()},
                     {"prefill_seconds", r.prefill_seconds},
@@ -220,6 +346,13 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::fputc('\n', stdout);
+    if (!has_tokenizer) {
+      std::string ids;
+      for (int32_t t : r.tokens) ids += fmt::format("{}{}", ids.empty() ? "" : ",", t);
+      fmt::print("{}", ids);
+      std::fputc('\n', stdout);
+    }
+    fmt::print(stderr, "{}\n", load_line(load));
     fmt::print(stderr, "prefill: {} tokens, {:.1f} tokens/s | decode: {} tokens, {:.1f} tokens/s\n", r.prompt_tokens,
                r.prefill_tokens_per_second(), r.tokens.size(), r.decode_tokens_per_second());
   }
@@ -229,12 +362,14 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
 int run_logits(const std::string& model, const std::string& token_ids, const std::string& out, const DeviceArgs& d) {
   const std::string path = resolve_model_path(model);
   const std::vector<int32_t> ids = parse_token_ids(token_ids);
-  LoadedModel m = load_with_progress(path);
+  CliModel m = open_model(path, d, d.quiet);
   const ModelConfig& c = m.config();
   for (int32_t id : ids) check(id < c.vocab_size, "--token-ids: id {} is out of range [0, {})", id, c.vocab_size);
   check(static_cast<int64_t>(ids.size()) <= c.max_context, "{} tokens exceed the model's context length {}",
         ids.size(), c.max_context);
-  auto runner = make_runner(c, m.weights, static_cast<int>(ids.size()), d.options(path));
+  auto runner = make_runner(c, m.weights, static_cast<int>(ids.size()), m.options(d));
+  const nlohmann::json load = m.load_stats();
+  if (!d.quiet) fmt::print(stderr, "{}\n", load_line(load));
   std::vector<float> logits(ids.size() * static_cast<size_t>(c.vocab_size));
   runner->forward(ids, 0, /*all_positions=*/true, logits);
   write_npy_f32(out, {static_cast<int64_t>(ids.size()), c.vocab_size}, logits);

@@ -1,5 +1,6 @@
 #include "backend/cuda/device_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/ops.h"
@@ -111,6 +112,86 @@ DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed)
   if (!c.tied_embeddings) m.lm_head = matrix(V, E);
   m.upload_inv_freq();
   FDPP_CUDA_CHECK(cudaDeviceSynchronize());
+  return m;
+}
+
+}  // namespace fdpp::cuda
+
+namespace fdpp::cuda {
+
+uint64_t plan_device_bytes(const WeightPlan& plan) { return static_cast<uint64_t>(plan.elements()) * 2; }
+
+void check_gpu_memory(const GpuMemoryNeed& need) {
+  size_t free_b = 0, total_b = 0;
+  FDPP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const double gib = 1073741824.0;
+  const uint64_t sum = need.weights + need.kv_cache + need.activations;
+  check(sum <= free_b,
+        "the model needs {:.2f} GiB of weights + {:.2f} GiB of KV cache ({} tokens) + {:.2f} GiB of activations = "
+        "{:.2f} GiB, but the GPU has {:.2f} GiB free of {:.2f} GiB",
+        need.weights / gib, need.kv_cache / gib, need.kv_tokens, need.activations / gib, sum / gib, free_b / gib,
+        total_b / gib);
+}
+
+DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan, DType dtype,
+                                   const StreamOptions& options, StreamStats* stats) {
+  DeviceModel m(c, dtype);
+  const bool swiglu = c.activation == Activation::SwiGLU;
+  std::vector<StreamJob> jobs;
+  // A device buffer made of the planned slots present among `slots`, concatenated in that order
+  // (as upload() concatenates the non-empty tensors it is given).
+  auto buffer = [&](std::initializer_list<WeightSlot> slots, int layer) {
+    std::vector<const PlannedTensor*> parts;
+    int64_t n = 0;
+    for (const WeightSlot s : slots)
+      if (const PlannedTensor* p = plan.find(s, layer); p != nullptr && p->numel() > 0) {
+        parts.push_back(p);
+        n += p->numel();
+      }
+    if (n == 0) return DeviceBuffer();
+    DeviceBuffer d(static_cast<size_t>(n) * sizeof(uint16_t));
+    int64_t at = 0;
+    for (const PlannedTensor* p : parts) {
+      jobs.push_back({p, static_cast<uint16_t*>(d.get()) + at});
+      at += p->numel();
+    }
+    m.bytes_ += d.bytes();
+    return d;
+  };
+  using S = WeightSlot;
+  m.tok_embeddings = buffer({S::TokEmbeddings}, -1);
+  m.pos_embeddings = buffer({S::PosEmbeddings}, -1);
+  m.project_in = buffer({S::ProjectIn}, -1);
+  m.project_out = buffer({S::ProjectOut}, -1);
+  for (int i = 0; i < c.n_layers; ++i) {
+    DeviceLayer d;
+    d.attn_norm = buffer({S::AttnNorm}, i);
+    d.attn_norm_bias = buffer({S::AttnNormBias}, i);
+    d.w_qkv = buffer({S::Wq, S::Wk, S::Wv}, i);
+    if (c.qkv_bias) d.b_qkv = buffer({S::Bq, S::Bk, S::Bv}, i);
+    d.w_o = buffer({S::Wo}, i);
+    d.b_o = buffer({S::Bo}, i);
+    d.ffn_norm = buffer({S::FfnNorm}, i);
+    d.ffn_norm_bias = buffer({S::FfnNormBias}, i);
+    d.w_in = swiglu ? buffer({S::WGate, S::WUp}, i) : buffer({S::WUp}, i);
+    if (c.mlp_bias) d.b_in = swiglu ? buffer({S::BGate, S::BUp}, i) : buffer({S::BUp}, i);
+    d.w_down = buffer({S::WDown}, i);
+    d.b_down = buffer({S::BDown}, i);
+    m.layers.push_back(std::move(d));
+  }
+  m.final_norm = buffer({S::FinalNorm}, -1);
+  m.final_norm_bias = buffer({S::FinalNormBias}, -1);
+  m.lm_head = buffer({S::LmHead}, -1);
+  m.upload_inv_freq();
+  // In file order, so that each shard is read front to back (the kernel's read-ahead then works
+  // for a cold page cache too).
+  std::stable_sort(jobs.begin(), jobs.end(), [](const StreamJob& a, const StreamJob& b) {
+    const StoredTensorRef &x = a.tensor->src, &y = b.tensor->src;
+    if (x.file != y.file) return x.file < y.file;
+    return x.file.empty() ? x.data < y.data : x.file_offset < y.file_offset;
+  });
+  const StreamStats s = stream_weights(jobs, dtype, options);
+  if (stats != nullptr) *stats = s;
   return m;
 }
 

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/weight_streamer.h"
 #include "model/decoder.h"
 
 namespace fdpp::cuda {
@@ -26,9 +27,30 @@ struct DeviceLayer {
 // the same seed gives the same values whatever the launch shape.
 void fill_random(void* dst, int64_t n, DType dtype, float scale, float offset, uint64_t seed, cudaStream_t stream);
 
+// What a model needs on the GPU besides what is already there, for the check before anything is
+// allocated (check_gpu_memory).
+struct GpuMemoryNeed {
+  uint64_t weights = 0;
+  uint64_t kv_cache = 0;
+  int64_t kv_tokens = 0;
+  uint64_t activations = 0;  // an estimate: activations, logits, workspaces, headroom
+};
+// Throws one line ("the model needs 13.48 GiB of weights + 2.00 GiB of KV cache (4096 tokens) +
+// 0.80 GiB of activations = 16.28 GiB, but the GPU has 10.00 GiB free of 80.00 GiB") when the sum
+// exceeds the free memory of the current device.
+void check_gpu_memory(const GpuMemoryNeed& need);
+// Bytes of the device weights a plan fills (16-bit elements).
+uint64_t plan_device_bytes(const WeightPlan& plan);
+
 class DeviceModel {
  public:
+  // From fp32 host tensors (tests, tiny models): converted on the host, then uploaded.
   DeviceModel(const ModelConfig& config, const DecoderWeights& weights, DType dtype);
+  // Streamed from the checkpoint files through a pinned staging ring and converted on the GPU
+  // (weight_streamer.h): the model is never held in host memory. The same layout and, for every
+  // stored type, the same bits as the constructor above given the fp32 weights of the same files.
+  static DeviceModel from_plan(const ModelConfig& config, const WeightPlan& plan, DType dtype,
+                               const StreamOptions& options = {}, StreamStats* stats = nullptr);
   // Random weights (uniform, scaled like a trained model's: ~1/sqrt(fan_in); norms ~1).
   static DeviceModel dummy(const ModelConfig& config, DType dtype, uint64_t seed);
 

@@ -1,0 +1,62 @@
+// Streams a WeightPlan from the checkpoint files to the GPU without materializing the model in host
+// memory: each tensor is read in its stored type (pread from the file by several threads, or copied
+// from the mapping for in-memory images) into a small ring of pinned staging buffers, copied to the
+// device with cudaMemcpyAsync while the next chunk is read, and converted there to the engine's
+// 16-bit type by convert_stored (F32/F16/BF16 and the GGUF blocks Q8_0, Q4_0, Q4_1, Q4_K, Q6_K on
+// the GPU; other GGUF types are dequantized on the CPU chunk by chunk into the staging buffer).
+// Host memory: staging_buffers x staging_bytes pinned, whatever the model's size.
+//
+// Conversions are bit-identical to the host path (gguf::dequantize to fp32, then half.h's
+// round-to-nearest-even): the kernels repeat its fp32 operations in the same order, uncontracted.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "model/weight_plan.h"
+
+namespace fdpp::cuda {
+
+struct StreamProgress {
+  int tensors_done = 0, tensors_total = 0;
+  uint64_t bytes_done = 0, bytes_total = 0;  // as stored in the files
+  double seconds = 0;
+};
+using StreamProgressFn = std::function<void(const StreamProgress&)>;
+
+struct StreamOptions {
+  size_t staging_bytes = size_t{64} << 20;  // per buffer
+  int staging_buffers = 3;
+  int read_threads = 8;  // pread threads per chunk (0: copy from the mapping, one thread)
+  StreamProgressFn progress;
+};
+
+struct StreamStats {
+  int tensors = 0;
+  uint64_t bytes = 0;  // read from the files
+  double seconds = 0;
+};
+
+// One planned tensor and where its numel() 16-bit elements go on the device.
+struct StreamJob {
+  const PlannedTensor* tensor;
+  void* dst;
+};
+
+// Runs every job on `stream` and waits for the last. Throws fdpp::Error naming the file and tensor
+// when a read fails.
+StreamStats stream_weights(const std::vector<StreamJob>& jobs, DType dtype, const StreamOptions& options,
+                           cudaStream_t stream = nullptr);
+
+// Whether convert_stored handles a stored type on the GPU (the others come as fp32 from the CPU).
+bool gpu_converts(gguf::GgmlType type);
+
+// dst[0..n) = the n elements of a stored chunk at src (device memory, whole blocks), converted to
+// dtype. permute_head_dim > 0: the chunk is whole heads of head_dim rows of `cols` elements and
+// dst row r takes stored row planned_source_row(r) (GGUF q/k). Launches on stream.
+void convert_stored(gguf::GgmlType type, const void* src, int64_t n, int64_t cols, int64_t permute_head_dim,
+                    void* dst, DType dtype, cudaStream_t stream);
+
+}  // namespace fdpp::cuda

@@ -1,0 +1,137 @@
+#include "model/weight_plan.h"
+
+#include <cstring>
+
+#include "fdpp/error.h"
+
+namespace fdpp {
+
+namespace {
+
+constexpr const char* kSlotNames[kWeightSlots] = {
+    "tok_embeddings", "pos_embeddings", "project_in", "project_out", "final_norm", "final_norm_bias", "lm_head",
+    "attn_norm", "attn_norm_bias", "wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo", "ffn_norm", "ffn_norm_bias",
+    "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down"};
+
+template <class W, class L>
+auto* slot_ptr(W& w, WeightSlot s, int layer) {
+  using T = std::conditional_t<std::is_const_v<W>, const Tensor, Tensor>;
+  if (!is_layer_slot(s)) {
+    switch (s) {
+      case WeightSlot::TokEmbeddings: return static_cast<T*>(&w.tok_embeddings);
+      case WeightSlot::PosEmbeddings: return static_cast<T*>(&w.pos_embeddings);
+      case WeightSlot::ProjectIn: return static_cast<T*>(&w.project_in);
+      case WeightSlot::ProjectOut: return static_cast<T*>(&w.project_out);
+      case WeightSlot::FinalNorm: return static_cast<T*>(&w.final_norm);
+      case WeightSlot::FinalNormBias: return static_cast<T*>(&w.final_norm_bias);
+      case WeightSlot::LmHead: return static_cast<T*>(&w.lm_head);
+      default: break;
+    }
+  }
+  check(layer >= 0 && static_cast<size_t>(layer) < w.layers.size(), "weight slot {} of layer {}: no such layer",
+        slot_name(s), layer);
+  L& l = w.layers[static_cast<size_t>(layer)];
+  switch (s) {
+    case WeightSlot::AttnNorm: return static_cast<T*>(&l.attn_norm);
+    case WeightSlot::AttnNormBias: return static_cast<T*>(&l.attn_norm_bias);
+    case WeightSlot::Wq: return static_cast<T*>(&l.wq);
+    case WeightSlot::Wk: return static_cast<T*>(&l.wk);
+    case WeightSlot::Wv: return static_cast<T*>(&l.wv);
+    case WeightSlot::Bq: return static_cast<T*>(&l.bq);
+    case WeightSlot::Bk: return static_cast<T*>(&l.bk);
+    case WeightSlot::Bv: return static_cast<T*>(&l.bv);
+    case WeightSlot::Wo: return static_cast<T*>(&l.wo);
+    case WeightSlot::Bo: return static_cast<T*>(&l.bo);
+    case WeightSlot::FfnNorm: return static_cast<T*>(&l.ffn_norm);
+    case WeightSlot::FfnNormBias: return static_cast<T*>(&l.ffn_norm_bias);
+    case WeightSlot::WGate: return static_cast<T*>(&l.w_gate);
+    case WeightSlot::WUp: return static_cast<T*>(&l.w_up);
+    case WeightSlot::WDown: return static_cast<T*>(&l.w_down);
+    case WeightSlot::BGate: return static_cast<T*>(&l.b_gate);
+    case WeightSlot::BUp: return static_cast<T*>(&l.b_up);
+    case WeightSlot::BDown: return static_cast<T*>(&l.b_down);
+    default: break;
+  }
+  fail("weight slot {}: unknown", static_cast<int>(s));
+}
+
+}  // namespace
+
+const char* slot_name(WeightSlot s) {
+  const int i = static_cast<int>(s);
+  return i >= 0 && i < kWeightSlots ? kSlotNames[i] : "?";
+}
+
+WeightSlot slot_of_address(const void* member, const void* object, bool layer) {
+  // The probe object's own slots, compared by address (members of any type).
+  if (layer) {
+    const auto& l = *static_cast<const LayerWeights*>(object);
+    DecoderWeights w;
+    for (int s = static_cast<int>(WeightSlot::AttnNorm); s < kWeightSlots; ++s) {
+      w.layers.resize(1);
+      const Tensor* t = slot_ptr<const DecoderWeights, const LayerWeights>(w, WeightSlot(s), 0);
+      const auto offset = reinterpret_cast<const char*>(t) - reinterpret_cast<const char*>(&w.layers[0]);
+      if (reinterpret_cast<const char*>(&l) + offset == member) return WeightSlot(s);
+    }
+  } else {
+    const auto& d = *static_cast<const DecoderWeights*>(object);
+    for (int s = 0; s < static_cast<int>(WeightSlot::AttnNorm); ++s)
+      if (slot_ptr<const DecoderWeights, const LayerWeights>(d, WeightSlot(s), -1) == member) return WeightSlot(s);
+  }
+  fail("slot_of: the member is not a weight slot");
+}
+
+Tensor& slot_tensor(DecoderWeights& w, WeightSlot s, int layer) {
+  return *slot_ptr<DecoderWeights, LayerWeights>(w, s, layer);
+}
+const Tensor& slot_tensor(const DecoderWeights& w, WeightSlot s, int layer) {
+  return *slot_ptr<const DecoderWeights, const LayerWeights>(w, s, layer);
+}
+
+const PlannedTensor* WeightPlan::find(WeightSlot s, int layer) const {
+  for (const PlannedTensor& t : tensors)
+    if (t.slot == s && (!is_layer_slot(s) || t.layer == layer)) return &t;
+  return nullptr;
+}
+
+uint64_t WeightPlan::stored_bytes() const {
+  uint64_t n = 0;
+  for (const PlannedTensor& t : tensors) n += t.src.n_bytes;
+  return n;
+}
+
+int64_t WeightPlan::elements() const {
+  int64_t n = 0;
+  for (const PlannedTensor& t : tensors) n += t.numel();
+  return n;
+}
+
+DecoderWeights materialize_plan(const WeightPlan& plan, const ModelConfig& config) {
+  DecoderWeights w;
+  w.layers.resize(static_cast<size_t>(config.n_layers));
+  for (const PlannedTensor& p : plan.tensors) {
+    Tensor stored(p.shape);
+    if (p.src.data != nullptr) {
+      check(p.numel() % static_cast<int64_t>(gguf::block_elements(p.src.type)) == 0,
+            "{}: {} elements are not whole blocks of {}", p.src.name, p.numel(), gguf::type_name(p.src.type));
+      gguf::dequantize(p.src.type, p.src.data, stored.ptr(), static_cast<uint64_t>(p.numel()));
+    } else {
+      check(static_cast<bool>(p.src.read_f32), "{}: the plan gives no way to read it", p.src.name);
+      p.src.read_f32(stored.data);
+    }
+    Tensor& dst = slot_tensor(w, p.slot, p.layer);
+    if (p.permute_heads > 0) {
+      Tensor out(p.shape);
+      const int64_t rows = p.rows(), cols = p.cols();
+      for (int64_t n = 0; n < rows; ++n)
+        std::memcpy(out.ptr() + n * cols, stored.ptr() + planned_source_row(n, rows, p.permute_heads) * cols,
+                    static_cast<size_t>(cols) * sizeof(float));
+      dst = std::move(out);
+    } else {
+      dst = std::move(stored);
+    }
+  }
+  return w;
+}
+
+}  // namespace fdpp

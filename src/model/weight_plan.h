@@ -1,0 +1,105 @@
+// A model's weights as a plan rather than as data: for every slot of DecoderWeights the model
+// needs, where its bytes lie in the checkpoint (the file mapping, the byte offset in the file, the
+// stored type) and what the architecture's mapping does to them on the way (a row range of a fused
+// tensor, GGUF's q/k row permutation). The GPU loader (backend/cuda/weight_streamer) streams a plan
+// straight from the files to the device and converts there, so a model is never materialized in
+// host memory; the fp32 loaders (load_hf_decoder, load_llama_gguf) remain for the CPU backend.
+//
+// The model files make plans from the same tables they load from (hf_models.cpp: HfTensorSpec's
+// parts; llama.cpp: the GGUF names), so a plan and the fp32 load cannot disagree on a mapping.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/gguf.h"
+#include "model/decoder.h"
+
+namespace fdpp {
+
+// The slots of DecoderWeights (model-wide) and of LayerWeights (per layer).
+enum class WeightSlot : uint8_t {
+  TokEmbeddings, PosEmbeddings, ProjectIn, ProjectOut, FinalNorm, FinalNormBias, LmHead,
+  // per layer, from here on
+  AttnNorm, AttnNormBias, Wq, Wk, Wv, Bq, Bk, Bv, Wo, Bo, FfnNorm, FfnNormBias, WGate, WUp, WDown, BGate, BUp,
+  BDown,
+};
+inline constexpr int kWeightSlots = static_cast<int>(WeightSlot::BDown) + 1;
+inline bool is_layer_slot(WeightSlot s) { return s >= WeightSlot::AttnNorm; }
+const char* slot_name(WeightSlot s);  // "wq", "tok_embeddings", ...
+
+WeightSlot slot_of_address(const void* member, const void* object, bool layer);
+
+// The slot a member of DecoderWeights / LayerWeights is (whatever the member's type: Tensor, or a
+// Weight once the stored forms exist). Throws for a member that is not a slot.
+template <class Member>
+WeightSlot slot_of(Member DecoderWeights::*m) {
+  static const DecoderWeights probe{};
+  return slot_of_address(&(probe.*m), &probe, false);
+}
+template <class Member>
+WeightSlot slot_of(Member LayerWeights::*m) {
+  static const LayerWeights probe{};
+  return slot_of_address(&(probe.*m), &probe, true);
+}
+
+// The slot's tensor in DecoderWeights (layer ignored for model-wide slots).
+Tensor& slot_tensor(DecoderWeights& w, WeightSlot s, int layer);
+const Tensor& slot_tensor(const DecoderWeights& w, WeightSlot s, int layer);
+
+// Where a stored tensor (or a row range of one) lies. data points at its first byte inside the
+// file's mapping (or an in-memory image); file/file_offset name the same bytes on disk when they
+// are a plain file (the loader then reads them with pread, which avoids mapping the pages), else
+// file is empty. A tensor that is not contiguous in its file (a strided PyTorch .bin view) has no
+// data: read_f32 gives its elements.
+struct StoredTensorRef {
+  std::string name;  // the checkpoint's name, for messages
+  gguf::GgmlType type = gguf::GgmlType::F32;
+  const uint8_t* data = nullptr;
+  uint64_t n_bytes = 0;
+  std::string file;
+  uint64_t file_offset = 0;
+  std::function<void(std::span<float>)> read_f32;  // only when data is null
+};
+
+// One slot filled from one stored tensor (or row range of one).
+struct PlannedTensor {
+  WeightSlot slot;
+  int layer = -1;               // -1 for model-wide slots
+  std::vector<int64_t> shape;   // the slot's shape (row-major, outermost first)
+  StoredTensorRef src;          // exactly numel(shape) elements of src.type, row after row
+  // GGUF's attn_q / attn_k: the rows of each of permute_heads heads are stored in llama.cpp's
+  // order (see llama.cpp); slot row h*hd + j*hd/2 + i is stored row h*hd + 2i + j. 0: no permutation.
+  int permute_heads = 0;
+
+  int64_t numel() const { return Tensor::numel_of(shape); }
+  int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
+  int64_t cols() const { return shape.size() < 2 ? 1 : numel() / shape[0]; }
+};
+
+struct WeightPlan {
+  std::vector<PlannedTensor> tensors;
+  std::shared_ptr<const void> storage;  // keeps the files mapped while the plan is used
+
+  const PlannedTensor* find(WeightSlot s, int layer) const;
+  uint64_t stored_bytes() const;
+  int64_t elements() const;
+};
+
+// Row n of a slot that permute_heads applies to comes from this stored row (identity when 0).
+inline int64_t planned_source_row(int64_t n, int64_t rows, int permute_heads) {
+  if (permute_heads <= 0) return n;
+  const int64_t head_dim = rows / permute_heads, half = head_dim / 2;
+  const int64_t h = n / head_dim, r = n % head_dim, j = r / half, i = r % half;
+  return h * head_dim + 2 * i + j;
+}
+
+// Reads a plan into fp32 host tensors on the CPU (dequantizing and permuting as the GPU loader
+// does): tests compare it with the fp32 loaders, and it is the plan's reference semantics.
+DecoderWeights materialize_plan(const WeightPlan& plan, const ModelConfig& config);
+
+}  // namespace fdpp

@@ -1,0 +1,144 @@
+// The weight plan (model/weight_plan.h) that the GPU loader streams: read back on the CPU, it must
+// give exactly the fp32 weights of the CPU loaders (same slots, shapes and bits) for every HF
+// fixture (Llama, Mistral, OPT with its prefixes, ChatGLM2's fused q/k/v and gate/up split by
+// rows, safetensors and .bin, F32/F16/BF16) and for a GGUF of every stored type (q/k rows
+// permuted back).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "io/gguf.h"
+#include "io/model_loader.h"
+#include "model/llama.h"
+#include "model/weight_plan.h"
+#include "test_util.h"
+#include "tiny_gguf.h"
+
+namespace fdpp {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every slot of a against b: both absent, or the same shape and the same bits.
+void expect_same_weights(const DecoderWeights& a, const DecoderWeights& b, int n_layers) {
+  for (int s = 0; s < kWeightSlots; ++s) {
+    const WeightSlot slot = WeightSlot(s);
+    for (int l = is_layer_slot(slot) ? 0 : -1; l < (is_layer_slot(slot) ? n_layers : 0); ++l) {
+      SCOPED_TRACE(fmt::format("slot {} layer {}", slot_name(slot), l));
+      const Tensor& x = slot_tensor(a, slot, l);
+      const Tensor& y = slot_tensor(b, slot, l);
+      ASSERT_EQ(x.empty(), y.empty());
+      if (x.empty()) continue;
+      ASSERT_EQ(x.shape, y.shape);
+      EXPECT_EQ(std::memcmp(x.ptr(), y.ptr(), x.data.size() * sizeof(float)), 0);
+    }
+  }
+}
+
+std::vector<fs::path> hf_fixture_dirs() {
+  std::vector<fs::path> out;
+  const fs::path root = test::fixture("hf");
+  if (!fs::exists(root)) return out;
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.is_directory() && fs::exists(e.path() / "config.json")) out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(WeightPlan, SlotOfMembers) {
+  EXPECT_EQ(slot_of(&LayerWeights::wq), WeightSlot::Wq);
+  EXPECT_EQ(slot_of(&LayerWeights::b_down), WeightSlot::BDown);
+  EXPECT_EQ(slot_of(&LayerWeights::attn_norm), WeightSlot::AttnNorm);
+  EXPECT_EQ(slot_of(&DecoderWeights::tok_embeddings), WeightSlot::TokEmbeddings);
+  EXPECT_EQ(slot_of(&DecoderWeights::lm_head), WeightSlot::LmHead);
+  EXPECT_EQ(slot_of(&DecoderWeights::final_norm_bias), WeightSlot::FinalNormBias);
+  DecoderWeights w;
+  w.layers.resize(2);
+  EXPECT_EQ(&slot_tensor(w, WeightSlot::WUp, 1), &w.layers[1].w_up);
+  EXPECT_EQ(&slot_tensor(w, WeightSlot::PosEmbeddings, -1), &w.pos_embeddings);
+  EXPECT_STREQ(slot_name(WeightSlot::WGate), "w_gate");
+}
+
+TEST(WeightPlan, SourceRowUndoesGgufPermutation) {
+  // 2 heads of 4 rows: stored rows (per head) 0 1 2 3 hold HF rows 0 2 1 3.
+  const std::vector<int64_t> expected = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int64_t n = 0; n < 8; ++n) EXPECT_EQ(planned_source_row(n, 8, 2), expected[n]) << n;
+  EXPECT_EQ(planned_source_row(5, 8, 0), 5);
+}
+
+TEST(WeightPlan, HfFixturesGiveTheFp32LoadersWeights) {
+  const auto dirs = hf_fixture_dirs();
+  if (dirs.empty()) GTEST_SKIP() << "no HF fixtures in tests/fixtures/hf/";
+  for (const fs::path& dir : dirs) {
+    SCOPED_TRACE(dir.filename().string());
+    const LoadedModel loaded = load_model(dir.string());
+    const PlannedModel planned = plan_model(dir.string());
+    EXPECT_EQ(planned.description.stored_bytes, loaded.description.stored_bytes);
+    uint64_t in_files = 0;
+    for (const PlannedTensor& p : planned.plan.tensors) {
+      EXPECT_NE(p.src.data, nullptr) << p.src.name;  // every fixture tensor is contiguous in its file
+      EXPECT_FALSE(p.src.file.empty()) << p.src.name;
+      in_files += p.src.n_bytes;
+    }
+    EXPECT_EQ(in_files, planned.description.stored_bytes);
+    expect_same_weights(materialize_plan(planned.plan, planned.config()), loaded.weights, planned.config().n_layers);
+    // The plan's file offsets name the same bytes as its mapping pointers.
+    for (const PlannedTensor& p : planned.plan.tensors) {
+      std::ifstream f(p.src.file, std::ios::binary);
+      f.seekg(static_cast<std::streamoff>(p.src.file_offset));
+      std::vector<char> b(std::min<uint64_t>(p.src.n_bytes, 64));
+      f.read(b.data(), static_cast<std::streamsize>(b.size()));
+      EXPECT_EQ(std::memcmp(b.data(), p.src.data, b.size()), 0) << p.src.name;
+    }
+  }
+}
+
+TEST(WeightPlan, ChatGlmFusedTensorsSplitByRows) {
+  const fs::path dir = test::fixture("hf/chatglm2_f16");
+  if (!fs::exists(dir)) GTEST_SKIP() << "no ChatGLM2 fixture";
+  const PlannedModel planned = plan_model(dir.string());
+  const ModelConfig& c = planned.config();
+  const PlannedTensor* q = planned.plan.find(WeightSlot::Wq, 0);
+  const PlannedTensor* k = planned.plan.find(WeightSlot::Wk, 0);
+  const PlannedTensor* v = planned.plan.find(WeightSlot::Wv, 0);
+  ASSERT_TRUE(q && k && v);
+  EXPECT_EQ(q->src.name, k->src.name);
+  EXPECT_EQ(k->src.data, q->src.data + c.q_dim() * c.hidden * 2);
+  EXPECT_EQ(v->src.file_offset, k->src.file_offset + static_cast<uint64_t>(c.kv_dim() * c.hidden * 2));
+  const PlannedTensor* gate = planned.plan.find(WeightSlot::WGate, 1);
+  const PlannedTensor* up = planned.plan.find(WeightSlot::WUp, 1);
+  ASSERT_TRUE(gate && up);
+  EXPECT_EQ(up->src.data, gate->src.data + c.ffn_hidden * c.hidden * 2);
+}
+
+TEST(WeightPlan, GgufOfEveryTypeGivesTheFp32LoadersWeights) {
+  const auto dir = test::scratch_dir("weight_plan_gguf");
+  const std::string path = (dir / "tiny.gguf").string();
+  {
+    const auto bytes = test::tiny_llama_gguf();
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
+  const ModelConfig c = llama_config_from_gguf(*file);
+  EXPECT_TRUE(c.qkv_bias);
+  const DecoderWeights loaded = load_llama_gguf(*file, c, {});
+  const WeightPlan plan = plan_llama_gguf(file, c);
+  std::set<gguf::GgmlType> types;
+  for (const PlannedTensor& p : plan.tensors) {
+    types.insert(p.src.type);
+    EXPECT_EQ(p.permute_heads, p.slot == WeightSlot::Wq || p.slot == WeightSlot::Bq   ? c.n_heads
+                               : p.slot == WeightSlot::Wk || p.slot == WeightSlot::Bk ? c.n_kv_heads
+                                                                                      : 0)
+        << p.src.name;
+  }
+  EXPECT_EQ(types.size(), test::tiny_gguf_matrix_types().size());
+  expect_same_weights(materialize_plan(plan, c), loaded, c.n_layers);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace fdpp
