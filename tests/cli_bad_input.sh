@@ -120,5 +120,22 @@ else
   echo "skip real-model cases: $MODEL not fetched"
 fi
 
+# A bare HF checkpoint (no tokenizer files): logits and generate by token ids work, a prompt does not.
+HF="$(dirname "${BASH_SOURCE[0]}")/fixtures/hf/mistral_f16"
+if [[ -d $HF ]]; then
+  expect_error "generate --prompt without a tokenizer" "no tokenizer.*--token-ids" \
+    "$BIN" generate --device cpu --model "$HF" --prompt "hello" -n 2
+  expect_ok "generate --token-ids without a tokenizer" "$BIN" generate --device cpu --model "$HF" --token-ids 1,2,3 -n 3 \
+    --temperature 0 --ignore-eos --json
+  if grep -qE '"token_ids":\[[0-9]+,[0-9]+,[0-9]+\]' "$TMP/out" && grep -q '"note"' "$TMP/out"; then
+    echo "ok   generate --token-ids --json gives the ids"
+    pass=$((pass + 1))
+  else
+    echo "FAIL generate --token-ids --json: $(head -c 300 "$TMP/out")"
+    fail=$((fail + 1))
+  fi
+  expect_ok "logits without a tokenizer" "$BIN" logits --device cpu --model "$HF" --token-ids 1,2,3 --out "$TMP/hf.npy"
+fi
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

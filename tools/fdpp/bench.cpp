@@ -49,14 +49,14 @@ int run_bench(const BenchArgs& a) {
   // The model: real weights, or random ones of a config's shapes.
   ModelConfig config;
   std::string model_name;
-  LoadedModel loaded;
+  PlannedModel loaded;  // streamed from the files to the GPU (no host copy of the weights)
   if (a.load_format == "dummy") {
     check(!a.config.empty(), "--load-format dummy needs --config FILE.json (see configs/)");
     config = parse_hf_config(read_json_file(a.config), nullptr, a.config, a.config).config;
     model_name = a.config;
   } else {
     check(a.load_format == "auto", "--load-format '{}' is not one of auto, dummy", a.load_format);
-    loaded = load_model(resolve_model_path(a.model));
+    loaded = plan_model(resolve_model_path(a.model));
     config = loaded.config();
     model_name = loaded.description.path;
   }
@@ -81,7 +81,7 @@ int run_bench(const BenchArgs& a) {
 
   auto model = std::make_shared<const cuda::DeviceModel>(
       a.load_format == "dummy" ? cuda::DeviceModel::dummy(config, dtype, 1234)
-                               : cuda::DeviceModel(config, loaded.weights, dtype));
+                               : cuda::DeviceModel::from_plan(config, loaded.plan, dtype));
   cuda::EngineOptions eo;
   eo.max_batch = max_batch;
   eo.max_prefill_tokens = std::max({2048, max_prompt, a.mixed_chunk + max_batch});
