@@ -9,14 +9,15 @@
 #include <algorithm>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/weight_streamer.h"
-#include "fdpp/error.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/weight_convert.h"
 
 namespace fdpp::cuda {
 
 namespace {
 
-using gguf::GgmlType;
+// ggml's type numbers (io/gguf.h's GgmlType; that header is C++20 and .cu files are C++17).
+enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30 };
 
 __device__ __forceinline__ uint16_t u16_at(const uint8_t* p) { return uint16_t(p[0]) | uint16_t(p[1]) << 8; }
 
@@ -136,18 +137,18 @@ void launch(const void* src, int64_t n, int64_t cols, int64_t head_dim, void* ds
 
 }  // namespace
 
-bool gpu_converts(gguf::GgmlType t) {
-  switch (t) {
+bool gpu_converts_type(uint32_t type) {
+  switch (static_cast<GgmlType>(type)) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
     case GgmlType::Q4_1: case GgmlType::Q4_K: case GgmlType::Q6_K: return true;
     default: return false;
   }
 }
 
-void convert_stored(gguf::GgmlType type, const void* src, int64_t n, int64_t cols, int64_t permute_head_dim,
-                    void* dst, DType dtype, cudaStream_t stream) {
+void convert_stored_type(uint32_t type, const void* src, int64_t n, int64_t cols, int64_t permute_head_dim,
+                         void* dst, DType dtype, cudaStream_t stream) {
   if (n == 0) return;
-  switch (type) {
+  switch (static_cast<GgmlType>(type)) {
     case GgmlType::F32: launch<GgmlType::F32>(src, n, cols, permute_head_dim, dst, dtype, stream); break;
     case GgmlType::F16: launch<GgmlType::F16>(src, n, cols, permute_head_dim, dst, dtype, stream); break;
     case GgmlType::BF16: launch<GgmlType::BF16>(src, n, cols, permute_head_dim, dst, dtype, stream); break;
@@ -156,7 +157,7 @@ void convert_stored(gguf::GgmlType type, const void* src, int64_t n, int64_t col
     case GgmlType::Q4_1: launch<GgmlType::Q4_1>(src, n, cols, permute_head_dim, dst, dtype, stream); break;
     case GgmlType::Q4_K: launch<GgmlType::Q4_K>(src, n, cols, permute_head_dim, dst, dtype, stream); break;
     case GgmlType::Q6_K: launch<GgmlType::Q6_K>(src, n, cols, permute_head_dim, dst, dtype, stream); break;
-    default: fail("convert_stored: type {} is not converted on the GPU", gguf::type_name(type));
+    default: fail("convert_stored: ggml type {} is not converted on the GPU", type);
   }
   FDPP_CUDA_CHECK(cudaGetLastError());
 }

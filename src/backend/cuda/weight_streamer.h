@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/weight_convert.h"
 #include "model/weight_plan.h"
 
 namespace fdpp::cuda {
@@ -51,12 +52,14 @@ StreamStats stream_weights(const std::vector<StreamJob>& jobs, DType dtype, cons
                            cudaStream_t stream = nullptr);
 
 // Whether convert_stored handles a stored type on the GPU (the others come as fp32 from the CPU).
-bool gpu_converts(gguf::GgmlType type);
+inline bool gpu_converts(gguf::GgmlType type) { return gpu_converts_type(static_cast<uint32_t>(type)); }
 
 // dst[0..n) = the n elements of a stored chunk at src (device memory, whole blocks), converted to
 // dtype. permute_head_dim > 0: the chunk is whole heads of head_dim rows of `cols` elements and
 // dst row r takes stored row planned_source_row(r) (GGUF q/k). Launches on stream.
-void convert_stored(gguf::GgmlType type, const void* src, int64_t n, int64_t cols, int64_t permute_head_dim,
-                    void* dst, DType dtype, cudaStream_t stream);
+inline void convert_stored(gguf::GgmlType type, const void* src, int64_t n, int64_t cols, int64_t permute_head_dim,
+                           void* dst, DType dtype, cudaStream_t stream) {
+  convert_stored_type(static_cast<uint32_t>(type), src, n, cols, permute_head_dim, dst, dtype, stream);
+}
 
 }  // namespace fdpp::cuda
