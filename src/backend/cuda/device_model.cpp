@@ -5,6 +5,8 @@
 
 #include "backend/cpu/ops.h"
 #include "core/half.h"
+#include "backend/cuda/weight_streamer.h"
+#include "model/weight_plan.h"
 
 namespace fdpp::cuda {
 

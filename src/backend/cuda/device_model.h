@@ -9,8 +9,12 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/weight_streamer.h"
+#include "backend/cuda/weight_convert.h"
 #include "model/decoder.h"
+
+namespace fdpp {
+struct WeightPlan;
+}
 
 namespace fdpp::cuda {
 

@@ -20,26 +20,6 @@
 
 namespace fdpp::cuda {
 
-struct StreamProgress {
-  int tensors_done = 0, tensors_total = 0;
-  uint64_t bytes_done = 0, bytes_total = 0;  // as stored in the files
-  double seconds = 0;
-};
-using StreamProgressFn = std::function<void(const StreamProgress&)>;
-
-struct StreamOptions {
-  size_t staging_bytes = size_t{64} << 20;  // per buffer
-  int staging_buffers = 3;
-  int read_threads = 8;  // pread threads per chunk (0: copy from the mapping, one thread)
-  StreamProgressFn progress;
-};
-
-struct StreamStats {
-  int tensors = 0;
-  uint64_t bytes = 0;  // read from the files
-  double seconds = 0;
-};
-
 // One planned tensor and where its numel() 16-bit elements go on the device.
 struct StreamJob {
   const PlannedTensor* tensor;
