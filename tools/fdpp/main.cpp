@@ -369,11 +369,12 @@ int run_logits(const std::string& model, const std::string& token_ids, const std
         ids.size(), c.max_context);
   auto runner = make_runner(c, m.weights, static_cast<int>(ids.size()), m.options(d));
   const nlohmann::json load = m.load_stats();
-  if (!d.quiet) fmt::print(stderr, "{}\n", load_line(load));
   std::vector<float> logits(ids.size() * static_cast<size_t>(c.vocab_size));
   runner->forward(ids, 0, /*all_positions=*/true, logits);
   write_npy_f32(out, {static_cast<int64_t>(ids.size()), c.vocab_size}, logits);
   fmt::print(stderr, "wrote {} [{} x {}] float32\n", out, ids.size(), c.vocab_size);
+  // After success only: an error stays the one line on stderr.
+  if (!d.quiet) fmt::print(stderr, "{}\n", load_line(load));
   return 0;
 }
 
