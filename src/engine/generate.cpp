@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "engine/sampler.h"
+#include "engine/stop_strings.h"
 #include "fdpp/error.h"
 
 namespace fdpp {
@@ -34,6 +35,7 @@ GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<co
 
   Sampler sampler(options.sampling);
   StreamingDetokenizer detok(tokenizer, /*skip_special=*/true);
+  StopStringFilter stops(options.stop);
   std::vector<int32_t> history(prompt.begin(), prompt.end());
 
   auto t0 = Clock::now();
@@ -48,14 +50,19 @@ GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<co
       r.finish_reason = "stop";
       break;
     }
-    std::string piece = detok.push(next);
+    std::string piece = stops.push(detok.push(next));
     r.text += piece;
     if (on_text && !piece.empty()) on_text(piece);
+    if (stops.stopped()) {
+      r.finish_reason = "stop";
+      break;
+    }
     if (step + 1 >= options.max_tokens) break;
     next = runner.forward_sample(std::span<const int32_t>(&history.back(), 1), static_cast<int>(history.size()) - 1,
                                  sampler, history, static_cast<uint64_t>(step + 1));
   }
-  std::string rest = detok.flush();
+  std::string rest = stops.stopped() ? std::string() : stops.push(detok.flush());
+  if (!stops.stopped()) rest += stops.flush();
   r.text += rest;
   if (on_text && !rest.empty()) on_text(rest);
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - decode_start).count();
