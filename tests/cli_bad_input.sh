@@ -105,6 +105,7 @@ usage "non-UTF-8 prompt on stdin" "--prompt - \(standard input\): byte 0xc3 at o
 usage "non-UTF-8 system message" "^fdpp: error: --system: byte 0xfe" "$BIN" generate --prompt hi --system $'\xfe'
 usage "empty stop string" "^fdpp: error: --stop: '' is empty" "$BIN" generate --prompt hi --stop ""
 usage "prompt and file" "--file excludes --prompt|--prompt excludes --file" "$BIN" generate --prompt hi --file x.txt
+usage "--file with -n 0" "^fdpp: error: --max-tokens 0: each request of a prompts file" "$BIN" generate --file x.txt -n 0
 usage "--unordered without --file" "^fdpp: error: --unordered: only with --file$" "$BIN" generate --prompt hi --unordered
 usage "bad token ids (generate)" "^fdpp: error: --token-ids: 'abc' is not a non-negative token id" "$BIN" generate --token-ids 1,abc
 usage "bad token ids (logits)" "^fdpp: error: --token-ids: 'x' is not a non-negative token id" "$BIN" logits --model "$TMP/text.gguf" --token-ids 1,x,3 --out "$TMP/o.npy"

@@ -727,6 +727,8 @@ int main(int argc, char** argv) {
         if (std::string p = utf8_problem(g.system); !p.empty()) throw UsageError("--system: " + p);
       }
       if (g.unordered && g.file.empty()) throw UsageError("--unordered: only with --file");
+      if (!g.file.empty() && g.max_tokens == 0)
+        throw UsageError("--max-tokens 0: each request of a prompts file generates at least 1 token");
       if (!g.file.empty()) {
         g_dev.say_gpu_layers();
         rc = run_generate_file(g, g_dev);
