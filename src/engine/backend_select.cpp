@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "attention/calibration.h"
+#include "backend/cpu/cpu_engine.h"
 #include "backend/cpu/cpu_runner.h"
 #include "fdpp/error.h"
 #ifdef FDPP_HAVE_CUDA
@@ -84,22 +85,33 @@ std::vector<float> resolve_unified_max_phi(const ModelConfig& config, const Runn
   return phi;
 }
 
-std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeights& weights, int max_context,
-                                    const RunnerOptions& options) {
-  const Device device = resolve_device(options.device);
+namespace {
+
+// Checked on every device: --dtype garbage is an error on the CPU too, not silently ignored.
+void check_dtype(const RunnerOptions& options) {
   check(options.dtype == "f16" || options.dtype == "bf16" || options.dtype == "auto",
         "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
-  if (device == Device::Cpu) {
-    // The CPU's attention is exact and needs no phi, but a calibration file the user named must
-    // still be one that fits this model.
-    if (!options.calibration.empty()) resolve_unified_max_phi(config, options);
-    set_cpu_threads(options.threads);
-    return std::make_unique<CpuRunner>(config, weights, max_context);
-  }
+}
+
+// The CPU backend's share of the options: its threads, and a calibration file the user named, which
+// must fit the model even though the CPU's exact attention does not use phi.
+void prepare_cpu(const ModelConfig& config, const RunnerOptions& options) {
+  if (!options.calibration.empty()) resolve_unified_max_phi(config, options);
+  set_cpu_threads(options.threads);
+}
+
+}  // namespace
+
 #ifdef FDPP_HAVE_CUDA
+namespace {
+std::shared_ptr<const cuda::DeviceModel> device_model(const ModelConfig& config, const DecoderWeights& weights,
+                                                      const RunnerOptions& options) {
   cuda::DType dtype = cuda::DType::F16;
   if (options.dtype == "bf16") dtype = cuda::DType::BF16;
-  auto model = std::make_shared<const cuda::DeviceModel>(config, weights, dtype);
+  return std::make_shared<const cuda::DeviceModel>(config, weights, dtype);
+}
+
+cuda::EngineOptions engine_options(const ModelConfig& config, const RunnerOptions& options) {
   cuda::EngineOptions eo;
   eo.kv_cache_tokens = options.kv_cache_tokens;
   eo.cuda_graphs = options.cuda_graphs;
@@ -111,9 +123,46 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
   eo.linear_mode = options.linear;
   eo.model_path = options.model_path;
   eo.dispatch_table = options.dispatch_table;
-  return std::make_unique<cuda::CudaRunner>(std::move(model), max_context, eo);
+  return eo;
+}
+}  // namespace
+#endif
+
+std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeights& weights, int max_context,
+                                    const RunnerOptions& options) {
+  check_dtype(options);
+  const Device device = resolve_device(options.device);
+  if (device == Device::Cpu) {
+    prepare_cpu(config, options);
+    return std::make_unique<CpuRunner>(config, weights, max_context);
+  }
+#ifdef FDPP_HAVE_CUDA
+  return std::make_unique<cuda::CudaRunner>(device_model(config, weights, options), max_context,
+                                            engine_options(config, options));
 #else
   fail("unreachable: CUDA runner requested in a CPU-only build");
+#endif
+}
+
+std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeights& weights,
+                                    const RunnerOptions& options, const EngineLimits& limits) {
+  check_dtype(options);
+  const Device device = resolve_device(options.device);
+  if (device == Device::Cpu) {
+    prepare_cpu(config, options);
+    return std::make_unique<CpuEngine>(config, weights, limits);
+  }
+#ifdef FDPP_HAVE_CUDA
+  // The CUDA engine's sequences may use the model's whole context (limits.max_context is the CPU's
+  // cache bound); admission by KV blocks bounds what they hold together.
+  cuda::EngineOptions eo = engine_options(config, options);
+  eo.max_batch = limits.max_step_rows;
+  eo.max_prefill_tokens = limits.max_step_tokens;
+  eo.block_size = limits.block_size;
+  if (limits.kv_cache_tokens > 0) eo.kv_cache_tokens = limits.kv_cache_tokens;
+  return std::make_unique<cuda::CudaEngine>(device_model(config, weights, options), eo);
+#else
+  fail("unreachable: CUDA engine requested in a CPU-only build");
 #endif
 }
 
