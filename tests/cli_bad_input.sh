@@ -103,6 +103,8 @@ usage "non-UTF-8 prompt" "^fdpp: error: --prompt: byte 0xff at offset 2 is not v
 usage "non-UTF-8 prompt on stdin" "--prompt - \(standard input\): byte 0xc3 at offset 1" \
   bash -c 'printf "a\xc3(" | "$0" generate --prompt -' "$BIN"
 usage "non-UTF-8 system message" "^fdpp: error: --system: byte 0xfe" "$BIN" generate --prompt hi --system $'\xfe'
+usage "17 stop strings" "^fdpp: error: --stop: given 17 times; at most 16" "$BIN" generate --prompt hi $(printf -- '--stop s%d ' $(seq 17))
+usage "stop string too long" "^fdpp: error: --stop: '.*' is 300 bytes long; at most 256" "$BIN" generate --prompt hi --stop "$(printf 'x%.0s' $(seq 300))"
 usage "empty stop string" "^fdpp: error: --stop: '' is empty" "$BIN" generate --prompt hi --stop ""
 usage "prompt and file" "--file excludes --prompt|--prompt excludes --file" "$BIN" generate --prompt hi --file x.txt
 usage "--file with -n 0" "^fdpp: error: --max-tokens 0: each request of a prompts file" "$BIN" generate --file x.txt -n 0

@@ -1,12 +1,11 @@
 // Prompts files (engine/prompt_file.h): both formats, every per-line field, the one set of value
 // ranges shared with the CLI's flags, errors naming the line, UTF-8 checks, requests built from
-// entries (with the default model's tokenizer when it is fetched); stop strings over streamed text.
+// entries (with the default model's tokenizer when it is fetched).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "engine/prompt_file.h"
-#include "engine/stop_strings.h"
 #include "io/gguf.h"
 #include "io/model_loader.h"
 
@@ -129,6 +128,8 @@ TEST(PromptFile, BadLinesNameTheLineAndTheProblem) {
       {R"({"prompt": "a", "seed": 18446744073709551615})", "\"seed\" 18446744073709551615 is too large"},
       {R"({"prompt": "a", "stop": ""})", "\"stop\" is empty"},
       {R"({"prompt": "a", "stop": 5})", "\"stop\" must be a string or an array"},
+      {R"({"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]})",
+       "\"stop\" has 17 strings; at most 16"},
       {R"({"prompt": "a", "ignore_eos": 1})", "\"ignore_eos\" must be true or false"},
       {"{\"prompt\": \"a\xff\"}", "p.jsonl:1: byte 0xff at offset 13 is not valid UTF-8"},
   };
@@ -243,47 +244,6 @@ TEST(PromptFile, BuildRequests) {
   zero.max_tokens = 0;
   EXPECT_NE(error_of([&] { build_request(plain, zero, *tok, 2048, "p.txt"); }).find("p.txt:3: max_tokens is 0"),
             std::string::npos);
-}
-
-// ---- stop strings ---------------------------------------------------------------------------
-
-std::string run_filter(const std::vector<std::string>& stops, const std::vector<std::string>& pieces, bool* stopped) {
-  StopStringFilter f(stops);
-  std::string out;
-  for (const std::string& p : pieces) out += f.push(p);
-  out += f.flush();
-  *stopped = f.stopped();
-  return out;
-}
-
-TEST(StopStrings, EndsBeforeTheFirstStopString) {
-  bool stopped = false;
-  EXPECT_EQ(run_filter({"END"}, {"abc", "EN", "D", "more"}, &stopped), "abc");
-  EXPECT_TRUE(stopped);
-  EXPECT_EQ(run_filter({"b", "xy"}, {"axyb"}, &stopped), "a");  // the earliest of several
-  EXPECT_TRUE(stopped);
-  EXPECT_EQ(run_filter({"\n\n"}, {"line\n", "\n", "next"}, &stopped), "line");
-  EXPECT_TRUE(stopped);
-}
-
-TEST(StopStrings, HeldBackTextComesOutWhenItIsNotAStop) {
-  StopStringFilter f({"END"});
-  EXPECT_EQ(f.push("abcE"), "abc");  // "E" could start "END"
-  EXPECT_EQ(f.push("N"), "");
-  EXPECT_EQ(f.push("x"), "ENx");
-  EXPECT_EQ(f.push("EN"), "");
-  EXPECT_EQ(f.flush(), "EN");  // the end of generation releases a partial match
-  EXPECT_FALSE(f.stopped());
-  bool stopped = true;
-  EXPECT_EQ(run_filter({}, {"a", "b"}, &stopped), "ab");  // no stop strings: everything passes
-  EXPECT_FALSE(stopped);
-}
-
-TEST(StopStrings, Utf8StaysWhole) {
-  // "你好" then "你" as a stop string: the held-back tail starts on a character boundary.
-  StopStringFilter f({"\xe4\xbd\xa0!"});
-  EXPECT_EQ(f.push("\xe5\xa5\xbd\xe4\xbd\xa0"), "\xe5\xa5\xbd");
-  EXPECT_EQ(f.push("?"), "\xe4\xbd\xa0?");
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 #include <chrono>
 
 #include "engine/sampler.h"
-#include "engine/stop_strings.h"
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
 
@@ -23,6 +22,8 @@ GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<co
   using Clock = std::chrono::steady_clock;
   check(!prompt.empty(), "the prompt is empty (no tokens to start from)");
   check(options.max_tokens >= 0, "max tokens = {} must be >= 0", options.max_tokens);
+  // Stop strings live in the Scheduler (one implementation); refused here rather than ignored.
+  check(options.stop.empty(), "stop strings need the engine path, generate(Engine&)");
   const int vocab = runner.config().vocab_size;
   for (int32_t id : prompt) check(id >= 0 && id < vocab, "prompt token id {} is out of range [0, {})", id, vocab);
   check(static_cast<int64_t>(prompt.size()) + options.max_tokens <= runner.max_context(),
@@ -36,7 +37,6 @@ GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<co
 
   Sampler sampler(options.sampling);
   StreamingDetokenizer detok(tokenizer, /*skip_special=*/true);
-  StopStringFilter stops(options.stop);
   std::vector<int32_t> history(prompt.begin(), prompt.end());
 
   auto t0 = Clock::now();
@@ -51,19 +51,14 @@ GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<co
       r.finish_reason = "stop";
       break;
     }
-    std::string piece = stops.push(detok.push(next));
+    std::string piece = detok.push(next);
     r.text += piece;
     if (on_text && !piece.empty()) on_text(piece);
-    if (stops.stopped()) {
-      r.finish_reason = "stop";
-      break;
-    }
     if (step + 1 >= options.max_tokens) break;
     next = runner.forward_sample(std::span<const int32_t>(&history.back(), 1), static_cast<int>(history.size()) - 1,
                                  sampler, history, static_cast<uint64_t>(step + 1));
   }
-  std::string rest = stops.stopped() ? std::string() : stops.push(detok.flush());
-  if (!stops.stopped()) rest += stops.flush();
+  std::string rest = detok.flush();
   r.text += rest;
   if (on_text && !rest.empty()) on_text(rest);
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - decode_start).count();

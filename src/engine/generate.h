@@ -20,7 +20,7 @@ struct GenerateOptions {
   int max_tokens = 128;
   bool ignore_eos = false;
   SamplingParams sampling;
-  std::vector<std::string> stop;  // stop strings: the text ends before the first one found
+  std::vector<std::string> stop;  // stop strings: the text ends before the first one (engine path only)
 };
 
 struct GenerateResult {

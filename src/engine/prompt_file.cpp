@@ -137,6 +137,8 @@ PromptEntry parse_json_line(std::string_view text, const LineContext& at) {
       } else {
         at.fail_at("\"stop\" must be a string or an array of strings, not {}", v.dump());
       }
+      if (stop.size() > kMaxStopStrings)
+        at.fail_at("\"stop\" has {} strings; at most {} are supported", stop.size(), kMaxStopStrings);
       for (const std::string& s : stop)
         if (std::string p = stop_problem(s); !p.empty()) at.fail_at("\"stop\" {}", p);
       e.stop = std::move(stop);
@@ -167,6 +169,7 @@ std::string repeat_last_n_problem(int64_t v) {
 std::string max_tokens_problem(int64_t v) { return v < 0 || v > (int64_t{1} << 24) ? "must be in [0, 16777216]" : ""; }
 std::string stop_problem(std::string_view s) {
   if (s.empty()) return "is empty (an empty stop string would end every request at once)";
+  if (s.size() > kMaxStopBytes) return fmt::format("is {} bytes long; at most {} are supported", s.size(), kMaxStopBytes);
   if (std::string p = utf8_problem(s); !p.empty()) return p;
   return "";
 }

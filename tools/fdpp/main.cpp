@@ -735,6 +735,9 @@ int main(int argc, char** argv) {
       if (!g.system.empty()) {
         if (std::string p = utf8_problem(g.system); !p.empty()) throw UsageError("--system: " + p);
       }
+      if (g.stop.size() > kMaxStopStrings)
+        throw UsageError(fmt::format("--stop: given {} times; at most {} stop strings are supported", g.stop.size(),
+                                     kMaxStopStrings));
       if (g.unordered && g.file.empty()) throw UsageError("--unordered: only with --file");
       if (!g.file.empty() && g.max_tokens == 0)
         throw UsageError("--max-tokens 0: each request of a prompts file generates at least 1 token");
