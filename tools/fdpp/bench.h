@@ -23,6 +23,7 @@ struct BenchArgs {
   std::string linear;               // linear layers: "" (FDPP_LINEAR, else auto), auto, gemv, flat, cublas
   std::string dispatch_table;       // explicit dispatch table file
   std::string calibration;          // explicit unified-max calibration file (fdpp calibrate --out)
+  int mixed_chunk = 512;            // the mixed test's prefill chunk (0: no mixed test)
 };
 
 int run_bench(const BenchArgs& args);
