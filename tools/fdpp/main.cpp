@@ -489,6 +489,9 @@ int main(int argc, char** argv) {
   bench_attn->add_flag("--json", ba.json, "print JSON");
   bench_attn->add_flag("--prefill", ba.prefill, "causal prefill attention (tensor cores) instead of decode");
   bench_attn->add_option("--points", ba.points, "prefill points BxL (B sequences of L tokens)")->delimiter(',');
+  bench_attn->add_option("--prefill-config", ba.prefill_configs,
+                         "prefill tile configurations to compare (m64n64, m128n64w8, m128n64w8s3, m128n32w4 or all)")
+      ->delimiter(',');
   auto* tune = register_tune(app);
   auto* bench_linear = register_bench_linear(app);
 #endif
