@@ -234,27 +234,27 @@ int run_bench_prefill_attention(const BenchAttentionArgs& a) {
     // About 20 ms of work per replay at 400 TFLOP/s.
     const int reps = static_cast<int>(std::clamp(20e-3 / (flops / 400e12), 1.0, 50.0));
     for (int config : configs)
-    for (const auto& mode : a.modes) {
-      const bool async = mode == "async";
-      const std::string cname = cuda::prefill_attention_config_name(config);
-      FDPP_CUDA_CHECK(cudaMemset(fallback.get(), 0, sizeof(unsigned long long)));
-      auto launch = [&](int) {
-        cuda::prefill_attention_varlen(qkv.get(), k.get(), v.get(), d_table.as<int32_t>(), blocks_per_seq,
-                                       d_q_begin.as<int32_t>(), d_starts.as<int32_t>(), B, static_cast<int>(tokens),
-                                       L, H, KVH, D, kBlock, scale, async ? &range : nullptr,
-                                       fallback.as<unsigned long long>(), out.get(), dtype, stream, config);
-      };
-      const auto timing = cuda::time_graph(stream, reps, a.replays, launch);
-      unsigned long long fb = 0;
-      FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
-      const double tflops = flops / (timing.us * 1e-6) / 1e12;
-      results.push_back({{"config", cname}, {"mode", mode}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D},
-                         {"batch", B}, {"tokens", L}, {"us", timing.us}, {"spread", timing.spread}, {"flops", flops},
-                         {"tflops", tflops}, {"fallback_rows", fb}, {"reps", reps}});
-      if (!a.json)
-        std::cerr << fmt::format("prefill {} {} H {}/{} D {} {}x{}: {:.1f} us, {:.1f} TFLOP/s\n", cname, mode, H, KVH,
-                                 D, B, L, timing.us, tflops);
-    }
+      for (const auto& mode : a.modes) {
+        const bool async = mode == "async";
+        const std::string cname = cuda::prefill_attention_config_name(config);
+        FDPP_CUDA_CHECK(cudaMemset(fallback.get(), 0, sizeof(unsigned long long)));
+        auto launch = [&](int) {
+          cuda::prefill_attention_varlen(qkv.get(), k.get(), v.get(), d_table.as<int32_t>(), blocks_per_seq,
+                                         d_q_begin.as<int32_t>(), d_starts.as<int32_t>(), B, static_cast<int>(tokens),
+                                         L, H, KVH, D, kBlock, scale, async ? &range : nullptr,
+                                         fallback.as<unsigned long long>(), out.get(), dtype, stream, config);
+        };
+        const auto timing = cuda::time_graph(stream, reps, a.replays, launch);
+        unsigned long long fb = 0;
+        FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
+        const double tflops = flops / (timing.us * 1e-6) / 1e12;
+        results.push_back({{"config", cname}, {"mode", mode}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D},
+                           {"batch", B}, {"tokens", L}, {"us", timing.us}, {"spread", timing.spread}, {"flops", flops},
+                           {"tflops", tflops}, {"fallback_rows", fb}, {"reps", reps}});
+        if (!a.json)
+          std::cerr << fmt::format("prefill {} {} H {}/{} D {} {}x{}: {:.1f} us, {:.1f} TFLOP/s\n", cname, mode, H, KVH,
+                                   D, B, L, timing.us, tflops);
+      }
   }
   FDPP_CUDA_CHECK(cudaStreamDestroy(stream));
   nlohmann::json doc{{"gpu", gpus[0].name}, {"dtype", a.dtype}, {"kernel", "prefill"}, {"results", results}};
