@@ -466,6 +466,7 @@ int main(int argc, char** argv) {
   bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
   bench->add_flag("--json", b.json, "print JSON");
   bench->add_flag("--no-cuda-graphs", b.no_cuda_graphs, "launch decode steps eagerly");
+  bench->add_option("--prefill-config", b.prefill_config, "prefill attention tile configuration (bench-attention --prefill lists them)");
   bench->add_option("--mixed-chunk", b.mixed_chunk,
                     "mixed test: batch - 1 sequences decode while one prefills a chunk of this many tokens (0: off)")
       ->capture_default_str();
