@@ -106,6 +106,11 @@ int run_bench(const BenchArgs& a) {
           a.calibration, eo.unified_max_phi.size(), config.n_layers);
   }
   eo.linear_mode = a.linear;
+  if (!a.prefill_config.empty()) {
+    eo.prefill_attention_config = cuda::prefill_attention_config_index(a.prefill_config.c_str());
+    check(eo.prefill_attention_config >= 0, "--prefill-config '{}' is not a prefill attention configuration",
+          a.prefill_config);
+  }
   eo.dispatch_table = a.dispatch_table;
   if (a.load_format != "dummy") eo.model_path = loaded.description.path;
   cuda::CudaEngine engine(model, eo);

@@ -670,6 +670,7 @@ int main(int argc, char** argv) {
   bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
   bench->add_flag("--json", b.json, "print JSON");
   bench->add_flag("--no-cuda-graphs", b.no_cuda_graphs, "launch decode steps eagerly");
+  bench->add_option("--prefill-config", b.prefill_config, "prefill attention tile configuration (bench-attention --prefill lists them)");
   bench->add_option("--mixed-chunk", b.mixed_chunk,
                     "mixed test: batch - 1 sequences decode while one prefills a chunk of this many tokens (0: off)")
       ->capture_default_str();
@@ -695,6 +696,9 @@ int main(int argc, char** argv) {
   bench_attn->add_flag("--json", ba.json, "print JSON");
   bench_attn->add_flag("--prefill", ba.prefill, "causal prefill attention (tensor cores) instead of decode");
   bench_attn->add_option("--points", ba.points, "prefill points BxL (B sequences of L tokens)")->delimiter(',');
+  bench_attn->add_option("--prefill-config", ba.prefill_configs,
+                         "prefill tile configurations to compare (m64n64, m128n64w8, m128n64w8s3, m128n32w4 or all)")
+      ->delimiter(',');
   auto* tune = register_tune(app);
   auto* bench_linear = register_bench_linear(app);
 #endif
