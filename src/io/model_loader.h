@@ -63,6 +63,8 @@ struct LoadedModel {
 // Loads weights (dequantized to fp32) and the tokenizer. progress(fraction) is called as tensors
 // are read.
 LoadedModel load_model(const std::string& path, const ProgressFn& progress = {});
+// The tokenizer alone (fdpp tokenize): no weights are read. Throws when the model has none.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 // The GPU load's first half: the description, the tokenizer and a plan of where every weight lies
 // in the files (model/weight_plan.h), reading no weight data; weights stays empty. The GPU loader
