@@ -2,7 +2,7 @@
 // fixture and a GGUF of every stored type, DeviceModel::from_plan must give the same device
 // weights, bit for bit, as DeviceModel(config, fp32 weights) (host conversion, then upload), in f16
 // and bf16, through tiny staging buffers (many chunks, every buffer reused) and large ones, by pread
-// and from the mapping; and so the same logits. The conversion kernels alone against
+// and from the mapping; and so the same logits (NMSE <= 1e-8: cuBLASLt's timed algorithm choice may differ). The conversion kernels alone against
 // gguf::dequantize + half.h, with the q/k row permutation.
 #include <gtest/gtest.h>
 
@@ -131,8 +131,10 @@ TEST_F(WeightStreamer, HfFixturesStreamToTheHostPathsBits) {
         expect_same_model(*streamed, *reference);
         if (o.read_threads == 3) {
           const std::vector<int32_t> ids = {1, 5, 9, 2, 7};
+          // Same weights; the logits may still differ in the last bits where cuBLASLt's timed
+          // algorithm choice differs between the two runners.
           const auto a = logits_of(streamed, ids), b = logits_of(reference, ids);
-          EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+          EXPECT_LE(test::nmse(a, b), 1e-8);
         }
       }
     }
@@ -160,7 +162,7 @@ TEST_F(WeightStreamer, GgufOfEveryTypeStreamsToTheHostPathsBits) {
       expect_same_model(*streamed, *reference);
       const std::vector<int32_t> ids = {3, 1, 4, 1, 5, 9, 2, 6};
       const auto a = logits_of(streamed, ids), b = logits_of(reference, ids);
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+      EXPECT_LE(test::nmse(a, b), 1e-8);
     }
   }
   fs::remove_all(dir);

@@ -3,6 +3,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
 
 #include <string>
 #include <string_view>
@@ -81,5 +88,89 @@ class LoadProgress {
 };
 
 LoadedModel load_with_progress(const std::string& path);
+
+// The GPU load's progress bar on stderr (tensors, GB as stored, GB/s), only when stderr is a
+// terminal and not --quiet.
+class StreamBar {
+ public:
+  StreamBar(std::string label, bool quiet) : label_(std::move(label)), enabled_(!quiet && ::isatty(STDERR_FILENO) == 1) {}
+  void update(int tensors_done, int tensors_total, uint64_t bytes_done, uint64_t bytes_total, double seconds) {
+    seconds_ = seconds;
+    bytes_ = bytes_done;
+    if (!enabled_) return;
+    const double f = bytes_total > 0 ? static_cast<double>(bytes_done) / static_cast<double>(bytes_total) : 1.0;
+    const int filled = static_cast<int>(f * kWidth);
+    if (filled == last_filled_ && seconds - last_print_ < 0.1 && tensors_done != tensors_total) return;
+    last_filled_ = filled;
+    last_print_ = seconds;
+    fmt::print(stderr, "\r{} [{}{}] {}/{} tensors {:.2f}/{:.2f} GB {:.2f} GB/s\033[K", label_, std::string(filled, '#'),
+               std::string(kWidth - filled, ' '), tensors_done, tensors_total, bytes_done / 1e9, bytes_total / 1e9,
+               seconds > 0 ? bytes_done / 1e9 / seconds : 0.0);
+    std::fflush(stderr);
+    printed_ = true;
+  }
+  void finish() {
+    if (printed_) fmt::print(stderr, "\r\033[K");
+  }
+  double seconds() const { return seconds_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  static constexpr int kWidth = 30;
+  std::string label_;
+  bool enabled_;
+  bool printed_ = false;
+  int last_filled_ = -1;
+  double last_print_ = -1;
+  double seconds_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+// Peak resident set size of this process (VmHWM of /proc/self/status), bytes; 0 where unknown.
+uint64_t peak_rss_bytes();
+
+// A model as its backend takes it: on the GPU a plan that the runner streams from the files (no
+// host copy), on the CPU fp32 host weights. options() points the runner at the plan and the bar.
+struct CliModel {
+  std::string path;
+  ModelDescription description;
+  DecoderWeights weights;  // CPU
+  WeightPlan plan;         // CUDA
+  bool planned = false;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::unique_ptr<StreamBar> bar;
+  const ModelConfig& config() const { return description.config; }
+
+  RunnerOptions options(const DeviceArgs& d) {
+    RunnerOptions o = d.options(path);
+    if (planned) {
+      o.plan = &plan;
+      o.load_progress = [this](int t, int tt, uint64_t b, uint64_t bt, double s) { bar->update(t, tt, b, bt, s); };
+    }
+    return o;
+  }
+  // After the runner exists: the load's numbers (seconds since open_model, the weights' streaming).
+  nlohmann::json load_stats() {
+    if (bar) bar->finish();
+    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    nlohmann::json j{{"seconds", total},
+                     {"path", planned ? "stream" : "host"},
+                     {"stored_bytes", description.stored_bytes},
+                     {"peak_rss_bytes", peak_rss_bytes()}};
+    if (planned && bar) {
+      j["weights_seconds"] = bar->seconds();
+      j["weights_gb_per_second"] = bar->seconds() > 0 ? bar->bytes() / 1e9 / bar->seconds() : 0.0;
+    }
+    return j;
+  }
+};
+
+// Opens a model for the device the flags pick: plan_model for CUDA (weights streamed to the GPU by
+// make_runner/make_engine through CliModel::options), load_model (fp32 host weights) for the CPU.
+// quiet: no progress bar.
+CliModel open_model(const std::string& path, const DeviceArgs& d, bool quiet);
+// "load: 2.10 s (stream), peak RSS 0.61 GiB, weights 13.48 GB in 1.71 s (7.88 GB/s)"
+std::string load_line(const nlohmann::json& stats);
 
 }  // namespace fdpp::cli

@@ -65,7 +65,7 @@ int run_generate_file(const GenerateArgs& a, const DeviceArgs& d) {
   const std::string source = a.file == "-" ? "<stdin>" : a.file;
 
   const std::string path = resolve_model_path(a.model);
-  LoadedModel m = load_with_progress(path);
+  CliModel m = open_model(path, d, d.quiet || a.json);
   check(m.tokenizer != nullptr,
         "{}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json + merges.txt); --file needs one", path);
   const ModelConfig& c = m.config();
@@ -96,7 +96,8 @@ int run_generate_file(const GenerateArgs& a, const DeviceArgs& d) {
   EngineLimits limits;
   limits.max_context = ctx;
   limits.kv_cache_tokens = d.kv_cache_tokens;
-  auto engine = make_engine(c, m.weights, d.options(path), limits);
+  auto engine = make_engine(c, m.weights, m.options(d), limits);
+  m.load_stats();  // ends the progress bar
   SchedulerOptions so;
   so.max_waiting = static_cast<int>(std::max<size_t>(entries.size(), so.max_waiting));
   Scheduler scheduler(*engine, *m.tokenizer, so);
