@@ -1,7 +1,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "backend/cuda/device_model.h"
+#include <type_traits>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/weight_convert.h"
 
 namespace fdpp::cuda {
 
