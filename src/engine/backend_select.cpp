@@ -1,6 +1,9 @@
 #include "engine/backend_select.h"
 
+#include <omp.h>
+
 #include "backend/cpu/cpu_runner.h"
+#include "backend/cpu/thread_pool.h"
 #include "fdpp/error.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
@@ -34,7 +37,11 @@ Device resolve_device(Device requested) {
 std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeights& weights, int max_context,
                                     const RunnerOptions& options) {
   const Device device = resolve_device(options.device);
-  if (device == Device::Cpu) return std::make_unique<CpuRunner>(config, weights, max_context);
+  if (device == Device::Cpu) {
+    cpu::set_num_threads(options.cpu_threads);
+    if (options.cpu_threads > 0) omp_set_num_threads(options.cpu_threads);
+    return std::make_unique<CpuRunner>(config, weights, max_context);
+  }
 #ifdef FDPP_HAVE_CUDA
   cuda::DType dtype = cuda::DType::F16;
   if (options.dtype == "bf16") dtype = cuda::DType::BF16;

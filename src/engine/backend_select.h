@@ -31,6 +31,9 @@ struct RunnerOptions {
   std::string linear;
   std::string model_path;
   std::string dispatch_table;
+  // CPU threads (the fast path's pool and OpenMP's reference loops); 0: the physical cores.
+  // The same as calling cpu::set_num_threads (backend/cpu/thread_pool.h) before make_runner.
+  int cpu_threads = 0;
 };
 
 // The weights must outlive the runner (the CPU backend reads them in place; the CUDA backend

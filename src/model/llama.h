@@ -3,6 +3,7 @@
 // llama.cpp's tensor names (token_embd, blk.N.attn_q, ...) into DecoderWeights.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "model/decoder.h"
@@ -16,5 +17,9 @@ class GgufFile;
 ModelConfig llama_config_from_gguf(const gguf::GgufFile& file);
 std::vector<TensorSpec> llama_gguf_tensor_specs(const ModelConfig& config);
 DecoderWeights load_llama_gguf(const gguf::GgufFile& file, const ModelConfig& config, const ProgressFn& progress);
+// form Stored: matrices whose type the CPU fast path handles become views into the file's mapping,
+// which the returned weights keep alive (DecoderWeights::storage); the rest is fp32 as above.
+DecoderWeights load_llama_gguf(std::shared_ptr<const gguf::GgufFile> file, const ModelConfig& config,
+                               const ProgressFn& progress, WeightForm form);
 
 }  // namespace fdpp

@@ -24,6 +24,9 @@
 #include "engine/generate.h"
 #include "fdpp/error.h"
 #include "io/model_loader.h"
+#include "backend/cpu/quant_matmul.h"
+#include "backend/cpu/thread_pool.h"
+#include "bench_cpu.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/device_query.h"
@@ -82,9 +85,9 @@ class LoadProgress {
   int last_ = -1;
 };
 
-LoadedModel load_with_progress(const std::string& path) {
+LoadedModel load_with_progress(const std::string& path, const LoadOptions& options = {}) {
   LoadProgress progress("loading " + path);
-  LoadedModel m = load_model(path, progress.callback());
+  LoadedModel m = load_model(path, progress.callback(), options);
   progress.finish();
   return m;
 }
@@ -115,6 +118,7 @@ struct DeviceArgs {
     o.linear = linear;
     o.model_path = model_path;
     o.dispatch_table = dispatch_table;
+    o.cpu_threads = cpu_threads;
     if (attention == "async" && o.device != Device::Cpu) {
       if (const std::optional<Calibration> cal = load_calibration(model_path))
         for (const LayerCalibration& l : cal->layers) o.unified_max_phi.push_back(l.bounds.phi);
@@ -127,8 +131,23 @@ struct DeviceArgs {
   std::string attention = "async";
   std::string linear;  // "": FDPP_LINEAR, else auto
   std::string dispatch_table;
+  std::string cpu_weights = "stored";
+  int cpu_threads = 0;  // 0: physical cores (RunnerOptions::cpu_threads)
+
+  // The CPU fast path reads a GGUF's weights in their stored format; the fp32 reference (and every
+  // other backend) wants them dequantized.
+  LoadOptions load_options() const {
+    LoadOptions lo;
+    if (cpu_weights == "stored" && resolve_device(parse_device(device)) == Device::Cpu)
+      lo.weights = WeightForm::Stored;
+    return lo;
+  }
 
   void add_to(CLI::App* app) {
+    app->add_option("--cpu-weights", cpu_weights,
+                    "CPU weights: stored (GGUF blocks in place, the fast path) or f32 (dequantized, the reference)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"stored", "f32"}));
     app->add_option("--linear", linear,
                     "CUDA linear layers: auto (the tuned dispatch table), gemv, flat or cublas (default: $FDPP_LINEAR, "
                     "else auto)")
@@ -148,7 +167,7 @@ struct DeviceArgs {
 
 int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
   const std::string path = resolve_model_path(a.model);
-  LoadedModel m = load_with_progress(path);
+  LoadedModel m = load_with_progress(path, d.load_options());
   // A bare HF checkpoint (no tokenizer files) can give logits, but text needs a tokenizer.
   check(m.tokenizer != nullptr,
         "{}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json + merges.txt); generate needs one, "
@@ -220,7 +239,7 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
 int run_logits(const std::string& model, const std::string& token_ids, const std::string& out, const DeviceArgs& d) {
   const std::string path = resolve_model_path(model);
   const std::vector<int32_t> ids = parse_token_ids(token_ids);
-  LoadedModel m = load_with_progress(path);
+  LoadedModel m = load_with_progress(path, d.load_options());
   const ModelConfig& c = m.config();
   for (int32_t id : ids) check(id < c.vocab_size, "--token-ids: id {} is out of range [0, {})", id, c.vocab_size);
   check(static_cast<int64_t>(ids.size()) <= c.max_context, "{} tokens exceed the model's context length {}",
@@ -370,7 +389,8 @@ int run_calibrate(const CalibrateArgs& a) {
 }
 
 int run_devices() {
-  fmt::print("cpu: {} threads (OpenMP)\n", omp_get_max_threads());
+  fmt::print("cpu: {} threads (fast path: the physical cores; fp32 reference: OpenMP {}), kernels {}\n",
+             cpu::num_threads(), omp_get_max_threads(), cpu::isa_name(cpu::best_isa()));
 #ifdef FDPP_HAVE_CUDA
   std::string why;
   const auto gpus = cuda::list_gpus(&why);
@@ -442,6 +462,11 @@ int main(int argc, char** argv) {
 
   auto* devices = app.add_subcommand("devices", "list the CPU threads and CUDA GPUs fdpp can use");
 
+  BenchCpuArgs bc;
+#ifndef FDPP_HAVE_CUDA
+  auto* bench_cpu = register_bench_cpu(app, bc);
+#endif
+
 #ifdef FDPP_HAVE_CUDA
   BenchArgs b;
   auto* bench = app.add_subcommand("bench", "prefill (pp) and decode (tg) speed on the GPU, llama-bench style");
@@ -463,6 +488,11 @@ int main(int argc, char** argv) {
   bench->add_option("--attention", b.attention, "decode attention: async (unified max) or sync")
       ->capture_default_str()
       ->check(CLI::IsMember({"async", "sync"}));
+  std::string bench_device = "cuda";
+  bench->add_option("--device", bench_device, "cuda, or cpu (llama-bench's pp/tg table for the CPU backend)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cuda", "cpu"}));
+  add_bench_cpu_options(bench, bc);
 
   BenchAttentionArgs ba;
   auto* bench_attn = app.add_subcommand("bench-attention", "decode attention kernels alone: async vs sync, graph-timed");
@@ -494,7 +524,17 @@ int main(int argc, char** argv) {
     if (*info) return run_info(i_model, i_json);
     if (*calibrate) return run_calibrate(cal);
     if (*devices) return run_devices();
+#ifndef FDPP_HAVE_CUDA
+    if (*bench_cpu) return run_bench_cpu(bc);
+#endif
 #ifdef FDPP_HAVE_CUDA
+    if (*bench && bench_device == "cpu") {
+      bc.model = b.model;
+      bc.repetitions = b.repetitions;
+      bc.json = b.json;
+      if (bench->count("-p") > 0) bc.prompts = b.prompts;
+      return run_bench_cpu(bc);
+    }
     if (*bench) return run_bench(b);
     if (*bench_attn) return run_bench_attention(ba);
     if (*tune) return run_tune();

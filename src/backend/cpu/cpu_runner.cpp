@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quant_matmul.h"
 #include "fdpp/error.h"
 
 namespace fdpp {
@@ -51,7 +52,7 @@ void CpuRunner::forward(std::span<const int32_t> tokens, int start_pos, bool all
   for (int64_t t = 0; t < T; ++t) {
     const int32_t id = tokens[t];
     check(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-    std::memcpy(&e[t * E], weights_.tok_embeddings.ptr() + static_cast<int64_t>(id) * E, E * sizeof(float));
+    cpu::embedding_row(weights_.tok_embeddings, id, &e[t * E]);
   }
   if (!weights_.project_in.empty()) {
     cpu::linear(e.data(), T, E, weights_.project_in.ptr(), H, nullptr, x.data());
@@ -77,9 +78,9 @@ void CpuRunner::forward(std::span<const int32_t> tokens, int start_pos, bool all
       norm(x.data(), L.attn_norm, L.attn_norm_bias, T, h.data());
       attn_in = h.data();
     }
-    cpu::linear(attn_in, T, H, L.wq.ptr(), Q, bias_or_null(L.bq), q.data());
-    cpu::linear(attn_in, T, H, L.wk.ptr(), KV, bias_or_null(L.bk), k_rows);
-    cpu::linear(attn_in, T, H, L.wv.ptr(), KV, bias_or_null(L.bv), v_rows);
+    cpu::linear(attn_in, T, L.wq, bias_or_null(L.bq), q.data());
+    cpu::linear(attn_in, T, L.wk, bias_or_null(L.bk), k_rows);
+    cpu::linear(attn_in, T, L.wv, bias_or_null(L.bv), v_rows);
     if (c.position == PositionEncoding::Rope) {
       cpu::rope(q.data(), T, c.n_heads, c.head_dim, c.rope_style, inv_freq_, positions);
       cpu::rope(k_rows, T, c.n_kv_heads, c.head_dim, c.rope_style, inv_freq_, positions);
@@ -89,7 +90,7 @@ void CpuRunner::forward(std::span<const int32_t> tokens, int start_pos, bool all
                                      c.n_heads, c.n_kv_heads, c.head_dim, scale});
     cpu::attention(q.data(), k_cache_[layer].ptr(), v_cache_[layer].ptr(), T, start_pos, c.n_heads, c.n_kv_heads,
                    c.head_dim, scale, attn.data());
-    cpu::linear(attn.data(), T, Q, L.wo.ptr(), H, bias_or_null(L.bo), o.data());
+    cpu::linear(attn.data(), T, L.wo, bias_or_null(L.bo), o.data());
     cpu::add_inplace(x.data(), o.data(), T * H);
     if (!c.pre_norm) norm(x.data(), L.attn_norm, L.attn_norm_bias, T, x.data());
 
@@ -99,14 +100,14 @@ void CpuRunner::forward(std::span<const int32_t> tokens, int start_pos, bool all
       norm(x.data(), L.ffn_norm, L.ffn_norm_bias, T, h.data());
       mlp_in = h.data();
     }
-    cpu::linear(mlp_in, T, H, L.w_up.ptr(), FF, bias_or_null(L.b_up), up.data());
+    cpu::linear(mlp_in, T, L.w_up, bias_or_null(L.b_up), up.data());
     if (swiglu) {
-      cpu::linear(mlp_in, T, H, L.w_gate.ptr(), FF, bias_or_null(L.b_gate), gate.data());
+      cpu::linear(mlp_in, T, L.w_gate, bias_or_null(L.b_gate), gate.data());
       cpu::silu_mul(gate.data(), up.data(), T * FF, up.data());
     } else {
       cpu::relu(up.data(), T * FF);
     }
-    cpu::linear(up.data(), T, FF, L.w_down.ptr(), H, bias_or_null(L.b_down), o.data());
+    cpu::linear(up.data(), T, L.w_down, bias_or_null(L.b_down), o.data());
     cpu::add_inplace(x.data(), o.data(), T * H);
     if (!c.pre_norm) norm(x.data(), L.ffn_norm, L.ffn_norm_bias, T, x.data());
   }
@@ -122,7 +123,7 @@ void CpuRunner::forward(std::span<const int32_t> tokens, int start_pos, bool all
     cpu::linear(head_in, out_rows, H, weights_.project_out.ptr(), E, nullptr, e.data());
     head_in = e.data();
   }
-  cpu::linear(head_in, out_rows, E, weights_.output_matrix().ptr(), c.vocab_size, nullptr, logits.data());
+  cpu::linear(head_in, out_rows, weights_.output_matrix(), nullptr, logits.data());
 }
 
 }  // namespace fdpp
