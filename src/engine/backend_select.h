@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine.h"
 #include "engine/runner.h"
 #include "model/decoder.h"
 
@@ -40,5 +41,11 @@ struct RunnerOptions {
 // copies them to the device and no longer needs them after this returns).
 std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeights& weights, int max_context,
                                     const RunnerOptions& options);
+
+// The batched engine (many sequences, mixed prefill/decode steps) on the chosen backend. limits:
+// max_context 0 means the model's; kv_cache_tokens 0 sizes the cache (CUDA: from free memory,
+// CPU: max_step_rows sequences of max_context tokens, at most 4 GiB of fp32 cache).
+std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeights& weights,
+                                    const RunnerOptions& options, const EngineLimits& limits);
 
 }  // namespace fdpp

@@ -1,0 +1,116 @@
+// The batched step every front end stands on (CLI, server, Python): one forward pass over any mix
+// of prefill chunks and decode rows of many sequences, as llama.cpp's llama_batch and vLLM's
+// scheduler output describe a step. The linear layers see all the step's tokens as one M; the
+// backend runs decode attention over the one-token rows and prefill attention over the chunks.
+//
+// Engine holds what is backend-neutral: the sequence table and the KV block accounting, so that a
+// caller learns before a step whether a sequence fits (reserve), never in the middle of one. The
+// CPU engine (src/backend/cpu/cpu_engine.h) and the CUDA engine implement run_step().
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/kv_blocks.h"
+#include "fdpp/model_config.h"
+#include "fdpp/sampling.h"
+
+namespace fdpp {
+
+// One row of a step: `tokens` are appended to sequence `seq` at positions
+// [sequence_length(seq), sequence_length(seq) + tokens.size()) and attend to the sequence's cache
+// up to their own position. A prefill chunk has many tokens, a decode row one.
+struct StepRow {
+  int seq = -1;
+  std::span<const int32_t> tokens;
+  bool logits = false;      // return the logits of the row's last token (StepOutput::logits)
+  bool all_logits = false;  // return the logits of every token of the row instead (scoring)
+  bool sample = false;  // draw a token from them (StepOutput::tokens)
+  // Sampling of this row alone: its parameters, and the key of its random stream. The draw depends
+  // on (sampling.seed, sample_index) and the logits only, never on the batch slot or on the other
+  // rows of the step; sample_index is the request's generated-token index.
+  SamplingParams sampling;
+  uint64_t sample_index = 0;
+  std::span<const int32_t> history;  // the tokens the repetition penalty sees (prompt + generated)
+};
+
+struct Batch {
+  std::vector<StepRow> rows;
+  int64_t total_tokens() const;
+};
+
+struct StepOutput {
+  std::vector<int32_t> tokens;  // per row: the sampled token, or -1 where the row did not sample
+  std::vector<float> logits;    // [logit rows, vocab]: one per `logits` row, n per `all_logits` row, in row order
+};
+
+struct EngineLimits {
+  int max_context = 0;         // tokens per sequence
+  int max_step_tokens = 2048;  // tokens in one step (all rows)
+  int max_step_rows = 64;      // rows (sequences) in one step
+  int64_t kv_cache_tokens = 0; // the KV pool, in tokens
+  int block_size = 16;         // tokens per KV block
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  const EngineLimits& limits() const { return limits_; }
+  int max_context() const { return limits_.max_context; }
+
+  // Sequences. A new sequence holds no tokens and no blocks; release frees its blocks at once.
+  int create_sequence();
+  void release_sequence(int seq);
+  int sequence_length(int seq) const;
+  // Forgets the tokens at positions >= length (the next row continues from there).
+  void truncate_sequence(int seq, int length);
+  int live_sequences() const;
+
+  // Admission: makes room in the KV cache for the sequence to reach `length` tokens. Returns false,
+  // with nothing changed, when too few blocks are free. step() reserves what its rows need itself
+  // (all or nothing, before any work), so calling this first is only needed to plan.
+  bool reserve(int seq, int length);
+  bool can_reserve(int seq, int length) const;
+  const KvBlockAllocator& kv() const { return kv_; }
+
+  // Runs one step. Checks every row first (live distinct sequences, non-empty tokens, ids in the
+  // vocabulary, lengths within max_context, the step within max_step_tokens / max_step_rows, room
+  // in the KV cache) and throws fdpp::Error naming the problem before anything is computed or
+  // reserved; then computes and advances each row's sequence.
+  StepOutput step(const Batch& batch);
+
+ protected:
+  struct Sequence {
+    bool live = false;
+    int length = 0;
+    std::vector<int32_t> blocks;
+  };
+  // A row as the backend sees it: its sequence's cache state before the step.
+  struct RowPlan {
+    const StepRow* row = nullptr;
+    int start = 0;           // the sequence's length before the step (the first new position)
+    const Sequence* sequence = nullptr;
+    int64_t token_offset = 0;  // where the row's tokens start in the step's token list
+    int logits_index = -1;     // its first row in StepOutput::logits, or -1
+  };
+  void init_engine(const EngineLimits& limits);
+  // Computes the step: writes out.tokens for sampling rows and out.logits (already sized) for
+  // rows with logits_index >= 0. The sequences' blocks already hold start + n tokens.
+  virtual void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) = 0;
+  // Called when a sequence is released or truncated (the backend may drop storage).
+  virtual void on_sequence_resized(int /*seq*/, int /*length*/) {}
+  const Sequence& sequence(int seq) const;
+  // For backends' own single-sequence paths (the CUDA engine's prefill/decode): the tokens at
+  // [length, length + n) were computed into blocks that reserve() had already made room for.
+  void advance_sequence(int seq, int n);
+
+ private:
+  EngineLimits limits_;
+  KvBlockAllocator kv_;
+  std::vector<Sequence> sequences_;
+};
+
+}  // namespace fdpp

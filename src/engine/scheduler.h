@@ -1,0 +1,141 @@
+// Continuous batching over Engine::step (iteration-level scheduling, as vLLM and llama-server do
+// it): requests join at the next step, prompts are prefilled in chunks within a token budget per
+// step, running sequences decode in every step (never starved by prefill), admission is by free KV
+// blocks, and when the cache runs out the most recently admitted running request is preempted and
+// later recomputed from its prompt and the tokens it had generated (never dropped).
+//
+// The server, the Python package and `fdpp generate --file` all drive this class. submit(),
+// cancel() and stats() are thread-safe; step() / run() run on one engine thread, and every
+// callback is called on that thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/engine.h"
+#include "fdpp/error.h"
+#include "fdpp/sampling.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fdpp {
+
+// submit() when the waiting queue is full (the server answers 503 with Retry-After).
+class QueueFullError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;      // token ids (not empty)
+  SamplingParams sampling;          // seed: the request's random stream (see StepRow)
+  int max_tokens = 128;             // >= 1
+  bool ignore_eos = false;
+  std::vector<std::string> stop;    // stop strings: the text ends before the first one found
+};
+
+struct GenerationResult {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> token_ids;   // generated (an end-of-generation token included when hit)
+  std::string text;                 // their text, special tokens skipped, cut before a stop string
+  std::string finish_reason;        // "stop" (end token or stop string), "length", "cancelled", "error"
+  std::string error;                // the message when finish_reason == "error"
+  int preemptions = 0;
+  // Seconds since submit(): the first generated token, and the end.
+  double time_to_first_token = 0;
+  double total_time = 0;
+  // Decode time per generated token after the first (0 with fewer than two tokens).
+  double time_per_output_token() const;
+};
+
+struct GenerationCallbacks {
+  // New text (complete UTF-8, never part of a stop string) and the token ids it came from.
+  std::function<void(uint64_t id, std::string_view text, std::span<const int32_t> tokens)> on_delta;
+  // Called once per request, last.
+  std::function<void(const GenerationResult&)> on_finish;
+};
+
+struct SchedulerOptions {
+  int max_num_seqs = 64;         // running sequences (rows of a decode step)
+  int max_batched_tokens = 2048; // tokens of one step, decode rows and prefill chunks together
+  int max_waiting = 1024;        // queued requests; submit() beyond throws QueueFullError
+};
+
+struct SchedulerStats {
+  int running = 0;
+  int waiting = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_free = 0;
+  uint64_t prompt_tokens = 0;     // prefilled (recomputation after preemption included)
+  uint64_t generated_tokens = 0;
+  uint64_t preemptions = 0;
+  uint64_t requests_finished = 0;
+  uint64_t steps = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(Engine& engine, const Tokenizer& tokenizer, const SchedulerOptions& options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request and returns its id. Throws fdpp::Error for a request that can never run (empty
+  // prompt, ids outside the vocabulary, prompt + max_tokens beyond the context, parameters out of
+  // range) and QueueFullError when max_waiting requests already wait.
+  uint64_t submit(GenerationRequest request, GenerationCallbacks callbacks);
+  // The request finishes with "cancelled" at the next step; its KV blocks are free after it.
+  void cancel(uint64_t id);
+
+  // One engine step over the running requests and whatever the budget admits. Returns false when
+  // there was nothing to run.
+  bool step();
+  // Steps until every submitted request has finished.
+  void run_until_idle();
+  // The engine thread's loop: steps while there is work, sleeps until submit() otherwise, returns
+  // after stop(). With drain, requests already submitted finish first; submit() is refused after
+  // stop().
+  void run();
+  void stop(bool drain);
+
+  bool idle() const;
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return options_; }
+  Engine& engine() { return engine_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+
+ private:
+  struct Active;
+  void admit_locked();
+  void finish(Active& a, const std::string& reason);
+  void preempt(Active& a);
+  bool emit_token(Active& a, int32_t token);  // true when the request finished
+  void publish_stats();
+
+  Engine& engine_;
+  const Tokenizer& tokenizer_;
+  SchedulerOptions options_;
+
+  mutable std::mutex mutex_;        // guards waiting_, cancelled_, stopping_, next_id_, stats_
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Active>> waiting_;
+  std::vector<uint64_t> cancelled_;
+  bool stopping_ = false;
+  bool draining_ = false;
+  uint64_t next_id_ = 1;
+  SchedulerStats stats_;
+
+  std::vector<std::unique_ptr<Active>> running_;  // engine thread only
+  std::string current_error_;                      // the failed step's message (engine thread)
+};
+
+}  // namespace fdpp
