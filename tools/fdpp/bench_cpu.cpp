@@ -80,7 +80,7 @@ Stat stat(const std::vector<double>& v) {
 }  // namespace
 
 void add_bench_cpu_options(CLI::App* bench, BenchCpuArgs& a) {
-  bench->add_option("-n,--n-gen", a.gens, "CPU: decode (tg) lengths, e.g. 128")->delimiter(',')->check(CLI::Range(1, 1 << 20));
+  bench->add_option("-n,--n-gen", a.gens, "CPU: decode (tg) lengths, e.g. 128 (0: none)")->delimiter(',')->check(CLI::Range(0, 1 << 20));
   bench->add_option("-t,--threads", a.threads, "CPU: thread counts, e.g. 1,2 (default: the physical cores)")
       ->delimiter(',')
       ->check(CLI::Range(1, 1024));
@@ -92,7 +92,7 @@ void add_bench_cpu_options(CLI::App* bench, BenchCpuArgs& a) {
 CLI::App* register_bench_cpu(CLI::App& app, BenchCpuArgs& a) {
   auto* bench = app.add_subcommand("bench", "prefill (pp) and decode (tg) speed on the CPU, llama-bench style");
   bench->add_option("-m,--model", a.model, "model file or HF directory (default: the default model)");
-  bench->add_option("-p,--prompt", a.prompts, "prefill lengths (pp), e.g. 128,512")->delimiter(',')->check(CLI::Range(1, 1 << 20));
+  bench->add_option("-p,--prompt", a.prompts, "prefill lengths (pp), e.g. 128,512 (0: none)")->delimiter(',')->check(CLI::Range(0, 1 << 20));
   bench->add_option("-r,--repetitions", a.repetitions, "timed runs per test")->capture_default_str()->check(CLI::Range(1, 1000));
   bench->add_option("--device", [](const CLI::results_t& r) { return r.size() == 1 && (r[0] == "cpu" || r[0] == "auto"); },
                     "cpu (the only device of a CPU-only build)");
@@ -153,8 +153,10 @@ int run_bench_cpu(const BenchCpuArgs& a) {
         std::fflush(stdout);
       }
     };
-    for (int p : a.prompts) one(fmt::format("pp{}", p), p, true);
-    for (int g : a.gens) one(fmt::format("tg{}", g), g, false);
+    for (int p : a.prompts)
+      if (p > 0) one(fmt::format("pp{}", p), p, true);
+    for (int g : a.gens)
+      if (g > 0) one(fmt::format("tg{}", g), g, false);
   }
   if (a.json) std::cout << nlohmann::json{{"model", path}, {"results", rows}}.dump(1) << "\n";
   return 0;

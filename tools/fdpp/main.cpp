@@ -483,7 +483,7 @@ int main(int argc, char** argv) {
   bench->add_option("--dtype", b.dtype, "f16 or bf16")->capture_default_str();
   bench->add_option("-b,--batch", b.batches, "decode batch sizes, e.g. 1,8,32")->delimiter(',')->check(CLI::Range(1, 1024));
   bench->add_option("-c,--context", b.contexts, "decode context lengths, e.g. 1024,4096")->delimiter(',')->check(CLI::Range(2, 1 << 22));
-  bench->add_option("-p,--prompt", b.prompts, "prefill lengths (0 entries: none)")->delimiter(',')->check(CLI::Range(1, 1 << 22));
+  bench->add_option("-p,--prompt", b.prompts, "prefill lengths (0 entries: none; --device cpu: 0 for none)")->delimiter(',')->check(CLI::Range(0, 1 << 22));
   bench->add_option("-r,--repetitions", b.repetitions, "timed prefill runs per length")->capture_default_str()->check(CLI::Range(1, 1000));
   bench->add_option("--steps", b.steps, "timed decode steps per (batch, context)")->capture_default_str()->check(CLI::Range(1, 100000));
   bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
