@@ -85,16 +85,17 @@ struct Format {
   GgmlType type;
   int64_t cols;  // whole blocks; odd where the format allows
   // NMSE bound against the fp32 reference. The float formats differ by summation order only; the
-  // integer ones by the 8-bit rounding of the activations: measured 2.3e-5..2.7e-5 (Q4_0, Q4_1,
-  // Q8_0, blocks of 32) and 2.5e-5..3.5e-5 (Q4_K, Q6_K, blocks of 256) over 40 runs of N(0, 1)
-  // inputs; the bound leaves 4x.
+  // integer ones by the 8-bit rounding of the activations. Worst of 60 runs x M = 1..8 (fresh N(0,1)
+  // inputs and random blocks, 2026-12-01): F32/F16/BF16 6e-14, Q4_0 6.6e-5, Q8_0 6.2e-5, Q4_1
+  // 1.3e-4, Q6_K 1.1e-4, Q4_K 2.1e-4 (the formats with a per-block minimum cancel more: the output is
+  // a small difference of larger sums). The bounds leave about 3x.
   double tolerance;
 };
 
 const Format kFormats[] = {
     {GgmlType::F32, 77, 1e-10},   {GgmlType::F16, 77, 1e-10},   {GgmlType::BF16, 77, 1e-10},
-    {GgmlType::Q4_0, 32 * 19, 1.2e-4}, {GgmlType::Q4_1, 32 * 19, 1.2e-4}, {GgmlType::Q8_0, 32 * 19, 1.2e-4},
-    {GgmlType::Q4_K, 256 * 3, 1.5e-4}, {GgmlType::Q6_K, 256 * 3, 1.5e-4},
+    {GgmlType::Q4_0, 32 * 19, 2e-4}, {GgmlType::Q4_1, 32 * 19, 4e-4}, {GgmlType::Q8_0, 32 * 19, 2e-4},
+    {GgmlType::Q4_K, 256 * 3, 6e-4}, {GgmlType::Q6_K, 256 * 3, 3e-4},
 };
 
 class QuantMatmul : public ::testing::TestWithParam<Format> {};
@@ -106,6 +107,7 @@ TEST_P(QuantMatmul, MatchesTheFp32ReferenceForEveryIsaAndM) {
   const auto wf = dequantized(f.type, wbytes, N, K);
   const StoredMatrix view = cpu::make_stored_view(f.type, wbytes.data(), N, K);
   const auto bias = test::random_vector(N);
+  double worst = 0;
   for (int64_t M = 1; M <= 8; ++M) {
     const auto x = test::random_vector(static_cast<size_t>(M * K));
     std::vector<float> ref(static_cast<size_t>(M * N));
@@ -116,9 +118,7 @@ TEST_P(QuantMatmul, MatchesTheFp32ReferenceForEveryIsaAndM) {
       cpu::stored_linear(x.data(), M, view, bias.data(), y.data(), isa);
       const double e = test::nmse(y, ref);
       EXPECT_LE(e, f.tolerance) << gguf::type_name(f.type) << " " << cpu::isa_name(isa) << " M=" << M;
-      if (M == 1 || M == 8)
-        std::printf("%s %s M=%lld: NMSE vs fp32 %.2e\n", gguf::type_name(f.type).c_str(), cpu::isa_name(isa),
-                    static_cast<long long>(M), e);
+      if (isa == cpu::Isa::Scalar) worst = std::max(worst, e);
       // The vector kernels see the same quantized activations as the scalar one (the quantizers
       // agree bit for bit, checked below): only the order of float sums differs.
       if (isa == cpu::Isa::Scalar) {
@@ -128,6 +128,7 @@ TEST_P(QuantMatmul, MatchesTheFp32ReferenceForEveryIsaAndM) {
       }
     }
   }
+  std::printf("%s: worst NMSE vs fp32 over M = 1..8: %.2e\n", gguf::type_name(f.type).c_str(), worst);
 }
 
 TEST_P(QuantMatmul, PermutedRowViewEqualsPermutedMatrix) {
@@ -245,8 +246,10 @@ TEST(QuantMatmulModel, StoredWeightsGiveTheFp32ReferenceLogits) {
   }
   std::printf("SmolLM2 Q4_1 stored vs fp32 logits: NMSE %.3e, argmax equal at %d of %zu positions\n", e, same,
               ids.size());
-  // Measured 2.4e-3 (8-bit activations through 30 layers: each product alone is ~3e-5, above);
-  // 1e-2 leaves room and still fails on any wrong block layout or row order (NMSE ~1).
+  // Measured 2.4e-3 (8-bit activations through 30 layers: each product alone is ~3e-5, above; the
+  // same loader and views with fp32 activations reproduced the reference exactly, NMSE 0, in a
+  // one-off check, so all of it is activation rounding). 1e-2 leaves room and still fails on any
+  // wrong block layout or row order (NMSE ~1).
   EXPECT_LE(e, 1e-2);
   EXPECT_GE(same, static_cast<int>(ids.size()) - 2);
 }

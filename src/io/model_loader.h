@@ -64,6 +64,8 @@ struct LoadOptions {
 
 // Loads weights and the tokenizer. progress(fraction) is called as tensors are read.
 LoadedModel load_model(const std::string& path, const ProgressFn& progress = {}, const LoadOptions& options = {});
+// The tokenizer alone (fdpp tokenize): no weights are read. Throws when the model has none.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 struct HfConfig;
 class WeightSource;

@@ -8,17 +8,16 @@
 
 #include "backend/cpu/cpu_engine.h"
 #include "backend/cuda/cuda_engine.h"
-#include "backend/cuda/device_query.h"
 #include "engine/sampler.h"
+#include "gpu_test_util.h"
 #include "../test_util.h"
 #include "../tiny_model.h"
 
 namespace fdpp {
 namespace {
 
-bool have_gpu() { return !cuda::list_gpus().empty(); }
 #define REQUIRE_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no usable GPU"
+  if (!test::gpu_available()) GTEST_SKIP() << "no usable GPU"
 
 struct StepCase {
   std::string recipe;

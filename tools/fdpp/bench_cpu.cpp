@@ -127,7 +127,7 @@ int run_bench_cpu(const BenchCpuArgs& a) {
   for (int t : threads) {
     RunnerOptions ro;
     ro.device = Device::Cpu;
-    ro.cpu_threads = t;
+    ro.threads = t;
     auto runner = make_runner(c, m.weights, max_len, ro);
     auto one = [&](const std::string& test, int n, bool prefill) {
       std::vector<double> tps;

@@ -84,8 +84,8 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   attn_counter_ints_ = decode_attention_async_counters(options.max_batch, c.n_heads, c.n_kv_heads);
   attn_counters_ = DeviceBuffer(sizeof(int) * static_cast<size_t>(attn_counter_ints_));
   FDPP_CUDA_CHECK(cudaMemset(attn_counters_.get(), 0, attn_counters_.bytes()));
-  fallback_rows_ = DeviceBuffer(sizeof(unsigned long long));
-  FDPP_CUDA_CHECK(cudaMemset(fallback_rows_.get(), 0, sizeof(unsigned long long)));
+  fallback_rows_ = DeviceBuffer(2 * sizeof(unsigned long long));  // [decode, prefill]
+  FDPP_CUDA_CHECK(cudaMemset(fallback_rows_.get(), 0, fallback_rows_.bytes()));
   check(options.unified_max_phi.empty() || static_cast<int>(options.unified_max_phi.size()) == c.n_layers,
         "unified max: {} phi values for a model of {} layers", options.unified_max_phi.size(), c.n_layers);
   for (int layer = 0; layer < c.n_layers; ++layer) {
@@ -176,10 +176,17 @@ void CudaEngine::linear(const void* x, const void* w, const void* bias, void* y,
 }
 
 uint64_t CudaEngine::attention_fallback_rows() const {
-  unsigned long long n = 0;
+  unsigned long long n[2] = {0, 0};
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  FDPP_CUDA_CHECK(cudaMemcpy(&n, fallback_rows_.get(), sizeof(n), cudaMemcpyDeviceToHost));
-  return n;
+  FDPP_CUDA_CHECK(cudaMemcpy(n, fallback_rows_.get(), sizeof(n), cudaMemcpyDeviceToHost));
+  return n[0];
+}
+
+uint64_t CudaEngine::prefill_attention_fallback_rows() const {
+  unsigned long long n[2] = {0, 0};
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  FDPP_CUDA_CHECK(cudaMemcpy(n, fallback_rows_.get(), sizeof(n), cudaMemcpyDeviceToHost));
+  return n[1];
 }
 
 void* CudaEngine::layer_k(int layer) const {
@@ -230,6 +237,8 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
       }
     }
     if (!chunks.empty()) {
+      if (layer == 0)
+        for (const Chunk& ch : chunks) prefill_attention_rows_ += static_cast<uint64_t>(ch.n) * c.n_heads * c.n_layers;
       // Every chunk in one launch (tensor cores; the same unified max and guard as decode).
       int max_chunk = 0;
       for (const Chunk& ch : chunks) max_chunk = std::max(max_chunk, ch.n);
@@ -237,7 +246,8 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
                                in.chunk_q_begin, in.chunk_starts, static_cast<int>(chunks.size()), n, max_chunk,
                                c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale,
                                options_.attention == AttentionMode::Async ? &unified_max_[layer] : nullptr,
-                               fallback_rows_.as<unsigned long long>(), attn_.get(), dt, st);
+                               fallback_rows_.as<unsigned long long>() + 1, attn_.get(), dt, st,
+                               options_.prefill_attention_config);
     }
     linear(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, false);
     residual_norm(x_.as<float>(), o_.get(), nullptr, L.ffn_norm.get(), L.ffn_norm_bias.get(), normed_.get(), n, H,
