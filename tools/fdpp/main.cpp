@@ -24,6 +24,7 @@
 #include "engine/generate.h"
 #include "fdpp/error.h"
 #include "io/model_loader.h"
+#include "serve.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/device_query.h"
@@ -441,6 +442,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 24));
 
   auto* devices = app.add_subcommand("devices", "list the CPU threads and CUDA GPUs fdpp can use");
+  auto* serve = register_serve(app);
 
 #ifdef FDPP_HAVE_CUDA
   BenchArgs b;
@@ -494,6 +496,7 @@ int main(int argc, char** argv) {
     if (*info) return run_info(i_model, i_json);
     if (*calibrate) return run_calibrate(cal);
     if (*devices) return run_devices();
+    if (*serve) return run_serve();
 #ifdef FDPP_HAVE_CUDA
     if (*bench) return run_bench(b);
     if (*bench_attn) return run_bench_attention(ba);
