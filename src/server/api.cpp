@@ -39,7 +39,8 @@ json models_body(const ModelInfo& model) {
             {"object", "model"},
             {"created", model.created},
             {"owned_by", "fdpp"},
-            {"max_model_len", model.max_context}};
+            {"max_model_len", model.max_context},
+            {"vocab_size", model.vocab_size}};  // extension: bench/serve_bench.py draws random prompts from it
   return json{{"object", "list"}, {"data", json::array({m})}};
 }
 
