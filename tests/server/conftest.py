@@ -70,10 +70,11 @@ class Server:
                 self.proc.wait()
 
 
-def start(*args):
+def start(*args, api_key=None):
     s = Server(*args)
     s.wait_ready()
-    s.model_id = httpx.get(s.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    s.model_id = httpx.get(s.url + "/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
     return s
 
 
