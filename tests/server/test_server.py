@@ -210,7 +210,7 @@ def test_api_key_and_full_queue():
 
         def one(_):
             return httpx.post(s.url + "/v1/completions", headers=auth, timeout=120,
-                              json={"prompt": "Count to ten:", "max_tokens": 16, "ignore_eos": True})
+                              json={"prompt": "Count to ten:", "max_tokens": 8, "ignore_eos": True})
 
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             results = list(pool.map(one, range(12)))
@@ -230,7 +230,7 @@ def test_sigterm_while_streaming_finishes_the_stream():
     s = start("--ctx-size", "256")
     events = []
     with httpx.stream("POST", s.url + "/v1/completions", timeout=120,
-                      json={"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True, "stream": True,
+                      json={"prompt": "Once upon a time", "max_tokens": 12, "ignore_eos": True, "stream": True,
                             "stream_options": {"include_usage": True}}) as resp:
         it = sse_events(resp)
         events.append(next(it))
@@ -245,6 +245,6 @@ def test_sigterm_while_streaming_finishes_the_stream():
         events.extend(it)
     assert events[-1] == "[DONE]"
     usage = json.loads(events[-2])["usage"]
-    assert usage["completion_tokens"] == 24
+    assert usage["completion_tokens"] == 12
     assert s.proc.wait(60) == 0
     assert "stopped" in "".join(s.stderr)

@@ -26,7 +26,12 @@
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
 #include "io/model_loader.h"
+#include "io/hf_config.h"
 #include "server/http_server.h"
+#ifdef FDPP_HAVE_CUDA
+#include "backend/cuda/cuda_engine.h"
+#include "backend/cuda/device_model.h"
+#endif
 
 namespace fdpp {
 namespace {
@@ -60,6 +65,7 @@ ServeArgs g_serve;
 // engine and tokenizer, the engine the weights).
 struct Loaded {
   LoadedModel model;
+  std::unique_ptr<Tokenizer> dummy_tokenizer;  // --load-format dummy: no files, ids only
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Scheduler> scheduler;
   server::ModelInfo info;
@@ -82,9 +88,72 @@ server::ModelInfo model_info(const std::string& given, const std::string& resolv
   return info;
 }
 
+// --load-format dummy has no tokenizer files; the scheduler still needs a Tokenizer (end tokens,
+// stop strings, text of the deltas). This one spells every id of the config's vocabulary: <unk>,
+// <s>, </s>, the 256 byte tokens, then "▁t<i>". Benchmarks send token-id prompts with ignore_eos,
+// so what the text looks like does not matter; it is valid UTF-8 and costs what a real one does.
+[[maybe_unused]] std::unique_ptr<Tokenizer> dummy_tokenizer(int vocab_size) {
+  check(vocab_size >= 300, "--load-format dummy: vocab_size {} is too small for the stand-in tokenizer", vocab_size);
+  VocabSpec v;
+  v.source = "dummy vocabulary";
+  v.model = "llama";
+  v.tokens.reserve(vocab_size);
+  v.token_types.reserve(vocab_size);
+  v.tokens = {"<unk>", "<s>", "</s>"};
+  v.token_types = {static_cast<int32_t>(TokenType::kUnknown), static_cast<int32_t>(TokenType::kControl),
+                   static_cast<int32_t>(TokenType::kControl)};
+  for (int b = 0; b < 256; ++b) {
+    v.tokens.push_back(fmt::format("<0x{:02X}>", b));
+    v.token_types.push_back(static_cast<int32_t>(TokenType::kByte));
+  }
+  while (static_cast<int>(v.tokens.size()) < vocab_size) {
+    v.tokens.push_back(fmt::format("\u2581t{}", v.tokens.size()));
+    v.token_types.push_back(static_cast<int32_t>(TokenType::kNormal));
+  }
+  v.unk_id = 0;
+  v.bos_id = 1;
+  v.eos_id = 2;
+  v.add_bos = false;
+  return Tokenizer::from_vocab(v);
+}
+
+void load_dummy(const ServeArgs& a, Loaded& out) {
+#ifdef FDPP_HAVE_CUDA
+  check(!a.config.empty(), "--load-format dummy needs --config FILE.json (see configs/)");
+  check(a.device != "cpu", "--load-format dummy builds random weights on the GPU; it has no CPU form");
+  (void)resolve_device(Device::Cuda);  // a clear error without a GPU
+  const ModelConfig config = parse_hf_config(read_json_file(a.config), nullptr, a.config, a.config).config;
+  check(a.dtype == "auto" || a.dtype == "f16" || a.dtype == "bf16", "--dtype '{}' is not one of auto, f16, bf16", a.dtype);
+  const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
+  // As make_engine does for real weights (fdpp bench --load-format dummy uses the same seed).
+  cuda::EngineOptions eo;
+  eo.max_batch = a.max_num_seqs;
+  eo.max_prefill_tokens = a.max_batched_tokens;
+  eo.kv_cache_tokens = a.kv_cache_tokens;
+  eo.cuda_graphs = !a.no_cuda_graphs;
+  eo.attention = a.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
+  eo.linear_mode = a.linear;
+  eo.dispatch_table = a.dispatch_table;
+  out.engine = std::make_unique<cuda::CudaEngine>(
+      std::make_shared<const cuda::DeviceModel>(cuda::DeviceModel::dummy(config, dtype, 1234)), eo);
+  out.dummy_tokenizer = dummy_tokenizer(config.vocab_size);
+  SchedulerOptions so;
+  so.max_num_seqs = a.max_num_seqs;
+  so.max_batched_tokens = a.max_batched_tokens;
+  so.max_waiting = a.max_waiting;
+  out.scheduler = std::make_unique<Scheduler>(*out.engine, *out.dummy_tokenizer, so);
+  const std::string name = std::filesystem::path(a.config).stem().string() + "-dummy";
+  out.info = model_info(a.config, std::filesystem::absolute(a.config).string(), config, out.engine->max_context(),
+                        a.served_model_name.empty() ? name : a.served_model_name);
+#else
+  (void)a;
+  (void)out;
+  fail("--load-format dummy needs a CUDA build of fdpp (random weights are made on the GPU)");
+#endif
+}
+
 void load(const ServeArgs& a, Loaded& out) {
-  check(a.load_format == "auto", "--load-format '{}': serve reads weights from --model (dummy weights need the "
-        "engine's dummy loader, not in this build)", a.load_format);
+  if (a.load_format == "dummy") return load_dummy(a, out);
   const std::string path = resolve_model_path(a.model);
   out.model = load_model(path);
   check(out.model.tokenizer != nullptr, "{}: no tokenizer files; serve needs one for text prompts", path);
@@ -200,7 +269,8 @@ int run_serve() {
   std::thread loader([&] {
     try {
       load(a, loaded);
-      http.attach(*loaded.scheduler, loaded.info, server::prompt_codec_for(*loaded.model.tokenizer));
+      const Tokenizer& tok = loaded.dummy_tokenizer ? *loaded.dummy_tokenizer : *loaded.model.tokenizer;
+      http.attach(*loaded.scheduler, loaded.info, server::prompt_codec_for(tok));
       engine_thread = std::thread([&] {
         try {
           loaded.scheduler->run();
