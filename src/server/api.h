@@ -30,8 +30,8 @@ namespace fdpp::server {
 struct ApiLimits {
   int64_t max_body_bytes = 8 << 20;    // 8 MiB: more than a 128K-token prompt as text or as ids
   int max_messages = 4096;             // chat messages in one request
-  int max_stop_strings = 16;           // OpenAI allows 4; vLLM more. Each is matched every token.
-  int max_stop_bytes = 1024;           // bytes of one stop string
+  int max_stop_strings = 16;           // OpenAI allows 4; the scheduler 16. Each is matched every token.
+  int max_stop_bytes = 256;            // bytes of one stop string (the scheduler's kMaxStopBytes)
 };
 
 // An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with an HTTP status.

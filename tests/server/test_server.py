@@ -143,6 +143,9 @@ BAD = [
     # (path, body (str: sent as is), status, param)
     ("/v1/completions", "{not json", 400, None),
     ("/v1/completions", "[1, 2]", 400, None),
+    ("/v1/completions", "[" * 200000, 400, None),  # deep nesting: no stack overflow
+    ("/v1/completions", b'{"prompt": "\xff\xfe"}', 400, None),  # invalid UTF-8
+    ("/v1/completions", "", 400, None),
     ("/v1/completions", {"max_tokens": 4}, 400, "prompt"),
     ("/v1/chat/completions", {"max_tokens": 4}, 400, "messages"),
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
@@ -177,7 +180,7 @@ BAD = [
 
 @pytest.mark.parametrize("path,body,status,param", BAD, ids=[f"{b[3]}-{i}" for i, b in enumerate(BAD)])
 def test_bad_request(server, path, body, status, param):
-    content = body if isinstance(body, str) else json.dumps(body)
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
     r = httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == status, r.text
     err = r.json()["error"]

@@ -206,7 +206,7 @@ CLI::App* register_serve(CLI::App& app) {
   s->add_option("--max-batched-tokens", a.max_batched_tokens, "tokens of one engine step (prefill chunks and decode rows)")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   s->add_option("--max-waiting", a.max_waiting, "queued requests beyond which the server answers 503 + Retry-After")
-      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   s->add_option("--http-threads", a.http_threads,
                 "HTTP worker threads; each streamed response holds one (default: 2 x max-num-seqs + 16, at least 64)")
       ->check(CLI::Range(1, 8192));
