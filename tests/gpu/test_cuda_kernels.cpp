@@ -716,9 +716,11 @@ void run_prefill(const PrefillCase& c) {
   for (int i = 0; i < T; ++i) std::copy_n(&qkv_f[size_t(i) * width], H * D, &q[size_t(i) * H * D]);
   cpu::attention(q.data(), cache.kf[0].data(), cache.vf[0].data(), T, c.start_pos, H, KVH, D, scale, ref.data());
   // The tensor-core kernel rounds P to the 16-bit type before P.V (as FlashAttention does): one more
-  // rounding than a 16-bit output of an fp32 result, so twice the per-element bounds.
+  // rounding than a 16-bit output of an fp32 result. The absolute part scales with |V| (about 1
+  // here), not with the output's rms (an average over T keys, ~0.12 at T = 1024): 8u x rms. The
+  // H200 run saw 2 of 4M elements of a 1024-token case at 4.5u x rms with 4u allowed.
   const double u = unit_roundoff(c.t);
-  const Tolerance tol = c.adv == Adversarial::HugeLogits ? Tolerance{5e-4, 0, 0} : Tolerance{5e-4, 8 * u, 4 * u};
+  const Tolerance tol = c.adv == Adversarial::HugeLogits ? Tolerance{5e-4, 0, 0} : Tolerance{5e-4, 8 * u, 8 * u};
   expect_close(got, ref, tol, what.str());
 }
 

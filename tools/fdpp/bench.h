@@ -22,6 +22,7 @@ struct BenchArgs {
   std::string attention = "async";  // decode attention: async (unified max) or sync
   std::string linear;               // linear layers: "" (FDPP_LINEAR, else auto), auto, gemv, flat, cublas
   std::string dispatch_table;       // explicit dispatch table file
+  int mixed_chunk = 512;            // the mixed test's prefill chunk (0: no mixed test)
 };
 
 int run_bench(const BenchArgs& args);

@@ -212,7 +212,9 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
     if (auto* gpu = dynamic_cast<cuda::CudaEngine*>(engine.get())) {
       j["attention"] = {{"mode", d.attention},
                         {"decode_rows", gpu->attention_rows()},
-                        {"fallback_rows", gpu->attention_fallback_rows()}};
+                        {"fallback_rows", gpu->attention_fallback_rows()},
+                        {"prefill_rows", gpu->prefill_attention_rows()},
+                        {"prefill_fallback_rows", gpu->prefill_attention_fallback_rows()}};
     }
 #endif
     // Invalid UTF-8 (a model can emit it) is replaced rather than aborting the dump.
@@ -466,6 +468,9 @@ int main(int argc, char** argv) {
   bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
   bench->add_flag("--json", b.json, "print JSON");
   bench->add_flag("--no-cuda-graphs", b.no_cuda_graphs, "launch decode steps eagerly");
+  bench->add_option("--mixed-chunk", b.mixed_chunk,
+                    "mixed test: batch - 1 sequences decode while one prefills a chunk of this many tokens (0: off)")
+      ->capture_default_str();
   bench->add_option("--linear", b.linear, "linear layers: auto (dispatch table), gemv, flat, cublas (default: $FDPP_LINEAR, else auto)")
       ->check(CLI::IsMember({"auto", "gemv", "flat", "cublas"}));
   bench->add_option("--dispatch-table", b.dispatch_table, "dispatch table file from fdpp tune (default: looked up)");
