@@ -5,7 +5,8 @@
 // engine step and every callback), a loader thread while the model loads (the server listens from
 // the start, so /health answers 503 "loading"), and the main thread, which only waits for signals:
 // SIGINT / SIGTERM start the drain (new requests 503, running and queued ones finish, exit 0);
-// SIGUSR1 is the other threads' "a fatal error happened" (exit 1).
+// SIGUSR1 is the other threads' "a fatal error happened" (exit 1). A second SIGINT/SIGTERM while
+// draining exits at once (130).
 #include "serve.h"
 
 #include <fmt/format.h>
@@ -310,6 +311,13 @@ int run_serve() {
   loader.join();
   fmt::print(stderr, "fdpp serve: {}: finishing {} running and {} waiting requests\n", strsignal(sig),
              loaded.scheduler->stats().running, loaded.scheduler->stats().waiting);
+  // A second signal while draining (a stuck client, an impatient operator) ends the process.
+  std::thread([set] {
+    int again = 0;
+    sigwait(&set, &again);
+    fmt::print(stderr, "fdpp serve: {} again while draining; exiting without finishing\n", strsignal(again));
+    std::_Exit(again == SIGUSR1 ? 1 : 130);
+  }).detach();
   http.drain();
   if (engine_thread.joinable()) engine_thread.join();
   http.stop();
