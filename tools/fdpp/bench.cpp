@@ -12,6 +12,7 @@
 #include <random>
 
 #include "attention/calibration.h"
+#include "engine/backend_select.h"
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/device_query.h"
@@ -93,10 +94,23 @@ int run_bench(const BenchArgs& a) {
   eo.cuda_graphs = !a.no_cuda_graphs;
   check(a.attention == "async" || a.attention == "sync", "--attention '{}' is not one of async, sync", a.attention);
   eo.attention = a.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
-  if (a.load_format != "dummy" && eo.attention == cuda::AttentionMode::Async)
-    if (const auto cal = load_calibration(loaded.description.path))
-      for (const LayerCalibration& l : cal->layers) eo.unified_max_phi.push_back(l.bounds.phi);
+  if (a.load_format != "dummy" && (eo.attention == cuda::AttentionMode::Async || !a.calibration.empty())) {
+    RunnerOptions ro;  // the rule every front end follows (backend_select.h): named file, else looked up
+    ro.model_path = loaded.description.path;
+    ro.calibration = a.calibration;
+    eo.unified_max_phi = resolve_unified_max_phi(config, ro);
+  } else if (!a.calibration.empty()) {
+    // Random weights have no model file to match; the phi still comes from the file named.
+    for (const LayerCalibration& l : load_calibration("", a.calibration).layers) eo.unified_max_phi.push_back(l.bounds.phi);
+    check(static_cast<int>(eo.unified_max_phi.size()) == config.n_layers, "--calibration {}: {} layers, the model {}",
+          a.calibration, eo.unified_max_phi.size(), config.n_layers);
+  }
   eo.linear_mode = a.linear;
+  if (!a.prefill_config.empty()) {
+    eo.prefill_attention_config = cuda::prefill_attention_config_index(a.prefill_config.c_str());
+    check(eo.prefill_attention_config >= 0, "--prefill-config '{}' is not a prefill attention configuration",
+          a.prefill_config);
+  }
   eo.dispatch_table = a.dispatch_table;
   if (a.load_format != "dummy") eo.model_path = loaded.description.path;
   cuda::CudaEngine engine(model, eo);

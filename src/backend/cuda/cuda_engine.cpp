@@ -246,7 +246,8 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
                                in.chunk_q_begin, in.chunk_starts, static_cast<int>(chunks.size()), n, max_chunk,
                                c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale,
                                options_.attention == AttentionMode::Async ? &unified_max_[layer] : nullptr,
-                               fallback_rows_.as<unsigned long long>() + 1, attn_.get(), dt, st);
+                               fallback_rows_.as<unsigned long long>() + 1, attn_.get(), dt, st,
+                               options_.prefill_attention_config);
     }
     linear(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, false);
     residual_norm(x_.as<float>(), o_.get(), nullptr, L.ffn_norm.get(), L.ffn_norm_bias.get(), normed_.get(), n, H,
