@@ -39,6 +39,7 @@
 #include "io/model_loader.h"
 #include "backend/cpu/quant_matmul.h"
 #include "bench_cpu.h"
+#include "serve.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/device_query.h"
@@ -664,6 +665,7 @@ int main(int argc, char** argv) {
       ->check(int_range(0, 4096, "[0, 4096]"));
 
   auto* devices = app.add_subcommand("devices", "list the CPU threads and CUDA GPUs fdpp can use");
+  auto* serve = register_serve(app);
 
   BenchCpuArgs bc;
 #ifndef FDPP_HAVE_CUDA
@@ -809,6 +811,8 @@ int main(int argc, char** argv) {
       rc = run_calibrate(cal);
     } else if (*devices) {
       rc = run_devices();
+    } else if (*serve) {
+      rc = run_serve();
 #ifndef FDPP_HAVE_CUDA
     } else if (*bench_cpu) {
       rc = run_bench_cpu(bc);
