@@ -5,7 +5,7 @@
 # The build travels with the call (CMake and the Debian -dev packages are on the development
 # machine, not the GPU machine):  here: bash scripts/build-gpu.sh   then run this there with
 # carry ["build-gpu"] (plus ".ref" parts of the default model for the greedy test, see below).
-#   FDPP_GPU_STAGES="tests sanitizer attention linear tune dataflow bench peers" (default: all but tune)
+#   FDPP_GPU_STAGES="tests sanitizer attention prefill linear tune dataflow bench peers" (default: all but tune)
 # Only a few files come back from the device call: everything is written under $OUT/full and
 # packed into $OUT/full.tar.gz at the end, beside summary.md.
 set -uo pipefail
@@ -16,7 +16,7 @@ OUT="$OUT_TOP/full"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
-stages="${FDPP_GPU_STAGES:-tests sanitizer attention linear dataflow bench peers}"
+stages="${FDPP_GPU_STAGES:-tests sanitizer attention prefill linear dataflow bench peers}"
 presets="llama-2-7b llama-2-13b llama-3-8b opt-6.7b chatglm2-6b"
 summary="$OUT_TOP/summary.md"
 : >"$summary"
@@ -100,6 +100,23 @@ if [[ " $stages " == *" attention "* ]]; then
   done
   { echo; echo "### decode attention (graph-timed, L2 rotated), fp16, head_dim 128"; \
     python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers $(ls "$OUT"/attn_peers_*.json 2>/dev/null); } | tee -a "$summary"
+fi
+
+if [[ " $stages " == *" prefill "* ]]; then
+  # Issue 11: causal prefill attention alone (tensor cores), ours (async, sync) and torch SDPA
+  # (cuDNN, flash) on the same points, TFLOP/s over the causal flops.
+  pp="${FDPP_PREFILL_POINTS:-1x1024,1x4096,1x16384,1x32768,8x2048}"
+  { echo; echo "### prefill attention (causal, graph-timed), fp16, head_dim 128, points $pp"; } | tee -a "$summary"
+  for kvh in 32 8; do
+    "$B/fdpp" bench-attention --prefill --heads 32 --kv-heads $kvh --head-dim 128 --points "$pp" \
+      >"$OUT/prefill_ours_$kvh.md" 2>"$OUT/prefill_ours_$kvh.err" || log "bench-attention --prefill 32/$kvh failed: $(tail -1 "$OUT/prefill_ours_$kvh.err")"
+    tee -a "$summary" <"$OUT/prefill_ours_$kvh.md"
+    if [[ ${FDPP_ATTN_PEERS:-1} == 1 ]]; then
+      python3 "$root/bench/peers/attention_peers.py" --prefill --heads 32 --kv-heads $kvh --head-dim 128 --points "$pp" \
+        --json "$OUT/prefill_peers_$kvh.json" 2>&1 | tee "$OUT/prefill_peers_$kvh.log" | tee -a "$summary" \
+        || log "prefill peers 32/$kvh failed"
+    fi
+  done
 fi
 
 if [[ " $stages " == *" linear "* ]]; then

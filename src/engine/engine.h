@@ -24,7 +24,8 @@ namespace fdpp {
 struct StepRow {
   int seq = -1;
   std::span<const int32_t> tokens;
-  bool logits = false;  // return the logits of the row's last token (StepOutput::logits)
+  bool logits = false;      // return the logits of the row's last token (StepOutput::logits)
+  bool all_logits = false;  // return the logits of every token of the row instead (scoring)
   bool sample = false;  // draw a token from them (StepOutput::tokens)
   // Sampling of this row alone: its parameters, and the key of its random stream. The draw depends
   // on (sampling.seed, sample_index) and the logits only, never on the batch slot or on the other
@@ -41,7 +42,7 @@ struct Batch {
 
 struct StepOutput {
   std::vector<int32_t> tokens;  // per row: the sampled token, or -1 where the row did not sample
-  std::vector<float> logits;    // [rows that asked for logits, vocab], in row order
+  std::vector<float> logits;    // [logit rows, vocab]: one per `logits` row, n per `all_logits` row, in row order
 };
 
 struct EngineLimits {
@@ -93,7 +94,7 @@ class Engine {
     int start = 0;           // the sequence's length before the step (the first new position)
     const Sequence* sequence = nullptr;
     int64_t token_offset = 0;  // where the row's tokens start in the step's token list
-    int logits_index = -1;     // its row in StepOutput::logits, or -1
+    int logits_index = -1;     // its first row in StepOutput::logits, or -1
   };
   void init_engine(const EngineLimits& limits);
   // Computes the step: writes out.tokens for sampling rows and out.logits (already sized) for
@@ -102,6 +103,9 @@ class Engine {
   // Called when a sequence is released or truncated (the backend may drop storage).
   virtual void on_sequence_resized(int /*seq*/, int /*length*/) {}
   const Sequence& sequence(int seq) const;
+  // For backends' own single-sequence paths (the CUDA engine's prefill/decode): the tokens at
+  // [length, length + n) were computed into blocks that reserve() had already made room for.
+  void advance_sequence(int seq, int n);
 
  private:
   EngineLimits limits_;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "fdpp/error.h"
 
 namespace fdpp {
@@ -59,6 +60,46 @@ GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<co
   r.text += rest;
   if (on_text && !rest.empty()) on_text(rest);
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - decode_start).count();
+  return r;
+}
+
+}  // namespace fdpp
+
+namespace fdpp {
+
+GenerateResult generate(Engine& engine, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                        const GenerateOptions& options, const std::function<void(std::string_view)>& on_text) {
+  check(!prompt.empty(), "the prompt is empty (no tokens to start from)");
+  check(options.max_tokens >= 0, "max tokens = {} must be >= 0", options.max_tokens);
+  GenerateResult r;
+  r.prompt_tokens = static_cast<int>(prompt.size());
+  r.finish_reason = "length";
+  if (options.max_tokens == 0) return r;
+  SchedulerOptions so;
+  so.max_num_seqs = 1;
+  so.max_batched_tokens = engine.limits().max_step_tokens;
+  Scheduler scheduler(engine, tokenizer, so);
+  GenerationRequest request;
+  request.prompt.assign(prompt.begin(), prompt.end());
+  request.sampling = options.sampling;
+  request.max_tokens = options.max_tokens;
+  request.ignore_eos = options.ignore_eos;
+  request.stop = options.stop;
+  GenerationCallbacks callbacks;
+  if (on_text)
+    callbacks.on_delta = [&](uint64_t, std::string_view text, std::span<const int32_t>) {
+      if (!text.empty()) on_text(text);
+    };
+  GenerationResult result;
+  callbacks.on_finish = [&](const GenerationResult& g) { result = g; };
+  scheduler.submit(std::move(request), std::move(callbacks));
+  scheduler.run_until_idle();
+  check(result.finish_reason != "error", "{}", result.error);
+  r.tokens = result.token_ids;
+  r.text = result.text;
+  r.finish_reason = result.finish_reason;
+  r.prefill_seconds = result.time_to_first_token;
+  r.decode_seconds = result.total_time - result.time_to_first_token;
   return r;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fdpp/sampling.h"
+#include "engine/engine.h"
 #include "engine/runner.h"
 #include "tokenizer/tokenizer.h"
 
@@ -19,6 +20,7 @@ struct GenerateOptions {
   int max_tokens = 128;
   bool ignore_eos = false;
   SamplingParams sampling;
+  std::vector<std::string> stop;  // stop strings (engine path only)
 };
 
 struct GenerateResult {
@@ -34,6 +36,12 @@ struct GenerateResult {
 
 // runner must be fresh (empty cache) and hold prompt + max_tokens positions.
 GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                        const GenerateOptions& options, const std::function<void(std::string_view)>& on_text = {});
+
+// The same on the batched engine: one request through the continuous-batching Scheduler (the path
+// the server and `generate --file` take, so a prompt gives the same tokens alone or in a batch).
+// Its token draws are keyed like the runner's (seed, token index), so both give the same output.
+GenerateResult generate(Engine& engine, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                         const GenerateOptions& options, const std::function<void(std::string_view)>& on_text = {});
 
 }  // namespace fdpp

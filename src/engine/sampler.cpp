@@ -10,15 +10,6 @@ namespace fdpp {
 
 namespace {
 
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
 void renormalize(std::vector<Candidate>& c) {
   double sum = 0.0;
   for (const auto& x : c) sum += x.prob;
@@ -27,28 +18,36 @@ void renormalize(std::vector<Candidate>& c) {
 
 }  // namespace
 
-Sampler::Sampler(const SamplingParams& params) : params_(params) {
+void check_sampling_params(const SamplingParams& params) {
   check(std::isfinite(params.temperature), "temperature must be a finite number");
   check(params.top_p > 0 && params.top_p <= 1.0f, "top-p = {} must be in (0, 1]", params.top_p);
   check(params.min_p >= 0 && params.min_p <= 1.0f, "min-p = {} must be in [0, 1]", params.min_p);
   check(params.repeat_penalty > 0 && std::isfinite(params.repeat_penalty), "repeat penalty = {} must be positive",
         params.repeat_penalty);
-  // xoshiro256** seeded through splitmix64: fully specified, so a seed gives the same stream on
-  // every platform and compiler (std::uniform_real_distribution does not promise that).
-  uint64_t s = params.seed;
-  for (auto& word : state_) word = splitmix64(s);
 }
 
-double Sampler::uniform() {
-  const uint64_t result = rotl(state_[1] * 5, 7) * 9;
-  const uint64_t t = state_[1] << 17;
-  state_[2] ^= state_[0];
-  state_[3] ^= state_[1];
-  state_[1] ^= state_[2];
-  state_[0] ^= state_[3];
-  state_[2] ^= t;
-  state_[3] = rotl(state_[3], 45);
-  return static_cast<double>(result >> 11) * 0x1.0p-53;
+Sampler::Sampler(const SamplingParams& params) : params_(params) { check_sampling_params(params); }
+
+double keyed_uniform(uint64_t seed, uint64_t index) {
+  uint32_t c[4] = {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), 0u, 0u};
+  uint32_t k[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+  for (int r = 0; r < 10; ++r) {
+    if (r > 0) {
+      k[0] += 0x9E3779B9u;
+      k[1] += 0xBB67AE85u;
+    }
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c[0];
+    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c[2];
+    const uint32_t lo0 = static_cast<uint32_t>(p0), hi0 = static_cast<uint32_t>(p0 >> 32);
+    const uint32_t lo1 = static_cast<uint32_t>(p1), hi1 = static_cast<uint32_t>(p1 >> 32);
+    const uint32_t n0 = hi1 ^ c[1] ^ k[0], n2 = hi0 ^ c[3] ^ k[1];
+    c[0] = n0;
+    c[1] = lo1;
+    c[2] = n2;
+    c[3] = lo0;
+  }
+  const uint64_t bits = (static_cast<uint64_t>(c[0] >> 5) << 26) | (c[1] >> 6);  // 27 + 26 = 53 bits
+  return static_cast<double>(bits) * 0x1.0p-53;
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -112,7 +111,7 @@ void Sampler::min_p(std::vector<Candidate>& c, float p) {
   renormalize(c);
 }
 
-int32_t Sampler::sample(std::span<const float> logits_in, std::span<const int32_t> history) {
+int32_t Sampler::sample(std::span<const float> logits_in, std::span<const int32_t> history, uint64_t index) {
   check(!logits_in.empty(), "sample: empty logits");
   std::vector<float> logits(logits_in.begin(), logits_in.end());
   apply_repetition_penalty(logits, history, params_.repeat_penalty, params_.repeat_last_n);
@@ -135,7 +134,7 @@ int32_t Sampler::sample(std::span<const float> logits_in, std::span<const int32_
   top_p(c, params_.top_p);
   min_p(c, params_.min_p);
 
-  const double r = uniform();
+  const double r = keyed_uniform(params_.seed, index);
   double cum = 0.0;
   for (const auto& x : c) {
     cum += x.prob;

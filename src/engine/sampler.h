@@ -1,6 +1,9 @@
 // Turns logits into the next token. The filters run in the order HF transformers and vLLM apply
 // them: repetition penalty, temperature, top-k, top-p, min-p, then one draw from the renormalized
-// distribution. Same seed, same logits -> same tokens.
+// distribution. The draw's random number is keyed by (seed, index): Philox4x32-10 with the seed as
+// key and the index as counter, the same function the CUDA sampler uses, so a request's tokens
+// depend on its seed, its token index and the logits only (not on its batch slot or on the other
+// requests sharing the step).
 #pragma once
 
 #include <cstdint>
@@ -21,8 +24,13 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
 
-  // history: the tokens the repetition penalty looks at (prompt and generated so far).
-  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // history: the tokens the repetition penalty looks at (prompt and generated so far); index: the
+  // key of the draw's random number (the request's generated-token index).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history, uint64_t index);
+  // The same with index = the number of earlier calls of this overload.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history) {
+    return sample(logits, history, next_index_++);
+  }
 
   const SamplingParams& params() const { return params_; }
 
@@ -37,11 +45,16 @@ class Sampler {
   static void min_p(std::vector<Candidate>& sorted, float p);   // prob >= p * max prob
 
  private:
-  double uniform();  // [0, 1), 53 random bits from a standard-defined engine
-
   SamplingParams params_;
-  uint64_t state_[4];
+  uint64_t next_index_ = 0;
 };
+
+// [0, 1) with 53 random bits: Philox4x32-10 (Salmon et al., SC'11) keyed by seed at counter
+// (index, 0); bit for bit the CUDA sampler's uniform01.
+double keyed_uniform(uint64_t seed, uint64_t index);
+
+// Validates sampling parameters (throws fdpp::Error naming the bad one).
+void check_sampling_params(const SamplingParams& params);
 
 int32_t argmax(std::span<const float> logits);
 

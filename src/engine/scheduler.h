@@ -119,6 +119,7 @@ class Scheduler {
   void finish(Active& a, const std::string& reason);
   void preempt(Active& a);
   bool emit_token(Active& a, int32_t token);  // true when the request finished
+  void publish_stats();
 
   Engine& engine_;
   const Tokenizer& tokenizer_;
@@ -134,6 +135,7 @@ class Scheduler {
   SchedulerStats stats_;
 
   std::vector<std::unique_ptr<Active>> running_;  // engine thread only
+  std::string current_error_;                      // the failed step's message (engine thread)
 };
 
 }  // namespace fdpp

@@ -715,7 +715,10 @@ void run_prefill(const PrefillCase& c) {
   std::vector<float> q(size_t(T) * H * D), ref(size_t(T) * H * D);
   for (int i = 0; i < T; ++i) std::copy_n(&qkv_f[size_t(i) * width], H * D, &q[size_t(i) * H * D]);
   cpu::attention(q.data(), cache.kf[0].data(), cache.vf[0].data(), T, c.start_pos, H, KVH, D, scale, ref.data());
-  const Tolerance tol = c.adv == Adversarial::HugeLogits ? Tolerance{5e-4, 0, 0} : rounding_tolerance(c.t);
+  // The tensor-core kernel rounds P to the 16-bit type before P.V (as FlashAttention does): one more
+  // rounding than a 16-bit output of an fp32 result, so twice the per-element bounds.
+  const double u = unit_roundoff(c.t);
+  const Tolerance tol = c.adv == Adversarial::HugeLogits ? Tolerance{5e-4, 0, 0} : Tolerance{5e-4, 8 * u, 4 * u};
   expect_close(got, ref, tol, what.str());
 }
 

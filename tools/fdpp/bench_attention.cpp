@@ -17,6 +17,7 @@
 #include <iostream>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_model.h"
@@ -147,6 +148,107 @@ int run_bench_attention(const BenchAttentionArgs& a) {
     fmt::print("| {} | {} | {} | {} | {:.2f} | {:.1f} | {} |\n", r["mode"].get<std::string>(), r["batch"].get<int>(),
                r["context"].get<int>(), r["splits"].get<int>(), r["us"].get<double>(),
                100 * r["pct_design_bw"].get<double>(), r["fallback_rows"].get<unsigned long long>());
+  return 0;
+}
+
+// fdpp bench-attention --prefill: causal prefill attention (prefill_attention_varlen, tensor
+// cores) on B sequences of L new tokens each (start 0, one launch), async (unified max) and sync.
+// Compute bound: the flops are 4 D per (query, visible key) pair and head (QK^T and PV, 2 each),
+// 4 D H B L (L + 1) / 2 in all; e.g. 1 x 32768, H 32, D 128: 8.8e12 flops. Time: median over
+// graph replays of R back-to-back calls (R so that a replay takes about 20 ms); K/V are not rotated
+// past L2: each call reuses its keys L / 64 times from shared memory, so the first read is not what
+// limits it, and the peers (bench/peers/attention_peers.py --prefill) run from the same state.
+int run_bench_prefill_attention(const BenchAttentionArgs& a) {
+  std::string why;
+  const auto gpus = cuda::list_gpus(&why);
+  check(!gpus.empty(), "fdpp bench-attention measures CUDA kernels: no usable GPU ({})", why);
+  check(a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0, "--heads {} must be a multiple of --kv-heads {}",
+        a.heads, a.kv_heads);
+  check(a.head_dim == 64 || a.head_dim == 128, "--head-dim {} is not one of 64, 128", a.head_dim);
+  check(a.dtype == "f16" || a.dtype == "bf16", "--dtype '{}' is not one of f16, bf16", a.dtype);
+  for (const auto& m : a.modes) check(m == "async" || m == "sync", "--modes: '{}' is not one of async, sync", m);
+  std::vector<std::pair<int, int>> points;
+  for (const auto& p : a.points) {
+    const auto x = p.find('x');
+    int b = 0, l = 0;
+    try {
+      check(x != std::string::npos, "");
+      b = std::stoi(p.substr(0, x));
+      l = std::stoi(p.substr(x + 1));
+    } catch (...) {
+      fail("--points: '{}' is not BxL (e.g. 8x2048)", p);
+    }
+    check(b >= 1 && l >= 1 && int64_t(b) * l <= (1 << 24), "--points: '{}' is out of range", p);
+    points.push_back({b, l});
+  }
+  check(!points.empty(), "bench-attention --prefill: give --points");
+  const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
+  const int H = a.heads, KVH = a.kv_heads, D = a.head_dim;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const UnifiedMaxBounds bounds = default_unified_max_bounds(131072);
+  const cuda::UnifiedMaxRange range{bounds.phi, bounds.a, bounds.b};
+  cudaStream_t stream = nullptr;
+  FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cuda::DeviceBuffer fallback(sizeof(unsigned long long));
+  std::mt19937 rng(7);
+  nlohmann::json results = nlohmann::json::array();
+  for (auto [B, L] : points) {
+    const int64_t tokens = int64_t(B) * L;
+    const int blocks_per_seq = (L + kBlock - 1) / kBlock;
+    const int64_t blocks = int64_t(B) * blocks_per_seq;
+    const int64_t kv_elems = blocks * kBlock * KVH * D;
+    const int64_t qkv_elems = tokens * (H + 2 * KVH) * D;
+    cuda::DeviceBuffer k(kv_elems * 2), v(kv_elems * 2), qkv(qkv_elems * 2), out(tokens * H * D * 2);
+    // Uniform [-1, 1) like activations after a norm: logits ~ N(0, 1/3), no fallback rows.
+    cuda::fill_random(k.get(), kv_elems, dtype, 1.f, 0.f, 21, stream);
+    cuda::fill_random(v.get(), kv_elems, dtype, 1.f, 0.f, 22, stream);
+    cuda::fill_random(qkv.get(), qkv_elems, dtype, 1.f, 0.f, 23, stream);
+    std::vector<int32_t> table(blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);  // a paged cache is not contiguous
+    std::vector<int32_t> q_begin(B + 1), starts(B, 0);
+    for (int i = 0; i <= B; ++i) q_begin[i] = i * L;
+    cuda::DeviceBuffer d_table(table.size() * 4), d_q_begin(q_begin.size() * 4), d_starts(starts.size() * 4);
+    FDPP_CUDA_CHECK(cudaMemcpy(d_table.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    FDPP_CUDA_CHECK(cudaMemcpy(d_q_begin.get(), q_begin.data(), q_begin.size() * 4, cudaMemcpyHostToDevice));
+    FDPP_CUDA_CHECK(cudaMemcpy(d_starts.get(), starts.data(), starts.size() * 4, cudaMemcpyHostToDevice));
+    const double flops = 4.0 * D * H * B * (double(L) * (L + 1) / 2);
+    // About 20 ms of work per replay at 400 TFLOP/s.
+    const int reps = static_cast<int>(std::clamp(20e-3 / (flops / 400e12), 1.0, 50.0));
+    for (const auto& mode : a.modes) {
+      const bool async = mode == "async";
+      FDPP_CUDA_CHECK(cudaMemset(fallback.get(), 0, sizeof(unsigned long long)));
+      auto launch = [&](int) {
+        cuda::prefill_attention_varlen(qkv.get(), k.get(), v.get(), d_table.as<int32_t>(), blocks_per_seq,
+                                       d_q_begin.as<int32_t>(), d_starts.as<int32_t>(), B, static_cast<int>(tokens),
+                                       L, H, KVH, D, kBlock, scale, async ? &range : nullptr,
+                                       fallback.as<unsigned long long>(), out.get(), dtype, stream);
+      };
+      const auto timing = cuda::time_graph(stream, reps, a.replays, launch);
+      unsigned long long fb = 0;
+      FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
+      const double tflops = flops / (timing.us * 1e-6) / 1e12;
+      results.push_back({{"mode", mode}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
+                         {"tokens", L}, {"us", timing.us}, {"spread", timing.spread}, {"flops", flops},
+                         {"tflops", tflops}, {"fallback_rows", fb}, {"reps", reps}});
+      if (!a.json)
+        std::cerr << fmt::format("prefill {} H {}/{} D {} {}x{}: {:.1f} us, {:.1f} TFLOP/s\n", mode, H, KVH, D, B, L,
+                                 timing.us, tflops);
+    }
+  }
+  FDPP_CUDA_CHECK(cudaStreamDestroy(stream));
+  nlohmann::json doc{{"gpu", gpus[0].name}, {"dtype", a.dtype}, {"kernel", "prefill"}, {"results", results}};
+  if (a.json) {
+    std::cout << doc.dump(1) << "\n";
+    return 0;
+  }
+  fmt::print("prefill attention (causal) | GPU: {} | {} | heads {}/{} x {} | graph-timed\n\n", gpus[0].name, a.dtype,
+             H, KVH, D);
+  fmt::print("| mode | batch x tokens | us | TFLOP/s | fallback rows |\n| --- | ---: | ---: | ---: | ---: |\n");
+  for (const auto& r : results)
+    fmt::print("| {} | {} x {} | {:.1f} | {:.1f} | {} |\n", r["mode"].get<std::string>(), r["batch"].get<int>(),
+               r["tokens"].get<int>(), r["us"].get<double>(), r["tflops"].get<double>(),
+               r["fallback_rows"].get<unsigned long long>());
   return 0;
 }
 

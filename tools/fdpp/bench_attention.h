@@ -16,7 +16,13 @@ struct BenchAttentionArgs {
   std::vector<std::string> modes{"async", "sync"};
   int replays = 7;
   bool json = false;
+  // --prefill: causal prefill attention (prefill_attention_varlen) over `points`, each "BxL":
+  // B sequences of L new tokens each (start 0), one launch.
+  bool prefill = false;
+  std::vector<std::string> points{"1x1024", "1x4096", "1x16384", "1x32768", "8x2048"};
 };
+
+int run_bench_prefill_attention(const BenchAttentionArgs& args);
 
 int run_bench_attention(const BenchAttentionArgs& args);
 

@@ -178,14 +178,21 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
   check(needed <= ctx, "prompt ({} tokens) + --max-tokens ({}) exceed the context size {}", prompt.size(),
         a.max_tokens, ctx);
 
-  auto runner = make_runner(c, m.weights, static_cast<int>(needed), d.options(path));
-  GenerateOptions opt{a.max_tokens, a.ignore_eos, a.sampling};
+  // One sequence on the batched engine, through the same scheduler the server uses; the whole
+  // prompt in one step up to 8192 tokens (longer prompts are prefilled in chunks of that size).
+  EngineLimits limits;
+  limits.max_context = static_cast<int>(needed);
+  limits.max_step_rows = 1;
+  limits.max_step_tokens = static_cast<int>(std::min<int64_t>(needed, 8192));
+  limits.kv_cache_tokens = needed;
+  auto engine = make_engine(c, m.weights, d.options(path), limits);
+  GenerateOptions opt{a.max_tokens, a.ignore_eos, a.sampling, {}};
   std::function<void(std::string_view)> stream;
   if (!a.json) stream = [](std::string_view piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     };
-  GenerateResult r = generate(*runner, *m.tokenizer, prompt, opt, stream);
+  GenerateResult r = generate(*engine, *m.tokenizer, prompt, opt, stream);
   if (a.json) {
     nlohmann::json j;
     j["model"] = path;
@@ -201,10 +208,10 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
                     {"decode_tokens_per_second", r.decode_tokens_per_second()}};
 #ifdef FDPP_HAVE_CUDA
     // The asynchronized softmax's guard: decode attention rows recomputed (issue 5's fallback rate).
-    if (auto* gpu = dynamic_cast<cuda::CudaRunner*>(runner.get())) {
+    if (auto* gpu = dynamic_cast<cuda::CudaEngine*>(engine.get())) {
       j["attention"] = {{"mode", d.attention},
-                        {"decode_rows", gpu->engine().attention_rows()},
-                        {"fallback_rows", gpu->engine().attention_fallback_rows()}};
+                        {"decode_rows", gpu->attention_rows()},
+                        {"fallback_rows", gpu->attention_fallback_rows()}};
     }
 #endif
     // Invalid UTF-8 (a model can emit it) is replaced rather than aborting the dump.
@@ -475,6 +482,8 @@ int main(int argc, char** argv) {
   bench_attn->add_option("--modes", ba.modes, "async, sync")->delimiter(',');
   bench_attn->add_option("--replays", ba.replays, "graph replays per point (median)")->capture_default_str()->check(CLI::Range(1, 1000));
   bench_attn->add_flag("--json", ba.json, "print JSON");
+  bench_attn->add_flag("--prefill", ba.prefill, "causal prefill attention (tensor cores) instead of decode");
+  bench_attn->add_option("--points", ba.points, "prefill points BxL (B sequences of L tokens)")->delimiter(',');
   auto* tune = register_tune(app);
   auto* bench_linear = register_bench_linear(app);
 #endif
@@ -496,7 +505,7 @@ int main(int argc, char** argv) {
     if (*devices) return run_devices();
 #ifdef FDPP_HAVE_CUDA
     if (*bench) return run_bench(b);
-    if (*bench_attn) return run_bench_attention(ba);
+    if (*bench_attn) return ba.prefill ? run_bench_prefill_attention(ba) : run_bench_attention(ba);
     if (*tune) return run_tune();
     if (*bench_linear) return run_bench_linear();
 #endif

@@ -1,128 +1,59 @@
 #include "backend/cpu/cpu_runner.h"
 
-#include <cmath>
-#include <cstring>
-
-#include "backend/cpu/ops.h"
+#include "engine/sampler.h"
 #include "fdpp/error.h"
 
 namespace fdpp {
 
 namespace {
-const float* bias_or_null(const Tensor& b) { return b.empty() ? nullptr : b.ptr(); }
+EngineLimits one_sequence(int max_context) {
+  EngineLimits l;
+  l.max_context = max_context;
+  l.max_step_rows = 1;
+  l.max_step_tokens = max_context;
+  l.kv_cache_tokens = max_context;
+  return l;
+}
 }  // namespace
 
 CpuRunner::CpuRunner(const ModelConfig& config, const DecoderWeights& weights, int max_context)
-    : config_(config), weights_(weights), max_context_(max_context) {
-  check(max_context > 0, "context size {} must be positive", max_context);
-  check(max_context <= config.max_context, "context size {} exceeds the model's context length {}", max_context,
-        config.max_context);
-  if (config.position == PositionEncoding::Rope) inv_freq_ = cpu::rope_inv_freq(config.rope);
-  k_cache_.reserve(config.n_layers);
-  v_cache_.reserve(config.n_layers);
-  for (int i = 0; i < config.n_layers; ++i) {
-    k_cache_.emplace_back(std::vector<int64_t>{max_context, config.kv_dim()});
-    v_cache_.emplace_back(std::vector<int64_t>{max_context, config.kv_dim()});
-  }
-}
+    : engine_(config, weights, one_sequence(max_context)), seq_(engine_.create_sequence()) {}
 
-void CpuRunner::norm(const float* x, const Tensor& weight, const Tensor& bias, int64_t rows, float* out) const {
-  if (config_.norm == NormType::RMSNorm) {
-    cpu::rms_norm(x, weight.ptr(), rows, config_.hidden, config_.norm_eps, out);
-  } else {
-    cpu::layer_norm(x, weight.ptr(), bias_or_null(bias), rows, config_.hidden, config_.norm_eps, out);
-  }
+StepOutput CpuRunner::run(std::span<const int32_t> tokens, int start_pos, bool all_positions, bool want_logits,
+                          const StepRow* sampling) {
+  check(!tokens.empty(), "forward: no tokens");
+  check(start_pos >= 0 && start_pos + static_cast<int64_t>(tokens.size()) <= max_context(),
+        "context overflow: {} + {} tokens exceed the context size {}", start_pos, tokens.size(), max_context());
+  check(start_pos <= engine_.sequence_length(seq_), "forward: start position {} is past the {} cached tokens",
+        start_pos, engine_.sequence_length(seq_));
+  // A start before the end rewrites the cache from there (as the single-sequence runner always did).
+  if (start_pos < engine_.sequence_length(seq_)) engine_.truncate_sequence(seq_, start_pos);
+  Batch batch;
+  StepRow row = sampling != nullptr ? *sampling : StepRow{};
+  row.seq = seq_;
+  row.tokens = tokens;
+  row.logits = want_logits && !all_positions;
+  row.all_logits = want_logits && all_positions;
+  batch.rows.push_back(row);
+  return engine_.step(batch);
 }
 
 void CpuRunner::forward(std::span<const int32_t> tokens, int start_pos, bool all_positions, std::span<float> logits) {
-  const ModelConfig& c = config_;
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  check(T > 0, "forward: no tokens");
-  check(start_pos >= 0 && start_pos + T <= max_context_, "context overflow: {} + {} tokens exceed the context size {}",
-        start_pos, T, max_context_);
-  const int64_t out_rows = all_positions ? T : 1;
-  check(static_cast<int64_t>(logits.size()) == out_rows * c.vocab_size, "forward: logits buffer has {} floats, need {}",
-        logits.size(), out_rows * c.vocab_size);
-  const int64_t H = c.hidden, E = c.embedding_dim(), Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
-  const bool swiglu = c.activation == Activation::SwiGLU;
+  const size_t rows = all_positions ? tokens.size() : 1;
+  check(logits.size() == rows * static_cast<size_t>(config().vocab_size), "forward: logits buffer has {} floats, need {}",
+        logits.size(), rows * config().vocab_size);
+  StepOutput out = run(tokens, start_pos, all_positions, true, nullptr);
+  std::copy(out.logits.begin(), out.logits.end(), logits.begin());
+}
 
-  std::vector<float> x(T * H), h(T * std::max(H, E)), q(T * Q), attn(T * Q), o(T * H), up(T * FF),
-      gate(swiglu ? T * FF : 0), e(T * E);
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t id = tokens[t];
-    check(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-    std::memcpy(&e[t * E], weights_.tok_embeddings.ptr() + static_cast<int64_t>(id) * E, E * sizeof(float));
-  }
-  if (!weights_.project_in.empty()) {
-    cpu::linear(e.data(), T, E, weights_.project_in.ptr(), H, nullptr, x.data());
-  } else {
-    x = e;
-  }
-  std::vector<int32_t> positions(T);
-  for (int64_t t = 0; t < T; ++t) positions[t] = start_pos + static_cast<int32_t>(t);
-  if (c.position == PositionEncoding::Learned) {
-    for (int64_t t = 0; t < T; ++t)
-      cpu::add_inplace(&x[t * H], weights_.pos_embeddings.ptr() + (positions[t] + c.learned_position_offset) * H, H);
-  }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-
-  for (int layer = 0; layer < c.n_layers; ++layer) {
-    const LayerWeights& L = weights_.layers[layer];
-    float* k_rows = k_cache_[layer].ptr() + static_cast<int64_t>(start_pos) * KV;
-    float* v_rows = v_cache_[layer].ptr() + static_cast<int64_t>(start_pos) * KV;
-
-    // Attention block. Pre-norm: x += attn(norm(x)). Post-norm: x = norm(x + attn(x)).
-    const float* attn_in = x.data();
-    if (c.pre_norm) {
-      norm(x.data(), L.attn_norm, L.attn_norm_bias, T, h.data());
-      attn_in = h.data();
-    }
-    cpu::linear(attn_in, T, H, L.wq.ptr(), Q, bias_or_null(L.bq), q.data());
-    cpu::linear(attn_in, T, H, L.wk.ptr(), KV, bias_or_null(L.bk), k_rows);
-    cpu::linear(attn_in, T, H, L.wv.ptr(), KV, bias_or_null(L.bv), v_rows);
-    if (c.position == PositionEncoding::Rope) {
-      cpu::rope(q.data(), T, c.n_heads, c.head_dim, c.rope_style, inv_freq_, positions);
-      cpu::rope(k_rows, T, c.n_kv_heads, c.head_dim, c.rope_style, inv_freq_, positions);
-    }
-    if (observer_)
-      observer_(AttentionObservation{layer, q.data(), k_cache_[layer].ptr(), v_cache_[layer].ptr(), T, start_pos,
-                                     c.n_heads, c.n_kv_heads, c.head_dim, scale});
-    cpu::attention(q.data(), k_cache_[layer].ptr(), v_cache_[layer].ptr(), T, start_pos, c.n_heads, c.n_kv_heads,
-                   c.head_dim, scale, attn.data());
-    cpu::linear(attn.data(), T, Q, L.wo.ptr(), H, bias_or_null(L.bo), o.data());
-    cpu::add_inplace(x.data(), o.data(), T * H);
-    if (!c.pre_norm) norm(x.data(), L.attn_norm, L.attn_norm_bias, T, x.data());
-
-    // MLP block, same norm placement.
-    const float* mlp_in = x.data();
-    if (c.pre_norm) {
-      norm(x.data(), L.ffn_norm, L.ffn_norm_bias, T, h.data());
-      mlp_in = h.data();
-    }
-    cpu::linear(mlp_in, T, H, L.w_up.ptr(), FF, bias_or_null(L.b_up), up.data());
-    if (swiglu) {
-      cpu::linear(mlp_in, T, H, L.w_gate.ptr(), FF, bias_or_null(L.b_gate), gate.data());
-      cpu::silu_mul(gate.data(), up.data(), T * FF, up.data());
-    } else {
-      cpu::relu(up.data(), T * FF);
-    }
-    cpu::linear(up.data(), T, FF, L.w_down.ptr(), H, bias_or_null(L.b_down), o.data());
-    cpu::add_inplace(x.data(), o.data(), T * H);
-    if (!c.pre_norm) norm(x.data(), L.ffn_norm, L.ffn_norm_bias, T, x.data());
-  }
-
-  // Only the rows whose logits are wanted go through the final norm and the lm head.
-  const float* last = x.data() + (T - out_rows) * H;
-  const float* head_in = last;
-  if (c.final_norm) {
-    norm(last, weights_.final_norm, weights_.final_norm_bias, out_rows, h.data());
-    head_in = h.data();
-  }
-  if (!weights_.project_out.empty()) {
-    cpu::linear(head_in, out_rows, H, weights_.project_out.ptr(), E, nullptr, e.data());
-    head_in = e.data();
-  }
-  cpu::linear(head_in, out_rows, E, weights_.output_matrix().ptr(), c.vocab_size, nullptr, logits.data());
+int32_t CpuRunner::forward_sample(std::span<const int32_t> tokens, int start_pos, Sampler& sampler,
+                                  std::span<const int32_t> history, uint64_t step) {
+  StepRow row;
+  row.sample = true;
+  row.sampling = sampler.params();
+  row.sample_index = step;
+  row.history = history;
+  return run(tokens, start_pos, false, false, &row).tokens[0];
 }
 
 }  // namespace fdpp

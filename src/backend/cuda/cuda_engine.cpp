@@ -51,12 +51,17 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   ffn_act_ = DeviceBuffer(swiglu ? T * FF * kElem : 0);
   // Logits rows: a decode step's batch, or a chunk of an all-positions prefill.
   const int logit_rows = std::max(options.max_batch, std::min(options.max_prefill_tokens, 256));
+  logit_capacity_ = logit_rows;
   logits_ = DeviceBuffer(static_cast<size_t>(logit_rows) * V * sizeof(float));
   ids_ = DeviceBuffer(T * sizeof(int32_t));
   positions_ = DeviceBuffer(T * sizeof(int32_t));
   slots_ = DeviceBuffer(T * sizeof(int32_t));
   max_blocks_per_seq_ = (c.max_context + options.block_size - 1) / options.block_size;
-  block_tables_ = DeviceBuffer(static_cast<size_t>(max_blocks_per_seq_) * sizeof(int32_t));  // prefill's sequence
+  // A mixed step's block tables: one row per decode row, then one per prefill chunk.
+  block_tables_ = DeviceBuffer(static_cast<size_t>(options.max_batch) * max_blocks_per_seq_ * sizeof(int32_t));
+  context_lens_ = DeviceBuffer(options.max_batch * sizeof(int32_t));
+  head_index_ = DeviceBuffer(logit_rows * sizeof(int32_t));
+  seeds_ = DeviceBuffer(logit_rows * sizeof(uint64_t));
   sample_ws_ = DeviceBuffer(sampling_workspace_bytes(logit_rows, static_cast<int>(V)));
   sample_ids_ = DeviceBuffer(logit_rows * sizeof(int32_t));
   history_lens_ = DeviceBuffer(logit_rows * sizeof(int32_t));
@@ -89,25 +94,38 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
     unified_max_.push_back({bounds.phi, bounds.a, bounds.b});
   }
 
-  // The KV cache takes what is left (or exactly what was asked for).
+  // The KV cache takes what is left (or exactly what was asked for), less a fixed headroom for what
+  // is allocated later (graph instantiation, cuBLAS's lazily created handles). A fraction of free
+  // memory would waste gigabytes on a 141 GB card (0.98 of 126 GiB leaves 2.5 GiB unused, and
+  // `fdpp bench -b 64 -c 4000` on Llama-2-7B needs all but 0.3 GiB of it).
+  constexpr double kHeadroomBytes = 512.0 * 1048576.0;
   block_bytes_ = static_cast<size_t>(options.block_size) * KV * kElem;
   const size_t per_block_all_layers = block_bytes_ * 2 * c.n_layers;
   size_t free_b = 0, total_b = 0;
   FDPP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const double usable = std::max(0.0, static_cast<double>(free_b) - kHeadroomBytes);
   if (options.kv_cache_tokens > 0) {
     num_blocks_ = (options.kv_cache_tokens + options.block_size - 1) / options.block_size;
     const double need = static_cast<double>(num_blocks_) * per_block_all_layers;
-    check(need <= 0.98 * free_b, "a KV cache of {} tokens needs {:.2f} GiB; {:.2f} GiB of GPU memory are free",
-          options.kv_cache_tokens, need / 1073741824.0, free_b / 1073741824.0);
+    check(need <= usable,
+          "a KV cache of {} tokens needs {:.2f} GiB; {:.2f} GiB of GPU memory are free after the weights and "
+          "activations ({:.2f} GiB kept as headroom): ask for at most {} tokens",
+          options.kv_cache_tokens, need / 1073741824.0, free_b / 1073741824.0, kHeadroomBytes / 1073741824.0,
+          static_cast<int64_t>(usable / per_block_all_layers) * options.block_size);
   } else {
-    num_blocks_ = static_cast<int64_t>(options.memory_fraction * static_cast<double>(free_b)) / per_block_all_layers;
+    num_blocks_ = static_cast<int64_t>(std::min(options.memory_fraction * static_cast<double>(free_b), usable)) /
+                  per_block_all_layers;
     check(num_blocks_ >= max_blocks_per_seq_ / 8 + 1,
           "too little GPU memory for a KV cache: {:.2f} GiB free after the weights", free_b / 1073741824.0);
   }
   kv_ = DeviceBuffer(static_cast<size_t>(num_blocks_) * per_block_all_layers);
-  free_blocks_.resize(num_blocks_);
-  // Hand out low block ids first (pop_back takes the last element).
-  std::iota(free_blocks_.rbegin(), free_blocks_.rend(), 0);
+  EngineLimits limits;
+  limits.max_context = c.max_context;
+  limits.max_step_tokens = max_tokens_;
+  limits.max_step_rows = options.max_batch;
+  limits.kv_cache_tokens = num_blocks_ * options.block_size;
+  limits.block_size = options.block_size;
+  init_engine(limits);
   // Last, so that no check above can throw after them (the destructor would not run).
   FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FDPP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&decode_in_host_), decode_in_.bytes()));
@@ -129,8 +147,9 @@ MemoryReport CudaEngine::memory() const {
   r.kv_cache = kv_.bytes();
   r.kv_tokens = num_blocks_ * options_.block_size;
   for (const DeviceBuffer* b : {&x_, &normed_, &qkv_, &attn_, &o_, &ffn_in_, &ffn_act_, &logits_, &ids_, &positions_,
-                                &slots_, &block_tables_, &sample_ids_, &history_, &history_lens_,
-                                &offsets_, &attn_ws_, &decode_in_, &fallback_rows_, &attn_counters_})
+                                &slots_, &block_tables_, &context_lens_, &head_index_, &sample_ids_, &history_,
+                                &history_lens_, &offsets_, &seeds_, &attn_ws_, &decode_in_, &fallback_rows_,
+                                &attn_counters_})
     r.activations += b->bytes();
   r.workspace = linear_->workspace_bytes() + sample_ws_.bytes();
   size_t free_b = 0, total_b = 0;
@@ -138,42 +157,17 @@ MemoryReport CudaEngine::memory() const {
   return r;
 }
 
-int CudaEngine::create_sequence() {
-  for (size_t i = 0; i < sequences_.size(); ++i)
-    if (!sequences_[i].live) {
-      sequences_[i] = Sequence{0, {}, true};
-      return static_cast<int>(i);
-    }
-  sequences_.push_back(Sequence{0, {}, true});
-  return static_cast<int>(sequences_.size() - 1);
-}
-
-void CudaEngine::release_sequence(int seq) {
-  check(seq >= 0 && seq < static_cast<int>(sequences_.size()) && sequences_[seq].live, "no sequence {}", seq);
-  Sequence& s = sequences_[seq];
-  free_blocks_.insert(free_blocks_.end(), s.blocks.rbegin(), s.blocks.rend());
-  s = Sequence{};
-}
-
-int CudaEngine::sequence_length(int seq) const { return sequences_.at(seq).length; }
-
-void CudaEngine::ensure_capacity(Sequence& s, int new_length) {
+void CudaEngine::ensure_capacity(int seq, int new_length) {
   check(new_length <= config().max_context, "sequence of {} tokens exceeds the model's context length {}", new_length,
         config().max_context);
-  const size_t needed = (static_cast<size_t>(new_length) + options_.block_size - 1) / options_.block_size;
-  if (needed <= s.blocks.size()) return;
-  const size_t more = needed - s.blocks.size();
-  if (more > free_blocks_.size()) {
-    const double per_token = 2.0 * config().n_layers * config().kv_dim() * kElem;
-    fail("KV cache full: {} more tokens need {} blocks ({:.1f} MiB), {} of {} blocks are free; the cache holds {} "
-         "tokens ({:.2f} GiB): shorten the request or raise --kv-cache-tokens",
-         new_length - s.length, more, more * options_.block_size * per_token / 1048576.0, free_blocks_.size(),
-         num_blocks_, num_blocks_ * options_.block_size, kv_.bytes() / 1073741824.0);
-  }
-  for (size_t i = 0; i < more; ++i) {
-    s.blocks.push_back(free_blocks_.back());
-    free_blocks_.pop_back();
-  }
+  if (reserve(seq, new_length)) return;
+  const int length = sequence_length(seq);
+  const int64_t more = kv().blocks_for(new_length) - kv().blocks_for(length);
+  const double per_token = 2.0 * config().n_layers * config().kv_dim() * kElem;
+  fail("KV cache full: {} more tokens need {} blocks ({:.1f} MiB), {} of {} blocks are free; the cache holds {} "
+       "tokens ({:.2f} GiB): shorten the request or raise --kv-cache-tokens",
+       new_length - length, more, more * options_.block_size * per_token / 1048576.0, kv().free_blocks(), num_blocks_,
+       num_blocks_ * options_.block_size, kv_.bytes() / 1073741824.0);
 }
 
 void CudaEngine::linear(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, bool fp32_out) {
@@ -194,7 +188,7 @@ void* CudaEngine::layer_v(int layer) const {
   return static_cast<char*>(layer_k(layer)) + static_cast<size_t>(num_blocks_) * block_bytes_;
 }
 
-void CudaEngine::forward(const StepInputs& in, int n, int decode_batch, int prefill_start, int logit_rows,
+void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span<const Chunk> chunks, int logit_rows,
                          int attention_splits) {
   const ModelConfig& c = config();
   const DeviceModel& m = *model_;
@@ -220,22 +214,25 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_batch, int pref
       kv_cache_write(qkv_.get(), in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, layer_k(layer),
                      layer_v(layer), dt, st);
     }
-    if (decode_batch > 0) {
+    if (decode_rows > 0) {
       if (options_.attention == AttentionMode::Async) {
         decode_attention_async(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
-                               in.context_lens, decode_batch, c.n_heads, c.n_kv_heads, c.head_dim,
+                               in.context_lens, decode_rows, c.n_heads, c.n_kv_heads, c.head_dim,
                                options_.block_size, scale, unified_max_[layer], attn_.get(), dt, attention_splits,
                                attn_ws_.get(), attn_ws_.bytes(), attn_counters_.as<int>(), attn_counter_ints_,
                                fallback_rows_.as<unsigned long long>(), st);
       } else {
         decode_attention_split(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
-                               in.context_lens, decode_batch, c.n_heads, c.n_kv_heads, c.head_dim,
+                               in.context_lens, decode_rows, c.n_heads, c.n_kv_heads, c.head_dim,
                                options_.block_size, scale, attn_.get(), dt, attention_splits, attn_ws_.get(),
                                attn_ws_.bytes(), st);
       }
-    } else {
-      prefill_attention(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, prefill_start, n,
-                        c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale, attn_.get(), dt, st);
+    }
+    for (const Chunk& ch : chunks) {
+      prefill_attention(at(qkv_, static_cast<size_t>(ch.q_offset) * QKV * kElem), layer_k(layer), layer_v(layer),
+                        in.chunk_tables + static_cast<size_t>(ch.table_row) * max_blocks_per_seq_, ch.start, ch.n,
+                        c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale,
+                        const_cast<char*>(at(attn_, static_cast<size_t>(ch.q_offset) * Q * kElem)), dt, st);
     }
     linear(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, false);
     residual_norm(x_.as<float>(), o_.get(), nullptr, L.ffn_norm.get(), L.ffn_norm_bias.get(), normed_.get(), n, H,
@@ -255,21 +252,29 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_batch, int pref
     }
     pending_delta = o_.get();
   }
-  // Only the rows whose logits are wanted: the last `logit_rows` tokens.
-  const size_t skip = static_cast<size_t>(n - logit_rows);
-  residual_norm(x_.as<float>() + skip * H, at(o_, skip * H * kElem), nullptr, m.final_norm.get(),
-                m.final_norm_bias.get(), normed_.get(), logit_rows, H, c.norm_eps, c.norm, false, dt, st);
-  linear(normed_.get(), m.output_matrix(), nullptr, logits_.get(), logit_rows, c.vocab_size, H, true);
+  if (in.head_index != nullptr) {
+    // A mixed step: the rows whose logits are wanted are scattered (a chunk's last token); the
+    // final norm runs over every token, then those rows are gathered into o_ (free by now).
+    residual_norm(x_.as<float>(), o_.get(), nullptr, m.final_norm.get(), m.final_norm_bias.get(), normed_.get(), n, H,
+                  c.norm_eps, c.norm, false, dt, st);
+    gather_rows(normed_.get(), in.head_index, logit_rows, H * static_cast<int>(kElem), o_.get(), st);
+    linear(o_.get(), m.output_matrix(), nullptr, logits_.get(), logit_rows, c.vocab_size, H, true);
+  } else {
+    // Only the rows whose logits are wanted: the last `logit_rows` tokens.
+    const size_t skip = static_cast<size_t>(n - logit_rows);
+    residual_norm(x_.as<float>() + skip * H, at(o_, skip * H * kElem), nullptr, m.final_norm.get(),
+                  m.final_norm_bias.get(), normed_.get(), logit_rows, H, c.norm_eps, c.norm, false, dt, st);
+    linear(normed_.get(), m.output_matrix(), nullptr, logits_.get(), logit_rows, c.vocab_size, H, true);
+  }
   last_logit_rows_ = logit_rows;
 }
 
 void CudaEngine::prefill(int seq, std::span<const int32_t> tokens, bool all_positions, float* host_logits) {
-  check(seq >= 0 && seq < static_cast<int>(sequences_.size()) && sequences_[seq].live, "no sequence {}", seq);
   check(!tokens.empty(), "prefill: no tokens");
-  Sequence& s = sequences_[seq];
   const int V = config().vocab_size;
   for (int32_t id : tokens) check(id >= 0 && id < V, "token id {} is out of range [0, {})", id, V);
-  ensure_capacity(s, s.length + static_cast<int>(tokens.size()));
+  ensure_capacity(seq, sequence_length(seq) + static_cast<int>(tokens.size()));
+  const Sequence& s = sequence(seq);
   // One chunk at most max_prefill_tokens long; all-positions chunks are bounded by the logits rows.
   const int logits_capacity = static_cast<int>(logits_.bytes() / (sizeof(float) * V));
   const int chunk = all_positions ? std::min(options_.max_prefill_tokens, logits_capacity) : options_.max_prefill_tokens;
@@ -278,7 +283,7 @@ void CudaEngine::prefill(int seq, std::span<const int32_t> tokens, bool all_posi
   std::copy(s.blocks.begin(), s.blocks.end(), table.begin());
   FDPP_CUDA_CHECK(cudaMemcpyAsync(block_tables_.get(), table.data(), table.size() * sizeof(int32_t),
                                   cudaMemcpyHostToDevice, stream_));
-  const StepInputs prefill_in{ids_.as<int32_t>(), positions_.as<int32_t>(), slots_.as<int32_t>(),
+  const StepInputs prefill_in{ids_.as<int32_t>(), positions_.as<int32_t>(), slots_.as<int32_t>(), nullptr, nullptr,
                               block_tables_.as<int32_t>(), nullptr};
   size_t done = 0;
   while (done < tokens.size()) {
@@ -293,16 +298,17 @@ void CudaEngine::prefill(int seq, std::span<const int32_t> tokens, bool all_posi
     upload(slots_, slots, stream_);
     const bool last_chunk = done + n == tokens.size();
     const int rows = all_positions ? n : 1;
+    const Chunk chunk{0, n, s.length, 0};
     if (all_positions || last_chunk) {
-      forward(prefill_in, n, 0, s.length, rows);
+      forward(prefill_in, n, 0, std::span<const Chunk>(&chunk, 1), rows);
       float* dst = host_logits == nullptr ? nullptr : host_logits + (all_positions ? done * static_cast<size_t>(V) : 0);
       if (dst != nullptr)
         FDPP_CUDA_CHECK(cudaMemcpyAsync(dst, logits_.get(), static_cast<size_t>(rows) * V * sizeof(float),
                                         cudaMemcpyDeviceToHost, stream_));
     } else {
-      forward(prefill_in, n, 0, s.length, 1);  // logits of a middle chunk are not needed; the last row is cheap
+      forward(prefill_in, n, 0, std::span<const Chunk>(&chunk, 1), 1);  // middle chunk: the last row is cheap
     }
-    s.length += n;
+    advance_sequence(seq, n);
     done += n;
     FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));  // host vectors above must outlive their copies
   }
@@ -313,6 +319,24 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
   check(b > 0 && b <= options_.max_batch, "decode batch {} out of range [1, {}]", b, options_.max_batch);
   check(tokens.size() == seqs.size(), "decode: {} sequences but {} tokens", seqs.size(), tokens.size());
   const int V = config().vocab_size;
+  for (int i = 0; i < b; ++i) {
+    for (int j = 0; j < i; ++j) check(seqs[j] != seqs[i], "decode: sequence {} appears twice in one step", seqs[i]);
+    check(tokens[i] >= 0 && tokens[i] < V, "token id {} is out of range [0, {})", tokens[i], V);
+    ensure_capacity(seqs[i], sequence_length(seqs[i]) + 1);
+  }
+  launch_decode(seqs, tokens);
+  for (int i = 0; i < b; ++i) advance_sequence(seqs[i], 1);
+  // Without host logits the step stays in flight: sample() queues behind it on the same stream
+  // and synchronizes once for both (one host round trip per token instead of two).
+  if (host_logits != nullptr) {
+    FDPP_CUDA_CHECK(cudaMemcpyAsync(host_logits, logits_.get(), static_cast<size_t>(b) * V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+}
+
+void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens) {
+  const int b = static_cast<int>(seqs.size());
   const int mb = options_.max_batch;
   // The pinned inputs are rewritten below: the previous step's copy out of them must be done.
   FDPP_CUDA_CHECK(cudaEventSynchronize(inputs_copied_));
@@ -323,12 +347,7 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
   int32_t* tables = lens + mb;
   int max_len = 0;
   for (int i = 0; i < b; ++i) {
-    const int sid = seqs[i];
-    check(sid >= 0 && sid < static_cast<int>(sequences_.size()) && sequences_[sid].live, "no sequence {}", sid);
-    for (int j = 0; j < i; ++j) check(seqs[j] != sid, "decode: sequence {} appears twice in one step", sid);
-    check(tokens[i] >= 0 && tokens[i] < V, "token id {} is out of range [0, {})", tokens[i], V);
-    Sequence& s = sequences_[sid];
-    ensure_capacity(s, s.length + 1);
+    const Sequence& s = sequence(seqs[i]);
     ids[i] = tokens[i];
     pos[i] = s.length;
     slots[i] = s.blocks[pos[i] / options_.block_size] * options_.block_size + pos[i] % options_.block_size;
@@ -340,22 +359,22 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
   FDPP_CUDA_CHECK(cudaMemcpyAsync(decode_in_.get(), decode_in_host_, bytes, cudaMemcpyHostToDevice, stream_));
   FDPP_CUDA_CHECK(cudaEventRecord(inputs_copied_, stream_));
   const int32_t* d = decode_in_.as<int32_t>();
-  const StepInputs in{d, d + mb, d + 2 * mb, d + 4 * mb, d + 3 * mb};
+  const StepInputs in{d, d + mb, d + 2 * mb, d + 4 * mb, d + 3 * mb, nullptr, nullptr};
 
   const int splits = plan_decode_splits(b, config().n_heads, config().n_kv_heads, max_len, multiprocessors_);
   auto graph = graphs_.find({b, splits});
   if (!options_.cuda_graphs) {
-    forward(in, b, b, 0, b, splits);
+    forward(in, b, b, {}, b, splits);
   } else if (graph != graphs_.end()) {
     FDPP_CUDA_CHECK(cudaGraphLaunch(graph->second, stream_));
     last_logit_rows_ = b;
   } else {
-    forward(in, b, b, 0, b, splits);
+    forward(in, b, b, {}, b, splits);
     FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     cudaGraph_t g = nullptr;
     FDPP_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
-      forward(in, b, b, 0, b, splits);
+      forward(in, b, b, {}, b, splits);
     } catch (...) {
       cudaStreamEndCapture(stream_, &g);
       if (g != nullptr) cudaGraphDestroy(g);
@@ -367,13 +386,150 @@ void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> toke
     cudaGraphDestroy(g);
     graphs_[{b, splits}] = exec;  // captured, not run: the eager run above already computed this step
   }
-  for (int i = 0; i < b; ++i) sequences_[seqs[i]].length += 1;
   attention_rows_ += static_cast<uint64_t>(b) * config().n_heads * config().n_layers;
-  // Without host logits the step stays in flight: sample() queues behind it on the same stream
-  // and synchronizes once for both (one host round trip per token instead of two).
-  if (host_logits != nullptr) {
-    FDPP_CUDA_CHECK(cudaMemcpyAsync(host_logits, logits_.get(), static_cast<size_t>(b) * V * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream_));
+}
+
+void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) {
+  const ModelConfig& c = config();
+  const int V = c.vocab_size;
+  const int n_rows = static_cast<int>(rows.size());
+  // Device order: the one-token rows first (decode attention), then the chunks (prefill attention).
+  std::vector<int> order;
+  for (int i = 0; i < n_rows; ++i)
+    if (rows[i].row->tokens.size() == 1) order.push_back(i);
+  const int decode_rows = static_cast<int>(order.size());
+  for (int i = 0; i < n_rows; ++i)
+    if (rows[i].row->tokens.size() != 1) order.push_back(i);
+  // Head rows (logits computed) per row, in device order.
+  std::vector<int> head_first(n_rows, -1);
+  int head_rows = 0;
+  for (int i : order) {
+    const StepRow& r = *rows[i].row;
+    if (r.all_logits || r.logits || r.sample || decode_rows == n_rows) {
+      head_first[i] = head_rows;
+      head_rows += r.all_logits ? static_cast<int>(r.tokens.size()) : 1;
+    }
+  }
+  check(head_rows <= logit_capacity_, "step: {} rows of logits exceed the engine's {} (split all-logits rows)",
+        head_rows, logit_capacity_);
+
+  if (decode_rows == n_rows) {
+    // Decode-only: the graph-replayed decode step; every row has its logits row, in order.
+    std::vector<int> seqs(n_rows);
+    std::vector<int32_t> tokens(n_rows);
+    for (int i = 0; i < n_rows; ++i) {
+      seqs[i] = rows[i].row->seq;
+      tokens[i] = rows[i].row->tokens[0];
+      head_first[i] = i;
+    }
+    launch_decode(seqs, tokens);
+  } else {
+    const int T = static_cast<int>(total_tokens);
+    const int bs = options_.block_size;
+    std::vector<int32_t> ids(T), pos(T), slots(T), lens(decode_rows), head(head_rows);
+    std::vector<int32_t> tables(static_cast<size_t>(n_rows) * max_blocks_per_seq_, 0);
+    std::vector<Chunk> chunks;
+    int t = 0, max_len = 0;
+    for (int k = 0; k < n_rows; ++k) {
+      const RowPlan& rp = rows[order[k]];
+      const StepRow& r = *rp.row;
+      const int n = static_cast<int>(r.tokens.size());
+      for (int j = 0; j < n; ++j) {
+        ids[t + j] = r.tokens[j];
+        pos[t + j] = rp.start + j;
+        slots[t + j] = rp.sequence->blocks[pos[t + j] / bs] * bs + pos[t + j] % bs;
+      }
+      std::copy(rp.sequence->blocks.begin(), rp.sequence->blocks.end(),
+                tables.begin() + static_cast<size_t>(k) * max_blocks_per_seq_);
+      if (k < decode_rows) {
+        lens[k] = rp.start + 1;
+        max_len = std::max(max_len, lens[k]);
+      } else {
+        chunks.push_back(Chunk{t, n, rp.start, k - decode_rows});
+      }
+      if (head_first[order[k]] >= 0) {
+        const int h = head_first[order[k]];
+        if (r.all_logits) {
+          for (int j = 0; j < n; ++j) head[h + j] = t + j;
+        } else {
+          head[h] = t + n - 1;
+        }
+      }
+      t += n;
+    }
+    upload(ids_, ids, stream_);
+    upload(positions_, pos, stream_);
+    upload(slots_, slots, stream_);
+    upload(block_tables_, tables, stream_);
+    if (decode_rows > 0) upload(context_lens_, lens, stream_);
+    if (head_rows > 0) upload(head_index_, head, stream_);
+    const int32_t* tab = block_tables_.as<int32_t>();
+    const StepInputs in{ids_.as<int32_t>(), positions_.as<int32_t>(), slots_.as<int32_t>(), tab,
+                        context_lens_.as<int32_t>(),
+                        tab + static_cast<size_t>(decode_rows) * max_blocks_per_seq_, head_index_.as<int32_t>()};
+    const int splits =
+        decode_rows > 0 ? plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, max_len, multiprocessors_) : 1;
+    if (head_rows > 0) {
+      forward(in, T, decode_rows, chunks, head_rows, splits);
+    } else {
+      // No row wants logits (middle chunks only): the head runs on one row, never read.
+      std::vector<int32_t> one{T - 1};
+      upload(head_index_, one, stream_);
+      forward(in, T, decode_rows, chunks, 1, splits);
+    }
+    last_logit_rows_ = std::max(head_rows, 1);
+    attention_rows_ += static_cast<uint64_t>(decode_rows) * c.n_heads * c.n_layers;
+  }
+
+  // Logits to the host before sampling (the penalty edits them in place on the device).
+  for (int i = 0; i < n_rows; ++i) {
+    const StepRow& r = *rows[i].row;
+    if (rows[i].logits_index < 0) continue;
+    const size_t n = r.all_logits ? r.tokens.size() : 1;
+    FDPP_CUDA_CHECK(cudaMemcpyAsync(out.logits.data() + static_cast<size_t>(rows[i].logits_index) * V,
+                                    logits_.as<float>() + static_cast<size_t>(head_first[i]) * V,
+                                    n * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  }
+  // Sampling: each row with its own parameters and stream key (seed, sample_index). Rows with the
+  // same filters and adjacent head rows share one launch.
+  std::vector<int> sampled;
+  for (int i : order)
+    if (rows[i].row->sample) sampled.push_back(i);
+  if (!sampled.empty()) {
+    std::vector<uint64_t> seeds(head_rows > 0 ? head_rows : n_rows, 0), offsets(seeds.size(), 0);
+    for (int i : sampled) {
+      const StepRow& r = *rows[i].row;
+      const int h = head_first[i] + (r.all_logits ? static_cast<int>(r.tokens.size()) - 1 : 0);
+      seeds[h] = r.sampling.seed;
+      offsets[h] = r.sample_index;
+    }
+    upload(seeds_, seeds, stream_);
+    upload(offsets_, offsets, stream_);
+    auto same_filters = [](const SamplingParams& a, const SamplingParams& b) {
+      return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
+             a.repeat_penalty == b.repeat_penalty && a.repeat_last_n == b.repeat_last_n;
+    };
+    auto head_of = [&](int i) {
+      const StepRow& r = *rows[i].row;
+      return head_first[i] + (r.all_logits ? static_cast<int>(r.tokens.size()) - 1 : 0);
+    };
+    size_t k = 0;
+    while (k < sampled.size()) {
+      size_t e = k + 1;
+      while (e < sampled.size() && head_of(sampled[e]) == head_of(sampled[e - 1]) + 1 &&
+             same_filters(rows[sampled[e]].row->sampling, rows[sampled[k]].row->sampling))
+        ++e;
+      std::vector<std::span<const int32_t>> hist;
+      for (size_t j = k; j < e; ++j) hist.push_back(rows[sampled[j]].row->history);
+      sample_rows(head_of(sampled[k]), static_cast<int>(e - k), rows[sampled[k]].row->sampling, hist);
+      k = e;
+    }
+    std::vector<int32_t> ids(seeds.size());
+    FDPP_CUDA_CHECK(cudaMemcpyAsync(ids.data(), sample_ids_.get(), ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                    stream_));
+    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int i : sampled) out.tokens[i] = ids[head_of(i)];
+  } else {
     FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 }
@@ -382,6 +538,24 @@ std::vector<int32_t> CudaEngine::sample(int rows, const SamplingParams& p, std::
                                         uint64_t step) {
   check(rows >= 1 && rows <= last_logit_rows_, "sample: {} rows requested, the last step produced {}", rows,
         last_logit_rows_);
+  // The rows of the last step's logits: for a prefill with all positions, the last row.
+  const int first = last_logit_rows_ - rows;
+  if (p.temperature > 0) {  // greedy draws no random numbers: nothing to upload
+    std::vector<uint64_t> seeds(last_logit_rows_, 0), offsets(last_logit_rows_, step);
+    for (int r = 0; r < rows; ++r) seeds[first + r] = p.seed + static_cast<uint64_t>(r);
+    upload(seeds_, seeds, stream_);
+    upload(offsets_, offsets, stream_);
+  }
+  sample_rows(first, rows, p, history);
+  std::vector<int32_t> out(rows);
+  FDPP_CUDA_CHECK(cudaMemcpyAsync(out.data(), sample_ids_.as<int32_t>() + first, rows * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, stream_));
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return out;
+}
+
+void CudaEngine::sample_rows(int first, int rows, const SamplingParams& p,
+                             std::span<const std::span<const int32_t>> history) {
   const int V = config().vocab_size;
   const bool penalty = p.repeat_penalty != 1.0f;
   // Repetition penalty: each row's window of recent tokens, packed [rows, stride].
@@ -401,30 +575,18 @@ std::vector<int32_t> CudaEngine::sample(int rows, const SamplingParams& p, std::
       std::copy(history[r].end() - lens[r], history[r].end(), packed.begin() + static_cast<size_t>(r) * stride);
     if (history_.bytes() < packed.size() * sizeof(int32_t)) history_ = DeviceBuffer(packed.size() * sizeof(int32_t));
     upload(history_, packed, stream_);
+    upload(history_lens_, lens, stream_);
   }
-  const bool greedy = p.temperature <= 0;
-  if (penalty) upload(history_lens_, lens, stream_);
-  if (!greedy) {  // greedy draws no random numbers: nothing to upload
-    std::vector<uint64_t> offsets(rows);
-    for (int r = 0; r < rows; ++r) offsets[r] = (step << 16) + static_cast<uint64_t>(r);
-    upload(offsets_, offsets, stream_);
-  }
-  // The logits of the last step's rows: for a prefill with all positions, the last row.
-  float* logits = logits_.as<float>() + static_cast<size_t>(last_logit_rows_ - rows) * V;
+  float* logits = logits_.as<float>() + static_cast<size_t>(first) * V;
   const DeviceSamplingParams dp{p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.seed};
   cuda::sample(logits, rows, V, penalty ? history_.as<int32_t>() : nullptr, penalty ? history_lens_.as<int32_t>() : nullptr,
-               penalty ? history_stride_ : 0, dp, offsets_.as<uint64_t>(), sample_ids_.as<int32_t>(), sample_ws_.get(),
-               sample_ws_.bytes(), stream_);
-  std::vector<int32_t> out(rows);
-  FDPP_CUDA_CHECK(cudaMemcpyAsync(out.data(), sample_ids_.get(), rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return out;
+               penalty ? history_stride_ : 0, dp, offsets_.as<uint64_t>() + first, sample_ids_.as<int32_t>() + first,
+               sample_ws_.get(), sample_ws_.bytes(), stream_, seeds_.as<uint64_t>() + first);
 }
 
 void CudaEngine::reserve_for_benchmark(int seq, int length) {
-  Sequence& s = sequences_.at(seq);
-  ensure_capacity(s, length);
-  s.length = length;
+  ensure_capacity(seq, length);
+  advance_sequence(seq, length - sequence_length(seq));
 }
 
 void CudaEngine::randomize_kv_cache(uint64_t seed) {

@@ -1,6 +1,7 @@
-// The decoder on the GPU: batched decode over a paged KV cache, chunked prefill, device-side
-// sampling, and CUDA-graph replay of the decode step. One engine owns a DeviceModel, the KV cache
-// and every activation buffer; sequences are handles into it.
+// The decoder on the GPU: the batched step of engine/engine.h (any mix of prefill chunks and decode
+// rows in one forward pass) over a paged KV cache, device-side sampling with per-row parameters,
+// and CUDA-graph replay of decode-only steps. One engine owns a DeviceModel, the KV cache and every
+// activation buffer; sequences are handles into it (the block accounting is Engine's).
 //
 // Per layer (pre-norm models) the step is:
 //   residual_norm (adds the previous MLP output into the fp32 stream) -> QKV GEMM (+bias)
@@ -23,6 +24,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/linear_dispatch.h"
+#include "engine/engine.h"
 #include "fdpp/sampling.h"
 
 namespace fdpp::cuda {
@@ -56,22 +58,20 @@ struct MemoryReport {
   int64_t kv_tokens = 0;
 };
 
-class CudaEngine {
+class CudaEngine final : public Engine {
  public:
   CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOptions& options);
-  ~CudaEngine();
+  ~CudaEngine() override;
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
 
-  const ModelConfig& config() const { return model_->config(); }
+  const ModelConfig& config() const override { return model_->config(); }
   const EngineOptions& options() const { return options_; }
   MemoryReport memory() const;
   cudaStream_t stream() const { return stream_; }
 
-  // Sequences. A new sequence holds no tokens; release returns its KV blocks.
-  int create_sequence();
-  void release_sequence(int seq);
-  int sequence_length(int seq) const;
+  // Sequences: Engine's create_sequence / release_sequence / sequence_length / reserve; step() runs
+  // a mixed batch. The calls below are the single-purpose paths the runner and benchmarks use.
 
   // Appends tokens to a sequence and computes their logits (fp32, device), in chunks. When
   // host_logits is given it receives [n, vocab] (all_positions) or [1, vocab].
@@ -82,6 +82,7 @@ class CudaEngine {
   void decode(std::span<const int> seqs, std::span<const int32_t> tokens, float* host_logits);
   // Samples one token per row of the last prefill (its last row) / decode logits, on the device.
   // history: the tokens the repetition penalty sees, per row (only read when it is on).
+  // Row r draws with seed params.seed + r at index `step` (row 0 matches a step() row with that seed).
   std::vector<int32_t> sample(int rows, const SamplingParams& params, std::span<const std::span<const int32_t>> history,
                               uint64_t step);
 
@@ -100,19 +101,29 @@ class CudaEngine {
   void randomize_kv_cache(uint64_t seed);
 
  private:
-  struct Sequence {
-    int length = 0;
-    std::vector<int32_t> blocks;
-    bool live = false;
-  };
-  void ensure_capacity(Sequence& s, int new_length);
-  // Runs the layers over n tokens whose ids/positions/slots are already in the device buffers.
-  // decode_batch > 0: decode attention over decode_batch sequences; else prefill of one sequence
-  // (block table in row 0) whose new tokens start at prefill_start.
+  void ensure_capacity(int seq, int new_length);
+  void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) override;
+  // Uploads a decode step's inputs (rows' sequences already hold room for position length) and
+  // runs it: replays the captured graph for (batch, splits) or captures one. Lengths unchanged.
+  void launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens);
+  // Samples head rows [first, first + count) of the last step's logits with one parameter set;
+  // seeds_ and offsets_ rows [first, first + count) are already uploaded.
+  void sample_rows(int first, int count, const SamplingParams& params,
+                   std::span<const std::span<const int32_t>> history);
+
   struct StepInputs {  // device arrays a forward pass reads
-    const int32_t *ids, *positions, *slots, *block_tables, *context_lens;
+    const int32_t *ids, *positions, *slots;
+    const int32_t *block_tables, *context_lens;  // decode rows: [decode_rows][max_blocks_per_seq], [decode_rows]
+    const int32_t* chunk_tables;                 // prefill chunks: [chunks][max_blocks_per_seq]
+    const int32_t* head_index;                   // rows whose logits are computed (null: the last logit_rows)
   };
-  void forward(const StepInputs& in, int n_tokens, int decode_batch, int prefill_start, int logit_rows,
+  struct Chunk {  // a prefill chunk of a step: tokens [q_offset, q_offset + n) at positions start..
+    int q_offset, n, start, table_row;
+  };
+  // Runs the layers over n tokens whose ids/positions/slots are already in the device buffers: the
+  // first decode_rows tokens are decode rows (decode attention), then the chunks (prefill
+  // attention). Logits for logit_rows rows: in.head_index's tokens, or the last logit_rows.
+  void forward(const StepInputs& in, int n_tokens, int decode_rows, std::span<const Chunk> chunks, int logit_rows,
                int attention_splits = 1);
   // A linear layer through the dispatcher (GEMV / flat GEMM / cuBLASLt by the tuned table).
   void linear(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, bool fp32_out);
@@ -128,13 +139,13 @@ class CudaEngine {
   int64_t num_blocks_ = 0;
   size_t block_bytes_ = 0;  // one layer's k (or v) block
   DeviceBuffer kv_;         // [layers][2][num_blocks][block_size][kv_dim]
-  std::vector<int32_t> free_blocks_;
-  std::vector<Sequence> sequences_;
+  int logit_capacity_ = 0;  // rows of logits_
 
   // Activations and step inputs (fixed addresses, so graphs can replay them).
   DeviceBuffer x_, normed_, qkv_, attn_, o_, ffn_in_, ffn_act_, logits_;
-  DeviceBuffer ids_, positions_, slots_, block_tables_;  // prefill inputs
-  DeviceBuffer sample_ws_, sample_ids_, history_, history_lens_, offsets_;
+  DeviceBuffer ids_, positions_, slots_, block_tables_;  // prefill and mixed-step inputs
+  DeviceBuffer context_lens_, head_index_;                // mixed steps: decode rows' lengths, logit rows
+  DeviceBuffer sample_ws_, sample_ids_, history_, history_lens_, offsets_, seeds_;
   int history_stride_ = 0;
   int last_logit_rows_ = 0;
   // Decode-step inputs travel in one copy from pinned memory: ids, positions, slots, context

@@ -87,7 +87,24 @@ __global__ void relu_kernel(T* __restrict__ x, int64_t total) {
   }
 }
 
+// One CTA per output row, 16 bytes per thread and step.
+__global__ void gather_rows_kernel(const int4* __restrict__ src, const int32_t* __restrict__ index, int row_vecs,
+                                   int4* __restrict__ dst) {
+  const int64_t from = static_cast<int64_t>(index[blockIdx.x]) * row_vecs;
+  const int64_t to = static_cast<int64_t>(blockIdx.x) * row_vecs;
+  for (int i = threadIdx.x; i < row_vecs; i += blockDim.x) dst[to + i] = src[from + i];
+}
+
 }  // namespace
+
+void gather_rows(const void* src, const int32_t* index, int rows, int row_bytes, void* dst, cudaStream_t stream) {
+  check(src != nullptr && index != nullptr && dst != nullptr, "gather_rows: null pointer");
+  check(rows > 0 && row_bytes > 0 && row_bytes % 16 == 0 && aligned16(src) && aligned16(dst),
+        "gather_rows: {} rows of {} bytes (16-byte multiples, aligned)", rows, row_bytes);
+  gather_rows_kernel<<<rows, 256, 0, stream>>>(static_cast<const int4*>(src), index, row_bytes / 16,
+                                               static_cast<int4*>(dst));
+  check_launch("gather_rows");
+}
 
 void add_bias(void* x, const void* bias, int rows, int n, DType dtype, cudaStream_t stream) {
   check(x != nullptr && bias != nullptr, "add_bias: null pointer (x {}, bias {})", x, bias);

@@ -52,6 +52,9 @@ void add_bias(void* x, const void* bias, int rows, int n, DType dtype, cudaStrea
 void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cudaStream_t stream);
 // x = max(x, 0) in place, rows x n.
 void relu(void* x, int rows, int n, DType dtype, cudaStream_t stream);
+// dst[r, :] = src[index[r], :] for r < rows; rows of row_bytes bytes (a multiple of 16, both
+// buffers 16-byte aligned); index on the device.
+void gather_rows(const void* src, const int32_t* index, int rows, int row_bytes, void* dst, cudaStream_t stream);
 
 // ---- linear layers on CUDA cores --------------------------------------------------------------
 // y[M, N] = x[M, K] . w[N, K]^T (+ bias[N]) for M <= kGemvMaxM: the weights streamed once with
@@ -133,12 +136,45 @@ int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads);
 // The split count for a decode step (host-side plan; see the worked example in the .cu).
 int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors);
 
-// Prefill: n_tokens query tokens of ONE sequence at positions start_pos .. start_pos + n_tokens - 1,
-// causal over cache positions 0 .. own position (the cache already holds them). q from qkv as above;
-// out: [n_tokens, H * D]. head_dim 64 or 128; qkv and the caches 16-byte aligned.
+// Prefill attention on tensor cores (prefill_attention.cu; tile plan in prefill_plan.h), causal
+// over the paged KV cache (layout as decode_attention), GQA/MQA (any n_heads / n_kv_heads),
+// head_dim 64 or 128, block_size a power of two; qkv, out and the caches 16-byte aligned.
+//
+// Variable-length batch of chunks (the mixed step's prefill part): chunk c owns the query rows
+// q_begin[c] .. q_begin[c + 1] - 1 of qkv [tokens, (H + 2 KVH) * D] (after rope), at positions
+// starts[c] .. starts[c] + n_c - 1 of its sequence (n_c = q_begin[c + 1] - q_begin[c]); each row
+// attends to cache positions 0 .. its own position through block_tables[c * max_blocks_per_seq + i]
+// (the cache already holds the chunk's keys). out: rows as q, [tokens, H * D]; rows of qkv outside
+// every chunk are not written. q_begin [chunks + 1], starts [chunks]: device arrays; the grid is
+// sized from the host bounds only (chunks, max_chunk_tokens), so a graph can capture the launch:
+// the caller guarantees 0 <= n_c <= max_chunk_tokens and q_begin[chunks] <= total_q_tokens (an
+// empty chunk is skipped).
+//
+// unified_max == nullptr: the synchronized online softmax (FlashAttention-2). Otherwise the
+// asynchronized softmax of FlashDecoding++: every row accumulates sum e^(x - phi) v and
+// sum e^(x - phi) with no running max and no rescaling; a row whose max logit x_max has
+// x_max - phi outside prefill_attention_effective_range(*unified_max, dtype) (or NaN logits) makes
+// its 64-row tile recompute all its rows with the synchronized softmax, so the result always
+// equals the stable softmax to 16-bit rounding; *fallback_rows (device, nullable) is incremented by
+// the number of rows outside the range.
+void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+                              int max_blocks_per_seq, const int32_t* q_begin, const int32_t* starts, int chunks,
+                              int total_q_tokens, int max_chunk_tokens, int n_heads, int n_kv_heads, int head_dim,
+                              int block_size, float scale, const UnifiedMaxRange* unified_max,
+                              unsigned long long* fallback_rows, void* out, DType dtype, cudaStream_t stream);
+
+// The range of (row max logit - phi) the prefill kernel honours: [a, b] intersected with what
+// 16-bit P = e^(x - phi) carries into the tensor cores: bf16 keeps [a, b]; fp16 caps it to
+// [-3 ln 2, 11] (overflow at 65504 = e^11.09; resolution within 8x of the synchronized path's;
+// prefill_plan.h has the derivation). Rows outside it fall back.
+UnifiedMaxRange prefill_attention_effective_range(const UnifiedMaxRange& range, DType dtype);
+
+// One chunk, host-side start and length: n_tokens query tokens at positions start_pos ..
+// start_pos + n_tokens - 1, rows 0 .. n_tokens - 1 of qkv and out, block table `block_table`.
 void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_table,
                        int start_pos, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size,
-                       float scale, void* out, DType dtype, cudaStream_t stream);
+                       float scale, void* out, DType dtype, cudaStream_t stream,
+                       const UnifiedMaxRange* unified_max = nullptr, unsigned long long* fallback_rows = nullptr);
 
 // ---- sampling --------------------------------------------------------------------------------
 // Per row of logits [rows, vocab] (fp32, modified in place): repetition penalty over that row's
@@ -149,7 +185,8 @@ void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache
 // workspace: from sampling_workspace_bytes(rows, vocab) = 16 bytes per logit + CUB's sort storage
 // (the full-sort path: top_k <= 0 or > 1024); the penalty uses 4 bytes per logit of it; greedy and
 // 1 <= top_k <= 1024 without a penalty use none (workspace may then be null). offsets are required
-// when temperature > 0. NaN logits count as -inf.
+// when temperature > 0. seeds (device, nullable): row r draws with key seeds[r] instead of
+// params.seed (requests sharing a step each keep their own stream). NaN logits count as -inf.
 struct DeviceSamplingParams {
   float temperature;
   int top_k;
@@ -161,6 +198,6 @@ struct DeviceSamplingParams {
 size_t sampling_workspace_bytes(int rows, int vocab);
 void sample(float* logits, int rows, int vocab, const int32_t* history, const int32_t* history_lens,
             int history_stride, const DeviceSamplingParams& params, const uint64_t* offsets, int32_t* out_ids,
-            void* workspace, size_t workspace_bytes, cudaStream_t stream);
+            void* workspace, size_t workspace_bytes, cudaStream_t stream, const uint64_t* seeds = nullptr);
 
 }  // namespace fdpp::cuda

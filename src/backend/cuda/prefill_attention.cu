@@ -1,22 +1,36 @@
-// Causal prefill attention of one sequence over the paged KV cache (flash-attention style on CUDA
-// cores, fp32 throughout; a tensor-core version can replace it without changing the contract).
+// Causal prefill attention over the paged KV cache on tensor cores (FlashAttention-2 style,
+// mma.sync m16n8k16 with ldmatrix), for a variable-length batch of chunks, with the
+// asynchronized softmax of FlashDecoding++ (unified max phi, no running max, no rescale) or the
+// synchronized online softmax (its ablation twin and its exact fallback).
 //
-// One CTA of 256 threads per (64-query tile, query head); query tiles are scheduled longest first
-// (the last tile of a causal sequence sees the most keys). The CTA walks 64-key tiles from key 0 to
-// its last query's position:
-//   * Q tile (fp32, pre-scaled by scale * log2(e)) and K tile (fp32) in shared memory, rows padded to
-//     D + 4 floats so the column-interleaved reads below are bank-conflict free; V tile kept 16-bit.
-//   * Thread (ty, tx) of a 16 x 16 grid computes S for rows ty + 16i and keys tx + 16j (4 x 4),
-//     masks keys beyond each row's position with -inf, and updates the row's online softmax (max m,
-//     sum l, both replicated over the 16 threads of a row; the row max is a 4-step shuffle).
-//   * P goes through shared memory; each thread accumulates O for its 4 rows and D/16 columns
-//     (tx*4 .. tx*4+3, and +64 for D = 128).
-// Key 0 is visible to every row, so after the first tile every row's max is finite: no inf - inf.
-// Rows past n_tokens (a partial last tile) are computed but never written.
-// Shared memory: D = 128: 102 KB (two CTAs per SM); D = 64: 56 KB.
+// CTA = (query head, 64-row query tile of one chunk); 4 warps, 16 query rows each (prefill_plan.h
+// has the tile plan and the worked numbers). Per CTA:
+//   * Q tile -> shared (cp.async) -> A fragments in registers once (ldmatrix), kept for the whole
+//     walk (and the fallback's second walk).
+//   * Key tiles 0 .. n_key_tiles - 1 through two shared buffers: tile kt + 1 is in flight
+//     (cp.async, one 16-byte copy per 8 elements, block table looked up once per key row) while
+//     tile kt is computed. Keys past the tile's last visible key are zero-filled: their P is 0, and
+//     0 * V must not meet NaN garbage.
+//   * S = Q K^T (fp32 accumulators, 16 x 64 per warp), times scale * log2(e); the causal mask only
+//     in tiles that reach past the tile's first query position.
+//   * sync: running max m per row (quad shuffle), P = 2^(S - m), O and l rescaled by 2^(m_old - m).
+//     async: P = 2^(S - phi), l += P, O += P V; each thread only tracks the max of its own S
+//     elements for the guard (no shuffle, no rescale).
+//   * O += P V with P converted to the 16-bit type in registers (the S accumulator layout is the A
+//     fragment layout of the next mma), V through ldmatrix.trans.
+//   * async guard at the end: a row whose max logit x_max has x_max - phi outside the effective
+//     range (prefill_plan.h: effective_range) or a NaN sum fails; if any row of the CTA fails,
+//     the CTA adds the number of failing rows to *fallback_rows and walks all its keys again with
+//     the synchronized softmax (every row of the tile is rewritten by that exact walk).
+//   * O / l staged through the (by then unused) Q buffer and stored with 16-byte writes.
+// Shared memory rows (D 16-bit elements = 8 or 16 chunks of 16 bytes) are XOR-swizzled: chunk c of
+// row r lives at chunk c ^ (r & 7), so the 8 rows an ldmatrix reads at one logical chunk hit 8
+// different 4-bank groups (rows are 128 or 256 bytes: without the swizzle all 8 share one group).
+#include <cfloat>
 #include <cmath>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/prefill_plan.h"
 
 namespace fdpp::cuda {
 
@@ -24,245 +38,499 @@ namespace {
 
 using detail::aligned16;
 using detail::check_launch;
+using detail::cp_async16;
+using detail::cp_async_commit;
+using detail::cp_async_wait_all;
 using detail::cuda_check;
-using detail::from_float;
-using detail::load8;
-using detail::to_float;
-
-constexpr int kBQ = 64;   // queries per tile
-constexpr int kBK = 64;   // keys per tile
-constexpr int kThreads = 256;
-constexpr int kPS = kBK + 16;  // P row stride (floats): rows ty and ty+1 of a warp land 16 banks apart
+using prefill::kBK;
+using prefill::kBQ;
+using prefill::kThreads;
 
 struct PrefillArgs {
   const void* qkv;
   const void* k_cache;
   const void* v_cache;
-  const int32_t* block_table;
-  int start_pos, n_tokens, n_heads, n_kv_heads, group;
+  const int32_t* block_tables;  // [chunks][max_blocks_per_seq]
+  int max_blocks_per_seq;
+  const int32_t* q_begin;  // device [chunks + 1], or null: one chunk of single_n rows from row 0
+  const int32_t* starts;   // device [chunks], or null: single_start
+  int single_start, single_n;
+  int n_heads, n_kv_heads, group;
   int block_shift;
-  float scale_log2;
+  float scale_log2;  // scale * log2(e): S is kept in log2 units, P = 2^(...)
+  bool async;
+  float phi2, lo2, hi2;  // unified max and its effective range, log2 units
+  unsigned long long* fallback_rows;
   void* out;
 };
 
-template <int D>
-constexpr size_t prefill_smem_bytes() {
-  return sizeof(float) * (kBQ + kBK) * (D + 4)  // Q, K
-         + sizeof(float) * kBQ * kPS            // P
-         + sizeof(uint16_t) * kBK * D;          // V (16-bit)
+// ---- tensor-core primitives ----------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c += a (16x16, row) . b (16x8, col), fp32 accumulators.
+template <class T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> one register of two 16-bit values (lo in the low half), round to nearest.
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// 2^x, one MUFU instruction; subnormal results flush to 0 (unified_max.cpp's range assumes it).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Element offset of 16-byte chunk c of row r in a swizzled [rows][D] shared tile.
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * D + ((c ^ (r & 7)) << 3);
+}
+
+// ---- the CTA's walk over its key tiles -----------------------------------------------------------
+
+template <class T, int D>
+struct Cta {
+  static constexpr int CH = D / 8;  // 16-byte chunks per row
+  const T* k_cache;
+  const T* v_cache;
+  const int32_t* table;
+  int start, kvh, tid, warp, lane;
+  int block_shift, n_kv_heads;
+  float sl2, phi2;  // scale * log2(e); phi * log2(e)
+  prefill::TileWork w;
+  T* q_s;
+  T* k_s;  // [2][kBK][D]
+  T* v_s;  // [2][kBK][D]
+
+  // Keys kt * kBK .. + kBK - 1 into buffer `buf`: each thread copies chunks tid + i * kThreads,
+  // i.e. chunk column (tid % CH) of rows tid / CH + i * (kThreads / CH): one table lookup per row.
+  __device__ __forceinline__ void load_kv(int kt, int buf) const {
+    constexpr int kRowsPerPass = kThreads / CH;  // D = 128: 8 rows per pass, 8 passes
+    const int cc = tid % CH;
+    const int mask = (1 << block_shift) - 1;
+    const int64_t kv_row = int64_t(n_kv_heads) * D;
+#pragma unroll
+    for (int i = 0; i < kBK / kRowsPerPass; ++i) {
+      const int r = tid / CH + i * kRowsPerPass;
+      const int key = kt * kBK + r;
+      T* kd = k_s + buf * kBK * D + swz<D>(r, cc);
+      T* vd = v_s + buf * kBK * D + swz<D>(r, cc);
+      if (key < w.key_end) {
+        const int64_t blk = table[key >> block_shift];
+        const int64_t off = ((blk << block_shift) + (key & mask)) * kv_row + int64_t(kvh) * D + cc * 8;
+        cp_async16(kd, k_cache + off);
+        cp_async16(vd, v_cache + off);
+      } else {
+        *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+
+  // One walk over all key tiles. kAsync: unified max (m[] returns each thread's max of its own
+  // logits per row half, l[] its own partial sum); sync: online softmax (m[] the row max, l[] the
+  // thread's partial sum relative to it). o: this thread's O fragments, unnormalized.
+  template <bool kAsync>
+  __device__ __forceinline__ void walk(uint32_t (&qf)[D / 16][4], bool load_q, float (&o)[D / 8][4], float (&l)[2],
+                                       float (&m)[2]) const {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    l[0] = l[1] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = warp * 16 + g;  // this thread's rows r0 and r0 + 8 of the tile
+    const int lim0 = prefill::row_key_limit(start, w, r0);
+    const int lim1 = prefill::row_key_limit(start, w, r0 + 8);
+
+    load_kv(0, 0);
+    cp_async_commit();
+    for (int kt = 0; kt < w.n_key_tiles; ++kt) {
+      cp_async_wait_all();
+      __syncthreads();  // tile kt (and, on the first walk, Q) visible; everyone is done with tile kt - 1
+      if (load_q && kt == 0) {
+        // A fragments of the warp's 16 rows: lanes 0-15 address rows 0-15 at chunk 2ks, lanes
+        // 16-31 the same rows at chunk 2ks + 1 (registers: rows 0-7 / 8-15 x cols 0-7 / 8-15).
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+          ldmatrix_x4(qf[ks], smem_addr(q_s + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4))));
+      }
+      if (kt + 1 < w.n_key_tiles) {
+        load_kv(kt + 1, (kt + 1) & 1);  // buffer (kt + 1) & 1 was last read in tile kt - 1
+        cp_async_commit();
+      }
+      const T* kb = k_s + (kt & 1) * kBK * D;
+      const T* vb = v_s + (kt & 1) * kBK * D;
+
+      // S = Q K^T: n-tiles of 8 keys; one ldmatrix.x4 gives the B fragments of keys n0..n0+15 at
+      // k-step ks (lanes 0-7: keys n0+0..7 chunk 2ks; 8-15: same keys chunk 2ks+1; 16-31: keys
+      // n0+8..15).
+      float s[kBK / 8][4];
+#pragma unroll
+      for (int j = 0; j < kBK / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+        for (int np = 0; np < kBK / 16; ++np) {
+          uint32_t b[4];
+          const int key_row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(b, smem_addr(kb + swz<D>(key_row, 2 * ks + ((lane >> 3) & 1))));
+          mma16816<T>(s[2 * np], qf[ks], b[0], b[1]);
+          mma16816<T>(s[2 * np + 1], qf[ks], b[2], b[3]);
+        }
+      }
+
+      // Scale to log2 units; causal mask. Element e of n-tile j: row r0 (e < 2) or r0 + 8, key
+      // kt * kBK + 8j + 2t + (e & 1).
+      const bool masked = kt >= w.first_masked_tile;
+#pragma unroll
+      for (int j = 0; j < kBK / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[j][e] * sl2;
+          if (masked) {
+            const int key = kt * kBK + 8 * j + 2 * t + (e & 1);
+            if (key > (e < 2 ? lim0 : lim1)) x = -INFINITY;
+          }
+          s[j][e] = x;
+        }
+      }
+
+      if constexpr (kAsync) {
+        // P = 2^(x - phi): no max, no rescale. Masked keys give 2^-inf = 0.
+#pragma unroll
+        for (int j = 0; j < kBK / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int hf = e >> 1;
+            m[hf] = fmaxf(m[hf], s[j][e]);
+            s[j][e] = fast_exp2(s[j][e] - phi2);
+            l[hf] += s[j][e];
+          }
+        }
+      } else {
+        // Online softmax. Key 0 lies in tile 0 and is visible to every row, so m is finite from the
+        // first tile on (m_old = -inf there gives alpha = 2^-inf = 0 on zero accumulators).
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < kBK / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hf], s[j][2 * hf + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 threads (t = 0..3)
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m[hf], mx);
+          const float alpha = fast_exp2(m[hf] - m_new);
+          m[hf] = m_new;
+          l[hf] *= alpha;
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j) {
+            o[j][2 * hf] *= alpha;
+            o[j][2 * hf + 1] *= alpha;
+          }
+#pragma unroll
+          for (int j = 0; j < kBK / 8; ++j) {
+            s[j][2 * hf] = fast_exp2(s[j][2 * hf] - m_new);
+            s[j][2 * hf + 1] = fast_exp2(s[j][2 * hf + 1] - m_new);
+            l[hf] += s[j][2 * hf] + s[j][2 * hf + 1];
+          }
+        }
+      }
+
+      // O += P V. The accumulators of n-tiles 2ks and 2ks + 1 are the A fragment of k-step ks;
+      // one ldmatrix.x4.trans gives V's B fragments for d-tiles 2dp and 2dp + 1 (lanes 0-15: key
+      // rows 16ks + 0..15 at chunk 2dp; lanes 16-31: the same rows at chunk 2dp + 1).
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        uint32_t pa[4];
+        pa[0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
+        pa[1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
+        pa[2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+        pa[3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, smem_addr(vb + swz<D>(ks * 16 + (lane & 15), 2 * dp + (lane >> 4))));
+          mma16816<T>(o[2 * dp], pa, b[0], b[1]);
+          mma16816<T>(o[2 * dp + 1], pa, b[2], b[3]);
+        }
+      }
+    }
+  }
+};
 
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillArgs a) {
   static_assert(D == 64 || D == 128, "head_dim");
-  constexpr int QS = D + 4;       // Q/K row stride in floats (16-byte multiple: float4 rows stay aligned)
-  constexpr int CH = D / 8;       // 16-byte chunks per row
-  constexpr int NO = D / 16;      // output columns per thread
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  float* q_s = reinterpret_cast<float*>(smem_raw);  // [kBQ][QS]
-  float* k_s = q_s + kBQ * QS;                      // [kBK][QS]
-  float* p_s = k_s + kBK * QS;                      // [kBQ][kPS]
-  T* v_s = reinterpret_cast<T*>(p_s + kBQ * kPS);   // [kBK][D]
+  constexpr int CH = D / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ int fail_rows;
 
-  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-  const int q_tile = gridDim.x - 1 - blockIdx.x;  // heaviest tiles first
-  const int q0 = q_tile * kBQ;
-  const int h = blockIdx.y;
-  const int kvh = h / a.group;
-  const int T_ = a.n_tokens, H = a.n_heads, KVH = a.n_kv_heads;
-  const int kv_len = a.start_pos + T_;
-  const int64_t row_stride = int64_t(H + 2 * KVH) * D;
-  const int shift = a.block_shift, in_block_mask = (1 << shift) - 1;
-  const T* k_cache = static_cast<const T*>(a.k_cache);
-  const T* v_cache = static_cast<const T*>(a.v_cache);
+  const int chunk = blockIdx.z;
+  int start, n, q_row0;
+  if (a.q_begin != nullptr) {
+    q_row0 = a.q_begin[chunk];
+    n = a.q_begin[chunk + 1] - q_row0;
+    start = a.starts[chunk];
+  } else {
+    q_row0 = 0;
+    n = a.single_n;
+    start = a.single_start;
+  }
+  Cta<T, D> c;
+  c.w = prefill::tile_work(start, n, blockIdx.y);
+  if (c.w.rows <= 0) return;  // uniform over the CTA: before any barrier
+  c.block_shift = a.block_shift;
+  c.n_kv_heads = a.n_kv_heads;
+  c.sl2 = a.scale_log2;
+  c.phi2 = a.phi2;
+  c.k_cache = static_cast<const T*>(a.k_cache);
+  c.v_cache = static_cast<const T*>(a.v_cache);
+  c.table = a.block_tables + int64_t(chunk) * a.max_blocks_per_seq;
+  c.start = start;
+  const int h = blockIdx.x;
+  c.kvh = h / a.group;
+  c.tid = threadIdx.x;
+  c.warp = threadIdx.x >> 5;
+  c.lane = threadIdx.x & 31;
+  c.q_s = reinterpret_cast<T*>(smem_raw);
+  c.k_s = c.q_s + kBQ * D;
+  c.v_s = c.k_s + 2 * kBK * D;
+  if (threadIdx.x == 0) fail_rows = 0;  // read after the walk's barriers
 
-  // Q tile -> shared (fp32, scaled); rows past n_tokens are zero.
+  const int H = a.n_heads;
+  const int64_t qkv_row = int64_t(H + 2 * a.n_kv_heads) * D;
+  // Q tile -> shared (rows past the chunk zero-filled); committed with the walk's first K/V group.
   {
     const T* q = static_cast<const T*>(a.qkv) + int64_t(h) * D;
-    for (int c = tid; c < kBQ * CH; c += kThreads) {
-      const int r = c / CH, cc = c - r * CH;
-      float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (q0 + r < T_) load8(q + int64_t(q0 + r) * row_stride + cc * 8, f);
-      float4* dst = reinterpret_cast<float4*>(q_s + r * QS + cc * 8);
-      dst[0] = make_float4(f[0] * a.scale_log2, f[1] * a.scale_log2, f[2] * a.scale_log2, f[3] * a.scale_log2);
-      dst[1] = make_float4(f[4] * a.scale_log2, f[5] * a.scale_log2, f[6] * a.scale_log2, f[7] * a.scale_log2);
+    for (int i = threadIdx.x; i < kBQ * CH; i += kThreads) {
+      const int r = i / CH, cc = i % CH;
+      T* dst = c.q_s + swz<D>(r, cc);
+      if (r < c.w.rows) {
+        cp_async16(dst, q + int64_t(q_row0 + c.w.q0 + r) * qkv_row + cc * 8);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
     }
   }
 
-  // The last key any row of this tile may see (inclusive), per row of this thread.
-  int lim[4];
+  uint32_t qf[D / 16][4];
+  float o[D / 8][4], l[2], m[2];
+  const int g = c.lane >> 2, t = c.lane & 3;
+  const int r0 = c.warp * 16 + g;
+  bool sums_reduced = false;  // l[] holds the row sums (else each thread's partial sum)
+  if (a.async) {
+    c.template walk<true>(qf, true, o, l, m);
+    int bad = 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) lim[i] = min(a.start_pos + q0 + ty + 16 * i, kv_len - 1);
-  const int k_end = a.start_pos + min(q0 + kBQ, T_);  // keys 0 .. k_end - 1 are visible to some row
-  const int n_k_tiles = (k_end + kBK - 1) / kBK;
-
-  float m[4], l[4], o[4][NO];
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = m[hf], sum = l[hf];
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      l[hf] = sum;
+      sums_reduced = true;
+      const float rel = mx - a.phi2;
+      // Fails when outside [lo, hi] or NaN (comparisons with NaN are false); a NaN logit is
+      // skipped by fmaxf but poisons the sum, which !(sum <= FLT_MAX) catches.
+      const bool ok = rel >= a.lo2 && rel <= a.hi2 && sum <= FLT_MAX;
+      if (!ok && t == 0 && r0 + 8 * hf < c.w.rows) ++bad;
+    }
+    if (bad > 0) atomicAdd(&fail_rows, bad);
+    __syncthreads();  // fail_rows complete; every warp is done with the K/V buffers
+    const int failed = fail_rows;
+    if (failed > 0) {
+      if (threadIdx.x == 0 && a.fallback_rows != nullptr)
+        atomicAdd(a.fallback_rows, static_cast<unsigned long long>(failed));
+      c.template walk<false>(qf, false, o, l, m);
+      sums_reduced = false;
+    }
+  } else {
+    c.template walk<false>(qf, true, o, l, m);
+  }
+  if (!sums_reduced) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    m[i] = -INFINITY;
-    l[i] = 0.f;
-#pragma unroll
-    for (int c = 0; c < NO; ++c) o[i][c] = 0.f;
+    for (int hf = 0; hf < 2; ++hf) {
+      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
+      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
+    }
   }
 
-  for (int kt = 0; kt < n_k_tiles; ++kt) {
-    const int k0 = kt * kBK;
-    // K (fp32) and V (16-bit) tiles -> shared; keys past the cache are zero.
-    for (int c = tid; c < kBK * CH; c += kThreads) {
-      const int r = c / CH, cc = c - r * CH;
-      const int key = k0 + r;
-      uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
-      if (key < kv_len) {
-        const int64_t blk = a.block_table[key >> shift];
-        const int64_t off = ((blk << shift) + (key & in_block_mask)) * KVH * D + int64_t(kvh) * D + cc * 8;
-        kraw = *reinterpret_cast<const uint4*>(k_cache + off);
-        vraw = *reinterpret_cast<const uint4*>(v_cache + off);
-      }
-      const T* ke = reinterpret_cast<const T*>(&kraw);
-      float4* kd = reinterpret_cast<float4*>(k_s + r * QS + cc * 8);
-      kd[0] = make_float4(to_float(ke[0]), to_float(ke[1]), to_float(ke[2]), to_float(ke[3]));
-      kd[1] = make_float4(to_float(ke[4]), to_float(ke[5]), to_float(ke[6]), to_float(ke[7]));
-      *reinterpret_cast<uint4*>(v_s + r * D + cc * 8) = vraw;
-    }
-    __syncthreads();
-
-    // S = Q K^T for rows ty + 16i, keys tx + 16j.
-    float s[4][4];
+  // O / l -> the warp's own 16 rows of the Q buffer (only this warp ever read them) -> global.
+  const float inv0 = 1.f / l[0], inv1 = 1.f / l[1];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) s[i][j] = 0.f;
-#pragma unroll 4
-    for (int d = 0; d < D; d += 4) {
-      float4 qv[4], kv[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) qv[i] = *reinterpret_cast<const float4*>(q_s + (ty + 16 * i) * QS + d);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) kv[j] = *reinterpret_cast<const float4*>(k_s + (tx + 16 * j) * QS + d);
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          s[i][j] += qv[i].x * kv[j].x + qv[i].y * kv[j].y + qv[i].z * kv[j].z + qv[i].w * kv[j].w;
-    }
-
-    // Mask, online softmax, P -> shared.
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (k0 + tx + 16 * j > lim[i]) s[i][j] = -INFINITY;
-        mx = fmaxf(mx, s[i][j]);
-      }
-#pragma unroll
-      for (int off = 1; off < 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float m_new = fmaxf(m[i], mx);  // finite: key 0 is in the first tile for every row
-      const float alpha = exp2f(m[i] - m_new);
-      m[i] = m_new;
-      l[i] *= alpha;
-#pragma unroll
-      for (int c = 0; c < NO; ++c) o[i][c] *= alpha;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float p = exp2f(s[i][j] - m_new);
-        l[i] += p;
-        p_s[(ty + 16 * i) * kPS + tx + 16 * j] = p;
-      }
-    }
-    __syncthreads();
-
-    // O += P V.
-#pragma unroll 2
-    for (int k = 0; k < kBK; k += 4) {
-      float4 pv[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) pv[i] = *reinterpret_cast<const float4*>(p_s + (ty + 16 * i) * kPS + k);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        float vf[NO];
-#pragma unroll
-        for (int half = 0; half < NO / 4; ++half) {
-          const uint2 raw = *reinterpret_cast<const uint2*>(v_s + (k + kk) * D + half * 64 + tx * 4);
-          const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-          for (int x = 0; x < 4; ++x) vf[half * 4 + x] = to_float(e[x]);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float p = kk == 0 ? pv[i].x : kk == 1 ? pv[i].y : kk == 2 ? pv[i].z : pv[i].w;
-#pragma unroll
-          for (int c = 0; c < NO; ++c) o[i][c] += p * vf[c];
-        }
-      }
-    }
-    __syncthreads();  // K, V, P are overwritten by the next tile
+  for (int j = 0; j < D / 8; ++j) {
+    *reinterpret_cast<uint32_t*>(c.q_s + swz<D>(r0, j) + 2 * t) = pack2<T>(o[j][0] * inv0, o[j][1] * inv0);
+    *reinterpret_cast<uint32_t*>(c.q_s + swz<D>(r0 + 8, j) + 2 * t) = pack2<T>(o[j][2] * inv1, o[j][3] * inv1);
   }
-
+  __syncwarp();
   T* out = static_cast<T*>(a.out);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float lt = l[i];
-#pragma unroll
-    for (int off = 1; off < 16; off <<= 1) lt += __shfl_xor_sync(0xffffffffu, lt, off);
-    const int qi = q0 + ty + 16 * i;
-    if (qi < T_) {
-      const float inv = 1.f / lt;
-      T* dst = out + int64_t(qi) * H * D + int64_t(h) * D;
-#pragma unroll
-      for (int c = 0; c < NO; ++c) dst[(c / 4) * 64 + tx * 4 + (c & 3)] = from_float<T>(o[i][c] * inv);
+  for (int i = c.lane; i < 16 * CH; i += 32) {
+    const int r = c.warp * 16 + i / CH, cc = i % CH;
+    if (r < c.w.rows) {
+      *reinterpret_cast<uint4*>(out + int64_t(q_row0 + c.w.q0 + r) * H * D + int64_t(h) * D + cc * 8) =
+          *reinterpret_cast<const uint4*>(c.q_s + swz<D>(r, cc));
     }
   }
 }
 
 template <class T, int D>
-void launch_prefill(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
-  constexpr size_t smem = prefill_smem_bytes<D>();
+void launch_prefill(const PrefillArgs& a, const prefill::Grid& g, cudaStream_t stream) {
+  const size_t smem = prefill::smem_bytes(D);
   auto* kernel = prefill_attention_kernel<T, D>;
-  if (smem > 48 * 1024) {
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-               "cudaFuncSetAttribute(prefill_attention_kernel, max dynamic shared memory)");
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+             "cudaFuncSetAttribute(prefill_attention_kernel, max dynamic shared memory)");
+  kernel<<<dim3(g.x, g.y, g.z), kThreads, smem, stream>>>(a);
+}
+
+void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int block_size, float scale,
+            const UnifiedMaxRange* unified_max, DType dtype, cudaStream_t stream, const char* what) {
+  check(a.qkv != nullptr && a.k_cache != nullptr && a.v_cache != nullptr && a.block_tables != nullptr &&
+            a.out != nullptr,
+        "{}: null pointer (qkv {}, k_cache {}, v_cache {}, block_tables {}, out {})", what, a.qkv, a.k_cache,
+        a.v_cache, static_cast<const void*>(a.block_tables), a.out);
+  check(a.n_heads > 0 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0,
+        "{}: n_heads = {} must be a positive multiple of n_kv_heads = {}", what, a.n_heads, a.n_kv_heads);
+  check(a.n_heads <= 0x7fffffff / 4, "{}: n_heads = {} is out of range", what, a.n_heads);
+  check(head_dim == 64 || head_dim == 128, "{}: head_dim = {} is not supported (64, 128)", what, head_dim);
+  check(block_size > 0 && (block_size & (block_size - 1)) == 0 && block_size <= (1 << 20),
+        "{}: block_size = {} must be a power of two", what, block_size);
+  check(std::isfinite(scale) && scale > 0.f, "{}: scale = {} must be finite and positive", what, scale);
+  check(aligned16(a.qkv) && aligned16(a.k_cache) && aligned16(a.v_cache) && aligned16(a.out),
+        "{}: qkv, out and the k/v cache pointers must be 16-byte aligned", what);
+  check(dtype == DType::F16 || dtype == DType::BF16, "{}: unknown dtype {}", what, static_cast<int>(dtype));
+  check(chunks >= 1 && chunks <= 65535, "{}: chunks = {} must be in 1..65535 (grid z)", what, chunks);
+  check(max_chunk_tokens >= 1, "{}: max_chunk_tokens = {} must be positive", what, max_chunk_tokens);
+  const prefill::Grid grid = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads);
+  check(grid.y <= 65535 && grid.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what,
+        grid.y, kBQ);
+  int shift = 0;
+  while ((1 << shift) < block_size) ++shift;
+  a.group = a.n_heads / a.n_kv_heads;
+  a.block_shift = shift;
+  a.scale_log2 = scale * detail::kLog2e;
+  a.async = unified_max != nullptr;
+  if (a.async) {
+    check(std::isfinite(unified_max->phi) && std::isfinite(unified_max->a) && std::isfinite(unified_max->b) &&
+              unified_max->a < unified_max->b,
+          "{}: unified max phi = {}, range [{}, {}] is not a finite, non-empty interval", what, unified_max->phi,
+          unified_max->a, unified_max->b);
+    float lo = 0.f, hi = 0.f;
+    prefill::effective_range(dtype == DType::F16, unified_max->a, unified_max->b, &lo, &hi);
+    a.phi2 = unified_max->phi * detail::kLog2e;
+    a.lo2 = lo * detail::kLog2e;
+    a.hi2 = hi * detail::kLog2e;
   }
-  kernel<<<grid, kThreads, smem, stream>>>(a);
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (head_dim == 64) {
+      launch_prefill<T, 64>(a, grid, stream);
+    } else {
+      launch_prefill<T, 128>(a, grid, stream);
+    }
+  });
+  check_launch(what);
 }
 
 }  // namespace
 
+UnifiedMaxRange prefill_attention_effective_range(const UnifiedMaxRange& range, DType dtype) {
+  UnifiedMaxRange r = range;
+  prefill::effective_range(dtype == DType::F16, range.a, range.b, &r.a, &r.b);
+  return r;
+}
+
+void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+                              int max_blocks_per_seq, const int32_t* q_begin, const int32_t* starts, int chunks,
+                              int total_q_tokens, int max_chunk_tokens, int n_heads, int n_kv_heads, int head_dim,
+                              int block_size, float scale, const UnifiedMaxRange* unified_max,
+                              unsigned long long* fallback_rows, void* out, DType dtype, cudaStream_t stream) {
+  check(q_begin != nullptr && starts != nullptr, "prefill_attention_varlen: null q_begin or starts");
+  check(max_blocks_per_seq >= 1, "prefill_attention_varlen: max_blocks_per_seq = {} must be positive",
+        max_blocks_per_seq);
+  check(total_q_tokens >= 1 && max_chunk_tokens <= total_q_tokens,
+        "prefill_attention_varlen: max_chunk_tokens = {} must be in 1..total_q_tokens = {}", max_chunk_tokens,
+        total_q_tokens);
+  PrefillArgs a{};
+  a.qkv = qkv;
+  a.k_cache = k_cache;
+  a.v_cache = v_cache;
+  a.block_tables = block_tables;
+  a.max_blocks_per_seq = max_blocks_per_seq;
+  a.q_begin = q_begin;
+  a.starts = starts;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  a.fallback_rows = fallback_rows;
+  a.out = out;
+  launch(a, chunks, max_chunk_tokens, head_dim, block_size, scale, unified_max, dtype, stream,
+         "prefill_attention_varlen");
+}
+
 void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_table,
                        int start_pos, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size,
-                       float scale, void* out, DType dtype, cudaStream_t stream) {
-  check(qkv != nullptr && k_cache != nullptr && v_cache != nullptr && block_table != nullptr && out != nullptr,
-        "prefill_attention: null pointer (qkv {}, k_cache {}, v_cache {}, block_table {}, out {})", qkv, k_cache,
-        v_cache, static_cast<const void*>(block_table), out);
-  check(n_tokens > 0 && n_heads > 0 && n_kv_heads > 0,
-        "prefill_attention: n_tokens = {}, n_heads = {}, n_kv_heads = {} must be positive", n_tokens, n_heads,
-        n_kv_heads);
+                       float scale, void* out, DType dtype, cudaStream_t stream, const UnifiedMaxRange* unified_max,
+                       unsigned long long* fallback_rows) {
+  check(n_tokens > 0, "prefill_attention: n_tokens = {} must be positive", n_tokens);
   check(start_pos >= 0 && int64_t(start_pos) + n_tokens <= 0x7fffffff,
         "prefill_attention: start_pos = {} with {} tokens is out of range", start_pos, n_tokens);
-  check(n_heads % n_kv_heads == 0, "prefill_attention: n_heads = {} is not a multiple of n_kv_heads = {}", n_heads,
-        n_kv_heads);
-  check(n_heads <= 65535, "prefill_attention: n_heads = {} exceeds the grid limit 65535", n_heads);
-  check(head_dim == 64 || head_dim == 128, "prefill_attention: head_dim = {} is not supported (64, 128)", head_dim);
-  check(block_size > 0 && (block_size & (block_size - 1)) == 0 && block_size <= (1 << 20),
-        "prefill_attention: block_size = {} must be a power of two", block_size);
-  check(std::isfinite(scale), "prefill_attention: scale = {} is not finite", scale);
-  check(aligned16(qkv) && aligned16(k_cache) && aligned16(v_cache),
-        "prefill_attention: qkv and k/v cache pointers must be 16-byte aligned");
-  check(dtype == DType::F16 || dtype == DType::BF16, "prefill_attention: unknown dtype {}", static_cast<int>(dtype));
-  int shift = 0;
-  while ((1 << shift) < block_size) ++shift;
-  const PrefillArgs args{qkv,       k_cache,    v_cache,          block_table, start_pos, n_tokens, n_heads,
-                         n_kv_heads, n_heads / n_kv_heads, shift, scale * detail::kLog2e, out};
-  const dim3 grid((n_tokens + kBQ - 1) / kBQ, n_heads);
-  detail::dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if (head_dim == 64) {
-      launch_prefill<T, 64>(args, grid, stream);
-    } else {
-      launch_prefill<T, 128>(args, grid, stream);
-    }
-  });
-  check_launch("prefill_attention");
+  PrefillArgs a{};
+  a.qkv = qkv;
+  a.k_cache = k_cache;
+  a.v_cache = v_cache;
+  a.block_tables = block_table;
+  a.max_blocks_per_seq = 0;  // one chunk: its table is row 0
+  a.single_start = start_pos;
+  a.single_n = n_tokens;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  a.fallback_rows = fallback_rows;
+  a.out = out;
+  launch(a, 1, n_tokens, head_dim, block_size, scale, unified_max, dtype, stream, "prefill_attention");
 }
 
 }  // namespace fdpp::cuda

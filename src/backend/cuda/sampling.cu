@@ -435,7 +435,8 @@ __constant__ float kDeltas[8] = {0.5f, 1.f, 2.f, 4.f, 8.f, 16.f, 32.f, 64.f};
 
 __global__ void __launch_bounds__(kBlock)
     topk_sample_kernel(const float* __restrict__ logits, int vocab, int k, float temperature, float top_p,
-                       float min_p, uint64_t seed, const uint64_t* __restrict__ offsets, int32_t* __restrict__ out_ids) {
+                       float min_p, uint64_t seed, const uint64_t* __restrict__ seeds, const uint64_t* __restrict__ offsets,
+                       int32_t* __restrict__ out_ids) {
   using Ops = BlockOps<kBlock>;
   __shared__ typename Ops::Shared sh;
   __shared__ unsigned long long cand[kCandMax];
@@ -567,7 +568,7 @@ __global__ void __launch_bounds__(kBlock)
 
   finalize_draw<kBlock>(
       sh, k, [&](int i) { return packed_key(cand[i]); }, [&](int i) { return packed_id(cand[i]); }, top_p, min_p,
-      uniform01(seed, offsets[r]), out_ids + r);
+      uniform01(seeds != nullptr ? seeds[r] : seed, offsets[r]), out_ids + r);
 }
 
 __global__ void __launch_bounds__(kPrepThreads)
@@ -587,14 +588,15 @@ __global__ void __launch_bounds__(kPrepThreads)
 
 __global__ void __launch_bounds__(kBlock)
     sorted_sample_kernel(const float* __restrict__ keys, const int* __restrict__ ids, int vocab, int n, float top_p,
-                         float min_p, uint64_t seed, const uint64_t* __restrict__ offsets, int32_t* __restrict__ out_ids) {
+                         float min_p, uint64_t seed, const uint64_t* __restrict__ seeds, const uint64_t* __restrict__ offsets,
+                       int32_t* __restrict__ out_ids) {
   using Ops = BlockOps<kBlock>;
   __shared__ typename Ops::Shared sh;
   const int r = blockIdx.x;
   const float* kr = keys + int64_t(r) * vocab;
   const int* ir = ids + int64_t(r) * vocab;
   finalize_draw<kBlock>(
-      sh, n, [&](int i) { return kr[i]; }, [&](int i) { return ir[i]; }, top_p, min_p, uniform01(seed, offsets[r]),
+      sh, n, [&](int i) { return kr[i]; }, [&](int i) { return ir[i]; }, top_p, min_p, uniform01(seeds != nullptr ? seeds[r] : seed, offsets[r]),
       out_ids + r);
 }
 
@@ -663,7 +665,7 @@ size_t sampling_workspace_bytes(int rows, int vocab) {
 
 void sample(float* logits, int rows, int vocab, const int32_t* history, const int32_t* history_lens,
             int history_stride, const DeviceSamplingParams& params, const uint64_t* offsets, int32_t* out_ids,
-            void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+            void* workspace, size_t workspace_bytes, cudaStream_t stream, const uint64_t* seeds) {
   check(logits != nullptr && out_ids != nullptr, "sample: null pointer (logits {}, out_ids {})",
         static_cast<const void*>(logits), static_cast<const void*>(out_ids));
   check_shape(rows, vocab);
@@ -709,7 +711,7 @@ void sample(float* logits, int rows, int vocab, const int32_t* history, const in
   if (select_path) {
     const int k = params.top_k < vocab ? params.top_k : vocab;
     topk_sample_kernel<<<rows, kBlock, 0, stream>>>(logits, vocab, k, params.temperature, params.top_p, params.min_p,
-                                                    params.seed, offsets, out_ids);
+                                                    params.seed, seeds, offsets, out_ids);
     check_launch("sample/topk_sample");
     return;
   }
@@ -736,7 +738,7 @@ void sample(float* logits, int rows, int vocab, const int32_t* history, const in
   check_launch("sample/segmented_sort");
   const int n = params.top_k > 0 && params.top_k < vocab ? params.top_k : vocab;
   sorted_sample_kernel<<<rows, kBlock, 0, stream>>>(keys.Current(), ids.Current(), vocab, n, params.top_p,
-                                                    params.min_p, params.seed, offsets, out_ids);
+                                                    params.min_p, params.seed, seeds, offsets, out_ids);
   check_launch("sample/sorted_sample");
 }
 

@@ -1,0 +1,61 @@
+// The decoder recipe on the CPU reference backend: every variant ModelConfig describes (RMSNorm or
+// LayerNorm, pre- or post-norm, RoPE in either layout or learned positions, SwiGLU or ReLU MLP,
+// biases, embedding projections), in fp32. One step runs the linear layers over all the step's
+// tokens at once (one M, so each weight is read once per step) and attention row by row, each
+// sequence over its own cache.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "engine/engine.h"
+#include "model/decoder.h"
+
+namespace fdpp {
+
+// What an attention observer sees of one layer's attention for one row of a step: the n_q new
+// queries (after RoPE) and the sequence's K and V caches, laid out as cpu::attention takes them.
+struct AttentionObservation {
+  int layer = 0;
+  const float* q = nullptr;  // [n_q, n_heads * head_dim]
+  const float* k = nullptr;  // [start_pos + n_q, n_kv_heads * head_dim]
+  const float* v = nullptr;
+  int64_t n_q = 0;
+  int64_t start_pos = 0;
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 1.f;
+};
+using AttentionObserver = std::function<void(const AttentionObservation&)>;
+
+class CpuEngine final : public Engine {
+ public:
+  // The weights must outlive the engine. limits.kv_cache_tokens 0: max_step_rows sequences of
+  // max_context tokens, capped at 4 GiB of cache.
+  CpuEngine(const ModelConfig& config, const DecoderWeights& weights, EngineLimits limits);
+
+  const ModelConfig& config() const override { return config_; }
+
+  // Called once per layer per row of a step, before the row's attention (calibration records the
+  // attention logits with it). An empty observer (the default) costs one branch per layer.
+  void set_attention_observer(AttentionObserver observer) { observer_ = std::move(observer); }
+
+ private:
+  // A sequence's cache: per layer [capacity, kv_dim] K and V. Capacity grows geometrically (the
+  // block accounting in Engine decides admission; this is only where the values live).
+  struct SequenceCache {
+    int64_t capacity = 0;
+    std::vector<std::vector<float>> k, v;
+  };
+  void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) override;
+  void on_sequence_resized(int seq, int length) override;
+  void ensure_cache(int seq, int64_t length);
+  void norm(const float* x, const Tensor& weight, const Tensor& bias, int64_t rows, float* out) const;
+
+  const ModelConfig& config_;
+  const DecoderWeights& weights_;
+  std::vector<double> inv_freq_;
+  std::vector<SequenceCache> caches_;  // indexed by sequence id
+  AttentionObserver observer_;
+};
+
+}  // namespace fdpp

@@ -1,0 +1,141 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "fdpp/error.h"
+
+namespace fdpp {
+
+int64_t Batch::total_tokens() const {
+  int64_t n = 0;
+  for (const StepRow& r : rows) n += static_cast<int64_t>(r.tokens.size());
+  return n;
+}
+
+void Engine::init_engine(const EngineLimits& limits) {
+  check(limits.max_context >= 1, "context size {} must be positive", limits.max_context);
+  check(limits.max_step_tokens >= 1, "max tokens per step {} must be positive", limits.max_step_tokens);
+  check(limits.max_step_rows >= 1 && limits.max_step_rows <= limits.max_step_tokens,
+        "max rows per step {} out of range [1, {}]", limits.max_step_rows, limits.max_step_tokens);
+  check(limits.kv_cache_tokens >= 1, "KV cache of {} tokens", limits.kv_cache_tokens);
+  limits_ = limits;
+  kv_ = KvBlockAllocator((limits.kv_cache_tokens + limits.block_size - 1) / limits.block_size, limits.block_size);
+}
+
+const Engine::Sequence& Engine::sequence(int seq) const {
+  check(seq >= 0 && seq < static_cast<int>(sequences_.size()) && sequences_[seq].live, "no sequence {}", seq);
+  return sequences_[seq];
+}
+
+int Engine::create_sequence() {
+  for (size_t i = 0; i < sequences_.size(); ++i)
+    if (!sequences_[i].live) {
+      sequences_[i] = Sequence{true, 0, {}};
+      return static_cast<int>(i);
+    }
+  sequences_.push_back(Sequence{true, 0, {}});
+  return static_cast<int>(sequences_.size() - 1);
+}
+
+void Engine::release_sequence(int seq) {
+  sequence(seq);  // checks
+  Sequence& s = sequences_[seq];
+  kv_.shrink(s.blocks, 0);
+  s = Sequence{};
+  on_sequence_resized(seq, 0);
+}
+
+int Engine::sequence_length(int seq) const { return sequence(seq).length; }
+
+void Engine::truncate_sequence(int seq, int length) {
+  sequence(seq);
+  Sequence& s = sequences_[seq];
+  check(length >= 0 && length <= s.length, "truncate: length {} out of range [0, {}]", length, s.length);
+  s.length = length;
+  kv_.shrink(s.blocks, length);
+  on_sequence_resized(seq, length);
+}
+
+void Engine::advance_sequence(int seq, int n) {
+  sequence(seq);
+  Sequence& s = sequences_[seq];
+  check(n >= 0 && static_cast<int64_t>(s.length) + n <= static_cast<int64_t>(s.blocks.size()) * kv_.block_size(),
+        "internal: sequence {} advanced by {} past its {} reserved blocks", seq, n, s.blocks.size());
+  s.length += n;
+}
+
+int Engine::live_sequences() const {
+  return static_cast<int>(std::count_if(sequences_.begin(), sequences_.end(), [](const Sequence& s) { return s.live; }));
+}
+
+bool Engine::can_reserve(int seq, int length) const {
+  if (length > limits_.max_context) return false;
+  return kv_.can_grow(sequence(seq).blocks, length);
+}
+
+bool Engine::reserve(int seq, int length) {
+  if (length > limits_.max_context) return false;
+  sequence(seq);
+  return kv_.grow(sequences_[seq].blocks, length);
+}
+
+StepOutput Engine::step(const Batch& batch) {
+  const ModelConfig& c = config();
+  const int rows = static_cast<int>(batch.rows.size());
+  check(rows >= 1, "step: the batch is empty");
+  check(rows <= limits_.max_step_rows, "step: {} rows exceed the engine's {} rows per step", rows,
+        limits_.max_step_rows);
+  const int64_t total = batch.total_tokens();
+  check(total <= limits_.max_step_tokens, "step: {} tokens exceed the engine's {} tokens per step", total,
+        limits_.max_step_tokens);
+
+  // Every check before anything changes, so a bad batch leaves the engine as it was.
+  std::vector<RowPlan> plan(rows);
+  int64_t extra_blocks = 0;
+  int logits_rows = 0;
+  int64_t offset = 0;
+  for (int i = 0; i < rows; ++i) {
+    const StepRow& r = batch.rows[i];
+    const Sequence& s = sequence(r.seq);
+    for (int j = 0; j < i; ++j) check(batch.rows[j].seq != r.seq, "step: sequence {} appears twice", r.seq);
+    check(!r.tokens.empty(), "step: row {} (sequence {}) has no tokens", i, r.seq);
+    for (int32_t id : r.tokens) check(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+    const int64_t end = s.length + static_cast<int64_t>(r.tokens.size());
+    check(end <= limits_.max_context, "sequence {}: {} + {} tokens exceed the context size {}", r.seq, s.length,
+          r.tokens.size(), limits_.max_context);
+    if (r.sample) {
+      const SamplingParams& p = r.sampling;
+      check(std::isfinite(p.temperature), "temperature must be a finite number");
+      check(p.top_p > 0 && p.top_p <= 1.0f, "top-p = {} must be in (0, 1]", p.top_p);
+      check(p.min_p >= 0 && p.min_p <= 1.0f, "min-p = {} must be in [0, 1]", p.min_p);
+      check(p.repeat_penalty > 0 && std::isfinite(p.repeat_penalty), "repeat penalty = {} must be positive",
+            p.repeat_penalty);
+    }
+    extra_blocks += std::max<int64_t>(0, kv_.blocks_for(end) - static_cast<int64_t>(s.blocks.size()));
+    int logits_index = -1;
+    if (r.logits || r.all_logits) {
+      logits_index = logits_rows;
+      logits_rows += r.all_logits ? static_cast<int>(r.tokens.size()) : 1;
+    }
+    plan[i] = RowPlan{&r, s.length, &s, offset, logits_index};
+    offset += static_cast<int64_t>(r.tokens.size());
+  }
+  if (extra_blocks > kv_.free_blocks())
+    fail("KV cache full: the step needs {} more blocks of {} tokens, {} of {} are free (the cache holds {} tokens): "
+         "admit fewer sequences or raise --kv-cache-tokens",
+         extra_blocks, kv_.block_size(), kv_.free_blocks(), kv_.num_blocks(), kv_.capacity_tokens());
+  for (const StepRow& r : batch.rows) {
+    const bool ok = kv_.grow(sequences_[r.seq].blocks, sequences_[r.seq].length + static_cast<int64_t>(r.tokens.size()));
+    check(ok, "internal: KV reservation failed after the check");
+  }
+
+  StepOutput out;
+  out.tokens.assign(rows, -1);
+  out.logits.assign(static_cast<size_t>(logits_rows) * c.vocab_size, 0.f);
+  run_step(plan, total, out);
+  for (const StepRow& r : batch.rows) sequences_[r.seq].length += static_cast<int>(r.tokens.size());
+  return out;
+}
+
+}  // namespace fdpp

@@ -1,0 +1,387 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "engine/sampler.h"
+
+namespace fdpp {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Stop strings a request may carry, and their length: bounded so that the hold-back buffer and the
+// per-token search stay small (OpenAI allows 4; llama-server does not bound them).
+constexpr size_t kMaxStopStrings = 16;
+constexpr size_t kMaxStopBytes = 256;
+
+// Length of the longest suffix of `text` that is a proper prefix of some stop string: those bytes
+// may still become a stop string and are held back.
+size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const std::string& s : stops)
+    for (size_t k = std::min(text.size(), s.size() - 1); k > hold; --k)
+      if (text.substr(text.size() - k) == std::string_view(s).substr(0, k)) {
+        hold = k;
+        break;
+      }
+  return hold;
+}
+}  // namespace
+
+double GenerationResult::time_per_output_token() const {
+  return token_ids.size() > 1 ? (total_time - time_to_first_token) / static_cast<double>(token_ids.size() - 1) : 0.0;
+}
+
+struct Scheduler::Active {
+  Active(uint64_t id_, GenerationRequest r, GenerationCallbacks c, const Tokenizer& t)
+      : id(id_), request(std::move(r)), callbacks(std::move(c)), detok(t, /*skip_special=*/true) {
+    tokens = request.prompt;
+  }
+  uint64_t id;
+  GenerationRequest request;
+  GenerationCallbacks callbacks;
+  StreamingDetokenizer detok;
+  Clock::time_point submitted = Clock::now();
+  std::vector<int32_t> tokens;    // prompt + generated: the history, and what the cache must hold
+  std::vector<int32_t> generated;
+  int seq = -1;                   // the engine's sequence while admitted
+  int computed = 0;               // tokens of `tokens` whose keys and values are in the cache
+  std::string text;               // emitted so far
+  std::string pending;            // decoded but held back (may start a stop string)
+  size_t undelivered = 0;         // generated tokens not yet reported with a delta
+  double first_token_time = -1;
+  int preemptions = 0;
+  bool done = false;
+  bool discard_rest = false;      // a stop string ended the text
+};
+
+Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, const SchedulerOptions& options)
+    : engine_(engine), tokenizer_(tokenizer), options_(options) {
+  const EngineLimits& l = engine.limits();
+  check(options.max_num_seqs >= 1, "max-num-seqs = {} must be positive", options.max_num_seqs);
+  check(options.max_batched_tokens >= 1, "max-batched-tokens = {} must be positive", options.max_batched_tokens);
+  check(options.max_waiting >= 0, "max waiting requests = {} must be >= 0", options.max_waiting);
+  options_.max_num_seqs = std::min(options.max_num_seqs, l.max_step_rows);
+  options_.max_batched_tokens = std::min(options.max_batched_tokens, l.max_step_tokens);
+  // Every running sequence decodes in every step, and a prefill needs at least one more token.
+  check(options_.max_batched_tokens > options_.max_num_seqs || options_.max_num_seqs == 1,
+        "max-batched-tokens ({}) must exceed max-num-seqs ({}) so that prompts progress while others decode",
+        options_.max_batched_tokens, options_.max_num_seqs);
+}
+
+Scheduler::~Scheduler() {
+  for (auto& a : running_)
+    if (a->seq >= 0) engine_.release_sequence(a->seq);
+}
+
+uint64_t Scheduler::submit(GenerationRequest request, GenerationCallbacks callbacks) {
+  const ModelConfig& c = engine_.config();
+  check(!request.prompt.empty(), "the prompt is empty (no tokens to start from)");
+  for (int32_t id : request.prompt)
+    check(id >= 0 && id < c.vocab_size, "prompt token id {} is out of range [0, {})", id, c.vocab_size);
+  check(request.max_tokens >= 1, "max_tokens = {} must be at least 1", request.max_tokens);
+  const int64_t need = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  check(need <= engine_.max_context(),
+        "the prompt ({} tokens) + max_tokens ({}) exceed the context size {}", request.prompt.size(),
+        request.max_tokens, engine_.max_context());
+  check(engine_.kv().blocks_for(need) <= engine_.kv().num_blocks(),
+        "the prompt ({} tokens) + max_tokens ({}) exceed the whole KV cache ({} tokens)", request.prompt.size(),
+        request.max_tokens, engine_.kv().capacity_tokens());
+  check_sampling_params(request.sampling);
+  check(request.stop.size() <= kMaxStopStrings, "{} stop strings: at most {} are supported", request.stop.size(),
+        kMaxStopStrings);
+  for (const std::string& s : request.stop)
+    check(!s.empty() && s.size() <= kMaxStopBytes, "a stop string must have 1 to {} bytes, not {}", kMaxStopBytes,
+          s.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  check(!stopping_, "the engine is shutting down: no new requests");
+  if (static_cast<int>(waiting_.size()) >= options_.max_waiting)
+    throw QueueFullError(fmt::format("the queue is full ({} requests waiting)", waiting_.size()));
+  const uint64_t id = next_id_++;
+  waiting_.push_back(std::make_unique<Active>(id, std::move(request), std::move(callbacks), tokenizer_));
+  wake_.notify_all();
+  return id;
+}
+
+void Scheduler::cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cancelled_.push_back(id);
+  wake_.notify_all();
+}
+
+bool Scheduler::idle() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waiting_.empty() && running_.empty();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SchedulerStats s = stats_;
+  s.waiting = static_cast<int>(waiting_.size());
+  return s;
+}
+
+void Scheduler::finish(Active& a, const std::string& reason) {
+  if (a.done) return;
+  a.done = true;
+  if (reason != "cancelled" && !a.discard_rest) {
+    // What was held back for a possible stop string, and the detokenizer's incomplete bytes.
+    a.pending += a.detok.flush();
+  }
+  if (!a.pending.empty() || a.undelivered > 0) {
+    if (reason != "cancelled" && a.callbacks.on_delta) {
+      std::span<const int32_t> toks(a.generated.data() + (a.generated.size() - a.undelivered), a.undelivered);
+      a.callbacks.on_delta(a.id, a.pending, toks);
+    }
+    if (reason != "cancelled") a.text += a.pending;
+    a.pending.clear();
+    a.undelivered = 0;
+  }
+  if (a.seq >= 0) {
+    engine_.release_sequence(a.seq);
+    a.seq = -1;
+  }
+  GenerationResult r;
+  r.id = a.id;
+  r.prompt = a.request.prompt;
+  r.token_ids = a.generated;
+  r.text = a.text;
+  r.finish_reason = reason;
+  if (reason == "error") r.error = current_error_;
+  r.preemptions = a.preemptions;
+  r.time_to_first_token = a.first_token_time < 0 ? 0 : a.first_token_time;
+  r.total_time = seconds_since(a.submitted);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.requests_finished++;
+  }
+  if (a.callbacks.on_finish) a.callbacks.on_finish(r);
+}
+
+bool Scheduler::emit_token(Active& a, int32_t token) {
+  a.generated.push_back(token);
+  a.tokens.push_back(token);
+  a.undelivered++;
+  if (a.first_token_time < 0) a.first_token_time = seconds_since(a.submitted);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.generated_tokens++;
+  }
+  if (!a.request.ignore_eos && tokenizer_.is_end_of_generation(token)) {
+    finish(a, "stop");
+    return true;
+  }
+  a.pending += a.detok.push(token);
+  const std::vector<std::string>& stops = a.request.stop;
+  size_t cut = std::string::npos;
+  for (const std::string& s : stops) cut = std::min(cut, a.pending.find(s));
+  if (cut != std::string::npos) {
+    a.pending.resize(cut);
+    a.discard_rest = true;  // the text after the stop string is dropped
+    a.text += a.pending;
+    if (a.callbacks.on_delta)
+      a.callbacks.on_delta(a.id, a.pending,
+                           std::span<const int32_t>(a.generated.data() + (a.generated.size() - a.undelivered), a.undelivered));
+    a.pending.clear();
+    a.undelivered = 0;
+    finish(a, "stop");
+    return true;
+  }
+  const bool at_limit = static_cast<int>(a.generated.size()) >= a.request.max_tokens ||
+                        static_cast<int>(a.tokens.size()) >= engine_.max_context();
+  if (at_limit) {
+    finish(a, "length");
+    return true;
+  }
+  const size_t hold = stops.empty() ? 0 : held_back(a.pending, stops);
+  if (a.pending.size() > hold || (a.pending.empty() && a.undelivered > 0 && hold == 0)) {
+    std::string out = a.pending.substr(0, a.pending.size() - hold);
+    a.pending.erase(0, a.pending.size() - hold);
+    a.text += out;
+    if (a.callbacks.on_delta)
+      a.callbacks.on_delta(a.id, out,
+                           std::span<const int32_t>(a.generated.data() + (a.generated.size() - a.undelivered), a.undelivered));
+    a.undelivered = 0;
+  }
+  return false;
+}
+
+void Scheduler::preempt(Active& a) {
+  // Recompute later from prompt + generated tokens (vLLM's preemption by recomputation): the cache
+  // is given back now; the request keeps its place at the head of the queue.
+  engine_.release_sequence(a.seq);
+  a.seq = -1;
+  a.computed = 0;
+  a.preemptions++;
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.preemptions++;
+}
+
+void Scheduler::admit_locked() {
+  // Admission by free KV blocks: a request enters when its tokens so far (and the next one) fit,
+  // keeping a small reserve so that running sequences can still grow a block.
+  const int64_t reserve_blocks = std::max<int64_t>(1, engine_.kv().num_blocks() / 100);
+  int64_t free_blocks = engine_.kv().free_blocks();
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_num_seqs) {
+    Active& a = *waiting_.front();
+    const int64_t need = engine_.kv().blocks_for(static_cast<int64_t>(a.tokens.size()) + 1);
+    const bool alone = running_.empty();  // a lone request may take the reserve too
+    if (need > free_blocks - (alone ? 0 : reserve_blocks)) break;
+    free_blocks -= need;
+    a.seq = engine_.create_sequence();
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+bool Scheduler::step() {
+  // Cancellations first, so their blocks are free for this step's admissions.
+  std::vector<uint64_t> cancelled;
+  std::vector<std::unique_ptr<Active>> cancelled_waiting;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelled.swap(cancelled_);
+    for (uint64_t id : cancelled) {
+      auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& a) { return a->id == id; });
+      if (it != waiting_.end()) {
+        cancelled_waiting.push_back(std::move(*it));
+        waiting_.erase(it);
+      }
+    }
+  }
+  for (auto& a : cancelled_waiting) finish(*a, "cancelled");
+  for (uint64_t id : cancelled)
+    for (auto& a : running_)
+      if (a->id == id) finish(*a, "cancelled");
+  std::erase_if(running_, [](const auto& a) { return a->done; });
+
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    admit_locked();
+  }
+  publish_stats();
+  if (running_.empty()) return !cancelled.empty();
+
+  // Decode rows first (never starved), each needing one more slot of cache; when the cache is
+  // full the most recently admitted request is preempted until the rest fit.
+  Batch batch;
+  std::vector<Active*> row_owner;
+  int budget = options_.max_batched_tokens;
+  auto preempt_last = [&]() {
+    std::unique_ptr<Active> victim = std::move(running_.back());
+    running_.pop_back();
+    preempt(*victim);
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.push_front(std::move(victim));
+  };
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Active& a = *running_[i];
+    if (static_cast<int>(a.tokens.size()) - a.computed != 1) continue;
+    while (!engine_.reserve(a.seq, a.computed + 1)) {
+      const bool self = running_.back().get() == &a;
+      preempt_last();
+      if (self) break;
+    }
+    if (a.seq < 0) break;  // it was the victim (the last one): no later rows remain
+    StepRow r;
+    r.seq = a.seq;
+    r.tokens = std::span<const int32_t>(a.tokens.data() + a.computed, 1);
+    r.sample = true;
+    r.sampling = a.request.sampling;
+    r.sample_index = a.generated.size();
+    r.history = a.tokens;
+    batch.rows.push_back(r);
+    row_owner.push_back(&a);
+    --budget;
+  }
+  // Prefill chunks with the rest of the budget, in admission order.
+  for (auto& owner : running_) {
+    Active& a = *owner;
+    const int remaining = static_cast<int>(a.tokens.size()) - a.computed;
+    if (remaining <= 1 && !(remaining == 1 && a.computed == 0)) continue;
+    if (std::find(row_owner.begin(), row_owner.end(), &a) != row_owner.end()) continue;
+    if (budget <= 0 || static_cast<int>(batch.rows.size()) >= options_.max_num_seqs) break;
+    const int n = std::min(remaining, budget);
+    if (!engine_.reserve(a.seq, a.computed + n)) break;  // the next step, after decodes free or preempt
+    StepRow r;
+    r.seq = a.seq;
+    r.tokens = std::span<const int32_t>(a.tokens.data() + a.computed, n);
+    r.sample = n == remaining;  // the last chunk draws the next token
+    r.sampling = a.request.sampling;
+    r.sample_index = a.generated.size();
+    r.history = a.tokens;
+    batch.rows.push_back(r);
+    row_owner.push_back(&a);
+    budget -= n;
+  }
+  if (batch.rows.empty()) return true;  // only preemptions happened; the next step admits again
+
+  StepOutput out;
+  try {
+    out = engine_.step(batch);
+  } catch (const Error& e) {
+    // The step checks everything before it computes, so the engine is as it was: the requests in
+    // this batch end with the error and the others go on.
+    current_error_ = e.what();
+    for (Active* a : row_owner) {
+      a->pending.clear();
+      finish(*a, "error");
+    }
+    std::erase_if(running_, [](const auto& a) { return a->done; });
+    publish_stats();
+    return true;
+  }
+  uint64_t prefilled = 0;
+  for (size_t i = 0; i < batch.rows.size(); ++i) {
+    Active& a = *row_owner[i];
+    const int n = static_cast<int>(batch.rows[i].tokens.size());
+    a.computed += n;
+    if (n > 1 || a.generated.empty()) prefilled += static_cast<uint64_t>(n);
+    if (batch.rows[i].sample) emit_token(a, out.tokens[i]);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.prompt_tokens += prefilled;
+    stats_.steps++;
+  }
+  std::erase_if(running_, [](const auto& a) { return a->done; });
+  publish_stats();
+  return true;
+}
+
+void Scheduler::publish_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.running = static_cast<int>(running_.size());
+  stats_.kv_blocks_used = engine_.kv().used_blocks();
+  stats_.kv_blocks_free = engine_.kv().free_blocks();
+}
+
+void Scheduler::run_until_idle() {
+  while (!idle()) step();
+}
+
+void Scheduler::run() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running_.empty() || !cancelled_.empty(); });
+      if (stopping_ && !draining_) {
+        for (auto& a : waiting_) cancelled_.push_back(a->id);
+        for (auto& a : running_) cancelled_.push_back(a->id);
+      }
+      if (stopping_ && waiting_.empty() && running_.empty() && cancelled_.empty()) return;
+    }
+    step();
+  }
+}
+
+void Scheduler::stop(bool drain) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stopping_ = true;
+  draining_ = drain;
+  wake_.notify_all();
+}
+
+}  // namespace fdpp

@@ -1,0 +1,318 @@
+// Tensor-core prefill attention (prefill_attention.cu): the tile plan checked on the CPU (every
+// query row owned once, every row sees exactly keys 0 .. its position), then the kernel against the
+// CPU's stable softmax (NMSE <= 5e-4, outputs poisoned first, NaN never passes) over variable-length
+// batches of chunks with start offsets anywhere, GQA groups 1..16, head_dim 64 and 128, block
+// sizes 16 and 32, lengths 1..32K, in the synchronized and the unified-max mode; adversarial rows
+// (logits far above or below phi) must come out exact and be counted exactly as the CPU counts
+// rows outside the range.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "attention/unified_max.h"
+#include "backend/cpu/ops.h"
+#include "backend/cuda/prefill_plan.h"
+#include "gpu_test_util.h"
+
+namespace fdpp::test {
+namespace {
+
+namespace pf = cuda::prefill;
+
+// ---- the plan, no GPU needed ------------------------------------------------------------------
+
+TEST(PrefillPlan, EveryRowOnceAndExactlyItsCausalKeys) {
+  const std::vector<std::pair<int, int>> chunks = {{0, 1},   {0, 64},   {0, 65},  {100, 150}, {63, 1},   {64, 64},
+                                                   {1, 127}, {999, 3},  {5, 200}, {0, 1000},  {4095, 2}, {7, 129}};
+  for (auto [start, n] : chunks) {
+    const pf::Grid g = pf::plan_grid(1, n + 37, 1);  // a grid sized for a longer chunk: extra y exit
+    std::vector<int> owner(n, 0);
+    for (unsigned y = 0; y < g.y; ++y) {
+      const pf::TileWork w = pf::tile_work(start, n, static_cast<int>(y));
+      if (w.rows == 0) continue;
+      ASSERT_GE(w.q0, 0);
+      ASSERT_LE(w.q0 + w.rows, n);
+      ASSERT_LE(w.rows, pf::kBQ);
+      ASSERT_EQ(w.q0 % pf::kBQ, 0);
+      ASSERT_EQ(w.n_key_tiles, (w.key_end + pf::kBK - 1) / pf::kBK);
+      for (int r = 0; r < w.rows; ++r) ++owner[w.q0 + r];
+      // Walk the keys as the kernel does: keys >= key_end are zero-filled AND must be masked.
+      for (int r = 0; r < pf::kBQ; ++r) {
+        const int pos = start + w.q0 + std::min(r, w.rows - 1);
+        int seen = 0, last = -1;
+        for (int kt = 0; kt < w.n_key_tiles; ++kt)
+          for (int key = kt * pf::kBK; key < (kt + 1) * pf::kBK; ++key) {
+            const bool vis = pf::key_visible(start, w, kt, key, r);
+            if (vis) {
+              ASSERT_LT(key, w.key_end) << "a zero-filled key is visible: start " << start << " n " << n;
+              ++seen;
+              last = key;
+            }
+          }
+        ASSERT_EQ(seen, pos + 1) << "start " << start << " n " << n << " y " << y << " r " << r;
+        ASSERT_EQ(last, pos);
+      }
+      // Tiles below first_masked_tile are fully visible to row 0, the row that sees the least.
+      if (w.first_masked_tile > 0) ASSERT_LE(w.first_masked_tile * pf::kBK - 1, start + w.q0);
+    }
+    for (int i = 0; i < n; ++i) ASSERT_EQ(owner[i], 1) << "start " << start << " n " << n << " row " << i;
+    // Heaviest first: y = 0 is the tile with the most key tiles.
+    if (n > 0) {
+      const int top = pf::tile_work(start, n, 0).n_key_tiles;
+      for (unsigned y = 1; y < g.y; ++y) {
+        const auto w = pf::tile_work(start, n, static_cast<int>(y));
+        if (w.rows > 0) ASSERT_LE(w.n_key_tiles, top);
+      }
+    }
+  }
+}
+
+TEST(PrefillPlan, EffectiveRangeOfSixteenBitP) {
+  const auto b = derive_unified_max_bounds(0.f, 131072);
+  const cuda::UnifiedMaxRange r{1.5f, b.a, b.b};
+  const auto f16 = cuda::prefill_attention_effective_range(r, DType::F16);
+  const auto bf16 = cuda::prefill_attention_effective_range(r, DType::BF16);
+  EXPECT_EQ(f16.phi, 1.5f);
+  EXPECT_FLOAT_EQ(f16.a, -3 * std::log(2.f));
+  EXPECT_EQ(f16.b, 11.f);
+  EXPECT_LT(std::exp(double(f16.b)), 65504.0);  // fp16 P never overflows
+  EXPECT_EQ(bf16.a, b.a);
+  EXPECT_EQ(bf16.b, b.b);
+}
+
+// ---- the kernel ---------------------------------------------------------------------------------
+
+struct Chunk {
+  int start, n;
+};
+
+enum class Rows { Normal, Adversarial };
+
+struct VarlenCase {
+  DType t;
+  int D, H, KVH, block_size;
+  std::vector<Chunk> chunks;
+  Rows rows = Rows::Normal;
+  float phi = -1.f;         // unified max of the async run (logits of random data are ~N(0, 1))
+  int check_rows = 1 << 30;  // per chunk; more rows than this: a sample (first, last, random)
+  bool wrapper = false;      // through prefill_attention (one chunk, host start)
+};
+
+void run_varlen(const VarlenCase& c) {
+  const int D = c.D, H = c.H, KVH = c.KVH, G = H / KVH, C = static_cast<int>(c.chunks.size());
+  const int width = (H + 2 * KVH) * D;
+  const float scale = 1.f / std::sqrt(float(D));
+  std::vector<int32_t> q_begin(C + 1, 0), starts(C);
+  int max_n = 1;
+  for (int i = 0; i < C; ++i) {
+    q_begin[i + 1] = q_begin[i] + c.chunks[i].n;
+    starts[i] = c.chunks[i].start;
+    max_n = std::max(max_n, c.chunks[i].n);
+  }
+  const int T = q_begin[C];
+
+  // Keys and values per chunk on the host as [kvh][pos][D] (contiguous rows for the reference).
+  // Adversarial rows: K gets +2 on every element, so a query of all +4 (all -4) has logits near
+  // +4 * 2 * D * scale = +90 (-90) for D = 128 (+-64 for D = 64): far above or below any range.
+  std::vector<std::vector<float>> kf(C), vf(C);
+  for (int i = 0; i < C; ++i) {
+    const int L = c.chunks[i].start + c.chunks[i].n;
+    std::vector<float> tmp;
+    auto kb = random_bits(size_t(KVH) * L * D, c.t, tmp);
+    if (c.rows == Rows::Adversarial)
+      for (auto& x : tmp) x += 2.f;
+    kf[i] = from_bits(to_bits(tmp, c.t), c.t);
+    random_bits(size_t(KVH) * L * D, c.t, vf[i]);
+  }
+  std::vector<float> qkv_f;
+  auto qkv = random_bits(size_t(T) * width, c.t, qkv_f);
+  if (c.rows == Rows::Adversarial) {
+    // About a quarter of the (row, head) pairs: 1 in 8 high, 1 in 8 low.
+    for (int r = 0; r < T; ++r)
+      for (int h = 0; h < H; ++h) {
+        const int kind = uniform_int(0, 7);
+        if (kind > 1) continue;
+        for (int d = 0; d < D; ++d) {
+          const size_t at = size_t(r) * width + size_t(h) * D + d;
+          qkv[at] = to_bits(kind == 0 ? 4.f : -4.f, c.t);
+          qkv_f[at] = from_bits(qkv[at], c.t);
+        }
+      }
+  }
+
+  // Paged cache: blocks handed out in random order from a pool with spare blocks; every slot the
+  // kernel must not read holds NaN (0xFFFF), every unused table entry -1.
+  int max_blocks = 1, used_blocks = 0;
+  for (const auto& ch : c.chunks) {
+    const int nb = (ch.start + ch.n + c.block_size - 1) / c.block_size;
+    max_blocks = std::max(max_blocks, nb);
+    used_blocks += nb;
+  }
+  max_blocks += 1;  // a table row longer than any chunk needs
+  const int pool = used_blocks + 3;
+  const auto perm = permutation(pool);
+  std::vector<int32_t> tables(size_t(C) * max_blocks, -1);
+  const size_t slot_elems = size_t(KVH) * D;
+  std::vector<uint16_t> kc(size_t(pool) * c.block_size * slot_elems, 0xFFFF), vc(kc.size(), 0xFFFF);
+  for (int i = 0, next = 0; i < C; ++i) {
+    const int L = c.chunks[i].start + c.chunks[i].n;
+    for (int b = 0; b * c.block_size < L; ++b) tables[size_t(i) * max_blocks + b] = perm[next++];
+    for (int p = 0; p < L; ++p) {
+      const int64_t slot = int64_t(tables[size_t(i) * max_blocks + p / c.block_size]) * c.block_size + p % c.block_size;
+      for (int kh = 0; kh < KVH; ++kh)
+        for (int d = 0; d < D; ++d) {
+          kc[slot * slot_elems + kh * D + d] = to_bits(kf[i][(size_t(kh) * L + p) * D + d], c.t);
+          vc[slot * slot_elems + kh * D + d] = to_bits(vf[i][(size_t(kh) * L + p) * D + d], c.t);
+        }
+    }
+  }
+
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_k(kc), d_v(vc), d_out(size_t(T) * H * D);
+  DeviceBuffer<int32_t> d_tables(tables), d_q_begin(q_begin), d_starts(starts);
+  DeviceBuffer<unsigned long long> d_fallback(1);
+  const auto b = derive_unified_max_bounds(c.phi, 32768);
+  const cuda::UnifiedMaxRange range{b.phi, b.a, b.b};
+  const auto eff = cuda::prefill_attention_effective_range(range, c.t);
+
+  std::ostringstream what0;
+  what0 << "prefill_varlen " << name(c.t) << " D " << D << " H " << H << " KVH " << KVH << " block " << c.block_size
+        << (c.rows == Rows::Adversarial ? " adversarial" : "") << (c.wrapper ? " (one-chunk API)" : "") << " chunks";
+  for (const auto& ch : c.chunks) what0 << " " << ch.start << "+" << ch.n;
+
+  // Rows to check, and the reference: the stable softmax; the row max for the fallback count.
+  std::vector<std::pair<int, int>> checked;  // (chunk, row in chunk)
+  bool all_rows = true;
+  for (int i = 0; i < C; ++i) {
+    const int n = c.chunks[i].n;
+    if (n <= c.check_rows) {
+      for (int r = 0; r < n; ++r) checked.push_back({i, r});
+      continue;
+    }
+    all_rows = false;
+    std::set<int> pick;
+    for (int r = 0; r < 4; ++r) pick.insert({r, n - 1 - r});
+    while (static_cast<int>(pick.size()) < c.check_rows) pick.insert(uniform_int(0, n - 1));
+    for (int r : pick) checked.push_back({i, r});
+  }
+  std::vector<float> ref(checked.size() * H * D);
+  long long expect_fallback = 0, ambiguous = 0;
+  for (size_t k = 0; k < checked.size(); ++k) {
+    const auto [i, r] = checked[k];
+    const int L = c.chunks[i].start + c.chunks[i].n, len = c.chunks[i].start + r + 1;
+    for (int h = 0; h < H; ++h) {
+      const float* q = &qkv_f[size_t(q_begin[i] + r) * width + size_t(h) * D];
+      const float* kk = &kf[i][size_t(h / G) * L * D];
+      const float* vv = &vf[i][size_t(h / G) * L * D];
+      stable_attention_row(q, kk, vv, len, D, D, scale, &ref[(k * H + h) * D]);
+      float mx = -INFINITY;
+      for (int j = 0; j < len; ++j) mx = std::max(mx, cpu::attention_dot(q, kk + size_t(j) * D, D) * scale);
+      const float rel = mx - eff.phi;
+      if (!(rel >= eff.a && rel <= eff.b)) ++expect_fallback;
+      // The GPU's logits differ from these by fp32 rounding: a row this close to a bound may go
+      // either way.
+      if (std::fabs(rel - eff.a) < 1e-3f || std::fabs(rel - eff.b) < 1e-3f) ++ambiguous;
+    }
+  }
+
+  for (bool async : {false, true}) {
+    d_out.poison();
+    cuda_ok(cudaMemset(d_fallback.get(), 0, sizeof(unsigned long long)), "cudaMemset");
+    const cuda::UnifiedMaxRange* um = async ? &range : nullptr;
+    if (c.wrapper) {
+      cuda::prefill_attention(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), c.chunks[0].start, c.chunks[0].n, H,
+                              KVH, D, c.block_size, scale, d_out.get(), c.t, nullptr, um, d_fallback.get());
+    } else {
+      cuda::prefill_attention_varlen(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), max_blocks, d_q_begin.get(),
+                                     d_starts.get(), C, T, max_n, H, KVH, D, c.block_size, scale, um,
+                                     d_fallback.get(), d_out.get(), c.t, nullptr);
+    }
+    sync("prefill_attention_varlen");
+    const auto out = from_bits(d_out.download(), c.t);
+    std::vector<float> got(ref.size());
+    for (size_t k = 0; k < checked.size(); ++k) {
+      const auto [i, r] = checked[k];
+      std::copy_n(&out[size_t(q_begin[i] + r) * H * D], H * D, &got[k * H * D]);
+    }
+    const std::string what = what0.str() + (async ? " async" : " sync");
+    expect_close(got, ref, Tolerance{5e-4, 0, 0}, what);
+    // Every row of every chunk written (no poison left), checked or not.
+    size_t nan = 0;
+    for (float x : out) nan += !std::isfinite(x);
+    EXPECT_EQ(nan, 0u) << what << ": unwritten or non-finite outputs";
+    const auto fb = d_fallback.download()[0];
+    if (!async) {
+      EXPECT_EQ(fb, 0u) << what << ": the synchronized mode counted fallbacks";
+    } else if (all_rows) {
+      EXPECT_GE(static_cast<long long>(fb), expect_fallback - ambiguous) << what;
+      EXPECT_LE(static_cast<long long>(fb), expect_fallback + ambiguous) << what;
+      if (c.rows == Rows::Adversarial) EXPECT_GT(fb, 0u) << what << ": adversarial rows did not fall back";
+    }
+  }
+}
+
+constexpr DType kTypes[] = {DType::F16, DType::BF16};
+
+// Several chunks of different lengths in one launch, start offsets on no tile boundary; every
+// group size 1..16, both head dims, block sizes 16 and 32.
+TEST_F(CudaKernels, PrefillVarlenChunksEveryGroup) {
+  const std::vector<Chunk> chunks = {{0, 1}, {37, 100}, {500, 333}, {1, 64}, {63, 65}, {0, 200}, {129, 2}};
+  int k = 0;
+  for (DType t : kTypes)
+    for (int D : {64, 128})
+      for (int G : {1, 2, 4, 8, 16}) {
+        const int KVH = G == 16 ? 1 : 2;
+        run_varlen({t, D, G * KVH, KVH, (k++ % 2) ? 32 : 16, chunks});
+      }
+}
+
+TEST_F(CudaKernels, PrefillOneChunkApiAndShortRows) {
+  for (DType t : kTypes) {
+    run_varlen({t, 128, 8, 2, 16, {{77, 190}}, Rows::Normal, -1.f, 1 << 30, true});
+    run_varlen({t, 64, 4, 4, 32, {{0, 1}}, Rows::Normal, -1.f, 1 << 30, true});
+    run_varlen({t, 64, 4, 1, 16, {{0, 1}, {0, 1}, {3, 1}}});  // decode-like chunks
+  }
+}
+
+TEST_F(CudaKernels, PrefillLongSequences) {
+  run_varlen({DType::F16, 128, 8, 1, 16, {{0, 32768}}, Rows::Normal, -1.f, 24});
+  run_varlen({DType::BF16, 128, 4, 2, 32, {{0, 16384}}, Rows::Normal, -1.f, 24});
+  run_varlen({DType::BF16, 64, 4, 2, 16, {{1000, 4097}}, Rows::Normal, -1.f, 48});
+  run_varlen({DType::F16, 128, 4, 1, 32, {{0, 1025}, {3000, 2047}, {0, 2048}}, Rows::Normal, -1.f, 40});
+}
+
+TEST_F(CudaKernels, PrefillAdversarialRowsFallBackExactlyAndAreCounted) {
+  for (DType t : kTypes)
+    for (int D : {64, 128}) {
+      run_varlen({t, D, 8, 2, 16, {{0, 130}, {17, 300}, {200, 5}}, Rows::Adversarial, 0.f});
+      run_varlen({t, D, 4, 4, 32, {{0, 64}, {64, 64}}, Rows::Adversarial, 0.f});
+    }
+}
+
+// phi far from the logits: every row leaves the range (from below with phi = +200, from above
+// with phi = -200) and is recomputed exactly; with phi = 3 (fp16: rows with max < 0.92) some do.
+TEST_F(CudaKernels, PrefillPhiOutOfRangeRecomputesEveryRow) {
+  for (float phi : {200.f, -200.f, 3.f})
+    for (DType t : kTypes) run_varlen({t, 128, 4, 2, 16, {{5, 100}, {0, 70}}, Rows::Normal, phi});
+}
+
+TEST_F(CudaKernels, PrefillVarlenRejectsBadArguments) {
+  const void* p = reinterpret_cast<const void*>(uintptr_t(256));
+  const int32_t* ip = reinterpret_cast<const int32_t*>(uintptr_t(256));
+  void* o = reinterpret_cast<void*>(uintptr_t(256));
+  auto call = [&](int chunks, int max_chunk, int H, int KVH, int D, int bs, const int32_t* qb) {
+    cuda::prefill_attention_varlen(p, p, p, ip, 4, qb, ip, chunks, 64, max_chunk, H, KVH, D, bs, 0.1f, nullptr,
+                                   nullptr, o, DType::F16, nullptr);
+  };
+  EXPECT_NE(error_of([&] { call(1, 64, 8, 3, 128, 16, ip); }).find("prefill_attention_varlen"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(1, 64, 8, 2, 96, 16, ip); }).find("head_dim"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(1, 64, 8, 2, 128, 24, ip); }).find("block_size"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(0, 64, 8, 2, 128, 16, ip); }).find("chunks"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(1, 65, 8, 2, 128, 16, ip); }).find("max_chunk_tokens"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(1, 64, 8, 2, 128, 16, nullptr); }).find("q_begin"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fdpp::test
