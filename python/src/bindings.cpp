@@ -20,7 +20,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
-#include <atomic>
+#include <algorithm>
 #include <climits>
 #include <deque>
 #include <map>
@@ -75,7 +75,8 @@ struct ModelState {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Scheduler> scheduler;
   // CUDA: the runner of logits(), made at the first call and kept (it copies the weights to the
-  // GPU once). The CPU makes one per call, sized to the ids, exactly as `fdpp logits` does.
+  // GPU once). The CPU makes one per call, sized to the ids, exactly as `fdpp logits` does (it
+  // reads the host weights in place: nothing is copied).
   std::unique_ptr<Runner> logits_runner;
   // One caller drives the scheduler (step) at a time. Lock order: release the GIL first, then
   // take this mutex; code holding it takes the GIL only briefly (signal checks), never the
@@ -382,9 +383,16 @@ nb::object logits(ModelState& st, std::vector<int32_t> ids, bool as_torch) {
         auto runner = make_runner(c, st.model.weights, static_cast<int>(ids.size()), st.runner_options);
         runner->forward(ids, 0, /*all_positions=*/true, *out);
       } else {
-        if (!st.logits_runner || st.logits_runner->max_context() < static_cast<int>(ids.size())) {
+        // Kept between calls and sized to a power of two >= 256 tokens, so that its KV cache stays
+        // small beside the engine's and it is rarely remade. It holds its own copy of the weights
+        // (make_runner cannot share the engine's DeviceModel): a model must fit twice, or the
+        // engine be given less KV cache (kv_cache_tokens), for logits() on the GPU.
+        const int n = static_cast<int>(ids.size());
+        if (!st.logits_runner || st.logits_runner->max_context() < n) {
+          int cap = 256;
+          while (cap < n) cap *= 2;
           st.logits_runner.reset();
-          st.logits_runner = make_runner(c, st.model.weights, c.max_context, st.runner_options);
+          st.logits_runner = make_runner(c, st.model.weights, std::min(cap, c.max_context), st.runner_options);
         }
         st.logits_runner->forward(ids, 0, /*all_positions=*/true, *out);
       }
