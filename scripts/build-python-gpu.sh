@@ -5,16 +5,15 @@
 # ABI) with a local 3.12 ($FDPP_PY312, else python3.12 on PATH, else pyenv's), installed with
 # `pip install --target`, and the Debian libraries that machine lacks are copied into fdpp/lib
 # (the extension's RPATH is $ORIGIN/lib). pytest travels too (pure Python).
-# Then there: bash scripts/gpu-check-python.sh
+# Then there: bash scripts/gpu-check-python.sh, carrying build-gpu/python.tar.xz (or build-gpu/python).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-py312="${FDPP_PY312:-}"
-if [[ -z $py312 ]]; then
-  py312=$(command -v python3.12 || true)
-  [[ -z $py312 && -x "$HOME/.pyenv/versions/3.12.1/bin/python3.12" ]] && py312="$HOME/.pyenv/versions/3.12.1/bin/python3.12"
-  [[ -z $py312 ]] && py312=$(ls "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1 || true)
-fi
-[[ -x $py312 ]] || { echo "build-python-gpu: no CPython 3.12 found (set FDPP_PY312)" >&2; exit 1; }
+py312=""
+# The first candidate that really is CPython 3.12 (pyenv's shims exist for versions not selected).
+for c in ${FDPP_PY312:-} python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+  if "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then py312=$(command -v "$c"); break; fi
+done
+[[ -n $py312 ]] || { echo "build-python-gpu: no CPython 3.12 found (set FDPP_PY312)" >&2; exit 1; }
 if command -v ccache >/dev/null; then
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
 fi
@@ -30,4 +29,7 @@ mkdir -p "$dist"
 mkdir -p "$out/fdpp/lib"
 ldd "$out"/fdpp/_core*.so | awk '/=> \// {print $3}' | grep -E 'libfmt|libpcre2|libgomp|libsentencepiece|libminizip' |
   while read -r lib; do cp -Lu "$lib" "$out/fdpp/lib/"; done
-du -sh "$out" "$out"/fdpp/_core*.so "$out/fdpp/lib"
+find "$out" -name __pycache__ -prune -exec rm -rf {} +
+# One compressed file to carry (a device call takes 64 MiB in all; this is ~10 MB of 38).
+tar cJf "$root/build-gpu/python.tar.xz" -C "$root/build-gpu" python
+du -sh "$out" "$out"/fdpp/_core*.so "$out/fdpp/lib" "$root/build-gpu/python.tar.xz"

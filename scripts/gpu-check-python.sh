@@ -9,6 +9,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 B="${FDPP_BUILD_DIR:-$root/build-gpu}"
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
+if [[ ! -d $B/python && -f $B/python.tar.xz ]]; then tar xJf "$B/python.tar.xz" -C "$B"; fi
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="$B/python${PYTHONPATH:+:$PYTHONPATH}"
 export FDPP_BIN="$B/fdpp"

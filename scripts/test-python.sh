@@ -31,7 +31,7 @@ if command -v ccache >/dev/null; then
 fi
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 start=$SECONDS
-"$py" -m pip install -q "$root" "-Ccmake.define.FDPP_CUDA=${FDPP_PYTHON_CUDA:-OFF}"
+"$py" -m pip install -q "$root" "--config-settings=cmake.define.FDPP_CUDA=${FDPP_PYTHON_CUDA:-OFF}"
 echo "test-python: pip install . took $((SECONDS - start)) s"
 export FDPP_BIN="${FDPP_BIN:-${FDPP_BUILD_DIR:-$root/build}/fdpp}"
 # From tests/python, not the root: `import fdpp` must find the installed package, not python/fdpp.

@@ -26,7 +26,10 @@ import math
 import os
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from . import _core
 from ._core import EngineError, FdppError, InvalidInputError
@@ -492,12 +495,12 @@ class LLM:
 
     # ---- logits --------------------------------------------------------------------------------
 
-    def logits(self, token_ids: Sequence[int], as_torch: bool = False):
+    def logits(self, token_ids: Sequence[int], as_torch: bool = False) -> "np.ndarray":
         """The logits of every position of one sequence: float32 [T, vocab].
 
         A numpy array (as `fdpp logits --token-ids ... --out F.npy` writes: on the CPU the same
-        numbers bit for bit); with as_torch=True a torch tensor sharing the same memory (DLPack, no
-        copy). torch.from_dlpack(array) also works on the numpy array without a copy.
+        numbers bit for bit); with as_torch=True a torch.Tensor sharing the same memory (DLPack, no
+        copy; the annotation names the numpy case). torch.from_dlpack(array) also works on the numpy array without a copy.
         """
         ids = _ids("token_ids", token_ids)
         if as_torch:

@@ -26,7 +26,7 @@ def test_pip_install_into_a_fresh_venv(tmp_path, llm):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
     cuda = "ON" if os.environ.get("FDPP_PYTHON_CUDA", "OFF") == "ON" else "OFF"
-    p = subprocess.run([py, "-m", "pip", "install", "-q", str(ROOT), f"-Ccmake.define.FDPP_CUDA={cuda}"],
+    p = subprocess.run([py, "-m", "pip", "install", "-q", str(ROOT), f"--config-settings=cmake.define.FDPP_CUDA={cuda}"],
                        capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     # Run from tmp_path so that `import fdpp` cannot pick up the checkout's python/ folder.
