@@ -5,7 +5,7 @@
 # The build travels with the call (CMake and the Debian -dev packages are on the development
 # machine, not the GPU machine):  here: bash scripts/build-gpu.sh   then run this there with
 # carry ["build-gpu"] (plus ".ref" parts of the default model for the greedy test, see below).
-#   FDPP_GPU_STAGES="tests sanitizer attention prefill linear tune dataflow bench peers" (default: all but tune)
+#   FDPP_GPU_STAGES="tests sanitizer attention prefill ttft linear tune dataflow bench peers" (default: all but tune)
 # Only a few files come back from the device call: everything is written under $OUT/full and
 # packed into $OUT/full.tar.gz at the end, beside summary.md.
 set -uo pipefail
@@ -16,7 +16,7 @@ OUT="$OUT_TOP/full"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
-stages="${FDPP_GPU_STAGES:-tests sanitizer attention prefill linear dataflow bench peers}"
+stages="${FDPP_GPU_STAGES:-tests sanitizer attention prefill ttft linear dataflow bench peers}"
 presets="llama-2-7b llama-2-13b llama-3-8b opt-6.7b chatglm2-6b"
 summary="$OUT_TOP/summary.md"
 : >"$summary"
@@ -119,6 +119,28 @@ if [[ " $stages " == *" prefill "* ]]; then
   done
 fi
 
+if [[ " $stages " == *" ttft "* ]]; then
+  # Issue 11: time to first token end to end (fdpp bench's pp: the prompt in one step, first token
+  # sampled) against HF transformers' sdpa forward of the same shape, same run.
+  ttft() {  # ttft CONFIG LENGTHS
+    "$B/fdpp" bench --load-format dummy --config "$root/configs/$1.json" -b 1 -c 1024 --steps 4 --mixed-chunk 0 \
+      -p "$2" -r 3 --json >"$OUT/ttft_$1.json" 2>"$OUT/ttft_$1.err" || log "ttft $1 failed: $(tail -1 "$OUT/ttft_$1.err")"
+    python3 - "$OUT/ttft_$1.json" "$1" <<'PY' | tee -a "$summary"
+import json, sys
+r = json.load(open(sys.argv[1]))
+for x in r["results"]:
+    if "n_tokens" in x:
+        print(f"| fdpp | {sys.argv[2]} | pp{x['n_tokens']} | {x['seconds']*1e3:.1f} ms | {x['tokens_per_second']:.0f} tok/s |")
+PY
+    PYTHONUNBUFFERED=1 python3 "$root/bench/peers/prefill_peers.py" "$root/configs/$1.json" --lengths "$2" \
+      --json "$OUT/ttft_hf_$1.json" 2>"$OUT/ttft_hf_$1.err" | tee -a "$summary" || log "hf prefill $1 failed: $(tail -1 "$OUT/ttft_hf_$1.err")"
+  }
+  { echo; echo "### time to first token (batch 1, fp16, dummy weights): fdpp vs HF transformers sdpa"; echo "| engine | model | test | time | tokens/s |"; echo "| --- | --- | --- | ---: | ---: |"; } | tee -a "$summary"
+  ttft llama-2-7b "${FDPP_TTFT_7B:-1024,4096}"
+  ttft llama-3-8b "${FDPP_TTFT_L3:-8000}"
+  ttft llama-3.1-8b "${FDPP_TTFT_L31:-32000}"
+fi
+
 if [[ " $stages " == *" linear "* ]]; then
   # Issue 6: every [N, K] of the five presets, GEMV / flat GEMM / cuBLAS side by side.
   "$B/fdpp" bench-linear --preset "${presets// /,}" -M 1,2,4,8,16,32,64 >"$OUT/linear.md" 2>"$OUT/linear.err" \
@@ -174,6 +196,9 @@ print(f"\n### fdpp {sys.argv[2]} ({r['dtype']}, attention {r.get('attention', '?
 print(f"memory: accounted {m['accounted']/2**30:.2f} GiB (weights {m['weights']/2**30:.2f}, KV {m['kv_cache']/2**30:.2f}), device used {m['device_used_by_engine']/2**30:.2f} GiB ({100*(m['device_used_by_engine']-m['accounted'])/m['accounted']:+.1f}%)")
 print("| test | ms/step | tokens/s | % roofline (measured) | % (4.46 TB/s) | attention fallback rows |\n| --- | ---: | ---: | ---: | ---: | ---: |")
 for x in r["results"]:
+    if "decode_only_ms" in x:
+        print(f"| {x['test']} | {x['ms_per_step']:.3f} | {x['tokens_per_second']:.1f} | decode alone {x['decode_only_ms']:.3f} + chunk alone {x['chunk_only_ms']:.3f} | mixing adds {x['overhead_ms']:+.3f} ms | - |")
+        continue
     ms = x.get("ms_per_step", x.get("seconds", 0) * 1e3)
     fb = f"{x['attention_fallback_rows']}/{x['attention_rows']}" if "attention_rows" in x else "-"
     print(f"| {x['test']} | {ms:.3f} | {x['tokens_per_second']:.1f} | {100*x['roofline_measured']:.1f} | {100*x['roofline_design']:.1f} | {fb} |")
@@ -181,8 +206,8 @@ PY
   }
   bench llama-2-7b --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024 -p 1024
   # End to end, asynchronized (default, above) against synchronized softmax (issue 5).
-  bench llama-2-7b-sync-attention --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024,4000 -p 1024 --attention sync
-  bench llama-2-7b-async-4k --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 4000 -p 1024
+  [[ ${FDPP_BENCH_ABLATIONS:-1} == 1 ]] && bench llama-2-7b-sync-attention --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024,4000 -p 1024 --attention sync
+  [[ ${FDPP_BENCH_ABLATIONS:-1} == 1 ]] && bench llama-2-7b-async-4k --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 4000 -p 1024
   # Linear-layer implementations side by side on the same model (FDPP_BENCH_LINEAR_COMPARE=1).
   if [[ ${FDPP_BENCH_LINEAR_COMPARE:-0} == 1 ]]; then
     FDPP_LINEAR=cublas bench llama-2-7b-cublas-only --config "$root/configs/llama-2-7b.json" -b 1,2,4,8 -c 1024 -p 1024

@@ -247,7 +247,7 @@ TEST(TokenizerSmolLM2, ChatTemplateMatchesHF) {
   }
 }
 
-TEST(TokenizerSmolLM2, Speed) {
+TEST(TokenizerSmolLM2, FreshTokenizersEncodeAlikeAndTheirTimesArePrinted) {
   REQUIRE_SMOLLM2(s);
   using clock = std::chrono::steady_clock;
   auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
@@ -272,9 +272,8 @@ TEST(TokenizerSmolLM2, Speed) {
   EXPECT_EQ(ids, s->tok->encode(text, false, true));
   std::printf("[ tokenizer ] build %.1f ms (49152 tokens, 48900 merges); encode %zu bytes -> %zu ids: cold %.2f ms, "
               "warm %.2f ms\n", build_ms, text.size(), ids.size(), cold_ms, warm_ms);
-  // Targets: build ~100 ms, a few KB well under 10 ms; bounds loose enough for a loaded CI machine.
-  EXPECT_LT(build_ms, 1000.0);
-  EXPECT_LT(cold_ms, 10.0);
+  // The times are printed for a reader (targets: build ~100 ms, a few KB well under 10 ms); no
+  // bound is asserted, since a test's timing on a shared machine measures the machine.
 }
 
 // ---- SentencePiece-style vocabulary (Mistral v3) ----------------------------------------------------

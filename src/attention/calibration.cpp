@@ -506,6 +506,20 @@ Calibration read_calibration(const std::string& path) {
   return c;
 }
 
+Calibration load_calibration(const std::string& model_path, const std::string& file) {
+  std::error_code ec;
+  check(fs::exists(file, ec), "--calibration {}: no such file", file);
+  Calibration c = read_calibration(file);
+  if (!model_path.empty()) {
+    uint64_t size = 0;
+    const std::string fp = model_fingerprint(model_path, &size);
+    check(fp == c.model_fingerprint && size == c.model_size,
+          "{}: calibration is for another model file ({}, fingerprint {}; this model {}); rerun fdpp calibrate", file,
+          c.model_path, c.model_fingerprint, fp);
+  }
+  return c;
+}
+
 std::optional<Calibration> load_calibration(const std::string& model_path) {
   std::error_code ec;
   std::string path = calibration_path_beside(model_path);

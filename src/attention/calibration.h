@@ -83,5 +83,8 @@ Calibration read_calibration(const std::string& path);
 // The calibration of a model: beside it, else in the cache; none when neither exists. A file that
 // exists but is malformed, or was made for another model file, is an error naming the file.
 std::optional<Calibration> load_calibration(const std::string& model_path);
+// A calibration file named explicitly (--calibration FILE): it must exist and match the model
+// file (by fingerprint) when model_path is given; errors name the file.
+Calibration load_calibration(const std::string& model_path, const std::string& file);
 
 }  // namespace fdpp

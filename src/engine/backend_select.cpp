@@ -1,5 +1,14 @@
 #include "engine/backend_select.h"
 
+#include <omp.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <utility>
+
+#include "attention/calibration.h"
 #include "backend/cpu/cpu_engine.h"
 #include "backend/cpu/cpu_runner.h"
 #include "fdpp/error.h"
@@ -32,24 +41,85 @@ Device resolve_device(Device requested) {
 #endif
 }
 
+int physical_cpu_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return omp_get_num_procs();
+  // A core is (package, core id); its hyperthreads share it. Any unreadable file: fall back.
+  std::set<std::pair<int, int>> cores;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    std::ifstream pkg(dir + "physical_package_id"), core(dir + "core_id");
+    int p = -1, c = -1;
+    if (!(pkg >> p) || !(core >> c)) return CPU_COUNT(&set);
+    cores.emplace(p, c);
+  }
+  return cores.empty() ? CPU_COUNT(&set) : static_cast<int>(cores.size());
+}
+
+void set_cpu_threads(int threads) {
+  check(threads >= 0, "--threads {}: must be >= 0 (0: the physical cores)", threads);
+  if (threads == 0) {
+    // OMP_NUM_THREADS is the user's explicit choice; keep it. Otherwise one thread per physical
+    // core: hyperthreads share a core's FMA units and only add contention to these loops.
+    if (const char* env = std::getenv("OMP_NUM_THREADS"); env != nullptr && *env != '\0') return;
+    threads = physical_cpu_cores();
+  }
+  omp_set_num_threads(threads);
+}
+
+std::vector<float> resolve_unified_max_phi(const ModelConfig& config, const RunnerOptions& options) {
+  if (!options.unified_max_phi.empty()) return options.unified_max_phi;
+  std::optional<Calibration> cal;
+  if (!options.calibration.empty()) {
+    cal = load_calibration(options.model_path, options.calibration);
+  } else if (!options.model_path.empty()) {
+    cal = load_calibration(options.model_path);
+  }
+  std::vector<float> phi;
+  if (!cal) return phi;
+  check(static_cast<int>(cal->layers.size()) == config.n_layers, "{}: calibration has {} layers, the model {}",
+        cal->path, cal->layers.size(), config.n_layers);
+  for (const LayerCalibration& l : cal->layers) phi.push_back(l.bounds.phi);
+  return phi;
+}
+
+namespace {
+
+// Checked on every device: --dtype garbage is an error on the CPU too, not silently ignored.
+void check_dtype(const RunnerOptions& options) {
+  check(options.dtype == "f16" || options.dtype == "bf16" || options.dtype == "auto",
+        "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
+}
+
+// The CPU backend's share of the options: its threads, and a calibration file the user named, which
+// must fit the model even though the CPU's exact attention does not use phi.
+void prepare_cpu(const ModelConfig& config, const RunnerOptions& options) {
+  if (!options.calibration.empty()) resolve_unified_max_phi(config, options);
+  set_cpu_threads(options.threads);
+}
+
+}  // namespace
+
 #ifdef FDPP_HAVE_CUDA
 namespace {
 std::shared_ptr<const cuda::DeviceModel> device_model(const ModelConfig& config, const DecoderWeights& weights,
                                                       const RunnerOptions& options) {
   cuda::DType dtype = cuda::DType::F16;
   if (options.dtype == "bf16") dtype = cuda::DType::BF16;
-  else check(options.dtype == "f16" || options.dtype == "auto", "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
   return std::make_shared<const cuda::DeviceModel>(config, weights, dtype);
 }
 
-cuda::EngineOptions engine_options(const RunnerOptions& options) {
+cuda::EngineOptions engine_options(const ModelConfig& config, const RunnerOptions& options) {
   cuda::EngineOptions eo;
   eo.kv_cache_tokens = options.kv_cache_tokens;
   eo.cuda_graphs = options.cuda_graphs;
   check(options.attention == "async" || options.attention == "sync", "--attention '{}' is not one of async, sync",
         options.attention);
   eo.attention = options.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
-  eo.unified_max_phi = options.unified_max_phi;
+  if (options.attention == "async" || !options.calibration.empty())
+    eo.unified_max_phi = resolve_unified_max_phi(config, options);
   eo.linear_mode = options.linear;
   eo.model_path = options.model_path;
   eo.dispatch_table = options.dispatch_table;
@@ -60,11 +130,15 @@ cuda::EngineOptions engine_options(const RunnerOptions& options) {
 
 std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeights& weights, int max_context,
                                     const RunnerOptions& options) {
+  check_dtype(options);
   const Device device = resolve_device(options.device);
-  if (device == Device::Cpu) return std::make_unique<CpuRunner>(config, weights, max_context);
+  if (device == Device::Cpu) {
+    prepare_cpu(config, options);
+    return std::make_unique<CpuRunner>(config, weights, max_context);
+  }
 #ifdef FDPP_HAVE_CUDA
   return std::make_unique<cuda::CudaRunner>(device_model(config, weights, options), max_context,
-                                            engine_options(options));
+                                            engine_options(config, options));
 #else
   fail("unreachable: CUDA runner requested in a CPU-only build");
 #endif
@@ -72,12 +146,16 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
 
 std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeights& weights,
                                     const RunnerOptions& options, const EngineLimits& limits) {
+  check_dtype(options);
   const Device device = resolve_device(options.device);
-  if (device == Device::Cpu) return std::make_unique<CpuEngine>(config, weights, limits);
+  if (device == Device::Cpu) {
+    prepare_cpu(config, options);
+    return std::make_unique<CpuEngine>(config, weights, limits);
+  }
 #ifdef FDPP_HAVE_CUDA
   // The CUDA engine's sequences may use the model's whole context (limits.max_context is the CPU's
   // cache bound); admission by KV blocks bounds what they hold together.
-  cuda::EngineOptions eo = engine_options(options);
+  cuda::EngineOptions eo = engine_options(config, options);
   eo.max_batch = limits.max_step_rows;
   eo.max_prefill_tokens = limits.max_step_tokens;
   eo.block_size = limits.block_size;

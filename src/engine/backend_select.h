@@ -32,7 +32,24 @@ struct RunnerOptions {
   std::string linear;
   std::string model_path;
   std::string dispatch_table;
+  // CPU backend threads (-t/--threads); 0: $OMP_NUM_THREADS when set, else the physical cores of
+  // this process's CPU set.
+  int threads = 0;
+  // Unified-max calibration file (fdpp calibrate --out, -/--calibration); "": looked up beside the
+  // model, then in the cache. Read when unified_max_phi is empty. A file named here must exist, parse
+  // and match the model (checked on every device, so that a wrong file is never silently ignored).
+  std::string calibration;
 };
+
+// Sets the CPU backend's thread count by the rule of RunnerOptions::threads (make_runner and
+// make_engine call it for the CPU; the CPU thread pool of issue 18 will take this over).
+void set_cpu_threads(int threads);
+// Physical cores among the CPUs this process may run on (sysfs topology; the logical CPU count
+// when that cannot be read).
+int physical_cpu_cores();
+// The per-layer unified max phi for options: options.unified_max_phi when set, else from the
+// calibration file (named or looked up); empty when there is none.
+std::vector<float> resolve_unified_max_phi(const ModelConfig& config, const RunnerOptions& options);
 
 // The weights must outlive the runner (the CPU backend reads them in place; the CUDA backend
 // copies them to the device and no longer needs them after this returns).

@@ -22,6 +22,8 @@ GenerateResult generate(Runner& runner, const Tokenizer& tokenizer, std::span<co
   using Clock = std::chrono::steady_clock;
   check(!prompt.empty(), "the prompt is empty (no tokens to start from)");
   check(options.max_tokens >= 0, "max tokens = {} must be >= 0", options.max_tokens);
+  // Stop strings live in the Scheduler (one implementation); refused here rather than ignored.
+  check(options.stop.empty(), "stop strings need the engine path, generate(Engine&)");
   const int vocab = runner.config().vocab_size;
   for (int32_t id : prompt) check(id >= 0 && id < vocab, "prompt token id {} is out of range [0, {})", id, vocab);
   check(static_cast<int64_t>(prompt.size()) + options.max_tokens <= runner.max_context(),

@@ -20,7 +20,7 @@ struct GenerateOptions {
   int max_tokens = 128;
   bool ignore_eos = false;
   SamplingParams sampling;
-  std::vector<std::string> stop;  // stop strings (engine path only)
+  std::vector<std::string> stop;  // stop strings: the text ends before the first one (engine path only)
 };
 
 struct GenerateResult {
@@ -29,7 +29,7 @@ struct GenerateResult {
   int prompt_tokens = 0;
   double prefill_seconds = 0;   // prompt forward pass, up to the first token's logits
   double decode_seconds = 0;    // every later forward pass
-  std::string finish_reason;    // "stop" (end-of-generation token) or "length"
+  std::string finish_reason;    // "stop" (end-of-generation token or stop string) or "length"
   double prefill_tokens_per_second() const;
   double decode_tokens_per_second() const;  // tokens after the first, over decode time
 };

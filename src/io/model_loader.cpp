@@ -76,6 +76,10 @@ std::string default_model_path() {
 std::string resolve_model_path(const std::string& path) {
   if (!path.empty()) return path;
   std::string def = default_model_path();
+  // $FDPP_MODEL names a file of the user's: the fetch script would not create it, so say only that
+  // it is missing.
+  if (const char* env = std::getenv("FDPP_MODEL"); env != nullptr && *env != '\0')
+    check(exists(def), "{}: no such file or directory (named by $FDPP_MODEL)", def);
   check(exists(def), "{}: default model not found; fetch it with scripts/fetch-default-model.sh or pass --model PATH",
         def);
   return def;
@@ -141,6 +145,18 @@ LoadedModel load_model(const std::string& path, const ProgressFn& progress) {
         m.description.config.vocab_size);
   m.weights = load_llama_gguf(f, m.description.config, progress);
   return m;
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  check(exists(path), "{}: no such file or directory", path);
+  if (is_directory(path)) {
+    check_hf_directory(path);
+    const HfConfig h = read_hf_config(path);
+    auto t = load_hf_tokenizer(path, HfTokenizerHints{h.model_type, h.eos_token_ids, h.bos_token_id});
+    check(t != nullptr, "{}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json + merges.txt)", path);
+    return t;
+  }
+  return Tokenizer::from_gguf(gguf::GgufFile::open(path));
 }
 
 }  // namespace fdpp

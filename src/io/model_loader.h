@@ -58,6 +58,8 @@ struct LoadedModel {
 // Loads weights (dequantized to fp32) and the tokenizer. progress(fraction) is called as tensors
 // are read.
 LoadedModel load_model(const std::string& path, const ProgressFn& progress = {});
+// The tokenizer alone (fdpp tokenize): no weights are read. Throws when the model has none.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 struct HfConfig;
 class WeightSource;

@@ -23,104 +23,20 @@
 #include "fdpp/error.h"
 #include "io/model_loader.h"
 #include "../test_util.h"
+#include "../tiny_model.h"
 
 namespace fdpp {
 namespace {
+
+using test::random_ids;
+using test::random_tensor;
+using test::random_weights;
+using test::tiny;
 
 bool have_gpu() { return !cuda::list_gpus().empty(); }
 
 #define REQUIRE_GPU() \
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU"
-
-Tensor random_tensor(std::vector<int64_t> shape, float scale, float offset = 0.f) {
-  Tensor t(std::move(shape));
-  std::normal_distribution<float> d(offset, scale);
-  for (auto& x : t.data) x = d(test::rng());
-  return t;
-}
-
-// A tiny model of a config's recipe with random weights, on the host.
-DecoderWeights random_weights(const ModelConfig& c) {
-  const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden, V = c.vocab_size;
-  const bool ln = c.norm == NormType::LayerNorm;
-  auto mat = [](int64_t r, int64_t k) { return random_tensor({r, k}, 1.0f / std::sqrt(float(k))); };
-  auto vec = [](bool present, int64_t n, float scale = 0.05f, float offset = 0.f) {
-    return present ? random_tensor({n}, scale, offset) : Tensor();
-  };
-  DecoderWeights w;
-  w.tok_embeddings = random_tensor({V, H}, 1.0f);
-  if (c.position == PositionEncoding::Learned)
-    w.pos_embeddings = random_tensor({c.max_context + c.learned_position_offset, H}, 0.3f);
-  for (int i = 0; i < c.n_layers; ++i) {
-    LayerWeights L;
-    L.attn_norm = vec(true, H, 0.1f, 1.0f);
-    L.attn_norm_bias = vec(ln && c.norm_bias, H);
-    L.wq = mat(Q, H);
-    L.wk = mat(KV, H);
-    L.wv = mat(KV, H);
-    L.bq = vec(c.qkv_bias, Q);
-    L.bk = vec(c.qkv_bias, KV);
-    L.bv = vec(c.qkv_bias, KV);
-    L.wo = mat(H, Q);
-    L.bo = vec(c.out_bias, H);
-    L.ffn_norm = vec(true, H, 0.1f, 1.0f);
-    L.ffn_norm_bias = vec(ln && c.norm_bias, H);
-    if (c.activation == Activation::SwiGLU) L.w_gate = mat(FF, H);
-    L.w_up = mat(FF, H);
-    L.w_down = mat(H, FF);
-    if (c.mlp_bias) {
-      if (c.activation == Activation::SwiGLU) L.b_gate = vec(true, FF);
-      L.b_up = vec(true, FF);
-      L.b_down = vec(true, H);
-    }
-    w.layers.push_back(std::move(L));
-  }
-  w.final_norm = vec(true, H, 0.1f, 1.0f);
-  w.final_norm_bias = vec(ln && c.norm_bias, H);
-  if (!c.tied_embeddings) w.lm_head = mat(V, H);
-  return w;
-}
-
-ModelConfig tiny(const std::string& recipe, int head_dim) {
-  ModelConfig c;
-  c.architecture = recipe;
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = head_dim;
-  c.hidden = 4 * head_dim;
-  c.ffn_hidden = 3 * c.hidden + 8;  // not a multiple of 64
-  c.vocab_size = 1003;
-  c.max_context = 512;
-  c.rope.theta = 10000;
-  c.rope.rotary_dim = head_dim;
-  if (recipe == "opt") {  // LayerNorm with bias, learned positions, ReLU, biases everywhere
-    c.n_kv_heads = 4;
-    c.norm = NormType::LayerNorm;
-    c.norm_bias = true;
-    c.position = PositionEncoding::Learned;
-    c.learned_position_offset = 2;
-    c.activation = Activation::ReLU;
-    c.qkv_bias = c.out_bias = c.mlp_bias = true;
-    c.tied_embeddings = true;
-  } else if (recipe == "chatglm") {  // interleaved RoPE on half of each head, qkv bias, MQA-ish
-    c.n_kv_heads = 1;
-    c.rope.rotary_dim = head_dim / 2;
-    c.rope_style = RopeStyle::Interleaved;
-    c.qkv_bias = true;
-  } else {
-    c.tied_embeddings = recipe == "llama-tied";
-  }
-  validate(c, recipe);
-  return c;
-}
-
-std::vector<int32_t> random_ids(int n, int vocab) {
-  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = d(test::rng());
-  return v;
-}
 
 struct RecipeCase {
   std::string recipe;

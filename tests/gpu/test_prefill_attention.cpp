@@ -2,7 +2,8 @@
 // query row owned once, every row sees exactly keys 0 .. its position), then the kernel against the
 // CPU's stable softmax (NMSE <= 5e-4, outputs poisoned first, NaN never passes) over variable-length
 // batches of chunks with start offsets anywhere, GQA groups 1..16, head_dim 64 and 128, block
-// sizes 16 and 32, lengths 1..32K, in the synchronized and the unified-max mode; adversarial rows
+// sizes 16 and 32, lengths 1..32K, in the synchronized and the unified-max mode, every tile
+// configuration (prefill_plan.h kConfigs) on the same inputs; adversarial rows
 // (logits far above or below phi) must come out exact and be counted exactly as the CPU counts
 // rows outside the range.
 #include <algorithm>
@@ -27,47 +28,63 @@ namespace pf = cuda::prefill;
 TEST(PrefillPlan, EveryRowOnceAndExactlyItsCausalKeys) {
   const std::vector<std::pair<int, int>> chunks = {{0, 1},   {0, 64},   {0, 65},  {100, 150}, {63, 1},   {64, 64},
                                                    {1, 127}, {999, 3},  {5, 200}, {0, 1000},  {4095, 2}, {7, 129}};
-  for (auto [start, n] : chunks) {
-    const pf::Grid g = pf::plan_grid(1, n + 37, 1);  // a grid sized for a longer chunk: extra y exit
-    std::vector<int> owner(n, 0);
-    for (unsigned y = 0; y < g.y; ++y) {
-      const pf::TileWork w = pf::tile_work(start, n, static_cast<int>(y));
-      if (w.rows == 0) continue;
-      ASSERT_GE(w.q0, 0);
-      ASSERT_LE(w.q0 + w.rows, n);
-      ASSERT_LE(w.rows, pf::kBQ);
-      ASSERT_EQ(w.q0 % pf::kBQ, 0);
-      ASSERT_EQ(w.n_key_tiles, (w.key_end + pf::kBK - 1) / pf::kBK);
-      for (int r = 0; r < w.rows; ++r) ++owner[w.q0 + r];
-      // Walk the keys as the kernel does: keys >= key_end are zero-filled AND must be masked.
-      for (int r = 0; r < pf::kBQ; ++r) {
-        const int pos = start + w.q0 + std::min(r, w.rows - 1);
-        int seen = 0, last = -1;
-        for (int kt = 0; kt < w.n_key_tiles; ++kt)
-          for (int key = kt * pf::kBK; key < (kt + 1) * pf::kBK; ++key) {
-            const bool vis = pf::key_visible(start, w, kt, key, r);
-            if (vis) {
-              ASSERT_LT(key, w.key_end) << "a zero-filled key is visible: start " << start << " n " << n;
-              ++seen;
-              last = key;
+  for (const pf::TileConfig& cfg : pf::kConfigs)
+    for (auto [start, n] : chunks) {
+      const int kBQ = pf::config_bq(cfg), kBK = cfg.bk;
+      const pf::Grid g = pf::plan_grid(1, n + 37, 1, kBQ);  // a grid sized for a longer chunk: extra y exit
+      std::vector<int> owner(n, 0);
+      for (unsigned y = 0; y < g.y; ++y) {
+        const pf::TileWork w = pf::tile_work(start, n, static_cast<int>(y), kBQ, kBK);
+        if (w.rows == 0) continue;
+        ASSERT_GE(w.q0, 0);
+        ASSERT_LE(w.q0 + w.rows, n);
+        ASSERT_LE(w.rows, kBQ);
+        ASSERT_EQ(w.q0 % kBQ, 0);
+        ASSERT_EQ(w.n_key_tiles, (w.key_end + kBK - 1) / kBK);
+        for (int r = 0; r < w.rows; ++r) ++owner[w.q0 + r];
+        // Walk the keys as the kernel does: keys >= key_end are zero-filled AND must be masked.
+        for (int r = 0; r < kBQ; ++r) {
+          const int pos = start + w.q0 + std::min(r, w.rows - 1);
+          int seen = 0, last = -1;
+          for (int kt = 0; kt < w.n_key_tiles; ++kt)
+            for (int key = kt * kBK; key < (kt + 1) * kBK; ++key) {
+              const bool vis = pf::key_visible(start, w, kt, key, r);
+              if (vis) {
+                ASSERT_LT(key, w.key_end) << "a zero-filled key is visible: start " << start << " n " << n;
+                ++seen;
+                last = key;
+              }
             }
-          }
-        ASSERT_EQ(seen, pos + 1) << "start " << start << " n " << n << " y " << y << " r " << r;
-        ASSERT_EQ(last, pos);
+          ASSERT_EQ(seen, pos + 1) << "start " << start << " n " << n << " y " << y << " r " << r;
+          ASSERT_EQ(last, pos);
+        }
+        // Tiles below first_masked_tile are fully visible to row 0, the row that sees the least.
+        if (w.first_masked_tile > 0) ASSERT_LE(w.first_masked_tile * kBK - 1, start + w.q0);
       }
-      // Tiles below first_masked_tile are fully visible to row 0, the row that sees the least.
-      if (w.first_masked_tile > 0) ASSERT_LE(w.first_masked_tile * pf::kBK - 1, start + w.q0);
-    }
-    for (int i = 0; i < n; ++i) ASSERT_EQ(owner[i], 1) << "start " << start << " n " << n << " row " << i;
-    // Heaviest first: y = 0 is the tile with the most key tiles.
-    if (n > 0) {
-      const int top = pf::tile_work(start, n, 0).n_key_tiles;
-      for (unsigned y = 1; y < g.y; ++y) {
-        const auto w = pf::tile_work(start, n, static_cast<int>(y));
-        if (w.rows > 0) ASSERT_LE(w.n_key_tiles, top);
+      for (int i = 0; i < n; ++i)
+        ASSERT_EQ(owner[i], 1) << cfg.name << " start " << start << " n " << n << " row " << i;
+      // Heaviest first: y = 0 is the tile with the most key tiles.
+      if (n > 0) {
+        const int top = pf::tile_work(start, n, 0, kBQ, kBK).n_key_tiles;
+        for (unsigned y = 1; y < g.y; ++y) {
+          const auto w = pf::tile_work(start, n, static_cast<int>(y), kBQ, kBK);
+          if (w.rows > 0) ASSERT_LE(w.n_key_tiles, top);
+        }
       }
     }
+}
+
+TEST(PrefillPlan, ConfigurationsByNameAndIndex) {
+  ASSERT_EQ(cuda::prefill_attention_configs(), pf::kNumConfigs);
+  ASSERT_GE(pf::kNumConfigs, 1);
+  EXPECT_STREQ(cuda::prefill_attention_config_name(0), "m64n64");  // the default stays the first kernel
+  for (int i = 0; i < pf::kNumConfigs; ++i) {
+    EXPECT_EQ(cuda::prefill_attention_config_index(cuda::prefill_attention_config_name(i)), i);
+    const auto& c = pf::kConfigs[i];
+    EXPECT_LE(pf::smem_bytes(128, pf::config_bq(c), c.bk, c.stages), size_t(227) * 1024) << c.name;
   }
+  EXPECT_EQ(cuda::prefill_attention_config_index("nope"), -1);
+  EXPECT_EQ(cuda::prefill_attention_config_name(pf::kNumConfigs), nullptr);
 }
 
 TEST(PrefillPlan, EffectiveRangeOfSixteenBitP) {
@@ -217,40 +234,42 @@ void run_varlen(const VarlenCase& c) {
     }
   }
 
-  for (bool async : {false, true}) {
-    d_out.poison();
-    cuda_ok(cudaMemset(d_fallback.get(), 0, sizeof(unsigned long long)), "cudaMemset");
-    const cuda::UnifiedMaxRange* um = async ? &range : nullptr;
-    if (c.wrapper) {
-      cuda::prefill_attention(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), c.chunks[0].start, c.chunks[0].n, H,
-                              KVH, D, c.block_size, scale, d_out.get(), c.t, nullptr, um, d_fallback.get());
-    } else {
-      cuda::prefill_attention_varlen(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), max_blocks, d_q_begin.get(),
-                                     d_starts.get(), C, T, max_n, H, KVH, D, c.block_size, scale, um,
-                                     d_fallback.get(), d_out.get(), c.t, nullptr);
+  for (int config = 0; config < cuda::prefill_attention_configs(); ++config)
+    for (bool async : {false, true}) {
+      d_out.poison();
+      cuda_ok(cudaMemset(d_fallback.get(), 0, sizeof(unsigned long long)), "cudaMemset");
+      const cuda::UnifiedMaxRange* um = async ? &range : nullptr;
+      if (c.wrapper) {
+        cuda::prefill_attention(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), c.chunks[0].start, c.chunks[0].n, H,
+                                KVH, D, c.block_size, scale, d_out.get(), c.t, nullptr, um, d_fallback.get(), config);
+      } else {
+        cuda::prefill_attention_varlen(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), max_blocks, d_q_begin.get(),
+                                       d_starts.get(), C, T, max_n, H, KVH, D, c.block_size, scale, um,
+                                       d_fallback.get(), d_out.get(), c.t, nullptr, config);
+      }
+      sync("prefill_attention_varlen");
+      const auto out = from_bits(d_out.download(), c.t);
+      std::vector<float> got(ref.size());
+      for (size_t k = 0; k < checked.size(); ++k) {
+        const auto [i, r] = checked[k];
+        std::copy_n(&out[size_t(q_begin[i] + r) * H * D], H * D, &got[k * H * D]);
+      }
+      const std::string what =
+          what0.str() + (async ? " async " : " sync ") + cuda::prefill_attention_config_name(config);
+      expect_close(got, ref, Tolerance{5e-4, 0, 0}, what);
+      // Every row of every chunk written (no poison left), checked or not.
+      size_t nan = 0;
+      for (float x : out) nan += !std::isfinite(x);
+      EXPECT_EQ(nan, 0u) << what << ": unwritten or non-finite outputs";
+      const auto fb = d_fallback.download()[0];
+      if (!async) {
+        EXPECT_EQ(fb, 0u) << what << ": the synchronized mode counted fallbacks";
+      } else if (all_rows) {
+        EXPECT_GE(static_cast<long long>(fb), expect_fallback - ambiguous) << what;
+        EXPECT_LE(static_cast<long long>(fb), expect_fallback + ambiguous) << what;
+        if (c.rows == Rows::Adversarial) EXPECT_GT(fb, 0u) << what << ": adversarial rows did not fall back";
+      }
     }
-    sync("prefill_attention_varlen");
-    const auto out = from_bits(d_out.download(), c.t);
-    std::vector<float> got(ref.size());
-    for (size_t k = 0; k < checked.size(); ++k) {
-      const auto [i, r] = checked[k];
-      std::copy_n(&out[size_t(q_begin[i] + r) * H * D], H * D, &got[k * H * D]);
-    }
-    const std::string what = what0.str() + (async ? " async" : " sync");
-    expect_close(got, ref, Tolerance{5e-4, 0, 0}, what);
-    // Every row of every chunk written (no poison left), checked or not.
-    size_t nan = 0;
-    for (float x : out) nan += !std::isfinite(x);
-    EXPECT_EQ(nan, 0u) << what << ": unwritten or non-finite outputs";
-    const auto fb = d_fallback.download()[0];
-    if (!async) {
-      EXPECT_EQ(fb, 0u) << what << ": the synchronized mode counted fallbacks";
-    } else if (all_rows) {
-      EXPECT_GE(static_cast<long long>(fb), expect_fallback - ambiguous) << what;
-      EXPECT_LE(static_cast<long long>(fb), expect_fallback + ambiguous) << what;
-      if (c.rows == Rows::Adversarial) EXPECT_GT(fb, 0u) << what << ": adversarial rows did not fall back";
-    }
-  }
 }
 
 constexpr DType kTypes[] = {DType::F16, DType::BF16};
@@ -312,6 +331,11 @@ TEST_F(CudaKernels, PrefillVarlenRejectsBadArguments) {
   EXPECT_NE(error_of([&] { call(0, 64, 8, 2, 128, 16, ip); }).find("chunks"), std::string::npos);
   EXPECT_NE(error_of([&] { call(1, 65, 8, 2, 128, 16, ip); }).find("max_chunk_tokens"), std::string::npos);
   EXPECT_NE(error_of([&] { call(1, 64, 8, 2, 128, 16, nullptr); }).find("q_begin"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              cuda::prefill_attention_varlen(p, p, p, ip, 4, ip, ip, 1, 64, 64, 8, 2, 128, 16, 0.1f, nullptr, nullptr, o,
+                                             DType::F16, nullptr, cuda::prefill_attention_configs());
+            }).find("tile configuration"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "attention/calibration.h"
+#include "engine/backend_select.h"
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/device_query.h"
@@ -65,7 +66,14 @@ int run_bench(const BenchArgs& a) {
   const int max_batch = *std::max_element(a.batches.begin(), a.batches.end());
   const int max_ctx = *std::max_element(a.contexts.begin(), a.contexts.end());
   const int max_prompt = a.prompts.empty() ? 0 : *std::max_element(a.prompts.begin(), a.prompts.end());
-  for (int c : a.contexts) check(c >= 2 && c + a.steps + 8 <= config.max_context, "context {} out of range [2, {}]", c, config.max_context - a.steps - 8);
+  // Decode tests run around the context: from ctx - steps / 2 - 3 (three warm-up steps) to
+  // ctx + steps / 2, so the average context is ctx and the cache holds no more than it needs.
+  const int half = a.steps / 2 + 3;
+  for (int c : a.contexts)
+    check(c >= half + 2 && c + a.steps / 2 + 1 <= config.max_context, "context {} out of range [{}, {}]", c, half + 2,
+          config.max_context - a.steps / 2 - 1);
+  check(a.mixed_chunk >= 0 && a.mixed_chunk <= config.max_context, "--mixed-chunk {} out of range [0, {}]",
+        a.mixed_chunk, config.max_context);
   for (int p : a.prompts) check(p >= 1 && p <= config.max_context, "prompt length {} out of range [1, {}]", p, config.max_context);
 
   const double bandwidth = a.bandwidth > 0 ? a.bandwidth : cuda::measure_read_bandwidth();
@@ -77,15 +85,32 @@ int run_bench(const BenchArgs& a) {
                                : cuda::DeviceModel(config, loaded.weights, dtype));
   cuda::EngineOptions eo;
   eo.max_batch = max_batch;
-  eo.max_prefill_tokens = std::max(2048, max_prompt);
-  eo.kv_cache_tokens = std::max<int64_t>(int64_t{max_batch} * (max_ctx + a.steps + 16), max_prompt + 16);
+  eo.max_prefill_tokens = std::max({2048, max_prompt, a.mixed_chunk + max_batch});
+  // Exactly what the tests hold at once: max_batch sequences at ctx + steps / 2 (block-rounded,
+  // +1 for the mixed test's chunk), or one prompt.
+  const int64_t per_seq = (max_ctx + a.steps / 2 + 1 + 15) / 16 * 16;
+  eo.kv_cache_tokens = std::max<int64_t>(int64_t{max_batch} * per_seq + (a.mixed_chunk + 15) / 16 * 16,
+                                         max_prompt + 16);
   eo.cuda_graphs = !a.no_cuda_graphs;
   check(a.attention == "async" || a.attention == "sync", "--attention '{}' is not one of async, sync", a.attention);
   eo.attention = a.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
-  if (a.load_format != "dummy" && eo.attention == cuda::AttentionMode::Async)
-    if (const auto cal = load_calibration(loaded.description.path))
-      for (const LayerCalibration& l : cal->layers) eo.unified_max_phi.push_back(l.bounds.phi);
+  if (a.load_format != "dummy" && (eo.attention == cuda::AttentionMode::Async || !a.calibration.empty())) {
+    RunnerOptions ro;  // the rule every front end follows (backend_select.h): named file, else looked up
+    ro.model_path = loaded.description.path;
+    ro.calibration = a.calibration;
+    eo.unified_max_phi = resolve_unified_max_phi(config, ro);
+  } else if (!a.calibration.empty()) {
+    // Random weights have no model file to match; the phi still comes from the file named.
+    for (const LayerCalibration& l : load_calibration("", a.calibration).layers) eo.unified_max_phi.push_back(l.bounds.phi);
+    check(static_cast<int>(eo.unified_max_phi.size()) == config.n_layers, "--calibration {}: {} layers, the model {}",
+          a.calibration, eo.unified_max_phi.size(), config.n_layers);
+  }
   eo.linear_mode = a.linear;
+  if (!a.prefill_config.empty()) {
+    eo.prefill_attention_config = cuda::prefill_attention_config_index(a.prefill_config.c_str());
+    check(eo.prefill_attention_config >= 0, "--prefill-config '{}' is not a prefill attention configuration",
+          a.prefill_config);
+  }
   eo.dispatch_table = a.dispatch_table;
   if (a.load_format != "dummy") eo.model_path = loaded.description.path;
   cuda::CudaEngine engine(model, eo);
@@ -111,8 +136,15 @@ int run_bench(const BenchArgs& a) {
     for (int r = -1; r < a.repetitions; ++r) {  // r = -1: warm-up
       const int seq = engine.create_sequence();
       const auto ids = random_ids(p, config.vocab_size, rng);
+      Batch batch;
+      StepRow row;
+      row.seq = seq;
+      row.tokens = ids;
+      row.sample = true;
+      row.sampling = greedy;
+      batch.rows.push_back(row);
       const auto t0 = Clock::now();
-      engine.prefill(seq, ids, false, nullptr);
+      engine.step(batch);  // the whole prompt in one step (max_prefill_tokens >= p), first token sampled
       const double s = std::chrono::duration<double>(Clock::now() - t0).count();
       engine.release_sequence(seq);
       if (r >= 0) secs.push_back(s);
@@ -126,28 +158,57 @@ int run_bench(const BenchArgs& a) {
                        {"roofline_design", streamed_weights / kDesignReadBandwidth / t}});
   }
 
+  // Decode steps of b sequences through Engine::step (the server's path: graph-replayed when every
+  // row is a decode row). With a chunk, one more sequence prefills `chunk` fresh tokens in every
+  // step (the mixed step a server runs while a prompt arrives); chunk == 0: pure decode. Returns
+  // the median step time.
+  auto decode_steps = [&](int b, int ctx, int chunk, uint64_t* rows_out, uint64_t* fallback_out) {
+    std::vector<int> seqs;
+    for (int i = 0; i < b; ++i) {
+      seqs.push_back(engine.create_sequence());
+      engine.reserve_for_benchmark(seqs.back(), ctx - half);
+    }
+    std::vector<int32_t> tokens = random_ids(b, config.vocab_size, rng);
+    const std::vector<int32_t> chunk_ids = random_ids(std::max(chunk, 1), config.vocab_size, rng);
+    std::vector<double> secs;
+    const uint64_t rows0 = engine.attention_rows(), fallback0 = engine.attention_fallback_rows();
+    for (int step = -3; step < a.steps; ++step) {
+      Batch batch;
+      for (int i = 0; i < b; ++i) {
+        StepRow r;
+        r.seq = seqs[i];
+        r.tokens = std::span<const int32_t>(&tokens[i], 1);
+        r.sample = true;
+        r.sampling = greedy;
+        r.sample_index = static_cast<uint64_t>(step + 3);
+        batch.rows.push_back(r);
+      }
+      int chunk_seq = -1;
+      if (chunk > 0) {
+        chunk_seq = engine.create_sequence();
+        StepRow r;
+        r.seq = chunk_seq;
+        r.tokens = chunk_ids;
+        batch.rows.push_back(r);
+      }
+      const auto t0 = Clock::now();
+      const StepOutput out = engine.step(batch);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      std::copy(out.tokens.begin(), out.tokens.begin() + b, tokens.begin());
+      if (chunk_seq >= 0) engine.release_sequence(chunk_seq);
+      if (step >= 0) secs.push_back(s);
+    }
+    if (rows_out) *rows_out = engine.attention_rows() - rows0;
+    if (fallback_out) *fallback_out = engine.attention_fallback_rows() - fallback0;
+    for (int s : seqs) engine.release_sequence(s);
+    return median(secs);
+  };
+
   for (int b : a.batches) {
     for (int ctx : a.contexts) {
-      std::vector<int> seqs;
-      for (int i = 0; i < b; ++i) {
-        seqs.push_back(engine.create_sequence());
-        engine.reserve_for_benchmark(seqs.back(), ctx - 1);
-      }
-      std::vector<int32_t> tokens = random_ids(b, config.vocab_size, rng);
-      std::vector<double> secs;
-      const uint64_t rows0 = engine.attention_rows(), fallback0 = engine.attention_fallback_rows();
-      for (int step = -3; step < a.steps; ++step) {
-        const auto t0 = Clock::now();
-        engine.decode(seqs, tokens, nullptr);
-        tokens = engine.sample(b, greedy, {}, static_cast<uint64_t>(step + 3));
-        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (step >= 0) secs.push_back(s);
-      }
-      const uint64_t rows = engine.attention_rows() - rows0;
-      const uint64_t fallback = engine.attention_fallback_rows() - fallback0;
-      for (int s : seqs) engine.release_sequence(s);
-      const double t = median(secs);
-      const double avg_ctx = ctx + a.steps / 2.0;
+      uint64_t rows = 0, fallback = 0;
+      const double t = decode_steps(b, ctx, 0, &rows, &fallback);
+      const double avg_ctx = ctx;
       const double bytes = static_cast<double>(streamed_weights) + b * avg_ctx * kv_bytes_per_token;
       results.push_back({{"test", fmt::format("tg{}@{}", b, ctx)}, {"batch", b}, {"context", ctx},
                          {"ms_per_step", t * 1e3}, {"tokens_per_second", b / t},
@@ -155,6 +216,23 @@ int run_bench(const BenchArgs& a) {
                          {"roofline_measured", bytes / bandwidth / t},
                          {"roofline_design", bytes / kDesignReadBandwidth / t},
                          {"attention_rows", rows}, {"attention_fallback_rows", fallback}});
+      if (a.mixed_chunk > 0 && b >= 2) {
+        // Issue 11's mixed step: b - 1 sequences decoding while one prefills a chunk, against
+        // the b - 1 decode step and the chunk alone (same run, same engine).
+        const double decode_only = decode_steps(b - 1, ctx, 0, nullptr, nullptr);
+        const double chunk_only = decode_steps(0, ctx, a.mixed_chunk, nullptr, nullptr);
+        const double mixed = decode_steps(b - 1, ctx, a.mixed_chunk, nullptr, nullptr);
+        results.push_back({{"test", fmt::format("mix{}+pp{}@{}", b - 1, a.mixed_chunk, ctx)},
+                           {"batch", b - 1},
+                           {"context", ctx},
+                           {"ms_per_step", mixed * 1e3},
+                           {"decode_only_ms", decode_only * 1e3},
+                           {"chunk_only_ms", chunk_only * 1e3},
+                           {"overhead_ms", (mixed - decode_only - chunk_only) * 1e3},
+                           {"tokens_per_second", (b - 1 + a.mixed_chunk) / mixed},
+                           {"roofline_measured", 0.0},
+                           {"roofline_design", 0.0}});
+      }
     }
   }
 
@@ -194,6 +272,15 @@ int run_bench(const BenchArgs& a) {
   fmt::print("| test | batch | context | ms/step | tokens/s | TFLOP/s | % roofline (measured BW) | % roofline (4.46 TB/s) |\n");
   fmt::print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (const auto& r : results) {
+    if (r.contains("decode_only_ms")) {
+      fmt::print("| {} | {} | {} | {:.3f} | {:.1f} | - | decode alone {:.3f} ms + chunk alone {:.3f} ms = {:.3f}; "
+                 "mixing adds {:+.3f} ms | |\n",
+                 r["test"].get<std::string>(), r["batch"].get<int>(), r["context"].get<int>(),
+                 r["ms_per_step"].get<double>(), r["tokens_per_second"].get<double>(), r["decode_only_ms"].get<double>(),
+                 r["chunk_only_ms"].get<double>(),
+                 r["decode_only_ms"].get<double>() + r["chunk_only_ms"].get<double>(), r["overhead_ms"].get<double>());
+      continue;
+    }
     const bool pp = r.contains("n_tokens");
     fmt::print("| {} | {} | {} | {:.3f} | {:.1f} | {} | {:.1f} | {:.1f} |\n", r["test"].get<std::string>(),
                r["batch"].get<int>(), pp ? std::string("-") : std::to_string(r["context"].get<int>()),

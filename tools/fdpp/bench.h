@@ -22,6 +22,9 @@ struct BenchArgs {
   std::string attention = "async";  // decode attention: async (unified max) or sync
   std::string linear;               // linear layers: "" (FDPP_LINEAR, else auto), auto, gemv, flat, cublas
   std::string dispatch_table;       // explicit dispatch table file
+  std::string calibration;          // explicit unified-max calibration file (fdpp calibrate --out)
+  int mixed_chunk = 512;            // the mixed test's prefill chunk (0: no mixed test)
+  std::string prefill_config;       // prefill attention tile configuration ("": the engine's default)
 };
 
 int run_bench(const BenchArgs& args);

@@ -158,6 +158,8 @@ int run_bench_attention(const BenchAttentionArgs& a) {
 // graph replays of R back-to-back calls (R so that a replay takes about 20 ms); K/V are not rotated
 // past L2: each call reuses its keys L / 64 times from shared memory, so the first read is not what
 // limits it, and the peers (bench/peers/attention_peers.py --prefill) run from the same state.
+// --prefill-config A,B,...: every listed tile configuration on the same points and inputs, each in
+// every mode, so one run compares them (docs/kernels/prefill_attention.md).
 int run_bench_prefill_attention(const BenchAttentionArgs& a) {
   std::string why;
   const auto gpus = cuda::list_gpus(&why);
@@ -182,6 +184,22 @@ int run_bench_prefill_attention(const BenchAttentionArgs& a) {
     points.push_back({b, l});
   }
   check(!points.empty(), "bench-attention --prefill: give --points");
+  std::vector<int> configs;
+  for (const auto& name : a.prefill_configs) {
+    if (name == "all") {
+      for (int i = 0; i < cuda::prefill_attention_configs(); ++i) configs.push_back(i);
+      continue;
+    }
+    const int i = cuda::prefill_attention_config_index(name.c_str());
+    if (i < 0) {
+      std::string known;
+      for (int j = 0; j < cuda::prefill_attention_configs(); ++j)
+        known += std::string(j ? ", " : "") + cuda::prefill_attention_config_name(j);
+      fail("--prefill-config: '{}' is not one of {}, all", name, known);
+    }
+    configs.push_back(i);
+  }
+  check(!configs.empty(), "bench-attention --prefill: give --prefill-config");
   const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
   const int H = a.heads, KVH = a.kv_heads, D = a.head_dim;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
@@ -215,26 +233,28 @@ int run_bench_prefill_attention(const BenchAttentionArgs& a) {
     const double flops = 4.0 * D * H * B * (double(L) * (L + 1) / 2);
     // About 20 ms of work per replay at 400 TFLOP/s.
     const int reps = static_cast<int>(std::clamp(20e-3 / (flops / 400e12), 1.0, 50.0));
-    for (const auto& mode : a.modes) {
-      const bool async = mode == "async";
-      FDPP_CUDA_CHECK(cudaMemset(fallback.get(), 0, sizeof(unsigned long long)));
-      auto launch = [&](int) {
-        cuda::prefill_attention_varlen(qkv.get(), k.get(), v.get(), d_table.as<int32_t>(), blocks_per_seq,
-                                       d_q_begin.as<int32_t>(), d_starts.as<int32_t>(), B, static_cast<int>(tokens),
-                                       L, H, KVH, D, kBlock, scale, async ? &range : nullptr,
-                                       fallback.as<unsigned long long>(), out.get(), dtype, stream);
-      };
-      const auto timing = cuda::time_graph(stream, reps, a.replays, launch);
-      unsigned long long fb = 0;
-      FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
-      const double tflops = flops / (timing.us * 1e-6) / 1e12;
-      results.push_back({{"mode", mode}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
-                         {"tokens", L}, {"us", timing.us}, {"spread", timing.spread}, {"flops", flops},
-                         {"tflops", tflops}, {"fallback_rows", fb}, {"reps", reps}});
-      if (!a.json)
-        std::cerr << fmt::format("prefill {} H {}/{} D {} {}x{}: {:.1f} us, {:.1f} TFLOP/s\n", mode, H, KVH, D, B, L,
-                                 timing.us, tflops);
-    }
+    for (int config : configs)
+      for (const auto& mode : a.modes) {
+        const bool async = mode == "async";
+        const std::string cname = cuda::prefill_attention_config_name(config);
+        FDPP_CUDA_CHECK(cudaMemset(fallback.get(), 0, sizeof(unsigned long long)));
+        auto launch = [&](int) {
+          cuda::prefill_attention_varlen(qkv.get(), k.get(), v.get(), d_table.as<int32_t>(), blocks_per_seq,
+                                         d_q_begin.as<int32_t>(), d_starts.as<int32_t>(), B, static_cast<int>(tokens),
+                                         L, H, KVH, D, kBlock, scale, async ? &range : nullptr,
+                                         fallback.as<unsigned long long>(), out.get(), dtype, stream, config);
+        };
+        const auto timing = cuda::time_graph(stream, reps, a.replays, launch);
+        unsigned long long fb = 0;
+        FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
+        const double tflops = flops / (timing.us * 1e-6) / 1e12;
+        results.push_back({{"config", cname}, {"mode", mode}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D},
+                           {"batch", B}, {"tokens", L}, {"us", timing.us}, {"spread", timing.spread}, {"flops", flops},
+                           {"tflops", tflops}, {"fallback_rows", fb}, {"reps", reps}});
+        if (!a.json)
+          std::cerr << fmt::format("prefill {} {} H {}/{} D {} {}x{}: {:.1f} us, {:.1f} TFLOP/s\n", cname, mode, H, KVH,
+                                   D, B, L, timing.us, tflops);
+      }
   }
   FDPP_CUDA_CHECK(cudaStreamDestroy(stream));
   nlohmann::json doc{{"gpu", gpus[0].name}, {"dtype", a.dtype}, {"kernel", "prefill"}, {"results", results}};
@@ -244,9 +264,11 @@ int run_bench_prefill_attention(const BenchAttentionArgs& a) {
   }
   fmt::print("prefill attention (causal) | GPU: {} | {} | heads {}/{} x {} | graph-timed\n\n", gpus[0].name, a.dtype,
              H, KVH, D);
-  fmt::print("| mode | batch x tokens | us | TFLOP/s | fallback rows |\n| --- | ---: | ---: | ---: | ---: |\n");
+  fmt::print(
+      "| config | mode | batch x tokens | us | TFLOP/s | fallback rows |\n| --- | --- | ---: | ---: | ---: | ---: |\n");
   for (const auto& r : results)
-    fmt::print("| {} | {} x {} | {:.1f} | {:.1f} | {} |\n", r["mode"].get<std::string>(), r["batch"].get<int>(),
+    fmt::print("| {} | {} | {} x {} | {:.1f} | {:.1f} | {} |\n", r["config"].get<std::string>(),
+               r["mode"].get<std::string>(), r["batch"].get<int>(),
                r["tokens"].get<int>(), r["us"].get<double>(), r["tflops"].get<double>(),
                r["fallback_rows"].get<unsigned long long>());
   return 0;

@@ -20,6 +20,9 @@ struct BenchAttentionArgs {
   // B sequences of L new tokens each (start 0), one launch.
   bool prefill = false;
   std::vector<std::string> points{"1x1024", "1x4096", "1x16384", "1x32768", "8x2048"};
+  // --prefill-config: the kernel's tile configurations to time on every point and mode (names from
+  // prefill_plan.h kConfigs; "all": every one). Default: the default configuration alone.
+  std::vector<std::string> prefill_configs{"m64n64"};
 };
 
 int run_bench_prefill_attention(const BenchAttentionArgs& args);

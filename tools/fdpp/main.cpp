@@ -1,28 +1,41 @@
-// fdpp: the command-line front end (llama.cpp-style).
-//   fdpp generate  text from a model (the default model when no --model is given)
+// fdpp: the command-line front end (llama.cpp-style flags: -m, -p, -f, -n, -c, -s, -t, -ngl).
+//   fdpp generate  text from a model (the default model when no --model is given); --file runs a
+//                  prompts file as one continuously batched job (generate_file.cpp)
 //   fdpp logits    logits of every position as a float32 .npy [T, vocab]
+//   fdpp tokenize  text to token ids and back
 //   fdpp info      what a model is and what it needs, validated without reading the weights
 //   fdpp calibrate the unified-max phi per layer from the attention logits of real text
+//   fdpp devices   the CPU threads and GPUs fdpp can use
 //   fdpp tune      (CUDA) the linear-layer dispatch table of a model on this GPU (tune.cpp)
 //   fdpp bench-linear (CUDA) GEMV / flat GEMM / cuBLAS on preset models' shapes (bench_linear.cpp)
-// Every failure prints one line "fdpp: error: ..." and exits 1; bad flags exit 2 (CLI11's code).
+// One rule for errors: every failure prints one line "fdpp: error: ..." on stderr. A bad command
+// line (unknown flag or subcommand, a value out of range, a bad --prompt) exits 2 and names the
+// flag; everything found later (files, models, the run itself, writing the output) exits 1.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <iterator>
 #include <optional>
 
 #include "attention/calibration.h"
-#include "engine/backend_select.h"
+#include "cli_common.h"
 #include "core/npy.h"
+#include "engine/backend_select.h"
 #include "engine/generate.h"
+#include "engine/prompt_file.h"
 #include "fdpp/error.h"
+#include "generate_file.h"
 #include "io/model_loader.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
@@ -32,9 +45,7 @@
 #include "tune.h"
 #endif
 
-namespace {
-
-using namespace fdpp;
+namespace fdpp::cli {
 
 std::vector<int32_t> parse_token_ids(const std::string& text) {
   std::vector<int32_t> ids;
@@ -47,40 +58,39 @@ std::vector<int32_t> parse_token_ids(const std::string& text) {
     while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
     int32_t v = 0;
     auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    check(!item.empty() && ec == std::errc() && end == item.data() + item.size() && v >= 0,
-          "--token-ids: '{}' is not a non-negative token id", std::string(item));
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 0)
+      throw UsageError(fmt::format("--token-ids: '{}' is not a non-negative token id", std::string(item)));
     ids.push_back(v);
     pos = comma + 1;
   }
   return ids;
 }
 
-// A progress bar on stderr while a model loads, only when stderr is a terminal.
-class LoadProgress {
- public:
-  explicit LoadProgress(std::string label) : label_(std::move(label)), enabled_(::isatty(STDERR_FILENO) == 1) {}
-  ProgressFn callback() {
-    if (!enabled_) return {};
-    return [this](double f) {
-      const int percent = static_cast<int>(f * 100.0);
-      if (percent == last_) return;
-      last_ = percent;
-      const int filled = percent * kWidth / 100;
-      fmt::print(stderr, "\r{} [{}{}] {:3d}%", label_, std::string(filled, '#'), std::string(kWidth - filled, ' '),
-                 percent);
-      std::fflush(stderr);
-    };
-  }
-  void finish() {
-    if (enabled_ && last_ >= 0) fmt::print(stderr, "\r\033[K");
-  }
+void write_stdout(std::string_view text) {
+  if (text.empty()) return;
+  // Flushed at once: the text streams, and a full disk or closed pipe is found now, not at exit.
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
+    fail("standard output: write failed ({})", std::strerror(errno));
+}
 
- private:
-  static constexpr int kWidth = 30;
-  std::string label_;
-  bool enabled_;
-  int last_ = -1;
-};
+LoadProgress::LoadProgress(std::string label) : label_(std::move(label)), enabled_(::isatty(STDERR_FILENO) == 1) {}
+
+ProgressFn LoadProgress::callback() {
+  if (!enabled_) return {};
+  return [this](double f) {
+    const int percent = static_cast<int>(f * 100.0);
+    if (percent == last_) return;
+    last_ = percent;
+    const int filled = percent * kWidth / 100;
+    fmt::print(stderr, "\r{} [{}{}] {:3d}%", label_, std::string(filled, '#'), std::string(kWidth - filled, ' '),
+               percent);
+    std::fflush(stderr);
+  };
+}
+
+void LoadProgress::finish() {
+  if (enabled_ && last_ >= 0) fmt::print(stderr, "\r\033[K");
+}
 
 LoadedModel load_with_progress(const std::string& path) {
   LoadProgress progress("loading " + path);
@@ -89,64 +99,134 @@ LoadedModel load_with_progress(const std::string& path) {
   return m;
 }
 
-struct GenerateArgs {
-  std::string model;
-  std::string prompt;
-  std::string token_ids;
-  int max_tokens = 128;
-  SamplingParams sampling;
-  bool ignore_eos = false;
-  bool chat = false;
-  bool json = false;
-  int ctx_size = 0;
-};
+RunnerOptions DeviceArgs::options(const std::string& model_path) const {
+  RunnerOptions o;
+  o.device = parse_device(device);
+  if (n_gpu_layers == 0 && device == "auto") o.device = Device::Cpu;  // llama.cpp's -ngl 0: nothing on the GPU
+  o.dtype = dtype;
+  o.kv_cache_tokens = kv_cache_tokens;
+  o.cuda_graphs = !no_cuda_graphs;
+  o.attention = attention;
+  o.linear = linear;
+  o.model_path = model_path;
+  o.dispatch_table = dispatch_table;
+  o.threads = threads;
+  o.calibration = calibration;
+  return o;
+}
 
-// Backend flags shared by generate and logits.
-struct DeviceArgs {
-  std::string device = "auto";
-  // model_path: where to look for the model's unified-max calibration (fdpp calibrate).
-  RunnerOptions options(const std::string& model_path) const {
-    RunnerOptions o;
-    o.device = parse_device(device);
-    o.dtype = dtype;
-    o.kv_cache_tokens = kv_cache_tokens;
-    o.cuda_graphs = !no_cuda_graphs;
-    o.attention = attention;
-    o.linear = linear;
-    o.model_path = model_path;
-    o.dispatch_table = dispatch_table;
-    if (attention == "async" && o.device != Device::Cpu) {
-      if (const std::optional<Calibration> cal = load_calibration(model_path))
-        for (const LayerCalibration& l : cal->layers) o.unified_max_phi.push_back(l.bounds.phi);
-    }
-    return o;
+void DeviceArgs::check_flags() const {
+  if (n_gpu_layers == 0 && device == "cuda")
+    throw UsageError("-ngl/--n-gpu-layers 0 asks for no GPU layers but --device cuda for the GPU; give one of them");
+}
+
+void DeviceArgs::say_gpu_layers() const {
+  // llama.cpp users pass -ngl from habit; fdpp never splits a model between CPU and GPU, so say once
+  // what it does instead.
+  if (n_gpu_layers < 0) return;
+  if (n_gpu_layers == 0) {
+    fmt::print(stderr, "fdpp: -ngl 0: running on the CPU\n");
+    return;
   }
-  std::string dtype = "auto";
-  int64_t kv_cache_tokens = 0;
-  bool no_cuda_graphs = false;
-  std::string attention = "async";
-  std::string linear;  // "": FDPP_LINEAR, else auto
-  std::string dispatch_table;
+  const bool gpu = resolve_device(parse_device(device)) == Device::Cuda;
+  fmt::print(stderr, "fdpp: -ngl {}: {}\n", n_gpu_layers,
+             gpu ? "every layer runs on the GPU (fdpp does not split a model between CPU and GPU)"
+                 : "no GPU is used here, every layer runs on the CPU");
+}
 
-  void add_to(CLI::App* app) {
-    app->add_option("--linear", linear,
-                    "CUDA linear layers: auto (the tuned dispatch table), gemv, flat or cublas (default: $FDPP_LINEAR, "
-                    "else auto)")
-        ->check(CLI::IsMember({"auto", "gemv", "flat", "cublas"}));
-    app->add_option("--dispatch-table", dispatch_table, "dispatch table file from fdpp tune (default: looked up)");
-    app->add_option("--attention", attention,
-                    "CUDA decode attention: async (unified max, FlashDecoding++) or sync (FlashDecoding)")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"async", "sync"}));
-    app->add_option("--device", device, "auto (CUDA when a GPU is present), cpu or cuda")->capture_default_str();
-    app->add_option("--dtype", dtype, "CUDA weight/activation type: auto, f16, bf16")->capture_default_str();
-    app->add_option("--kv-cache-tokens", kv_cache_tokens, "CUDA KV-cache size in tokens (0: sized to the request)")
-        ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
-    app->add_flag("--no-cuda-graphs", no_cuda_graphs, "launch the decode step eagerly (for comparison)");
+std::string number_problem_int(const std::string& s, int64_t lo, int64_t hi, std::string_view range_text) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return fmt::format("'{}' is not an integer", s);
+  if (v < lo || v > hi) return fmt::format("{} must be in {}", s, range_text);
+  return "";
+}
+
+CLI::Validator real_check(std::string (*problem)(double)) {
+  return CLI::Validator(
+      [problem](std::string& s) -> std::string {
+        // strtod accepts "nan" and "inf"; the problem functions reject them (a NaN would pass any
+        // range test written as lo <= v <= hi).
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size()) return fmt::format("'{}' is not a number", s);
+        const std::string p = problem(v);
+        return p.empty() ? "" : s + " " + p;
+      },
+      "");
+}
+
+CLI::Validator int_check(std::string (*problem)(int64_t)) {
+  return CLI::Validator(
+      [problem](std::string& s) -> std::string {
+        int64_t v = 0;
+        auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return fmt::format("'{}' is not an integer", s);
+        const std::string p = problem(v);
+        return p.empty() ? "" : s + " " + p;
+      },
+      "");
+}
+
+CLI::Validator int_range(int64_t lo, int64_t hi, std::string range_text) {
+  return CLI::Validator(
+      [lo, hi, range_text](std::string& s) -> std::string { return number_problem_int(s, lo, hi, range_text); }, "");
+}
+
+void DeviceArgs::add_to(CLI::App* app) {
+  app->add_option("--linear", linear,
+                  "CUDA linear layers: auto (the tuned dispatch table), gemv, flat or cublas (default: $FDPP_LINEAR, "
+                  "else auto)")
+      ->check(CLI::IsMember({"auto", "gemv", "flat", "cublas"}));
+  app->add_option("--dispatch-table", dispatch_table, "dispatch table file from fdpp tune (default: looked up)");
+  app->add_option("--calibration", calibration,
+                  "unified-max calibration file from fdpp calibrate (default: <model>.fdpp-calib.json, else the cache)");
+  app->add_option("--attention", attention,
+                  "CUDA decode attention: async (unified max, FlashDecoding++) or sync (FlashDecoding)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"async", "sync"}));
+  app->add_option("--device", device, "auto (CUDA when a GPU is present), cpu or cuda")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app->add_option("--dtype", dtype, "CUDA weight/activation type: auto, f16, bf16 (the CPU computes in fp32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "f16", "bf16"}));
+  app->add_option("--kv-cache-tokens", kv_cache_tokens, "CUDA KV-cache size in tokens (0: sized to the request)")
+      ->check(int_range(0, int64_t{1} << 30, "[0, 2^30]"));
+  app->add_flag("--no-cuda-graphs", no_cuda_graphs, "launch the decode step eagerly (for comparison)");
+  app->add_option("-t,--threads", threads, "CPU threads (0: $OMP_NUM_THREADS, else the physical cores)")
+      ->check(int_range(0, 4096, "[0, 4096]"));
+  app->add_option("--n-gpu-layers,--gpu-layers", n_gpu_layers,
+                  "llama.cpp's -ngl: accepted; every layer runs on the GPU when there is one, 0 means the CPU")
+      ->check(int_range(-1, 1 << 20, "[-1, 2^20]"));
+}
+
+// The text of --prompt: "-" reads standard input (one trailing newline dropped, as $(...) does).
+// Empty and non-UTF-8 prompts are usage errors naming the flag. Non-UTF-8 bytes are refused rather
+// than replaced: a replaced prompt is a different prompt, and the user should know.
+std::string prompt_text(const std::string& flag, const std::string& value) {
+  std::string text = value;
+  std::string where = flag;
+  if (value == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    if (std::cin.bad()) fail("{} -: cannot read standard input", flag);
+    if (text.ends_with("\r\n")) text.resize(text.size() - 2);
+    else if (text.ends_with('\n')) text.pop_back();
+    where = flag + " - (standard input)";
   }
-};
+  if (text.empty()) throw UsageError(fmt::format("{}: the prompt is empty", where));
+  if (std::string p = utf8_problem(text); !p.empty()) throw UsageError(fmt::format("{}: {}", where, p));
+  return text;
+}
 
-int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
+}  // namespace fdpp::cli
+
+namespace {
+
+using namespace fdpp;
+using namespace fdpp::cli;
+
+int run_generate(GenerateArgs a, const DeviceArgs& d) {
   const std::string path = resolve_model_path(a.model);
   LoadedModel m = load_with_progress(path);
   // A bare HF checkpoint (no tokenizer files) can give logits, but text needs a tokenizer.
@@ -158,17 +238,7 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
   if (!a.token_ids.empty()) {
     prompt = parse_token_ids(a.token_ids);
   } else {
-    std::string text = a.prompt;
-    bool add_bos = m.tokenizer->add_bos_by_default();
-    if (a.chat) {
-      std::vector<ChatMessage> messages{{"user", a.prompt}};
-      text = m.tokenizer->apply_chat_template(messages, /*add_generation_prompt=*/true);
-      // Templates that write the BOS text themselves (Llama 2/3) get no second BOS, as in
-      // transformers' apply_chat_template(tokenize=True).
-      const int32_t bos = m.tokenizer->bos_id();
-      if (bos >= 0 && text.starts_with(m.tokenizer->token_text(bos))) add_bos = false;
-    }
-    prompt = m.tokenizer->encode(text, add_bos, /*parse_special=*/true);
+    prompt = encode_prompt(*m.tokenizer, a.prompt, {}, a.chat, a.system);
   }
   check(!prompt.empty(), "the prompt encodes to no tokens; give --prompt TEXT or --token-ids");
   const ModelConfig& c = m.config();
@@ -186,16 +256,18 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
   limits.max_step_tokens = static_cast<int>(std::min<int64_t>(needed, 8192));
   limits.kv_cache_tokens = needed;
   auto engine = make_engine(c, m.weights, d.options(path), limits);
-  GenerateOptions opt{a.max_tokens, a.ignore_eos, a.sampling, {}};
+  GenerateOptions opt{a.max_tokens, a.ignore_eos, a.sampling, a.stop};
   std::function<void(std::string_view)> stream;
-  if (!a.json) stream = [](std::string_view piece) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
+  bool ends_with_newline = true;  // nothing written yet
+  if (!a.json) stream = [&](std::string_view piece) {
+      write_stdout(piece);
+      ends_with_newline = piece.ends_with('\n');
     };
   GenerateResult r = generate(*engine, *m.tokenizer, prompt, opt, stream);
   if (a.json) {
     nlohmann::json j;
     j["model"] = path;
+    j["seed"] = a.sampling.seed;
     j["prompt_token_ids"] = prompt;
     j["token_ids"] = r.tokens;
     j["text"] = r.text;
@@ -211,24 +283,37 @@ int run_generate(const GenerateArgs& a, const DeviceArgs& d) {
     if (auto* gpu = dynamic_cast<cuda::CudaEngine*>(engine.get())) {
       j["attention"] = {{"mode", d.attention},
                         {"decode_rows", gpu->attention_rows()},
-                        {"fallback_rows", gpu->attention_fallback_rows()}};
+                        {"fallback_rows", gpu->attention_fallback_rows()},
+                        {"prefill_rows", gpu->prefill_attention_rows()},
+                        {"prefill_fallback_rows", gpu->prefill_attention_fallback_rows()}};
     }
 #endif
     // Invalid UTF-8 (a model can emit it) is replaced rather than aborting the dump.
-    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   } else {
-    std::fputc('\n', stdout);
-    fmt::print(stderr, "prefill: {} tokens, {:.1f} tokens/s | decode: {} tokens, {:.1f} tokens/s\n", r.prompt_tokens,
-               r.prefill_tokens_per_second(), r.tokens.size(), r.decode_tokens_per_second());
+    // The stats go to stderr on a line of their own: stdout ends with a newline (flushed) first, so
+    // the two never run together when they share a terminal or a pipe.
+    if (!ends_with_newline || r.text.empty()) write_stdout("\n");
+    fmt::print(stderr, "prefill: {} tokens, {:.1f} tokens/s | decode: {} tokens, {:.1f} tokens/s | seed {}\n",
+               r.prompt_tokens, r.prefill_tokens_per_second(), r.tokens.size(), r.decode_tokens_per_second(),
+               a.sampling.seed);
   }
   return 0;
 }
 
-int run_logits(const std::string& model, const std::string& token_ids, const std::string& out, const DeviceArgs& d) {
+int run_logits(const std::string& model, const std::string& token_ids, const std::string& prompt,
+               const std::string& out, const DeviceArgs& d) {
   const std::string path = resolve_model_path(model);
-  const std::vector<int32_t> ids = parse_token_ids(token_ids);
+  std::vector<int32_t> ids;
+  if (!token_ids.empty()) ids = parse_token_ids(token_ids);
   LoadedModel m = load_with_progress(path);
   const ModelConfig& c = m.config();
+  if (!prompt.empty()) {
+    check(m.tokenizer != nullptr, "{}: no tokenizer; use --token-ids", path);
+    // As generate encodes a plain prompt: BOS when the model wants one, special tokens parsed.
+    ids = encode_prompt(*m.tokenizer, prompt, {}, false, "");
+    check(!ids.empty(), "--prompt: the prompt encodes to no tokens");
+  }
   for (int32_t id : ids) check(id < c.vocab_size, "--token-ids: id {} is out of range [0, {})", id, c.vocab_size);
   check(static_cast<int64_t>(ids.size()) <= c.max_context, "{} tokens exceed the model's context length {}",
         ids.size(), c.max_context);
@@ -237,6 +322,48 @@ int run_logits(const std::string& model, const std::string& token_ids, const std
   runner->forward(ids, 0, /*all_positions=*/true, logits);
   write_npy_f32(out, {static_cast<int64_t>(ids.size()), c.vocab_size}, logits);
   fmt::print(stderr, "wrote {} [{} x {}] float32\n", out, ids.size(), c.vocab_size);
+  return 0;
+}
+
+struct TokenizeArgs {
+  std::string model, prompt, ids, system;
+  bool chat = false, no_bos = false, json = false;
+};
+
+// Text to ids (one comma-separated line, ready for --token-ids) or, with --ids, ids to text (special
+// tokens written out, so that what a prompt really holds is visible). Reads only the tokenizer.
+int run_tokenize(const TokenizeArgs& a) {
+  std::vector<int32_t> ids;
+  if (!a.ids.empty()) ids = parse_token_ids(a.ids);
+  const std::string path = resolve_model_path(a.model);
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(path);
+  if (!a.ids.empty()) {
+    for (int32_t id : ids)
+      check(id < tok->vocab_size(), "--ids: id {} is out of range [0, {})", id, tok->vocab_size());
+    const std::string text = tok->decode(ids, /*skip_special=*/false);
+    if (a.json) {
+      write_stdout(nlohmann::json{{"token_ids", ids}, {"text", text}}.dump(-1, ' ', false,
+                                                                            nlohmann::json::error_handler_t::replace) +
+                   "\n");
+    } else {
+      write_stdout(text + "\n");
+    }
+    return 0;
+  }
+  // encode_prompt decides BOS as generate does; --no-bos drops a leading BOS whichever way it came.
+  ids = encode_prompt(*tok, a.prompt, {}, a.chat, a.system);
+  if (a.no_bos && !ids.empty() && ids.front() == tok->bos_id()) ids.erase(ids.begin());
+  if (a.json) {
+    std::vector<std::string> pieces;
+    for (int32_t id : ids) pieces.push_back(tok->token_bytes(id));
+    write_stdout(nlohmann::json{{"token_ids", ids}, {"pieces", pieces}, {"count", ids.size()}}.dump(
+                     -1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                 "\n");
+  } else {
+    std::string line;
+    for (size_t i = 0; i < ids.size(); ++i) line += (i ? "," : "") + std::to_string(ids[i]);
+    write_stdout(line + "\n");
+  }
   return 0;
 }
 
@@ -377,25 +504,40 @@ int run_calibrate(const CalibrateArgs& a) {
 }
 
 int run_devices() {
-  fmt::print("cpu: {} threads (OpenMP)\n", omp_get_max_threads());
+  fmt::print("cpu: {} threads by default ({} physical cores; OMP_NUM_THREADS or -t/--threads sets it)\n",
+             std::getenv("OMP_NUM_THREADS") != nullptr ? omp_get_max_threads() : physical_cpu_cores(),
+             physical_cpu_cores());
 #ifdef FDPP_HAVE_CUDA
   std::string why;
   const auto gpus = cuda::list_gpus(&why);
-  if (gpus.empty()) fmt::print("cuda: no usable GPU ({})\n", why);
+  if (gpus.empty()) fmt::print("cuda: {}; the CPU backend will be used\n", why);
   for (const auto& g : gpus)
     fmt::print("cuda:{} {} (sm_{}{}, {} SMs, {} memory, {} L2)\n", g.index, g.name, g.sm_major, g.sm_minor,
                g.multiprocessors, human_bytes(static_cast<double>(g.total_memory)), human_bytes(static_cast<double>(g.l2_bytes)));
 #else
-  fmt::print("cuda: not compiled in (built with FDPP_CUDA=OFF or without nvcc)\n");
+  fmt::print("cuda: not compiled in (built with FDPP_CUDA=OFF or without nvcc); the CPU backend will be used\n");
 #endif
   return 0;
+}
+
+// llama.cpp spells its GPU-layers flag "-ngl", which CLI11 would read as "-n gl" (a confusing
+// "--max-tokens: gl ..." error); it becomes the long flag before parsing.
+std::vector<std::string> llama_cpp_spellings(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-ngl") a = "--n-gpu-layers";
+    else if (a.starts_with("-ngl=")) a = "--n-gpu-layers=" + a.substr(5);
+    args.push_back(std::move(a));
+  }
+  return args;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fdpp: fast LLM decoding (FlashDecoding++)", "fdpp"};
-  app.require_subcommand(1);
+  app.require_subcommand(0, 1);
   // Bad flags: one line, like every other error (CLI11's default adds a second line).
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return fmt::format("fdpp: error: {} (see --help)\n", e.what());
@@ -404,31 +546,88 @@ int main(int argc, char** argv) {
 
   GenerateArgs g;
   DeviceArgs g_dev, l_dev;
-  auto* gen = app.add_subcommand("generate", "generate text (streams to stdout)");
-  g_dev.add_to(gen);
+  int64_t g_seed = -1;
+  auto* gen = app.add_subcommand("generate", "generate text (streams to stdout), or run a prompts file (--file)");
   gen->add_option("-m,--model", g.model, "GGUF file or Hugging Face model directory (default: the default model)");
-  auto* prompt_opt = gen->add_option("-p,--prompt", g.prompt, "prompt text");
-  auto* ids_opt = gen->add_option("--token-ids", g.token_ids, "prompt as token ids, e.g. 1,2,3");
+  auto* prompt_opt = gen->add_option("-p,--prompt", g.prompt, "prompt text; - reads it from stdin");
+  auto* ids_opt = gen->add_option("--token-ids", g.token_ids, "prompt as token ids, e.g. 1,2,3")
+                      ->check(CLI::Validator(
+                          [](std::string& s) -> std::string {
+                            try {
+                              parse_token_ids(s);
+                              return "";
+                            } catch (const UsageError& e) {
+                              return std::string(e.what()).substr(std::string("--token-ids: ").size());
+                            }
+                          },
+                          ""));
+  auto* file_opt = gen->add_option("-f,--file", g.file,
+                                    "prompts file run as one batch: .jsonl (\"prompt\" or \"messages\", optional "
+                                    "sampling fields per line) or text (one prompt per line; - reads stdin); "
+                                    "writes JSON Lines");
   prompt_opt->excludes(ids_opt);
-  gen->add_option("-n,--max-tokens", g.max_tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 24));
-  gen->add_option("--temperature,--temp", g.sampling.temperature, "0 = greedy")->capture_default_str()->check(CLI::Range(0.0, 100.0));
-  gen->add_option("--top-k", g.sampling.top_k, "keep the k most likely tokens (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
-  gen->add_option("--top-p", g.sampling.top_p, "nucleus sampling mass (1 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  gen->add_option("--min-p", g.sampling.min_p, "drop tokens below min-p x the top probability (0 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  gen->add_option("--repeat-penalty", g.sampling.repeat_penalty, "penalty for repeated tokens (1 = off)")->capture_default_str()->check(CLI::Range(0.01, 100.0));
-  gen->add_option("--repeat-last-n", g.sampling.repeat_last_n, "tokens the penalty looks back over (-1 = all)")->capture_default_str()->check(CLI::Range(-1, 1 << 30));
-  gen->add_option("-s,--seed", g.sampling.seed, "random seed")->capture_default_str();
-  gen->add_option("-c,--ctx-size", g.ctx_size, "context size (default: the model's)")->check(CLI::Range(0, 1 << 24));
+  file_opt->excludes(prompt_opt)->excludes(ids_opt);
+  gen->add_option("-n,--max-tokens,--n-predict", g.max_tokens, "tokens to generate")
+      ->capture_default_str()
+      ->check(int_check(max_tokens_problem));
+  gen->add_option("--temperature,--temp", g.sampling.temperature, "0 = greedy")
+      ->capture_default_str()
+      ->check(real_check(temperature_problem));
+  gen->add_option("--top-k", g.sampling.top_k, "keep the k most likely tokens (0 = off)")
+      ->capture_default_str()
+      ->check(int_check(top_k_problem));
+  gen->add_option("--top-p", g.sampling.top_p, "nucleus sampling mass in (0, 1] (1 = off)")
+      ->capture_default_str()
+      ->check(real_check(top_p_problem));
+  gen->add_option("--min-p", g.sampling.min_p, "drop tokens below min-p x the top probability (0 = off)")
+      ->capture_default_str()
+      ->check(real_check(min_p_problem));
+  gen->add_option("--repeat-penalty", g.sampling.repeat_penalty, "penalty for repeated tokens (1 = off)")
+      ->capture_default_str()
+      ->check(real_check(repeat_penalty_problem));
+  gen->add_option("--repeat-last-n", g.sampling.repeat_last_n, "tokens the penalty looks back over (-1 = all)")
+      ->capture_default_str()
+      ->check(int_check(repeat_last_n_problem));
+  gen->add_option("-s,--seed", g_seed, "random seed; -1 (default): a random one, printed with the stats / in --json")
+      ->capture_default_str()
+      ->check(int_range(-1, INT64_MAX, "[-1, 2^63)"));
+  gen->add_option("-c,--ctx-size", g.ctx_size, "context size (default: the model's)")
+      ->check(int_range(0, 1 << 24, "[0, 2^24]"));
+  auto* system_opt = gen->add_option("--system", g.system, "system message (implies --chat)");
+  gen->add_option("--stop", g.stop, "stop string: the text ends before it (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            const std::string p = stop_problem(s);
+            return p.empty() ? "" : fmt::format("'{}' {}", s, p);
+          },
+          ""));
   gen->add_flag("--ignore-eos", g.ignore_eos, "keep generating past end-of-generation tokens");
-  gen->add_flag("--chat", g.chat, "wrap the prompt in the model's chat template");
-  gen->add_flag("--json", g.json, "print one JSON object (token_ids, text, timings) instead of streaming");
+  auto* chat_opt = gen->add_flag("--chat", g.chat, "wrap the prompt in the model's chat template");
+  gen->add_flag("--json", g.json, "print one JSON object (token_ids, text, seed, timings) instead of streaming");
+  gen->add_flag("--unordered", g.unordered, "with --file: write each result as it finishes (with its index)");
+  ids_opt->excludes(system_opt)->excludes(chat_opt);
+  g_dev.add_to(gen);
 
-  std::string l_model, l_ids, l_out;
+  std::string l_model, l_ids, l_prompt, l_out;
   auto* logits = app.add_subcommand("logits", "write the logits of every position as float32 .npy [T, vocab]");
   logits->add_option("-m,--model", l_model, "GGUF file or HF model directory (default: the default model)");
-  logits->add_option("--token-ids", l_ids, "token ids, e.g. 1,2,3")->required();
+  auto* l_ids_opt = logits->add_option("--token-ids", l_ids, "token ids, e.g. 1,2,3");
+  auto* l_prompt_opt = logits->add_option("-p,--prompt", l_prompt, "text, encoded as generate does; - reads stdin");
+  l_ids_opt->excludes(l_prompt_opt);
   logits->add_option("-o,--out", l_out, "output .npy file")->required();
   l_dev.add_to(logits);
+
+  TokenizeArgs t;
+  auto* tokenize = app.add_subcommand("tokenize", "text to token ids (comma-separated), or --ids back to text");
+  tokenize->add_option("-m,--model", t.model, "GGUF file or HF model directory (default: the default model)");
+  auto* t_prompt_opt = tokenize->add_option("-p,--prompt", t.prompt, "text to encode; - reads stdin");
+  auto* t_ids_opt = tokenize->add_option("--ids", t.ids, "token ids to decode, e.g. 1,2,3");
+  t_prompt_opt->excludes(t_ids_opt);
+  tokenize->add_flag("--chat", t.chat, "wrap the text in the model's chat template first");
+  tokenize->add_option("--system", t.system, "system message (implies --chat)");
+  tokenize->add_flag("--no-bos", t.no_bos, "drop the BOS token the model would add");
+  tokenize->add_flag("--json", t.json, "print JSON (token_ids and pieces, or token_ids and text)");
 
   std::string i_model;
   bool i_json = false;
@@ -437,15 +636,20 @@ int main(int argc, char** argv) {
   info->add_flag("--json", i_json, "print JSON");
 
   CalibrateArgs cal;
+  int cal_threads = 0;
   auto* calibrate = app.add_subcommand("calibrate", "choose the unified-max phi per layer from real text (CPU)");
   calibrate->add_option("-m,--model", cal.model, "GGUF file or HF model directory (default: the default model)");
   calibrate->add_option("--prompts", cal.prompts, "text file, one prompt per blank-line-separated paragraph "
                         "(default: a built-in English set)");
-  calibrate->add_option("-o,--out", cal.out, "calibration file (default: <model>.fdpp-calib.json, else the cache)");
+  calibrate->add_option("-o,--out", cal.out,
+                        "calibration file (default: <model>.fdpp-calib.json, else the cache); another path is "
+                        "loaded with --calibration FILE");
   calibrate->add_option("--percentile", cal.percentile, "phi = this percentile of each layer's row max logits")
       ->capture_default_str()->check(CLI::Range(0.001, 100.0));
   calibrate->add_option("--max-tokens", cal.max_tokens, "truncate each prompt to N tokens (0: the model's context)")
-      ->check(CLI::Range(0, 1 << 24));
+      ->check(int_range(0, 1 << 24, "[0, 2^24]"));
+  calibrate->add_option("-t,--threads", cal_threads, "CPU threads (0: $OMP_NUM_THREADS, else the physical cores)")
+      ->check(int_range(0, 4096, "[0, 4096]"));
 
   auto* devices = app.add_subcommand("devices", "list the CPU threads and CUDA GPUs fdpp can use");
 
@@ -454,8 +658,10 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "prefill (pp) and decode (tg) speed on the GPU, llama-bench style");
   bench->add_option("-m,--model", b.model, "model file or HF directory (default: the default model)");
   bench->add_option("--config", b.config, "config.json for --load-format dummy (see configs/)");
-  bench->add_option("--load-format", b.load_format, "auto (read the weights) or dummy (random weights on the GPU)")->capture_default_str();
-  bench->add_option("--dtype", b.dtype, "f16 or bf16")->capture_default_str();
+  bench->add_option("--load-format", b.load_format, "auto (read the weights) or dummy (random weights on the GPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "dummy"}));
+  bench->add_option("--dtype", b.dtype, "f16 or bf16")->capture_default_str()->check(CLI::IsMember({"f16", "bf16"}));
   bench->add_option("-b,--batch", b.batches, "decode batch sizes, e.g. 1,8,32")->delimiter(',')->check(CLI::Range(1, 1024));
   bench->add_option("-c,--context", b.contexts, "decode context lengths, e.g. 1024,4096")->delimiter(',')->check(CLI::Range(2, 1 << 22));
   bench->add_option("-p,--prompt", b.prompts, "prefill lengths (0 entries: none)")->delimiter(',')->check(CLI::Range(1, 1 << 22));
@@ -464,9 +670,15 @@ int main(int argc, char** argv) {
   bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
   bench->add_flag("--json", b.json, "print JSON");
   bench->add_flag("--no-cuda-graphs", b.no_cuda_graphs, "launch decode steps eagerly");
+  bench->add_option("--prefill-config", b.prefill_config, "prefill attention tile configuration (bench-attention --prefill lists them)");
+  bench->add_option("--mixed-chunk", b.mixed_chunk,
+                    "mixed test: batch - 1 sequences decode while one prefills a chunk of this many tokens (0: off)")
+      ->capture_default_str();
   bench->add_option("--linear", b.linear, "linear layers: auto (dispatch table), gemv, flat, cublas (default: $FDPP_LINEAR, else auto)")
       ->check(CLI::IsMember({"auto", "gemv", "flat", "cublas"}));
   bench->add_option("--dispatch-table", b.dispatch_table, "dispatch table file from fdpp tune (default: looked up)");
+  bench->add_option("--calibration", b.calibration,
+                    "unified-max calibration file from fdpp calibrate (default: <model>.fdpp-calib.json, else the cache)");
   bench->add_option("--attention", b.attention, "decode attention: async (unified max) or sync")
       ->capture_default_str()
       ->check(CLI::IsMember({"async", "sync"}));
@@ -484,31 +696,115 @@ int main(int argc, char** argv) {
   bench_attn->add_flag("--json", ba.json, "print JSON");
   bench_attn->add_flag("--prefill", ba.prefill, "causal prefill attention (tensor cores) instead of decode");
   bench_attn->add_option("--points", ba.points, "prefill points BxL (B sequences of L tokens)")->delimiter(',');
+  bench_attn->add_option("--prefill-config", ba.prefill_configs,
+                         "prefill tile configurations to compare (m64n64, m128n64w8, m128n64w8s3, m128n32w4 or all)")
+      ->delimiter(',');
   auto* tune = register_tune(app);
   auto* bench_linear = register_bench_linear(app);
 #endif
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);  // prints --help / the one-line error
-    return code == 0 ? 0 : 2;      // usage errors exit 2, like getopt tools
+  // Subcommand names come from the app, so that ones registered elsewhere (serve) are listed too.
+  std::string subcommands;
+  bool known = false;
+  std::vector<std::string> args = llama_cpp_spellings(argc, argv);
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    subcommands += (subcommands.empty() ? "" : ", ") + sub->get_name();
+    known = known || (!args.empty() && sub->check_name(args[0]));
   }
+  if (args.empty()) {
+    fmt::print(stderr, "fdpp: error: a subcommand is required: {} (see --help)\n", subcommands);
+    return 2;
+  }
+  if (!args[0].starts_with("-") && !known) {
+    fmt::print(stderr, "fdpp: error: '{}' is not a subcommand; the subcommands are {} (see --help)\n", args[0],
+               subcommands);
+    return 2;
+  }
+
+  int rc = 0;
   try {
-    if (*gen) {
-      if (g.prompt.empty() && g.token_ids.empty()) fdpp::fail("generate needs --prompt TEXT or --token-ids 1,2,3");
-      return run_generate(g, g_dev);
+    try {
+      std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
+      app.parse(args);
+    } catch (const CLI::ParseError& e) {
+      const int code = app.exit(e);  // prints --help / the one-line error
+      if (code != 0) return 2;       // usage errors exit 2, like getopt tools
+      std::fflush(stdout);
+      return std::ferror(stdout) ? 1 : 0;
     }
-    if (*logits) return run_logits(l_model, l_ids, l_out, l_dev);
-    if (*info) return run_info(i_model, i_json);
-    if (*calibrate) return run_calibrate(cal);
-    if (*devices) return run_devices();
+    if (app.get_subcommands().empty()) {
+      fmt::print(stderr, "fdpp: error: a subcommand is required: {} (see --help)\n", subcommands);
+      return 2;
+    }
+    if (*gen) {
+      g_dev.check_flags();
+      // A random seed unless one is given (llama.cpp's rule); it is printed, so a run can be repeated.
+      g.sampling.seed = g_seed >= 0 ? static_cast<uint64_t>(g_seed) : random_seed();
+      if (prompt_opt->count() > 0) g.prompt = prompt_text("--prompt", g.prompt);
+      if (!g.system.empty()) {
+        if (std::string p = utf8_problem(g.system); !p.empty()) throw UsageError("--system: " + p);
+      }
+      if (g.stop.size() > kMaxStopStrings)
+        throw UsageError(fmt::format("--stop: given {} times; at most {} stop strings are supported", g.stop.size(),
+                                     kMaxStopStrings));
+      if (g.unordered && g.file.empty()) throw UsageError("--unordered: only with --file");
+      if (!g.file.empty() && g.max_tokens == 0)
+        throw UsageError("--max-tokens 0: each request of a prompts file generates at least 1 token");
+      if (!g.file.empty()) {
+        g_dev.say_gpu_layers();
+        rc = run_generate_file(g, g_dev);
+      } else {
+        if (prompt_opt->count() == 0 && g.token_ids.empty())
+          throw UsageError("generate needs --prompt TEXT, --token-ids 1,2,3 or --file FILE");
+        g_dev.say_gpu_layers();
+        rc = run_generate(g, g_dev);
+      }
+    } else if (*logits) {
+      l_dev.check_flags();
+      if (l_ids_opt->count() == 0 && l_prompt_opt->count() == 0)
+        throw UsageError("logits needs --token-ids 1,2,3 or --prompt TEXT");
+      if (l_prompt_opt->count() > 0) l_prompt = prompt_text("--prompt", l_prompt);
+      if (l_ids_opt->count() > 0) parse_token_ids(l_ids);  // usage errors before the model loads
+      l_dev.say_gpu_layers();
+      rc = run_logits(l_model, l_ids, l_prompt, l_out, l_dev);
+    } else if (*tokenize) {
+      if (t_prompt_opt->count() == 0 && t_ids_opt->count() == 0)
+        throw UsageError("tokenize needs --prompt TEXT or --ids 1,2,3");
+      if (t_prompt_opt->count() > 0) t.prompt = prompt_text("--prompt", t.prompt);
+      if (std::string p = utf8_problem(t.system); !p.empty()) throw UsageError("--system: " + p);
+      if (t_ids_opt->count() > 0) {
+        try {
+          parse_token_ids(t.ids);
+        } catch (const UsageError& e) {
+          throw UsageError("--ids" + std::string(e.what()).substr(std::string("--token-ids").size()));
+        }
+      }
+      rc = run_tokenize(t);
+    } else if (*info) {
+      rc = run_info(i_model, i_json);
+    } else if (*calibrate) {
+      set_cpu_threads(cal_threads);
+      rc = run_calibrate(cal);
+    } else if (*devices) {
+      rc = run_devices();
 #ifdef FDPP_HAVE_CUDA
-    if (*bench) return run_bench(b);
-    if (*bench_attn) return ba.prefill ? run_bench_prefill_attention(ba) : run_bench_attention(ba);
-    if (*tune) return run_tune();
-    if (*bench_linear) return run_bench_linear();
+    } else if (*bench) {
+      rc = run_bench(b);
+    } else if (*bench_attn) {
+      rc = ba.prefill ? run_bench_prefill_attention(ba) : run_bench_attention(ba);
+    } else if (*tune) {
+      rc = run_tune();
+    } else if (*bench_linear) {
+      rc = run_bench_linear();
 #endif
+    }
+    // What was printed with fmt::print / std::cout is checked here: a full disk must not exit 0.
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+      fail("standard output: write failed ({})", errno != 0 ? std::strerror(errno) : "I/O error");
+  } catch (const UsageError& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "fdpp: error: {}\n", e.what());
+    return 2;
   } catch (const fdpp::Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "fdpp: error: {}\n", e.what());
@@ -520,5 +816,5 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "fdpp: error: {}\n", e.what());
     return 1;
   }
-  return 0;
+  return rc;
 }

@@ -61,6 +61,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   block_tables_ = DeviceBuffer(static_cast<size_t>(options.max_batch) * max_blocks_per_seq_ * sizeof(int32_t));
   context_lens_ = DeviceBuffer(options.max_batch * sizeof(int32_t));
   head_index_ = DeviceBuffer(logit_rows * sizeof(int32_t));
+  chunk_meta_ = DeviceBuffer((2 * static_cast<size_t>(options.max_batch) + 1) * sizeof(int32_t));
   seeds_ = DeviceBuffer(logit_rows * sizeof(uint64_t));
   sample_ws_ = DeviceBuffer(sampling_workspace_bytes(logit_rows, static_cast<int>(V)));
   sample_ids_ = DeviceBuffer(logit_rows * sizeof(int32_t));
@@ -83,8 +84,8 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   attn_counter_ints_ = decode_attention_async_counters(options.max_batch, c.n_heads, c.n_kv_heads);
   attn_counters_ = DeviceBuffer(sizeof(int) * static_cast<size_t>(attn_counter_ints_));
   FDPP_CUDA_CHECK(cudaMemset(attn_counters_.get(), 0, attn_counters_.bytes()));
-  fallback_rows_ = DeviceBuffer(sizeof(unsigned long long));
-  FDPP_CUDA_CHECK(cudaMemset(fallback_rows_.get(), 0, sizeof(unsigned long long)));
+  fallback_rows_ = DeviceBuffer(2 * sizeof(unsigned long long));  // [decode, prefill]
+  FDPP_CUDA_CHECK(cudaMemset(fallback_rows_.get(), 0, fallback_rows_.bytes()));
   check(options.unified_max_phi.empty() || static_cast<int>(options.unified_max_phi.size()) == c.n_layers,
         "unified max: {} phi values for a model of {} layers", options.unified_max_phi.size(), c.n_layers);
   for (int layer = 0; layer < c.n_layers; ++layer) {
@@ -147,7 +148,7 @@ MemoryReport CudaEngine::memory() const {
   r.kv_cache = kv_.bytes();
   r.kv_tokens = num_blocks_ * options_.block_size;
   for (const DeviceBuffer* b : {&x_, &normed_, &qkv_, &attn_, &o_, &ffn_in_, &ffn_act_, &logits_, &ids_, &positions_,
-                                &slots_, &block_tables_, &context_lens_, &head_index_, &sample_ids_, &history_,
+                                &slots_, &block_tables_, &context_lens_, &head_index_, &chunk_meta_, &sample_ids_, &history_,
                                 &history_lens_, &offsets_, &seeds_, &attn_ws_, &decode_in_, &fallback_rows_,
                                 &attn_counters_})
     r.activations += b->bytes();
@@ -175,10 +176,17 @@ void CudaEngine::linear(const void* x, const void* w, const void* bias, void* y,
 }
 
 uint64_t CudaEngine::attention_fallback_rows() const {
-  unsigned long long n = 0;
+  unsigned long long n[2] = {0, 0};
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  FDPP_CUDA_CHECK(cudaMemcpy(&n, fallback_rows_.get(), sizeof(n), cudaMemcpyDeviceToHost));
-  return n;
+  FDPP_CUDA_CHECK(cudaMemcpy(n, fallback_rows_.get(), sizeof(n), cudaMemcpyDeviceToHost));
+  return n[0];
+}
+
+uint64_t CudaEngine::prefill_attention_fallback_rows() const {
+  unsigned long long n[2] = {0, 0};
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  FDPP_CUDA_CHECK(cudaMemcpy(n, fallback_rows_.get(), sizeof(n), cudaMemcpyDeviceToHost));
+  return n[1];
 }
 
 void* CudaEngine::layer_k(int layer) const {
@@ -228,11 +236,18 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
                                attn_ws_.bytes(), st);
       }
     }
-    for (const Chunk& ch : chunks) {
-      prefill_attention(at(qkv_, static_cast<size_t>(ch.q_offset) * QKV * kElem), layer_k(layer), layer_v(layer),
-                        in.chunk_tables + static_cast<size_t>(ch.table_row) * max_blocks_per_seq_, ch.start, ch.n,
-                        c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale,
-                        const_cast<char*>(at(attn_, static_cast<size_t>(ch.q_offset) * Q * kElem)), dt, st);
+    if (!chunks.empty()) {
+      if (layer == 0)
+        for (const Chunk& ch : chunks) prefill_attention_rows_ += static_cast<uint64_t>(ch.n) * c.n_heads * c.n_layers;
+      // Every chunk in one launch (tensor cores; the same unified max and guard as decode).
+      int max_chunk = 0;
+      for (const Chunk& ch : chunks) max_chunk = std::max(max_chunk, ch.n);
+      prefill_attention_varlen(qkv_.get(), layer_k(layer), layer_v(layer), in.chunk_tables, max_blocks_per_seq_,
+                               in.chunk_q_begin, in.chunk_starts, static_cast<int>(chunks.size()), n, max_chunk,
+                               c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale,
+                               options_.attention == AttentionMode::Async ? &unified_max_[layer] : nullptr,
+                               fallback_rows_.as<unsigned long long>() + 1, attn_.get(), dt, st,
+                               options_.prefill_attention_config);
     }
     linear(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, false);
     residual_norm(x_.as<float>(), o_.get(), nullptr, L.ffn_norm.get(), L.ffn_norm_bias.get(), normed_.get(), n, H,
@@ -283,8 +298,9 @@ void CudaEngine::prefill(int seq, std::span<const int32_t> tokens, bool all_posi
   std::copy(s.blocks.begin(), s.blocks.end(), table.begin());
   FDPP_CUDA_CHECK(cudaMemcpyAsync(block_tables_.get(), table.data(), table.size() * sizeof(int32_t),
                                   cudaMemcpyHostToDevice, stream_));
+  const int32_t* meta = chunk_meta_.as<int32_t>();
   const StepInputs prefill_in{ids_.as<int32_t>(), positions_.as<int32_t>(), slots_.as<int32_t>(), nullptr, nullptr,
-                              block_tables_.as<int32_t>(), nullptr};
+                              block_tables_.as<int32_t>(), meta, meta + 2, nullptr};
   size_t done = 0;
   while (done < tokens.size()) {
     const int n = static_cast<int>(std::min<size_t>(chunk, tokens.size() - done));
@@ -296,6 +312,7 @@ void CudaEngine::prefill(int seq, std::span<const int32_t> tokens, bool all_posi
     upload(ids_, ids, stream_);
     upload(positions_, pos, stream_);
     upload(slots_, slots, stream_);
+    upload(chunk_meta_, std::vector<int32_t>{0, n, s.length}, stream_);
     const bool last_chunk = done + n == tokens.size();
     const int rows = all_positions ? n : 1;
     const Chunk chunk{0, n, s.length, 0};
@@ -359,7 +376,7 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
   FDPP_CUDA_CHECK(cudaMemcpyAsync(decode_in_.get(), decode_in_host_, bytes, cudaMemcpyHostToDevice, stream_));
   FDPP_CUDA_CHECK(cudaEventRecord(inputs_copied_, stream_));
   const int32_t* d = decode_in_.as<int32_t>();
-  const StepInputs in{d, d + mb, d + 2 * mb, d + 4 * mb, d + 3 * mb, nullptr, nullptr};
+  const StepInputs in{d, d + mb, d + 2 * mb, d + 4 * mb, d + 3 * mb, nullptr, nullptr, nullptr, nullptr};
 
   const int splits = plan_decode_splits(b, config().n_heads, config().n_kv_heads, max_len, multiprocessors_);
   auto graph = graphs_.find({b, splits});
@@ -462,11 +479,21 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
     upload(slots_, slots, stream_);
     upload(block_tables_, tables, stream_);
     if (decode_rows > 0) upload(context_lens_, lens, stream_);
+    std::vector<int32_t> meta(2 * chunks.size() + 1);
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      meta[k] = chunks[k].q_offset;
+      meta[chunks.size() + 1 + k] = chunks[k].start;
+    }
+    if (!chunks.empty()) {
+      meta[chunks.size()] = chunks.back().q_offset + chunks.back().n;
+      upload(chunk_meta_, meta, stream_);
+    }
     if (head_rows > 0) upload(head_index_, head, stream_);
     const int32_t* tab = block_tables_.as<int32_t>();
     const StepInputs in{ids_.as<int32_t>(), positions_.as<int32_t>(), slots_.as<int32_t>(), tab,
                         context_lens_.as<int32_t>(),
-                        tab + static_cast<size_t>(decode_rows) * max_blocks_per_seq_, head_index_.as<int32_t>()};
+                        tab + static_cast<size_t>(decode_rows) * max_blocks_per_seq_, chunk_meta_.as<int32_t>(),
+                        chunk_meta_.as<int32_t>() + chunks.size() + 1, head_index_.as<int32_t>()};
     const int splits =
         decode_rows > 0 ? plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, max_len, multiprocessors_) : 1;
     if (head_rows > 0) {

@@ -41,6 +41,8 @@ struct EngineOptions {
   // Decode attention: the asynchronized softmax with a unified max (FlashDecoding++, the default)
   // or the synchronized split-KV kernel (FlashDecoding), for comparison.
   AttentionMode attention = AttentionMode::Async;
+  // Prefill attention's tile configuration (kernels.h: prefill_attention_configs()).
+  int prefill_attention_config = 0;
   // The unified max phi per layer (natural-log units of q.k / sqrt(d)), from the model's
   // calibration file; empty: the conservative default phi = 0 for every layer. Either way rows
   // outside the safe range are recomputed, so results do not depend on phi, only speed does.
@@ -92,6 +94,10 @@ class CudaEngine final : public Engine {
   // asynchronized softmax recomputed because their max logit left [phi + a, phi + b] (synchronizes).
   uint64_t attention_rows() const { return attention_rows_; }
   uint64_t attention_fallback_rows() const;
+  // The same for prefill attention (query rows of prefill chunks x query head x layer), whose
+  // tensor-core kernel falls back per 64-row tile (kernels.h, prefill_attention_varlen).
+  uint64_t prefill_attention_rows() const { return prefill_attention_rows_; }
+  uint64_t prefill_attention_fallback_rows() const;
   // The unified max and safe range used for a layer.
   const UnifiedMaxRange& unified_max(int layer) const { return unified_max_.at(layer); }
 
@@ -115,6 +121,7 @@ class CudaEngine final : public Engine {
     const int32_t *ids, *positions, *slots;
     const int32_t *block_tables, *context_lens;  // decode rows: [decode_rows][max_blocks_per_seq], [decode_rows]
     const int32_t* chunk_tables;                 // prefill chunks: [chunks][max_blocks_per_seq]
+    const int32_t *chunk_q_begin, *chunk_starts; // [chunks + 1] token offsets, [chunks] first positions
     const int32_t* head_index;                   // rows whose logits are computed (null: the last logit_rows)
   };
   struct Chunk {  // a prefill chunk of a step: tokens [q_offset, q_offset + n) at positions start..
@@ -145,6 +152,7 @@ class CudaEngine final : public Engine {
   DeviceBuffer x_, normed_, qkv_, attn_, o_, ffn_in_, ffn_act_, logits_;
   DeviceBuffer ids_, positions_, slots_, block_tables_;  // prefill and mixed-step inputs
   DeviceBuffer context_lens_, head_index_;                // mixed steps: decode rows' lengths, logit rows
+  DeviceBuffer chunk_meta_;                               // prefill chunks: q_begin [max_batch + 1], starts
   DeviceBuffer sample_ws_, sample_ids_, history_, history_lens_, offsets_, seeds_;
   int history_stride_ = 0;
   int last_logit_rows_ = 0;
@@ -156,9 +164,10 @@ class CudaEngine final : public Engine {
   DeviceBuffer attn_ws_;  // split-KV partials (sync), or partials, semaphores and fallback list (async)
   DeviceBuffer attn_counters_;  // async: semaphores and the fallback list's length
   int attn_counter_ints_ = 0;
-  DeviceBuffer fallback_rows_;  // one device counter (unsigned long long)
+  DeviceBuffer fallback_rows_;  // two device counters (unsigned long long): decode, prefill
   std::vector<UnifiedMaxRange> unified_max_;  // per layer
   uint64_t attention_rows_ = 0;
+  uint64_t prefill_attention_rows_ = 0;
   int multiprocessors_ = 0;
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (batch, attention splits) -> captured step
 };

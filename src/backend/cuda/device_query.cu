@@ -1,5 +1,7 @@
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "backend/cuda/device_query.h"
 
 namespace fdpp::cuda {
@@ -9,7 +11,23 @@ std::vector<GpuInfo> list_gpus(std::string* why) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    if (why != nullptr) *why = cudaGetErrorString(err);
+    if (why != nullptr) {
+      // The runtime's own words for the usual cases ("CUDA driver version is insufficient for CUDA
+      // runtime version" when no driver is installed at all) mislead users; say what it means.
+      int driver = 0, runtime = 0;
+      if (err == cudaErrorInsufficientDriver) {
+        cudaDriverGetVersion(&driver);  // 0 when no driver is installed
+        cudaRuntimeGetVersion(&runtime);
+        *why = driver == 0 ? std::string("no CUDA driver found")
+                           : "the CUDA driver (" + std::to_string(driver / 1000) + "." +
+                                 std::to_string(driver % 1000 / 10) + ") is older than this build's runtime (" +
+                                 std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) + ")";
+      } else if (err == cudaErrorNoDevice) {
+        *why = "no CUDA device";
+      } else {
+        *why = cudaGetErrorString(err);
+      }
+    }
     cudaGetLastError();  // clear the sticky error so later calls start clean
     return gpus;
   }

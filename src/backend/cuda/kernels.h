@@ -154,14 +154,22 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
 // asynchronized softmax of FlashDecoding++: every row accumulates sum e^(x - phi) v and
 // sum e^(x - phi) with no running max and no rescaling; a row whose max logit x_max has
 // x_max - phi outside prefill_attention_effective_range(*unified_max, dtype) (or NaN logits) makes
-// its 64-row tile recompute all its rows with the synchronized softmax, so the result always
+// its query tile (64 or 128 rows, by configuration) recompute all its rows with the synchronized softmax, so the result always
 // equals the stable softmax to 16-bit rounding; *fallback_rows (device, nullable) is incremented by
 // the number of rows outside the range.
 void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                               int max_blocks_per_seq, const int32_t* q_begin, const int32_t* starts, int chunks,
                               int total_q_tokens, int max_chunk_tokens, int n_heads, int n_kv_heads, int head_dim,
                               int block_size, float scale, const UnifiedMaxRange* unified_max,
-                              unsigned long long* fallback_rows, void* out, DType dtype, cudaStream_t stream);
+                              unsigned long long* fallback_rows, void* out, DType dtype, cudaStream_t stream,
+                              int config = 0);
+
+// Tile configurations of the prefill kernel (prefill_plan.h: kConfigs, what each changes): `config`
+// of the two launchers is an index 0 .. prefill_attention_configs() - 1; 0 is the default. Names
+// (e.g. "m64n64", "m128n64w4") for the CLI and the tests; index -1 / name nullptr when unknown.
+int prefill_attention_configs();
+const char* prefill_attention_config_name(int config);
+int prefill_attention_config_index(const char* name);
 
 // The range of (row max logit - phi) the prefill kernel honours: [a, b] intersected with what
 // 16-bit P = e^(x - phi) carries into the tensor cores: bf16 keeps [a, b]; fp16 caps it to
@@ -174,7 +182,8 @@ UnifiedMaxRange prefill_attention_effective_range(const UnifiedMaxRange& range, 
 void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_table,
                        int start_pos, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size,
                        float scale, void* out, DType dtype, cudaStream_t stream,
-                       const UnifiedMaxRange* unified_max = nullptr, unsigned long long* fallback_rows = nullptr);
+                       const UnifiedMaxRange* unified_max = nullptr, unsigned long long* fallback_rows = nullptr,
+                       int config = 0);
 
 // ---- sampling --------------------------------------------------------------------------------
 // Per row of logits [rows, vocab] (fp32, modified in place): repetition penalty over that row's

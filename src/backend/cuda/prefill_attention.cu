@@ -28,6 +28,8 @@
 // different 4-bank groups (rows are 128 or 256 bytes: without the swizzle all 8 share one group).
 #include <cfloat>
 #include <cmath>
+#include <cstring>
+#include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/prefill_plan.h"
@@ -42,9 +44,6 @@ using detail::cp_async16;
 using detail::cp_async_commit;
 using detail::cp_async_wait_all;
 using detail::cuda_check;
-using prefill::kBK;
-using prefill::kBQ;
-using prefill::kThreads;
 
 struct PrefillArgs {
   const void* qkv;
@@ -130,26 +129,50 @@ __device__ __forceinline__ int swz(int r, int c) {
   return r * D + ((c ^ (r & 7)) << 3);
 }
 
+// cp.async.wait_group N: all but this thread's N most recent groups have landed.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Compile-time view of one prefill::kConfigs entry.
+template <int I>
+struct Cfg {
+  static constexpr prefill::TileConfig c = prefill::kConfigs[I];
+  static constexpr int kThreads = 32 * c.warps;
+  static constexpr int kMT = c.m_tiles;          // 16-row blocks per warp
+  static constexpr int kWarpRows = 16 * c.m_tiles;
+  static constexpr int kBQ = prefill::config_bq(c);
+  static constexpr int kBK = c.bk;
+  static constexpr int kStages = c.stages;
+  static constexpr int kMinCtas = c.min_ctas;
+  static constexpr bool kQRegs = c.m_tiles == 1;  // Q fragments held for the whole walk
+  static_assert(kStages >= 2 && kStages <= 4, "stages");
+  static_assert(kBK % 16 == 0, "bk");
+};
+
 // ---- the CTA's walk over its key tiles -----------------------------------------------------------
 
-template <class T, int D>
+template <class T, int D, class C>
 struct Cta {
   static constexpr int CH = D / 8;  // 16-byte chunks per row
+  static constexpr int kBK = C::kBK, kMT = C::kMT, kThreads = C::kThreads;
   const T* k_cache;
   const T* v_cache;
   const int32_t* table;
   int start, kvh, tid, warp, lane;
   int block_shift, n_kv_heads;
-  float sl2, phi2;  // scale * log2(e); phi * log2(e)
+  float sl2;  // scale * log2(e)
   prefill::TileWork w;
   T* q_s;
-  T* k_s;  // [2][kBK][D]
-  T* v_s;  // [2][kBK][D]
+  T* k_s;  // [stages][kBK][D]
+  T* v_s;  // [stages][kBK][D]
 
   // Keys kt * kBK .. + kBK - 1 into buffer `buf`: each thread copies chunks tid + i * kThreads,
   // i.e. chunk column (tid % CH) of rows tid / CH + i * (kThreads / CH): one table lookup per row.
   __device__ __forceinline__ void load_kv(int kt, int buf) const {
-    constexpr int kRowsPerPass = kThreads / CH;  // D = 128: 8 rows per pass, 8 passes
+    constexpr int kRowsPerPass = kThreads / CH;  // D = 128, 128 threads: 8 rows per pass
+    static_assert(kBK % kRowsPerPass == 0, "tile rows per load pass");
     const int cc = tid % CH;
     const int mask = (1 << block_shift) - 1;
     const int64_t kv_row = int64_t(n_kv_heads) * D;
@@ -171,140 +194,196 @@ struct Cta {
     }
   }
 
-  // One walk over all key tiles. kAsync: unified max (m[] returns each thread's max of its own
-  // logits per row half, l[] its own partial sum); sync: online softmax (m[] the row max, l[] the
-  // thread's partial sum relative to it). o: this thread's O fragments, unnormalized.
-  template <bool kAsync>
-  __device__ __forceinline__ void walk(uint32_t (&qf)[D / 16][4], bool load_q, float (&o)[D / 8][4], float (&l)[2],
-                                       float (&m)[2]) const {
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    l[0] = l[1] = 0.f;
-    m[0] = m[1] = -INFINITY;
-    const int g = lane >> 2, t = lane & 3;
-    const int r0 = warp * 16 + g;  // this thread's rows r0 and r0 + 8 of the tile
-    const int lim0 = prefill::row_key_limit(start, w, r0);
-    const int lim1 = prefill::row_key_limit(start, w, r0 + 8);
+  // Q A fragments of m-tile mt at k-step ks: lanes 0-15 address rows 0-15 at chunk 2ks, lanes
+  // 16-31 the same rows at chunk 2ks + 1 (registers: rows 0-7 / 8-15 x cols 0-7 / 8-15).
+  __device__ __forceinline__ void load_q_frag(uint32_t (&qa)[4], int mt, int ks) const {
+    ldmatrix_x4(qa, smem_addr(q_s + swz<D>(warp * C::kWarpRows + mt * 16 + (lane & 15), 2 * ks + (lane >> 4))));
+  }
 
-    load_kv(0, 0);
-    cp_async_commit();
-    for (int kt = 0; kt < w.n_key_tiles; ++kt) {
-      cp_async_wait_all();
-      __syncthreads();  // tile kt (and, on the first walk, Q) visible; everyone is done with tile kt - 1
-      if (load_q && kt == 0) {
-        // A fragments of the warp's 16 rows: lanes 0-15 address rows 0-15 at chunk 2ks, lanes
-        // 16-31 the same rows at chunk 2ks + 1 (registers: rows 0-7 / 8-15 x cols 0-7 / 8-15).
+  // One walk over all key tiles. kAsync: unified max (m[] returns each thread's max of its own raw
+  // logits QK^T (unscaled) per row, l[] its own partial sum of 2^(x sl2 - phi2)); sync: online
+  // softmax (m[] the row max of the raw logits, l[] the thread's partial sum relative to it). o: this
+  // thread's O fragments, unnormalized. Row (mt, hf) of the thread: warp * kWarpRows + 16 mt + g + 8 hf.
+  // Logits stay raw (unscaled) until the exponent: 2^(x sl2 - c) is one FFMA + one MUFU per element.
+  template <bool kAsync>
+  __device__ __forceinline__ void walk(uint32_t (&qf)[kMT][C::kQRegs ? D / 16 : 1][4], bool load_q, float phi2,
+                                       float (&o)[kMT][D / 8][4], float (&l)[kMT][2], float (&m)[kMT][2]) const {
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks)
-          ldmatrix_x4(qf[ks], smem_addr(q_s + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4))));
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+      l[mt][0] = l[mt][1] = 0.f;
+      m[mt][0] = m[mt][1] = -INFINITY;
+    }
+    const int g = lane >> 2, t = lane & 3;
+    const int wr0 = warp * C::kWarpRows;  // the warp's first row of the tile
+    int lim[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) lim[mt][hf] = prefill::row_key_limit(start, w, wr0 + 16 * mt + g + 8 * hf);
+    // Warp-uniform work bounds: a warp whose rows all lie past the chunk computes nothing (its rows
+    // are never written), and a key tile wholly after the warp's last row's limit is all masked
+    // for it (with 128-row tiles: half the diagonal tile's keys for the first warps).
+    const bool warp_active = wr0 < w.rows;
+    const int warp_lim = prefill::row_key_limit(start, w, wr0 + C::kWarpRows - 1);
+
+    // Prologue: tiles 0 .. kStages - 2 in flight (one commit group each, empty past the end, so
+    // that wait_group counts stay uniform). Q (issued by the caller) joins tile 0's group.
+#pragma unroll
+    for (int st = 0; st < C::kStages - 1; ++st) {
+      if (st < w.n_key_tiles) load_kv(st, st);
+      cp_async_commit();
+    }
+    int buf = 0;  // kt % kStages
+    for (int kt = 0; kt < w.n_key_tiles; ++kt) {
+      cp_async_wait_group<C::kStages - 2>();
+      __syncthreads();  // tile kt (and Q) visible; everyone is done with tile kt - 1
+      if constexpr (C::kQRegs) {
+        if (load_q && kt == 0) {
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks) load_q_frag(qf[0][ks], 0, ks);
+        }
       }
-      if (kt + 1 < w.n_key_tiles) {
-        load_kv(kt + 1, (kt + 1) & 1);  // buffer (kt + 1) & 1 was last read in tile kt - 1
+      {
+        // Tile kt + kStages - 1 into the buffer of tile kt - 1 (everyone passed the barrier above).
+        const int nt = kt + C::kStages - 1;
+        int nb = buf + C::kStages - 1;
+        if (nb >= C::kStages) nb -= C::kStages;
+        if (nt < w.n_key_tiles) load_kv(nt, nb);
         cp_async_commit();
       }
-      const T* kb = k_s + (kt & 1) * kBK * D;
-      const T* vb = v_s + (kt & 1) * kBK * D;
+      const T* kb = k_s + buf * kBK * D;
+      const T* vb = v_s + buf * kBK * D;
+      if (++buf == C::kStages) buf = 0;
+      if (!warp_active || kt * kBK > warp_lim) continue;  // warp-uniform; barriers stay matched
 
       // S = Q K^T: n-tiles of 8 keys; one ldmatrix.x4 gives the B fragments of keys n0..n0+15 at
       // k-step ks (lanes 0-7: keys n0+0..7 chunk 2ks; 8-15: same keys chunk 2ks+1; 16-31: keys
-      // n0+8..15).
-      float s[kBK / 8][4];
+      // n0+8..15); with two m-tiles per warp each B fragment feeds two mma.
+      float s[kMT][kBK / 8][4];
 #pragma unroll
-      for (int j = 0; j < kBK / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int j = 0; j < kBK / 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t qa[kMT][4];
+        if constexpr (!C::kQRegs) {
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) load_q_frag(qa[mt], mt, ks);
+        }
 #pragma unroll
         for (int np = 0; np < kBK / 16; ++np) {
           uint32_t b[4];
           const int key_row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
           ldmatrix_x4(b, smem_addr(kb + swz<D>(key_row, 2 * ks + ((lane >> 3) & 1))));
-          mma16816<T>(s[2 * np], qf[ks], b[0], b[1]);
-          mma16816<T>(s[2 * np + 1], qf[ks], b[2], b[3]);
-        }
-      }
-
-      // Scale to log2 units; causal mask. Element e of n-tile j: row r0 (e < 2) or r0 + 8, key
-      // kt * kBK + 8j + 2t + (e & 1).
-      const bool masked = kt >= w.first_masked_tile;
 #pragma unroll
-      for (int j = 0; j < kBK / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[j][e] * sl2;
-          if (masked) {
-            const int key = kt * kBK + 8 * j + 2 * t + (e & 1);
-            if (key > (e < 2 ? lim0 : lim1)) x = -INFINITY;
-          }
-          s[j][e] = x;
-        }
-      }
-
-      if constexpr (kAsync) {
-        // P = 2^(x - phi): no max, no rescale. Masked keys give 2^-inf = 0.
-#pragma unroll
-        for (int j = 0; j < kBK / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int hf = e >> 1;
-            m[hf] = fmaxf(m[hf], s[j][e]);
-            s[j][e] = fast_exp2(s[j][e] - phi2);
-            l[hf] += s[j][e];
-          }
-        }
-      } else {
-        // Online softmax. Key 0 lies in tile 0 and is visible to every row, so m is finite from the
-        // first tile on (m_old = -inf there gives alpha = 2^-inf = 0 on zero accumulators).
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < kBK / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hf], s[j][2 * hf + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 threads (t = 0..3)
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[hf], mx);
-          const float alpha = fast_exp2(m[hf] - m_new);
-          m[hf] = m_new;
-          l[hf] *= alpha;
-#pragma unroll
-          for (int j = 0; j < D / 8; ++j) {
-            o[j][2 * hf] *= alpha;
-            o[j][2 * hf + 1] *= alpha;
-          }
-#pragma unroll
-          for (int j = 0; j < kBK / 8; ++j) {
-            s[j][2 * hf] = fast_exp2(s[j][2 * hf] - m_new);
-            s[j][2 * hf + 1] = fast_exp2(s[j][2 * hf + 1] - m_new);
-            l[hf] += s[j][2 * hf] + s[j][2 * hf + 1];
+          for (int mt = 0; mt < kMT; ++mt) {
+            if constexpr (C::kQRegs) {
+              mma16816<T>(s[mt][2 * np], qf[mt][ks], b[0], b[1]);
+              mma16816<T>(s[mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
+            } else {
+              mma16816<T>(s[mt][2 * np], qa[mt], b[0], b[1]);
+              mma16816<T>(s[mt][2 * np + 1], qa[mt], b[2], b[3]);
+            }
           }
         }
       }
 
-      // O += P V. The accumulators of n-tiles 2ks and 2ks + 1 are the A fragment of k-step ks;
-      // one ldmatrix.x4.trans gives V's B fragments for d-tiles 2dp and 2dp + 1 (lanes 0-15: key
-      // rows 16ks + 0..15 at chunk 2dp; lanes 16-31: the same rows at chunk 2dp + 1).
+      // Causal mask (raw logits -> -inf), only in tiles that reach past the tile's first query
+      // position. Element e of n-tile j: row half e >> 1, key kt * kBK + 8j + 2t + (e & 1).
+      if (kt >= w.first_masked_tile) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int j = 0; j < kBK / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = kt * kBK + 8 * j + 2 * t + (e & 1);
+              if (key > lim[mt][e >> 1]) s[mt][j][e] = -INFINITY;
+            }
+      }
+
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (kAsync) {
+          // P = 2^(x sl2 - phi2): no max, no rescale. Masked keys give 2^-inf = 0.
+#pragma unroll
+          for (int j = 0; j < kBK / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int hf = e >> 1;
+              m[mt][hf] = fmaxf(m[mt][hf], s[mt][j][e]);
+              s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], sl2, -phi2));
+              l[mt][hf] += s[mt][j][e];
+            }
+        } else {
+          // Online softmax. Key 0 lies in tile 0 and is visible to every row, so m is finite from
+          // the first tile on (m_old = -inf there gives alpha = 2^-inf = 0 on zero accumulators).
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < kBK / 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * hf], s[mt][j][2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 threads (t = 0..3)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[mt][hf], mx);
+            const float alpha = fast_exp2((m[mt][hf] - m_new) * sl2);
+            const float ms = m_new * sl2;
+            m[mt][hf] = m_new;
+            l[mt][hf] *= alpha;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+              o[mt][j][2 * hf] *= alpha;
+              o[mt][j][2 * hf + 1] *= alpha;
+            }
+#pragma unroll
+            for (int j = 0; j < kBK / 8; ++j) {
+              s[mt][j][2 * hf] = fast_exp2(fmaf(s[mt][j][2 * hf], sl2, -ms));
+              s[mt][j][2 * hf + 1] = fast_exp2(fmaf(s[mt][j][2 * hf + 1], sl2, -ms));
+              l[mt][hf] += s[mt][j][2 * hf] + s[mt][j][2 * hf + 1];
+            }
+          }
+        }
+      }
+
+      // O += P V. The accumulators of n-tiles 2ks and 2ks + 1 are the A fragment of k-step ks
+      // (registers only, no shared round trip); one ldmatrix.x4.trans gives V's B fragments for
+      // d-tiles 2dp and 2dp + 1 (lanes 0-15: key rows 16ks + 0..15 at chunk 2dp; lanes 16-31: the
+      // same rows at chunk 2dp + 1), used by every m-tile of the warp.
 #pragma unroll
       for (int ks = 0; ks < kBK / 16; ++ks) {
-        uint32_t pa[4];
-        pa[0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
-        pa[1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
-        pa[2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-        pa[3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          pa[mt][0] = pack2<T>(s[mt][2 * ks][0], s[mt][2 * ks][1]);
+          pa[mt][1] = pack2<T>(s[mt][2 * ks][2], s[mt][2 * ks][3]);
+          pa[mt][2] = pack2<T>(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
+          pa[mt][3] = pack2<T>(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
+        }
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b[4];
           ldmatrix_x4_trans(b, smem_addr(vb + swz<D>(ks * 16 + (lane & 15), 2 * dp + (lane >> 4))));
-          mma16816<T>(o[2 * dp], pa, b[0], b[1]);
-          mma16816<T>(o[2 * dp + 1], pa, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma16816<T>(o[mt][2 * dp], pa[mt], b[0], b[1]);
+            mma16816<T>(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+          }
         }
       }
     }
+    cp_async_wait_group<0>();  // no copy (only empty groups by now) outlives the walk
   }
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillArgs a) {
+template <class T, int D, int I>
+__global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_attention_kernel(PrefillArgs a) {
   static_assert(D == 64 || D == 128, "head_dim");
+  using C = Cfg<I>;
   constexpr int CH = D / 8;
+  constexpr int kMT = C::kMT;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int fail_rows;
 
@@ -319,13 +398,12 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
     n = a.single_n;
     start = a.single_start;
   }
-  Cta<T, D> c;
-  c.w = prefill::tile_work(start, n, blockIdx.y);
+  Cta<T, D, C> c;
+  c.w = prefill::tile_work(start, n, blockIdx.y, C::kBQ, C::kBK);
   if (c.w.rows <= 0) return;  // uniform over the CTA: before any barrier
   c.block_shift = a.block_shift;
   c.n_kv_heads = a.n_kv_heads;
   c.sl2 = a.scale_log2;
-  c.phi2 = a.phi2;
   c.k_cache = static_cast<const T*>(a.k_cache);
   c.v_cache = static_cast<const T*>(a.v_cache);
   c.table = a.block_tables + int64_t(chunk) * a.max_blocks_per_seq;
@@ -336,8 +414,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
   c.warp = threadIdx.x >> 5;
   c.lane = threadIdx.x & 31;
   c.q_s = reinterpret_cast<T*>(smem_raw);
-  c.k_s = c.q_s + kBQ * D;
-  c.v_s = c.k_s + 2 * kBK * D;
+  c.k_s = c.q_s + C::kBQ * D;
+  c.v_s = c.k_s + C::kStages * C::kBK * D;
   if (threadIdx.x == 0) fail_rows = 0;  // read after the walk's barriers
 
   const int H = a.n_heads;
@@ -345,7 +423,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
   // Q tile -> shared (rows past the chunk zero-filled); committed with the walk's first K/V group.
   {
     const T* q = static_cast<const T*>(a.qkv) + int64_t(h) * D;
-    for (int i = threadIdx.x; i < kBQ * CH; i += kThreads) {
+#pragma unroll
+    for (int i = threadIdx.x; i < C::kBQ * CH; i += C::kThreads) {
       const int r = i / CH, cc = i % CH;
       T* dst = c.q_s + swz<D>(r, cc);
       if (r < c.w.rows) {
@@ -356,61 +435,70 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
     }
   }
 
-  uint32_t qf[D / 16][4];
-  float o[D / 8][4], l[2], m[2];
+  uint32_t qf[kMT][C::kQRegs ? D / 16 : 1][4];
+  float o[kMT][D / 8][4], l[kMT][2], m[kMT][2];
   const int g = c.lane >> 2, t = c.lane & 3;
-  const int r0 = c.warp * 16 + g;
+  const int wr0 = c.warp * C::kWarpRows;
   bool sums_reduced = false;  // l[] holds the row sums (else each thread's partial sum)
   if (a.async) {
-    c.template walk<true>(qf, true, o, l, m);
+    c.template walk<true>(qf, true, a.phi2, o, l, m);
     int bad = 0;
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float mx = m[hf], sum = l[hf];
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      l[hf] = sum;
-      sums_reduced = true;
-      const float rel = mx - a.phi2;
-      // Fails when outside [lo, hi] or NaN (comparisons with NaN are false); a NaN logit is
-      // skipped by fmaxf but poisons the sum, which !(sum <= FLT_MAX) catches.
-      const bool ok = rel >= a.lo2 && rel <= a.hi2 && sum <= FLT_MAX;
-      if (!ok && t == 0 && r0 + 8 * hf < c.w.rows) ++bad;
-    }
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = m[mt][hf], sum = l[mt][hf];
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        l[mt][hf] = sum;
+        const float rel = mx * c.sl2 - a.phi2;  // sl2 > 0: the max of the raw logits, scaled
+        // Fails when outside [lo, hi] or NaN (comparisons with NaN are false); a NaN logit is
+        // skipped by fmaxf but poisons the sum, which !(sum <= FLT_MAX) catches.
+        const bool ok = rel >= a.lo2 && rel <= a.hi2 && sum <= FLT_MAX;
+        if (!ok && t == 0 && wr0 + 16 * mt + g + 8 * hf < c.w.rows) ++bad;
+      }
+    sums_reduced = true;
     if (bad > 0) atomicAdd(&fail_rows, bad);
     __syncthreads();  // fail_rows complete; every warp is done with the K/V buffers
     const int failed = fail_rows;
     if (failed > 0) {
       if (threadIdx.x == 0 && a.fallback_rows != nullptr)
         atomicAdd(a.fallback_rows, static_cast<unsigned long long>(failed));
-      c.template walk<false>(qf, false, o, l, m);
+      c.template walk<false>(qf, false, 0.f, o, l, m);
       sums_reduced = false;
     }
   } else {
-    c.template walk<false>(qf, true, o, l, m);
+    c.template walk<false>(qf, true, 0.f, o, l, m);
   }
   if (!sums_reduced) {
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
-      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
-    }
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        l[mt][hf] += __shfl_xor_sync(0xffffffffu, l[mt][hf], 1);
+        l[mt][hf] += __shfl_xor_sync(0xffffffffu, l[mt][hf], 2);
+      }
   }
 
-  // O / l -> the warp's own 16 rows of the Q buffer (only this warp ever read them) -> global.
-  const float inv0 = 1.f / l[0], inv1 = 1.f / l[1];
+  // O / l -> the warp's own rows of the Q buffer (only this warp ever read them) -> global.
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-    *reinterpret_cast<uint32_t*>(c.q_s + swz<D>(r0, j) + 2 * t) = pack2<T>(o[j][0] * inv0, o[j][1] * inv0);
-    *reinterpret_cast<uint32_t*>(c.q_s + swz<D>(r0 + 8, j) + 2 * t) = pack2<T>(o[j][2] * inv1, o[j][3] * inv1);
+  for (int mt = 0; mt < kMT; ++mt) {
+    const float inv0 = 1.f / l[mt][0], inv1 = 1.f / l[mt][1];
+    const int r0 = wr0 + 16 * mt + g;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(c.q_s + swz<D>(r0, j) + 2 * t) = pack2<T>(o[mt][j][0] * inv0, o[mt][j][1] * inv0);
+      *reinterpret_cast<uint32_t*>(c.q_s + swz<D>(r0 + 8, j) + 2 * t) =
+          pack2<T>(o[mt][j][2] * inv1, o[mt][j][3] * inv1);
+    }
   }
   __syncwarp();
   T* out = static_cast<T*>(a.out);
 #pragma unroll
-  for (int i = c.lane; i < 16 * CH; i += 32) {
-    const int r = c.warp * 16 + i / CH, cc = i % CH;
+  for (int i = c.lane; i < C::kWarpRows * CH; i += 32) {
+    const int r = wr0 + i / CH, cc = i % CH;
     if (r < c.w.rows) {
       *reinterpret_cast<uint4*>(out + int64_t(q_row0 + c.w.q0 + r) * H * D + int64_t(h) * D + cc * 8) =
           *reinterpret_cast<const uint4*>(c.q_s + swz<D>(r, cc));
@@ -418,17 +506,29 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
   }
 }
 
-template <class T, int D>
-void launch_prefill(const PrefillArgs& a, const prefill::Grid& g, cudaStream_t stream) {
-  const size_t smem = prefill::smem_bytes(D);
-  auto* kernel = prefill_attention_kernel<T, D>;
+template <class T, int D, int I>
+void launch_prefill(const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream, const char* what) {
+  using C = Cfg<I>;
+  const prefill::Grid g = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads, C::kBQ);
+  check(g.y <= 65535 && g.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what, g.y,
+        C::kBQ);
+  const size_t smem = prefill::smem_bytes(D, C::kBQ, C::kBK, C::kStages);
+  auto* kernel = prefill_attention_kernel<T, D, I>;
   cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
              "cudaFuncSetAttribute(prefill_attention_kernel, max dynamic shared memory)");
-  kernel<<<dim3(g.x, g.y, g.z), kThreads, smem, stream>>>(a);
+  kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a);
+}
+
+template <class T, int D, int... I>
+void launch_config(int config, const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream,
+                   const char* what, std::integer_sequence<int, I...>) {
+  ((config == I ? launch_prefill<T, D, I>(a, chunks, max_chunk_tokens, stream, what) : void()), ...);
 }
 
 void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int block_size, float scale,
-            const UnifiedMaxRange* unified_max, DType dtype, cudaStream_t stream, const char* what) {
+            const UnifiedMaxRange* unified_max, DType dtype, int config, cudaStream_t stream, const char* what) {
+  check(config >= 0 && config < prefill::kNumConfigs, "{}: tile configuration {} is not one of 0..{}", what, config,
+        prefill::kNumConfigs - 1);
   check(a.qkv != nullptr && a.k_cache != nullptr && a.v_cache != nullptr && a.block_tables != nullptr &&
             a.out != nullptr,
         "{}: null pointer (qkv {}, k_cache {}, v_cache {}, block_tables {}, out {})", what, a.qkv, a.k_cache,
@@ -445,9 +545,6 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   check(dtype == DType::F16 || dtype == DType::BF16, "{}: unknown dtype {}", what, static_cast<int>(dtype));
   check(chunks >= 1 && chunks <= 65535, "{}: chunks = {} must be in 1..65535 (grid z)", what, chunks);
   check(max_chunk_tokens >= 1, "{}: max_chunk_tokens = {} must be positive", what, max_chunk_tokens);
-  const prefill::Grid grid = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads);
-  check(grid.y <= 65535 && grid.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what,
-        grid.y, kBQ);
   int shift = 0;
   while ((1 << shift) < block_size) ++shift;
   a.group = a.n_heads / a.n_kv_heads;
@@ -467,16 +564,29 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   }
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
+    constexpr auto all = std::make_integer_sequence<int, prefill::kNumConfigs>{};
     if (head_dim == 64) {
-      launch_prefill<T, 64>(a, grid, stream);
+      launch_config<T, 64>(config, a, chunks, max_chunk_tokens, stream, what, all);
     } else {
-      launch_prefill<T, 128>(a, grid, stream);
+      launch_config<T, 128>(config, a, chunks, max_chunk_tokens, stream, what, all);
     }
   });
   check_launch(what);
 }
 
 }  // namespace
+
+int prefill_attention_configs() { return prefill::kNumConfigs; }
+
+const char* prefill_attention_config_name(int config) {
+  return config >= 0 && config < prefill::kNumConfigs ? prefill::kConfigs[config].name : nullptr;
+}
+
+int prefill_attention_config_index(const char* name) {
+  for (int i = 0; name != nullptr && i < prefill::kNumConfigs; ++i)
+    if (std::strcmp(prefill::kConfigs[i].name, name) == 0) return i;
+  return -1;
+}
 
 UnifiedMaxRange prefill_attention_effective_range(const UnifiedMaxRange& range, DType dtype) {
   UnifiedMaxRange r = range;
@@ -488,7 +598,8 @@ void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* 
                               int max_blocks_per_seq, const int32_t* q_begin, const int32_t* starts, int chunks,
                               int total_q_tokens, int max_chunk_tokens, int n_heads, int n_kv_heads, int head_dim,
                               int block_size, float scale, const UnifiedMaxRange* unified_max,
-                              unsigned long long* fallback_rows, void* out, DType dtype, cudaStream_t stream) {
+                              unsigned long long* fallback_rows, void* out, DType dtype, cudaStream_t stream,
+                              int config) {
   check(q_begin != nullptr && starts != nullptr, "prefill_attention_varlen: null q_begin or starts");
   check(max_blocks_per_seq >= 1, "prefill_attention_varlen: max_blocks_per_seq = {} must be positive",
         max_blocks_per_seq);
@@ -507,14 +618,14 @@ void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* 
   a.n_kv_heads = n_kv_heads;
   a.fallback_rows = fallback_rows;
   a.out = out;
-  launch(a, chunks, max_chunk_tokens, head_dim, block_size, scale, unified_max, dtype, stream,
+  launch(a, chunks, max_chunk_tokens, head_dim, block_size, scale, unified_max, dtype, config, stream,
          "prefill_attention_varlen");
 }
 
 void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_table,
                        int start_pos, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size,
                        float scale, void* out, DType dtype, cudaStream_t stream, const UnifiedMaxRange* unified_max,
-                       unsigned long long* fallback_rows) {
+                       unsigned long long* fallback_rows, int config) {
   check(n_tokens > 0, "prefill_attention: n_tokens = {} must be positive", n_tokens);
   check(start_pos >= 0 && int64_t(start_pos) + n_tokens <= 0x7fffffff,
         "prefill_attention: start_pos = {} with {} tokens is out of range", start_pos, n_tokens);
@@ -530,7 +641,7 @@ void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache
   a.n_kv_heads = n_kv_heads;
   a.fallback_rows = fallback_rows;
   a.out = out;
-  launch(a, 1, n_tokens, head_dim, block_size, scale, unified_max, dtype, stream, "prefill_attention");
+  launch(a, 1, n_tokens, head_dim, block_size, scale, unified_max, dtype, config, stream, "prefill_attention");
 }
 
 }  // namespace fdpp::cuda

@@ -16,16 +16,54 @@
 
 namespace fdpp::cuda::prefill {
 
-// 4 warps, 16 query rows each (one m16n8k16 row block per warp): a CTA owns 64 query rows of one
-// head and walks 64-key tiles. D = 128: Q frags 32 + O 64 + S 32 registers per thread, about 160
-// in all, and 80 KB of shared memory (Q 16 KB + K, V double-buffered 4 x 16 KB): two CTAs per SM.
+// Tile configurations (prefill_attention.cu is templated on one; the launcher picks it at run
+// time by index, 0 = the default). A CTA owns bq = 16 x warps x m_tiles query rows of one head and
+// walks bk-key tiles through `stages` shared K/V buffers; each warp owns 16 x m_tiles rows.
+//   m64n64 (default, the first kernel): 4 warps x 16 rows, 64-key tiles, 2 stages, Q fragments in
+//     registers. D = 128: Q 32 + O 64 + S 32 registers per thread; shared Q 16 KB + K/V 2 x 32 KB =
+//     80 KB: two CTAs (8 warps) per SM.
+//   m128n64w8: 8 warps x 16 rows, 64-key tiles, 2 stages: each K/V tile loaded once serves 128
+//     query rows instead of 64 (half the cp.async and table traffic per flop); shared 32 + 64 = 96
+//     KB, one CTA of 8 warps per SM (255 registers available, so no pressure).
+//   m128n64w8s3: the same with 3 stages (32 + 96 = 128 KB): two tiles in flight while one computes.
+//   m128n32w4: FlashAttention-2's 32-rows-per-warp layout (its sm86/89 causal D = 128 choice):
+//     4 warps x 32 rows (two m16 row blocks per warp), 32-key tiles, Q re-read from shared per
+//     k-step: every K (B) fragment feeds two mma instead of one and every V fragment likewise,
+//     halving ldmatrix traffic per mma, the limit of the 16-row warps. Q 32 + K/V 2 x 16 = 64 KB,
+//     2 CTAs/SM (255 registers, O 128 + S 32).
+// Tried and left out because ptxas spills them (sm_90a, nvcc 13.0, D = 128): m128n64w4 (FA2's
+// Hopper/Ampere D = 128 forward tile: O 128 + S 64 registers, 348 bytes of spill stores) and
+// m128n128w8 (8 x 16 rows, 128-key tiles: 48 bytes).
+struct TileConfig {
+  const char* name;
+  int warps;    // 4 or 8
+  int m_tiles;  // 16-row blocks per warp: 1 (Q kept in registers) or 2 (Q re-read from shared)
+  int bk;       // keys per tile
+  int stages;   // K/V shared buffers (cp.async pipeline depth)
+  int min_ctas; // __launch_bounds__ min blocks per SM
+};
+inline constexpr TileConfig kConfigs[] = {
+    {"m64n64", 4, 1, 64, 2, 2},
+    {"m128n64w8", 8, 1, 64, 2, 1},
+    {"m128n64w8s3", 8, 1, 64, 3, 1},
+    {"m128n32w4", 4, 2, 32, 2, 2},
+};
+inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
+constexpr int config_bq(const TileConfig& c) { return 16 * c.warps * c.m_tiles; }
+constexpr int config_threads(const TileConfig& c) { return 32 * c.warps; }
+
+// The default configuration's numbers (index 0), kept by name for the callers that predate the
+// table.
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBQ = 16 * kWarps;  // query rows per CTA
 constexpr int kBK = 64;           // keys per tile
+static_assert(kConfigs[0].warps == kWarps && config_bq(kConfigs[0]) == kBQ && kConfigs[0].bk == kBK);
 
-// Shared memory of one CTA: Q [kBQ][D], K [2][kBK][D], V [2][kBK][D], 16-bit.
-inline constexpr size_t smem_bytes(int head_dim) { return size_t(kBQ + 4 * kBK) * head_dim * 2; }
+// Shared memory of one CTA: Q [bq][D], K [stages][bk][D], V [stages][bk][D], 16-bit.
+inline constexpr size_t smem_bytes(int head_dim, int bq = kBQ, int bk = kBK, int stages = 2) {
+  return size_t(bq + 2 * stages * bk) * head_dim * 2;
+}
 
 // Grid: x = query head, y = query tile counted from each chunk's heaviest (y = 0 is the chunk's
 // last tile, the one that sees the most keys, so the long CTAs start first), z = chunk. Depends on
@@ -33,10 +71,10 @@ inline constexpr size_t smem_bytes(int head_dim) { return size_t(kBQ + 4 * kBK) 
 struct Grid {
   unsigned x = 0, y = 0, z = 0;
 };
-inline Grid plan_grid(int chunks, int max_chunk_tokens, int n_heads) {
+inline Grid plan_grid(int chunks, int max_chunk_tokens, int n_heads, int bq = kBQ) {
   Grid g;
   g.x = static_cast<unsigned>(n_heads);
-  g.y = static_cast<unsigned>((std::max(max_chunk_tokens, 1) + kBQ - 1) / kBQ);
+  g.y = static_cast<unsigned>((std::max(max_chunk_tokens, 1) + bq - 1) / bq);
   g.z = static_cast<unsigned>(chunks);
   return g;
 }
@@ -46,7 +84,7 @@ struct TileWork {
   int q0 = 0;                 // first query row (within the chunk) of the tile
   int rows = 0;               // query rows of the chunk in the tile (0: nothing to do)
   int key_end = 0;            // keys [0, key_end) are visible to some row; keys >= key_end are zero-filled
-  int n_key_tiles = 0;        // ceil(key_end / kBK)
+  int n_key_tiles = 0;        // ceil(key_end / bk)
   int first_masked_tile = 0;  // tiles below it are visible to every row of the tile (no mask)
 };
 
@@ -55,21 +93,22 @@ struct TileWork {
 //   starts at tile (100 + 128 + 1) / 64 = 3 (keys 192..255; keys 0..191 <= 228 are seen by all).
 //   y = 2 -> tile 0: q0 = 0, rows 64 (positions 100..163), key_end = 164, 3 key tiles, mask from
 //   tile 101 / 64 = 1 (keys 64..127 are not all <= 100).
-FDPP_PREFILL_HD TileWork tile_work(int start, int n, int y) {
+// (bq, bk: the configuration's query rows per CTA and keys per tile.)
+FDPP_PREFILL_HD TileWork tile_work(int start, int n, int y, int bq = kBQ, int bk = kBK) {
   TileWork w;
-  const int tiles = n > 0 ? (n + kBQ - 1) / kBQ : 0;
+  const int tiles = n > 0 ? (n + bq - 1) / bq : 0;
   const int t = tiles - 1 - y;
   if (t < 0) return w;
-  w.q0 = t * kBQ;
-  w.rows = n - w.q0 < kBQ ? n - w.q0 : kBQ;
+  w.q0 = t * bq;
+  w.rows = n - w.q0 < bq ? n - w.q0 : bq;
   w.key_end = start + w.q0 + w.rows;
-  w.n_key_tiles = (w.key_end + kBK - 1) / kBK;
-  const int fm = (start + w.q0 + 1) / kBK;  // tile kt is unmasked iff kt * kBK + kBK - 1 <= start + q0
+  w.n_key_tiles = (w.key_end + bk - 1) / bk;
+  const int fm = (start + w.q0 + 1) / bk;  // tile kt is unmasked iff kt * bk + bk - 1 <= start + q0
   w.first_masked_tile = fm < w.n_key_tiles ? fm : w.n_key_tiles;
   return w;
 }
 
-// The last key row r (0 .. kBQ - 1) of the tile may see. Rows past the chunk (r >= rows) copy the
+// The last key row r (0 .. bq - 1) of the tile may see. Rows past the chunk (r >= rows) copy the
 // last real row's limit: they are computed like it (every row has key 0, no empty softmax) and
 // never written.
 FDPP_PREFILL_HD int row_key_limit(int start, const TileWork& w, int r) {

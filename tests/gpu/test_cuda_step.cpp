@@ -1,0 +1,160 @@
+// The CUDA engine's batched step against the CPU engine: steps mixing prefill chunks (varlen
+// tensor-core prefill attention) and decode rows give each sequence the CPU's logits; decode-only
+// steps (graph-replayed) too; per-row sampling gives a request the same token alone and in a full
+// batch; the scheduler's batched output equals each request alone. Skipped where there is no GPU.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "backend/cpu/cpu_engine.h"
+#include "backend/cuda/cuda_engine.h"
+#include "engine/sampler.h"
+#include "gpu_test_util.h"
+#include "../test_util.h"
+#include "../tiny_model.h"
+
+namespace fdpp {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!test::gpu_available()) GTEST_SKIP() << "no usable GPU"
+
+struct StepCase {
+  std::string recipe;
+  int head_dim;
+  cuda::DType dtype;
+  bool async;
+};
+
+class CudaStep : public ::testing::TestWithParam<StepCase> {};
+
+TEST_P(CudaStep, MixedStepsMatchTheCpuEngine) {
+  REQUIRE_GPU();
+  const auto& p = GetParam();
+  ModelConfig c = test::tiny(p.recipe, p.head_dim);
+  const DecoderWeights w = test::random_weights(c);
+  EngineLimits l;
+  l.max_context = c.max_context;
+  l.max_step_rows = 8;
+  l.max_step_tokens = 512;
+  CpuEngine cpu(c, w, l);
+  cuda::EngineOptions eo;
+  eo.max_batch = 8;
+  eo.max_prefill_tokens = 512;
+  eo.kv_cache_tokens = 4096;
+  eo.attention = p.async ? cuda::AttentionMode::Async : cuda::AttentionMode::Sync;
+  cuda::CudaEngine gpu(std::make_shared<const cuda::DeviceModel>(c, w, p.dtype), eo);
+
+  const int S = 6;
+  std::vector<std::vector<int32_t>> text;
+  for (int i = 0; i < S; ++i) text.push_back(test::random_ids(300, c.vocab_size));
+  std::vector<int> cs, gs;
+  for (int i = 0; i < S; ++i) {
+    cs.push_back(cpu.create_sequence());
+    gs.push_back(gpu.create_sequence());
+  }
+  std::vector<int> len(S, 0);
+  const double bound = p.dtype == cuda::DType::F16 ? 5e-4 : 5e-3;  // bf16 keeps 8 mantissa bits
+  // Steps: a mix of chunk lengths (1, odd, > 64) and decode rows, sequences joining late, then
+  // decode-only steps (the graph path) and a last mixed one.
+  const std::vector<std::vector<int>> plan = {
+      {37, 0, 0, 0, 0, 0}, {1, 100, 0, 0, 0, 0}, {1, 1, 65, 3, 0, 0}, {1, 1, 1, 1, 130, 17},
+      {1, 1, 1, 1, 1, 1},  {1, 1, 1, 1, 1, 1},   {1, 1, 1, 1, 1, 1},  {5, 1, 1, 64, 1, 1}};
+  for (size_t st = 0; st < plan.size(); ++st) {
+    Batch cb, gb;
+    for (int i = 0; i < S; ++i) {
+      if (plan[st][i] == 0) continue;
+      StepRow r;
+      r.tokens = std::span<const int32_t>(text[i].data() + len[i], plan[st][i]);
+      r.logits = true;
+      r.seq = cs[i];
+      cb.rows.push_back(r);
+      r.seq = gs[i];
+      gb.rows.push_back(r);
+      len[i] += plan[st][i];
+    }
+    const StepOutput co = cpu.step(cb), go = gpu.step(gb);
+    ASSERT_EQ(co.logits.size(), go.logits.size());
+    for (size_t k = 0; k < cb.rows.size(); ++k) {
+      std::span<const float> a(co.logits.data() + k * c.vocab_size, c.vocab_size),
+          b(go.logits.data() + k * c.vocab_size, c.vocab_size);
+      EXPECT_LE(test::nmse(b, a), bound) << "step " << st << " row " << k;
+    }
+  }
+  for (int i = 0; i < S; ++i) EXPECT_EQ(gpu.sequence_length(gs[i]), len[i]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, CudaStep,
+                         ::testing::Values(StepCase{"llama", 128, cuda::DType::F16, true},
+                                           StepCase{"llama", 64, cuda::DType::BF16, true},
+                                           StepCase{"chatglm", 128, cuda::DType::F16, false},
+                                           StepCase{"llama-tied", 64, cuda::DType::F16, false}),
+                         [](const auto& info) {
+                           std::string n = info.param.recipe + "_hd" + std::to_string(info.param.head_dim) +
+                                           (info.param.dtype == cuda::DType::F16 ? "_f16" : "_bf16") +
+                                           (info.param.async ? "_async" : "_sync");
+                           for (auto& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+// A sampled row's token depends on its seed, its index and its logits only: the same request
+// alone and in a batch of 8 (other seeds, temperatures, filters, greedy rows) draws the same
+// tokens on the device, and the CPU engine draws those too when the logits agree on the winner.
+TEST(CudaStepSampling, ARowDrawsTheSameTokenAloneAndInABatch) {
+  REQUIRE_GPU();
+  ModelConfig c = test::tiny("llama", 64);
+  const DecoderWeights w = test::random_weights(c);
+  cuda::EngineOptions eo;
+  eo.max_batch = 8;
+  eo.max_prefill_tokens = 256;
+  eo.kv_cache_tokens = 4096;
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+  const auto prompt = test::random_ids(20, c.vocab_size);
+  auto params = [](int i) {
+    SamplingParams s;
+    s.temperature = i % 4 == 0 ? 0.f : 0.5f + 0.1f * i;
+    s.top_k = i % 3 == 0 ? 0 : 20 + i;
+    s.top_p = i % 2 ? 0.9f : 1.0f;
+    s.min_p = 0.0f;
+    s.repeat_penalty = i % 2 ? 1.2f : 1.0f;
+    s.seed = 1000 + i;
+    return s;
+  };
+  // Eight decode steps of 8 sequences that share the prompt; row i samples with params(i).
+  auto run = [&](const std::vector<int>& who) {
+    cuda::CudaEngine e(model, eo);
+    std::map<int, std::vector<int32_t>> hist, out;
+    std::map<int, int> seq;
+    for (int i : who) {
+      seq[i] = e.create_sequence();
+      hist[i] = prompt;
+    }
+    for (int step = 0; step < 8; ++step) {
+      Batch b;
+      for (int i : who) {
+        StepRow r;
+        r.seq = seq[i];
+        r.tokens = step == 0 ? std::span<const int32_t>(hist[i]) : std::span<const int32_t>(&hist[i].back(), 1);
+        r.sample = true;
+        r.sampling = params(i);
+        r.sample_index = static_cast<uint64_t>(step);
+        r.history = hist[i];
+        b.rows.push_back(r);
+      }
+      const StepOutput o = e.step(b);
+      for (size_t k = 0; k < who.size(); ++k) {
+        out[who[k]].push_back(o.tokens[k]);
+        hist[who[k]].push_back(o.tokens[k]);
+      }
+    }
+    return out;
+  };
+  const auto batch = run({0, 1, 2, 3, 4, 5, 6, 7});
+  for (int i : {1, 4, 6}) EXPECT_EQ(run({i}).at(i), batch.at(i)) << "request " << i;
+  const auto reversed = run({7, 6, 5, 4, 3, 2, 1, 0});
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(reversed.at(i), batch.at(i)) << "request " << i << " in slot " << 7 - i;
+}
+
+}  // namespace
+}  // namespace fdpp

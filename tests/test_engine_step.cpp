@@ -1,0 +1,369 @@
+// The batched step and the scheduler on the CPU engine: a step mixing prefill chunks and decode rows
+// gives each sequence exactly what it gets alone; sampling depends on (seed, token index) only;
+// the KV allocator admits or refuses before a step; the scheduler's continuous batching (chunked
+// prefill, preemption by recompute, cancellation, stop strings, a full queue) changes no output.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "backend/cpu/cpu_engine.h"
+#include "backend/cpu/cpu_runner.h"
+#include "engine/generate.h"
+#include "engine/kv_blocks.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "io/model_loader.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+namespace fdpp {
+namespace {
+
+TEST(KvBlockAllocator, GrowsShrinksAndRefusesWithoutTakingAnything) {
+  KvBlockAllocator kv(5, 16);
+  std::vector<int32_t> a, b;
+  EXPECT_TRUE(kv.grow(a, 33));  // 3 blocks
+  EXPECT_EQ(a.size(), 3u);
+  EXPECT_EQ(kv.free_blocks(), 2);
+  EXPECT_FALSE(kv.can_grow(b, 48));
+  EXPECT_FALSE(kv.grow(b, 48));  // needs 3, 2 free
+  EXPECT_TRUE(b.empty());
+  EXPECT_EQ(kv.free_blocks(), 2);
+  EXPECT_TRUE(kv.grow(b, 32));
+  EXPECT_EQ(kv.free_blocks(), 0);
+  kv.shrink(a, 16);  // keeps one block
+  EXPECT_EQ(a.size(), 1u);
+  EXPECT_EQ(kv.free_blocks(), 2);
+  kv.shrink(a, 0);
+  kv.shrink(b, 0);
+  EXPECT_EQ(kv.free_blocks(), 5);
+  std::vector<int32_t> all;
+  EXPECT_TRUE(kv.grow(all, 80));
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(all, (std::vector<int32_t>{0, 1, 2, 3, 4}));  // every block handed out once
+  EXPECT_THROW(KvBlockAllocator(4, 12), Error);           // not a power of two
+}
+
+TEST(Sampler, KeyedDrawsDependOnSeedAndIndexOnly) {
+  // Philox known-answer: Random123's test vector for philox4x32-10 with counter 0 and key 0 is
+  // {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}: bits (x >> 5) << 26 | (y >> 6).
+  const uint64_t bits = (static_cast<uint64_t>(0x6627e8d5u >> 5) << 26) | (0xe169c58du >> 6);
+  EXPECT_EQ(keyed_uniform(0, 0), static_cast<double>(bits) * 0x1.0p-53);
+  EXPECT_EQ(keyed_uniform(7, 3), keyed_uniform(7, 3));
+  EXPECT_NE(keyed_uniform(7, 3), keyed_uniform(7, 4));
+  EXPECT_NE(keyed_uniform(7, 3), keyed_uniform(8, 3));
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0;
+  p.seed = 11;
+  const auto logits = test::random_vector(300, 0.5f);
+  Sampler s1(p), s2(p);
+  for (uint64_t i = 0; i < 32; ++i) EXPECT_EQ(s1.sample(logits, {}, i), s2.sample(logits, {}, i));
+}
+
+class EngineStep : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = test::tiny("llama", 16);
+    weights_ = test::random_weights(config_);
+  }
+  std::unique_ptr<CpuEngine> engine(int rows = 8, int64_t kv_tokens = 0, int max_context = 256) {
+    EngineLimits l;
+    l.max_context = max_context;
+    l.max_step_rows = rows;
+    l.max_step_tokens = 512;
+    l.kv_cache_tokens = kv_tokens;
+    return std::make_unique<CpuEngine>(config_, weights_, l);
+  }
+  // Logits of every position of `ids`, computed in one pass by a fresh runner.
+  std::vector<float> reference(const std::vector<int32_t>& ids) {
+    CpuRunner r(config_, weights_, static_cast<int>(ids.size()));
+    std::vector<float> out(ids.size() * config_.vocab_size);
+    r.forward(ids, 0, true, out);
+    return out;
+  }
+  std::span<const float> row(const std::vector<float>& all, size_t t) const {
+    return std::span<const float>(all.data() + t * config_.vocab_size, config_.vocab_size);
+  }
+  ModelConfig config_;
+  DecoderWeights weights_;
+};
+
+TEST_F(EngineStep, MixedChunksAndDecodeRowsEqualEachSequenceAlone) {
+  auto e = engine();
+  std::vector<std::vector<int32_t>> text;
+  for (int n : {37, 9, 64, 1}) text.push_back(test::random_ids(n + 6, config_.vocab_size));
+  std::vector<int> seq;
+  for (size_t i = 0; i < text.size(); ++i) seq.push_back(e->create_sequence());
+  // Step plan per sequence: (start, n) pieces. Chunk boundaries fall anywhere; decode rows mix in.
+  std::vector<std::vector<std::pair<int, int>>> pieces = {
+      {{0, 5}, {5, 32}, {37, 1}, {38, 1}, {39, 3}, {42, 1}},
+      {{0, 9}, {9, 1}, {10, 1}, {11, 1}, {12, 1}, {13, 2}},
+      {{0, 1}, {1, 63}, {64, 1}, {65, 5}, {70, 0}, {70, 0}},
+      {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 3}, {7, 0}}};
+  std::vector<std::vector<float>> ref;
+  for (auto& t : text) ref.push_back(reference(t));
+  for (int step = 0; step < 6; ++step) {
+    Batch b;
+    std::vector<int> who;
+    for (size_t i = 0; i < text.size(); ++i) {
+      auto [start, n] = pieces[i][step];
+      if (n == 0) continue;
+      ASSERT_EQ(e->sequence_length(seq[i]), start);
+      StepRow r;
+      r.seq = seq[i];
+      r.tokens = std::span<const int32_t>(text[i].data() + start, n);
+      r.logits = true;
+      b.rows.push_back(r);
+      who.push_back(static_cast<int>(i));
+    }
+    // Rows in a different order each step: the batch slot must not matter.
+    if (step % 2) {
+      std::reverse(b.rows.begin(), b.rows.end());
+      std::reverse(who.begin(), who.end());
+    }
+    StepOutput out = e->step(b);
+    ASSERT_EQ(out.logits.size(), b.rows.size() * config_.vocab_size);
+    for (size_t k = 0; k < who.size(); ++k) {
+      const int i = who[k];
+      const size_t last = pieces[i][step].first + pieces[i][step].second - 1;
+      std::span<const float> got(out.logits.data() + k * config_.vocab_size, config_.vocab_size);
+      EXPECT_LE(test::nmse(got, row(ref[i], last)), 1e-10) << "sequence " << i << " step " << step;
+    }
+  }
+}
+
+TEST_F(EngineStep, AllLogitsRowsAndSamplingRowsMix) {
+  auto e = engine();
+  const auto a = test::random_ids(20, config_.vocab_size), b = test::random_ids(7, config_.vocab_size);
+  const auto ref_a = reference(a);
+  Batch batch;
+  StepRow ra;
+  ra.seq = e->create_sequence();
+  ra.tokens = a;
+  ra.all_logits = true;
+  StepRow rb;
+  rb.seq = e->create_sequence();
+  rb.tokens = b;
+  rb.sample = true;
+  rb.sampling.temperature = 0;
+  batch.rows = {rb, ra};
+  StepOutput out = e->step(batch);
+  ASSERT_EQ(out.logits.size(), a.size() * config_.vocab_size);
+  EXPECT_LE(test::nmse(out.logits, ref_a), 1e-10);
+  const auto ref_b = reference(b);
+  EXPECT_EQ(out.tokens[0], argmax(row(ref_b, b.size() - 1)));
+  EXPECT_EQ(out.tokens[1], -1);
+}
+
+TEST_F(EngineStep, BadBatchesThrowBeforeAnythingChanges) {
+  auto e = engine(4, /*kv_tokens=*/64, /*max_context=*/64);
+  const int s = e->create_sequence();
+  const auto ids = test::random_ids(40, config_.vocab_size);
+  auto expect_unchanged = [&](Batch b, const std::string& what) {
+    const int64_t free0 = e->kv().free_blocks();
+    const int len0 = e->sequence_length(s);
+    const std::string msg = test::error_of([&] { e->step(b); });
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    EXPECT_EQ(e->kv().free_blocks(), free0);
+    EXPECT_EQ(e->sequence_length(s), len0);
+  };
+  StepRow r;
+  r.seq = s;
+  r.tokens = ids;
+  expect_unchanged(Batch{{r, r}}, "appears twice");
+  StepRow empty = r;
+  empty.tokens = {};
+  expect_unchanged(Batch{{empty}}, "no tokens");
+  std::vector<int32_t> bad{1, config_.vocab_size};
+  StepRow oov = r;
+  oov.tokens = bad;
+  expect_unchanged(Batch{{oov}}, "out of range");
+  StepRow ghost = r;
+  ghost.seq = 99;
+  expect_unchanged(Batch{{ghost}}, "no sequence");
+  ASSERT_NO_THROW(e->step(Batch{{r}}));  // 40 tokens: 3 of 4 blocks
+  StepRow more = r;
+  more.tokens = std::span<const int32_t>(ids.data(), 30);
+  expect_unchanged(Batch{{more}}, "context size");  // 70 > 64
+  const int s2 = e->create_sequence();
+  StepRow other = r;
+  other.seq = s2;
+  other.tokens = std::span<const int32_t>(ids.data(), 20);  // 2 blocks, 1 free
+  const int64_t free0 = e->kv().free_blocks();
+  EXPECT_FALSE(e->can_reserve(s2, 20));
+  EXPECT_FALSE(e->reserve(s2, 20));
+  EXPECT_EQ(e->kv().free_blocks(), free0);
+  EXPECT_NE(test::error_of([&] { e->step(Batch{{other}}); }).find("KV cache full"), std::string::npos);
+  e->release_sequence(s);
+  EXPECT_TRUE(e->reserve(s2, 20));
+  EXPECT_NO_THROW(e->step(Batch{{other}}));
+}
+
+// The scheduler needs a tokenizer: the default model's, with a tiny random model of its vocabulary.
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = test::default_model_or_empty();
+    if (path.empty()) return;
+    model_ = new LoadedModel(load_model(path));
+    config_ = new ModelConfig(test::tiny("llama", 16));
+    config_->vocab_size = model_->config().vocab_size;
+    config_->max_context = 512;
+    weights_ = new DecoderWeights(test::random_weights(*config_));
+  }
+  static void TearDownTestSuite() {
+    delete weights_;
+    delete config_;
+    delete model_;
+  }
+  void SetUp() override {
+    if (model_ == nullptr) GTEST_SKIP() << "default model not fetched (scripts/fetch-default-model.sh)";
+  }
+  static std::unique_ptr<CpuEngine> engine(int rows, int64_t kv_tokens, int step_tokens = 64) {
+    EngineLimits l;
+    l.max_context = config_->max_context;
+    l.max_step_rows = rows;
+    l.max_step_tokens = step_tokens;
+    l.kv_cache_tokens = kv_tokens;
+    return std::make_unique<CpuEngine>(*config_, *weights_, l);
+  }
+  static GenerationRequest request(int prompt_len, int max_tokens, float temperature, uint64_t seed) {
+    GenerationRequest r;
+    r.prompt = test::random_ids(prompt_len, config_->vocab_size);
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = seed;
+    r.sampling.repeat_penalty = 1.1f;
+    r.ignore_eos = true;
+    return r;
+  }
+  // Runs requests through a scheduler; returns the results by submission order.
+  static std::vector<GenerationResult> run(Engine& e, const std::vector<GenerationRequest>& reqs,
+                                           const SchedulerOptions& o, SchedulerStats* stats = nullptr) {
+    Scheduler s(e, *model_->tokenizer, o);
+    std::map<uint64_t, GenerationResult> done;
+    std::map<uint64_t, std::string> streamed;
+    std::vector<uint64_t> ids;
+    for (const auto& r : reqs) {
+      GenerationCallbacks cb;
+      cb.on_delta = [&](uint64_t id, std::string_view t, std::span<const int32_t>) { streamed[id] += t; };
+      cb.on_finish = [&](const GenerationResult& g) { done[g.id] = g; };
+      ids.push_back(s.submit(r, cb));
+    }
+    s.run_until_idle();
+    if (stats) *stats = s.stats();
+    std::vector<GenerationResult> out;
+    for (uint64_t id : ids) {
+      EXPECT_EQ(streamed[id], done[id].text) << "the deltas join to the text";
+      out.push_back(done[id]);
+    }
+    EXPECT_EQ(e.kv().used_blocks(), 0) << "every block is free when the scheduler is idle";
+    return out;
+  }
+  static LoadedModel* model_;
+  static ModelConfig* config_;
+  static DecoderWeights* weights_;
+};
+LoadedModel* SchedulerTest::model_ = nullptr;
+ModelConfig* SchedulerTest::config_ = nullptr;
+DecoderWeights* SchedulerTest::weights_ = nullptr;
+
+TEST_F(SchedulerTest, BatchedRequestsGiveWhatEachGetsAlone) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 12; ++i) reqs.push_back(request(5 + 13 * i, 6 + (i % 5) * 4, i % 3 == 0 ? 0.f : 0.9f, 100 + i));
+  SchedulerOptions batched;
+  batched.max_num_seqs = 8;
+  batched.max_batched_tokens = 40;  // prompts of up to 148 tokens go in chunks
+  auto e = engine(8, 4096);
+  const auto together = run(*e, reqs, batched);
+  SchedulerOptions solo_opts;
+  solo_opts.max_num_seqs = 1;
+  solo_opts.max_batched_tokens = 512;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto solo_engine = engine(1, 1024, 512);
+    const auto solo = run(*solo_engine, {reqs[i]}, solo_opts);
+    EXPECT_EQ(together[i].token_ids, solo[0].token_ids) << "request " << i;
+    EXPECT_EQ(together[i].token_ids.size(), static_cast<size_t>(reqs[i].max_tokens));
+    EXPECT_EQ(together[i].finish_reason, "length");
+  }
+  // And generate() (one request through the same path) agrees too.
+  auto g_engine = engine(1, 1024, 512);
+  GenerateOptions go{reqs[1].max_tokens, true, reqs[1].sampling, {}};
+  EXPECT_EQ(generate(*g_engine, *model_->tokenizer, reqs[1].prompt, go).tokens, together[1].token_ids);
+}
+
+TEST_F(SchedulerTest, PreemptionWhenTheCacheRunsOutChangesNoOutput) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(request(30 + i, 40, 0.7f, 7 + i));
+  SchedulerOptions o;
+  o.max_num_seqs = 6;
+  o.max_batched_tokens = 64;
+  auto small = engine(6, 16 * 12);  // 12 blocks: 6 requests of up to 76 tokens need 30
+  SchedulerStats st;
+  const auto squeezed = run(*small, reqs, o, &st);
+  EXPECT_GT(st.preemptions, 0u);
+  auto roomy = engine(6, 4096);
+  const auto free_run = run(*roomy, reqs, o);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(squeezed[i].token_ids, free_run[i].token_ids) << "request " << i;
+    EXPECT_EQ(squeezed[i].token_ids.size(), 40u);
+  }
+}
+
+TEST_F(SchedulerTest, CancelFreesBlocksAndStopStringsCutTheText) {
+  auto e = engine(4, 2048);
+  SchedulerOptions o;
+  o.max_num_seqs = 4;
+  o.max_batched_tokens = 128;
+  Scheduler s(e.operator*(), *model_->tokenizer, o);
+  GenerationResult cancelled;
+  GenerationCallbacks cb;
+  cb.on_finish = [&](const GenerationResult& g) { cancelled = g; };
+  const uint64_t id = s.submit(request(50, 200, 0.f, 1), cb);
+  for (int i = 0; i < 3; ++i) s.step();
+  EXPECT_GT(e->kv().used_blocks(), 0);
+  s.cancel(id);
+  s.step();
+  EXPECT_EQ(cancelled.finish_reason, "cancelled");
+  EXPECT_EQ(e->kv().used_blocks(), 0);
+  EXPECT_TRUE(s.idle());
+
+  // A stop string taken from the middle of a greedy output ends the text just before it.
+  GenerationRequest r = request(12, 48, 0.f, 3);
+  const auto full = run(*e, {r}, o)[0];
+  ASSERT_GT(full.text.size(), 20u);
+  const std::string stop = full.text.substr(full.text.size() / 2, 3);
+  r.stop = {stop};
+  const auto cut = run(*e, {r}, o)[0];
+  EXPECT_EQ(cut.finish_reason, "stop");
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+}
+
+TEST_F(SchedulerTest, RejectsWhatCanNeverRunAndAFullQueue) {
+  auto e = engine(2, 256);
+  SchedulerOptions o;
+  o.max_num_seqs = 2;
+  o.max_batched_tokens = 64;
+  o.max_waiting = 2;
+  Scheduler s(*e, *model_->tokenizer, o);
+  EXPECT_NE(test::error_of([&] { s.submit(request(0, 4, 0, 1), {}); }).find("empty"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { s.submit(request(10, 0, 0, 1), {}); }).find("max_tokens"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { s.submit(request(500, 100, 0, 1), {}); }).find("context"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { s.submit(request(200, 100, 0, 1), {}); }).find("KV cache"), std::string::npos);
+  auto nan = request(10, 4, 0, 1);
+  nan.sampling.top_p = 0;
+  EXPECT_NE(test::error_of([&] { s.submit(nan, {}); }).find("top-p"), std::string::npos);
+  s.submit(request(10, 4, 0, 1), {});
+  s.submit(request(10, 4, 0, 1), {});
+  EXPECT_THROW(s.submit(request(10, 4, 0, 1), {}), QueueFullError);
+  s.run_until_idle();
+  EXPECT_NO_THROW(s.submit(request(10, 4, 0, 1), {}));  // serves again once the queue drains
+  s.run_until_idle();
+}
+
+}  // namespace
+}  // namespace fdpp

@@ -1,0 +1,11 @@
+// fdpp generate --file: a prompts file (engine/prompt_file.h) run as one continuously batched job
+// on the Scheduler, results written as JSON Lines.
+#pragma once
+
+#include "cli_common.h"
+
+namespace fdpp::cli {
+
+int run_generate_file(const GenerateArgs& args, const DeviceArgs& device);
+
+}  // namespace fdpp::cli
