@@ -324,6 +324,9 @@ class LLM:
         attention: CUDA decode attention, "async" (FlashDecoding++'s unified max) or "sync".
         linear: CUDA linear layers: None ($FDPP_LINEAR, else "auto"), "auto", "gemv", "flat", "cublas".
         cuda_graphs: replay the decode step as a CUDA graph.
+        threads: CPU backend threads; None = $OMP_NUM_THREADS when set, else the physical cores.
+        calibration: the unified-max calibration file (fdpp calibrate); None = looked up beside
+            the model, then in fdpp's cache.
     """
 
     def __init__(
@@ -340,6 +343,8 @@ class LLM:
         linear: Optional[str] = None,
         dispatch_table: Optional[str] = None,
         cuda_graphs: bool = True,
+        threads: Optional[int] = None,
+        calibration: Optional[str] = None,
     ) -> None:
         if tensor_parallel != 1:
             raise _bad(f"tensor_parallel={tensor_parallel}: fdpp runs a model on one GPU for now (tensor_parallel=1)")
@@ -365,6 +370,8 @@ class LLM:
         a.linear = linear or ""
         a.dispatch_table = dispatch_table or ""
         a.cuda_graphs = bool(cuda_graphs)
+        a.threads = 0 if threads is None else _check_int("threads", threads, 1, 4096)
+        a.calibration = "" if calibration is None else os.fspath(calibration)
         self._m = _core.CoreModel.load(a)
         self._tokenizer: Optional[Tokenizer] = None
 

@@ -78,6 +78,8 @@ class CoreModelArgs:
     linear: str
     dispatch_table: str
     cuda_graphs: bool
+    threads: int
+    calibration: str
     def __init__(self) -> None: ...
 
 class CoreTokenizer:

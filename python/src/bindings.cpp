@@ -32,9 +32,9 @@
 #include <utility>
 #include <vector>
 
-#include "attention/calibration.h"
 #include "engine/backend_select.h"
 #include "engine/engine.h"
+#include "engine/prompt_file.h"
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
 #include "io/model_loader.h"
@@ -309,6 +309,8 @@ struct ModelArgs {
   std::string linear;
   std::string dispatch_table;
   bool cuda_graphs = true;
+  int threads = 0;
+  std::string calibration;
 };
 
 std::shared_ptr<ModelState> load(const ModelArgs& a) {
@@ -329,12 +331,10 @@ std::shared_ptr<ModelState> load(const ModelArgs& a) {
         o.linear = a.linear;
         o.model_path = st->path;
         o.dispatch_table = a.dispatch_table;
+        o.threads = a.threads;
+        // "": the backend looks the unified-max calibration up beside the model, as the CLI's does.
+        o.calibration = a.calibration;
         st->model = load_model(st->path);
-        // The calibrated unified-max phi, found beside the model as the CLI finds it.
-        if (a.attention == "async" && o.device != Device::Cpu) {
-          if (const std::optional<Calibration> cal = load_calibration(st->path))
-            for (const LayerCalibration& l : cal->layers) o.unified_max_phi.push_back(l.bounds.phi);
-        }
         const int model_ctx = st->model.config().max_context;
         check(a.max_model_len <= model_ctx, "max_model_len {} exceeds the model's context length {}",
               a.max_model_len, model_ctx);
@@ -424,19 +424,17 @@ std::vector<ChatMessage> to_messages(const std::vector<std::pair<std::string, st
   return out;
 }
 
-// A conversation to prompt ids with the CLI's rules (tools/fdpp/main.cpp, generate --chat): the
-// template with the generation prompt, no second BOS when the template writes one, special tokens
-// parsed. Returns the rendered text too (RequestOutput.prompt).
+// A conversation to prompt ids with the CLI's rules (encode_prompt, as `fdpp generate --chat`):
+// the template with the generation prompt, no second BOS when the template writes one, special
+// tokens parsed. Returns the rendered text too (RequestOutput.prompt).
 std::pair<std::string, std::vector<int32_t>> encode_chat(ModelState& st,
                                                          const std::vector<std::pair<std::string, std::string>>& m) {
   const Tokenizer& t = st.tokenizer();
   return input_phase([&] {
     const std::vector<ChatMessage> messages = to_messages(m);
     std::string text = t.apply_chat_template(messages, /*add_generation_prompt=*/true);
-    bool add_bos = t.add_bos_by_default();
-    const int32_t bos = t.bos_id();
-    if (bos >= 0 && text.starts_with(t.token_text(bos))) add_bos = false;
-    std::vector<int32_t> ids = t.encode(text, add_bos, /*parse_special=*/true);
+    std::vector<int32_t> ids = encode_prompt(t, "", messages, /*chat=*/true, /*system=*/"");
+    check(!ids.empty(), "the conversation encodes to no tokens");
     return std::make_pair(std::move(text), std::move(ids));
   });
 }
@@ -544,7 +542,9 @@ NB_MODULE(_core, m) {
       .def_rw("attention", &ModelArgs::attention)
       .def_rw("linear", &ModelArgs::linear)
       .def_rw("dispatch_table", &ModelArgs::dispatch_table)
-      .def_rw("cuda_graphs", &ModelArgs::cuda_graphs);
+      .def_rw("cuda_graphs", &ModelArgs::cuda_graphs)
+      .def_rw("threads", &ModelArgs::threads)
+      .def_rw("calibration", &ModelArgs::calibration);
 
   nb::class_<ModelState>(m, "CoreModel")
       .def_static("load", &load, "args"_a)
