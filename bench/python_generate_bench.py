@@ -16,6 +16,7 @@ Issue 16's goal: within 10% of fdpp bench.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import subprocess
@@ -56,17 +57,26 @@ def main() -> int:
     assert generated == a.prompts * a.max_tokens, generated
     py_tps = generated / wall
 
+    # fdpp bench needs the GPU memory this LLM's KV cache holds (sized to all but 512 MiB).
+    model_path, device = llm.model_path, llm.device
+    del llm
+    gc.collect()
+
     ctx = a.prompt_len + a.max_tokens // 2
     cmd = [a.fdpp, "bench", "-b", str(a.batch), "-c", str(ctx), "-p", str(a.prompt_len), "--dtype", a.dtype, "--json"]
     if a.model:
         cmd += ["--model", a.model]
-    bench = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()}", file=sys.stderr)
+        return 1
+    bench = json.loads(p.stdout)
     tg = next(r for r in bench["results"] if r["test"].startswith("tg"))
     pp = next(r for r in bench["results"] if r["test"].startswith("pp"))
     waves = -(-a.prompts // a.batch)
     expected = a.prompts * pp["seconds"] + waves * a.max_tokens * tg["ms_per_step"] / 1e3
 
-    print(f"model {llm.model_path} on {llm.device}, {a.prompts} prompts x {a.prompt_len} ids -> {a.max_tokens} tokens, "
+    print(f"model {model_path} on {device}, {a.prompts} prompts x {a.prompt_len} ids -> {a.max_tokens} tokens, "
           f"batch {a.batch}")
     print(f"llm.generate : {wall:8.3f} s  {py_tps:10.1f} generated tokens/s  ({steps} scheduler steps)")
     print(f"fdpp bench   : tg{a.batch}@{ctx} {tg['ms_per_step']:.3f} ms/step = {tg['tokens_per_second']:10.1f} tokens/s; "

@@ -10,6 +10,8 @@ B="${FDPP_BUILD_DIR:-$root/build-gpu}"
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
 if [[ ! -d $B/python && -f $B/python.tar.xz ]]; then tar xJf "$B/python.tar.xz" -C "$B"; fi
+# fdpp and lib/ may travel as scripts/gpu-check.sh takes them (.ref/bin.tar.xz).
+if [[ ! -x $B/fdpp && -f $root/.ref/bin.tar.xz ]]; then mkdir -p "$B" && tar xJf "$root/.ref/bin.tar.xz" -C "$B"; fi
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="$B/python${PYTHONPATH:+:$PYTHONPATH}"
 export FDPP_BIN="$B/fdpp"

@@ -56,8 +56,10 @@ def default_model() -> str:
 
 @pytest.fixture(scope="session")
 def llm(default_model: str, device: str) -> fdpp.LLM:
-    # A context of 512 keeps the CPU cache small; every test prompt fits in it.
-    return fdpp.LLM(default_model, device=device, max_model_len=512, max_num_seqs=32)
+    # A context of 512 keeps the CPU cache small; every test prompt fits in it. The KV cache is
+    # sized explicitly: on the GPU the default takes all free memory but 512 MiB, and the tests load
+    # more models beside this one.
+    return fdpp.LLM(default_model, device=device, max_model_len=512, max_num_seqs=32, kv_cache_tokens=32 * 512)
 
 
 @pytest.fixture(scope="session")

@@ -107,14 +107,17 @@ def test_bad_requests_leave_the_llm_usable(llm):
 def test_ctrl_c_interrupts_generate_and_leaves_the_llm_usable(default_model, device):
     # A child process sends itself SIGINT while a long generate runs (the engine holds no GIL, so
     # the signal is seen between steps): KeyboardInterrupt within seconds, then the LLM still works.
+    # The job must outlast the 2 s timer: minutes on the CPU; on an H200 the default model decodes
+    # a step in about a millisecond, so there it is 64 requests of 8,000 tokens.
+    tokens, n = (900, 4) if device == "cpu" else (8000, 64)
     script = textwrap.dedent(f"""
         import os, signal, threading, time, fdpp
-        llm = fdpp.LLM({default_model!r}, device={device!r}, max_model_len=1024)
-        sp = fdpp.SamplingParams(temperature=0, max_tokens=900, ignore_eos=True)
+        llm = fdpp.LLM({default_model!r}, device={device!r}, max_model_len={tokens + 100})
+        sp = fdpp.SamplingParams(temperature=0, max_tokens={tokens}, ignore_eos=True)
         threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         t0 = time.monotonic()
         try:
-            llm.generate(["Once upon a time"] * 4, sp)
+            llm.generate(["Once upon a time"] * {n}, sp)
             print("not interrupted")
         except KeyboardInterrupt:
             print("interrupted after", round(time.monotonic() - t0, 1))

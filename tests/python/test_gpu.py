@@ -15,7 +15,7 @@ from conftest import gpu_available
 def gpu_llm(default_model):
     if not gpu_available():
         pytest.skip("no usable GPU (or fdpp built without CUDA)")
-    return fdpp.LLM(default_model, device="cuda")
+    return fdpp.LLM(default_model, device="cuda", kv_cache_tokens=64 * 1024)
 
 
 def test_gpu_logits_close_to_cpu(gpu_llm, default_model):

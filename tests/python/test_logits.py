@@ -28,8 +28,9 @@ def test_logits_equal_cli(llm, cli, device, tmp_path):
     if device == "cpu":
         assert np.array_equal(out, ref), f"max |diff| {np.abs(out - ref).max()}"
     else:
-        # The GPU's runner is cached across calls (sized to the model's context), the CLI's is not.
-        assert nmse(out, ref) <= 1e-6
+        # The GPU's runner is kept across calls (sized to a power of two), the CLI's is sized to the
+        # ids: the same kernels, but a bit-for-bit promise is only made for the CPU.
+        assert nmse(out, ref) <= 1e-5
 
 
 def test_logits_are_not_copied(llm):
@@ -58,7 +59,7 @@ def test_hf_fixture_logits_match_transformers(fixture: Path, device, request):
     # As tests/test_hf_models.cpp: every position's logits against HF transformers' (NMSE <= 1e-6 in
     # fp32 on the CPU; the GPU computes in 16 bits, 5e-4 as the kernel tests), then greedy decoding.
     ref = json.loads((fixture / "reference.json").read_text())
-    llm = fdpp.LLM(fixture, device=device)
+    llm = fdpp.LLM(fixture, device=device, kv_cache_tokens=4096)
     expected = np.load(fixture / ref["logits"])
     out = llm.logits(ref["ids"])
     assert out.shape == expected.shape
@@ -72,7 +73,8 @@ def test_hf_fixture_logits_match_transformers(fixture: Path, device, request):
         # The model's vocabulary is padded past the tokenizer's (OPT: 512 rows, 385 tokens) and
         # greedy decoding picks a padding row: the scheduler's detokenizer rejects the id today
         # (`fdpp generate` too). Strict, so that the fix shows up here as an unexpected pass.
-        request.applymarker(pytest.mark.xfail(raises=fdpp.EngineError, strict=True,
+        # On the GPU, 16-bit rounding may pick another (valid) row instead: not strict there.
+        request.applymarker(pytest.mark.xfail(raises=fdpp.EngineError, strict=device == "cpu",
                                               reason="sampled id beyond the tokenizer's vocabulary fails the step"))
     (g,) = llm.generate([ref["prompt"]], fdpp.SamplingParams(temperature=0, max_tokens=len(greedy), ignore_eos=True))
     if device == "cpu":
