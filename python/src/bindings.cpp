@@ -133,7 +133,9 @@ struct Result {
 
 std::vector<Result> generate(ModelState& st, std::vector<GenerationRequest> requests) {
   const size_t n = requests.size();
-  std::vector<Result> results(n);
+  // Shared with the callbacks: should the engine fail and leave a request of ours behind, a later
+  // step may still finish it after this function has returned.
+  auto results = std::make_shared<std::vector<Result>>(n);
   std::optional<PendingSignal> signal;
   std::string input_error, engine_error;
   {
@@ -149,8 +151,8 @@ std::vector<Result> generate(ModelState& st, std::vector<GenerationRequest> requ
       GenerationCallbacks cb;
       // No deltas needed here: the text comes complete with the result.
       cb.on_delta = [](uint64_t, std::string_view, std::span<const int32_t>) {};
-      cb.on_finish = [&results, done, finished, i](const GenerationResult& r) {
-        results[i].r = r;
+      cb.on_finish = [results, done, finished, i](const GenerationResult& r) {
+        (*results)[i].r = r;
         if (!(*done)[i]) {
           (*done)[i] = 1;
           ++*finished;
@@ -189,7 +191,7 @@ std::vector<Result> generate(ModelState& st, std::vector<GenerationRequest> requ
   if (signal) signal->raise();
   if (!input_error.empty()) throw InputError(input_error);
   if (!engine_error.empty()) throw Error(engine_error);
-  return results;
+  return std::move(*results);
 }
 
 // One request whose text is handed out as the scheduler produces it (LLM.stream). Other calls may
@@ -218,6 +220,13 @@ class Stream {
       }
     }
     if (!error.empty()) throw InputError(error);
+  }
+
+  // A stream dropped before it finished (never iterated, or its generator collected) cancels its
+  // request; the next step of any call frees the blocks. cancel() only takes the scheduler's own
+  // lock, so this is safe with the GIL held.
+  ~Stream() {
+    if (id_ != 0 && !finished()) st_->scheduler->cancel(id_);
   }
 
   // The next piece of text, or None when the request has finished.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import fdpp
 
 PROMPTS = [
@@ -84,6 +86,17 @@ def test_stream_closed_early_frees_the_request(llm):
     assert llm.stats()["running"] == 0
     (out,) = llm.generate(PROMPTS[3], GREEDY)
     assert len(out.token_ids) == N
+
+    # Dropped without being iterated: the request is cancelled, and the next call's steps end it
+    # instead of decoding its 64 tokens.
+    it = llm.stream(PROMPTS[4], sp)
+    del it
+    gc.collect()
+    before = llm.stats()["generated_tokens"]
+    llm.generate(PROMPTS[3], GREEDY)
+    s = llm.stats()
+    assert s["running"] == 0 and s["waiting"] == 0
+    assert s["generated_tokens"] - before < N + 8
 
 
 def test_stop_strings_and_finish_reasons(llm):
