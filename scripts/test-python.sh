@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The Python package's tests (tests/python) in the project's virtual environment: creates .venv when
-# missing (scripts/setup-venv.sh when present), installs tests/requirements.txt and the package from
-# this checkout (`pip install .`), and runs pytest against the CLI in ${FDPP_BUILD_DIR:-build}
-# (scripts/test.sh builds it). CI runs it from .ci/run.
+# The Python package's tests (tests/python) in the project's virtual environment: scripts/setup-venv.sh
+# makes .venv with tests/requirements.txt, then the package is installed from this checkout
+# (`pip install .`) and pytest runs against the CLI in ${FDPP_BUILD_DIR:-build} (scripts/test.sh
+# builds it). CI runs it from .ci/run after scripts/test.sh.
 #   FDPP_PYTHON_CUDA=ON   build the extension with CUDA (default OFF here: the CUDA build of the
 #                         whole engine takes ~8 min on 2 cores, and CI has no GPU to run it)
 #   FDPP_TEST_DEVICE=cuda run the tests on the GPU (skipped where there is none)
@@ -10,21 +10,10 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-venv="$root/.venv"
-if [[ -f "$root/scripts/setup-venv.sh" ]]; then
-  bash "$root/scripts/setup-venv.sh"
-fi
-if [[ ! -x "$venv/bin/python" ]]; then
-  # Debian's python3 needs python3-venv for ensurepip; try it once if the plain call fails.
-  python3 -m venv "$venv" 2>/dev/null || {
-    SUDO=""; [[ $(id -u) != 0 ]] && SUDO="sudo"
-    $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-    python3 -m venv "$venv"
-  }
-fi
+venv="${FDPP_VENV:-$root/.venv}"
+# The project's .venv with tests/requirements.txt (pytest, numpy, the build backend).
+bash "$root/scripts/setup-venv.sh"
 py="$venv/bin/python"
-"$py" -m pip install -q --upgrade pip
-"$py" -m pip install -q -r "$root/tests/requirements.txt"
 # Compiler cache for the extension's build when one is installed (CMake reads these variables).
 if command -v ccache >/dev/null; then
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache

@@ -37,6 +37,7 @@
 #include "fdpp/error.h"
 #include "generate_file.h"
 #include "io/model_loader.h"
+#include "serve.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/device_query.h"
@@ -652,6 +653,7 @@ int main(int argc, char** argv) {
       ->check(int_range(0, 4096, "[0, 4096]"));
 
   auto* devices = app.add_subcommand("devices", "list the CPU threads and CUDA GPUs fdpp can use");
+  auto* serve = register_serve(app);
 
 #ifdef FDPP_HAVE_CUDA
   BenchArgs b;
@@ -787,6 +789,8 @@ int main(int argc, char** argv) {
       rc = run_calibrate(cal);
     } else if (*devices) {
       rc = run_devices();
+    } else if (*serve) {
+      rc = run_serve();
 #ifdef FDPP_HAVE_CUDA
     } else if (*bench) {
       rc = run_bench(b);
