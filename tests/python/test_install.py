@@ -1,6 +1,6 @@
 """`pip install <repository>` into a fresh virtual environment gives a working package.
 
-This builds the extension (incrementally: pyproject.toml keeps the build folder in build/python/),
+This builds the extension (incrementally: pyproject.toml keeps the build folder in build-python/),
 so it takes a minute or more; FDPP_TEST_INSTALL=0 skips it for quick local runs (never in CI).
 """
 
