@@ -15,6 +15,10 @@ if [[ ! -x $B/fdpp && -f $root/.ref/bin.tar.xz ]]; then mkdir -p "$B" && tar xJf
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="$B/python${PYTHONPATH:+:$PYTHONPATH}"
 export FDPP_BIN="$B/fdpp"
+# The default model travels in parts as scripts/gpu-check.sh takes it (.ref/part.*, joined once).
+if [[ ! -s /root/ref/model.gguf ]] && ls "$root"/.ref/part.* >/dev/null 2>&1; then
+  mkdir -p /root/ref && cat "$root"/.ref/part.* >/root/ref/model.gguf
+fi
 if [[ -z ${FDPP_MODEL:-} && -s /root/ref/model.gguf ]]; then export FDPP_MODEL=/root/ref/model.gguf; fi
 python3 -c "import fdpp; print('fdpp', fdpp.__file__, 'cuda built:', fdpp.cuda_built)"
 rc=0
