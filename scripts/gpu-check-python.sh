@@ -15,9 +15,13 @@ if [[ ! -x $B/fdpp && -f $root/.ref/bin.tar.xz ]]; then mkdir -p "$B" && tar xJf
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="$B/python${PYTHONPATH:+:$PYTHONPATH}"
 export FDPP_BIN="$B/fdpp"
-# The default model travels in parts as scripts/gpu-check.sh takes it (.ref/part.*, joined once).
-if [[ ! -s /root/ref/model.gguf ]] && ls "$root"/.ref/part.* >/dev/null 2>&1; then
-  mkdir -p /root/ref && cat "$root"/.ref/part.* >/root/ref/model.gguf
+# The default model travels in FDPP_MODEL_PARTS parts, one per call, as scripts/gpu-check.sh takes
+# it: each call's .ref/part.* is kept in /root/ref, and the model is joined once all are there.
+if [[ ! -s /root/ref/model.gguf ]]; then
+  mkdir -p /root/ref
+  cp "$root"/.ref/part.* /root/ref/ 2>/dev/null
+  n_parts=$(ls /root/ref/part.* 2>/dev/null | wc -l)
+  if [[ $n_parts -gt 0 && $n_parts -eq ${FDPP_MODEL_PARTS:-2} ]]; then cat /root/ref/part.* >/root/ref/model.gguf; fi
 fi
 if [[ -z ${FDPP_MODEL:-} && -s /root/ref/model.gguf ]]; then export FDPP_MODEL=/root/ref/model.gguf; fi
 python3 -c "import fdpp; print('fdpp', fdpp.__file__, 'cuda built:', fdpp.cuda_built)"
