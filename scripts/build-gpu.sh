@@ -6,10 +6,11 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export FDPP_BUILD_DIR="$root/build-gpu"
 bash "$root/scripts/build.sh" -DFDPP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a
 mkdir -p "$FDPP_BUILD_DIR/lib"
-# Debian libraries that Ubuntu's image may not have (fmt) or may have in another version.
+# Debian libraries that Ubuntu's image may not have (fmt, cpp-httplib for fdpp serve, and brotli which
+# it links) or may have in another version. OpenSSL 3 and zlib are the same soname there.
 for exe in fdpp fdpp_gpu_tests; do
   [[ -x "$FDPP_BUILD_DIR/$exe" ]] || continue
-  ldd "$FDPP_BUILD_DIR/$exe" | awk '/=> \// {print $3}' | grep -E 'libfmt|libpcre2|libgomp|libsentencepiece' | while read -r lib; do
+  ldd "$FDPP_BUILD_DIR/$exe" | awk '/=> \// {print $3}' | grep -E 'libfmt|libpcre2|libgomp|libsentencepiece|libcpp-httplib|libbrotli' | while read -r lib; do
     cp -Lu "$lib" "$FDPP_BUILD_DIR/lib/"
   done
 done

@@ -108,7 +108,7 @@ if [[ " $stages " == *" prefill "* ]]; then
   pp="${FDPP_PREFILL_POINTS:-1x1024,1x4096,1x16384,1x32768,8x2048}"
   { echo; echo "### prefill attention (causal, graph-timed), fp16, head_dim 128, points $pp"; } | tee -a "$summary"
   for kvh in 32 8; do
-    "$B/fdpp" bench-attention --prefill --heads 32 --kv-heads $kvh --head-dim 128 --points "$pp" \
+    "$B/fdpp" bench-attention --prefill --heads 32 --kv-heads $kvh --head-dim 128 --points "$pp" --prefill-config "${FDPP_PREFILL_CONFIGS:-all}" \
       >"$OUT/prefill_ours_$kvh.md" 2>"$OUT/prefill_ours_$kvh.err" || log "bench-attention --prefill 32/$kvh failed: $(tail -1 "$OUT/prefill_ours_$kvh.err")"
     tee -a "$summary" <"$OUT/prefill_ours_$kvh.md"
     if [[ ${FDPP_ATTN_PEERS:-1} == 1 ]]; then
@@ -122,16 +122,19 @@ fi
 if [[ " $stages " == *" ttft "* ]]; then
   # Issue 11: time to first token end to end (fdpp bench's pp: the prompt in one step, first token
   # sampled) against HF transformers' sdpa forward of the same shape, same run.
-  ttft() {  # ttft CONFIG LENGTHS
-    "$B/fdpp" bench --load-format dummy --config "$root/configs/$1.json" -b 1 -c 1024 --steps 4 --mixed-chunk 0 \
-      -p "$2" -r 3 --json >"$OUT/ttft_$1.json" 2>"$OUT/ttft_$1.err" || log "ttft $1 failed: $(tail -1 "$OUT/ttft_$1.err")"
-    python3 - "$OUT/ttft_$1.json" "$1" <<'PY' | tee -a "$summary"
+  ttft() {  # ttft CONFIG LENGTHS: fdpp for each prefill attention configuration, then HF
+    for pc in ${FDPP_TTFT_PREFILL_CONFIGS:-m64n64}; do
+      "$B/fdpp" bench --load-format dummy --config "$root/configs/$1.json" -b 1 -c 1024 --steps 4 --mixed-chunk 0 \
+        -p "$2" -r 3 --prefill-config "$pc" --json >"$OUT/ttft_$1_$pc.json" 2>"$OUT/ttft_$1_$pc.err" \
+        || log "ttft $1 $pc failed: $(tail -1 "$OUT/ttft_$1_$pc.err")"
+      python3 - "$OUT/ttft_$1_$pc.json" "$1" "$pc" <<'PY' | tee -a "$summary"
 import json, sys
 r = json.load(open(sys.argv[1]))
 for x in r["results"]:
     if "n_tokens" in x:
-        print(f"| fdpp | {sys.argv[2]} | pp{x['n_tokens']} | {x['seconds']*1e3:.1f} ms | {x['tokens_per_second']:.0f} tok/s |")
+        print(f"| fdpp ({sys.argv[3]}) | {sys.argv[2]} | pp{x['n_tokens']} | {x['seconds']*1e3:.1f} ms | {x['tokens_per_second']:.0f} tok/s |")
 PY
+    done
     PYTHONUNBUFFERED=1 python3 "$root/bench/peers/prefill_peers.py" "$root/configs/$1.json" --lengths "$2" \
       --json "$OUT/ttft_hf_$1.json" 2>"$OUT/ttft_hf_$1.err" | tee -a "$summary" || log "hf prefill $1 failed: $(tail -1 "$OUT/ttft_hf_$1.err")"
   }

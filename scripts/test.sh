@@ -7,5 +7,6 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup.sh"
+bash "$root/scripts/setup-venv.sh"  # the server tests' Python packages (openai, pytest, httpx)
 bash "$root/scripts/build.sh"
 ctest --test-dir "${FDPP_BUILD_DIR:-$root/build}" --output-on-failure -j "$(nproc)" "$@"

@@ -11,6 +11,7 @@
 #include "attention/calibration.h"
 #include "backend/cpu/cpu_engine.h"
 #include "backend/cpu/cpu_runner.h"
+#include "backend/cpu/thread_pool.h"
 #include "fdpp/error.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
@@ -61,14 +62,20 @@ int physical_cpu_cores() {
 void set_cpu_threads(int threads) {
   check(threads >= 0, "--threads {}: must be >= 0 (0: the physical cores)", threads);
   if (threads == 0) {
-    // OMP_NUM_THREADS is the user's explicit choice; keep it. Otherwise one thread per physical
-    // core: hyperthreads share a core's FMA units and only add contention to these loops.
-    if (const char* env = std::getenv("OMP_NUM_THREADS"); env != nullptr && *env != '\0') return;
+    // OMP_NUM_THREADS is the user's explicit choice; keep it (for the CPU backend's pool too).
+    // Otherwise one thread per physical core: hyperthreads share a core's FMA units and only add
+    // contention to these loops.
+    if (const char* env = std::getenv("OMP_NUM_THREADS"); env != nullptr && *env != '\0') {
+      cpu::set_num_threads(std::atoi(env));  // 0 or garbage: the physical cores
+      return;
+    }
     threads = physical_cpu_cores();
   }
+  // The pool runs every CPU loop of a forward pass (thread_pool.h); OpenMP only the dequantization
+  // at load.
+  cpu::set_num_threads(threads);
   omp_set_num_threads(threads);
 }
-
 std::vector<float> resolve_unified_max_phi(const ModelConfig& config, const RunnerOptions& options) {
   if (!options.unified_max_phi.empty()) return options.unified_max_phi;
   std::optional<Calibration> cal;

@@ -51,7 +51,7 @@ struct RunnerOptions {
 };
 
 // Sets the CPU backend's thread count by the rule of RunnerOptions::threads (make_runner and
-// make_engine call it for the CPU; the CPU thread pool of issue 18 will take this over).
+// make_engine call it for the CPU): the CPU backend's thread pool (cpu::set_num_threads) and OpenMP.
 void set_cpu_threads(int threads);
 // Physical cores among the CPUs this process may run on (sysfs topology; the logical CPU count
 // when that cannot be read).

@@ -173,7 +173,9 @@ bool Scheduler::emit_token(Active& a, int32_t token) {
     finish(a, "stop");
     return true;
   }
-  a.pending += a.detok.push(token);
+  // A model may pad its vocabulary past the tokenizer's (OPT's 50272 rows for 50265 tokens): such
+  // an id has no text.
+  if (token < tokenizer_.vocab_size()) a.pending += a.detok.push(token);
   const std::vector<std::string>& stops = a.request.stop;
   size_t cut = std::string::npos;
   for (const std::string& s : stops) cut = std::min(cut, a.pending.find(s));

@@ -123,7 +123,7 @@ ModelDescription describe_model(const std::string& path) {
   return describe_gguf(f);
 }
 
-LoadedModel load_model(const std::string& path, const ProgressFn& progress) {
+LoadedModel load_model(const std::string& path, const ProgressFn& progress, const LoadOptions& options) {
   check(exists(path), "{}: no such file or directory", path);
   if (is_directory(path)) {
     check_hf_directory(path);
@@ -139,14 +139,15 @@ LoadedModel load_model(const std::string& path, const ProgressFn& progress) {
     m.weights = load_hf_decoder(*source, h.config, hf_tensor_specs(h.config, *source), progress);
     return m;
   }
-  const auto f = gguf::GgufFile::open(path);
+  const auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
+  const gguf::GgufFile& f = *file;
   LoadedModel m;
   m.description = describe_gguf(f);
   m.tokenizer = Tokenizer::from_gguf(f);
   check(m.tokenizer->vocab_size() <= m.description.config.vocab_size,
         "{}: tokenizer has {} tokens but the model's vocabulary is {}", path, m.tokenizer->vocab_size(),
         m.description.config.vocab_size);
-  m.weights = load_llama_gguf(f, m.description.config, progress);
+  m.weights = load_llama_gguf(file, m.description.config, progress, options.weights);
   return m;
 }
 

@@ -60,9 +60,15 @@ struct LoadedModel {
   const ModelConfig& config() const { return description.config; }
 };
 
-// Loads weights (dequantized to fp32) and the tokenizer. progress(fraction) is called as tensors
-// are read.
-LoadedModel load_model(const std::string& path, const ProgressFn& progress = {});
+struct LoadOptions {
+  // F32 (default): every weight dequantized to fp32, as the reference path, calibration and the
+  // CUDA upload need. Stored: a GGUF's weight matrices stay in the mapped file in their stored
+  // format for the CPU fast path (HF directories load fp32 either way).
+  WeightForm weights = WeightForm::F32;
+};
+
+// Loads weights and the tokenizer. progress(fraction) is called as tensors are read.
+LoadedModel load_model(const std::string& path, const ProgressFn& progress = {}, const LoadOptions& options = {});
 // The tokenizer alone (fdpp tokenize): no weights are read. Throws when the model has none.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 

@@ -3,35 +3,81 @@
 // ModelConfig does not call for stays empty.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 #include "fdpp/model_config.h"
+#include "io/gguf.h"
 
 namespace fdpp {
 
+// A weight matrix [rows, cols] as the model file stores it (a GGUF type's blocks, row after row),
+// viewed in place inside the file's mapping: nothing owned, nothing copied. Row n of the matrix is
+// stored row row_order[n] when row_order is set (GGUF's attn_q/attn_k rows are permuted for
+// llama.cpp's RoPE; the view undoes that without touching the bytes), else row n.
+struct StoredMatrix {
+  gguf::GgmlType type = gguf::GgmlType::F32;
+  const uint8_t* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  uint64_t row_bytes = 0;  // cols / block_elements(type) * block_bytes(type)
+  std::shared_ptr<const std::vector<int32_t>> row_order;
+
+  bool empty() const { return data == nullptr; }
+  const uint8_t* row(int64_t n) const {
+    return data + static_cast<uint64_t>(row_order ? (*row_order)[static_cast<size_t>(n)] : n) * row_bytes;
+  }
+};
+
+// Which form a loader gives the weight matrices (and embeddings) of a GGUF file: fp32 Tensors (the
+// reference path, calibration, the CUDA upload) or StoredMatrix views into the mapped file (the CPU
+// fast path; a tensor type without fast-path kernels still comes as fp32).
+enum class WeightForm { F32, Stored };
+
+// A weight matrix in one of two forms: the fp32 Tensor (the reference path, calibration, the CUDA
+// upload) or a StoredMatrix view (the CPU fast path), the other left empty. Derived from Tensor so
+// that code written for fp32 tensors (ptr(), shape, assignment from a Tensor) keeps working.
+struct Weight : Tensor {
+  StoredMatrix stored;
+
+  Weight() = default;
+  Weight(Tensor t) : Tensor(std::move(t)) {}  // NOLINT: implicit, a Tensor is an fp32 weight
+  Weight& operator=(Tensor t) {
+    static_cast<Tensor&>(*this) = std::move(t);
+    stored = {};
+    return *this;
+  }
+  // Present in either form (empty() alone says only that the fp32 form is absent).
+  bool present() const { return !empty() || !stored.empty(); }
+};
+
 struct LayerWeights {
   Tensor attn_norm, attn_norm_bias;  // [hidden]
-  Tensor wq, wk, wv;                 // [q_dim, hidden], [kv_dim, hidden] x2
+  Weight wq, wk, wv;                 // [q_dim, hidden], [kv_dim, hidden] x2
   Tensor bq, bk, bv;                 // qkv_bias
-  Tensor wo, bo;                     // [hidden, q_dim]; out_bias
+  Weight wo;                         // [hidden, q_dim]
+  Tensor bo;                         // out_bias
   Tensor ffn_norm, ffn_norm_bias;    // [hidden]
-  Tensor w_gate;                     // [ffn, hidden], SwiGLU only
-  Tensor w_up, w_down;               // [ffn, hidden], [hidden, ffn] (OPT fc1, fc2)
+  Weight w_gate;                     // [ffn, hidden], SwiGLU only
+  Weight w_up, w_down;               // [ffn, hidden], [hidden, ffn] (OPT fc1, fc2)
   Tensor b_gate, b_up, b_down;       // mlp_bias
 };
 
 struct DecoderWeights {
-  Tensor tok_embeddings;             // [vocab, embedding_dim]
+  Weight tok_embeddings;             // [vocab, embedding_dim]
   Tensor pos_embeddings;             // [max_context + offset, hidden], learned positions only
   Tensor project_in, project_out;    // [hidden, embed_dim], [embed_dim, hidden] when embed_dim set
   std::vector<LayerWeights> layers;
   Tensor final_norm, final_norm_bias;
-  Tensor lm_head;                    // [vocab, embedding_dim]; empty when tied to tok_embeddings
+  Weight lm_head;                    // [vocab, embedding_dim]; absent when tied to tok_embeddings
+  // Keeps alive what StoredMatrix views point into (the model file's mapping); null when every
+  // weight is an fp32 Tensor.
+  std::shared_ptr<const void> storage;
 
-  const Tensor& output_matrix() const { return lm_head.empty() ? tok_embeddings : lm_head; }
+  const Weight& output_matrix() const { return lm_head.present() ? lm_head : tok_embeddings; }
 };
 
 // A tensor the model needs, with the shape the config implies (row-major, outer dim first).

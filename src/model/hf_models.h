@@ -64,13 +64,15 @@ WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTenso
 std::vector<Tensor> split_rows(const Tensor& t, const std::vector<int64_t>& rows);
 
 // Specs whose tensor goes straight into one member of DecoderWeights / of layer i.
-inline HfTensorSpec hf_spec(std::string name, std::vector<int64_t> shape, Tensor DecoderWeights::*member) {
+// (Member is Tensor or Weight: a Weight is assigned its fp32 form.)
+template <class Member>
+HfTensorSpec hf_spec(std::string name, std::vector<int64_t> shape, Member DecoderWeights::*member) {
   std::vector<HfSlotPart> parts{{slot_of(member), -1, 0, shape}};
   return {std::move(name), std::move(shape), [member](DecoderWeights& w, Tensor&& t) { w.*member = std::move(t); },
           std::move(parts)};
 }
-inline HfTensorSpec hf_layer_spec(std::string name, std::vector<int64_t> shape, int layer,
-                                  Tensor LayerWeights::*member) {
+template <class Member>
+HfTensorSpec hf_layer_spec(std::string name, std::vector<int64_t> shape, int layer, Member LayerWeights::*member) {
   std::vector<HfSlotPart> parts{{slot_of(member), layer, 0, shape}};
   return {std::move(name), std::move(shape),
           [layer, member](DecoderWeights& w, Tensor&& t) { w.layers.at(layer).*member = std::move(t); },

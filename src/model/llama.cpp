@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/quant_matmul.h"
 #include "fdpp/error.h"
 #include "io/gguf.h"
 
@@ -39,6 +40,18 @@ void unpermute_rows_for_rotate_half(Tensor& t, int n_heads) {
         std::memcpy(&out[dst * cols], &t.data[src * cols], cols * sizeof(float));
       }
   t.data = std::move(out);
+}
+
+// The same permutation for a stored view: row n of the HF-ordered matrix is GGUF row order[n].
+void unpermute_rows_for_rotate_half(StoredMatrix& m, int n_heads) {
+  if (m.empty()) return;
+  const int64_t head_dim = m.rows / n_heads, half = head_dim / 2;
+  auto order = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(m.rows));
+  for (int64_t h = 0; h < n_heads; ++h)
+    for (int64_t i = 0; i < half; ++i)
+      for (int64_t j = 0; j < 2; ++j)
+        (*order)[static_cast<size_t>(h * head_dim + j * half + i)] = static_cast<int32_t>(h * head_dim + 2 * i + j);
+  m.row_order = std::move(order);
 }
 
 }  // namespace
@@ -134,6 +147,14 @@ std::vector<TensorSpec> llama_gguf_tensor_specs(const ModelConfig& c) {
 }
 
 DecoderWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, const ProgressFn& progress) {
+  // A non-owning shared_ptr: nothing is kept, since fp32 tensors own their data.
+  return load_llama_gguf(std::shared_ptr<const gguf::GgufFile>(&f, [](const gguf::GgufFile*) {}), c, progress,
+                         WeightForm::F32);
+}
+
+DecoderWeights load_llama_gguf(std::shared_ptr<const gguf::GgufFile> file, const ModelConfig& c,
+                               const ProgressFn& progress, WeightForm form) {
+  const gguf::GgufFile& f = *file;
   const auto specs = llama_gguf_tensor_specs(c);
   uint64_t total = 0, done = 0;
   for (const auto& s : specs) total += static_cast<uint64_t>(Tensor::numel_of(s.shape));
@@ -155,17 +176,40 @@ DecoderWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, co
     if (progress) progress(static_cast<double>(done) / static_cast<double>(total));
     return t;
   };
+  // A weight matrix: a view into the mapping when asked for and the fast path has kernels for its
+  // type (nothing is read now: pages come in as the first forward touches them), else fp32.
+  bool any_stored = false;
+  auto load_matrix = [&](const TensorSpec& spec) {
+    Weight w;
+    const auto* info = f.find_tensor(spec.name);
+    if (form == WeightForm::Stored && info != nullptr && cpu::stored_supported(info->type) && spec.shape.size() == 2) {
+      std::vector<int64_t> shape(info->dims.rbegin(), info->dims.rend());
+      check(shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", f.path(), spec.name,
+            shape_string(shape), shape_string(spec.shape));
+      const auto bytes = f.tensor_bytes(*info);
+      w.stored = cpu::make_stored_view(info->type, bytes.data(), shape[0], shape[1]);
+      check(w.stored.row_bytes * static_cast<uint64_t>(shape[0]) == bytes.size(),
+            "{}: tensor '{}' holds {} bytes, expected {}", f.path(), spec.name, bytes.size(),
+            w.stored.row_bytes * static_cast<uint64_t>(shape[0]));
+      any_stored = true;
+      done += info->n_elements;
+      if (progress) progress(static_cast<double>(done) / static_cast<double>(total));
+      return w;
+    }
+    w = load(spec);
+    return w;
+  };
 
   DecoderWeights w;
   size_t i = 0;
-  w.tok_embeddings = load(specs[i++]);
+  w.tok_embeddings = load_matrix(specs[i++]);
   w.layers.resize(c.n_layers);
   for (auto& L : w.layers) {
     L.attn_norm = load(specs[i++]);
-    L.wq = load(specs[i++]);
-    L.wk = load(specs[i++]);
-    L.wv = load(specs[i++]);
-    L.wo = load(specs[i++]);
+    L.wq = load_matrix(specs[i++]);
+    L.wk = load_matrix(specs[i++]);
+    L.wv = load_matrix(specs[i++]);
+    L.wo = load_matrix(specs[i++]);
     if (c.qkv_bias) {
       L.bq = load(specs[i++]);
       L.bk = load(specs[i++]);
@@ -173,9 +217,9 @@ DecoderWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, co
     }
     if (c.out_bias) L.bo = load(specs[i++]);
     L.ffn_norm = load(specs[i++]);
-    L.w_gate = load(specs[i++]);
-    L.w_up = load(specs[i++]);
-    L.w_down = load(specs[i++]);
+    L.w_gate = load_matrix(specs[i++]);
+    L.w_up = load_matrix(specs[i++]);
+    L.w_down = load_matrix(specs[i++]);
     if (c.mlp_bias) {
       L.b_gate = load(specs[i++]);
       L.b_up = load(specs[i++]);
@@ -183,11 +227,14 @@ DecoderWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, co
     }
     unpermute_rows_for_rotate_half(L.wq, c.n_heads);
     unpermute_rows_for_rotate_half(L.wk, c.n_kv_heads);
+    unpermute_rows_for_rotate_half(L.wq.stored, c.n_heads);
+    unpermute_rows_for_rotate_half(L.wk.stored, c.n_kv_heads);
     unpermute_rows_for_rotate_half(L.bq, c.n_heads);
     unpermute_rows_for_rotate_half(L.bk, c.n_kv_heads);
   }
   w.final_norm = load(specs[i++]);
-  if (!c.tied_embeddings) w.lm_head = load(specs[i++]);
+  if (!c.tied_embeddings) w.lm_head = load_matrix(specs[i++]);
+  if (any_stored) w.storage = std::move(file);
   return w;
 }
 

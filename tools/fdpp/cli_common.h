@@ -58,12 +58,17 @@ struct DeviceArgs {
   int threads = 0;
   int n_gpu_layers = -1;  // -1: not given
   bool quiet = false;     // no load progress bar or load line
+  std::string cpu_weights = "stored";  // stored: the CPU fast path; f32: the fp32 reference
 
   void add_to(CLI::App* app);
   // model_path: where to look for the model's calibration and dispatch table.
   RunnerOptions options(const std::string& model_path) const;
   void check_flags() const;      // throws UsageError for contradicting flags
   void say_gpu_layers() const;   // the one stderr line about -ngl, when it was given
+  // How to load the model: a GGUF's weights in their stored format when it will run on the CPU
+  // fast path (--cpu-weights stored, the default), else dequantized to fp32 (the CPU reference,
+  // calibration, the CUDA upload).
+  LoadOptions load_options() const;
 };
 
 std::vector<int32_t> parse_token_ids(const std::string& text);  // throws UsageError naming --token-ids
@@ -87,7 +92,7 @@ class LoadProgress {
   int last_ = -1;
 };
 
-LoadedModel load_with_progress(const std::string& path);
+LoadedModel load_with_progress(const std::string& path, const LoadOptions& options = {});
 
 // The GPU load's progress bar on stderr (tensors, GB as stored, GB/s), only when stderr is a
 // terminal and not --quiet.

@@ -38,6 +38,9 @@
 #include "fdpp/error.h"
 #include "generate_file.h"
 #include "io/model_loader.h"
+#include "backend/cpu/quant_matmul.h"
+#include "bench_cpu.h"
+#include "serve.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/device_query.h"
@@ -105,9 +108,9 @@ uint64_t peak_rss_bytes() {
   return kb * 1024;
 }
 
-LoadedModel load_with_progress(const std::string& path) {
+LoadedModel load_with_progress(const std::string& path, const LoadOptions& options) {
   LoadProgress progress("loading " + path);
-  LoadedModel m = load_model(path, progress.callback());
+  LoadedModel m = load_model(path, progress.callback(), options);
   progress.finish();
   return m;
 }
@@ -126,6 +129,12 @@ RunnerOptions DeviceArgs::options(const std::string& model_path) const {
   o.threads = threads;
   o.calibration = calibration;
   return o;
+}
+
+LoadOptions DeviceArgs::load_options() const {
+  LoadOptions lo;
+  if (cpu_weights == "stored" && resolve_device(options("").device) == Device::Cpu) lo.weights = WeightForm::Stored;
+  return lo;
 }
 
 void DeviceArgs::check_flags() const {
@@ -187,6 +196,10 @@ CLI::Validator int_range(int64_t lo, int64_t hi, std::string range_text) {
 }
 
 void DeviceArgs::add_to(CLI::App* app) {
+  app->add_option("--cpu-weights", cpu_weights,
+                  "CPU weights: stored (GGUF blocks used in place, the fast path) or f32 (dequantized, the reference)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"stored", "f32"}));
   app->add_option("--linear", linear,
                   "CUDA linear layers: auto (the tuned dispatch table), gemv, flat or cublas (default: $FDPP_LINEAR, "
                   "else auto)")
@@ -236,7 +249,7 @@ std::string prompt_text(const std::string& flag, const std::string& value) {
 CliModel open_model(const std::string& path, const DeviceArgs& d, bool quiet) {
   CliModel m;
   m.path = path;
-  if (resolve_device(parse_device(d.device)) == Device::Cuda) {
+  if (resolve_device(d.options("").device) == Device::Cuda) {
     PlannedModel p = plan_model(path);
     m.description = std::move(p.description);
     m.plan = std::move(p.plan);
@@ -244,7 +257,7 @@ CliModel open_model(const std::string& path, const DeviceArgs& d, bool quiet) {
     m.planned = true;
     m.bar = std::make_unique<StreamBar>("loading " + path, quiet);
   } else {
-    LoadedModel l = quiet ? load_model(path) : load_with_progress(path);
+    LoadedModel l = quiet ? load_model(path, {}, d.load_options()) : load_with_progress(path, d.load_options());
     m.description = std::move(l.description);
     m.weights = std::move(l.weights);
     m.tokenizer = std::move(l.tokenizer);
@@ -564,9 +577,9 @@ int run_calibrate(const CalibrateArgs& a) {
 }
 
 int run_devices() {
-  fmt::print("cpu: {} threads by default ({} physical cores; OMP_NUM_THREADS or -t/--threads sets it)\n",
+  fmt::print("cpu: {} threads by default ({} physical cores; OMP_NUM_THREADS or -t/--threads sets it), kernels {}\n",
              std::getenv("OMP_NUM_THREADS") != nullptr ? omp_get_max_threads() : physical_cpu_cores(),
-             physical_cpu_cores());
+             physical_cpu_cores(), cpu::isa_name(cpu::best_isa()));
 #ifdef FDPP_HAVE_CUDA
   std::string why;
   const auto gpus = cuda::list_gpus(&why);
@@ -712,6 +725,12 @@ int main(int argc, char** argv) {
       ->check(int_range(0, 4096, "[0, 4096]"));
 
   auto* devices = app.add_subcommand("devices", "list the CPU threads and CUDA GPUs fdpp can use");
+  auto* serve = register_serve(app);
+
+  BenchCpuArgs bc;
+#ifndef FDPP_HAVE_CUDA
+  auto* bench_cpu = register_bench_cpu(app, bc);
+#endif
 
 #ifdef FDPP_HAVE_CUDA
   BenchArgs b;
@@ -724,7 +743,7 @@ int main(int argc, char** argv) {
   bench->add_option("--dtype", b.dtype, "f16 or bf16")->capture_default_str()->check(CLI::IsMember({"f16", "bf16"}));
   bench->add_option("-b,--batch", b.batches, "decode batch sizes, e.g. 1,8,32")->delimiter(',')->check(CLI::Range(1, 1024));
   bench->add_option("-c,--context", b.contexts, "decode context lengths, e.g. 1024,4096")->delimiter(',')->check(CLI::Range(2, 1 << 22));
-  bench->add_option("-p,--prompt", b.prompts, "prefill lengths (0 entries: none)")->delimiter(',')->check(CLI::Range(1, 1 << 22));
+  bench->add_option("-p,--prompt", b.prompts, "prefill lengths (0 entries: none; --device cpu: 0 for none)")->delimiter(',')->check(CLI::Range(0, 1 << 22));
   bench->add_option("-r,--repetitions", b.repetitions, "timed prefill runs per length")->capture_default_str()->check(CLI::Range(1, 1000));
   bench->add_option("--steps", b.steps, "timed decode steps per (batch, context)")->capture_default_str()->check(CLI::Range(1, 100000));
   bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
@@ -742,6 +761,11 @@ int main(int argc, char** argv) {
   bench->add_option("--attention", b.attention, "decode attention: async (unified max) or sync")
       ->capture_default_str()
       ->check(CLI::IsMember({"async", "sync"}));
+  std::string bench_device = "cuda";
+  bench->add_option("--device", bench_device, "cuda, or cpu (llama-bench's pp/tg table for the CPU backend)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cuda", "cpu"}));
+  add_bench_cpu_options(bench, bc);
 
   BenchAttentionArgs ba;
   auto* bench_attn = app.add_subcommand("bench-attention", "decode attention kernels alone: async vs sync, graph-timed");
@@ -847,7 +871,19 @@ int main(int argc, char** argv) {
       rc = run_calibrate(cal);
     } else if (*devices) {
       rc = run_devices();
+    } else if (*serve) {
+      rc = run_serve();
+#ifndef FDPP_HAVE_CUDA
+    } else if (*bench_cpu) {
+      rc = run_bench_cpu(bc);
+#endif
 #ifdef FDPP_HAVE_CUDA
+    } else if (*bench && bench_device == "cpu") {
+      bc.model = b.model;
+      bc.repetitions = b.repetitions;
+      bc.json = b.json;
+      if (bench->count("-p") > 0) bc.prompts = b.prompts;
+      rc = run_bench_cpu(bc);
     } else if (*bench) {
       rc = run_bench(b);
     } else if (*bench_attn) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quant_matmul.h"
 #include "engine/sampler.h"
 #include "fdpp/error.h"
 
@@ -79,8 +80,7 @@ void CpuEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, St
       up(T * FF), gate(swiglu ? T * FF : 0), e(T * E);
   for (const RowPlan& r : rows)
     for (size_t t = 0; t < r.row->tokens.size(); ++t)
-      std::memcpy(&e[(r.token_offset + t) * E], weights_.tok_embeddings.ptr() + static_cast<int64_t>(r.row->tokens[t]) * E,
-                  E * sizeof(float));
+      cpu::embedding_row(weights_.tok_embeddings, r.row->tokens[t], &e[(r.token_offset + t) * E]);
   if (!weights_.project_in.empty()) {
     cpu::linear(e.data(), T, E, weights_.project_in.ptr(), H, nullptr, x.data());
   } else {
@@ -101,9 +101,9 @@ void CpuEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, St
       norm(x.data(), L.attn_norm, L.attn_norm_bias, T, h.data());
       attn_in = h.data();
     }
-    cpu::linear(attn_in, T, H, L.wq.ptr(), Q, bias_or_null(L.bq), q.data());
-    cpu::linear(attn_in, T, H, L.wk.ptr(), KV, bias_or_null(L.bk), k.data());
-    cpu::linear(attn_in, T, H, L.wv.ptr(), KV, bias_or_null(L.bv), v.data());
+    cpu::linear(attn_in, T, L.wq, bias_or_null(L.bq), q.data());
+    cpu::linear(attn_in, T, L.wk, bias_or_null(L.bk), k.data());
+    cpu::linear(attn_in, T, L.wv, bias_or_null(L.bv), v.data());
     if (c.position == PositionEncoding::Rope) {
       cpu::rope(q.data(), T, c.n_heads, c.head_dim, c.rope_style, inv_freq_, positions);
       cpu::rope(k.data(), T, c.n_kv_heads, c.head_dim, c.rope_style, inv_freq_, positions);
@@ -120,7 +120,7 @@ void CpuEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, St
         observer_(AttentionObservation{layer, qr, kc, vc, n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale});
       cpu::attention(qr, kc, vc, n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale, &attn[r.token_offset * Q]);
     }
-    cpu::linear(attn.data(), T, Q, L.wo.ptr(), H, bias_or_null(L.bo), o.data());
+    cpu::linear(attn.data(), T, L.wo, bias_or_null(L.bo), o.data());
     cpu::add_inplace(x.data(), o.data(), T * H);
     if (!c.pre_norm) norm(x.data(), L.attn_norm, L.attn_norm_bias, T, x.data());
 
@@ -130,14 +130,14 @@ void CpuEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, St
       norm(x.data(), L.ffn_norm, L.ffn_norm_bias, T, h.data());
       mlp_in = h.data();
     }
-    cpu::linear(mlp_in, T, H, L.w_up.ptr(), FF, bias_or_null(L.b_up), up.data());
+    cpu::linear(mlp_in, T, L.w_up, bias_or_null(L.b_up), up.data());
     if (swiglu) {
-      cpu::linear(mlp_in, T, H, L.w_gate.ptr(), FF, bias_or_null(L.b_gate), gate.data());
+      cpu::linear(mlp_in, T, L.w_gate, bias_or_null(L.b_gate), gate.data());
       cpu::silu_mul(gate.data(), up.data(), T * FF, up.data());
     } else {
       cpu::relu(up.data(), T * FF);
     }
-    cpu::linear(up.data(), T, FF, L.w_down.ptr(), H, bias_or_null(L.b_down), o.data());
+    cpu::linear(up.data(), T, L.w_down, bias_or_null(L.b_down), o.data());
     cpu::add_inplace(x.data(), o.data(), T * H);
     if (!c.pre_norm) norm(x.data(), L.ffn_norm, L.ffn_norm_bias, T, x.data());
   }
@@ -166,7 +166,7 @@ void CpuEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, St
     cpu::linear(head_in, R, H, weights_.project_out.ptr(), E, nullptr, head_e.data());
     head_in = head_e.data();
   }
-  cpu::linear(head_in, R, E, weights_.output_matrix().ptr(), c.vocab_size, nullptr, logits.data());
+  cpu::linear(head_in, R, weights_.output_matrix(), nullptr, logits.data());
 
   int64_t head_row = 0;
   for (size_t i = 0; i < rows.size(); ++i) {

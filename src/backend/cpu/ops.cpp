@@ -5,6 +5,8 @@
 #include <numbers>
 #include <vector>
 
+#include "backend/cpu/thread_pool.h"
+
 namespace fdpp::cpu {
 
 namespace {
@@ -21,17 +23,19 @@ inline float dot(const float* a, const float* b, int64_t n) {
 void linear(const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias, float* y) {
   // One pass over the weights: each weight row is read once and applied to all M input rows while
   // it is in L1. Rows are blocked so that each thread streams a contiguous slice of w.
+  // On the pool of thread_pool.h rather than OpenMP (whose spinning barriers collapse when another
+  // process holds a core: tests and calibration ran 10-40x slower on the shared dev machine); each
+  // output is the same dot() either way, so results do not depend on the thread count.
   constexpr int64_t kRowsPerTask = 16;
   const int64_t tasks = (N + kRowsPerTask - 1) / kRowsPerTask;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tasks; ++t) {
+  parallel_for(tasks, [&](int64_t t) {
     const int64_t n_end = std::min(N, (t + 1) * kRowsPerTask);
     for (int64_t n = t * kRowsPerTask; n < n_end; ++n) {
       const float* wr = w + n * K;
       const float b = bias != nullptr ? bias[n] : 0.f;
       for (int64_t m = 0; m < M; ++m) y[m * N + n] = dot(x + m * K, wr, K) + b;
     }
-  }
+  });
 }
 
 void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, double eps, float* out) {
@@ -141,39 +145,37 @@ void attention(const float* q, const float* k, const float* v, int64_t n_q, int6
   const int64_t group = n_heads / n_kv_heads;
   const int64_t q_stride = n_heads * head_dim;
   const int64_t kv_stride = n_kv_heads * head_dim;
-#pragma omp parallel
-  {
-    std::vector<float> scores(static_cast<size_t>(start_pos + n_q));
-    std::vector<float> acc(static_cast<size_t>(head_dim));
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t t = 0; t < n_q; ++t) {
-      for (int64_t h = 0; h < n_heads; ++h) {
-        const int64_t len = start_pos + t + 1;  // causal: keys 0 .. own position
-        const float* qh = q + t * q_stride + h * head_dim;
-        const int64_t kvh = h / group;
-        float max_score = -INFINITY;
-        for (int64_t j = 0; j < len; ++j) {
-          scores[j] = dot(qh, k + j * kv_stride + kvh * head_dim, head_dim) * scale;
-          max_score = std::max(max_score, scores[j]);
-        }
-        double denom = 0.0;
-        for (int64_t j = 0; j < len; ++j) {
-          scores[j] = std::exp(scores[j] - max_score);
-          denom += scores[j];
-        }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t j = 0; j < len; ++j) {
-          const float p = scores[j];
-          const float* vj = v + j * kv_stride + kvh * head_dim;
-#pragma omp simd
-          for (int64_t d = 0; d < head_dim; ++d) acc[d] += p * vj[d];
-        }
-        float* o = out + t * q_stride + h * head_dim;
-        const float inv = static_cast<float>(1.0 / denom);
-        for (int64_t d = 0; d < head_dim; ++d) o[d] = acc[d] * inv;
-      }
+  // One task per (query token, head) on the fast path's pool (thread_pool.h), not OpenMP: a decode
+  // step runs this once per layer, and OpenMP's waits collapse when another process holds a core.
+  parallel_for(n_q * n_heads, [&](int64_t task) {
+    thread_local std::vector<float> scores, acc;
+    const int64_t t = task / n_heads, h = task % n_heads;
+    const int64_t len = start_pos + t + 1;  // causal: keys 0 .. own position
+    if (static_cast<int64_t>(scores.size()) < len) scores.resize(static_cast<size_t>(len));
+    acc.assign(static_cast<size_t>(head_dim), 0.f);
+    const float* qh = q + t * q_stride + h * head_dim;
+    const int64_t kvh = h / group;
+    float max_score = -INFINITY;
+    for (int64_t j = 0; j < len; ++j) {
+      scores[j] = dot(qh, k + j * kv_stride + kvh * head_dim, head_dim) * scale;
+      max_score = std::max(max_score, scores[j]);
     }
-  }
+    double denom = 0.0;
+    for (int64_t j = 0; j < len; ++j) {
+      scores[j] = std::exp(scores[j] - max_score);
+      denom += scores[j];
+    }
+    float* a = acc.data();
+    for (int64_t j = 0; j < len; ++j) {
+      const float p = scores[j];
+      const float* vj = v + j * kv_stride + kvh * head_dim;
+#pragma omp simd
+      for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vj[d];
+    }
+    float* o = out + t * q_stride + h * head_dim;
+    const float inv = static_cast<float>(1.0 / denom);
+    for (int64_t d = 0; d < head_dim; ++d) o[d] = a[d] * inv;
+  });
 }
 
 float attention_dot(const float* a, const float* b, int64_t n) { return dot(a, b, n); }

@@ -1,7 +1,8 @@
 // The CPU reference backend: every op a decoder layer needs, fp32 in and out with fp32
-// accumulation, parallel over output rows with OpenMP. These functions define the truth that every
-// CUDA kernel is tested against, so they favour plain, obviously-right loops; speed comes from
-// OpenMP and the compiler's vectorization (AVX2 + FMA), not from cleverness.
+// accumulation, parallel over output rows (thread_pool.h). These functions define the truth that
+// every CUDA kernel and the CPU fast path (quant_matmul.h) are tested against, so they favour plain,
+// obviously-right loops; speed comes from threads and the compiler's vectorization (AVX2 + FMA),
+// not from cleverness.
 #pragma once
 
 #include <cstdint>

@@ -41,8 +41,9 @@ struct EngineOptions {
   // Decode attention: the asynchronized softmax with a unified max (FlashDecoding++, the default)
   // or the synchronized split-KV kernel (FlashDecoding), for comparison.
   AttentionMode attention = AttentionMode::Async;
-  // Prefill attention's tile configuration (kernels.h: prefill_attention_configs()).
-  int prefill_attention_config = 0;
+  // Prefill attention's tile configuration (kernels.h: prefill_attention_configs()); -1: chosen
+  // per step by the longest chunk (cuda_engine.cpp: prefill_config_for).
+  int prefill_attention_config = -1;
   // The unified max phi per layer (natural-log units of q.k / sqrt(d)), from the model's
   // calibration file; empty: the conservative default phi = 0 for every layer. Either way rows
   // outside the safe range are recomputed, so results do not depend on phi, only speed does.

@@ -1,0 +1,539 @@
+"""fdpp: FlashDecoding++ LLM inference from Python, with vLLM's offline names.
+
+    import fdpp
+    llm = fdpp.LLM()                                   # the default model (SmolLM2-135M-Instruct)
+    outs = llm.generate(["Once upon a time", "The capital of France is"],
+                        fdpp.SamplingParams(temperature=0, max_tokens=32))
+    for o in outs:
+        print(o.prompt, "->", o.text, o.finish_reason)
+    for piece in llm.stream("Tell me a story", fdpp.SamplingParams(max_tokens=64)):
+        print(piece, end="", flush=True)
+    logits = llm.logits([1, 2, 3])                     # numpy float32 [3, vocab]
+
+Every prompt of one generate() call runs as one continuously batched job on fdpp's scheduler (the
+same one the server uses). The GIL is released while the engine computes; Ctrl-C cancels the
+requests, frees their KV cache and raises KeyboardInterrupt, and the LLM stays usable.
+
+Errors: fdpp.FdppError is the base; fdpp.InvalidInputError (also a ValueError) is raised for bad
+input (a missing or corrupt model, an argument out of range, a prompt that does not fit), and
+fdpp.EngineError (also a RuntimeError) when the engine fails while computing. The message is the
+one line the CLI prints after "fdpp: error: ".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
+
+if TYPE_CHECKING:
+    import numpy as np
+
+from . import _core
+from ._core import EngineError, FdppError, InvalidInputError
+
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "RequestMetrics",
+    "Tokenizer",
+    "FdppError",
+    "InvalidInputError",
+    "EngineError",
+    "default_model_path",
+    "cuda_built",
+]
+
+__version__ = "0.1.0"
+
+#: True when this build of fdpp has the CUDA backend compiled in.
+cuda_built: bool = _core.cuda_built
+
+
+def default_model_path() -> str:
+    """The path LLM() loads without a model: $FDPP_MODEL, else SmolLM2-135M-Instruct.Q4_1.gguf in
+    ${FDPP_CACHE:-~/.cache/fdpp}/models (scripts/fetch-default-model.sh puts it there)."""
+    return _core.default_model_path()
+
+
+def _bad(message: str) -> InvalidInputError:
+    return InvalidInputError(message)
+
+
+def _check_int(name: str, value: Any, low: int, high: Optional[int] = None) -> int:
+    # bool is an int subclass; True as a token count is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise _bad(f"{name}: {value} is not {bounds}")
+    return value
+
+
+def _check_float(name: str, value: Any, low: float, high: float, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < low or v > high or (low_open and v == low):
+        lb = "(" if low_open else "["
+        raise _bad(f"{name}: {value} is not in {lb}{low}, {high}]")
+    return v
+
+
+class SamplingParams:
+    """How to sample: checked when made, so a bad value fails here, not in the middle of a batch.
+
+    Defaults follow fdpp's CLI (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95, min_p 0.05.
+    The filters run in HF's order: repetition penalty, temperature, top-k, top-p, min-p.
+
+    Args:
+        temperature: 0 = greedy (argmax); otherwise in (0, 100].
+        top_k: keep the k most likely tokens; 0 or -1 = off (-1 is vLLM's spelling).
+        top_p: nucleus mass in (0, 1]; 1 = off.
+        min_p: drop tokens below min_p x the top probability, in [0, 1]; 0 = off.
+        repetition_penalty: in [0.01, 100]; 1 = off (llama.cpp's --repeat-penalty).
+        repeat_last_n: how many recent tokens the penalty sees; -1 = all.
+        seed: the request's random stream; None = a fresh random seed per request (as vLLM). With a
+            seed, the tokens depend only on the seed and the logits, never on the batch.
+        max_tokens: tokens to generate, >= 1 (default 128, as the CLI's -n).
+        stop: a string or strings; the text ends before the first one found (finish_reason "stop").
+        ignore_eos: keep generating past end-of-generation tokens.
+    """
+
+    __slots__ = (
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "repetition_penalty",
+        "repeat_last_n",
+        "seed",
+        "max_tokens",
+        "stop",
+        "ignore_eos",
+    )
+
+    def __init__(
+        self,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repetition_penalty: float = 1.0,
+        seed: Optional[int] = None,
+        max_tokens: int = 128,
+        stop: Union[str, Sequence[str], None] = None,
+        ignore_eos: bool = False,
+        repeat_last_n: int = 64,
+    ) -> None:
+        self.temperature = _check_float("temperature", temperature, 0.0, 100.0)
+        self.top_k = _check_int("top_k", top_k, -1, 1 << 24)
+        self.top_p = _check_float("top_p", top_p, 0.0, 1.0, low_open=True)
+        self.min_p = _check_float("min_p", min_p, 0.0, 1.0)
+        self.repetition_penalty = _check_float("repetition_penalty", repetition_penalty, 0.01, 100.0)
+        self.repeat_last_n = _check_int("repeat_last_n", repeat_last_n, -1, 1 << 30)
+        self.seed = None if seed is None else _check_int("seed", seed, 0, (1 << 64) - 1)
+        self.max_tokens = _check_int("max_tokens", max_tokens, 1, 1 << 24)
+        if stop is None:
+            stops: list[str] = []
+        elif isinstance(stop, str):
+            stops = [stop]
+        else:
+            stops = list(stop)
+        for s in stops:
+            if not isinstance(s, str) or not s:
+                raise _bad(f"stop: {s!r} is not a non-empty string")
+        self.stop = stops
+        if not isinstance(ignore_eos, bool):
+            raise _bad(f"ignore_eos: expected a bool, got {type(ignore_eos).__name__}")
+        self.ignore_eos = ignore_eos
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"SamplingParams({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SamplingParams):
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def _request(self, prompt_ids: list[int]) -> "_core.CoreRequest":
+        s = _core.CoreSampling()
+        s.temperature = self.temperature
+        s.top_k = max(self.top_k, 0)
+        s.top_p = self.top_p
+        s.min_p = self.min_p
+        s.repeat_penalty = self.repetition_penalty
+        s.repeat_last_n = self.repeat_last_n
+        s.seed = self.seed if self.seed is not None else secrets.randbits(64)
+        r = _core.CoreRequest()
+        r.prompt = prompt_ids
+        r.sampling = s
+        r.max_tokens = self.max_tokens
+        r.ignore_eos = self.ignore_eos
+        r.stop = self.stop
+        return r
+
+
+@dataclass
+class RequestMetrics:
+    """Seconds measured by the scheduler from the request's submission."""
+
+    time_to_first_token: float
+    total_time: float
+    #: decode time per generated token after the first (0 with fewer than two tokens)
+    time_per_output_token: float
+    #: times the request was preempted (its KV cache dropped and recomputed later)
+    preemptions: int
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a request (vLLM's shape: fdpp makes one per request)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+
+
+@dataclass
+class RequestOutput:
+    """The result of one prompt: vLLM's RequestOutput with the completion's fields on top.
+
+    finish_reason: "stop" (an end-of-generation token or a stop string), "length" (max_tokens or
+    the context), "cancelled".
+    """
+
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    metrics: RequestMetrics
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = True
+
+
+def _output(r: "_core.CoreResult", prompt: Optional[str]) -> RequestOutput:
+    if r.finish_reason == "error":
+        raise EngineError(r.error)
+    text = r.text
+    token_ids = list(r.token_ids)
+    return RequestOutput(
+        request_id=str(r.id),
+        prompt=prompt,
+        prompt_token_ids=list(r.prompt),
+        text=text,
+        token_ids=token_ids,
+        finish_reason=r.finish_reason,
+        metrics=RequestMetrics(r.time_to_first_token, r.total_time, r.time_per_output_token, r.preemptions),
+        outputs=[CompletionOutput(0, text, token_ids, r.finish_reason)],
+    )
+
+
+class Tokenizer:
+    """The model's tokenizer (llm.tokenizer)."""
+
+    def __init__(self, core: "_core.CoreTokenizer") -> None:
+        self._t = core
+
+    def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
+        """Text to ids. add_special_tokens: prepend BOS where the model does by default (as the
+        CLI's prompts do); parse_special: text like "<|im_start|>" becomes the special token."""
+        if not isinstance(text, str):
+            raise _bad(f"encode: expected a str, got {type(text).__name__}")
+        return self._t.encode(text, None if add_special_tokens else False, parse_special)
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Ids to text; bytes that are not valid UTF-8 become U+FFFD."""
+        return self._t.decode(_ids("token_ids", token_ids), skip_special_tokens)
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """Renders [{"role": ..., "content": ...}, ...] with the model's chat template."""
+        return self._t.apply_chat_template(_messages(messages), add_generation_prompt)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        """The id of a token by its vocabulary spelling, or None."""
+        return self._t.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        """The vocabulary spelling of an id."""
+        return self._t.id_to_token(token_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._t.vocab_size
+
+    @property
+    def bos_token_id(self) -> Optional[int]:
+        return self._t.bos_token_id
+
+    @property
+    def eos_token_id(self) -> Optional[int]:
+        return self._t.eos_token_id
+
+
+def _ids(name: str, ids: Any) -> list[int]:
+    try:
+        out = [int(i) for i in ids]
+    except (TypeError, ValueError):
+        raise _bad(f"{name}: expected a sequence of token ids") from None
+    return out
+
+
+def _messages(messages: Any) -> list[tuple[str, str]]:
+    out = []
+    for i, m in enumerate(messages):
+        try:
+            role, content = m["role"], m["content"]
+        except (TypeError, KeyError):
+            raise _bad(f"messages[{i}]: expected a dict with 'role' and 'content'") from None
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise _bad(f"messages[{i}]: 'role' and 'content' must be strings")
+        out.append((role, content))
+    if not out:
+        raise _bad("messages: the conversation is empty")
+    return out
+
+
+PromptType = Union[str, Sequence[int]]
+
+_DTYPES = {"auto": "auto", "f16": "f16", "float16": "f16", "half": "f16", "bf16": "bf16", "bfloat16": "bf16"}
+
+
+class LLM:
+    """A model loaded for generation, chat, streaming and logits.
+
+    Args:
+        model: a GGUF file or a Hugging Face model directory; None = the default model
+            (fdpp.default_model_path()).
+        device: "auto" (CUDA when a GPU is present and fdpp was built with CUDA), "cpu" or "cuda".
+        dtype: the GPU's 16-bit type: "auto" (bf16 for bf16 checkpoints, else f16), "float16",
+            "bfloat16" (or "f16", "bf16"). The CPU computes in fp32.
+        kv_cache_tokens: KV cache size in tokens; None = sized by the engine (CUDA: from free memory).
+        tensor_parallel: GPUs to split the model over; only 1 exists today.
+        max_num_seqs: sequences decoded together in one step.
+        max_num_batched_tokens: tokens of one step (decode rows and prefill chunks together).
+        max_model_len: the context per sequence; None = the model's.
+        attention: CUDA decode attention, "async" (FlashDecoding++'s unified max) or "sync".
+        linear: CUDA linear layers: None ($FDPP_LINEAR, else "auto"), "auto", "gemv", "flat", "cublas".
+        cuda_graphs: replay the decode step as a CUDA graph.
+        threads: CPU backend threads; None = $OMP_NUM_THREADS when set, else the physical cores.
+        calibration: the unified-max calibration file (fdpp calibrate); None = looked up beside
+            the model, then in fdpp's cache.
+    """
+
+    def __init__(
+        self,
+        model: Optional[Union[str, os.PathLike]] = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        kv_cache_tokens: Optional[int] = None,
+        tensor_parallel: int = 1,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: Optional[int] = None,
+        attention: str = "async",
+        linear: Optional[str] = None,
+        dispatch_table: Optional[str] = None,
+        cuda_graphs: bool = True,
+        threads: Optional[int] = None,
+        calibration: Optional[str] = None,
+    ) -> None:
+        if tensor_parallel != 1:
+            raise _bad(f"tensor_parallel={tensor_parallel}: fdpp runs a model on one GPU for now (tensor_parallel=1)")
+        if device not in ("auto", "cpu", "cuda"):
+            raise _bad(f"device: {device!r} is not one of 'auto', 'cpu', 'cuda'")
+        if dtype not in _DTYPES:
+            raise _bad(f"dtype: {dtype!r} is not one of {', '.join(repr(k) for k in _DTYPES)}")
+        if attention not in ("async", "sync"):
+            raise _bad(f"attention: {attention!r} is not one of 'async', 'sync'")
+        if linear not in (None, "auto", "gemv", "flat", "cublas"):
+            raise _bad(f"linear: {linear!r} is not one of None, 'auto', 'gemv', 'flat', 'cublas'")
+        a = _core.CoreModelArgs()
+        a.model = "" if model is None else os.fspath(model)
+        if model is not None and not a.model:
+            raise _bad("model: an empty path (None means the default model)")
+        a.device = device
+        a.dtype = _DTYPES[dtype]
+        a.kv_cache_tokens = 0 if kv_cache_tokens is None else _check_int("kv_cache_tokens", kv_cache_tokens, 1, 1 << 30)
+        a.max_num_seqs = _check_int("max_num_seqs", max_num_seqs, 1, 4096)
+        a.max_num_batched_tokens = _check_int("max_num_batched_tokens", max_num_batched_tokens, 1, 1 << 20)
+        a.max_model_len = 0 if max_model_len is None else _check_int("max_model_len", max_model_len, 1, 1 << 24)
+        a.attention = attention
+        a.linear = linear or ""
+        a.dispatch_table = dispatch_table or ""
+        a.cuda_graphs = bool(cuda_graphs)
+        a.threads = 0 if threads is None else _check_int("threads", threads, 1, 4096)
+        a.calibration = "" if calibration is None else os.fspath(calibration)
+        self._m = _core.CoreModel.load(a)
+        self._tokenizer: Optional[Tokenizer] = None
+
+    # ---- properties ----------------------------------------------------------------------------
+
+    @property
+    def model_path(self) -> str:
+        """The resolved path of the loaded model."""
+        return self._m.path
+
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda": where the model runs."""
+        return self._m.device
+
+    @property
+    def vocab_size(self) -> int:
+        return self._m.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        """Tokens per sequence (prompt + generated)."""
+        return self._m.max_model_len
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer; InvalidInputError for a bare checkpoint without tokenizer files."""
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer(self._m.tokenizer())  # raises for a bare checkpoint
+        return self._tokenizer
+
+    def get_tokenizer(self) -> Tokenizer:
+        """vLLM's spelling of llm.tokenizer."""
+        return self.tokenizer
+
+    def stats(self) -> dict:
+        """The scheduler's counters (steps, generated tokens, preemptions, KV blocks)."""
+        return self._m.stats()
+
+    # ---- generation ----------------------------------------------------------------------------
+
+    def _prompt(self, p: Any, where: str) -> tuple[Optional[str], list[int]]:
+        if isinstance(p, str):
+            return p, self.tokenizer.encode(p)
+        if isinstance(p, dict) and "prompt_token_ids" in p:  # vLLM's TokensPrompt
+            return None, _ids(where, p["prompt_token_ids"])
+        if isinstance(p, dict) and "prompt" in p:  # vLLM's TextPrompt
+            return self._prompt(p["prompt"], where)
+        if isinstance(p, (bytes, bytearray)):
+            raise _bad(f"{where}: expected a str or token ids, got bytes")
+        return None, _ids(where, p)
+
+    def _prompts(self, prompts: Any) -> list[tuple[Optional[str], list[int]]]:
+        # One prompt: a str, or a flat sequence of ints. Several: a list of those.
+        if isinstance(prompts, (str, dict)):
+            return [self._prompt(prompts, "prompt")]
+        prompts = list(prompts)
+        if prompts and all(isinstance(x, int) and not isinstance(x, bool) for x in prompts):
+            return [self._prompt(prompts, "prompt")]
+        return [self._prompt(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
+
+    @staticmethod
+    def _params(sampling_params: Any, n: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * n
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * n
+        params = list(sampling_params)
+        if len(params) != n or not all(isinstance(p, SamplingParams) for p in params):
+            raise _bad(f"sampling_params: expected a SamplingParams or a list of {n} of them")
+        return params
+
+    def generate(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generates for every prompt, all in one continuously batched job.
+
+        prompts: a str, a list of token ids, or a list of either. sampling_params: one for all, or
+        one per prompt (None: SamplingParams()). Returns one RequestOutput per prompt, in order.
+        Ctrl-C cancels every request and raises KeyboardInterrupt; the LLM stays usable.
+        """
+        del use_tqdm  # accepted for vLLM compatibility; fdpp prints no progress bar
+        items = self._prompts(prompts)
+        params = self._params(sampling_params, len(items))
+        if not items:
+            return []
+        requests = [sp._request(ids) for (_, ids), sp in zip(items, params)]
+        results = self._m.generate(requests)
+        return [_output(r, text) for r, (text, _) in zip(results, items)]
+
+    def _conversations(self, messages: Any) -> list[list[tuple[str, str]]]:
+        if isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], (list, tuple)):
+            return [_messages(c) for c in messages]
+        return [_messages(messages)]
+
+    def chat(
+        self,
+        messages: Union[Sequence[dict], Sequence[Sequence[dict]]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generates replies to a conversation ([{"role": "user", "content": "..."}]) or a list of
+        conversations, rendered with the model's chat template as `fdpp generate --chat` does."""
+        del use_tqdm
+        convs = self._conversations(messages)
+        params = self._params(sampling_params, len(convs))
+        rendered = [self._m.encode_chat(c) for c in convs]
+        requests = [sp._request(ids) for (_, ids), sp in zip(rendered, params)]
+        results = self._m.generate(requests)
+        return [_output(r, text) for r, (text, _) in zip(results, rendered)]
+
+    def stream(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None) -> Iterator[str]:
+        """Yields the text of one prompt in pieces as it is decoded (complete UTF-8, never part of a
+        stop string); the pieces join to generate()'s text. Closing the generator early cancels the
+        request."""
+        items = self._prompts(prompt)
+        if len(items) != 1:
+            raise _bad("stream: expected one prompt (a str or a list of token ids)")
+        (_, ids), = items
+        sp = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(sp, SamplingParams):
+            raise _bad("sampling_params: expected a SamplingParams")
+        s = self._m.stream(sp._request(ids))
+        return _stream(s)
+
+    # ---- logits --------------------------------------------------------------------------------
+
+    def logits(self, token_ids: Sequence[int], as_torch: bool = False) -> "np.ndarray":
+        """The logits of every position of one sequence: float32 [T, vocab].
+
+        A numpy array (as `fdpp logits --token-ids ... --out F.npy` writes: on the CPU the same
+        numbers bit for bit); with as_torch=True a torch.Tensor sharing the same memory (DLPack, no
+        copy; the annotation names the numpy case). torch.from_dlpack(array) also works on the numpy array without a copy.
+        """
+        ids = _ids("token_ids", token_ids)
+        if as_torch:
+            try:
+                import torch  # noqa: F401  (nanobind hands the tensor over through torch)
+            except ImportError:
+                raise _bad("as_torch=True needs torch installed") from None
+        return self._m.logits(ids, as_torch)
+
+    def __repr__(self) -> str:
+        return f"LLM(model={self.model_path!r}, device={self.device!r})"
+
+
+def _stream(s: "_core.CoreStream") -> Iterator[str]:
+    finished = False
+    try:
+        while True:
+            piece = s.next()
+            if piece is None:
+                finished = True
+                r = s.result()
+                if r is not None and r.finish_reason == "error":
+                    raise EngineError(r.error)
+                return
+            yield piece
+    finally:
+        # The consumer stopped early (break, close, an exception): free the request's KV blocks.
+        if not finished:
+            s.cancel()

@@ -1,0 +1,654 @@
+// fdpp._core: the engine as a Python extension (nanobind). The pure-Python layer in
+// python/fdpp/__init__.py holds the user-facing API (LLM, SamplingParams, RequestOutput) and the
+// argument checks; this file holds what must be C++: loading, the scheduler loop with the GIL
+// released, logits handed over without a copy, and the translation of fdpp::Error into Python's
+// exception hierarchy.
+//
+// Errors: fdpp has one error type, fdpp::Error, for every failure (a bad file, a bad request, a CUDA
+// call that failed). Python wants ValueError for bad input and RuntimeError otherwise, so the
+// binding decides by phase: whatever throws while the input is read and checked (resolving and
+// loading the model, encoding text, Scheduler::submit, logits' id checks) is input
+// (fdpp.InvalidInputError, a ValueError); whatever throws while the engine computes (make_engine,
+// Scheduler::step, Runner::forward) is fdpp.EngineError (a RuntimeError). The message is the CLI's
+// one line without its "fdpp: error: " prefix.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/backend_select.h"
+#include "engine/engine.h"
+#include "engine/prompt_file.h"
+#include "engine/scheduler.h"
+#include "fdpp/error.h"
+#include "io/model_loader.h"
+#include "tokenizer/tokenizer.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace fdpp::python {
+namespace {
+
+// Thrown by the binding for bad input; translated into fdpp.InvalidInputError.
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+PyObject* g_fdpp_error = nullptr;
+PyObject* g_input_error = nullptr;
+PyObject* g_engine_error = nullptr;
+
+// Runs f, turning an fdpp::Error it throws into InputError (the input phase, see the top).
+template <class F>
+auto input_phase(F&& f, const std::string& prefix = {}) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const InputError&) {
+    throw;
+  } catch (const Error& e) {
+    throw InputError(prefix + e.what());
+  }
+}
+
+struct ModelState {
+  std::string path;
+  LoadedModel model;
+  RunnerOptions runner_options;
+  Device device = Device::Cpu;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Scheduler> scheduler;
+  // CUDA: the runner of logits(), made at the first call and kept (it copies the weights to the
+  // GPU once). The CPU makes one per call, sized to the ids, exactly as `fdpp logits` does (it
+  // reads the host weights in place: nothing is copied).
+  std::unique_ptr<Runner> logits_runner;
+  // One caller drives the scheduler (step) at a time. Lock order: release the GIL first, then
+  // take this mutex; code holding it takes the GIL only briefly (signal checks), never the
+  // reverse, so two Python threads cannot deadlock.
+  std::mutex mutex;
+
+  const Tokenizer& tokenizer() const {
+    if (!model.tokenizer)
+      throw InputError(path +
+                       ": no tokenizer (tokenizer.json, tokenizer.model or vocab.json + merges.txt); text needs one, "
+                       "token ids do not");
+    return *model.tokenizer;
+  }
+};
+
+// Checks for Ctrl-C (and other Python signal handlers) from a thread that released the GIL. Returns
+// the pending exception, fetched so that it can be raised once the engine is left clean.
+// Polls at most every 20 ms: taking the GIL costs microseconds when no other Python thread runs,
+// but up to the interpreter's switch interval (5 ms) when one does, which per step would halve a
+// fast GPU's throughput; 20 ms is far below what a person notices after Ctrl-C.
+struct PendingSignal {
+  PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+  std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+  bool poll() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::milliseconds(20)) return false;
+    last = now;
+    nb::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return false;
+    PyErr_Fetch(&type, &value, &trace);
+    return true;
+  }
+  [[noreturn]] void raise() {  // with the GIL held
+    PyErr_Restore(type, value, trace);
+    throw nb::python_error();
+  }
+};
+
+// Cancels the given requests and steps until they have all finished, so that their KV blocks are
+// free and the scheduler is idle for the next call. Called with the mutex held and no GIL.
+void cancel_and_drain(Scheduler& s, const std::vector<uint64_t>& ids, const std::function<bool()>& all_done) {
+  for (uint64_t id : ids) s.cancel(id);
+  while (!all_done()) {
+    if (!s.step()) break;
+  }
+}
+
+// ---- generation ---------------------------------------------------------------------------------
+
+struct Result {
+  GenerationResult r;
+};
+
+std::vector<Result> generate(ModelState& st, std::vector<GenerationRequest> requests) {
+  const size_t n = requests.size();
+  // Shared with the callbacks: should the engine fail and leave a request of ours behind, a later
+  // step may still finish it after this function has returned.
+  auto results = std::make_shared<std::vector<Result>>(n);
+  std::optional<PendingSignal> signal;
+  std::string input_error, engine_error;
+  {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(st.mutex);
+    Scheduler& s = *st.scheduler;
+    std::vector<uint64_t> ids;
+    ids.reserve(n);
+    auto done = std::make_shared<std::vector<char>>(n, 0);
+    auto finished = std::make_shared<size_t>(0);
+    auto all_done = [&] { return *finished == ids.size(); };
+    for (size_t i = 0; i < n; ++i) {
+      GenerationCallbacks cb;
+      // No deltas needed here: the text comes complete with the result.
+      cb.on_delta = [](uint64_t, std::string_view, std::span<const int32_t>) {};
+      cb.on_finish = [results, done, finished, i](const GenerationResult& r) {
+        (*results)[i].r = r;
+        if (!(*done)[i]) {
+          (*done)[i] = 1;
+          ++*finished;
+        }
+      };
+      try {
+        ids.push_back(s.submit(std::move(requests[i]), std::move(cb)));
+      } catch (const Error& e) {
+        input_error = n > 1 ? "prompts[" + std::to_string(i) + "]: " + e.what() : std::string(e.what());
+        break;
+      }
+    }
+    try {
+      if (!input_error.empty()) {
+        cancel_and_drain(s, ids, all_done);
+      } else {
+        PendingSignal p;
+        while (!all_done()) {
+          s.step();
+          if (p.poll()) {
+            signal = p;
+            cancel_and_drain(s, ids, all_done);
+            break;
+          }
+        }
+      }
+    } catch (const Error& e) {
+      engine_error = e.what();
+      try {
+        cancel_and_drain(s, ids, all_done);
+      } catch (const std::exception&) {
+        // The engine failed twice; the first message is the one that explains it.
+      }
+    }
+  }
+  if (signal) signal->raise();
+  if (!input_error.empty()) throw InputError(input_error);
+  if (!engine_error.empty()) throw Error(engine_error);
+  return std::move(*results);
+}
+
+// One request whose text is handed out as the scheduler produces it (LLM.stream). Other calls may
+// step the scheduler meanwhile (a generate() in between): the pieces wait here until read.
+class Stream {
+ public:
+  Stream(std::shared_ptr<ModelState> st, GenerationRequest request) : st_(std::move(st)), buf_(std::make_shared<Buf>()) {
+    GenerationCallbacks cb;
+    auto buf = buf_;
+    cb.on_delta = [buf](uint64_t, std::string_view text, std::span<const int32_t>) {
+      std::lock_guard<std::mutex> lock(buf->mutex);
+      if (!text.empty()) buf->pieces.emplace_back(text);
+    };
+    cb.on_finish = [buf](const GenerationResult& r) {
+      std::lock_guard<std::mutex> lock(buf->mutex);
+      buf->result = r;
+      buf->done = true;
+    };
+    std::string error;
+    {
+      nb::gil_scoped_release release;
+      try {
+        id_ = st_->scheduler->submit(std::move(request), std::move(cb));
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+    if (!error.empty()) throw InputError(error);
+  }
+
+  // A stream dropped before it finished (never iterated, or its generator collected) cancels its
+  // request; the next step of any call frees the blocks. cancel() only takes the scheduler's own
+  // lock, so this is safe with the GIL held.
+  ~Stream() {
+    if (id_ != 0 && !finished()) st_->scheduler->cancel(id_);
+  }
+
+  // The next piece of text, or None when the request has finished.
+  std::optional<std::string> next() {
+    std::optional<PendingSignal> signal;
+    std::optional<std::string> piece;
+    std::string engine_error;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(st_->mutex);
+      try {
+        while (true) {
+          if (auto p = pop()) {
+            piece = std::move(p);
+            break;
+          }
+          if (finished()) break;
+          st_->scheduler->step();
+          if (poller_.poll()) {
+            signal = poller_;
+            poller_ = PendingSignal{};
+            cancel_and_drain(*st_->scheduler, {id_}, [this] { return finished(); });
+            break;
+          }
+        }
+      } catch (const Error& e) {
+        engine_error = e.what();
+      }
+    }
+    if (signal) signal->raise();
+    if (!engine_error.empty()) throw Error(engine_error);
+    return piece;
+  }
+
+  // Stops the request (the generator was closed or dropped) and waits until its blocks are free.
+  void cancel() {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(st_->mutex);
+    if (finished()) return;
+    try {
+      cancel_and_drain(*st_->scheduler, {id_}, [this] { return finished(); });
+    } catch (const std::exception&) {
+      // Called from a generator's close(): an engine failure surfaces at the next call instead.
+    }
+  }
+
+  std::optional<Result> result() {
+    std::lock_guard<std::mutex> lock(buf_->mutex);
+    if (!buf_->done) return std::nullopt;
+    return Result{buf_->result};
+  }
+
+ private:
+  struct Buf {
+    std::mutex mutex;
+    std::deque<std::string> pieces;
+    bool done = false;
+    GenerationResult result;
+  };
+  std::optional<std::string> pop() {
+    std::lock_guard<std::mutex> lock(buf_->mutex);
+    if (buf_->pieces.empty()) return std::nullopt;
+    std::string p = std::move(buf_->pieces.front());
+    buf_->pieces.pop_front();
+    return p;
+  }
+  bool finished() {
+    std::lock_guard<std::mutex> lock(buf_->mutex);
+    return buf_->done;
+  }
+
+  std::shared_ptr<ModelState> st_;
+  std::shared_ptr<Buf> buf_;
+  uint64_t id_ = 0;
+  PendingSignal poller_;  // kept across next() calls: one piece per step would otherwise never poll
+};
+
+// ---- the model ----------------------------------------------------------------------------------
+
+struct ModelArgs {
+  std::string model;  // "" = the default model
+  std::string device = "auto";
+  std::string dtype = "auto";
+  int64_t kv_cache_tokens = 0;
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 2048;
+  int max_model_len = 0;
+  std::string attention = "async";
+  std::string linear;
+  std::string dispatch_table;
+  bool cuda_graphs = true;
+  int threads = 0;
+  std::string calibration;
+};
+
+std::shared_ptr<ModelState> load(const ModelArgs& a) {
+  auto st = std::make_shared<ModelState>();
+  std::string input_error, engine_error;
+  {
+    nb::gil_scoped_release release;
+    try {
+      input_phase([&] {
+        st->path = resolve_model_path(a.model);
+        RunnerOptions& o = st->runner_options;
+        o.device = resolve_device(parse_device(a.device));
+        st->device = o.device;
+        o.dtype = a.dtype;
+        o.kv_cache_tokens = a.kv_cache_tokens;
+        o.cuda_graphs = a.cuda_graphs;
+        o.attention = a.attention;
+        o.linear = a.linear;
+        o.model_path = st->path;
+        o.dispatch_table = a.dispatch_table;
+        o.threads = a.threads;
+        // "": the backend looks the unified-max calibration up beside the model, as the CLI's does.
+        o.calibration = a.calibration;
+        st->model = load_model(st->path);
+        const int model_ctx = st->model.config().max_context;
+        check(a.max_model_len <= model_ctx, "max_model_len {} exceeds the model's context length {}",
+              a.max_model_len, model_ctx);
+      });
+      EngineLimits limits;
+      limits.max_context = a.max_model_len;
+      limits.max_step_rows = a.max_num_seqs;
+      limits.max_step_tokens = a.max_num_batched_tokens;
+      limits.kv_cache_tokens = a.kv_cache_tokens;
+      st->engine = make_engine(st->model.config(), st->model.weights, st->runner_options, limits);
+      if (st->model.tokenizer) {
+        SchedulerOptions so;
+        so.max_num_seqs = a.max_num_seqs;
+        so.max_batched_tokens = a.max_num_batched_tokens;
+        // generate() submits all its prompts at once; the queue is bounded by memory, not a count.
+        so.max_waiting = INT_MAX;
+        st->scheduler = std::make_unique<Scheduler>(*st->engine, *st->model.tokenizer, so);
+      }
+    } catch (const InputError& e) {
+      input_error = e.what();
+    } catch (const Error& e) {
+      engine_error = e.what();
+    }
+  }
+  if (!input_error.empty()) throw InputError(input_error);
+  if (!engine_error.empty()) throw Error(engine_error);
+  return st;
+}
+
+Scheduler& scheduler_of(ModelState& st) {
+  st.tokenizer();  // generation needs text: the same message as the CLI's when there is none
+  return *st.scheduler;
+}
+
+using LogitsArray = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+nb::object logits(ModelState& st, std::vector<int32_t> ids, bool as_torch) {
+  const ModelConfig& c = st.model.config();
+  input_phase([&] {
+    check(!ids.empty(), "token_ids is empty");
+    for (int32_t id : ids) check(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+    check(static_cast<int64_t>(ids.size()) <= c.max_context, "{} tokens exceed the model's context length {}",
+          ids.size(), c.max_context);
+  });
+  auto* out = new std::vector<float>(ids.size() * static_cast<size_t>(c.vocab_size));
+  nb::capsule owner(out, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+  std::string engine_error;
+  {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(st.mutex);
+    try {
+      if (st.device == Device::Cpu) {
+        // As run_logits in tools/fdpp/main.cpp: a runner sized to the ids, so the numbers match
+        // `fdpp logits` bit for bit.
+        auto runner = make_runner(c, st.model.weights, static_cast<int>(ids.size()), st.runner_options);
+        runner->forward(ids, 0, /*all_positions=*/true, *out);
+      } else {
+        // Kept between calls and sized to a power of two >= 256 tokens, so that its KV cache stays
+        // small beside the engine's and it is rarely remade. It holds its own copy of the weights
+        // (make_runner cannot share the engine's DeviceModel): a model must fit twice, or the
+        // engine be given less KV cache (kv_cache_tokens), for logits() on the GPU.
+        const int n = static_cast<int>(ids.size());
+        if (!st.logits_runner || st.logits_runner->max_context() < n) {
+          int cap = 256;
+          while (cap < n) cap *= 2;
+          st.logits_runner.reset();
+          st.logits_runner = make_runner(c, st.model.weights, std::min(cap, c.max_context), st.runner_options);
+        }
+        st.logits_runner->forward(ids, 0, /*all_positions=*/true, *out);
+      }
+    } catch (const Error& e) {
+      engine_error = e.what();
+    }
+  }
+  if (!engine_error.empty()) throw Error(engine_error);
+  const size_t shape[2] = {ids.size(), static_cast<size_t>(c.vocab_size)};
+  // Both views share `out` through the capsule: numpy's array and torch's tensor (via DLPack)
+  // are made without copying the [T, vocab] floats.
+  if (as_torch) return nb::cast(nb::ndarray<nb::pytorch, float, nb::ndim<2>>(out->data(), 2, shape, owner));
+  return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<2>>(out->data(), 2, shape, owner));
+}
+
+std::vector<ChatMessage> to_messages(const std::vector<std::pair<std::string, std::string>>& m) {
+  std::vector<ChatMessage> out;
+  out.reserve(m.size());
+  for (const auto& [role, content] : m) out.push_back({role, content});
+  return out;
+}
+
+// A conversation to prompt ids with the CLI's rules (encode_prompt, as `fdpp generate --chat`):
+// the template with the generation prompt, no second BOS when the template writes one, special
+// tokens parsed. Returns the rendered text too (RequestOutput.prompt).
+std::pair<std::string, std::vector<int32_t>> encode_chat(ModelState& st,
+                                                         const std::vector<std::pair<std::string, std::string>>& m) {
+  const Tokenizer& t = st.tokenizer();
+  return input_phase([&] {
+    const std::vector<ChatMessage> messages = to_messages(m);
+    std::string text = t.apply_chat_template(messages, /*add_generation_prompt=*/true);
+    std::vector<int32_t> ids = encode_prompt(t, "", messages, /*chat=*/true, /*system=*/"");
+    check(!ids.empty(), "the conversation encodes to no tokens");
+    return std::make_pair(std::move(text), std::move(ids));
+  });
+}
+
+// llm.tokenizer: shares the model's state so that it stays valid after the LLM is dropped.
+struct TokenizerRef {
+  std::shared_ptr<ModelState> st;
+};
+
+}  // namespace
+}  // namespace fdpp::python
+
+using namespace fdpp;
+using namespace fdpp::python;
+
+NB_MODULE(_core, m) {
+  m.doc() = "fdpp's engine (C++). Use the API of the fdpp package, not this module.";
+
+  // The exception hierarchy (fdpp.FdppError and its two kinds), made here so that the C++
+  // translator can raise them; python/fdpp/__init__.py re-exports them.
+  g_fdpp_error = PyErr_NewExceptionWithDoc("fdpp.FdppError", "Base class of every error fdpp raises.",
+                                           PyExc_Exception, nullptr);
+  nb::object input_bases = nb::make_tuple(nb::handle(g_fdpp_error), nb::handle(PyExc_ValueError));
+  g_input_error = PyErr_NewExceptionWithDoc(
+      "fdpp.InvalidInputError",
+      "Bad input: a missing or corrupt model file, an argument out of range, a prompt that does not fit.",
+      input_bases.ptr(), nullptr);
+  nb::object engine_bases = nb::make_tuple(nb::handle(g_fdpp_error), nb::handle(PyExc_RuntimeError));
+  g_engine_error = PyErr_NewExceptionWithDoc("fdpp.EngineError",
+                                             "The engine failed while computing (a CUDA error, out of device memory).",
+                                             engine_bases.ptr(), nullptr);
+  m.attr("FdppError") = nb::handle(g_fdpp_error);
+  m.attr("InvalidInputError") = nb::handle(g_input_error);
+  m.attr("EngineError") = nb::handle(g_engine_error);
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const InputError& e) {
+      PyErr_SetString(g_input_error, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(g_engine_error, e.what());
+    }
+    // Anything else is rethrown by rethrow_exception above into nanobind's own translators
+    // (python_error, bad_alloc -> MemoryError, other std::exception -> RuntimeError).
+  });
+
+#ifdef FDPP_HAVE_CUDA
+  m.attr("cuda_built") = true;
+#else
+  m.attr("cuda_built") = false;
+#endif
+  m.def("default_model_path", [] { return default_model_path(); },
+        "The default model's path: $FDPP_MODEL, else SmolLM2-135M-Instruct.Q4_1.gguf in fdpp's cache.");
+
+  nb::class_<SamplingParams>(m, "CoreSampling")
+      .def(nb::init<>())
+      .def_rw("temperature", &SamplingParams::temperature)
+      .def_rw("top_k", &SamplingParams::top_k)
+      .def_rw("top_p", &SamplingParams::top_p)
+      .def_rw("min_p", &SamplingParams::min_p)
+      .def_rw("repeat_penalty", &SamplingParams::repeat_penalty)
+      .def_rw("repeat_last_n", &SamplingParams::repeat_last_n)
+      .def_rw("seed", &SamplingParams::seed);
+
+  nb::class_<GenerationRequest>(m, "CoreRequest")
+      .def(nb::init<>())
+      .def_rw("prompt", &GenerationRequest::prompt)
+      .def_rw("sampling", &GenerationRequest::sampling)
+      .def_rw("max_tokens", &GenerationRequest::max_tokens)
+      .def_rw("ignore_eos", &GenerationRequest::ignore_eos)
+      .def_rw("stop", &GenerationRequest::stop);
+
+  nb::class_<Result>(m, "CoreResult")
+      .def_prop_ro("id", [](const Result& r) { return r.r.id; })
+      .def_prop_ro("prompt", [](const Result& r) { return r.r.prompt; })
+      .def_prop_ro("token_ids", [](const Result& r) { return r.r.token_ids; })
+      // Bytes that are not valid UTF-8 (a model may end mid-character) become U+FFFD rather than
+      // failing the whole result.
+      .def_prop_ro("text",
+                   [](const Result& r) {
+                     return nb::steal<nb::str>(PyUnicode_DecodeUTF8(r.r.text.data(), r.r.text.size(), "replace"));
+                   })
+      .def_prop_ro("finish_reason", [](const Result& r) { return r.r.finish_reason; })
+      .def_prop_ro("error", [](const Result& r) { return r.r.error; })
+      .def_prop_ro("preemptions", [](const Result& r) { return r.r.preemptions; })
+      .def_prop_ro("time_to_first_token", [](const Result& r) { return r.r.time_to_first_token; })
+      .def_prop_ro("total_time", [](const Result& r) { return r.r.total_time; })
+      .def_prop_ro("time_per_output_token", [](const Result& r) { return r.r.time_per_output_token(); });
+
+  nb::class_<Stream>(m, "CoreStream")
+      .def("next", &Stream::next, "The next piece of text; None once the request has finished.")
+      .def("cancel", &Stream::cancel, "Cancels the request and waits until its KV blocks are free.")
+      .def("result", &Stream::result, "The finished request's result; None before it has finished.");
+
+  nb::class_<ModelArgs>(m, "CoreModelArgs")
+      .def(nb::init<>())
+      .def_rw("model", &ModelArgs::model)
+      .def_rw("device", &ModelArgs::device)
+      .def_rw("dtype", &ModelArgs::dtype)
+      .def_rw("kv_cache_tokens", &ModelArgs::kv_cache_tokens)
+      .def_rw("max_num_seqs", &ModelArgs::max_num_seqs)
+      .def_rw("max_num_batched_tokens", &ModelArgs::max_num_batched_tokens)
+      .def_rw("max_model_len", &ModelArgs::max_model_len)
+      .def_rw("attention", &ModelArgs::attention)
+      .def_rw("linear", &ModelArgs::linear)
+      .def_rw("dispatch_table", &ModelArgs::dispatch_table)
+      .def_rw("cuda_graphs", &ModelArgs::cuda_graphs)
+      .def_rw("threads", &ModelArgs::threads)
+      .def_rw("calibration", &ModelArgs::calibration);
+
+  nb::class_<ModelState>(m, "CoreModel")
+      .def_static("load", &load, "args"_a)
+      .def_prop_ro("path", [](const ModelState& s) { return s.path; })
+      .def_prop_ro("device", [](const ModelState& s) { return std::string(device_name(s.device)); })
+      .def_prop_ro("architecture", [](const ModelState& s) { return s.model.config().architecture; })
+      .def_prop_ro("vocab_size", [](const ModelState& s) { return s.model.config().vocab_size; })
+      .def_prop_ro("max_model_len", [](const ModelState& s) { return s.engine->max_context(); })
+      .def_prop_ro("has_tokenizer", [](const ModelState& s) { return s.model.tokenizer != nullptr; })
+      .def(
+          "generate",
+          [](ModelState& s, std::vector<GenerationRequest> requests) {
+            scheduler_of(s);
+            return generate(s, std::move(requests));
+          },
+          "requests"_a)
+      .def(
+          "stream",
+          [](const std::shared_ptr<ModelState>& s, GenerationRequest request) {
+            scheduler_of(*s);
+            return std::make_unique<Stream>(s, std::move(request));
+          },
+          "request"_a)
+      .def("logits", &logits, "token_ids"_a, "as_torch"_a = false)
+      .def("encode_chat", &encode_chat, "messages"_a)
+      .def("tokenizer",
+           [](const std::shared_ptr<ModelState>& s) {
+             s->tokenizer();  // a bare checkpoint: the CLI's "no tokenizer" message
+             return TokenizerRef{s};
+           })
+      .def("stats", [](ModelState& s) {
+        nb::dict d;
+        if (!s.scheduler) return d;
+        const SchedulerStats st = s.scheduler->stats();
+        d["running"] = st.running;
+        d["waiting"] = st.waiting;
+        d["kv_blocks_used"] = st.kv_blocks_used;
+        d["kv_blocks_free"] = st.kv_blocks_free;
+        d["prompt_tokens"] = st.prompt_tokens;
+        d["generated_tokens"] = st.generated_tokens;
+        d["preemptions"] = st.preemptions;
+        d["requests_finished"] = st.requests_finished;
+        d["steps"] = st.steps;
+        return d;
+      });
+
+  nb::class_<TokenizerRef>(m, "CoreTokenizer")
+      .def(
+          "encode",
+          [](const TokenizerRef& t, const std::string& text, std::optional<bool> add_bos, bool parse_special) {
+            const Tokenizer& tok = t.st->tokenizer();
+            return input_phase([&] { return tok.encode(text, add_bos.value_or(tok.add_bos_by_default()), parse_special); });
+          },
+          "text"_a, "add_bos"_a = nb::none(), "parse_special"_a = true)
+      .def(
+          "decode",
+          [](const TokenizerRef& t, const std::vector<int32_t>& ids, bool skip_special) {
+            const Tokenizer& tok = t.st->tokenizer();
+            const std::string s = input_phase([&] { return tok.decode(ids, skip_special); });
+            return nb::steal<nb::str>(PyUnicode_DecodeUTF8(s.data(), s.size(), "replace"));
+          },
+          "ids"_a, "skip_special"_a = true)
+      .def(
+          "apply_chat_template",
+          [](const TokenizerRef& t, const std::vector<std::pair<std::string, std::string>>& m, bool gen) {
+            const Tokenizer& tok = t.st->tokenizer();
+            return input_phase([&] { return tok.apply_chat_template(to_messages(m), gen); });
+          },
+          "messages"_a, "add_generation_prompt"_a = true)
+      .def("token_to_id",
+           [](const TokenizerRef& t, const std::string& s) -> std::optional<int32_t> {
+             const int32_t id = t.st->tokenizer().token_id(s);
+             if (id < 0) return std::nullopt;
+             return id;
+           })
+      .def("id_to_token",
+           [](const TokenizerRef& t, int32_t id) {
+             const Tokenizer& tok = t.st->tokenizer();
+             if (id < 0 || id >= tok.vocab_size())
+               throw InputError(fmt::format("token id {} is out of range [0, {})", id, tok.vocab_size()));
+             return tok.token_text(id);
+           })
+      .def("is_special", [](const TokenizerRef& t, int32_t id) { return t.st->tokenizer().is_special(id); })
+      .def_prop_ro("vocab_size", [](const TokenizerRef& t) { return t.st->tokenizer().vocab_size(); })
+      .def_prop_ro("bos_token_id",
+                   [](const TokenizerRef& t) -> std::optional<int32_t> {
+                     const int32_t id = t.st->tokenizer().bos_id();
+                     if (id < 0) return std::nullopt;
+                     return id;
+                   })
+      .def_prop_ro("eos_token_id",
+                   [](const TokenizerRef& t) -> std::optional<int32_t> {
+                     const int32_t id = t.st->tokenizer().eos_id();
+                     if (id < 0) return std::nullopt;
+                     return id;
+                   })
+      .def_prop_ro("add_bos_by_default", [](const TokenizerRef& t) { return t.st->tokenizer().add_bos_by_default(); });
+}

@@ -1,0 +1,451 @@
+#include "server/api.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "fdpp/error.h"
+
+namespace fdpp::server {
+
+using nlohmann::json;
+
+ApiError::ApiError(int status_, std::string message, std::string param_, std::string type_, std::string code_)
+    : std::runtime_error(std::move(message)), status(status_), param(std::move(param_)), type(std::move(type_)),
+      code(std::move(code_)) {
+  if (type.empty()) {
+    switch (status) {
+      case 401: type = "authentication_error"; break;
+      case 404: type = "not_found_error"; break;
+      case 413: type = "invalid_request_error"; break;
+      case 429:
+      case 503: type = "server_busy_error"; break;
+      default: type = status >= 500 ? "server_error" : "invalid_request_error";
+    }
+  }
+}
+
+json error_body(const ApiError& e) {
+  json err = {{"message", e.what()}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) err["param"] = e.param;
+  if (!e.code.empty()) err["code"] = e.code;
+  return json{{"error", std::move(err)}};
+}
+
+json models_body(const ModelInfo& model) {
+  json m = {{"id", model.id},
+            {"object", "model"},
+            {"created", model.created},
+            {"owned_by", "fdpp"},
+            {"max_model_len", model.max_context},
+            {"vocab_size", model.vocab_size}};  // extension: bench/serve_bench.py draws random prompts from it
+  return json{{"object", "list"}, {"data", json::array({m})}};
+}
+
+PromptCodec prompt_codec_for(const Tokenizer& tokenizer) {
+  PromptCodec c;
+  c.encode = [&tokenizer](std::string_view text) {
+    return tokenizer.encode(text, tokenizer.add_bos_by_default(), /*parse_special=*/true);
+  };
+  c.encode_chat = [&tokenizer](std::span<const ChatMessage> messages) {
+    const std::string text = tokenizer.apply_chat_template(messages, /*add_generation_prompt=*/true);
+    // Templates that write the BOS text themselves (Llama 2/3) get no second BOS (as the CLI's
+    // --chat and transformers' apply_chat_template(tokenize=True)).
+    bool add_bos = tokenizer.add_bos_by_default();
+    const int32_t bos = tokenizer.bos_id();
+    if (bos >= 0 && text.starts_with(tokenizer.token_text(bos))) add_bos = false;
+    return tokenizer.encode(text, add_bos, /*parse_special=*/true);
+  };
+  return c;
+}
+
+namespace {
+
+ApiError bad(std::string param, std::string message, std::string code = {}) {
+  return ApiError(400, std::move(message), std::move(param), "invalid_request_error", std::move(code));
+}
+
+// A field present and not null.
+const json* field(const json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<bool> opt_bool(const json& body, const char* key) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) throw bad(key, fmt::format("'{}' must be a boolean", key));
+  return v->get<bool>();
+}
+
+std::optional<double> opt_number(const json& body, const char* key, double lo, double hi, bool lo_open = false) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) throw bad(key, fmt::format("'{}' must be a number", key));
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+    throw bad(key, fmt::format("'{}' is {}; it must be in {}{}, {}]", key, v->dump(), lo_open ? "(" : "[", lo, hi));
+  return x;
+}
+
+// Integers only (16.0 and 1.5 are refused as OpenAI does), within [lo, hi].
+std::optional<int64_t> opt_int(const json& body, const char* key, int64_t lo, int64_t hi) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) throw bad(key, fmt::format("'{}' must be an integer", key));
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    throw bad(key, fmt::format("'{}' is {}; it must be in [{}, {}]", key, v->dump(), lo, hi));
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi) throw bad(key, fmt::format("'{}' is {}; it must be in [{}, {}]", key, x, lo, hi));
+  return x;
+}
+
+// Fields accepted only at the value that turns them off; anything else is refused by name.
+void require_off(const json& body, const char* key, const std::function<bool(const json&)>& is_off,
+                 const char* what) {
+  const json* v = field(body, key);
+  if (v && !is_off(*v)) throw bad(key, fmt::format("'{}' is not supported by this server ({})", key, what), "unsupported_parameter");
+}
+
+bool is_zero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
+bool is_one(const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; }
+bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool is_empty_container(const json& v) { return (v.is_object() || v.is_array()) && v.empty(); }
+
+// Token ids of a prompt given as ids: each in [0, vocab).
+std::vector<int32_t> token_ids(const json& arr, const char* param, const ModelInfo& model) {
+  // Bounded before the copy: a prompt cannot be longer than the context anyway.
+  if (arr.size() >= static_cast<size_t>(model.max_context))
+    throw bad(param, fmt::format("the prompt is {} tokens; this model's context is {} tokens", arr.size(), model.max_context),
+              "context_length_exceeded");
+  std::vector<int32_t> ids;
+  ids.reserve(arr.size());
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const json& t = arr[i];
+    if (!t.is_number_integer() || (t.is_number_unsigned() ? t.get<uint64_t>() >= static_cast<uint64_t>(model.vocab_size)
+                                                          : (t.get<int64_t>() < 0 || t.get<int64_t>() >= model.vocab_size)))
+      throw bad(param, fmt::format("{}[{}] = {} is not a token id in [0, {})", param, i, t.dump(), model.vocab_size));
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return ids;
+}
+
+std::vector<int32_t> completion_prompt(const json& body, const ModelInfo& model, const PromptCodec& codec) {
+  const json* p = field(body, "prompt");
+  if (!p) throw bad("prompt", "'prompt' is required (a string or a list of token ids)");
+  if (p->is_string()) return codec.encode(p->get_ref<const std::string&>());
+  if (!p->is_array()) throw bad("prompt", "'prompt' must be a string or a list of token ids");
+  if (p->empty()) throw bad("prompt", "'prompt' is an empty list");
+  const json& first = (*p)[0];
+  if (first.is_number()) return token_ids(*p, "prompt", model);
+  // A list of prompts (strings or id lists) is a batch in OpenAI's API; one element is the same as
+  // that element, more would need n choices per response, which this server does not do.
+  if (first.is_string() || first.is_array()) {
+    if (p->size() != 1)
+      throw bad("prompt", fmt::format("'prompt' is a list of {} prompts; this server takes one prompt per request", p->size()),
+                "unsupported_parameter");
+    if (first.is_string()) return codec.encode(first.get_ref<const std::string&>());
+    if (first.empty()) throw bad("prompt", "'prompt' is an empty list");
+    return token_ids(first, "prompt", model);
+  }
+  throw bad("prompt", "'prompt' must be a string or a list of token ids");
+}
+
+std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits) {
+  const json* m = field(body, "messages");
+  if (!m) throw bad("messages", "'messages' is required (a list of {role, content} objects)");
+  if (!m->is_array()) throw bad("messages", "'messages' must be a list of {role, content} objects");
+  if (m->empty()) throw bad("messages", "'messages' is empty");
+  if (m->size() > static_cast<size_t>(limits.max_messages))
+    throw bad("messages", fmt::format("{} messages; the limit is {}", m->size(), limits.max_messages));
+  std::vector<ChatMessage> out;
+  out.reserve(m->size());
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string at = fmt::format("messages[{}]", i);
+    if (!msg.is_object()) throw bad(at, at + " must be an object with 'role' and 'content'");
+    for (const auto& [k, v] : msg.items()) {
+      if (k == "role" || k == "content" || k == "name") continue;
+      if (v.is_null() || (k == "tool_calls" && is_empty_container(v))) continue;
+      throw bad(at + "." + k, fmt::format("{}.{} is not supported by this server", at, k), "unsupported_parameter");
+    }
+    const json* role = field(msg, "role");
+    if (!role || !role->is_string()) throw bad(at + ".role", at + ".role must be a string");
+    std::string r = role->get<std::string>();
+    // "developer" is OpenAI's newer name for the system role.
+    if (r == "developer") r = "system";
+    if (r != "system" && r != "user" && r != "assistant")
+      throw bad(at + ".role", fmt::format("{}.role '{}' is not one of system, developer, user, assistant", at, r));
+    std::string content;
+    const json* c = field(msg, "content");
+    if (!c) {
+      if (r != "assistant") throw bad(at + ".content", at + ".content is required");
+    } else if (c->is_string()) {
+      content = c->get<std::string>();
+    } else if (c->is_array()) {
+      // Content parts: only text, concatenated (as vLLM does for text-only models).
+      for (size_t j = 0; j < c->size(); ++j) {
+        const json& part = (*c)[j];
+        const std::string pat = fmt::format("{}.content[{}]", at, j);
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          throw bad(pat, pat + " is not a {\"type\": \"text\", \"text\": ...} part (only text is supported)");
+        content += part["text"].get<std::string>();
+      }
+    } else {
+      throw bad(at + ".content", at + ".content must be a string or a list of text parts");
+    }
+    out.push_back({std::move(r), std::move(content)});
+  }
+  return out;
+}
+
+std::vector<std::string> stop_strings(const json& body, const ApiLimits& limits) {
+  const json* s = field(body, "stop");
+  std::vector<std::string> out;
+  if (!s) return out;
+  auto add = [&](const json& v) {
+    if (!v.is_string()) throw bad("stop", "'stop' must be a string or a list of strings");
+    const std::string& str = v.get_ref<const std::string&>();
+    if (str.empty()) throw bad("stop", "'stop' holds an empty string");
+    if (str.size() > static_cast<size_t>(limits.max_stop_bytes))
+      throw bad("stop", fmt::format("a stop string of {} bytes; the limit is {}", str.size(), limits.max_stop_bytes));
+    out.push_back(str);
+  };
+  if (s->is_array()) {
+    if (s->size() > static_cast<size_t>(limits.max_stop_strings))
+      throw bad("stop", fmt::format("{} stop strings; the limit is {}", s->size(), limits.max_stop_strings));
+    for (const json& v : *s) add(v);
+  } else {
+    add(*s);
+  }
+  return out;
+}
+
+bool model_matches(const ModelInfo& model, const std::string& name) {
+  if (name == model.id) return true;
+  for (const std::string& a : model.aliases)
+    if (name == a) return true;
+  return false;
+}
+
+}  // namespace
+
+json parse_json_body(std::string_view body, const ApiLimits& limits) {
+  if (body.size() > static_cast<size_t>(limits.max_body_bytes))
+    throw ApiError(413, fmt::format("the request body is {} bytes; the limit is {}", body.size(), limits.max_body_bytes));
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Parse again for the parser's message (where it failed): only on the error path.
+    std::string why = "invalid JSON";
+    try {
+      json discard = json::parse(body.begin(), body.end());
+      (void)discard;
+    } catch (const json::parse_error& e) {
+      why = fmt::format("invalid JSON: {}", e.what());
+    }
+    throw bad("", why, "invalid_json");
+  }
+  if (!j.is_object()) throw bad("", "the request body must be a JSON object");
+  return j;
+}
+
+ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo& model, const PromptCodec& codec,
+                            const ApiLimits& limits) {
+  const bool chat = endpoint == Endpoint::Chat;
+  // Every top-level field this server reads or accepts as harmless; the rest are refused by name.
+  static const std::set<std::string> common = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop",
+      "stream", "stream_options", "ignore_eos", "return_token_ids",
+      // Cannot change the output: bookkeeping fields.
+      "user", "metadata", "store", "service_tier",
+      // Accepted only when off (checked below).
+      "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "response_format"};
+  static const std::set<std::string> completions_only = {"prompt", "best_of", "echo", "suffix"};
+  static const std::set<std::string> chat_only = {"messages",  "max_completion_tokens", "top_logprobs", "tools",
+                                                  "tool_choice", "functions", "function_call", "parallel_tool_calls",
+                                                  "modalities", "audio", "prediction", "reasoning_effort",
+                                                  "web_search_options"};
+  for (const auto& [k, v] : body.items()) {
+    if (common.count(k) || (chat ? chat_only.count(k) : completions_only.count(k))) continue;
+    throw bad(k, fmt::format("'{}' is not a supported field of {}", k, chat ? "/v1/chat/completions" : "/v1/completions"),
+              "unsupported_parameter");
+  }
+
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) throw bad("model", "'model' must be a string");
+    if (!model_matches(model, m->get<std::string>()))
+      throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'", m->get<std::string>(), model.id),
+                     "model", "invalid_request_error", "model_not_found");
+  }
+
+  require_off(body, "n", is_one, "one choice per request");
+  require_off(body, "presence_penalty", is_zero, "use repetition_penalty");
+  require_off(body, "frequency_penalty", is_zero, "use repetition_penalty");
+  require_off(body, "logit_bias", is_empty_container, "no logit bias");
+  require_off(body, "response_format",
+              [](const json& v) { return v.is_object() && v.size() == 1 && v.value("type", "") == "text"; },
+              "plain text only");
+  if (chat) {
+    require_off(body, "logprobs", is_false, "no log probabilities");
+    require_off(body, "top_logprobs", is_zero, "no log probabilities");
+    require_off(body, "tools", is_empty_container, "no tool calls");
+    require_off(body, "functions", is_empty_container, "no tool calls");
+    require_off(body, "tool_choice", [](const json& v) { return v == "none"; }, "no tool calls");
+    require_off(body, "function_call", [](const json& v) { return v == "none"; }, "no tool calls");
+    require_off(body, "modalities", [](const json& v) { return v == json::array({"text"}); }, "text only");
+    require_off(body, "audio", [](const json&) { return false; }, "text only");
+    require_off(body, "prediction", [](const json&) { return false; }, "no predicted outputs");
+    require_off(body, "reasoning_effort", [](const json&) { return false; }, "not a reasoning model");
+    require_off(body, "web_search_options", [](const json&) { return false; }, "no web search");
+    (void)opt_bool(body, "parallel_tool_calls");  // harmless without tools, but typed
+  } else {
+    require_off(body, "logprobs", [](const json&) { return false; }, "no log probabilities");
+    require_off(body, "best_of", is_one, "one choice per request");
+    require_off(body, "echo", is_false, "the prompt is not echoed");
+    require_off(body, "suffix", [](const json& v) { return v == ""; }, "no insertion");
+  }
+
+  ParsedRequest r;
+  r.endpoint = endpoint;
+  r.stream = opt_bool(body, "stream").value_or(false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) throw bad("stream_options", "'stream_options' must be an object");
+    for (const auto& [k, v] : so->items())
+      if (k != "include_usage" && k != "continuous_usage_stats")
+        throw bad("stream_options." + k, fmt::format("stream_options.{} is not supported", k), "unsupported_parameter");
+    if (!r.stream) throw bad("stream_options", "'stream_options' is only allowed with \"stream\": true");
+    r.include_usage = opt_bool(*so, "include_usage").value_or(false);
+    if (opt_bool(*so, "continuous_usage_stats").value_or(false))
+      throw bad("stream_options.continuous_usage_stats", "stream_options.continuous_usage_stats is not supported",
+                "unsupported_parameter");
+  }
+  r.return_token_ids = opt_bool(body, "return_token_ids").value_or(false);
+
+  // Sampling: OpenAI's defaults (temperature 1, top_p 1, nothing else), not the CLI's llama.cpp
+  // ones, so that a client gets what the same request gets from OpenAI or vLLM.
+  SamplingParams& s = r.generation.sampling;
+  s.temperature = static_cast<float>(opt_number(body, "temperature", 0.0, 100.0).value_or(1.0));
+  s.top_p = static_cast<float>(opt_number(body, "top_p", 0.0, 1.0, /*lo_open=*/true).value_or(1.0));
+  // top_k: -1 (vLLM) and 0 (llama.cpp) both mean off.
+  s.top_k = static_cast<int>(opt_int(body, "top_k", -1, std::numeric_limits<int32_t>::max()).value_or(0));
+  if (s.top_k < 0) s.top_k = 0;
+  s.min_p = static_cast<float>(opt_number(body, "min_p", 0.0, 1.0).value_or(0.0));
+  // As vLLM / HF: the penalty sees every token of the prompt and the output (repeat_last_n -1).
+  s.repeat_penalty = static_cast<float>(opt_number(body, "repetition_penalty", 0.01, 100.0).value_or(1.0));
+  s.repeat_last_n = -1;
+  if (const json* seed = field(body, "seed")) {
+    if (!seed->is_number_integer()) throw bad("seed", "'seed' must be an integer");
+    s.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
+    r.seed_given = true;
+  }
+  r.generation.ignore_eos = opt_bool(body, "ignore_eos").value_or(false);
+  r.generation.stop = stop_strings(body, limits);
+
+  std::optional<int64_t> max_tokens = opt_int(body, "max_tokens", 1, std::numeric_limits<int32_t>::max());
+  const char* max_param = "max_tokens";
+  if (chat) {
+    if (auto mct = opt_int(body, "max_completion_tokens", 1, std::numeric_limits<int32_t>::max())) {
+      max_tokens = mct;
+      max_param = "max_completion_tokens";
+    }
+  }
+
+  // The prompt last: encoding is the expensive part, done once the cheap checks passed.
+  std::vector<int32_t> prompt;
+  const char* prompt_param = chat ? "messages" : "prompt";
+  try {
+    prompt = chat ? codec.encode_chat(chat_messages(body, limits)) : completion_prompt(body, model, codec);
+  } catch (const fdpp::Error& e) {  // a chat template this model lacks, text the tokenizer refuses
+    throw bad(prompt_param, e.what());
+  }
+  if (prompt.empty()) throw bad(prompt_param, "the prompt encodes to no tokens");
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n >= model.max_context)
+    throw bad(prompt_param, fmt::format("the prompt is {} tokens; this model's context is {} tokens (prompt and output)",
+                                        n, model.max_context),
+              "context_length_exceeded");
+  const int64_t room = model.max_context - n;
+  if (max_tokens && *max_tokens > room)
+    throw bad(max_param,
+              fmt::format("{} = {} with a prompt of {} tokens exceeds this model's context of {} tokens", max_param,
+                          *max_tokens, n, model.max_context),
+              "context_length_exceeded");
+  r.generation.max_tokens = static_cast<int>(max_tokens ? *max_tokens : (chat ? room : std::min<int64_t>(16, room)));
+  r.generation.prompt = std::move(prompt);
+  return r;
+}
+
+std::string response_id(Endpoint endpoint, uint64_t serial) {
+  return fmt::format("{}-{:016x}", endpoint == Endpoint::Chat ? "chatcmpl" : "cmpl", serial);
+}
+
+json usage_json(size_t prompt_tokens, size_t completion_tokens) {
+  return json{{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+namespace {
+json envelope(const ResponseContext& ctx, bool chunk) {
+  const char* object = ctx.endpoint == Endpoint::Chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                      : "text_completion";
+  return json{{"id", ctx.id}, {"object", object}, {"created", ctx.created}, {"model", ctx.model}};
+}
+json finish_json(const std::string& reason) { return reason.empty() ? json(nullptr) : json(reason); }
+}  // namespace
+
+json completion_body(const ResponseContext& ctx, const GenerationResult& result) {
+  json body = envelope(ctx, false);
+  json choice = {{"index", 0}};
+  if (ctx.endpoint == Endpoint::Chat)
+    choice["message"] = {{"role", "assistant"}, {"content", result.text}};
+  else
+    choice["text"] = result.text;
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_json(result.finish_reason);
+  if (ctx.return_token_ids) {
+    choice["token_ids"] = result.token_ids;
+    choice["prompt_token_ids"] = result.prompt;
+  }
+  body["choices"] = json::array({std::move(choice)});
+  body["usage"] = usage_json(result.prompt.size(), result.token_ids.size());
+  return body;
+}
+
+json stream_chunk(const ResponseContext& ctx, std::string_view text, std::span<const int32_t> tokens,
+                  const std::string& finish_reason, bool first, bool include_usage_null) {
+  json body = envelope(ctx, true);
+  json choice = {{"index", 0}};
+  if (ctx.endpoint == Endpoint::Chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || (first && finish_reason.empty())) delta["content"] = std::string(text);
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = std::string(text);
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_json(finish_reason);
+  if (ctx.return_token_ids) choice["token_ids"] = std::vector<int32_t>(tokens.begin(), tokens.end());
+  body["choices"] = json::array({std::move(choice)});
+  // With include_usage every chunk but the last carries "usage": null (OpenAI's shape).
+  if (include_usage_null) body["usage"] = nullptr;
+  return body;
+}
+
+json usage_chunk(const ResponseContext& ctx, size_t prompt_tokens, size_t completion_tokens) {
+  json body = envelope(ctx, true);
+  body["choices"] = json::array();
+  body["usage"] = usage_json(prompt_tokens, completion_tokens);
+  return body;
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string sse_event(const json& j) { return "data: " + dump(j) + "\n\n"; }
+std::string sse_done() { return "data: [DONE]\n\n"; }
+
+}  // namespace fdpp::server

@@ -1,0 +1,115 @@
+// The OpenAI wire format, apart from sockets (llama-server keeps the same split: utils/formatting
+// vs. the HTTP routes): request bodies of /v1/completions and /v1/chat/completions parsed and
+// validated into a GenerationRequest, and the response bodies and server-sent-event chunks built
+// from scheduler results. Everything here is a pure function of its inputs, so
+// tests/test_server_api.cpp checks it without a server.
+//
+// Validation policy: a field we do not implement is rejected by name (400, param = the field), never
+// silently ignored, except for fields that cannot change the output (user, metadata, store, ...) and
+// fields set to the value that means "off" (n = 1, logprobs = false, presence_penalty = 0, ...).
+// JSON null means "absent", as the OpenAI clients send it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fdpp::server {
+
+// Limits on what a client may ask for; each is checked before anything is allocated from it.
+struct ApiLimits {
+  int64_t max_body_bytes = 8 << 20;    // 8 MiB: more than a 128K-token prompt as text or as ids
+  int max_messages = 4096;             // chat messages in one request
+  int max_stop_strings = 16;           // OpenAI allows 4; the scheduler 16. Each is matched every token.
+  int max_stop_bytes = 256;            // bytes of one stop string (the scheduler's kMaxStopBytes)
+};
+
+// An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string param = {}, std::string type = {}, std::string code = {});
+  int status;
+  std::string param;  // the request field at fault ("" -> null)
+  std::string type;   // invalid_request_error, authentication_error, not_found_error, ...
+  std::string code;   // "" -> null
+};
+nlohmann::json error_body(const ApiError& e);
+
+// What the server serves: the id clients name it by (the file or directory name), and the other
+// names accepted for it (the path as given and as resolved).
+struct ModelInfo {
+  std::string id;
+  std::vector<std::string> aliases;
+  int max_context = 0;      // tokens per sequence (prompt + generated)
+  int32_t vocab_size = 0;
+  int64_t created = 0;      // unix time the server started
+};
+nlohmann::json models_body(const ModelInfo& model);
+
+// Turns text and conversations into token ids. The server wires these to the model's Tokenizer
+// (prompt_codec_for); tests pass fakes.
+struct PromptCodec {
+  std::function<std::vector<int32_t>(std::string_view text)> encode;
+  // Renders messages with the chat template and the generation prompt, then encodes them.
+  std::function<std::vector<int32_t>(std::span<const ChatMessage> messages)> encode_chat;
+};
+// A codec over a tokenizer: completions text as `fdpp generate --prompt` encodes it (BOS by the
+// model's default, special-token text parsed); chat through apply_chat_template, as
+// `fdpp generate --chat` does (no second BOS when the template writes one).
+PromptCodec prompt_codec_for(const Tokenizer& tokenizer);
+
+enum class Endpoint { Completions, Chat };
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::Completions;
+  GenerationRequest generation;
+  bool stream = false;
+  bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
+  bool return_token_ids = false; // extension (vLLM's name): token ids beside the text
+  bool seed_given = false;       // false: the caller draws a seed (OpenAI: random per request)
+};
+
+// Parses a request body. Throws ApiError (4xx) naming the field for anything invalid or
+// unsupported; the prompt is encoded with `codec` and checked against the model's context and
+// vocabulary. Sampling defaults follow OpenAI: temperature 1, top_p 1, no top-k / min-p /
+// repetition penalty; max_tokens defaults to 16 for completions (OpenAI's legacy default) and to
+// the rest of the context for chat.
+nlohmann::json parse_json_body(std::string_view body, const ApiLimits& limits);
+ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const ModelInfo& model,
+                            const PromptCodec& codec, const ApiLimits& limits);
+
+// The non-streamed response body and the streamed chunks of one request.
+struct ResponseContext {
+  Endpoint endpoint = Endpoint::Completions;
+  std::string id;          // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;
+  std::string model;
+  bool return_token_ids = false;
+};
+std::string response_id(Endpoint endpoint, uint64_t serial);
+// finish_reason as OpenAI spells it: "stop" or "length" (cancelled/error never reach a client).
+nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens);
+nlohmann::json completion_body(const ResponseContext& ctx, const GenerationResult& result);
+// A chunk carrying new text (finish_reason null), or the last chunk of the choice (finish_reason
+// set, text usually empty). Chat's first chunk carries the role (first = true).
+nlohmann::json stream_chunk(const ResponseContext& ctx, std::string_view text, std::span<const int32_t> tokens,
+                            const std::string& finish_reason, bool first, bool include_usage_null);
+// stream_options.include_usage: the extra last chunk with empty choices and the usage.
+nlohmann::json usage_chunk(const ResponseContext& ctx, size_t prompt_tokens, size_t completion_tokens);
+// "data: <json>\n\n" (invalid UTF-8 replaced, never thrown on); sse_done() is "data: [DONE]\n\n".
+std::string sse_event(const nlohmann::json& j);
+std::string sse_done();
+// JSON text for a response body (invalid UTF-8 replaced).
+std::string dump(const nlohmann::json& j);
+
+}  // namespace fdpp::server

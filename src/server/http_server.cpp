@@ -1,0 +1,322 @@
+#include "server/http_server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <deque>
+
+#include "fdpp/error.h"
+
+namespace fdpp::server {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// What the engine thread hands a request's HTTP thread: text and token ids not yet sent (deltas
+// arriving while the HTTP thread writes are merged into one chunk), and the result at the end.
+struct Channel {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::string text;
+  std::vector<int32_t> tokens;
+  bool finished = false;
+  GenerationResult result;
+  Clock::time_point last_delta{};
+  bool had_delta = false;
+};
+
+GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Metrics& metrics) {
+  GenerationCallbacks cb;
+  cb.on_delta = [ch, &metrics](uint64_t, std::string_view text, std::span<const int32_t> tokens) {
+    const Clock::time_point now = Clock::now();
+    {
+      std::lock_guard lock(ch->mutex);
+      ch->text.append(text);
+      ch->tokens.insert(ch->tokens.end(), tokens.begin(), tokens.end());
+      if (ch->had_delta)
+        metrics.observe_inter_token(std::chrono::duration<double>(now - ch->last_delta).count(), tokens.size());
+      ch->last_delta = now;
+      ch->had_delta = true;
+    }
+    ch->cv.notify_all();
+  };
+  cb.on_finish = [ch, &metrics](const GenerationResult& r) {
+    metrics.observe_finished(r);
+    {
+      std::lock_guard lock(ch->mutex);
+      ch->result = r;
+      ch->finished = true;
+    }
+    ch->cv.notify_all();
+  };
+  return cb;
+}
+
+// Keep-alive comment of an idle stream (SSE ignores lines starting with ':'): it is also how a
+// client that went away while its request waits in the queue is noticed (the write fails).
+constexpr auto kStreamIdle = std::chrono::seconds(1);
+
+}  // namespace
+
+HttpServer::HttpServer(ServerOptions options)
+    : options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+  std::random_device rd;
+  seed_rng_.seed((static_cast<uint64_t>(rd()) << 32) ^ rd());
+  serial_ = seed_rng_();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+uint64_t HttpServer::next_seed() {
+  std::lock_guard lock(seed_mutex_);
+  return seed_rng_();
+}
+
+void HttpServer::reply_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  if (e.status == 503 || e.status == 429) res.set_header("Retry-After", std::to_string(options_.retry_after_seconds));
+  res.set_content(dump(error_body(e)), "application/json");
+}
+
+void HttpServer::in_flight_done() {
+  {
+    std::lock_guard lock(in_flight_mutex_);
+    --in_flight_;
+  }
+  in_flight_cv_.notify_all();
+}
+
+void HttpServer::start(std::function<void()> on_listen_exit) {
+  route();
+  const int threads = options_.http_threads;
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http_->set_payload_max_length(static_cast<size_t>(options_.limits.max_body_bytes));
+  if (options_.port == 0) {
+    port_ = http_->bind_to_any_port(options_.host);
+    check(port_ > 0, "cannot listen on {} (any port)", options_.host);
+  } else {
+    check(http_->bind_to_port(options_.host, options_.port), "cannot listen on {}:{} (in use, or not an address of this machine?)",
+          options_.host, options_.port);
+    port_ = options_.port;
+  }
+  listen_thread_ = std::thread([this, on_listen_exit = std::move(on_listen_exit)] {
+    http_->listen_after_bind();
+    if (!stopping_.load() && on_listen_exit) on_listen_exit();
+  });
+}
+
+void HttpServer::attach(Scheduler& scheduler, ModelInfo model, PromptCodec codec) {
+  scheduler_ = &scheduler;
+  model_ = std::move(model);
+  codec_ = std::move(codec);
+  ready_.store(true);  // publishes the three above to the HTTP threads (seq_cst)
+}
+
+void HttpServer::drain() {
+  draining_.store(true);
+  if (scheduler_) scheduler_->stop(/*drain=*/true);
+  std::unique_lock lock(in_flight_mutex_);
+  in_flight_cv_.wait(lock, [this] { return in_flight_ == 0; });
+}
+
+void HttpServer::stop() {
+  if (stopping_.exchange(true)) return;
+  if (http_) http_->stop();
+  if (listen_thread_.joinable()) listen_thread_.join();
+}
+
+void HttpServer::route() {
+  httplib::Server& s = *http_;
+
+  // API key: only the OpenAI routes are protected (as vLLM does); /health and /metrics stay open
+  // for probes and scrapers.
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.api_key.empty() || !req.path.starts_with("/v1/")) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string want = "Bearer " + options_.api_key;
+    // Compared in time independent of where the first difference is.
+    bool same = auth.size() == want.size();
+    unsigned diff = 0;
+    for (size_t i = 0; same && i < want.size(); ++i) diff |= static_cast<unsigned char>(auth[i] ^ want[i]);
+    if (same && diff == 0) return httplib::Server::HandlerResponse::Unhandled;
+    reply_error(res, ApiError(401,
+                              auth.empty() ? "missing API key: send the header 'Authorization: Bearer <key>'"
+                                           : "incorrect API key",
+                              "", "authentication_error", "invalid_api_key"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+
+  // Errors httplib answers itself (unknown route, body over the limit, unparsable request line)
+  // get the OpenAI error body; responses that already have one keep it.
+  s.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string msg;
+    switch (res.status) {
+      case 404: msg = fmt::format("no route {} {}", req.method, req.path); break;
+      case 413: msg = fmt::format("the request body exceeds the limit of {} bytes", options_.limits.max_body_bytes); break;
+      default: msg = fmt::format("HTTP {}", res.status);
+    }
+    res.set_content(dump(error_body(ApiError(res.status, msg))), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    reply_error(res, ApiError(500, fmt::format("internal error: {}", what)));
+  });
+  s.set_logger([this](const httplib::Request&, const httplib::Response& res) { metrics_.count_http(res.status); });
+
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const char* status = draining_ ? "draining" : ready_ ? "ok" : "loading";
+    res.status = ready_ && !draining_ ? 200 : 503;
+    if (res.status == 503) res.set_header("Retry-After", std::to_string(options_.retry_after_seconds));
+    res.set_content(dump(json{{"status", status}}), "application/json");
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    const SchedulerStats stats = ready_ ? scheduler_->stats() : SchedulerStats{};
+    res.set_content(metrics_.render(stats, ready_), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    if (!ready_) return reply_error(res, ApiError(503, "the model is loading"));
+    res.set_content(dump(models_body(model_)), "application/json");
+  });
+  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(Endpoint::Completions, req, res);
+  });
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(Endpoint::Chat, req, res);
+  });
+}
+
+void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+  if (!ready_) return reply_error(res, ApiError(503, "the model is loading"));
+  if (draining_) {
+    res.set_header("Connection", "close");
+    return reply_error(res, ApiError(503, "the server is shutting down"));
+  }
+  ParsedRequest p;
+  try {
+    p = parse_request(endpoint, parse_json_body(req.body, options_.limits), model_, codec_, options_.limits);
+  } catch (const ApiError& e) {
+    return reply_error(res, e);
+  }
+  if (!p.seed_given) p.generation.sampling.seed = next_seed();  // OpenAI: unseeded requests differ
+
+  ResponseContext ctx;
+  ctx.endpoint = endpoint;
+  ctx.id = response_id(endpoint, serial_.fetch_add(1));
+  ctx.created = static_cast<int64_t>(std::time(nullptr));
+  ctx.model = model_.id;
+  ctx.return_token_ids = p.return_token_ids;
+
+  auto ch = std::make_shared<Channel>();
+  {
+    std::lock_guard lock(in_flight_mutex_);
+    ++in_flight_;
+  }
+  uint64_t id = 0;
+  try {
+    id = scheduler_->submit(std::move(p.generation), callbacks_for(ch, metrics_));
+  } catch (const QueueFullError& e) {
+    in_flight_done();
+    metrics_.count_rejected_queue_full();
+    return reply_error(res, ApiError(503, fmt::format("the server is busy: {}", e.what()), "", "server_busy_error",
+                                     "queue_full"));
+  } catch (const fdpp::Error& e) {
+    in_flight_done();
+    // After stop() the scheduler refuses everything; otherwise this is a request it can never run.
+    if (draining_) return reply_error(res, ApiError(503, "the server is shutting down"));
+    return reply_error(res, ApiError(400, e.what()));
+  }
+
+  if (!p.stream) {
+    GenerationResult r;
+    {
+      std::unique_lock lock(ch->mutex);
+      ch->cv.wait(lock, [&] { return ch->finished; });
+      r = std::move(ch->result);
+    }
+    in_flight_done();
+    if (r.finish_reason == "error") return reply_error(res, ApiError(500, fmt::format("generation failed: {}", r.error)));
+    if (r.finish_reason == "cancelled") return reply_error(res, ApiError(503, "the request was cancelled"));
+    res.set_content(dump(completion_body(ctx, r)), "application/json");
+    return;
+  }
+
+  struct StreamState {
+    std::shared_ptr<Channel> ch;
+    ResponseContext ctx;
+    uint64_t id = 0;
+    bool include_usage = false;
+    bool first = true;
+    bool done = false;
+  };
+  auto st = std::make_shared<StreamState>();
+  st->ch = ch;
+  st->ctx = ctx;
+  st->id = id;
+  st->include_usage = p.include_usage;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");  // proxies (nginx) must not buffer the events
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, st](size_t, httplib::DataSink& sink) -> bool {
+        std::string out;
+        // Chat sends the role at once, before the first token (as OpenAI and vLLM do).
+        if (st->first && st->ctx.endpoint == Endpoint::Chat) {
+          out = sse_event(stream_chunk(st->ctx, "", {}, "", true, st->include_usage));
+          st->first = false;
+        }
+        std::string text;
+        std::vector<int32_t> tokens;
+        bool finished = false;
+        GenerationResult r;
+        if (out.empty()) {
+          std::unique_lock lock(st->ch->mutex);
+          st->ch->cv.wait_for(lock, kStreamIdle,
+                              [&] { return st->ch->finished || !st->ch->text.empty() || !st->ch->tokens.empty(); });
+          text.swap(st->ch->text);
+          tokens.swap(st->ch->tokens);
+          finished = st->ch->finished;
+          if (finished) r = st->ch->result;
+        }
+        if (!text.empty() || !tokens.empty()) {
+          out += sse_event(stream_chunk(st->ctx, text, tokens, "", st->first, st->include_usage));
+          st->first = false;
+        }
+        if (finished) {
+          if (r.finish_reason == "error" || r.finish_reason == "cancelled") {
+            const std::string msg = r.finish_reason == "error" ? "generation failed: " + r.error : "the request was cancelled";
+            out += sse_event(error_body(ApiError(r.finish_reason == "error" ? 500 : 503, msg)));
+          } else {
+            out += sse_event(stream_chunk(st->ctx, "", {}, r.finish_reason, false, st->include_usage));
+            if (st->include_usage) out += sse_event(usage_chunk(st->ctx, r.prompt.size(), r.token_ids.size()));
+          }
+          out += sse_done();
+        }
+        if (out.empty()) out = ": keep-alive\n\n";
+        if (!sink.write(out.data(), out.size())) return false;  // the releaser cancels
+        if (finished) {
+          st->done = true;
+          sink.done();
+        }
+        return true;
+      },
+      // Called when the response is over, written or not: a stream that ended early (client gone,
+      // write timeout) cancels its request, so its KV blocks are free after the next step.
+      [this, st](bool) {
+        if (!st->done) scheduler_->cancel(st->id);
+        in_flight_done();
+      });
+}
+
+}  // namespace fdpp::server

@@ -1,0 +1,97 @@
+// The HTTP side of `fdpp serve` (cpp-httplib): routes, API-key check, request -> scheduler ->
+// response / server-sent events, and the shutdown order. The wire format lives in api.h, the
+// Prometheus text in metrics.h; the scheduler runs on its own engine thread (tools/fdpp/serve.cpp
+// starts it), and every HTTP connection has a thread of the pool.
+//
+// Lifecycle: start() listens at once (GET /health answers 503 "loading" while the model loads);
+// attach() hands over the loaded model's scheduler; drain() refuses new requests (503), lets the
+// scheduler finish what it holds and waits for every response to be written; stop() closes.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "engine/scheduler.h"
+#include "server/api.h"
+#include "server/metrics.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace fdpp::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;           // 0: any free port (port() tells which)
+  std::string api_key;       // non-empty: /v1/* need "Authorization: Bearer <key>"
+  // HTTP worker threads. A streamed response holds its thread until it ends, so this bounds the
+  // requests in flight (more connections wait in the pool's queue, unanswered until one ends).
+  int http_threads = 64;
+  int retry_after_seconds = 1;  // Retry-After of 503 answers (queue full, loading, draining)
+  ApiLimits limits;
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(ServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds host:port (throws fdpp::Error naming them) and serves on a thread of its own.
+  // on_listen_exit is called on that thread if the listening loop ends before stop().
+  void start(std::function<void()> on_listen_exit = {});
+  int port() const { return port_; }
+  // The model is loaded: requests go to `scheduler` from now on.
+  void attach(Scheduler& scheduler, ModelInfo model, PromptCodec codec);
+  bool ready() const { return ready_.load(); }
+  // SIGTERM: new requests get 503, the scheduler finishes the running and queued requests
+  // (Scheduler::stop(drain = true); its run() returns), and this returns once every response has
+  // been written (or its client has gone). The caller joins the engine thread, then calls stop().
+  void drain();
+  // Closes the listening socket and joins the HTTP threads.
+  void stop();
+
+  Metrics& metrics() { return metrics_; }
+
+ private:
+  enum class Phase { Loading, Ready, Draining };
+  void route();
+  void handle_generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  void reply_error(httplib::Response& res, const ApiError& e);
+  uint64_t next_seed();
+  void in_flight_done();
+
+  ServerOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread listen_thread_;
+  int port_ = 0;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> stopping_{false};
+
+  Scheduler* scheduler_ = nullptr;  // set once by attach(), before ready_
+  ModelInfo model_;
+  PromptCodec codec_;
+  Metrics metrics_;
+
+  std::atomic<uint64_t> serial_;
+  std::mutex seed_mutex_;
+  std::mt19937_64 seed_rng_;
+
+  // Generation requests between arrival and their last byte written: drain() waits for zero.
+  std::mutex in_flight_mutex_;
+  std::condition_variable in_flight_cv_;
+  int64_t in_flight_ = 0;
+};
+
+}  // namespace fdpp::server

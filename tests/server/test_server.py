@@ -1,0 +1,253 @@
+"""fdpp serve end to end on the CPU with the default model (SmolLM2-135M-Instruct): the official
+openai client for the happy paths, plain HTTP (httpx) for errors, cancellation, overload and
+shutdown. Outputs are kept short (a few tokens) so the file runs in about a minute on 2 cores."""
+import concurrent.futures
+import functools
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from conftest import FDPP, start
+
+N = 8  # tokens per request where the length does not matter
+
+
+def client(server, **kw):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def generate_reference(prompt, n, chat=False):
+    """What `fdpp generate --temperature 0` makes of the same prompt: token ids and text. Run one at
+    a time: several OpenMP processes on 2 cores slow each other down by orders of magnitude."""
+    args = [FDPP, "generate", "--device", "cpu", "--prompt", prompt, "-n", str(n), "--temperature", "0", "--json"]
+    if chat:
+        args.append("--chat")
+    out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=120).stdout
+    j = json.loads(out)
+    return j["token_ids"], j["text"]
+
+
+def sse_events(response):
+    """The data of each server-sent event of an httpx streaming response, [DONE] included."""
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            yield line[len("data: "):]
+
+
+def test_health_and_models(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    models = client(server).models.list().data
+    assert [m.id for m in models] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+
+
+def test_completion(server):
+    c = client(server)
+    r = c.completions.create(model=server.model_id, prompt="The capital of France is", max_tokens=N, temperature=0)
+    ids, text = generate_reference("The capital of France is", N)
+    assert r.choices[0].text == text
+    assert r.choices[0].finish_reason == ("length" if len(ids) == N else "stop")
+    assert r.usage.completion_tokens == len(ids)
+    assert r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + len(ids)
+    assert r.object == "text_completion" and r.id.startswith("cmpl-")
+
+
+def test_completion_token_ids_prompt_and_stop(server):
+    c = client(server)
+    ids, text = generate_reference("One, two, three, four,", N)
+    prompt_ids = c.completions.create(model=server.model_id, prompt="One, two, three, four,", max_tokens=1,
+                                      temperature=0, extra_body={"return_token_ids": True}).choices[0].prompt_token_ids
+    # The same prompt as token ids gives the same tokens.
+    r = c.completions.create(model=server.model_id, prompt=prompt_ids, max_tokens=N, temperature=0,
+                             extra_body={"return_token_ids": True})
+    assert r.choices[0].token_ids == ids and r.choices[0].text == text
+    # A stop string cuts the text before it and finishes with "stop".
+    stop = text.strip()[:3]
+    r = c.completions.create(model=server.model_id, prompt="One, two, three, four,", max_tokens=N, temperature=0,
+                             stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == text[: text.index(stop)]
+
+
+def test_chat_and_stream(server):
+    c = client(server)
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    r = c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=N, temperature=0)
+    ids, text = generate_reference("What is 2 + 2?", N, chat=True)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == text
+    assert r.usage.completion_tokens == len(ids)
+    # Streamed: role first, pieces that add up to the same text, usage last, then [DONE].
+    chunks = list(c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=N, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(ids)
+    with httpx.stream("POST", server.url + "/v1/chat/completions",
+                      json={"messages": msgs, "max_tokens": 2, "stream": True}) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        assert list(sse_events(resp))[-1] == "[DONE]"
+
+
+def test_32_concurrent_streams_match_generate(server):
+    # 4 prompts, 8 requests each, in one burst: the batch mixes prefill and decode rows of
+    # different sequences at different positions, and every row must still equal the lone run.
+    prompts = [f"Write the number {i} in words:" for i in range(4)]
+    refs = {p: tuple(generate_reference(p, N)) for p in prompts}
+    c = client(server)
+
+    def stream(i):
+        p = prompts[i % len(prompts)]
+        ids, text = [], ""
+        for ch in c.completions.create(model=server.model_id, prompt=p, max_tokens=N, temperature=0, stream=True,
+                                       extra_body={"return_token_ids": True}):
+            text += ch.choices[0].text
+            ids += ch.choices[0].token_ids or []
+        return p, ids, text
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(stream, range(32)))
+    assert len(results) == 32
+    for p, ids, text in results:
+        assert (tuple(ids), text) == (tuple(refs[p][0]), refs[p][1]), p
+
+
+def test_cancelled_stream_frees_kv_blocks(server):
+    body = {"prompt": "Tell me a long story.", "max_tokens": 400, "ignore_eos": True, "stream": True, "temperature": 0}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as resp:
+        events = sse_events(resp)
+        for _ in range(3):
+            next(events)
+        m = server.metrics()
+        assert m["fdpp_requests_running"] == 1 and m["fdpp_kv_blocks_used"] > 0
+    # The client is gone: the request is cancelled and its blocks return by the next step.
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        m = server.metrics()
+        if m["fdpp_requests_running"] == 0 and m["fdpp_kv_blocks_used"] == 0:
+            break
+        time.sleep(0.1)
+    assert m["fdpp_requests_running"] == 0 and m["fdpp_kv_blocks_used"] == 0, m
+    assert m.get('fdpp_requests_finished_total{finish_reason="cancelled"}', 0) >= 1
+
+
+BAD = [
+    # (path, body (str: sent as is), status, param)
+    ("/v1/completions", "{not json", 400, None),
+    ("/v1/completions", "[1, 2]", 400, None),
+    ("/v1/completions", "[" * 200000, 400, None),  # deep nesting: no stack overflow
+    ("/v1/completions", b'{"prompt": "\xff\xfe"}', 400, None),  # invalid UTF-8
+    ("/v1/completions", "", 400, None),
+    ("/v1/completions", {"max_tokens": 4}, 400, "prompt"),
+    ("/v1/chat/completions", {"max_tokens": 4}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    ("/v1/completions", {"prompt": 42}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": -5}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 10**12}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "8"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": [1] * 600, "max_tokens": 4}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "word " * 600, "max_tokens": 4}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1, 10**9]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 2}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"prompt": "hi", "model": "gpt-4o"}, 404, "model"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "best_of": 3}, 400, "best_of"),
+    ("/v1/completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"1": 5}}, 400, "logit_bias"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     400, "tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}, 400, "frobnicate"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD, ids=[f"{b[3]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_request(server, path, body, status, param):
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    r = httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+
+
+def test_body_limit_and_unknown_route_then_still_serving(server):
+    big = b'{"prompt": "' + b"a" * (9 << 20) + b'"}'
+    r = httpx.post(server.url + "/v1/completions", content=big, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+    r = httpx.get(server.url + "/v1/nope")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert httpx.post(server.url + "/v1/embeddings", json={}).status_code == 404
+    r = client(server).completions.create(model=server.model_id, prompt="Hello", max_tokens=2)
+    assert r.usage.completion_tokens >= 1
+
+
+def test_api_key_and_full_queue():
+    # One running sequence and two waiting: a burst of 12 must see 503s.
+    s = start("--api-key", "sekret", "--max-num-seqs", "1", "--max-waiting", "2", "--ctx-size", "256", api_key="sekret")
+    try:
+        assert httpx.post(s.url + "/v1/completions", json={"prompt": "hi"}).status_code == 401
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi"}, headers={"Authorization": "Bearer nope"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            client(s, api_key="wrong").models.list()
+        assert httpx.get(s.url + "/health").status_code == 200  # probes need no key
+        auth = {"Authorization": "Bearer sekret"}
+
+        def one(_):
+            return httpx.post(s.url + "/v1/completions", headers=auth, timeout=120,
+                              json={"prompt": "Count to ten:", "max_tokens": 8, "ignore_eos": True})
+
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            results = list(pool.map(one, range(12)))
+        codes = [r.status_code for r in results]
+        busy = [r for r in results if r.status_code == 503]
+        assert codes.count(503) >= 1 and codes.count(200) >= 1 and set(codes) <= {200, 503}, codes
+        assert busy and busy[0].headers["Retry-After"] == "1" and busy[0].json()["error"]["code"] == "queue_full"
+        r = client(s, api_key="sekret").completions.create(model=s.model_id, prompt="Hello", max_tokens=2)
+        assert r.usage.completion_tokens >= 1
+        m = s.metrics()
+        assert m["fdpp_requests_rejected_queue_full_total"] >= 1 and m["fdpp_requests_waiting"] == 0
+    finally:
+        s.stop()
+
+
+def test_sigterm_while_streaming_finishes_the_stream():
+    s = start("--ctx-size", "256")
+    events = []
+    with httpx.stream("POST", s.url + "/v1/completions", timeout=120,
+                      json={"prompt": "Once upon a time", "max_tokens": 12, "ignore_eos": True, "stream": True,
+                            "stream_options": {"include_usage": True}}) as resp:
+        it = sse_events(resp)
+        events.append(next(it))
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        # Draining: new requests are refused, the stream goes on.
+        try:
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+            assert r.status_code == 503
+        except httpx.TransportError:
+            pass
+        events.extend(it)
+    assert events[-1] == "[DONE]"
+    usage = json.loads(events[-2])["usage"]
+    assert usage["completion_tokens"] == 12
+    assert s.proc.wait(60) == 0
+    assert "stopped" in "".join(s.stderr)
