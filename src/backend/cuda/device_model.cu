@@ -1,7 +1,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "backend/cuda/device_model.h"
+// Only C++17 headers here (nvcc compiles CUDA sources as C++17; the model headers are C++20).
+#include "backend/cuda/check.h"
+#include "backend/cuda/kernels.h"
 
 namespace fdpp::cuda {
 

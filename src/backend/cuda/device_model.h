@@ -22,10 +22,6 @@ struct DeviceLayer {
   DeviceBuffer w_down, b_down;  // [H, FF]
 };
 
-// dst[i] = offset + scale * u_i with u_i uniform in [-1, 1), a counter-based hash of (seed, i):
-// the same seed gives the same values whatever the launch shape.
-void fill_random(void* dst, int64_t n, DType dtype, float scale, float offset, uint64_t seed, cudaStream_t stream);
-
 class DeviceModel {
  public:
   DeviceModel(const ModelConfig& config, const DecoderWeights& weights, DType dtype);
