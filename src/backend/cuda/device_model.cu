@@ -3,8 +3,9 @@
 
 #include <type_traits>
 
+// Only C++17 headers here (nvcc compiles CUDA sources as C++17; the model headers are C++20).
 #include "backend/cuda/check.h"
-#include "backend/cuda/weight_convert.h"
+#include "backend/cuda/kernels.h"
 
 namespace fdpp::cuda {
 

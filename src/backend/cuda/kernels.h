@@ -26,6 +26,11 @@ bool programmatic_launch_enabled();
 // The GEMV and flat GEMM launches: FDPP_LINEAR_PDL=0|1 when set, else as above.
 bool linear_programmatic_launch_enabled();
 
+// ---- weights ---------------------------------------------------------------------------------
+// dst[i] = offset + scale * u_i with u_i uniform in [-1, 1), a counter-based hash of (seed, i):
+// the same seed gives the same values whatever the launch shape (random weights for benchmarks).
+void fill_random(void* dst, int64_t n, DType dtype, float scale, float offset, uint64_t seed, cudaStream_t stream);
+
 // ---- embedding ------------------------------------------------------------------------------
 // x[t, :] = table[ids[t], :] (+ pos_table[positions[t] + pos_offset, :] when pos_table != null),
 // written to the fp32 residual stream. table: [vocab, dim] 16-bit.

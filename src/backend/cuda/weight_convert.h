@@ -1,6 +1,6 @@
-// The weight kernels (device_model.cu: random fill; weight_convert.cu: the streaming loader's
-// conversions), declared for C++17 (.cu) callers, which cannot include model/ or io/ headers (C++20):
-// ggml type numbers instead of io/gguf.h's GgmlType. weight_streamer.h has the typed wrappers.
+// The streaming loader's conversion kernels (weight_convert.cu), declared for C++17 (.cu) callers,
+// which cannot include model/ or io/ headers (C++20): ggml type numbers instead of io/gguf.h's
+// GgmlType. weight_streamer.h has the typed wrappers.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,10 +33,6 @@ struct StreamStats {
   double seconds = 0;
 };
 
-
-// dst[i] = offset + scale * u_i with u_i uniform in [-1, 1), a counter-based hash of (seed, i):
-// the same seed gives the same values whatever the launch shape (DeviceModel::dummy).
-void fill_random(void* dst, int64_t n, DType dtype, float scale, float offset, uint64_t seed, cudaStream_t stream);
 
 bool gpu_converts_type(uint32_t ggml_type);
 void convert_stored_type(uint32_t ggml_type, const void* src, int64_t n, int64_t cols, int64_t permute_head_dim,
