@@ -24,6 +24,7 @@ struct StepCase {
   int head_dim;
   cuda::DType dtype;
   bool async;
+  int prefill_config = -1;  // -1: chosen per step (the engine's default)
 };
 
 class CudaStep : public ::testing::TestWithParam<StepCase> {};
@@ -43,6 +44,7 @@ TEST_P(CudaStep, MixedStepsMatchTheCpuEngine) {
   eo.max_prefill_tokens = 512;
   eo.kv_cache_tokens = 4096;
   eo.attention = p.async ? cuda::AttentionMode::Async : cuda::AttentionMode::Sync;
+  eo.prefill_attention_config = p.prefill_config;
   cuda::CudaEngine gpu(std::make_shared<const cuda::DeviceModel>(c, w, p.dtype), eo);
 
   const int S = 6;
@@ -78,7 +80,9 @@ TEST_P(CudaStep, MixedStepsMatchTheCpuEngine) {
     for (size_t k = 0; k < cb.rows.size(); ++k) {
       std::span<const float> a(co.logits.data() + k * c.vocab_size, c.vocab_size),
           b(go.logits.data() + k * c.vocab_size, c.vocab_size);
-      EXPECT_LE(test::nmse(b, a), bound) << "step " << st << " row " << k;
+      const double e = test::nmse(b, a);
+      EXPECT_LE(e, bound) << "step " << st << " row " << k << " (" << cb.rows[k].tokens.size() << " tokens)";
+      if (e > bound / 10) std::printf("step %zu row %zu: %zu tokens, NMSE %.3e\n", st, k, cb.rows[k].tokens.size(), e);
     }
   }
   for (int i = 0; i < S; ++i) EXPECT_EQ(gpu.sequence_length(gs[i]), len[i]);
@@ -88,11 +92,15 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaStep,
                          ::testing::Values(StepCase{"llama", 128, cuda::DType::F16, true},
                                            StepCase{"llama", 64, cuda::DType::BF16, true},
                                            StepCase{"chatglm", 128, cuda::DType::F16, false},
-                                           StepCase{"llama-tied", 64, cuda::DType::F16, false}),
+                                           StepCase{"llama-tied", 64, cuda::DType::F16, false},
+                                           StepCase{"llama-tied", 64, cuda::DType::F16, false, 0},
+                                           StepCase{"llama", 128, cuda::DType::F16, true, 0}),
                          [](const auto& info) {
                            std::string n = info.param.recipe + "_hd" + std::to_string(info.param.head_dim) +
                                            (info.param.dtype == cuda::DType::F16 ? "_f16" : "_bf16") +
-                                           (info.param.async ? "_async" : "_sync");
+                                           (info.param.async ? "_async" : "_sync") +
+                                           (info.param.prefill_config < 0 ? std::string()
+                                                                          : "_pc" + std::to_string(info.param.prefill_config));
                            for (auto& ch : n)
                              if (ch == '-') ch = '_';
                            return n;
