@@ -459,7 +459,7 @@ std::vector<DispatchRange> ranges_from_crossovers(int m1, int m2, const LinearLi
 // ---- the rule without a table ------------------------------------------------------------------
 //
 // GEMV for M <= kFallbackGemvMaxM = 1: measured on the H200 (Llama-2-7B fp16, ctx 1024, ms per
-// decode step, GEMV vs cuBLASLt in one run, docs/PERFORMANCE.md run 5): M=1 4.313 vs 4.466 (GEMV
+// decode step, GEMV vs cuBLASLt in one run, docs/performance-log.md run 5): M=1 4.313 vs 4.466 (GEMV
 // wins), M=2 5.000 vs 4.688 (loses), M=4 6.105 vs 5.093, M=8 8.573 vs 5.431. GEMV re-reads nothing
 // but its time grows with M (each weight is multiplied by M rows on CUDA cores).
 //

@@ -48,7 +48,7 @@ using detail::warp_max;
 using detail::warp_sum;
 
 // 8 warps, one CTA per SM at head_dim 128 (135 KB of shared memory). Measured on the H200 against
-// 4 warps (three CTAs per SM): no better anywhere, 10-50% slower at batch 1 (docs/PERFORMANCE.md).
+// 4 warps (three CTAs per SM): no better anywhere, 10-50% slower at batch 1 (docs/performance-log.md).
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 
@@ -224,7 +224,7 @@ __device__ __forceinline__ void attend_group(const DecodeArgs& a, int group_inde
   // Software pipeline per warp (two cp.async groups in flight): while the logits of tile t are
   // computed, V(t) is loading; while P.V(t) runs, K(t + 8) is loading; V(t + 8) is issued right
   // after P.V(t). Without it (load, wait, compute) the loads and the math of a warp never overlap
-  // and the kernel reached 61% of read bandwidth at GQA 32/8, B 1, L 64K (docs/PERFORMANCE.md).
+  // and the kernel reached 61% of read bandwidth at GQA 32/8, B 1, L 64K (docs/performance-log.md).
   int tile = tile_begin + warp;
   int64_t row = tile < tile_end ? key_row(tile) : 0;
   if (tile < tile_end) stage_rows(tile, row, k_cache, k_w, KS);
@@ -577,7 +577,7 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
   // Worked numbers on the H200 (132 SMs), 32 heads (MHA):
   //   batch 1, context 1024: C = 32, 32 tiles -> at most 4 splits; efficiency 0.24, 0.48, 0.73,
   //   0.97 for 1..4 splits -> 4 splits, 128 CTAs in one wave (measured without splits: 17 us,
-  //   32 of 132 SMs busy; see docs/PERFORMANCE.md).
+  //   32 of 132 SMs busy; see docs/performance-log.md).
   //   batch 1, context 64K: the best efficiency is 1.0 (33 splits, 1056 CTAs = 8 full waves);
   //   4 splits already give 0.97 -> 4 splits (fewer partials to write and add).
   //   batch 5, context 4K: C = 160: 1 split 0.61, 2 -> 0.81, 3 -> 0.91 -> 3 splits.

@@ -388,7 +388,7 @@ void launch_kernel(const FlatGemmPlan& p, const Args& args, cudaStream_t stream)
   detail::cuda_check(attr, "flat_gemm: cudaFuncSetAttribute");
   // Split-K launches stay ordinary: with programmatic launch the Llama-2-7B down projection
   // ([4096, 11008], 4 splits) measured 24.8 -> 29.0 us at M = 1 and the whole decode step +5%
-  // (docs/PERFORMANCE.md); FDPP_FLAT_SPLIT_PDL=1 lifts the exception for measurements.
+  // (docs/performance-log.md); FDPP_FLAT_SPLIT_PDL=1 lifts the exception for measurements.
   static const bool split_pdl = [] {
     const char* e = std::getenv("FDPP_FLAT_SPLIT_PDL");
     return e != nullptr && std::string(e) == "1";

@@ -22,7 +22,7 @@
 // The old one-row-per-warp kernel (4 loads in flight per lane) stays for K not a multiple of 8 or
 // unaligned pointers (gemv only; gemv_ex rejects them).
 // (cuBLAS at M = 1, measured on the H200 through torch, reaches 54% of read bandwidth on Llama-2-7B's
-// O projection [4096, 4096] and 70-86% on the others; see docs/PERFORMANCE.md.)
+// O projection [4096, 4096] and 70-86% on the others; see docs/performance-log.md.)
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/flat_gemm.h"
 

@@ -21,7 +21,7 @@ enum class DType { F16, BF16 };
 // decode attention, gemv, flat GEMM without split-K): each may start while the previous kernel
 // drains and waits for it on the device (cuda_common.cuh: pdl_wait). On by default, FDPP_PDL=0
 // turns it off: on the H200 it made every measured decode step faster, by 0.2-3.4% (Llama-2-7B,
-// Llama-3-8B, OPT-6.7B, ChatGLM2-6B at batch 1, 8, 32; docs/PERFORMANCE.md).
+// Llama-3-8B, OPT-6.7B, ChatGLM2-6B at batch 1, 8, 32; docs/performance-log.md).
 bool programmatic_launch_enabled();
 // The GEMV and flat GEMM launches: FDPP_LINEAR_PDL=0|1 when set, else as above.
 bool linear_programmatic_launch_enabled();
