@@ -5,7 +5,8 @@
 # The build travels with the call (CMake and the Debian -dev packages are on the development
 # machine, not the GPU machine):  here: bash scripts/build-gpu.sh   then run this there with
 # carry ["build-gpu"] (plus ".ref" parts of the default model for the greedy test, see below).
-#   FDPP_GPU_STAGES="tests sanitizer attention prefill ttft linear tune dataflow bench peers" (default: all but tune)
+#   FDPP_GPU_STAGES="tests sanitizer attention prefill ttft linear tune dataflow bench peers load python"
+#   (default: all but tune, load and python)
 # Only a few files come back from the device call: everything is written under $OUT/full and
 # packed into $OUT/full.tar.gz at the end, beside summary.md.
 set -uo pipefail
@@ -225,6 +226,30 @@ if [[ " $stages " == *" peers "* ]]; then
   PYTHONUNBUFFERED=1 python3 "$root/bench/peers/peers.py" "$root/configs/llama-2-7b.json" --batches "${FDPP_PEER_BATCHES:-1,8,32}" --context 1024 \
     --json "$OUT/peers_llama-2-7b.json" >"$OUT/peers.log" 2>&1 || log "peers failed: $(tail -2 "$OUT/peers.log")"
   { echo; grep -E '^\|' "$OUT/peers.log"; } | tee -a "$summary"
+fi
+
+if [[ " $stages " == *" load "* ]]; then
+  # Issue 14: full-size checkpoints through the streaming loader vs cat and transformers. The 7B
+  # checkpoint is kept for the python stage.
+  { echo; echo "### checkpoint load (bench/load_bench.sh)"; } | tee -a "$summary"
+  FDPP="$B/fdpp" LOAD_BENCH_SIZES="${FDPP_LOAD_SIZES:-7b}" LOAD_BENCH_KEEP=1 OUT="$OUT" bash "$root/bench/load_bench.sh" 2>&1 \
+    | tail -25 | tee -a "$summary"
+  cp "$OUT"/load_bench_generate_*.json "$OUT_TOP/" 2>/dev/null
+fi
+
+if [[ " $stages " == *" python "* ]]; then
+  # Issue 16: the package on the GPU (built here by scripts/build-python-gpu.sh, carried as
+  # .ref/python.tar.xz): the HF fixtures and GPU tests, then llm.generate over 256 prompts against
+  # fdpp bench at the same batch, on the 7B checkpoint of the load stage with Llama 2's tokenizer.
+  if [[ -f $root/.ref/python.tar.xz ]]; then tar xJf "$root/.ref/python.tar.xz" -C "$B"; fi
+  export PYTHONPATH="$B/python${PYTHONPATH:+:$PYTHONPATH}" FDPP_BIN="$B/fdpp"
+  d="${LOAD_BENCH_DIR:-/tmp/fdpp_load_bench}/llama-2-7b-random-bf16"
+  [[ -d $d ]] && cp "$root"/tests/fixtures/hf/tokenizers/spm_llama/tokenizer* "$d/"
+  (cd "$root/tests/python" && FDPP_TEST_DEVICE=cuda FDPP_TEST_INSTALL=0 CI= timeout 150 python3 -m pytest -q -rs -p no:cacheprovider \
+     test_logits.py test_gpu.py 2>&1 | tail -15) | tee "$OUT/pytest-gpu.txt" | tee -a "$summary"
+  { echo; echo "### llm.generate vs fdpp bench (bench/python_generate_bench.py)"; } | tee -a "$summary"
+  timeout 200 python3 "$root/bench/python_generate_bench.py" --model "$d" --fdpp "$B/fdpp" --batch 64 \
+    --json "$OUT/python_generate_bench.json" 2>&1 | tail -12 | tee -a "$summary"
 fi
 
 tar czf "$OUT_TOP/full.tar.gz" -C "$OUT_TOP" full && rm -rf "$OUT"
