@@ -35,7 +35,7 @@ def gpu_available() -> bool:
     # A tiny HF fixture, so that the probe needs no default model (the GPU machine may lack it).
     probe = ROOT / "tests" / "fixtures" / "hf" / "llama_gqa_hd128_f16"
     try:
-        fdpp.LLM(str(probe), device="cuda", max_num_seqs=1, kv_cache_tokens=256, max_model_len=256)
+        fdpp.LLM(str(probe), device="cuda", max_num_seqs=1, kv_cache_tokens=128, max_model_len=128)
     except fdpp.InvalidInputError:
         return False
     return True
