@@ -6,6 +6,9 @@
 // gguf::dequantize + half.h, with the q/k row permutation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -129,7 +132,9 @@ TEST_F(WeightStreamer, HfFixturesStreamToTheHostPathsBits) {
         EXPECT_EQ(stats.bytes, planned.plan.stored_bytes());
         EXPECT_GE(calls, stats.tensors);
         expect_same_model(*streamed, *reference);
-        if (o.read_threads == 3) {
+        // Logits where the CUDA engine runs the model (head_dim 64 and 128; the Mistral fixture's 16
+        // and others load, and their weights compare above, but do not run).
+        if (o.read_threads == 3 && (c.head_dim == 64 || c.head_dim == 128)) {
           const std::vector<int32_t> ids = {1, 5, 9, 2, 7};
           // Same weights; the logits may still differ in the last bits where cuBLASLt's timed
           // algorithm choice differs between the two runners.
@@ -162,7 +167,13 @@ TEST_F(WeightStreamer, GgufOfEveryTypeStreamsToTheHostPathsBits) {
       expect_same_model(*streamed, *reference);
       const std::vector<int32_t> ids = {3, 1, 4, 1, 5, 9, 2, 6};
       const auto a = logits_of(streamed, ids), b = logits_of(reference, ids);
-      EXPECT_LE(test::nmse(a, b), 1e-8);
+      // The file's blocks are random bytes (every type, scales included), so the model's logits can
+      // overflow: then both must, at the same places (the weights are bit-identical above).
+      if (std::all_of(b.begin(), b.end(), [](float x) { return std::isfinite(x); })) {
+        EXPECT_LE(test::nmse(a, b), 1e-8);
+      } else {
+        for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(std::isfinite(a[i]), std::isfinite(b[i])) << "logit " << i;
+      }
     }
   }
   fs::remove_all(dir);

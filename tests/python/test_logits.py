@@ -59,7 +59,13 @@ def test_hf_fixture_logits_match_transformers(fixture: Path, device, request):
     # As tests/test_hf_models.cpp: every position's logits against HF transformers' (NMSE <= 1e-6 in
     # fp32 on the CPU; the GPU computes in 16 bits, 5e-4 as the kernel tests), then greedy decoding.
     ref = json.loads((fixture / "reference.json").read_text())
-    llm = fdpp.LLM(fixture, device=device, kv_cache_tokens=4096)
+    try:
+        llm = fdpp.LLM(fixture, device=device, kv_cache_tokens=4096)
+    except fdpp.EngineError as e:
+        # The CUDA backend refuses some fixtures by name (head_dim 16/32, post-LN OPT).
+        if device == "cuda" and "CUDA backend" in str(e):
+            pytest.skip(str(e))
+        raise
     expected = np.load(fixture / ref["logits"])
     out = llm.logits(ref["ids"])
     assert out.shape == expected.shape
