@@ -123,30 +123,52 @@ ModelDescription describe_model(const std::string& path) {
   return describe_gguf(f);
 }
 
+namespace {
+// What load_model and plan_model both open for an HF directory: its config, its weights (headers
+// only), the description and the tokenizer (null for a bare checkpoint), checked against each other.
+struct OpenedHfModel {
+  HfConfig config;
+  std::shared_ptr<const WeightSource> source;
+  ModelDescription description;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+OpenedHfModel open_hf_model(const std::string& path) {
+  check_hf_directory(path);
+  OpenedHfModel m;
+  m.config = read_hf_config(path);
+  m.source = open_hf_weights(path);
+  m.description = describe_hf_model(m.config, *m.source);
+  m.tokenizer = load_hf_tokenizer(path, HfTokenizerHints{m.config.model_type, m.config.eos_token_ids,
+                                                         m.config.bos_token_id});
+  if (m.tokenizer != nullptr)
+    check(m.tokenizer->vocab_size() <= m.config.config.vocab_size,
+          "{}: tokenizer has {} tokens but the model's vocabulary ({}) is {}", path, m.tokenizer->vocab_size(),
+          m.config.config_path, m.config.config.vocab_size);
+  return m;
+}
+
+// A GGUF file's tokenizer, checked against the model's vocabulary.
+std::unique_ptr<Tokenizer> gguf_tokenizer(const std::string& path, const gguf::GgufFile& f, const ModelConfig& c) {
+  auto t = Tokenizer::from_gguf(f);
+  check(t->vocab_size() <= c.vocab_size, "{}: tokenizer has {} tokens but the model's vocabulary is {}", path,
+        t->vocab_size(), c.vocab_size);
+  return t;
+}
+}  // namespace
+
 LoadedModel load_model(const std::string& path, const ProgressFn& progress, const LoadOptions& options) {
   check(exists(path), "{}: no such file or directory", path);
+  LoadedModel m;
   if (is_directory(path)) {
-    check_hf_directory(path);
-    const HfConfig h = read_hf_config(path);
-    const auto source = open_hf_weights(path);
-    LoadedModel m;
-    m.description = describe_hf_model(h, *source);
-    m.tokenizer = load_hf_tokenizer(path, HfTokenizerHints{h.model_type, h.eos_token_ids, h.bos_token_id});
-    if (m.tokenizer != nullptr)
-      check(m.tokenizer->vocab_size() <= h.config.vocab_size,
-            "{}: tokenizer has {} tokens but the model's vocabulary ({}) is {}", path, m.tokenizer->vocab_size(),
-            h.config_path, h.config.vocab_size);
-    m.weights = load_hf_decoder(*source, h.config, hf_tensor_specs(h.config, *source), progress);
+    OpenedHfModel h = open_hf_model(path);
+    m.description = std::move(h.description);
+    m.tokenizer = std::move(h.tokenizer);
+    m.weights = load_hf_decoder(*h.source, h.config.config, hf_tensor_specs(h.config.config, *h.source), progress);
     return m;
   }
   const auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
-  const gguf::GgufFile& f = *file;
-  LoadedModel m;
-  m.description = describe_gguf(f);
-  m.tokenizer = Tokenizer::from_gguf(f);
-  check(m.tokenizer->vocab_size() <= m.description.config.vocab_size,
-        "{}: tokenizer has {} tokens but the model's vocabulary is {}", path, m.tokenizer->vocab_size(),
-        m.description.config.vocab_size);
+  m.description = describe_gguf(*file);
+  m.tokenizer = gguf_tokenizer(path, *file, m.description.config);
   m.weights = load_llama_gguf(file, m.description.config, progress, options.weights);
   return m;
 }
@@ -155,25 +177,16 @@ PlannedModel plan_model(const std::string& path) {
   check(exists(path), "{}: no such file or directory", path);
   PlannedModel m;
   if (is_directory(path)) {
-    check_hf_directory(path);
-    const HfConfig h = read_hf_config(path);
-    std::shared_ptr<const WeightSource> source = open_hf_weights(path);
-    m.description = describe_hf_model(h, *source);
-    m.tokenizer = load_hf_tokenizer(path, HfTokenizerHints{h.model_type, h.eos_token_ids, h.bos_token_id});
-    if (m.tokenizer != nullptr)
-      check(m.tokenizer->vocab_size() <= h.config.vocab_size,
-            "{}: tokenizer has {} tokens but the model's vocabulary ({}) is {}", path, m.tokenizer->vocab_size(),
-            h.config_path, h.config.vocab_size);
-    m.plan = plan_hf_weights(*source, hf_tensor_specs(h.config, *source));
-    m.plan.storage = std::move(source);  // the mappings and the read_f32 fallbacks point into it
+    OpenedHfModel h = open_hf_model(path);
+    m.description = std::move(h.description);
+    m.tokenizer = std::move(h.tokenizer);
+    m.plan = plan_hf_weights(*h.source, hf_tensor_specs(h.config.config, *h.source));
+    m.plan.storage = std::move(h.source);  // the mappings and the read_f32 fallbacks point into it
     return m;
   }
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
   m.description = describe_gguf(*file);
-  m.tokenizer = Tokenizer::from_gguf(*file);
-  check(m.tokenizer->vocab_size() <= m.description.config.vocab_size,
-        "{}: tokenizer has {} tokens but the model's vocabulary is {}", path, m.tokenizer->vocab_size(),
-        m.description.config.vocab_size);
+  m.tokenizer = gguf_tokenizer(path, *file, m.description.config);
   m.plan = plan_llama_gguf(file, m.description.config);
   return m;
 }

@@ -37,14 +37,22 @@ constexpr int kBlock = 16;
 
 }  // namespace
 
-int run_bench_attention(const BenchAttentionArgs& a) {
+namespace {
+// The GPUs to measure on, after the checks both benchmarks make of their arguments.
+std::vector<cuda::GpuInfo> checked_gpus(const BenchAttentionArgs& a) {
   std::string why;
-  const auto gpus = cuda::list_gpus(&why);
+  auto gpus = cuda::list_gpus(&why);
   check(!gpus.empty(), "fdpp bench-attention measures CUDA kernels: no usable GPU ({})", why);
   check(a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0, "--heads {} must be a multiple of --kv-heads {}",
         a.heads, a.kv_heads);
   check(a.head_dim == 64 || a.head_dim == 128, "--head-dim {} is not one of 64, 128", a.head_dim);
   check(a.dtype == "f16" || a.dtype == "bf16", "--dtype '{}' is not one of f16, bf16", a.dtype);
+  return gpus;
+}
+}  // namespace
+
+int run_bench_attention(const BenchAttentionArgs& a) {
+  const auto gpus = checked_gpus(a);
   check(!a.batches.empty() && !a.contexts.empty(), "bench-attention: give batch sizes and context lengths");
   for (const auto& m : a.modes) check(m == "async" || m == "sync", "--modes: '{}' is not one of async, sync", m);
   const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
@@ -161,13 +169,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
 // --prefill-config A,B,...: every listed tile configuration on the same points and inputs, each in
 // every mode, so one run compares them (docs/kernels/prefill_attention.md).
 int run_bench_prefill_attention(const BenchAttentionArgs& a) {
-  std::string why;
-  const auto gpus = cuda::list_gpus(&why);
-  check(!gpus.empty(), "fdpp bench-attention measures CUDA kernels: no usable GPU ({})", why);
-  check(a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0, "--heads {} must be a multiple of --kv-heads {}",
-        a.heads, a.kv_heads);
-  check(a.head_dim == 64 || a.head_dim == 128, "--head-dim {} is not one of 64, 128", a.head_dim);
-  check(a.dtype == "f16" || a.dtype == "bf16", "--dtype '{}' is not one of f16, bf16", a.dtype);
+  const auto gpus = checked_gpus(a);
   for (const auto& m : a.modes) check(m == "async" || m == "sync", "--modes: '{}' is not one of async, sync", m);
   std::vector<std::pair<int, int>> points;
   for (const auto& p : a.points) {
