@@ -1,7 +1,7 @@
 // Decode attention over the paged KV cache: one query token per sequence.
 //
-// Design (the plain, synchronized FlashDecoding-style kernel; the split-KV FlashDecoding++ kernel
-// with the unified max replaces it later):
+// Design of the one-pass kernel (the synchronized FlashDecoding-style softmax); the split-KV kernels
+// below (sync, and the asynchronized FlashDecoding++ one with the unified max) reuse its tiling:
 //   * One CTA per (sequence, kv head [, sub-group of 16 query heads when the group is larger]). It
 //     handles every query head of the GQA group, so each K/V vector is read from memory once for the
 //     whole group.

@@ -23,8 +23,9 @@ namespace fdpp::cuda {
 
 enum class Epilogue { Store, StoreF32, AddF32, SwiGLU };
 
-// ImplB: flat GEMM on tensor cores, M padded to 8 (not 64), K streamed through shared memory with
-// double buffering, split-K where N alone cannot fill the GPU. M in [1, kFlatGemmMaxM].
+// ImplB: flat GEMM on tensor cores, M padded to 8 (not 64), K streamed through shared memory by a
+// cp.async pipeline 3 to 6 stages deep (flat_gemm_plan), split-K where N alone cannot fill the GPU.
+// M in [1, kFlatGemmMaxM].
 constexpr int kFlatGemmMaxM = 64;
 // Bytes of device workspace flat_gemm needs for this shape (split-K partials and their
 // semaphores; 0 when the plan needs none). The workspace must be zeroed once before first use
@@ -48,12 +49,13 @@ struct FlatGemmPlan {
   size_t smem_bytes = 0;
   size_t workspace_bytes = 0;
 };
-// splits > 0 forces the split count (clamped to [1, k_tiles]); stages > 0 forces the depth (2..6).
+// splits > 0 forces the split count (clamped to [1, k_tiles]); stages > 0 forces the depth (the
+// compiled ones: 3, 4, 6; m_tiles 8 only 3).
 FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits = 0, int stages = 0);
 void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
                DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
-// Programmatic dependent launch: programmatic_launch_enabled() in kernels.h (FDPP_PDL=1). The GEMV
+// Programmatic dependent launch: programmatic_launch_enabled() in kernels.h (on unless FDPP_PDL=0). The GEMV
 // and flat GEMM read their first weights before waiting for the previous kernel, so the weight
 // stream overlaps its tail; x, y, bias and the workspace are touched only after the wait.
 
