@@ -327,6 +327,9 @@ class LLM:
         threads: CPU backend threads; None = $OMP_NUM_THREADS when set, else the physical cores.
         calibration: the unified-max calibration file (fdpp calibrate); None = looked up beside
             the model, then in fdpp's cache.
+        cpu_weights: on the CPU, "stored" multiplies GGUF weights in their stored format (8-bit
+            activations, as llama.cpp; the CLI's default) and "f32" dequantizes them to the exact
+            fp32 reference.
     """
 
     def __init__(
@@ -345,6 +348,7 @@ class LLM:
         cuda_graphs: bool = True,
         threads: Optional[int] = None,
         calibration: Optional[str] = None,
+        cpu_weights: str = "stored",
     ) -> None:
         if tensor_parallel != 1:
             raise _bad(f"tensor_parallel={tensor_parallel}: fdpp runs a model on one GPU for now (tensor_parallel=1)")
@@ -354,6 +358,8 @@ class LLM:
             raise _bad(f"dtype: {dtype!r} is not one of {', '.join(repr(k) for k in _DTYPES)}")
         if attention not in ("async", "sync"):
             raise _bad(f"attention: {attention!r} is not one of 'async', 'sync'")
+        if cpu_weights not in ("stored", "f32"):
+            raise _bad(f"cpu_weights: {cpu_weights!r} is not one of 'stored', 'f32'")
         if linear not in (None, "auto", "gemv", "flat", "cublas"):
             raise _bad(f"linear: {linear!r} is not one of None, 'auto', 'gemv', 'flat', 'cublas'")
         a = _core.CoreModelArgs()
@@ -372,6 +378,7 @@ class LLM:
         a.cuda_graphs = bool(cuda_graphs)
         a.threads = 0 if threads is None else _check_int("threads", threads, 1, 4096)
         a.calibration = "" if calibration is None else os.fspath(calibration)
+        a.cpu_weights = cpu_weights
         self._m = _core.CoreModel.load(a)
         self._tokenizer: Optional[Tokenizer] = None
 

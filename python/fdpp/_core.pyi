@@ -80,6 +80,7 @@ class CoreModelArgs:
     cuda_graphs: bool
     threads: int
     calibration: str
+    cpu_weights: str
     def __init__(self) -> None: ...
 
 class CoreTokenizer:

@@ -320,6 +320,7 @@ struct ModelArgs {
   bool cuda_graphs = true;
   int threads = 0;
   std::string calibration;
+  std::string cpu_weights = "stored";  // the CPU's weights: "stored" (the CLI's default fast path) or "f32"
 };
 
 std::shared_ptr<ModelState> load(const ModelArgs& a) {
@@ -343,7 +344,13 @@ std::shared_ptr<ModelState> load(const ModelArgs& a) {
         o.threads = a.threads;
         // "": the backend looks the unified-max calibration up beside the model, as the CLI's does.
         o.calibration = a.calibration;
-        st->model = load_model(st->path);
+        check(a.cpu_weights == "stored" || a.cpu_weights == "f32", "cpu_weights: '{}' is not one of stored, f32",
+              a.cpu_weights);
+        // The CLI's rule (cli_common.h): on the CPU, GGUF weights stay in their stored format unless
+        // f32 is asked for, so that both give the same tokens and logits.
+        LoadOptions load_options;
+        if (o.device == Device::Cpu && a.cpu_weights == "stored") load_options.weights = WeightForm::Stored;
+        st->model = load_model(st->path, {}, load_options);
         const int model_ctx = st->model.config().max_context;
         check(a.max_model_len <= model_ctx, "max_model_len {} exceeds the model's context length {}",
               a.max_model_len, model_ctx);
@@ -553,7 +560,8 @@ NB_MODULE(_core, m) {
       .def_rw("dispatch_table", &ModelArgs::dispatch_table)
       .def_rw("cuda_graphs", &ModelArgs::cuda_graphs)
       .def_rw("threads", &ModelArgs::threads)
-      .def_rw("calibration", &ModelArgs::calibration);
+      .def_rw("calibration", &ModelArgs::calibration)
+      .def_rw("cpu_weights", &ModelArgs::cpu_weights);
 
   nb::class_<ModelState>(m, "CoreModel")
       .def_static("load", &load, "args"_a)
