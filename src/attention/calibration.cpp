@@ -15,6 +15,7 @@
 #include "core/atomic_file.h"
 #include "backend/cpu/cpu_runner.h"
 #include "fdpp/error.h"
+#include "core/cache_dir.h"
 
 namespace fdpp {
 
@@ -84,13 +85,6 @@ Quantiles quantiles_of_hist(const std::vector<int64_t>& hist, float lo, float hi
     q[name] = std::clamp(center, lo, hi);
   }
   return q;
-}
-
-std::string cache_dir() {
-  if (const char* c = std::getenv("FDPP_CACHE"); c != nullptr && *c != '\0') return c;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') return std::string(x) + "/fdpp";
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return std::string(h) + "/.cache/fdpp";
-  return ".cache/fdpp";
 }
 
 uint64_t fnv1a(uint64_t h, const void* data, size_t n) {

@@ -12,6 +12,7 @@
 
 #include "core/atomic_file.h"
 #include "fdpp/error.h"
+#include "core/cache_dir.h"
 
 namespace fdpp {
 
@@ -181,14 +182,6 @@ ojson times_json(const ShapeTimes& t) {
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::string(v) : std::string();
-}
-
-std::string cache_root() {
-  // The same resolution as calibration files and the default model (src/attention/calibration.cpp).
-  if (const char* c = std::getenv("FDPP_CACHE"); c != nullptr && *c != '\0') return c;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') return std::string(x) + "/fdpp";
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return std::string(h) + "/.cache/fdpp";
-  return ".cache/fdpp";
 }
 
 std::string table_keys(const DispatchFile& f) {
@@ -532,7 +525,7 @@ std::string dispatch_path_beside(const std::string& model_path) {
   return model_path + ".fdpp-dispatch.json";
 }
 
-std::string dispatch_cache_dir() { return (fs::path(cache_root()) / "dispatch").string(); }
+std::string dispatch_cache_dir() { return (fs::path(cache_dir()) / "dispatch").string(); }
 
 std::string gpu_slug(const std::string& gpu) {
   std::string s;

@@ -12,6 +12,7 @@
 #include "model/hf_models.h"
 #include "model/llama.h"
 #include "tokenizer/hf_tokenizer.h"
+#include "core/cache_dir.h"
 
 namespace fdpp {
 
@@ -61,17 +62,7 @@ ModelDescription describe_gguf(const gguf::GgufFile& f) {
 
 std::string default_model_path() {
   if (const char* env = std::getenv("FDPP_MODEL"); env != nullptr && *env != '\0') return env;
-  std::string cache;
-  if (const char* c = std::getenv("FDPP_CACHE"); c != nullptr && *c != '\0') {
-    cache = c;
-  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
-    cache = std::string(x) + "/fdpp";
-  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    cache = std::string(home) + "/.cache/fdpp";
-  } else {
-    cache = ".cache/fdpp";
-  }
-  return cache + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return cache_dir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
 std::string resolve_model_path(const std::string& path) {
