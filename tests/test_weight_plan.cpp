@@ -117,11 +117,7 @@ TEST(WeightPlan, ChatGlmFusedTensorsSplitByRows) {
 TEST(WeightPlan, GgufOfEveryTypeGivesTheFp32LoadersWeights) {
   const auto dir = test::scratch_dir("weight_plan_gguf");
   const std::string path = (dir / "tiny.gguf").string();
-  {
-    const auto bytes = test::tiny_llama_gguf();
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  }
+  test::write_tiny_llama_gguf(path);
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
   const ModelConfig c = llama_config_from_gguf(*file);
   EXPECT_TRUE(c.qkv_bias);

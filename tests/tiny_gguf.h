@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,6 +66,15 @@ inline std::vector<gguf::GgmlType> tiny_gguf_matrix_types() {
 }
 
 // hidden 256 (K-quant rows), 4 heads of 64, 2 KV heads, ffn 512, 2 layers, vocab 300, untied.
+inline std::vector<uint8_t> tiny_llama_gguf();
+
+// The same, written to `path` (the tests that open it as a file).
+inline void write_tiny_llama_gguf(const std::string& path) {
+  const auto bytes = tiny_llama_gguf();
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
 inline std::vector<uint8_t> tiny_llama_gguf() {
   using G = gguf::GgmlType;
   const uint64_t H = 256, Q = 256, KV = 128, FF = 512, V = 300;

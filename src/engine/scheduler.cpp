@@ -55,6 +55,7 @@ struct Scheduler::Active {
   int preemptions = 0;
   bool done = false;
   bool discard_rest = false;      // a stop string ended the text
+  bool in_batch = false;          // has a row in the step being built
 };
 
 Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, const SchedulerOptions& options)
@@ -296,6 +297,7 @@ bool Scheduler::step() {
     r.history = a.tokens;
     batch.rows.push_back(r);
     row_owner.push_back(&a);
+    a.in_batch = true;
     --budget;
   }
   // Prefill chunks with the rest of the budget, in admission order.
@@ -303,7 +305,7 @@ bool Scheduler::step() {
     Active& a = *owner;
     const int remaining = static_cast<int>(a.tokens.size()) - a.computed;
     if (remaining <= 1 && !(remaining == 1 && a.computed == 0)) continue;
-    if (std::find(row_owner.begin(), row_owner.end(), &a) != row_owner.end()) continue;
+    if (a.in_batch) continue;
     if (budget <= 0 || static_cast<int>(batch.rows.size()) >= options_.max_num_seqs) break;
     const int n = std::min(remaining, budget);
     if (!engine_.reserve(a.seq, a.computed + n)) break;  // the next step, after decodes free or preempt
@@ -316,10 +318,12 @@ bool Scheduler::step() {
     r.history = a.tokens;
     batch.rows.push_back(r);
     row_owner.push_back(&a);
+    a.in_batch = true;
     budget -= n;
   }
   if (batch.rows.empty()) return true;  // only preemptions happened; the next step admits again
 
+  for (Active* a : row_owner) a->in_batch = false;
   StepOutput out;
   try {
     out = engine_.step(batch);

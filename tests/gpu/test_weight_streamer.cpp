@@ -149,11 +149,7 @@ TEST_F(WeightStreamer, HfFixturesStreamToTheHostPathsBits) {
 TEST_F(WeightStreamer, GgufOfEveryTypeStreamsToTheHostPathsBits) {
   const auto dir = test::scratch_dir("weight_streamer_gguf");
   const std::string path = (dir / "tiny.gguf").string();
-  {
-    const auto bytes = test::tiny_llama_gguf();
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  }
+  test::write_tiny_llama_gguf(path);
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
   const ModelConfig c = llama_config_from_gguf(*file);
   const DecoderWeights host = load_llama_gguf(*file, c, {});
