@@ -12,9 +12,11 @@
 #include "backend/cpu/cpu_engine.h"
 #include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/thread_pool.h"
+#include "engine/engine_runner.h"
 #include "fdpp/error.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
+#include "backend/cuda/tensor_parallel_engine.h"
 #include "backend/cuda/device_query.h"
 #endif
 
@@ -155,6 +157,29 @@ cuda::EngineOptions engine_options(const ModelConfig& config, const RunnerOption
   eo.dispatch_table = options.dispatch_table;
   return eo;
 }
+
+std::unique_ptr<Engine> tensor_parallel_engine(const ModelConfig& config, const DecoderWeights& weights,
+                                               const RunnerOptions& options, const EngineLimits& limits) {
+  cuda::EngineOptions eo = engine_options(config, options);
+  eo.max_batch = limits.max_step_rows;
+  eo.max_prefill_tokens = limits.max_step_tokens;
+  eo.block_size = limits.block_size;
+  if (limits.kv_cache_tokens > 0) eo.kv_cache_tokens = limits.kv_cache_tokens;
+  cuda::ShardSource source;
+  source.dtype = options.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
+  // Weights already in host memory (tests, formats without a plan) are sharded through a plan of
+  // the same tensors, so every path splits the same way.
+  WeightPlan in_memory;
+  if (options.plan == nullptr) in_memory = plan_from_weights(weights, config);
+  source.plan = options.plan != nullptr ? options.plan : &in_memory;
+  source.kv_tokens = eo.kv_cache_tokens > 0 ? eo.kv_cache_tokens : config.max_context / 8 + eo.block_size;
+  source.step_tokens = eo.max_prefill_tokens;
+  if (options.load_progress)
+    source.stream.progress = [&options](const cuda::StreamProgress& p) {
+      options.load_progress(p.tensors_done, p.tensors_total, p.bytes_done, p.bytes_total, p.seconds);
+    };
+  return std::make_unique<cuda::TensorParallelEngine>(config, options.tensor_parallel, source, eo);
+}
 }  // namespace
 #endif
 
@@ -163,10 +188,21 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
   check_dtype(options);
   const Device device = resolve_device(options.device);
   if (device == Device::Cpu) {
+    check(options.tensor_parallel == 1, "--tensor-parallel {} splits a model over GPUs; the CPU backend runs it whole",
+          options.tensor_parallel);
     prepare_cpu(config, options);
     return std::make_unique<CpuRunner>(config, weights, max_context);
   }
 #ifdef FDPP_HAVE_CUDA
+  if (options.tensor_parallel > 1) {
+    // One sequence on the tensor-parallel engine (the runner's steps are its forward calls).
+    EngineLimits limits;
+    limits.max_context = max_context;
+    limits.max_step_rows = 1;
+    limits.max_step_tokens = std::min(2048, max_context);
+    limits.kv_cache_tokens = options.kv_cache_tokens > 0 ? options.kv_cache_tokens : max_context;
+    return std::make_unique<EngineRunner>(tensor_parallel_engine(config, weights, options, limits), max_context);
+  }
   const int64_t kv_tokens = options.kv_cache_tokens > 0 ? options.kv_cache_tokens : max_context;
   return std::make_unique<cuda::CudaRunner>(device_model(config, weights, options, kv_tokens, max_context), max_context,
                                             engine_options(config, options));
@@ -180,10 +216,13 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeig
   check_dtype(options);
   const Device device = resolve_device(options.device);
   if (device == Device::Cpu) {
+    check(options.tensor_parallel == 1, "--tensor-parallel {} splits a model over GPUs; the CPU backend runs it whole",
+          options.tensor_parallel);
     prepare_cpu(config, options);
     return std::make_unique<CpuEngine>(config, weights, limits);
   }
 #ifdef FDPP_HAVE_CUDA
+  if (options.tensor_parallel > 1) return tensor_parallel_engine(config, weights, options, limits);
   // The CUDA engine's sequences may use the model's whole context (limits.max_context is the CPU's
   // cache bound); admission by KV blocks bounds what they hold together.
   cuda::EngineOptions eo = engine_options(config, options);

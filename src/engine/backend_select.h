@@ -48,6 +48,8 @@ struct RunnerOptions {
   // model, then in the cache. Read when unified_max_phi is empty. A file named here must exist, parse
   // and match the model (checked on every device, so that a wrong file is never silently ignored).
   std::string calibration;
+  // CUDA: split the model over this many GPUs of the host (-tp; model/tensor_parallel.h).
+  int tensor_parallel = 1;
 };
 
 // Sets the CPU backend's thread count by the rule of RunnerOptions::threads (make_runner and

@@ -28,6 +28,10 @@ const Engine::Sequence& Engine::sequence(int seq) const {
   return sequences_[seq];
 }
 
+bool Engine::is_live(int seq) const {
+  return seq >= 0 && seq < static_cast<int>(sequences_.size()) && sequences_[seq].live;
+}
+
 int Engine::create_sequence() {
   for (size_t i = 0; i < sequences_.size(); ++i)
     if (!sequences_[i].live) {

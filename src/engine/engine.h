@@ -103,6 +103,7 @@ class Engine {
   // Called when a sequence is released or truncated (the backend may drop storage).
   virtual void on_sequence_resized(int /*seq*/, int /*length*/) {}
   const Sequence& sequence(int seq) const;
+  bool is_live(int seq) const;  // false for a released (or never created) sequence
   // For backends' own single-sequence paths (the CUDA engine's prefill/decode): the tokens at
   // [length, length + n) were computed into blocks that reserve() had already made room for.
   void advance_sequence(int seq, int n);

@@ -106,12 +106,38 @@ int64_t WeightPlan::elements() const {
   return n;
 }
 
+WeightPlan plan_from_weights(const DecoderWeights& w, const ModelConfig& config) {
+  WeightPlan plan;
+  auto add = [&](WeightSlot s, int layer) {
+    const Tensor& t = slot_tensor(w, s, layer);
+    if (t.numel() == 0) return;
+    PlannedTensor p;
+    p.slot = s;
+    p.layer = is_layer_slot(s) ? layer : -1;
+    p.shape = t.shape;
+    p.src.name = is_layer_slot(s) ? fmt::format("layers.{}.{}", layer, slot_name(s)) : slot_name(s);
+    p.src.type = gguf::GgmlType::F32;
+    p.src.data = reinterpret_cast<const uint8_t*>(t.ptr());
+    p.src.n_bytes = static_cast<uint64_t>(t.numel()) * sizeof(float);
+    plan.tensors.push_back(std::move(p));
+  };
+  for (int s = 0; s < static_cast<int>(WeightSlot::AttnNorm); ++s) add(WeightSlot(s), -1);
+  for (int layer = 0; layer < config.n_layers; ++layer)
+    for (int s = static_cast<int>(WeightSlot::AttnNorm); s < kWeightSlots; ++s) add(WeightSlot(s), layer);
+  return plan;
+}
+
 DecoderWeights materialize_plan(const WeightPlan& plan, const ModelConfig& config) {
   DecoderWeights w;
   w.layers.resize(static_cast<size_t>(config.n_layers));
   for (const PlannedTensor& p : plan.tensors) {
     Tensor stored(p.shape);
-    if (p.src.data != nullptr) {
+    if (p.src.data != nullptr && p.stored_cols > 0) {
+      const int64_t rows = p.rows(), cols = p.cols();
+      for (int64_t r = 0; r < rows; ++r)
+        gguf::dequantize(p.src.type, p.src.data + r * p.stored_row_bytes() + p.col_byte_offset(),
+                         stored.ptr() + r * cols, static_cast<uint64_t>(cols));
+    } else if (p.src.data != nullptr) {
       check(p.numel() % static_cast<int64_t>(gguf::block_elements(p.src.type)) == 0,
             "{}: {} elements are not whole blocks of {}", p.src.name, p.numel(), gguf::type_name(p.src.type));
       gguf::dequantize(p.src.type, p.src.data, stored.ptr(), static_cast<uint64_t>(p.numel()));

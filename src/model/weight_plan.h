@@ -75,10 +75,22 @@ struct PlannedTensor {
   // GGUF's attn_q / attn_k: the rows of each of permute_heads heads are stored in llama.cpp's
   // order (see llama.cpp); slot row h*hd + j*hd/2 + i is stored row h*hd + 2i + j. 0: no permutation.
   int permute_heads = 0;
+  // A column slice (tensor parallelism splits o and down by their input): each stored row holds
+  // stored_cols elements and the slot takes columns [col_offset, col_offset + cols()) of it, whole
+  // blocks of src.type; src.data points at stored row 0, column 0 (src.n_bytes counts the slice
+  // only). 0: the stored rows are the slot's rows.
+  int64_t stored_cols = 0;
+  int64_t col_offset = 0;
 
   int64_t numel() const { return Tensor::numel_of(shape); }
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
   int64_t cols() const { return shape.size() < 2 ? 1 : numel() / shape[0]; }
+  // For a column slice: bytes from one stored row to the next, and from a row's start to the slice.
+  uint64_t stored_row_bytes() const { return bytes_of(stored_cols); }
+  uint64_t col_byte_offset() const { return bytes_of(col_offset); }
+  uint64_t bytes_of(int64_t elements) const {
+    return static_cast<uint64_t>(elements) / gguf::block_elements(src.type) * gguf::block_bytes(src.type);
+  }
 };
 
 struct WeightPlan {
@@ -97,6 +109,10 @@ inline int64_t planned_source_row(int64_t n, int64_t rows, int permute_heads) {
   const int64_t h = n / head_dim, r = n % head_dim, j = r / half, i = r % half;
   return h * head_dim + 2 * i + j;
 }
+
+// A plan over weights already in host memory (fp32 tensors, read in place; they must outlive it):
+// front ends that hold DecoderWeights shard them with the same code as a file plan.
+WeightPlan plan_from_weights(const DecoderWeights& weights, const ModelConfig& config);
 
 // Reads a plan into fp32 host tensors on the CPU (dequantizing and permuting as the GPU loader
 // does): tests compare it with the fp32 loaders, and it is the plan's reference semantics.

@@ -16,6 +16,7 @@
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/device_query.h"
+#include "backend/cuda/tensor_parallel_engine.h"
 #include "fdpp/error.h"
 #include "io/hf_config.h"
 #include "io/model_loader.h"
@@ -80,9 +81,14 @@ int run_bench(const BenchArgs& a) {
   size_t free0 = 0, total = 0;
   FDPP_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
 
-  auto model = std::make_shared<const cuda::DeviceModel>(
-      a.load_format == "dummy" ? cuda::DeviceModel::dummy(config, dtype, 1234)
-                               : cuda::DeviceModel::from_plan(config, loaded.plan, dtype));
+  const int tp = a.tensor_parallel;
+  check(tp == 1 || static_cast<int>(gpus.size()) >= tp, "--tensor-parallel {}: this machine has {} GPU{}", tp,
+        gpus.size(), gpus.size() == 1 ? "" : "s");
+  std::shared_ptr<const cuda::DeviceModel> model;
+  if (tp == 1)
+    model = std::make_shared<const cuda::DeviceModel>(a.load_format == "dummy"
+                                                          ? cuda::DeviceModel::dummy(config, dtype, 1234)
+                                                          : cuda::DeviceModel::from_plan(config, loaded.plan, dtype));
   cuda::EngineOptions eo;
   eo.max_batch = max_batch;
   eo.max_prefill_tokens = std::max({2048, max_prompt, a.mixed_chunk + max_batch});
@@ -113,8 +119,25 @@ int run_bench(const BenchArgs& a) {
   }
   eo.dispatch_table = a.dispatch_table;
   if (a.load_format != "dummy") eo.model_path = loaded.description.path;
-  cuda::CudaEngine engine(model, eo);
-  engine.randomize_kv_cache(99);
+  // One GPU, or the model split over tp GPUs (rank 0's GPU is the one whose memory is reported;
+  // every rank holds the same shapes).
+  std::unique_ptr<cuda::CudaEngine> single;
+  std::unique_ptr<cuda::TensorParallelEngine> split;
+  if (tp == 1) {
+    single = std::make_unique<cuda::CudaEngine>(model, eo);
+  } else {
+    cuda::ShardSource source;
+    source.plan = a.load_format == "dummy" ? nullptr : &loaded.plan;
+    source.dtype = dtype;
+    source.kv_tokens = eo.kv_cache_tokens;
+    source.step_tokens = eo.max_prefill_tokens;
+    split = std::make_unique<cuda::TensorParallelEngine>(config, tp, source, eo);
+    model = std::shared_ptr<const cuda::DeviceModel>(std::shared_ptr<void>(), &split->model(0));
+  }
+  Engine& engine = tp == 1 ? static_cast<Engine&>(*single) : *split;
+  cuda::CudaEngine& rank0 = tp == 1 ? *single : split->rank(0);
+  if (split) split->randomize_kv_cache(99);
+  else single->randomize_kv_cache(99);
   size_t free1 = 0;
   FDPP_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
 
@@ -122,9 +145,11 @@ int run_bench(const BenchArgs& a) {
   // table (only B rows of it are read) unless it doubles as the lm head.
   const uint64_t emb_bytes = model->tok_embeddings.bytes();
   const uint64_t streamed_weights =
-      model->bytes() - model->pos_embeddings.bytes() - (config.tied_embeddings ? 0 : emb_bytes);
-  const double kv_bytes_per_token = 2.0 * config.n_layers * config.kv_dim() * 2;
-  const double matmul_params = static_cast<double>(streamed_weights) / 2;
+      model->bytes() - model->pos_embeddings.bytes() - (config.tied_embeddings && tp == 1 ? 0 : emb_bytes);
+  // Per GPU: a rank reads its shard of the weights and its KV heads (the roofline is per GPU).
+  const ModelConfig& local = rank0.config();
+  const double kv_bytes_per_token = 2.0 * local.n_layers * local.kv_dim() * 2;
+  const double matmul_params = static_cast<double>(streamed_weights) / 2 * tp;
 
   nlohmann::json results = nlohmann::json::array();
   std::mt19937 rng(7);
@@ -166,12 +191,13 @@ int run_bench(const BenchArgs& a) {
     std::vector<int> seqs;
     for (int i = 0; i < b; ++i) {
       seqs.push_back(engine.create_sequence());
-      engine.reserve_for_benchmark(seqs.back(), ctx - half);
+      if (split) split->reserve_for_benchmark(seqs.back(), ctx - half);
+      else single->reserve_for_benchmark(seqs.back(), ctx - half);
     }
     std::vector<int32_t> tokens = random_ids(b, config.vocab_size, rng);
     const std::vector<int32_t> chunk_ids = random_ids(std::max(chunk, 1), config.vocab_size, rng);
     std::vector<double> secs;
-    const uint64_t rows0 = engine.attention_rows(), fallback0 = engine.attention_fallback_rows();
+    const uint64_t rows0 = rank0.attention_rows(), fallback0 = rank0.attention_fallback_rows();
     for (int step = -3; step < a.steps; ++step) {
       Batch batch;
       for (int i = 0; i < b; ++i) {
@@ -198,8 +224,8 @@ int run_bench(const BenchArgs& a) {
       if (chunk_seq >= 0) engine.release_sequence(chunk_seq);
       if (step >= 0) secs.push_back(s);
     }
-    if (rows_out) *rows_out = engine.attention_rows() - rows0;
-    if (fallback_out) *fallback_out = engine.attention_fallback_rows() - fallback0;
+    if (rows_out) *rows_out = rank0.attention_rows() - rows0;
+    if (fallback_out) *fallback_out = rank0.attention_fallback_rows() - fallback0;
     for (int s : seqs) engine.release_sequence(s);
     return median(secs);
   };
@@ -210,7 +236,11 @@ int run_bench(const BenchArgs& a) {
       const double t = decode_steps(b, ctx, 0, &rows, &fallback);
       const double avg_ctx = ctx;
       const double bytes = static_cast<double>(streamed_weights) + b * avg_ctx * kv_bytes_per_token;
+      // The collectives a decode step of b rows runs (2 all-reduces per layer, the logits'
+      // all-gather), timed alone in a graph of the same calls.
+      const double collective_ms = split ? split->time_collectives(b, 20) * 1e3 : 0.0;
       results.push_back({{"test", fmt::format("tg{}@{}", b, ctx)}, {"batch", b}, {"context", ctx},
+                         {"collective_ms", collective_ms},
                          {"ms_per_step", t * 1e3}, {"tokens_per_second", b / t},
                          {"floor_ms_measured", bytes / bandwidth * 1e3},
                          {"roofline_measured", bytes / bandwidth / t},
@@ -236,7 +266,7 @@ int run_bench(const BenchArgs& a) {
     }
   }
 
-  const cuda::MemoryReport mem = engine.memory();
+  const cuda::MemoryReport mem = rank0.memory();
   const double accounted = static_cast<double>(mem.weights + mem.kv_cache + mem.activations + mem.workspace);
   const double used = static_cast<double>(free0 - free1);
   nlohmann::json out{{"model", model_name},
@@ -245,7 +275,8 @@ int run_bench(const BenchArgs& a) {
                      {"params", matmul_params + static_cast<double>(config.tied_embeddings ? 0 : emb_bytes / 2)},
                      {"cuda_graphs", !a.no_cuda_graphs},
                      {"attention", a.attention},
-                     {"linear", linear_mode_name(engine.linear_dispatcher().chooser().mode())},
+                     {"linear", linear_mode_name(rank0.linear_dispatcher().chooser().mode())},
+                     {"tensor_parallel", tp},
                      {"read_bandwidth_measured", bandwidth},
                      {"read_bandwidth_design", kDesignReadBandwidth},
                      {"memory",
@@ -269,8 +300,12 @@ int run_bench(const BenchArgs& a) {
              mem.weights / 1073741824.0, mem.kv_cache / 1073741824.0, mem.kv_tokens, mem.activations / 1073741824.0,
              mem.workspace / 1073741824.0, accounted / 1073741824.0, used / 1073741824.0,
              100.0 * (used - accounted) / accounted);
-  fmt::print("| test | batch | context | ms/step | tokens/s | TFLOP/s | % roofline (measured BW) | % roofline (4.46 TB/s) |\n");
-  fmt::print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  if (tp > 1)
+    fmt::print("tensor parallel: {} GPUs; memory and the roofline are per GPU (each reads its shard); NCCL {}\n\n", tp,
+               cuda::CommGroup::nccl_version());
+  fmt::print("| test | batch | context | ms/step | tokens/s | TFLOP/s | % roofline (measured BW) | % roofline (4.46 TB/s) |{}\n",
+             tp > 1 ? " collectives ms/step |" : "");
+  fmt::print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |{}\n", tp > 1 ? " ---: |" : "");
   for (const auto& r : results) {
     if (r.contains("decode_only_ms")) {
       fmt::print("| {} | {} | {} | {:.3f} | {:.1f} | - | decode alone {:.3f} ms + chunk alone {:.3f} ms = {:.3f}; "
@@ -282,11 +317,13 @@ int run_bench(const BenchArgs& a) {
       continue;
     }
     const bool pp = r.contains("n_tokens");
-    fmt::print("| {} | {} | {} | {:.3f} | {:.1f} | {} | {:.1f} | {:.1f} |\n", r["test"].get<std::string>(),
+    const std::string coll =
+        tp > 1 ? (pp ? std::string(" - |") : fmt::format(" {:.3f} |", r["collective_ms"].get<double>())) : "";
+    fmt::print("| {} | {} | {} | {:.3f} | {:.1f} | {} | {:.1f} | {:.1f} |{}\n", r["test"].get<std::string>(),
                r["batch"].get<int>(), pp ? std::string("-") : std::to_string(r["context"].get<int>()),
                pp ? r["seconds"].get<double>() * 1e3 : r["ms_per_step"].get<double>(),
                r["tokens_per_second"].get<double>(), pp ? fmt::format("{:.1f}", r["tflops"].get<double>()) : "-",
-               100 * r["roofline_measured"].get<double>(), 100 * r["roofline_design"].get<double>());
+               100 * r["roofline_measured"].get<double>(), 100 * r["roofline_design"].get<double>(), coll);
   }
   return 0;
 }

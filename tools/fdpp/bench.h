@@ -25,6 +25,7 @@ struct BenchArgs {
   std::string calibration;          // explicit unified-max calibration file (fdpp calibrate --out)
   int mixed_chunk = 512;            // the mixed test's prefill chunk (0: no mixed test)
   std::string prefill_config;       // prefill attention tile configuration ("": the engine's default)
+  int tensor_parallel = 1;          // GPUs the model is split over
 };
 
 int run_bench(const BenchArgs& args);

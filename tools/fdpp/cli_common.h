@@ -59,6 +59,7 @@ struct DeviceArgs {
   int n_gpu_layers = -1;  // -1: not given
   bool quiet = false;     // no load progress bar or load line
   std::string cpu_weights = "stored";  // stored: the CPU fast path; f32: the fp32 reference
+  int tensor_parallel = 1;             // GPUs the model is split over (-tp)
 
   void add_to(CLI::App* app);
   // model_path: where to look for the model's calibration and dispatch table.

@@ -128,6 +128,7 @@ RunnerOptions DeviceArgs::options(const std::string& model_path) const {
   o.dispatch_table = dispatch_table;
   o.threads = threads;
   o.calibration = calibration;
+  o.tensor_parallel = tensor_parallel;
   return o;
 }
 
@@ -140,6 +141,8 @@ LoadOptions DeviceArgs::load_options() const {
 void DeviceArgs::check_flags() const {
   if (n_gpu_layers == 0 && device == "cuda")
     throw UsageError("-ngl/--n-gpu-layers 0 asks for no GPU layers but --device cuda for the GPU; give one of them");
+  if (tensor_parallel > 1 && device == "cpu")
+    throw UsageError("--tensor-parallel splits a model over GPUs; it cannot be combined with --device cpu");
 }
 
 void DeviceArgs::say_gpu_layers() const {
@@ -223,6 +226,10 @@ void DeviceArgs::add_to(CLI::App* app) {
   app->add_flag("--quiet", quiet, "no load progress bar or load line on stderr");
   app->add_option("-t,--threads", threads, "CPU threads (0: $OMP_NUM_THREADS, else the physical cores)")
       ->check(int_range(0, 4096, "[0, 4096]"));
+  app->add_option("--tensor-parallel,--tensor-parallel-size", tensor_parallel,
+                  "split the model over this many GPUs of the host (-tp; NCCL; 1: one GPU)")
+      ->capture_default_str()
+      ->check(int_range(1, 64, "[1, 64]"));
   app->add_option("--n-gpu-layers,--gpu-layers", n_gpu_layers,
                   "llama.cpp's -ngl: accepted; every layer runs on the GPU when there is one, 0 means the CPU")
       ->check(int_range(-1, 1 << 20, "[-1, 2^20]"));
@@ -594,13 +601,16 @@ int run_devices() {
 }
 
 // llama.cpp spells its GPU-layers flag "-ngl", which CLI11 would read as "-n gl" (a confusing
-// "--max-tokens: gl ..." error); it becomes the long flag before parsing.
+// "--max-tokens: gl ..." error), and vLLM its tensor-parallel size "-tp" (read as "-t p"); they
+// become the long flags before parsing.
 std::vector<std::string> llama_cpp_spellings(int argc, char** argv) {
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-ngl") a = "--n-gpu-layers";
     else if (a.starts_with("-ngl=")) a = "--n-gpu-layers=" + a.substr(5);
+    else if (a == "-tp") a = "--tensor-parallel";
+    else if (a.starts_with("-tp=")) a = "--tensor-parallel=" + a.substr(4);
     args.push_back(std::move(a));
   }
   return args;
@@ -749,6 +759,10 @@ int main(int argc, char** argv) {
   bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
   bench->add_flag("--json", b.json, "print JSON");
   bench->add_flag("--no-cuda-graphs", b.no_cuda_graphs, "launch decode steps eagerly");
+  bench->add_option("--tensor-parallel,--tensor-parallel-size", b.tensor_parallel,
+                    "split the model over this many GPUs (-tp); reports per-GPU bandwidth and the collectives' time")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   bench->add_option("--prefill-config", b.prefill_config, "prefill attention tile configuration (bench-attention --prefill lists them)");
   bench->add_option("--mixed-chunk", b.mixed_chunk,
                     "mixed test: batch - 1 sequences decode while one prefills a chunk of this many tokens (0: off)")

@@ -32,6 +32,7 @@
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/device_model.h"
+#include "backend/cuda/tensor_parallel_engine.h"
 #endif
 
 namespace fdpp {
@@ -59,6 +60,7 @@ struct ServeArgs {
   std::string dispatch_table;
   std::string load_format = "auto";
   std::string config;
+  int tensor_parallel = 1;
 };
 ServeArgs g_serve;
 
@@ -135,8 +137,14 @@ void load_dummy(const ServeArgs& a, Loaded& out) {
   eo.attention = a.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
   eo.linear_mode = a.linear;
   eo.dispatch_table = a.dispatch_table;
-  out.engine = std::make_unique<cuda::CudaEngine>(
-      std::make_shared<const cuda::DeviceModel>(cuda::DeviceModel::dummy(config, dtype, 1234)), eo);
+  if (a.tensor_parallel > 1) {
+    cuda::ShardSource source;  // random shards (no plan)
+    source.dtype = dtype;
+    out.engine = std::make_unique<cuda::TensorParallelEngine>(config, a.tensor_parallel, source, eo);
+  } else {
+    out.engine = std::make_unique<cuda::CudaEngine>(
+        std::make_shared<const cuda::DeviceModel>(cuda::DeviceModel::dummy(config, dtype, 1234)), eo);
+  }
   out.dummy_tokenizer = dummy_tokenizer(config.vocab_size);
   SchedulerOptions so;
   so.max_num_seqs = a.max_num_seqs;
@@ -174,6 +182,7 @@ void load(const ServeArgs& a, Loaded& out) {
   o.linear = a.linear;
   o.model_path = path;
   o.dispatch_table = a.dispatch_table;
+  o.tensor_parallel = a.tensor_parallel;
   if (a.attention == "async" && o.device != Device::Cpu)
     if (const std::optional<Calibration> cal = load_calibration(path))
       for (const LayerCalibration& l : cal->layers) o.unified_max_phi.push_back(l.bounds.phi);
@@ -219,6 +228,10 @@ CLI::App* register_serve(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(int64_t{1024}, int64_t{1} << 30));
   s->add_option("--device", a.device, "auto (CUDA when a GPU is present), cpu or cuda")->capture_default_str();
   s->add_option("--dtype", a.dtype, "CUDA weight/activation type: auto, f16, bf16")->capture_default_str();
+  s->add_option("--tensor-parallel,--tensor-parallel-size", a.tensor_parallel,
+                "split the model over this many GPUs of the host (-tp; NCCL; 1: one GPU)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   s->add_option("--kv-cache-tokens", a.kv_cache_tokens, "KV cache size in tokens (0: sized by the engine)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   s->add_flag("--no-cuda-graphs", a.no_cuda_graphs, "launch decode steps eagerly (for comparison)");

@@ -3,6 +3,7 @@
 
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/check.h"
+#include "backend/cuda/per_device.h"
 
 namespace fdpp::cuda {
 
@@ -33,7 +34,7 @@ double measure_read_bandwidth(size_t bytes, int repetitions) {
   DeviceBuffer buf(n * sizeof(int4)), sink(sizeof(int) * 4096);
   FDPP_CUDA_CHECK(cudaMemset(buf.get(), 1, buf.bytes()));
   int sms = 0;
-  FDPP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  sms = multiprocessors_of_current_device();
   const int blocks = std::min(4096, sms * 8);
   cudaEvent_t start, stop;
   FDPP_CUDA_CHECK(cudaEventCreate(&start));

@@ -1,6 +1,8 @@
 #include "backend/cuda/cuda_engine.h"
 
 #include "attention/unified_max.h"
+#include "backend/cuda/collectives.h"
+#include "backend/cuda/per_device.h"
 
 #include <algorithm>
 #include <cmath>
@@ -41,7 +43,17 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   max_tokens_ = std::max(options.max_batch, options.max_prefill_tokens);
   const int64_t T = max_tokens_;
   // Workspaces for every shape of the model before any graph is captured.
-  linear_->reserve(max_tokens_, model_linear_shapes(c), /*cublas_epilogues=*/false, nullptr);
+  const EngineOptions::Shard& shard = options.shard;
+  check(shard.ranks >= 1 && shard.rank >= 0 && shard.rank < shard.ranks, "tensor parallel rank {} of {}", shard.rank,
+        shard.ranks);
+  check(shard.ranks == 1 || (shard.comm != nullptr && shard.vocab_stride > 0), "tensor parallel rank without a group");
+  vocab_rows_ = shard.ranks == 1 ? V : static_cast<int64_t>(model_->output_matrix_bytes() / kElem / c.embedding_dim());
+  check(shard.ranks == 1 || (vocab_rows_ <= shard.vocab_stride && vocab_rows_ > 0),
+        "tensor parallel rank {}: {} lm head rows, at most {} expected", shard.rank, vocab_rows_, shard.vocab_stride);
+  std::vector<LinearShape> shapes = model_linear_shapes(c);
+  for (LinearShape& s : shapes)
+    if (s.name == "lm_head") s.n = static_cast<int>(vocab_rows_);
+  linear_->reserve(max_tokens_, shapes, /*cublas_epilogues=*/false, nullptr);
   x_ = DeviceBuffer(T * H * sizeof(float));
   normed_ = DeviceBuffer(T * H * kElem);
   qkv_ = DeviceBuffer(T * (Q + 2 * KV) * kElem);
@@ -53,6 +65,10 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   const int logit_rows = std::max(options.max_batch, std::min(options.max_prefill_tokens, 256));
   logit_capacity_ = logit_rows;
   logits_ = DeviceBuffer(static_cast<size_t>(logit_rows) * V * sizeof(float));
+  if (shard.ranks > 1) {
+    shard_logits_ = DeviceBuffer(static_cast<size_t>(logit_rows) * shard.vocab_stride * sizeof(float));
+    gathered_logits_ = DeviceBuffer(shard_logits_.bytes() * shard.ranks);
+  }
   ids_ = DeviceBuffer(T * sizeof(int32_t));
   positions_ = DeviceBuffer(T * sizeof(int32_t));
   slots_ = DeviceBuffer(T * sizeof(int32_t));
@@ -70,7 +86,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   const size_t decode_in_ints = 4 * static_cast<size_t>(options.max_batch) +
                                 static_cast<size_t>(options.max_batch) * max_blocks_per_seq_;
   decode_in_ = DeviceBuffer(decode_in_ints * sizeof(int32_t));
-  FDPP_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, 0));
+  multiprocessors_ = multiprocessors_of_current_device();
   size_t attn_ws = 0;  // the most any decode step's split plan needs
   for (int b = 1; b <= options.max_batch; ++b) {
     const int splits = plan_decode_splits(b, c.n_heads, c.n_kv_heads, c.max_context, multiprocessors_);
@@ -116,6 +132,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   } else {
     num_blocks_ = static_cast<int64_t>(std::min(options.memory_fraction * static_cast<double>(free_b), usable)) /
                   per_block_all_layers;
+    if (shard.ranks > 1 && shard.agree_kv_blocks) num_blocks_ = shard.agree_kv_blocks(num_blocks_);
     check(num_blocks_ >= max_blocks_per_seq_ / 8 + 1,
           "too little GPU memory for a KV cache: {:.2f} GiB free after the weights", free_b / 1073741824.0);
   }
@@ -147,7 +164,8 @@ MemoryReport CudaEngine::memory() const {
   r.weights = model_->bytes();
   r.kv_cache = kv_.bytes();
   r.kv_tokens = num_blocks_ * options_.block_size;
-  for (const DeviceBuffer* b : {&x_, &normed_, &qkv_, &attn_, &o_, &ffn_in_, &ffn_act_, &logits_, &ids_, &positions_,
+  for (const DeviceBuffer* b : {&x_, &normed_, &qkv_, &attn_, &o_, &ffn_in_, &ffn_act_, &logits_, &shard_logits_,
+                                &gathered_logits_, &ids_, &positions_,
                                 &slots_, &block_tables_, &context_lens_, &head_index_, &chunk_meta_, &sample_ids_, &history_,
                                 &history_lens_, &offsets_, &seeds_, &attn_ws_, &decode_in_, &fallback_rows_,
                                 &attn_counters_})
@@ -187,6 +205,25 @@ uint64_t CudaEngine::prefill_attention_fallback_rows() const {
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   FDPP_CUDA_CHECK(cudaMemcpy(n, fallback_rows_.get(), sizeof(n), cudaMemcpyDeviceToHost));
   return n[1];
+}
+
+void CudaEngine::reduce_partial(void* y, int64_t elements) {
+  if (options_.shard.ranks > 1)
+    all_reduce_sum(y, static_cast<size_t>(elements), model_->dtype(), options_.shard.comm, stream_);
+}
+
+void CudaEngine::lm_head(const void* x, int rows) {
+  const ModelConfig& c = config();
+  const EngineOptions::Shard& shard = options_.shard;
+  if (shard.ranks == 1) {
+    linear(x, model_->output_matrix(), nullptr, logits_.get(), rows, c.vocab_size, c.hidden, true);
+    return;
+  }
+  linear(x, model_->output_matrix(), nullptr, shard_logits_.get(), rows, static_cast<int>(vocab_rows_), c.hidden, true);
+  const size_t count = static_cast<size_t>(rows) * shard.vocab_stride;
+  all_gather_f32(shard_logits_.as<float>(), gathered_logits_.as<float>(), count, shard.comm, stream_);
+  assemble_vocab_shards(gathered_logits_.as<float>(), rows, shard.ranks, shard.vocab_stride, c.vocab_size,
+                        logits_.as<float>(), stream_);
 }
 
 void* CudaEngine::layer_k(int layer) const {
@@ -263,6 +300,7 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
                                prefill_config_for(options_.prefill_attention_config, max_chunk));
     }
     linear(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, false);
+    reduce_partial(o_.get(), static_cast<int64_t>(n) * H);
     residual_norm(x_.as<float>(), o_.get(), nullptr, L.ffn_norm.get(), L.ffn_norm_bias.get(), normed_.get(), n, H,
                   c.norm_eps, c.norm, false, dt, st);
     if (swiglu && LinearDispatcher::fuses(linear_->choose(n, 2 * FF, H), Epilogue::SwiGLU)) {
@@ -278,6 +316,7 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
       relu(ffn_in_.get(), n, FF, dt, st);
       linear(ffn_in_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, false);
     }
+    reduce_partial(o_.get(), static_cast<int64_t>(n) * H);
     pending_delta = o_.get();
   }
   if (in.head_index != nullptr) {
@@ -286,13 +325,13 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
     residual_norm(x_.as<float>(), o_.get(), nullptr, m.final_norm.get(), m.final_norm_bias.get(), normed_.get(), n, H,
                   c.norm_eps, c.norm, false, dt, st);
     gather_rows(normed_.get(), in.head_index, logit_rows, H * static_cast<int>(kElem), o_.get(), st);
-    linear(o_.get(), m.output_matrix(), nullptr, logits_.get(), logit_rows, c.vocab_size, H, true);
+    lm_head(o_.get(), logit_rows);
   } else {
     // Only the rows whose logits are wanted: the last `logit_rows` tokens.
     const size_t skip = static_cast<size_t>(n - logit_rows);
     residual_norm(x_.as<float>() + skip * H, at(o_, skip * H * kElem), nullptr, m.final_norm.get(),
                   m.final_norm_bias.get(), normed_.get(), logit_rows, H, c.norm_eps, c.norm, false, dt, st);
-    linear(normed_.get(), m.output_matrix(), nullptr, logits_.get(), logit_rows, c.vocab_size, H, true);
+    lm_head(normed_.get(), logit_rows);
   }
   last_logit_rows_ = logit_rows;
 }
@@ -521,6 +560,11 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
     attention_rows_ += static_cast<uint64_t>(decode_rows) * c.n_heads * c.n_layers;
   }
 
+  if (options_.shard.rank != 0) {
+    // Tensor parallelism: rank 0 returns the step's logits and tokens; the others only compute.
+    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
   // Logits to the host before sampling (the penalty edits them in place on the device).
   for (int i = 0; i < n_rows; ++i) {
     const StepRow& r = *rows[i].row;

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -53,6 +54,19 @@ struct EngineOptions {
   std::string linear_mode;
   std::string dispatch_table;
   std::string model_path;
+  // Tensor parallelism (tensor_parallel_engine.h): this engine is rank `rank` of `ranks`, its model
+  // the rank's shard (model/tensor_parallel.h: heads, KV heads and FFN divided, lm head rows
+  // [rank * vocab_stride, ...)). After the o and down projections it sums the ranks' partial outputs
+  // (all-reduce), and it gathers the logits; only rank 0 returns logits and samples. ranks == 1:
+  // the whole model, no collectives.
+  struct Shard {
+    int rank = 0, ranks = 1;
+    void* comm = nullptr;      // this rank's ncclComm_t (collectives.h)
+    int64_t vocab_stride = 0;  // lm head rows per rank (TensorParallelLayout::vocab_per_rank)
+    // Every rank must hold the same KV blocks (the block tables are the same): called with this
+    // rank's count when the cache is sized from free memory, returns the one all ranks use.
+    std::function<int64_t(int64_t)> agree_kv_blocks;
+  } shard;
 };
 
 struct MemoryReport {
@@ -135,6 +149,10 @@ class CudaEngine final : public Engine {
                int attention_splits = 1);
   // A linear layer through the dispatcher (GEMV / flat GEMM / cuBLASLt by the tuned table).
   void linear(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, bool fp32_out);
+  // Tensor parallelism: sums the ranks' partial outputs of a row-parallel layer (o, down) in place.
+  void reduce_partial(void* y, int64_t elements);
+  // logits_[0..rows) = the lm head over x [rows, H] (the ranks' vocabulary slices gathered).
+  void lm_head(const void* x, int rows);
   void* layer_k(int layer) const;
   void* layer_v(int layer) const;
 
@@ -151,6 +169,8 @@ class CudaEngine final : public Engine {
 
   // Activations and step inputs (fixed addresses, so graphs can replay them).
   DeviceBuffer x_, normed_, qkv_, attn_, o_, ffn_in_, ffn_act_, logits_;
+  DeviceBuffer shard_logits_, gathered_logits_;  // tensor parallelism: this rank's slice, every rank's
+  int64_t vocab_rows_ = 0;                       // lm head rows this engine computes
   DeviceBuffer ids_, positions_, slots_, block_tables_;  // prefill and mixed-step inputs
   DeviceBuffer context_lens_, head_index_;                // mixed steps: decode rows' lengths, logit rows
   DeviceBuffer chunk_meta_;                               // prefill chunks: q_begin [max_batch + 1], starts

@@ -73,7 +73,7 @@ DeviceModel::DeviceModel(const ModelConfig& c, const DecoderWeights& w, DType dt
   upload_inv_freq();
 }
 
-DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed) {
+DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed, int rank, int64_t lm_head_rows) {
   DeviceModel m(c, dtype);
   const int64_t H = c.hidden, E = c.embedding_dim(), Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden,
                 V = c.vocab_size;
@@ -98,20 +98,21 @@ DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed)
     d.w_qkv = matrix(Q + 2 * KV, H);
     d.b_qkv = bias(c.qkv_bias, Q + 2 * KV);
     d.w_o = matrix(H, Q);
-    d.b_o = bias(c.out_bias, H);
+    d.b_o = bias(c.out_bias && rank == 0, H);
     d.ffn_norm = norm_weight(H);
     d.ffn_norm_bias = bias(layer_norm && c.norm_bias, H);
     d.w_in = matrix(swiglu ? 2 * FF : FF, H);
     d.b_in = bias(c.mlp_bias, swiglu ? 2 * FF : FF);
     d.w_down = matrix(H, FF);
-    d.b_down = bias(c.mlp_bias, H);
+    d.b_down = bias(c.mlp_bias && rank == 0, H);
     m.layers.push_back(std::move(d));
   }
   if (c.final_norm) {
     m.final_norm = norm_weight(H);
     m.final_norm_bias = bias(layer_norm && c.norm_bias, H);
   }
-  if (!c.tied_embeddings) m.lm_head = matrix(V, E);
+  if (lm_head_rows > 0) m.lm_head = matrix(lm_head_rows, E);
+  else if (!c.tied_embeddings) m.lm_head = matrix(V, E);
   m.upload_inv_freq();
   FDPP_CUDA_CHECK(cudaDeviceSynchronize());
   return m;

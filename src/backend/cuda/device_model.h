@@ -51,8 +51,12 @@ class DeviceModel {
   // stored type, the same bits as the constructor above given the fp32 weights of the same files.
   static DeviceModel from_plan(const ModelConfig& config, const WeightPlan& plan, DType dtype,
                                const StreamOptions& options = {}, StreamStats* stats = nullptr);
-  // Random weights (uniform, scaled like a trained model's: ~1/sqrt(fan_in); norms ~1).
-  static DeviceModel dummy(const ModelConfig& config, DType dtype, uint64_t seed);
+  // Random weights (uniform, scaled like a trained model's: ~1/sqrt(fan_in); norms ~1). For a
+  // tensor-parallel rank (model/tensor_parallel.h) config has the rank's shapes, lm_head_rows > 0
+  // is its vocabulary slice (an lm head of that many rows, tied or not), and ranks > 0 hold no
+  // biases of the o and down projections (rank 0 adds them after the all-reduce).
+  static DeviceModel dummy(const ModelConfig& config, DType dtype, uint64_t seed, int rank = 0,
+                           int64_t lm_head_rows = 0);
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
@@ -65,6 +69,7 @@ class DeviceModel {
   DeviceBuffer inv_freq;  // fp32 [rotary_dim / 2], RoPE models
 
   const void* output_matrix() const { return lm_head.empty() ? tok_embeddings.get() : lm_head.get(); }
+  uint64_t output_matrix_bytes() const { return lm_head.empty() ? tok_embeddings.bytes() : lm_head.bytes(); }
 
  private:
   DeviceModel(const ModelConfig& config, DType dtype) : config_(config), dtype_(dtype) {}

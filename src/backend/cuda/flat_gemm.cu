@@ -49,6 +49,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/flat_gemm.h"
+#include "backend/cuda/per_device.h"
 
 namespace fdpp::cuda {
 
@@ -374,18 +375,18 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
 template <class T, int MT, int S>
 void launch_kernel(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
   auto* kernel = flat_gemm_kernel<T, MT, S>;
-  // Raising the dynamic shared-memory limit is a per-kernel attribute: done once per instantiation
-  // (thread-safe static), not per launch, so launches stay capturable in CUDA graphs.
-  // The carveout preference asks for the largest shared-memory share of L1 (228 KB), which the
-  // 2-3 resident CTAs per SM of the plan assume.
-  static const cudaError_t attr = [&] {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem_bytes_for(MT, S)));
-    if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                int(cudaSharedmemCarveoutMaxShared));
-  }();
-  detail::cuda_check(attr, "flat_gemm: cudaFuncSetAttribute");
+  // Raising the dynamic shared-memory limit is a per-kernel attribute of the current device: done
+  // once per instantiation and device (per_device.h), not per launch, so launches stay capturable
+  // in CUDA graphs. The carveout preference asks for the largest shared-memory share of L1
+  // (228 KB), which the 2-3 resident CTAs per SM of the plan assume.
+  once_per_device(reinterpret_cast<const void*>(kernel), [&] {
+    detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem_bytes_for(MT, S))),
+                       "flat_gemm: cudaFuncSetAttribute");
+    detail::cuda_check(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)),
+        "flat_gemm: cudaFuncSetAttribute");
+  });
   // Split-K launches stay ordinary: with programmatic launch the Llama-2-7B down projection
   // ([4096, 11008], 4 splits) measured 24.8 -> 29.0 us at M = 1 and the whole decode step +5%
   // (docs/performance-log.md); FDPP_FLAT_SPLIT_PDL=1 lifts the exception for measurements.
@@ -432,23 +433,7 @@ bool linear_programmatic_launch_enabled() {
   return enabled;
 }
 
-namespace {
 
-int multiprocessors_of_current_device() {
-  int dev = 0;
-  detail::cuda_check(cudaGetDevice(&dev), "flat_gemm: cudaGetDevice");
-  static std::mutex mu;
-  static int cached[64] = {};
-  std::lock_guard<std::mutex> lock(mu);
-  if (dev < 0 || dev >= 64) fail("flat_gemm: device index {} out of range", dev);
-  if (cached[dev] == 0) {
-    detail::cuda_check(cudaDeviceGetAttribute(&cached[dev], cudaDevAttrMultiProcessorCount, dev),
-                       "flat_gemm: cudaDeviceGetAttribute(multiprocessors)");
-  }
-  return cached[dev];
-}
-
-}  // namespace
 
 // Planning. tiles_n = ceil(N / 64) CTAs along N (SwiGLU: ceil(F / 32) with F = N / 2, the same
 // number for even N), so the plan does not depend on the epilogue.

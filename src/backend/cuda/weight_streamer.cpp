@@ -135,6 +135,7 @@ StreamStats stream_weights(const std::vector<StreamJob>& jobs, DType dtype, cons
             "{}: {} rows do not split into {} heads of an even size", p.src.name, p.rows(), p.permute_heads);
       elems = p.rows() / p.permute_heads * p.cols();
     }
+    if (p.stored_cols > 0 && p.src.data != nullptr) elems = p.cols();  // a column slice: whole rows
     check(elems % be == 0 && p.numel() % elems == 0, "{}: {} elements are not whole blocks of {}", p.src.name,
           p.numel(), gguf::type_name(t));
     const uint64_t staged = host ? static_cast<uint64_t>(elems) * 4
@@ -184,7 +185,20 @@ StreamStats stream_weights(const std::vector<StreamJob>& jobs, DType dtype, cons
       if (used[slot]) FDPP_CUDA_CHECK(cudaEventSynchronize(done[slot]->get()));
       uint8_t* host = pinned[slot]->get();
       uint64_t staged = src_len;
-      if (u.host_dequant) {
+      if (p.stored_cols > 0 && base == p.src.data) {
+        // A column slice: gather each row's columns from the mapping (the staged chunk is then
+        // whole rows of the slice, contiguous, as for any other tensor).
+        const int64_t cols = p.cols(), r0 = e0 / cols, rows = n / cols;
+        const uint64_t slice_bytes = p.bytes_of(cols);
+        auto* f = reinterpret_cast<float*>(host);
+#pragma omp parallel for num_threads(std::max(1, o.read_threads)) schedule(static) if (rows > 64)
+        for (int64_t r = 0; r < rows; ++r) {
+          const uint8_t* row = base + (r0 + r) * p.stored_row_bytes() + p.col_byte_offset();
+          if (u.host_dequant) gguf::dequantize(stored, row, f + r * cols, static_cast<uint64_t>(cols));
+          else std::memcpy(host + r * slice_bytes, row, slice_bytes);
+        }
+        if (u.host_dequant) staged = static_cast<uint64_t>(n) * 4;
+      } else if (u.host_dequant) {
         gguf::dequantize(stored, base + src_off, reinterpret_cast<float*>(host), static_cast<uint64_t>(n));
         staged = static_cast<uint64_t>(n) * 4;
       } else if (use_file) {
