@@ -5,8 +5,8 @@
 # The build travels with the call (CMake and the Debian -dev packages are on the development
 # machine, not the GPU machine):  here: bash scripts/build-gpu.sh   then run this there with
 # carry ["build-gpu"] (plus ".ref" parts of the default model for the greedy test, see below).
-#   FDPP_GPU_STAGES="tests sanitizer attention prefill ttft linear tune dataflow bench peers load python"
-#   (default: all but tune, load and python)
+#   FDPP_GPU_STAGES="tests sanitizer attention prefill ttft linear tune dataflow bench tp peers load python"
+#   (default: all but tune, tp, load and python; tp needs two GPUs: nvidia-h200-x2)
 # Only a few files come back from the device call: everything is written under $OUT/full and
 # packed into $OUT/full.tar.gz at the end, beside summary.md.
 set -uo pipefail
@@ -16,6 +16,12 @@ OUT_TOP="${OUT:-$root/out}"
 OUT="$OUT_TOP/full"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# NCCL for --tensor-parallel (loaded with dlopen): the toolkit's, else the one PyTorch ships.
+if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 && [[ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]]; then
+  nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+  [[ -n $nccl_dir ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl_dir"
+fi
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared GPU machines (device README)
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
 stages="${FDPP_GPU_STAGES:-tests sanitizer attention prefill ttft linear dataflow bench peers}"
 presets="llama-2-7b llama-2-13b llama-3-8b opt-6.7b chatglm2-6b"
@@ -220,6 +226,59 @@ PY
   for m in ${FDPP_BENCH_MORE_MODELS-llama-2-13b llama-3-8b opt-6.7b chatglm2-6b}; do
     bench $m --config "$root/configs/$m.json" -b 1 -c 1024 -p 1024
   done
+fi
+
+if [[ " $stages " == *" tp "* ]]; then
+  # Issue 15: tensor parallelism on two GPUs (the tests ran in the tests stage). Llama-2-13B on one
+  # and two GPUs, Llama-2-70B on two; each row has the collectives' time per step, timed alone.
+  { echo; echo "### tensor parallelism (NCCL $(python3 -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null), NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-unset})"; } | tee -a "$summary"
+  nvidia-smi topo -m >"$OUT/topo.txt" 2>&1
+  tp_bench() {  # tp_bench NAME ARGS...
+    local name=$1
+    shift
+    "$B/fdpp" bench --load-format dummy "$@" -p 1024 -r 2 --mixed-chunk 0 --json >"$OUT/tp_$name.json" 2>"$OUT/tp_$name.err" \
+      || { log "tp bench $name failed: $(tail -2 "$OUT/tp_$name.err")"; return; }
+    python3 - "$OUT/tp_$name.json" "$name" <<'PY' | tee -a "$summary"
+import json, sys
+r = json.load(open(sys.argv[1])); m = r["memory"]
+print(f"{sys.argv[2]}: GPUs {r.get('tensor_parallel', 1)}, per GPU: weights {m['weights']/2**30:.2f} GiB, KV {m['kv_cache']/2**30:.2f} GiB")
+for x in r["results"]:
+    if "ms_per_step" in x:
+        print(f"| {sys.argv[2]} | {x['test']} | {x['ms_per_step']:.3f} ms | {x['tokens_per_second']:.1f} tok/s | per-GPU roofline {100*x['roofline_design']:.1f}% of 4.46 TB/s | collectives {x.get('collective_ms', 0):.3f} ms |")
+    elif "n_tokens" in x:
+        print(f"| {sys.argv[2]} | pp{x['n_tokens']} | {x['seconds']*1e3:.1f} ms | {x['tokens_per_second']:.0f} tok/s | | |")
+PY
+  }
+  tp_bench llama-2-13b-tp1 --config "$root/configs/llama-2-13b.json" -b 1,8,32 -c 1024
+  tp_bench llama-2-13b-tp2 --config "$root/configs/llama-2-13b.json" -b 1,8,32 -c 1024 -tp 2
+  tp_bench llama-2-70b-tp2 --config "$root/configs/llama-2-70b.json" -b 1,8,32 -c 1024 -tp 2
+  # The front ends with -tp 2 on a checkpoint made here (HF fixture): greedy ids and logits equal
+  # to one GPU's.
+  fx="$root/tests/fixtures/hf/llama_gqa_hd128_f16"
+  for n in 1 2; do
+    "$B/fdpp" generate -m "$fx" --token-ids 1,2,3,4,5 -n 16 --temperature 0 --ignore-eos --json -tp $n >"$OUT/tp_generate_$n.json" 2>"$OUT/tp_generate_$n.err"
+    "$B/fdpp" logits -m "$fx" --token-ids 1,2,3,4,5,6,7,8 -o "$OUT/tp_logits_$n.npy" -tp $n --quiet 2>>"$OUT/tp_generate_$n.err"
+  done
+  python3 - "$OUT" <<'PY' | tee -a "$summary"
+import json, sys, numpy as np
+o = sys.argv[1]
+try:
+    a, b = (json.load(open(f"{o}/tp_generate_{n}.json")) for n in (1, 2))
+    print(f"generate -tp 2 vs -tp 1 (fixture llama_gqa_hd128_f16, 16 greedy tokens): {'IDENTICAL' if a['token_ids'] == b['token_ids'] else 'DIFFERENT'}")
+    x, y = (np.load(f"{o}/tp_logits_{n}.npy") for n in (1, 2))
+    print(f"logits -tp 2 vs -tp 1: NMSE {float(((x - y) ** 2).sum() / (x ** 2).sum()):.2e}")
+except Exception as e:
+    print(f"tp front ends: no result ({e}); see tp_generate_*.err")
+PY
+  # The server on two GPUs (random weights), one completion and /health.
+  "$B/fdpp" serve --load-format dummy --config "$root/configs/llama-2-7b.json" -tp 2 --port 8199 --max-num-seqs 8 \
+    >"$OUT/tp_serve.log" 2>&1 &
+  sp=$!
+  for _ in $(seq 1 120); do curl -sf localhost:8199/health >/dev/null 2>&1 && break; sleep 1; done
+  curl -s localhost:8199/v1/completions -H 'Content-Type: application/json' \
+    -d '{"prompt": "t5 t6 t7", "max_tokens": 8, "temperature": 0}' >"$OUT/tp_serve_completion.json" 2>&1
+  kill -TERM $sp; wait $sp
+  log "serve -tp 2: exit $?, completion: $(head -c 300 "$OUT/tp_serve_completion.json")"
 fi
 
 if [[ " $stages " == *" peers "* ]]; then

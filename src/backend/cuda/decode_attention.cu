@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/per_device.h"
 #include "backend/cuda/cuda_common.cuh"
 
 namespace fdpp::cuda {
@@ -475,13 +476,12 @@ template <class T, int D, int GMAX, bool kAsync>
 void launch_decode(const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
   constexpr size_t smem = decode_smem_bytes<D, GMAX>();
   auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync>;
-  static const bool configured = [&] {  // once per instantiation (not inside graph capture each time)
+  // Once per instantiation and device (not inside graph capture each time; per_device.h).
+  once_per_device(reinterpret_cast<const void*>(kernel), [&] {
     if (smem > 48 * 1024)
       cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                  "cudaFuncSetAttribute(decode_attention_kernel, max dynamic shared memory)");
-    return true;
-  }();
-  (void)configured;
+  });
   // The fallback launch (dependent) follows the async launch programmatically: its CTAs are
   // scheduled while the async grid drains and wait for it in griddepcontrol.wait.
   const detail::LaunchConfig config(dim3(n_ctas, a.splits), dim3(kThreads), smem, stream, dependent);
@@ -499,15 +499,7 @@ void launch_decode_g(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, 
   }
 }
 
-int multiprocessor_count() {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-    cuda_check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "SM count");
-    return count;
-  }();
-  return sms;
-}
+int multiprocessor_count() { return multiprocessors_of_current_device(); }
 
 // CTA groups of a launch: one per (sequence, kv head, sub-group of at most gmax query heads).
 // A CTA normally takes the whole GQA group (up to 16 heads), so each K/V tile is read once for
