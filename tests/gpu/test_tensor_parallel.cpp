@@ -3,7 +3,9 @@
 // calls captured) give the same logits (NMSE) and the same greedy tokens, for random models of each
 // GPU recipe (GQA, tied embeddings, ChatGLM's qkv bias and single KV head, which two ranks
 // replicate), every HF fixture the GPU runs, and a GGUF of every stored type (quantized slices read
-// in place, blocks cut by a slice dequantized on the host). Skipped without two GPUs.
+// in place, blocks cut by a slice dequantized on the host). On a machine with one GPU the same
+// tests run the tensor-parallel engine with one rank (NCCL with a group of one, captured in the
+// graphs) against the plain engine.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -32,8 +34,11 @@ int gpu_count() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-#define REQUIRE_TWO_GPUS()                                                         \
-  if (!test::gpu_available() || gpu_count() < 2) GTEST_SKIP() << "needs two GPUs"
+// Two ranks where two GPUs exist, else one.
+int tp_ranks() { return std::min(2, gpu_count()); }
+
+#define REQUIRE_GPU() \
+  if (!test::gpu_available()) GTEST_SKIP() << "no GPU"
 
 EngineLimits limits_for(const ModelConfig& c) {
   EngineLimits l;
@@ -122,7 +127,7 @@ struct TpCase {
 class TensorParallelStep : public ::testing::TestWithParam<TpCase> {};
 
 TEST_P(TensorParallelStep, TwoGpusMatchOne) {
-  REQUIRE_TWO_GPUS();
+  REQUIRE_GPU();
   const TpCase& p = GetParam();
   ModelConfig c = test::tiny(p.recipe, p.head_dim);
   if (p.kv_heads > 0) c.n_kv_heads = p.kv_heads;
@@ -136,8 +141,8 @@ TEST_P(TensorParallelStep, TwoGpusMatchOne) {
   cuda::ShardSource source;
   source.plan = &plan;
   source.dtype = p.dtype;
-  cuda::TensorParallelEngine two(c, 2, source, eo);
-  EXPECT_EQ(two.layout().local.n_heads, c.n_heads / 2);
+  cuda::TensorParallelEngine two(c, tp_ranks(), source, eo);
+  EXPECT_EQ(two.layout().local.n_heads, c.n_heads / tp_ranks());
   expect_same_steps(one, two, c, p.dtype == cuda::DType::F16 ? 5e-4 : 5e-3);
   // A released sequence frees its blocks on every rank.
   EXPECT_EQ(two.live_sequences(), 4);
@@ -166,13 +171,25 @@ void expect_files_split(const ModelConfig& c, const WeightPlan& plan, double bou
   ro.dtype = "f16";
   ro.plan = &plan;
   auto one = make_engine(c, {}, ro, limits_for(c));
-  ro.tensor_parallel = 2;
-  auto two = make_engine(c, {}, ro, limits_for(c));
-  expect_same_steps(*one, *two, c, bound);
+  ro.tensor_parallel = tp_ranks();
+  if (ro.tensor_parallel > 1) {
+    auto two = make_engine(c, {}, ro, limits_for(c));
+    expect_same_steps(*one, *two, c, bound);
+  } else {  // make_engine runs -tp 1 on the plain engine: build the one-rank group directly
+    const EngineLimits l = limits_for(c);
+    cuda::EngineOptions eo;
+    eo.max_batch = l.max_step_rows;
+    eo.max_prefill_tokens = l.max_step_tokens;
+    eo.kv_cache_tokens = l.kv_cache_tokens;
+    cuda::ShardSource source;
+    source.plan = &plan;
+    cuda::TensorParallelEngine two(c, 1, source, eo);
+    expect_same_steps(*one, two, c, bound);
+  }
 }
 
 TEST(TensorParallelFiles, HfFixturesOnTwoGpusMatchOne) {
-  REQUIRE_TWO_GPUS();
+  REQUIRE_GPU();
   int checked = 0;
   for (const auto& e : fs::directory_iterator(fs::path(test::fixture("hf")))) {
     if (!e.is_directory() || !fs::exists(e.path() / "config.json")) continue;
@@ -187,7 +204,7 @@ TEST(TensorParallelFiles, HfFixturesOnTwoGpusMatchOne) {
 }
 
 TEST(TensorParallelFiles, GgufOfEveryStoredTypeOnTwoGpusMatchesOne) {
-  REQUIRE_TWO_GPUS();
+  REQUIRE_GPU();
   const auto dir = test::scratch_dir("tp_gguf");
   const std::string path = (dir / "tiny.gguf").string();
   test::write_tiny_llama_gguf(path);

@@ -47,8 +47,11 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   check(shard.ranks >= 1 && shard.rank >= 0 && shard.rank < shard.ranks, "tensor parallel rank {} of {}", shard.rank,
         shard.ranks);
   check(shard.ranks == 1 || (shard.comm != nullptr && shard.vocab_stride > 0), "tensor parallel rank without a group");
-  vocab_rows_ = shard.ranks == 1 ? V : static_cast<int64_t>(model_->output_matrix_bytes() / kElem / c.embedding_dim());
-  check(shard.ranks == 1 || (vocab_rows_ <= shard.vocab_stride && vocab_rows_ > 0),
+  // With a communicator the engine runs the collectives even alone (a group of one: the tensor-
+  // parallel path on one GPU, as its tests run it where only one GPU is lent).
+  const bool collectives = shard.comm != nullptr;
+  vocab_rows_ = !collectives ? V : static_cast<int64_t>(model_->output_matrix_bytes() / kElem / c.embedding_dim());
+  check(!collectives || (vocab_rows_ <= shard.vocab_stride && vocab_rows_ > 0),
         "tensor parallel rank {}: {} lm head rows, at most {} expected", shard.rank, vocab_rows_, shard.vocab_stride);
   std::vector<LinearShape> shapes = model_linear_shapes(c);
   for (LinearShape& s : shapes)
@@ -65,7 +68,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   const int logit_rows = std::max(options.max_batch, std::min(options.max_prefill_tokens, 256));
   logit_capacity_ = logit_rows;
   logits_ = DeviceBuffer(static_cast<size_t>(logit_rows) * V * sizeof(float));
-  if (shard.ranks > 1) {
+  if (collectives) {
     shard_logits_ = DeviceBuffer(static_cast<size_t>(logit_rows) * shard.vocab_stride * sizeof(float));
     gathered_logits_ = DeviceBuffer(shard_logits_.bytes() * shard.ranks);
   }
@@ -208,14 +211,14 @@ uint64_t CudaEngine::prefill_attention_fallback_rows() const {
 }
 
 void CudaEngine::reduce_partial(void* y, int64_t elements) {
-  if (options_.shard.ranks > 1)
+  if (options_.shard.comm != nullptr)
     all_reduce_sum(y, static_cast<size_t>(elements), model_->dtype(), options_.shard.comm, stream_);
 }
 
 void CudaEngine::lm_head(const void* x, int rows) {
   const ModelConfig& c = config();
   const EngineOptions::Shard& shard = options_.shard;
-  if (shard.ranks == 1) {
+  if (shard.comm == nullptr) {
     linear(x, model_->output_matrix(), nullptr, logits_.get(), rows, c.vocab_size, c.hidden, true);
     return;
   }

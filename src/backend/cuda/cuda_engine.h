@@ -57,8 +57,8 @@ struct EngineOptions {
   // Tensor parallelism (tensor_parallel_engine.h): this engine is rank `rank` of `ranks`, its model
   // the rank's shard (model/tensor_parallel.h: heads, KV heads and FFN divided, lm head rows
   // [rank * vocab_stride, ...)). After the o and down projections it sums the ranks' partial outputs
-  // (all-reduce), and it gathers the logits; only rank 0 returns logits and samples. ranks == 1:
-  // the whole model, no collectives.
+  // (all-reduce), and it gathers the logits; only rank 0 returns logits and samples. No comm: the
+  // whole model, no collectives (a group of one runs them, as identities).
   struct Shard {
     int rank = 0, ranks = 1;
     void* comm = nullptr;      // this rank's ncclComm_t (collectives.h)
