@@ -59,8 +59,9 @@ void expect_same_steps(Engine& one, Engine& two, const ModelConfig& c, double bo
     a.push_back(one.create_sequence());
     b.push_back(two.create_sequence());
   }
-  const std::vector<std::vector<int>> plan = {{37, 0, 0, 0}, {1, 100, 3, 0}, {1, 1, 65, 17},
-                                              {1, 1, 1, 1},  {1, 1, 1, 1},   {5, 1, 64, 1}};
+  // At most 102 tokens per sequence (the tiny GGUF's context is 128), chunks of 1 to 65 tokens.
+  const std::vector<std::vector<int>> plan = {{37, 0, 0, 0}, {1, 50, 3, 0}, {1, 1, 65, 17},
+                                              {1, 1, 1, 1},  {1, 1, 1, 1},  {5, 1, 20, 1}};
   for (size_t st = 0; st < plan.size(); ++st) {
     Batch ba, bb;
     for (int i = 0; i < S; ++i) {
@@ -79,6 +80,8 @@ void expect_same_steps(Engine& one, Engine& two, const ModelConfig& c, double bo
     for (size_t k = 0; k < ba.rows.size(); ++k) {
       std::span<const float> x(oa.logits.data() + k * c.vocab_size, c.vocab_size),
           y(ob.logits.data() + k * c.vocab_size, c.vocab_size);
+      ASSERT_TRUE(std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); }))
+          << "the one-GPU reference is not finite: step " << st << " row " << k;
       EXPECT_LE(test::nmse(y, x), bound) << "step " << st << " row " << k;
     }
   }
@@ -165,10 +168,10 @@ INSTANTIATE_TEST_SUITE_P(Variants, TensorParallelStep,
 
 // The front end's path: make_engine with --tensor-parallel 2 streams each rank's slices from the
 // files (column slices gathered row by row, cut quantization blocks dequantized on the host).
-void expect_files_split(const ModelConfig& c, const WeightPlan& plan, double bound) {
+void expect_files_split(const ModelConfig& c, const WeightPlan& plan, cuda::DType dtype, double bound) {
   RunnerOptions ro;
   ro.device = Device::Cuda;
-  ro.dtype = "f16";
+  ro.dtype = dtype == cuda::DType::F16 ? "f16" : "bf16";
   ro.plan = &plan;
   auto one = make_engine(c, {}, ro, limits_for(c));
   ro.tensor_parallel = tp_ranks();
@@ -183,6 +186,7 @@ void expect_files_split(const ModelConfig& c, const WeightPlan& plan, double bou
     eo.kv_cache_tokens = l.kv_cache_tokens;
     cuda::ShardSource source;
     source.plan = &plan;
+    source.dtype = dtype;
     cuda::TensorParallelEngine two(c, 1, source, eo);
     expect_same_steps(*one, two, c, bound);
   }
@@ -195,12 +199,14 @@ TEST(TensorParallelFiles, HfFixturesOnTwoGpusMatchOne) {
     if (!e.is_directory() || !fs::exists(e.path() / "config.json")) continue;
     const PlannedModel m = plan_model(e.path().string());
     const ModelConfig& c = m.config();
-    if (!c.pre_norm || c.embedding_dim() != c.hidden || c.n_heads % 2 != 0 || c.ffn_hidden % 2 != 0) continue;
+    if (!c.pre_norm || c.embedding_dim() != c.hidden || (c.head_dim != 64 && c.head_dim != 128) ||
+        c.n_heads % 2 != 0 || c.ffn_hidden % 2 != 0)
+      continue;
     SCOPED_TRACE(e.path().filename().string());
-    expect_files_split(c, m.plan, 5e-4);
+    expect_files_split(c, m.plan, cuda::DType::F16, 5e-4);
     ++checked;
   }
-  EXPECT_GE(checked, 6);
+  EXPECT_GE(checked, 3);
 }
 
 TEST(TensorParallelFiles, GgufOfEveryStoredTypeOnTwoGpusMatchesOne) {
@@ -210,7 +216,8 @@ TEST(TensorParallelFiles, GgufOfEveryStoredTypeOnTwoGpusMatchesOne) {
   test::write_tiny_llama_gguf(path);
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
   const ModelConfig c = llama_config_from_gguf(*file);
-  expect_files_split(c, plan_llama_gguf(file, c), 5e-4);
+  // bf16: the random blocks (scales up to 0.01 x 63 x 15 per weight) overflow fp16 activations.
+  expect_files_split(c, plan_llama_gguf(file, c), cuda::DType::BF16, 5e-3);
   fs::remove_all(dir);
 }
 
