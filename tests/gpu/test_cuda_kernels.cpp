@@ -6,6 +6,7 @@
 // Skipped (GTEST_SKIP) where no GPU is usable. Sizes are kept small enough for compute-sanitizer.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -448,10 +449,37 @@ struct DecodeCase {
   bool async = false;
   int splits = 1;
   float phi = 0.f;
+  // FDPP_DECODE_PATH for this case: "core" (CUDA cores) or "mma" (tensor cores) forced; null = the
+  // launcher's own choice (tensor cores for two or more heads per CTA or head_dim 80/96/256).
+  const char* path = nullptr;
+};
+
+// Sets FDPP_DECODE_PATH for one case and restores the previous value.
+class DecodePathScope {
+ public:
+  explicit DecodePathScope(const char* path) {
+    if (const char* old = std::getenv("FDPP_DECODE_PATH")) old_ = old, had_ = true;
+    if (path != nullptr) setenv("FDPP_DECODE_PATH", path, 1);
+    else unsetenv("FDPP_DECODE_PATH");
+  }
+  ~DecodePathScope() {
+    if (had_) setenv("FDPP_DECODE_PATH", old_.c_str(), 1);
+    else unsetenv("FDPP_DECODE_PATH");
+  }
+
+ private:
+  std::string old_;
+  bool had_ = false;
 };
 
 void run_decode(const DecodeCase& c) {
   const int D = c.D, H = c.H, KVH = c.KVH, B = int(c.lens.size()), G = H / KVH;
+  const DecodePathScope path_scope(c.path);
+  // The tensor-core loop rounds P to 16 bits before P V (as FlashAttention does; the sums stay
+  // fp32): weights off by up to half a unit roundoff, so outputs by about u x rms; the element
+  // bound is 16 u x rms there (an indexing error is O(rms)).
+  const bool maybe_mma = !(c.path != nullptr && std::string(c.path) == "core") &&
+                         (G >= 2 || (D != 64 && D != 128) || (c.path != nullptr && std::string(c.path) == "mma"));
   const int width = (H + 2 * KVH) * D;
   const float scale = 1.f / std::sqrt(float(D));
   PagedCache cache(c.t, D, KVH, c.block_size, c.lens);
@@ -552,7 +580,8 @@ void run_decode(const DecodeCase& c) {
     std::vector<float> got(out.begin() + size_t(s) * H * D, out.begin() + size_t(s + 1) * H * D);
     std::ostringstream what;
     what << label(c.async ? "decode_attention_async" : "decode_attention", c.t) << " splits " << c.splits << " D " << D << " H " << H << " KVH " << KVH << " block " << c.block_size
-         << " seq " << s << " len " << len << " " << adversarial_name(c.adv);
+         << " seq " << s << " len " << len << " " << adversarial_name(c.adv) << " path "
+         << (c.path != nullptr ? c.path : "auto");
     if (len <= 0) {
       EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return x == 0.f; }))
           << what.str() << ": an empty context must give zeros";
@@ -562,8 +591,9 @@ void run_decode(const DecodeCase& c) {
     cpu::attention(q.data(), cache.kf[s].data(), cache.vf[s].data(), 1, len - 1, H, KVH, D, scale, ref.data());
     // Logits of 1e4 carry fp32 rounding of ~1e-3 in absolute terms, which moves near-tied weights by
     // ~0.1%: only the NMSE bound there.
-    const Tolerance tol = c.adv == Adversarial::HugeLogits || c.adv == Adversarial::Mixed ? Tolerance{5e-4, 0, 0}
-                                                                                       : rounding_tolerance(c.t);
+    Tolerance tol = c.adv == Adversarial::HugeLogits || c.adv == Adversarial::Mixed ? Tolerance{5e-4, 0, 0}
+                                                                                 : rounding_tolerance(c.t);
+    if (maybe_mma && tol.atol > 0) tol.atol = 16 * unit_roundoff(c.t);
     expect_close(got, ref, tol, what.str());
   }
 }
@@ -655,6 +685,89 @@ TEST_F(CudaKernels, DecodeAsyncAdversarialFallsBackExactly) {
 TEST_F(CudaKernels, DecodeAsyncPhiOutOfRangeRecomputesEveryRow) {
   for (float phi : {200.f, -200.f, 3.f})
     for (int splits : {1, 6}) run_decode({DType::F16, 128, 32, 8, 16, {1, 64, 999}, Adversarial::None, true, splits, phi});
+}
+
+// ---- decode attention on tensor cores (the query group as the M = 16 rows of mma.m16n8k16) ----
+// Every head dim, fp16 and bf16, group sizes 1..20 (above 16 a group spans CTAs), sync and async,
+// split and unsplit, lengths around the 16-key tile (15, 16, 17) and the 8-warp round (the tile
+// slice per warp), adversarial rows with the exact fallback count.
+
+constexpr int kHeadDims[] = {64, 80, 96, 128, 256};
+
+// Few and short: these run under compute-sanitizer (scripts/gpu-check.sh filters on "Small").
+TEST_F(CudaKernels, DecodeAttentionTensorCoreSmallCases) {
+  for (DType t : kTypes)
+    for (int D : kHeadDims) {
+      run_decode({t, D, 8, 2, 16, {0, 1, 17, 40}});
+      run_decode({t, D, 16, 1, 8, {33, 5}});
+      run_decode({t, D, 3, 3, 4, {70}, Adversarial::OneHugeLogit});  // MHA: tensor cores at 80, 96, 256
+      for (int splits : {1, 3}) {
+        run_decode({t, D, 8, 2, 16, {0, 1, 17, 40}, Adversarial::None, true, splits});
+        run_decode({t, D, 8, 2, 16, {1, 300}, Adversarial::Mixed, true, splits});
+      }
+    }
+}
+
+TEST_F(CudaKernels, DecodeAttentionAllHeadDimsAllGroupSizes) {
+  const std::vector<int> lens{1, 15, 16, 17, 129, 1000, 4097};
+  // Groups 1, 2, 3, 4, 5, 8, 12, 16, 20.
+  const std::pair<int, int> heads[] = {{2, 2}, {4, 2}, {6, 2}, {8, 2}, {10, 2}, {16, 2}, {24, 2}, {16, 1}, {40, 2}};
+  for (DType t : kTypes)
+    for (int D : kHeadDims)
+      for (auto [H, KVH] : heads) {
+        run_decode({t, D, H, KVH, 16, lens});
+        for (int splits : {0, 5}) run_decode({t, D, H, KVH, 16, lens, Adversarial::None, true, splits});
+      }
+}
+
+// Each loop forced where the launcher would pick the other: CUDA cores for GQA (the former path,
+// kept for comparison), tensor cores for MHA.
+TEST_F(CudaKernels, DecodeAttentionForcedPaths) {
+  const std::vector<int> lens{0, 1, 17, 1000, 4097};
+  for (DType t : kTypes)
+    for (int D : {64, 128}) {
+      for (auto [H, KVH] : {std::pair{8, 4}, std::pair{32, 2}, std::pair{12, 1}})
+        for (int splits : {1, 0}) {
+          run_decode({t, D, H, KVH, 16, lens, Adversarial::None, false, 1, 0.f, "core"});
+          run_decode({t, D, H, KVH, 16, lens, Adversarial::None, true, splits, 0.f, "core"});
+        }
+      for (auto [H, KVH] : {std::pair{4, 4}, std::pair{1, 1}})
+        for (int splits : {1, 0}) {
+          run_decode({t, D, H, KVH, 16, lens, Adversarial::None, false, 1, 0.f, "mma"});
+          run_decode({t, D, H, KVH, 16, lens, Adversarial::None, true, splits, 0.f, "mma"});
+        }
+    }
+}
+
+TEST_F(CudaKernels, DecodeAttentionTensorCoreBlockSizesAndLongContext) {
+  for (int bs : {1, 8, 32, 256}) {
+    run_decode({DType::BF16, 96, 8, 2, bs, {0, 1, 33, 300}});
+    run_decode({DType::F16, 256, 16, 2, bs, {0, 1, 33, 300}, Adversarial::None, true, 3});
+  }
+  run_decode({DType::BF16, 256, 16, 2, 16, {32768, 3}});
+  run_decode({DType::F16, 80, 32, 2, 16, {20000}, Adversarial::None, true, 0});
+  run_decode({DType::BF16, 128, 32, 8, 16, {65536, 1000}, Adversarial::None, true, 0});
+}
+
+TEST_F(CudaKernels, DecodeAsyncTensorCoreAdversarialFallsBackExactly) {
+  for (DType t : kTypes)
+    for (int D : {80, 128, 256})
+      for (Adversarial adv : {Adversarial::HugeLogits, Adversarial::OneHugeLogit, Adversarial::ZeroQuery,
+                              Adversarial::IdenticalKeys, Adversarial::Mixed})
+        for (int splits : {1, 4}) {
+          run_decode({t, D, 8, 2, 16, {1, 17, 1000}, adv, true, splits});
+          run_decode({t, D, 32, 2, 16, {300, 2}, adv, true, splits});
+        }
+  // Synchronized kernel on the same inputs: stays finite and exact.
+  for (DType t : kTypes)
+    for (Adversarial adv : {Adversarial::HugeLogits, Adversarial::OneHugeLogit, Adversarial::IdenticalKeys})
+      run_decode({t, 96, 16, 1, 16, {300, 2}, adv});
+}
+
+TEST_F(CudaKernels, DecodeAsyncTensorCorePhiOutOfRangeRecomputesEveryRow) {
+  for (float phi : {200.f, -200.f, 3.f})
+    for (int D : {80, 128})
+      for (int splits : {1, 6}) run_decode({DType::F16, D, 32, 8, 16, {1, 64, 999}, Adversarial::None, true, splits, phi});
 }
 
 struct PrefillCase {
@@ -1101,8 +1214,8 @@ TEST_F(CudaKernels, LaunchersRejectBadArguments) {
   DeviceBuffer<float> f32(1 << 14);
   void* p = buf.get();
   const int32_t* ip = ints.get();
-  expect_error_naming([&] { cuda::decode_attention(p, p, p, ip, 4, ip, 1, 8, 2, 96, 16, 0.1f, p, DType::F16, nullptr); },
-                      "head_dim = 96");
+  expect_error_naming([&] { cuda::decode_attention(p, p, p, ip, 4, ip, 1, 8, 2, 72, 16, 0.1f, p, DType::F16, nullptr); },
+                      "head_dim = 72");
   expect_error_naming([&] { cuda::decode_attention(p, p, p, ip, 4, ip, 1, 8, 3, 64, 16, 0.1f, p, DType::F16, nullptr); },
                       "not a multiple");
   expect_error_naming([&] { cuda::decode_attention(p, p, p, ip, 4, ip, 1, 8, 2, 64, 12, 0.1f, p, DType::F16, nullptr); },

@@ -7,6 +7,7 @@
 // different parts of a pool larger than twice the 60 MB L2 (their block tables point at disjoint
 // blocks), so no call is served from L2 by its predecessor. The peers (torch SDPA, cuDNN and
 // FlashAttention backends) run the same shapes in bench/peers/peers.py --attention.
+// FDPP_DECODE_PATH=mma|core forces the tensor-core or the CUDA-core loop (the "path" field).
 #include "bench_attention.h"
 
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <numeric>
 #include <random>
@@ -45,7 +47,8 @@ std::vector<cuda::GpuInfo> checked_gpus(const BenchAttentionArgs& a) {
   check(!gpus.empty(), "fdpp bench-attention measures CUDA kernels: no usable GPU ({})", why);
   check(a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0, "--heads {} must be a multiple of --kv-heads {}",
         a.heads, a.kv_heads);
-  check(a.head_dim == 64 || a.head_dim == 128, "--head-dim {} is not one of 64, 128", a.head_dim);
+  check(a.head_dim == 64 || a.head_dim == 80 || a.head_dim == 96 || a.head_dim == 128 || a.head_dim == 256,
+        "--head-dim {} is not one of 64, 80, 96, 128, 256", a.head_dim);
   check(a.dtype == "f16" || a.dtype == "bf16", "--dtype '{}' is not one of f16, bf16", a.dtype);
   return gpus;
 }
@@ -134,7 +137,8 @@ int run_bench_attention(const BenchAttentionArgs& a) {
         const double us = cuda::time_graph(stream, reps, a.replays, launch).us;
         unsigned long long fb = 0;
         FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
-        results.push_back({{"mode", mode}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
+        const char* path = std::getenv("FDPP_DECODE_PATH");  // forces mma or core (kernels.h)
+        results.push_back({{"mode", mode}, {"path", path != nullptr ? path : "auto"}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
                            {"context", L}, {"splits", splits}, {"us", us}, {"bytes", bytes},
                            {"pct_design_bw", bytes / (us * 1e-6) / kDesignReadBandwidth},
                            {"fallback_rows", fb}, {"reps", reps}, {"rotations", rotations}});

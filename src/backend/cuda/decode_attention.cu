@@ -1,6 +1,14 @@
 // Decode attention over the paged KV cache: one query token per sequence.
 //
-// Design of the one-pass kernel (the synchronized FlashDecoding-style softmax); the split-KV kernels
+// Two main loops share one prologue (indices, the CTA's key slice) and one epilogue (the merge of
+// the warps, the split-KV partials, the unified-max guard):
+//   * CUDA cores (described first below): MHA (one query head per CTA) at head_dim 64 and 128.
+//   * Tensor cores (mma_loop, described after it): every CTA with two or more query heads, and
+//     every CTA at head_dim 80, 96 and 256.
+// FDPP_DECODE_PATH=core|mma forces one of them (for measuring one against the other; core only
+// exists at head_dim 64 and 128).
+//
+// Design of the CUDA-core loop (the synchronized FlashDecoding-style softmax); the split-KV kernels
 // below (sync, and the asynchronized FlashDecoding++ one with the unified max) reuse its tiling:
 //   * One CTA per (sequence, kv head [, sub-group of 16 query heads when the group is larger]). It
 //     handles every query head of the GQA group, so each K/V vector is read from memory once for the
@@ -28,13 +36,42 @@
 // after the first tile and no inf - inf arises (logits of +-1e4 are fine in fp32).
 // Head counts: the group (H / KVH) is padded up to GMAX in {1, 2, 4, 8, 16} (the padded heads get
 // q = 0 and are never written); groups above 16 are split over several CTAs of 16 heads.
+//
+// Design of the tensor-core loop (the query group as a flat GEMM, as flat_gemm pads M):
+//   * The CTA's query heads (up to 16) are the M = 16 rows of mma.sync m16n8k16 (rows past the group
+//     are q = 0 and never written). Q sits in shared memory as 16-bit (unscaled: S is scaled in
+//     fp32 after the mma) and, up to head_dim 128, in registers as A fragments for the whole walk.
+//   * Warps take 16-key tiles round-robin (tile t -> warp t % W; W = 8, 4 at head_dim 256) through a
+//     private ring of 3 stages: two tiles of K and V are in flight per warp while the third is
+//     computed (per SM 8 x 2 x 8.7 KB = 139 KB in flight at head_dim 128, past the ~35 KB that
+//     4.46 TB/s x ~1 us of latency / 132 SMs needs). No CTA barrier inside the loop.
+//   * Rows are staged with a 16-byte pad (stride D + 8): the 8 rows an ldmatrix reads start 4, 12
+//     or 20 banks apart for every supported D (64, 80, 96, 128, 256), so no conflicts and no swizzle
+//     (XOR swizzles need a power-of-two chunk count). Keys past the end are zero-filled (cp.async
+//     src-size 0): P is 0 there, and 0 * garbage could be NaN.
+//   * S = Q K^T: D/16 mma per 8 keys; K fragments by ldmatrix (non-transposed). Online softmax per
+//     row (quad shuffles), P converted to 16-bit in registers (the accumulator layout of S is the A
+//     layout of P V), P V: D/8 mma per tile with V fragments by ldmatrix.trans.
+//   * The async (unified max) mode keeps the warp's own running max inside the loop and converts the
+//     warp's sums to phi once at the end (o, d times 2^(m_w - phi)). Inside a warp the rescale costs
+//     nothing measurable (the tensor cores idle), and P stays <= 1, so fp16 P keeps the full
+//     [a, b] range of the guard (a P of e^(x - phi) up to e^13.7 would overflow fp16). What the
+//     unified max saves, the exchange of maxima between splits, is unchanged.
+//
+// Async fallback: a row whose max leaves the range is recomputed by the very CTA that found it (the
+// single split, or the last split of the group to finish), with the synchronized loop over all of
+// the row's keys, right after the guard. No second launch: with no row out of range nothing else
+// runs (the former fixed fallback grid cost 0.3-1.6 us per call at small sizes, issue 13).
 // A context length <= 0 writes zeros (padding rows of a fixed-size batch); lengths beyond the
 // block table's capacity (max_blocks_per_seq * block_size) are clamped to it.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
-#include "backend/cuda/per_device.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/mma_fragments.cuh"
+#include "backend/cuda/per_device.h"
 
 namespace fdpp::cuda {
 
@@ -48,8 +85,9 @@ using detail::to_float;
 using detail::warp_max;
 using detail::warp_sum;
 
-// 8 warps, one CTA per SM at head_dim 128 (135 KB of shared memory). Measured on the H200 against
-// 4 warps (three CTAs per SM): no better anywhere, 10-50% slower at batch 1 (docs/performance-log.md).
+// CUDA-core loop: 8 warps, one CTA per SM at head_dim 128 (135 KB of shared memory). Measured on
+// the H200 against 4 warps (three CTAs per SM): no better anywhere, 10-50% slower at batch 1
+// (docs/performance-log.md).
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 
@@ -61,6 +99,7 @@ struct DecodeArgs {
   int max_blocks_per_seq;
   const int32_t* context_lens;
   int n_heads, n_kv_heads, group, n_sub;
+  int gmax;  // query heads per CTA (sub-group size; the last sub-group may have fewer)
   int block_shift;
   float scale_log2;  // scale * log2(e)
   void* out;
@@ -72,35 +111,60 @@ struct DecodeArgs {
   int splits;
   float* partials;
   // Async (unified max) mode, all in log2 units (x * log2 e): phi and the safe range [lo, hi] of
-  // (row max - phi). Rows outside it are left unwritten and listed for the fallback launch.
+  // (row max - phi). Rows outside it are recomputed by the CTA that finds them.
   float phi2, lo2, hi2;
-  int* counters;                        // [0] listed groups, [1] fallback CTAs done, [2 + g] arrivals of
-                                        // group g's splits; all left at 0 by the kernels
-  int* fallback_entries;                // (group, head mask) pairs, [0 .. counters[0])
-  unsigned long long* fallback_rows;    // cumulative count of rows recomputed (nullable)
-  // Fallback launch (sync mode): CTA i recomputes the i-th listed group, only its masked heads.
-  bool from_list;
+  int* counters;                      // [2 + g] arrivals of group g's splits; left at 0 by the kernel
+  unsigned long long* fallback_rows;  // cumulative count of rows recomputed (nullable)
 };
 
-// K tile row stride in elements: 16 bytes of padding make the row-per-lane reads conflict-free.
+// ---- shared memory layouts ---------------------------------------------------------------------
+// Both loops start with the per-warp merge inputs m [W][GMAX], d [W][GMAX] (fp32); the loop's own
+// buffers follow, and after the loop o [W][GMAX][D] (fp32) overlays the loop's K/V stages.
+
+// CUDA-core loop. K tile row stride in elements: 16 bytes of padding make the row-per-lane reads
+// conflict-free.
 template <int D>
 constexpr int kKStride = D + 8;
 
-// K and V tile staging (16-bit, per warp [32][D + 8] then [32][D]) during the loop; o per warp
-// ([kWarps][GMAX][D] fp32) for the final merge, in the same bytes.
 template <int D, int GMAX>
-constexpr size_t decode_stage_bytes() {
-  constexpr size_t kv = sizeof(uint16_t) * kWarps * 32 * (kKStride<D> + D), o = sizeof(float) * kWarps * GMAX * D;
-  return kv > o ? kv : o;
-}
+struct CoreShape {
+  static constexpr int kWarps = ::fdpp::cuda::kWarps;
+  static constexpr int kKeys = 32;  // keys per tile
+  // K and V tile staging (16-bit, per warp [32][D + 8] then [32][D]) during the loop; o per warp
+  // ([kWarps][GMAX][D] fp32) for the final merge, in the same bytes.
+  static constexpr size_t kStageBytes = sizeof(uint16_t) * kWarps * 32 * (kKStride<D> + D);
+  static constexpr size_t kOBytes = sizeof(float) * kWarps * GMAX * D;
+  static constexpr size_t kSmem = sizeof(float) * 2 * kWarps * GMAX  // m, d per warp (merge)
+                                  + sizeof(float) * GMAX * D           // q (scaled)
+                                  + sizeof(float) * kWarps * GMAX * 32  // probabilities of the tile, per warp
+                                  + (kStageBytes > kOBytes ? kStageBytes : kOBytes);
+};
 
+// Tensor-core loop (GMAX is always 16: the M of the mma). 3 stages of 16 keys per warp; 8 warps
+// (4 at head_dim 256, where 8 x 3 stages would not fit in 227 KB). Stage counts and warps await
+// measurement on the H200 (chosen by the in-flight bytes argument in the header comment).
+template <int D>
+struct MmaShape {
+  static constexpr int kWarps = D > 128 ? 4 : 8;
+  static constexpr int kStages = 3;
+  static constexpr int kKeys = 16;
+  static constexpr int kStride = D + 8;  // 16-bit elements per staged row (16-byte pad)
+  static constexpr size_t kTileBytes = sizeof(uint16_t) * 2 * kKeys * kStride;  // K and V of a tile
+  static constexpr size_t kStageBytes = size_t(kWarps) * kStages * kTileBytes;
+  static constexpr size_t kOBytes = sizeof(float) * kWarps * 16 * D;
+  static constexpr size_t kSmem = sizeof(float) * 2 * kWarps * 16 + sizeof(uint16_t) * 16 * kStride +
+                                  (kStageBytes > kOBytes ? kStageBytes : kOBytes);
+  static_assert(kSmem <= 227 * 1024, "shared memory");
+};
+
+template <int D, int GMAX, bool kMma>
+struct ShapeOf {
+  using type = CoreShape<D, GMAX>;
+};
 template <int D, int GMAX>
-constexpr size_t decode_smem_bytes() {
-  return sizeof(float) * GMAX * D               // q (scaled)
-         + sizeof(float) * kWarps * GMAX * 32   // probabilities of the tile, per warp
-         + sizeof(float) * 2 * kWarps * GMAX    // m, d per warp (merge)
-         + decode_stage_bytes<D, GMAX>();       // V tiles / o per warp
-}
+struct ShapeOf<D, GMAX, true> {
+  using type = MmaShape<D>;
+};
 
 // 4 or 2 consecutive 16-bit values -> floats (8- or 4-byte load).
 template <class T, int N>
@@ -131,61 +195,35 @@ __device__ __forceinline__ void write_partial(float* p, int dim, float m, float 
 // Waits until at most one cp.async group of this thread is still in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
+// What both loops need to know about the CTA's row.
+struct RowSlice {
+  int b, kvh, head0, gc;  // sequence, kv head, first query head, query heads of this CTA
+  int L;                  // keys of the row
+  int tile_begin, tile_end;  // this CTA's key tiles (of the loop's tile size)
+};
 
-// One CTA's work: the group `group_index` ((b * KVH + kvh) * n_sub + sub), key slice `split`,
-// writing only the heads in head_mask (sync mode without splits).
+// ---- CUDA-core loop -------------------------------------------------------------------------------
+// Leaves per warp (m, d, o) for the merge in m_s, d_s, o_s (returned) and ends with a barrier.
 template <class T, int D, int GMAX, bool kAsync>
-__device__ __forceinline__ void attend_group(const DecodeArgs& a, int group_index, unsigned head_mask, int split,
-                                             unsigned char* smem_raw, int& mask_s, int& last_s) {
+__device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice& r, unsigned char* body, float* m_s,
+                                            float* d_s) {
   static_assert(D == 64 || D == 128, "head_dim");
   constexpr int VPL = D / 32;  // output dims per lane
   constexpr int CH = D / 8;    // 16-byte chunks per K row
   constexpr int KS = kKStride<D>;
   constexpr int RPS = 32 / CH;  // rows copied per warp-wide step (one chunk per lane)
 
-  float* q_s = reinterpret_cast<float*>(smem_raw);             // [GMAX][D]
-  float* p_s = q_s + GMAX * D;                                 // [kWarps][GMAX][32]
-  float* m_s = p_s + kWarps * GMAX * 32;                       // [kWarps][GMAX]
-  float* d_s = m_s + kWarps * GMAX;                            // [kWarps][GMAX]
-  float* o_s = d_s + kWarps * GMAX;                            // [kWarps][GMAX][D] (after the loop)
-  T* stage = reinterpret_cast<T*>(o_s);                        // per warp K [32][KS], V [32][D] (loop)
+  float* q_s = reinterpret_cast<float*>(body);  // [GMAX][D]
+  float* p_s = q_s + GMAX * D;                  // [kWarps][GMAX][32]
+  float* o_s = p_s + kWarps * GMAX * 32;        // [kWarps][GMAX][D] (after the loop)
+  T* stage = reinterpret_cast<T*>(o_s);         // per warp K [32][KS], V [32][D] (loop)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int sub = group_index % a.n_sub;
-  const int bk = group_index / a.n_sub;
-  const int kvh = bk % a.n_kv_heads;
-  const int b = bk / a.n_kv_heads;
-  const int g0 = sub * GMAX;
-  const int gc = min(GMAX, a.group - g0);  // query heads of this CTA
-  const int head0 = kvh * a.group + g0;
+  const int L = r.L, tile_end = r.tile_end, kvh = r.kvh;
   const int H = a.n_heads, KVH = a.n_kv_heads;
-
-  T* out = static_cast<T*>(a.out) + (int64_t(b) * H + head0) * D;
-  int L = a.context_lens[b];
-  const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.block_shift;
-  if (L > capacity) L = static_cast<int>(capacity);
-  // This CTA's slice of the key tiles (all of them when there is one split).
-  const int n_tiles = L > 0 ? (L + 31) >> 5 : 0;
-  const int tiles_per_split = (n_tiles + a.splits - 1) / a.splits;
-  const int tile_begin = split * tiles_per_split;
-  const int tile_end = min(n_tiles, tile_begin + tiles_per_split);
-  float* partial = a.splits > 1 ? a.partials + ((int64_t(b) * H + head0) * a.splits + split) * (D + 2) : nullptr;
-  if (n_tiles == 0) {  // a padding row (length <= 0): zeros, written by every split alike
-    for (int i = tid; i < gc * D; i += kThreads) out[i] = from_float<T>(0.f);
-    return;
-  }
-  if (!kAsync && tile_begin >= tile_end) {  // sync: no keys in this slice, an empty partial
-    for (int i = tid; i < gc * D; i += kThreads) {
-      write_partial(partial + int64_t(i / D) * a.splits * (D + 2), i % D, -INFINITY, 0.f, 0.f);
-    }
-    return;
-  }
-  // (Async: an empty slice still arrives at the semaphore below, with zero sums.)
-
-
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);
-  const int32_t* btab = a.block_tables + int64_t(b) * a.max_blocks_per_seq;
+  const int32_t* btab = a.block_tables + int64_t(r.b) * a.max_blocks_per_seq;
   const int shift = a.block_shift;
   const int in_block_mask = (1 << shift) - 1;
 
@@ -226,15 +264,15 @@ __device__ __forceinline__ void attend_group(const DecodeArgs& a, int group_inde
   // computed, V(t) is loading; while P.V(t) runs, K(t + 8) is loading; V(t + 8) is issued right
   // after P.V(t). Without it (load, wait, compute) the loads and the math of a warp never overlap
   // and the kernel reached 61% of read bandwidth at GQA 32/8, B 1, L 64K (docs/performance-log.md).
-  int tile = tile_begin + warp;
+  int tile = r.tile_begin + warp;
   int64_t row = tile < tile_end ? key_row(tile) : 0;
   if (tile < tile_end) stage_rows(tile, row, k_cache, k_w, KS);
   detail::cp_async_commit();
   if (tile < tile_end) stage_rows(tile, row, v_cache, v_w, D);
   detail::cp_async_commit();
   // q after the first tiles' loads are in flight (its latency overlaps theirs).
-  const T* q = static_cast<const T*>(a.qkv) + int64_t(b) * (H + 2 * KVH) * D + int64_t(head0) * D;
-  for (int i = tid; i < GMAX * D; i += kThreads) q_s[i] = i < gc * D ? to_float(q[i]) * a.scale_log2 : 0.f;
+  const T* q = static_cast<const T*>(a.qkv) + int64_t(r.b) * (H + 2 * KVH) * D + int64_t(r.head0) * D;
+  for (int i = tid; i < GMAX * D; i += kThreads) q_s[i] = i < r.gc * D ? to_float(q[i]) * a.scale_log2 : 0.f;
   __syncthreads();
   for (; tile < tile_end; tile += kWarps) {
     const bool valid = (tile << 5) + lane < L;
@@ -316,7 +354,7 @@ __device__ __forceinline__ void attend_group(const DecodeArgs& a, int group_inde
   }
   detail::cp_async_wait_all();  // (only empty groups remain; the stage is about to be reused)
 
-  // Cross-warp merge. o_s overlays the other warps' V tiles: wait until every warp is done.
+  // o_s overlays the other warps' V tiles: wait until every warp is done.
   __syncthreads();
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
@@ -329,16 +367,273 @@ __device__ __forceinline__ void attend_group(const DecodeArgs& a, int group_inde
 #pragma unroll
     for (int v = 0; v < VPL; ++v) o_s[(warp * GMAX + g) * D + lane * VPL + v] = o[g][v];
   }
-  if (kAsync && tid == 0) mask_s = 0;
   __syncthreads();
+  return o_s;
+}
 
+// ---- tensor-core loop -----------------------------------------------------------------------------
+// The CTA's (up to 16) query heads are the rows of m16n8k16; see the header comment. Leaves per
+// warp (m, d, o) for the merge in m_s, d_s, o_s [W][16][D] (returned) and ends with a barrier.
+// Fragment layouts (PTX ISA, mma.m16n8k16): lane l holds C/D elements (row l/4, cols 2(l%4), +1)
+// in c0, c1 and row l/4 + 8 in c2, c3; A (16 x 16) a0: (row l/4, k 2(l%4), +1), a1: row + 8,
+// a2: k + 8, a3: both; B (16 x 8) b0: (k 2(l%4), +1, col l/4), b1: k + 8.
+template <class T, int D, bool kAsync>
+__device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& r, unsigned char* body, float* m_s,
+                                           float* d_s) {
+  using S = MmaShape<D>;
+  constexpr int W = S::kWarps, NS = S::kStages, KT = S::kKeys, KS = S::kStride;
+  constexpr int CH = D / 8;       // 16-byte chunks per row
+  constexpr int KSTEPS = D / 16;  // k-steps of Q K^T; also 16-dim pairs of n-tiles of P V
+  constexpr int NT = D / 8;       // n-tiles of the output
+  constexpr bool kQRegs = D <= 128;  // Q fragments kept in registers (at 256 they would cost 64)
+  static_assert(D % 16 == 0 && KT == 16, "tile shape");
+
+  T* q_s = reinterpret_cast<T*>(body);    // [16][KS]
+  T* stage = q_s + 16 * KS;               // [W][NS] x (K [16][KS], V [16][KS])
+  float* o_s = reinterpret_cast<float*>(stage);  // [W][16][D] (after the loop)
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int L = r.L, tile_end = r.tile_end;
+  const int H = a.n_heads, KVH = a.n_kv_heads;
+  const T* k_cache = static_cast<const T*>(a.k_cache);
+  const T* v_cache = static_cast<const T*>(a.v_cache);
+  const int32_t* btab = a.block_tables + int64_t(r.b) * a.max_blocks_per_seq;
+  const int shift = a.block_shift;
+  const int in_block_mask = (1 << shift) - 1;
+  const int64_t head_off = int64_t(r.kvh) * D;
+  T* my_stage = stage + warp * NS * 2 * KT * KS;
+
+  // Issues tile `tile` into stage `s` (nothing past the slice) and commits a group either way, so
+  // that every lane counts the same groups. Lanes 0..15 look up one key row each; the 2D chunks of
+  // K (and of V) go out 32 per step, chunk i = step * 32 + lane of row i / CH.
+  auto issue = [&](int tile, int s) {
+    if (tile < tile_end) {
+      const int j0 = tile * KT;
+      const int n_valid = min(KT, L - j0);
+      int64_t row = 0;
+      if (lane < n_valid) {
+        const int j = j0 + lane;
+        const int64_t blk = btab[j >> shift];
+        row = ((blk << shift) + (j & in_block_mask)) * KVH * D + head_off;
+      }
+      T* kd = my_stage + s * 2 * KT * KS;
+      T* vd = kd + KT * KS;
+#pragma unroll
+      for (int step = 0; step < KT * CH / 32; ++step) {
+        const int i = step * 32 + lane;
+        const int rr = i / CH, c = i - rr * CH;
+        const int64_t src = __shfl_sync(0xffffffffu, row, rr);
+        const bool ok = rr < n_valid;
+        const int64_t at = ok ? src + c * 8 : 0;
+        detail::cp_async16_zfill(kd + rr * KS + c * 8, k_cache + at, ok);
+        detail::cp_async16_zfill(vd + rr * KS + c * 8, v_cache + at, ok);
+      }
+    }
+    detail::cp_async_commit();
+  };
+
+  int tile = r.tile_begin + warp;
+#pragma unroll
+  for (int s = 0; s < NS - 1; ++s) issue(tile + s * W, s);
+  // q (16-bit, rows past the CTA's heads zero) while the first tiles are in flight.
+  const T* q = static_cast<const T*>(a.qkv) + int64_t(r.b) * (H + 2 * KVH) * D + int64_t(r.head0) * D;
+  for (int i = tid; i < 16 * D; i += W * 32) {
+    const int row = i / D, col = i - row * D;
+    q_s[row * KS + col] = row < r.gc ? q[i] : from_float<T>(0.f);
+  }
+  __syncthreads();
+  auto q_frag = [&](uint32_t(&f)[4], int ks) {
+    detail::ldmatrix_x4(f, detail::smem_addr(q_s + (lane & 15) * KS + (2 * ks + (lane >> 4)) * 8));
+  };
+  uint32_t qf[kQRegs ? KSTEPS : 1][4];
+  if constexpr (kQRegs) {
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) q_frag(qf[ks], ks);
+  }
+
+  // Rows r0 = lane / 4 and r1 = r0 + 8: running max (the max logit seen, for async's guard too) and
+  // this lane's part of the sum (its 2 columns of each 8-key n-tile).
+  float m0 = -INFINITY, m1 = -INFINITY, d0 = 0.f, d1 = 0.f;
+  float o[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+
+  for (int i = 0; tile < tile_end; ++i, tile += W) {
+    detail::cp_async_wait_group<NS - 2>();  // this tile has landed (NS - 2 younger groups may not)
+    __syncwarp();                           // visible to every lane; every lane is done with stage i - 1
+    issue(tile + (NS - 1) * W, (i + NS - 1) % NS);  // into the stage computed at iteration i - 1
+    const T* kb = my_stage + (i % NS) * 2 * KT * KS;
+    const T* vb = kb + KT * KS;
+
+    // S = Q K^T for keys 0..7 (s[0]) and 8..15 (s[1]) of the tile. One ldmatrix.x4 gives K's B
+    // fragments of both n-tiles: matrices (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, ..).
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+      uint32_t kf[4];
+      detail::ldmatrix_x4(kf, detail::smem_addr(kb + ((lane & 7) + ((lane >> 4) << 3)) * KS +
+                                                (2 * ks + ((lane >> 3) & 1)) * 8));
+      if constexpr (kQRegs) {
+        detail::mma16816<T>(s[0], qf[ks], kf[0], kf[1]);
+        detail::mma16816<T>(s[1], qf[ks], kf[2], kf[3]);
+      } else {
+        uint32_t qa[4];
+        q_frag(qa, ks);
+        detail::mma16816<T>(s[0], qa, kf[0], kf[1]);
+        detail::mma16816<T>(s[1], qa, kf[2], kf[3]);
+      }
+    }
+    // Scale to log2 units; keys past the end -inf (the tile has at least one valid key).
+    const int j0 = tile * KT + 2 * (lane & 3);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = j0 + nt * 8 + (e & 1) < L ? s[nt][e] * a.scale_log2 : -INFINITY;
+    float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+    float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+    }
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);  // m = -inf on the first tile: 0
+    m0 = mn0;
+    m1 = mn1;
+    float p[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      p[nt][0] = exp2f(s[nt][0] - mn0);  // masked: exp2(-inf) = 0
+      p[nt][1] = exp2f(s[nt][1] - mn0);
+      p[nt][2] = exp2f(s[nt][2] - mn1);
+      p[nt][3] = exp2f(s[nt][3] - mn1);
+    }
+    d0 = d0 * al0 + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+    d1 = d1 * al1 + (p[0][2] + p[0][3]) + (p[1][2] + p[1][3]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      o[nt][0] *= al0;
+      o[nt][1] *= al0;
+      o[nt][2] *= al1;
+      o[nt][3] *= al1;
+    }
+    // P (16 rows x 16 keys) as the A fragment: the accumulators of s[0] are its k 0..7 half.
+    const uint32_t pa[4] = {detail::pack2<T>(p[0][0], p[0][1]), detail::pack2<T>(p[0][2], p[0][3]),
+                            detail::pack2<T>(p[1][0], p[1][1]), detail::pack2<T>(p[1][2], p[1][3])};
+    // O += P V: one ldmatrix.x4.trans gives V's B fragments of dims 16 dp .. 16 dp + 15 (two n-tiles):
+    // matrices (keys 0-7, dims 0-7), (keys 8-15, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, ..).
+#pragma unroll
+    for (int dp = 0; dp < KSTEPS; ++dp) {
+      uint32_t vf[4];
+      detail::ldmatrix_x4_trans(vf, detail::smem_addr(vb + (lane & 15) * KS + (2 * dp + (lane >> 4)) * 8));
+      detail::mma16816<T>(o[2 * dp], pa, vf[0], vf[1]);
+      detail::mma16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+    }
+  }
+  detail::cp_async_wait_all();  // (only empty groups remain)
+
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    d0 += __shfl_xor_sync(0xffffffffu, d0, x);
+    d1 += __shfl_xor_sync(0xffffffffu, d1, x);
+  }
+  if constexpr (kAsync) {
+    // To the unified max: o, d times 2^(m_w - phi); m stays the max logit (the guard's input). A warp
+    // that saw no key has m = -inf: factor 0, and its sums are 0. A row far above phi may turn inf
+    // or NaN here; the guard rejects it (its max is out of range) before anything is written.
+    const float f0 = exp2f(m0 - a.phi2), f1 = exp2f(m1 - a.phi2);
+    d0 *= f0;
+    d1 *= f1;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      o[nt][0] *= f0;
+      o[nt][1] *= f0;
+      o[nt][2] *= f1;
+      o[nt][3] *= f1;
+    }
+  }
+  // o_s overlays every warp's stages: wait until all are done.
+  __syncthreads();
+  const int r0 = lane >> 2, r1 = r0 + 8, c0 = 2 * (lane & 3);
+  if ((lane & 3) == 0) {
+    m_s[warp * 16 + r0] = m0;
+    m_s[warp * 16 + r1] = m1;
+    d_s[warp * 16 + r0] = d0;
+    d_s[warp * 16 + r1] = d1;
+  }
+  float* o0 = o_s + (warp * 16 + r0) * D + c0;
+  float* o1 = o_s + (warp * 16 + r1) * D + c0;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    *reinterpret_cast<float2*>(o0 + nt * 8) = make_float2(o[nt][0], o[nt][1]);
+    *reinterpret_cast<float2*>(o1 + nt * 8) = make_float2(o[nt][2], o[nt][3]);
+  }
+  __syncthreads();
+  return o_s;
+}
+
+// ---- one CTA's work --------------------------------------------------------------------------------
+// The group `group_index` ((b * KVH + kvh) * n_sub + sub), key slice `split`, writing only the heads
+// in head_mask (sync mode without splits: the recomputation of rows the guard rejected).
+template <class T, int D, int GMAX, bool kAsync, bool kMma>
+__device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head_mask, int split,
+                             unsigned char* smem_raw, int& mask_s, int& last_s) {
+  using Shape = typename ShapeOf<D, GMAX, kMma>::type;
+  constexpr int W = Shape::kWarps, NTH = W * 32, KT = Shape::kKeys;
+  float* m_s = reinterpret_cast<float*>(smem_raw);  // [W][GMAX]
+  float* d_s = m_s + W * GMAX;                      // [W][GMAX]
+  unsigned char* body = reinterpret_cast<unsigned char*>(d_s + W * GMAX);  // (16-byte aligned: W * GMAX >= 8)
+
+  const int tid = threadIdx.x;
+  RowSlice r;
+  const int sub = group_index % a.n_sub;
+  const int bk = group_index / a.n_sub;
+  r.kvh = bk % a.n_kv_heads;
+  r.b = bk / a.n_kv_heads;
+  const int g0 = sub * a.gmax;
+  r.gc = min(a.gmax, a.group - g0);  // query heads of this CTA (<= GMAX)
+  r.head0 = r.kvh * a.group + g0;
+  const int H = a.n_heads;
+
+  T* out = static_cast<T*>(a.out) + (int64_t(r.b) * H + r.head0) * D;
+  int L = a.context_lens[r.b];
+  const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.block_shift;
+  if (L > capacity) L = static_cast<int>(capacity);
+  r.L = L;
+  // This CTA's slice of the key tiles (all of them when there is one split).
+  const int n_tiles = L > 0 ? (L + KT - 1) / KT : 0;
+  const int tiles_per_split = (n_tiles + a.splits - 1) / a.splits;
+  r.tile_begin = split * tiles_per_split;
+  r.tile_end = min(n_tiles, r.tile_begin + tiles_per_split);
+  float* partial = a.splits > 1 ? a.partials + ((int64_t(r.b) * H + r.head0) * a.splits + split) * (D + 2) : nullptr;
+  if (n_tiles == 0) {  // a padding row (length <= 0): zeros, written by every split alike
+    for (int i = tid; i < r.gc * D; i += NTH) out[i] = from_float<T>(0.f);
+    return;
+  }
+  if (!kAsync && r.tile_begin >= r.tile_end) {  // sync: no keys in this slice, an empty partial
+    for (int i = tid; i < r.gc * D; i += NTH) {
+      write_partial(partial + int64_t(i / D) * a.splits * (D + 2), i % D, -INFINITY, 0.f, 0.f);
+    }
+    return;
+  }
+  // (Async: an empty slice still arrives at the semaphore below, with zero sums.)
+  if (kAsync && tid == 0) mask_s = 0;  // (read after the loop's barriers)
+
+  float* o_s;
+  if constexpr (kMma) {
+    o_s = mma_loop<T, D, kAsync>(a, r, body, m_s, d_s);
+  } else {
+    o_s = core_loop<T, D, GMAX, kAsync>(a, r, body, m_s, d_s);
+  }
+
+  const int gc = r.gc;
   if constexpr (kAsync) {
     // Add the warps' sums (all relative to phi: no rescale) and take the CTA's max logit.
-    for (int i = tid; i < gc * D; i += kThreads) {
+    for (int i = tid; i < gc * D; i += NTH) {
       const int g = i / D, d = i - g * D;
       float M = -INFINITY, num = 0.f, den = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < W; ++w) {
         M = fmaxf(M, m_s[w * GMAX + g]);
         num += o_s[(w * GMAX + g) * D + d];
         den += d_s[w * GMAX + g];
@@ -367,9 +662,9 @@ __device__ __forceinline__ void attend_group(const DecodeArgs& a, int group_inde
       __threadfence();
       // (Staging the partials in shared memory with one coalesced load per chunk measured slower
       // on the H200: +0.8 us at batch 1, 4 to 16 splits.)
-      for (int i = tid; i < gc * D; i += kThreads) {
+      for (int i = tid; i < gc * D; i += NTH) {
         const int g = i / D, d = i - g * D;
-        const float* pg = a.partials + ((int64_t(b) * H + head0 + g) * a.splits) * (D + 2);
+        const float* pg = a.partials + ((int64_t(r.b) * H + r.head0 + g) * a.splits) * (D + 2);
         float M = -INFINITY, num = 0.f, den = 0.f;
         for (int sp = 0; sp < a.splits; ++sp) {  // in split order: the sum does not depend on timing
           const float* ps = pg + sp * (D + 2);
@@ -383,24 +678,27 @@ __device__ __forceinline__ void attend_group(const DecodeArgs& a, int group_inde
       }
     }
     __syncthreads();
-    if (tid == 0 && mask_s != 0) {
-      // Rows out of range: list the group (with its heads) for the synchronized recomputation.
-      const int slot = atomicAdd(a.counters, 1);
-      a.fallback_entries[2 * slot] = group_index;
-      a.fallback_entries[2 * slot + 1] = mask_s;
-      if (a.fallback_rows != nullptr) atomicAdd(a.fallback_rows, static_cast<unsigned long long>(__popc(mask_s)));
-    }
-    return;
+    const unsigned mask = static_cast<unsigned>(mask_s);
+    if (mask == 0) return;
+    // Rows out of range: this CTA recomputes them with the synchronized softmax over all the row's
+    // keys (one split, only the masked heads written). The barrier above ended every read of the
+    // shared buffers the recomputation reuses.
+    if (tid == 0 && a.fallback_rows != nullptr)
+      atomicAdd(a.fallback_rows, static_cast<unsigned long long>(__popc(mask)));
+    DecodeArgs f = a;
+    f.splits = 1;
+    f.partials = nullptr;
+    attend_group<T, D, GMAX, false, kMma>(f, group_index, mask, 0, smem_raw, mask_s, last_s);
   } else {
-    for (int i = tid; i < gc * D; i += kThreads) {
+    for (int i = tid; i < gc * D; i += NTH) {
       const int g = i / D, d = i - g * D;
       float M = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w * GMAX + g]);
+      for (int w = 0; w < W; ++w) M = fmaxf(M, m_s[w * GMAX + g]);
       float num = 0.f, den = 0.f;
       if (M != -INFINITY) {
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
+        for (int w = 0; w < W; ++w) {
           const float f = exp2f(m_s[w * GMAX + g] - M);
           num += f * o_s[(w * GMAX + g) * D + d];
           den += f * d_s[w * GMAX + g];
@@ -415,37 +713,16 @@ __device__ __forceinline__ void attend_group(const DecodeArgs& a, int group_inde
   }
 }
 
-template <class T, int D, int GMAX, bool kAsync>
-__global__ void __launch_bounds__(kThreads, 1) decode_attention_kernel(DecodeArgs a) {
+template <class T, int D, int GMAX, bool kAsync, bool kMma>
+__global__ void __launch_bounds__(ShapeOf<D, GMAX, kMma>::type::kWarps * 32, 1) decode_attention_kernel(DecodeArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ int mask_s, last_s, count_s;
-  // The next launch (the fallback launch after the async one; the O projection after that) may be
-  // scheduled now: its CTAs take SMs as this grid's retire, so a second launch with nothing to do
-  // costs almost nothing. Then wait for the previous kernel (rope: qkv and the cache; the async
-  // launch: the fallback list). See kernels.h, programmatic launch.
+  __shared__ int mask_s, last_s;
+  // The next launch (the O projection) may be scheduled now: its CTAs take SMs as this grid's
+  // retire. Then wait for the previous kernel (rope: qkv and the cache). See kernels.h,
+  // programmatic launch.
   detail::pdl_trigger();
   detail::pdl_wait();
-  if (!kAsync && a.from_list) {
-    // The fallback launch: a fixed grid (graph-friendly, at most one wave) whose CTAs take the
-    // listed groups round-robin; with an empty list every CTA exits at once.
-    if (threadIdx.x == 0) {
-      count_s = atomicAdd(a.counters, 0);
-      // Every CTA has read the count: the last one resets it for the next step.
-      __threadfence();
-      if (atomicAdd(a.counters + 1, 1) == int(gridDim.x) - 1) {
-        a.counters[0] = 0;
-        a.counters[1] = 0;
-      }
-    }
-    __syncthreads();
-    for (int e = blockIdx.x; e < count_s; e += gridDim.x) {
-      attend_group<T, D, GMAX, false>(a, a.fallback_entries[2 * e], static_cast<unsigned>(a.fallback_entries[2 * e + 1]),
-                                      0, smem_raw, mask_s, last_s);
-      __syncthreads();
-    }
-    return;
-  }
-  attend_group<T, D, GMAX, kAsync>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s, last_s);
+  attend_group<T, D, GMAX, kAsync, kMma>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s, last_s);
 }
 
 // Merges the splits' partials of one (sequence, query head): out = sum_s 2^(m_s - M) o_s /
@@ -472,30 +749,60 @@ __global__ void decode_combine_kernel(const float* __restrict__ partials, int sp
   }
 }
 
-template <class T, int D, int GMAX, bool kAsync>
+template <class T, int D, int GMAX, bool kAsync, bool kMma>
 void launch_decode(const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
-  constexpr size_t smem = decode_smem_bytes<D, GMAX>();
-  auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync>;
-  // Once per instantiation and device (not inside graph capture each time; per_device.h).
+  using Shape = typename ShapeOf<D, GMAX, kMma>::type;
+  constexpr size_t smem = Shape::kSmem;
+  auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync, kMma>;
+  // Once per (instantiation, device), before any graph capture uses it: the attribute belongs to
+  // the current device, and one process drives several under tensor parallelism.
   once_per_device(reinterpret_cast<const void*>(kernel), [&] {
     if (smem > 48 * 1024)
       cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                  "cudaFuncSetAttribute(decode_attention_kernel, max dynamic shared memory)");
   });
-  // The fallback launch (dependent) follows the async launch programmatically: its CTAs are
-  // scheduled while the async grid drains and wait for it in griddepcontrol.wait.
-  const detail::LaunchConfig config(dim3(n_ctas, a.splits), dim3(kThreads), smem, stream, dependent);
+  const detail::LaunchConfig config(dim3(n_ctas, a.splits), dim3(Shape::kWarps * 32), smem, stream, dependent);
   cuda_check(cudaLaunchKernelEx(config.get(), kernel, a), "cudaLaunchKernelEx(decode_attention_kernel)");
+}
+
+// Which loop a launch runs: the tensor cores for a CTA of two or more query heads (one K/V tile
+// serves the whole group at tensor-core rate; the CUDA-core loop's dot products per key grow with
+// the group: 16 heads x 128 dims per lane and key at ChatGLM2's 32/2, compute-bound at 35% of the
+// read bandwidth at batch 64, 16K, issue 13) and at head dims the CUDA-core loop lacks; CUDA cores
+// for MHA at 64 and 128 (their measured path). Whether mma also wins MHA awaits measurement:
+// FDPP_DECODE_PATH=mma|core forces one (read at each call; core only at 64 and 128).
+bool use_mma(int head_dim, int gmax) {
+  if (head_dim != 64 && head_dim != 128) return true;
+  if (const char* p = std::getenv("FDPP_DECODE_PATH")) {
+    if (std::strcmp(p, "mma") == 0) return true;
+    if (std::strcmp(p, "core") == 0) return false;
+  }
+  return gmax >= 2;
 }
 
 template <class T, int D, bool kAsync>
 void launch_decode_g(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
-  switch (gmax) {
-    case 1: return launch_decode<T, D, 1, kAsync>(a, n_ctas, dependent, stream);
-    case 2: return launch_decode<T, D, 2, kAsync>(a, n_ctas, dependent, stream);
-    case 4: return launch_decode<T, D, 4, kAsync>(a, n_ctas, dependent, stream);
-    case 8: return launch_decode<T, D, 8, kAsync>(a, n_ctas, dependent, stream);
-    default: return launch_decode<T, D, 16, kAsync>(a, n_ctas, dependent, stream);
+  if (use_mma(D, gmax)) return launch_decode<T, D, 16, kAsync, true>(a, n_ctas, dependent, stream);
+  if constexpr (D == 64 || D == 128) {
+    switch (gmax) {
+      case 1: return launch_decode<T, D, 1, kAsync, false>(a, n_ctas, dependent, stream);
+      case 2: return launch_decode<T, D, 2, kAsync, false>(a, n_ctas, dependent, stream);
+      case 4: return launch_decode<T, D, 4, kAsync, false>(a, n_ctas, dependent, stream);
+      case 8: return launch_decode<T, D, 8, kAsync, false>(a, n_ctas, dependent, stream);
+      default: return launch_decode<T, D, 16, kAsync, false>(a, n_ctas, dependent, stream);
+    }
+  }
+}
+
+// The kernel's head dims, one instantiation each.
+template <class T, bool kAsync>
+void launch_decode_d(int head_dim, int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64: return launch_decode_g<T, 64, kAsync>(gmax, a, n_ctas, dependent, stream);
+    case 80: return launch_decode_g<T, 80, kAsync>(gmax, a, n_ctas, dependent, stream);
+    case 96: return launch_decode_g<T, 96, kAsync>(gmax, a, n_ctas, dependent, stream);
+    case 128: return launch_decode_g<T, 128, kAsync>(gmax, a, n_ctas, dependent, stream);
+    default: return launch_decode_g<T, 256, kAsync>(gmax, a, n_ctas, dependent, stream);
   }
 }
 
@@ -526,15 +833,15 @@ GroupPlan plan_groups(int batch, int n_heads, int n_kv_heads, int splits) {
 // The most groups any plan can have (one query head per CTA): bounds the counters and the list.
 int64_t max_groups(int batch, int n_heads) { return int64_t(batch) * n_heads; }
 
-// The async workspace: partials (splits > 1), then the fallback list's entries.
+// The async workspace: the splits' partials (splits > 1). (The fallback list of the former second
+// launch is gone: the CTA that finds a row out of range recomputes it.)
 struct AsyncWorkspace {
-  size_t partial_bytes, entries_offset, total;
+  size_t partial_bytes, total;
 };
 AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/, int head_dim, int splits) {
   AsyncWorkspace w{};
   w.partial_bytes = decode_attention_workspace_bytes(batch, n_heads, head_dim, splits);
-  w.entries_offset = (w.partial_bytes + 15) & ~size_t(15);
-  w.total = w.entries_offset + sizeof(int) * 2 * size_t(max_groups(batch, n_heads));
+  w.total = std::max<size_t>(w.partial_bytes, 16);
   return w;
 }
 
@@ -560,7 +867,8 @@ int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
 
 int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
   // A launch has one CTA per (sequence, kv head [, 16-head sub-group]) and split, and the kernel
-  // runs one CTA per SM (135 KB of shared memory at head_dim 128). A grid of C CTAs therefore takes
+  // runs one CTA per SM (135 KB of shared memory at head_dim 128 on CUDA cores, 214 KB on tensor
+  // cores). A grid of C CTAs therefore takes
   // ceil(C / SMs) waves, and the last wave idles SMs: wave efficiency = C / (ceil(C / SMs) SMs).
   // Splitting a row's keys multiplies C; we take the smallest split count whose efficiency is
   // within 85% of the best achievable one (FlashAttention's rule), keeping at least 8 tiles of 32
@@ -580,9 +888,11 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   const int n_tiles = (max_context_len + 31) / 32;
   const int max_splits = std::max(1, std::min(n_tiles / kWarps, 64));
-  // CTAs resident per SM (shared memory bound; head_dim 128, groups up to 4 heads).
+  // CTAs resident per SM (shared memory bound at head_dim 128: the CUDA-core loop with groups up to
+  // 4 heads, the tensor-core loop with any group; both 1 today).
   constexpr int kSmemPerSm = 227 * 1024;
-  constexpr int kPerSm = std::max<int>(1, std::min<int>(2048 / kThreads, kSmemPerSm / decode_smem_bytes<128, 4>()));
+  constexpr size_t kSmemPerCta = std::max(CoreShape<128, 4>::kSmem, MmaShape<128>::kSmem);
+  constexpr int kPerSm = std::max<int>(1, std::min<int>(2048 / kThreads, static_cast<int>(kSmemPerSm / kSmemPerCta)));
   const int64_t slots = int64_t(multiprocessors) * kPerSm;
   auto efficiency = [&](int splits) {
     const int64_t c = ctas * splits;
@@ -619,7 +929,8 @@ DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, 
         batch, n_heads, n_kv_heads, max_blocks_per_seq);
   check(n_heads % n_kv_heads == 0, "decode_attention: n_heads = {} is not a multiple of n_kv_heads = {}", n_heads,
         n_kv_heads);
-  check(head_dim == 64 || head_dim == 128, "decode_attention: head_dim = {} is not supported (64, 128)", head_dim);
+  check(head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256,
+        "decode_attention: head_dim = {} is not supported (64, 80, 96, 128, 256)", head_dim);
   check(block_size > 0 && (block_size & (block_size - 1)) == 0 && block_size <= (1 << 20),
         "decode_attention: block_size = {} must be a power of two", block_size);
   check(std::isfinite(scale), "decode_attention: scale = {} is not finite", scale);
@@ -640,6 +951,7 @@ DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, 
   a.n_kv_heads = n_kv_heads;
   a.group = g.group;
   a.n_sub = g.n_sub;
+  a.gmax = g.gmax;
   a.block_shift = shift;
   a.scale_log2 = scale * detail::kLog2e;
   a.out = out;
@@ -670,12 +982,15 @@ void decode_attention_split(const void* qkv, const void* k_cache, const void* v_
                                     static_cast<T*>(out)),
                  "cudaLaunchKernelEx(decode_combine_kernel)");
     };
-    if (head_dim == 64) {
-      launch_decode_g<T, 64, false>(g.gmax, a, static_cast<int>(g.n_groups), pdl, stream);
-      if (splits > 1) combine(decode_combine_kernel<T, 64>, 64);
-    } else {
-      launch_decode_g<T, 128, false>(g.gmax, a, static_cast<int>(g.n_groups), pdl, stream);
-      if (splits > 1) combine(decode_combine_kernel<T, 128>, 128);
+    launch_decode_d<T, false>(head_dim, g.gmax, a, static_cast<int>(g.n_groups), pdl, stream);
+    if (splits > 1) {
+      switch (head_dim) {
+        case 64: combine(decode_combine_kernel<T, 64>, 64); break;
+        case 80: combine(decode_combine_kernel<T, 80>, 96); break;
+        case 96: combine(decode_combine_kernel<T, 96>, 96); break;
+        case 128: combine(decode_combine_kernel<T, 128>, 128); break;
+        default: combine(decode_combine_kernel<T, 256>, 128); break;
+      }
     }
   });
   check_launch("decode_attention");
@@ -699,34 +1014,17 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
   check(counters != nullptr && counter_ints >= need_counters,
         "decode_attention_async: needs {} zeroed counters, got {} at {}", need_counters, counter_ints,
         static_cast<const void*>(counters));
-  unsigned char* base = static_cast<unsigned char*>(workspace);
-  a.partials = splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
-  a.fallback_entries = reinterpret_cast<int*>(base + w.entries_offset);
+  a.partials = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   a.counters = counters;
   a.fallback_rows = fallback_rows;
   // The kernel works in log2 units: 2^(x log2 e - phi log2 e) = e^(x - phi).
   a.phi2 = range.phi * detail::kLog2e;
   a.lo2 = range.a * detail::kLog2e;
   a.hi2 = range.b * detail::kLog2e;
-  // The fallback launch: the synchronized kernel over the listed groups only, one CTA each.
-  DecodeArgs f = a;
-  f.splits = 1;
-  f.partials = nullptr;
-  f.from_list = true;
   const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits);
-  const int n = static_cast<int>(g.n_groups);
-  // The fallback grid: at most one wave. (A CTA per group measured +17 us at batch 64 with no row
-  // to recompute: 2048 CTAs of 135 KB shared memory take 16 waves just to exit.)
-  const int n_fallback = std::max(1, std::min(n, multiprocessor_count()));
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (head_dim == 64) {
-      launch_decode_g<T, 64, true>(g.gmax, a, n, programmatic_launch_enabled(), stream);
-      launch_decode_g<T, 64, false>(g.gmax, f, n_fallback, true, stream);
-    } else {
-      launch_decode_g<T, 128, true>(g.gmax, a, n, programmatic_launch_enabled(), stream);
-      launch_decode_g<T, 128, false>(g.gmax, f, n_fallback, true, stream);
-    }
+    launch_decode_d<T, true>(head_dim, g.gmax, a, static_cast<int>(g.n_groups), programmatic_launch_enabled(), stream);
   });
   check_launch("decode_attention_async");
 }

@@ -95,9 +95,11 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
 // Decode: one query token per sequence. q is read from qkv [batch, (H + 2 KVH) * D] (after rope).
 // Sequence b attends to cache positions 0 .. context_lens[b] - 1 through its block table
 // block_tables[b * max_blocks_per_seq + i]. out: [batch, H * D] 16-bit. GQA: query head h uses kv
-// head h / (H / KVH). Stable softmax (fp32). head_dim: 64, 128 (others: error).
+// head h / (H / KVH). Stable softmax (fp32). head_dim: 64, 80, 96, 128, 256 (others: error).
 // Any group size (above 16 the group is split over CTAs); block_size a power of two; k/v caches
-// 16-byte aligned. context_lens[b] <= 0 writes zeros (padding rows); a length beyond the table's
+// 16-byte aligned. A CTA of two or more query heads (and every CTA at head_dim 80, 96, 256) runs
+// on tensor cores, MHA at 64 and 128 on CUDA cores; FDPP_DECODE_PATH=mma|core forces one (for
+// measurements; read at each call, core only at 64 and 128). context_lens[b] <= 0 writes zeros (padding rows); a length beyond the table's
 // capacity (max_blocks_per_seq * block_size) is clamped to it.
 void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                       int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
@@ -115,14 +117,13 @@ size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, in
 // Asynchronized softmax with a unified max (FlashDecoding++; attention/unified_max.h has the
 // derivation of the range and the CPU reference). Every split of a row accumulates
 // sum e^(x - phi) v and sum e^(x - phi) on its own and the splits' sums are added by the last CTA
-// of the row's group to finish (same launch): no running max, no rescaling. A row whose max logit
-// x_max has x_max - phi outside [a, b] (or is NaN) is left unwritten by that launch and listed;
-// a second launch (programmatically dependent; a fixed grid of at most one wave whose CTAs take
-// the listed groups round-robin and exit at once when none is listed) recomputes exactly the
-// listed rows with the synchronized softmax, one CTA per group over all its keys. The result always equals the stable softmax to fp32 rounding.
+// of the row's group to finish (one launch): no exchange of maxima, no rescaling between splits. A
+// row whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed by that same
+// CTA with the synchronized softmax over all the row's keys; no second launch is made. The result
+// always equals the stable softmax to 16-bit rounding.
 // `fallback_rows` (device, nullable) is incremented by the number of rows recomputed.
-// workspace: decode_attention_async_workspace_bytes(...) bytes, 16-byte aligned (partials and the
-// fallback list; no initialization). counters: decode_attention_async_counters(...) ints, zeroed
+// workspace: decode_attention_async_workspace_bytes(...) bytes, 16-byte aligned (the splits'
+// partials; no initialization). counters: decode_attention_async_counters(...) ints, zeroed
 // ONCE before the first call; the kernels leave them at zero, so graphs may replay them, and a
 // buffer sized for the largest batch serves every smaller one (entry g is the same group).
 // Other arguments as decode_attention_split.

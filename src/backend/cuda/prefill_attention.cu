@@ -32,6 +32,8 @@
 #include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/mma_fragments.cuh"
+#include "backend/cuda/per_device.h"
 #include "backend/cuda/prefill_plan.h"
 
 namespace fdpp::cuda {
@@ -44,6 +46,12 @@ using detail::cp_async16;
 using detail::cp_async_commit;
 using detail::cp_async_wait_all;
 using detail::cuda_check;
+using detail::cp_async_wait_group;
+using detail::ldmatrix_x4;
+using detail::ldmatrix_x4_trans;
+using detail::mma16816;
+using detail::pack2;
+using detail::smem_addr;
 
 struct PrefillArgs {
   const void* qkv;
@@ -63,59 +71,6 @@ struct PrefillArgs {
   void* out;
 };
 
-// ---- tensor-core primitives ----------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c += a (16x16, row) . b (16x8, col), fp32 accumulators.
-template <class T>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                        uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats -> one register of two 16-bit values (lo in the low half), round to nearest.
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
 // 2^x, one MUFU instruction; subnormal results flush to 0 (unified_max.cpp's range assumes it).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -129,11 +84,6 @@ __device__ __forceinline__ int swz(int r, int c) {
   return r * D + ((c ^ (r & 7)) << 3);
 }
 
-// cp.async.wait_group N: all but this thread's N most recent groups have landed.
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // Compile-time view of one prefill::kConfigs entry.
 template <int I>
@@ -514,8 +464,11 @@ void launch_prefill(const PrefillArgs& a, int chunks, int max_chunk_tokens, cuda
         C::kBQ);
   const size_t smem = prefill::smem_bytes(D, C::kBQ, C::kBK, C::kStages);
   auto* kernel = prefill_attention_kernel<T, D, I>;
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-             "cudaFuncSetAttribute(prefill_attention_kernel, max dynamic shared memory)");
+  // Once per (instantiation, device): the attribute belongs to the current device.
+  once_per_device(reinterpret_cast<const void*>(kernel), [&] {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+               "cudaFuncSetAttribute(prefill_attention_kernel, max dynamic shared memory)");
+  });
   kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a);
 }
 
