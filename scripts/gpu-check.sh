@@ -97,16 +97,20 @@ if [[ " $stages " == *" attention "* ]]; then
   # Issue 5: decode attention alone, ours (async, sync) and torch SDPA (cuDNN, flash), same shapes.
   ab="${FDPP_ATTN_BATCHES:-1,8,32,64}"
   ac="${FDPP_ATTN_CONTEXTS:-512,1024,4096,16384,65536}"
-  for kvh in 32 8; do
+  for kvh in ${FDPP_ATTN_KV_HEADS:-32 8 2}; do
     "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" --json \
       >"$OUT/attn_ours_$kvh.json" 2>"$OUT/attn_ours_$kvh.err" || log "bench-attention 32/$kvh failed: $(tail -1 "$OUT/attn_ours_$kvh.err")"
+    # The query group on CUDA cores instead of tensor cores (issue 13's ablation), async only.
+    [[ $kvh != 32 && ${FDPP_ATTN_CORE:-1} == 1 ]] && FDPP_DECODE_PATH=core "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh \
+      --head-dim 128 -b "$ab" -c "$ac" --modes async --json >"$OUT/attn_core_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err"
     if [[ ${FDPP_ATTN_PEERS:-1} == 1 ]]; then
       python3 "$root/bench/peers/attention_peers.py" --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" \
         --json "$OUT/attn_peers_$kvh.json" >"$OUT/attn_peers_$kvh.log" 2>&1 || log "attention peers 32/$kvh failed: $(tail -1 "$OUT/attn_peers_$kvh.log")"
     fi
   done
   { echo; echo "### decode attention (graph-timed, L2 rotated), fp16, head_dim 128"; \
-    python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers $(ls "$OUT"/attn_peers_*.json 2>/dev/null); } | tee -a "$summary"
+    python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers $(ls "$OUT"/attn_peers_*.json 2>/dev/null) \
+      --core $(ls "$OUT"/attn_core_*.json 2>/dev/null); } | tee -a "$summary"
 fi
 
 if [[ " $stages " == *" prefill "* ]]; then
@@ -222,6 +226,14 @@ PY
   if [[ ${FDPP_BENCH_LINEAR_COMPARE:-0} == 1 ]]; then
     FDPP_LINEAR=cublas bench llama-2-7b-cublas-only --config "$root/configs/llama-2-7b.json" -b 1,2,4,8 -c 1024 -p 1024
     FDPP_GEMV_MAX_M=8 bench llama-2-7b-gemv-to-8 --config "$root/configs/llama-2-7b.json" -b 1,2,4,8 -c 1024 -p 1024
+  fi
+  # Issue 13 end to end: GQA models at 8K context, the query group on tensor cores (default)
+  # against CUDA cores (FDPP_DECODE_PATH=core), same run.
+  if [[ ${FDPP_BENCH_ATTN_E2E:-1} == 1 ]]; then
+    for m in llama-3-8b chatglm2-6b; do
+      bench $m-8k --config "$root/configs/$m.json" -b 8,32 -c 8000 -p 1024 --mixed-chunk 0
+      FDPP_DECODE_PATH=core bench $m-8k-core --config "$root/configs/$m.json" -b 8,32 -c 8000 -p 1024 --mixed-chunk 0
+    done
   fi
   for m in ${FDPP_BENCH_MORE_MODELS-llama-2-13b llama-3-8b opt-6.7b chatglm2-6b}; do
     bench $m --config "$root/configs/$m.json" -b 1 -c 1024 -p 1024
