@@ -14,7 +14,7 @@
 #include <optional>
 
 #include "engine/dispatch_table.h"
-#include "io/hf_config.h"
+#include "model/hf_config.h"
 #include "test_util.h"
 
 namespace fdpp {

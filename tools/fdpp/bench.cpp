@@ -17,8 +17,8 @@
 #include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/device_query.h"
 #include "fdpp/error.h"
-#include "io/hf_config.h"
-#include "io/model_loader.h"
+#include "model/hf_config.h"
+#include "model/model_loader.h"
 
 namespace fdpp {
 

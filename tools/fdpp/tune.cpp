@@ -28,8 +28,8 @@
 #include "backend/cuda/linear_profiler.h"
 #include "engine/dispatch_table.h"
 #include "fdpp/error.h"
-#include "io/hf_config.h"
-#include "io/model_loader.h"
+#include "model/hf_config.h"
+#include "model/model_loader.h"
 
 namespace fdpp {
 
