@@ -13,7 +13,7 @@
 #include "engine/kv_blocks.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
-#include "io/model_loader.h"
+#include "model/model_loader.h"
 #include "test_util.h"
 #include "tiny_model.h"
 

@@ -12,10 +12,10 @@
 #include "backend/cpu/cpu_runner.h"
 #include "engine/sampler.h"
 #include "fdpp/error.h"
-#include "io/hf_config.h"
-#include "io/model_loader.h"
 #include "io/weight_source.h"
-#include "model/hf_models.h"
+#include "model/arch/architecture.h"
+#include "model/hf_config.h"
+#include "model/model_loader.h"
 #include "test_util.h"
 
 namespace fdpp {

@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "fdpp/error.h"
-#include "io/hf_config.h"
+#include "io/json_file.h"
 #include "tokenizer/hf_tokenizer.h"
 #include "test_util.h"
 

@@ -14,8 +14,10 @@
 #include <optional>
 
 #include "engine/dispatch_table.h"
-#include "io/hf_config.h"
+#include "engine/linear_chooser.h"
+#include "model/hf_config.h"
 #include "test_util.h"
+#include "tune_table.h"
 
 namespace fdpp {
 namespace {

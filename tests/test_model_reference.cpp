@@ -8,7 +8,7 @@
 #include "backend/cpu/cpu_runner.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
-#include "io/model_loader.h"
+#include "model/model_loader.h"
 #include "test_util.h"
 
 namespace fdpp {

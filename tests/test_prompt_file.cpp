@@ -7,7 +7,7 @@
 
 #include "engine/prompt_file.h"
 #include "io/gguf.h"
-#include "io/model_loader.h"
+#include "model/model_loader.h"
 
 namespace fdpp {
 namespace {

@@ -15,7 +15,7 @@
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/quant_matmul.h"
 #include "backend/cpu/thread_pool.h"
-#include "io/model_loader.h"
+#include "model/model_loader.h"
 #include "test_util.h"
 
 namespace fdpp {

@@ -11,8 +11,8 @@
 #include <set>
 
 #include "io/gguf.h"
-#include "io/model_loader.h"
-#include "model/llama.h"
+#include "model/arch/architecture.h"
+#include "model/model_loader.h"
 #include "model/weight_plan.h"
 #include "test_util.h"
 #include "tiny_gguf.h"

@@ -37,7 +37,7 @@
 #include "engine/prompt_file.h"
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
-#include "io/model_loader.h"
+#include "model/model_loader.h"
 #include "tokenizer/tokenizer.h"
 
 namespace nb = nanobind;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "attention/unified_max.h"
-#include "io/model_loader.h"
+#include "model/model_loader.h"
 
 namespace fdpp {
 

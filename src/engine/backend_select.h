@@ -34,7 +34,7 @@ struct RunnerOptions {
   std::string linear;
   std::string model_path;
   std::string dispatch_table;
-  // CUDA: stream the weights from this plan (io/model_loader.h plan_model) straight from the files
+  // CUDA: stream the weights from this plan (model/model_loader.h plan_model) straight from the files
   // to the GPU instead of uploading `weights` (then empty); checked against free GPU memory before
   // anything is allocated. load_progress reports the streaming (tensors, bytes as stored, seconds).
   const WeightPlan* plan = nullptr;

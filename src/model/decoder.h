@@ -1,5 +1,5 @@
-// The weights of a decoder-only transformer in the one layout every backend consumes. Model files
-// (llama.cpp, opt.cpp, chatglm.cpp) map a checkpoint's tensor names into this; a tensor that the
+// The weights of a decoder-only transformer in the one layout every backend consumes. The
+// architectures' files (model/arch/) map a checkpoint's tensor names into this; a tensor that the
 // ModelConfig does not call for stays empty.
 #pragma once
 
@@ -78,13 +78,6 @@ struct DecoderWeights {
   std::shared_ptr<const void> storage;
 
   const Weight& output_matrix() const { return lm_head.present() ? lm_head : tok_embeddings; }
-};
-
-// A tensor the model needs, with the shape the config implies (row-major, outer dim first).
-struct TensorSpec {
-  std::string name;
-  std::vector<int64_t> shape;
-  bool required = true;
 };
 
 using ProgressFn = std::function<void(double fraction)>;

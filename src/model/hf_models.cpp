@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "fdpp/error.h"
+#include "model/arch/architecture.h"
 
 namespace fdpp {
 
@@ -53,11 +54,9 @@ std::vector<Tensor> split_rows(const Tensor& t, const std::vector<int64_t>& rows
 }
 
 std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& config, const WeightSource& source) {
-  const std::string& a = config.architecture;
-  if (a == "llama" || a == "mistral") return hf_llama_tensor_specs(config);
-  if (a == "opt") return opt_tensor_specs(config, source);
-  if (a == "chatglm") return chatglm_tensor_specs(config);
-  fail("{}: no Hugging Face tensor mapping for architecture '{}'", source.origin(), a);
+  const Architecture* a = find_architecture(config.architecture);
+  check(a != nullptr, "{}: no Hugging Face tensor mapping for architecture '{}'", source.origin(), config.architecture);
+  return a->hf_tensor_specs(config, source);
 }
 
 void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec>& specs, const ModelConfig& config,

@@ -1,7 +1,6 @@
-// Hugging Face checkpoints -> DecoderWeights. One file per architecture maps the checkpoint's
-// tensor names (hf_llama.cpp: Llama/Mistral, opt.cpp: OPT, chatglm.cpp: THUDM ChatGLM2); this
-// header's generic part (hf_models.cpp) checks a WeightSource against the mapping without reading
-// data (fdpp info) and loads it.
+// Hugging Face checkpoints -> DecoderWeights. Each architecture's file (model/arch/) lists the
+// checkpoint's tensor names as HfTensorSpecs; this part, shared by all, checks a WeightSource
+// against them without reading data (fdpp info), loads them and plans them for the GPU loader.
 //
 // HF Llama checkpoints already rotate halves (no row permutation, unlike GGUF). Fused tensors
 // (ChatGLM2's query_key_value and dense_h_to_4h) are split by rows on load.
@@ -36,13 +35,9 @@ struct HfTensorSpec {
 };
 
 // The tensors an HF checkpoint of config.architecture ("llama", "mistral", "opt", "chatglm") must
-// hold. The source is consulted only where names vary between checkpoints (OPT's "model.decoder."
-// / "decoder." / "model." prefixes).
+// hold, from that architecture's file. The source is consulted only where names vary between
+// checkpoints (OPT's "model.decoder." / "decoder." / "model." prefixes).
 std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& config, const WeightSource& source);
-
-std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& config);
-std::vector<HfTensorSpec> opt_tensor_specs(const ModelConfig& config, const WeightSource& source);
-std::vector<HfTensorSpec> chatglm_tensor_specs(const ModelConfig& config);
 
 // Checks that every spec's tensor is present with the expected shape and a readable dtype (F32,
 // F16, BF16), and that the checkpoint holds nothing that contradicts config.json (a bias the

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "fdpp/error.h"
-#include "io/hf_config.h"
+#include "io/json_file.h"
 #include "tokenizer/internal.h"
 
 namespace fdpp {

@@ -21,7 +21,7 @@
 #include "backend/cuda/device_query.h"
 #include "engine/sampler.h"
 #include "fdpp/error.h"
-#include "io/model_loader.h"
+#include "model/model_loader.h"
 #include "../test_util.h"
 #include "../tiny_model.h"
 

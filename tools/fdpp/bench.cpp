@@ -18,8 +18,8 @@
 #include "backend/cuda/device_query.h"
 #include "backend/cuda/tensor_parallel_engine.h"
 #include "fdpp/error.h"
-#include "io/hf_config.h"
-#include "io/model_loader.h"
+#include "model/hf_config.h"
+#include "model/model_loader.h"
 
 namespace fdpp {
 

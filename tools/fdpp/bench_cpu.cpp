@@ -23,7 +23,7 @@
 #include "backend/cpu/thread_pool.h"
 #include "engine/backend_select.h"
 #include "fdpp/error.h"
-#include "io/model_loader.h"
+#include "model/model_loader.h"
 
 namespace fdpp {
 

@@ -1,5 +1,5 @@
 // fdpp bench-linear: the linear-layer benchmark of issue 6. For every [N, K] the CUDA backend runs
-// for the given presets (engine/dispatch_table.h: model_linear_shapes, lm head included), each
+// for the given presets (engine/linear_chooser.h: model_linear_shapes, lm head included), each
 // implementation beside cuBLASLt on the same inputs, timed by LinearProfiler (CUDA-graph replay,
 // weights rotated past L2): microseconds, % of DESIGN.md's 4.46 TB/s and of the read bandwidth
 // measured now (bandwidth.h), TFLOP/s, speed-up over cuBLAS; then per preset the "layer" rows: the
@@ -16,7 +16,7 @@
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/device_query.h"
 #include "backend/cuda/linear_profiler.h"
-#include "engine/dispatch_table.h"
+#include "engine/linear_chooser.h"
 #include "fdpp/error.h"
 #include "tune.h"
 

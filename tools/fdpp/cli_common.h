@@ -18,7 +18,7 @@
 #include "engine/backend_select.h"
 #include "fdpp/error.h"
 #include "fdpp/sampling.h"
-#include "io/model_loader.h"
+#include "model/model_loader.h"
 
 namespace fdpp::cli {
 

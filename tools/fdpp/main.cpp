@@ -37,7 +37,7 @@
 #include "engine/prompt_file.h"
 #include "fdpp/error.h"
 #include "generate_file.h"
-#include "io/model_loader.h"
+#include "model/model_loader.h"
 #include "backend/cpu/quant_matmul.h"
 #include "bench_cpu.h"
 #include "serve.h"

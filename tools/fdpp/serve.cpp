@@ -26,8 +26,8 @@
 #include "engine/backend_select.h"
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
-#include "io/model_loader.h"
-#include "io/hf_config.h"
+#include "model/hf_config.h"
+#include "model/model_loader.h"
 #include "server/http_server.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_engine.h"

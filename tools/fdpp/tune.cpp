@@ -1,5 +1,5 @@
 // fdpp tune: the dispatch table of FlashDecoding++'s heuristic dataflow for one model on the
-// present GPU. For each [N, K] the CUDA backend runs for the model (engine/dispatch_table.h:
+// present GPU. For each [N, K] the CUDA backend runs for the model (engine/linear_chooser.h:
 // model_linear_shapes) it times GEMV (M <= kGemvMaxM), flat GEMM (M <= kFlatGemmMaxM) and cuBLASLt
 // (every M) with LinearProfiler (CUDA-graph replay, weights rotated past L2) for M in
 // {1..64, 128, 256, 512, 1024, 4096}, chooses per M (ranges_from_times: within --tolerance of the
@@ -26,10 +26,10 @@
 #include "backend/cuda/device_query.h"
 #include "backend/cuda/linear_dispatch.h"
 #include "backend/cuda/linear_profiler.h"
-#include "engine/dispatch_table.h"
+#include "engine/linear_chooser.h"
 #include "fdpp/error.h"
-#include "io/hf_config.h"
-#include "io/model_loader.h"
+#include "model/hf_config.h"
+#include "model/model_loader.h"
 
 namespace fdpp {
 
@@ -83,37 +83,6 @@ ModelConfig tool_model_config(const std::string& model, const std::string& prese
   return describe_model(path).config;  // validated, no weights read
 }
 
-std::vector<int> parse_m_list(const std::string& text, const std::string& flag) {
-  std::vector<int> out;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t comma = text.find(',', pos);
-    if (comma == std::string::npos) comma = text.size();
-    std::string item = text.substr(pos, comma - pos);
-    item.erase(0, item.find_first_not_of(' '));
-    item.erase(item.find_last_not_of(' ') + 1);
-    auto number = [&](std::string_view s) {
-      int v = 0;
-      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-      check(!s.empty() && ec == std::errc() && end == s.data() + s.size() && v >= 1 && v <= kDispatchMaxM,
-            "{}: '{}' is not an M in [1, {}] or a range A-B", flag, item, kDispatchMaxM);
-      return v;
-    };
-    const size_t dash = item.find('-');
-    if (dash == std::string::npos) {
-      out.push_back(number(item));
-    } else {
-      const int a = number(std::string_view(item).substr(0, dash)), b = number(std::string_view(item).substr(dash + 1));
-      check(a <= b && b - a < 100000, "{}: range '{}' is empty or too long", flag, item);
-      for (int m = a; m <= b; ++m) out.push_back(m);
-    }
-    pos = comma + 1;
-  }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
 std::string describe_dispatch_for_model(const std::string& model_path, const ModelConfig& config,
                                         nlohmann::json* json) {
   std::string why;
@@ -155,53 +124,10 @@ std::string utc_now() {
   return buf;
 }
 
-// The loss of always using `impl` (forced: beyond its limit the next one up) against the table's
-// choice, over the measured M: the worst ratio - 1 and where, and the mean.
-struct Loss {
-  double worst = NAN, mean = NAN;
-  int at_m = 0;
-  int missing = 0;  // measured M where the static choice has no time
-};
-
-Loss loss_of(const ShapeTimes& t, const std::vector<DispatchRange>& chosen_ranges,
-             const std::function<LinearImpl(int)>& policy) {
-  ShapeDispatch chosen;
-  chosen.ranges = chosen_ranges;
-  Loss l;
-  double sum = 0;
-  int n = 0;
-  for (size_t i = 0; i < t.m.size(); ++i) {
-    const double c = t.at(chosen.choose(t.m[i]), i), s = t.at(policy(t.m[i]), i);
-    if (!std::isfinite(c) || !std::isfinite(s)) {
-      ++l.missing;
-      continue;
-    }
-    const double r = s / c - 1.0;
-    if (!(r <= l.worst)) {
-      l.worst = r;
-      l.at_m = t.m[i];
-    }
-    sum += r;
-    ++n;
-  }
-  if (n > 0) l.mean = sum / n;
-  return l;
-}
-
-std::string loss_cell(const Loss& l) {
+std::string loss_cell(const StaticChoiceLoss& l) {
   if (!std::isfinite(l.worst)) return "-";
   return fmt::format("{:+.1f}% (M={}), mean {:+.1f}%{}", 100 * l.worst, l.at_m, 100 * l.mean,
                      l.missing > 0 ? fmt::format(", {} M unmeasured", l.missing) : "");
-}
-
-std::string default_out(const std::string& model_path, const cuda::GpuIdentity& gpu) {
-  if (model_path.empty()) return dispatch_path_in_cache(gpu.name, gpu.sm_count);
-  const std::string beside = dispatch_path_beside(model_path);
-  const fs::path dir = fs::path(beside).parent_path().empty() ? fs::path(".") : fs::path(beside).parent_path();
-  std::error_code ec;
-  const bool writable =
-      fs::exists(beside, ec) ? ::access(beside.c_str(), W_OK) == 0 : ::access(dir.c_str(), W_OK) == 0;
-  return writable ? beside : dispatch_path_in_cache(gpu.name, gpu.sm_count);
 }
 
 }  // namespace
@@ -241,7 +167,7 @@ int run_tune() {
 
   cuda::LinearProfiler profiler(dtype);
   const cuda::GpuIdentity& gpu = profiler.gpu();
-  const std::string out = a.out.empty() ? default_out(a.model.empty() ? "" : model_name, gpu) : a.out;
+  const std::string out = a.out.empty() ? default_tune_output(a.model.empty() ? "" : model_name, gpu.name, gpu.sm_count) : a.out;
   // Before measuring: an existing table must be readable (it is merged into) and the file writable.
   DispatchFile file;
   {
@@ -324,17 +250,17 @@ int run_tune() {
       nlohmann::ordered_json e = tj["tables"][0]["shapes"][si];
       e["ranges_text"] = d.ranges_string();
       nlohmann::ordered_json loss;
-      auto put = [&](const char* name, const Loss& l) {
+      auto put = [&](const char* name, const StaticChoiceLoss& l) {
         loss[name] = {{"worst", std::isfinite(l.worst) ? nlohmann::ordered_json(l.worst) : nullptr},
                       {"at_m", l.at_m},
                       {"mean", std::isfinite(l.mean) ? nlohmann::ordered_json(l.mean) : nullptr},
                       {"unmeasured", l.missing}};
       };
-      for (LinearImpl impl : kAllLinearImpls) put(linear_impl_name(impl), loss_of(d.measured, d.ranges, forced(impl)));
-      put("gemv_m1_then_cublas", loss_of(d.measured, d.ranges, current_rule));
-      put("fallback_rule", loss_of(d.measured, d.ranges, fallback));
+      for (LinearImpl impl : kAllLinearImpls) put(linear_impl_name(impl), static_choice_loss(d.measured, d.ranges, forced(impl)));
+      put("gemv_m1_then_cublas", static_choice_loss(d.measured, d.ranges, current_rule));
+      put("fallback_rule", static_choice_loss(d.measured, d.ranges, fallback));
       // The chosen one against the fastest at each M (<= tolerance by construction).
-      Loss vs_best;
+      StaticChoiceLoss vs_best;
       for (size_t i = 0; i < d.measured.m.size(); ++i) {
         double best = INFINITY;
         for (LinearImpl impl : kAllLinearImpls)
@@ -362,11 +288,11 @@ int run_tune() {
   fmt::print("| --- | --- | ---: | ---: | --- | --- | --- | --- | --- | --- |\n");
   for (const ShapeDispatch& d : table.shapes) {
     fmt::print("| {} | [{}, {}] | {} | {} | {} | {} | {} | {} | {} | {} |\n", d.name, d.n, d.k, d.m1(), d.m2(),
-               d.ranges_string(), loss_cell(loss_of(d.measured, d.ranges, forced(LinearImpl::Gemv))),
-               loss_cell(loss_of(d.measured, d.ranges, forced(LinearImpl::Flat))),
-               loss_cell(loss_of(d.measured, d.ranges, forced(LinearImpl::Cublas))),
-               loss_cell(loss_of(d.measured, d.ranges, current_rule)),
-               loss_cell(loss_of(d.measured, d.ranges, fallback)));
+               d.ranges_string(), loss_cell(static_choice_loss(d.measured, d.ranges, forced(LinearImpl::Gemv))),
+               loss_cell(static_choice_loss(d.measured, d.ranges, forced(LinearImpl::Flat))),
+               loss_cell(static_choice_loss(d.measured, d.ranges, forced(LinearImpl::Cublas))),
+               loss_cell(static_choice_loss(d.measured, d.ranges, current_rule)),
+               loss_cell(static_choice_loss(d.measured, d.ranges, fallback)));
   }
   fmt::print("\nStatic columns: the time of always using that implementation (the next one up beyond its max M: "
              "gemv <= {}, flat <= {}) over the table's choice, worst over the measured M and mean.\n",

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fdpp/model_config.h"
+#include "tune_table.h"
 
 namespace fdpp {
 
@@ -29,9 +30,6 @@ std::string describe_dispatch_for_model(const std::string& model_path, const Mod
 // The config of --model PATH (read without weights) or --preset NAME (configs/NAME.json); exactly
 // one of the two. *name receives what to call it in reports.
 ModelConfig tool_model_config(const std::string& model, const std::string& preset, std::string* name);
-
-// "1-64,128,256" -> sorted, unique M values in [1, kDispatchMaxM]; `flag` names the flag in errors.
-std::vector<int> parse_m_list(const std::string& text, const std::string& flag);
 
 // Progress on stderr: a bar redrawn in place when stderr is a terminal, else a plain line every
 // `plain_every` steps and at the end.

@@ -31,7 +31,7 @@
 #include "backend/cuda/flat_gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/linear.h"
-#include "engine/dispatch_table.h"
+#include "engine/linear_chooser.h"
 
 namespace fdpp::cuda {
 

@@ -1,13 +1,10 @@
 // Hugging Face model directories: config.json (+ generation_config.json) -> ModelConfig.
 //
-// Both shapes of config.json are read: the classic one (rope_theta, rope_scaling {rope_type or
-// type, factor, ...}, torch_dtype) and transformers 5's (rope_parameters {rope_type, rope_theta,
-// ...}, dtype). Supported architectures (config "architectures"[0], else "model_type"):
-//   LlamaForCausalLM, MistralForCausalLM  -> "llama" / "mistral"
-//   OPTForCausalLM                        -> "opt"
-//   ChatGLMModel (THUDM ChatGLM2 layout)  -> "chatglm"
-// Every defect is one line naming the file and field: "DIR/config.json: num_attention_heads is
-// missing", "... = 0 must be positive", "unsupported architecture 'X' (supported: ...)".
+// The fields every architecture shares are read here (architectures / model_type, dtype, name,
+// eos and bos ids); the architecture, found by "architectures"[0] (else "model_type") in the
+// table of model/arch/architecture.h, reads the rest. Every defect is one line naming the file and
+// field: "DIR/config.json: num_attention_heads is missing", "... = 0 must be positive",
+// "unsupported architecture 'X' (supported: ...)".
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -17,6 +14,7 @@
 #include <vector>
 
 #include "fdpp/model_config.h"
+#include "io/json_file.h"
 
 namespace fdpp {
 
@@ -43,8 +41,5 @@ HfConfig parse_hf_config(const nlohmann::json& config, const nlohmann::json* gen
 
 // Reads DIR/config.json and, when present, DIR/generation_config.json.
 HfConfig read_hf_config(const std::string& directory);
-
-// Reads a JSON file; throws fdpp::Error "PATH: not valid JSON (...)" / "PATH: cannot open".
-nlohmann::json read_json_file(const std::string& path);
 
 }  // namespace fdpp

@@ -1,7 +1,7 @@
 // From a path on disk to a runnable model: resolves the default model, recognizes the format (a
 // GGUF file, or a Hugging Face model directory: config.json + safetensors / PyTorch .bin +
 // tokenizer files), describes and validates the model without reading weights (fdpp info), and
-// loads it.
+// loads it. The architecture comes from the table in model/arch/architecture.h.
 #pragma once
 
 #include <map>

@@ -1,18 +1,19 @@
-#include "io/model_loader.h"
+#include "model/model_loader.h"
 
 #include <sys/stat.h>
 
 #include <cstdlib>
 #include <memory>
 
+#include "core/cache_dir.h"
 #include "fdpp/error.h"
 #include "io/gguf.h"
-#include "io/hf_config.h"
 #include "io/weight_source.h"
+#include "model/arch/architecture.h"
+#include "model/gguf_model.h"
+#include "model/hf_config.h"
 #include "model/hf_models.h"
-#include "model/llama.h"
 #include "tokenizer/hf_tokenizer.h"
-#include "core/cache_dir.h"
 
 namespace fdpp {
 
@@ -34,23 +35,27 @@ void check_hf_directory(const std::string& path) {
         "{}: is a directory without config.json (expected a GGUF file or a Hugging Face model directory)", path);
 }
 
+// The GGUF file's architecture (general.architecture in the table of model/arch/architecture.h).
+const Architecture& gguf_architecture(const gguf::GgufFile& f) {
+  const std::string name = f.get_string("general.architecture");
+  const Architecture* a = find_gguf_architecture(name);
+  check(a != nullptr, "{}: unsupported architecture '{}' (supported: {})", f.path(), name,
+        supported_gguf_architectures());
+  return *a;
+}
+
 ModelDescription describe_gguf(const gguf::GgufFile& f) {
   ModelDescription d;
   d.path = f.path();
   d.format = "gguf";
-  d.config = llama_config_from_gguf(f);
-  for (const TensorSpec& spec : llama_gguf_tensor_specs(d.config)) {
-    const gguf::TensorInfo* info = f.find_tensor(spec.name);
-    if (info == nullptr) {
-      check(!spec.required, "{}: tensor '{}' is missing", f.path(), spec.name);
-      continue;
-    }
-    std::vector<int64_t> shape(info->dims.rbegin(), info->dims.rend());
-    check(shape == spec.shape, "{}: tensor '{}' has shape {}, but the metadata implies {}", f.path(), spec.name,
-          shape_string(shape), shape_string(spec.shape));
+  const Architecture& arch = gguf_architecture(f);
+  d.config = arch.gguf_config(f);
+  for (const GgufTensorSpec& spec : arch.gguf_tensor_specs(d.config)) {
+    const gguf::TensorInfo* info = find_gguf_tensor(f, spec, "but the metadata implies");
+    if (info == nullptr) continue;
     check(gguf::is_supported(info->type), "{}: tensor '{}' has type {}, which fdpp cannot dequantize yet", f.path(),
           spec.name, gguf::type_name(info->type));
-    d.tensors.push_back({spec.name, shape, gguf::type_name(info->type), info->n_bytes});
+    d.tensors.push_back({spec.name, spec.shape, gguf::type_name(info->type), info->n_bytes});
     d.n_params += info->n_elements;
     d.stored_bytes += info->n_bytes;
     d.dtype_counts[gguf::type_name(info->type)]++;
@@ -160,7 +165,8 @@ LoadedModel load_model(const std::string& path, const ProgressFn& progress, cons
   const auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
   m.description = describe_gguf(*file);
   m.tokenizer = gguf_tokenizer(path, *file, m.description.config);
-  m.weights = load_llama_gguf(file, m.description.config, progress, options.weights);
+  const ModelConfig& c = m.description.config;
+  m.weights = load_gguf_weights(file, c, gguf_architecture(*file).gguf_tensor_specs(c), progress, options.weights);
   return m;
 }
 
@@ -178,7 +184,7 @@ PlannedModel plan_model(const std::string& path) {
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
   m.description = describe_gguf(*file);
   m.tokenizer = gguf_tokenizer(path, *file, m.description.config);
-  m.plan = plan_llama_gguf(file, m.description.config);
+  m.plan = plan_gguf_weights(file, gguf_architecture(*file).gguf_tensor_specs(m.description.config));
   return m;
 }
 

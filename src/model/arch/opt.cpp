@@ -1,7 +1,13 @@
-// OPT checkpoints (OPTForCausalLM) in Hugging Face's layout. The decoder's names carry a prefix
-// that depends on how the checkpoint was saved: "model.decoder." (OPTForCausalLM), "decoder."
-// (OPTModel, as facebook/opt-* ship), or "model." / none in converted copies; the first prefix
-// under which embed_tokens.weight exists is used.
+// OPT (OPTForCausalLM, model_type opt) in Hugging Face's layout: LayerNorm, learned positions,
+// ReLU MLP, biases everywhere; no GGUF (llama.cpp does not convert OPT).
+//
+// config.json: hidden_size, num_hidden_layers, num_attention_heads, ffn_dim, vocab_size,
+// max_position_embeddings, word_embed_proj_dim, do_layer_norm_before, _remove_final_layer_norm,
+// enable_bias, tie_word_embeddings; activation_function must be relu.
+//
+// Tensors: the decoder's names carry a prefix that depends on how the checkpoint was saved:
+// "model.decoder." (OPTForCausalLM), "decoder." (OPTModel, as facebook/opt-* ship), or "model." /
+// none in converted copies; the first prefix under which embed_tokens.weight exists is used.
 //   embed_tokens [vocab, word_embed_proj_dim], embed_positions [max_positions + 2, hidden]
 //   (learned, offset 2), project_in / project_out (no bias) when word_embed_proj_dim != hidden,
 //   layers.N.{self_attn_layer_norm, self_attn.{q,k,v,out}_proj, final_layer_norm, fc1, fc2}, all
@@ -12,12 +18,47 @@
 // self_attn_layer_norm / final_layer_norm (ModelConfig::pre_norm).
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "fdpp/error.h"
-#include "model/hf_models.h"
+#include "io/json_file.h"
+#include "model/arch/architecture.h"
 
 namespace fdpp {
 
 namespace {
+
+void parse_hf(const nlohmann::json& j, const std::string&, const std::string&, const std::string& origin,
+              ModelConfig& c) {
+  const JsonFields f(j, origin);
+  c.architecture = "opt";
+  c.hidden = f.positive("hidden_size");
+  c.n_layers = f.positive("num_hidden_layers");
+  c.n_heads = f.positive("num_attention_heads");
+  c.n_kv_heads = c.n_heads;
+  check(c.hidden % c.n_heads == 0, "{}: hidden_size = {} is not a multiple of num_attention_heads = {}", origin,
+        c.hidden, c.n_heads);
+  c.head_dim = c.hidden / c.n_heads;
+  c.ffn_hidden = f.positive("ffn_dim");
+  c.vocab_size = f.positive("vocab_size");
+  c.max_context = f.positive("max_position_embeddings");
+  const std::string act = f.string_or("activation_function", "relu");
+  check(act == "relu", "{}: activation_function = '{}' is not supported (supported: relu)", origin, act);
+  check(f.boolean_or("layer_norm_elementwise_affine", true),
+        "{}: layer_norm_elementwise_affine = false is not supported (LayerNorms without weight and bias)", origin);
+  const int proj = f.positive_or("word_embed_proj_dim", c.hidden);
+  c.embed_dim = proj == c.hidden ? 0 : proj;
+  c.pre_norm = f.boolean_or("do_layer_norm_before", true);
+  c.final_norm = c.pre_norm && !f.boolean_or("_remove_final_layer_norm", false);
+  c.tied_embeddings = f.boolean_or("tie_word_embeddings", true);
+  c.qkv_bias = c.out_bias = c.mlp_bias = f.boolean_or("enable_bias", true);
+  c.norm = NormType::LayerNorm;
+  c.norm_bias = true;
+  c.norm_eps = 1e-5;  // torch.nn.LayerNorm's default; OPT's config has no field for it
+  c.activation = Activation::ReLU;
+  c.position = PositionEncoding::Learned;
+  c.learned_position_offset = 2;  // OPTLearnedPositionalEmbedding.offset
+}
 
 std::string opt_prefix(const WeightSource& source) {
   static const char* kPrefixes[] = {"model.decoder.", "decoder.", "model.", ""};
@@ -72,6 +113,20 @@ std::vector<HfTensorSpec> opt_tensor_specs(const ModelConfig& c, const WeightSou
   }
   if (!c.tied_embeddings) s.push_back(hf_spec("lm_head.weight", {v, e}, &D::lm_head));
   return s;
+}
+
+const Architecture& opt_architecture() {
+  static const Architecture kOpt{
+      .family = "opt",
+      .config_names = {"opt"},
+      .hf_names = {{"OPTForCausalLM", "opt"}},
+      .gguf_names = {},
+      .parse_hf_config = parse_hf,
+      .hf_tensor_specs = opt_tensor_specs,
+      .gguf_config = nullptr,
+      .gguf_tensor_specs = nullptr,
+  };
+  return kOpt;
 }
 
 }  // namespace fdpp

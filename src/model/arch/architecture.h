@@ -1,0 +1,90 @@
+// The architectures fdpp runs, one file each in this folder, and the table that finds them.
+//
+// An architecture's file owns everything that differs between architectures on the way from the
+// files to DecoderWeights: its config.json fields (-> ModelConfig), its Hugging Face tensor names,
+// and, where llama.cpp writes it, its GGUF metadata keys and tensor names. The mechanics they share
+// live beside this folder: model/hf_config.cpp (config.json's common fields, the lookup here),
+// model/hf_models.cpp (checking, loading and planning HF tensors), model/gguf_model.cpp (loading
+// and planning GGUF tensors), model/model_loader.cpp (from a path to a model).
+//
+// Adding an architecture: a file here that fills an Architecture, and one line in registry.cpp.
+//
+//   file        HF architectures (model_type)                       GGUF general.architecture
+//   llama.cpp   LlamaForCausalLM (llama), MistralForCausalLM        llama, mistral
+//               (mistral); SmolLM2 and other Llama-layout models
+//   opt.cpp     OPTForCausalLM (opt)                                -
+//   chatglm.cpp ChatGLMModel (chatglm), ChatGLMForConditionalGeneration -
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fdpp/model_config.h"
+#include "model/gguf_model.h"
+#include "model/hf_models.h"
+
+namespace fdpp {
+
+namespace gguf {
+class GgufFile;
+}
+
+// One name config.json's "architectures"[0] may hold, and the model_type that implies it when
+// "architectures" is absent (null: none does).
+struct HfArchitectureName {
+  const char* architecture;
+  const char* model_type;
+};
+
+struct Architecture {
+  const char* family;  // "llama", "opt", "chatglm": the file's name
+  // ModelConfig::architecture values the parsers below write ("llama", "mistral").
+  std::vector<std::string> config_names;
+  std::vector<HfArchitectureName> hf_names;
+  std::vector<std::string> gguf_names;  // general.architecture values; empty: no GGUF support
+
+  // config.json (a JSON object) -> the architecture's fields of c; hf_architecture is one of
+  // hf_names, model_type as written (may be empty). Every defect is one line naming origin.
+  void (*parse_hf_config)(const nlohmann::json& config, const std::string& hf_architecture,
+                          const std::string& model_type, const std::string& origin, ModelConfig& c);
+  // The tensors an HF checkpoint of config must hold (the source is consulted only where names vary
+  // between checkpoints).
+  std::vector<HfTensorSpec> (*hf_tensor_specs)(const ModelConfig& config, const WeightSource& source);
+  // GGUF metadata -> ModelConfig (validated); null without GGUF support.
+  ModelConfig (*gguf_config)(const gguf::GgufFile& file);
+  // The tensors a GGUF file of config must hold; null without GGUF support.
+  std::vector<GgufTensorSpec> (*gguf_tensor_specs)(const ModelConfig& config);
+};
+
+// Every architecture, in the order messages list them.
+std::span<const Architecture* const> architectures();
+
+// Lookups; null when no architecture matches.
+const Architecture* find_hf_architecture(const std::string& hf_architecture);
+const HfArchitectureName* find_hf_model_type(const std::string& model_type);
+const Architecture* find_gguf_architecture(const std::string& general_architecture);
+const Architecture* find_architecture(const std::string& config_architecture);  // ModelConfig::architecture
+
+// "LlamaForCausalLM, MistralForCausalLM, ..." (the names a model_type implies) and "llama, mistral"
+// (GGUF), for messages.
+std::string supported_hf_architectures();
+std::string supported_gguf_architectures();
+
+// The files' tables.
+const Architecture& llama_architecture();
+const Architecture& opt_architecture();
+const Architecture& chatglm_architecture();
+
+// What each file offers on its own (tests call these directly).
+std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& config);
+ModelConfig llama_config_from_gguf(const gguf::GgufFile& file);
+std::vector<GgufTensorSpec> llama_gguf_tensor_specs(const ModelConfig& config);
+DecoderWeights load_llama_gguf(const gguf::GgufFile& file, const ModelConfig& config, const ProgressFn& progress);
+WeightPlan plan_llama_gguf(std::shared_ptr<const gguf::GgufFile> file, const ModelConfig& config);
+std::vector<HfTensorSpec> opt_tensor_specs(const ModelConfig& config, const WeightSource& source);
+std::vector<HfTensorSpec> chatglm_tensor_specs(const ModelConfig& config);
+
+}  // namespace fdpp

@@ -1,0 +1,179 @@
+#include "model/gguf_model.h"
+
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/quant_matmul.h"
+#include "fdpp/error.h"
+#include "io/gguf.h"
+
+namespace fdpp {
+
+namespace {
+
+// llama.cpp's converter permutes the rows of attn_q/attn_k within each head so that its RoPE can
+// rotate adjacent pairs; HF checkpoints (and fdpp) rotate halves. Undo it:
+// GGUF row (2 i + j) of a head is HF row (j * head_dim / 2 + i).
+void unpermute_rows_for_rotate_half(Tensor& t, int n_heads) {
+  if (t.empty()) return;
+  const int64_t rows = t.shape[0];
+  const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+  const int64_t head_dim = rows / n_heads;
+  const int64_t half = head_dim / 2;
+  std::vector<float> out(t.data.size());
+  for (int64_t h = 0; h < n_heads; ++h)
+    for (int64_t i = 0; i < half; ++i)
+      for (int64_t j = 0; j < 2; ++j) {
+        const int64_t src = h * head_dim + 2 * i + j;
+        const int64_t dst = h * head_dim + j * half + i;
+        std::memcpy(&out[dst * cols], &t.data[src * cols], cols * sizeof(float));
+      }
+  t.data = std::move(out);
+}
+
+// The same permutation for a stored view: row n of the HF-ordered matrix is GGUF row order[n].
+void unpermute_rows_for_rotate_half(StoredMatrix& m, int n_heads) {
+  if (m.empty()) return;
+  const int64_t head_dim = m.rows / n_heads, half = head_dim / 2;
+  auto order = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(m.rows));
+  for (int64_t h = 0; h < n_heads; ++h)
+    for (int64_t i = 0; i < half; ++i)
+      for (int64_t j = 0; j < 2; ++j)
+        (*order)[static_cast<size_t>(h * head_dim + j * half + i)] = static_cast<int32_t>(h * head_dim + 2 * i + j);
+  m.row_order = std::move(order);
+}
+
+// The slots that are Weights (a stored view is possible), null for plain Tensors.
+Weight* weight_slot(DecoderWeights& w, WeightSlot s, int layer) {
+  switch (s) {
+    case WeightSlot::TokEmbeddings:
+      return &w.tok_embeddings;
+    case WeightSlot::LmHead:
+      return &w.lm_head;
+    default:
+      break;
+  }
+  if (!is_layer_slot(s)) return nullptr;
+  check(layer >= 0 && static_cast<size_t>(layer) < w.layers.size(), "weight slot {} of layer {}: no such layer",
+        slot_name(s), layer);
+  LayerWeights& l = w.layers[static_cast<size_t>(layer)];
+  switch (s) {
+    case WeightSlot::Wq:
+      return &l.wq;
+    case WeightSlot::Wk:
+      return &l.wk;
+    case WeightSlot::Wv:
+      return &l.wv;
+    case WeightSlot::Wo:
+      return &l.wo;
+    case WeightSlot::WGate:
+      return &l.w_gate;
+    case WeightSlot::WUp:
+      return &l.w_up;
+    case WeightSlot::WDown:
+      return &l.w_down;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+const gguf::TensorInfo* find_gguf_tensor(const gguf::GgufFile& f, const GgufTensorSpec& spec, const char* what) {
+  const gguf::TensorInfo* info = f.find_tensor(spec.name);
+  if (info == nullptr) {
+    check(!spec.required, "{}: tensor '{}' is missing", f.path(), spec.name);
+    return nullptr;
+  }
+  // GGUF dims are innermost-first; our shapes are outermost-first.
+  const std::vector<int64_t> shape(info->dims.rbegin(), info->dims.rend());
+  check(shape == spec.shape, "{}: tensor '{}' has shape {}, {} {}", f.path(), spec.name, shape_string(shape), what,
+        shape_string(spec.shape));
+  return info;
+}
+
+DecoderWeights load_gguf_weights(std::shared_ptr<const gguf::GgufFile> file, const ModelConfig& c,
+                                 const std::vector<GgufTensorSpec>& specs, const ProgressFn& progress,
+                                 WeightForm form) {
+  const gguf::GgufFile& f = *file;
+  uint64_t total = 0, done = 0;
+  for (const auto& s : specs) total += static_cast<uint64_t>(Tensor::numel_of(s.shape));
+
+  auto load = [&](const GgufTensorSpec& spec) {
+    Tensor t;
+    const gguf::TensorInfo* info = find_gguf_tensor(f, spec);
+    if (info == nullptr) return t;
+    t = Tensor(spec.shape);
+    f.read_f32(*info, t.data);
+    done += static_cast<uint64_t>(t.numel());
+    if (progress) progress(static_cast<double>(done) / static_cast<double>(total));
+    return t;
+  };
+  // A weight matrix: a view into the mapping when asked for and the fast path has kernels for its
+  // type (nothing is read now: pages come in as the first forward touches them), else fp32.
+  bool any_stored = false;
+  auto load_matrix = [&](const GgufTensorSpec& spec) {
+    Weight w;
+    const auto* info = f.find_tensor(spec.name);
+    if (form == WeightForm::Stored && info != nullptr && cpu::stored_supported(info->type) && spec.shape.size() == 2) {
+      find_gguf_tensor(f, spec);
+      const auto bytes = f.tensor_bytes(*info);
+      w.stored = cpu::make_stored_view(info->type, bytes.data(), spec.shape[0], spec.shape[1]);
+      check(w.stored.row_bytes * static_cast<uint64_t>(spec.shape[0]) == bytes.size(),
+            "{}: tensor '{}' holds {} bytes, expected {}", f.path(), spec.name, bytes.size(),
+            w.stored.row_bytes * static_cast<uint64_t>(spec.shape[0]));
+      any_stored = true;
+      done += info->n_elements;
+      if (progress) progress(static_cast<double>(done) / static_cast<double>(total));
+      return w;
+    }
+    w = load(spec);
+    return w;
+  };
+
+  DecoderWeights w;
+  w.layers.resize(c.n_layers);
+  for (const GgufTensorSpec& spec : specs) {
+    if (Weight* m = weight_slot(w, spec.slot, spec.layer)) {
+      *m = load_matrix(spec);
+      if (spec.permute_heads > 0) {
+        unpermute_rows_for_rotate_half(static_cast<Tensor&>(*m), spec.permute_heads);
+        unpermute_rows_for_rotate_half(m->stored, spec.permute_heads);
+      }
+    } else {
+      Tensor& t = slot_tensor(w, spec.slot, spec.layer);
+      t = load(spec);
+      if (spec.permute_heads > 0) unpermute_rows_for_rotate_half(t, spec.permute_heads);
+    }
+  }
+  if (any_stored) w.storage = std::move(file);
+  return w;
+}
+
+WeightPlan plan_gguf_weights(std::shared_ptr<const gguf::GgufFile> file, const std::vector<GgufTensorSpec>& specs) {
+  const gguf::GgufFile& f = *file;
+  WeightPlan plan;
+  for (const GgufTensorSpec& spec : specs) {
+    const gguf::TensorInfo* info = find_gguf_tensor(f, spec);
+    if (info == nullptr) continue;
+    check(gguf::is_supported(info->type), "{}: tensor '{}' has type {}, which fdpp cannot dequantize yet", f.path(),
+          spec.name, gguf::type_name(info->type));
+    PlannedTensor p;
+    p.slot = spec.slot;
+    p.layer = spec.layer;
+    p.shape = spec.shape;
+    p.src.name = spec.name;
+    p.src.type = info->type;
+    const auto bytes = f.tensor_bytes(*info);
+    p.src.data = bytes.data();
+    p.src.n_bytes = bytes.size();
+    if (f.on_disk()) p.src.file = f.path(), p.src.file_offset = info->offset;
+    // As load_gguf_weights: q/k rows (and their biases) back to rotate-half order.
+    p.permute_heads = spec.permute_heads;
+    plan.tensors.push_back(std::move(p));
+  }
+  plan.storage = std::move(file);
+  return plan;
+}
+
+}  // namespace fdpp
