@@ -10,8 +10,8 @@
 #include <filesystem>
 
 #include "io/gguf.h"
-#include "io/model_loader.h"
-#include "model/llama.h"
+#include "model/model_loader.h"
+#include "model/arch/architecture.h"
 #include "model/tensor_parallel.h"
 #include "model/weight_plan.h"
 #include "test_util.h"
