@@ -27,8 +27,13 @@ inline DecoderWeights random_weights(const ModelConfig& c) {
   auto vec = [](bool present, int64_t n, float scale = 0.05f, float offset = 0.f) {
     return present ? random_tensor({n}, scale, offset) : Tensor();
   };
+  const int64_t E = c.embedding_dim();
   DecoderWeights w;
-  w.tok_embeddings = random_tensor({V, H}, 1.0f);
+  w.tok_embeddings = random_tensor({V, E}, 1.0f);
+  if (E != H) {  // OPT-350m's projections
+    w.project_in = mat(H, E);
+    w.project_out = mat(E, H);
+  }
   if (c.position == PositionEncoding::Learned)
     w.pos_embeddings = random_tensor({c.max_context + c.learned_position_offset, H}, 0.3f);
   for (int i = 0; i < c.n_layers; ++i) {
@@ -55,9 +60,9 @@ inline DecoderWeights random_weights(const ModelConfig& c) {
     }
     w.layers.push_back(std::move(L));
   }
-  w.final_norm = vec(true, H, 0.1f, 1.0f);
-  w.final_norm_bias = vec(ln && c.norm_bias, H);
-  if (!c.tied_embeddings) w.lm_head = mat(V, H);
+  w.final_norm = vec(c.final_norm, H, 0.1f, 1.0f);
+  w.final_norm_bias = vec(c.final_norm && ln && c.norm_bias, H);
+  if (!c.tied_embeddings) w.lm_head = mat(V, E);
   return w;
 }
 
@@ -74,7 +79,7 @@ inline ModelConfig tiny(const std::string& recipe, int head_dim) {
   c.max_context = 512;
   c.rope.theta = 10000;
   c.rope.rotary_dim = head_dim;
-  if (recipe == "opt") {  // LayerNorm with bias, learned positions, ReLU, biases everywhere
+  if (recipe == "opt" || recipe == "opt-postln") {  // LayerNorm with bias, learned positions, ReLU, biases everywhere
     c.n_kv_heads = 4;
     c.norm = NormType::LayerNorm;
     c.norm_bias = true;
@@ -83,6 +88,11 @@ inline ModelConfig tiny(const std::string& recipe, int head_dim) {
     c.activation = Activation::ReLU;
     c.qkv_bias = c.out_bias = c.mlp_bias = true;
     c.tied_embeddings = true;
+    if (recipe == "opt-postln") {  // OPT-350m: the norm after each block, no final norm, project_in/out
+      c.pre_norm = false;
+      c.final_norm = false;
+      c.embed_dim = c.hidden / 2;
+    }
   } else if (recipe == "chatglm") {  // interleaved RoPE on half of each head, qkv bias, MQA-ish
     c.n_kv_heads = 1;
     c.rope.rotary_dim = head_dim / 2;

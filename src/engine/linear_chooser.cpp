@@ -81,7 +81,11 @@ std::vector<LinearShape> model_linear_shapes(const ModelConfig& c, bool include_
                              {"o", H, Q},
                              {swiglu ? "gate_up" : "fc1", swiglu ? 2 * FF : FF, H},
                              {swiglu ? "down" : "fc2", H, FF}};
-  if (include_lm_head) s.push_back({"lm_head", c.vocab_size, H});
+  if (c.embedding_dim() != H) {  // OPT-350m's projections around the layers
+    s.push_back({"project_in", H, c.embedding_dim()});
+    s.push_back({"project_out", c.embedding_dim(), H});
+  }
+  if (include_lm_head) s.push_back({"lm_head", c.vocab_size, c.embedding_dim()});
   return s;
 }
 

@@ -94,6 +94,8 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaStep,
                                            StepCase{"chatglm", 128, cuda::DType::F16, false},
                                            StepCase{"llama-tied", 64, cuda::DType::F16, false},
                                            StepCase{"llama-tied", 64, cuda::DType::F16, false, 0},
+                                           StepCase{"opt-postln", 64, cuda::DType::F16, true},
+                                           StepCase{"opt-postln", 128, cuda::DType::BF16, false},
                                            StepCase{"llama", 128, cuda::DType::F16, true, 0}),
                          [](const auto& info) {
                            std::string n = info.param.recipe + "_hd" + std::to_string(info.param.head_dim) +

@@ -23,9 +23,9 @@ void upload(DeviceBuffer& dst, const std::vector<T>& src, cudaStream_t stream) {
 CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOptions& options)
     : model_(std::move(model)), options_(options) {
   const ModelConfig& c = model_->config();
-  check(c.pre_norm && c.final_norm, "the CUDA backend runs pre-norm models with a final norm (post-LN OPT: use --device cpu)");
-  check(c.embedding_dim() == c.hidden,
-        "the CUDA backend does not run embedding projections (word_embed_proj_dim != hidden_size) yet: use --device cpu");
+  check(c.embedding_dim() <= c.hidden && (c.embedding_dim() * 2) % 16 == 0,
+        "the CUDA backend runs embedding projections of at most the hidden size ({} > {}) in rows of 16 bytes",
+        c.embedding_dim(), c.hidden);
   check(c.head_dim == 64 || c.head_dim == 128, "the CUDA backend supports head_dim 64 and 128, not {}", c.head_dim);
   check(options.max_batch >= 1 && options.max_batch <= 1024, "max batch {} out of range [1, 1024]", options.max_batch);
   check(options.block_size >= 1 && (options.block_size & (options.block_size - 1)) == 0,
@@ -73,6 +73,13 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
     gathered_logits_ = DeviceBuffer(shard_logits_.bytes() * shard.ranks);
   }
   ids_ = DeviceBuffer(T * sizeof(int32_t));
+  if (c.embedding_dim() != c.hidden) {
+    // OPT's project_in: the projected rows are looked up again, by row index, to add the positions.
+    std::vector<int32_t> iota(static_cast<size_t>(T));
+    std::iota(iota.begin(), iota.end(), 0);
+    row_index_ = DeviceBuffer(T * sizeof(int32_t));
+    FDPP_CUDA_CHECK(cudaMemcpy(row_index_.get(), iota.data(), iota.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  }
   positions_ = DeviceBuffer(T * sizeof(int32_t));
   slots_ = DeviceBuffer(T * sizeof(int32_t));
   max_blocks_per_seq_ = (c.max_context + options.block_size - 1) / options.block_size;
@@ -219,10 +226,11 @@ void CudaEngine::lm_head(const void* x, int rows) {
   const ModelConfig& c = config();
   const EngineOptions::Shard& shard = options_.shard;
   if (shard.comm == nullptr) {
-    linear(x, model_->output_matrix(), nullptr, logits_.get(), rows, c.vocab_size, c.hidden, true);
+    linear(x, model_->output_matrix(), nullptr, logits_.get(), rows, c.vocab_size, c.embedding_dim(), true);
     return;
   }
-  linear(x, model_->output_matrix(), nullptr, shard_logits_.get(), rows, static_cast<int>(vocab_rows_), c.hidden, true);
+  linear(x, model_->output_matrix(), nullptr, shard_logits_.get(), rows, static_cast<int>(vocab_rows_),
+         c.embedding_dim(), true);
   const size_t count = static_cast<size_t>(rows) * shard.vocab_stride;
   all_gather_f32(shard_logits_.as<float>(), gathered_logits_.as<float>(), count, shard.comm, stream_);
   assemble_vocab_shards(gathered_logits_.as<float>(), rows, shard.ranks, shard.vocab_stride, c.vocab_size,
@@ -260,13 +268,28 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
   cudaStream_t st = stream_;
   auto at = [](const DeviceBuffer& b, size_t byte_offset) { return static_cast<const char*>(b.get()) + byte_offset; };
 
-  embedding(m.tok_embeddings.get(), m.pos_embeddings.empty() ? nullptr : m.pos_embeddings.get(),
-            c.learned_position_offset, dt, in.ids, in.positions, n, H, x_.as<float>(), st);
+  const void* pos = m.pos_embeddings.empty() ? nullptr : m.pos_embeddings.get();
+  if (c.embedding_dim() == H) {
+    embedding(m.tok_embeddings.get(), pos, c.learned_position_offset, dt, in.ids, in.positions, n, H, x_.as<float>(),
+              st);
+  } else {
+    // OPT-350m: token rows of width E, projected to H (project_in), then the positions added.
+    const int E = c.embedding_dim();
+    gather_rows(m.tok_embeddings.get(), in.ids, n, E * static_cast<int>(kElem), normed_.get(), st);
+    linear(normed_.get(), m.project_in.get(), nullptr, o_.get(), n, H, E, false);
+    embedding(o_.get(), pos, c.learned_position_offset, dt, row_index_.as<int32_t>(), in.positions, n, H,
+              x_.as<float>(), st);
+  }
+  // Post-LN models (OPT with do_layer_norm_before = false) normalize the stream after each block:
+  // x = norm(x + block(x)), written back; a block's input is then the stream itself (16-bit).
+  const bool post_ln = !c.pre_norm;
+  if (post_ln) convert_stored_type(0 /* F32 */, x_.get(), static_cast<int64_t>(n) * H, H, 0, normed_.get(), dt, st);
   const void* pending_delta = nullptr;  // the previous block's output, added by the next norm
   for (int layer = 0; layer < c.n_layers; ++layer) {
     const DeviceLayer& L = m.layers[layer];
-    residual_norm(x_.as<float>(), pending_delta, nullptr, L.attn_norm.get(), L.attn_norm_bias.get(), normed_.get(), n,
-                  H, c.norm_eps, c.norm, false, dt, st);
+    if (!post_ln)
+      residual_norm(x_.as<float>(), pending_delta, nullptr, L.attn_norm.get(), L.attn_norm_bias.get(), normed_.get(),
+                    n, H, c.norm_eps, c.norm, false, dt, st);
     linear(normed_.get(), L.w_qkv.get(), L.b_qkv.get(), qkv_.get(), n, QKV, H, false);
     if (c.position == PositionEncoding::Rope) {
       rope_qk_cache(qkv_.get(), in.positions, m.inv_freq.as<float>(), c.rope.rotary_dim / 2, in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_style, layer_k(layer),
@@ -304,8 +327,11 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
     }
     linear(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, false);
     reduce_partial(o_.get(), static_cast<int64_t>(n) * H);
-    residual_norm(x_.as<float>(), o_.get(), nullptr, L.ffn_norm.get(), L.ffn_norm_bias.get(), normed_.get(), n, H,
-                  c.norm_eps, c.norm, false, dt, st);
+    // Pre-LN: x += o, the FFN reads norm(x). Post-LN: x = norm(x + o) (attn_norm is the block's
+    // output norm there), and the FFN reads x.
+    residual_norm(x_.as<float>(), o_.get(), nullptr, post_ln ? L.attn_norm.get() : L.ffn_norm.get(),
+                  post_ln ? L.attn_norm_bias.get() : L.ffn_norm_bias.get(), normed_.get(), n, H, c.norm_eps, c.norm,
+                  post_ln, dt, st);
     if (swiglu && LinearDispatcher::fuses(linear_->choose(n, 2 * FF, H), Epilogue::SwiGLU)) {
       // Gate/up with SwiGLU in the GEMM's epilogue: one pass, no [n, 2 FF] intermediate.
       linear_->run(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_act_.get(), n, 2 * FF, H, dt, Epilogue::SwiGLU, st);
@@ -320,22 +346,43 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
       linear(ffn_in_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, false);
     }
     reduce_partial(o_.get(), static_cast<int64_t>(n) * H);
-    pending_delta = o_.get();
+    if (post_ln) {
+      residual_norm(x_.as<float>(), o_.get(), nullptr, L.ffn_norm.get(), L.ffn_norm_bias.get(), normed_.get(), n, H,
+                    c.norm_eps, c.norm, true, dt, st);
+    } else {
+      pending_delta = o_.get();
+    }
   }
+  // The head's input: logit_rows 16-bit rows of H, after the final norm (pre-LN) or as the last
+  // block left the stream (post-LN without a final norm: already in normed_).
+  const void* head_in = nullptr;
   if (in.head_index != nullptr) {
     // A mixed step: the rows whose logits are wanted are scattered (a chunk's last token); the
     // final norm runs over every token, then those rows are gathered into o_ (free by now).
-    residual_norm(x_.as<float>(), o_.get(), nullptr, m.final_norm.get(), m.final_norm_bias.get(), normed_.get(), n, H,
-                  c.norm_eps, c.norm, false, dt, st);
+    if (c.final_norm)
+      residual_norm(x_.as<float>(), post_ln ? nullptr : o_.get(), nullptr, m.final_norm.get(),
+                    m.final_norm_bias.get(), normed_.get(), n, H, c.norm_eps, c.norm, false, dt, st);
     gather_rows(normed_.get(), in.head_index, logit_rows, H * static_cast<int>(kElem), o_.get(), st);
-    lm_head(o_.get(), logit_rows);
+    head_in = o_.get();
   } else {
     // Only the rows whose logits are wanted: the last `logit_rows` tokens.
     const size_t skip = static_cast<size_t>(n - logit_rows);
-    residual_norm(x_.as<float>() + skip * H, at(o_, skip * H * kElem), nullptr, m.final_norm.get(),
-                  m.final_norm_bias.get(), normed_.get(), logit_rows, H, c.norm_eps, c.norm, false, dt, st);
-    lm_head(normed_.get(), logit_rows);
+    if (c.final_norm) {
+      residual_norm(x_.as<float>() + skip * H, post_ln ? nullptr : at(o_, skip * H * kElem), nullptr,
+                    m.final_norm.get(), m.final_norm_bias.get(), normed_.get(), logit_rows, H, c.norm_eps, c.norm,
+                    false, dt, st);
+      head_in = normed_.get();
+    } else {
+      head_in = at(normed_, skip * H * kElem);
+    }
   }
+  if (c.embedding_dim() != H) {
+    // OPT-350m's project_out: back to the embedding width of the lm head (the tied table).
+    void* projected = head_in == o_.get() ? normed_.get() : o_.get();
+    linear(head_in, m.project_out.get(), nullptr, projected, logit_rows, c.embedding_dim(), H, false);
+    head_in = projected;
+  }
+  lm_head(head_in, logit_rows);
   last_logit_rows_ = logit_rows;
 }
 

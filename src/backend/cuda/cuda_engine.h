@@ -172,6 +172,7 @@ class CudaEngine final : public Engine {
   DeviceBuffer shard_logits_, gathered_logits_;  // tensor parallelism: this rank's slice, every rank's
   int64_t vocab_rows_ = 0;                       // lm head rows this engine computes
   DeviceBuffer ids_, positions_, slots_, block_tables_;  // prefill and mixed-step inputs
+  DeviceBuffer row_index_;                                // 0, 1, 2, ... (models with project_in)
   DeviceBuffer context_lens_, head_index_;                // mixed steps: decode rows' lengths, logit rows
   DeviceBuffer chunk_meta_;                               // prefill chunks: q_begin [max_batch + 1], starts
   DeviceBuffer sample_ws_, sample_ids_, history_, history_lens_, offsets_, seeds_;
