@@ -35,6 +35,7 @@
 #include "engine/backend_select.h"
 #include "engine/engine.h"
 #include "engine/environment_fallback.h"
+#include "engine/linear_chooser.h"
 #include "engine/prompt_file.h"
 #include "engine/scheduler.h"
 #include "fdpp/error.h"

@@ -13,6 +13,7 @@
 
 #include "attention/calibration.h"
 #include "engine/backend_select.h"
+#include "engine/linear_chooser.h"
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/device_query.h"

@@ -17,6 +17,7 @@
 
 #include "engine/backend_select.h"
 #include "engine/environment_fallback.h"
+#include "engine/linear_chooser.h"
 #include "fdpp/error.h"
 #include "fdpp/sampling.h"
 #include "model/model_loader.h"

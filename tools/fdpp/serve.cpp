@@ -26,6 +26,7 @@
 #include "cli_common.h"
 #include "engine/backend_select.h"
 #include "engine/environment_fallback.h"
+#include "engine/linear_chooser.h"
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
 #include "model/hf_config.h"
