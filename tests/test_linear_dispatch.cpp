@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "engine/dispatch_table.h"
+#include "engine/environment_fallback.h"
 #include "engine/linear_chooser.h"
 #include "model/hf_config.h"
 #include "test_util.h"
@@ -269,6 +270,8 @@ TEST(LinearDispatch, ForcedModes) {
   EXPECT_EQ(parse_linear_mode("flat"), LinearMode::Flat);
   EXPECT_EQ(parse_linear_mode("cublas"), LinearMode::Cublas);
   EXPECT_EQ(test::error_of([] { parse_linear_mode("fast"); }),
+            "linear mode='fast' is not one of auto, gemv, flat, cublas");
+  EXPECT_EQ(test::error_of([] { parse_linear_mode("fast", "FDPP_LINEAR"); }),
             "FDPP_LINEAR='fast' is not one of auto, gemv, flat, cublas");
   LinearChooser c;
   c.add_table(test_table(), "mem");  // ignored when forced
@@ -282,7 +285,7 @@ TEST(LinearDispatch, ForcedModes) {
   c.set_mode(LinearMode::Gemv);
   EXPECT_EQ(c.effective_ranges(1, 1), (std::vector<DispatchRange>{{1, G}, {9, F}, {65, C}}));
 
-  // An explicit GEMV threshold (FDPP_GEMV_MAX_M): GEMV exactly up to it, the table above.
+  // An explicit GEMV threshold (DispatchSelectOptions::gemv_max_m): GEMV exactly up to it, the table above.
   LinearChooser t;
   t.add_table(test_table(), "mem");
   t.set_gemv_max_m(4);
@@ -509,11 +512,16 @@ TEST(LinearDispatch, LookupOrderAndMismatches) {
   write_dispatch_file(expl, explicit_path);
   o.table_path = explicit_path;
   EXPECT_EQ(load(o).choose(1, 4096, 4096), G);
-  // ... also through $FDPP_DISPATCH_TABLE.
+  // ... and $FDPP_DISPATCH_TABLE is the front ends' fallback (environment_fallback.h), never read
+  // by the chooser itself.
   o.table_path.clear();
   {
     ScopedEnv env("FDPP_DISPATCH_TABLE", explicit_path.c_str());
-    EXPECT_EQ(load(o).choose(1, 4096, 4096), G);
+    EXPECT_EQ(load(o).choose(1, 4096, 4096), F);  // the table beside the model
+    DispatchSelectOptions from_env = o;
+    apply_linear_environment(from_env);
+    EXPECT_EQ(from_env.table_path, explicit_path);
+    EXPECT_EQ(load(from_env).choose(1, 4096, 4096), G);
   }
 
   // Mismatches: an explicit table for another GPU or dtype is an error naming both; automatic
@@ -542,31 +550,25 @@ TEST(LinearDispatch, LookupOrderAndMismatches) {
   o.table_path.clear();
   std::filesystem::remove(dispatch_path_beside(model));
 
-  // Modes from the options and the environment.
+  // Modes and the GEMV threshold from the options; the chooser ignores the environment.
   o.mode = "cublas";
   c = load(o);
   EXPECT_EQ(c.choose(1, 4096, 11008), C);
   EXPECT_NE(c.describe({}).find("mode cublas (linear mode cublas"), std::string::npos) << c.describe({});
+  o.mode = "gpu";
+  EXPECT_EQ(test::error_of([&] { load(o); }), "linear mode='gpu' is not one of auto, gemv, flat, cublas");
   o.mode.clear();
   {
     ScopedEnv env("FDPP_LINEAR", "flat");
-    EXPECT_EQ(load(o).choose(1, 4096, 11008), F);
-    o.use_environment = false;
+    ScopedEnv gemv("FDPP_GEMV_MAX_M", "4");
     EXPECT_EQ(load(o).choose(1, 4096, 11008), G);
-    o.use_environment = true;
+    EXPECT_EQ(load(o).choose(4, 4096, 4096), C);
   }
-  {
-    ScopedEnv env("FDPP_LINEAR", "gpu");
-    EXPECT_EQ(test::error_of([&] { load(o); }), "FDPP_LINEAR='gpu' is not one of auto, gemv, flat, cublas");
-  }
-  {
-    ScopedEnv env("FDPP_GEMV_MAX_M", "4");
-    EXPECT_EQ(load(o).choose(4, 4096, 4096), G);
-  }
-  {
-    ScopedEnv env("FDPP_GEMV_MAX_M", "12");
-    EXPECT_EQ(test::error_of([&] { load(o); }), "FDPP_GEMV_MAX_M=12 is not an integer in [0, 8]");
-  }
+  o.gemv_max_m = 4;
+  EXPECT_EQ(load(o).choose(4, 4096, 4096), G);
+  o.gemv_max_m = 12;
+  EXPECT_EQ(test::error_of([&] { load(o); }), "GEMV max M 12 is not in [0, 8]");
+  o.gemv_max_m = -1;
   std::filesystem::remove_all(dir);
 }
 

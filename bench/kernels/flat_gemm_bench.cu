@@ -10,6 +10,8 @@
 // (launch gaps included, as in the engine's graphs). Bytes = W + x + y; % of 4.46 TB/s (the
 // measured read-streaming rate) beside each time. Epilogue: Store (16-bit y), no bias.
 // --sweep adds forced split counts and pipeline depths for flat_gemm on the Llama-2-7B shapes.
+// The launch switches come from the environment, as the CLI's do (engine/environment_fallback.h:
+// FDPP_PDL, FDPP_LINEAR_PDL, FDPP_FLAT_SPLIT_PDL, FDPP_CUBLASLT_TUNE).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -23,6 +25,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/flat_gemm.h"
 #include "backend/cuda/linear.h"
+#include "engine/environment_fallback.h"
 
 namespace {
 
@@ -96,6 +99,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--sweep") == 0) sweep = true;
   }
   try {
+    const fdpp::cuda::KernelOptions kernels = fdpp::resolve_kernel_options({});
+    const fdpp::cuda::KernelOptionsScope kernel_scope(kernels);
     cudaDeviceProp prop{};
     FDPP_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("# %s, %d SMs, L2 %d MB; times: median us per call (graph of %d calls, %d replays); %% of %.2f TB/s\n",

@@ -34,6 +34,8 @@
 
 #include "engine/backend_select.h"
 #include "engine/engine.h"
+#include "engine/environment_fallback.h"
+#include "engine/linear_chooser.h"
 #include "engine/prompt_file.h"
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
@@ -338,9 +340,16 @@ std::shared_ptr<ModelState> load(const ModelArgs& a) {
         o.kv_cache_tokens = a.kv_cache_tokens;
         o.cuda_graphs = a.cuda_graphs;
         o.attention = a.attention;
-        o.linear = a.linear;
+        // As the CLI: the arguments, else the FDPP_* variables (engine/environment_fallback.h).
+        DispatchSelectOptions linear_options;
+        linear_options.mode = a.linear;
+        linear_options.table_path = a.dispatch_table;
+        apply_linear_environment(linear_options);
+        o.linear = linear_options.mode;
         o.model_path = st->path;
-        o.dispatch_table = a.dispatch_table;
+        o.dispatch_table = linear_options.table_path;
+        o.gemv_max_m = linear_options.gemv_max_m;
+        o.kernels = resolve_kernel_options({});
         o.threads = a.threads;
         // "": the backend looks the unified-max calibration up beside the model, as the CLI's does.
         o.calibration = a.calibration;

@@ -155,6 +155,8 @@ cuda::EngineOptions engine_options(const ModelConfig& config, const RunnerOption
   eo.linear_mode = options.linear;
   eo.model_path = options.model_path;
   eo.dispatch_table = options.dispatch_table;
+  eo.gemv_max_m = options.gemv_max_m;
+  eo.kernels = options.kernels;
   return eo;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/kernel_options.h"
 #include "engine/engine.h"
 #include "engine/runner.h"
 #include "model/decoder.h"
@@ -29,11 +30,15 @@ struct RunnerOptions {
   std::string attention = "async";
   // Per-layer unified max phi from the model's calibration file (empty: phi = 0, see EngineOptions).
   std::vector<float> unified_max_phi;
-  // CUDA linear layers: "" (FDPP_LINEAR, else auto), auto, gemv, flat, cublas; the model's path
-  // (a dispatch table beside it is used) and an explicit table file.
+  // CUDA linear layers: "" or auto, gemv, flat, cublas; the model's path (a dispatch table beside
+  // it is used), an explicit table file, GEMV for exactly M <= gemv_max_m (-1: the table). The
+  // front ends fill them from their flags, else the environment (environment_fallback.h).
   std::string linear;
   std::string model_path;
   std::string dispatch_table;
+  int gemv_max_m = -1;
+  // CUDA kernels' launch switches (PDL, cuBLASLt tuning, the decode-attention loop).
+  cuda::KernelOptions kernels;
   // CUDA: stream the weights from this plan (model/model_loader.h plan_model) straight from the files
   // to the GPU instead of uploading `weights` (then empty); checked against free GPU memory before
   // anything is allocated. load_progress reports the streaming (tensors, bytes as stored, seconds).

@@ -1,8 +1,6 @@
 #include "engine/linear_chooser.h"
 
 #include <algorithm>
-#include <charconv>
-#include <cstdlib>
 #include <filesystem>
 
 #include "fdpp/error.h"
@@ -13,11 +11,6 @@ namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
 namespace {
-
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::string(v) : std::string();
-}
 
 std::string table_keys(const DispatchFile& f) {
   std::string s;
@@ -123,27 +116,12 @@ LinearChooser LinearChooser::load(const DispatchSelectOptions& o, const std::str
   if (!o.mode.empty()) {
     c.mode_ = parse_linear_mode(o.mode, "linear mode");
     if (c.mode_ != LinearMode::Auto) c.mode_origin_ = fmt::format("linear mode {}", o.mode);
-  } else if (const std::string e = o.use_environment ? env_or_empty("FDPP_LINEAR") : ""; !e.empty()) {
-    c.mode_ = parse_linear_mode(e, "FDPP_LINEAR");
-    if (c.mode_ != LinearMode::Auto) c.mode_origin_ = "FDPP_LINEAR=" + e;
   }
-  if (c.mode_ == LinearMode::Auto) {
-    if (o.gemv_max_m >= 0) {
-      c.set_gemv_max_m(o.gemv_max_m);
-    } else if (const std::string e = o.use_environment ? env_or_empty("FDPP_GEMV_MAX_M") : ""; !e.empty()) {
-      int v = -1;
-      const char* end = e.data() + e.size();
-      auto [p, ec] = std::from_chars(e.data(), end, v);
-      check(ec == std::errc() && p == end && v >= 0 && v <= limits.gemv_max_m,
-            "FDPP_GEMV_MAX_M={} is not an integer in [0, {}]", e, limits.gemv_max_m);
-      c.set_gemv_max_m(v);
-    }
-  }
+  if (c.mode_ == LinearMode::Auto && o.gemv_max_m >= 0) c.set_gemv_max_m(o.gemv_max_m);
 
   // The tables, in lookup order.
   std::error_code ec;
-  const std::string explicit_path =
-      !o.table_path.empty() ? o.table_path : (o.use_environment ? env_or_empty("FDPP_DISPATCH_TABLE") : "");
+  const std::string& explicit_path = o.table_path;
   if (!explicit_path.empty()) {
     const DispatchFile f = read_dispatch_file(explicit_path, limits);
     const DispatchTable* t = f.find(gpu, sm_count, dtype);

@@ -4,7 +4,7 @@
 // (backend/cuda/linear_dispatch.h) holds one LinearChooser and launches what it picks.
 //
 // LinearChooser::load looks, in this order, at:
-//   1. an explicit path (option, or $FDPP_DISPATCH_TABLE): must exist and hold this GPU's table;
+//   1. an explicit path (DispatchSelectOptions::table_path): must exist and hold this GPU's table;
 //   2. beside the model: <model file>.fdpp-dispatch.json (a Hugging Face directory:
 //      <dir>/fdpp-dispatch.json), as calibration files are found;
 //   3. the cache: ${FDPP_CACHE:-${XDG_CACHE_HOME:-~/.cache}/fdpp}/dispatch/<gpu>-<SMs>sm.fdpp-dispatch.json;
@@ -33,10 +33,10 @@ LinearImpl fallback_choice(int M, const LinearLimits& limits = {});
 constexpr int kFallbackGemvMaxM = 1;
 constexpr int kFallbackFlatMaxM = 16;
 
-// Forced modes (FDPP_LINEAR=gemv|flat|cublas|auto). A forced implementation beyond its M limit
+// Forced modes (--linear gemv|flat|cublas|auto). A forced implementation beyond its M limit
 // hands the call to the next one up (gemv -> flat -> cublas), so forcing never fails.
 enum class LinearMode { Auto, Gemv, Flat, Cublas };
-LinearMode parse_linear_mode(const std::string& value, const std::string& origin = "FDPP_LINEAR");
+LinearMode parse_linear_mode(const std::string& value, const std::string& origin = "linear mode");
 const char* linear_mode_name(LinearMode mode);
 LinearImpl forced_choice(LinearImpl wanted, int M, const LinearLimits& limits = {});
 
@@ -54,15 +54,15 @@ std::vector<LinearShape> model_linear_shapes(const ModelConfig& c, bool include_
 // The same list with repeated [n, k] merged (names joined by '+'), first occurrence order.
 std::vector<LinearShape> unique_linear_shapes(std::span<const LinearShape> shapes);
 
+// What the chooser is told; the library reads no environment variable for it (the CLI's fallback
+// to FDPP_LINEAR, FDPP_DISPATCH_TABLE and FDPP_GEMV_MAX_M: engine/environment_fallback.h).
 struct DispatchSelectOptions {
-  std::string table_path;  // explicit table file; empty: $FDPP_DISPATCH_TABLE, else the lookup
+  std::string table_path;  // explicit table file; empty: the lookup
   std::string model_path;  // for the file beside the model; empty: none
-  std::string mode;        // auto|gemv|flat|cublas; empty: $FDPP_LINEAR, else auto
-  // GEMV for M <= this and never above (for measurements; -1: $FDPP_GEMV_MAX_M, else the table).
-  // Only in auto mode.
+  std::string mode;        // auto|gemv|flat|cublas; empty: auto
+  // GEMV for M <= this and never above (for measurements; -1: the table). Only in auto mode.
   int gemv_max_m = -1;
-  bool use_environment = true;  // false: ignore the FDPP_* variables (tests)
-  bool search_shipped = true;   // look in configs/dispatch/
+  bool search_shipped = true;  // look in configs/dispatch/
   bool search_cache = true;
 };
 
@@ -100,7 +100,7 @@ class LinearChooser {
   std::vector<Source> sources_;
   std::vector<std::string> notes_;  // files looked at and skipped
   std::string key_;                 // "NVIDIA H200 (132 SMs) f16"
-  std::string mode_origin_;         // "FDPP_LINEAR=cublas" when forced
+  std::string mode_origin_;         // "linear mode cublas" when forced
   LinearMode mode_ = LinearMode::Auto;
   int gemv_max_m_ = -1;
   LinearLimits limits_;

@@ -449,32 +449,22 @@ struct DecodeCase {
   bool async = false;
   int splits = 1;
   float phi = 0.f;
-  // FDPP_DECODE_PATH for this case: "core" (CUDA cores) or "mma" (tensor cores) forced; null = the
-  // launcher's own choice (tensor cores for two or more heads per CTA or head_dim 80/96/256).
+  // KernelOptions::decode_path for this case: "core" (CUDA cores) or "mma" (tensor cores) forced;
+  // null = the launcher's own choice (tensor cores for two or more heads per CTA or head_dim
+  // 80/96/256).
   const char* path = nullptr;
 };
 
-// Sets FDPP_DECODE_PATH for one case and restores the previous value.
-class DecodePathScope {
- public:
-  explicit DecodePathScope(const char* path) {
-    if (const char* old = std::getenv("FDPP_DECODE_PATH")) old_ = old, had_ = true;
-    if (path != nullptr) setenv("FDPP_DECODE_PATH", path, 1);
-    else unsetenv("FDPP_DECODE_PATH");
-  }
-  ~DecodePathScope() {
-    if (had_) setenv("FDPP_DECODE_PATH", old_.c_str(), 1);
-    else unsetenv("FDPP_DECODE_PATH");
-  }
-
- private:
-  std::string old_;
-  bool had_ = false;
-};
+cuda::KernelOptions kernels_for_path(const char* path) {
+  cuda::KernelOptions o;
+  if (path != nullptr) o.decode_path = std::string(path) == "core" ? cuda::DecodePath::Core : cuda::DecodePath::Mma;
+  return o;
+}
 
 void run_decode(const DecodeCase& c) {
   const int D = c.D, H = c.H, KVH = c.KVH, B = int(c.lens.size()), G = H / KVH;
-  const DecodePathScope path_scope(c.path);
+  const cuda::KernelOptions kernels = kernels_for_path(c.path);
+  const cuda::KernelOptionsScope kernel_scope(kernels);
   // The tensor-core loop rounds P to 16 bits before P V (as FlashAttention does; the sums stay
   // fp32): weights off by up to half a unit roundoff, so outputs by about u x rms; the element
   // bound is 16 u x rms there (an indexing error is O(rms)).

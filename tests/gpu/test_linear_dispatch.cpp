@@ -128,7 +128,6 @@ TEST_F(LinearDispatchGpu, AutomaticChoiceOverM) {
   // Forced modes through the options: forced GEMV hands M > 8 on, it does not fail.
   DispatchSelectOptions o;
   o.mode = "gemv";
-  o.use_environment = false;
   o.search_cache = false;
   o.search_shipped = false;
   cuda::LinearDispatcher g(DType::F16, o);

@@ -13,6 +13,7 @@
 
 #include "attention/calibration.h"
 #include "engine/backend_select.h"
+#include "engine/linear_chooser.h"
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/device_query.h"
@@ -111,13 +112,20 @@ int run_bench(const BenchArgs& a) {
     check(static_cast<int>(eo.unified_max_phi.size()) == config.n_layers, "--calibration {}: {} layers, the model {}",
           a.calibration, eo.unified_max_phi.size(), config.n_layers);
   }
-  eo.linear_mode = a.linear;
+  // Flags first, the environment where one is not given (environment_fallback.h).
+  DispatchSelectOptions linear_options;
+  linear_options.mode = a.linear;
+  linear_options.table_path = a.dispatch_table;
+  apply_linear_environment(linear_options);
+  eo.linear_mode = linear_options.mode;
+  eo.dispatch_table = linear_options.table_path;
+  eo.gemv_max_m = linear_options.gemv_max_m;
+  eo.kernels = resolve_kernel_options(a.kernels);
   if (!a.prefill_config.empty()) {
     eo.prefill_attention_config = cuda::prefill_attention_config_index(a.prefill_config.c_str());
     check(eo.prefill_attention_config >= 0, "--prefill-config '{}' is not a prefill attention configuration",
           a.prefill_config);
   }
-  eo.dispatch_table = a.dispatch_table;
   if (a.load_format != "dummy") eo.model_path = loaded.description.path;
   // One GPU, or the model split over tp GPUs (rank 0's GPU is the one whose memory is reported;
   // every rank holds the same shapes).
@@ -276,6 +284,8 @@ int run_bench(const BenchArgs& a) {
                      {"cuda_graphs", !a.no_cuda_graphs},
                      {"attention", a.attention},
                      {"linear", linear_mode_name(rank0.linear_dispatcher().chooser().mode())},
+                     {"pdl", eo.kernels.programmatic_launch},
+                     {"decode_path", cuda::decode_path_name(eo.kernels.decode_path)},
                      {"tensor_parallel", tp},
                      {"read_bandwidth_measured", bandwidth},
                      {"read_bandwidth_design", kDesignReadBandwidth},

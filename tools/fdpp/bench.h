@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/environment_fallback.h"
+
 namespace fdpp {
 
 struct BenchArgs {
@@ -26,6 +28,7 @@ struct BenchArgs {
   int mixed_chunk = 512;            // the mixed test's prefill chunk (0: no mixed test)
   std::string prefill_config;       // prefill attention tile configuration ("": the engine's default)
   int tensor_parallel = 1;          // GPUs the model is split over
+  KernelFlags kernels;              // --pdl, --decode-path (else FDPP_PDL, FDPP_DECODE_PATH)
 };
 
 int run_bench(const BenchArgs& args);

@@ -7,7 +7,8 @@
 // different parts of a pool larger than twice the 60 MB L2 (their block tables point at disjoint
 // blocks), so no call is served from L2 by its predecessor. The peers (torch SDPA, cuDNN and
 // FlashAttention backends) run the same shapes in bench/peers/peers.py --attention.
-// FDPP_DECODE_PATH=mma|core forces the tensor-core or the CUDA-core loop (the "path" field).
+// --decode-path mma|core (else FDPP_DECODE_PATH) forces the tensor-core or the CUDA-core loop (the
+// "path" field); --pdl on|off (else FDPP_PDL) the programmatic launch of the calls.
 #include "bench_attention.h"
 
 #include <fmt/format.h>
@@ -56,6 +57,8 @@ std::vector<cuda::GpuInfo> checked_gpus(const BenchAttentionArgs& a) {
 
 int run_bench_attention(const BenchAttentionArgs& a) {
   const auto gpus = checked_gpus(a);
+  const cuda::KernelOptions kernels = resolve_kernel_options(a.kernels);
+  const cuda::KernelOptionsScope kernel_scope(kernels);  // the kernels are called here, not by an engine
   check(!a.batches.empty() && !a.contexts.empty(), "bench-attention: give batch sizes and context lengths");
   for (const auto& m : a.modes) check(m == "async" || m == "sync", "--modes: '{}' is not one of async, sync", m);
   const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
@@ -137,8 +140,8 @@ int run_bench_attention(const BenchAttentionArgs& a) {
         const double us = cuda::time_graph(stream, reps, a.replays, launch).us;
         unsigned long long fb = 0;
         FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
-        const char* path = std::getenv("FDPP_DECODE_PATH");  // forces mma or core (kernels.h)
-        results.push_back({{"mode", mode}, {"path", path != nullptr ? path : "auto"}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
+        results.push_back({{"mode", mode}, {"path", cuda::decode_path_name(kernels.decode_path)},
+                           {"pdl", kernels.programmatic_launch}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
                            {"context", L}, {"splits", splits}, {"us", us}, {"bytes", bytes},
                            {"pct_design_bw", bytes / (us * 1e-6) / kDesignReadBandwidth},
                            {"fallback_rows", fb}, {"reps", reps}, {"rotations", rotations}});
@@ -174,6 +177,8 @@ int run_bench_attention(const BenchAttentionArgs& a) {
 // every mode, so one run compares them (docs/kernels/prefill_attention.md).
 int run_bench_prefill_attention(const BenchAttentionArgs& a) {
   const auto gpus = checked_gpus(a);
+  const cuda::KernelOptions kernels = resolve_kernel_options(a.kernels);
+  const cuda::KernelOptionsScope kernel_scope(kernels);
   for (const auto& m : a.modes) check(m == "async" || m == "sync", "--modes: '{}' is not one of async, sync", m);
   std::vector<std::pair<int, int>> points;
   for (const auto& p : a.points) {

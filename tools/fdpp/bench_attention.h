@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/environment_fallback.h"
+
 namespace fdpp {
 
 struct BenchAttentionArgs {
@@ -23,6 +25,7 @@ struct BenchAttentionArgs {
   // --prefill-config: the kernel's tile configurations to time on every point and mode (names from
   // prefill_plan.h kConfigs; "all": every one). Default: the default configuration alone.
   std::vector<std::string> prefill_configs{"m64n64"};
+  KernelFlags kernels;  // --pdl, --decode-path (else FDPP_PDL, FDPP_DECODE_PATH)
 };
 
 int run_bench_prefill_attention(const BenchAttentionArgs& args);

@@ -16,6 +16,7 @@
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/device_query.h"
 #include "backend/cuda/linear_profiler.h"
+#include "engine/environment_fallback.h"
 #include "engine/linear_chooser.h"
 #include "fdpp/error.h"
 #include "tune.h"
@@ -75,6 +76,10 @@ int run_bench_linear() {
 
   const double measured_bw = a.bandwidth > 0 ? a.bandwidth : cuda::measure_read_bandwidth();
   const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
+  // The kernels are called here, not by an engine: their switches from the environment (FDPP_PDL,
+  // FDPP_LINEAR_PDL, FDPP_CUBLASLT_TUNE, ...; environment_fallback.h).
+  const cuda::KernelOptions kernels = resolve_kernel_options({});
+  const cuda::KernelOptionsScope kernel_scope(kernels);
   cuda::LinearProfiler profiler(dtype);
   const LinearLimits limits = cuda::kernel_linear_limits();
 

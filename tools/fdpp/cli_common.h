@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "engine/backend_select.h"
+#include "engine/environment_fallback.h"
+#include "engine/linear_chooser.h"
 #include "fdpp/error.h"
 #include "fdpp/sampling.h"
 #include "model/model_loader.h"
@@ -54,6 +56,7 @@ struct DeviceArgs {
   std::string attention = "async";
   std::string linear;  // "": FDPP_LINEAR, else auto
   std::string dispatch_table;
+  KernelFlags kernels;  // --pdl, --decode-path
   std::string calibration;
   int threads = 0;
   int n_gpu_layers = -1;  // -1: not given
@@ -71,6 +74,19 @@ struct DeviceArgs {
   // calibration, the CUDA upload).
   LoadOptions load_options() const;
 };
+
+// --pdl on|off and --decode-path auto|mma|core, into `flags` (resolve_kernel_options falls back to
+// FDPP_PDL and FDPP_DECODE_PATH where they are not given).
+inline void add_kernel_flags(CLI::App* app, KernelFlags& flags) {
+  app->add_option("--pdl", flags.pdl,
+                  "CUDA: programmatic dependent launch of the decode step's kernels, on or off (default: $FDPP_PDL, "
+                  "else on)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app->add_option("--decode-path", flags.decode_path,
+                  "CUDA decode attention's loop: auto, mma (tensor cores) or core (CUDA cores; head dims 64, 128) "
+                  "(default: $FDPP_DECODE_PATH, else auto)")
+      ->check(CLI::IsMember({"auto", "mma", "core"}));
+}
 
 std::vector<int32_t> parse_token_ids(const std::string& text);  // throws UsageError naming --token-ids
 // Writes and flushes; throws fdpp::Error when stdout cannot take it (a full disk, a closed pipe).

@@ -123,9 +123,16 @@ RunnerOptions DeviceArgs::options(const std::string& model_path) const {
   o.kv_cache_tokens = kv_cache_tokens;
   o.cuda_graphs = !no_cuda_graphs;
   o.attention = attention;
-  o.linear = linear;
+  // Flags first, the environment where one is not given (environment_fallback.h).
+  DispatchSelectOptions linear_options;
+  linear_options.mode = linear;
+  linear_options.table_path = dispatch_table;
+  apply_linear_environment(linear_options);
+  o.linear = linear_options.mode;
   o.model_path = model_path;
-  o.dispatch_table = dispatch_table;
+  o.dispatch_table = linear_options.table_path;
+  o.gemv_max_m = linear_options.gemv_max_m;
+  o.kernels = resolve_kernel_options(kernels);
   o.threads = threads;
   o.calibration = calibration;
   o.tensor_parallel = tensor_parallel;
@@ -207,7 +214,9 @@ void DeviceArgs::add_to(CLI::App* app) {
                   "CUDA linear layers: auto (the tuned dispatch table), gemv, flat or cublas (default: $FDPP_LINEAR, "
                   "else auto)")
       ->check(CLI::IsMember({"auto", "gemv", "flat", "cublas"}));
-  app->add_option("--dispatch-table", dispatch_table, "dispatch table file from fdpp tune (default: looked up)");
+  app->add_option("--dispatch-table", dispatch_table,
+                  "dispatch table file from fdpp tune (default: $FDPP_DISPATCH_TABLE, else looked up)");
+  add_kernel_flags(app, kernels);
   app->add_option("--calibration", calibration,
                   "unified-max calibration file from fdpp calibrate (default: <model>.fdpp-calib.json, else the cache)");
   app->add_option("--attention", attention,
@@ -769,7 +778,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench->add_option("--linear", b.linear, "linear layers: auto (dispatch table), gemv, flat, cublas (default: $FDPP_LINEAR, else auto)")
       ->check(CLI::IsMember({"auto", "gemv", "flat", "cublas"}));
-  bench->add_option("--dispatch-table", b.dispatch_table, "dispatch table file from fdpp tune (default: looked up)");
+  bench->add_option("--dispatch-table", b.dispatch_table,
+                    "dispatch table file from fdpp tune (default: $FDPP_DISPATCH_TABLE, else looked up)");
+  add_kernel_flags(bench, b.kernels);
   bench->add_option("--calibration", b.calibration,
                     "unified-max calibration file from fdpp calibrate (default: <model>.fdpp-calib.json, else the cache)");
   bench->add_option("--attention", b.attention, "decode attention: async (unified max) or sync")
@@ -793,6 +804,7 @@ int main(int argc, char** argv) {
   bench_attn->add_option("--replays", ba.replays, "graph replays per point (median)")->capture_default_str()->check(CLI::Range(1, 1000));
   bench_attn->add_flag("--json", ba.json, "print JSON");
   bench_attn->add_flag("--prefill", ba.prefill, "causal prefill attention (tensor cores) instead of decode");
+  add_kernel_flags(bench_attn, ba.kernels);
   bench_attn->add_option("--points", ba.points, "prefill points BxL (B sequences of L tokens)")->delimiter(',');
   bench_attn->add_option("--prefill-config", ba.prefill_configs,
                          "prefill tile configurations to compare (m64n64, m128n64w8, m128n64w8s3, m128n32w4 or all)")

@@ -23,7 +23,10 @@
 #include <thread>
 
 #include "attention/calibration.h"
+#include "cli_common.h"
 #include "engine/backend_select.h"
+#include "engine/environment_fallback.h"
+#include "engine/linear_chooser.h"
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
 #include "model/hf_config.h"
@@ -58,6 +61,7 @@ struct ServeArgs {
   std::string attention = "async";
   std::string linear;
   std::string dispatch_table;
+  KernelFlags kernels;
   std::string load_format = "auto";
   std::string config;
   int tensor_parallel = 1;
@@ -135,8 +139,14 @@ void load_dummy(const ServeArgs& a, Loaded& out) {
   eo.kv_cache_tokens = a.kv_cache_tokens;
   eo.cuda_graphs = !a.no_cuda_graphs;
   eo.attention = a.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
-  eo.linear_mode = a.linear;
-  eo.dispatch_table = a.dispatch_table;
+  DispatchSelectOptions linear_options;  // flags first, the environment where one is not given
+  linear_options.mode = a.linear;
+  linear_options.table_path = a.dispatch_table;
+  apply_linear_environment(linear_options);
+  eo.linear_mode = linear_options.mode;
+  eo.dispatch_table = linear_options.table_path;
+  eo.gemv_max_m = linear_options.gemv_max_m;
+  eo.kernels = resolve_kernel_options(a.kernels);
   if (a.tensor_parallel > 1) {
     cuda::ShardSource source;  // random shards (no plan)
     source.dtype = dtype;
@@ -179,9 +189,15 @@ void load(const ServeArgs& a, Loaded& out) {
   o.kv_cache_tokens = a.kv_cache_tokens;
   o.cuda_graphs = !a.no_cuda_graphs;
   o.attention = a.attention;
-  o.linear = a.linear;
+  DispatchSelectOptions linear_options;  // flags first, the environment where one is not given
+  linear_options.mode = a.linear;
+  linear_options.table_path = a.dispatch_table;
+  apply_linear_environment(linear_options);
+  o.linear = linear_options.mode;
   o.model_path = path;
-  o.dispatch_table = a.dispatch_table;
+  o.dispatch_table = linear_options.table_path;
+  o.gemv_max_m = linear_options.gemv_max_m;
+  o.kernels = resolve_kernel_options(a.kernels);
   o.tensor_parallel = a.tensor_parallel;
   if (a.attention == "async" && o.device != Device::Cpu)
     if (const std::optional<Calibration> cal = load_calibration(path))
@@ -239,7 +255,9 @@ CLI::App* register_serve(CLI::App& app) {
       ->capture_default_str()->check(CLI::IsMember({"async", "sync"}));
   s->add_option("--linear", a.linear, "CUDA linear layers: auto, gemv, flat, cublas (default: $FDPP_LINEAR, else auto)")
       ->check(CLI::IsMember({"auto", "gemv", "flat", "cublas"}));
-  s->add_option("--dispatch-table", a.dispatch_table, "dispatch table file from fdpp tune (default: looked up)");
+  s->add_option("--dispatch-table", a.dispatch_table,
+                "dispatch table file from fdpp tune (default: $FDPP_DISPATCH_TABLE, else looked up)");
+  cli::add_kernel_flags(s, a.kernels);
   s->add_option("--load-format", a.load_format, "auto (read --model) or dummy (random weights of --config, CUDA)")
       ->capture_default_str()->check(CLI::IsMember({"auto", "dummy"}));
   s->add_option("--config", a.config, "config.json for --load-format dummy (see configs/)");

@@ -26,6 +26,7 @@
 #include "backend/cuda/device_query.h"
 #include "backend/cuda/linear_dispatch.h"
 #include "backend/cuda/linear_profiler.h"
+#include "engine/environment_fallback.h"
 #include "engine/linear_chooser.h"
 #include "fdpp/error.h"
 #include "model/hf_config.h"
@@ -94,6 +95,7 @@ std::string describe_dispatch_for_model(const std::string& model_path, const Mod
   }
   DispatchSelectOptions o;
   o.model_path = model_path;
+  apply_linear_environment(o);  // what generate would use without flags
   const LinearChooser chooser =
       LinearChooser::load(o, gpus[0].name, gpus[0].multiprocessors, "f16", cuda::kernel_linear_limits());
   const auto shapes = unique_linear_shapes(model_linear_shapes(config));
@@ -164,6 +166,10 @@ int run_tune() {
   check(!gpus.empty(), "fdpp tune measures the GPU: no usable GPU ({})", why);
   const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
   const LinearLimits limits = cuda::kernel_linear_limits();
+  // The kernels are called here, not by an engine: their switches from the environment (FDPP_PDL,
+  // FDPP_LINEAR_PDL, FDPP_CUBLASLT_TUNE, ...; environment_fallback.h).
+  const cuda::KernelOptions kernels = resolve_kernel_options({});
+  const cuda::KernelOptionsScope kernel_scope(kernels);
 
   cuda::LinearProfiler profiler(dtype);
   const cuda::GpuIdentity& gpu = profiler.gpu();

@@ -34,11 +34,12 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden, V = c.vocab_size;
   const bool swiglu = c.activation == Activation::SwiGLU;
   // Every linear layer goes through the dispatcher (heuristic dataflow: the tuned table for this
-  // GPU, else the fallback rule; --linear / FDPP_LINEAR force one implementation).
+  // GPU, else the fallback rule; --linear forces one implementation).
   DispatchSelectOptions dispatch;
   dispatch.table_path = options.dispatch_table;
   dispatch.model_path = options.model_path;
   dispatch.mode = options.linear_mode;
+  dispatch.gemv_max_m = options.gemv_max_m;
   linear_ = std::make_unique<LinearDispatcher>(model_->dtype(), dispatch);
   max_tokens_ = std::max(options.max_batch, options.max_prefill_tokens);
   const int64_t T = max_tokens_;
@@ -387,6 +388,7 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
 }
 
 void CudaEngine::prefill(int seq, std::span<const int32_t> tokens, bool all_positions, float* host_logits) {
+  const KernelOptionsScope kernels(options_.kernels);
   check(!tokens.empty(), "prefill: no tokens");
   const int V = config().vocab_size;
   for (int32_t id : tokens) check(id >= 0 && id < V, "token id {} is out of range [0, {})", id, V);
@@ -434,6 +436,7 @@ void CudaEngine::prefill(int seq, std::span<const int32_t> tokens, bool all_posi
 }
 
 void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> tokens, float* host_logits) {
+  const KernelOptionsScope kernels(options_.kernels);
   const int b = static_cast<int>(seqs.size());
   check(b > 0 && b <= options_.max_batch, "decode batch {} out of range [1, {}]", b, options_.max_batch);
   check(tokens.size() == seqs.size(), "decode: {} sequences but {} tokens", seqs.size(), tokens.size());
@@ -509,6 +512,7 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
 }
 
 void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) {
+  const KernelOptionsScope kernels(options_.kernels);
   const ModelConfig& c = config();
   const int V = c.vocab_size;
   const int n_rows = static_cast<int>(rows.size());
@@ -674,6 +678,7 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
 
 std::vector<int32_t> CudaEngine::sample(int rows, const SamplingParams& p, std::span<const std::span<const int32_t>> history,
                                         uint64_t step) {
+  const KernelOptionsScope kernels(options_.kernels);
   check(rows >= 1 && rows <= last_logit_rows_, "sample: {} rows requested, the last step produced {}", rows,
         last_logit_rows_);
   // The rows of the last step's logits: for a prefill with all positions, the last row.
@@ -728,6 +733,7 @@ void CudaEngine::reserve_for_benchmark(int seq, int length) {
 }
 
 void CudaEngine::randomize_kv_cache(uint64_t seed) {
+  const KernelOptionsScope kernels(options_.kernels);
   // Values in [-0.5, 0.5): finite in fp16 and bf16, so attention over them stays well-defined.
   fill_random(kv_.get(), static_cast<int64_t>(kv_.bytes() / kElem), model_->dtype(), 0.5f, 0.f, seed, stream_);
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));

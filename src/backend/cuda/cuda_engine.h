@@ -22,6 +22,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_model.h"
+#include "backend/cuda/kernel_options.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/linear_dispatch.h"
@@ -49,11 +50,15 @@ struct EngineOptions {
   // calibration file; empty: the conservative default phi = 0 for every layer. Either way rows
   // outside the safe range are recomputed, so results do not depend on phi, only speed does.
   std::vector<float> unified_max_phi;
-  // Linear layers: "" (FDPP_LINEAR, else auto), auto, gemv, flat or cublas; the dispatch table
-  // file ("" : FDPP_DISPATCH_TABLE, else beside model_path, the cache, configs/dispatch/).
+  // Linear layers: "" or auto, gemv, flat or cublas; the dispatch table file ("": beside
+  // model_path, the cache, configs/dispatch/); GEMV for exactly M <= gemv_max_m (-1: the table).
   std::string linear_mode;
   std::string dispatch_table;
   std::string model_path;
+  int gemv_max_m = -1;
+  // Launch switches of the kernels (PDL, cuBLASLt tuning, the decode-attention loop), in force
+  // during this engine's calls on the calling thread (kernel_options.h).
+  KernelOptions kernels;
   // Tensor parallelism (tensor_parallel_engine.h): this engine is rank `rank` of `ranks`, its model
   // the rank's shard (model/tensor_parallel.h: heads, KV heads and FFN divided, lm head rows
   // [rank * vocab_stride, ...)). After the o and down projections it sums the ranks' partial outputs

@@ -5,8 +5,8 @@
 //   * CUDA cores (described first below): MHA (one query head per CTA) at head_dim 64 and 128.
 //   * Tensor cores (mma_loop, described after it): every CTA with two or more query heads, and
 //     every CTA at head_dim 80, 96 and 256.
-// FDPP_DECODE_PATH=core|mma forces one of them (for measuring one against the other; core only
-// exists at head_dim 64 and 128).
+// KernelOptions::decode_path (kernel_options.h) forces one of them (for measuring one against the
+// other; core only exists at head_dim 64 and 128).
 //
 // Design of the CUDA-core loop (the synchronized FlashDecoding-style softmax); the split-KV kernels
 // below (sync, and the asynchronized FlashDecoding++ one with the unified max) reuse its tiling:
@@ -770,12 +770,14 @@ void launch_decode(const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t
 // the group: 16 heads x 128 dims per lane and key at ChatGLM2's 32/2, compute-bound at 35% of the
 // read bandwidth at batch 64, 16K, issue 13) and at head dims the CUDA-core loop lacks; CUDA cores
 // for MHA at 64 and 128 (their measured path). Whether mma also wins MHA awaits measurement:
-// FDPP_DECODE_PATH=mma|core forces one (read at each call; core only at 64 and 128).
+// the calling thread's KernelOptions::decode_path forces one (read at each call; core only at 64
+// and 128).
 bool use_mma(int head_dim, int gmax) {
   if (head_dim != 64 && head_dim != 128) return true;
-  if (const char* p = std::getenv("FDPP_DECODE_PATH")) {
-    if (std::strcmp(p, "mma") == 0) return true;
-    if (std::strcmp(p, "core") == 0) return false;
+  switch (current_kernel_options().decode_path) {
+    case DecodePath::Mma: return true;
+    case DecodePath::Core: return false;
+    case DecodePath::Auto: break;
   }
   return gmax >= 2;
 }

@@ -122,7 +122,7 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Plain C++ shared loads (not asm): the compiler orders them against __syncthreads and schedules them.
-// Programmatic dependent launch (cuda_common.cuh; FDPP_PDL): the next kernel may launch once
+// Programmatic dependent launch (cuda_common.cuh; kernel_options.h): the next kernel may launch once
 // every CTA of this one has started; this kernel streams its first weight stages before waiting for
 // the previous kernel (its x, y and workspace may be that kernel's), so a launch gap and the HBM
 // ramp-up overlap the previous kernel's tail. Both are no-ops in a launch without the attribute.
@@ -387,14 +387,10 @@ void launch_kernel(const FlatGemmPlan& p, const Args& args, cudaStream_t stream)
         cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)),
         "flat_gemm: cudaFuncSetAttribute");
   });
-  // Split-K launches stay ordinary: with programmatic launch the Llama-2-7B down projection
-  // ([4096, 11008], 4 splits) measured 24.8 -> 29.0 us at M = 1 and the whole decode step +5%
-  // (docs/performance-log.md); FDPP_FLAT_SPLIT_PDL=1 lifts the exception for measurements.
-  static const bool split_pdl = [] {
-    const char* e = std::getenv("FDPP_FLAT_SPLIT_PDL");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  const bool programmatic = linear_programmatic_launch_enabled() && (p.splits == 1 || split_pdl);
+  // Split-K launches stay ordinary unless the options say otherwise (kernel_options.h has the
+  // measurement).
+  const KernelOptions& o = current_kernel_options();
+  const bool programmatic = o.linear_programmatic() && (p.splits == 1 || o.split_k_programmatic_launch);
   const detail::LaunchConfig config(dim3(unsigned(p.tiles_n), unsigned(p.splits)), dim3(kThreads), p.smem_bytes, stream,
                                     programmatic);
   detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, args), "cudaLaunchKernelEx(flat_gemm)");
@@ -415,25 +411,9 @@ void launch_mt(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
 
 }  // namespace
 
-bool programmatic_launch_enabled() {
-  // On unless FDPP_PDL=0 (kernels.h has the measurement).
-  static const bool enabled = [] {
-    const char* e = std::getenv("FDPP_PDL");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  return enabled;
-}
+bool programmatic_launch_enabled() { return current_kernel_options().programmatic_launch; }
 
-bool linear_programmatic_launch_enabled() {
-  // FDPP_LINEAR_PDL=0|1 sets the linear kernels apart from the rest (measurements); else FDPP_PDL.
-  static const bool enabled = [] {
-    if (const char* e = std::getenv("FDPP_LINEAR_PDL"); e != nullptr) return std::string(e) == "1";
-    return programmatic_launch_enabled();
-  }();
-  return enabled;
-}
-
-
+bool linear_programmatic_launch_enabled() { return current_kernel_options().linear_programmatic(); }
 
 // Planning. tiles_n = ceil(N / 64) CTAs along N (SwiGLU: ceil(F / 32) with F = N / 2, the same
 // number for even N), so the plan does not depend on the epilogue.

@@ -55,9 +55,10 @@ FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits
 void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
                DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
-// Programmatic dependent launch: programmatic_launch_enabled() in kernels.h (on unless FDPP_PDL=0). The GEMV
-// and flat GEMM read their first weights before waiting for the previous kernel, so the weight
-// stream overlaps its tail; x, y, bias and the workspace are touched only after the wait.
+// Programmatic dependent launch: linear_programmatic_launch_enabled() in kernels.h (on by default;
+// KernelOptions in kernel_options.h). The GEMV and flat GEMM read their first weights before
+// waiting for the previous kernel, so the weight stream overlaps its tail; x, y, bias and the
+// workspace are touched only after the wait.
 
 // ImplA: GEMV on CUDA cores with the same epilogues (the plain-store version is gemv() in
 // kernels.h). M in [1, kGemvMaxM].

@@ -115,7 +115,7 @@ struct ExShape {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
-// Programmatic dependent launch (cuda_common.cuh; FDPP_PDL): the first pass's weight loads
+// Programmatic dependent launch (cuda_common.cuh; kernel_options.h): the first pass's weight loads
 // are issued before waiting for the previous kernel (which may write x or y). No-ops otherwise.
 
 template <class T, int M>

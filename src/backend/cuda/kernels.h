@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kernel_options.h"
 #include "fdpp/model_config.h"
 
 namespace fdpp::cuda {
@@ -19,11 +20,10 @@ enum class DType { F16, BF16 };
 
 // Programmatic dependent launch for the kernels of a decode step (residual_norm, rope_qk_cache,
 // decode attention, gemv, flat GEMM without split-K): each may start while the previous kernel
-// drains and waits for it on the device (cuda_common.cuh: pdl_wait). On by default, FDPP_PDL=0
-// turns it off: on the H200 it made every measured decode step faster, by 0.2-3.4% (Llama-2-7B,
-// Llama-3-8B, OPT-6.7B, ChatGLM2-6B at batch 1, 8, 32; docs/performance-log.md).
+// drains and waits for it on the device (cuda_common.cuh: pdl_wait). What the calling thread's
+// KernelOptions say (kernel_options.h: programmatic_launch, with the measurement).
 bool programmatic_launch_enabled();
-// The GEMV and flat GEMM launches: FDPP_LINEAR_PDL=0|1 when set, else as above.
+// The GEMV and flat GEMM launches: KernelOptions::linear_programmatic().
 bool linear_programmatic_launch_enabled();
 
 // ---- weights ---------------------------------------------------------------------------------
@@ -98,9 +98,10 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
 // head h / (H / KVH). Stable softmax (fp32). head_dim: 64, 80, 96, 128, 256 (others: error).
 // Any group size (above 16 the group is split over CTAs); block_size a power of two; k/v caches
 // 16-byte aligned. A CTA of two or more query heads (and every CTA at head_dim 80, 96, 256) runs
-// on tensor cores, MHA at 64 and 128 on CUDA cores; FDPP_DECODE_PATH=mma|core forces one (for
-// measurements; read at each call, core only at 64 and 128). context_lens[b] <= 0 writes zeros (padding rows); a length beyond the table's
-// capacity (max_blocks_per_seq * block_size) is clamped to it.
+// on tensor cores, MHA at 64 and 128 on CUDA cores; KernelOptions::decode_path forces one (for
+// measurements; read at each call, core only at 64 and 128). context_lens[b] <= 0 writes zeros
+// (padding rows); a length beyond the table's capacity (max_blocks_per_seq * block_size) is
+// clamped to it.
 void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                       int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
                       int head_dim, int block_size, float scale, void* out, DType dtype, cudaStream_t stream);

@@ -1,8 +1,9 @@
 #include "backend/cuda/linear.h"
 
+#include "backend/cuda/per_device.h"
+
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -12,14 +13,11 @@ namespace fdpp::cuda {
 namespace {
 cudaDataType_t cuda_type(DType d) { return d == DType::F16 ? CUDA_R_16F : CUDA_R_16BF; }
 
-bool tuning_enabled() {
-  const char* e = std::getenv("FDPP_CUBLASLT_TUNE");
-  return e == nullptr || std::string(e) != "0";
-}
-
-// The tuned choice per (M, N, K, dtype, bias, fp32 out), shared by every CublasLtLinear.
+// The tuned choice per (device, M, N, K, dtype, bias, fp32 out), shared by every CublasLtLinear on
+// that device. The device is part of the key: an algorithm is timed on, and valid for, the GPU it
+// ran on, and under tensor parallelism one process drives several (possibly different) GPUs.
 std::mutex tuned_mutex;
-std::map<std::tuple<int, int, int, int, bool, bool>, cublasLtMatmulAlgo_t> tuned_algos;
+std::map<std::tuple<int, int, int, int, int, bool, bool>, cublasLtMatmulAlgo_t> tuned_algos;
 }  // namespace
 
 CublasLtLinear::CublasLtLinear(size_t workspace_bytes) : workspace_(workspace_bytes) {
@@ -85,13 +83,14 @@ CublasLtLinear::Plan& CublasLtLinear::plan(int M, int N, int K, DType dtype, con
   p.algo = results[0].algo;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   FDPP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-  if (found > 1 && tuning_enabled() && capturing == cudaStreamCaptureStatusNone) {
+  if (found > 1 && current_kernel_options().cublaslt_tune && capturing == cudaStreamCaptureStatusNone) {
+    const auto tuned_key = std::make_tuple(current_device(), M, N, K, static_cast<int>(dtype), bias, fp32_out);
     std::lock_guard<std::mutex> lock(tuned_mutex);
-    auto t = tuned_algos.find(key);
+    auto t = tuned_algos.find(tuned_key);
     if (t == tuned_algos.end()) {
       if (bias && !p.separate_bias)
         FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr));
-      t = tuned_algos.emplace(key, tune(p, results, found, x, w, y, stream)).first;
+      t = tuned_algos.emplace(tuned_key, tune(p, results, found, x, w, y, stream)).first;
     }
     p.algo = t->second;
   }

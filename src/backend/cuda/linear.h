@@ -5,8 +5,8 @@
 //
 // cuBLASLt's heuristic ranks algorithms without knowing that decode's GEMMs stream weights from
 // HBM; so the first time a shape is seen (outside graph capture) its top candidates are timed
-// with L2 flushed before each run and the fastest kept, process-wide, so that every engine in a
-// process computes a shape the same way (FDPP_CUBLASLT_TUNE=0: take the heuristic's first).
+// with L2 flushed before each run and the fastest kept per device, so that every engine on a GPU
+// computes a shape the same way (KernelOptions::cublaslt_tune off: take the heuristic's first).
 //
 // This is ImplC of FlashDecoding++'s linear-layer trio; the GEMV and flat-GEMM kernels (their own
 // issue) will sit beside it behind the dispatch table.
