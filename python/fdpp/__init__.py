@@ -317,7 +317,8 @@ class LLM:
         dtype: the GPU's 16-bit type: "auto" (bf16 for bf16 checkpoints, else f16), "float16",
             "bfloat16" (or "f16", "bf16"). The CPU computes in fp32.
         kv_cache_tokens: KV cache size in tokens; None = sized by the engine (CUDA: from free memory).
-        tensor_parallel: GPUs to split the model over; only 1 exists today.
+        tensor_parallel: GPUs of this host to split the model over (Megatron-style, NCCL; CUDA only).
+            vLLM's spelling tensor_parallel_size is accepted too.
         max_num_seqs: sequences decoded together in one step.
         max_num_batched_tokens: tokens of one step (decode rows and prefill chunks together).
         max_model_len: the context per sequence; None = the model's.
@@ -349,9 +350,15 @@ class LLM:
         threads: Optional[int] = None,
         calibration: Optional[str] = None,
         cpu_weights: str = "stored",
+        tensor_parallel_size: Optional[int] = None,
     ) -> None:
-        if tensor_parallel != 1:
-            raise _bad(f"tensor_parallel={tensor_parallel}: fdpp runs a model on one GPU for now (tensor_parallel=1)")
+        if tensor_parallel_size is not None:
+            if tensor_parallel != 1 and tensor_parallel != tensor_parallel_size:
+                raise _bad(f"tensor_parallel={tensor_parallel} and tensor_parallel_size={tensor_parallel_size} differ")
+            tensor_parallel = tensor_parallel_size
+        tensor_parallel = _check_int("tensor_parallel", tensor_parallel, 1, 64)
+        if tensor_parallel > 1 and device == "cpu":
+            raise _bad(f"tensor_parallel={tensor_parallel}: tensor parallelism splits a model over GPUs; device='cpu' runs it whole")
         if device not in ("auto", "cpu", "cuda"):
             raise _bad(f"device: {device!r} is not one of 'auto', 'cpu', 'cuda'")
         if dtype not in _DTYPES:
@@ -379,6 +386,7 @@ class LLM:
         a.threads = 0 if threads is None else _check_int("threads", threads, 1, 4096)
         a.calibration = "" if calibration is None else os.fspath(calibration)
         a.cpu_weights = cpu_weights
+        a.tensor_parallel = tensor_parallel
         self._m = _core.CoreModel.load(a)
         self._tokenizer: Optional[Tokenizer] = None
 

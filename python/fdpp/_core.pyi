@@ -81,6 +81,7 @@ class CoreModelArgs:
     threads: int
     calibration: str
     cpu_weights: str
+    tensor_parallel: int
     def __init__(self) -> None: ...
 
 class CoreTokenizer:

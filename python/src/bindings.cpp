@@ -323,6 +323,7 @@ struct ModelArgs {
   int threads = 0;
   std::string calibration;
   std::string cpu_weights = "stored";  // the CPU's weights: "stored" (the CLI's default fast path) or "f32"
+  int tensor_parallel = 1;             // GPUs the model is split over
 };
 
 std::shared_ptr<ModelState> load(const ModelArgs& a) {
@@ -350,6 +351,7 @@ std::shared_ptr<ModelState> load(const ModelArgs& a) {
         o.dispatch_table = linear_options.table_path;
         o.gemv_max_m = linear_options.gemv_max_m;
         o.kernels = resolve_kernel_options({});
+        o.tensor_parallel = a.tensor_parallel;
         o.threads = a.threads;
         // "": the backend looks the unified-max calibration up beside the model, as the CLI's does.
         o.calibration = a.calibration;
@@ -570,7 +572,8 @@ NB_MODULE(_core, m) {
       .def_rw("cuda_graphs", &ModelArgs::cuda_graphs)
       .def_rw("threads", &ModelArgs::threads)
       .def_rw("calibration", &ModelArgs::calibration)
-      .def_rw("cpu_weights", &ModelArgs::cpu_weights);
+      .def_rw("cpu_weights", &ModelArgs::cpu_weights)
+      .def_rw("tensor_parallel", &ModelArgs::tensor_parallel);
 
   nb::class_<ModelState>(m, "CoreModel")
       .def_static("load", &load, "args"_a)

@@ -190,7 +190,8 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
   check_dtype(options);
   const Device device = resolve_device(options.device);
   if (device == Device::Cpu) {
-    check(options.tensor_parallel == 1, "--tensor-parallel {} splits a model over GPUs; the CPU backend runs it whole",
+    check(options.tensor_parallel == 1,
+          "tensor parallelism over {} GPUs needs the CUDA backend (the CPU backend runs a model whole)",
           options.tensor_parallel);
     prepare_cpu(config, options);
     return std::make_unique<CpuRunner>(config, weights, max_context);
@@ -218,7 +219,8 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeig
   check_dtype(options);
   const Device device = resolve_device(options.device);
   if (device == Device::Cpu) {
-    check(options.tensor_parallel == 1, "--tensor-parallel {} splits a model over GPUs; the CPU backend runs it whole",
+    check(options.tensor_parallel == 1,
+          "tensor parallelism over {} GPUs needs the CUDA backend (the CPU backend runs a model whole)",
           options.tensor_parallel);
     prepare_cpu(config, options);
     return std::make_unique<CpuEngine>(config, weights, limits);

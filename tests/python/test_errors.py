@@ -98,7 +98,11 @@ def test_bad_requests_leave_the_llm_usable(llm):
     with pytest.raises(fdpp.InvalidInputError, match="messages"):
         llm.chat([{"role": "user"}])
     with pytest.raises(fdpp.InvalidInputError, match="tensor_parallel=2"):
-        fdpp.LLM(tensor_parallel=2)
+        fdpp.LLM(tensor_parallel=2, device="cpu")
+    with pytest.raises(fdpp.InvalidInputError, match="tensor_parallel"):
+        fdpp.LLM(tensor_parallel=0)
+    with pytest.raises(fdpp.InvalidInputError, match="differ"):
+        fdpp.LLM(tensor_parallel=2, tensor_parallel_size=4)
     with pytest.raises(fdpp.InvalidInputError, match="device"):
         fdpp.LLM(device="tpu")
     still_works(llm)
