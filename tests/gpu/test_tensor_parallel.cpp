@@ -133,7 +133,7 @@ struct TpCase {
 
 class TensorParallelStep : public ::testing::TestWithParam<TpCase> {};
 
-TEST_P(TensorParallelStep, TwoGpusMatchOne) {
+TEST_P(TensorParallelStep, ShardsMatchOneGpu) {
   REQUIRE_GPU();
   const TpCase& p = GetParam();
   ModelConfig c = test::tiny(p.recipe, p.head_dim);
@@ -196,7 +196,7 @@ void expect_files_split(const ModelConfig& c, const WeightPlan& plan, cuda::DTyp
   }
 }
 
-TEST(TensorParallelFiles, HfFixturesOnTwoGpusMatchOne) {
+TEST(TensorParallelFiles, HfFixturesOnShardsMatchOneGpu) {
   REQUIRE_GPU();
   int checked = 0;
   for (const auto& e : fs::directory_iterator(fs::path(test::fixture("hf")))) {
@@ -213,7 +213,7 @@ TEST(TensorParallelFiles, HfFixturesOnTwoGpusMatchOne) {
   EXPECT_GE(checked, 3);
 }
 
-TEST(TensorParallelFiles, GgufOfEveryStoredTypeOnTwoGpusMatchesOne) {
+TEST(TensorParallelFiles, GgufOfEveryStoredTypeSplitMatchesOneGpu) {
   REQUIRE_GPU();
   const auto dir = test::scratch_dir("tp_gguf");
   const std::string path = (dir / "tiny.gguf").string();
