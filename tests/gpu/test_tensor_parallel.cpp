@@ -196,7 +196,7 @@ void expect_files_split(const ModelConfig& c, const WeightPlan& plan, cuda::DTyp
   }
 }
 
-TEST(TensorParallelFiles, HfFixturesOnShardsMatchOneGpu) {
+TEST(TensorParallelFiles, HfFixturesSplitMatchOneGpu) {
   REQUIRE_GPU();
   int checked = 0;
   for (const auto& e : fs::directory_iterator(fs::path(test::fixture("hf")))) {
