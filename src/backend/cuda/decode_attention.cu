@@ -964,41 +964,47 @@ int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
 int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
   // A launch has one CTA per (sequence, kv head [, 16-head sub-group]) and split, and the kernel
   // runs one CTA per SM (135 KB of shared memory at head_dim 128 on CUDA cores, 214 KB on tensor
-  // cores). A grid of C CTAs therefore takes
-  // ceil(C / SMs) waves, and the last wave idles SMs: wave efficiency = C / (ceil(C / SMs) SMs).
-  // Splitting a row's keys multiplies C; we take the smallest split count whose efficiency is
-  // within 85% of the best achievable one (FlashAttention's rule), keeping at least 8 tiles of 32
-  // keys per split (one per warp) so that a split's fixed cost (loading q, the merge, writing the
-  // partial) stays small next to its key traffic.
-  // Worked numbers on the H200 (132 SMs), 32 heads (MHA):
-  //   batch 1, context 1024: C = 32, 32 tiles -> at most 4 splits; efficiency 0.24, 0.48, 0.73,
-  //   0.97 for 1..4 splits -> 4 splits, 128 CTAs in one wave (measured without splits: 17 us,
-  //   32 of 132 SMs busy; see docs/performance-log.md).
-  //   batch 1, context 64K: the best efficiency is 1.0 (33 splits, 1056 CTAs = 8 full waves);
-  //   4 splits already give 0.97 -> 4 splits (fewer partials to write and add).
-  //   batch 5, context 4K: C = 160: 1 split 0.61, 2 -> 0.81, 3 -> 0.91 -> 3 splits.
-  //   batch 8: C = 256, 0.97 without splitting -> 1 split.
+  // cores). A grid of C = ctas x s CTAs takes waves(s) = ceil(C / SMs) rounds, and each CTA's time is
+  // its keys plus a fixed cost (q, the pipeline's first round trip, the merge, the partial):
+  //   T(s) = waves(s) x (L / s / kKeysPerRound + kFixedRounds),
+  // kKeysPerRound = 256 keys (8 warps x 32), kFixedRounds = 1 (a CTA's fixed cost is about one
+  // memory round trip plus a few barriers, ~2-4 us; a round of 256 keys of one kv head at
+  // head_dim 128 is 131 KB, ~3.9 us at an SM's 1/132 share of 4.46 TB/s). We take the smallest s
+  // within 2% of the best T, with at least 8 tiles of 32 keys per split and at most 256 splits.
+  // The former rule (smallest s within 85% of the best wave efficiency, at most 64 splits) left SMs
+  // idle on long rows of few groups: ChatGLM2's 32/2 heads at batch 1 ran 55 splits = 110 CTAs on
+  // 132 SMs (16K: 19.6 us sync, cuDNN 12.3; 64K: 34.1 us vs 23.8), 32/8 at batch 1 ran 14 splits =
+  // 112 CTAs (64K: 73.8% of the bandwidth vs cuDNN's 88.8%); docs/results/2026-12-01a-attention-grid.md.
+  // Worked numbers on the H200 (132 SMs):
+  //   32 heads MHA, batch 1, context 1024: C = 32, 32 tiles -> at most 4 splits: T = 5, 3, 2.33, 2
+  //   -> 4 splits, 128 CTAs in one wave (measured without splits: 17 us; docs/performance-log.md).
+  //   MHA, batch 1, 64K: 4 splits (1 wave, T 65); 8 splits take 2 waves (T 66).
+  //   MHA, batch 5, 4K: C = 160: T = 34, 27, 25.3, 25 (s = 1..4) -> 3 splits (within 2% of 4).
+  //   MHA, batch 8: C = 256: 1 split.
+  //   32/2 heads (C = 2), batch 1: 16K 62 splits (124 CTAs), 64K 65 (130 CTAs); was 55 (110).
+  //   32/8 heads (C = 8), batch 1, 64K: 16 splits, 128 CTAs (was 14).
   const int group = n_heads / n_kv_heads;
   const int n_sub = (group + 15) / 16;
   const int64_t ctas = int64_t(batch) * n_kv_heads * n_sub;
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   const int n_tiles = (max_context_len + 31) / 32;
-  const int max_splits = std::max(1, std::min(n_tiles / kWarps, 64));
+  const int max_splits = std::max(1, std::min(n_tiles / kWarps, 256));
   // CTAs resident per SM (shared memory bound at head_dim 128: the CUDA-core loop with groups up to
   // 4 heads, the tensor-core loop with any group; both 1 today).
   constexpr int kSmemPerSm = 227 * 1024;
   constexpr size_t kSmemPerCta = std::max(CoreShape<128, 4>::kSmem, MmaShape<128>::kSmem);
   constexpr int kPerSm = std::max<int>(1, std::min<int>(2048 / kThreads, static_cast<int>(kSmemPerSm / kSmemPerCta)));
+  constexpr double kKeysPerRound = 256.0, kFixedRounds = 1.0;
   const int64_t slots = int64_t(multiprocessors) * kPerSm;
-  auto efficiency = [&](int splits) {
+  auto cost = [&](int splits) {
     const int64_t c = ctas * splits;
     const int64_t waves = (c + slots - 1) / slots;
-    return double(c) / double(waves * slots);
+    return double(waves) * (double(max_context_len) / splits / kKeysPerRound + kFixedRounds);
   };
-  double best = 0.0;
-  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  double best = cost(1);
+  for (int s = 2; s <= max_splits; ++s) best = std::min(best, cost(s));
   for (int s = 1; s <= max_splits; ++s)
-    if (efficiency(s) >= 0.85 * best) return s;
+    if (cost(s) <= 1.02 * best) return s;
   return 1;
 }
 
