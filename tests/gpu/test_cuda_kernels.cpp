@@ -546,14 +546,19 @@ void run_decode(const DecodeCase& c) {
       }
     }
     const cuda::UnifiedMaxRange range{bounds.phi, bounds.a, bounds.b};
-    // Twice on the same workspace: the semaphores and the fallback list must come back to zero.
+    // Twice on the same workspace: the counters must stay at zero, and the outputs must be bitwise
+    // the same (the splits' sums are added in split order, no atomics).
+    std::vector<uint16_t> first;
     for (int rep = 0; rep < 2; ++rep) {
       d_out.poison();
       cuda::decode_attention_async(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(),
                                    B, H, KVH, D, c.block_size, scale, range, d_out.get(), c.t, splits, ws.get(),
                                    ws_bytes, counters.get(), n_counters, fallback.get(), nullptr);
       sync("decode_attention_async");
+      if (rep == 0) first = d_out.download();
     }
+    EXPECT_TRUE(first == d_out.download()) << label("decode_attention_async", c.t) << " " << adversarial_name(c.adv)
+                                           << " splits " << splits << ": two launches gave different outputs";
     const int64_t counted = int64_t(fallback.download()[0]);
     EXPECT_LE(std::llabs(counted - 2 * expected_fallback), 2 * ambiguous)
         << label("decode_attention_async", c.t) << " " << adversarial_name(c.adv) << " splits " << splits
@@ -668,6 +673,28 @@ TEST_F(CudaKernels, DecodeAsyncAdversarialFallsBackExactly) {
         run_decode({t, 128, 8, 2, 16, {1, 17, 1000}, adv, true, splits});
         run_decode({t, 64, 16, 1, 16, {300, 2}, adv, true, splits});
       }
+}
+
+// Many splits (the plan's range at few groups and long rows, up to 256): the reduction launch adds
+// up to hundreds of partials per row, slices past a short row's end are empty (max -inf, zero sums),
+// and rows out of range are recomputed by the reduction launch with the exact count. Short rows
+// only: these run under compute-sanitizer (scripts/gpu-check.sh filters on "Small").
+TEST_F(CudaKernels, DecodeAsyncManySplitsSmall) {
+  for (DType t : kTypes)
+    for (int D : {64, 128, 256})
+      for (Adversarial adv : {Adversarial::None, Adversarial::Mixed, Adversarial::OneHugeLogit})
+        for (int splits : {64, 256}) run_decode({t, D, 32, 2, 16, {0, 1, 300, 2000}, adv, true, splits});
+  for (float phi : {200.f, -200.f})
+    run_decode({DType::F16, 96, 16, 1, 8, {5, 1500}, Adversarial::None, true, 100, phi});
+}
+
+// The plan's split counts at few groups and long rows (ChatGLM2-like 32/2 and Llama-3-like 32/8 at
+// batch 1, 16K-64K: 16 to 65 splits), adversarial rows included.
+TEST_F(CudaKernels, DecodeAsyncPlannedSplitsLongRows) {
+  run_decode({DType::F16, 128, 32, 2, 16, {16384}, Adversarial::None, true, 0});
+  run_decode({DType::BF16, 128, 32, 2, 16, {65536}, Adversarial::Mixed, true, 0});
+  run_decode({DType::F16, 128, 32, 8, 16, {65536}, Adversarial::OneHugeLogit, true, 0});
+  run_decode({DType::BF16, 128, 32, 2, 16, {16384}, Adversarial::None, true, 0, 200.f});
 }
 
 // phi far from the logits: every row leaves [a, b] from below (phi = +200) or above (phi = -200)

@@ -58,10 +58,15 @@
 //     [a, b] range of the guard (a P of e^(x - phi) up to e^13.7 would overflow fp16). What the
 //     unified max saves, the exchange of maxima between splits, is unchanged.
 //
-// Async fallback: a row whose max leaves the range is recomputed by the very CTA that found it (the
-// single split, or the last split of the group to finish), with the synchronized loop over all of
-// the row's keys, right after the guard. No second launch: with no row out of range nothing else
-// runs (the former fixed fallback grid cost 0.3-1.6 us per call at small sizes, issue 13).
+// Async reduction and fallback. One split: the CTA holds the whole row, checks the guard and writes
+// the output directly (no workspace); a row whose max leaves the range is recomputed by that CTA with
+// the synchronized loop over all of the row's keys, right after the guard (no second launch; the
+// former fixed fallback grid cost 0.3-1.6 us per call at small sizes, issue 13). Several splits: each
+// CTA writes its partial (sums relative to phi, and its max logit) and exits; a second, wide launch
+// (decode_async_combine_kernel, one CTA per row, like sync's combine) adds the partials in split
+// order, checks the guard and recomputes rows out of range exactly. (Formerly the last CTA of each
+// group to arrive at a semaphore summed every split's partial alone on one SM: 41.6 us at 32/2
+// heads, batch 1, 16K where sync took 19.6; docs/results/2026-12-01a-attention-grid.md.)
 // A context length <= 0 writes zeros (padding rows of a fixed-size batch); lengths beyond the
 // block table's capacity (max_blocks_per_seq * block_size) are clamped to it.
 #include <algorithm>
@@ -107,13 +112,13 @@ struct DecodeArgs {
   // its partial to `partials` [batch][H][splits][D + 2] = (m, d, o[D]). Sync mode: m is the
   // slice's running max, d and o are relative to it, and decode_combine_kernel merges the slices.
   // Async mode: m is the slice's max logit (for the guard only), d and o are relative to the
-  // unified max phi, and the last CTA of the group to finish adds them up (no rescaling).
+  // unified max phi, and decode_async_combine_kernel adds them up (no rescaling).
   int splits;
   float* partials;
   // Async (unified max) mode, all in log2 units (x * log2 e): phi and the safe range [lo, hi] of
   // (row max - phi). Rows outside it are recomputed by the CTA that finds them.
   float phi2, lo2, hi2;
-  int* counters;                      // [2 + g] arrivals of group g's splits; left at 0 by the kernel
+  int* counters;                      // (unused: the interface's former per-group semaphores)
   unsigned long long* fallback_rows;  // cumulative count of rows recomputed (nullable)
 };
 
@@ -577,7 +582,7 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
 // in head_mask (sync mode without splits: the recomputation of rows the guard rejected).
 template <class T, int D, int GMAX, bool kAsync, bool kMma>
 __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head_mask, int split,
-                             unsigned char* smem_raw, int& mask_s, int& last_s) {
+                             unsigned char* smem_raw, int& mask_s) {
   using Shape = typename ShapeOf<D, GMAX, kMma>::type;
   constexpr int W = Shape::kWarps, NTH = W * 32, KT = Shape::kKeys;
   float* m_s = reinterpret_cast<float*>(smem_raw);  // [W][GMAX]
@@ -647,36 +652,9 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
         write_partial(partial + int64_t(g) * a.splits * (D + 2), d, M, den, num);
       }
     }
-    if (partial != nullptr) {
-      // Last-block reduction: the CTA that arrives last for this group adds the splits' partials
-      // (fp32 addition in split order, so the result does not depend on arrival order).
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) {
-        const int arrived = atomicAdd(a.counters + 2 + group_index, 1);
-        last_s = arrived == a.splits - 1;
-        if (last_s) a.counters[2 + group_index] = 0;  // ready for the next launch
-      }
-      __syncthreads();
-      if (!last_s) return;
-      __threadfence();
-      // (Staging the partials in shared memory with one coalesced load per chunk measured slower
-      // on the H200: +0.8 us at batch 1, 4 to 16 splits.)
-      for (int i = tid; i < gc * D; i += NTH) {
-        const int g = i / D, d = i - g * D;
-        const float* pg = a.partials + ((int64_t(r.b) * H + r.head0 + g) * a.splits) * (D + 2);
-        float M = -INFINITY, num = 0.f, den = 0.f;
-        for (int sp = 0; sp < a.splits; ++sp) {  // in split order: the sum does not depend on timing
-          const float* ps = pg + sp * (D + 2);
-          M = fmaxf(M, __ldcg(ps));
-          den += __ldcg(ps + 1);
-          num += __ldcg(ps + 2 + d);
-        }
-        const float rel = M - a.phi2;
-        if (rel >= a.lo2 && rel <= a.hi2) out[i] = from_float<T>(num / den);
-        else if (d == 0) atomicOr(&mask_s, 1 << g);
-      }
-    }
+    // Several splits: the partial is written and the CTA is done. decode_async_combine_kernel (one
+    // CTA per row) adds the splits' sums, checks the guard and recomputes rows out of range.
+    if (partial != nullptr) return;
     __syncthreads();
     const unsigned mask = static_cast<unsigned>(mask_s);
     if (mask == 0) return;
@@ -688,7 +666,7 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
     DecodeArgs f = a;
     f.splits = 1;
     f.partials = nullptr;
-    attend_group<T, D, GMAX, false, kMma>(f, group_index, mask, 0, smem_raw, mask_s, last_s);
+    attend_group<T, D, GMAX, false, kMma>(f, group_index, mask, 0, smem_raw, mask_s);
   } else {
     for (int i = tid; i < gc * D; i += NTH) {
       const int g = i / D, d = i - g * D;
@@ -716,13 +694,13 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
 template <class T, int D, int GMAX, bool kAsync, bool kMma>
 __global__ void __launch_bounds__(ShapeOf<D, GMAX, kMma>::type::kWarps * 32, 1) decode_attention_kernel(DecodeArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ int mask_s, last_s;
+  __shared__ int mask_s;
   // The next launch (the O projection) may be scheduled now: its CTAs take SMs as this grid's
   // retire. Then wait for the previous kernel (rope: qkv and the cache). See kernels.h,
   // programmatic launch.
   detail::pdl_trigger();
   detail::pdl_wait();
-  attend_group<T, D, GMAX, kAsync, kMma>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s, last_s);
+  attend_group<T, D, GMAX, kAsync, kMma>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s);
 }
 
 // Merges the splits' partials of one (sequence, query head): out = sum_s 2^(m_s - M) o_s /
@@ -746,6 +724,124 @@ __global__ void decode_combine_kernel(const float* __restrict__ partials, int sp
       }
     }
     out[int64_t(bh) * D + d] = from_float<T>(den > 0.f ? num / den : 0.f);
+  }
+}
+
+// Async (unified max) reduction of the splits, one CTA per (sequence, query head), launched after
+// the main kernel like the synchronized combine. The partials are relative to the same phi, so they
+// simply add: out = sum_s o_s / sum_s d_s, in split order (deterministic, no atomics). A row whose
+// max logit (the max of the splits' maxima) leaves [phi + a, phi + b], or is NaN, is recomputed here
+// exactly (fp32 synchronized softmax over all its keys) and counted in fallback_rows.
+// Why not the former last-CTA reduction inside the main kernel: the last CTA of a group to finish
+// summed splits x heads x (D + 2) floats alone on one SM after every other CTA had retired: at
+// ChatGLM2's 32/2 heads, batch 1, 55 splits x 16 heads it took ~22 us of the 41.6 us at 16K (sync,
+// whose combine is this wide launch, 19.6 us; docs/results/2026-12-01a-attention-grid.md, rows
+// 32/2 B 1). Spreading it with red.global.add.f32 would make outputs change in the last bits from
+// run to run; this launch costs what sync's combine costs and stays bitwise reproducible.
+constexpr int kCombineThreads = 128;
+
+template <class T, int D>
+__global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(DecodeArgs a) {
+  detail::pdl_trigger();
+  detail::pdl_wait();
+  constexpr int NT = kCombineThreads, NW = NT / 32, VPT = (D + NT - 1) / NT;
+  __shared__ float red_s[NW];
+  __shared__ float q_s[D];
+  __shared__ float p_s[NT];
+  __shared__ int64_t row_s[NT];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int bh = blockIdx.x, H = a.n_heads, b = bh / H, h = bh - b * H;
+  T* out = static_cast<T*>(a.out) + int64_t(bh) * D;
+  int L = a.context_lens[b];
+  const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.block_shift;
+  if (L > capacity) L = static_cast<int>(capacity);
+  if (L <= 0) {  // (the main kernel wrote the zeros already; written again, alike)
+    for (int d = tid; d < D; d += NT) out[d] = from_float<T>(0.f);
+    return;
+  }
+  // Block-wide max or sum, the same order on every thread (deterministic).
+  auto block_reduce = [&](float v, bool is_max) {
+    v = is_max ? warp_max(v) : warp_sum(v);
+    if (lane == 0) red_s[warp] = v;
+    __syncthreads();
+    float r = red_s[0];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) r = is_max ? fmaxf(r, red_s[w]) : r + red_s[w];
+    __syncthreads();
+    return r;
+  };
+  const int splits = a.splits;
+  const float* p = a.partials + int64_t(bh) * splits * (D + 2);
+  float M = -INFINITY;
+  for (int s = tid; s < splits; s += NT) M = fmaxf(M, p[int64_t(s) * (D + 2)]);
+  M = block_reduce(M, true);
+  const float rel = M - a.phi2;
+  if (rel >= a.lo2 && rel <= a.hi2) {  // (NaN fails)
+    for (int d = tid; d < D; d += NT) {
+      float num = 0.f, den = 0.f;
+#pragma unroll 8
+      for (int s = 0; s < splits; ++s) {  // in split order
+        const float* ps = p + int64_t(s) * (D + 2);
+        den += ps[1];
+        num += ps[2 + d];
+      }
+      out[d] = from_float<T>(num / den);
+    }
+    return;
+  }
+  // Out of range: the exact recomputation, NT keys per step (logit of key j0 + tid on thread tid,
+  // then P V with thread tid owning dims tid, tid + NT, ..).
+  if (tid == 0 && a.fallback_rows != nullptr) atomicAdd(a.fallback_rows, 1ull);
+  const int KVH = a.n_kv_heads, kvh = h / a.group;
+  const T* q = static_cast<const T*>(a.qkv) + int64_t(b) * (H + 2 * KVH) * D + int64_t(h) * D;
+  for (int d = tid; d < D; d += NT) q_s[d] = to_float(q[d]) * a.scale_log2;
+  const T* k_cache = static_cast<const T*>(a.k_cache);
+  const T* v_cache = static_cast<const T*>(a.v_cache);
+  const int32_t* btab = a.block_tables + int64_t(b) * a.max_blocks_per_seq;
+  const int shift = a.block_shift, in_block_mask = (1 << shift) - 1;
+  __syncthreads();
+  float m = -INFINITY, den = 0.f, o[VPT];
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) o[v] = 0.f;
+  for (int j0 = 0; j0 < L; j0 += NT) {
+    const int j = j0 + tid;
+    float s = -INFINITY;
+    if (j < L) {
+      const int64_t row = ((int64_t(btab[j >> shift]) << shift) + (j & in_block_mask)) * KVH * D + int64_t(kvh) * D;
+      row_s[tid] = row;
+      const T* kr = k_cache + row;
+      float dot = 0.f;
+#pragma unroll
+      for (int c = 0; c < D / 8; ++c) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(kr + c * 8);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot += q_s[c * 8 + i] * to_float(e[i]);
+      }
+      s = dot;
+    }
+    const float m_new = fmaxf(m, block_reduce(s, true));  // finite: the step has a valid key
+    const float alpha = exp2f(m - m_new);                  // m = -inf on the first step: 0
+    const float pj = exp2f(s - m_new);                     // masked: exp2(-inf) = 0
+    p_s[tid] = pj;
+    den = den * alpha + block_reduce(pj, false);  // (its barriers publish p_s and row_s)
+    const int n = min(NT, L - j0);
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) {
+      const int d = tid + v * NT;
+      if (d < D) {
+        float acc = 0.f;
+        for (int jj = 0; jj < n; ++jj) acc += p_s[jj] * to_float(v_cache[row_s[jj] + d]);
+        o[v] = o[v] * alpha + acc;
+      }
+    }
+    m = m_new;
+    __syncthreads();  // p_s and row_s are rewritten by the next step
+  }
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const int d = tid + v * NT;
+    if (d < D) out[d] = from_float<T>(o[v] / den);
   }
 }
 
@@ -870,41 +966,47 @@ int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
 int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
   // A launch has one CTA per (sequence, kv head [, 16-head sub-group]) and split, and the kernel
   // runs one CTA per SM (135 KB of shared memory at head_dim 128 on CUDA cores, 214 KB on tensor
-  // cores). A grid of C CTAs therefore takes
-  // ceil(C / SMs) waves, and the last wave idles SMs: wave efficiency = C / (ceil(C / SMs) SMs).
-  // Splitting a row's keys multiplies C; we take the smallest split count whose efficiency is
-  // within 85% of the best achievable one (FlashAttention's rule), keeping at least 8 tiles of 32
-  // keys per split (one per warp) so that a split's fixed cost (loading q, the merge, writing the
-  // partial) stays small next to its key traffic.
-  // Worked numbers on the H200 (132 SMs), 32 heads (MHA):
-  //   batch 1, context 1024: C = 32, 32 tiles -> at most 4 splits; efficiency 0.24, 0.48, 0.73,
-  //   0.97 for 1..4 splits -> 4 splits, 128 CTAs in one wave (measured without splits: 17 us,
-  //   32 of 132 SMs busy; see docs/performance-log.md).
-  //   batch 1, context 64K: the best efficiency is 1.0 (33 splits, 1056 CTAs = 8 full waves);
-  //   4 splits already give 0.97 -> 4 splits (fewer partials to write and add).
-  //   batch 5, context 4K: C = 160: 1 split 0.61, 2 -> 0.81, 3 -> 0.91 -> 3 splits.
-  //   batch 8: C = 256, 0.97 without splitting -> 1 split.
+  // cores). A grid of C = ctas x s CTAs takes waves(s) = ceil(C / SMs) rounds, and each CTA's time is
+  // its keys plus a fixed cost (q, the pipeline's first round trip, the merge, the partial):
+  //   T(s) = waves(s) x (L / s / kKeysPerRound + kFixedRounds),
+  // kKeysPerRound = 256 keys (8 warps x 32), kFixedRounds = 1 (a CTA's fixed cost is about one
+  // memory round trip plus a few barriers, ~2-4 us; a round of 256 keys of one kv head at
+  // head_dim 128 is 131 KB, ~3.9 us at an SM's 1/132 share of 4.46 TB/s). We take the smallest s
+  // within 2% of the best T, with at least 8 tiles of 32 keys per split and at most 256 splits.
+  // The former rule (smallest s within 85% of the best wave efficiency, at most 64 splits) left SMs
+  // idle on long rows of few groups: ChatGLM2's 32/2 heads at batch 1 ran 55 splits = 110 CTAs on
+  // 132 SMs (16K: 19.6 us sync, cuDNN 12.3; 64K: 34.1 us vs 23.8), 32/8 at batch 1 ran 14 splits =
+  // 112 CTAs (64K: 73.8% of the bandwidth vs cuDNN's 88.8%); docs/results/2026-12-01a-attention-grid.md.
+  // Worked numbers on the H200 (132 SMs):
+  //   32 heads MHA, batch 1, context 1024: C = 32, 32 tiles -> at most 4 splits: T = 5, 3, 2.33, 2
+  //   -> 4 splits, 128 CTAs in one wave (measured without splits: 17 us; docs/performance-log.md).
+  //   MHA, batch 1, 64K: 4 splits (1 wave, T 65); 8 splits take 2 waves (T 66).
+  //   MHA, batch 5, 4K: C = 160: T = 34, 27, 25.3, 25 (s = 1..4) -> 3 splits (within 2% of 4).
+  //   MHA, batch 8: C = 256: 1 split.
+  //   32/2 heads (C = 2), batch 1: 16K 62 splits (124 CTAs), 64K 65 (130 CTAs); was 55 (110).
+  //   32/8 heads (C = 8), batch 1, 64K: 16 splits, 128 CTAs (was 14).
   const int group = n_heads / n_kv_heads;
   const int n_sub = (group + 15) / 16;
   const int64_t ctas = int64_t(batch) * n_kv_heads * n_sub;
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   const int n_tiles = (max_context_len + 31) / 32;
-  const int max_splits = std::max(1, std::min(n_tiles / kWarps, 64));
+  const int max_splits = std::max(1, std::min(n_tiles / kWarps, 256));
   // CTAs resident per SM (shared memory bound at head_dim 128: the CUDA-core loop with groups up to
   // 4 heads, the tensor-core loop with any group; both 1 today).
   constexpr int kSmemPerSm = 227 * 1024;
   constexpr size_t kSmemPerCta = std::max(CoreShape<128, 4>::kSmem, MmaShape<128>::kSmem);
   constexpr int kPerSm = std::max<int>(1, std::min<int>(2048 / kThreads, static_cast<int>(kSmemPerSm / kSmemPerCta)));
+  constexpr double kKeysPerRound = 256.0, kFixedRounds = 1.0;
   const int64_t slots = int64_t(multiprocessors) * kPerSm;
-  auto efficiency = [&](int splits) {
+  auto cost = [&](int splits) {
     const int64_t c = ctas * splits;
     const int64_t waves = (c + slots - 1) / slots;
-    return double(c) / double(waves * slots);
+    return double(waves) * (double(max_context_len) / splits / kKeysPerRound + kFixedRounds);
   };
-  double best = 0.0;
-  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  double best = cost(1);
+  for (int s = 2; s <= max_splits; ++s) best = std::min(best, cost(s));
   for (int s = 1; s <= max_splits; ++s)
-    if (efficiency(s) >= 0.85 * best) return s;
+    if (cost(s) <= 1.02 * best) return s;
   return 1;
 }
 
@@ -1026,7 +1128,21 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
   const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits);
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    launch_decode_d<T, true>(head_dim, g.gmax, a, static_cast<int>(g.n_groups), programmatic_launch_enabled(), stream);
+    const bool pdl = programmatic_launch_enabled();
+    launch_decode_d<T, true>(head_dim, g.gmax, a, static_cast<int>(g.n_groups), pdl, stream);
+    if (splits > 1) {
+      const detail::LaunchConfig config(dim3(batch * n_heads), dim3(kCombineThreads), 0, stream, pdl);
+      auto combine = [&](auto* kernel) {
+        cuda_check(cudaLaunchKernelEx(config.get(), kernel, a), "cudaLaunchKernelEx(decode_async_combine_kernel)");
+      };
+      switch (head_dim) {
+        case 64: combine(decode_async_combine_kernel<T, 64>); break;
+        case 80: combine(decode_async_combine_kernel<T, 80>); break;
+        case 96: combine(decode_async_combine_kernel<T, 96>); break;
+        case 128: combine(decode_async_combine_kernel<T, 128>); break;
+        default: combine(decode_async_combine_kernel<T, 256>); break;
+      }
+    }
   });
   check_launch("decode_attention_async");
 }

@@ -117,16 +117,19 @@ size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, in
 
 // Asynchronized softmax with a unified max (FlashDecoding++; attention/unified_max.h has the
 // derivation of the range and the CPU reference). Every split of a row accumulates
-// sum e^(x - phi) v and sum e^(x - phi) on its own and the splits' sums are added by the last CTA
-// of the row's group to finish (one launch): no exchange of maxima, no rescaling between splits. A
-// row whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed by that same
-// CTA with the synchronized softmax over all the row's keys; no second launch is made. The result
-// always equals the stable softmax to 16-bit rounding.
+// sum e^(x - phi) v and sum e^(x - phi) on its own: no exchange of maxima, no rescaling between
+// splits. With one split the kernel writes the output directly; with several, a second small launch
+// adds the splits' sums per row in split order (deterministic: bitwise the same on every run). A
+// row whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed exactly with
+// the synchronized softmax over all the row's keys (by the CTA itself with one split, by the
+// reduction launch with several); no other launch is made. The result always equals the stable
+// softmax to 16-bit rounding.
 // `fallback_rows` (device, nullable) is incremented by the number of rows recomputed.
 // workspace: decode_attention_async_workspace_bytes(...) bytes, 16-byte aligned (the splits'
 // partials; no initialization). counters: decode_attention_async_counters(...) ints, zeroed
-// ONCE before the first call; the kernels leave them at zero, so graphs may replay them, and a
-// buffer sized for the largest batch serves every smaller one (entry g is the same group).
+// ONCE before the first call and left at zero (graphs may replay them; a buffer sized for the
+// largest batch serves every smaller one). The kernels no longer use them (the per-group semaphore
+// of the former in-kernel reduction); they stay in the interface for the callers.
 // Other arguments as decode_attention_split.
 struct UnifiedMaxRange {
   float phi = 0.f;  // the unified max, natural-log units of x = q.k * scale
