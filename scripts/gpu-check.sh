@@ -108,6 +108,17 @@ if [[ " $stages " == *" attention "* ]]; then
         --json "$OUT/attn_peers_$kvh.json" >"$OUT/attn_peers_$kvh.log" 2>&1 || log "attention peers 32/$kvh failed: $(tail -1 "$OUT/attn_peers_$kvh.log")"
     fi
   done
+  # FlashInfer's decode kernel, where its source distribution travels (.ref/flashinfer.tar.gz; the
+  # machine has no internet): installed without dependencies, kernels compiled here at first use.
+  if [[ -f $root/.ref/flashinfer.tar.gz && ${FDPP_ATTN_PEERS:-1} == 1 ]]; then
+    pip install --no-deps --no-build-isolation --target /tmp/flashinfer "$root/.ref/flashinfer.tar.gz" \
+      >"$OUT/flashinfer_install.log" 2>&1 || log "flashinfer install failed: $(tail -2 "$OUT/flashinfer_install.log")"
+    for kvh in ${FDPP_FLASHINFER_KV_HEADS:-8 32}; do
+      PYTHONPATH=/tmp/flashinfer timeout "${FDPP_FLASHINFER_TIMEOUT:-150}" python3 "$root/bench/peers/flashinfer_decode.py" \
+        --heads 32 --kv-heads $kvh -b "$ab" -c "$ac" --json "$OUT/attn_peers_fi_$kvh.json" >"$OUT/flashinfer_$kvh.log" 2>&1 \
+        || log "flashinfer 32/$kvh: rc $? $(tail -1 "$OUT/flashinfer_$kvh.log" | head -c 300)"
+    done
+  fi
   { echo; echo "### decode attention (graph-timed, L2 rotated), fp16, head_dim 128"; \
     python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers $(ls "$OUT"/attn_peers_*.json 2>/dev/null) \
       --core $(ls "$OUT"/attn_core_*.json 2>/dev/null); } | tee -a "$summary"
