@@ -95,6 +95,8 @@ usage "ctx-size not a number" "^fdpp: error: --ctx-size: 'big' is not an integer
 usage "-ngl not a number" "^fdpp: error: --n-gpu-layers: 'all' is not an integer" "$BIN" generate --prompt hi -ngl all
 usage "-ngl 0 with --device cuda" "-ngl/--n-gpu-layers 0 .*--device cuda" "$BIN" generate --prompt hi -ngl 0 --device cuda
 usage "device tpu" "^fdpp: error: --device: tpu not in \{auto,cpu,cuda\}" "$BIN" generate --prompt hi --device tpu
+usage "-tp 0" "^fdpp: error: --tensor-parallel: .*0" "$BIN" generate --prompt hi -tp 0
+usage "-tp 2 with --device cpu" "--tensor-parallel splits a model over GPUs; .*--device cpu" "$BIN" generate --prompt hi -tp 2 --device cpu
 usage "dtype garbage (also on the CPU)" "^fdpp: error: --dtype: garbage not in" "$BIN" generate --prompt hi --dtype garbage --device cpu
 usage "attention garbage" "^fdpp: error: --attention: x not in" "$BIN" generate --prompt hi --attention x
 usage "empty prompt" "^fdpp: error: --prompt: the prompt is empty$" "$BIN" generate --prompt ""
