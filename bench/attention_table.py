@@ -2,9 +2,13 @@
 """Joins `fdpp bench-attention --json` outputs with attention_peers.py's into issue 13's table.
 
 usage: attention_table.py OURS.json [...] --peers PEERS.json [...] [--core CORE.json [...]]
+                          [--extra NAME=A.json,B.json ...]
 Prints, per (heads, batch, context): async and sync time and % of 4.46 TB/s, cuDNN and flash
 SDPA times and cuDNN's % of 4.46 TB/s, async's speed-up over cuDNN, optionally async with the
-CUDA-core loop forced (FDPP_DECODE_PATH=core, --core files), and issue 13's verdicts:
+CUDA-core loop forced (FDPP_DECODE_PATH=core, --core files), optionally any other variants of ours
+(--extra NAME=FILES, e.g. w4=attn_warps4_32.json,attn_warps4_8.json from bench-attention
+--decode-warps 4): one column per mode the files hold, "NAME async us" and "NAME sync us", and issue
+13's verdicts (on the main files only):
   never slower than cuDNN; >= 1.1x where cuDNN is below 85% of the bandwidth; >= 92% of 4.46 TB/s
   where batch x context >= 16K; async at least as fast as sync.
 A last line counts each goal's misses.
@@ -20,8 +24,21 @@ def main():
     ap.add_argument("ours", nargs="+")
     ap.add_argument("--peers", nargs="*", default=[])
     ap.add_argument("--core", nargs="*", default=[])
+    ap.add_argument("--extra", action="append", default=[], help="NAME=FILE[,FILE...]")
     a = ap.parse_args()
     ours, peers, core = {}, {}, {}
+    extras = []  # (name, {key: row}, modes present)
+    for spec in a.extra:
+        name, _, files = spec.partition("=")
+        if not name or not files:
+            ap.error(f"--extra '{spec}' is not NAME=FILE[,FILE...]")
+        rows = {}
+        for f in files.split(","):
+            for r in json.load(open(f))["results"]:
+                rows[(r["heads"], r["kv_heads"], r["batch"], r["context"], r["mode"])] = r
+        modes = [m for m in ("async", "sync") if any(k[4] == m for k in rows)]
+        extras.append((name, rows, modes))
+    extra_cols = [(name, rows, m) for name, rows, modes in extras for m in modes]
     for files, into in ((a.ours, ours), (a.core, core)):
         for f in files:
             for r in json.load(open(f))["results"]:
@@ -36,9 +53,9 @@ def main():
     checked = dict.fromkeys(misses, 0)
     print("| heads q/kv | B | L | async us | async % BW | sync us | sync % BW | cuDNN us | cuDNN % BW | flash us | "
           "async vs cuDNN |" + (" FlashInfer us |" if has_fi else "") + (" async, CUDA cores us |" if core else "") +
-          " goals missed |")
+          "".join(f" {n} {m} us |" for n, _, m in extra_cols) + " goals missed |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if has_fi else "") +
-          (" ---: |" if core else "") + " --- |")
+          (" ---: |" if core else "") + " ---: |" * len(extra_cols) + " --- |")
     for k in keys:
         h, kvh, b, L = k
         an, sy = ours.get(k + ("async",)), ours.get(k + ("sync",))
@@ -69,6 +86,7 @@ def main():
               f"{'%.1f' % (100 * cu_bw) if cu_bw else '-'} | {f(fl, 'us', '{:.2f}')} | "
               f"{'%.2fx' % speed if speed else '-'} |" + (f" {f(fi, 'us', '{:.2f}')} |" if has_fi else "") +
               (f" {f(co, 'us', '{:.2f}')} |" if core else "") +
+              "".join(f" {f(rows.get(k + (m,)), 'us', '{:.2f}')} |" for _, rows, m in extra_cols) +
               f" {'; '.join(missed) if missed else '-'} |")
     print()
     print("goals: " + "; ".join(f"{n}: missed at {misses[n]} of {checked[n]} points" for n in misses))

@@ -103,6 +103,21 @@ if [[ " $stages " == *" attention "* ]]; then
     # The query group on CUDA cores instead of tensor cores (issue 13's ablation), async only.
     [[ $kvh != 32 && ${FDPP_ATTN_CORE:-1} == 1 ]] && FDPP_DECODE_PATH=core "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh \
       --head-dim 128 -b "$ab" -c "$ac" --modes async --json >"$OUT/attn_core_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err"
+    # Warps per CTA (iteration 3: 4 warps = 2-3 resident CTAs per SM, the split plan following;
+    # FDPP_ATTN_WARPS="4 8"), async and sync, the async reduction on auto.
+    for w in ${FDPP_ATTN_WARPS:-}; do
+      "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" --decode-warps $w --json \
+        >"$OUT/attn_warps${w}_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err" || log "bench-attention 32/$kvh --decode-warps $w failed"
+    done
+    # Where async adds its splits (FDPP_ATTN_COMBINE=1): the group's last CTA in the kernel, or the
+    # second launch, each forced at every split count (default warps).
+    if [[ ${FDPP_ATTN_COMBINE:-0} == 1 ]]; then
+      for c in kernel launch; do
+        "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" --modes async \
+          --async-combine $c --json >"$OUT/attn_combine_${c}_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err" ||
+          log "bench-attention 32/$kvh --async-combine $c failed"
+      done
+    fi
     if [[ ${FDPP_ATTN_PEERS:-1} == 1 ]]; then
       python3 "$root/bench/peers/attention_peers.py" --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" \
         --json "$OUT/attn_peers_$kvh.json" >"$OUT/attn_peers_$kvh.log" 2>&1 || log "attention peers 32/$kvh failed: $(tail -1 "$OUT/attn_peers_$kvh.log")"
@@ -110,7 +125,11 @@ if [[ " $stages " == *" attention "* ]]; then
   done
   { echo; echo "### decode attention (graph-timed, L2 rotated), fp16, head_dim 128"; \
     python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers $(ls "$OUT"/attn_peers_*.json 2>/dev/null) \
-      --core $(ls "$OUT"/attn_core_*.json 2>/dev/null); } | tee -a "$summary"
+      --core $(ls "$OUT"/attn_core_*.json 2>/dev/null) \
+      $(for w in ${FDPP_ATTN_WARPS:-}; do ls "$OUT"/attn_warps${w}_*.json >/dev/null 2>&1 && \
+          echo "--extra w$w=$(ls "$OUT"/attn_warps${w}_*.json | paste -sd,)"; done) \
+      $(for c in kernel launch; do ls "$OUT"/attn_combine_${c}_*.json >/dev/null 2>&1 && \
+          echo "--extra combine-$c=$(ls "$OUT"/attn_combine_${c}_*.json | paste -sd,)"; done); } | tee -a "$summary"
 fi
 
 if [[ " $stages " == *" flashinfer "* ]]; then

@@ -109,6 +109,30 @@ TEST(EnvironmentFallback, BadValuesNameTheirOrigin) {
             "--decode-path 'gpu' is not one of auto, mma, core");
 }
 
+// Decode attention's measurement switches: warps per CTA and where async adds its splits.
+TEST(EnvironmentFallback, DecodeWarpsAndAsyncCombine) {
+  FakeEnv env;
+  KernelOptions o = resolve_kernel_options({}, env.lookup());
+  EXPECT_EQ(o.decode_warps, 0);
+  EXPECT_EQ(o.async_combine, cuda::AsyncCombine::Auto);
+  env.vars = {{"FDPP_DECODE_WARPS", "4"}, {"FDPP_ASYNC_COMBINE", "kernel"}};
+  o = resolve_kernel_options({}, env.lookup());
+  EXPECT_EQ(o.decode_warps, 4);
+  EXPECT_EQ(o.async_combine, cuda::AsyncCombine::Kernel);
+  KernelFlags flags;
+  flags.decode_warps = "8";
+  flags.async_combine = "launch";
+  o = resolve_kernel_options(flags, env.lookup());
+  EXPECT_EQ(o.decode_warps, 8);
+  EXPECT_EQ(o.async_combine, cuda::AsyncCombine::Launch);
+  EXPECT_STREQ(cuda::async_combine_name(o.async_combine), "launch");
+  env.vars = {{"FDPP_DECODE_WARPS", "2"}};
+  EXPECT_EQ(test::error_of([&] { resolve_kernel_options({}, env.lookup()); }),
+            "FDPP_DECODE_WARPS '2' is not one of 0 (auto), 4, 8");
+  EXPECT_EQ(test::error_of([] { parse_async_combine("both", "--async-combine"); }),
+            "--async-combine 'both' is not one of auto, kernel, launch");
+}
+
 TEST(EnvironmentFallback, LinearOptions) {
   FakeEnv env;
   DispatchSelectOptions o;

@@ -33,6 +33,20 @@ cuda::DecodePath parse_decode_path(const std::string& value, const std::string& 
   fail("{} '{}' is not one of auto, mma, core", origin, value);
 }
 
+int parse_decode_warps(const std::string& value, const std::string& origin) {
+  if (value == "0") return 0;
+  if (value == "4") return 4;
+  if (value == "8") return 8;
+  fail("{} '{}' is not one of 0 (auto), 4, 8", origin, value);
+}
+
+cuda::AsyncCombine parse_async_combine(const std::string& value, const std::string& origin) {
+  if (value == "auto") return cuda::AsyncCombine::Auto;
+  if (value == "kernel") return cuda::AsyncCombine::Kernel;
+  if (value == "launch") return cuda::AsyncCombine::Launch;
+  fail("{} '{}' is not one of auto, kernel, launch", origin, value);
+}
+
 cuda::KernelOptions resolve_kernel_options(const KernelFlags& flags, const EnvironmentLookup& env) {
   cuda::KernelOptions o;
   if (!flags.pdl.empty()) o.programmatic_launch = parse_switch(flags.pdl, "--pdl");
@@ -46,6 +60,12 @@ cuda::KernelOptions resolve_kernel_options(const KernelFlags& flags, const Envir
   if (!flags.decode_path.empty()) o.decode_path = parse_decode_path(flags.decode_path, "--decode-path");
   else if (const std::string e = variable(env, "FDPP_DECODE_PATH"); !e.empty())
     o.decode_path = parse_decode_path(e, "FDPP_DECODE_PATH");
+  if (!flags.decode_warps.empty()) o.decode_warps = parse_decode_warps(flags.decode_warps, "--decode-warps");
+  else if (const std::string e = variable(env, "FDPP_DECODE_WARPS"); !e.empty())
+    o.decode_warps = parse_decode_warps(e, "FDPP_DECODE_WARPS");
+  if (!flags.async_combine.empty()) o.async_combine = parse_async_combine(flags.async_combine, "--async-combine");
+  else if (const std::string e = variable(env, "FDPP_ASYNC_COMBINE"); !e.empty())
+    o.async_combine = parse_async_combine(e, "FDPP_ASYNC_COMBINE");
   return o;
 }
 

@@ -10,6 +10,9 @@
 //   FDPP_FLAT_SPLIT_PDL   (none)               KernelOptions::split_k_programmatic_launch
 //   FDPP_CUBLASLT_TUNE    (none)               KernelOptions::cublaslt_tune
 //   FDPP_DECODE_PATH      --decode-path        KernelOptions::decode_path (auto|mma|core)
+//   FDPP_DECODE_WARPS     --decode-warps       KernelOptions::decode_warps (0|4|8; bench-attention)
+//   FDPP_ASYNC_COMBINE    --async-combine      KernelOptions::async_combine (auto|kernel|launch;
+//                                              bench-attention)
 //   FDPP_LINEAR           --linear             DispatchSelectOptions::mode
 //   FDPP_DISPATCH_TABLE   --dispatch-table     DispatchSelectOptions::table_path
 //   FDPP_GEMV_MAX_M       (none)               DispatchSelectOptions::gemv_max_m
@@ -37,6 +40,11 @@ const char* process_environment(const char* name);
 struct KernelFlags {
   std::string pdl;          // on|off
   std::string decode_path;  // auto|mma|core
+  // Flags of bench-attention only: an engine sizes its attention workspace from the split plan at
+  // construction, outside its kernel-options scope, so decode_warps 4 (a plan of more splits) would
+  // fail its workspace check there (see KernelOptions::decode_warps). The variables reach every front end.
+  std::string decode_warps;   // 0|4|8
+  std::string async_combine;  // auto|kernel|launch
 };
 
 // flags where given, else the variables, else KernelOptions' defaults.
@@ -51,5 +59,7 @@ void apply_linear_environment(DispatchSelectOptions& o, const EnvironmentLookup&
 // errors ("--pdl", "FDPP_PDL").
 bool parse_switch(const std::string& value, const std::string& origin);
 cuda::DecodePath parse_decode_path(const std::string& value, const std::string& origin);
+int parse_decode_warps(const std::string& value, const std::string& origin);
+cuda::AsyncCombine parse_async_combine(const std::string& value, const std::string& origin);
 
 }  // namespace fdpp

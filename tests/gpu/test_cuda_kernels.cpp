@@ -453,6 +453,10 @@ struct DecodeCase {
   // null = the launcher's own choice (tensor cores for two or more heads per CTA or head_dim
   // 80/96/256).
   const char* path = nullptr;
+  // KernelOptions::decode_warps (0: the default) and async_combine ("kernel": the last CTA of a
+  // group adds the splits; "launch": a second kernel; null: auto) for this case.
+  int warps = 0;
+  const char* combine = nullptr;
 };
 
 cuda::KernelOptions kernels_for_path(const char* path) {
@@ -461,9 +465,17 @@ cuda::KernelOptions kernels_for_path(const char* path) {
   return o;
 }
 
+cuda::KernelOptions kernels_for_case(const DecodeCase& c) {
+  cuda::KernelOptions o = kernels_for_path(c.path);
+  o.decode_warps = c.warps;
+  if (c.combine != nullptr)
+    o.async_combine = std::string(c.combine) == "kernel" ? cuda::AsyncCombine::Kernel : cuda::AsyncCombine::Launch;
+  return o;
+}
+
 void run_decode(const DecodeCase& c) {
   const int D = c.D, H = c.H, KVH = c.KVH, B = int(c.lens.size()), G = H / KVH;
-  const cuda::KernelOptions kernels = kernels_for_path(c.path);
+  const cuda::KernelOptions kernels = kernels_for_case(c);
   const cuda::KernelOptionsScope kernel_scope(kernels);
   // The tensor-core loop rounds P to 16 bits before P V (as FlashAttention does; the sums stay
   // fp32): weights off by up to half a unit roundoff, so outputs by about u x rms; the element
@@ -562,6 +574,7 @@ void run_decode(const DecodeCase& c) {
     const int64_t counted = int64_t(fallback.download()[0]);
     EXPECT_LE(std::llabs(counted - 2 * expected_fallback), 2 * ambiguous)
         << label("decode_attention_async", c.t) << " " << adversarial_name(c.adv) << " splits " << splits
+        << " warps " << c.warps << " combine " << (c.combine != nullptr ? c.combine : "auto")
         << ": device fallback count (two launches) " << counted << ", rows out of range on the host "
         << expected_fallback << " (" << ambiguous << " within 0.01 of an edge)";
     const auto left = counters.download();
@@ -576,7 +589,8 @@ void run_decode(const DecodeCase& c) {
     std::ostringstream what;
     what << label(c.async ? "decode_attention_async" : "decode_attention", c.t) << " splits " << c.splits << " D " << D << " H " << H << " KVH " << KVH << " block " << c.block_size
          << " seq " << s << " len " << len << " " << adversarial_name(c.adv) << " path "
-         << (c.path != nullptr ? c.path : "auto");
+         << (c.path != nullptr ? c.path : "auto") << " warps " << c.warps << " combine "
+         << (c.combine != nullptr ? c.combine : "auto");
     if (len <= 0) {
       EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return x == 0.f; }))
           << what.str() << ": an empty context must give zeros";
@@ -785,6 +799,81 @@ TEST_F(CudaKernels, DecodeAsyncTensorCorePhiOutOfRangeRecomputesEveryRow) {
   for (float phi : {200.f, -200.f, 3.f})
     for (int D : {80, 128})
       for (int splits : {1, 6}) run_decode({DType::F16, D, 32, 8, 16, {1, 64, 999}, Adversarial::None, true, splits, phi});
+}
+
+// ---- decode attention: warps per CTA and the async reduction (KernelOptions::decode_warps and
+// async_combine) ----
+// Every loop at 4 and 8 warps (head dims 64 and 128), sync and async, split and unsplit, GQA groups
+// 1, 4, 8, 16, each loop also forced where the launcher would pick the other; the async splits
+// added by the last CTA in the kernel and by the second launch, with adversarial rows (exact
+// fallback counts), semaphores left zero and two launches bitwise the same (run_decode checks all).
+
+// Few and short: these run under compute-sanitizer (scripts/gpu-check.sh filters on "Small").
+TEST_F(CudaKernels, DecodeWarpsAndCombineSmallCases) {
+  for (DType t : kTypes)
+    for (int warps : {4, 8})
+      for (const char* combine : {"kernel", "launch"}) {
+        run_decode({t, 128, 8, 2, 16, {0, 1, 17, 300}, Adversarial::Mixed, true, 3, 0.f, nullptr, warps, combine});
+        run_decode({t, 64, 4, 4, 16, {0, 1, 17, 300}, Adversarial::OneHugeLogit, true, 3, 0.f, nullptr, warps, combine});
+        run_decode({t, 128, 32, 2, 8, {5, 700}, Adversarial::None, true, 8, 0.f, "core", warps, combine});
+      }
+}
+
+TEST_F(CudaKernels, DecodeWarpsAllGroupSizesBothPaths) {
+  const std::vector<int> lens{0, 1, 17, 129, 1000, 4097};
+  // Groups 1, 4, 8, 16.
+  const std::pair<int, int> heads[] = {{8, 8}, {32, 8}, {32, 4}, {32, 2}};
+  for (DType t : kTypes)
+    for (int D : {64, 128})
+      for (int warps : {4, 8})
+        for (auto [H, KVH] : heads) {
+          // The launcher's own loop, then the other one forced (CUDA cores for GQA, tensor cores for MHA).
+          const char* other = H == KVH ? "mma" : "core";
+          for (const char* path : {static_cast<const char*>(nullptr), other}) {
+            run_decode({t, D, H, KVH, 16, lens, Adversarial::None, false, 1, 0.f, path, warps});
+            for (int splits : {1, 0, 5})
+              run_decode({t, D, H, KVH, 16, lens, Adversarial::None, true, splits, 0.f, path, warps});
+          }
+        }
+}
+
+// Both reductions at few and many splits (the in-kernel one forced up to 64 splits as well).
+TEST_F(CudaKernels, DecodeAsyncCombineModesAllGroupSizes) {
+  const std::vector<int> lens{0, 1, 17, 300, 2000};
+  const std::pair<int, int> heads[] = {{8, 8}, {32, 8}, {32, 2}};
+  for (DType t : kTypes)
+    for (int D : {64, 128})
+      for (int warps : {4, 8})
+        for (const char* combine : {"kernel", "launch"})
+          for (auto [H, KVH] : heads)
+            for (int splits : {2, 8, 64})
+              run_decode({t, D, H, KVH, 16, lens, Adversarial::None, true, splits, 0.f, nullptr, warps, combine});
+}
+
+TEST_F(CudaKernels, DecodeAsyncKernelCombineAdversarialFallsBackExactly) {
+  for (DType t : kTypes)
+    for (int D : {64, 128})
+      for (int warps : {4, 8})
+        for (Adversarial adv : {Adversarial::HugeLogits, Adversarial::OneHugeLogit, Adversarial::ZeroQuery,
+                                Adversarial::IdenticalKeys, Adversarial::Mixed})
+          for (int splits : {4, 8}) {
+            run_decode({t, D, 8, 2, 16, {1, 17, 1000}, adv, true, splits, 0.f, nullptr, warps, "kernel"});
+            run_decode({t, D, 16, 1, 16, {300, 2}, adv, true, splits, 0.f, "core", warps, "kernel"});
+          }
+  // phi far from the logits: every row is recomputed by the group's last CTA.
+  for (float phi : {200.f, -200.f})
+    for (int warps : {4, 8})
+      run_decode({DType::F16, 128, 32, 8, 16, {1, 64, 999}, Adversarial::None, true, 6, phi, nullptr, warps, "kernel"});
+}
+
+// Long rows with the plan of each warp count (4 warps: two resident CTAs per SM, more splits).
+TEST_F(CudaKernels, DecodeWarpsPlannedSplitsLongRows) {
+  for (int warps : {4, 8}) {
+    run_decode({DType::F16, 128, 32, 8, 16, {65536}, Adversarial::OneHugeLogit, true, 0, 0.f, nullptr, warps});
+    run_decode({DType::BF16, 128, 32, 32, 16, {16384, 3}, Adversarial::None, true, 0, 0.f, nullptr, warps});
+    run_decode({DType::BF16, 64, 32, 2, 16, {16384}, Adversarial::Mixed, true, 0, 0.f, nullptr, warps, "kernel"});
+    run_decode({DType::F16, 128, 32, 32, 16, {16384}, Adversarial::None, false, 1, 0.f, nullptr, warps});
+  }
 }
 
 struct PrefillCase {

@@ -286,6 +286,8 @@ int run_bench(const BenchArgs& a) {
                      {"linear", linear_mode_name(rank0.linear_dispatcher().chooser().mode())},
                      {"pdl", eo.kernels.programmatic_launch},
                      {"decode_path", cuda::decode_path_name(eo.kernels.decode_path)},
+                     {"decode_warps", eo.kernels.decode_warps},
+                     {"async_combine", cuda::async_combine_name(eo.kernels.async_combine)},
                      {"tensor_parallel", tp},
                      {"read_bandwidth_measured", bandwidth},
                      {"read_bandwidth_design", kDesignReadBandwidth},

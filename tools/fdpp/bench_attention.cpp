@@ -9,6 +9,9 @@
 // FlashAttention backends) run the same shapes in bench/peers/peers.py --attention.
 // --decode-path mma|core (else FDPP_DECODE_PATH) forces the tensor-core or the CUDA-core loop (the
 // "path" field); --pdl on|off (else FDPP_PDL) the programmatic launch of the calls.
+// --decode-warps 0|4|8 (else FDPP_DECODE_WARPS; "decode_warps") the warps per CTA at head dims 64
+// and 128 (the split plan follows), --async-combine auto|kernel|launch (else FDPP_ASYNC_COMBINE;
+// "async_combine") where async adds the splits' partials.
 #include "bench_attention.h"
 
 #include <fmt/format.h>
@@ -141,6 +144,8 @@ int run_bench_attention(const BenchAttentionArgs& a) {
         unsigned long long fb = 0;
         FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
         results.push_back({{"mode", mode}, {"path", cuda::decode_path_name(kernels.decode_path)},
+                           {"decode_warps", kernels.decode_warps},
+                           {"async_combine", cuda::async_combine_name(kernels.async_combine)},
                            {"pdl", kernels.programmatic_launch}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
                            {"context", L}, {"splits", splits}, {"us", us}, {"bytes", bytes},
                            {"pct_design_bw", bytes / (us * 1e-6) / kDesignReadBandwidth},

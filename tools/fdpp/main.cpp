@@ -805,6 +805,14 @@ int main(int argc, char** argv) {
   bench_attn->add_flag("--json", ba.json, "print JSON");
   bench_attn->add_flag("--prefill", ba.prefill, "causal prefill attention (tensor cores) instead of decode");
   add_kernel_flags(bench_attn, ba.kernels);
+  bench_attn->add_option("--decode-warps", ba.kernels.decode_warps,
+                         "decode attention's warps per CTA at head dims 64, 128: 0 (auto: 8), 4 or 8 "
+                         "(default: $FDPP_DECODE_WARPS, else 0)")
+      ->check(CLI::IsMember({"0", "4", "8"}));
+  bench_attn->add_option("--async-combine", ba.kernels.async_combine,
+                         "async decode attention's reduction of splits: auto, kernel (the last CTA) or launch "
+                         "(a second kernel) (default: $FDPP_ASYNC_COMBINE, else auto)")
+      ->check(CLI::IsMember({"auto", "kernel", "launch"}));
   bench_attn->add_option("--points", ba.points, "prefill points BxL (B sequences of L tokens)")->delimiter(',');
   bench_attn->add_option("--prefill-config", ba.prefill_configs,
                          "prefill tile configurations to compare (m64n64, m128n64w8, m128n64w8s3, m128n32w4 or all)")

@@ -62,11 +62,11 @@
 // the output directly (no workspace); a row whose max leaves the range is recomputed by that CTA with
 // the synchronized loop over all of the row's keys, right after the guard (no second launch; the
 // former fixed fallback grid cost 0.3-1.6 us per call at small sizes, issue 13). Several splits: each
-// CTA writes its partial (sums relative to phi, and its max logit) and exits; a second, wide launch
-// (decode_async_combine_kernel, one CTA per row, like sync's combine) adds the partials in split
-// order, checks the guard and recomputes rows out of range exactly. (Formerly the last CTA of each
-// group to arrive at a semaphore summed every split's partial alone on one SM: 41.6 us at 32/2
-// heads, batch 1, 16K where sync took 19.6; docs/results/2026-12-01a-attention-grid.md.)
+// CTA writes its partial (sums relative to phi, and its max logit); a second, wide launch (decode_async_
+// combine_kernel, one CTA per row) adds them in split order, checks the guard and recomputes rows out of
+// range exactly; or, few splits (KernelOptions::async_combine, kAsyncKernelCombineMaxSplits), the group's
+// last CTA to arrive at its semaphore does the same in the kernel, without the launch. (That alone was
+// slow with many splits: 41.6 us at 32/2 heads, B 1, 16K, sync 19.6; docs/results/2026-12-01a-attention-grid.md.)
 // A context length <= 0 writes zeros (padding rows of a fixed-size batch); lengths beyond the
 // block table's capacity (max_blocks_per_seq * block_size) are clamped to it.
 #include <algorithm>
@@ -90,11 +90,27 @@ using detail::to_float;
 using detail::warp_max;
 using detail::warp_sum;
 
-// CUDA-core loop: 8 warps, one CTA per SM at head_dim 128 (135 KB of shared memory). Measured on
-// the H200 against 4 warps (three CTAs per SM): no better anywhere, 10-50% slower at batch 1
-// (docs/performance-log.md).
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
+// Warps per CTA, a template parameter of both loops (W). The default (KernelOptions::decode_warps
+// 0) is 8 at head_dim <= 128: one CTA per SM at head_dim 128 (135 KB of shared memory on CUDA cores,
+// 214 KB on tensor cores). An earlier CUDA-core kernel measured 4 warps (three CTAs per SM) no
+// better anywhere and 10-50% slower at batch 1 (docs/performance-log.md), but with the split plan
+// of the time, which counted one CTA per SM; decode_warps 4 (head_dims 64 and 128, both loops)
+// measures it again with a plan that counts the resident CTAs (plan_decode_splits). Head dims 80,
+// 96 and 256 keep their fixed count (8, 8, 4).
+constexpr int kDefaultWarps = 8;
+
+// Shared memory an SM gives its CTAs (228 KB on the H100/H200), and what each CTA costs on top of
+// its own (1 KB reserved by the system; docs: "CUDA C++ Programming Guide, shared memory").
+constexpr size_t kSmemPerSmBytes = 228 * 1024;
+constexpr size_t kSmemReservedPerCta = 1024;
+// CTAs of `threads` threads and `smem` bytes that fit on one SM by shared memory and threads (2048
+// per SM); registers are the compiler's part, bound by __launch_bounds__ below.
+constexpr int resident_ctas(int threads, size_t smem) {
+  const size_t by_smem = kSmemPerSmBytes / (smem + kSmemReservedPerCta + 64);  // + the kernel's static shared
+  const size_t by_threads = size_t(2048 / threads);
+  const size_t n = by_smem < by_threads ? by_smem : by_threads;
+  return n < 1 ? 1 : static_cast<int>(n);
+}
 
 struct DecodeArgs {
   const void* qkv;
@@ -118,8 +134,14 @@ struct DecodeArgs {
   // Async (unified max) mode, all in log2 units (x * log2 e): phi and the safe range [lo, hi] of
   // (row max - phi). Rows outside it are recomputed by the CTA that finds them.
   float phi2, lo2, hi2;
-  int* counters;                      // (unused: the interface's former per-group semaphores)
+  // Per-group semaphores of the in-kernel reduction (combine_in_kernel): counters[2 + group], zero
+  // before the launch and left zero by the group's last CTA. (Ints 0 and 1 are unused: the former
+  // fallback list's count; the interface's sizing keeps them.)
+  int* counters;
   unsigned long long* fallback_rows;  // cumulative count of rows recomputed (nullable)
+  // Async, splits > 1: the last CTA of each group to finish adds the splits' partials itself
+  // (1), or decode_async_combine_kernel does in a second launch (0). See decode_attention_async.
+  int combine_in_kernel;
 };
 
 // ---- shared memory layouts ---------------------------------------------------------------------
@@ -131,9 +153,9 @@ struct DecodeArgs {
 template <int D>
 constexpr int kKStride = D + 8;
 
-template <int D, int GMAX>
+template <int D, int GMAX, int W>
 struct CoreShape {
-  static constexpr int kWarps = ::fdpp::cuda::kWarps;
+  static constexpr int kWarps = W;
   static constexpr int kKeys = 32;  // keys per tile
   // K and V tile staging (16-bit, per warp [32][D + 8] then [32][D]) during the loop; o per warp
   // ([kWarps][GMAX][D] fp32) for the final merge, in the same bytes.
@@ -145,12 +167,13 @@ struct CoreShape {
                                   + (kStageBytes > kOBytes ? kStageBytes : kOBytes);
 };
 
-// Tensor-core loop (GMAX is always 16: the M of the mma). 3 stages of 16 keys per warp; 8 warps
-// (4 at head_dim 256, where 8 x 3 stages would not fit in 227 KB). Stage counts and warps await
-// measurement on the H200 (chosen by the in-flight bytes argument in the header comment).
-template <int D>
+// Tensor-core loop (GMAX is always 16: the M of the mma). 3 stages of 16 keys per warp; W warps
+// (8 by default, 4 at head_dim 256, where 8 x 3 stages would not fit in 227 KB; 4 at 64 and 128 with
+// KernelOptions::decode_warps 4: 107 KB at head_dim 128, two CTAs per SM). Stage counts and warps
+// await measurement on the H200 (chosen by the in-flight bytes argument in the header comment).
+template <int D, int W>
 struct MmaShape {
-  static constexpr int kWarps = D > 128 ? 4 : 8;
+  static constexpr int kWarps = W;
   static constexpr int kStages = 3;
   static constexpr int kKeys = 16;
   static constexpr int kStride = D + 8;  // 16-bit elements per staged row (16-byte pad)
@@ -162,14 +185,19 @@ struct MmaShape {
   static_assert(kSmem <= 227 * 1024, "shared memory");
 };
 
-template <int D, int GMAX, bool kMma>
+template <int D, int GMAX, bool kMma, int W>
 struct ShapeOf {
-  using type = CoreShape<D, GMAX>;
+  using type = CoreShape<D, GMAX, W>;
 };
-template <int D, int GMAX>
-struct ShapeOf<D, GMAX, true> {
-  using type = MmaShape<D>;
+template <int D, int GMAX, int W>
+struct ShapeOf<D, GMAX, true, W> {
+  using type = MmaShape<D, W>;
 };
+// The default warps of a head dim (both loops).
+template <int D>
+constexpr int default_warps() {
+  return D > 128 ? 4 : kDefaultWarps;
+}
 
 // 4 or 2 consecutive 16-bit values -> floats (8- or 4-byte load).
 template <class T, int N>
@@ -209,7 +237,7 @@ struct RowSlice {
 
 // ---- CUDA-core loop -------------------------------------------------------------------------------
 // Leaves per warp (m, d, o) for the merge in m_s, d_s, o_s (returned) and ends with a barrier.
-template <class T, int D, int GMAX, bool kAsync>
+template <class T, int D, int GMAX, bool kAsync, int kWarps>
 __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice& r, unsigned char* body, float* m_s,
                                             float* d_s) {
   static_assert(D == 64 || D == 128, "head_dim");
@@ -217,6 +245,7 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   constexpr int CH = D / 8;    // 16-byte chunks per K row
   constexpr int KS = kKStride<D>;
   constexpr int RPS = 32 / CH;  // rows copied per warp-wide step (one chunk per lane)
+  constexpr int kThreads = kWarps * 32;
 
   float* q_s = reinterpret_cast<float*>(body);  // [GMAX][D]
   float* p_s = q_s + GMAX * D;                  // [kWarps][GMAX][32]
@@ -382,10 +411,10 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
 // Fragment layouts (PTX ISA, mma.m16n8k16): lane l holds C/D elements (row l/4, cols 2(l%4), +1)
 // in c0, c1 and row l/4 + 8 in c2, c3; A (16 x 16) a0: (row l/4, k 2(l%4), +1), a1: row + 8,
 // a2: k + 8, a3: both; B (16 x 8) b0: (k 2(l%4), +1, col l/4), b1: k + 8.
-template <class T, int D, bool kAsync>
+template <class T, int D, bool kAsync, int kW>
 __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& r, unsigned char* body, float* m_s,
                                            float* d_s) {
-  using S = MmaShape<D>;
+  using S = MmaShape<D, kW>;
   constexpr int W = S::kWarps, NS = S::kStages, KT = S::kKeys, KS = S::kStride;
   constexpr int CH = D / 8;       // 16-byte chunks per row
   constexpr int KSTEPS = D / 16;  // k-steps of Q K^T; also 16-dim pairs of n-tiles of P V
@@ -580,10 +609,10 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
 // ---- one CTA's work --------------------------------------------------------------------------------
 // The group `group_index` ((b * KVH + kvh) * n_sub + sub), key slice `split`, writing only the heads
 // in head_mask (sync mode without splits: the recomputation of rows the guard rejected).
-template <class T, int D, int GMAX, bool kAsync, bool kMma>
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int kW>
 __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head_mask, int split,
                              unsigned char* smem_raw, int& mask_s) {
-  using Shape = typename ShapeOf<D, GMAX, kMma>::type;
+  using Shape = typename ShapeOf<D, GMAX, kMma, kW>::type;
   constexpr int W = Shape::kWarps, NTH = W * 32, KT = Shape::kKeys;
   float* m_s = reinterpret_cast<float*>(smem_raw);  // [W][GMAX]
   float* d_s = m_s + W * GMAX;                      // [W][GMAX]
@@ -626,9 +655,9 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
 
   float* o_s;
   if constexpr (kMma) {
-    o_s = mma_loop<T, D, kAsync>(a, r, body, m_s, d_s);
+    o_s = mma_loop<T, D, kAsync, kW>(a, r, body, m_s, d_s);
   } else {
-    o_s = core_loop<T, D, GMAX, kAsync>(a, r, body, m_s, d_s);
+    o_s = core_loop<T, D, GMAX, kAsync, kW>(a, r, body, m_s, d_s);
   }
 
   const int gc = r.gc;
@@ -652,9 +681,44 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
         write_partial(partial + int64_t(g) * a.splits * (D + 2), d, M, den, num);
       }
     }
-    // Several splits: the partial is written and the CTA is done. decode_async_combine_kernel (one
-    // CTA per row) adds the splits' sums, checks the guard and recomputes rows out of range.
-    if (partial != nullptr) return;
+    // Several splits: the partial is written. With the separate reduction launch the CTA is done:
+    // decode_async_combine_kernel (one CTA per row) adds the splits' sums, checks the guard and
+    // recomputes rows out of range.
+    if (partial != nullptr) {
+      if (!a.combine_in_kernel) return;
+      // In-kernel reduction (few splits): every thread's partial stores are made visible device-wide
+      // before the CTA arrives at its group's semaphore; the CTA that arrives last (the counter
+      // reaches splits - 1 before its add) resets the semaphore for the next launch and adds every
+      // split's partial in split order (the same order and operations as decode_async_combine_kernel:
+      // bitwise the same output whichever CTA is last).
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        int* sem = a.counters + 2 + group_index;
+        const bool last = atomicAdd(sem, 1) == a.splits - 1;
+        if (last) atomicExch(sem, 0);  // every split has arrived: nobody else touches it this launch
+        mask_s = last ? 0 : -1;
+      }
+      __syncthreads();
+      if (mask_s != 0) return;  // (read by every thread before any atomicOr below can change it)
+      __threadfence();  // the other CTAs' partials, published before their arrival, are read below
+      __syncthreads();
+      const float* p0 = a.partials + (int64_t(r.b) * H + r.head0) * a.splits * (D + 2);
+      for (int i = tid; i < gc * D; i += NTH) {
+        const int g = i / D, d = i - g * D;
+        const float* pg = p0 + int64_t(g) * a.splits * (D + 2);
+        float M = -INFINITY, num = 0.f, den = 0.f;
+        for (int s = 0; s < a.splits; ++s) {  // in split order; L2 reads (other SMs wrote them)
+          const float* ps = pg + int64_t(s) * (D + 2);
+          M = fmaxf(M, __ldcg(ps));
+          den += __ldcg(ps + 1);
+          num += __ldcg(ps + 2 + d);
+        }
+        const float rel = M - a.phi2;
+        if (rel >= a.lo2 && rel <= a.hi2) out[i] = from_float<T>(num / den);  // (NaN fails)
+        else if (d == 0) atomicOr(&mask_s, 1 << g);
+      }
+    }
     __syncthreads();
     const unsigned mask = static_cast<unsigned>(mask_s);
     if (mask == 0) return;
@@ -666,7 +730,7 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
     DecodeArgs f = a;
     f.splits = 1;
     f.partials = nullptr;
-    attend_group<T, D, GMAX, false, kMma>(f, group_index, mask, 0, smem_raw, mask_s);
+    attend_group<T, D, GMAX, false, kMma, kW>(f, group_index, mask, 0, smem_raw, mask_s);
   } else {
     for (int i = tid; i < gc * D; i += NTH) {
       const int g = i / D, d = i - g * D;
@@ -691,8 +755,23 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
   }
 }
 
-template <class T, int D, int GMAX, bool kAsync, bool kMma>
-__global__ void __launch_bounds__(ShapeOf<D, GMAX, kMma>::type::kWarps * 32, 1) decode_attention_kernel(DecodeArgs a) {
+// The resident CTAs per SM an instantiation is built for: 1 at the default 8 warps (the bound of the
+// measured kernels, unchanged), else as many as shared memory and threads allow, at most 3 (4 warps
+// at head_dim 128: 3 on CUDA cores for groups up to 8, 2 at 16 and on tensor cores). It also caps
+// registers at 64K / (threads x CTAs): 168 per thread at 3 x 128 threads. (Uncapped, head_dim 64's
+// CUDA-core loop asked for 4-5 CTAs, i.e. 96-128 registers, and spilled up to 340 bytes at groups
+// 8-16; -Xptxas -v.)
+constexpr int kMaxMinCtasPerSm = 3;
+template <int D, int GMAX, bool kMma, int W>
+constexpr int min_ctas_per_sm() {
+  using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
+  const int n = resident_ctas(W * 32, Shape::kSmem);
+  return W == kDefaultWarps ? 1 : n < kMaxMinCtasPerSm ? n : kMaxMinCtasPerSm;
+}
+
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int W>
+__global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
+    decode_attention_kernel(DecodeArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int mask_s;
   // The next launch (the O projection) may be scheduled now: its CTAs take SMs as this grid's
@@ -700,7 +779,7 @@ __global__ void __launch_bounds__(ShapeOf<D, GMAX, kMma>::type::kWarps * 32, 1) 
   // programmatic launch.
   detail::pdl_trigger();
   detail::pdl_wait();
-  attend_group<T, D, GMAX, kAsync, kMma>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s);
+  attend_group<T, D, GMAX, kAsync, kMma, W>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s);
 }
 
 // Merges the splits' partials of one (sequence, query head): out = sum_s 2^(m_s - M) o_s /
@@ -845,17 +924,23 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
   }
 }
 
-template <class T, int D, int GMAX, bool kAsync, bool kMma>
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int W>
 void launch_decode(const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
-  using Shape = typename ShapeOf<D, GMAX, kMma>::type;
+  using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
   constexpr size_t smem = Shape::kSmem;
-  auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync, kMma>;
+  auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync, kMma, W>;
   // Once per (instantiation, device), before any graph capture uses it: the attribute belongs to
   // the current device, and one process drives several under tensor parallelism.
   once_per_device(reinterpret_cast<const void*>(kernel), [&] {
     if (smem > 48 * 1024)
       cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                  "cudaFuncSetAttribute(decode_attention_kernel, max dynamic shared memory)");
+    // Several CTAs per SM need the whole shared-memory carveout (the driver may otherwise pick a
+    // smaller one and fit fewer CTAs).
+    if (min_ctas_per_sm<D, GMAX, kMma, W>() > 1)
+      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared),
+                 "cudaFuncSetAttribute(decode_attention_kernel, shared memory carveout)");
   });
   const detail::LaunchConfig config(dim3(n_ctas, a.splits), dim3(Shape::kWarps * 32), smem, stream, dependent);
   cuda_check(cudaLaunchKernelEx(config.get(), kernel, a), "cudaLaunchKernelEx(decode_attention_kernel)");
@@ -878,17 +963,35 @@ bool use_mma(int head_dim, int gmax) {
   return gmax >= 2;
 }
 
-template <class T, int D, bool kAsync>
-void launch_decode_g(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
-  if (use_mma(D, gmax)) return launch_decode<T, D, 16, kAsync, true>(a, n_ctas, dependent, stream);
+template <class T, int D, bool kAsync, int W>
+void launch_decode_gw(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
+  if (use_mma(D, gmax)) return launch_decode<T, D, 16, kAsync, true, W>(a, n_ctas, dependent, stream);
   if constexpr (D == 64 || D == 128) {
     switch (gmax) {
-      case 1: return launch_decode<T, D, 1, kAsync, false>(a, n_ctas, dependent, stream);
-      case 2: return launch_decode<T, D, 2, kAsync, false>(a, n_ctas, dependent, stream);
-      case 4: return launch_decode<T, D, 4, kAsync, false>(a, n_ctas, dependent, stream);
-      case 8: return launch_decode<T, D, 8, kAsync, false>(a, n_ctas, dependent, stream);
-      default: return launch_decode<T, D, 16, kAsync, false>(a, n_ctas, dependent, stream);
+      case 1: return launch_decode<T, D, 1, kAsync, false, W>(a, n_ctas, dependent, stream);
+      case 2: return launch_decode<T, D, 2, kAsync, false, W>(a, n_ctas, dependent, stream);
+      case 4: return launch_decode<T, D, 4, kAsync, false, W>(a, n_ctas, dependent, stream);
+      case 8: return launch_decode<T, D, 8, kAsync, false, W>(a, n_ctas, dependent, stream);
+      default: return launch_decode<T, D, 16, kAsync, false, W>(a, n_ctas, dependent, stream);
     }
+  }
+}
+
+// KernelOptions::decode_warps: 0 (the default count), 4 or 8; only head dims 64 and 128 have both
+// (the others always run their default).
+int decode_warps_option() {
+  const int w = current_kernel_options().decode_warps;
+  check(w == 0 || w == 4 || w == 8, "decode attention: decode_warps = {} is not one of 0 (auto), 4, 8", w);
+  return w == 0 ? kDefaultWarps : w;
+}
+
+template <class T, int D, bool kAsync>
+void launch_decode_g(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
+  if constexpr (D == 64 || D == 128) {
+    if (decode_warps_option() == 4) return launch_decode_gw<T, D, kAsync, 4>(gmax, a, n_ctas, dependent, stream);
+    return launch_decode_gw<T, D, kAsync, 8>(gmax, a, n_ctas, dependent, stream);
+  } else {
+    return launch_decode_gw<T, D, kAsync, default_warps<D>()>(gmax, a, n_ctas, dependent, stream);
   }
 }
 
@@ -943,6 +1046,24 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
   return w;
 }
 
+// Async with several splits: where the partials are added (KernelOptions::async_combine). Auto
+// takes the in-kernel reduction (the group's last CTA) up to this many splits and the separate
+// launch above it. Why both: the separate launch cost ~1-2 us at batch 1, 512-1K keys (async 8.2-9.6
+// us against sync's 7.3-7.9; docs/results/2026-12-01c-attention-iteration2.md), where the plan takes
+// few splits; the last-CTA reduction was slow with many (one SM adding 55 splits x 16 heads: ~22 us
+// of 41.6 at 32/2 heads, batch 1, 16K; docs/results/2026-12-01a-attention-grid.md). 8 awaits
+// measurement (bench-attention --async-combine kernel|launch on the same grid).
+constexpr int kAsyncKernelCombineMaxSplits = 8;
+
+bool combine_in_kernel(int splits) {
+  switch (current_kernel_options().async_combine) {
+    case AsyncCombine::Kernel: return true;
+    case AsyncCombine::Launch: return false;
+    case AsyncCombine::Auto: break;
+  }
+  return splits <= kAsyncKernelCombineMaxSplits;
+}
+
 }  // namespace
 
 size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, int splits) {
@@ -990,14 +1111,23 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
   const int64_t ctas = int64_t(batch) * n_kv_heads * n_sub;
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   const int n_tiles = (max_context_len + 31) / 32;
-  const int max_splits = std::max(1, std::min(n_tiles / kWarps, 256));
-  // CTAs resident per SM (shared memory bound at head_dim 128: the CUDA-core loop with groups up to
-  // 4 heads, the tensor-core loop with any group; both 1 today).
-  constexpr int kSmemPerSm = 227 * 1024;
-  constexpr size_t kSmemPerCta = std::max(CoreShape<128, 4>::kSmem, MmaShape<128>::kSmem);
-  constexpr int kPerSm = std::max<int>(1, std::min<int>(2048 / kThreads, static_cast<int>(kSmemPerSm / kSmemPerCta)));
-  constexpr double kKeysPerRound = 256.0, kFixedRounds = 1.0;
-  const int64_t slots = int64_t(multiprocessors) * kPerSm;
+  // The calling thread's KernelOptions::decode_warps decides the CTA's shape the plan counts on (the
+  // launch reads the same option): W warps take W x 32 keys per round (kKeysPerRound), and the CTAs
+  // resident per SM (shared memory bound at head_dim 128, which the plan assumes: the CUDA-core loop
+  // with groups up to 4 heads, the tensor-core loop with any group; the fewer of the two) give the
+  // slots of a wave: 1 at 8 warps, 2 at 4 warps. At 4 warps a CTA streams at about half an SM's
+  // rate, so the same rows take twice the splits, and the fill and drain of one CTA overlap the
+  // streaming of another on the same SM: what decode_warps 4 measures.
+  const int warps = decode_warps_option();
+  const int max_splits = std::max(1, std::min(n_tiles / warps, 256));
+  auto per_sm = [](auto core, auto mma) {
+    return std::min(resident_ctas(decltype(core)::kWarps * 32, decltype(core)::kSmem),
+                    resident_ctas(decltype(mma)::kWarps * 32, decltype(mma)::kSmem));
+  };
+  const int per_sm_ctas = warps == 4 ? per_sm(CoreShape<128, 4, 4>{}, MmaShape<128, 4>{})
+                                     : per_sm(CoreShape<128, 4, 8>{}, MmaShape<128, 8>{});
+  const double kKeysPerRound = 32.0 * warps, kFixedRounds = 1.0;
+  const int64_t slots = int64_t(multiprocessors) * per_sm_ctas;
   auto cost = [&](int splits) {
     const int64_t c = ctas * splits;
     const int64_t waves = (c + slots - 1) / slots;
@@ -1120,6 +1250,7 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
         static_cast<const void*>(counters));
   a.partials = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   a.counters = counters;
+  a.combine_in_kernel = splits > 1 && combine_in_kernel(splits) ? 1 : 0;
   a.fallback_rows = fallback_rows;
   // The kernel works in log2 units: 2^(x log2 e - phi log2 e) = e^(x - phi).
   a.phi2 = range.phi * detail::kLog2e;
@@ -1130,7 +1261,7 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
     using T = decltype(tag);
     const bool pdl = programmatic_launch_enabled();
     launch_decode_d<T, true>(head_dim, g.gmax, a, static_cast<int>(g.n_groups), pdl, stream);
-    if (splits > 1) {
+    if (splits > 1 && !a.combine_in_kernel) {
       const detail::LaunchConfig config(dim3(batch * n_heads), dim3(kCombineThreads), 0, stream, pdl);
       auto combine = [&](auto* kernel) {
         cuda_check(cudaLaunchKernelEx(config.get(), kernel, a), "cudaLaunchKernelEx(decode_async_combine_kernel)");

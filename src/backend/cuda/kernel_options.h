@@ -28,6 +28,16 @@ inline const char* decode_path_name(DecodePath p) {
   return p == DecodePath::Mma ? "mma" : p == DecodePath::Core ? "core" : "auto";
 }
 
+// How decode_attention_async adds the splits' partials when there are several (decode_attention.cu):
+// Kernel: the last CTA of each group to finish, inside the attention kernel (no second launch);
+// Launch: decode_async_combine_kernel, a second launch of one CTA per row; Auto: Kernel up to
+// kAsyncKernelCombineMaxSplits splits, else Launch.
+enum class AsyncCombine { Auto, Kernel, Launch };
+
+inline const char* async_combine_name(AsyncCombine c) {
+  return c == AsyncCombine::Kernel ? "kernel" : c == AsyncCombine::Launch ? "launch" : "auto";
+}
+
 struct KernelOptions {
   // Programmatic dependent launch for the kernels of a decode step (residual_norm, rope_qk_cache,
   // decode attention, and the linear kernels unless linear_programmatic_launch says otherwise):
@@ -45,6 +55,12 @@ struct KernelOptions {
   // heuristic's first.
   bool cublaslt_tune = true;
   DecodePath decode_path = DecodePath::Auto;
+  // Warps per decode-attention CTA at head dims 64 and 128 (both loops): 0 = the default (8: one
+  // CTA per SM at head_dim 128), 4 (two or three CTAs per SM) or 8. plan_decode_splits reads it too
+  // (its waves count the resident CTAs), so a plan and its launches must see the same value. A
+  // measurement switch (bench-attention --decode-warps); awaits the H200 grid.
+  int decode_warps = 0;
+  AsyncCombine async_combine = AsyncCombine::Auto;
 
   bool linear_programmatic() const { return linear_programmatic_launch.value_or(programmatic_launch); }
 };
