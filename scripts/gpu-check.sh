@@ -281,9 +281,12 @@ PY
   # Issue 13 end to end: GQA models at 8K context, the query group on tensor cores (default)
   # against CUDA cores (FDPP_DECODE_PATH=core), same run.
   if [[ ${FDPP_BENCH_ATTN_E2E:-1} == 1 ]]; then
+    # FDPP_E2E_VARIANTS: NAME=ENV pairs run beside the default (e.g. "w4=FDPP_DECODE_WARPS=4").
     for m in llama-3-8b chatglm2-6b; do
       bench $m-8k --config "$root/configs/$m.json" -b 8,32 -c 8000 -p 1024 --mixed-chunk 0
-      FDPP_DECODE_PATH=core bench $m-8k-core --config "$root/configs/$m.json" -b 8,32 -c 8000 -p 1024 --mixed-chunk 0
+      for v in ${FDPP_E2E_VARIANTS:-core=FDPP_DECODE_PATH=core}; do
+        (export "${v#*=}"; bench $m-8k-${v%%=*} --config "$root/configs/$m.json" -b 8,32 -c 8000 -p 1024 --mixed-chunk 0)
+      done
     done
   fi
   for m in ${FDPP_BENCH_MORE_MODELS-llama-2-13b llama-3-8b opt-6.7b chatglm2-6b}; do

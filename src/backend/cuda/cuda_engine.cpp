@@ -99,6 +99,8 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   decode_in_ = DeviceBuffer(decode_in_ints * sizeof(int32_t));
   multiprocessors_ = multiprocessors_of_current_device();
   size_t attn_ws = 0;  // the most any decode step's split plan needs
+  // The split plan depends on the kernel options (warps per CTA): size the workspace under them.
+  const KernelOptionsScope sizing_kernels(options.kernels);
   for (int b = 1; b <= options.max_batch; ++b) {
     const int splits = plan_decode_splits(b, c.n_heads, c.n_kv_heads, c.max_context, multiprocessors_);
     attn_ws = std::max(attn_ws, options.attention == AttentionMode::Async
