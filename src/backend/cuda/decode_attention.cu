@@ -1047,21 +1047,22 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 }
 
 // Async with several splits: where the partials are added (KernelOptions::async_combine). Auto
-// takes the in-kernel reduction (the group's last CTA) up to this many splits and the separate
-// launch above it. Why both: the separate launch cost ~1-2 us at batch 1, 512-1K keys (async 8.2-9.6
-// us against sync's 7.3-7.9; docs/results/2026-12-01c-attention-iteration2.md), where the plan takes
-// few splits; the last-CTA reduction was slow with many (one SM adding 55 splits x 16 heads: ~22 us
-// of 41.6 at 32/2 heads, batch 1, 16K; docs/results/2026-12-01a-attention-grid.md). 8 awaits
-// measurement (bench-attention --async-combine kernel|launch on the same grid).
+// takes the in-kernel reduction (the group's last CTA) at batch 1 with up to 8 splits, the separate
+// launch otherwise. Measured on the H200, fp16, head_dim 128, same grid, kernel vs launch
+// (docs/results/2026-12-01d-attention-iteration3.md): batch 1, 512-1K keys (2-4 splits): 7.06 vs
+// 8.03, 8.71 vs 9.59 us (32/2), 7.24 vs 8.35, 8.59 vs 9.42 (32/8), 7.65 vs 8.48, 9.53 vs 10.39
+// (32/32): the launch's ~1 us is what a single-wave grid cannot hide. Batch 8-64 with few splits the
+// kernel is no faster and up to 27% slower (32/2, batch 8, 4K: 21.83 vs 17.14; batch 32, 512: 16.69
+// vs 13.10). Many splits: the last CTA alone adds them all (32/2, batch 1, 16K: 46.6 vs 16.1).
 constexpr int kAsyncKernelCombineMaxSplits = 8;
 
-bool combine_in_kernel(int splits) {
+bool combine_in_kernel(int batch, int splits) {
   switch (current_kernel_options().async_combine) {
     case AsyncCombine::Kernel: return true;
     case AsyncCombine::Launch: return false;
     case AsyncCombine::Auto: break;
   }
-  return splits <= kAsyncKernelCombineMaxSplits;
+  return batch == 1 && splits <= kAsyncKernelCombineMaxSplits;
 }
 
 }  // namespace
@@ -1250,7 +1251,7 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
         static_cast<const void*>(counters));
   a.partials = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   a.counters = counters;
-  a.combine_in_kernel = splits > 1 && combine_in_kernel(splits) ? 1 : 0;
+  a.combine_in_kernel = splits > 1 && combine_in_kernel(batch, splits) ? 1 : 0;
   a.fallback_rows = fallback_rows;
   // The kernel works in log2 units: 2^(x log2 e - phi log2 e) = e^(x - phi).
   a.phi2 = range.phi * detail::kLog2e;

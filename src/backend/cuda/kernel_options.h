@@ -30,8 +30,8 @@ inline const char* decode_path_name(DecodePath p) {
 
 // How decode_attention_async adds the splits' partials when there are several (decode_attention.cu):
 // Kernel: the last CTA of each group to finish, inside the attention kernel (no second launch);
-// Launch: decode_async_combine_kernel, a second launch of one CTA per row; Auto: Kernel up to
-// kAsyncKernelCombineMaxSplits splits, else Launch.
+// Launch: decode_async_combine_kernel, a second launch of one CTA per row; Auto: Kernel at batch 1
+// with up to kAsyncKernelCombineMaxSplits splits, else Launch (the measurement is beside it).
 enum class AsyncCombine { Auto, Kernel, Launch };
 
 inline const char* async_combine_name(AsyncCombine c) {
@@ -58,7 +58,10 @@ struct KernelOptions {
   // Warps per decode-attention CTA at head dims 64 and 128 (both loops): 0 = the default (8: one
   // CTA per SM at head_dim 128), 4 (two or three CTAs per SM) or 8. plan_decode_splits reads it too
   // (its waves count the resident CTAs), so a plan and its launches must see the same value. A
-  // measurement switch (bench-attention --decode-warps); awaits the H200 grid.
+  // measurement switch (bench-attention --decode-warps). The H200 grid (docs/results/2026-12-01d-
+  // attention-iteration3.md) favours 4 at batch >= 8 for GQA 32/8 (up to 15% faster) and at batch
+  // >= 32 with short contexts for MHA, 8 at batch 1 and for MQA 32/2 at short contexts (up to 1.8x
+  // slower with 4): no single rule yet, so the default stays 8.
   int decode_warps = 0;
   AsyncCombine async_combine = AsyncCombine::Auto;
 
