@@ -35,7 +35,6 @@
 #include "engine/backend_select.h"
 #include "engine/engine.h"
 #include "engine/environment_fallback.h"
-#include "engine/linear_chooser.h"
 #include "engine/prompt_file.h"
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
@@ -342,14 +341,8 @@ std::shared_ptr<ModelState> load(const ModelArgs& a) {
         o.cuda_graphs = a.cuda_graphs;
         o.attention = a.attention;
         // As the CLI: the arguments, else the FDPP_* variables (engine/environment_fallback.h).
-        DispatchSelectOptions linear_options;
-        linear_options.mode = a.linear;
-        linear_options.table_path = a.dispatch_table;
-        apply_linear_environment(linear_options);
-        o.linear = linear_options.mode;
+        o.set_linear_flags(a.linear, a.dispatch_table);
         o.model_path = st->path;
-        o.dispatch_table = linear_options.table_path;
-        o.gemv_max_m = linear_options.gemv_max_m;
         o.kernels = resolve_kernel_options({});
         o.tensor_parallel = a.tensor_parallel;
         o.threads = a.threads;

@@ -13,6 +13,8 @@
 #include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/thread_pool.h"
 #include "engine/engine_runner.h"
+#include "engine/environment_fallback.h"
+#include "engine/linear_chooser.h"
 #include "fdpp/error.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
@@ -59,6 +61,16 @@ int physical_cpu_cores() {
     cores.emplace(p, c);
   }
   return cores.empty() ? CPU_COUNT(&set) : static_cast<int>(cores.size());
+}
+
+void RunnerOptions::set_linear_flags(const std::string& mode, const std::string& table) {
+  DispatchSelectOptions o;
+  o.mode = mode;
+  o.table_path = table;
+  apply_linear_environment(o);
+  linear = o.mode;
+  dispatch_table = o.table_path;
+  gemv_max_m = o.gemv_max_m;
 }
 
 void set_cpu_threads(int threads) {

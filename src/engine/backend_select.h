@@ -37,6 +37,9 @@ struct RunnerOptions {
   std::string model_path;
   std::string dispatch_table;
   int gemv_max_m = -1;
+  // Sets linear, dispatch_table and gemv_max_m from a front end's --linear and --dispatch-table
+  // ("": not given), else FDPP_LINEAR, FDPP_DISPATCH_TABLE and FDPP_GEMV_MAX_M.
+  void set_linear_flags(const std::string& mode, const std::string& table);
   // CUDA kernels' launch switches (PDL, cuBLASLt tuning, the decode-attention loop).
   cuda::KernelOptions kernels;
   // CUDA: stream the weights from this plan (model/model_loader.h plan_model) straight from the files

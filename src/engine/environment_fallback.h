@@ -40,9 +40,7 @@ const char* process_environment(const char* name);
 struct KernelFlags {
   std::string pdl;          // on|off
   std::string decode_path;  // auto|mma|core
-  // Flags of bench-attention only: an engine sizes its attention workspace from the split plan at
-  // construction, outside its kernel-options scope, so decode_warps 4 (a plan of more splits) would
-  // fail its workspace check there (see KernelOptions::decode_warps). The variables reach every front end.
+  // Flags of bench-attention only (measurement switches); the variables reach every front end.
   std::string decode_warps;   // 0|4|8
   std::string async_combine;  // auto|kernel|launch
 };

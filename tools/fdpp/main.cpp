@@ -123,15 +123,8 @@ RunnerOptions DeviceArgs::options(const std::string& model_path) const {
   o.kv_cache_tokens = kv_cache_tokens;
   o.cuda_graphs = !no_cuda_graphs;
   o.attention = attention;
-  // Flags first, the environment where one is not given (environment_fallback.h).
-  DispatchSelectOptions linear_options;
-  linear_options.mode = linear;
-  linear_options.table_path = dispatch_table;
-  apply_linear_environment(linear_options);
-  o.linear = linear_options.mode;
+  o.set_linear_flags(linear, dispatch_table);
   o.model_path = model_path;
-  o.dispatch_table = linear_options.table_path;
-  o.gemv_max_m = linear_options.gemv_max_m;
   o.kernels = resolve_kernel_options(kernels);
   o.threads = threads;
   o.calibration = calibration;

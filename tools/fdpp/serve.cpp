@@ -189,14 +189,8 @@ void load(const ServeArgs& a, Loaded& out) {
   o.kv_cache_tokens = a.kv_cache_tokens;
   o.cuda_graphs = !a.no_cuda_graphs;
   o.attention = a.attention;
-  DispatchSelectOptions linear_options;  // flags first, the environment where one is not given
-  linear_options.mode = a.linear;
-  linear_options.table_path = a.dispatch_table;
-  apply_linear_environment(linear_options);
-  o.linear = linear_options.mode;
+  o.set_linear_flags(a.linear, a.dispatch_table);
   o.model_path = path;
-  o.dispatch_table = linear_options.table_path;
-  o.gemv_max_m = linear_options.gemv_max_m;
   o.kernels = resolve_kernel_options(a.kernels);
   o.tensor_parallel = a.tensor_parallel;
   if (a.attention == "async" && o.device != Device::Cpu)

@@ -95,21 +95,8 @@ void all_reduce_sum(void* buf, size_t count, DType dtype, void* comm, cudaStream
              "ncclAllReduce");
 }
 
-void all_reduce_sum_f32(float* buf, size_t count, void* comm, cudaStream_t stream) {
-  nccl_check(nccl().all_reduce(buf, buf, count, ncclFloat32, ncclSum, as_comm(comm), stream), "ncclAllReduce");
-}
-
 void all_gather_f32(const float* in, float* out, size_t count, void* comm, cudaStream_t stream) {
   nccl_check(nccl().all_gather(in, out, count, ncclFloat32, as_comm(comm), stream), "ncclAllGather");
-}
-
-long long all_reduce_min_host(long long value, void* comm, cudaStream_t stream) {
-  DeviceBuffer d(sizeof(long long));
-  FDPP_CUDA_CHECK(cudaMemcpyAsync(d.get(), &value, sizeof value, cudaMemcpyHostToDevice, stream));
-  nccl_check(nccl().all_reduce(d.get(), d.get(), 1, ncclInt64, ncclMin, as_comm(comm), stream), "ncclAllReduce(min)");
-  FDPP_CUDA_CHECK(cudaMemcpyAsync(&value, d.get(), sizeof value, cudaMemcpyDeviceToHost, stream));
-  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return value;
 }
 
 #else  // built without nccl.h: one GPU only
@@ -121,9 +108,7 @@ std::string CommGroup::nccl_version() { return "not built with NCCL"; }
 CommGroup::CommGroup(const std::vector<int>&) { no_nccl(); }
 CommGroup::~CommGroup() = default;
 void all_reduce_sum(void*, size_t, DType, void*, cudaStream_t) { no_nccl(); }
-void all_reduce_sum_f32(float*, size_t, void*, cudaStream_t) { no_nccl(); }
 void all_gather_f32(const float*, float*, size_t, void*, cudaStream_t) { no_nccl(); }
-long long all_reduce_min_host(long long, void*, cudaStream_t) { no_nccl(); }
 
 #endif
 

@@ -35,11 +35,8 @@ class CommGroup {
 
 // In place: buf[0..count) = the sum over ranks of every rank's buf (16-bit elements of dtype).
 void all_reduce_sum(void* buf, size_t count, DType dtype, void* comm, cudaStream_t stream);
-void all_reduce_sum_f32(float* buf, size_t count, void* comm, cudaStream_t stream);
 // out[r * count .. (r + 1) * count) = rank r's in[0..count) (fp32).
 void all_gather_f32(const float* in, float* out, size_t count, void* comm, cudaStream_t stream);
-// Blocking all-reduce (min) of one integer across the group, for agreeing on sizes.
-long long all_reduce_min_host(long long value, void* comm, cudaStream_t stream);
 
 // The logits gathered from the ranks' lm head slices, into [rows, vocab]: rank r computed
 // vocab rows [r * stride, r * stride + n_r) of the vocabulary (n_r = min(stride, vocab - r * stride))
