@@ -5,7 +5,7 @@
 # The build travels with the call (CMake and the Debian -dev packages are on the development
 # machine, not the GPU machine):  here: bash scripts/build-gpu.sh   then run this there with
 # carry ["build-gpu"] (plus ".ref" parts of the default model for the greedy test, see below).
-#   FDPP_GPU_STAGES="tests sanitizer attention flashinfer prefill ttft linear tune dataflow bench tp peers load python"
+#   FDPP_GPU_STAGES="tests sanitizer attention attnlayout flashinfer prefill ttft linear tune dataflow bench tp peers load python"
 #   (default: all but flashinfer, tune, tp, load and python; tp needs two GPUs: nvidia-h200-x2)
 # Only a few files come back from the device call: everything is written under $OUT/full and
 # packed into $OUT/full.tar.gz at the end, beside summary.md.
@@ -103,6 +103,17 @@ if [[ " $stages " == *" attention "* ]]; then
     # The query group on CUDA cores instead of tensor cores (issue 13's ablation), async only.
     [[ $kvh != 32 && ${FDPP_ATTN_CORE:-1} == 1 ]] && FDPP_DECODE_PATH=core "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh \
       --head-dim 128 -b "$ab" -c "$ac" --modes async --json >"$OUT/attn_core_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err"
+    # Variants of our kernel on the same grid, each a column of the table: FDPP_ATTN_VARIANTS="NAME=FLAGS;..."
+    # (e.g. "seq=--block-order sequential;w4=--decode-warps 4"; flags of fdpp bench-attention).
+    IFS=';' read -ra variants <<<"${FDPP_ATTN_VARIANTS:-}"
+    for v in "${variants[@]}"; do
+      [[ -n $v ]] || continue
+      "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" ${v#*=} --json \
+        >"$OUT/attn_variant_${v%%=*}_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err" || log "bench-attention 32/$kvh ${v#*=} failed"
+    done
+    # MHA on the tensor cores (FDPP_ATTN_MMA_MHA=1): the loop Auto gives GQA, on a group of one.
+    [[ $kvh == 32 && ${FDPP_ATTN_MMA_MHA:-0} == 1 ]] && "$B/fdpp" bench-attention --heads 32 --kv-heads 32 --head-dim 128 \
+      -b "$ab" -c "$ac" --decode-path mma --json >"$OUT/attn_mma_32.json" 2>>"$OUT/attn_ours_$kvh.err"
     # Warps per CTA (iteration 3: 4 warps = 2-3 resident CTAs per SM, the split plan following;
     # FDPP_ATTN_WARPS="4 8"), async and sync, the async reduction on auto.
     for w in ${FDPP_ATTN_WARPS:-}; do
@@ -126,10 +137,50 @@ if [[ " $stages " == *" attention "* ]]; then
   { echo; echo "### decode attention (graph-timed, L2 rotated), fp16, head_dim 128"; \
     python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers $(ls "$OUT"/attn_peers_*.json 2>/dev/null) \
       --core $(ls "$OUT"/attn_core_*.json 2>/dev/null) \
+      $(ls "$OUT"/attn_mma_32.json >/dev/null 2>&1 && echo "--extra mma=$OUT/attn_mma_32.json") \
+      $(IFS=';' read -ra vs <<<"${FDPP_ATTN_VARIANTS:-}"; for v in "${vs[@]}"; do n=${v%%=*}; \
+          ls "$OUT"/attn_variant_${n}_*.json >/dev/null 2>&1 && echo "--extra $n=$(ls "$OUT"/attn_variant_${n}_*.json | paste -sd,)"; done) \
       $(for w in ${FDPP_ATTN_WARPS:-}; do ls "$OUT"/attn_warps${w}_*.json >/dev/null 2>&1 && \
           echo "--extra w$w=$(ls "$OUT"/attn_warps${w}_*.json | paste -sd,)"; done) \
       $(for c in kernel launch; do ls "$OUT"/attn_combine_${c}_*.json >/dev/null 2>&1 && \
           echo "--extra combine-$c=$(ls "$OUT"/attn_combine_${c}_*.json | paste -sd,)"; done); } | tee -a "$summary"
+fi
+
+if [[ " $stages " == *" attnlayout "* ]]; then
+  # Issue 13: how much of the gap to cuDNN (which reads dense [B, KVH, L, D] K/V) is the paged cache's
+  # layout. The same kernels on a token-major cache (the engine's: a token's kv heads adjacent, one
+  # head's rows 256 bytes apart from the next token's by KVH x 256) and a head-major one (a kv head's
+  # block_size rows adjacent), at block sizes FDPP_ATTN_LAYOUT_BLOCKS (default 16 64).
+  ab="${FDPP_ATTN_BATCHES:-1,8,32,64}"
+  ac="${FDPP_ATTN_CONTEXTS:-512,1024,4096,16384,65536}"
+  for kvh in ${FDPP_ATTN_KV_HEADS:-32 8 2}; do
+    for layout in token-major head-major; do
+      for bs in ${FDPP_ATTN_LAYOUT_BLOCKS:-16 64}; do
+        "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" --kv-layout $layout \
+          --block-size $bs --json >"$OUT/attn_layout_${layout}_b${bs}_$kvh.json" 2>>"$OUT/attn_layout.err" ||
+          log "bench-attention 32/$kvh $layout block $bs failed: $(tail -1 "$OUT/attn_layout.err")"
+      done
+    done
+  done
+  base=$(ls "$OUT"/attn_layout_token-major_b16_*.json | paste -sd' ')
+  { echo; echo "### decode attention by KV layout (async and sync us; base: token-major, block 16)"; \
+    python3 "$root/bench/attention_table.py" $base \
+      $(for f in "$OUT"/attn_layout_*_b*_32.json; do n=$(basename "$f" _32.json); n=${n#attn_layout_}; \
+          [[ $n == token-major_b16 ]] || echo "--extra $n=$(ls "$OUT"/attn_layout_${n}_*.json | paste -sd,)"; done); } |
+    tee -a "$summary"
+  if command -v ncu >/dev/null; then
+    # Where the bytes go: one kernel per layout, GQA 32/8 at batch 8, 16K (async), MHA at batch 32, 16K.
+    for shape in "8 8 async" "32 32 async" "32 32 sync"; do
+      set -- $shape
+      for layout in token-major head-major; do
+        ncu --kernel-name regex:decode_attention_kernel --launch-count 1 --section SpeedOfLight \
+          --section MemoryWorkloadAnalysis --section WarpStateStats "$B/fdpp" bench-attention --heads 32 --kv-heads $2 \
+          --head-dim 128 -b $1 -c 16384 --modes $3 --kv-layout $layout >"$OUT/ncu_layout_${layout}_$2_b$1_$3.txt" 2>&1
+        { echo; echo "### ncu 32/$2 B $1 L 16K $3, $layout"; grep -E "Duration|DRAM Throughput|L2 Hit|Mem Busy|Max Bandwidth|Stall Long|Warp Cycles Per Issued" \
+            "$OUT/ncu_layout_${layout}_$2_b$1_$3.txt" | head -10; } | tee -a "$summary"
+      done
+    done
+  fi
 fi
 
 if [[ " $stages " == *" flashinfer "* ]]; then

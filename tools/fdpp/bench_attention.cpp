@@ -39,7 +39,7 @@ namespace {
 
 constexpr double kDesignReadBandwidth = 4.46e12;  // DESIGN.md: read-only streaming kernel on the H200
 constexpr double kL2Bytes = 60e6;
-constexpr int kBlock = 16;
+constexpr int kPrefillBlock = 16;
 
 }  // namespace
 
@@ -60,7 +60,15 @@ std::vector<cuda::GpuInfo> checked_gpus(const BenchAttentionArgs& a) {
 
 int run_bench_attention(const BenchAttentionArgs& a) {
   const auto gpus = checked_gpus(a);
-  const cuda::KernelOptions kernels = resolve_kernel_options(a.kernels);
+  check(a.block_size >= 1 && (a.block_size & (a.block_size - 1)) == 0, "--block-size {} is not a power of two",
+        a.block_size);
+  check(a.kv_layout == "token-major" || a.kv_layout == "head-major", "--kv-layout '{}' is not token-major or head-major",
+        a.kv_layout);
+  check(a.block_order == "shuffled" || a.block_order == "sequential", "--block-order '{}' is not shuffled or sequential",
+        a.block_order);
+  const int block = a.block_size;
+  cuda::KernelOptions kernels = resolve_kernel_options(a.kernels);
+  kernels.kv_head_major = a.kv_layout == "head-major";
   const cuda::KernelOptionsScope kernel_scope(kernels);  // the kernels are called here, not by an engine
   check(!a.batches.empty() && !a.contexts.empty(), "bench-attention: give batch sizes and context lengths");
   for (const auto& m : a.modes) check(m == "async" || m == "sync", "--modes: '{}' is not one of async, sync", m);
@@ -71,17 +79,17 @@ int run_bench_attention(const BenchAttentionArgs& a) {
   // One pool for every point: the largest B x L, and at least 3 x L2 so that calls can rotate.
   int64_t max_tokens = 0;
   for (int b : a.batches)
-    for (int l : a.contexts) max_tokens = std::max<int64_t>(max_tokens, int64_t(b) * ((l + kBlock - 1) / kBlock) * kBlock);
+    for (int l : a.contexts) max_tokens = std::max<int64_t>(max_tokens, int64_t(b) * ((l + block - 1) / block) * block);
   const int64_t pool_tokens = std::max<int64_t>(max_tokens, static_cast<int64_t>(std::ceil(3 * kL2Bytes / token_bytes)));
-  const int64_t pool_blocks = (pool_tokens + kBlock - 1) / kBlock;
+  const int64_t pool_blocks = (pool_tokens + block - 1) / block;
   size_t free_b = 0, total_b = 0;
   FDPP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const double need = 2.0 * pool_blocks * kBlock * KVH * D * 2;
+  const double need = 2.0 * pool_blocks * block * KVH * D * 2;
   check(need < 0.9 * free_b, "bench-attention: the KV pool needs {:.1f} GiB, {:.1f} GiB are free", need / 1073741824.0,
         free_b / 1073741824.0);
   cudaStream_t stream = nullptr;
   FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const int64_t pool_elems = pool_blocks * kBlock * KVH * D;
+  const int64_t pool_elems = pool_blocks * block * KVH * D;
   cuda::DeviceBuffer k(pool_elems * 2), v(pool_elems * 2);
   // Keys and values uniform in [-1, 1) like activations after a norm; q likewise: logits stay
   // within a few units, the regime of real models (no fallback rows).
@@ -101,18 +109,20 @@ int run_bench_attention(const BenchAttentionArgs& a) {
   nlohmann::json results = nlohmann::json::array();
   for (int B : a.batches) {
     for (int L : a.contexts) {
-      const int blocks_per_seq = (L + kBlock - 1) / kBlock;
+      const int blocks_per_seq = (L + block - 1) / block;
       const int64_t call_blocks = int64_t(B) * blocks_per_seq;
       const double bytes = double(B) * L * token_bytes + double(B) * H * D * 2 * 2;  // + q read, out written
       // Rotations: enough disjoint block sets that R consecutive calls cover > 2 x L2.
       const int rotations = static_cast<int>(std::clamp<int64_t>(
-          static_cast<int64_t>(std::ceil(2 * kL2Bytes / (call_blocks * kBlock * token_bytes))), 1,
+          static_cast<int64_t>(std::ceil(2 * kL2Bytes / (call_blocks * block * token_bytes))), 1,
           pool_blocks / call_blocks));
       std::vector<int32_t> perm(static_cast<size_t>(call_blocks) * rotations);
       std::iota(perm.begin(), perm.end(), 0);
-      // Each sequence's blocks in shuffled order within its rotation (a paged cache is not contiguous).
-      for (int r = 0; r < rotations; ++r)
-        std::shuffle(perm.begin() + int64_t(r) * call_blocks, perm.begin() + int64_t(r + 1) * call_blocks, rng);
+      // Shuffled: the blocks of a rotation in random order (a paged cache is not contiguous once it
+      // has served a while). Sequential: each sequence's blocks consecutive.
+      if (a.block_order == "shuffled")
+        for (int r = 0; r < rotations; ++r)
+          std::shuffle(perm.begin() + int64_t(r) * call_blocks, perm.begin() + int64_t(r + 1) * call_blocks, rng);
       cuda::DeviceBuffer tables(perm.size() * sizeof(int32_t));
       FDPP_CUDA_CHECK(cudaMemcpy(tables.get(), perm.data(), perm.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
       std::vector<int32_t> lens_h(B, L);
@@ -133,11 +143,11 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           const int32_t* t = tables.as<int32_t>() + int64_t(r % rotations) * call_blocks;
           if (async) {
             cuda::decode_attention_async(qkv.get(), k.get(), v.get(), t, blocks_per_seq, lens.as<int32_t>(), B, H, KVH,
-                                         D, kBlock, scale, range, out.get(), dtype, splits, ws.get(), ws.bytes(),
+                                         D, block, scale, range, out.get(), dtype, splits, ws.get(), ws.bytes(),
                                          counters.as<int>(), n_counters, fallback.as<unsigned long long>(), stream);
           } else {
             cuda::decode_attention_split(qkv.get(), k.get(), v.get(), t, blocks_per_seq, lens.as<int32_t>(), B, H, KVH,
-                                         D, kBlock, scale, out.get(), dtype, splits, ws.get(), ws.bytes(), stream);
+                                         D, block, scale, out.get(), dtype, splits, ws.get(), ws.bytes(), stream);
           }
         };
         const double us = cuda::time_graph(stream, reps, a.replays, launch).us;
@@ -146,6 +156,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
         results.push_back({{"mode", mode}, {"path", cuda::decode_path_name(kernels.decode_path)},
                            {"decode_warps", kernels.decode_warps},
                            {"async_combine", cuda::async_combine_name(kernels.async_combine)},
+                           {"block_size", block}, {"kv_layout", a.kv_layout}, {"block_order", a.block_order},
                            {"pdl", kernels.programmatic_launch}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
                            {"context", L}, {"splits", splits}, {"us", us}, {"bytes", bytes},
                            {"pct_design_bw", bytes / (us * 1e-6) / kDesignReadBandwidth},
@@ -228,9 +239,9 @@ int run_bench_prefill_attention(const BenchAttentionArgs& a) {
   nlohmann::json results = nlohmann::json::array();
   for (auto [B, L] : points) {
     const int64_t tokens = int64_t(B) * L;
-    const int blocks_per_seq = (L + kBlock - 1) / kBlock;
+    const int blocks_per_seq = (L + kPrefillBlock - 1) / kPrefillBlock;
     const int64_t blocks = int64_t(B) * blocks_per_seq;
-    const int64_t kv_elems = blocks * kBlock * KVH * D;
+    const int64_t kv_elems = blocks * kPrefillBlock * KVH * D;
     const int64_t qkv_elems = tokens * (H + 2 * KVH) * D;
     cuda::DeviceBuffer k(kv_elems * 2), v(kv_elems * 2), qkv(qkv_elems * 2), out(tokens * H * D * 2);
     // Uniform [-1, 1) like activations after a norm: logits ~ N(0, 1/3), no fallback rows.
@@ -257,7 +268,7 @@ int run_bench_prefill_attention(const BenchAttentionArgs& a) {
         auto launch = [&](int) {
           cuda::prefill_attention_varlen(qkv.get(), k.get(), v.get(), d_table.as<int32_t>(), blocks_per_seq,
                                          d_q_begin.as<int32_t>(), d_starts.as<int32_t>(), B, static_cast<int>(tokens),
-                                         L, H, KVH, D, kBlock, scale, async ? &range : nullptr,
+                                         L, H, KVH, D, kPrefillBlock, scale, async ? &range : nullptr,
                                          fallback.as<unsigned long long>(), out.get(), dtype, stream, config);
         };
         const auto timing = cuda::time_graph(stream, reps, a.replays, launch);

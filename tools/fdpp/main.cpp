@@ -806,6 +806,19 @@ int main(int argc, char** argv) {
                          "async decode attention's reduction of splits: auto, kernel (the last CTA) or launch "
                          "(a second kernel) (default: $FDPP_ASYNC_COMBINE, else auto)")
       ->check(CLI::IsMember({"auto", "kernel", "launch"}));
+  bench_attn->add_option("--block-size", ba.block_size, "decode: KV cache tokens per block (a power of two)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024"}));
+  bench_attn->add_option("--kv-layout", ba.kv_layout,
+                         "decode: KV cache layout, token-major (the engine's: a token's kv heads adjacent) or "
+                         "head-major (a kv head's rows of a block adjacent)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"token-major", "head-major"}));
+  bench_attn->add_option("--block-order", ba.block_order,
+                         "decode: order of a sequence's KV blocks in memory, shuffled (a fragmented cache) or "
+                         "sequential")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"shuffled", "sequential"}));
   bench_attn->add_option("--points", ba.points, "prefill points BxL (B sequences of L tokens)")->delimiter(',');
   bench_attn->add_option("--prefill-config", ba.prefill_configs,
                          "prefill tile configurations to compare (m64n64, m128n64w8, m128n64w8s3, m128n32w4 or all)")

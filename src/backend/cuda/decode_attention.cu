@@ -50,13 +50,18 @@
 //     (XOR swizzles need a power-of-two chunk count). Keys past the end are zero-filled (cp.async
 //     src-size 0): P is 0 there, and 0 * garbage could be NaN.
 //   * S = Q K^T: D/16 mma per 8 keys; K fragments by ldmatrix (non-transposed). Online softmax per
-//     row (quad shuffles), P converted to 16-bit in registers (the accumulator layout of S is the A
-//     layout of P V), P V: D/8 mma per tile with V fragments by ldmatrix.trans.
-//   * The async (unified max) mode keeps the warp's own running max inside the loop and converts the
-//     warp's sums to phi once at the end (o, d times 2^(m_w - phi)). Inside a warp the rescale costs
-//     nothing measurable (the tensor cores idle), and P stays <= 1, so fp16 P keeps the full
-//     [a, b] range of the guard (a P of e^(x - phi) up to e^13.7 would overflow fp16). What the
-//     unified max saves, the exchange of maxima between splits, is unchanged.
+//     row (quad shuffles) with a lazy reference max (kRescaleSlack: o and d are rescaled only when a
+//     row's max grows by more than 2^8), the scale folded into the exponent's FMA, P converted to
+//     16-bit in registers (the accumulator layout of S is the A layout of P V), P V: D/8 mma per tile
+//     with V fragments by ldmatrix.trans.
+//   * Instructions per tile matter: with 8 warps per SM the loop is bound by issue and latency, not
+//     by the bytes in flight. The former loop (per-lane block-table lookups and shuffles for every
+//     row, a rescale of o every tile, the scale and the mask on every logit) took 485 instructions per
+//     16-key tile at head_dim 128 (SASS) and streamed at 83% of the bandwidth at 32/8, batch 8, 16K.
+//   * The async (unified max) mode keeps the warp's own reference max inside the loop and converts
+//     the warp's sums to phi once at the end (o, d times 2^(m_w - phi)), so P stays <= 2^8 and fp16
+//     P keeps the full [a, b] range of the guard (a P of e^(x - phi) up to e^13.7 would overflow
+//     fp16). What the unified max saves, the exchange of maxima between splits, is unchanged.
 //
 // Async reduction and fallback. One split: the CTA holds the whole row, checks the guard and writes
 // the output directly (no workspace); a row whose max leaves the range is recomputed by that CTA with
@@ -122,6 +127,9 @@ struct DecodeArgs {
   int n_heads, n_kv_heads, group, n_sub;
   int gmax;  // query heads per CTA (sub-group size; the last sub-group may have fewer)
   int block_shift;
+  // Element offsets in the cache: of a block ((1 << block_shift) x n_kv_heads x D elements), of a
+  // key within its block and of a kv head (the last two by KernelOptions::kv_head_major).
+  int64_t block_stride, token_stride, head_stride;
   float scale_log2;  // scale * log2(e)
   void* out;
   // Split-KV (splits > 1): CTA (.., split) takes the split-th slice of the key tiles and writes
@@ -185,6 +193,12 @@ struct MmaShape {
   static_assert(kSmem <= 227 * 1024, "shared memory");
 };
 
+// Lazy rescaling in the tensor-core loop: a row's reference max moves (and o, d are rescaled) only
+// when a tile's max passes it by more than this many log2 units, so in steady state a tile costs no
+// rescale (64 multiplies per lane at head_dim 128). P = 2^(x - m) <= 2^8 stays exact enough in fp16
+// and bf16 (their relative precision does not depend on the magnitude; fp16 overflows at 2^16).
+constexpr float kRescaleSlack = 8.f;
+
 template <int D, int GMAX, bool kMma, int W>
 struct ShapeOf {
   using type = CoreShape<D, GMAX, W>;
@@ -235,6 +249,12 @@ struct RowSlice {
   int tile_begin, tile_end;  // this CTA's key tiles (of the loop's tile size)
 };
 
+// Element offset of key j's row of kv head kvh (btab: the sequence's block table).
+__device__ __forceinline__ int64_t cache_row(const DecodeArgs& a, const int32_t* btab, int j, int kvh) {
+  return int64_t(btab[j >> a.block_shift]) * a.block_stride + (j & ((1 << a.block_shift) - 1)) * a.token_stride +
+         kvh * a.head_stride;
+}
+
 // ---- CUDA-core loop -------------------------------------------------------------------------------
 // Leaves per warp (m, d, o) for the merge in m_s, d_s, o_s (returned) and ends with a barrier.
 template <class T, int D, int GMAX, bool kAsync, int kWarps>
@@ -258,8 +278,6 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);
   const int32_t* btab = a.block_tables + int64_t(r.b) * a.max_blocks_per_seq;
-  const int shift = a.block_shift;
-  const int in_block_mask = (1 << shift) - 1;
 
   // Sync: m is the running max, d and o are relative to it. Async: m is this lane's max logit
   // (the guard's input only), d and o are relative to phi and never rescaled.
@@ -280,8 +298,7 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   auto key_row = [&](int tile) -> int64_t {
     const int j = (tile << 5) + lane;
     if (j >= L) return 0;
-    const int64_t blk = btab[j >> shift];
-    return ((blk << shift) + (j & in_block_mask)) * KVH * D + int64_t(kvh) * D;
+    return cache_row(a, btab, j, kvh);
   };
   // Stage a tile's K (or V) rows with cp.async, coalesced: the lanes copy consecutive 16-byte
   // chunks of RPS rows per step, the rows' offsets broadcast from the lanes that looked them up.
@@ -432,35 +449,58 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);
   const int32_t* btab = a.block_tables + int64_t(r.b) * a.max_blocks_per_seq;
-  const int shift = a.block_shift;
-  const int in_block_mask = (1 << shift) - 1;
-  const int64_t head_off = int64_t(r.kvh) * D;
   T* my_stage = stage + warp * NS * 2 * KT * KS;
 
   // Issues tile `tile` into stage `s` (nothing past the slice) and commits a group either way, so
-  // that every lane counts the same groups. Lanes 0..15 look up one key row each; the 2D chunks of
-  // K (and of V) go out 32 per step, chunk i = step * 32 + lane of row i / CH.
+  // that every lane counts the same groups. The 2D chunks of K (and of V) go out 32 per step, chunk
+  // i = step * 32 + lane of row i / CH.
+  // Blocks of 16 keys or more hold a whole tile (tiles start at multiples of 16), so its rows are one
+  // block-table entry plus row x token_stride. Where a step covers whole rows (32 % CH == 0: head
+  // dims 64, 128, 256) a lane's chunk moves by the same row count each step: one pointer per cache,
+  // advanced by a uniform stride, and shared-memory offsets that are immediates. (Computing every
+  // chunk's row and offset per tile, as below, took ~200 instructions per tile at head_dim 128.)
+  // Otherwise lanes 0..15 look up one key row each and the rows' offsets are broadcast by shuffles.
+  constexpr int kSteps = KT * CH / 32;
+  constexpr bool kRowSteps = 32 % CH == 0;
+  constexpr int kRowsPerStep = kRowSteps ? 32 / CH : 1;
+  const bool whole_tiles = kRowSteps && a.block_shift >= 4;
+  const int lane_row = lane / CH, lane_chunk = lane - lane_row * CH;  // (whole_tiles)
+  const int64_t lane_src = int64_t(lane_row) * a.token_stride + lane_chunk * 8 + int64_t(r.kvh) * a.head_stride;
+  const int64_t step_src = int64_t(kRowsPerStep) * a.token_stride;
+  const int in_block_mask = (1 << a.block_shift) - 1;
   auto issue = [&](int tile, int s) {
     if (tile < tile_end) {
       const int j0 = tile * KT;
       const int n_valid = min(KT, L - j0);
-      int64_t row = 0;
-      if (lane < n_valid) {
-        const int j = j0 + lane;
-        const int64_t blk = btab[j >> shift];
-        row = ((blk << shift) + (j & in_block_mask)) * KVH * D + head_off;
-      }
       T* kd = my_stage + s * 2 * KT * KS;
       T* vd = kd + KT * KS;
+      if (whole_tiles) {
+        // Rows past the end stay inside the block (it holds 16 or more): valid addresses, zero-filled.
+        const int64_t base = int64_t(btab[j0 >> a.block_shift]) * a.block_stride + (j0 & in_block_mask) * a.token_stride +
+                             lane_src;
+        const T* kp = k_cache + base;
+        const T* vp = v_cache + base;
+        T* kdl = kd + lane_row * KS + lane_chunk * 8;
 #pragma unroll
-      for (int step = 0; step < KT * CH / 32; ++step) {
-        const int i = step * 32 + lane;
-        const int rr = i / CH, c = i - rr * CH;
-        const int64_t src = __shfl_sync(0xffffffffu, row, rr);
-        const bool ok = rr < n_valid;
-        const int64_t at = ok ? src + c * 8 : 0;
-        detail::cp_async16_zfill(kd + rr * KS + c * 8, k_cache + at, ok);
-        detail::cp_async16_zfill(vd + rr * KS + c * 8, v_cache + at, ok);
+        for (int step = 0; step < kSteps; ++step) {
+          const bool ok = lane_row + step * kRowsPerStep < n_valid;
+          detail::cp_async16_zfill(kdl + step * kRowsPerStep * KS, kp, ok);
+          detail::cp_async16_zfill(kdl + KT * KS + step * kRowsPerStep * KS, vp, ok);
+          kp += step_src;
+          vp += step_src;
+        }
+      } else {
+        int64_t row = 0;
+        if (lane < n_valid) row = cache_row(a, btab, j0 + lane, r.kvh);
+#pragma unroll
+        for (int step = 0; step < kSteps; ++step) {
+          const int i = step * 32 + lane, rr = i / CH, c = i - rr * CH;
+          const int64_t src = __shfl_sync(0xffffffffu, row, rr);
+          const bool ok = rr < n_valid;
+          const int64_t at = ok ? src + c * 8 : 0;
+          detail::cp_async16_zfill(kd + rr * KS + c * 8, k_cache + at, ok);
+          detail::cp_async16_zfill(vd + rr * KS + c * 8, v_cache + at, ok);
+        }
       }
     }
     detail::cp_async_commit();
@@ -485,9 +525,10 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
     for (int ks = 0; ks < KSTEPS; ++ks) q_frag(qf[ks], ks);
   }
 
-  // Rows r0 = lane / 4 and r1 = r0 + 8: running max (the max logit seen, for async's guard too) and
-  // this lane's part of the sum (its 2 columns of each 8-key n-tile).
-  float m0 = -INFINITY, m1 = -INFINITY, d0 = 0.f, d1 = 0.f;
+  // Rows r0 = lane / 4 and r1 = r0 + 8: the reference m of o and d (lazy: within kRescaleSlack of
+  // the running max), the max logit seen (top; async's guard) and this lane's part of the sum (its
+  // 2 columns of each 8-key n-tile), all in log2 units.
+  float m0 = -INFINITY, m1 = -INFINITY, top0 = -INFINITY, top1 = -INFINITY, d0 = 0.f, d1 = 0.f;
   float o[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
@@ -517,12 +558,15 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
         detail::mma16816<T>(s[1], qa, kf[2], kf[3]);
       }
     }
-    // Scale to log2 units; keys past the end -inf (the tile has at least one valid key).
+    // Keys past the end -inf (only the row's last tile can hold any; it has at least one valid key).
     const int j0 = tile * KT + 2 * (lane & 3);
+    if (tile * KT + KT > L) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = j0 + nt * 8 + (e & 1) < L ? s[nt][e] * a.scale_log2 : -INFINITY;
+        for (int e = 0; e < 4; ++e) s[nt][e] = j0 + nt * 8 + (e & 1) < L ? s[nt][e] : -INFINITY;
+    }
+    // The tile's max logit of rows r0 and r1, in log2 units (the scale is positive: max first).
     float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
     float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
 #pragma unroll
@@ -530,27 +574,39 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
     }
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);  // m = -inf on the first tile: 0
-    m0 = mn0;
-    m1 = mn1;
+    mx0 *= a.scale_log2;
+    mx1 *= a.scale_log2;
+    top0 = fmaxf(top0, mx0);
+    top1 = fmaxf(top1, mx1);
+    // Lazy rescale: o and d stay relative to the reference m until a row's max passes m + kRescaleSlack
+    // (the first tile always does: m = -inf). P = 2^(x - m) <= 2^kRescaleSlack then, in range for fp16
+    // and bf16 with their full relative precision. The whole warp rescales together (one vote), each
+    // row to its own new max.
+    if (__any_sync(0xffffffffu, mx0 > m0 + kRescaleSlack || mx1 > m1 + kRescaleSlack)) {
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float al0 = detail::fast_exp2(m0 - mn0), al1 = detail::fast_exp2(m1 - mn1);  // m = -inf first: 0
+      m0 = mn0;
+      m1 = mn1;
+      d0 *= al0;
+      d1 *= al1;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        o[nt][0] *= al0;
+        o[nt][1] *= al0;
+        o[nt][2] *= al1;
+        o[nt][3] *= al1;
+      }
+    }
     float p[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      p[nt][0] = exp2f(s[nt][0] - mn0);  // masked: exp2(-inf) = 0
-      p[nt][1] = exp2f(s[nt][1] - mn0);
-      p[nt][2] = exp2f(s[nt][2] - mn1);
-      p[nt][3] = exp2f(s[nt][3] - mn1);
+      p[nt][0] = detail::fast_exp2(fmaf(s[nt][0], a.scale_log2, -m0));  // masked: 2^-inf = 0
+      p[nt][1] = detail::fast_exp2(fmaf(s[nt][1], a.scale_log2, -m0));
+      p[nt][2] = detail::fast_exp2(fmaf(s[nt][2], a.scale_log2, -m1));
+      p[nt][3] = detail::fast_exp2(fmaf(s[nt][3], a.scale_log2, -m1));
     }
-    d0 = d0 * al0 + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
-    d1 = d1 * al1 + (p[0][2] + p[0][3]) + (p[1][2] + p[1][3]);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      o[nt][0] *= al0;
-      o[nt][1] *= al0;
-      o[nt][2] *= al1;
-      o[nt][3] *= al1;
-    }
+    d0 += (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+    d1 += (p[0][2] + p[0][3]) + (p[1][2] + p[1][3]);
     // P (16 rows x 16 keys) as the A fragment: the accumulators of s[0] are its k 0..7 half.
     const uint32_t pa[4] = {detail::pack2<T>(p[0][0], p[0][1]), detail::pack2<T>(p[0][2], p[0][3]),
                             detail::pack2<T>(p[1][0], p[1][1]), detail::pack2<T>(p[1][2], p[1][3])};
@@ -572,8 +628,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
     d1 += __shfl_xor_sync(0xffffffffu, d1, x);
   }
   if constexpr (kAsync) {
-    // To the unified max: o, d times 2^(m_w - phi); m stays the max logit (the guard's input). A warp
-    // that saw no key has m = -inf: factor 0, and its sums are 0. A row far above phi may turn inf
+    // To the unified max: o, d times 2^(m_w - phi) (m_w their reference); top stays the max logit (the
+    // guard's input). A warp that saw no key has m = -inf: factor 0, and its sums are 0. A row far above phi may turn inf
     // or NaN here; the guard rejects it (its max is out of range) before anything is written.
     const float f0 = exp2f(m0 - a.phi2), f1 = exp2f(m1 - a.phi2);
     d0 *= f0;
@@ -590,8 +646,9 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   __syncthreads();
   const int r0 = lane >> 2, r1 = r0 + 8, c0 = 2 * (lane & 3);
   if ((lane & 3) == 0) {
-    m_s[warp * 16 + r0] = m0;
-    m_s[warp * 16 + r1] = m1;
+    // Sync: the reference of o and d (the merge rescales by it). Async: the max logit (the guard's).
+    m_s[warp * 16 + r0] = kAsync ? top0 : m0;
+    m_s[warp * 16 + r1] = kAsync ? top1 : m1;
     d_s[warp * 16 + r0] = d0;
     d_s[warp * 16 + r1] = d1;
   }
@@ -877,7 +934,6 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);
   const int32_t* btab = a.block_tables + int64_t(b) * a.max_blocks_per_seq;
-  const int shift = a.block_shift, in_block_mask = (1 << shift) - 1;
   __syncthreads();
   float m = -INFINITY, den = 0.f, o[VPT];
 #pragma unroll
@@ -886,7 +942,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
     const int j = j0 + tid;
     float s = -INFINITY;
     if (j < L) {
-      const int64_t row = ((int64_t(btab[j >> shift]) << shift) + (j & in_block_mask)) * KVH * D + int64_t(kvh) * D;
+      const int64_t row = cache_row(a, btab, j, kvh);
       row_s[tid] = row;
       const T* kr = k_cache + row;
       float dot = 0.f;
@@ -1188,6 +1244,10 @@ DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, 
   a.n_sub = g.n_sub;
   a.gmax = g.gmax;
   a.block_shift = shift;
+  a.block_stride = int64_t(block_size) * n_kv_heads * head_dim;
+  const bool head_major = current_kernel_options().kv_head_major;
+  a.token_stride = head_major ? head_dim : int64_t(n_kv_heads) * head_dim;
+  a.head_stride = head_major ? int64_t(block_size) * head_dim : head_dim;
   a.scale_log2 = scale * detail::kLog2e;
   a.out = out;
   a.splits = splits;

@@ -64,6 +64,11 @@ struct KernelOptions {
   // slower with 4): no single rule yet, so the default stays 8.
   int decode_warps = 0;
   AsyncCombine async_combine = AsyncCombine::Auto;
+  // The KV cache layout decode attention reads (a measurement switch of bench-attention
+  // --kv-layout; the engine's cache and the other kernels are token-major): false = token-major
+  // [block][token][kv head][D] (a token's heads adjacent), true = head-major [block][kv head][token][D]
+  // (a head's block_size rows adjacent).
+  bool kv_head_major = false;
 
   bool linear_programmatic() const { return linear_programmatic_launch.value_or(programmatic_launch); }
 };

@@ -71,12 +71,7 @@ struct PrefillArgs {
   void* out;
 };
 
-// 2^x, one MUFU instruction; subnormal results flush to 0 (unified_max.cpp's range assumes it).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+using detail::fast_exp2;
 
 // Element offset of 16-byte chunk c of row r in a swizzled [rows][D] shared tile.
 template <int D>
