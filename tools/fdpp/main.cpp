@@ -799,7 +799,8 @@ int main(int argc, char** argv) {
   bench_attn->add_flag("--prefill", ba.prefill, "causal prefill attention (tensor cores) instead of decode");
   add_kernel_flags(bench_attn, ba.kernels);
   bench_attn->add_option("--decode-warps", ba.kernels.decode_warps,
-                         "decode attention's warps per CTA at head dims 64, 128: 0 (auto: 8), 4 or 8 "
+                         "decode attention's warps per CTA at head dims 64, 128: 0 (auto: 4 for the tensor-core loop at "
+                         "groups for 3/4 of two CTAs per SM, else 8), 4 or 8 "
                          "(default: $FDPP_DECODE_WARPS, else 0)")
       ->check(CLI::IsMember({"0", "4", "8"}));
   bench_attn->add_option("--async-combine", ba.kernels.async_combine,

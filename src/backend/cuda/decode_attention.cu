@@ -8,8 +8,9 @@
 // KernelOptions::decode_path (kernel_options.h) forces one of them (for measuring one against the
 // other; core only exists at head_dim 64 and 128).
 //
-// Design of the CUDA-core loop (the synchronized FlashDecoding-style softmax); the split-KV kernels
-// below (sync, and the asynchronized FlashDecoding++ one with the unified max) reuse its tiling:
+// Design of the CUDA-core loop (the synchronized FlashDecoding-style softmax inside each warp); the
+// split-KV kernels below (sync, and the asynchronized FlashDecoding++ one with the unified max, whose
+// warps convert their sums to phi after the loop) reuse its tiling:
 //   * One CTA per (sequence, kv head [, sub-group of 16 query heads when the group is larger]). It
 //     handles every query head of the GQA group, so each K/V vector is read from memory once for the
 //     whole group.
@@ -95,13 +96,13 @@ using detail::to_float;
 using detail::warp_max;
 using detail::warp_sum;
 
-// Warps per CTA, a template parameter of both loops (W). The default (KernelOptions::decode_warps
-// 0) is 8 at head_dim <= 128: one CTA per SM at head_dim 128 (135 KB of shared memory on CUDA cores,
-// 214 KB on tensor cores). An earlier CUDA-core kernel measured 4 warps (three CTAs per SM) no
-// better anywhere and 10-50% slower at batch 1 (docs/performance-log.md), but with the split plan
-// of the time, which counted one CTA per SM; decode_warps 4 (head_dims 64 and 128, both loops)
-// measures it again with a plan that counts the resident CTAs (plan_decode_splits). Head dims 80,
-// 96 and 256 keep their fixed count (8, 8, 4).
+// Warps per CTA, a template parameter of both loops (W). 8 is the default at head_dim <= 128: one CTA
+// per SM at head_dim 128 (135 KB of shared memory on CUDA cores, 214 KB on tensor cores). Auto
+// (KernelOptions::decode_warps 0) takes 4 instead where the tensor-core loop has enough CTA groups
+// to fill two CTAs per SM (decode_warps_for, with the H200 measurements). An earlier CUDA-core kernel
+// measured 4 warps no better anywhere and 10-50% slower at batch 1 (docs/performance-log.md), with
+// a split plan that counted one CTA per SM; plan_decode_splits now counts the resident CTAs.
+// Head dims 80, 96 and 256 keep their fixed count (8, 8, 4).
 constexpr int kDefaultWarps = 8;
 
 // Shared memory an SM gives its CTAs (228 KB on the H100/H200), and what each CTA costs on top of
@@ -124,7 +125,7 @@ struct DecodeArgs {
   const int32_t* block_tables;
   int max_blocks_per_seq;
   const int32_t* context_lens;
-  int n_heads, n_kv_heads, group, n_sub;
+  int batch, n_heads, n_kv_heads, group, n_sub;
   int gmax;  // query heads per CTA (sub-group size; the last sub-group may have fewer)
   int block_shift;
   // Element offsets in the cache: of a block ((1 << block_shift) x n_kv_heads x D elements), of a
@@ -279,8 +280,11 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   const T* v_cache = static_cast<const T*>(a.v_cache);
   const int32_t* btab = a.block_tables + int64_t(r.b) * a.max_blocks_per_seq;
 
-  // Sync: m is the running max, d and o are relative to it. Async: m is this lane's max logit
-  // (the guard's input only), d and o are relative to phi and never rescaled.
+  // m is the warp's running max, d and o are relative to it (async converts them to phi after the
+  // loop). (Async once used phi inside the loop: p = 2^(s - phi), no max, no rescale, no shuffle; it
+  // streamed at 86-88% of the bandwidth where this loop reaches 93-97%, MHA 32/32, batch 8-64, one
+  // split, docs/results/2026-12-01i-order-warps.md; the cause was not found, ncu showed a higher L2
+  // hit rate, 43% vs 20%.)
   float m[GMAX], dl[GMAX], o[GMAX][VPL];
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
@@ -354,30 +358,19 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
       }
     }
 
-    if constexpr (kAsync) {
-      // Unified max: p = 2^(s - phi), no max, no rescale, no shuffle. Each lane keeps the max of
-      // its own logits for the guard (reduced once, after the loop).
+    // Online softmax update (the tile has at least one valid key, so m_new is finite). Async too:
+    // its sums go to phi once, after the loop (as in the tensor-core loop).
 #pragma unroll
-      for (int g = 0; g < GMAX; ++g) {
-        const float p = valid ? exp2f(s[g] - a.phi2) : 0.f;
-        if (valid) m[g] = fmaxf(m[g], s[g]);
-        dl[g] += p;
-        p_w[g * 32 + lane] = p;
-      }
-    } else {
-      // Online softmax update (the tile has at least one valid key, so m_new is finite).
+    for (int g = 0; g < GMAX; ++g) {
+      const float sg = valid ? s[g] : -INFINITY;
+      const float m_new = fmaxf(m[g], warp_max(sg));
+      const float alpha = exp2f(m[g] - m_new);  // m = -inf on the first tile: 0
+      const float p = exp2f(sg - m_new);        // masked: exp2(-inf) = 0
+      dl[g] = dl[g] * alpha + p;
 #pragma unroll
-      for (int g = 0; g < GMAX; ++g) {
-        const float sg = valid ? s[g] : -INFINITY;
-        const float m_new = fmaxf(m[g], warp_max(sg));
-        const float alpha = exp2f(m[g] - m_new);  // m = -inf on the first tile: 0
-        const float p = exp2f(sg - m_new);        // masked: exp2(-inf) = 0
-        dl[g] = dl[g] * alpha + p;
-#pragma unroll
-        for (int v = 0; v < VPL; ++v) o[g][v] *= alpha;
-        m[g] = m_new;
-        p_w[g * 32 + lane] = p;
-      }
+      for (int v = 0; v < VPL; ++v) o[g][v] *= alpha;
+      m[g] = m_new;
+      p_w[g * 32 + lane] = p;
     }
     __syncwarp();  // p_w visible to the whole warp; every lane is done with the K stage
     const int next = tile + kWarps;
@@ -409,8 +402,16 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   __syncthreads();
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
-    const float d_total = warp_sum(dl[g]);
-    const float m_total = kAsync ? warp_max(m[g]) : m[g];
+    float d_total = warp_sum(dl[g]);
+    const float m_total = m[g];  // the warp's max logit (async: the guard's input)
+    if constexpr (kAsync) {
+      // To the unified max: o, d times 2^(m - phi). A warp that saw no key has m = -inf: factor 0. A
+      // row far above phi may turn inf here; the guard rejects it (its max is out of range).
+      const float f = exp2f(m[g] - a.phi2);
+      d_total *= f;
+#pragma unroll
+      for (int v = 0; v < VPL; ++v) o[g][v] *= f;
+    }
     if (lane == 0) {
       m_s[warp * GMAX + g] = m_total;
       d_s[warp * GMAX + g] = d_total;
@@ -476,8 +477,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
       T* vd = kd + KT * KS;
       if (whole_tiles) {
         // Rows past the end stay inside the block (it holds 16 or more): valid addresses, zero-filled.
-        const int64_t base = int64_t(btab[j0 >> a.block_shift]) * a.block_stride + (j0 & in_block_mask) * a.token_stride +
-                             lane_src;
+        const int64_t base = int64_t(btab[j0 >> a.block_shift]) * a.block_stride +
+                             (j0 & in_block_mask) * a.token_stride + lane_src;
         const T* kp = k_cache + base;
         const T* vp = v_cache + base;
         T* kdl = kd + lane_row * KS + lane_chunk * 8;
@@ -628,9 +629,10 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
     d1 += __shfl_xor_sync(0xffffffffu, d1, x);
   }
   if constexpr (kAsync) {
-    // To the unified max: o, d times 2^(m_w - phi) (m_w their reference); top stays the max logit (the
-    // guard's input). A warp that saw no key has m = -inf: factor 0, and its sums are 0. A row far above phi may turn inf
-    // or NaN here; the guard rejects it (its max is out of range) before anything is written.
+    // To the unified max: o, d times 2^(m_w - phi) (m_w their reference); top stays the max logit
+    // (the guard's input). A warp that saw no key has m = -inf: factor 0, and its sums are 0. A row
+    // far above phi may turn inf or NaN here; the guard rejects it (its max is out of range) before
+    // anything is written.
     const float f0 = exp2f(m0 - a.phi2), f1 = exp2f(m1 - a.phi2);
     d0 *= f0;
     d1 *= f1;
@@ -888,7 +890,20 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int bh = blockIdx.x, H = a.n_heads, b = bh / H, h = bh - b * H;
   T* out = static_cast<T*>(a.out) + int64_t(bh) * D;
+  const int splits = a.splits;
+  const float* p = a.partials + int64_t(bh) * splits * (D + 2);
+  // Few splits: every thread reads every split's max (the same addresses: broadcasts), issued with
+  // the length's load, as the synchronized combine does; many: a block-wide reduction. (With the
+  // block reduction always, behind the length's load, async with this launch measured 9.42 us in
+  // all at 32/8, batch 1, 1K keys, 4 splits, where sync, whose combine is shaped like this, took
+  // 7.96; docs/results/2026-12-01d and i.)
+  constexpr int kDirectMaxSplits = 16;
   int L = a.context_lens[b];
+  float M = -INFINITY;
+  if (splits <= kDirectMaxSplits) {
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) M = fmaxf(M, p[int64_t(s) * (D + 2)]);
+  }
   const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.block_shift;
   if (L > capacity) L = static_cast<int>(capacity);
   if (L <= 0) {  // (the main kernel wrote the zeros already; written again, alike)
@@ -906,11 +921,10 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
     __syncthreads();
     return r;
   };
-  const int splits = a.splits;
-  const float* p = a.partials + int64_t(bh) * splits * (D + 2);
-  float M = -INFINITY;
-  for (int s = tid; s < splits; s += NT) M = fmaxf(M, p[int64_t(s) * (D + 2)]);
-  M = block_reduce(M, true);
+  if (splits > kDirectMaxSplits) {
+    for (int s = tid; s < splits; s += NT) M = fmaxf(M, p[int64_t(s) * (D + 2)]);
+    M = block_reduce(M, true);
+  }
   const float rel = M - a.phi2;
   if (rel >= a.lo2 && rel <= a.hi2) {  // (NaN fails)
     for (int d = tid; d < D; d += NT) {
@@ -1033,18 +1047,32 @@ void launch_decode_gw(int gmax, const DecodeArgs& a, int n_ctas, bool dependent,
   }
 }
 
-// KernelOptions::decode_warps: 0 (the default count), 4 or 8; only head dims 64 and 128 have both
-// (the others always run their default).
-int decode_warps_option() {
+// Warps per CTA at head dims 64 and 128 (the others always run their default): KernelOptions::
+// decode_warps when it is 4 or 8; auto (0): 4 where the tensor-core loop has CTA groups (without
+// splits) for at least 3/4 of the slots of two CTAs per SM, else 8. Measured on the H200, fp16, D 128,
+// sequential blocks, 4 vs 8 warps (docs/results/2026-12-01i-order-warps.md): GQA 32/8 at batch 32
+// (256 groups, 264 slots on 132 SMs) 2-14% faster at every context, at batch 64 (512) 1-17% faster;
+// batch 8 (64 groups) within -3..+5%; MQA 32/2 at batch 64 (128 groups) 28% slower at 512 keys, 3%
+// faster at 16K; MHA (CUDA-core loop) up to 27% slower at batch 1-8. Two CTAs of 4 warps share an SM,
+// so one streams while the other fills or drains; with fewer groups the plan must split rows to fill
+// the slots, and the extra partials cost more than that overlap gains.
+constexpr int kFourWarpMinSlotsFilledPct = 75;
+
+int decode_warps_for(int batch, int n_heads, int n_kv_heads, int head_dim, int multiprocessors) {
   const int w = current_kernel_options().decode_warps;
   check(w == 0 || w == 4 || w == 8, "decode attention: decode_warps = {} is not one of 0 (auto), 4, 8", w);
-  return w == 0 ? kDefaultWarps : w;
+  if (w != 0) return w;
+  const int group = n_heads / n_kv_heads;
+  const int64_t groups = int64_t(batch) * n_kv_heads * ((group + 15) / 16);
+  const int64_t slots = 2 * int64_t(multiprocessors);
+  return use_mma(head_dim, group) && groups * 100 >= slots * kFourWarpMinSlotsFilledPct ? 4 : kDefaultWarps;
 }
 
 template <class T, int D, bool kAsync>
 void launch_decode_g(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
   if constexpr (D == 64 || D == 128) {
-    if (decode_warps_option() == 4) return launch_decode_gw<T, D, kAsync, 4>(gmax, a, n_ctas, dependent, stream);
+    if (decode_warps_for(a.batch, a.n_heads, a.n_kv_heads, D, multiprocessors_of_current_device()) == 4)
+      return launch_decode_gw<T, D, kAsync, 4>(gmax, a, n_ctas, dependent, stream);
     return launch_decode_gw<T, D, kAsync, 8>(gmax, a, n_ctas, dependent, stream);
   } else {
     return launch_decode_gw<T, D, kAsync, default_warps<D>()>(gmax, a, n_ctas, dependent, stream);
@@ -1168,14 +1196,14 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
   const int64_t ctas = int64_t(batch) * n_kv_heads * n_sub;
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   const int n_tiles = (max_context_len + 31) / 32;
-  // The calling thread's KernelOptions::decode_warps decides the CTA's shape the plan counts on (the
-  // launch reads the same option): W warps take W x 32 keys per round (kKeysPerRound), and the CTAs
+  // decode_warps_for decides the CTA's shape the plan counts on (the launch asks it the same, with
+  // the calling thread's KernelOptions::decode_warps): W warps take W x 32 keys per round (kKeysPerRound), and the CTAs
   // resident per SM (shared memory bound at head_dim 128, which the plan assumes: the CUDA-core loop
   // with groups up to 4 heads, the tensor-core loop with any group; the fewer of the two) give the
   // slots of a wave: 1 at 8 warps, 2 at 4 warps. At 4 warps a CTA streams at about half an SM's
   // rate, so the same rows take twice the splits, and the fill and drain of one CTA overlap the
   // streaming of another on the same SM: what decode_warps 4 measures.
-  const int warps = decode_warps_option();
+  const int warps = decode_warps_for(batch, n_heads, n_kv_heads, 128, multiprocessors);
   const int max_splits = std::max(1, std::min(n_tiles / warps, 256));
   auto per_sm = [](auto core, auto mma) {
     return std::min(resident_ctas(decltype(core)::kWarps * 32, decltype(core)::kSmem),
@@ -1238,6 +1266,7 @@ DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, 
   a.block_tables = block_tables;
   a.max_blocks_per_seq = max_blocks_per_seq;
   a.context_lens = context_lens;
+  a.batch = batch;
   a.n_heads = n_heads;
   a.n_kv_heads = n_kv_heads;
   a.group = g.group;

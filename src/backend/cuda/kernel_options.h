@@ -55,13 +55,11 @@ struct KernelOptions {
   // heuristic's first.
   bool cublaslt_tune = true;
   DecodePath decode_path = DecodePath::Auto;
-  // Warps per decode-attention CTA at head dims 64 and 128 (both loops): 0 = the default (8: one
-  // CTA per SM at head_dim 128), 4 (two or three CTAs per SM) or 8. plan_decode_splits reads it too
-  // (its waves count the resident CTAs), so a plan and its launches must see the same value. A
-  // measurement switch (bench-attention --decode-warps). The H200 grid (docs/results/2026-12-01d-
-  // attention-iteration3.md) favours 4 at batch >= 8 for GQA 32/8 (up to 15% faster) and at batch
-  // >= 32 with short contexts for MHA, 8 at batch 1 and for MQA 32/2 at short contexts (up to 1.8x
-  // slower with 4): no single rule yet, so the default stays 8.
+  // Warps per decode-attention CTA at head dims 64 and 128 (both loops): 0 = auto (4 where the
+  // tensor-core loop has CTA groups for 3/4 of two CTAs per SM, else 8: one CTA per SM at head_dim 128;
+  // decode_attention.cu, decode_warps_for, has the measurements), 4 (two or three CTAs per SM) or 8.
+  // plan_decode_splits reads it too (its waves count the resident CTAs), so a plan and its launches
+  // must see the same value. A measurement switch (bench-attention --decode-warps).
   int decode_warps = 0;
   AsyncCombine async_combine = AsyncCombine::Auto;
   // The KV cache layout decode attention reads (a measurement switch of bench-attention
