@@ -281,10 +281,12 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   const int32_t* btab = a.block_tables + int64_t(r.b) * a.max_blocks_per_seq;
 
   // m is the warp's running max, d and o are relative to it (async converts them to phi after the
-  // loop). (Async once used phi inside the loop: p = 2^(s - phi), no max, no rescale, no shuffle; it
-  // streamed at 86-88% of the bandwidth where this loop reaches 93-97%, MHA 32/32, batch 8-64, one
-  // split, docs/results/2026-12-01i-order-warps.md; the cause was not found, ncu showed a higher L2
-  // hit rate, 43% vs 20%.)
+  // loop, as the tensor-core loop does: one loop for both modes, P never above 1). The former async
+  // loop used phi inside the loop (p = 2^(s - phi), no max, no rescale, no shuffle). Either way the
+  // async kernel streams at 86-88% of the bandwidth where sync reaches 93-96% (MHA 32/32, batch
+  // 8-64, one split, same loop code; docs/results/2026-12-01i and j): the cause is outside this
+  // loop and not found (ncu: L2 hit rate 43% vs 20%; neither the inlined fallback nor the order of
+  // measurement explains it).
   float m[GMAX], dl[GMAX], o[GMAX][VPL];
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
@@ -896,7 +898,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
   // the length's load, as the synchronized combine does; many: a block-wide reduction. (With the
   // block reduction always, behind the length's load, async with this launch measured 9.42 us in
   // all at 32/8, batch 1, 1K keys, 4 splits, where sync, whose combine is shaped like this, took
-  // 7.96; docs/results/2026-12-01d and i.)
+  // 7.96; docs/results/2026-12-01d and i. After: 9.30, sync 7.93; docs/results/2026-12-01j.)
   constexpr int kDirectMaxSplits = 16;
   int L = a.context_lens[b];
   float M = -INFINITY;
@@ -1138,6 +1140,10 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 // (32/32): the launch's ~1 us is what a single-wave grid cannot hide. Batch 8-64 with few splits the
 // kernel is no faster and up to 27% slower (32/2, batch 8, 4K: 21.83 vs 17.14; batch 32, 512: 16.69
 // vs 13.10). Many splits: the last CTA alone adds them all (32/2, batch 1, 16K: 46.6 vs 16.1).
+// Again after the launch read few splits' maxima directly (docs/results/2026-12-01j-final.md):
+// batch 1, 512 / 1K keys, kernel vs launch 7.33 / 8.71 vs 8.44 / 9.30 us (32/8), 7.08 / 8.82 vs
+// 8.14 / 9.47 (32/2), 7.70 / 9.63 vs 8.56 / 10.25 (32/32); sync (its own combine launch) 7.48 /
+// 7.93 at 32/8: async's extra ~0.8 us at 1K is not found yet.
 constexpr int kAsyncKernelCombineMaxSplits = 8;
 
 bool combine_in_kernel(int batch, int splits) {
