@@ -250,6 +250,24 @@ struct RowSlice {
   int tile_begin, tile_end;  // this CTA's key tiles (of the loop's tile size)
 };
 
+// K/V copies global -> shared (bypassing L1) with an L2 prefetch size of 128 bytes (the qualifier
+// CUTLASS's cp.async uses). A/B on the H200, same session, fp16, D 128, blocks shuffled
+// (docs/results/2026-12-01k-l2-prefetch.md), none / 128B / 256B: 32/8 batch 64, 16K 1048.5 /
+// 1023.2 / 1038.4 us; 64K 4158.4 / 4057.0 / 4111.9; 32/2 batch 64, 64K 1068.4 / 1045.8 / 1067.3;
+// 32/32 batch 8, 16K sync 517.2 / 504.2 / 513.2, async 556.6 / 537.9 / 603.5: 128B is 1.5-4% faster
+// at large sizes and no slower elsewhere; 256B is slower for MHA.
+__device__ __forceinline__ void kv_copy16(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+// The same, writing 16 zero bytes instead when !valid (src-size 0: nothing is read).
+__device__ __forceinline__ void kv_copy16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+}
+
 // Element offset of key j's row of kv head kvh (btab: the sequence's block table).
 __device__ __forceinline__ int64_t cache_row(const DecodeArgs& a, const int32_t* btab, int j, int kvh) {
   return int64_t(btab[j >> a.block_shift]) * a.block_stride + (j & ((1 << a.block_shift) - 1)) * a.token_stride +
@@ -314,7 +332,7 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
     for (int step = 0; step < 32 / RPS; ++step) {
       const int jj = step * RPS + copy_row;
       const int64_t src = __shfl_sync(0xffffffffu, row, jj);
-      if (jj < n_valid) detail::cp_async16(dst + jj * stride + copy_chunk * 8, src_cache + src + copy_chunk * 8);
+      if (jj < n_valid) kv_copy16(dst + jj * stride + copy_chunk * 8, src_cache + src + copy_chunk * 8);
     }
   };
   // Software pipeline per warp (two cp.async groups in flight): while the logits of tile t are
@@ -487,8 +505,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
 #pragma unroll
         for (int step = 0; step < kSteps; ++step) {
           const bool ok = lane_row + step * kRowsPerStep < n_valid;
-          detail::cp_async16_zfill(kdl + step * kRowsPerStep * KS, kp, ok);
-          detail::cp_async16_zfill(kdl + KT * KS + step * kRowsPerStep * KS, vp, ok);
+          kv_copy16_zfill(kdl + step * kRowsPerStep * KS, kp, ok);
+          kv_copy16_zfill(kdl + KT * KS + step * kRowsPerStep * KS, vp, ok);
           kp += step_src;
           vp += step_src;
         }
@@ -501,8 +519,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
           const int64_t src = __shfl_sync(0xffffffffu, row, rr);
           const bool ok = rr < n_valid;
           const int64_t at = ok ? src + c * 8 : 0;
-          detail::cp_async16_zfill(kd + rr * KS + c * 8, k_cache + at, ok);
-          detail::cp_async16_zfill(vd + rr * KS + c * 8, v_cache + at, ok);
+          kv_copy16_zfill(kd + rr * KS + c * 8, k_cache + at, ok);
+          kv_copy16_zfill(vd + rr * KS + c * 8, v_cache + at, ok);
         }
       }
     }
