@@ -55,10 +55,12 @@
 //     row's max grows by more than 2^8), the scale folded into the exponent's FMA, P converted to
 //     16-bit in registers (the accumulator layout of S is the A layout of P V), P V: D/8 mma per tile
 //     with V fragments by ldmatrix.trans.
-//   * Instructions per tile matter: with 8 warps per SM the loop is bound by issue and latency, not
-//     by the bytes in flight. The former loop (per-lane block-table lookups and shuffles for every
-//     row, a rescale of o every tile, the scale and the mask on every logit) took 485 instructions per
-//     16-key tile at head_dim 128 (SASS) and streamed at 83% of the bandwidth at 32/8, batch 8, 16K.
+//   * The loop is not bound by its instructions: the former one (per-lane block-table lookups and
+//     shuffles for every row, a rescale of o every tile, the scale and the mask on every logit) took
+//     485 instructions per 16-key tile at head_dim 128 (SASS), this one ~260, and both stream at 83%
+//     of the bandwidth at 32/8, batch 8, 16K (docs/results/2026-12-01h-lean-loop.md). Nor by the
+//     cache layout or the blocks' order (docs/results/2026-12-01g, i). What holds it below cuDNN's
+//     ~100% at large sizes is not found yet.
 //   * The async (unified max) mode keeps the warp's own reference max inside the loop and converts
 //     the warp's sums to phi once at the end (o, d times 2^(m_w - phi)), so P stays <= 2^8 and fp16
 //     P keeps the full [a, b] range of the guard (a P of e^(x - phi) up to e^13.7 would overflow
