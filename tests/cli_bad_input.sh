@@ -152,6 +152,13 @@ usage "calibrate: percentile out of range" "^fdpp: error: --percentile" "$BIN" c
 runtime "calibrate on a bad file" "text.gguf" "$BIN" calibrate --model "$TMP/text.gguf" --out "$TMP/c.json"
 [[ -e "$TMP/c.json" ]] && { echo "FAIL: calibration written despite the error"; fail=$((fail + 1)); }
 
+# bench-attention's cache options (CUDA builds only) are checked before any GPU is looked for.
+if "$BIN" --help 2>/dev/null | grep -q bench-attention; then
+  usage "bench-attention: block size not a power of two" "^fdpp: error: --block-size: 3 not in" "$BIN" bench-attention --block-size 3
+  usage "bench-attention: unknown KV layout" "^fdpp: error: --kv-layout: nhd not in" "$BIN" bench-attention --kv-layout nhd
+  usage "bench-attention: unknown block order" "^fdpp: error: --block-order: random not in" "$BIN" bench-attention --block-order random
+fi
+
 # With the real model (when fetched): truncated copies, out-of-range ids, impossible lengths.
 MODEL="${FDPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fdpp}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [[ -s "$MODEL" ]]; then
