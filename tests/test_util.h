@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -53,11 +54,29 @@ std::string error_of(F&& f) {
   return "";
 }
 
+// The scratch directories this process made, removed when it exits normally (a crash leaves them
+// for inspection).
+struct ScratchDirs {
+  std::vector<std::filesystem::path> dirs;
+  ~ScratchDirs() {
+    for (const auto& d : dirs) {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  }
+};
+inline ScratchDirs& scratch_dirs() {
+  static ScratchDirs s;
+  return s;
+}
+
 // An empty directory under the system's temp dir, unique to this process and name.
 inline std::filesystem::path scratch_dir(const std::string& name) {
   const auto d = std::filesystem::temp_directory_path() / fmt::format("fdpp_test_{}_{}", name, ::getpid());
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
+  auto& made = scratch_dirs().dirs;
+  if (std::find(made.begin(), made.end(), d) == made.end()) made.push_back(d);
   return d;
 }
 
