@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -238,6 +240,35 @@ TEST(ThreadPool, EveryTaskRunsOnceAtAnyThreadCount) {
   }
   cpu::set_num_threads(before);
   EXPECT_GE(cpu::physical_cores(), 1);
+}
+
+// One thread resizes the pool while another's parallel_for runs on it (two models with different
+// thread counts used from two threads). The running call must keep its pool: the former owner
+// destroyed it at once, joining workers that were inside the other call's tasks (a use-after-free
+// that ThreadSanitizer reported, and a hang). Here the tasks wait until the resize has returned, so
+// a resize that waits for them shows as tasks that time out.
+TEST(ThreadPool, ResizingWhileAnotherThreadRunsKeepsItsPool) {
+  const int before = cpu::num_threads();
+  cpu::set_num_threads(4);
+  std::atomic<bool> resized{false};
+  std::atomic<int> started{0}, ran{0}, timed_out{0};
+  std::thread other([&] {
+    cpu::parallel_for(8, [&](int64_t) {
+      ++started;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!resized.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      if (!resized.load()) ++timed_out;
+      ++ran;
+    });
+  });
+  while (started.load() < 2) std::this_thread::yield();  // two tasks at once: one is on a worker
+  cpu::set_num_threads(2);
+  resized = true;
+  other.join();
+  EXPECT_EQ(timed_out.load(), 0) << "the resize waited for the other thread's tasks";
+  EXPECT_EQ(ran.load(), 8);
+  EXPECT_EQ(cpu::num_threads(), 2);
+  cpu::set_num_threads(before);
 }
 
 // The whole model: the default GGUF run from its stored blocks against the same file dequantized.

@@ -138,13 +138,17 @@ class Pool {
 };
 
 std::mutex g_mutex;  // guards creation and replacement of the pool
-std::unique_ptr<Pool> g_pool;
+// Shared: a parallel_for holds its pool until it returns, so set_num_threads on another thread
+// replaces the pool without destroying one in use (the last holder destroys it). (A plain owner
+// freed a pool under a running parallel_for: a use-after-free ThreadSanitizer reported and a
+// hang, e.g. two Python models with different thread counts used from two threads.)
+std::shared_ptr<Pool> g_pool;
 std::atomic<bool> g_busy{false};  // a parallel_for is running: nested or concurrent calls go serial
 
-Pool& pool() {
+std::shared_ptr<Pool> pool() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (!g_pool) g_pool = std::make_unique<Pool>(physical_cores());
-  return *g_pool;
+  if (!g_pool) g_pool = std::make_shared<Pool>(physical_cores());
+  return g_pool;
 }
 
 std::string read_line(const std::string& path) {
@@ -175,26 +179,31 @@ int physical_cores() {
 
 void set_num_threads(int n) {
   if (n <= 0) n = physical_cores();
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_pool && g_pool->size() == n) return;
-  g_pool.reset();
-  g_pool = std::make_unique<Pool>(n);
+  std::shared_ptr<Pool> old;  // released after the lock: joins its workers unless still in use
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_pool && g_pool->size() == n) return;
+    old = std::move(g_pool);
+    g_pool = std::make_shared<Pool>(n);
+  }
 }
 
-int num_threads() { return pool().size(); }
+int num_threads() { return pool()->size(); }
 
 void parallel_for(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
   if (n_tasks <= 0) return;
-  Pool& p = pool();
+  // Held until the tasks are done. A worker never holds the last reference to its own pool: a
+  // nested parallel_for inside a task takes the current pool, so ~Pool never joins itself.
+  const std::shared_ptr<Pool> p = pool();
   bool expected = false;
-  if (n_tasks == 1 || p.size() == 1 || !g_busy.compare_exchange_strong(expected, true)) {
+  if (n_tasks == 1 || p->size() == 1 || !g_busy.compare_exchange_strong(expected, true)) {
     for (int64_t t = 0; t < n_tasks; ++t) fn(t);
     return;
   }
   struct Release {
     ~Release() { g_busy.store(false); }
   } release;
-  p.run(n_tasks, fn);
+  p->run(n_tasks, fn);
 }
 
 int64_t task_count(int64_t n_items, int64_t min_items) {

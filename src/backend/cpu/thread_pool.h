@@ -20,8 +20,9 @@ namespace fdpp::cpu {
 // at least 1.
 int physical_cores();
 
-// The pool's size (the calling thread included). 0 or less: physical_cores(). Recreates the pool
-// (not while a parallel_for runs). The default until called is physical_cores().
+// The pool's size (the calling thread included). 0 or less: physical_cores(). Replaces the pool;
+// a parallel_for already running on another thread finishes on the old one. The default until
+// called is physical_cores().
 void set_num_threads(int n);
 int num_threads();
 
