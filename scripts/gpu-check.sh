@@ -104,31 +104,16 @@ if [[ " $stages " == *" attention "* ]]; then
     [[ $kvh != 32 && ${FDPP_ATTN_CORE:-1} == 1 ]] && FDPP_DECODE_PATH=core "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh \
       --head-dim 128 -b "$ab" -c "$ac" --modes async --json >"$OUT/attn_core_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err"
     # Variants of our kernel on the same grid, each a column of the table: FDPP_ATTN_VARIANTS="NAME=FLAGS;..."
-    # (e.g. "seq=--block-order sequential;w4=--decode-warps 4"; flags of fdpp bench-attention).
+    # (flags of fdpp bench-attention). The earlier runs' switches as variants: FDPP_ATTN_WARPS="4 8" is
+    # "w4=--decode-warps 4;w8=--decode-warps 8", FDPP_ATTN_COMBINE=1 "combine-kernel=--modes async
+    # --async-combine kernel;combine-launch=--modes async --async-combine launch", FDPP_ATTN_MMA_MHA=1
+    # "mma=--decode-path mma" (which also runs GQA, where mma is the default).
     IFS=';' read -ra variants <<<"${FDPP_ATTN_VARIANTS:-}"
     for v in "${variants[@]}"; do
       [[ -n $v ]] || continue
       "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" ${v#*=} --json \
         >"$OUT/attn_variant_${v%%=*}_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err" || log "bench-attention 32/$kvh ${v#*=} failed"
     done
-    # MHA on the tensor cores (FDPP_ATTN_MMA_MHA=1): the loop Auto gives GQA, on a group of one.
-    [[ $kvh == 32 && ${FDPP_ATTN_MMA_MHA:-0} == 1 ]] && "$B/fdpp" bench-attention --heads 32 --kv-heads 32 --head-dim 128 \
-      -b "$ab" -c "$ac" --decode-path mma --json >"$OUT/attn_mma_32.json" 2>>"$OUT/attn_ours_$kvh.err"
-    # Warps per CTA (iteration 3: 4 warps = 2-3 resident CTAs per SM, the split plan following;
-    # FDPP_ATTN_WARPS="4 8"), async and sync, the async reduction on auto.
-    for w in ${FDPP_ATTN_WARPS:-}; do
-      "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" --decode-warps $w --json \
-        >"$OUT/attn_warps${w}_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err" || log "bench-attention 32/$kvh --decode-warps $w failed"
-    done
-    # Where async adds its splits (FDPP_ATTN_COMBINE=1): the group's last CTA in the kernel, or the
-    # second launch, each forced at every split count (default warps).
-    if [[ ${FDPP_ATTN_COMBINE:-0} == 1 ]]; then
-      for c in kernel launch; do
-        "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" --modes async \
-          --async-combine $c --json >"$OUT/attn_combine_${c}_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err" ||
-          log "bench-attention 32/$kvh --async-combine $c failed"
-      done
-    fi
     if [[ ${FDPP_ATTN_PEERS:-1} == 1 ]]; then
       python3 "$root/bench/peers/attention_peers.py" --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" \
         --json "$OUT/attn_peers_$kvh.json" >"$OUT/attn_peers_$kvh.log" 2>&1 || log "attention peers 32/$kvh failed: $(tail -1 "$OUT/attn_peers_$kvh.log")"
@@ -137,13 +122,9 @@ if [[ " $stages " == *" attention "* ]]; then
   { echo; echo "### decode attention (graph-timed, L2 rotated), fp16, head_dim 128"; \
     python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers $(ls "$OUT"/attn_peers_*.json 2>/dev/null) \
       --core $(ls "$OUT"/attn_core_*.json 2>/dev/null) \
-      $(ls "$OUT"/attn_mma_32.json >/dev/null 2>&1 && echo "--extra mma=$OUT/attn_mma_32.json") \
       $(IFS=';' read -ra vs <<<"${FDPP_ATTN_VARIANTS:-}"; for v in "${vs[@]}"; do n=${v%%=*}; \
-          ls "$OUT"/attn_variant_${n}_*.json >/dev/null 2>&1 && echo "--extra $n=$(ls "$OUT"/attn_variant_${n}_*.json | paste -sd,)"; done) \
-      $(for w in ${FDPP_ATTN_WARPS:-}; do ls "$OUT"/attn_warps${w}_*.json >/dev/null 2>&1 && \
-          echo "--extra w$w=$(ls "$OUT"/attn_warps${w}_*.json | paste -sd,)"; done) \
-      $(for c in kernel launch; do ls "$OUT"/attn_combine_${c}_*.json >/dev/null 2>&1 && \
-          echo "--extra combine-$c=$(ls "$OUT"/attn_combine_${c}_*.json | paste -sd,)"; done); } | tee -a "$summary"
+          ls "$OUT"/attn_variant_${n}_*.json >/dev/null 2>&1 && echo "--extra $n=$(ls "$OUT"/attn_variant_${n}_*.json | paste -sd,)"; done); } |
+    tee -a "$summary"
 fi
 
 if [[ " $stages " == *" attnlayout "* ]]; then
