@@ -425,7 +425,8 @@ TEST(CudaEngine, DefaultModelLogitsMatchTransformers) {
 // Issue 5: the asynchronized softmax (unified max, the engine's default) against the synchronized
 // one, whole model, decode steps over a prompt long enough for split-KV: logits within NMSE 5e-4
 // (fp16). With phi = 0 the default model's rows are all in range (no fallback); with phi = 500
-// every row falls back and is recomputed, and the logits must not change either.
+// every row falls back and is recomputed, and the logits must not change either (the steps run two
+// or more splits: one split would run the synchronized kernel and recompute nothing).
 TEST(CudaEngine, AsyncSoftmaxLogitsEqualSyncWholeModel) {
   REQUIRE_GPU();
   const std::string path = test::default_model_or_empty();
@@ -437,6 +438,9 @@ TEST(CudaEngine, AsyncSoftmaxLogitsEqualSyncWholeModel) {
     c = m.config();
   } else {
     c = tiny("llama", 64);
+    // Long enough for two splits per decode step (600 keys): with one split the async mode runs the
+    // synchronized kernel, and phi = 500 would recompute nothing.
+    c.max_context = 2048;
     w = random_weights(c);
   }
   const DecoderWeights& weights = path.empty() ? w : m.weights;

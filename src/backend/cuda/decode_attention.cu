@@ -66,15 +66,15 @@
 //     P keeps the full [a, b] range of the guard (a P of e^(x - phi) up to e^13.7 would overflow
 //     fp16). What the unified max saves, the exchange of maxima between splits, is unchanged.
 //
-// Async reduction and fallback. One split: the CTA holds the whole row, checks the guard and writes
-// the output directly (no workspace); a row whose max leaves the range is recomputed by that CTA with
-// the synchronized loop over all of the row's keys, right after the guard (no second launch; the
-// former fixed fallback grid cost 0.3-1.6 us per call at small sizes, issue 13). Several splits: each
-// CTA writes its partial (sums relative to phi, and its max logit); a second, wide launch (decode_async_
+// Async reduction and fallback. One split: there is nothing to unify, and the async mode runs the
+// synchronized kernel (exact for any logits; see decode_attention_async). Several splits: each CTA
+// writes its partial (sums relative to phi, and its max logit); a second, wide launch (decode_async_
 // combine_kernel, one CTA per row) adds them in split order, checks the guard and recomputes rows out of
 // range exactly; or, few splits (KernelOptions::async_combine, kAsyncKernelCombineMaxSplits), the group's
-// last CTA to arrive at its semaphore does the same in the kernel, without the launch. (That alone was
-// slow with many splits: 41.6 us at 32/2 heads, B 1, 16K, sync 19.6; docs/results/2026-12-01a-attention-grid.md.)
+// last CTA to arrive at its semaphore does the same in the kernel, without the launch, and recomputes
+// rows out of range itself with the synchronized loop (no fallback launch: the former fixed fallback grid
+// cost 0.3-1.6 us per call at small sizes, issue 13). (The in-kernel reduction alone was slow with many
+// splits: 41.6 us at 32/2 heads, B 1, 16K, sync 19.6; docs/results/2026-12-01a-attention-grid.md.)
 // A context length <= 0 writes zeros (padding rows of a fixed-size batch); lengths beyond the
 // block table's capacity (max_blocks_per_seq * block_size) are clamped to it.
 #include <algorithm>
@@ -303,10 +303,11 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   // m is the warp's running max, d and o are relative to it (async converts them to phi after the
   // loop, as the tensor-core loop does: one loop for both modes, P never above 1). The former async
   // loop used phi inside the loop (p = 2^(s - phi), no max, no rescale, no shuffle). Either way the
-  // async kernel streams at 86-88% of the bandwidth where sync reaches 93-96% (MHA 32/32, batch
-  // 8-64, one split, same loop code; docs/results/2026-12-01i and j): the cause is outside this
-  // loop and not found (ncu: L2 hit rate 43% vs 20%; neither the inlined fallback nor the order of
-  // measurement explains it).
+  // async kernel streams at 86-88% of the bandwidth where sync reaches 93-96% (MHA 32/32, same loop
+  // source; docs/results/2026-12-01i and j). It is the compiled kernel, not the mode: with the mode a
+  // run-time argument of one kernel, sync ran at async's speed (docs/results/2026-12-01m). The loop's
+  // instruction count is not it either (792, 883 and 953 per tile in three builds, the fast one in
+  // the middle). Async sends one split to the sync kernel; with several, MHA async stays ~7% slower.
   float m[GMAX], dl[GMAX], o[GMAX][VPL];
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
@@ -732,7 +733,6 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
     return;
   }
   // (Async: an empty slice still arrives at the semaphore below, with zero sums.)
-  if (kAsync && tid == 0) mask_s = 0;  // (read after the loop's barriers)
 
   float* o_s;
   if constexpr (kMma) {
@@ -753,52 +753,44 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
         num += o_s[(w * GMAX + g) * D + d];
         den += d_s[w * GMAX + g];
       }
-      if (partial == nullptr) {
-        // One split: this CTA holds the whole row. Guard: a <= max - phi <= b (NaN fails).
-        const float rel = M - a.phi2;
-        if (rel >= a.lo2 && rel <= a.hi2) out[i] = from_float<T>(num / den);
-        else if (d == 0) atomicOr(&mask_s, 1 << g);
-      } else {
-        write_partial(partial + int64_t(g) * a.splits * (D + 2), d, M, den, num);
-      }
+      write_partial(partial + int64_t(g) * a.splits * (D + 2), d, M, den, num);
     }
-    // Several splits: the partial is written. With the separate reduction launch the CTA is done:
+    // The partial is written (this kernel always runs several splits: decode_attention_async sends a
+    // single split to the synchronized kernel). With the separate reduction launch the CTA is done:
     // decode_async_combine_kernel (one CTA per row) adds the splits' sums, checks the guard and
     // recomputes rows out of range.
-    if (partial != nullptr) {
-      if (!a.combine_in_kernel) return;
-      // In-kernel reduction (few splits): every thread's partial stores are made visible device-wide
-      // before the CTA arrives at its group's semaphore; the CTA that arrives last (the counter
-      // reaches splits - 1 before its add) resets the semaphore for the next launch and adds every
-      // split's partial in split order (the same order and operations as decode_async_combine_kernel:
-      // bitwise the same output whichever CTA is last).
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) {
-        int* sem = a.counters + 2 + group_index;
-        const bool last = atomicAdd(sem, 1) == a.splits - 1;
-        if (last) atomicExch(sem, 0);  // every split has arrived: nobody else touches it this launch
-        mask_s = last ? 0 : -1;
+    if (!a.combine_in_kernel) return;
+    // In-kernel reduction (few splits): every thread's partial stores are made visible device-wide
+    // before the CTA arrives at its group's semaphore; the CTA that arrives last (the counter
+    // reaches splits - 1 before its add) resets the semaphore for the next launch and adds every
+    // split's partial in split order (the same order and operations as decode_async_combine_kernel:
+    // bitwise the same output whichever CTA is last).
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      int* sem = a.counters + 2 + group_index;
+      const bool last = atomicAdd(sem, 1) == a.splits - 1;
+      if (last) atomicExch(sem, 0);  // every split has arrived: nobody else touches it this launch
+      mask_s = last ? 0 : -1;
+    }
+    __syncthreads();
+    if (mask_s != 0) return;  // (read by every thread before any atomicOr below can change it)
+    __threadfence();  // the other CTAs' partials, published before their arrival, are read below
+    __syncthreads();
+    const float* p0 = a.partials + (int64_t(r.b) * H + r.head0) * a.splits * (D + 2);
+    for (int i = tid; i < gc * D; i += NTH) {
+      const int g = i / D, d = i - g * D;
+      const float* pg = p0 + int64_t(g) * a.splits * (D + 2);
+      float M = -INFINITY, num = 0.f, den = 0.f;
+      for (int s = 0; s < a.splits; ++s) {  // in split order; L2 reads (other SMs wrote them)
+        const float* ps = pg + int64_t(s) * (D + 2);
+        M = fmaxf(M, __ldcg(ps));
+        den += __ldcg(ps + 1);
+        num += __ldcg(ps + 2 + d);
       }
-      __syncthreads();
-      if (mask_s != 0) return;  // (read by every thread before any atomicOr below can change it)
-      __threadfence();  // the other CTAs' partials, published before their arrival, are read below
-      __syncthreads();
-      const float* p0 = a.partials + (int64_t(r.b) * H + r.head0) * a.splits * (D + 2);
-      for (int i = tid; i < gc * D; i += NTH) {
-        const int g = i / D, d = i - g * D;
-        const float* pg = p0 + int64_t(g) * a.splits * (D + 2);
-        float M = -INFINITY, num = 0.f, den = 0.f;
-        for (int s = 0; s < a.splits; ++s) {  // in split order; L2 reads (other SMs wrote them)
-          const float* ps = pg + int64_t(s) * (D + 2);
-          M = fmaxf(M, __ldcg(ps));
-          den += __ldcg(ps + 1);
-          num += __ldcg(ps + 2 + d);
-        }
-        const float rel = M - a.phi2;
-        if (rel >= a.lo2 && rel <= a.hi2) out[i] = from_float<T>(num / den);  // (NaN fails)
-        else if (d == 0) atomicOr(&mask_s, 1 << g);
-      }
+      const float rel = M - a.phi2;
+      if (rel >= a.lo2 && rel <= a.hi2) out[i] = from_float<T>(num / den);  // (NaN fails)
+      else if (d == 0) atomicOr(&mask_s, 1 << g);
     }
     __syncthreads();
     const unsigned mask = static_cast<unsigned>(mask_s);
@@ -1364,9 +1356,18 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
   check(counters != nullptr && counter_ints >= need_counters,
         "decode_attention_async: needs {} zeroed counters, got {} at {}", need_counters, counter_ints,
         static_cast<const void*>(counters));
-  a.partials = splits > 1 ? static_cast<float*>(workspace) : nullptr;
+  if (splits == 1) {
+    // One split: no partials, so nothing for the unified max to unify, and the synchronized kernel
+    // is exact for any logits (no guard, no recomputation). It also streams faster: the async
+    // kernel's CUDA-core loop, from the same source, compiles to a slower schedule (MHA, batch 8-64,
+    // one split: 7-21% slower; docs/results/2026-12-01m-async-dispatch.md).
+    decode_attention_split(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
+                           n_kv_heads, head_dim, block_size, scale, out, dtype, 1, nullptr, 0, stream);
+    return;
+  }
+  a.partials = static_cast<float*>(workspace);
   a.counters = counters;
-  a.combine_in_kernel = splits > 1 && combine_in_kernel(batch, splits) ? 1 : 0;
+  a.combine_in_kernel = combine_in_kernel(batch, splits) ? 1 : 0;
   a.fallback_rows = fallback_rows;
   // The kernel works in log2 units: 2^(x log2 e - phi log2 e) = e^(x - phi).
   a.phi2 = range.phi * detail::kLog2e;
@@ -1377,7 +1378,7 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
     using T = decltype(tag);
     const bool pdl = programmatic_launch_enabled();
     launch_decode_d<T, true>(head_dim, g.gmax, a, static_cast<int>(g.n_groups), pdl, stream);
-    if (splits > 1 && !a.combine_in_kernel) {
+    if (!a.combine_in_kernel) {
       const detail::LaunchConfig config(dim3(batch * n_heads), dim3(kCombineThreads), 0, stream, pdl);
       auto combine = [&](auto* kernel) {
         cuda_check(cudaLaunchKernelEx(config.get(), kernel, a), "cudaLaunchKernelEx(decode_async_combine_kernel)");

@@ -118,12 +118,13 @@ size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, in
 // Asynchronized softmax with a unified max (FlashDecoding++; attention/unified_max.h has the
 // derivation of the range and the CPU reference). Every split of a row accumulates
 // sum e^(x - phi) v and sum e^(x - phi) on its own: no exchange of maxima, no rescaling between
-// splits. With one split the kernel writes the output directly; with several, the group's last CTA
-// (few splits; KernelOptions::async_combine) or a second launch adds the splits' sums per row in split order (deterministic: bitwise the same on every run). A
-// row whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed exactly with
-// the synchronized softmax over all the row's keys (by the CTA itself with one split, by the
-// reduction, in the kernel or the launch, with several); no other launch is made. The result always equals the stable
-// softmax to 16-bit rounding.
+// splits. The group's last CTA (few splits; KernelOptions::async_combine) or a second launch adds
+// the splits' sums per row in split order (deterministic: bitwise the same on every run). A row
+// whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed exactly with the
+// synchronized softmax over all the row's keys (by the reduction, in the kernel or the launch); no
+// other launch is made. With one split there is nothing to unify: the synchronized kernel runs
+// (decode_attention_split's, exact for any logits; no row is recomputed). The result always equals
+// the stable softmax to 16-bit rounding.
 // `fallback_rows` (device, nullable) is incremented by the number of rows recomputed.
 // workspace: decode_attention_async_workspace_bytes(...) bytes, 16-byte aligned (the splits'
 // partials; no initialization). counters: decode_attention_async_counters(...) ints, zeroed
