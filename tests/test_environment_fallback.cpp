@@ -168,6 +168,16 @@ TEST(EnvironmentFallback, LinearOptions) {
     EXPECT_EQ(test::error_of([&] { apply_linear_environment(b, env.lookup()); }),
               std::string("FDPP_GEMV_MAX_M=") + v + " is not an integer in [0, 8]");
   }
+
+  // The front ends' form: the flags given win, the variables fill the rest.
+  env.vars = {{"FDPP_LINEAR", "cublas"}, {"FDPP_DISPATCH_TABLE", "/t.json"}, {"FDPP_GEMV_MAX_M", "4"}};
+  const DispatchSelectOptions flags = resolve_linear_flags("gemv", "", env.lookup());
+  EXPECT_EQ(flags.mode, "gemv");
+  EXPECT_EQ(flags.table_path, "/t.json");
+  EXPECT_EQ(flags.gemv_max_m, 4);
+  const DispatchSelectOptions table = resolve_linear_flags("", "/flag.json", env.lookup());
+  EXPECT_EQ(table.mode, "cublas");
+  EXPECT_EQ(table.table_path, "/flag.json");
 }
 
 TEST(KernelOptionsScope, DefaultsNestingAndRestore) {

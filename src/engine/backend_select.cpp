@@ -64,10 +64,7 @@ int physical_cpu_cores() {
 }
 
 void RunnerOptions::set_linear_flags(const std::string& mode, const std::string& table) {
-  DispatchSelectOptions o;
-  o.mode = mode;
-  o.table_path = table;
-  apply_linear_environment(o);
+  const DispatchSelectOptions o = resolve_linear_flags(mode, table);
   linear = o.mode;
   dispatch_table = o.table_path;
   gemv_max_m = o.gemv_max_m;

@@ -69,6 +69,15 @@ cuda::KernelOptions resolve_kernel_options(const KernelFlags& flags, const Envir
   return o;
 }
 
+DispatchSelectOptions resolve_linear_flags(const std::string& mode, const std::string& table,
+                                           const EnvironmentLookup& env) {
+  DispatchSelectOptions o;
+  o.mode = mode;
+  o.table_path = table;
+  apply_linear_environment(o, env);
+  return o;
+}
+
 void apply_linear_environment(DispatchSelectOptions& o, const EnvironmentLookup& env) {
   if (o.mode.empty()) {
     o.mode = variable(env, "FDPP_LINEAR");

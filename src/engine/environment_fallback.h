@@ -52,6 +52,10 @@ cuda::KernelOptions resolve_kernel_options(const KernelFlags& flags,
 // Fills the fields of `o` that are not set (mode and table_path empty, gemv_max_m -1) from
 // FDPP_LINEAR, FDPP_DISPATCH_TABLE and FDPP_GEMV_MAX_M.
 void apply_linear_environment(DispatchSelectOptions& o, const EnvironmentLookup& env = process_environment);
+// A front end's --linear and --dispatch-table ("": not given) with the variables filling the rest:
+// what every front end passes on as the linear mode, dispatch table and gemv_max_m.
+DispatchSelectOptions resolve_linear_flags(const std::string& mode, const std::string& table,
+                                           const EnvironmentLookup& env = process_environment);
 
 // The parsers behind both, for flags given as strings; `origin` names the flag or variable in
 // errors ("--pdl", "FDPP_PDL").

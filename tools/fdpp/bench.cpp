@@ -113,10 +113,7 @@ int run_bench(const BenchArgs& a) {
           a.calibration, eo.unified_max_phi.size(), config.n_layers);
   }
   // Flags first, the environment where one is not given (environment_fallback.h).
-  DispatchSelectOptions linear_options;
-  linear_options.mode = a.linear;
-  linear_options.table_path = a.dispatch_table;
-  apply_linear_environment(linear_options);
+  const DispatchSelectOptions linear_options = resolve_linear_flags(a.linear, a.dispatch_table);
   eo.linear_mode = linear_options.mode;
   eo.dispatch_table = linear_options.table_path;
   eo.gemv_max_m = linear_options.gemv_max_m;

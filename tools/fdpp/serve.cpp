@@ -139,10 +139,8 @@ void load_dummy(const ServeArgs& a, Loaded& out) {
   eo.kv_cache_tokens = a.kv_cache_tokens;
   eo.cuda_graphs = !a.no_cuda_graphs;
   eo.attention = a.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
-  DispatchSelectOptions linear_options;  // flags first, the environment where one is not given
-  linear_options.mode = a.linear;
-  linear_options.table_path = a.dispatch_table;
-  apply_linear_environment(linear_options);
+  // Flags first, the environment where one is not given (environment_fallback.h).
+  const DispatchSelectOptions linear_options = resolve_linear_flags(a.linear, a.dispatch_table);
   eo.linear_mode = linear_options.mode;
   eo.dispatch_table = linear_options.table_path;
   eo.gemv_max_m = linear_options.gemv_max_m;
