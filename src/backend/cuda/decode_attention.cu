@@ -321,11 +321,17 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   T* k_w = stage + warp * 32 * (KS + D);
   T* v_w = k_w + 32 * KS;
   const int copy_row = lane / CH, copy_chunk = lane % CH;
-  // Element offset of this lane's key row (head kvh) in a tile; 0 for keys past the end.
-  auto key_row = [&](int tile) -> int64_t {
+  // This lane's key of a tile: its block-table entry (read one tile of the warp ahead, so the load's
+  // latency is not between one tile's wait and the next tile's copies) and, from it, the element offset
+  // of its row (head kvh); 0 for keys past the end.
+  auto key_entry = [&](int tile) -> int32_t {
+    const int j = (tile << 5) + lane;
+    return tile < tile_end && j < L ? btab[j >> a.block_shift] : 0;
+  };
+  auto key_row = [&](int tile, int32_t entry) -> int64_t {
     const int j = (tile << 5) + lane;
     if (j >= L) return 0;
-    return cache_row(a, btab, j, kvh);
+    return int64_t(entry) * a.block_stride + (j & ((1 << a.block_shift) - 1)) * a.token_stride + kvh * a.head_stride;
   };
   // Stage a tile's K (or V) rows with cp.async, coalesced: the lanes copy consecutive 16-byte
   // chunks of RPS rows per step, the rows' offsets broadcast from the lanes that looked them up.
@@ -343,7 +349,8 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   // after P.V(t). Without it (load, wait, compute) the loads and the math of a warp never overlap
   // and the kernel reached 61% of read bandwidth at GQA 32/8, B 1, L 64K (docs/performance-log.md).
   int tile = r.tile_begin + warp;
-  int64_t row = tile < tile_end ? key_row(tile) : 0;
+  int64_t row = tile < tile_end ? key_row(tile, key_entry(tile)) : 0;
+  int32_t entry_ahead = key_entry(tile + kWarps);  // of the warp's next tile
   if (tile < tile_end) stage_rows(tile, row, k_cache, k_w, KS);
   detail::cp_async_commit();
   if (tile < tile_end) stage_rows(tile, row, v_cache, v_w, D);
@@ -397,7 +404,8 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
     }
     __syncwarp();  // p_w visible to the whole warp; every lane is done with the K stage
     const int next = tile + kWarps;
-    const int64_t next_row = next < tile_end ? key_row(next) : 0;
+    const int64_t next_row = next < tile_end ? key_row(next, entry_ahead) : 0;
+    entry_ahead = key_entry(next + kWarps);
     if (next < tile_end) stage_rows(next, next_row, k_cache, k_w, KS);
     detail::cp_async_commit();
     cp_async_wait_one();  // V(tile) has landed (K(next) may still be in flight)
@@ -492,7 +500,23 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   const int64_t lane_src = int64_t(lane_row) * a.token_stride + lane_chunk * 8 + int64_t(r.kvh) * a.head_stride;
   const int64_t step_src = int64_t(kRowsPerStep) * a.token_stride;
   const int in_block_mask = (1 << a.block_shift) - 1;
-  auto issue = [&](int tile, int s) {
+  // Block-table entries of this warp's tiles, read 32 issues ahead (whole_tiles): lane l of `bt` holds
+  // the entry of the warp's issue 32 c + l, `bt_next` those of chunk c + 1, and a tile's entry comes
+  // by a shuffle. Reading btab[] at the issue put a dependent load (an L2 round trip whenever the
+  // line was new to the SM) between the wait for one tile and the copies of the next.
+  const int warp_tile0 = r.tile_begin + warp;
+  auto load_entries = [&](int chunk) -> int32_t {
+    const int t = warp_tile0 + (chunk * 32 + lane) * W;
+    return whole_tiles && t < tile_end ? btab[(t * KT) >> a.block_shift] : 0;
+  };
+  int32_t bt = load_entries(0), bt_next = load_entries(1);
+  int bt_chunk = 0;
+  auto issue = [&](int n, int s) {  // the warp's n-th tile (n = 0, 1, ..., in order)
+    const int tile = warp_tile0 + n * W;
+    if (whole_tiles && (n >> 5) != bt_chunk) {  // warp-uniform; once every 32 issues
+      bt = bt_next;
+      bt_next = load_entries(++bt_chunk + 1);
+    }
     if (tile < tile_end) {
       const int j0 = tile * KT;
       const int n_valid = min(KT, L - j0);
@@ -500,8 +524,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
       T* vd = kd + KT * KS;
       if (whole_tiles) {
         // Rows past the end stay inside the block (it holds 16 or more): valid addresses, zero-filled.
-        const int64_t base = int64_t(btab[j0 >> a.block_shift]) * a.block_stride +
-                             (j0 & in_block_mask) * a.token_stride + lane_src;
+        const int32_t entry = __shfl_sync(0xffffffffu, bt, n & 31);
+        const int64_t base = int64_t(entry) * a.block_stride + (j0 & in_block_mask) * a.token_stride + lane_src;
         const T* kp = k_cache + base;
         const T* vp = v_cache + base;
         T* kdl = kd + lane_row * KS + lane_chunk * 8;
@@ -530,9 +554,9 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
     detail::cp_async_commit();
   };
 
-  int tile = r.tile_begin + warp;
+  int tile = warp_tile0;
 #pragma unroll
-  for (int s = 0; s < NS - 1; ++s) issue(tile + s * W, s);
+  for (int s = 0; s < NS - 1; ++s) issue(s, s);
   // q (16-bit, rows past the CTA's heads zero) while the first tiles are in flight.
   const T* q = static_cast<const T*>(a.qkv) + int64_t(r.b) * (H + 2 * KVH) * D + int64_t(r.head0) * D;
   for (int i = tid; i < 16 * D; i += W * 32) {
@@ -560,7 +584,7 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   for (int i = 0; tile < tile_end; ++i, tile += W) {
     detail::cp_async_wait_group<NS - 2>();  // this tile has landed (NS - 2 younger groups may not)
     __syncwarp();                           // visible to every lane; every lane is done with stage i - 1
-    issue(tile + (NS - 1) * W, (i + NS - 1) % NS);  // into the stage computed at iteration i - 1
+    issue(i + NS - 1, (i + NS - 1) % NS);   // into the stage computed at iteration i - 1
     const T* kb = my_stage + (i % NS) * 2 * KT * KS;
     const T* vb = kb + KT * KS;
 
