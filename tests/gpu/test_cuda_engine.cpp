@@ -165,9 +165,24 @@ TEST(CudaSplitKv, DecodeAttentionMatchesCpuAndUnsplit) {
     else EXPECT_LE(test::nmse(out, unsplit), 1e-5) << splits << " splits vs unsplit";
   }
   // The host plan: Llama-2-7B at batch 1, context 1024 on 132 SMs -> 4 splits (see the .cu).
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 1024, 132), 4);
-  EXPECT_EQ(cuda::plan_decode_splits(64, 32, 32, 1024, 132), 1);
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 100, 132), 1);
+  for (bool async_mode : {true, false}) {
+    EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 1024, 132, async_mode), 4);
+    EXPECT_EQ(cuda::plan_decode_splits(64, 32, 32, 1024, 132, async_mode), 1);
+    EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 100, 132, async_mode), 1);
+  }
+  // ChatGLM2's 32/2 heads at batch 1, 16K, async: 43 splits (86 CTAs; the sweep measured 48 best, 32
+  // 5% slower), and at batch 32, 512 keys one split (two measured 8% slower;
+  // docs/results/2026-12-01n-splits.md).
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 2, 16384, 132, true), 43);
+  EXPECT_EQ(cuda::plan_decode_splits(32, 32, 2, 512, 132, true), 1);
+  // The workspace bound covers every shorter context.
+  for (const auto& [h, kvh] : {std::pair{32, 32}, {32, 8}, {32, 2}, {40, 40}})
+    for (int b : {1, 2, 5, 8, 64}) {
+      const int bound = cuda::max_decode_splits(b, h, kvh, 32768, 132);
+      for (int len = 1; len <= 32768; len += 97)
+        for (bool async_mode : {true, false})
+          ASSERT_LE(cuda::plan_decode_splits(b, h, kvh, len, 132, async_mode), bound) << h << "/" << kvh << " b " << b << " L " << len;
+    }
 }
 
 // The fused rope + KV-cache write equals the two separate launches bit for bit (q in qkv, k and v

@@ -533,7 +533,7 @@ void run_decode(const DecodeCase& c) {
     if (splits == 0) {
       int sms = 0;
       cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
-      splits = cuda::plan_decode_splits(B, H, KVH, max_len, sms);
+      splits = cuda::plan_decode_splits(B, H, KVH, max_len, sms, /*async_mode=*/true);
     }
     const size_t ws_bytes = cuda::decode_attention_async_workspace_bytes(B, H, KVH, D, splits);
     DeviceBuffer<uint8_t> ws(std::vector<uint8_t>(ws_bytes, 0xFF));  // no initialization needed

@@ -72,6 +72,8 @@ int run_bench_attention(const BenchAttentionArgs& a) {
   const cuda::KernelOptionsScope kernel_scope(kernels);  // the kernels are called here, not by an engine
   check(!a.batches.empty() && !a.contexts.empty(), "bench-attention: give batch sizes and context lengths");
   for (const auto& m : a.modes) check(m == "async" || m == "sync", "--modes: '{}' is not one of async, sync", m);
+  check(!a.splits.empty(), "bench-attention: give --splits (0: the plan)");
+  for (int s : a.splits) check(s >= 0 && s <= 1024, "--splits: {} is not 0 (the plan) or a count in [1, 1024]", s);
   const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
   const int H = a.heads, KVH = a.kv_heads, D = a.head_dim;
   const double token_bytes = 2.0 * KVH * D * 2;  // K and V of one position, all kv heads
@@ -128,10 +130,12 @@ int run_bench_attention(const BenchAttentionArgs& a) {
       std::vector<int32_t> lens_h(B, L);
       cuda::DeviceBuffer lens(B * sizeof(int32_t));
       FDPP_CUDA_CHECK(cudaMemcpy(lens.get(), lens_h.data(), B * sizeof(int32_t), cudaMemcpyHostToDevice));
-      const int splits = cuda::plan_decode_splits(B, H, KVH, L, gpus[0].multiprocessors);
       const int reps = static_cast<int>(std::clamp(2e-3 / (bytes / kDesignReadBandwidth), 4.0, 50.0));
+      for (const int split_choice : a.splits)
       for (const auto& mode : a.modes) {
         const bool async = mode == "async";
+        const int planned_splits = cuda::plan_decode_splits(B, H, KVH, L, gpus[0].multiprocessors, async);
+        const int splits = split_choice == 0 ? planned_splits : split_choice;
         const size_t ws_bytes = async ? cuda::decode_attention_async_workspace_bytes(B, H, KVH, D, splits)
                                       : cuda::decode_attention_workspace_bytes(B, H, D, splits);
         cuda::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
@@ -158,7 +162,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                            {"async_combine", cuda::async_combine_name(kernels.async_combine)},
                            {"block_size", block}, {"kv_layout", a.kv_layout}, {"block_order", a.block_order},
                            {"pdl", kernels.programmatic_launch}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
-                           {"context", L}, {"splits", splits}, {"us", us}, {"bytes", bytes},
+                           {"context", L}, {"splits", splits}, {"planned_splits", planned_splits}, {"us", us}, {"bytes", bytes},
                            {"pct_design_bw", bytes / (us * 1e-6) / kDesignReadBandwidth},
                            {"fallback_rows", fb}, {"reps", reps}, {"rotations", rotations}});
         if (!a.json)

@@ -33,6 +33,9 @@ struct BenchAttentionArgs {
   // cache) or "sequential" (a fresh engine's allocator hands out consecutive blocks; the order of
   // the dense K/V the peers read).
   std::string block_order = "shuffled";
+  // Decode: the split-KV counts to time at every point; 0 is the engine's plan (plan_decode_splits).
+  // A list measures the plan against its alternatives (the "splits" and "planned_splits" fields).
+  std::vector<int> splits{0};
   KernelFlags kernels;  // --pdl, --decode-path (else FDPP_PDL, FDPP_DECODE_PATH)
 };
 

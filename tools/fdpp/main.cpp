@@ -820,6 +820,10 @@ int main(int argc, char** argv) {
                          "sequential")
       ->capture_default_str()
       ->check(CLI::IsMember({"shuffled", "sequential"}));
+  bench_attn->add_option("--splits", ba.splits,
+                         "decode: split-KV counts to time at every point (0: the engine's plan)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1024));
   bench_attn->add_option("--points", ba.points, "prefill points BxL (B sequences of L tokens)")->delimiter(',');
   bench_attn->add_option("--prefill-config", ba.prefill_configs,
                          "prefill tile configurations to compare (m64n64, m128n64w8, m128n64w8s3, m128n32w4 or all)")

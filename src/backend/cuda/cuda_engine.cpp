@@ -102,7 +102,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   // The split plan depends on the kernel options (warps per CTA): size the workspace under them.
   const KernelOptionsScope sizing_kernels(options.kernels);
   for (int b = 1; b <= options.max_batch; ++b) {
-    const int splits = plan_decode_splits(b, c.n_heads, c.n_kv_heads, c.max_context, multiprocessors_);
+    const int splits = max_decode_splits(b, c.n_heads, c.n_kv_heads, c.max_context, multiprocessors_);
     attn_ws = std::max(attn_ws, options.attention == AttentionMode::Async
                                     ? decode_attention_async_workspace_bytes(b, c.n_heads, c.n_kv_heads, c.head_dim,
                                                                              splits)
@@ -485,7 +485,8 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
   const int32_t* d = decode_in_.as<int32_t>();
   const StepInputs in{d, d + mb, d + 2 * mb, d + 4 * mb, d + 3 * mb, nullptr, nullptr, nullptr, nullptr};
 
-  const int splits = plan_decode_splits(b, config().n_heads, config().n_kv_heads, max_len, multiprocessors_);
+  const int splits = plan_decode_splits(b, config().n_heads, config().n_kv_heads, max_len, multiprocessors_,
+                                        options_.attention == AttentionMode::Async);
   auto graph = graphs_.find({b, splits});
   if (!options_.cuda_graphs) {
     forward(in, b, b, {}, b, splits);
@@ -603,7 +604,9 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
                         tab + static_cast<size_t>(decode_rows) * max_blocks_per_seq_, chunk_meta_.as<int32_t>(),
                         chunk_meta_.as<int32_t>() + chunks.size() + 1, head_index_.as<int32_t>()};
     const int splits =
-        decode_rows > 0 ? plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, max_len, multiprocessors_) : 1;
+        decode_rows > 0 ? plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, max_len, multiprocessors_,
+                                             options_.attention == AttentionMode::Async)
+                        : 1;
     if (head_rows > 0) {
       forward(in, T, decode_rows, chunks, head_rows, splits);
     } else {

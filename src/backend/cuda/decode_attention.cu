@@ -58,9 +58,13 @@
 //   * The loop is not bound by its instructions: the former one (per-lane block-table lookups and
 //     shuffles for every row, a rescale of o every tile, the scale and the mask on every logit) took
 //     485 instructions per 16-key tile at head_dim 128 (SASS), this one ~260, and both stream at 83%
-//     of the bandwidth at 32/8, batch 8, 16K (docs/results/2026-12-01h-lean-loop.md). Nor by the
-//     cache layout or the blocks' order (docs/results/2026-12-01g, i). What holds it below cuDNN's
-//     ~100% at large sizes is not found yet.
+//     of the bandwidth at 32/8, batch 8, 16K (docs/results/2026-12-01h-lean-loop.md). It was held
+//     by the block-table read at each issue (now read 32 issues ahead: up to 7% faster; 64-token
+//     blocks, which had gained 5-7% by reading the table a quarter as often, now gain ~1%). The
+//     paged layout costs 1-2% (a nearly contiguous cache, head-major with sequential 256-token
+//     blocks, the layout cuDNN reads, measured 0.99x at the median; docs/results/2026-12-01n-splits.md).
+//     The rest of the gap to cuDNN's ~100% at large sizes is not found yet (cuDNN, per ncu: 4-warp
+//     CTAs of 16 x 128-key tiles, 86 KB of shared memory, two per SM, and a separate reduction).
 //   * The async (unified max) mode keeps the warp's own reference max inside the loop and converts
 //     the warp's sums to phi once at the end (o, d times 2^(m_w - phi)), so P stays <= 2^8 and fp16
 //     P keeps the full [a, b] range of the guard (a P of e^(x - phi) up to e^13.7 would overflow
@@ -119,6 +123,9 @@ constexpr int resident_ctas(int threads, size_t smem) {
   const size_t n = by_smem < by_threads ? by_smem : by_threads;
   return n < 1 ? 1 : static_cast<int>(n);
 }
+
+// The most splits a launch takes (the synchronized combine keeps one weight per split in shared memory).
+constexpr int kMaxSplits = 1024;
 
 struct DecodeArgs {
   const void* qkv;
@@ -879,27 +886,79 @@ __global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
   attend_group<T, D, GMAX, kAsync, kMma, W>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s);
 }
 
+// The combine launches (one CTA per (sequence, query head) row; kCombineThreads threads).
+constexpr int kCombineThreads = 128;
+// Up to this many splits every thread reads every split's m itself (the same addresses: broadcasts,
+// all in flight at once); more are read strided over the threads and reduced across the block.
+constexpr int kDirectMaxSplits = 16;
+
+// A block-wide max or sum of kCombineThreads values, the same on every thread and in the same order
+// on every run (deterministic). red_s: kCombineThreads / 32 floats.
+__device__ __forceinline__ float combine_block_reduce(float v, bool is_max, float* red_s) {
+  constexpr int NW = kCombineThreads / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = is_max ? warp_max(v) : warp_sum(v);
+  if (lane == 0) red_s[warp] = v;
+  __syncthreads();
+  float r = red_s[0];
+#pragma unroll
+  for (int w = 1; w < NW; ++w) r = is_max ? fmaxf(r, red_s[w]) : r + red_s[w];
+  __syncthreads();
+  return r;
+}
+
 // Merges the splits' partials of one (sequence, query head): out = sum_s 2^(m_s - M) o_s /
-// sum_s 2^(m_s - M) d_s with M = max_s m_s (the synchronized FlashDecoding reduction).
+// sum_s 2^(m_s - M) d_s with M = max_s m_s (the synchronized FlashDecoding reduction). Many splits:
+// the weights 2^(m_s - M) once per split in shared memory and the loads of the sums 8 splits at a
+// time (a thread's serial loop over the splits took 19 us at 62 splits, 32/2 heads, batch 1, 16K:
+// more than the main kernel; ncu, docs/results/2026-12-01n-splits.md).
 template <class T, int D>
-__global__ void decode_combine_kernel(const float* __restrict__ partials, int splits, T* __restrict__ out) {
+__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const float* __restrict__ partials,
+                                                                         int splits, T* __restrict__ out) {
   detail::pdl_trigger();
   detail::pdl_wait();
-  const int bh = blockIdx.x;  // b * H + h
-  const float* p = partials + int64_t(bh) * splits * (D + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, p[s * (D + 2)]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float num = 0.f, den = 0.f;
-    if (M != -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const float* ps = p + s * (D + 2);
-        const float f = exp2f(ps[0] - M);
-        num += f * ps[2 + d];
-        den += f * ps[1];
+  constexpr int NT = kCombineThreads;
+  __shared__ float red_s[NT / 32];
+  __shared__ float weight_s[kMaxSplits];
+  const int tid = threadIdx.x;
+  const int64_t bh = blockIdx.x;  // b * H + h
+  const float* p = partials + bh * splits * (D + 2);
+  T* o = out + bh * D;
+  if (splits <= kDirectMaxSplits) {
+    // (This path with `#pragma unroll 4` on both loops measured 4-5% slower in all at 16 splits,
+    // 32/8 and 32/2 heads, batch 1, 4K: 12.93 us vs 12.41; docs/results/2026-12-01n-splits.md.)
+    float M = -INFINITY;
+    for (int s = 0; s < splits; ++s) M = fmaxf(M, p[s * (D + 2)]);
+    for (int d = tid; d < D; d += NT) {
+      float num = 0.f, den = 0.f;
+      if (M != -INFINITY) {
+        for (int s = 0; s < splits; ++s) {
+          const float* ps = p + s * (D + 2);
+          const float f = exp2f(ps[0] - M);
+          num += f * ps[2 + d];
+          den += f * ps[1];
+        }
       }
+      o[d] = from_float<T>(den > 0.f ? num / den : 0.f);
     }
-    out[int64_t(bh) * D + d] = from_float<T>(den > 0.f ? num / den : 0.f);
+    return;
+  }
+  float M = -INFINITY;
+  for (int s = tid; s < splits; s += NT) M = fmaxf(M, p[int64_t(s) * (D + 2)]);
+  M = combine_block_reduce(M, true, red_s);
+  float den = 0.f;
+  for (int s = tid; s < splits; s += NT) {
+    const float* ps = p + int64_t(s) * (D + 2);
+    const float f = M == -INFINITY ? 0.f : exp2f(ps[0] - M);  // a split with no keys: m = -inf, f = 0
+    weight_s[s] = f;
+    den += f * ps[1];
+  }
+  den = combine_block_reduce(den, false, red_s);  // (its barriers publish weight_s)
+  for (int d = tid; d < D; d += NT) {
+    float num = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) num += weight_s[s] * p[int64_t(s) * (D + 2) + 2 + d];
+    o[d] = from_float<T>(den > 0.f ? num / den : 0.f);
   }
 }
 
@@ -914,8 +973,6 @@ __global__ void decode_combine_kernel(const float* __restrict__ partials, int sp
 // whose combine is this wide launch, 19.6 us; docs/results/2026-12-01a-attention-grid.md, rows
 // 32/2 B 1). Spreading it with red.global.add.f32 would make outputs change in the last bits from
 // run to run; this launch costs what sync's combine costs and stays bitwise reproducible.
-constexpr int kCombineThreads = 128;
-
 template <class T, int D>
 __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(DecodeArgs a) {
   detail::pdl_trigger();
@@ -925,7 +982,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
   __shared__ float q_s[D];
   __shared__ float p_s[NT];
   __shared__ int64_t row_s[NT];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   const int bh = blockIdx.x, H = a.n_heads, b = bh / H, h = bh - b * H;
   T* out = static_cast<T*>(a.out) + int64_t(bh) * D;
   const int splits = a.splits;
@@ -935,7 +992,6 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
   // block reduction always, behind the length's load, async with this launch measured 9.42 us in
   // all at 32/8, batch 1, 1K keys, 4 splits, where sync, whose combine is shaped like this, took
   // 7.96; docs/results/2026-12-01d and i. After: 9.30, sync 7.93; docs/results/2026-12-01j.)
-  constexpr int kDirectMaxSplits = 16;
   int L = a.context_lens[b];
   float M = -INFINITY;
   if (splits <= kDirectMaxSplits) {
@@ -948,17 +1004,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
     for (int d = tid; d < D; d += NT) out[d] = from_float<T>(0.f);
     return;
   }
-  // Block-wide max or sum, the same order on every thread (deterministic).
-  auto block_reduce = [&](float v, bool is_max) {
-    v = is_max ? warp_max(v) : warp_sum(v);
-    if (lane == 0) red_s[warp] = v;
-    __syncthreads();
-    float r = red_s[0];
-#pragma unroll
-    for (int w = 1; w < NW; ++w) r = is_max ? fmaxf(r, red_s[w]) : r + red_s[w];
-    __syncthreads();
-    return r;
-  };
+  auto block_reduce = [&](float v, bool is_max) { return combine_block_reduce(v, is_max, red_s); };
   if (splits > kDirectMaxSplits) {
     for (int s = tid; s < splits; s += NT) M = fmaxf(M, p[int64_t(s) * (D + 2)]);
     M = block_reduce(M, true);
@@ -1087,7 +1133,8 @@ void launch_decode_gw(int gmax, const DecodeArgs& a, int n_ctas, bool dependent,
 
 // Warps per CTA at head dims 64 and 128 (the others always run their default): KernelOptions::
 // decode_warps when it is 4 or 8; auto (0): 4 where the tensor-core loop has CTA groups (without
-// splits) for at least 3/4 of the slots of two CTAs per SM, else 8. Measured on the H200, fp16, D 128,
+// splits) for at least 3/4 of the slots of two CTAs per SM, or the CUDA-core loop at least 4 groups
+// per SM (below), else 8. Measured on the H200, fp16, D 128,
 // sequential blocks, 4 vs 8 warps (docs/results/2026-12-01i-order-warps.md): GQA 32/8 at batch 32
 // (256 groups, 264 slots on 132 SMs) 2-14% faster at every context, at batch 64 (512) 1-17% faster;
 // batch 8 (64 groups) within -3..+5%; MQA 32/2 at batch 64 (128 groups) 28% slower at 512 keys, 3%
@@ -1095,6 +1142,11 @@ void launch_decode_gw(int gmax, const DecodeArgs& a, int n_ctas, bool dependent,
 // so one streams while the other fills or drains; with fewer groups the plan must split rows to fill
 // the slots, and the extra partials cost more than that overlap gains.
 constexpr int kFourWarpMinSlotsFilledPct = 75;
+// The CUDA-core loop (MHA) takes 4 warps from this many CTA groups per SM on (docs/results/
+// 2026-12-01n-splits.md, blocks shuffled, 4 vs 8 warps): 32/32 at batch 32 (1024 groups, 7.8 per SM)
+// and 64 10-11% faster at 512 keys, 2-4% at 1K, within 1% from 4K on; at batch 8 (256 groups, 1.9 per
+// SM) 13-30% slower, at batch 1 up to 33% slower. (Batch 16, 3.9 per SM, was not measured.)
+constexpr int kCoreFourWarpMinGroupsPerSm = 4;
 
 int decode_warps_for(int batch, int n_heads, int n_kv_heads, int head_dim, int multiprocessors) {
   const int w = current_kernel_options().decode_warps;
@@ -1103,7 +1155,8 @@ int decode_warps_for(int batch, int n_heads, int n_kv_heads, int head_dim, int m
   const int group = n_heads / n_kv_heads;
   const int64_t groups = int64_t(batch) * n_kv_heads * ((group + 15) / 16);
   const int64_t slots = 2 * int64_t(multiprocessors);
-  return use_mma(head_dim, group) && groups * 100 >= slots * kFourWarpMinSlotsFilledPct ? 4 : kDefaultWarps;
+  if (!use_mma(head_dim, group)) return groups >= int64_t(kCoreFourWarpMinGroupsPerSm) * multiprocessors ? 4 : kDefaultWarps;
+  return groups * 100 >= slots * kFourWarpMinSlotsFilledPct ? 4 : kDefaultWarps;
 }
 
 template <class T, int D, bool kAsync>
@@ -1211,60 +1264,92 @@ int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
   return static_cast<int>(n);
 }
 
-int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
-  // A launch has one CTA per (sequence, kv head [, 16-head sub-group]) and split, and the kernel
-  // runs one CTA per SM (135 KB of shared memory at head_dim 128 on CUDA cores, 214 KB on tensor
-  // cores). A grid of C = ctas x s CTAs takes waves(s) = ceil(C / SMs) rounds, and each CTA's time is
-  // its keys plus a fixed cost (q, the pipeline's first round trip, the merge, the partial):
-  //   T(s) = waves(s) x (L / s / kKeysPerRound + kFixedRounds),
-  // kKeysPerRound = 256 keys (8 warps x 32), kFixedRounds = 1 (a CTA's fixed cost is about one
-  // memory round trip plus a few barriers, ~2-4 us; a round of 256 keys of one kv head at
-  // head_dim 128 is 131 KB, ~3.9 us at an SM's 1/132 share of 4.46 TB/s). We take the smallest s
-  // within 2% of the best T, with at least 8 tiles of 32 keys per split and at most 256 splits.
-  // The former rule (smallest s within 85% of the best wave efficiency, at most 64 splits) left SMs
-  // idle on long rows of few groups: ChatGLM2's 32/2 heads at batch 1 ran 55 splits = 110 CTAs on
-  // 132 SMs (16K: 19.6 us sync, cuDNN 12.3; 64K: 34.1 us vs 23.8), 32/8 at batch 1 ran 14 splits =
-  // 112 CTAs (64K: 73.8% of the bandwidth vs cuDNN's 88.8%); docs/results/2026-12-01a-attention-grid.md.
-  // Worked numbers on the H200 (132 SMs):
-  //   32 heads MHA, batch 1, context 1024: C = 32, 32 tiles -> at most 4 splits: T = 5, 3, 2.33, 2
-  //   -> 4 splits, 128 CTAs in one wave (measured without splits: 17 us; docs/performance-log.md).
-  //   MHA, batch 1, 64K: 4 splits (1 wave, T 65); 8 splits take 2 waves (T 66).
-  //   MHA, batch 5, 4K: C = 160: T = 34, 27, 25.3, 25 (s = 1..4) -> 3 splits (within 2% of 4).
-  //   MHA, batch 8: C = 256: 1 split.
-  //   32/2 heads (C = 2), batch 1: 16K 62 splits (124 CTAs), 64K 65 (130 CTAs); was 55 (110).
-  //   32/8 heads (C = 8), batch 1, 64K: 16 splits, 128 CTAs (was 14).
+namespace {
+
+// What the split plan counts on for a step's shape (head_dim 128 assumed): CTA groups (one per
+// sequence, kv head and 16-head sub-group), warps per CTA (decode_warps_for, which the launch asks
+// the same), the CTAs resident at once (slots: SMs x CTAs per SM by shared memory) and the keys of
+// one tile of the loop the CTA runs (16 on tensor cores, 32 on CUDA cores).
+struct SplitShape {
+  int64_t groups;
+  int warps;
+  int64_t slots;
+  int tile_keys;
+};
+
+SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int multiprocessors) {
   const int group = n_heads / n_kv_heads;
-  const int n_sub = (group + 15) / 16;
-  const int64_t ctas = int64_t(batch) * n_kv_heads * n_sub;
-  if (max_context_len <= 0 || multiprocessors <= 0) return 1;
-  const int n_tiles = (max_context_len + 31) / 32;
-  // decode_warps_for decides the CTA's shape the plan counts on (the launch asks it the same, with
-  // the calling thread's KernelOptions::decode_warps): W warps take W x 32 keys per round (kKeysPerRound), and the CTAs
-  // resident per SM (shared memory bound at head_dim 128, which the plan assumes: the CUDA-core loop
-  // with groups up to 4 heads, the tensor-core loop with any group; the fewer of the two) give the
-  // slots of a wave: 1 at 8 warps, 2 at 4 warps. At 4 warps a CTA streams at about half an SM's
-  // rate, so the same rows take twice the splits, and the fill and drain of one CTA overlap the
-  // streaming of another on the same SM: what decode_warps 4 measures.
-  const int warps = decode_warps_for(batch, n_heads, n_kv_heads, 128, multiprocessors);
-  const int max_splits = std::max(1, std::min(n_tiles / warps, 256));
+  SplitShape sh;
+  sh.groups = int64_t(batch) * n_kv_heads * ((group + 15) / 16);
+  sh.warps = decode_warps_for(batch, n_heads, n_kv_heads, 128, multiprocessors);
   auto per_sm = [](auto core, auto mma) {
     return std::min(resident_ctas(decltype(core)::kWarps * 32, decltype(core)::kSmem),
                     resident_ctas(decltype(mma)::kWarps * 32, decltype(mma)::kSmem));
   };
-  const int per_sm_ctas = warps == 4 ? per_sm(CoreShape<128, 4, 4>{}, MmaShape<128, 4>{})
-                                     : per_sm(CoreShape<128, 4, 8>{}, MmaShape<128, 8>{});
-  const double kKeysPerRound = 32.0 * warps, kFixedRounds = 1.0;
-  const int64_t slots = int64_t(multiprocessors) * per_sm_ctas;
-  auto cost = [&](int splits) {
-    const int64_t c = ctas * splits;
-    const int64_t waves = (c + slots - 1) / slots;
-    return double(waves) * (double(max_context_len) / splits / kKeysPerRound + kFixedRounds);
-  };
-  double best = cost(1);
-  for (int s = 2; s <= max_splits; ++s) best = std::min(best, cost(s));
-  for (int s = 1; s <= max_splits; ++s)
-    if (cost(s) <= 1.02 * best) return s;
-  return 1;
+  const int per_sm_ctas = sh.warps == 4 ? per_sm(CoreShape<128, 4, 4>{}, MmaShape<128, 4>{})
+                                        : per_sm(CoreShape<128, 4, 8>{}, MmaShape<128, 8>{});
+  sh.slots = int64_t(multiprocessors) * per_sm_ctas;
+  sh.tile_keys = use_mma(128, std::min(group, 16)) ? 16 : 32;
+  return sh;
+}
+
+// The most splits a plan considers: a split holds at least one tile, the grid at most two waves of
+// slots (more splits only add partials: none of the measured optima had more), and 256.
+int max_splits_of(const SplitShape& sh, int max_context_len) {
+  const int64_t tiles = (int64_t(std::max(max_context_len, 0)) + sh.tile_keys - 1) / sh.tile_keys;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({256, tiles, 2 * sh.slots / sh.groups})));
+}
+
+}  // namespace
+
+int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors,
+                       bool async_mode) {
+  // A launch has one CTA per (sequence, kv head [, 16-head sub-group]) and split. Its time, in units
+  // of one SM streaming 8 tiles of 16 keys of one kv head (at head_dim 128, 70 KB: ~2 us at an SM's
+  // 1/132 share of 4.46 TB/s), for s splits of a row's n tiles (tile_keys each) on W warps:
+  //   T(s) = waves(s) x stream(ceil(n / s)) + [s > 1] (kSplitFixed + kSplitEach x s),
+  //   stream(t) = (ceil(t / W) + t / W) / 2 x tile_keys / 16,   waves(s) = ceil(groups x s / slots):
+  // the CTAs' streaming (a CTA of W warps streams at W/8 of an SM, the warps take tiles round-robin,
+  // so a round the warps do not fill costs about half a round; the slots of a wave stream in
+  // parallel) and the partials (the combine: launch, partials written and read; each split more in
+  // sync mode, whose combine weighs every split on every thread). The cheapest s wins (the smallest
+  // on ties). The constants are fitted to sweeps of 1-128 splits at every point of issue 13's grid
+  // (32 query heads on 32, 8 and 2 kv heads, batch 1-64, 512-64K keys, both modes; H200, fp16,
+  // D 128; docs/results/2026-12-01n-splits.md): the planned split is on average 0.2% (async) and
+  // 0.8% (sync) slower than the sweep's best (geometric mean), at most 6% and 9% (the former rule,
+  // a fixed cost per CTA and none per split: 2.2% and 21%, async). The optima it follows: MHA at
+  // batch 1 four splits from 512 keys on (128 CTAs; the former rule had 2 at 512, excluding splits
+  // of fewer tiles than warps); 32/2 at batch 1, 16K about 48 splits (62 filled the SMs and added
+  // partials); one split wherever one wave of unsplit CTAs streams about as fast (32/2 at batch 32,
+  // 512 keys: 11.6 us, two splits 12.5).
+  //   32 heads MHA, batch 1, context 1024, async: 32 groups, 32 tiles of 32 keys, at most 8 splits:
+  //   T = 8, 4 + 2.1, 3.375 + 2.15, 2 + 2.2 (128 CTAs); 5-8 splits take two waves -> 4 splits.
+  //   MHA, batch 8: 256 groups, at most 1 split (two waves of unsplit CTAs already).
+  const SplitShape sh = split_shape(batch, n_heads, n_kv_heads, multiprocessors);
+  if (max_context_len <= 0 || multiprocessors <= 0) return 1;
+  constexpr double kSplitFixed = 2.0, kSplitEachAsync = 0.05, kSplitEachSync = 0.1;
+  const double split_each = async_mode ? kSplitEachAsync : kSplitEachSync;
+  const int64_t n_tiles = (int64_t(max_context_len) + sh.tile_keys - 1) / sh.tile_keys;
+  const int max_splits = max_splits_of(sh, max_context_len);
+  int best_s = 1;
+  double best = 0.0;
+  for (int s = 1; s <= max_splits; ++s) {
+    const int64_t waves = (sh.groups * s + sh.slots - 1) / sh.slots;
+    const int64_t tiles = (n_tiles + s - 1) / s;  // per split
+    const double stream = 0.5 * (double((tiles + sh.warps - 1) / sh.warps) + double(tiles) / sh.warps) *
+                          (sh.tile_keys / 16.0);
+    const double t = double(waves) * stream + (s > 1 ? kSplitFixed + split_each * s : 0.0);
+    if (s == 1 || t < best - 1e-9) {
+      best = t;
+      best_s = s;
+    }
+  }
+  return best_s;
+}
+
+int max_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
+  if (max_context_len <= 0 || multiprocessors <= 0) return 1;
+  return max_splits_of(split_shape(batch, n_heads, n_kv_heads, multiprocessors), max_context_len);
 }
 
 void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
@@ -1280,7 +1365,7 @@ namespace {
 DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                      int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
                      int head_dim, int block_size, float scale, void* out, DType dtype, int splits) {
-  check(splits >= 1 && splits <= 1024, "decode_attention: splits = {} out of range [1, 1024]", splits);
+  check(splits >= 1 && splits <= kMaxSplits, "decode_attention: splits = {} out of range [1, {}]", splits, kMaxSplits);
   check(qkv != nullptr && k_cache != nullptr && v_cache != nullptr && block_tables != nullptr &&
             context_lens != nullptr && out != nullptr,
         "decode_attention: null pointer (qkv {}, k_cache {}, v_cache {}, block_tables {}, context_lens {}, out {})",
@@ -1342,8 +1427,8 @@ void decode_attention_split(const void* qkv, const void* k_cache, const void* v_
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool pdl = programmatic_launch_enabled();
-    auto combine = [&](auto* kernel, int threads) {
-      const detail::LaunchConfig config(dim3(batch * n_heads), dim3(threads), 0, stream, pdl);
+    auto combine = [&](auto* kernel) {
+      const detail::LaunchConfig config(dim3(batch * n_heads), dim3(kCombineThreads), 0, stream, pdl);
       cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const float*>(a.partials), splits,
                                     static_cast<T*>(out)),
                  "cudaLaunchKernelEx(decode_combine_kernel)");
@@ -1351,11 +1436,11 @@ void decode_attention_split(const void* qkv, const void* k_cache, const void* v_
     launch_decode_d<T, false>(head_dim, g.gmax, a, static_cast<int>(g.n_groups), pdl, stream);
     if (splits > 1) {
       switch (head_dim) {
-        case 64: combine(decode_combine_kernel<T, 64>, 64); break;
-        case 80: combine(decode_combine_kernel<T, 80>, 96); break;
-        case 96: combine(decode_combine_kernel<T, 96>, 96); break;
-        case 128: combine(decode_combine_kernel<T, 128>, 128); break;
-        default: combine(decode_combine_kernel<T, 256>, 128); break;
+        case 64: combine(decode_combine_kernel<T, 64>); break;
+        case 80: combine(decode_combine_kernel<T, 80>); break;
+        case 96: combine(decode_combine_kernel<T, 96>); break;
+        case 128: combine(decode_combine_kernel<T, 128>); break;
+        default: combine(decode_combine_kernel<T, 256>); break;
       }
     }
   });

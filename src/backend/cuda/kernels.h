@@ -144,8 +144,12 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
                             int* counters, int counter_ints, unsigned long long* fallback_rows, cudaStream_t stream);
 size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads);
-// The split count for a decode step (host-side plan; see the worked example in the .cu).
-int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors);
+// The split count for a decode step (host-side plan; see the worked example in the .cu), for the
+// async (unified max) or the synchronized kernels (their combines cost differently per split).
+int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors,
+                       bool async_mode);
+// The most splits plan_decode_splits returns for any context up to max_context_len (workspace sizing).
+int max_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors);
 
 // Prefill attention on tensor cores (prefill_attention.cu; tile plan in prefill_plan.h), causal
 // over the paged KV cache (layout as decode_attention), GQA/MQA (any n_heads / n_kv_heads),
