@@ -157,6 +157,7 @@ if "$BIN" --help 2>/dev/null | grep -q bench-attention; then
   usage "bench-attention: block size not a power of two" "^fdpp: error: --block-size: 3 not in" "$BIN" bench-attention --block-size 3
   usage "bench-attention: unknown KV layout" "^fdpp: error: --kv-layout: nhd not in" "$BIN" bench-attention --kv-layout nhd
   usage "bench-attention: unknown block order" "^fdpp: error: --block-order: random not in" "$BIN" bench-attention --block-order random
+  usage "bench-attention: split count out of range" "^fdpp: error: --splits: Value 2000 not in range" "$BIN" bench-attention --splits 2000
 fi
 
 # With the real model (when fetched): truncated copies, out-of-range ids, impossible lengths.
