@@ -242,6 +242,44 @@ TEST(ThreadPool, EveryTaskRunsOnceAtAnyThreadCount) {
   EXPECT_GE(cpu::physical_cores(), 1);
 }
 
+// Back-to-back calls of different sizes: a worker that read the previous call's counter just before
+// the next call began must not take one of the next call's tasks with it (the former pool let such a
+// worker run task n_prev of the next call a second time, and its count could end the next call early,
+// with a task still running on the caller's stack: heap corruption in the GPU suite's CPU reference
+// engine on a 16-core machine). More threads than cores, so that workers are preempted anywhere.
+TEST(ThreadPool, BackToBackCallsRunEachTaskOnceAndFinishBeforeReturning) {
+  const int before = cpu::num_threads();
+  cpu::set_num_threads(8);
+  constexpr int kCalls = 100000;
+  constexpr int64_t kMaxTasks = 48;
+  struct Call {
+    std::atomic<int> hits[kMaxTasks];
+    std::atomic<int> running{0};
+  };
+  // Every call's state outlives the loop: a late task writes into its own call's state, found below.
+  std::vector<Call> calls(kCalls);
+  int early = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    const int64_t n = i % 2 == 0 ? 1 + i % 5 : kMaxTasks - i % 7;  // small, large, small, ...
+    Call& c = calls[static_cast<size_t>(i)];
+    cpu::parallel_for(n, [&c](int64_t t) {
+      c.running.fetch_add(1);
+      c.hits[t].fetch_add(1);
+      c.running.fetch_sub(1);
+    });
+    if (c.running.load() != 0) ++early;
+  }
+  int wrong = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    const int64_t n = i % 2 == 0 ? 1 + i % 5 : kMaxTasks - i % 7;
+    for (int64_t t = 0; t < kMaxTasks; ++t)
+      if (calls[static_cast<size_t>(i)].hits[t].load() != (t < n ? 1 : 0)) ++wrong;
+  }
+  EXPECT_EQ(early, 0) << "calls that returned with a task still running";
+  EXPECT_EQ(wrong, 0) << "tasks run twice, not at all, or past the call's count";
+  cpu::set_num_threads(before);
+}
+
 // One thread resizes the pool while another's parallel_for runs on it (two models with different
 // thread counts used from two threads). The running call must keep its pool: the former owner
 // destroyed it at once, joining workers that were inside the other call's tasks (a use-after-free

@@ -73,13 +73,19 @@ class Pool {
   int size() const { return n_threads_; }
 
   void run(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
-    fn_.store(&fn, std::memory_order_relaxed);
-    n_tasks_.store(n_tasks, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
+    fn_.store(&fn, std::memory_order_relaxed);
     const uint32_t ep = ++last_epoch_;
     // The counter packs (epoch, next task) so that a worker still holding the previous epoch can
-    // never take a task of this one.
+    // never take a task of this one. It is replaced before the new task count is published: a
+    // worker of the previous epoch that read its (exhausted) counter and then this call's larger
+    // count fails its compare-exchange, because the count's release orders the new counter before
+    // it. (Published the other way round, such a worker claimed task n_previous of the old counter
+    // and ran it as a task of this call, twice, and its done_ could end this call with a task still
+    // running on the caller's stack: heap corruption under 16 threads, in the GPU suite's CPU
+    // reference engine. ThreadPool.BackToBackCalls... reproduces it.)
     counter_.store(static_cast<uint64_t>(ep) << 32, std::memory_order_release);
+    n_tasks_.store(n_tasks, std::memory_order_release);
     epoch_.store(ep);  // seq_cst, paired with the workers' sleepers_ increment (no lost wake-up)
     if (sleepers_.load() > 0) futex_wake_all(&epoch_);
     take_tasks(ep);
@@ -98,10 +104,11 @@ class Pool {
     for (;;) {
       if (static_cast<uint32_t>(c >> 32) != ep) return;
       const int64_t idx = static_cast<int64_t>(c & 0xFFFFFFFFu);
-      if (idx >= n_tasks_.load(std::memory_order_relaxed)) return;
+      if (idx >= n_tasks_.load(std::memory_order_acquire)) return;
       if (!counter_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
       (*fn_.load(std::memory_order_relaxed))(idx);
-      const uint32_t d = done_.fetch_add(1, std::memory_order_acq_rel) + 1;
+      // seq_cst: against the caller's caller_waiting_ store then done_ load (no lost wake-up).
+      const uint32_t d = done_.fetch_add(1) + 1;
       if (d == static_cast<uint32_t>(n_tasks_.load(std::memory_order_relaxed)) && caller_waiting_.load())
         futex_wake_all(&done_);
       c = counter_.load(std::memory_order_acquire);
