@@ -175,6 +175,9 @@ TEST(CudaSplitKv, DecodeAttentionMatchesCpuAndUnsplit) {
   // docs/results/2026-12-01n-splits.md).
   EXPECT_EQ(cuda::plan_decode_splits(1, 32, 2, 16384, 132, true), 43);
   EXPECT_EQ(cuda::plan_decode_splits(32, 32, 2, 512, 132, true), 1);
+  // Llama-3-8B's 32/8 at batch 1, 512 keys, async: 4 splits (one head per CTA, run synchronized:
+  // 6.23 us; 8 splits on tensor cores 6.82).
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 512, 132, true), 4);
   // The workspace bound covers every shorter context.
   for (const auto& [h, kvh] : {std::pair{32, 32}, {32, 8}, {32, 2}, {40, 40}})
     for (int b : {1, 2, 5, 8, 64}) {
@@ -441,7 +444,8 @@ TEST(CudaEngine, DefaultModelLogitsMatchTransformers) {
 // one, whole model, decode steps over a prompt long enough for split-KV: logits within NMSE 5e-4
 // (fp16). With phi = 0 the default model's rows are all in range (no fallback); with phi = 500
 // every row falls back and is recomputed, and the logits must not change either (the steps run two
-// or more splits: one split would run the synchronized kernel and recompute nothing).
+// or more splits, and the async runs take the tensor-core loop even where a CTA holds one head: one
+// split or the CUDA-core loop would run the synchronized kernels and recompute nothing).
 TEST(CudaEngine, AsyncSoftmaxLogitsEqualSyncWholeModel) {
   REQUIRE_GPU();
   const std::string path = test::default_model_or_empty();
@@ -462,9 +466,10 @@ TEST(CudaEngine, AsyncSoftmaxLogitsEqualSyncWholeModel) {
   const int T = std::min(600, c.max_context - 40), steps = 24;
   const auto ids = random_ids(T + steps, c.vocab_size);
   auto model = std::make_shared<const cuda::DeviceModel>(c, weights, cuda::DType::F16);
-  auto run = [&](cuda::AttentionMode mode, float phi, uint64_t* fallback, uint64_t* rows) {
+  auto run = [&](cuda::AttentionMode mode, float phi, uint64_t* fallback, uint64_t* rows, uint64_t* unified) {
     cuda::EngineOptions eo;
     eo.attention = mode;
+    if (mode == cuda::AttentionMode::Async) eo.kernels.decode_path = cuda::DecodePath::Mma;
     if (phi != 0.f) eo.unified_max_phi.assign(c.n_layers, phi);
     cuda::CudaRunner r(model, T + steps, eo);
     std::vector<float> logits(size_t(steps) * c.vocab_size, NAN);
@@ -473,12 +478,13 @@ TEST(CudaEngine, AsyncSoftmaxLogitsEqualSyncWholeModel) {
       r.forward(std::span(&ids[T + s], 1), T + s, false, std::span(logits.data() + size_t(s) * c.vocab_size, c.vocab_size));
     if (fallback != nullptr) *fallback = r.engine().attention_fallback_rows();
     if (rows != nullptr) *rows = r.engine().attention_rows();
+    if (unified != nullptr) *unified = r.engine().attention_unified_rows();
     return logits;
   };
-  uint64_t fb = 0, rows = 0, fb_all = 0, rows_all = 0;
-  const auto sync_logits = run(cuda::AttentionMode::Sync, 0.f, nullptr, nullptr);
-  const auto async_logits = run(cuda::AttentionMode::Async, 0.f, &fb, &rows);
-  const auto forced = run(cuda::AttentionMode::Async, 500.f, &fb_all, &rows_all);
+  uint64_t fb = 0, rows = 0, fb_all = 0, rows_all = 0, unified = 0, unified_all = 0;
+  const auto sync_logits = run(cuda::AttentionMode::Sync, 0.f, nullptr, nullptr, nullptr);
+  const auto async_logits = run(cuda::AttentionMode::Async, 0.f, &fb, &rows, &unified);
+  const auto forced = run(cuda::AttentionMode::Async, 500.f, &fb_all, &rows_all, &unified_all);
   const double e = test::nmse(async_logits, sync_logits), e_forced = test::nmse(forced, sync_logits);
   std::printf("%s: async vs sync logits NMSE %.3e (fallback %llu of %llu rows); phi = 500: NMSE %.3e (fallback %llu of "
               "%llu rows)\n",
@@ -488,6 +494,7 @@ TEST(CudaEngine, AsyncSoftmaxLogitsEqualSyncWholeModel) {
   EXPECT_LE(e_forced, 5e-4);
   EXPECT_GT(rows, 0u);
   EXPECT_EQ(rows_all, rows);
+  EXPECT_EQ(unified_all, rows_all) << "every decode step of 600+ keys runs two or more splits on tensor cores";
   EXPECT_EQ(fb_all, rows_all) << "phi = 500 puts every row's max logit below phi + a: all must fall back";
 }
 

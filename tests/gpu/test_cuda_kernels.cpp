@@ -557,8 +557,8 @@ void run_decode(const DecodeCase& c) {
         if (std::fabs(rel - bounds.a) < 1e-2 || std::fabs(rel - bounds.b) < 1e-2) ++ambiguous;
       }
     }
-    // One split runs the synchronized kernel (nothing to unify): no row is recomputed, whatever phi.
-    if (splits == 1) expected_fallback = ambiguous = 0;
+    // One split, or the CUDA-core loop, runs the synchronized kernels: no row is recomputed, whatever phi.
+    if (!cuda::decode_attention_async_unifies(B, H, KVH, D, splits)) expected_fallback = ambiguous = 0;
     const cuda::UnifiedMaxRange range{bounds.phi, bounds.a, bounds.b};
     // Twice on the same workspace: the counters must stay at zero, and the outputs must be bitwise
     // the same (the splits' sums are added in split order, no atomics).

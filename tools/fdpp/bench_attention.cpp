@@ -164,7 +164,9 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                            {"pdl", kernels.programmatic_launch}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
                            {"context", L}, {"splits", splits}, {"planned_splits", planned_splits}, {"us", us}, {"bytes", bytes},
                            {"pct_design_bw", bytes / (us * 1e-6) / kDesignReadBandwidth},
-                           {"fallback_rows", fb}, {"reps", reps}, {"rotations", rotations}});
+                           {"fallback_rows", fb}, {"reps", reps}, {"rotations", rotations},
+                           // async: whether the unified-max kernels ran (else the synchronized ones)
+                           {"unified", async && cuda::decode_attention_async_unifies(B, H, KVH, D, splits)}});
         if (!a.json)
           std::cerr << fmt::format("{} H {}/{} D {} B {} L {}: {:.2f} us\n", mode, H, KVH, D, B, L, us);
       }

@@ -356,6 +356,7 @@ int run_generate(GenerateArgs a, const DeviceArgs& d) {
     if (auto* gpu = dynamic_cast<cuda::CudaEngine*>(engine.get())) {
       j["attention"] = {{"mode", d.attention},
                         {"decode_rows", gpu->attention_rows()},
+                        {"unified_rows", gpu->attention_unified_rows()},
                         {"fallback_rows", gpu->attention_fallback_rows()},
                         {"prefill_rows", gpu->prefill_attention_rows()},
                         {"prefill_fallback_rows", gpu->prefill_attention_fallback_rows()}};

@@ -511,7 +511,16 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
     cudaGraphDestroy(g);
     graphs_[{b, splits}] = exec;  // captured, not run: the eager run above already computed this step
   }
-  attention_rows_ += static_cast<uint64_t>(b) * config().n_heads * config().n_layers;
+  count_attention_rows(b, splits);
+}
+
+void CudaEngine::count_attention_rows(int decode_rows, int splits) {
+  const ModelConfig& c = config();
+  const uint64_t rows = static_cast<uint64_t>(decode_rows) * c.n_heads * c.n_layers;
+  attention_rows_ += rows;
+  if (options_.attention == AttentionMode::Async &&
+      decode_attention_async_unifies(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, splits))
+    attention_unified_rows_ += rows;
 }
 
 void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) {
@@ -616,7 +625,7 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
       forward(in, T, decode_rows, chunks, 1, splits);
     }
     last_logit_rows_ = std::max(head_rows, 1);
-    attention_rows_ += static_cast<uint64_t>(decode_rows) * c.n_heads * c.n_layers;
+    if (decode_rows > 0) count_attention_rows(decode_rows, splits);
   }
 
   if (options_.shard.rank != 0) {

@@ -114,6 +114,9 @@ class CudaEngine final : public Engine {
   // asynchronized softmax recomputed because their max logit left [phi + a, phi + b] (synchronizes).
   uint64_t attention_rows() const { return attention_rows_; }
   uint64_t attention_fallback_rows() const;
+  // Of the decode attention rows, those the unified-max kernels ran (async mode, several splits on
+  // tensor cores; the others ran the synchronized kernels: decode_attention_async_unifies).
+  uint64_t attention_unified_rows() const { return attention_unified_rows_; }
   // The same for prefill attention (query rows of prefill chunks x query head x layer), whose
   // tensor-core kernel falls back per 64-row tile (kernels.h, prefill_attention_varlen).
   uint64_t prefill_attention_rows() const { return prefill_attention_rows_; }
@@ -132,6 +135,8 @@ class CudaEngine final : public Engine {
   // Uploads a decode step's inputs (rows' sequences already hold room for position length) and
   // runs it: replays the captured graph for (batch, splits) or captures one. Lengths unchanged.
   void launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens);
+  // Adds a step's decode rows to attention_rows_ (and attention_unified_rows_ where they unify).
+  void count_attention_rows(int decode_rows, int splits);
   // Samples head rows [first, first + count) of the last step's logits with one parameter set;
   // seeds_ and offsets_ rows [first, first + count) are already uploaded.
   void sample_rows(int first, int count, const SamplingParams& params,
@@ -193,7 +198,7 @@ class CudaEngine final : public Engine {
   int attn_counter_ints_ = 0;
   DeviceBuffer fallback_rows_;  // two device counters (unsigned long long): decode, prefill
   std::vector<UnifiedMaxRange> unified_max_;  // per layer
-  uint64_t attention_rows_ = 0;
+  uint64_t attention_rows_ = 0, attention_unified_rows_ = 0;
   uint64_t prefill_attention_rows_ = 0;
   int multiprocessors_ = 0;
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (batch, attention splits) -> captured step

@@ -71,7 +71,8 @@
 //     fp16). What the unified max saves, the exchange of maxima between splits, is unchanged.
 //
 // Async reduction and fallback. One split: there is nothing to unify, and the async mode runs the
-// synchronized kernel (exact for any logits; see decode_attention_async). Several splits: each CTA
+// synchronized kernel (exact for any logits; see decode_attention_async); the same where a launch
+// would run the CUDA-core loop (measured faster synchronized). Several splits on tensor cores: each CTA
 // writes its partial (sums relative to phi, and its max logit); a second, wide launch (decode_async_
 // combine_kernel, one CTA per row) adds them in split order, checks the guard and recomputes rows out of
 // range exactly; or, few splits (KernelOptions::async_combine, kAsyncKernelCombineMaxSplits), the group's
@@ -285,7 +286,7 @@ __device__ __forceinline__ int64_t cache_row(const DecodeArgs& a, const int32_t*
 
 // ---- CUDA-core loop -------------------------------------------------------------------------------
 // Leaves per warp (m, d, o) for the merge in m_s, d_s, o_s (returned) and ends with a barrier.
-template <class T, int D, int GMAX, bool kAsync, int kWarps>
+template <class T, int D, int GMAX, int kWarps>
 __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice& r, unsigned char* body, float* m_s,
                                             float* d_s) {
   static_assert(D == 64 || D == 128, "head_dim");
@@ -307,14 +308,13 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   const T* v_cache = static_cast<const T*>(a.v_cache);
   const int32_t* btab = a.block_tables + int64_t(r.b) * a.max_blocks_per_seq;
 
-  // m is the warp's running max, d and o are relative to it (async converts them to phi after the
-  // loop, as the tensor-core loop does: one loop for both modes, P never above 1). The former async
-  // loop used phi inside the loop (p = 2^(s - phi), no max, no rescale, no shuffle). Either way the
-  // async kernel streams at 86-88% of the bandwidth where sync reaches 93-96% (MHA 32/32, same loop
-  // source; docs/results/2026-12-01i and j). It is the compiled kernel, not the mode: with the mode a
-  // run-time argument of one kernel, sync ran at async's speed (docs/results/2026-12-01m). The loop's
-  // instruction count is not it either (792, 883 and 953 per tile in three builds, the fast one in
-  // the middle). Async sends one split to the sync kernel; with several, MHA async stays ~7% slower.
+  // m is the warp's running max, d and o are relative to it. Synchronized mode only: an async
+  // (unified max) variant of this loop, with its sums converted to phi after the loop (or, earlier,
+  // p = 2^(s - phi) inside it), streamed at 86-88% of the bandwidth where this one reaches 93-96%
+  // (MHA 32/32; docs/results/2026-12-01i and j), whatever its instruction count (792-953 per tile in
+  // three builds) and also with the mode a run-time argument of one kernel (sync then ran at async's
+  // speed; docs/results/2026-12-01m). The async mode runs the synchronized kernels wherever a launch
+  // would take this loop (decode_attention_async).
   float m[GMAX], dl[GMAX], o[GMAX][VPL];
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
@@ -440,16 +440,8 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   __syncthreads();
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
-    float d_total = warp_sum(dl[g]);
-    const float m_total = m[g];  // the warp's max logit (async: the guard's input)
-    if constexpr (kAsync) {
-      // To the unified max: o, d times 2^(m - phi). A warp that saw no key has m = -inf: factor 0. A
-      // row far above phi may turn inf here; the guard rejects it (its max is out of range).
-      const float f = exp2f(m[g] - a.phi2);
-      d_total *= f;
-#pragma unroll
-      for (int v = 0; v < VPL; ++v) o[g][v] *= f;
-    }
+    const float d_total = warp_sum(dl[g]);
+    const float m_total = m[g];
     if (lane == 0) {
       m_s[warp * GMAX + g] = m_total;
       d_s[warp * GMAX + g] = d_total;
@@ -769,7 +761,8 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
   if constexpr (kMma) {
     o_s = mma_loop<T, D, kAsync, kW>(a, r, body, m_s, d_s);
   } else {
-    o_s = core_loop<T, D, GMAX, kAsync, kW>(a, r, body, m_s, d_s);
+    static_assert(!kAsync, "the async mode runs the synchronized kernels on the CUDA-core loop");
+    o_s = core_loop<T, D, GMAX, kW>(a, r, body, m_s, d_s);
   }
 
   const int gc = r.gc;
@@ -1120,7 +1113,8 @@ bool use_mma(int head_dim, int gmax) {
 template <class T, int D, bool kAsync, int W>
 void launch_decode_gw(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
   if (use_mma(D, gmax)) return launch_decode<T, D, 16, kAsync, true, W>(a, n_ctas, dependent, stream);
-  if constexpr (D == 64 || D == 128) {
+  // (decode_attention_async never gets here: the CUDA-core loop runs synchronized only.)
+  if constexpr (!kAsync && (D == 64 || D == 128)) {
     switch (gmax) {
       case 1: return launch_decode<T, D, 1, kAsync, false, W>(a, n_ctas, dependent, stream);
       case 2: return launch_decode<T, D, 2, kAsync, false, W>(a, n_ctas, dependent, stream);
@@ -1222,7 +1216,7 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 }
 
 // Async with several splits: where the partials are added (KernelOptions::async_combine). Auto
-// takes the in-kernel reduction (the group's last CTA) at batch 1 with up to 8 splits, the separate
+// takes the in-kernel reduction (the group's last CTA) at batch 1 with up to 4 splits, the separate
 // launch otherwise. Measured on the H200, fp16, head_dim 128, same grid, kernel vs launch
 // (docs/results/2026-12-01d-attention-iteration3.md): batch 1, 512-1K keys (2-4 splits): 7.06 vs
 // 8.03, 8.71 vs 9.59 us (32/2), 7.24 vs 8.35, 8.59 vs 9.42 (32/8), 7.65 vs 8.48, 9.53 vs 10.39
@@ -1233,7 +1227,13 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 // batch 1, 512 / 1K keys, kernel vs launch 7.33 / 8.71 vs 8.44 / 9.30 us (32/8), 7.08 / 8.82 vs
 // 8.14 / 9.47 (32/2), 7.70 / 9.63 vs 8.56 / 10.25 (32/32); sync (its own combine launch) 7.48 /
 // 7.93 at 32/8: async's extra ~0.8 us at 1K is not found yet.
-constexpr int kAsyncKernelCombineMaxSplits = 8;
+// Those few-split points ran the CUDA-core loop (one head per CTA), which async now leaves to the
+// synchronized kernels. On the tensor-core loop at batch 1 with 8 splits the launch measured faster
+// at every point (docs/results/2026-12-01o-pool-async-core.md): 32/8, 512 to 4K keys, kernel 7.03 /
+// 7.99 / 10.01 / 12.78 vs launch 6.82 / 7.82 / 9.80 / 12.52 us; 32/2 6.48 / 7.80 / 9.76 / 12.49 vs
+// 6.32 / 7.68 / 9.53 / 12.26. Up to 4 splits the kernel stays (no tensor-core point of that kind was
+// measured; the CUDA-core ones above favoured the kernel).
+constexpr int kAsyncKernelCombineMaxSplits = 4;
 
 bool combine_in_kernel(int batch, int splits) {
   switch (current_kernel_options().async_combine) {
@@ -1254,6 +1254,10 @@ size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_h
   check(batch > 0 && n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && splits >= 1,
         "decode_attention_async_workspace_bytes: batch {}, heads {}/{}, splits {}", batch, n_heads, n_kv_heads, splits);
   return async_workspace_layout(batch, n_heads, n_kv_heads, head_dim, splits).total;
+}
+
+bool decode_attention_async_unifies(int batch, int n_heads, int n_kv_heads, int head_dim, int splits) {
+  return splits > 1 && use_mma(head_dim, plan_groups(batch, n_heads, n_kv_heads, splits).gmax);
 }
 
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
@@ -1329,6 +1333,14 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
   const SplitShape sh = split_shape(batch, n_heads, n_kv_heads, multiprocessors);
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   constexpr double kSplitFixed = 2.0, kSplitEachAsync = 0.05, kSplitEachSync = 0.1;
+  // A tensor-core CTA costs at least one whole round, however few of its warps have a tile. Without
+  // this floor the async plan took 8 splits at batch 1, 512 keys (32/8 and 32/2 heads) where 4 (one
+  // head per CTA, run synchronized) measured 8-10% faster: 6.82 vs 6.23 us (32/8; docs/results/
+  // 2026-12-01o-pool-async-core.md). On the sweeps (with async's CUDA-core points read from sync's,
+  // as they now run) it moves the async plan from 0.9% to 0.6% above the best on average, the worst
+  // point from 12% to 9%; the sync plan is unchanged. (On CUDA cores the half-round discount stays:
+  // a floor there would give MHA at batch 1, 512 keys one split, where 4 measured best.)
+  constexpr double kMmaMinRound = 1.0;
   const double split_each = async_mode ? kSplitEachAsync : kSplitEachSync;
   const int64_t n_tiles = (int64_t(max_context_len) + sh.tile_keys - 1) / sh.tile_keys;
   const int max_splits = max_splits_of(sh, max_context_len);
@@ -1337,8 +1349,9 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
   for (int s = 1; s <= max_splits; ++s) {
     const int64_t waves = (sh.groups * s + sh.slots - 1) / sh.slots;
     const int64_t tiles = (n_tiles + s - 1) / s;  // per split
-    const double stream = 0.5 * (double((tiles + sh.warps - 1) / sh.warps) + double(tiles) / sh.warps) *
-                          (sh.tile_keys / 16.0);
+    double stream = 0.5 * (double((tiles + sh.warps - 1) / sh.warps) + double(tiles) / sh.warps);
+    if (sh.tile_keys == 16) stream = std::max(stream, kMmaMinRound);
+    stream *= sh.tile_keys / 16.0;
     const double t = double(waves) * stream + (s > 1 ? kSplitFixed + split_each * s : 0.0);
     if (s == 1 || t < best - 1e-9) {
       best = t;
@@ -1466,13 +1479,21 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
   check(counters != nullptr && counter_ints >= need_counters,
         "decode_attention_async: needs {} zeroed counters, got {} at {}", need_counters, counter_ints,
         static_cast<const void*>(counters));
-  if (splits == 1) {
-    // One split: no partials, so nothing for the unified max to unify, and the synchronized kernel
-    // is exact for any logits (no guard, no recomputation). It also streams faster: the async
-    // kernel's CUDA-core loop, from the same source, compiles to a slower schedule (MHA, batch 8-64,
-    // one split: 7-21% slower; docs/results/2026-12-01m-async-dispatch.md).
+  if (!decode_attention_async_unifies(batch, n_heads, n_kv_heads, head_dim, splits)) {
+    // The synchronized kernels instead, where they measured faster. One split: no partials, so
+    // nothing for the unified max to unify, and the synchronized kernel is exact for any logits (no
+    // guard, no recomputation). The CUDA-core loop (CTAs of one query head: MHA, and GQA rows split
+    // into single heads at small batch): the async kernel's compiled loop streams slower than the
+    // sync kernel's from the same source, and its combine saves less than that. Measured on the
+    // H200, fp16, D 128, blocks shuffled, async (its best combine) vs sync at equal splits: MHA batch
+    // 8-64, one split, 7-21% slower (docs/results/2026-12-01m-async-dispatch.md); batch 1, 4 splits,
+    // 512 to 4K keys 7.07 / 9.61 / 14.32 / 23.14 vs 6.93 / 9.22 / 13.59 / 21.79 us; GQA 32/8 batch 1
+    // with 4 splits (one head per CTA) 8.75 / 12.55 / 19.58 vs 7.82 / 10.75 / 15.92 us at 1K / 2K /
+    // 4K keys (docs/results/2026-12-01o-pool-async-core.md). On the tensor-core loop async is the
+    // faster (32/2 batch 1, 4K keys, 16 splits: 10.65 vs 11.39 us).
     decode_attention_split(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
-                           n_kv_heads, head_dim, block_size, scale, out, dtype, 1, nullptr, 0, stream);
+                           n_kv_heads, head_dim, block_size, scale, out, dtype, splits, workspace, workspace_bytes,
+                           stream);
     return;
   }
   a.partials = static_cast<float*>(workspace);

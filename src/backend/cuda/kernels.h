@@ -122,9 +122,10 @@ size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, in
 // the splits' sums per row in split order (deterministic: bitwise the same on every run). A row
 // whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed exactly with the
 // synchronized softmax over all the row's keys (by the reduction, in the kernel or the launch); no
-// other launch is made. With one split there is nothing to unify: the synchronized kernel runs
-// (decode_attention_split's, exact for any logits; no row is recomputed). The result always equals
-// the stable softmax to 16-bit rounding.
+// other launch is made. With one split there is nothing to unify, and on the CUDA-core loop
+// (one query head per CTA) the synchronized kernels measured faster: there decode_attention_split
+// runs (exact for any logits; no row is recomputed; decode_attention_async_unifies says which). The
+// result always equals the stable softmax to 16-bit rounding.
 // `fallback_rows` (device, nullable) is incremented by the number of rows recomputed.
 // workspace: decode_attention_async_workspace_bytes(...) bytes, 16-byte aligned (the splits'
 // partials; no initialization). counters: decode_attention_async_counters(...) ints, zeroed
@@ -143,6 +144,9 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
                             void* out, DType dtype, int splits, void* workspace, size_t workspace_bytes,
                             int* counters, int counter_ints, unsigned long long* fallback_rows, cudaStream_t stream);
 size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
+// Whether decode_attention_async with these arguments runs the unified-max kernels (else the
+// synchronized ones), under the calling thread's KernelOptions.
+bool decode_attention_async_unifies(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads);
 // The split count for a decode step (host-side plan; see the worked example in the .cu), for the
 // async (unified max) or the synchronized kernels (their combines cost differently per split).
