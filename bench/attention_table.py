@@ -11,7 +11,8 @@ CUDA-core loop forced (FDPP_DECODE_PATH=core, --core files), optionally any othe
 13's verdicts (on the main files only):
   never slower than cuDNN; >= 1.1x where cuDNN is below 85% of the bandwidth; >= 92% of 4.46 TB/s
   where batch x context >= 16K; async at least as fast as sync.
-A last line counts each goal's misses.
+A last line counts each goal's misses (async against sync also by more than 1%: identical kernels
+vary by about that much between runs).
 """
 import argparse
 import json
@@ -51,6 +52,7 @@ def main():
     has_fi = any(k[4] == "flashinfer" for k in peers)
     misses = {"never slower than cuDNN": 0, ">=1.1x where cuDNN <85% BW": 0, ">=92% BW": 0, "async >= sync": 0}
     checked = dict.fromkeys(misses, 0)
+    async_over_1pct = 0
     print("| heads q/kv | B | L | async us | async % BW | sync us | sync % BW | cuDNN us | cuDNN % BW | flash us | "
           "async vs cuDNN |" + (" FlashInfer us |" if has_fi else "") + (" async, CUDA cores us |" if core else "") +
           "".join(f" {n} {m} us |" for n, _, m in extra_cols) + " goals missed |")
@@ -80,6 +82,7 @@ def main():
             goal(">=92% BW", an["pct_design_bw"] >= 0.92)
         if an and sy:
             goal("async >= sync", an["us"] <= sy["us"])
+            async_over_1pct += an["us"] > 1.01 * sy["us"]
         f = lambda r, key, fmt: (fmt.format(r[key] * (100 if key.startswith("pct") else 1)) if r else "-")
         print(f"| {h}/{kvh} | {b} | {L} | {f(an, 'us', '{:.2f}')} | {f(an, 'pct_design_bw', '{:.1f}')} | "
               f"{f(sy, 'us', '{:.2f}')} | {f(sy, 'pct_design_bw', '{:.1f}')} | {f(cu, 'us', '{:.2f}')} | "
@@ -89,7 +92,8 @@ def main():
               "".join(f" {f(rows.get(k + (m,)), 'us', '{:.2f}')} |" for _, rows, m in extra_cols) +
               f" {'; '.join(missed) if missed else '-'} |")
     print()
-    print("goals: " + "; ".join(f"{n}: missed at {misses[n]} of {checked[n]} points" for n in misses))
+    print("goals: " + "; ".join(f"{n}: missed at {misses[n]} of {checked[n]} points" for n in misses) +
+          f" ({async_over_1pct} by more than 1%)")
 
 
 if __name__ == "__main__":
