@@ -164,6 +164,11 @@ TEST(CudaSplitKv, DecodeAttentionMatchesCpuAndUnsplit) {
     if (splits == 1) unsplit = out;
     else EXPECT_LE(test::nmse(out, unsplit), 1e-5) << splits << " splits vs unsplit";
   }
+}
+
+// The host split plan (no GPU needed: it runs wherever the suite is built) at the points its
+// constants were fitted to, and never past the bound the engines size their workspace by.
+TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // The host plan: Llama-2-7B at batch 1, context 1024 on 132 SMs -> 4 splits (see the .cu).
   for (bool async_mode : {true, false}) {
     EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 1024, 132, async_mode), 4);
