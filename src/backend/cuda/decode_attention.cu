@@ -2,7 +2,9 @@
 //
 // Two main loops share one prologue (indices, the CTA's key slice) and one epilogue (the merge of
 // the warps, the split-KV partials, the unified-max guard):
-//   * CUDA cores (described first below): MHA (one query head per CTA) at head_dim 64 and 128.
+//   * CUDA cores (described first below): one query head per CTA (MHA, and GQA groups split into
+//     single heads at small batch) at head_dim 64 and 128; synchronized mode only (the async mode
+//     runs the synchronized kernels there: decode_attention_async).
 //   * Tensor cores (mma_loop, described after it): every CTA with two or more query heads, and
 //     every CTA at head_dim 80, 96 and 256.
 // KernelOptions::decode_path (kernel_options.h) forces one of them (for measuring one against the
