@@ -139,6 +139,7 @@ struct DecodeArgs {
   const int32_t* context_lens;
   int batch, n_heads, n_kv_heads, group, n_sub;
   int gmax;  // query heads per CTA (sub-group size; the last sub-group may have fewer)
+  int n_groups;  // CTA groups: batch x n_kv_heads x n_sub (plan_groups, once per call)
   int block_shift;
   // Element offsets in the cache: of a block ((1 << block_shift) x n_kv_heads x D elements), of a
   // key within its block and of a kv head (the last two by KernelOptions::kv_head_major).
@@ -1237,6 +1238,11 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 // measured; the CUDA-core ones above favoured the kernel).
 constexpr int kAsyncKernelCombineMaxSplits = 4;
 
+// Whether decode_attention_async runs its own (unified max) kernels: several splits on the tensor
+// cores; else the synchronized ones (the reasons are beside that dispatch).
+bool async_unifies(int splits, int head_dim, int gmax) { return splits > 1 && use_mma(head_dim, gmax); }
+bool async_unifies(const DecodeArgs& a, int head_dim) { return async_unifies(a.splits, head_dim, a.gmax); }
+
 bool combine_in_kernel(int batch, int splits) {
   switch (current_kernel_options().async_combine) {
     case AsyncCombine::Kernel: return true;
@@ -1259,7 +1265,7 @@ size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_h
 }
 
 bool decode_attention_async_unifies(int batch, int n_heads, int n_kv_heads, int head_dim, int splits) {
-  return splits > 1 && use_mma(head_dim, plan_groups(batch, n_heads, n_kv_heads, splits).gmax);
+  return async_unifies(splits, head_dim, plan_groups(batch, n_heads, n_kv_heads, splits).gmax);
 }
 
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
@@ -1415,6 +1421,7 @@ DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, 
   a.group = g.group;
   a.n_sub = g.n_sub;
   a.gmax = g.gmax;
+  a.n_groups = static_cast<int>(g.n_groups);
   a.block_shift = shift;
   a.block_stride = int64_t(block_size) * n_kv_heads * head_dim;
   const bool head_major = current_kernel_options().kv_head_major;
@@ -1424,6 +1431,37 @@ DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, 
   a.out = out;
   a.splits = splits;
   return a;
+}
+
+}  // namespace
+
+namespace {
+
+// The synchronized kernels (and their combine when a.splits > 1) for arguments make_args filled;
+// a.partials holds decode_attention_workspace_bytes when there are several splits.
+void launch_synchronized(const DecodeArgs& a, int head_dim, DType dtype, cudaStream_t stream) {
+  const int splits = a.splits;
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const bool pdl = programmatic_launch_enabled();
+    auto combine = [&](auto* kernel) {
+      const detail::LaunchConfig config(dim3(a.batch * a.n_heads), dim3(kCombineThreads), 0, stream, pdl);
+      cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const float*>(a.partials), splits,
+                                    static_cast<T*>(a.out)),
+                 "cudaLaunchKernelEx(decode_combine_kernel)");
+    };
+    launch_decode_d<T, false>(head_dim, a.gmax, a, a.n_groups, pdl, stream);
+    if (splits > 1) {
+      switch (head_dim) {
+        case 64: combine(decode_combine_kernel<T, 64>); break;
+        case 80: combine(decode_combine_kernel<T, 80>); break;
+        case 96: combine(decode_combine_kernel<T, 96>); break;
+        case 128: combine(decode_combine_kernel<T, 128>); break;
+        default: combine(decode_combine_kernel<T, 256>); break;
+      }
+    }
+  });
+  check_launch("decode_attention");
 }
 
 }  // namespace
@@ -1439,28 +1477,7 @@ void decode_attention_split(const void* qkv, const void* k_cache, const void* v_
         "decode_attention: {} splits need {} bytes of workspace, got {}", splits,
         decode_attention_workspace_bytes(batch, n_heads, head_dim, splits), workspace_bytes);
   a.partials = static_cast<float*>(workspace);
-  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits);
-  detail::dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const bool pdl = programmatic_launch_enabled();
-    auto combine = [&](auto* kernel) {
-      const detail::LaunchConfig config(dim3(batch * n_heads), dim3(kCombineThreads), 0, stream, pdl);
-      cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const float*>(a.partials), splits,
-                                    static_cast<T*>(out)),
-                 "cudaLaunchKernelEx(decode_combine_kernel)");
-    };
-    launch_decode_d<T, false>(head_dim, g.gmax, a, static_cast<int>(g.n_groups), pdl, stream);
-    if (splits > 1) {
-      switch (head_dim) {
-        case 64: combine(decode_combine_kernel<T, 64>); break;
-        case 80: combine(decode_combine_kernel<T, 80>); break;
-        case 96: combine(decode_combine_kernel<T, 96>); break;
-        case 128: combine(decode_combine_kernel<T, 128>); break;
-        default: combine(decode_combine_kernel<T, 256>); break;
-      }
-    }
-  });
-  check_launch("decode_attention");
+  launch_synchronized(a, head_dim, dtype, stream);
 }
 
 void decode_attention_async(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
@@ -1481,7 +1498,8 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
   check(counters != nullptr && counter_ints >= need_counters,
         "decode_attention_async: needs {} zeroed counters, got {} at {}", need_counters, counter_ints,
         static_cast<const void*>(counters));
-  if (!decode_attention_async_unifies(batch, n_heads, n_kv_heads, head_dim, splits)) {
+  a.partials = static_cast<float*>(workspace);  // (w.total covers the synchronized combine's partials too)
+  if (!async_unifies(a, head_dim)) {
     // The synchronized kernels instead, where they measured faster. One split: no partials, so
     // nothing for the unified max to unify, and the synchronized kernel is exact for any logits (no
     // guard, no recomputation). The CUDA-core loop (CTAs of one query head: MHA, and GQA rows split
@@ -1493,12 +1511,9 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
     // with 4 splits (one head per CTA) 8.75 / 12.55 / 19.58 vs 7.82 / 10.75 / 15.92 us at 1K / 2K /
     // 4K keys (docs/results/2026-12-01o-pool-async-core.md). On the tensor-core loop async is the
     // faster (32/2 batch 1, 4K keys, 16 splits: 10.65 vs 11.39 us).
-    decode_attention_split(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
-                           n_kv_heads, head_dim, block_size, scale, out, dtype, splits, workspace, workspace_bytes,
-                           stream);
+    launch_synchronized(a, head_dim, dtype, stream);
     return;
   }
-  a.partials = static_cast<float*>(workspace);
   a.counters = counters;
   a.combine_in_kernel = combine_in_kernel(batch, splits) ? 1 : 0;
   a.fallback_rows = fallback_rows;
@@ -1506,11 +1521,10 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
   a.phi2 = range.phi * detail::kLog2e;
   a.lo2 = range.a * detail::kLog2e;
   a.hi2 = range.b * detail::kLog2e;
-  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits);
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool pdl = programmatic_launch_enabled();
-    launch_decode_d<T, true>(head_dim, g.gmax, a, static_cast<int>(g.n_groups), pdl, stream);
+    launch_decode_d<T, true>(head_dim, a.gmax, a, a.n_groups, pdl, stream);
     if (!a.combine_in_kernel) {
       const detail::LaunchConfig config(dim3(batch * n_heads), dim3(kCombineThreads), 0, stream, pdl);
       auto combine = [&](auto* kernel) {
