@@ -1,0 +1,386 @@
+// How fast can a decode-attention kernel stream its K/V cache? Pure copies (no math) of one decode
+// step's K and V in the access patterns of fdpp's kernels, of cuDNN's decode kernel, and of plain
+// linear sweeps, each timed on the same buffers (issue 13: the tensor-core loop streamed at 95% of
+// 4.46 TB/s where cuDNN's SDPA reached 100-103%; docs/results/2026-12-01p-stream-patterns.md).
+//
+//   fdpp_kv_stream_bench [--batch 64] [--kv-heads 8] [--context 16384]
+//
+// K and V: batch x kv_heads x context rows of 256 bytes (head_dim 128, 16-bit) each, in either
+// layout of the cache: token-major ([token][kv head][D], the engine's; a 16-key tile of one head is
+// 16 rows 2 KB apart at 8 kv heads) or head-major dense ([kv head][token][D], cuDNN's input).
+// Every kernel reads every byte once; one "group" is a (sequence, kv head) row, as one CTA group of
+// decode attention. Median of 7 timed launches after one warm-up, events around each launch; GB/s
+// counts the bytes of K and V.
+//
+// Patterns:
+//   warp_ring   fdpp's tensor-core loop: every warp streams its own 16-key tiles (tile t to warp
+//               t % W) through a private ring of NS stages with cp.async (L2::128B), NS - 1 tiles
+//               in flight. One CTA per group and split (grid groups x splits).
+//   cta_tile    cuDNN's decode kernel (ncu: 4 warps, 128-key tiles, 86 KB, two CTAs per SM): the
+//               CTA loads one K tile, then one V tile, cooperatively, a barrier between.
+//   cta_ring    CTA-cooperative tiles of KT keys through NS stages.
+//   lean_ring   warp_ring with a persistent ("lean", stream-K) decomposition: CTA c takes the
+//               c-th equal share of all groups' tiles, crossing groups.
+//   lean_cta    cta_tile over the dense tensors with the lean decomposition.
+//   sweep_*     the whole grid walks K and V linearly (grid-stride): at any moment every SM reads
+//               within a few MB. ldcs: 16-byte loads to registers; cp.async: NS-stage rings.
+//   chunks_ldcs CTA c reads the c-th contiguous chunk of K and V with 16-byte register loads.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+#define KV_CHECK(x)                                                                      \
+  do {                                                                                   \
+    const cudaError_t e = (x);                                                           \
+    if (e != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "kv_stream_bench: %s: %s\n", #x, cudaGetErrorString(e));     \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+constexpr int kRowBytes = 256;    // one key's row of one head: head_dim 128, 16-bit
+constexpr int kStageRow = 272;    // staged row stride (16 bytes of padding, as the kernels stage)
+constexpr int kChunks = kRowBytes / 16;
+
+__device__ __forceinline__ void cp16(void* smem, const void* gmem) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+struct Layout {
+  const char* k;
+  const char* v;
+  int context, kv_heads;
+  long long row_stride, head_stride, seq_stride;  // bytes
+  int splits;  // warp_ring, cta_*: key slices per group
+  int* sink;   // written only if the xor of the data is an impossible value: keeps the loads live
+};
+
+__device__ __forceinline__ long long row_offset(const Layout& p, int group, int key) {
+  const int b = group / p.kv_heads, h = group % p.kv_heads;
+  return b * p.seq_stride + h * p.head_stride + key * p.row_stride;
+}
+
+// Key tiles [begin, end) of this CTA: its group's slice (split = blockIdx.y).
+__device__ __forceinline__ void slice(const Layout& p, int kt, int& begin, int& end) {
+  const int tiles = p.context / kt, per = (tiles + p.splits - 1) / p.splits;
+  begin = blockIdx.y * per;
+  end = min(tiles, begin + per);
+}
+
+template <int W, int NS, int KT, bool kLean>
+__global__ void __launch_bounds__(W * 32) warp_ring(Layout p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tiles_per_group = p.context / KT;
+  long long t0, t1;
+  if constexpr (kLean) {
+    const long long all = (long long)p.splits * tiles_per_group;  // (splits = groups here)
+    t0 = all * blockIdx.x / gridDim.x;
+    t1 = all * (blockIdx.x + 1) / gridDim.x;
+  } else {
+    int b, e;
+    slice(p, KT, b, e);
+    t0 = (long long)blockIdx.x * tiles_per_group + b;
+    t1 = (long long)blockIdx.x * tiles_per_group + e;
+  }
+  unsigned char* stage = smem + warp * NS * 2 * KT * kStageRow;
+  constexpr int kRowsPerStep = 32 / kChunks, kSteps = KT / kRowsPerStep;
+  const int lane_row = lane / kChunks, lane_chunk = lane % kChunks;
+  auto issue = [&](int n, int s) {
+    const long long t = t0 + warp + (long long)n * W;
+    if (t < t1) {
+      const int group = int(t / tiles_per_group), key0 = int(t % tiles_per_group) * KT;
+      unsigned char* kd = stage + s * 2 * KT * kStageRow;
+      unsigned char* vd = kd + KT * kStageRow;
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        const int r = step * kRowsPerStep + lane_row;
+        const long long o = row_offset(p, group, key0 + r) + lane_chunk * 16;
+        cp16(kd + r * kStageRow + lane_chunk * 16, p.k + o);
+        cp16(vd + r * kStageRow + lane_chunk * 16, p.v + o);
+      }
+    }
+    commit();
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) issue(i, i);
+  int acc = 0, i = 0;
+  for (long long t = t0 + warp; t < t1; ++i, t += W) {
+    wait_group<NS - 2>();
+    __syncwarp();
+    issue(i + NS - 1, (i + NS - 1) % NS);
+    acc ^= *reinterpret_cast<const int*>(stage + (i % NS) * 2 * KT * kStageRow + lane * 4);
+  }
+  wait_group<0>();
+  if (acc == 0x7fffffff) p.sink[0] = acc;
+}
+
+// One K tile, then one V tile, each loaded by the whole CTA (FA2's order: V(j) loads while S(j)
+// would be computed, K(j + 1) while P V(j)).
+template <int W, int KT, bool kLean>
+__global__ void __launch_bounds__(W * 32) cta_tile(Layout p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x;
+  const int tiles_per_group = p.context / KT;
+  long long t0, t1;
+  if constexpr (kLean) {
+    const long long all = (long long)p.splits * tiles_per_group;
+    t0 = all * blockIdx.x / gridDim.x;
+    t1 = all * (blockIdx.x + 1) / gridDim.x;
+  } else {
+    int b, e;
+    slice(p, KT, b, e);
+    t0 = (long long)blockIdx.x * tiles_per_group + b;
+    t1 = (long long)blockIdx.x * tiles_per_group + e;
+  }
+  unsigned char* kb = smem;
+  unsigned char* vb = smem + KT * kStageRow;
+  constexpr int kThreads = W * 32, kPer = KT * kChunks / kThreads;
+  auto load = [&](const char* src, unsigned char* dst, long long t) {
+    const int group = int(t / tiles_per_group), key0 = int(t % tiles_per_group) * KT;
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      const int i = q * kThreads + tid, r = i / kChunks, c = i % kChunks;
+      cp16(dst + r * kStageRow + c * 16, src + row_offset(p, group, key0 + r) + c * 16);
+    }
+    commit();
+  };
+  int acc = 0;
+  if (t0 < t1) load(p.k, kb, t0);
+  for (long long t = t0; t < t1; ++t) {
+    wait_group<0>();
+    __syncthreads();
+    load(p.v, vb, t);
+    acc ^= *reinterpret_cast<const int*>(kb + tid * 4);
+    wait_group<0>();
+    __syncthreads();
+    if (t + 1 < t1) load(p.k, kb, t + 1);
+    acc ^= *reinterpret_cast<const int*>(vb + tid * 4);
+  }
+  wait_group<0>();
+  if (acc == 0x7fffffff) p.sink[0] = acc;
+}
+
+template <int W, int KT, int NS>
+__global__ void __launch_bounds__(W * 32) cta_ring(Layout p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x;
+  int t0, t1;
+  slice(p, KT, t0, t1);
+  constexpr int kThreads = W * 32, kPer = KT * kChunks / kThreads;
+  auto issue = [&](int t, int s) {
+    if (t < t1) {
+      unsigned char* kd = smem + s * 2 * KT * kStageRow;
+      unsigned char* vd = kd + KT * kStageRow;
+#pragma unroll
+      for (int q = 0; q < kPer; ++q) {
+        const int i = q * kThreads + tid, r = i / kChunks, c = i % kChunks;
+        const long long o = row_offset(p, blockIdx.x, t * KT + r) + c * 16;
+        cp16(kd + r * kStageRow + c * 16, p.k + o);
+        cp16(vd + r * kStageRow + c * 16, p.v + o);
+      }
+    }
+    commit();
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) issue(t0 + i, i);
+  int acc = 0;
+  for (int i = 0, t = t0; t < t1; ++i, ++t) {
+    wait_group<NS - 2>();
+    __syncthreads();
+    issue(t + NS - 1, (i + NS - 1) % NS);
+    acc ^= *reinterpret_cast<const int*>(smem + (i % NS) * 2 * KT * kStageRow + tid * 4);
+  }
+  wait_group<0>();
+  if (acc == 0x7fffffff) p.sink[0] = acc;
+}
+
+// Linear sweeps of K and V together (n 16-byte words each), grid-stride.
+__global__ void sweep_ldcs(const int4* __restrict__ k, const int4* __restrict__ v, size_t n, int* sink) {
+  int acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i + stride < n; i += 2 * stride) {
+    const int4 a = __ldcs(k + i), b = __ldcs(k + i + stride), c = __ldcs(v + i), d = __ldcs(v + i + stride);
+    acc ^= a.x ^ b.y ^ c.z ^ d.w;
+  }
+  if (acc == 0x7fffffff) sink[0] = acc;
+}
+
+template <int NS, int kPerStep>
+__global__ void __launch_bounds__(256) sweep_cp_async(const int4* k, const int4* v, size_t n, int* sink) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int4* stage = reinterpret_cast<int4*>(smem) + warp * NS * kPerStep * 2 * 32;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t base = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t steps = n / (stride * kPerStep);
+  auto issue = [&](size_t it, int s) {
+    if (it < steps) {
+#pragma unroll
+      for (int q = 0; q < kPerStep; ++q) {
+        const size_t i = base + (it * kPerStep + q) * stride;
+        cp16(stage + ((s * kPerStep + q) * 2) * 32 + lane, k + i);
+        cp16(stage + ((s * kPerStep + q) * 2 + 1) * 32 + lane, v + i);
+      }
+    }
+    commit();
+  };
+  for (int s = 0; s < NS - 1; ++s) issue(s, s);
+  int acc = 0;
+  for (size_t it = 0; it < steps; ++it) {
+    wait_group<NS - 2>();
+    issue(it + NS - 1, (it + NS - 1) % NS);
+    acc ^= stage[(it % NS) * kPerStep * 2 * 32 + lane].x;
+  }
+  wait_group<0>();
+  if (acc == 0x7fffffff) sink[0] = acc;
+}
+
+__global__ void chunks_ldcs(const int4* __restrict__ k, const int4* __restrict__ v, size_t n, int* sink) {
+  int acc = 0;
+  const size_t per = n / gridDim.x, b0 = blockIdx.x * per;
+  for (size_t i = b0 + threadIdx.x; i + blockDim.x < b0 + per; i += 2 * blockDim.x) {
+    const int4 a = __ldcs(k + i), b = __ldcs(k + i + blockDim.x), c = __ldcs(v + i), d = __ldcs(v + i + blockDim.x);
+    acc ^= a.x ^ b.y ^ c.z ^ d.w;
+  }
+  if (acc == 0x7fffffff) sink[0] = acc;
+}
+
+template <class Launch>
+double median_ms(Launch launch) {
+  cudaEvent_t a, b;
+  KV_CHECK(cudaEventCreate(&a));
+  KV_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int r = -1; r < 7; ++r) {
+    KV_CHECK(cudaEventRecord(a));
+    launch();
+    KV_CHECK(cudaEventRecord(b));
+    KV_CHECK(cudaEventSynchronize(b));
+    KV_CHECK(cudaGetLastError());
+    float t = 0.f;
+    KV_CHECK(cudaEventElapsedTime(&t, a, b));
+    if (r >= 0) ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int arg_int(int argc, char** argv, const char* name, int fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) {
+      const int v = std::atoi(argv[i + 1]);
+      if (v <= 0) {
+        std::fprintf(stderr, "kv_stream_bench: %s %s is not a positive integer\n", name, argv[i + 1]);
+        std::exit(2);
+      }
+      return v;
+    }
+  return fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int batch = arg_int(argc, argv, "--batch", 64), kv_heads = arg_int(argc, argv, "--kv-heads", 8);
+  const int context = arg_int(argc, argv, "--context", 16384) / 128 * 128;  // whole 128-key tiles
+  if (context == 0) {
+    std::fprintf(stderr, "kv_stream_bench: --context must be at least 128\n");
+    return 2;
+  }
+  const int groups = batch * kv_heads;
+  const size_t bytes = size_t(groups) * context * kRowBytes;  // of K (and of V)
+  char *k = nullptr, *v = nullptr;
+  int* sink = nullptr;
+  KV_CHECK(cudaMalloc(&k, bytes));
+  KV_CHECK(cudaMalloc(&v, bytes));
+  KV_CHECK(cudaMalloc(&sink, 64));
+  KV_CHECK(cudaMemset(k, 1, bytes));
+  KV_CHECK(cudaMemset(v, 1, bytes));
+  int sms = 0;
+  KV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const double total = 2.0 * bytes;
+  std::printf("K and V: %d sequences x %d kv heads x %d keys x 256 B = 2 x %.0f MB, %d SMs\n", batch, kv_heads, context,
+              bytes / 1e6, sms);
+  std::printf("| pattern | layout | grid | CTAs/SM | GB/s | us |\n| --- | --- | --- | ---: | ---: | ---: |\n");
+  auto report = [&](const char* pattern, const char* layout, const char* grid, int per_sm, double ms) {
+    std::printf("| %s | %s | %s | %d | %.0f | %.1f |\n", pattern, layout, grid, per_sm, total / (ms * 1e-3) / 1e9,
+                ms * 1e3);
+  };
+  const size_t words = bytes / 16;
+  report("sweep_ldcs", "linear", "8 x 256 threads / SM", 8,
+         median_ms([&] { sweep_ldcs<<<sms * 8, 256>>>((const int4*)k, (const int4*)v, words, sink); }));
+  {
+    auto kernel = sweep_cp_async<3, 2>;
+    const int smem = 8 * 3 * 2 * 2 * 32 * 16;
+    KV_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    for (int per_sm : {1, 2}) {
+      report("sweep_cp_async NS 3", "linear", "256 threads / CTA", per_sm, median_ms([&] {
+               kernel<<<sms * per_sm, 256, smem>>>((const int4*)k, (const int4*)v, words, sink);
+             }));
+    }
+  }
+  for (int per_sm : {2, 4})
+    for (int threads : {256, 512}) {
+      char grid[64];
+      std::snprintf(grid, sizeof grid, "%d threads / CTA", threads);
+      report("chunks_ldcs", "linear", grid, per_sm, median_ms([&] {
+               chunks_ldcs<<<sms * per_sm, threads>>>((const int4*)k, (const int4*)v, words, sink);
+             }));
+    }
+  for (int head_major = 0; head_major < 2; ++head_major) {
+    Layout p{};
+    p.k = k;
+    p.v = v;
+    p.context = context;
+    p.kv_heads = kv_heads;
+    p.sink = sink;
+    p.row_stride = head_major ? kRowBytes : (long long)kv_heads * kRowBytes;
+    p.head_stride = head_major ? (long long)context * kRowBytes : kRowBytes;
+    p.seq_stride = (long long)kv_heads * context * kRowBytes;
+    const char* layout = head_major ? "head-major" : "token-major";
+    // Grid groups x splits (lean: `ctas` CTAs over all groups' tiles).
+    auto run = [&](const char* pattern, auto kernel, int threads, int smem, int splits, bool lean, int ctas_per_sm_mult) {
+      KV_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      KV_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+      int per_sm = 0;
+      KV_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+      Layout q = p;
+      q.splits = lean ? groups : splits;
+      const dim3 grid = lean ? dim3(sms * per_sm * ctas_per_sm_mult) : dim3(groups, splits);
+      char grid_text[64];
+      if (lean) std::snprintf(grid_text, sizeof grid_text, "lean, %d CTAs", grid.x);
+      else std::snprintf(grid_text, sizeof grid_text, "%d groups x %d splits", groups, splits);
+      report(pattern, layout, grid_text, per_sm, median_ms([&] { kernel<<<grid, threads, smem>>>(q); }));
+    };
+    constexpr int kTile16 = 2 * 16 * kStageRow;
+    for (int splits : {1, 2, 8}) {
+      run("warp_ring W 4, NS 3 (fdpp, 4 warps)", warp_ring<4, 3, 16, false>, 128, 4 * 3 * kTile16, splits, false, 1);
+      run("warp_ring W 8, NS 3 (fdpp, 8 warps)", warp_ring<8, 3, 16, false>, 256, 8 * 3 * kTile16, splits, false, 1);
+      run("warp_ring W 4, NS 4", warp_ring<4, 4, 16, false>, 128, 4 * 4 * kTile16, splits, false, 1);
+      run("cta_tile W 4, 128 keys (cuDNN)", cta_tile<4, 128, false>, 128, 2 * 128 * kStageRow, splits, false, 1);
+      run("cta_ring W 4, 64 keys, NS 3", cta_ring<4, 64, 3>, 128, 3 * 2 * 64 * kStageRow, splits, false, 1);
+    }
+    run("warp_ring W 4, NS 3 (lean)", warp_ring<4, 3, 16, true>, 128, 4 * 3 * kTile16, 1, true, 1);
+    run("warp_ring W 8, NS 3 (lean)", warp_ring<8, 3, 16, true>, 256, 8 * 3 * kTile16, 1, true, 1);
+    run("cta_tile W 4, 128 keys (lean)", cta_tile<4, 128, true>, 128, 2 * 128 * kStageRow, 1, true, 1);
+  }
+  cudaFree(k);
+  cudaFree(v);
+  cudaFree(sink);
+  return 0;
+}
