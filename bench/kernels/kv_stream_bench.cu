@@ -368,11 +368,13 @@ int main(int argc, char** argv) {
       report(pattern, layout, grid_text, per_sm, median_ms([&] { kernel<<<grid, threads, smem>>>(q); }));
     };
     constexpr int kTile16 = 2 * 16 * kStageRow;
-    for (int splits : {1, 2, 8}) {
+    for (int splits : {1, 2, 4, 8}) {
       run("warp_ring W 4, NS 3 (fdpp, 4 warps)", warp_ring<4, 3, 16, false>, 128, 4 * 3 * kTile16, splits, false, 1);
       run("warp_ring W 8, NS 3 (fdpp, 8 warps)", warp_ring<8, 3, 16, false>, 256, 8 * 3 * kTile16, splits, false, 1);
       run("warp_ring W 4, NS 4", warp_ring<4, 4, 16, false>, 128, 4 * 4 * kTile16, splits, false, 1);
       run("cta_tile W 4, 128 keys (cuDNN)", cta_tile<4, 128, false>, 128, 2 * 128 * kStageRow, splits, false, 1);
+      // cuDNN's 86 KB of shared memory per CTA: two CTAs per SM, not three.
+      run("cta_tile W 4, 128 keys, 86 KB (cuDNN)", cta_tile<4, 128, false>, 128, 86 * 1024, splits, false, 1);
       run("cta_ring W 4, 64 keys, NS 3", cta_ring<4, 64, 3>, 128, 3 * 2 * 64 * kStageRow, splits, false, 1);
     }
     run("warp_ring W 4, NS 3 (lean)", warp_ring<4, 3, 16, true>, 128, 4 * 3 * kTile16, 1, true, 1);
