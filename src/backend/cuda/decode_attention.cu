@@ -65,8 +65,12 @@
 //     blocks, which had gained 5-7% by reading the table a quarter as often, now gain ~1%). The
 //     paged layout costs 1-2% (a nearly contiguous cache, head-major with sequential 256-token
 //     blocks, the layout cuDNN reads, measured 0.99x at the median; docs/results/2026-12-01n-splits.md).
-//     The rest of the gap to cuDNN's ~100% at large sizes is not found yet (cuDNN, per ncu: 4-warp
-//     CTAs of 16 x 128-key tiles, 86 KB of shared memory, two per SM, and a separate reduction).
+//     The loop runs within 1-3.5% of the time a pure copy of its access pattern takes
+//     (bench/kernels/kv_stream_bench.cu: every per-group pattern tried, this one, cuDNN's 4-warp
+//     CTAs on 128-key tiles, a persistent lean split, streams at 4.26-4.39 TB/s; only whole-GPU
+//     linear sweeps reach ~4.5). What lets cuDNN's kernel (cp.async only, per ncu) stream ~5% faster
+//     at large sizes is not found (docs/results/2026-12-01p-stream-patterns.md). Bulk (TMA) row
+//     copies on mbarriers measured 1-15% slower.
 //   * The async (unified max) mode keeps the warp's own reference max inside the loop and converts
 //     the warp's sums to phi once at the end (o, d times 2^(m_w - phi)), so P stays <= 2^8 and fp16
 //     P keeps the full [a, b] range of the guard (a P of e^(x - phi) up to e^13.7 would overflow
