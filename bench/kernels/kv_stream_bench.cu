@@ -72,11 +72,22 @@ __device__ __forceinline__ long long row_offset(const Layout& p, int group, int 
   return b * p.seq_stride + h * p.head_stride + key * p.row_stride;
 }
 
-// Key tiles [begin, end) of this CTA: its group's slice (split = blockIdx.y).
-__device__ __forceinline__ void slice(const Layout& p, int kt, int& begin, int& end) {
-  const int tiles = p.context / kt, per = (tiles + p.splits - 1) / p.splits;
-  begin = blockIdx.y * per;
-  end = min(tiles, begin + per);
+// This CTA's tiles of KT keys [t0, t1), numbered across groups (tile t: group t / tiles_per_group,
+// keys from (t % tiles_per_group) * KT). Lean: the blockIdx.x-th equal share of all groups' tiles
+// (p.splits holds the group count); else group blockIdx.x, key slice blockIdx.y of p.splits.
+template <int KT, bool kLean>
+__device__ __forceinline__ void tile_range(const Layout& p, long long& t0, long long& t1) {
+  const int tiles_per_group = p.context / KT;
+  if constexpr (kLean) {
+    const long long all = (long long)p.splits * tiles_per_group;
+    t0 = all * blockIdx.x / gridDim.x;
+    t1 = all * (blockIdx.x + 1) / gridDim.x;
+  } else {
+    const int per = (tiles_per_group + p.splits - 1) / p.splits;
+    const int begin = blockIdx.y * per, end = min(tiles_per_group, begin + per);
+    t0 = (long long)blockIdx.x * tiles_per_group + begin;
+    t1 = (long long)blockIdx.x * tiles_per_group + end;
+  }
 }
 
 template <int W, int NS, int KT, bool kLean>
@@ -85,16 +96,7 @@ __global__ void __launch_bounds__(W * 32) warp_ring(Layout p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int tiles_per_group = p.context / KT;
   long long t0, t1;
-  if constexpr (kLean) {
-    const long long all = (long long)p.splits * tiles_per_group;  // (splits = groups here)
-    t0 = all * blockIdx.x / gridDim.x;
-    t1 = all * (blockIdx.x + 1) / gridDim.x;
-  } else {
-    int b, e;
-    slice(p, KT, b, e);
-    t0 = (long long)blockIdx.x * tiles_per_group + b;
-    t1 = (long long)blockIdx.x * tiles_per_group + e;
-  }
+  tile_range<KT, kLean>(p, t0, t1);
   unsigned char* stage = smem + warp * NS * 2 * KT * kStageRow;
   constexpr int kRowsPerStep = 32 / kChunks, kSteps = KT / kRowsPerStep;
   const int lane_row = lane / kChunks, lane_chunk = lane % kChunks;
@@ -135,16 +137,7 @@ __global__ void __launch_bounds__(W * 32) cta_tile(Layout p) {
   const int tid = threadIdx.x;
   const int tiles_per_group = p.context / KT;
   long long t0, t1;
-  if constexpr (kLean) {
-    const long long all = (long long)p.splits * tiles_per_group;
-    t0 = all * blockIdx.x / gridDim.x;
-    t1 = all * (blockIdx.x + 1) / gridDim.x;
-  } else {
-    int b, e;
-    slice(p, KT, b, e);
-    t0 = (long long)blockIdx.x * tiles_per_group + b;
-    t1 = (long long)blockIdx.x * tiles_per_group + e;
-  }
+  tile_range<KT, kLean>(p, t0, t1);
   unsigned char* kb = smem;
   unsigned char* vb = smem + KT * kStageRow;
   constexpr int kThreads = W * 32, kPer = KT * kChunks / kThreads;
@@ -177,17 +170,18 @@ template <int W, int KT, int NS>
 __global__ void __launch_bounds__(W * 32) cta_ring(Layout p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x;
-  int t0, t1;
-  slice(p, KT, t0, t1);
+  const int tiles_per_group = p.context / KT;
+  long long t0, t1;
+  tile_range<KT, false>(p, t0, t1);
   constexpr int kThreads = W * 32, kPer = KT * kChunks / kThreads;
-  auto issue = [&](int t, int s) {
+  auto issue = [&](long long t, int s) {
     if (t < t1) {
       unsigned char* kd = smem + s * 2 * KT * kStageRow;
       unsigned char* vd = kd + KT * kStageRow;
 #pragma unroll
       for (int q = 0; q < kPer; ++q) {
         const int i = q * kThreads + tid, r = i / kChunks, c = i % kChunks;
-        const long long o = row_offset(p, blockIdx.x, t * KT + r) + c * 16;
+        const long long o = row_offset(p, blockIdx.x, int(t % tiles_per_group) * KT + r) + c * 16;
         cp16(kd + r * kStageRow + c * 16, p.k + o);
         cp16(vd + r * kStageRow + c * 16, p.v + o);
       }
@@ -197,7 +191,8 @@ __global__ void __launch_bounds__(W * 32) cta_ring(Layout p) {
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) issue(t0 + i, i);
   int acc = 0;
-  for (int i = 0, t = t0; t < t1; ++i, ++t) {
+  int i = 0;
+  for (long long t = t0; t < t1; ++i, ++t) {
     wait_group<NS - 2>();
     __syncthreads();
     issue(t + NS - 1, (i + NS - 1) % NS);
