@@ -427,7 +427,10 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
       }
   }
 
-  // O / l -> the warp's own rows of the Q buffer (only this warp ever read them) -> global.
+  // O / l -> the warp's own rows of the Q buffer (only this warp ever read them) -> global. The
+  // barrier orders the lanes' last ldmatrix reads of those rows before the writes (without it
+  // compute-sanitizer's racecheck reports a possible hazard there).
+  __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
     const float inv0 = 1.f / l[mt][0], inv1 = 1.f / l[mt][1];
