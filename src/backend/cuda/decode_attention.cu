@@ -67,8 +67,8 @@
 //     blocks, the layout cuDNN reads, measured 0.99x at the median; docs/results/2026-12-01n-splits.md).
 //     The loop runs within 1-3.5% of the time a pure copy of its access pattern takes
 //     (bench/kernels/kv_stream_bench.cu: every per-group pattern tried, this one, cuDNN's 4-warp
-//     CTAs on 128-key tiles, a persistent lean split, streams at 4.40 TB/s at most; only whole-GPU
-//     linear sweeps reach ~4.5). What lets cuDNN's kernel (cp.async only, per ncu) stream ~5% faster
+//     CTAs on 128-key tiles, a persistent lean split, reads at most 96-97.5% of what a whole-GPU
+//     linear sweep reads on the same GPU). What lets cuDNN's kernel (cp.async only, per ncu) stream ~5% faster
 //     at large sizes is not found (docs/results/2026-12-01p-stream-patterns.md). Bulk (TMA) row
 //     copies on mbarriers measured 1-15% slower.
 //   * The async (unified max) mode keeps the warp's own reference max inside the loop and converts
