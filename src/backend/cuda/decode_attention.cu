@@ -71,6 +71,8 @@
 //     linear sweep reads on the same GPU). What lets cuDNN's kernel (cp.async only, per ncu) stream ~5% faster
 //     at large sizes is not found (docs/results/2026-12-01p-stream-patterns.md). Bulk (TMA) row
 //     copies on mbarriers measured 1-15% slower.
+//   * The first tiles' copies are issued before the wait for the previous kernel (programmatic
+//     launch): only the row's last key is written by the kernels the launch overlaps (kernels.h).
 //   * The async (unified max) mode keeps the warp's own reference max inside the loop and converts
 //     the warp's sums to phi once at the end (o, d times 2^(m_w - phi)), so P stays <= 2^8 and fp16
 //     P keeps the full [a, b] range of the guard (a P of e^(x - phi) up to e^13.7 would overflow
@@ -186,7 +188,8 @@ struct CoreShape {
   // K and V tile staging (16-bit, per warp [32][D + 8] then [32][D]) during the loop; o per warp
   // ([kWarps][GMAX][D] fp32) for the final merge, in the same bytes.
   static constexpr size_t kStageBytes = sizeof(uint16_t) * kWarps * 32 * (kKStride<D> + D);
-  static constexpr size_t kOBytes = sizeof(float) * kWarps * GMAX * D;
+  static constexpr int kOStride = D;  // floats per row of o (lanes write consecutive dims: no conflict)
+  static constexpr size_t kOBytes = sizeof(float) * kWarps * GMAX * kOStride;
   static constexpr size_t kSmem = sizeof(float) * 2 * kWarps * GMAX  // m, d per warp (merge)
                                   + sizeof(float) * GMAX * D           // q (scaled)
                                   + sizeof(float) * kWarps * GMAX * 32  // probabilities of the tile, per warp
@@ -205,7 +208,13 @@ struct MmaShape {
   static constexpr int kStride = D + 8;  // 16-bit elements per staged row (16-byte pad)
   static constexpr size_t kTileBytes = sizeof(uint16_t) * 2 * kKeys * kStride;  // K and V of a tile
   static constexpr size_t kStageBytes = size_t(kWarps) * kStages * kTileBytes;
-  static constexpr size_t kOBytes = sizeof(float) * kWarps * 16 * D;
+  // Floats per row of o after the loop. A lane stores float2s of rows lane / 4 and + 8 at columns
+  // 2 (lane % 4) + 8 n: with rows D floats apart (a multiple of 32 banks) the 4 rows of a half-warp
+  // hit the same 8 banks (4-way conflicts on all 2 x D / 8 stores of every warp); 8 more floats
+  // put them 8 banks apart. With the merge by 4 dims (attend_group) the CTA's end went from ~3.4 to
+  // ~1.5 us at 32/2 heads, batch 64, 1K keys, and GQA/MQA got 3-24% faster up to 4K keys (run q).
+  static constexpr int kOStride = D + 8;
+  static constexpr size_t kOBytes = sizeof(float) * kWarps * 16 * kOStride;
   static constexpr size_t kSmem = sizeof(float) * 2 * kWarps * 16 + sizeof(uint16_t) * 16 * kStride +
                                   (kStageBytes > kOBytes ? kStageBytes : kOBytes);
   static_assert(kSmem <= 227 * 1024, "shared memory");
@@ -365,11 +374,18 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   int tile = r.tile_begin + warp;
   int64_t row = tile < tile_end ? key_row(tile, key_entry(tile)) : 0;
   int32_t entry_ahead = key_entry(tile + kWarps);  // of the warp's next tile
-  if (tile < tile_end) stage_rows(tile, row, k_cache, k_w, KS);
-  detail::cp_async_commit();
-  if (tile < tile_end) stage_rows(tile, row, v_cache, v_w, D);
-  detail::cp_async_commit();
-  // q after the first tiles' loads are in flight (its latency overlaps theirs).
+  // The first tile before pdl_wait where it holds only keys before the row's last (as in mma_loop).
+  auto stage_first_tile = [&] {  // two cp.async groups, K then V
+    if (tile < tile_end) stage_rows(tile, row, k_cache, k_w, KS);
+    detail::cp_async_commit();
+    if (tile < tile_end) stage_rows(tile, row, v_cache, v_w, D);
+    detail::cp_async_commit();
+  };
+  const bool early = tile < (L - 1) / 32;
+  if (early) stage_first_tile();
+  detail::pdl_wait();
+  if (!early) stage_first_tile();
+  // q after the first tiles' loads are in flight (its latency overlaps theirs) and after pdl_wait.
   const T* q = static_cast<const T*>(a.qkv) + int64_t(r.b) * (H + 2 * KVH) * D + int64_t(r.head0) * D;
   for (int i = tid; i < GMAX * D; i += kThreads) q_s[i] = i < r.gc * D ? to_float(q[i]) * a.scale_log2 : 0.f;
   __syncthreads();
@@ -462,7 +478,7 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
 
 // ---- tensor-core loop -----------------------------------------------------------------------------
 // The CTA's (up to 16) query heads are the rows of m16n8k16; see the header comment. Leaves per
-// warp (m, d, o) for the merge in m_s, d_s, o_s [W][16][D] (returned) and ends with a barrier.
+// warp (m, d, o) for the merge in m_s, d_s, o_s [W][16][kOStride] (returned) and ends with a barrier.
 // Fragment layouts (PTX ISA, mma.m16n8k16): lane l holds C/D elements (row l/4, cols 2(l%4), +1)
 // in c0, c1 and row l/4 + 8 in c2, c3; A (16 x 16) a0: (row l/4, k 2(l%4), +1), a1: row + 8,
 // a2: k + 8, a3: both; B (16 x 8) b0: (k 2(l%4), +1, col l/4), b1: k + 8.
@@ -479,7 +495,7 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
 
   T* q_s = reinterpret_cast<T*>(body);    // [16][KS]
   T* stage = q_s + 16 * KS;               // [W][NS] x (K [16][KS], V [16][KS])
-  float* o_s = reinterpret_cast<float*>(stage);  // [W][16][D] (after the loop)
+  float* o_s = reinterpret_cast<float*>(stage);  // [W][16][S::kOStride] (after the loop)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int L = r.L, tile_end = r.tile_end;
@@ -561,8 +577,21 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   };
 
   int tile = warp_tile0;
+  // The first tiles go out before pdl_wait, during the previous kernel's tail, where they hold only
+  // keys before the row's last: those were written by earlier steps, and the kernels this launch may
+  // overlap write only key L - 1 (rope_qk_cache; the contract in kernels.h). The block table and the
+  // lengths were uploaded before the step's first kernel. q, written by them, is read after it.
+  // (The early tiles are a prefix of the prologue's: the cp.async groups stay in tile order.)
+  // H200, back-to-back calls (docs/results/2026-12-01q-prewait-merge.md): 5-18% faster up to 4K
+  // keys, ~0 at 64K; without programmatic launch no change.
+  const int tiles_before_last_key = (L - 1) / KT;
 #pragma unroll
-  for (int s = 0; s < NS - 1; ++s) issue(s, s);
+  for (int s = 0; s < NS - 1; ++s)
+    if (warp_tile0 + s * W < tiles_before_last_key) issue(s, s);
+  detail::pdl_wait();
+#pragma unroll
+  for (int s = 0; s < NS - 1; ++s)
+    if (warp_tile0 + s * W >= tiles_before_last_key) issue(s, s);
   // q (16-bit, rows past the CTA's heads zero) while the first tiles are in flight.
   const T* q = static_cast<const T*>(a.qkv) + int64_t(r.b) * (H + 2 * KVH) * D + int64_t(r.head0) * D;
   for (int i = tid; i < 16 * D; i += W * 32) {
@@ -707,8 +736,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
     d_s[warp * 16 + r0] = d0;
     d_s[warp * 16 + r1] = d1;
   }
-  float* o0 = o_s + (warp * 16 + r0) * D + c0;
-  float* o1 = o_s + (warp * 16 + r1) * D + c0;
+  float* o0 = o_s + (warp * 16 + r0) * S::kOStride + c0;
+  float* o1 = o_s + (warp * 16 + r1) * S::kOStride + c0;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     *reinterpret_cast<float2*>(o0 + nt * 8) = make_float2(o[nt][0], o[nt][1]);
@@ -752,6 +781,9 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
   r.tile_begin = split * tiles_per_split;
   r.tile_end = min(n_tiles, r.tile_begin + tiles_per_split);
   float* partial = a.splits > 1 ? a.partials + ((int64_t(r.b) * H + r.head0) * a.splits + split) * (D + 2) : nullptr;
+  // Everything below reads q or writes global memory after the previous kernel (pdl_wait), except
+  // the loops' first copies (each loop waits itself).
+  if (n_tiles == 0 || r.tile_begin >= r.tile_end) detail::pdl_wait();
   if (n_tiles == 0) {  // a padding row (length <= 0): zeros, written by every split alike
     for (int i = tid; i < r.gc * D; i += NTH) out[i] = from_float<T>(0.f);
     return;
@@ -772,19 +804,38 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
     o_s = core_loop<T, D, GMAX, kW>(a, r, body, m_s, d_s);
   }
 
+  // The merges of the warps: VW consecutive dims per thread, 4 (float4 reads of o, a row's max and
+  // weights once per 4 outputs) where that still gives every thread work (the tensor-core CTAs'
+  // 16 rows), else 1 (one query head per CTA on CUDA cores: 4 measured 1-2% slower there).
   const int gc = r.gc;
+  constexpr int OS = Shape::kOStride, VW = GMAX * D >= 4 * NTH ? 4 : 1, NQ = D / VW;
+  static_assert(D % 4 == 0 && OS % 4 == 0, "float4 rows");
+  auto o_load = [&](int w, int g, int d, float(&v)[VW]) {
+    const float* p = o_s + (w * GMAX + g) * OS + d;
+    if constexpr (VW == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(p);
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+      v[0] = *p;
+    }
+  };
   if constexpr (kAsync) {
     // Add the warps' sums (all relative to phi: no rescale) and take the CTA's max logit.
-    for (int i = tid; i < gc * D; i += NTH) {
-      const int g = i / D, d = i - g * D;
-      float M = -INFINITY, num = 0.f, den = 0.f;
+    for (int i = tid; i < gc * NQ; i += NTH) {
+      const int g = i / NQ, d = (i - g * NQ) * VW;
+      float M = -INFINITY, den = 0.f, num[VW] = {};
 #pragma unroll
       for (int w = 0; w < W; ++w) {
         M = fmaxf(M, m_s[w * GMAX + g]);
-        num += o_s[(w * GMAX + g) * D + d];
+        float o[VW];
+        o_load(w, g, d, o);
+#pragma unroll
+        for (int k = 0; k < VW; ++k) num[k] += o[k];
         den += d_s[w * GMAX + g];
       }
-      write_partial(partial + int64_t(g) * a.splits * (D + 2), d, M, den, num);
+      float* pg = partial + int64_t(g) * a.splits * (D + 2);
+#pragma unroll
+      for (int k = 0; k < VW; ++k) write_partial(pg, d + k, M, den, num[k]);
     }
     // The partial is written (this kernel always runs several splits: decode_attention_async sends a
     // single split to the synchronized kernel). With the separate reduction launch the CTA is done:
@@ -836,24 +887,32 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
     f.partials = nullptr;
     attend_group<T, D, GMAX, false, kMma, kW>(f, group_index, mask, 0, smem_raw, mask_s);
   } else {
-    for (int i = tid; i < gc * D; i += NTH) {
-      const int g = i / D, d = i - g * D;
+    for (int i = tid; i < gc * NQ; i += NTH) {
+      const int g = i / NQ, d = (i - g * NQ) * VW;
       float M = -INFINITY;
 #pragma unroll
       for (int w = 0; w < W; ++w) M = fmaxf(M, m_s[w * GMAX + g]);
-      float num = 0.f, den = 0.f;
+      float num[VW] = {}, den = 0.f;
       if (M != -INFINITY) {
 #pragma unroll
         for (int w = 0; w < W; ++w) {
           const float f = exp2f(m_s[w * GMAX + g] - M);
-          num += f * o_s[(w * GMAX + g) * D + d];
+          float o[VW];
+          o_load(w, g, d, o);
+#pragma unroll
+          for (int k = 0; k < VW; ++k) num[k] += f * o[k];
           den += f * d_s[w * GMAX + g];
         }
       }
       if (partial == nullptr) {
-        if ((head_mask >> g) & 1u) out[i] = from_float<T>(den > 0.f ? num / den : 0.f);
+        if ((head_mask >> g) & 1u) {
+#pragma unroll
+          for (int k = 0; k < VW; ++k) out[g * D + d + k] = from_float<T>(den > 0.f ? num[k] / den : 0.f);
+        }
       } else {
-        write_partial(partial + int64_t(g) * a.splits * (D + 2), d, M, den, num);
+        float* pg = partial + int64_t(g) * a.splits * (D + 2);
+#pragma unroll
+        for (int k = 0; k < VW; ++k) write_partial(pg, d + k, M, den, num[k]);
       }
     }
   }
@@ -879,10 +938,9 @@ __global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int mask_s;
   // The next launch (the O projection) may be scheduled now: its CTAs take SMs as this grid's
-  // retire. Then wait for the previous kernel (rope: qkv and the cache). See kernels.h,
-  // programmatic launch.
+  // retire. attend_group waits for the previous kernel (rope: qkv and the cache's last key) once it
+  // has issued the copies of older keys. See kernels.h, programmatic launch.
   detail::pdl_trigger();
-  detail::pdl_wait();
   attend_group<T, D, GMAX, kAsync, kMma, W>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s);
 }
 
