@@ -212,7 +212,8 @@ struct MmaShape {
   // 2 (lane % 4) + 8 n: with rows D floats apart (a multiple of 32 banks) the 4 rows of a half-warp
   // hit the same 8 banks (4-way conflicts on all 2 x D / 8 stores of every warp); 8 more floats
   // put them 8 banks apart. With the merge by 4 dims (attend_group) the CTA's end went from ~3.4 to
-  // ~1.5 us at 32/2 heads, batch 64, 1K keys, and GQA/MQA got 3-24% faster up to 4K keys (run q).
+  // ~1.5 us at 32/2 heads, batch 64, 1K keys, and GQA/MQA 3-14% faster up to 4K keys (geomeans per
+  // context; docs/results/2026-12-01q-prewait-merge.md).
   static constexpr int kOStride = D + 8;
   static constexpr size_t kOBytes = sizeof(float) * kWarps * 16 * kOStride;
   static constexpr size_t kSmem = sizeof(float) * 2 * kWarps * 16 + sizeof(uint16_t) * 16 * kStride +
@@ -582,8 +583,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   // overlap write only key L - 1 (rope_qk_cache; the contract in kernels.h). The block table and the
   // lengths were uploaded before the step's first kernel. q, written by them, is read after it.
   // (The early tiles are a prefix of the prologue's: the cp.async groups stay in tile order.)
-  // H200, back-to-back calls (docs/results/2026-12-01q-prewait-merge.md): 5-18% faster up to 4K
-  // keys, ~0 at 64K; without programmatic launch no change.
+  // H200, back-to-back calls (docs/results/2026-12-01q-prewait-merge.md): 4-13% faster up to 4K
+  // keys (geomeans per context), 0.4-3% at 64K; without programmatic launch no change.
   const int tiles_before_last_key = (L - 1) / KT;
 #pragma unroll
   for (int s = 0; s < NS - 1; ++s)

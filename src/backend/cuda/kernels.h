@@ -101,10 +101,11 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
 // on tensor cores, MHA at 64 and 128 on CUDA cores; KernelOptions::decode_path forces one (for
 // measurements; read at each call, core only at 64 and 128). context_lens[b] <= 0 writes zeros
 // (padding rows); a length beyond the table's capacity (max_blocks_per_seq * block_size) is
-// clamped to it. In a programmatic launch (programmatic_launch_enabled) the tensor-core loop copies
-// its first keys before it waits for the previous kernel: the kernels before it in the step may
-// write each row's last key (position context_lens[b] - 1) and qkv, nothing else it reads; block
-// tables and lengths must be in place before the step's first kernel. (All decode attention calls.)
+// clamped to it. In a programmatic launch (programmatic_launch_enabled) both loops copy their
+// first keys before they wait for the previous kernel: the kernels before it in the step may write
+// qkv and each row's last key (position context_lens[b] - 1), nothing else it reads; block tables
+// and lengths must be in place before the step's first kernel. The same holds for
+// decode_attention_split and decode_attention_async.
 void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                       int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
                       int head_dim, int block_size, float scale, void* out, DType dtype, cudaStream_t stream);
