@@ -12,10 +12,13 @@ CUDA-core loop forced (FDPP_DECODE_PATH=core, --core files), optionally any othe
   never slower than cuDNN; >= 1.1x where cuDNN is below 85% of the bandwidth; >= 92% of 4.46 TB/s
   where batch x context >= 16K; async at least as fast as sync.
 A last line counts each goal's misses (async against sync also by more than 1%: identical kernels
-vary by about that much between runs).
+vary by about that much between runs). With --extra, a second table gives per (heads, context) the
+geomean over batch and mode of each variant's time over ours ("ours over NAME": above 1, ours is
+faster), the summary an A/B of two builds needs.
 """
 import argparse
 import json
+import math
 
 DESIGN_BW = 4.46e12
 
@@ -94,6 +97,22 @@ def main():
     print()
     print("goals: " + "; ".join(f"{n}: missed at {misses[n]} of {checked[n]} points" for n in misses) +
           f" ({async_over_1pct} by more than 1%)")
+    if extras:
+        print_speedups(ours, extras)
+
+
+def print_speedups(ours, extras):
+    """Per (heads, context): geomean over batch and mode of each variant's time / ours."""
+    print()
+    print("| heads q/kv | context |" + "".join(f" ours over {name} |" for name, _, _ in extras))
+    print("| --- | ---: |" + " ---: |" * len(extras))
+    for h, kvh, L in sorted({(k[0], k[1], k[3]) for k in ours}):
+        cells = []
+        for _, rows, _ in extras:
+            logs = [math.log(rows[k]["us"] / r["us"]) for k, r in ours.items()
+                    if (k[0], k[1], k[3]) == (h, kvh, L) and k in rows]
+            cells.append(f"{math.exp(sum(logs) / len(logs)):.3f}" if logs else "-")
+        print(f"| {h}/{kvh} | {L} |" + "".join(f" {c} |" for c in cells))
 
 
 if __name__ == "__main__":
