@@ -180,9 +180,11 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // docs/results/2026-12-01n-splits.md).
   EXPECT_EQ(cuda::plan_decode_splits(1, 32, 2, 16384, 132, true), 43);
   EXPECT_EQ(cuda::plan_decode_splits(32, 32, 2, 512, 132, true), 1);
-  // Llama-3-8B's 32/8 at batch 1, 512 keys, async: 4 splits (one head per CTA, run synchronized:
-  // 6.23 us; 8 splits on tensor cores 6.82).
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 512, 132, true), 4);
+  // Batch 1, 512 keys (docs/results/2026-12-01r-combine-plan.md): Llama-3-8B's 32/8 async 8 splits
+  // on tensor cores (5.11 us; 4, one head per CTA run synchronized, 5.60), MHA one split (5.32; 4
+  // splits 6.13).
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 512, 132, true), 8);
+  for (bool async_mode : {true, false}) EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 512, 132, async_mode), 1);
   // The workspace bound covers every shorter context.
   for (const auto& [h, kvh] : {std::pair{32, 32}, {32, 8}, {32, 2}, {40, 40}})
     for (int b : {1, 2, 5, 8, 64}) {

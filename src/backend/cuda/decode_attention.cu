@@ -751,7 +751,10 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
 // ---- one CTA's work --------------------------------------------------------------------------------
 // The group `group_index` ((b * KVH + kvh) * n_sub + sub), key slice `split`, writing only the heads
 // in head_mask (sync mode without splits: the recomputation of rows the guard rejected).
-template <class T, int D, int GMAX, bool kAsync, bool kMma, int kW>
+// kKernelCombine (async only): the group's last CTA adds the splits' partials (DecodeArgs::
+// combine_in_kernel); without it the CTA ends after its partial and the kernel holds no reduction
+// and no synchronized recomputation (half the code: 67 KB instead of 131 KB at head_dim 128).
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int kW, bool kKernelCombine = false>
 __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head_mask, int split,
                              unsigned char* smem_raw, int& mask_s) {
   using Shape = typename ShapeOf<D, GMAX, kMma, kW>::type;
@@ -839,54 +842,64 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
       for (int k = 0; k < VW; ++k) write_partial(pg, d + k, M, den, num[k]);
     }
     // The partial is written (this kernel always runs several splits: decode_attention_async sends a
-    // single split to the synchronized kernel). With the separate reduction launch the CTA is done:
-    // decode_async_combine_kernel (one CTA per row) adds the splits' sums, checks the guard and
-    // recomputes rows out of range.
-    if (!a.combine_in_kernel) return;
-    // In-kernel reduction (few splits): every thread's partial stores are made visible device-wide
-    // before the CTA arrives at its group's semaphore; the CTA that arrives last (the counter
-    // reaches splits - 1 before its add) resets the semaphore for the next launch and adds every
-    // split's partial in split order (the same order and operations as decode_async_combine_kernel:
-    // bitwise the same output whichever CTA is last).
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-      int* sem = a.counters + 2 + group_index;
-      const bool last = atomicAdd(sem, 1) == a.splits - 1;
-      if (last) atomicExch(sem, 0);  // every split has arrived: nobody else touches it this launch
-      mask_s = last ? 0 : -1;
-    }
-    __syncthreads();
-    if (mask_s != 0) return;  // (read by every thread before any atomicOr below can change it)
-    __threadfence();  // the other CTAs' partials, published before their arrival, are read below
-    __syncthreads();
-    const float* p0 = a.partials + (int64_t(r.b) * H + r.head0) * a.splits * (D + 2);
-    for (int i = tid; i < gc * D; i += NTH) {
-      const int g = i / D, d = i - g * D;
-      const float* pg = p0 + int64_t(g) * a.splits * (D + 2);
-      float M = -INFINITY, num = 0.f, den = 0.f;
-      for (int s = 0; s < a.splits; ++s) {  // in split order; L2 reads (other SMs wrote them)
-        const float* ps = pg + int64_t(s) * (D + 2);
-        M = fmaxf(M, __ldcg(ps));
-        den += __ldcg(ps + 1);
-        num += __ldcg(ps + 2 + d);
+    // single split to the synchronized kernel). Without kKernelCombine the CTA is done: the launch
+    // after it, decode_async_combine_kernel (one CTA per row), adds the splits' sums, checks the
+    // guard and recomputes rows out of range.
+    if constexpr (kKernelCombine) {
+      // In-kernel reduction (few splits): every thread's partial stores are made visible device-wide
+      // before the CTA arrives at its group's semaphore; the CTA that arrives last (the counter
+      // reaches splits - 1 before its add) resets the semaphore for the next launch and adds every
+      // split's partial in split order (the same order and operations as decode_async_combine_kernel:
+      // bitwise the same output whichever CTA is last).
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        int* sem = a.counters + 2 + group_index;
+        const bool last = atomicAdd(sem, 1) == a.splits - 1;
+        if (last) atomicExch(sem, 0);  // every split has arrived: nobody else touches it this launch
+        mask_s = last ? 0 : -1;
       }
-      const float rel = M - a.phi2;
-      if (rel >= a.lo2 && rel <= a.hi2) out[i] = from_float<T>(num / den);  // (NaN fails)
-      else if (d == 0) atomicOr(&mask_s, 1 << g);
+      __syncthreads();
+      if (mask_s != 0) return;  // (read by every thread before any atomicOr below can change it)
+      __threadfence();  // the other CTAs' partials, published before their arrival, are read below
+      __syncthreads();
+      const float* p0 = a.partials + (int64_t(r.b) * H + r.head0) * a.splits * (D + 2);
+      // VW dims per thread as in the merge above; the splits' loads in flight together (4 splits
+      // unrolled; auto takes this path with at most kAsyncKernelCombineMaxSplits), each element's
+      // sum still in split order.
+      for (int i = tid; i < gc * NQ; i += NTH) {
+        const int g = i / NQ, d = (i - g * NQ) * VW;
+        const float* pg = p0 + int64_t(g) * a.splits * (D + 2);
+        float M = -INFINITY, den = 0.f, num[VW] = {};
+#pragma unroll 4
+        for (int s = 0; s < a.splits; ++s) {  // in split order; L2 reads (other SMs wrote them)
+          const float* ps = pg + int64_t(s) * (D + 2);
+          M = fmaxf(M, __ldcg(ps));
+          den += __ldcg(ps + 1);
+#pragma unroll
+          for (int k = 0; k < VW; ++k) num[k] += __ldcg(ps + 2 + d + k);
+        }
+        const float rel = M - a.phi2;
+        if (rel >= a.lo2 && rel <= a.hi2) {  // (NaN fails)
+#pragma unroll
+          for (int k = 0; k < VW; ++k) out[g * D + d + k] = from_float<T>(num[k] / den);
+        } else if (d == 0) {
+          atomicOr(&mask_s, 1 << g);
+        }
+      }
+      __syncthreads();
+      const unsigned mask = static_cast<unsigned>(mask_s);
+      if (mask == 0) return;
+      // Rows out of range: this CTA recomputes them with the synchronized softmax over all the row's
+      // keys (one split, only the masked heads written). The barrier above ended every read of the
+      // shared buffers the recomputation reuses.
+      if (tid == 0 && a.fallback_rows != nullptr)
+        atomicAdd(a.fallback_rows, static_cast<unsigned long long>(__popc(mask)));
+      DecodeArgs f = a;
+      f.splits = 1;
+      f.partials = nullptr;
+      attend_group<T, D, GMAX, false, kMma, kW>(f, group_index, mask, 0, smem_raw, mask_s);
     }
-    __syncthreads();
-    const unsigned mask = static_cast<unsigned>(mask_s);
-    if (mask == 0) return;
-    // Rows out of range: this CTA recomputes them with the synchronized softmax over all the row's
-    // keys (one split, only the masked heads written). The barrier above ended every read of the
-    // shared buffers the recomputation reuses.
-    if (tid == 0 && a.fallback_rows != nullptr)
-      atomicAdd(a.fallback_rows, static_cast<unsigned long long>(__popc(mask)));
-    DecodeArgs f = a;
-    f.splits = 1;
-    f.partials = nullptr;
-    attend_group<T, D, GMAX, false, kMma, kW>(f, group_index, mask, 0, smem_raw, mask_s);
   } else {
     for (int i = tid; i < gc * NQ; i += NTH) {
       const int g = i / NQ, d = (i - g * NQ) * VW;
@@ -933,7 +946,7 @@ constexpr int min_ctas_per_sm() {
   return W == kDefaultWarps ? 1 : n < kMaxMinCtasPerSm ? n : kMaxMinCtasPerSm;
 }
 
-template <class T, int D, int GMAX, bool kAsync, bool kMma, int W>
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine>
 __global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
     decode_attention_kernel(DecodeArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -942,7 +955,7 @@ __global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
   // retire. attend_group waits for the previous kernel (rope: qkv and the cache's last key) once it
   // has issued the copies of older keys. See kernels.h, programmatic launch.
   detail::pdl_trigger();
-  attend_group<T, D, GMAX, kAsync, kMma, W>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s);
+  attend_group<T, D, GMAX, kAsync, kMma, W, kKernelCombine>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s);
 }
 
 // The combine launches (one CTA per (sequence, query head) row; kCombineThreads threads).
@@ -1137,11 +1150,14 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
   }
 }
 
-template <class T, int D, int GMAX, bool kAsync, bool kMma, int W>
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine = false>
 void launch_decode(const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
+  if constexpr (kAsync && !kKernelCombine) {
+    if (a.combine_in_kernel) return launch_decode<T, D, GMAX, kAsync, kMma, W, true>(a, n_ctas, dependent, stream);
+  }
   using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
   constexpr size_t smem = Shape::kSmem;
-  auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync, kMma, W>;
+  auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync, kMma, W, kKernelCombine>;
   // Once per (instantiation, device), before any graph capture uses it: the attribute belongs to
   // the current device, and one process drives several under tensor parallelism.
   once_per_device(reinterpret_cast<const void*>(kernel), [&] {
@@ -1282,8 +1298,8 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 }
 
 // Async with several splits: where the partials are added (KernelOptions::async_combine). Auto
-// takes the in-kernel reduction (the group's last CTA) at batch 1 with up to 4 splits, the separate
-// launch otherwise. Measured on the H200, fp16, head_dim 128, same grid, kernel vs launch
+// takes the in-kernel reduction (the group's last CTA) with 2 splits, and at batch 1 with up to 4,
+// the separate launch otherwise. Measured on the H200, fp16, head_dim 128, same grid, kernel vs launch
 // (docs/results/2026-12-01d-attention-iteration3.md): batch 1, 512-1K keys (2-4 splits): 7.06 vs
 // 8.03, 8.71 vs 9.59 us (32/2), 7.24 vs 8.35, 8.59 vs 9.42 (32/8), 7.65 vs 8.48, 9.53 vs 10.39
 // (32/32): the launch's ~1 us is what a single-wave grid cannot hide. Batch 8-64 with few splits the
@@ -1297,9 +1313,16 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 // synchronized kernels. On the tensor-core loop at batch 1 with 8 splits the launch measured faster
 // at every point (docs/results/2026-12-01o-pool-async-core.md): 32/8, 512 to 4K keys, kernel 7.03 /
 // 7.99 / 10.01 / 12.78 vs launch 6.82 / 7.82 / 9.80 / 12.52 us; 32/2 6.48 / 7.80 / 9.76 / 12.49 vs
-// 6.32 / 7.68 / 9.53 / 12.26. Up to 4 splits the kernel stays (no tensor-core point of that kind was
-// measured; the CUDA-core ones above favoured the kernel).
+// 6.32 / 7.68 / 9.53 / 12.26. Up to 4 splits the kernel stays at batch 1 (no tensor-core point of
+// that kind was measured; the CUDA-core ones above favoured the kernel).
+// Two splits at any batch: the kernel, since its reduction takes 4 dims per thread with every split's
+// loads in flight (it had taken one element per thread, one split after another). H200, fp16, D 128,
+// kernel vs launch (docs/results/2026-12-01r-combine-plan.md): 32/2 batch 32, 1K / 4K / 16K keys
+// 13.62 / 36.99 / 133.69 vs 14.09 / 38.72 / 132.41 us; 32/8 batch 8 11.51 / 34.44 / 131.18 vs
+// 12.45 / 35.77 / 129.94. With 4 or more splits the launch stays faster (32/2 batch 8, 512 keys, 4
+// splits: 6.98 vs 6.64; 1K, 8 splits: 10.04 vs 7.35).
 constexpr int kAsyncKernelCombineMaxSplits = 4;
+constexpr int kAsyncKernelCombineAnyBatchSplits = 2;
 
 // Whether decode_attention_async runs its own (unified max) kernels: several splits on the tensor
 // cores; else the synchronized ones (the reasons are beside that dispatch).
@@ -1312,7 +1335,7 @@ bool combine_in_kernel(int batch, int splits) {
     case AsyncCombine::Launch: return false;
     case AsyncCombine::Auto: break;
   }
-  return batch == 1 && splits <= kAsyncKernelCombineMaxSplits;
+  return splits <= kAsyncKernelCombineAnyBatchSplits || (batch == 1 && splits <= kAsyncKernelCombineMaxSplits);
 }
 
 }  // namespace
@@ -1404,14 +1427,16 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
   const SplitShape sh = split_shape(batch, n_heads, n_kv_heads, multiprocessors);
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   constexpr double kSplitFixed = 2.0, kSplitEachAsync = 0.05, kSplitEachSync = 0.1;
-  // A tensor-core CTA costs at least one whole round, however few of its warps have a tile. Without
-  // this floor the async plan took 8 splits at batch 1, 512 keys (32/8 and 32/2 heads) where 4 (one
-  // head per CTA, run synchronized) measured 8-10% faster: 6.82 vs 6.23 us (32/8; docs/results/
-  // 2026-12-01o-pool-async-core.md). On the sweeps (with async's CUDA-core points read from sync's,
-  // as they now run) it moves the async plan from 0.9% to 0.6% above the best on average, the worst
-  // point from 12% to 9%; the sync plan is unchanged. (On CUDA cores the half-round discount stays:
-  // a floor there would give MHA at batch 1, 512 keys one split, where 4 measured best.)
-  constexpr double kMmaMinRound = 1.0;
+  // A CUDA-core CTA costs at least one whole round, however few of its warps have a tile; a
+  // tensor-core CTA keeps the half-round discount. (Run o had the floor on the tensor-core loop
+  // instead: it took 4 splits at batch 1, 512 keys where 8 had measured 8-10% slower. Since the
+  // first copies go out before the programmatic wait (run q), a re-fit to the sweep of run r,
+  // `--splits 0,1,2,3,4,6,8,12,16,32,64` at batch 1-64, 512 to 16K keys, both modes, finds the
+  // opposite (docs/results/2026-12-01r-combine-plan.md): 8 splits on tensor cores and a CUDA-core
+  // floor: batch 1, 512 keys, async 32/2 5.20 -> 4.68 us, 32/8 5.60 -> 5.11, MHA 6.13 -> 5.32 (one
+  // split), 32/2 batch 8, 512 6.64 -> 6.24; no other point of the sweep changed plan. On the sweep
+  // the plan is 0.8% slower than the best on average (was 1.3%).)
+  constexpr double kCoreMinRound = 1.0;
   const double split_each = async_mode ? kSplitEachAsync : kSplitEachSync;
   const int64_t n_tiles = (int64_t(max_context_len) + sh.tile_keys - 1) / sh.tile_keys;
   const int max_splits = max_splits_of(sh, max_context_len);
@@ -1421,7 +1446,7 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
     const int64_t waves = (sh.groups * s + sh.slots - 1) / sh.slots;
     const int64_t tiles = (n_tiles + s - 1) / s;  // per split
     double stream = 0.5 * (double((tiles + sh.warps - 1) / sh.warps) + double(tiles) / sh.warps);
-    if (sh.tile_keys == 16) stream = std::max(stream, kMmaMinRound);
+    if (sh.tile_keys == 32) stream = std::max(stream, kCoreMinRound);
     stream *= sh.tile_keys / 16.0;
     const double t = double(waves) * stream + (s > 1 ? kSplitFixed + split_each * s : 0.0);
     if (s == 1 || t < best - 1e-9) {
