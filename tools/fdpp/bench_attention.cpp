@@ -147,7 +147,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           const int32_t* t = tables.as<int32_t>() + int64_t(r % rotations) * call_blocks;
           if (async) {
             cuda::decode_attention_async(qkv.get(), k.get(), v.get(), t, blocks_per_seq, lens.as<int32_t>(), B, H, KVH,
-                                         D, block, scale, range, out.get(), dtype, splits, ws.get(), ws.bytes(),
+                                         D, block, scale, range, out.get(), dtype, splits, L, ws.get(), ws.bytes(),
                                          counters.as<int>(), n_counters, fallback.as<unsigned long long>(), stream);
           } else {
             cuda::decode_attention_split(qkv.get(), k.get(), v.get(), t, blocks_per_seq, lens.as<int32_t>(), B, H, KVH,
@@ -166,7 +166,9 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                            {"pct_design_bw", bytes / (us * 1e-6) / kDesignReadBandwidth},
                            {"fallback_rows", fb}, {"reps", reps}, {"rotations", rotations},
                            // async: whether the unified-max kernels ran (else the synchronized ones)
-                           {"unified", async && cuda::decode_attention_async_unifies(B, H, KVH, D, splits)}});
+                           {"unified", async && cuda::decode_attention_async_unifies(B, H, KVH, D, splits)},
+                           // async: whether the group's last CTA added the splits (else a second launch)
+                           {"combined_in_kernel", async && cuda::decode_attention_async_combines_in_kernel(B, H, KVH, D, splits, L)}});
         if (!a.json)
           std::cerr << fmt::format("{} H {}/{} D {} B {} L {}: {:.2f} us\n", mode, H, KVH, D, B, L, us);
       }

@@ -261,7 +261,7 @@ int prefill_config_for(int configured, int max_chunk) {
 }  // namespace
 
 void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span<const Chunk> chunks, int logit_rows,
-                         int attention_splits) {
+                         int attention_splits, int attention_max_len) {
   const ModelConfig& c = config();
   const DeviceModel& m = *model_;
   const DType dt = m.dtype();
@@ -306,7 +306,7 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
         decode_attention_async(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
                                in.context_lens, decode_rows, c.n_heads, c.n_kv_heads, c.head_dim,
                                options_.block_size, scale, unified_max_[layer], attn_.get(), dt, attention_splits,
-                               attn_ws_.get(), attn_ws_.bytes(), attn_counters_.as<int>(), attn_counter_ints_,
+                               attention_max_len, attn_ws_.get(), attn_ws_.bytes(), attn_counters_.as<int>(), attn_counter_ints_,
                                fallback_rows_.as<unsigned long long>(), st);
       } else {
         decode_attention_split(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
@@ -487,19 +487,24 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
 
   const int splits = plan_decode_splits(b, config().n_heads, config().n_kv_heads, max_len, multiprocessors_,
                                         options_.attention == AttentionMode::Async);
-  auto graph = graphs_.find({b, splits});
+  // The async reduction's place depends on the rows' length too (decode_attention_async): part of the key.
+  const bool in_kernel = options_.attention == AttentionMode::Async &&
+                         decode_attention_async_combines_in_kernel(b, config().n_heads, config().n_kv_heads,
+                                                                   config().head_dim, splits, max_len);
+  const std::tuple<int, int, bool> key{b, splits, in_kernel};
+  auto graph = graphs_.find(key);
   if (!options_.cuda_graphs) {
-    forward(in, b, b, {}, b, splits);
+    forward(in, b, b, {}, b, splits, max_len);
   } else if (graph != graphs_.end()) {
     FDPP_CUDA_CHECK(cudaGraphLaunch(graph->second, stream_));
     last_logit_rows_ = b;
   } else {
-    forward(in, b, b, {}, b, splits);
+    forward(in, b, b, {}, b, splits, max_len);
     FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     cudaGraph_t g = nullptr;
     FDPP_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
-      forward(in, b, b, {}, b, splits);
+      forward(in, b, b, {}, b, splits, max_len);
     } catch (...) {
       cudaStreamEndCapture(stream_, &g);
       if (g != nullptr) cudaGraphDestroy(g);
@@ -509,7 +514,7 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
     cudaGraphExec_t exec = nullptr;
     FDPP_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
     cudaGraphDestroy(g);
-    graphs_[{b, splits}] = exec;  // captured, not run: the eager run above already computed this step
+    graphs_[key] = exec;  // captured, not run: the eager run above already computed this step
   }
   count_attention_rows(b, splits);
 }
@@ -617,12 +622,12 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
                                              options_.attention == AttentionMode::Async)
                         : 1;
     if (head_rows > 0) {
-      forward(in, T, decode_rows, chunks, head_rows, splits);
+      forward(in, T, decode_rows, chunks, head_rows, splits, max_len);
     } else {
       // No row wants logits (middle chunks only): the head runs on one row, never read.
       std::vector<int32_t> one{T - 1};
       upload(head_index_, one, stream_);
-      forward(in, T, decode_rows, chunks, 1, splits);
+      forward(in, T, decode_rows, chunks, 1, splits, max_len);
     }
     last_logit_rows_ = std::max(head_rows, 1);
     if (decode_rows > 0) count_attention_rows(decode_rows, splits);

@@ -18,6 +18,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/check.h"
@@ -155,8 +156,9 @@ class CudaEngine final : public Engine {
   // Runs the layers over n tokens whose ids/positions/slots are already in the device buffers: the
   // first decode_rows tokens are decode rows (decode attention), then the chunks (prefill
   // attention). Logits for logit_rows rows: in.head_index's tokens, or the last logit_rows.
+  // Decode attention runs attention_splits splits, planned for rows of up to attention_max_len keys.
   void forward(const StepInputs& in, int n_tokens, int decode_rows, std::span<const Chunk> chunks, int logit_rows,
-               int attention_splits = 1);
+               int attention_splits = 1, int attention_max_len = 0);
   // A linear layer through the dispatcher (GEMV / flat GEMM / cuBLASLt by the tuned table).
   void linear(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, bool fp32_out);
   // Tensor parallelism: sums the ranks' partial outputs of a row-parallel layer (o, down) in place.
@@ -201,7 +203,8 @@ class CudaEngine final : public Engine {
   uint64_t attention_rows_ = 0, attention_unified_rows_ = 0;
   uint64_t prefill_attention_rows_ = 0;
   int multiprocessors_ = 0;
-  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (batch, attention splits) -> captured step
+  // (batch, attention splits, async reduction in the kernel) -> captured step
+  std::map<std::tuple<int, int, bool>, cudaGraphExec_t> graphs_;
 };
 
 }  // namespace fdpp::cuda

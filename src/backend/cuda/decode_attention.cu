@@ -1298,8 +1298,8 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 }
 
 // Async with several splits: where the partials are added (KernelOptions::async_combine). Auto
-// takes the in-kernel reduction (the group's last CTA) with 2 splits, and at batch 1 with up to 4,
-// the separate launch otherwise. Measured on the H200, fp16, head_dim 128, same grid, kernel vs launch
+// takes the in-kernel reduction (the group's last CTA) with 2 splits up to 8K keys, and at batch 1
+// with up to 4 splits, the separate launch otherwise. Measured on the H200, fp16, head_dim 128, same grid, kernel vs launch
 // (docs/results/2026-12-01d-attention-iteration3.md): batch 1, 512-1K keys (2-4 splits): 7.06 vs
 // 8.03, 8.71 vs 9.59 us (32/2), 7.24 vs 8.35, 8.59 vs 9.42 (32/8), 7.65 vs 8.48, 9.53 vs 10.39
 // (32/32): the launch's ~1 us is what a single-wave grid cannot hide. Batch 8-64 with few splits the
@@ -1319,23 +1319,27 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 // loads in flight (it had taken one element per thread, one split after another). H200, fp16, D 128,
 // kernel vs launch (docs/results/2026-12-01r-combine-plan.md): 32/2 batch 32, 1K / 4K / 16K keys
 // 13.62 / 36.99 / 133.69 vs 14.09 / 38.72 / 132.41 us; 32/8 batch 8 11.51 / 34.44 / 131.18 vs
-// 12.45 / 35.77 / 129.94. With 4 or more splits the launch stays faster (32/2 batch 8, 512 keys, 4
-// splits: 6.98 vs 6.64; 1K, 8 splits: 10.04 vs 7.35).
+// 12.45 / 35.77 / 129.94. Longer rows favour the launch (same call, auto vs launch: 8K keys 32/8
+// batch 8 66.74 vs 67.11, 32/2 batch 32 69.57 vs 69.60; 16K 130.61 vs 129.60 and 133.85 vs 132.93;
+// 64K 511.12 vs 504.93 and 512.02 vs 510.56): the kernel that holds the reduction streams ~1%
+// slower. With 4 or more splits the launch stays faster (32/2 batch 8, 512 keys, 4 splits: 6.98 vs
+// 6.64; 1K, 8 splits: 10.04 vs 7.35).
 constexpr int kAsyncKernelCombineMaxSplits = 4;
-constexpr int kAsyncKernelCombineAnyBatchSplits = 2;
+constexpr int kAsyncKernelCombineAnyBatchSplits = 2, kAsyncKernelCombineAnyBatchMaxContext = 8192;
 
 // Whether decode_attention_async runs its own (unified max) kernels: several splits on the tensor
 // cores; else the synchronized ones (the reasons are beside that dispatch).
 bool async_unifies(int splits, int head_dim, int gmax) { return splits > 1 && use_mma(head_dim, gmax); }
 bool async_unifies(const DecodeArgs& a, int head_dim) { return async_unifies(a.splits, head_dim, a.gmax); }
 
-bool combine_in_kernel(int batch, int splits) {
+bool combine_in_kernel(int batch, int splits, int max_context_len) {
   switch (current_kernel_options().async_combine) {
     case AsyncCombine::Kernel: return true;
     case AsyncCombine::Launch: return false;
     case AsyncCombine::Auto: break;
   }
-  return splits <= kAsyncKernelCombineAnyBatchSplits || (batch == 1 && splits <= kAsyncKernelCombineMaxSplits);
+  return (splits <= kAsyncKernelCombineAnyBatchSplits && max_context_len <= kAsyncKernelCombineAnyBatchMaxContext) ||
+         (batch == 1 && splits <= kAsyncKernelCombineMaxSplits);
 }
 
 }  // namespace
@@ -1352,6 +1356,12 @@ size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_h
 
 bool decode_attention_async_unifies(int batch, int n_heads, int n_kv_heads, int head_dim, int splits) {
   return async_unifies(splits, head_dim, plan_groups(batch, n_heads, n_kv_heads, splits).gmax);
+}
+
+bool decode_attention_async_combines_in_kernel(int batch, int n_heads, int n_kv_heads, int head_dim, int splits,
+                                               int max_context_len) {
+  return decode_attention_async_unifies(batch, n_heads, n_kv_heads, head_dim, splits) &&
+         combine_in_kernel(batch, splits, max_context_len);
 }
 
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
@@ -1571,8 +1581,9 @@ void decode_attention_split(const void* qkv, const void* k_cache, const void* v_
 void decode_attention_async(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                             int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
                             int n_kv_heads, int head_dim, int block_size, float scale, const UnifiedMaxRange& range,
-                            void* out, DType dtype, int splits, void* workspace, size_t workspace_bytes,
-                            int* counters, int counter_ints, unsigned long long* fallback_rows, cudaStream_t stream) {
+                            void* out, DType dtype, int splits, int max_context_len, void* workspace,
+                            size_t workspace_bytes, int* counters, int counter_ints, unsigned long long* fallback_rows,
+                            cudaStream_t stream) {
   DecodeArgs a = make_args(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
                            n_kv_heads, head_dim, block_size, scale, out, dtype, splits);
   check(std::isfinite(range.phi) && std::isfinite(range.a) && std::isfinite(range.b) && range.a < range.b,
@@ -1603,7 +1614,7 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
     return;
   }
   a.counters = counters;
-  a.combine_in_kernel = combine_in_kernel(batch, splits) ? 1 : 0;
+  a.combine_in_kernel = combine_in_kernel(batch, splits, max_context_len) ? 1 : 0;
   a.fallback_rows = fallback_rows;
   // The kernel works in log2 units: 2^(x log2 e - phi log2 e) = e^(x - phi).
   a.phi2 = range.phi * detail::kLog2e;

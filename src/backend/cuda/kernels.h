@@ -122,7 +122,8 @@ size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, in
 // Asynchronized softmax with a unified max (FlashDecoding++; attention/unified_max.h has the
 // derivation of the range and the CPU reference). Every split of a row accumulates
 // sum e^(x - phi) v and sum e^(x - phi) on its own: no exchange of maxima, no rescaling between
-// splits. The group's last CTA (few splits; KernelOptions::async_combine) or a second launch adds
+// splits. The group's last CTA (few splits and, at two, max_context_len short enough: the longest
+// context_lens[b] of the call, as planned; KernelOptions::async_combine) or a second launch adds
 // the splits' sums per row in split order (deterministic: bitwise the same on every run). A row
 // whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed exactly with the
 // synchronized softmax over all the row's keys (by the reduction, in the kernel or the launch); no
@@ -145,12 +146,17 @@ struct UnifiedMaxRange {
 void decode_attention_async(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                             int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
                             int n_kv_heads, int head_dim, int block_size, float scale, const UnifiedMaxRange& range,
-                            void* out, DType dtype, int splits, void* workspace, size_t workspace_bytes,
-                            int* counters, int counter_ints, unsigned long long* fallback_rows, cudaStream_t stream);
+                            void* out, DType dtype, int splits, int max_context_len, void* workspace,
+                            size_t workspace_bytes, int* counters, int counter_ints, unsigned long long* fallback_rows,
+                            cudaStream_t stream);
 size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
 // Whether decode_attention_async with these arguments runs the unified-max kernels (else the
 // synchronized ones), under the calling thread's KernelOptions.
 bool decode_attention_async_unifies(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
+// Whether it adds the splits' partials inside the attention kernel (else in a second launch); a
+// captured step replays the choice it was captured with.
+bool decode_attention_async_combines_in_kernel(int batch, int n_heads, int n_kv_heads, int head_dim, int splits,
+                                               int max_context_len);
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads);
 // The split count for a decode step (host-side plan; see the worked example in the .cu), for the
 // async (unified max) or the synchronized kernels (their combines cost differently per split).
