@@ -566,8 +566,8 @@ void run_decode(const DecodeCase& c) {
     for (int rep = 0; rep < 2; ++rep) {
       d_out.poison();
       cuda::decode_attention_async(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(),
-                                   B, H, KVH, D, c.block_size, scale, range, d_out.get(), c.t, splits, max_len, ws.get(),
-                                   ws_bytes, counters.get(), n_counters, fallback.get(), nullptr);
+                                   B, H, KVH, D, c.block_size, scale, range, d_out.get(), c.t, splits, max_len,
+                                   ws.get(), ws_bytes, counters.get(), n_counters, fallback.get(), nullptr);
       sync("decode_attention_async");
       if (rep == 0) first = d_out.download();
     }

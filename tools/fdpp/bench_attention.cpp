@@ -168,7 +168,8 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                            // async: whether the unified-max kernels ran (else the synchronized ones)
                            {"unified", async && cuda::decode_attention_async_unifies(B, H, KVH, D, splits)},
                            // async: whether the group's last CTA added the splits (else a second launch)
-                           {"combined_in_kernel", async && cuda::decode_attention_async_combines_in_kernel(B, H, KVH, D, splits, L)}});
+                           {"combined_in_kernel",
+                            async && cuda::decode_attention_async_combines_in_kernel(B, H, KVH, D, splits, L)}});
         if (!a.json)
           std::cerr << fmt::format("{} H {}/{} D {} B {} L {}: {:.2f} us\n", mode, H, KVH, D, B, L, us);
       }

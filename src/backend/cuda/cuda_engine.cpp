@@ -306,8 +306,8 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
         decode_attention_async(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
                                in.context_lens, decode_rows, c.n_heads, c.n_kv_heads, c.head_dim,
                                options_.block_size, scale, unified_max_[layer], attn_.get(), dt, attention_splits,
-                               attention_max_len, attn_ws_.get(), attn_ws_.bytes(), attn_counters_.as<int>(), attn_counter_ints_,
-                               fallback_rows_.as<unsigned long long>(), st);
+                               attention_max_len, attn_ws_.get(), attn_ws_.bytes(), attn_counters_.as<int>(),
+                               attn_counter_ints_, fallback_rows_.as<unsigned long long>(), st);
       } else {
         decode_attention_split(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
                                in.context_lens, decode_rows, c.n_heads, c.n_kv_heads, c.head_dim,

@@ -83,8 +83,8 @@
 // would run the CUDA-core loop (measured faster synchronized). Several splits on tensor cores: each CTA
 // writes its partial (sums relative to phi, and its max logit); a second, wide launch (decode_async_
 // combine_kernel, one CTA per row) adds them in split order, checks the guard and recomputes rows out of
-// range exactly; or, few splits (KernelOptions::async_combine, kAsyncKernelCombineMaxSplits), the group's
-// last CTA to arrive at its semaphore does the same in the kernel, without the launch, and recomputes
+// range exactly; or, few splits (KernelOptions::async_combine: 2 up to 8K keys, up to 4 at batch 1), the
+// group's last CTA to arrive at its semaphore does the same in the kernel, without the launch, and recomputes
 // rows out of range itself with the synchronized loop (no fallback launch: the former fixed fallback grid
 // cost 0.3-1.6 us per call at small sizes, issue 13). (The in-kernel reduction alone was slow with many
 // splits: 41.6 us at 32/2 heads, B 1, 16K, sync 19.6; docs/results/2026-12-01a-attention-grid.md.)
@@ -753,7 +753,7 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
 // in head_mask (sync mode without splits: the recomputation of rows the guard rejected).
 // kKernelCombine (async only): the group's last CTA adds the splits' partials (DecodeArgs::
 // combine_in_kernel); without it the CTA ends after its partial and the kernel holds no reduction
-// and no synchronized recomputation (half the code: 67 KB instead of 131 KB at head_dim 128).
+// and no synchronized recomputation (62 KB of code instead of 131 KB at head_dim 128, fp16).
 template <class T, int D, int GMAX, bool kAsync, bool kMma, int kW, bool kKernelCombine = false>
 __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head_mask, int split,
                              unsigned char* smem_raw, int& mask_s) {
@@ -1299,8 +1299,8 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 
 // Async with several splits: where the partials are added (KernelOptions::async_combine). Auto
 // takes the in-kernel reduction (the group's last CTA) with 2 splits up to 8K keys, and at batch 1
-// with up to 4 splits, the separate launch otherwise. Measured on the H200, fp16, head_dim 128, same grid, kernel vs launch
-// (docs/results/2026-12-01d-attention-iteration3.md): batch 1, 512-1K keys (2-4 splits): 7.06 vs
+// with up to 4 splits, the separate launch otherwise. Measured on the H200, fp16, head_dim 128, same
+// grid, kernel vs launch (docs/results/2026-12-01d-attention-iteration3.md): batch 1, 512-1K keys (2-4 splits): 7.06 vs
 // 8.03, 8.71 vs 9.59 us (32/2), 7.24 vs 8.35, 8.59 vs 9.42 (32/8), 7.65 vs 8.48, 9.53 vs 10.39
 // (32/32): the launch's ~1 us is what a single-wave grid cannot hide. Batch 8-64 with few splits the
 // kernel is no faster and up to 27% slower (32/2, batch 8, 4K: 21.83 vs 17.14; batch 32, 512: 16.69

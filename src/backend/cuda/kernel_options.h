@@ -31,8 +31,8 @@ inline const char* decode_path_name(DecodePath p) {
 // How decode_attention_async adds the splits' partials when there are several (decode_attention.cu):
 // Kernel: the last CTA of each group to finish, inside the attention kernel (no second launch);
 // Launch: decode_async_combine_kernel, a second launch of one CTA per row; Auto: Kernel with 2
-// splits, and at batch 1 with up to kAsyncKernelCombineMaxSplits, else Launch (the measurements
-// are beside it).
+// splits up to 8K keys, and at batch 1 with up to kAsyncKernelCombineMaxSplits, else Launch (the
+// measurements are beside it).
 enum class AsyncCombine { Auto, Kernel, Launch };
 
 inline const char* async_combine_name(AsyncCombine c) {
