@@ -773,20 +773,6 @@ TEST_F(CudaKernels, DecodeAttentionForcedPaths) {
     }
 }
 
-// MHA at a batch whose CTA groups (batch x heads) fill 3/4 of two CTAs per SM but fewer than 4 per
-// SM: auto runs it on tensor cores with 4 warps (on a 132-SM H200: 32 heads x batch 8 = 256 groups);
-// below and above that range, CUDA cores. The launcher's own choice at three batches, both modes.
-TEST_F(CudaKernels, DecodeAttentionMhaAutoPathByBatch) {
-  for (int B : {2, 8, 24}) {
-    std::vector<int> lens(B);
-    for (int b = 0; b < B; ++b) lens[b] = b % 5 == 0 ? 0 : 37 * b + 1;
-    for (DType t : kTypes) {
-      run_decode({t, 128, 32, 32, 16, lens});
-      run_decode({t, 128, 32, 32, 16, lens, Adversarial::None, true, 0});
-    }
-  }
-}
-
 TEST_F(CudaKernels, DecodeAttentionTensorCoreBlockSizesAndLongContext) {
   for (int bs : {1, 8, 32, 256}) {
     run_decode({DType::BF16, 96, 8, 2, bs, {0, 1, 33, 300}});

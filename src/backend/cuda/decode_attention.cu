@@ -1175,6 +1175,38 @@ void launch_decode(const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t
   cuda_check(cudaLaunchKernelEx(config.get(), kernel, a), "cudaLaunchKernelEx(decode_attention_kernel)");
 }
 
+// Which loop a launch runs: the tensor cores for a CTA of two or more query heads (one K/V tile
+// serves the whole group at tensor-core rate; the CUDA-core loop's dot products per key grow with
+// the group: 16 heads x 128 dims per lane and key at ChatGLM2's 32/2, compute-bound at 35% of the
+// read bandwidth at batch 64, 16K, issue 13) and at head dims the CUDA-core loop lacks; CUDA cores
+// for MHA at 64 and 128 (their measured path). Whether mma also wins MHA awaits measurement:
+// the calling thread's KernelOptions::decode_path forces one (read at each call; core only at 64
+// and 128).
+bool use_mma(int head_dim, int gmax) {
+  if (head_dim != 64 && head_dim != 128) return true;
+  switch (current_kernel_options().decode_path) {
+    case DecodePath::Mma: return true;
+    case DecodePath::Core: return false;
+    case DecodePath::Auto: break;
+  }
+  return gmax >= 2;
+}
+
+template <class T, int D, bool kAsync, int W>
+void launch_decode_gw(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
+  if (use_mma(D, gmax)) return launch_decode<T, D, 16, kAsync, true, W>(a, n_ctas, dependent, stream);
+  // (decode_attention_async never gets here: the CUDA-core loop runs synchronized only.)
+  if constexpr (!kAsync && (D == 64 || D == 128)) {
+    switch (gmax) {
+      case 1: return launch_decode<T, D, 1, kAsync, false, W>(a, n_ctas, dependent, stream);
+      case 2: return launch_decode<T, D, 2, kAsync, false, W>(a, n_ctas, dependent, stream);
+      case 4: return launch_decode<T, D, 4, kAsync, false, W>(a, n_ctas, dependent, stream);
+      case 8: return launch_decode<T, D, 8, kAsync, false, W>(a, n_ctas, dependent, stream);
+      default: return launch_decode<T, D, 16, kAsync, false, W>(a, n_ctas, dependent, stream);
+    }
+  }
+}
+
 // Warps per CTA at head dims 64 and 128 (the others always run their default): KernelOptions::
 // decode_warps when it is 4 or 8; auto (0): 4 where the tensor-core loop has CTA groups (without
 // splits) for at least 3/4 of the slots of two CTAs per SM, or the CUDA-core loop at least 4 groups
@@ -1192,48 +1224,6 @@ constexpr int kFourWarpMinSlotsFilledPct = 75;
 // SM) 13-30% slower, at batch 1 up to 33% slower. (Batch 16, 3.9 per SM, was not measured.)
 constexpr int kCoreFourWarpMinGroupsPerSm = 4;
 
-// Which loop a launch runs: the tensor cores for a CTA of two or more query heads (one K/V tile
-// serves the whole group at tensor-core rate; the CUDA-core loop's dot products per key grow with
-// the group: 16 heads x 128 dims per lane and key at ChatGLM2's 32/2, compute-bound at 35% of the
-// read bandwidth at batch 64, 16K, issue 13) and at head dims the CUDA-core loop lacks. MHA (one
-// head per CTA) at 64 and 128: CUDA cores, except where the tensor-core loop takes 4 warps (CTA
-// groups, `groups` without splits, for 3/4 of two per SM) while the CUDA-core loop would take 8
-// (fewer than kCoreFourWarpMinGroupsPerSm per SM). There, 32/32 at batch 8 (256 groups), 4 warps on
-// tensor cores against 8 on CUDA cores: 512 keys 16.57 vs 18.06 us, 1K 32.37 vs 32.56; at batch 64
-// (2048 groups) CUDA cores with 4 warps stay faster, 123.6 vs 127.2 at 512 keys (H200, fp16, D 128;
-// docs/results/2026-12-01r-combine-plan.md, section 6). The calling thread's
-// KernelOptions::decode_path forces one (read at each call; core only at 64 and 128); a forced 8
-// warps keeps MHA on CUDA cores.
-bool use_mma(int head_dim, int gmax, int64_t groups, int multiprocessors) {
-  if (head_dim != 64 && head_dim != 128) return true;
-  const KernelOptions& o = current_kernel_options();
-  switch (o.decode_path) {
-    case DecodePath::Mma: return true;
-    case DecodePath::Core: return false;
-    case DecodePath::Auto: break;
-  }
-  if (gmax >= 2) return true;
-  const int64_t sms = multiprocessors;
-  return o.decode_warps != 8 && groups * 100 >= 2 * sms * kFourWarpMinSlotsFilledPct &&
-         groups < int64_t(kCoreFourWarpMinGroupsPerSm) * sms;
-}
-
-template <class T, int D, bool kAsync, int W>
-void launch_decode_gw(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
-  if (use_mma(D, gmax, a.n_groups, multiprocessors_of_current_device()))
-    return launch_decode<T, D, 16, kAsync, true, W>(a, n_ctas, dependent, stream);
-  // (decode_attention_async never gets here: the CUDA-core loop runs synchronized only.)
-  if constexpr (!kAsync && (D == 64 || D == 128)) {
-    switch (gmax) {
-      case 1: return launch_decode<T, D, 1, kAsync, false, W>(a, n_ctas, dependent, stream);
-      case 2: return launch_decode<T, D, 2, kAsync, false, W>(a, n_ctas, dependent, stream);
-      case 4: return launch_decode<T, D, 4, kAsync, false, W>(a, n_ctas, dependent, stream);
-      case 8: return launch_decode<T, D, 8, kAsync, false, W>(a, n_ctas, dependent, stream);
-      default: return launch_decode<T, D, 16, kAsync, false, W>(a, n_ctas, dependent, stream);
-    }
-  }
-}
-
 int decode_warps_for(int batch, int n_heads, int n_kv_heads, int head_dim, int multiprocessors) {
   const int w = current_kernel_options().decode_warps;
   check(w == 0 || w == 4 || w == 8, "decode attention: decode_warps = {} is not one of 0 (auto), 4, 8", w);
@@ -1241,8 +1231,7 @@ int decode_warps_for(int batch, int n_heads, int n_kv_heads, int head_dim, int m
   const int group = n_heads / n_kv_heads;
   const int64_t groups = int64_t(batch) * n_kv_heads * ((group + 15) / 16);
   const int64_t slots = 2 * int64_t(multiprocessors);
-  if (!use_mma(head_dim, group, groups, multiprocessors))
-    return groups >= int64_t(kCoreFourWarpMinGroupsPerSm) * multiprocessors ? 4 : kDefaultWarps;
+  if (!use_mma(head_dim, group)) return groups >= int64_t(kCoreFourWarpMinGroupsPerSm) * multiprocessors ? 4 : kDefaultWarps;
   return groups * 100 >= slots * kFourWarpMinSlotsFilledPct ? 4 : kDefaultWarps;
 }
 
@@ -1340,10 +1329,8 @@ constexpr int kAsyncKernelCombineAnyBatchSplits = 2, kAsyncKernelCombineAnyBatch
 
 // Whether decode_attention_async runs its own (unified max) kernels: several splits on the tensor
 // cores; else the synchronized ones (the reasons are beside that dispatch).
-bool async_unifies(int splits, int head_dim, int gmax, int64_t groups) {
-  return splits > 1 && use_mma(head_dim, gmax, groups, multiprocessor_count());
-}
-bool async_unifies(const DecodeArgs& a, int head_dim) { return async_unifies(a.splits, head_dim, a.gmax, a.n_groups); }
+bool async_unifies(int splits, int head_dim, int gmax) { return splits > 1 && use_mma(head_dim, gmax); }
+bool async_unifies(const DecodeArgs& a, int head_dim) { return async_unifies(a.splits, head_dim, a.gmax); }
 
 bool combine_in_kernel(int batch, int splits, int max_context_len) {
   switch (current_kernel_options().async_combine) {
@@ -1368,8 +1355,7 @@ size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_h
 }
 
 bool decode_attention_async_unifies(int batch, int n_heads, int n_kv_heads, int head_dim, int splits) {
-  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits);
-  return async_unifies(splits, head_dim, g.gmax, g.n_groups);
+  return async_unifies(splits, head_dim, plan_groups(batch, n_heads, n_kv_heads, splits).gmax);
 }
 
 bool decode_attention_async_combines_in_kernel(int batch, int n_heads, int n_kv_heads, int head_dim, int splits,
@@ -1411,7 +1397,7 @@ SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int multiprocesso
   const int per_sm_ctas = sh.warps == 4 ? per_sm(CoreShape<128, 4, 4>{}, MmaShape<128, 4>{})
                                         : per_sm(CoreShape<128, 4, 8>{}, MmaShape<128, 8>{});
   sh.slots = int64_t(multiprocessors) * per_sm_ctas;
-  sh.tile_keys = use_mma(128, std::min(group, 16), sh.groups, multiprocessors) ? 16 : 32;
+  sh.tile_keys = use_mma(128, std::min(group, 16)) ? 16 : 32;
   return sh;
 }
 
