@@ -153,7 +153,7 @@ TEST(CudaSplitKv, DecodeAttentionMatchesCpuAndUnsplit) {
     FDPP_CUDA_CHECK(cudaMemset(out_d.get(), 0xff, out_d.bytes()));  // poison: NaN in fp16
     cuda::decode_attention_split(qkv_d.get(), k_d.get(), v_d.get(), tab_d.as<int32_t>(), max_blocks,
                                  len_d.as<int32_t>(), B, H, KVH, D, BS, scale, out_d.get(), cuda::DType::F16, splits,
-                                 ws.get(), ws_bytes, nullptr);
+                                 0, ws.get(), ws_bytes, nullptr);
     FDPP_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<uint16_t> out_h(size_t(B) * H * D);
     FDPP_CUDA_CHECK(cudaMemcpy(out_h.data(), out_d.get(), out_h.size() * 2, cudaMemcpyDeviceToHost));
@@ -185,6 +185,25 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // splits 6.13).
   EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 512, 132, true), 8);
   for (bool async_mode : {true, false}) EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 512, 132, async_mode), 1);
+  // What the launches run with the plan. MHA at batch 8: tensor cores with 4 warps up to 1024 keys,
+  // CUDA cores with 8 beyond (decode_attention.cu, choose_loop); one split, so async runs the
+  // synchronized kernel. At batch 1 and 32 the CUDA-core loop at any length.
+  for (int len : {512, 1024, 1025, 4096}) {
+    const auto mha8 = cuda::decode_attention_launch(8, 32, 32, 128, cuda::plan_decode_splits(8, 32, 32, len, 132, true),
+                                                    len, true, 132);
+    EXPECT_EQ(mha8.splits, 1) << len;
+    EXPECT_EQ(mha8.tensor_cores, len <= 1024) << len;
+    EXPECT_EQ(mha8.warps, len <= 1024 ? 4 : 8) << len;
+    EXPECT_FALSE(mha8.unified) << len;
+    for (int b : {1, 32})
+      EXPECT_FALSE(cuda::decode_attention_launch(b, 32, 32, 128, 1, len, false, 132).tensor_cores) << b << " " << len;
+  }
+  // Llama-3-8B's 32/8 at batch 8, 4K keys: 2 splits on tensor cores, unified, reduced in the kernel;
+  // the same length unknown (0) counts as long: the second launch.
+  const auto gqa8 = cuda::decode_attention_launch(8, 32, 8, 128, 2, 4096, true, 132);
+  EXPECT_TRUE(gqa8.tensor_cores && gqa8.unified && gqa8.combine_in_kernel);
+  EXPECT_FALSE(cuda::decode_attention_launch(8, 32, 8, 128, 2, 0, true, 132).combine_in_kernel);
+  EXPECT_FALSE(cuda::decode_attention_launch(8, 32, 8, 128, 2, 4096, false, 132).unified);
   // The workspace bound covers every shorter context.
   for (const auto& [h, kvh] : {std::pair{32, 32}, {32, 8}, {32, 2}, {40, 40}})
     for (int b : {1, 2, 5, 8, 64}) {

@@ -477,11 +477,19 @@ void run_decode(const DecodeCase& c) {
   const int D = c.D, H = c.H, KVH = c.KVH, B = int(c.lens.size()), G = H / KVH;
   const cuda::KernelOptions kernels = kernels_for_case(c);
   const cuda::KernelOptionsScope kernel_scope(kernels);
+  int max_len = 0;
+  for (int len : c.lens) max_len = std::max(max_len, len);
+  int sms = 0;
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  const int splits = c.splits != 0 ? c.splits : cuda::plan_decode_splits(B, H, KVH, max_len, sms, c.async);
+  // What the launch runs (the same choice as inside the call).
+  const cuda::DecodeAttentionLaunch launch =
+      cuda::decode_attention_launch(B, H, KVH, D, splits, max_len, c.async, sms);
   // The tensor-core loop rounds P to 16 bits before P V (as FlashAttention does; the sums stay
   // fp32): weights off by up to half a unit roundoff, so outputs by about u x rms; the element
-  // bound is 16 u x rms there (an indexing error is O(rms)).
-  const bool maybe_mma = !(c.path != nullptr && std::string(c.path) == "core") &&
-                         (G >= 2 || (D != 64 && D != 128) || (c.path != nullptr && std::string(c.path) == "mma"));
+  // bound is 16 u x rms there (an indexing error is O(rms)). (A GQA group split into single heads
+  // runs the CUDA-core loop; the looser bound covers it too.)
+  const bool maybe_mma = launch.tensor_cores || G >= 2;
   const int width = (H + 2 * KVH) * D;
   const float scale = 1.f / std::sqrt(float(D));
   PagedCache cache(c.t, D, KVH, c.block_size, c.lens);
@@ -522,19 +530,12 @@ void run_decode(const DecodeCase& c) {
   d_out.poison();
   const auto bounds = derive_unified_max_bounds(c.phi, 131072);
   int64_t expected_fallback = 0, ambiguous = 0;  // rows whose max logit - phi is outside / near [a, b]
-  if (!c.async) {
-    cuda::decode_attention(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(), B, H,
-                           KVH, D, c.block_size, scale, d_out.get(), c.t, nullptr);
+  if (!c.async && splits == 1) {
+    cuda::decode_attention_split(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(), B,
+                                 H, KVH, D, c.block_size, scale, d_out.get(), c.t, 1, max_len, nullptr, 0, nullptr);
     sync("decode_attention");
   } else {
-    int max_len = 0;
-    for (int len : c.lens) max_len = std::max(max_len, len);
-    int splits = c.splits;
-    if (splits == 0) {
-      int sms = 0;
-      cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
-      splits = cuda::plan_decode_splits(B, H, KVH, max_len, sms, /*async_mode=*/true);
-    }
+    ASSERT_TRUE(c.async) << "run_decode: the synchronized cases run one split";
     const size_t ws_bytes = cuda::decode_attention_async_workspace_bytes(B, H, KVH, D, splits);
     DeviceBuffer<uint8_t> ws(std::vector<uint8_t>(ws_bytes, 0xFF));  // no initialization needed
     const int n_counters = cuda::decode_attention_async_counters(B, H, KVH) + 5;  // larger than needed is fine
@@ -558,7 +559,7 @@ void run_decode(const DecodeCase& c) {
       }
     }
     // One split, or the CUDA-core loop, runs the synchronized kernels: no row is recomputed, whatever phi.
-    if (!cuda::decode_attention_async_unifies(B, H, KVH, D, splits)) expected_fallback = ambiguous = 0;
+    if (!launch.unified) expected_fallback = ambiguous = 0;
     const cuda::UnifiedMaxRange range{bounds.phi, bounds.a, bounds.b};
     // Twice on the same workspace: the counters must stay at zero, and the outputs must be bitwise
     // the same (the splits' sums are added in split order, no atomics).
@@ -624,6 +625,29 @@ TEST_F(CudaKernels, DecodeAttentionMixedLengthsAllGroupSizes) {
   for (DType t : kTypes)
     for (int D : {64, 128})
       for (auto [H, KVH] : heads) run_decode({t, D, H, KVH, 16, lens});
+}
+
+// MHA at the batches where the tensor-core loop takes 4 warps and the CUDA-core loop 8 runs on tensor
+// cores when the call's longest row is short, else on CUDA cores (auto; decode_attention.cu,
+// choose_loop). Both sides of the length threshold, both modes.
+TEST_F(CudaKernels, DecodeAttentionMhaShortRowsOnTensorCores) {
+  int sms = 0;
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  const int H = 32, B = (3 * sms / 2 + H - 1) / H;  // CTA groups for 3/4 of two CTAs per SM
+  ASSERT_LT(int64_t(B) * H, 4 * int64_t(sms)) << "this GPU's SM count leaves no batch for the rule";
+  const int threshold = 1024;
+  for (const int longest : {threshold, threshold + 1}) {
+    const cuda::DecodeAttentionLaunch launch = cuda::decode_attention_launch(B, H, H, 128, 1, longest, false, sms);
+    EXPECT_EQ(launch.tensor_cores, longest <= threshold) << "MHA batch " << B << ", longest row " << longest;
+    EXPECT_EQ(launch.warps, longest <= threshold ? 4 : 8) << "MHA batch " << B << ", longest row " << longest;
+    std::vector<int> lens(B);
+    for (int i = 0; i < B; ++i) lens[i] = i == 0 ? longest : i == 1 ? 0 : 1 + (i * 389) % longest;
+    for (DType t : kTypes) {
+      run_decode({t, 128, H, H, 16, lens});
+      run_decode({t, 128, H, H, 16, lens, Adversarial::None, true, 0});
+    }
+    run_decode({DType::F16, 64, H, H, 16, lens, Adversarial::OneHugeLogit});
+  }
 }
 
 TEST_F(CudaKernels, DecodeAttentionOtherBlockSizesAndEmptyContext) {

@@ -151,10 +151,12 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                                          counters.as<int>(), n_counters, fallback.as<unsigned long long>(), stream);
           } else {
             cuda::decode_attention_split(qkv.get(), k.get(), v.get(), t, blocks_per_seq, lens.as<int32_t>(), B, H, KVH,
-                                         D, block, scale, out.get(), dtype, splits, ws.get(), ws.bytes(), stream);
+                                         D, block, scale, out.get(), dtype, splits, L, ws.get(), ws.bytes(), stream);
           }
         };
         const double us = cuda::time_graph(stream, reps, a.replays, launch).us;
+        const cuda::DecodeAttentionLaunch ran =
+            cuda::decode_attention_launch(B, H, KVH, D, splits, L, async, gpus[0].multiprocessors);
         unsigned long long fb = 0;
         FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
         results.push_back({{"mode", mode}, {"path", cuda::decode_path_name(kernels.decode_path)},
@@ -165,11 +167,11 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                            {"context", L}, {"splits", splits}, {"planned_splits", planned_splits}, {"us", us}, {"bytes", bytes},
                            {"pct_design_bw", bytes / (us * 1e-6) / kDesignReadBandwidth},
                            {"fallback_rows", fb}, {"reps", reps}, {"rotations", rotations},
+                           {"tensor_cores", ran.tensor_cores}, {"warps", ran.warps},
                            // async: whether the unified-max kernels ran (else the synchronized ones)
-                           {"unified", async && cuda::decode_attention_async_unifies(B, H, KVH, D, splits)},
+                           {"unified", ran.unified},
                            // async: whether the group's last CTA added the splits (else a second launch)
-                           {"combined_in_kernel",
-                            async && cuda::decode_attention_async_combines_in_kernel(B, H, KVH, D, splits, L)}});
+                           {"combined_in_kernel", ran.combine_in_kernel}});
         if (!a.json)
           std::cerr << fmt::format("{} H {}/{} D {} B {} L {}: {:.2f} us\n", mode, H, KVH, D, B, L, us);
       }

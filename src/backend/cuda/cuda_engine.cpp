@@ -311,8 +311,8 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
       } else {
         decode_attention_split(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
                                in.context_lens, decode_rows, c.n_heads, c.n_kv_heads, c.head_dim,
-                               options_.block_size, scale, attn_.get(), dt, attention_splits, attn_ws_.get(),
-                               attn_ws_.bytes(), st);
+                               options_.block_size, scale, attn_.get(), dt, attention_splits, attention_max_len,
+                               attn_ws_.get(), attn_ws_.bytes(), st);
       }
     }
     if (!chunks.empty()) {
@@ -485,13 +485,11 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
   const int32_t* d = decode_in_.as<int32_t>();
   const StepInputs in{d, d + mb, d + 2 * mb, d + 4 * mb, d + 3 * mb, nullptr, nullptr, nullptr, nullptr};
 
-  const int splits = plan_decode_splits(b, config().n_heads, config().n_kv_heads, max_len, multiprocessors_,
-                                        options_.attention == AttentionMode::Async);
-  // The async reduction's place depends on the rows' length too (decode_attention_async): part of the key.
-  const bool in_kernel = options_.attention == AttentionMode::Async &&
-                         decode_attention_async_combines_in_kernel(b, config().n_heads, config().n_kv_heads,
-                                                                   config().head_dim, splits, max_len);
-  const std::tuple<int, int, bool> key{b, splits, in_kernel};
+  // The launches depend on the rows' length too (the loop, the async reduction's place): the key
+  // holds them all.
+  const DecodeAttentionLaunch attention = plan_decode_attention(b, max_len);
+  const int splits = attention.splits;
+  const std::pair<int, DecodeAttentionLaunch> key{b, attention};
   auto graph = graphs_.find(key);
   if (!options_.cuda_graphs) {
     forward(in, b, b, {}, b, splits, max_len);
@@ -516,16 +514,22 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
     cudaGraphDestroy(g);
     graphs_[key] = exec;  // captured, not run: the eager run above already computed this step
   }
-  count_attention_rows(b, splits);
+  count_attention_rows(b, attention);
 }
 
-void CudaEngine::count_attention_rows(int decode_rows, int splits) {
+DecodeAttentionLaunch CudaEngine::plan_decode_attention(int decode_rows, int max_len) const {
+  const ModelConfig& c = config();
+  const bool async = options_.attention == AttentionMode::Async;
+  const int splits = plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, max_len, multiprocessors_, async);
+  return decode_attention_launch(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, splits, max_len, async,
+                                 multiprocessors_);
+}
+
+void CudaEngine::count_attention_rows(int decode_rows, const DecodeAttentionLaunch& attention) {
   const ModelConfig& c = config();
   const uint64_t rows = static_cast<uint64_t>(decode_rows) * c.n_heads * c.n_layers;
   attention_rows_ += rows;
-  if (options_.attention == AttentionMode::Async &&
-      decode_attention_async_unifies(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, splits))
-    attention_unified_rows_ += rows;
+  if (attention.unified) attention_unified_rows_ += rows;
 }
 
 void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) {
@@ -617,10 +621,9 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
                         context_lens_.as<int32_t>(),
                         tab + static_cast<size_t>(decode_rows) * max_blocks_per_seq_, chunk_meta_.as<int32_t>(),
                         chunk_meta_.as<int32_t>() + chunks.size() + 1, head_index_.as<int32_t>()};
-    const int splits =
-        decode_rows > 0 ? plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, max_len, multiprocessors_,
-                                             options_.attention == AttentionMode::Async)
-                        : 1;
+    const DecodeAttentionLaunch attention =
+        decode_rows > 0 ? plan_decode_attention(decode_rows, max_len) : DecodeAttentionLaunch{};
+    const int splits = attention.splits;
     if (head_rows > 0) {
       forward(in, T, decode_rows, chunks, head_rows, splits, max_len);
     } else {
@@ -630,7 +633,7 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
       forward(in, T, decode_rows, chunks, 1, splits, max_len);
     }
     last_logit_rows_ = std::max(head_rows, 1);
-    if (decode_rows > 0) count_attention_rows(decode_rows, splits);
+    if (decode_rows > 0) count_attention_rows(decode_rows, attention);
   }
 
   if (options_.shard.rank != 0) {

@@ -116,7 +116,7 @@ class CudaEngine final : public Engine {
   uint64_t attention_rows() const { return attention_rows_; }
   uint64_t attention_fallback_rows() const;
   // Of the decode attention rows, those the unified-max kernels ran (async mode, several splits on
-  // tensor cores; the others ran the synchronized kernels: decode_attention_async_unifies).
+  // tensor cores; the others ran the synchronized kernels: DecodeAttentionLaunch::unified).
   uint64_t attention_unified_rows() const { return attention_unified_rows_; }
   // The same for prefill attention (query rows of prefill chunks x query head x layer), whose
   // tensor-core kernel falls back per 64-row tile (kernels.h, prefill_attention_varlen).
@@ -134,10 +134,13 @@ class CudaEngine final : public Engine {
   void ensure_capacity(int seq, int new_length);
   void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) override;
   // Uploads a decode step's inputs (rows' sequences already hold room for position length) and
-  // runs it: replays the captured graph for (batch, splits) or captures one. Lengths unchanged.
+  // runs it: replays the captured graph for (batch, attention launch) or captures one. Lengths unchanged.
   void launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens);
+  // How decode attention runs for decode_rows rows of at most max_len keys (the split plan, then
+  // what the kernels launch with it), planned once per step.
+  DecodeAttentionLaunch plan_decode_attention(int decode_rows, int max_len) const;
   // Adds a step's decode rows to attention_rows_ (and attention_unified_rows_ where they unify).
-  void count_attention_rows(int decode_rows, int splits);
+  void count_attention_rows(int decode_rows, const DecodeAttentionLaunch& attention);
   // Samples head rows [first, first + count) of the last step's logits with one parameter set;
   // seeds_ and offsets_ rows [first, first + count) are already uploaded.
   void sample_rows(int first, int count, const SamplingParams& params,
@@ -203,8 +206,8 @@ class CudaEngine final : public Engine {
   uint64_t attention_rows_ = 0, attention_unified_rows_ = 0;
   uint64_t prefill_attention_rows_ = 0;
   int multiprocessors_ = 0;
-  // (batch, attention splits, async reduction in the kernel) -> captured step
-  std::map<std::tuple<int, int, bool>, cudaGraphExec_t> graphs_;
+  // (batch, how decode attention launches) -> captured step
+  std::map<std::pair<int, DecodeAttentionLaunch>, cudaGraphExec_t> graphs_;
 };
 
 }  // namespace fdpp::cuda

@@ -5,8 +5,8 @@
 //   * CUDA cores (described first below): one query head per CTA (MHA, and GQA groups split into
 //     single heads at small batch) at head_dim 64 and 128; synchronized mode only (the async mode
 //     runs the synchronized kernels there: decode_attention_async).
-//   * Tensor cores (mma_loop, described after it): every CTA with two or more query heads, and
-//     every CTA at head_dim 80, 96 and 256.
+//   * Tensor cores (mma_loop, described after it): every CTA with two or more query heads, every
+//     CTA at head_dim 80, 96 and 256, and MHA on short rows at batch 7-16 (choose_loop).
 // KernelOptions::decode_path (kernel_options.h) forces one of them (for measuring one against the
 // other; core only exists at head_dim 64 and 128).
 //
@@ -114,7 +114,7 @@ using detail::warp_sum;
 // Warps per CTA, a template parameter of both loops (W). 8 is the default at head_dim <= 128: one CTA
 // per SM at head_dim 128 (135 KB of shared memory on CUDA cores, 214 KB on tensor cores). Auto
 // (KernelOptions::decode_warps 0) takes 4 instead where the tensor-core loop has enough CTA groups
-// to fill two CTAs per SM (decode_warps_for, with the H200 measurements). An earlier CUDA-core kernel
+// to fill two CTAs per SM (choose_loop, with the H200 measurements). An earlier CUDA-core kernel
 // measured 4 warps no better anywhere and 10-50% slower at batch 1 (docs/performance-log.md), with
 // a split plan that counted one CTA per SM; plan_decode_splits now counts the resident CTAs.
 // Head dims 80, 96 and 256 keep their fixed count (8, 8, 4).
@@ -162,14 +162,11 @@ struct DecodeArgs {
   // Async (unified max) mode, all in log2 units (x * log2 e): phi and the safe range [lo, hi] of
   // (row max - phi). Rows outside it are recomputed by the CTA that finds them.
   float phi2, lo2, hi2;
-  // Per-group semaphores of the in-kernel reduction (combine_in_kernel): counters[2 + group], zero
+  // Per-group semaphores of the in-kernel reduction (kKernelCombine): counters[2 + group], zero
   // before the launch and left zero by the group's last CTA. (Ints 0 and 1 are unused: the former
   // fallback list's count; the interface's sizing keeps them.)
   int* counters;
   unsigned long long* fallback_rows;  // cumulative count of rows recomputed (nullable)
-  // Async, splits > 1: the last CTA of each group to finish adds the splits' partials itself
-  // (1), or decode_async_combine_kernel does in a second launch (0). See decode_attention_async.
-  int combine_in_kernel;
 };
 
 // ---- shared memory layouts ---------------------------------------------------------------------
@@ -751,9 +748,9 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
 // ---- one CTA's work --------------------------------------------------------------------------------
 // The group `group_index` ((b * KVH + kvh) * n_sub + sub), key slice `split`, writing only the heads
 // in head_mask (sync mode without splits: the recomputation of rows the guard rejected).
-// kKernelCombine (async only): the group's last CTA adds the splits' partials (DecodeArgs::
-// combine_in_kernel); without it the CTA ends after its partial and the kernel holds no reduction
-// and no synchronized recomputation (62 KB of code instead of 131 KB at head_dim 128, fp16).
+// kKernelCombine (async only): the group's last CTA adds the splits' partials (DecodeAttentionLaunch::
+// combine_in_kernel); without it the CTA ends after its partial and the kernel holds no reduction and
+// no synchronized recomputation (62 KB of code instead of 131 KB at head_dim 128, fp16).
 template <class T, int D, int GMAX, bool kAsync, bool kMma, int kW, bool kKernelCombine = false>
 __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head_mask, int split,
                              unsigned char* smem_raw, int& mask_s) {
@@ -1150,11 +1147,8 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
   }
 }
 
-template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine = false>
-void launch_decode(const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
-  if constexpr (kAsync && !kKernelCombine) {
-    if (a.combine_in_kernel) return launch_decode<T, D, GMAX, kAsync, kMma, W, true>(a, n_ctas, dependent, stream);
-  }
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine>
+void launch_decode(const DecodeArgs& a, bool dependent, cudaStream_t stream) {
   using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
   constexpr size_t smem = Shape::kSmem;
   auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync, kMma, W, kKernelCombine>;
@@ -1171,42 +1165,19 @@ void launch_decode(const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t
                                       cudaSharedmemCarveoutMaxShared),
                  "cudaFuncSetAttribute(decode_attention_kernel, shared memory carveout)");
   });
-  const detail::LaunchConfig config(dim3(n_ctas, a.splits), dim3(Shape::kWarps * 32), smem, stream, dependent);
+  const detail::LaunchConfig config(dim3(a.n_groups, a.splits), dim3(Shape::kWarps * 32), smem, stream, dependent);
   cuda_check(cudaLaunchKernelEx(config.get(), kernel, a), "cudaLaunchKernelEx(decode_attention_kernel)");
 }
 
-// Which loop a launch runs: the tensor cores for a CTA of two or more query heads (one K/V tile
-// serves the whole group at tensor-core rate; the CUDA-core loop's dot products per key grow with
-// the group: 16 heads x 128 dims per lane and key at ChatGLM2's 32/2, compute-bound at 35% of the
-// read bandwidth at batch 64, 16K, issue 13) and at head dims the CUDA-core loop lacks; CUDA cores
-// for MHA at 64 and 128 (their measured path). Whether mma also wins MHA awaits measurement:
-// the calling thread's KernelOptions::decode_path forces one (read at each call; core only at 64
-// and 128).
-bool use_mma(int head_dim, int gmax) {
-  if (head_dim != 64 && head_dim != 128) return true;
-  switch (current_kernel_options().decode_path) {
-    case DecodePath::Mma: return true;
-    case DecodePath::Core: return false;
-    case DecodePath::Auto: break;
-  }
-  return gmax >= 2;
-}
-
-template <class T, int D, bool kAsync, int W>
-void launch_decode_gw(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
-  if (use_mma(D, gmax)) return launch_decode<T, D, 16, kAsync, true, W>(a, n_ctas, dependent, stream);
-  // (decode_attention_async never gets here: the CUDA-core loop runs synchronized only.)
-  if constexpr (!kAsync && (D == 64 || D == 128)) {
-    switch (gmax) {
-      case 1: return launch_decode<T, D, 1, kAsync, false, W>(a, n_ctas, dependent, stream);
-      case 2: return launch_decode<T, D, 2, kAsync, false, W>(a, n_ctas, dependent, stream);
-      case 4: return launch_decode<T, D, 4, kAsync, false, W>(a, n_ctas, dependent, stream);
-      case 8: return launch_decode<T, D, 8, kAsync, false, W>(a, n_ctas, dependent, stream);
-      default: return launch_decode<T, D, 16, kAsync, false, W>(a, n_ctas, dependent, stream);
-    }
-  }
-}
-
+// Which loop a call runs, and with how many warps per CTA (choose_loop).
+//
+// The loop: the tensor cores for a CTA of two or more query heads (one K/V tile serves the whole
+// group at tensor-core rate; the CUDA-core loop's dot products per key grow with the group: 16 heads
+// x 128 dims per lane and key at ChatGLM2's 32/2, compute-bound at 35% of the read bandwidth at batch
+// 64, 16K, issue 13) and at head dims the CUDA-core loop lacks; CUDA cores for MHA at 64 and 128,
+// except on short rows where the tensor-core loop takes 4 warps and the CUDA-core loop would take 8
+// (kMhaTensorCoreMaxContext). KernelOptions::decode_path forces one (core only at 64 and 128).
+//
 // Warps per CTA at head dims 64 and 128 (the others always run their default): KernelOptions::
 // decode_warps when it is 4 or 8; auto (0): 4 where the tensor-core loop has CTA groups (without
 // splits) for at least 3/4 of the slots of two CTAs per SM, or the CUDA-core loop at least 4 groups
@@ -1223,42 +1194,91 @@ constexpr int kFourWarpMinSlotsFilledPct = 75;
 // and 64 10-11% faster at 512 keys, 2-4% at 1K, within 1% from 4K on; at batch 8 (256 groups, 1.9 per
 // SM) 13-30% slower, at batch 1 up to 33% slower. (Batch 16, 3.9 per SM, was not measured.)
 constexpr int kCoreFourWarpMinGroupsPerSm = 4;
+// MHA runs the tensor-core loop with 4 warps, instead of the CUDA-core loop with 8, where the former
+// fills 3/4 of two CTAs per SM and the latter has fewer than 4 groups per SM (batch 7-16 at 32 heads
+// on 132 SMs) and the call's longest row has at most this many keys. H200, fp16, D 128, blocks
+// shuffled, batch 8 and 16 against the CUDA-core loop in the same call (docs/results/
+// 2026-12-01r-combine-plan.md, section 6): 512 keys 7% faster (16.80 / 33.92 against 17.98 / 36.31
+// us), 1K 1-1.5% faster, 4K-64K 2-3.7% slower (batch 8, 16K: 508.9 against 493.6).
+constexpr int kMhaTensorCoreMaxContext = 1024;
 
-int decode_warps_for(int batch, int n_heads, int n_kv_heads, int head_dim, int multiprocessors) {
-  const int w = current_kernel_options().decode_warps;
-  check(w == 0 || w == 4 || w == 8, "decode attention: decode_warps = {} is not one of 0 (auto), 4, 8", w);
-  if (w != 0) return w;
+struct LoopChoice {
+  bool tensor_cores;
+  int warps;
+};
+
+// gmax: query heads per CTA (plan_groups); max_context_len: the call's longest row, 0 if not known
+// (then taken as long).
+LoopChoice choose_loop(int batch, int n_heads, int n_kv_heads, int head_dim, int gmax, int max_context_len,
+                       int multiprocessors) {
+  const KernelOptions& o = current_kernel_options();
+  check(o.decode_warps == 0 || o.decode_warps == 4 || o.decode_warps == 8,
+        "decode attention: decode_warps = {} is not one of 0 (auto), 4, 8", o.decode_warps);
+  if (head_dim != 64 && head_dim != 128) return {true, head_dim > 128 ? 4 : kDefaultWarps};
   const int group = n_heads / n_kv_heads;
   const int64_t groups = int64_t(batch) * n_kv_heads * ((group + 15) / 16);
-  const int64_t slots = 2 * int64_t(multiprocessors);
-  if (!use_mma(head_dim, group)) return groups >= int64_t(kCoreFourWarpMinGroupsPerSm) * multiprocessors ? 4 : kDefaultWarps;
-  return groups * 100 >= slots * kFourWarpMinSlotsFilledPct ? 4 : kDefaultWarps;
+  const bool mma_fills_four = groups * 100 >= 2 * int64_t(multiprocessors) * kFourWarpMinSlotsFilledPct;
+  const bool core_fills_four = groups >= int64_t(kCoreFourWarpMinGroupsPerSm) * multiprocessors;
+  const bool short_mha = group == 1 && max_context_len > 0 && max_context_len <= kMhaTensorCoreMaxContext &&
+                         mma_fills_four && !core_fills_four;
+  // The warps follow the loop whole groups would run (a GQA group split into single heads at small
+  // batch runs the CUDA-core loop with the tensor-core loop's count; both give 8 there).
+  bool whole_groups_mma = false, loop_mma = false;
+  switch (o.decode_path) {
+    case DecodePath::Mma: whole_groups_mma = loop_mma = true; break;
+    case DecodePath::Core: whole_groups_mma = loop_mma = false; break;
+    case DecodePath::Auto:
+      whole_groups_mma = group >= 2 || short_mha;
+      loop_mma = gmax >= 2 || short_mha;
+      break;
+  }
+  const bool four = o.decode_warps != 0 ? o.decode_warps == 4 : whole_groups_mma ? mma_fills_four : core_fills_four;
+  return {loop_mma, four ? 4 : kDefaultWarps};
+}
+
+template <class T, int D, bool kAsync, int W>
+void launch_decode_gw(const DecodeAttentionLaunch& c, const DecodeArgs& a, bool dependent, cudaStream_t stream) {
+  if (c.tensor_cores) {
+    if constexpr (kAsync) {
+      if (c.combine_in_kernel) return launch_decode<T, D, 16, true, true, W, true>(a, dependent, stream);
+    }
+    return launch_decode<T, D, 16, kAsync, true, W, false>(a, dependent, stream);
+  }
+  // (The async mode never gets here: the CUDA-core loop runs synchronized only; decode_attention_async.)
+  if constexpr (!kAsync && (D == 64 || D == 128)) {
+    switch (a.gmax) {
+      case 1: return launch_decode<T, D, 1, false, false, W, false>(a, dependent, stream);
+      case 2: return launch_decode<T, D, 2, false, false, W, false>(a, dependent, stream);
+      case 4: return launch_decode<T, D, 4, false, false, W, false>(a, dependent, stream);
+      case 8: return launch_decode<T, D, 8, false, false, W, false>(a, dependent, stream);
+      default: return launch_decode<T, D, 16, false, false, W, false>(a, dependent, stream);
+    }
+  }
+  check(false, "decode attention: no CUDA-core kernel at head_dim {} (async {})", D, kAsync);
 }
 
 template <class T, int D, bool kAsync>
-void launch_decode_g(int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
+void launch_decode_g(const DecodeAttentionLaunch& c, const DecodeArgs& a, bool dependent, cudaStream_t stream) {
   if constexpr (D == 64 || D == 128) {
-    if (decode_warps_for(a.batch, a.n_heads, a.n_kv_heads, D, multiprocessors_of_current_device()) == 4)
-      return launch_decode_gw<T, D, kAsync, 4>(gmax, a, n_ctas, dependent, stream);
-    return launch_decode_gw<T, D, kAsync, 8>(gmax, a, n_ctas, dependent, stream);
+    if (c.warps == 4) return launch_decode_gw<T, D, kAsync, 4>(c, a, dependent, stream);
+    return launch_decode_gw<T, D, kAsync, 8>(c, a, dependent, stream);
   } else {
-    return launch_decode_gw<T, D, kAsync, default_warps<D>()>(gmax, a, n_ctas, dependent, stream);
+    return launch_decode_gw<T, D, kAsync, default_warps<D>()>(c, a, dependent, stream);
   }
 }
 
 // The kernel's head dims, one instantiation each.
 template <class T, bool kAsync>
-void launch_decode_d(int head_dim, int gmax, const DecodeArgs& a, int n_ctas, bool dependent, cudaStream_t stream) {
+void launch_decode_d(int head_dim, const DecodeAttentionLaunch& c, const DecodeArgs& a, bool dependent,
+                     cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return launch_decode_g<T, 64, kAsync>(gmax, a, n_ctas, dependent, stream);
-    case 80: return launch_decode_g<T, 80, kAsync>(gmax, a, n_ctas, dependent, stream);
-    case 96: return launch_decode_g<T, 96, kAsync>(gmax, a, n_ctas, dependent, stream);
-    case 128: return launch_decode_g<T, 128, kAsync>(gmax, a, n_ctas, dependent, stream);
-    default: return launch_decode_g<T, 256, kAsync>(gmax, a, n_ctas, dependent, stream);
+    case 64: return launch_decode_g<T, 64, kAsync>(c, a, dependent, stream);
+    case 80: return launch_decode_g<T, 80, kAsync>(c, a, dependent, stream);
+    case 96: return launch_decode_g<T, 96, kAsync>(c, a, dependent, stream);
+    case 128: return launch_decode_g<T, 128, kAsync>(c, a, dependent, stream);
+    default: return launch_decode_g<T, 256, kAsync>(c, a, dependent, stream);
   }
 }
-
-int multiprocessor_count() { return multiprocessors_of_current_device(); }
 
 // CTA groups of a launch: one per (sequence, kv head, sub-group of at most gmax query heads).
 // A CTA normally takes the whole GQA group (up to 16 heads), so each K/V tile is read once for
@@ -1271,12 +1291,12 @@ struct GroupPlan {
   int group, gmax, n_sub;
   int64_t n_groups;
 };
-GroupPlan plan_groups(int batch, int n_heads, int n_kv_heads, int splits) {
+GroupPlan plan_groups(int batch, int n_heads, int n_kv_heads, int splits, int multiprocessors) {
   GroupPlan g{};
   g.group = n_heads / n_kv_heads;
   g.gmax = g.group <= 1 ? 1 : g.group <= 2 ? 2 : g.group <= 4 ? 4 : g.group <= 8 ? 8 : 16;
   auto n_sub = [&](int gmax) { return (g.group + gmax - 1) / gmax; };
-  const int64_t half_sms = multiprocessor_count() / 2;
+  const int64_t half_sms = multiprocessors / 2;
   while (g.gmax > 1 && int64_t(batch) * n_kv_heads * n_sub(g.gmax) * splits < half_sms) g.gmax /= 2;
   g.n_sub = n_sub(g.gmax);
   g.n_groups = int64_t(batch) * n_kv_heads * g.n_sub;
@@ -1327,19 +1347,30 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 constexpr int kAsyncKernelCombineMaxSplits = 4;
 constexpr int kAsyncKernelCombineAnyBatchSplits = 2, kAsyncKernelCombineAnyBatchMaxContext = 8192;
 
-// Whether decode_attention_async runs its own (unified max) kernels: several splits on the tensor
-// cores; else the synchronized ones (the reasons are beside that dispatch).
-bool async_unifies(int splits, int head_dim, int gmax) { return splits > 1 && use_mma(head_dim, gmax); }
-bool async_unifies(const DecodeArgs& a, int head_dim) { return async_unifies(a.splits, head_dim, a.gmax); }
-
+// (max_context_len 0, not known, counts as long.)
 bool combine_in_kernel(int batch, int splits, int max_context_len) {
   switch (current_kernel_options().async_combine) {
     case AsyncCombine::Kernel: return true;
     case AsyncCombine::Launch: return false;
     case AsyncCombine::Auto: break;
   }
-  return (splits <= kAsyncKernelCombineAnyBatchSplits && max_context_len <= kAsyncKernelCombineAnyBatchMaxContext) ||
+  return (splits <= kAsyncKernelCombineAnyBatchSplits && max_context_len > 0 &&
+          max_context_len <= kAsyncKernelCombineAnyBatchMaxContext) ||
          (batch == 1 && splits <= kAsyncKernelCombineMaxSplits);
+}
+
+DecodeAttentionLaunch describe_launch(const GroupPlan& g, int batch, int n_heads, int n_kv_heads, int head_dim,
+                                      int splits, int max_context_len, bool async_mode, int multiprocessors) {
+  const LoopChoice loop = choose_loop(batch, n_heads, n_kv_heads, head_dim, g.gmax, max_context_len, multiprocessors);
+  DecodeAttentionLaunch c;
+  c.splits = splits;
+  c.tensor_cores = loop.tensor_cores;
+  c.warps = loop.warps;
+  // The async mode runs its own (unified max) kernels with several splits on the tensor cores, else
+  // the synchronized ones (the reasons are beside that dispatch, in decode_attention_async).
+  c.unified = async_mode && splits > 1 && loop.tensor_cores;
+  c.combine_in_kernel = c.unified && combine_in_kernel(batch, splits, max_context_len);
+  return c;
 }
 
 }  // namespace
@@ -1354,14 +1385,14 @@ size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_h
   return async_workspace_layout(batch, n_heads, n_kv_heads, head_dim, splits).total;
 }
 
-bool decode_attention_async_unifies(int batch, int n_heads, int n_kv_heads, int head_dim, int splits) {
-  return async_unifies(splits, head_dim, plan_groups(batch, n_heads, n_kv_heads, splits).gmax);
-}
-
-bool decode_attention_async_combines_in_kernel(int batch, int n_heads, int n_kv_heads, int head_dim, int splits,
-                                               int max_context_len) {
-  return decode_attention_async_unifies(batch, n_heads, n_kv_heads, head_dim, splits) &&
-         combine_in_kernel(batch, splits, max_context_len);
+DecodeAttentionLaunch decode_attention_launch(int batch, int n_heads, int n_kv_heads, int head_dim, int splits,
+                                              int max_context_len, bool async_mode, int multiprocessors) {
+  check(batch > 0 && n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && splits >= 1 &&
+            multiprocessors > 0,
+        "decode_attention_launch: batch {}, heads {}/{}, splits {}, {} multiprocessors", batch, n_heads, n_kv_heads,
+        splits, multiprocessors);
+  return describe_launch(plan_groups(batch, n_heads, n_kv_heads, splits, multiprocessors), batch, n_heads,
+                         n_kv_heads, head_dim, splits, max_context_len, async_mode, multiprocessors);
 }
 
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
@@ -1375,8 +1406,8 @@ int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
 namespace {
 
 // What the split plan counts on for a step's shape (head_dim 128 assumed): CTA groups (one per
-// sequence, kv head and 16-head sub-group), warps per CTA (decode_warps_for, which the launch asks
-// the same), the CTAs resident at once (slots: SMs x CTAs per SM by shared memory) and the keys of
+// sequence, kv head and 16-head sub-group), warps per CTA (choose_loop, which the launch asks the
+// same), the CTAs resident at once (slots: SMs x CTAs per SM by shared memory) and the keys of
 // one tile of the loop the CTA runs (16 on tensor cores, 32 on CUDA cores).
 struct SplitShape {
   int64_t groups;
@@ -1385,11 +1416,13 @@ struct SplitShape {
   int tile_keys;
 };
 
-SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int multiprocessors) {
+SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
   const int group = n_heads / n_kv_heads;
+  const LoopChoice loop =
+      choose_loop(batch, n_heads, n_kv_heads, 128, std::min(group, 16), max_context_len, multiprocessors);
   SplitShape sh;
   sh.groups = int64_t(batch) * n_kv_heads * ((group + 15) / 16);
-  sh.warps = decode_warps_for(batch, n_heads, n_kv_heads, 128, multiprocessors);
+  sh.warps = loop.warps;
   auto per_sm = [](auto core, auto mma) {
     return std::min(resident_ctas(decltype(core)::kWarps * 32, decltype(core)::kSmem),
                     resident_ctas(decltype(mma)::kWarps * 32, decltype(mma)::kSmem));
@@ -1397,7 +1430,7 @@ SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int multiprocesso
   const int per_sm_ctas = sh.warps == 4 ? per_sm(CoreShape<128, 4, 4>{}, MmaShape<128, 4>{})
                                         : per_sm(CoreShape<128, 4, 8>{}, MmaShape<128, 8>{});
   sh.slots = int64_t(multiprocessors) * per_sm_ctas;
-  sh.tile_keys = use_mma(128, std::min(group, 16)) ? 16 : 32;
+  sh.tile_keys = loop.tensor_cores ? 16 : 32;
   return sh;
 }
 
@@ -1434,8 +1467,8 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
   //   32 heads MHA, batch 1, context 1024, async: 32 groups, 32 tiles of 32 keys, at most 8 splits:
   //   T = 8, 4 + 2.1, 3.375 + 2.15, 2 + 2.2 (128 CTAs); 5-8 splits take two waves -> 4 splits.
   //   MHA, batch 8: 256 groups, at most 1 split (two waves of unsplit CTAs already).
-  const SplitShape sh = split_shape(batch, n_heads, n_kv_heads, multiprocessors);
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
+  const SplitShape sh = split_shape(batch, n_heads, n_kv_heads, max_context_len, multiprocessors);
   constexpr double kSplitFixed = 2.0, kSplitEachAsync = 0.05, kSplitEachSync = 0.1;
   // A CUDA-core CTA costs at least one whole round, however few of its warps have a tile; a
   // tensor-core CTA keeps the half-round discount. (Run o had the floor on the tensor-core loop
@@ -1469,22 +1502,34 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
 
 int max_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
-  return max_splits_of(split_shape(batch, n_heads, n_kv_heads, multiprocessors), max_context_len);
+  // The bound grows with the length for one loop; the loop changes with it only at
+  // kMhaTensorCoreMaxContext (shorter rows may take the tensor-core loop's smaller tiles).
+  int most = 1;
+  for (const int len : {max_context_len, std::min(max_context_len, kMhaTensorCoreMaxContext)})
+    most = std::max(most, max_splits_of(split_shape(batch, n_heads, n_kv_heads, len, multiprocessors), len));
+  return most;
 }
 
 void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                       int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
                       int head_dim, int block_size, float scale, void* out, DType dtype, cudaStream_t stream) {
   decode_attention_split(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
-                         n_kv_heads, head_dim, block_size, scale, out, dtype, 1, nullptr, 0, stream);
+                         n_kv_heads, head_dim, block_size, scale, out, dtype, 1, 0, nullptr, 0, stream);
 }
 
 namespace {
 
-// Checks the arguments shared by both modes and fills the kernel's arguments.
-DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
-                     int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
-                     int head_dim, int block_size, float scale, void* out, DType dtype, int splits) {
+// A call: the kernel's arguments and how it launches.
+struct Call {
+  DecodeArgs args;
+  DecodeAttentionLaunch launch;
+};
+
+// Checks the arguments shared by both modes, fills the kernel's arguments and chooses the launch.
+Call make_call(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+               int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
+               int head_dim, int block_size, float scale, void* out, DType dtype, int splits, int max_context_len,
+               bool async_mode) {
   check(splits >= 1 && splits <= kMaxSplits, "decode_attention: splits = {} out of range [1, {}]", splits, kMaxSplits);
   check(qkv != nullptr && k_cache != nullptr && v_cache != nullptr && block_tables != nullptr &&
             context_lens != nullptr && out != nullptr,
@@ -1502,7 +1547,8 @@ DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, 
   check(std::isfinite(scale), "decode_attention: scale = {} is not finite", scale);
   check(aligned16(k_cache) && aligned16(v_cache), "decode_attention: k/v cache pointers must be 16-byte aligned");
   check(dtype == DType::F16 || dtype == DType::BF16, "decode_attention: unknown dtype {}", static_cast<int>(dtype));
-  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits);
+  const int multiprocessors = multiprocessors_of_current_device();
+  const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits, multiprocessors);
   check(g.n_groups <= 0x7fffffff, "decode_attention: {} CTAs exceed the grid limit", g.n_groups);
   int shift = 0;
   while ((1 << shift) < block_size) ++shift;
@@ -1528,16 +1574,18 @@ DecodeArgs make_args(const void* qkv, const void* k_cache, const void* v_cache, 
   a.scale_log2 = scale * detail::kLog2e;
   a.out = out;
   a.splits = splits;
-  return a;
+  return {a, describe_launch(g, batch, n_heads, n_kv_heads, head_dim, splits, max_context_len, async_mode,
+                             multiprocessors)};
 }
 
 }  // namespace
 
 namespace {
 
-// The synchronized kernels (and their combine when a.splits > 1) for arguments make_args filled;
+// The synchronized kernels (and their combine when a.splits > 1) for arguments make_call filled;
 // a.partials holds decode_attention_workspace_bytes when there are several splits.
-void launch_synchronized(const DecodeArgs& a, int head_dim, DType dtype, cudaStream_t stream) {
+void launch_synchronized(const DecodeArgs& a, const DecodeAttentionLaunch& c, int head_dim, DType dtype,
+                         cudaStream_t stream) {
   const int splits = a.splits;
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -1548,7 +1596,7 @@ void launch_synchronized(const DecodeArgs& a, int head_dim, DType dtype, cudaStr
                                     static_cast<T*>(a.out)),
                  "cudaLaunchKernelEx(decode_combine_kernel)");
     };
-    launch_decode_d<T, false>(head_dim, a.gmax, a, a.n_groups, pdl, stream);
+    launch_decode_d<T, false>(head_dim, c, a, pdl, stream);
     if (splits > 1) {
       switch (head_dim) {
         case 64: combine(decode_combine_kernel<T, 64>); break;
@@ -1567,15 +1615,16 @@ void launch_synchronized(const DecodeArgs& a, int head_dim, DType dtype, cudaStr
 void decode_attention_split(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                             int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
                             int n_kv_heads, int head_dim, int block_size, float scale, void* out, DType dtype,
-                            int splits, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  DecodeArgs a = make_args(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
-                           n_kv_heads, head_dim, block_size, scale, out, dtype, splits);
+                            int splits, int max_context_len, void* workspace, size_t workspace_bytes,
+                            cudaStream_t stream) {
+  Call call = make_call(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
+                        n_kv_heads, head_dim, block_size, scale, out, dtype, splits, max_context_len, false);
   check(splits == 1 || (workspace != nullptr &&
                         workspace_bytes >= decode_attention_workspace_bytes(batch, n_heads, head_dim, splits)),
         "decode_attention: {} splits need {} bytes of workspace, got {}", splits,
         decode_attention_workspace_bytes(batch, n_heads, head_dim, splits), workspace_bytes);
-  a.partials = static_cast<float*>(workspace);
-  launch_synchronized(a, head_dim, dtype, stream);
+  call.args.partials = static_cast<float*>(workspace);
+  launch_synchronized(call.args, call.launch, head_dim, dtype, stream);
 }
 
 void decode_attention_async(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
@@ -1584,8 +1633,10 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
                             void* out, DType dtype, int splits, int max_context_len, void* workspace,
                             size_t workspace_bytes, int* counters, int counter_ints, unsigned long long* fallback_rows,
                             cudaStream_t stream) {
-  DecodeArgs a = make_args(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
-                           n_kv_heads, head_dim, block_size, scale, out, dtype, splits);
+  Call call = make_call(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
+                        n_kv_heads, head_dim, block_size, scale, out, dtype, splits, max_context_len, true);
+  DecodeArgs& a = call.args;
+  const DecodeAttentionLaunch& c = call.launch;
   check(std::isfinite(range.phi) && std::isfinite(range.a) && std::isfinite(range.b) && range.a < range.b,
         "decode_attention_async: unified max phi = {}, range [{}, {}] is not a finite, non-empty interval", range.phi,
         range.a, range.b);
@@ -1598,7 +1649,7 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
         "decode_attention_async: needs {} zeroed counters, got {} at {}", need_counters, counter_ints,
         static_cast<const void*>(counters));
   a.partials = static_cast<float*>(workspace);  // (w.total covers the synchronized combine's partials too)
-  if (!async_unifies(a, head_dim)) {
+  if (!c.unified) {
     // The synchronized kernels instead, where they measured faster. One split: no partials, so
     // nothing for the unified max to unify, and the synchronized kernel is exact for any logits (no
     // guard, no recomputation). The CUDA-core loop (CTAs of one query head: MHA, and GQA rows split
@@ -1610,11 +1661,10 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
     // with 4 splits (one head per CTA) 8.75 / 12.55 / 19.58 vs 7.82 / 10.75 / 15.92 us at 1K / 2K /
     // 4K keys (docs/results/2026-12-01o-pool-async-core.md). On the tensor-core loop async is the
     // faster (32/2 batch 1, 4K keys, 16 splits: 10.65 vs 11.39 us).
-    launch_synchronized(a, head_dim, dtype, stream);
+    launch_synchronized(a, c, head_dim, dtype, stream);
     return;
   }
   a.counters = counters;
-  a.combine_in_kernel = combine_in_kernel(batch, splits, max_context_len) ? 1 : 0;
   a.fallback_rows = fallback_rows;
   // The kernel works in log2 units: 2^(x log2 e - phi log2 e) = e^(x - phi).
   a.phi2 = range.phi * detail::kLog2e;
@@ -1623,8 +1673,8 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool pdl = programmatic_launch_enabled();
-    launch_decode_d<T, true>(head_dim, a.gmax, a, a.n_groups, pdl, stream);
-    if (!a.combine_in_kernel) {
+    launch_decode_d<T, true>(head_dim, c, a, pdl, stream);
+    if (!c.combine_in_kernel) {
       const detail::LaunchConfig config(dim3(batch * n_heads), dim3(kCombineThreads), 0, stream, pdl);
       auto combine = [&](auto* kernel) {
         cuda_check(cudaLaunchKernelEx(config.get(), kernel, a), "cudaLaunchKernelEx(decode_async_combine_kernel)");

@@ -19,8 +19,8 @@
 
 namespace fdpp::cuda {
 
-// Which loop decode attention runs (decode_attention.cu: use_mma): Auto decides by the query
-// group and head dim; Mma forces the tensor cores; Core the CUDA cores (head dims 64 and 128 only;
+// Which loop decode attention runs (decode_attention.cu: choose_loop): Auto decides by the query
+// group, the head dim and, for MHA, the batch and the longest row; Mma forces the tensor cores; Core the CUDA cores (head dims 64 and 128 only;
 // other head dims always run on the tensor cores).
 enum class DecodePath { Auto, Mma, Core };
 
@@ -58,7 +58,7 @@ struct KernelOptions {
   DecodePath decode_path = DecodePath::Auto;
   // Warps per decode-attention CTA at head dims 64 and 128 (both loops): 0 = auto (4 where the
   // tensor-core loop has CTA groups for 3/4 of two CTAs per SM, else 8: one CTA per SM at head_dim 128;
-  // decode_attention.cu, decode_warps_for, has the measurements), 4 (two or three CTAs per SM) or 8.
+  // decode_attention.cu, choose_loop, has the measurements), 4 (two or three CTAs per SM) or 8.
   // plan_decode_splits reads it too (its waves count the resident CTAs), so a plan and its launches
   // must see the same value. A measurement switch (bench-attention --decode-warps).
   int decode_warps = 0;

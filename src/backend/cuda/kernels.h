@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <tuple>
 
 #include "backend/cuda/kernel_options.h"
 #include "fdpp/model_config.h"
@@ -98,8 +99,9 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
 // head h / (H / KVH). Stable softmax (fp32). head_dim: 64, 80, 96, 128, 256 (others: error).
 // Any group size (above 16 the group is split over CTAs); block_size a power of two; k/v caches
 // 16-byte aligned. A CTA of two or more query heads (and every CTA at head_dim 80, 96, 256) runs
-// on tensor cores, MHA at 64 and 128 on CUDA cores; KernelOptions::decode_path forces one (for
-// measurements; read at each call, core only at 64 and 128). context_lens[b] <= 0 writes zeros
+// on tensor cores, MHA at 64 and 128 on CUDA cores except on short rows at some batches
+// (decode_attention_launch says which); KernelOptions::decode_path forces one (for measurements;
+// read at each call, core only at 64 and 128). context_lens[b] <= 0 writes zeros
 // (padding rows); a length beyond the table's capacity (max_blocks_per_seq * block_size) is
 // clamped to it. In a programmatic launch (programmatic_launch_enabled) both loops copy their
 // first keys before they wait for the previous kernel: the kernels before it in the step may write
@@ -113,23 +115,26 @@ void decode_attention(const void* qkv, const void* k_cache, const void* v_cache,
 // Split-KV decode (FlashDecoding's synchronized reduction): each sequence's keys are split over
 // `splits` CTAs per kv head, whose partial results a second kernel merges. splits == 1 is
 // decode_attention. workspace: decode_attention_workspace_bytes(batch, n_heads, head_dim, splits).
+// max_context_len: the longest context_lens[b] of the call, as planned (0: not known, taken as
+// long); it only picks among kernels (decode_attention_launch), never what is computed.
 void decode_attention_split(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                             int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
                             int n_kv_heads, int head_dim, int block_size, float scale, void* out, DType dtype,
-                            int splits, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                            int splits, int max_context_len, void* workspace, size_t workspace_bytes,
+                            cudaStream_t stream);
 size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, int splits);
 
 // Asynchronized softmax with a unified max (FlashDecoding++; attention/unified_max.h has the
 // derivation of the range and the CPU reference). Every split of a row accumulates
 // sum e^(x - phi) v and sum e^(x - phi) on its own: no exchange of maxima, no rescaling between
-// splits. The group's last CTA (few splits and, at two, max_context_len short enough: the longest
-// context_lens[b] of the call, as planned; KernelOptions::async_combine) or a second launch adds
+// splits. The group's last CTA (few splits and, at two, max_context_len short enough;
+// KernelOptions::async_combine) or a second launch adds
 // the splits' sums per row in split order (deterministic: bitwise the same on every run). A row
 // whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed exactly with the
 // synchronized softmax over all the row's keys (by the reduction, in the kernel or the launch); no
 // other launch is made. With one split there is nothing to unify, and on the CUDA-core loop
 // (one query head per CTA) the synchronized kernels measured faster: there decode_attention_split
-// runs (exact for any logits; no row is recomputed; decode_attention_async_unifies says which). The
+// runs (exact for any logits; no row is recomputed; decode_attention_launch says which). The
 // result always equals the stable softmax to 16-bit rounding.
 // `fallback_rows` (device, nullable) is incremented by the number of rows recomputed.
 // workspace: decode_attention_async_workspace_bytes(...) bytes, 16-byte aligned (the splits'
@@ -150,13 +155,6 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
                             size_t workspace_bytes, int* counters, int counter_ints, unsigned long long* fallback_rows,
                             cudaStream_t stream);
 size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
-// Whether decode_attention_async with these arguments runs the unified-max kernels (else the
-// synchronized ones), under the calling thread's KernelOptions.
-bool decode_attention_async_unifies(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
-// Whether it adds the splits' partials inside the attention kernel (else in a second launch); a
-// captured step replays the choice it was captured with.
-bool decode_attention_async_combines_in_kernel(int batch, int n_heads, int n_kv_heads, int head_dim, int splits,
-                                               int max_context_len);
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads);
 // The split count for a decode step (host-side plan; see the worked example in the .cu), for the
 // async (unified max) or the synchronized kernels (their combines cost differently per split).
@@ -164,6 +162,24 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
                        bool async_mode);
 // The most splits plan_decode_splits returns for any context up to max_context_len (workspace sizing).
 int max_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors);
+
+// How a decode-attention call runs: what decode_attention_split / decode_attention_async (async_mode)
+// launch for these arguments on a GPU of `multiprocessors` SMs, under the calling thread's
+// KernelOptions. A captured step replays the launches it was captured with, so the engine keys its
+// graphs by this.
+struct DecodeAttentionLaunch {
+  int splits = 1;
+  bool tensor_cores = false;       // the loop: tensor cores (mma), else CUDA cores
+  int warps = 8;                   // per CTA
+  bool unified = false;            // async mode: the unified-max kernels ran (else the synchronized ones)
+  bool combine_in_kernel = false;  // unified: the group's last CTA added the splits (else a second launch)
+  // (Ordered for use as a map key; the .cu files are C++17, so no defaulted <=>.)
+  auto tied() const { return std::tie(splits, tensor_cores, warps, unified, combine_in_kernel); }
+  bool operator<(const DecodeAttentionLaunch& o) const { return tied() < o.tied(); }
+  bool operator==(const DecodeAttentionLaunch& o) const { return tied() == o.tied(); }
+};
+DecodeAttentionLaunch decode_attention_launch(int batch, int n_heads, int n_kv_heads, int head_dim, int splits,
+                                              int max_context_len, bool async_mode, int multiprocessors);
 
 // Prefill attention on tensor cores (prefill_attention.cu; tile plan in prefill_plan.h), causal
 // over the paged KV cache (layout as decode_attention), GQA/MQA (any n_heads / n_kv_heads),
