@@ -22,6 +22,9 @@
 //   lean_ring   warp_ring with a persistent ("lean", stream-K) decomposition: CTA c takes the
 //               c-th equal share of all groups' tiles, crossing groups.
 //   lean_cta    cta_tile over the dense tensors with the lean decomposition.
+//   dyn_cta     persistent CTAs taking work items (a chunk of one group's tiles) from a global
+//               counter, in group-major or chunk-major order; the warps stream an item as warp_ring.
+//   dyn_warp    the same with every warp taking its own items, its ring running on across them.
 //   sweep_*     the whole grid walks K and V linearly (grid-stride): at any moment every SM reads
 //               within a few MB. ldcs: 16-byte loads to registers; cp.async: NS-stage rings.
 //   chunks_ldcs CTA c reads the c-th contiguous chunk of K and V with 16-byte register loads.
@@ -90,30 +93,32 @@ __device__ __forceinline__ void tile_range(const Layout& p, long long& t0, long 
   }
 }
 
-template <int W, int NS, int KT, bool kLean>
-__global__ void __launch_bounds__(W * 32) warp_ring(Layout p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int tiles_per_group = p.context / KT;
-  long long t0, t1;
-  tile_range<KT, kLean>(p, t0, t1);
-  unsigned char* stage = smem + warp * NS * 2 * KT * kStageRow;
+// Copies tile t (KT keys of one group, numbered across groups) into a warp's stage: K rows, then V
+// rows at kd + KT rows.
+template <int KT>
+__device__ __forceinline__ void copy_tile(const Layout& p, long long t, unsigned char* kd, int lane) {
   constexpr int kRowsPerStep = 32 / kChunks, kSteps = KT / kRowsPerStep;
   const int lane_row = lane / kChunks, lane_chunk = lane % kChunks;
+  const int tiles_per_group = p.context / KT;
+  const int group = int(t / tiles_per_group), key0 = int(t % tiles_per_group) * KT;
+  unsigned char* vd = kd + KT * kStageRow;
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int r = step * kRowsPerStep + lane_row;
+    const long long o = row_offset(p, group, key0 + r) + lane_chunk * 16;
+    cp16(kd + r * kStageRow + lane_chunk * 16, p.k + o);
+    cp16(vd + r * kStageRow + lane_chunk * 16, p.v + o);
+  }
+}
+
+// The warps of a CTA stream tiles [t0, t1) round-robin (tile t0 + warp + n W is the warp's n-th),
+// each through its own ring of NS stages, NS - 1 tiles in flight. Returns the xor of what it read.
+template <int W, int NS, int KT>
+__device__ __forceinline__ int ring_tiles(const Layout& p, unsigned char* stage, long long t0, long long t1, int warp,
+                                          int lane) {
   auto issue = [&](int n, int s) {
     const long long t = t0 + warp + (long long)n * W;
-    if (t < t1) {
-      const int group = int(t / tiles_per_group), key0 = int(t % tiles_per_group) * KT;
-      unsigned char* kd = stage + s * 2 * KT * kStageRow;
-      unsigned char* vd = kd + KT * kStageRow;
-#pragma unroll
-      for (int step = 0; step < kSteps; ++step) {
-        const int r = step * kRowsPerStep + lane_row;
-        const long long o = row_offset(p, group, key0 + r) + lane_chunk * 16;
-        cp16(kd + r * kStageRow + lane_chunk * 16, p.k + o);
-        cp16(vd + r * kStageRow + lane_chunk * 16, p.v + o);
-      }
-    }
+    if (t < t1) copy_tile<KT>(p, t, stage + s * 2 * KT * kStageRow, lane);
     commit();
   };
 #pragma unroll
@@ -124,6 +129,95 @@ __global__ void __launch_bounds__(W * 32) warp_ring(Layout p) {
     __syncwarp();
     issue(i + NS - 1, (i + NS - 1) % NS);
     acc ^= *reinterpret_cast<const int*>(stage + (i % NS) * 2 * KT * kStageRow + lane * 4);
+  }
+  wait_group<0>();
+  return acc;
+}
+
+template <int W, int NS, int KT, bool kLean>
+__global__ void __launch_bounds__(W * 32) warp_ring(Layout p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  long long t0, t1;
+  tile_range<KT, kLean>(p, t0, t1);
+  const int acc = ring_tiles<W, NS, KT>(p, smem + warp * NS * 2 * KT * kStageRow, t0, t1, warp, lane);
+  if (acc == 0x7fffffff) p.sink[0] = acc;
+}
+
+// Dynamic (work-stealing) decompositions over persistent CTAs: work items of chunk_tiles 16-key tiles
+// of one group, taken in order from a global counter (zero before the launch). Item i is chunk
+// i % chunks of group i / chunks (group-major: the CTAs at work share few groups) or chunk i / groups
+// of group i % groups (chunk-major: every group advances together).
+__device__ __forceinline__ void item_tiles(const Layout& p, int item, int chunk_tiles, int groups, bool chunk_major,
+                                           long long& t0) {
+  const int tiles_per_group = p.context / 16, chunks = tiles_per_group / chunk_tiles;
+  const int group = chunk_major ? item % groups : item / chunks;
+  const int chunk = chunk_major ? item / groups : item % chunks;
+  t0 = (long long)group * tiles_per_group + (long long)chunk * chunk_tiles;
+}
+
+// dyn_cta: the CTA takes an item, its warps stream it as warp_ring does, the rings drain, the next.
+template <int W, int NS>
+__global__ void __launch_bounds__(W * 32) dyn_cta(Layout p, int chunk_tiles, int groups, bool chunk_major,
+                                                  int* counter) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int item_s;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_items = groups * (p.context / 16 / chunk_tiles);
+  int acc = 0;
+  for (;;) {
+    __syncthreads();  // every thread has read item_s
+    if (threadIdx.x == 0) item_s = atomicAdd(counter, 1);
+    __syncthreads();
+    const int item = item_s;
+    if (item >= n_items) break;
+    long long t0;
+    item_tiles(p, item, chunk_tiles, groups, chunk_major, t0);
+    acc ^= ring_tiles<W, NS, 16>(p, smem + warp * NS * 2 * 16 * kStageRow, t0, t0 + chunk_tiles, warp, lane);
+  }
+  if (acc == 0x7fffffff) p.sink[0] = acc;
+}
+
+// dyn_warp: every warp takes its own items and streams each alone, its ring running on from one item
+// into the next (the next item is taken one item ahead).
+template <int NS>
+__global__ void __launch_bounds__(256) dyn_warp(Layout p, int chunk_tiles, int groups, bool chunk_major,
+                                                int* counter) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_items = groups * (p.context / 16 / chunk_tiles);
+  unsigned char* stage = smem + warp * NS * 2 * 16 * kStageRow;
+  auto take = [&] { return lane == 0 ? atomicAdd(counter, 1) : 0; };
+  int item = __shfl_sync(0xffffffffu, take(), 0);
+  int next_item = take();  // (lane 0's value is the one used)
+  long long t0 = 0;
+  if (item < n_items) item_tiles(p, item, chunk_tiles, groups, chunk_major, t0);
+  long long issued = 0;
+  bool done = item >= n_items;
+  auto issue = [&](long long n, int s) {
+    if (!done) {
+      const int within = int(n % chunk_tiles);
+      if (n > 0 && within == 0) {
+        item = __shfl_sync(0xffffffffu, next_item, 0);
+        next_item = take();
+        done = item >= n_items;
+        if (!done) item_tiles(p, item, chunk_tiles, groups, chunk_major, t0);
+      }
+      if (!done) {
+        copy_tile<16>(p, t0 + within, stage + s * 2 * 16 * kStageRow, lane);
+        ++issued;
+      }
+    }
+    commit();
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) issue(i, i);
+  int acc = 0;
+  for (long long i = 0; i < issued; ++i) {
+    wait_group<NS - 2>();
+    __syncwarp();
+    issue(i + NS - 1, int((i + NS - 1) % NS));
+    acc ^= *reinterpret_cast<const int*>(stage + (i % NS) * 2 * 16 * kStageRow + lane * 4);
   }
   wait_group<0>();
   if (acc == 0x7fffffff) p.sink[0] = acc;
@@ -301,9 +395,11 @@ int main(int argc, char** argv) {
   const size_t bytes = size_t(groups) * context * kRowBytes;  // of K (and of V)
   char *k = nullptr, *v = nullptr;
   int* sink = nullptr;
+  int* counter = nullptr;
   KV_CHECK(cudaMalloc(&k, bytes));
   KV_CHECK(cudaMalloc(&v, bytes));
   KV_CHECK(cudaMalloc(&sink, 64));
+  KV_CHECK(cudaMalloc(&counter, sizeof(int)));
   KV_CHECK(cudaMemset(k, 1, bytes));
   KV_CHECK(cudaMemset(v, 1, bytes));
   int sms = 0;
@@ -373,11 +469,35 @@ int main(int argc, char** argv) {
       run("cta_ring W 4, 64 keys, NS 3", cta_ring<4, 64, 3>, 128, 3 * 2 * 64 * kStageRow, splits, false, 1);
     }
     run("warp_ring W 4, NS 3 (lean)", warp_ring<4, 3, 16, true>, 128, 4 * 3 * kTile16, 1, true, 1);
+    // Dynamic items: persistent CTAs (as many as fit), a counter zeroed before each launch.
+    auto run_dynamic = [&](const char* pattern, auto kernel, int threads, int smem, int chunk_tiles, bool chunk_major) {
+      if ((context / 16) % chunk_tiles != 0) return;
+      KV_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      KV_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+      int per_sm = 0;
+      KV_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+      char grid_text[96];
+      std::snprintf(grid_text, sizeof grid_text, "%d CTAs, items of %d keys, %s", sms * per_sm, chunk_tiles * 16,
+                    chunk_major ? "chunk-major" : "group-major");
+      report(pattern, layout, grid_text, per_sm, median_ms([&] {
+               KV_CHECK(cudaMemsetAsync(counter, 0, sizeof(int)));
+               kernel<<<sms * per_sm, threads, smem>>>(p, chunk_tiles, groups, chunk_major, counter);
+             }));
+    };
+    for (const bool chunk_major : {false, true}) {
+      for (int chunk_tiles : {64, 256})
+        run_dynamic("dyn_cta W 8, NS 3", dyn_cta<8, 3>, 256, 8 * 3 * kTile16, chunk_tiles, chunk_major);
+      for (int chunk_tiles : {64, 256})
+        run_dynamic("dyn_cta W 4, NS 3", dyn_cta<4, 3>, 128, 4 * 3 * kTile16, chunk_tiles, chunk_major);
+      for (int chunk_tiles : {8, 32, 128})
+        run_dynamic("dyn_warp W 8, NS 3", dyn_warp<3>, 256, 8 * 3 * kTile16, chunk_tiles, chunk_major);
+    }
     run("warp_ring W 8, NS 3 (lean)", warp_ring<8, 3, 16, true>, 256, 8 * 3 * kTile16, 1, true, 1);
     run("cta_tile W 4, 128 keys (lean)", cta_tile<4, 128, true>, 128, 2 * 128 * kStageRow, 1, true, 1);
   }
   cudaFree(k);
   cudaFree(v);
   cudaFree(sink);
+  cudaFree(counter);
   return 0;
 }
