@@ -185,17 +185,20 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // splits 6.13).
   EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 512, 132, true), 8);
   for (bool async_mode : {true, false}) EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 512, 132, async_mode), 1);
-  // What the launches run with the plan. MHA at batch 8: tensor cores with 4 warps up to 1024 keys,
-  // CUDA cores with 8 beyond (decode_attention.cu, choose_loop); one split, so async runs the
-  // synchronized kernel. At batch 1 and 32 the CUDA-core loop at any length.
+  // What the launches run with the plan. MHA at batch 8 and 16: tensor cores with 4 warps up to 1024
+  // keys, CUDA cores with 8 beyond (decode_attention.cu, choose_loop); one split, so async runs the
+  // synchronized kernel. At batch 1, 7, 12 and 32, and at head_dim 64, the CUDA-core loop at any length.
   for (int len : {512, 1024, 1025, 4096}) {
-    const auto mha8 = cuda::decode_attention_launch(8, 32, 32, 128, cuda::plan_decode_splits(8, 32, 32, len, 132, true),
-                                                    len, true, 132);
-    EXPECT_EQ(mha8.splits, 1) << len;
-    EXPECT_EQ(mha8.tensor_cores, len <= 1024) << len;
-    EXPECT_EQ(mha8.warps, len <= 1024 ? 4 : 8) << len;
-    EXPECT_FALSE(mha8.unified) << len;
-    for (int b : {1, 32})
+    for (int b : {8, 16}) {
+      const auto mha = cuda::decode_attention_launch(b, 32, 32, 128, cuda::plan_decode_splits(b, 32, 32, len, 132, true),
+                                                     len, true, 132);
+      EXPECT_EQ(mha.splits, 1) << b << " " << len;
+      EXPECT_EQ(mha.tensor_cores, len <= 1024) << b << " " << len;
+      EXPECT_EQ(mha.warps, len <= 1024 ? 4 : 8) << b << " " << len;
+      EXPECT_FALSE(mha.unified) << b << " " << len;
+      EXPECT_FALSE(cuda::decode_attention_launch(b, 32, 32, 64, 1, len, false, 132).tensor_cores) << b << " " << len;
+    }
+    for (int b : {1, 7, 12, 32})
       EXPECT_FALSE(cuda::decode_attention_launch(b, 32, 32, 128, 1, len, false, 132).tensor_cores) << b << " " << len;
   }
   // Llama-3-8B's 32/8 at batch 8, 4K keys: 2 splits on tensor cores, unified, reduced in the kernel;

@@ -6,7 +6,7 @@
 //     single heads at small batch) at head_dim 64 and 128; synchronized mode only (the async mode
 //     runs the synchronized kernels there: decode_attention_async).
 //   * Tensor cores (mma_loop, described after it): every CTA with two or more query heads, every
-//     CTA at head_dim 80, 96 and 256, and MHA on short rows at batch 7-16 (choose_loop).
+//     CTA at head_dim 80, 96 and 256, and MHA on short rows at some batches (choose_loop).
 // KernelOptions::decode_path (kernel_options.h) forces one of them (for measuring one against the
 // other; core only exists at head_dim 64 and 128).
 //
@@ -1194,13 +1194,17 @@ constexpr int kFourWarpMinSlotsFilledPct = 75;
 // and 64 10-11% faster at 512 keys, 2-4% at 1K, within 1% from 4K on; at batch 8 (256 groups, 1.9 per
 // SM) 13-30% slower, at batch 1 up to 33% slower. (Batch 16, 3.9 per SM, was not measured.)
 constexpr int kCoreFourWarpMinGroupsPerSm = 4;
-// MHA runs the tensor-core loop with 4 warps, instead of the CUDA-core loop with 8, where the former
-// fills 3/4 of two CTAs per SM and the latter has fewer than 4 groups per SM (batch 7-16 at 32 heads
-// on 132 SMs) and the call's longest row has at most this many keys. H200, fp16, D 128, blocks
-// shuffled, batch 8 and 16 against the CUDA-core loop in the same call (docs/results/
-// 2026-12-01r-combine-plan.md, section 6): 512 keys 7% faster (16.80 / 33.92 against 17.98 / 36.31
-// us), 1K 1-1.5% faster, 4K-64K 2-3.7% slower (batch 8, 16K: 508.9 against 493.6).
+// MHA at head_dim 128 runs the tensor-core loop with 4 warps, instead of the CUDA-core loop with 8,
+// where the former fills 3/4 of two CTAs per SM, the latter has fewer than 4 groups per SM, the last
+// wave of two CTAs per SM is at least 90% full (batch 8 and 16 at 32 heads on 132 SMs) and the call's
+// longest row has at most 1024 keys. H200, fp16, blocks shuffled, against the CUDA-core loop in the
+// same call, two rounds (docs/results/2026-12-01s-mha-launch.md): batch 8, 512 / 1K keys 16.80 /
+// 32.92 against 18.15 / 33.51 us; batch 16 34.00 / 65.62 against 36.05 / 65.79; 2K and longer 0-3.7%
+// slower (batch 8, 16K: 508.9 against 493.6; run r). Where the last wave is partly empty the
+// tensor-core loop loses: batch 12 (384 CTAs on 264 slots) 512 / 1K keys 28.4 / 52.8 against 27.3 /
+// 49.6; batch 7 (85% of a wave) 1K 31.6 against 30.7, though 512 keys 15.4 against 17.5.
 constexpr int kMhaTensorCoreMaxContext = 1024;
+constexpr int kMhaTensorCoreMinLastWavePct = 90;
 
 struct LoopChoice {
   bool tensor_cores;
@@ -1219,8 +1223,11 @@ LoopChoice choose_loop(int batch, int n_heads, int n_kv_heads, int head_dim, int
   const int64_t groups = int64_t(batch) * n_kv_heads * ((group + 15) / 16);
   const bool mma_fills_four = groups * 100 >= 2 * int64_t(multiprocessors) * kFourWarpMinSlotsFilledPct;
   const bool core_fills_four = groups >= int64_t(kCoreFourWarpMinGroupsPerSm) * multiprocessors;
-  const bool short_mha = group == 1 && max_context_len > 0 && max_context_len <= kMhaTensorCoreMaxContext &&
-                         mma_fills_four && !core_fills_four;
+  const int64_t mma_slots = 2 * int64_t(multiprocessors), last_wave = groups % mma_slots;
+  const bool last_wave_full = (last_wave == 0 ? mma_slots : last_wave) * 100 >= mma_slots * kMhaTensorCoreMinLastWavePct;
+  const bool short_mha = group == 1 && head_dim == 128 && max_context_len > 0 &&
+                         max_context_len <= kMhaTensorCoreMaxContext && mma_fills_four && !core_fills_four &&
+                         last_wave_full;
   // The warps follow the loop whole groups would run (a GQA group split into single heads at small
   // batch runs the CUDA-core loop with the tensor-core loop's count; both give 8 there).
   bool whole_groups_mma = false, loop_mma = false;
