@@ -95,30 +95,30 @@ __device__ __forceinline__ void tile_range(const Layout& p, long long& t0, long 
 
 // Copies tile t (KT keys of one group, numbered across groups) into a warp's stage: K rows, then V
 // rows at kd + KT rows.
-template <int KT>
+template <int KT, int kRow = kStageRow>
 __device__ __forceinline__ void copy_tile(const Layout& p, long long t, unsigned char* kd, int lane) {
   constexpr int kRowsPerStep = 32 / kChunks, kSteps = KT / kRowsPerStep;
   const int lane_row = lane / kChunks, lane_chunk = lane % kChunks;
   const int tiles_per_group = p.context / KT;
   const int group = int(t / tiles_per_group), key0 = int(t % tiles_per_group) * KT;
-  unsigned char* vd = kd + KT * kStageRow;
+  unsigned char* vd = kd + KT * kRow;
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) {
     const int r = step * kRowsPerStep + lane_row;
     const long long o = row_offset(p, group, key0 + r) + lane_chunk * 16;
-    cp16(kd + r * kStageRow + lane_chunk * 16, p.k + o);
-    cp16(vd + r * kStageRow + lane_chunk * 16, p.v + o);
+    cp16(kd + r * kRow + lane_chunk * 16, p.k + o);
+    cp16(vd + r * kRow + lane_chunk * 16, p.v + o);
   }
 }
 
 // The warps of a CTA stream tiles [t0, t1) round-robin (tile t0 + warp + n W is the warp's n-th),
 // each through its own ring of NS stages, NS - 1 tiles in flight. Returns the xor of what it read.
-template <int W, int NS, int KT>
+template <int W, int NS, int KT, int kRow = kStageRow>
 __device__ __forceinline__ int ring_tiles(const Layout& p, unsigned char* stage, long long t0, long long t1, int warp,
                                           int lane) {
   auto issue = [&](int n, int s) {
     const long long t = t0 + warp + (long long)n * W;
-    if (t < t1) copy_tile<KT>(p, t, stage + s * 2 * KT * kStageRow, lane);
+    if (t < t1) copy_tile<KT, kRow>(p, t, stage + s * 2 * KT * kRow, lane);
     commit();
   };
 #pragma unroll
@@ -128,19 +128,64 @@ __device__ __forceinline__ int ring_tiles(const Layout& p, unsigned char* stage,
     wait_group<NS - 2>();
     __syncwarp();
     issue(i + NS - 1, (i + NS - 1) % NS);
-    acc ^= *reinterpret_cast<const int*>(stage + (i % NS) * 2 * KT * kStageRow + lane * 4);
+    acc ^= *reinterpret_cast<const int*>(stage + (i % NS) * 2 * KT * kRow + lane * 4);
   }
   wait_group<0>();
   return acc;
 }
 
-template <int W, int NS, int KT, bool kLean>
+template <int W, int NS, int KT, bool kLean, int kRow = kStageRow>
 __global__ void __launch_bounds__(W * 32) warp_ring(Layout p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   long long t0, t1;
   tile_range<KT, kLean>(p, t0, t1);
-  const int acc = ring_tiles<W, NS, KT>(p, smem + warp * NS * 2 * KT * kStageRow, t0, t1, warp, lane);
+  const int acc = ring_tiles<W, NS, KT, kRow>(p, smem + warp * NS * 2 * KT * kRow, t0, t1, warp, lane);
+  if (acc == 0x7fffffff) p.sink[0] = acc;
+}
+
+// warp_ring with the warps' tiles interleaved: the warps' n-th tiles together cover one span of
+// W x 16 keys, warp w taking keys 16 m + 2 w and 16 m + 2 w + 1 (m = 0..7) of it, so that every
+// 512-byte step of a warp lies in a different 4 KB (head-major) of the span and the W warps fill
+// each 4 KB together, as the CTA-wide chunk walks do. Tiles [t0, t1) of 16 keys, t1 - t0 a
+// multiple of W (whole spans).
+template <int W, int NS>
+__global__ void __launch_bounds__(W * 32) warp_ring_x(Layout p) {
+  static_assert(W == 8, "8 warps x 2 rows fill each 16-row block of the span");
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  long long t0, t1;
+  tile_range<16, false>(p, t0, t1);
+  unsigned char* stage = smem + warp * NS * 2 * 16 * kStageRow;
+  const int tiles_per_group = p.context / 16;
+  const long long spans = (t1 - t0) / W;
+  const int lane_row = lane / kChunks, lane_chunk = lane % kChunks;
+  auto issue = [&](long long n, int s) {
+    if (n < spans) {
+      const long long t = t0 + n * W;  // the span's first tile
+      const int group = int(t / tiles_per_group), key0 = int(t % tiles_per_group) * 16 + 2 * warp + lane_row;
+      unsigned char* kd = stage + s * 2 * 16 * kStageRow;
+      unsigned char* vd = kd + 16 * kStageRow;
+#pragma unroll
+      for (int m = 0; m < 8; ++m) {
+        const int r = 2 * m + lane_row;
+        const long long o = row_offset(p, group, key0 + 16 * m) + lane_chunk * 16;
+        cp16(kd + r * kStageRow + lane_chunk * 16, p.k + o);
+        cp16(vd + r * kStageRow + lane_chunk * 16, p.v + o);
+      }
+    }
+    commit();
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) issue(i, i);
+  int acc = 0;
+  for (long long n = 0; n < spans; ++n) {
+    wait_group<NS - 2>();
+    __syncwarp();
+    issue(n + NS - 1, int((n + NS - 1) % NS));
+    acc ^= *reinterpret_cast<const int*>(stage + (n % NS) * 2 * 16 * kStageRow + lane * 4);
+  }
+  wait_group<0>();
   if (acc == 0x7fffffff) p.sink[0] = acc;
 }
 
@@ -347,6 +392,37 @@ __global__ void chunks_ldcs(const int4* __restrict__ k, const int4* __restrict__
   if (acc == 0x7fffffff) sink[0] = acc;
 }
 
+// CTA c walks the c-th contiguous chunk of K and V with a CTA-wide cp.async ring (as sweep_cp_async,
+// but each CTA in its own chunk).
+template <int NS, int kPerStep>
+__global__ void __launch_bounds__(256) chunks_cp_async(const int4* k, const int4* v, size_t n, int* sink) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int4* stage = reinterpret_cast<int4*>(smem) + warp * NS * kPerStep * 2 * 32;
+  const size_t per = n / gridDim.x, b0 = blockIdx.x * per;
+  const size_t steps = per / (size_t(blockDim.x) * kPerStep);
+  auto issue = [&](size_t it, int s) {
+    if (it < steps) {
+#pragma unroll
+      for (int q = 0; q < kPerStep; ++q) {
+        const size_t i = b0 + (it * kPerStep + q) * blockDim.x + threadIdx.x;
+        cp16(stage + ((s * kPerStep + q) * 2) * 32 + lane, k + i);
+        cp16(stage + ((s * kPerStep + q) * 2 + 1) * 32 + lane, v + i);
+      }
+    }
+    commit();
+  };
+  for (int s = 0; s < NS - 1; ++s) issue(s, s);
+  int acc = 0;
+  for (size_t it = 0; it < steps; ++it) {
+    wait_group<NS - 2>();
+    issue(it + NS - 1, (it + NS - 1) % NS);
+    acc ^= stage[(it % NS) * kPerStep * 2 * 32 + lane].x;
+  }
+  wait_group<0>();
+  if (acc == 0x7fffffff) sink[0] = acc;
+}
+
 template <class Launch>
 double median_ms(Launch launch) {
   cudaEvent_t a, b;
@@ -433,6 +509,35 @@ int main(int argc, char** argv) {
                chunks_ldcs<<<sms * per_sm, threads>>>((const int4*)k, (const int4*)v, words, sink);
              }));
     }
+  // Contiguous chunks with register loads or cp.async rings: as many chunks as SM slots, or one per
+  // group (each group's K, and V, is one chunk of the linear buffers: the head-major layout).
+  {
+    // NS stages of kPerStep 4 KB steps of K and of V: (NS - 1) x kPerStep x 8 KB in flight per CTA.
+    auto chunks = [&](const char* pattern, auto kernel, int ns, int per_step) {
+      const int smem = 8 * ns * per_step * 2 * 32 * 16;
+      KV_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      for (int n_chunks : {sms * 2, sms * 4, groups}) {
+        char grid[64];
+        std::snprintf(grid, sizeof grid, "%d chunks x 256 threads", n_chunks);
+        report(pattern, "linear", grid, 0, median_ms([&] {
+                 kernel<<<n_chunks, 256, smem>>>((const int4*)k, (const int4*)v, words, sink);
+               }));
+      }
+    };
+    chunks("chunks_cp_async NS 3, 2 x 4 KB", chunks_cp_async<3, 2>, 3, 2);
+    chunks("chunks_cp_async NS 2, 2 x 4 KB", chunks_cp_async<2, 2>, 2, 2);
+    chunks("chunks_cp_async NS 3, 4 x 4 KB", chunks_cp_async<3, 4>, 3, 4);
+    chunks("chunks_cp_async NS 5, 2 x 4 KB", chunks_cp_async<5, 2>, 5, 2);
+    chunks("chunks_cp_async NS 5, 4 x 4 KB", chunks_cp_async<5, 4>, 5, 4);
+    chunks("chunks_cp_async NS 3, 8 x 4 KB", chunks_cp_async<3, 8>, 3, 8);
+    for (int threads : {256, 512}) {
+      char grid[64];
+      std::snprintf(grid, sizeof grid, "%d groups x %d threads", groups, threads);
+      report("chunks_ldcs (one per group)", "linear", grid, 0, median_ms([&] {
+               chunks_ldcs<<<groups, threads>>>((const int4*)k, (const int4*)v, words, sink);
+             }));
+    }
+  }
   for (int head_major = 0; head_major < 2; ++head_major) {
     Layout p{};
     p.k = k;
@@ -462,11 +567,20 @@ int main(int argc, char** argv) {
     for (int splits : {1, 2, 4, 8}) {
       run("warp_ring W 4, NS 3 (fdpp, 4 warps)", warp_ring<4, 3, 16, false>, 128, 4 * 3 * kTile16, splits, false, 1);
       run("warp_ring W 8, NS 3 (fdpp, 8 warps)", warp_ring<8, 3, 16, false>, 256, 8 * 3 * kTile16, splits, false, 1);
+      run("warp_ring W 8, NS 2", warp_ring<8, 2, 16, false>, 256, 8 * 2 * kTile16, splits, false, 1);
+      run("warp_ring_x W 8, NS 3 (interleaved)", warp_ring_x<8, 3>, 256, 8 * 3 * kTile16, splits, false, 1);
+      run("warp_ring W 8, NS 3, rows unpadded", warp_ring<8, 3, 16, false, 256>, 256, 8 * 3 * 2 * 16 * 256, splits,
+          false, 1);
+      run("warp_ring W 4, NS 3, rows unpadded", warp_ring<4, 3, 16, false, 256>, 128, 4 * 3 * 2 * 16 * 256, splits,
+          false, 1);
+      run("warp_ring W 4, NS 2", warp_ring<4, 2, 16, false>, 128, 4 * 2 * kTile16, splits, false, 1);
       run("warp_ring W 4, NS 4", warp_ring<4, 4, 16, false>, 128, 4 * 4 * kTile16, splits, false, 1);
       run("cta_tile W 4, 128 keys (cuDNN)", cta_tile<4, 128, false>, 128, 2 * 128 * kStageRow, splits, false, 1);
       // cuDNN's 86 KB of shared memory per CTA: two CTAs per SM, not three.
       run("cta_tile W 4, 128 keys, 86 KB (cuDNN)", cta_tile<4, 128, false>, 128, 86 * 1024, splits, false, 1);
       run("cta_ring W 4, 64 keys, NS 3", cta_ring<4, 64, 3>, 128, 3 * 2 * 64 * kStageRow, splits, false, 1);
+      run("cta_ring W 8, 64 keys, NS 3", cta_ring<8, 64, 3>, 256, 3 * 2 * 64 * kStageRow, splits, false, 1);
+      run("cta_ring W 8, 128 keys, NS 3", cta_ring<8, 128, 3>, 256, 3 * 2 * 128 * kStageRow, splits, false, 1);
     }
     run("warp_ring W 4, NS 3 (lean)", warp_ring<4, 3, 16, true>, 128, 4 * 3 * kTile16, 1, true, 1);
     // Dynamic items: persistent CTAs (as many as fit), a counter zeroed before each launch.

@@ -48,10 +48,10 @@
 //     private ring of 3 stages: two tiles of K and V are in flight per warp while the third is
 //     computed (per SM 8 x 2 x 8.7 KB = 139 KB in flight at head_dim 128, past the ~35 KB that
 //     4.46 TB/s x ~1 us of latency / 132 SMs needs). No CTA barrier inside the loop.
-//   * Rows are staged with a 16-byte pad (stride D + 8): the 8 rows an ldmatrix reads start 4, 12
-//     or 20 banks apart for every supported D (64, 80, 96, 128, 256), so no conflicts and no swizzle
-//     (XOR swizzles need a power-of-two chunk count). Keys past the end are zero-filled (cp.async
-//     src-size 0): P is 0 there, and 0 * garbage could be NaN.
+//   * Rows are staged D wide with their 16-byte chunks XOR-swizzled by row at head dims 64, 128 and
+//     256, padded by 16 bytes at 80 and 96 (staged(): the 8 rows an ldmatrix reads hit 8 different
+//     bank groups either way; unpadded rows let the K/V copies stream ~5% faster). Keys past the end
+//     are zero-filled (cp.async src-size 0): P is 0 there, and 0 * garbage could be NaN.
 //   * S = Q K^T: D/16 mma per 8 keys; K fragments by ldmatrix (non-transposed). Online softmax per
 //     row (quad shuffles) with a lazy reference max (kRescaleSlack: o and d are rescaled only when a
 //     row's max grows by more than 2^8), the scale folded into the exponent's FMA, P converted to
@@ -66,11 +66,11 @@
 //     paged layout costs 1-2% (a nearly contiguous cache, head-major with sequential 256-token
 //     blocks, the layout cuDNN reads, measured 0.99x at the median; docs/results/2026-12-01n-splits.md).
 //     The loop runs within 1-3.5% of the time a pure copy of its access pattern takes
-//     (bench/kernels/kv_stream_bench.cu: every per-group pattern tried, this one, cuDNN's 4-warp
-//     CTAs on 128-key tiles, a persistent lean split, reads at most 96-97.5% of what a whole-GPU
-//     linear sweep reads on the same GPU). What lets cuDNN's kernel (cp.async only, per ncu) stream ~5% faster
-//     at large sizes is not found (docs/results/2026-12-01p-stream-patterns.md). Bulk (TMA) row
-//     copies on mbarriers measured 1-15% slower.
+//     (bench/kernels/kv_stream_bench.cu). With rows padded to D + 8 elements in shared memory every
+//     per-group pattern tried read at most 96-97.5% of what a whole-GPU linear sweep reads
+//     (docs/results/2026-12-01p-stream-patterns.md); unpadded, the same warp rings read as much as the
+//     sweep (docs/results/2026-12-01s-mha-launch.md): the ~5% cuDNN's kernel streamed faster at large
+//     sizes. Bulk (TMA) row copies on mbarriers measured 1-15% slower.
 //   * The first tiles' copies are issued before the wait for the previous kernel (programmatic
 //     launch): only the row's last key is written by the kernels the launch overlaps (kernels.h).
 //   * The async (unified max) mode keeps the warp's own reference max inside the loop and converts
@@ -173,18 +173,34 @@ struct DecodeArgs {
 // Both loops start with the per-warp merge inputs m [W][GMAX], d [W][GMAX] (fp32); the loop's own
 // buffers follow, and after the loop o [W][GMAX][D] (fp32) overlays the loop's K/V stages.
 
-// CUDA-core loop. K tile row stride in elements: 16 bytes of padding make the row-per-lane reads
-// conflict-free.
+// Staged K/V rows (both loops). A row of D 16-bit elements is D / 8 chunks of 16 bytes; reads take
+// one chunk from each of 8 consecutive rows (ldmatrix; the CUDA-core loop's quarter-warp of keys),
+// which with rows a multiple of 128 bytes apart all fall on the same 4 banks. Where a row has a
+// multiple of 8 chunks (head dims 64, 128, 256) chunk c of row r is stored at c ^ (r & 7): the 8 rows
+// of a read hit 8 different chunk positions, and a row stays D elements wide, so each warp's
+// cp.async writes whole 128-byte lines of shared memory. Otherwise (80, 96) rows are padded by 16
+// bytes (D + 8 elements), which also starts the 8 rows 4, 12 or 20 banks apart. The padded rows
+// cost bandwidth: a pure copy of the tensor-core loop's pattern (bench/kernels/kv_stream_bench.cu,
+// warp rings of 16-key tiles, H200, same call) streamed 4361-4410 GB/s into padded rows and
+// 4520-4666 into unpadded ones (32/8 batch 64, 16K; 32/2 batch 64, 64K; 32/32 batch 8, 16K), as
+// fast as a linear sweep of the same bytes (docs/results/2026-12-01s-mha-launch.md).
 template <int D>
-constexpr int kKStride = D + 8;
+constexpr bool kSwizzledRows = (D / 8) % 8 == 0;
+template <int D>
+constexpr int kStagedRow = kSwizzledRows<D> ? D : D + 8;  // elements from one staged row to the next
+// Element offset of chunk c of staged row r.
+template <int D>
+__device__ __forceinline__ int staged(int r, int c) {
+  return r * kStagedRow<D> + (kSwizzledRows<D> ? c ^ (r & 7) : c) * 8;
+}
 
 template <int D, int GMAX, int W>
 struct CoreShape {
   static constexpr int kWarps = W;
   static constexpr int kKeys = 32;  // keys per tile
-  // K and V tile staging (16-bit, per warp [32][D + 8] then [32][D]) during the loop; o per warp
+  // K and V tile staging (16-bit, per warp [32][kStagedRow] then [32][D]) during the loop; o per warp
   // ([kWarps][GMAX][D] fp32) for the final merge, in the same bytes.
-  static constexpr size_t kStageBytes = sizeof(uint16_t) * kWarps * 32 * (kKStride<D> + D);
+  static constexpr size_t kStageBytes = sizeof(uint16_t) * kWarps * 32 * (kStagedRow<D> + D);
   static constexpr int kOStride = D;  // floats per row of o (lanes write consecutive dims: no conflict)
   static constexpr size_t kOBytes = sizeof(float) * kWarps * GMAX * kOStride;
   static constexpr size_t kSmem = sizeof(float) * 2 * kWarps * GMAX  // m, d per warp (merge)
@@ -202,8 +218,8 @@ struct MmaShape {
   static constexpr int kWarps = W;
   static constexpr int kStages = 3;
   static constexpr int kKeys = 16;
-  static constexpr int kStride = D + 8;  // 16-bit elements per staged row (16-byte pad)
-  static constexpr size_t kTileBytes = sizeof(uint16_t) * 2 * kKeys * kStride;  // K and V of a tile
+  static constexpr int kStride = D + 8;  // 16-bit elements per row of q (16-byte pad)
+  static constexpr size_t kTileBytes = sizeof(uint16_t) * 2 * kKeys * kStagedRow<D>;  // K and V of a tile
   static constexpr size_t kStageBytes = size_t(kWarps) * kStages * kTileBytes;
   // Floats per row of o after the loop. A lane stores float2s of rows lane / 4 and + 8 at columns
   // 2 (lane % 4) + 8 n: with rows D floats apart (a multiple of 32 banks) the 4 rows of a half-warp
@@ -306,14 +322,14 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   static_assert(D == 64 || D == 128, "head_dim");
   constexpr int VPL = D / 32;  // output dims per lane
   constexpr int CH = D / 8;    // 16-byte chunks per K row
-  constexpr int KS = kKStride<D>;
+  constexpr int KS = kStagedRow<D>;
   constexpr int RPS = 32 / CH;  // rows copied per warp-wide step (one chunk per lane)
   constexpr int kThreads = kWarps * 32;
 
   float* q_s = reinterpret_cast<float*>(body);  // [GMAX][D]
   float* p_s = q_s + GMAX * D;                  // [kWarps][GMAX][32]
   float* o_s = p_s + kWarps * GMAX * 32;        // [kWarps][GMAX][D] (after the loop)
-  T* stage = reinterpret_cast<T*>(o_s);         // per warp K [32][KS], V [32][D] (loop)
+  T* stage = reinterpret_cast<T*>(o_s);         // per warp K [32][KS] (staged()), V [32][D] (loop)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int L = r.L, tile_end = r.tile_end, kvh = r.kvh;
@@ -356,13 +372,16 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   };
   // Stage a tile's K (or V) rows with cp.async, coalesced: the lanes copy consecutive 16-byte
   // chunks of RPS rows per step, the rows' offsets broadcast from the lanes that looked them up.
-  auto stage_rows = [&](int tile, int64_t row, const T* src_cache, T* dst, int stride) {
+  // K rows are laid out by staged() (the lanes then read 8 keys' same chunk per quarter-warp), V rows
+  // plain D wide (the lanes read consecutive dims of one key).
+  auto stage_rows = [&](int tile, int64_t row, const T* src_cache, T* dst, bool is_k) {
     const int n_valid = min(32, L - (tile << 5));
 #pragma unroll
     for (int step = 0; step < 32 / RPS; ++step) {
       const int jj = step * RPS + copy_row;
       const int64_t src = __shfl_sync(0xffffffffu, row, jj);
-      if (jj < n_valid) kv_copy16(dst + jj * stride + copy_chunk * 8, src_cache + src + copy_chunk * 8);
+      const int at = is_k ? staged<D>(jj, copy_chunk) : jj * D + copy_chunk * 8;
+      if (jj < n_valid) kv_copy16(dst + at, src_cache + src + copy_chunk * 8);
     }
   };
   // Software pipeline per warp (two cp.async groups in flight): while the logits of tile t are
@@ -374,9 +393,9 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   int32_t entry_ahead = key_entry(tile + kWarps);  // of the warp's next tile
   // The first tile before pdl_wait where it holds only keys before the row's last (as in mma_loop).
   auto stage_first_tile = [&] {  // two cp.async groups, K then V
-    if (tile < tile_end) stage_rows(tile, row, k_cache, k_w, KS);
+    if (tile < tile_end) stage_rows(tile, row, k_cache, k_w, true);
     detail::cp_async_commit();
-    if (tile < tile_end) stage_rows(tile, row, v_cache, v_w, D);
+    if (tile < tile_end) stage_rows(tile, row, v_cache, v_w, false);
     detail::cp_async_commit();
   };
   const bool early = tile < (L - 1) / 32;
@@ -398,10 +417,9 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
 #pragma unroll
     for (int g = 0; g < GMAX; ++g) s[g] = 0.f;
     if (valid) {
-      const T* kp = k_w + lane * KS;
 #pragma unroll
       for (int c = 0; c < CH; ++c) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(kp + c * 8);
+        const uint4 raw = *reinterpret_cast<const uint4*>(k_w + staged<D>(lane, c));
         const T* e = reinterpret_cast<const T*>(&raw);
         float kf[8];
 #pragma unroll
@@ -434,7 +452,7 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
     const int next = tile + kWarps;
     const int64_t next_row = next < tile_end ? key_row(next, entry_ahead) : 0;
     entry_ahead = key_entry(next + kWarps);
-    if (next < tile_end) stage_rows(next, next_row, k_cache, k_w, KS);
+    if (next < tile_end) stage_rows(next, next_row, k_cache, k_w, true);
     detail::cp_async_commit();
     cp_async_wait_one();  // V(tile) has landed (K(next) may still be in flight)
     __syncwarp();
@@ -452,7 +470,7 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
       }
     }
     __syncwarp();  // p_w and the V stage are rewritten by the next tile
-    if (next < tile_end) stage_rows(next, next_row, v_cache, v_w, D);
+    if (next < tile_end) stage_rows(next, next_row, v_cache, v_w, false);
     detail::cp_async_commit();
   }
   detail::cp_async_wait_all();  // (only empty groups remain; the stage is about to be reused)
@@ -491,8 +509,9 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   constexpr bool kQRegs = D <= 128;  // Q fragments kept in registers (at 256 they would cost 64)
   static_assert(D % 16 == 0 && KT == 16, "tile shape");
 
+  constexpr int SR = kStagedRow<D>;     // staged rows (staged())
   T* q_s = reinterpret_cast<T*>(body);    // [16][KS]
-  T* stage = q_s + 16 * KS;               // [W][NS] x (K [16][KS], V [16][KS])
+  T* stage = q_s + 16 * KS;               // [W][NS] x (K [16][SR], V [16][SR])
   float* o_s = reinterpret_cast<float*>(stage);  // [W][16][S::kOStride] (after the loop)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -501,7 +520,7 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);
   const int32_t* btab = a.block_tables + int64_t(r.b) * a.max_blocks_per_seq;
-  T* my_stage = stage + warp * NS * 2 * KT * KS;
+  T* my_stage = stage + warp * NS * 2 * KT * SR;
 
   // Issues tile `tile` into stage `s` (nothing past the slice) and commits a group either way, so
   // that every lane counts the same groups. The 2D chunks of K (and of V) go out 32 per step, chunk
@@ -540,20 +559,21 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
     if (tile < tile_end) {
       const int j0 = tile * KT;
       const int n_valid = min(KT, L - j0);
-      T* kd = my_stage + s * 2 * KT * KS;
-      T* vd = kd + KT * KS;
+      T* kd = my_stage + s * 2 * KT * SR;
+      T* vd = kd + KT * SR;
       if (whole_tiles) {
         // Rows past the end stay inside the block (it holds 16 or more): valid addresses, zero-filled.
         const int32_t entry = __shfl_sync(0xffffffffu, bt, n & 31);
         const int64_t base = int64_t(entry) * a.block_stride + (j0 & in_block_mask) * a.token_stride + lane_src;
         const T* kp = k_cache + base;
         const T* vp = v_cache + base;
-        T* kdl = kd + lane_row * KS + lane_chunk * 8;
 #pragma unroll
         for (int step = 0; step < kSteps; ++step) {
-          const bool ok = lane_row + step * kRowsPerStep < n_valid;
-          kv_copy16_zfill(kdl + step * kRowsPerStep * KS, kp, ok);
-          kv_copy16_zfill(kdl + KT * KS + step * kRowsPerStep * KS, vp, ok);
+          const int row = lane_row + step * kRowsPerStep;
+          const bool ok = row < n_valid;
+          const int at = staged<D>(row, lane_chunk);
+          kv_copy16_zfill(kd + at, kp, ok);
+          kv_copy16_zfill(vd + at, vp, ok);
           kp += step_src;
           vp += step_src;
         }
@@ -566,8 +586,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
           const int64_t src = __shfl_sync(0xffffffffu, row, rr);
           const bool ok = rr < n_valid;
           const int64_t at = ok ? src + c * 8 : 0;
-          kv_copy16_zfill(kd + rr * KS + c * 8, k_cache + at, ok);
-          kv_copy16_zfill(vd + rr * KS + c * 8, v_cache + at, ok);
+          kv_copy16_zfill(kd + staged<D>(rr, c), k_cache + at, ok);
+          kv_copy16_zfill(vd + staged<D>(rr, c), v_cache + at, ok);
         }
       }
     }
@@ -618,8 +638,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
     detail::cp_async_wait_group<NS - 2>();  // this tile has landed (NS - 2 younger groups may not)
     __syncwarp();                           // visible to every lane; every lane is done with stage i - 1
     issue(i + NS - 1, (i + NS - 1) % NS);   // into the stage computed at iteration i - 1
-    const T* kb = my_stage + (i % NS) * 2 * KT * KS;
-    const T* vb = kb + KT * KS;
+    const T* kb = my_stage + (i % NS) * 2 * KT * SR;
+    const T* vb = kb + KT * SR;
 
     // S = Q K^T for keys 0..7 (s[0]) and 8..15 (s[1]) of the tile. One ldmatrix.x4 gives K's B
     // fragments of both n-tiles: matrices (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, ..).
@@ -627,8 +647,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks) {
       uint32_t kf[4];
-      detail::ldmatrix_x4(kf, detail::smem_addr(kb + ((lane & 7) + ((lane >> 4) << 3)) * KS +
-                                                (2 * ks + ((lane >> 3) & 1)) * 8));
+      detail::ldmatrix_x4(kf, detail::smem_addr(kb + staged<D>((lane & 7) + ((lane >> 4) << 3),
+                                                               2 * ks + ((lane >> 3) & 1))));
       if constexpr (kQRegs) {
         detail::mma16816<T>(s[0], qf[ks], kf[0], kf[1]);
         detail::mma16816<T>(s[1], qf[ks], kf[2], kf[3]);
@@ -696,7 +716,7 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
 #pragma unroll
     for (int dp = 0; dp < KSTEPS; ++dp) {
       uint32_t vf[4];
-      detail::ldmatrix_x4_trans(vf, detail::smem_addr(vb + (lane & 15) * KS + (2 * dp + (lane >> 4)) * 8));
+      detail::ldmatrix_x4_trans(vf, detail::smem_addr(vb + staged<D>(lane & 15, 2 * dp + (lane >> 4))));
       detail::mma16816<T>(o[2 * dp], pa, vf[0], vf[1]);
       detail::mma16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
     }
