@@ -127,7 +127,7 @@ constexpr size_t kSmemReservedPerCta = 1024;
 // CTAs of `threads` threads and `smem` bytes that fit on one SM by shared memory and threads (2048
 // per SM); registers are the compiler's part, bound by __launch_bounds__ below.
 constexpr int resident_ctas(int threads, size_t smem) {
-  const size_t by_smem = kSmemPerSmBytes / (smem + kSmemReservedPerCta + 64);  // + the kernel's static shared
+  const size_t by_smem = kSmemPerSmBytes / (smem + kSmemReservedPerCta + 64);  // + the flag after it (kFlagBytes)
   const size_t by_threads = size_t(2048 / threads);
   const size_t n = by_smem < by_threads ? by_smem : by_threads;
   return n < 1 ? 1 : static_cast<int>(n);
@@ -949,6 +949,10 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
   }
 }
 
+// Dynamic shared memory after a loop's layout (Shape::kSmem, a multiple of 16): the in-kernel
+// reduction's flag (decode_attention_kernel).
+constexpr size_t kFlagBytes = 16;
+
 // The resident CTAs per SM an instantiation is built for: 1 at the default 8 warps (the bound of the
 // measured kernels, unchanged), else as many as shared memory and threads allow, at most 3 (4 warps
 // at head_dim 128: 3 on CUDA cores for groups up to 8, 2 at 16 and on tensor cores). It also caps
@@ -959,15 +963,22 @@ constexpr int kMaxMinCtasPerSm = 3;
 template <int D, int GMAX, bool kMma, int W>
 constexpr int min_ctas_per_sm() {
   using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
-  const int n = resident_ctas(W * 32, Shape::kSmem);
+  const int n = resident_ctas(W * 32, Shape::kSmem + kFlagBytes);
   return W == kDefaultWarps ? 1 : n < kMaxMinCtasPerSm ? n : kMaxMinCtasPerSm;
 }
 
 template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine>
 __global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
     decode_attention_kernel(DecodeArgs a) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ int mask_s;
+  // No static __shared__ here: it would come first and move the dynamic buffer's start off a 128-byte
+  // line, and with it every staged K/V row (each warp's copies would then straddle one more line per
+  // 512 bytes, as padded rows did). The in-kernel reduction's flag (the one such variable; unused
+  // elsewhere) lives after the dynamic layout instead (kFlagBytes). With a static flag, the kernel
+  // holding the reduction measured 130.5 us against the launch-combined kernel's 57.4 at 32/2 heads,
+  // batch 8, 16K keys, 2 splits (H200; docs/results/2026-12-01s-mha-launch.md).
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
+  int& mask_s = *reinterpret_cast<int*>(smem_raw + Shape::kSmem);
   // The next launch (the O projection) may be scheduled now: its CTAs take SMs as this grid's
   // retire. attend_group waits for the previous kernel (rope: qkv and the cache's last key) once it
   // has issued the copies of older keys. See kernels.h, programmatic launch.
@@ -1170,7 +1181,8 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
 template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine>
 void launch_decode(const DecodeArgs& a, bool dependent, cudaStream_t stream) {
   using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
-  constexpr size_t smem = Shape::kSmem;
+  constexpr size_t smem = Shape::kSmem + kFlagBytes;
+  static_assert(Shape::kSmem % 16 == 0 && smem <= 227 * 1024, "shared memory layout");
   auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync, kMma, W, kKernelCombine>;
   // Once per (instantiation, device), before any graph capture uses it: the attribute belongs to
   // the current device, and one process drives several under tensor parallelism.
