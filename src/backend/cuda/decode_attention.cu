@@ -69,7 +69,7 @@
 //     (bench/kernels/kv_stream_bench.cu). With rows padded to D + 8 elements in shared memory every
 //     per-group pattern tried read at most 96-97.5% of what a whole-GPU linear sweep reads
 //     (docs/results/2026-12-01p-stream-patterns.md); unpadded, the same warp rings read as much as the
-//     sweep (docs/results/2026-12-01s-mha-launch.md): the ~5% cuDNN's kernel streamed faster at large
+//     sweep (docs/results/2026-12-01s-unpadded-rows.md): the ~5% cuDNN's kernel streamed faster at large
 //     sizes. Bulk (TMA) row copies on mbarriers measured 1-15% slower.
 //   * The first tiles' copies are issued before the wait for the previous kernel (programmatic
 //     launch): only the row's last key is written by the kernels the launch overlaps (kernels.h).
@@ -181,9 +181,11 @@ struct DecodeArgs {
 // cp.async writes whole 128-byte lines of shared memory. Otherwise (80, 96) rows are padded by 16
 // bytes (D + 8 elements), which also starts the 8 rows 4, 12 or 20 banks apart. The padded rows
 // cost bandwidth: a pure copy of the tensor-core loop's pattern (bench/kernels/kv_stream_bench.cu,
-// warp rings of 16-key tiles, H200, same call) streamed 4361-4410 GB/s into padded rows and
-// 4520-4666 into unpadded ones (32/8 batch 64, 16K; 32/2 batch 64, 64K; 32/32 batch 8, 16K), as
-// fast as a linear sweep of the same bytes (docs/results/2026-12-01s-mha-launch.md).
+// 8-warp rings of 16-key tiles, one split, token-major; H200, same call) streamed 4307-4371 GB/s into
+// padded rows and 4520-4666 into unpadded ones (32/8 batch 64, 16K; 32/2 batch 64, 64K; 32/32 batch
+// 8, 16K), where a linear sweep of the same bytes read 4593-4624 (docs/results/
+// 2026-12-01s-unpadded-rows.md). The kernel gained 1-10% per context (geomeans), most where few CTAs
+// stream: 32/2 batch 8, 16K keys, 2 splits (64 CTAs) 96.4 -> 57.4 us.
 template <int D>
 constexpr bool kSwizzledRows = (D / 8) % 8 == 0;
 template <int D>
@@ -975,7 +977,7 @@ __global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
   // 512 bytes, as padded rows did). The in-kernel reduction's flag (the one such variable; unused
   // elsewhere) lives after the dynamic layout instead (kFlagBytes). With a static flag, the kernel
   // holding the reduction measured 130.5 us against the launch-combined kernel's 57.4 at 32/2 heads,
-  // batch 8, 16K keys, 2 splits (H200; docs/results/2026-12-01s-mha-launch.md).
+  // batch 8, 16K keys, 2 splits (H200; docs/results/2026-12-01s-unpadded-rows.md).
   extern __shared__ __align__(128) unsigned char smem_raw[];
   using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
   int& mask_s = *reinterpret_cast<int*>(smem_raw + Shape::kSmem);
@@ -1230,9 +1232,9 @@ constexpr int kCoreFourWarpMinGroupsPerSm = 4;
 // where the former fills 3/4 of two CTAs per SM, the latter has fewer than 4 groups per SM, the last
 // wave of two CTAs per SM is at least 90% full (batch 8 and 16 at 32 heads on 132 SMs) and the call's
 // longest row has at most 1024 keys. H200, fp16, blocks shuffled, against the CUDA-core loop in the
-// same call, two rounds (docs/results/2026-12-01s-mha-launch.md): batch 8, 512 / 1K keys 16.80 /
-// 32.92 against 18.15 / 33.51 us; batch 16 34.00 / 65.62 against 36.05 / 65.79; 2K and longer 0-3.7%
-// slower (batch 8, 16K: 508.9 against 493.6; run r). Where the last wave is partly empty the
+// same call (docs/results/2026-12-01s-unpadded-rows.md, call 2): batch 8, 512 / 1K keys 16.64 / 32.42
+// against 18.06 / 32.66 us; batch 16 33.38 / 64.15 against 35.48 / 64.97; 2K and longer 0-3.7% slower
+// (batch 8, 16K: 508.9 against 493.6; run r). Where the last wave is partly empty the
 // tensor-core loop loses: batch 12 (384 CTAs on 264 slots) 512 / 1K keys 28.4 / 52.8 against 27.3 /
 // 49.6; batch 7 (85% of a wave) 1K 31.6 against 30.7, though 512 keys 15.4 against 17.5.
 constexpr int kMhaTensorCoreMaxContext = 1024;
