@@ -15,7 +15,10 @@
 // Patterns:
 //   warp_ring   fdpp's tensor-core loop: every warp streams its own 16-key tiles (tile t to warp
 //               t % W) through a private ring of NS stages with cp.async (L2::128B), NS - 1 tiles
-//               in flight. One CTA per group and split (grid groups x splits).
+//               in flight. One CTA per group and split (grid groups x splits). Rows land 272 bytes
+//               apart in shared memory (the former kernels' 16-byte pad), or 256 ("unpadded": the
+//               kernels' layout since run s, which reads as much as a linear sweep).
+//   warp_ring_x warp_ring with the 8 warps' rows interleaved, so the warps share every 4 KB.
 //   cta_tile    cuDNN's decode kernel (ncu: 4 warps, 128-key tiles, 86 KB, two CTAs per SM): the
 //               CTA loads one K tile, then one V tile, cooperatively, a barrier between.
 //   cta_ring    CTA-cooperative tiles of KT keys through NS stages.
@@ -27,7 +30,8 @@
 //   dyn_warp    the same with every warp taking its own items, its ring running on across them.
 //   sweep_*     the whole grid walks K and V linearly (grid-stride): at any moment every SM reads
 //               within a few MB. ldcs: 16-byte loads to registers; cp.async: NS-stage rings.
-//   chunks_ldcs CTA c reads the c-th contiguous chunk of K and V with 16-byte register loads.
+//   chunks_*    CTA c reads the c-th contiguous chunk of K and V (with as many chunks as groups: one
+//               CTA per group, head-major): ldcs, 16-byte register loads; cp.async, NS-stage rings.
 #include <cuda_runtime.h>
 
 #include <algorithm>
