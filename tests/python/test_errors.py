@@ -116,6 +116,9 @@ def test_ctrl_c_interrupts_generate_and_leaves_the_llm_usable(default_model, dev
     tokens, n = (900, 4) if device == "cpu" else (8000, 64)
     script = textwrap.dedent(f"""
         import os, signal, threading, time, fdpp
+        # As in a terminal: a process started in the background by a non-interactive shell inherits
+        # SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         llm = fdpp.LLM({default_model!r}, device={device!r}, max_model_len={tokens + 100})
         sp = fdpp.SamplingParams(temperature=0, max_tokens={tokens}, ignore_eos=True)
         threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
