@@ -20,8 +20,8 @@
 namespace fdpp::cuda {
 
 // Which loop decode attention runs (decode_attention.cu: choose_loop): Auto decides by the query
-// group, the head dim and, for MHA, the batch and the longest row; Mma forces the tensor cores; Core the CUDA cores (head dims 64 and 128 only;
-// other head dims always run on the tensor cores).
+// group, the head dim and, for MHA, the batch and the longest row; Mma forces the tensor cores;
+// Core the CUDA cores (head dims 64 and 128 only; other head dims always run on the tensor cores).
 enum class DecodePath { Auto, Mma, Core };
 
 inline const char* decode_path_name(DecodePath p) {
