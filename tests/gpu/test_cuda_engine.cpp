@@ -169,7 +169,8 @@ TEST(CudaSplitKv, DecodeAttentionMatchesCpuAndUnsplit) {
 // The host split plan (no GPU needed: it runs wherever the suite is built) at the points its
 // constants were fitted to, and never past the bound the engines size their workspace by.
 TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
-  // The host plan: Llama-2-7B at batch 1, context 1024 on 132 SMs -> 4 splits (see the .cu).
+  // The host plan: Llama-2-7B at batch 1, context 1024 on 132 SMs -> 4 splits on tensor cores (see
+  // the .cu; the sweep measured 3 splits 7.29 us, 4 7.59, 8 10.41, one 8.26).
   for (bool async_mode : {true, false}) {
     EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 1024, 132, async_mode), 4);
     EXPECT_EQ(cuda::plan_decode_splits(64, 32, 32, 1024, 132, async_mode), 1);
@@ -185,27 +186,37 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // splits 6.13).
   EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 512, 132, true), 8);
   for (bool async_mode : {true, false}) EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 512, 132, async_mode), 1);
-  // What the launches run with the plan. MHA at batch 8 and 16: tensor cores with 4 warps up to 1024
-  // keys, CUDA cores with 8 beyond (decode_attention.cu, choose_loop); one split, so async runs the
-  // synchronized kernel. At batch 1, 7, 12 and 32, and at head_dim 64, the CUDA-core loop at any length.
-  for (int len : {512, 1024, 1025, 4096}) {
-    for (int b : {8, 16}) {
-      const auto mha = cuda::decode_attention_launch(b, 32, 32, 128, cuda::plan_decode_splits(b, 32, 32, len, 132, true),
-                                                     len, true, 132);
-      EXPECT_EQ(mha.splits, 1) << b << " " << len;
-      EXPECT_EQ(mha.tensor_cores, len <= 1024) << b << " " << len;
-      EXPECT_EQ(mha.warps, len <= 1024 ? 4 : 8) << b << " " << len;
-      EXPECT_FALSE(mha.unified) << b << " " << len;
+  // What the launches run with the plan, MHA at head_dim 128 (decode_attention.cu, choose_loop): the
+  // CUDA-core loop at up to 512 keys and batch 1-6, else the tensor-core loop; 4 warps where two CTAs
+  // per SM fill their rounds (batch 7, 8, 16, 32, 64) up to 2048 keys, 8 beyond and at batch 1-6 and 12
+  // (384 CTAs: two rounds of 264 slots against three half-length ones of 132). At head_dim 64 the
+  // CUDA-core loop.
+  for (int len : {512, 513, 1024, 2048, 2049, 4096, 65536}) {
+    for (int b : {1, 2, 6, 7, 8, 12, 16, 32, 64}) {
+      const int splits = cuda::plan_decode_splits(b, 32, 32, len, 132, true);
+      const auto mha = cuda::decode_attention_launch(b, 32, 32, 128, splits, len, true, 132);
+      const bool small_batch = b <= 6, four = !small_batch && b != 12 && len <= 2048;
+      EXPECT_EQ(mha.tensor_cores, !(small_batch && len <= 512)) << b << " " << len;
+      EXPECT_EQ(mha.warps, four ? 4 : 8) << b << " " << len;
+      if (b >= 8) EXPECT_EQ(splits, 1) << b << " " << len;
+      EXPECT_EQ(mha.unified, splits > 1 && mha.tensor_cores) << b << " " << len;
       EXPECT_FALSE(cuda::decode_attention_launch(b, 32, 32, 64, 1, len, false, 132).tensor_cores) << b << " " << len;
     }
-    for (int b : {1, 7, 12, 32})
-      EXPECT_FALSE(cuda::decode_attention_launch(b, 32, 32, 128, 1, len, false, 132).tensor_cores) << b << " " << len;
+    // A length not known (0) counts as long.
+    EXPECT_EQ(cuda::decode_attention_launch(8, 32, 32, 128, 1, 0, true, 132).warps, 8);
   }
   // Llama-3-8B's 32/8 at batch 8, 4K keys: 2 splits on tensor cores, unified, reduced in the kernel;
   // the same length unknown (0) counts as long: the second launch.
   const auto gqa8 = cuda::decode_attention_launch(8, 32, 8, 128, 2, 4096, true, 132);
   EXPECT_TRUE(gqa8.tensor_cores && gqa8.unified && gqa8.combine_in_kernel);
   EXPECT_FALSE(cuda::decode_attention_launch(8, 32, 8, 128, 2, 0, true, 132).combine_in_kernel);
+  // Llama-2-7B at batch 1 (4 splits on tensor cores): reduced in the kernel up to 8K keys, by the
+  // second launch beyond.
+  for (int len : {1024, 8192, 8193, 65536}) {
+    const auto mha1 = cuda::decode_attention_launch(1, 32, 32, 128, 4, len, true, 132);
+    EXPECT_TRUE(mha1.tensor_cores && mha1.unified) << len;
+    EXPECT_EQ(mha1.combine_in_kernel, len <= 8192) << len;
+  }
   EXPECT_FALSE(cuda::decode_attention_launch(8, 32, 8, 128, 2, 4096, false, 132).unified);
   // The workspace bound covers every shorter context.
   for (const auto& [h, kvh] : {std::pair{32, 32}, {32, 8}, {32, 2}, {40, 40}})

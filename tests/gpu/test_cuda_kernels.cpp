@@ -627,27 +627,40 @@ TEST_F(CudaKernels, DecodeAttentionMixedLengthsAllGroupSizes) {
       for (auto [H, KVH] : heads) run_decode({t, D, H, KVH, 16, lens});
 }
 
-// MHA at the batches where the tensor-core loop takes 4 warps and the CUDA-core loop 8 runs on tensor
-// cores when the call's longest row is short, else on CUDA cores (auto; decode_attention.cu,
-// choose_loop). Both sides of the length threshold, both modes.
-TEST_F(CudaKernels, DecodeAttentionMhaShortRowsOnTensorCores) {
+// MHA at head_dim 128 in each of choose_loop's regimes (decode_attention.cu), with the launch each
+// takes asserted first: the CUDA-core loop on short rows at small batch, the tensor-core loop on
+// longer rows there, and at the batch whose CTAs fill
+// two per SM the tensor-core loop with 4 warps up to kMhaFourWarpMaxContext keys and 8 beyond. Both
+// modes (async with the plan's splits and with 3: the unified-max kernels on tensor cores), fp16 and
+// bf16, empty rows, a dominant key.
+TEST_F(CudaKernels, DecodeAttentionMhaLoopsAndWarps) {
   int sms = 0;
   cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
-  // The smallest batch of 32 heads whose CTAs fill at least 90% of one wave of two CTAs per SM.
-  const int H = 32, B = (2 * sms * 9 / 10 + H - 1) / H;
-  ASSERT_LE(int64_t(B) * H, 2 * int64_t(sms)) << "this GPU's SM count leaves no batch for the rule";
-  const int threshold = 1024;
-  for (const int longest : {threshold, threshold + 1}) {
-    const cuda::DecodeAttentionLaunch launch = cuda::decode_attention_launch(B, H, H, 128, 1, longest, false, sms);
-    EXPECT_EQ(launch.tensor_cores, longest <= threshold) << "MHA batch " << B << ", longest row " << longest;
-    EXPECT_EQ(launch.warps, longest <= threshold ? 4 : 8) << "MHA batch " << B << ", longest row " << longest;
-    std::vector<int> lens(B);
-    for (int i = 0; i < B; ++i) lens[i] = i == 0 ? longest : i == 1 ? 0 : 1 + (i * 389) % longest;
+  const int H = 32, short_rows = 512, four_warp_rows = 2048;
+  // A batch of 32 heads whose CTAs fill one round of two per SM (8 on 132 SMs), and one that fills
+  // less than 3/4 of it.
+  const int full_batch = 2 * sms / H;
+  ASSERT_LT(int64_t(2) * H * 100, 2 * int64_t(sms) * 75) << "this GPU leaves no small batch for the rule";
+  ASSERT_GT(int64_t(full_batch) * H, sms) << "this GPU leaves no batch for 4 warps";
+  struct Regime {
+    int batch, longest;
+    bool tensor_cores;
+    int warps;
+  };
+  for (const Regime r : {Regime{1, short_rows, false, 8}, Regime{2, short_rows + 1, true, 8},
+                         Regime{full_batch, four_warp_rows, true, 4}, Regime{full_batch, four_warp_rows + 1, true, 8}}) {
+    const std::string what = "MHA batch " + std::to_string(r.batch) + ", longest row " + std::to_string(r.longest);
+    const int splits = cuda::plan_decode_splits(r.batch, H, H, r.longest, sms, true);
+    const cuda::DecodeAttentionLaunch launch = cuda::decode_attention_launch(r.batch, H, H, 128, splits, r.longest, true, sms);
+    EXPECT_EQ(launch.tensor_cores, r.tensor_cores) << what;
+    EXPECT_EQ(launch.warps, r.warps) << what;
+    std::vector<int> lens(r.batch);
+    for (int i = 0; i < r.batch; ++i) lens[i] = i == 0 ? r.longest : i == 1 ? 0 : 1 + (i * 389) % r.longest;
     for (DType t : kTypes) {
       run_decode({t, 128, H, H, 16, lens});
-      run_decode({t, 128, H, H, 16, lens, Adversarial::None, true, 0});
+      for (int s : {0, 3}) run_decode({t, 128, H, H, 16, lens, Adversarial::None, true, s});
     }
-    run_decode({DType::F16, 128, H, H, 16, lens, Adversarial::OneHugeLogit});
+    run_decode({DType::F16, 128, H, H, 16, lens, Adversarial::OneHugeLogit, true, 3});
   }
 }
 

@@ -1208,37 +1208,48 @@ void launch_decode(const DecodeArgs& a, bool dependent, cudaStream_t stream) {
 // The loop: the tensor cores for a CTA of two or more query heads (one K/V tile serves the whole
 // group at tensor-core rate; the CUDA-core loop's dot products per key grow with the group: 16 heads
 // x 128 dims per lane and key at ChatGLM2's 32/2, compute-bound at 35% of the read bandwidth at batch
-// 64, 16K, issue 13) and at head dims the CUDA-core loop lacks; CUDA cores for MHA at 64 and 128,
-// except on short rows where the tensor-core loop takes 4 warps and the CUDA-core loop would take 8
-// (kMhaTensorCoreMaxContext). KernelOptions::decode_path forces one (core only at 64 and 128).
+// 64, 16K, issue 13), at head dims the CUDA-core loop lacks, and for MHA at head_dim 128 but on short
+// rows at small batch (kMhaCoreMaxContext); CUDA cores for MHA at head_dim 64 (not measured against
+// the tensor cores). KernelOptions::decode_path forces one (core only at 64 and 128).
 //
 // Warps per CTA at head dims 64 and 128 (the others always run their default): KernelOptions::
 // decode_warps when it is 4 or 8; auto (0): 4 where the tensor-core loop has CTA groups (without
 // splits) for at least 3/4 of the slots of two CTAs per SM, or the CUDA-core loop at least 4 groups
-// per SM (below), else 8. Measured on the H200, fp16, D 128,
-// sequential blocks, 4 vs 8 warps (docs/results/2026-12-01i-order-warps.md): GQA 32/8 at batch 32
-// (256 groups, 264 slots on 132 SMs) 2-14% faster at every context, at batch 64 (512) 1-17% faster;
-// batch 8 (64 groups) within -3..+5%; MQA 32/2 at batch 64 (128 groups) 28% slower at 512 keys, 3%
-// faster at 16K; MHA (CUDA-core loop) up to 27% slower at batch 1-8. Two CTAs of 4 warps share an SM,
-// so one streams while the other fills or drains; with fewer groups the plan must split rows to fill
-// the slots, and the extra partials cost more than that overlap gains.
+// per SM (below), else 8; MHA on tensor cores has its own rule (kMhaFourWarpMaxContext). Measured on
+// the H200, fp16, D 128, sequential blocks, 4 vs 8 warps (docs/results/2026-12-01i-order-warps.md):
+// GQA 32/8 at batch 32 (256 groups, 264 slots on 132 SMs) 2-14% faster at every context, at batch 64
+// (512) 1-17% faster; batch 8 (64 groups) within -3..+5%; MQA 32/2 at batch 64 (128 groups) 28%
+// slower at 512 keys, 3% faster at 16K; MHA (CUDA-core loop) up to 27% slower at batch 1-8. Two CTAs
+// of 4 warps share an SM, so one streams while the other fills or drains; with fewer groups the plan
+// must split rows to fill the slots, and the extra partials cost more than that overlap gains.
 constexpr int kFourWarpMinSlotsFilledPct = 75;
-// The CUDA-core loop (MHA) takes 4 warps from this many CTA groups per SM on (docs/results/
-// 2026-12-01n-splits.md, blocks shuffled, 4 vs 8 warps): 32/32 at batch 32 (1024 groups, 7.8 per SM)
-// and 64 10-11% faster at 512 keys, 2-4% at 1K, within 1% from 4K on; at batch 8 (256 groups, 1.9 per
-// SM) 13-30% slower, at batch 1 up to 33% slower. (Batch 16, 3.9 per SM, was not measured.)
+// The CUDA-core loop (MHA at head_dim 64) takes 4 warps from this many CTA groups per SM on (docs/
+// results/2026-12-01n-splits.md, head_dim 128, blocks shuffled, 4 vs 8 warps): 32/32 at batch 32
+// (1024 groups, 7.8 per SM) and 64 10-11% faster at 512 keys, 2-4% at 1K, within 1% from 4K on; at
+// batch 8 (256 groups, 1.9 per SM) 13-30% slower, at batch 1 up to 33% slower.
 constexpr int kCoreFourWarpMinGroupsPerSm = 4;
-// MHA at head_dim 128 runs the tensor-core loop with 4 warps, instead of the CUDA-core loop with 8,
-// where the former fills 3/4 of two CTAs per SM, the latter has fewer than 4 groups per SM, the last
-// wave of two CTAs per SM is at least 90% full (batch 8 and 16 at 32 heads on 132 SMs) and the call's
-// longest row has at most 1024 keys. H200, fp16, blocks shuffled, against the CUDA-core loop in the
-// same call (docs/results/2026-12-01s-unpadded-rows.md, call 2): batch 8, 512 / 1K keys 16.64 / 32.42
-// against 18.06 / 32.66 us; batch 16 33.38 / 64.15 against 35.48 / 64.97; 2K and longer 0-3.7% slower
-// (batch 8, 16K: 508.9 against 493.6; run r). Where the last wave is partly empty the
-// tensor-core loop loses: batch 12 (384 CTAs on 264 slots) 512 / 1K keys 28.4 / 52.8 against 27.3 /
-// 49.6; batch 7 (85% of a wave) 1K 31.6 against 30.7, though 512 keys 15.4 against 17.5.
-constexpr int kMhaTensorCoreMaxContext = 1024;
-constexpr int kMhaTensorCoreMinLastWavePct = 90;
+// MHA at head_dim 128 runs the tensor-core loop (a K/V tile for one query head, padded to the mma's
+// 16 rows: the tensor cores idle, but the loop streams rows D wide with no per-key shuffles) except
+// where the longest row has at most 512 keys and the groups fill less than 3/4 of two CTAs per SM
+// (batch 1-6 at 32 heads on 132 SMs). H200, fp16, blocks shuffled, async us, tensor-core loop
+// (auto warps) against the CUDA-core loop in the same call (docs/results/2026-12-01t-mha-tensor-
+// cores.md): batch 8 4K / 16K / 64K 119.4 / 475.5 / 1894 (8 warps: 119.5 / 471.5 / 1880) against
+// 121.3 / 477.1 / 1903; batch 32 4K / 16K 472 / 1874 against 490 / 2119; batch 64 16K / 64K (8
+// warps) 3698 / 14822 against 3752 / 15108; batch 1, 1K / 4K 7.61 / 17.52 against 7.91 / 18.90.
+// At 512 keys: batch 1 5.72 (the plan's 4 splits; 5.09 with one) against 5.22, batch 4 9.05-9.58
+// against 8.87, batch 2 6.32 against 6.33, batch 8 16.00 against 17.62.
+constexpr int kMhaCoreMaxContext = 512;
+// MHA on tensor cores takes 4 warps (where they fill 3/4 of two CTAs per SM) only on rows of up to
+// this many keys and where the rounds of two 4-warp CTAs per SM take no longer than the rounds of one
+// 8-warp CTA (which streams twice as fast), else 8. Same calls, 4
+// against 8 warps, one split: batch 64 4K / 16K / 64K 937 / 3765 / 15160 against 931 / 3698 / 14822
+// (second call 1.007 / 1.020 / 1.025 of 8 warps' time), batch 8 16K / 64K 476 / 1895 against 471 /
+// 1880; batch 16 and 32 within +-0.6% from 4K on; at 512 and 1K keys 4 warps 1-4% faster at batch 8
+// to 64 (batch 64, 512: 122.3 against 126.8). The last wave: batch 12 (384 CTAs on 264 slots, 45%
+// of a last wave: 2 rounds against 8 warps' 3 half-length ones) at 512 / 1K keys ran 28.4 / 52.8 us
+// on 4 warps against 27.3 / 49.6 on the CUDA-core loop with 8 (docs/results/2026-12-01s-unpadded-
+// rows.md); batch 7 (224 CTAs: one round either way) 15.4 against 17.5 at 512 keys.
+constexpr int kMhaFourWarpMaxContext = 2048;
 
 struct LoopChoice {
   bool tensor_cores;
@@ -1255,13 +1266,11 @@ LoopChoice choose_loop(int batch, int n_heads, int n_kv_heads, int head_dim, int
   if (head_dim != 64 && head_dim != 128) return {true, head_dim > 128 ? 4 : kDefaultWarps};
   const int group = n_heads / n_kv_heads;
   const int64_t groups = int64_t(batch) * n_kv_heads * ((group + 15) / 16);
-  const bool mma_fills_four = groups * 100 >= 2 * int64_t(multiprocessors) * kFourWarpMinSlotsFilledPct;
+  const int64_t mma_slots = 2 * int64_t(multiprocessors);
+  const bool mma_fills_four = groups * 100 >= mma_slots * kFourWarpMinSlotsFilledPct;
   const bool core_fills_four = groups >= int64_t(kCoreFourWarpMinGroupsPerSm) * multiprocessors;
-  const int64_t mma_slots = 2 * int64_t(multiprocessors), last_wave = groups % mma_slots;
-  const bool last_wave_full = (last_wave == 0 ? mma_slots : last_wave) * 100 >= mma_slots * kMhaTensorCoreMinLastWavePct;
-  const bool short_mha = group == 1 && head_dim == 128 && max_context_len > 0 &&
-                         max_context_len <= kMhaTensorCoreMaxContext && mma_fills_four && !core_fills_four &&
-                         last_wave_full;
+  const bool short_rows = max_context_len > 0 && max_context_len <= kMhaCoreMaxContext;
+  const bool mha_mma = group == 1 && head_dim == 128 && !(short_rows && !mma_fills_four);
   // The warps follow the loop whole groups would run (a GQA group split into single heads at small
   // batch runs the CUDA-core loop with the tensor-core loop's count; both give 8 there).
   bool whole_groups_mma = false, loop_mma = false;
@@ -1269,11 +1278,17 @@ LoopChoice choose_loop(int batch, int n_heads, int n_kv_heads, int head_dim, int
     case DecodePath::Mma: whole_groups_mma = loop_mma = true; break;
     case DecodePath::Core: whole_groups_mma = loop_mma = false; break;
     case DecodePath::Auto:
-      whole_groups_mma = group >= 2 || short_mha;
-      loop_mma = gmax >= 2 || short_mha;
+      whole_groups_mma = group >= 2 || mha_mma;
+      loop_mma = gmax >= 2 || mha_mma;
       break;
   }
-  const bool four = o.decode_warps != 0 ? o.decode_warps == 4 : whole_groups_mma ? mma_fills_four : core_fills_four;
+  bool four = whole_groups_mma ? mma_fills_four : core_fills_four;
+  if (group == 1 && whole_groups_mma && four) {
+    const int64_t rounds_four = (groups + mma_slots - 1) / mma_slots;
+    const int64_t rounds_eight = (groups + multiprocessors - 1) / multiprocessors;
+    four = max_context_len > 0 && max_context_len <= kMhaFourWarpMaxContext && 2 * rounds_four <= rounds_eight;
+  }
+  if (o.decode_warps != 0) four = o.decode_warps == 4;
   return {loop_mma, four ? 4 : kDefaultWarps};
 }
 
@@ -1359,8 +1374,8 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 }
 
 // Async with several splits: where the partials are added (KernelOptions::async_combine). Auto
-// takes the in-kernel reduction (the group's last CTA) with 2 splits up to 8K keys, and at batch 1
-// with up to 4 splits, the separate launch otherwise. Measured on the H200, fp16, head_dim 128, same
+// takes the in-kernel reduction (the group's last CTA) up to 8K keys with 2 splits, or at batch 1
+// with up to 4, the separate launch otherwise. Measured on the H200, fp16, head_dim 128, same
 // grid, kernel vs launch (docs/results/2026-12-01d-attention-iteration3.md): batch 1, 512-1K keys (2-4 splits): 7.06 vs
 // 8.03, 8.71 vs 9.59 us (32/2), 7.24 vs 8.35, 8.59 vs 9.42 (32/8), 7.65 vs 8.48, 9.53 vs 10.39
 // (32/32): the launch's ~1 us is what a single-wave grid cannot hide. Batch 8-64 with few splits the
@@ -1385,8 +1400,11 @@ AsyncWorkspace async_workspace_layout(int batch, int n_heads, int /*n_kv_heads*/
 // 64K 511.12 vs 504.93 and 512.02 vs 510.56): the kernel that holds the reduction streams ~1%
 // slower. With 4 or more splits the launch stays faster (32/2 batch 8, 512 keys, 4 splits: 6.98 vs
 // 6.64; 1K, 8 splits: 10.04 vs 7.35).
+// The length bound holds at batch 1 too: MHA there runs 4 splits on tensor cores, and at 64K keys
+// the kernel measured 240.5 us against 236.2 for sync, whose combine is a launch; at 16K 61.7 against
+// 61.8; 1K 7.63 against 8.34 (docs/results/2026-12-01t-mha-tensor-cores.md).
 constexpr int kAsyncKernelCombineMaxSplits = 4;
-constexpr int kAsyncKernelCombineAnyBatchSplits = 2, kAsyncKernelCombineAnyBatchMaxContext = 8192;
+constexpr int kAsyncKernelCombineAnyBatchSplits = 2, kAsyncKernelCombineMaxContext = 8192;
 
 // (max_context_len 0, not known, counts as long.)
 bool combine_in_kernel(int batch, int splits, int max_context_len) {
@@ -1395,9 +1413,9 @@ bool combine_in_kernel(int batch, int splits, int max_context_len) {
     case AsyncCombine::Launch: return false;
     case AsyncCombine::Auto: break;
   }
-  return (splits <= kAsyncKernelCombineAnyBatchSplits && max_context_len > 0 &&
-          max_context_len <= kAsyncKernelCombineAnyBatchMaxContext) ||
-         (batch == 1 && splits <= kAsyncKernelCombineMaxSplits);
+  const bool short_rows = max_context_len > 0 && max_context_len <= kAsyncKernelCombineMaxContext;
+  return short_rows && (splits <= kAsyncKernelCombineAnyBatchSplits ||
+                        (batch == 1 && splits <= kAsyncKernelCombineMaxSplits));
 }
 
 DecodeAttentionLaunch describe_launch(const GroupPlan& g, int batch, int n_heads, int n_kv_heads, int head_dim,
@@ -1457,6 +1475,18 @@ struct SplitShape {
   int tile_keys;
 };
 
+// CTAs of `warps` warps (head_dim 128) resident at once on the GPU: by shared memory, the smaller
+// count of the two loops'.
+int64_t resident_slots(int warps, int multiprocessors) {
+  auto per_sm = [](auto core, auto mma) {
+    return std::min(resident_ctas(decltype(core)::kWarps * 32, decltype(core)::kSmem),
+                    resident_ctas(decltype(mma)::kWarps * 32, decltype(mma)::kSmem));
+  };
+  const int per_sm_ctas = warps == 4 ? per_sm(CoreShape<128, 4, 4>{}, MmaShape<128, 4>{})
+                                     : per_sm(CoreShape<128, 4, 8>{}, MmaShape<128, 8>{});
+  return int64_t(multiprocessors) * per_sm_ctas;
+}
+
 SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
   const int group = n_heads / n_kv_heads;
   const LoopChoice loop =
@@ -1464,13 +1494,7 @@ SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int max_context_l
   SplitShape sh;
   sh.groups = int64_t(batch) * n_kv_heads * ((group + 15) / 16);
   sh.warps = loop.warps;
-  auto per_sm = [](auto core, auto mma) {
-    return std::min(resident_ctas(decltype(core)::kWarps * 32, decltype(core)::kSmem),
-                    resident_ctas(decltype(mma)::kWarps * 32, decltype(mma)::kSmem));
-  };
-  const int per_sm_ctas = sh.warps == 4 ? per_sm(CoreShape<128, 4, 4>{}, MmaShape<128, 4>{})
-                                        : per_sm(CoreShape<128, 4, 8>{}, MmaShape<128, 8>{});
-  sh.slots = int64_t(multiprocessors) * per_sm_ctas;
+  sh.slots = resident_slots(sh.warps, multiprocessors);
   sh.tile_keys = loop.tensor_cores ? 16 : 32;
   return sh;
 }
@@ -1543,12 +1567,13 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
 
 int max_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
-  // The bound grows with the length for one loop; the loop changes with it only at
-  // kMhaTensorCoreMaxContext (shorter rows may take the tensor-core loop's smaller tiles).
-  int most = 1;
-  for (const int len : {max_context_len, std::min(max_context_len, kMhaTensorCoreMaxContext)})
-    most = std::max(most, max_splits_of(split_shape(batch, n_heads, n_kv_heads, len, multiprocessors), len));
-  return most;
+  // Whatever loop and warps a row of any length up to max_context_len takes (choose_loop changes
+  // them with the length), its plan has at most the splits of the smallest tile (16 keys, tensor
+  // cores) and the most slots (4-warp CTAs).
+  SplitShape bound = split_shape(batch, n_heads, n_kv_heads, max_context_len, multiprocessors);
+  bound.tile_keys = 16;
+  bound.slots = std::max(bound.slots, resident_slots(4, multiprocessors));
+  return max_splits_of(bound, max_context_len);
 }
 
 void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
