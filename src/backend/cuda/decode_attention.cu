@@ -1231,24 +1231,25 @@ constexpr int kCoreFourWarpMinGroupsPerSm = 4;
 // MHA at head_dim 128 runs the tensor-core loop (a K/V tile for one query head, padded to the mma's
 // 16 rows: the tensor cores idle, but the loop streams rows D wide with no per-key shuffles) except
 // where the longest row has at most 512 keys and the groups fill less than 3/4 of two CTAs per SM
-// (batch 1-6 at 32 heads on 132 SMs). H200, fp16, blocks shuffled, async us, tensor-core loop
-// (auto warps) against the CUDA-core loop in the same call (docs/results/2026-12-01t-mha-tensor-
-// cores.md): batch 8 4K / 16K / 64K 119.4 / 475.5 / 1894 (8 warps: 119.5 / 471.5 / 1880) against
-// 121.3 / 477.1 / 1903; batch 32 4K / 16K 472 / 1874 against 490 / 2119; batch 64 16K / 64K (8
-// warps) 3698 / 14822 against 3752 / 15108; batch 1, 1K / 4K 7.61 / 17.52 against 7.91 / 18.90.
-// At 512 keys: batch 1 5.72 (the plan's 4 splits; 5.09 with one) against 5.22, batch 4 9.05-9.58
-// against 8.87, batch 2 6.32 against 6.33, batch 8 16.00 against 17.62.
+// (batch 1-6 at 32 heads on 132 SMs). H200, fp16, blocks shuffled, async us, the tensor-core loop
+// against the CUDA-core loop in the same call, one split unless said (docs/results/2026-12-01t-mha-
+// tensor-cores.md, call 1): batch 1 (4 splits) 1K / 4K / 16K 7.61 / 17.52 / 61.7 against 7.91 /
+// 18.90 / 63.0; batch 8, 8 warps, 4K / 16K / 64K 119.5 / 471.5 / 1880 against 121.3 / 477.1 /
+// 1903; batch 32, 4 warps, 4K / 16K 473 / 1874 against 487 / 2108-2188; batch 64, 8 warps, 16K /
+// 64K 3698 / 14822 against 3752 / 15091. At 512 keys (call 2): batch 1 5.72 on the plan's 4 splits
+// (5.09 on one) against 5.22, batch 4 9.05-9.58 against 8.87, batch 2 6.32 against 6.33; batch 8
+// (4 warps) 16.00 against 17.62 (call 1).
 constexpr int kMhaCoreMaxContext = 512;
 // MHA on tensor cores takes 4 warps (where they fill 3/4 of two CTAs per SM) only on rows of up to
 // this many keys and where the rounds of two 4-warp CTAs per SM take no longer than the rounds of one
-// 8-warp CTA (which streams twice as fast), else 8. Same calls, 4
-// against 8 warps, one split: batch 64 4K / 16K / 64K 937 / 3765 / 15160 against 931 / 3698 / 14822
-// (second call 1.007 / 1.020 / 1.025 of 8 warps' time), batch 8 16K / 64K 476 / 1895 against 471 /
-// 1880; batch 16 and 32 within +-0.6% from 4K on; at 512 and 1K keys 4 warps 1-4% faster at batch 8
-// to 64 (batch 64, 512: 122.3 against 126.8). The last wave: batch 12 (384 CTAs on 264 slots, 45%
-// of a last wave: 2 rounds against 8 warps' 3 half-length ones) at 512 / 1K keys ran 28.4 / 52.8 us
-// on 4 warps against 27.3 / 49.6 on the CUDA-core loop with 8 (docs/results/2026-12-01s-unpadded-
-// rows.md); batch 7 (224 CTAs: one round either way) 15.4 against 17.5 at 512 keys.
+// 8-warp CTA (which streams twice as fast), else 8. Same calls, 4 against 8 warps, one split: batch
+// 64 4K / 16K / 64K 937 / 3765 / 15160 against 931 / 3698 / 14822 (call 2: 1.007 / 1.020 / 1.025
+// of 8 warps' time), batch 8 16K / 64K 476 / 1895 against 471 / 1880; batch 16 and 32 within
+// +-0.6% from 4K on; at 512 and 1K keys 4 warps 1-4% faster at batch 8 to 64 (batch 64, 512: 122.3
+// against 126.8). Batch 12 (384 CTAs on 264 slots: 2 rounds against 8 warps' 3 half-length ones) at
+// 512 / 1K keys ran 28.4 / 52.8 us on 4 warps against 27.3 / 49.6 on the CUDA-core loop with 8
+// (docs/results/2026-12-01s-unpadded-rows.md); batch 7 (224 CTAs: one round either way) 14.7 against
+// 17.2 at 512 keys, but 58.8 against 57.3 at 2K (call 3).
 constexpr int kMhaFourWarpMaxContext = 2048;
 
 struct LoopChoice {
