@@ -2,11 +2,13 @@
 //
 // Two main loops share one prologue (indices, the CTA's key slice) and one epilogue (the merge of
 // the warps, the split-KV partials, the unified-max guard):
-//   * CUDA cores (described first below): one query head per CTA (MHA, and GQA groups split into
-//     single heads at small batch) at head_dim 64 and 128; synchronized mode only (the async mode
-//     runs the synchronized kernels there: decode_attention_async).
+//   * CUDA cores (described first below): one query head per CTA (MHA at head_dim 64, MHA at 128 on
+//     short rows at small batch, and GQA groups split into single heads at small batch) at head_dim
+//     64 and 128; synchronized mode only (the async mode runs the synchronized kernels there:
+//     decode_attention_async).
 //   * Tensor cores (mma_loop, described after it): every CTA with two or more query heads, every
-//     CTA at head_dim 80, 96 and 256, and MHA on short rows at some batches (choose_loop).
+//     CTA at head_dim 80, 96 and 256, and MHA at head_dim 128 but on short rows at small batch
+//     (choose_loop).
 // KernelOptions::decode_path (kernel_options.h) forces one of them (for measuring one against the
 // other; core only exists at head_dim 64 and 128).
 //
