@@ -778,6 +778,13 @@ TEST_F(CudaKernels, DecodeAttentionTensorCoreSmallCases) {
         run_decode({t, D, 8, 2, 16, {1, 300}, Adversarial::Mixed, true, splits});
       }
     }
+  // MHA at head_dim 128 on rows past 512 keys: tensor cores (choose_loop), unsplit and split.
+  int sms = 0;
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  for (int splits : {1, 3}) {
+    EXPECT_TRUE(cuda::decode_attention_launch(3, 4, 4, 128, splits, 600, true, sms).tensor_cores) << splits;
+    for (DType t : kTypes) run_decode({t, 128, 4, 4, 16, {600, 0, 3}, Adversarial::OneHugeLogit, true, splits});
+  }
 }
 
 TEST_F(CudaKernels, DecodeAttentionAllHeadDimsAllGroupSizes) {
