@@ -56,3 +56,26 @@ def test_speedup_over_extra_build(tmp_path: Path) -> None:
     # 512: geomean of 12 / 10 and 15 / 10 = sqrt(1.8); 16384: the same times.
     assert lines[-2] == f"| 32/8 | 512 | {1.8 ** 0.5:.3f} |"
     assert lines[-1] == "| 32/8 | 16384 | 1.000 |"
+
+
+SPLIT_TABLE = ROOT / "bench" / "split_plan_table.py"
+
+
+def sweep_row(L: int, mode: str, splits: int, planned: int, us: float) -> dict:
+    return {"heads": 32, "kv_heads": 2, "batch": 1, "context": L, "mode": mode, "splits": splits,
+            "planned_splits": planned, "us": us}
+
+
+def test_split_plan_regret(tmp_path: Path) -> None:
+    # 4K: the plan (32 splits; its 0-run and an explicit 32-run, the faster counts) against 24 splits;
+    # 512: the plan is the best. A point whose sweep never ran the planned count is left out.
+    sweep = write(tmp_path / "sweep.json", {"results": [
+        sweep_row(4096, "async", 32, 32, 6.90), sweep_row(4096, "async", 24, 32, 6.30),
+        sweep_row(4096, "async", 32, 32, 6.80), sweep_row(512, "async", 8, 8, 4.40),
+        sweep_row(512, "async", 4, 8, 5.20), sweep_row(1024, "async", 2, 8, 9.0)]})
+    out = subprocess.run([sys.executable, str(SPLIT_TABLE), sweep], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()
+    assert out[2] == "| 32/2 | 1 | 4096 | async | 32, 6.80 | 24, 6.30 | 1.079 |"
+    assert len(out) == 4, out  # header, rule, the 4K point, the summary
+    geo = (6.80 / 6.30) ** 0.5
+    assert out[3] == f"async: plan over best, geomean {geo:.4f}, max 1.079, above 1.02 at 1 of 2 points"
