@@ -18,7 +18,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "backend/cuda/check.h"

@@ -99,8 +99,8 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
 // head h / (H / KVH). Stable softmax (fp32). head_dim: 64, 80, 96, 128, 256 (others: error).
 // Any group size (above 16 the group is split over CTAs); block_size a power of two; k/v caches
 // 16-byte aligned. A CTA of two or more query heads (and every CTA at head_dim 80, 96, 256) runs
-// on tensor cores, MHA at 64 and 128 on CUDA cores except on short rows at some batches
-// (decode_attention_launch says which); KernelOptions::decode_path forces one (for measurements;
+// on tensor cores, MHA at 64 on CUDA cores, MHA at 128 on tensor cores except on short rows at small
+// batch (decode_attention_launch says which); KernelOptions::decode_path forces one (for measurements;
 // read at each call, core only at 64 and 128). context_lens[b] <= 0 writes zeros
 // (padding rows); a length beyond the table's capacity (max_blocks_per_seq * block_size) is
 // clamped to it. In a programmatic launch (programmatic_launch_enabled) both loops copy their
@@ -127,7 +127,7 @@ size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, in
 // Asynchronized softmax with a unified max (FlashDecoding++; attention/unified_max.h has the
 // derivation of the range and the CPU reference). Every split of a row accumulates
 // sum e^(x - phi) v and sum e^(x - phi) on its own: no exchange of maxima, no rescaling between
-// splits. The group's last CTA (few splits and, at two, max_context_len short enough;
+// splits. The group's last CTA (few splits, max_context_len at most 8K keys;
 // KernelOptions::async_combine) or a second launch adds
 // the splits' sums per row in split order (deterministic: bitwise the same on every run). A row
 // whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed exactly with the
