@@ -457,7 +457,21 @@ struct DecodeCase {
   // group adds the splits; "launch": a second kernel; null: auto) for this case.
   int warps = 0;
   const char* combine = nullptr;
+  // KernelOptions::kv_head_major: the cache is uploaded head-major, [block][kv head][key][D], instead
+  // of the engine's token-major [block][key][kv head][D].
+  bool head_major = false;
 };
+
+// A token-major cache [blocks * block_size][KVH][D] rearranged head-major [blocks][KVH][block_size][D].
+std::vector<uint16_t> to_head_major(const std::vector<uint16_t>& k, int KVH, int D, int block_size) {
+  std::vector<uint16_t> out(k.size());
+  const size_t block = size_t(block_size) * KVH * D, blocks = k.size() / block;
+  for (size_t b = 0; b < blocks; ++b)
+    for (int j = 0; j < block_size; ++j)
+      for (int h = 0; h < KVH; ++h)
+        std::copy_n(&k[b * block + (size_t(j) * KVH + h) * D], D, &out[b * block + (size_t(h) * block_size + j) * D]);
+  return out;
+}
 
 cuda::KernelOptions kernels_for_path(const char* path) {
   cuda::KernelOptions o;
@@ -468,6 +482,7 @@ cuda::KernelOptions kernels_for_path(const char* path) {
 cuda::KernelOptions kernels_for_case(const DecodeCase& c) {
   cuda::KernelOptions o = kernels_for_path(c.path);
   o.decode_warps = c.warps;
+  o.kv_head_major = c.head_major;
   if (c.combine != nullptr)
     o.async_combine = std::string(c.combine) == "kernel" ? cuda::AsyncCombine::Kernel : cuda::AsyncCombine::Launch;
   return o;
@@ -525,7 +540,9 @@ void run_decode(const DecodeCase& c) {
     }
   }
 
-  DeviceBuffer<uint16_t> d_qkv(qkv), d_k(cache.k), d_v(cache.v), d_out(size_t(B) * H * D);
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_out(size_t(B) * H * D);
+  DeviceBuffer<uint16_t> d_k(c.head_major ? to_head_major(cache.k, KVH, D, c.block_size) : cache.k);
+  DeviceBuffer<uint16_t> d_v(c.head_major ? to_head_major(cache.v, KVH, D, c.block_size) : cache.v);
   DeviceBuffer<int32_t> d_tables(cache.tables), d_lens(std::vector<int32_t>(c.lens.begin(), c.lens.end()));
   d_out.poison();
   const auto bounds = derive_unified_max_bounds(c.phi, 131072);
@@ -816,6 +833,28 @@ TEST_F(CudaKernels, DecodeAttentionForcedPaths) {
           run_decode({t, D, H, KVH, 16, lens, Adversarial::None, true, splits, 0.f, "mma"});
         }
     }
+}
+
+// The head-major cache (KernelOptions::kv_head_major, bench-attention --kv-layout head-major): both
+// loops, both modes, blocks of 8 (per-row copies) and 16 or more (whole tiles), lengths around the
+// tile. Few and short: these run under compute-sanitizer (scripts/gpu-check.sh filters on "Small").
+TEST_F(CudaKernels, DecodeAttentionHeadMajorCacheSmall) {
+  for (DType t : kTypes)
+    for (int D : {64, 128})
+      for (int bs : {8, 16, 64}) {
+        DecodeCase c{t, D, 8, 2, bs, {0, 1, 15, 16, 17, 40, 300}};
+        c.head_major = true;
+        run_decode(c);
+        c.async = true;
+        c.splits = 3;
+        c.adv = Adversarial::Mixed;
+        run_decode(c);
+        DecodeCase mha{t, D, 4, 4, bs, {600, 0, 3}, Adversarial::OneHugeLogit};
+        mha.head_major = true;
+        run_decode(mha);  // the CUDA-core loop
+        mha.path = "mma";
+        run_decode(mha);
+      }
 }
 
 TEST_F(CudaKernels, DecodeAttentionTensorCoreBlockSizesAndLongContext) {

@@ -72,7 +72,9 @@
 //     per-group pattern tried read at most 96-97.5% of what a whole-GPU linear sweep reads
 //     (docs/results/2026-12-01p-stream-patterns.md); unpadded, the same warp rings read as much as the
 //     sweep (docs/results/2026-12-01s-unpadded-rows.md): the ~5% cuDNN's kernel streamed faster at large
-//     sizes. Bulk (TMA) row copies on mbarriers measured 1-15% slower.
+//     sizes. Bulk (TMA) row copies on mbarriers measured 1-15% slower; tensor-map boxes of whole tiles
+//     (64 x 16 with the hardware swizzle, one lane per warp issuing) the same speed, 1.002x the time
+//     (docs/results/2026-12-01u-tensor-map-copies.md).
 //   * The first tiles' copies are issued before the wait for the previous kernel (programmatic
 //     launch): only the row's last key is written by the kernels the launch overlaps (kernels.h).
 //   * The async (unified max) mode keeps the warp's own reference max inside the loop and converts
