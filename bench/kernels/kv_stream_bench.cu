@@ -115,27 +115,36 @@ __device__ __forceinline__ void copy_tile(const Layout& p, long long t, unsigned
   }
 }
 
+// Drives a warp's ring of NS stages of stage_bytes: NS - 1 issues ahead, then for each tile i while
+// more(i): wait for it, issue tile i + NS - 1 into the stage just freed, read a word of tile i.
+// Returns the xor of the words read.
+template <int NS, class Issue, class More>
+__device__ __forceinline__ int drive_ring(Issue&& issue, More&& more, const unsigned char* stage, int stage_bytes,
+                                          int lane) {
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) issue(i, i);
+  int acc = 0;
+  for (long long i = 0; more(i); ++i) {
+    wait_group<NS - 2>();
+    __syncwarp();
+    issue(i + NS - 1, int((i + NS - 1) % NS));
+    acc ^= *reinterpret_cast<const int*>(stage + (i % NS) * stage_bytes + lane * 4);
+  }
+  wait_group<0>();
+  return acc;
+}
+
 // The warps of a CTA stream tiles [t0, t1) round-robin (tile t0 + warp + n W is the warp's n-th),
 // each through its own ring of NS stages, NS - 1 tiles in flight. Returns the xor of what it read.
 template <int W, int NS, int KT, int kRow = kStageRow>
 __device__ __forceinline__ int ring_tiles(const Layout& p, unsigned char* stage, long long t0, long long t1, int warp,
                                           int lane) {
-  auto issue = [&](int n, int s) {
-    const long long t = t0 + warp + (long long)n * W;
+  auto issue = [&](long long n, int s) {
+    const long long t = t0 + warp + n * W;
     if (t < t1) copy_tile<KT, kRow>(p, t, stage + s * 2 * KT * kRow, lane);
     commit();
   };
-#pragma unroll
-  for (int i = 0; i < NS - 1; ++i) issue(i, i);
-  int acc = 0, i = 0;
-  for (long long t = t0 + warp; t < t1; ++i, t += W) {
-    wait_group<NS - 2>();
-    __syncwarp();
-    issue(i + NS - 1, (i + NS - 1) % NS);
-    acc ^= *reinterpret_cast<const int*>(stage + (i % NS) * 2 * KT * kRow + lane * 4);
-  }
-  wait_group<0>();
-  return acc;
+  return drive_ring<NS>(issue, [&](long long i) { return t0 + warp + i * W < t1; }, stage, 2 * KT * kRow, lane);
 }
 
 template <int W, int NS, int KT, bool kLean, int kRow = kStageRow>
@@ -180,16 +189,7 @@ __global__ void __launch_bounds__(W * 32) warp_ring_x(Layout p) {
     }
     commit();
   };
-#pragma unroll
-  for (int i = 0; i < NS - 1; ++i) issue(i, i);
-  int acc = 0;
-  for (long long n = 0; n < spans; ++n) {
-    wait_group<NS - 2>();
-    __syncwarp();
-    issue(n + NS - 1, int((n + NS - 1) % NS));
-    acc ^= *reinterpret_cast<const int*>(stage + (n % NS) * 2 * 16 * kStageRow + lane * 4);
-  }
-  wait_group<0>();
+  const int acc = drive_ring<NS>(issue, [&](long long n) { return n < spans; }, stage, 2 * 16 * kStageRow, lane);
   if (acc == 0x7fffffff) p.sink[0] = acc;
 }
 
@@ -259,16 +259,8 @@ __global__ void __launch_bounds__(256) dyn_warp(Layout p, int chunk_tiles, int g
     }
     commit();
   };
-#pragma unroll
-  for (int i = 0; i < NS - 1; ++i) issue(i, i);
-  int acc = 0;
-  for (long long i = 0; i < issued; ++i) {
-    wait_group<NS - 2>();
-    __syncwarp();
-    issue(i + NS - 1, int((i + NS - 1) % NS));
-    acc ^= *reinterpret_cast<const int*>(stage + (i % NS) * 2 * 16 * kStageRow + lane * 4);
-  }
-  wait_group<0>();
+  // (issued grows as the ring runs on into new items.)
+  const int acc = drive_ring<NS>(issue, [&](long long i) { return i < issued; }, stage, 2 * 16 * kStageRow, lane);
   if (acc == 0x7fffffff) p.sink[0] = acc;
 }
 
@@ -356,19 +348,24 @@ __global__ void sweep_ldcs(const int4* __restrict__ k, const int4* __restrict__ 
   if (acc == 0x7fffffff) sink[0] = acc;
 }
 
-template <int NS, int kPerStep>
-__global__ void __launch_bounds__(256) sweep_cp_async(const int4* k, const int4* v, size_t n, int* sink) {
+// cp.async rings of NS stages, each kPerStep 16-byte words of K and of V per thread. Linear sweeps
+// (kChunks false): the whole grid walks K and V together, grid-stride. Chunks: CTA c walks the c-th
+// contiguous chunk of K and V, its threads side by side (as the sweep, but each CTA on its own).
+template <int NS, int kPerStep, bool kChunks>
+__global__ void __launch_bounds__(256) cp_async_walk(const int4* k, const int4* v, size_t n, int* sink) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int4* stage = reinterpret_cast<int4*>(smem) + warp * NS * kPerStep * 2 * 32;
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  const size_t base = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t steps = n / (stride * kPerStep);
+  // Word of (step it, sub-step q): first + (it * kPerStep + q) * stride.
+  const size_t per = n / gridDim.x;
+  const size_t first = kChunks ? blockIdx.x * per + threadIdx.x : size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t stride = kChunks ? size_t(blockDim.x) : size_t(gridDim.x) * blockDim.x;
+  const size_t steps = (kChunks ? per : n) / (stride * kPerStep);
   auto issue = [&](size_t it, int s) {
     if (it < steps) {
 #pragma unroll
       for (int q = 0; q < kPerStep; ++q) {
-        const size_t i = base + (it * kPerStep + q) * stride;
+        const size_t i = first + (it * kPerStep + q) * stride;
         cp16(stage + ((s * kPerStep + q) * 2) * 32 + lane, k + i);
         cp16(stage + ((s * kPerStep + q) * 2 + 1) * 32 + lane, v + i);
       }
@@ -393,37 +390,6 @@ __global__ void chunks_ldcs(const int4* __restrict__ k, const int4* __restrict__
     const int4 a = __ldcs(k + i), b = __ldcs(k + i + blockDim.x), c = __ldcs(v + i), d = __ldcs(v + i + blockDim.x);
     acc ^= a.x ^ b.y ^ c.z ^ d.w;
   }
-  if (acc == 0x7fffffff) sink[0] = acc;
-}
-
-// CTA c walks the c-th contiguous chunk of K and V with a CTA-wide cp.async ring (as sweep_cp_async,
-// but each CTA in its own chunk).
-template <int NS, int kPerStep>
-__global__ void __launch_bounds__(256) chunks_cp_async(const int4* k, const int4* v, size_t n, int* sink) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int4* stage = reinterpret_cast<int4*>(smem) + warp * NS * kPerStep * 2 * 32;
-  const size_t per = n / gridDim.x, b0 = blockIdx.x * per;
-  const size_t steps = per / (size_t(blockDim.x) * kPerStep);
-  auto issue = [&](size_t it, int s) {
-    if (it < steps) {
-#pragma unroll
-      for (int q = 0; q < kPerStep; ++q) {
-        const size_t i = b0 + (it * kPerStep + q) * blockDim.x + threadIdx.x;
-        cp16(stage + ((s * kPerStep + q) * 2) * 32 + lane, k + i);
-        cp16(stage + ((s * kPerStep + q) * 2 + 1) * 32 + lane, v + i);
-      }
-    }
-    commit();
-  };
-  for (int s = 0; s < NS - 1; ++s) issue(s, s);
-  int acc = 0;
-  for (size_t it = 0; it < steps; ++it) {
-    wait_group<NS - 2>();
-    issue(it + NS - 1, (it + NS - 1) % NS);
-    acc ^= stage[(it % NS) * kPerStep * 2 * 32 + lane].x;
-  }
-  wait_group<0>();
   if (acc == 0x7fffffff) sink[0] = acc;
 }
 
@@ -496,7 +462,7 @@ int main(int argc, char** argv) {
   report("sweep_ldcs", "linear", "8 x 256 threads / SM", 8,
          median_ms([&] { sweep_ldcs<<<sms * 8, 256>>>((const int4*)k, (const int4*)v, words, sink); }));
   {
-    auto kernel = sweep_cp_async<3, 2>;
+    auto kernel = cp_async_walk<3, 2, false>;
     const int smem = 8 * 3 * 2 * 2 * 32 * 16;
     KV_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     for (int per_sm : {1, 2}) {
@@ -528,12 +494,12 @@ int main(int argc, char** argv) {
                }));
       }
     };
-    chunks("chunks_cp_async NS 3, 2 x 4 KB", chunks_cp_async<3, 2>, 3, 2);
-    chunks("chunks_cp_async NS 2, 2 x 4 KB", chunks_cp_async<2, 2>, 2, 2);
-    chunks("chunks_cp_async NS 3, 4 x 4 KB", chunks_cp_async<3, 4>, 3, 4);
-    chunks("chunks_cp_async NS 5, 2 x 4 KB", chunks_cp_async<5, 2>, 5, 2);
-    chunks("chunks_cp_async NS 5, 4 x 4 KB", chunks_cp_async<5, 4>, 5, 4);
-    chunks("chunks_cp_async NS 3, 8 x 4 KB", chunks_cp_async<3, 8>, 3, 8);
+    chunks("chunks_cp_async NS 3, 2 x 4 KB", cp_async_walk<3, 2, true>, 3, 2);
+    chunks("chunks_cp_async NS 2, 2 x 4 KB", cp_async_walk<2, 2, true>, 2, 2);
+    chunks("chunks_cp_async NS 3, 4 x 4 KB", cp_async_walk<3, 4, true>, 3, 4);
+    chunks("chunks_cp_async NS 5, 2 x 4 KB", cp_async_walk<5, 2, true>, 5, 2);
+    chunks("chunks_cp_async NS 5, 4 x 4 KB", cp_async_walk<5, 4, true>, 5, 4);
+    chunks("chunks_cp_async NS 3, 8 x 4 KB", cp_async_walk<3, 8, true>, 3, 8);
     for (int threads : {256, 512}) {
       char grid[64];
       std::snprintf(grid, sizeof grid, "%d groups x %d threads", groups, threads);
