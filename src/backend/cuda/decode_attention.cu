@@ -74,7 +74,7 @@
 //     sweep (docs/results/2026-12-01s-unpadded-rows.md): the ~5% cuDNN's kernel streamed faster at large
 //     sizes. Bulk (TMA) row copies on mbarriers measured 1-15% slower; tensor-map boxes of whole tiles
 //     (64 x 16 with the hardware swizzle, one lane per warp issuing) the same speed, 1.002x the time
-//     (docs/results/2026-12-01u-tensor-map-copies.md).
+//     (docs/results/2026-12-01u-copies-and-combines.md).
 //   * The first tiles' copies are issued before the wait for the previous kernel (programmatic
 //     launch): only the row's last key is written by the kernels the launch overlaps (kernels.h).
 //   * The async (unified max) mode keeps the warp's own reference max inside the loop and converts
@@ -998,6 +998,38 @@ constexpr int kCombineThreads = 128;
 // all in flight at once); more are read strided over the threads and reduced across the block.
 constexpr int kDirectMaxSplits = 16;
 
+// The combines' loops over the splits: the loads of B splits go out together (predicated), then
+// use() takes the values in split order. A plain loop issued each split's loads after the previous
+// split's adds wherever the compiler's unrolled body did not cover the count (one L2 round trip per
+// split). ncu on the H200 (32/2 heads, batch 8, 512 keys, each kernel alone): the async combine
+// took 4.90 us at 4 splits against 4.06 at 8; with the loads batched, 3.73-3.82. The synchronized
+// combine took 4.86 at 8 splits; batched, 3.69-3.96. In the grid: async 1-4% faster at batch 1 and 8
+// up to 16K keys, sync 2-10% (docs/results/2026-12-01u-copies-and-combines.md, section 2). The async
+// launch batches 8 at every count. The synchronized combine (few splits, for_few_splits) batches 4 up
+// to 4 splits: 8 there measured 1.6-3.1% slower at batch 1, 512 keys. Still slower than the plain
+// loop: 2 splits at 32/2 batch 32, 1K / 4K keys (1.3-2.3%), where 1024 rows' CTAs hide each
+// other's latency.
+template <int B, class V, class Load, class Use>
+__device__ __forceinline__ void for_splits_batched(int splits, Load load, Use use) {
+  for (int s0 = 0; s0 < splits; s0 += B) {
+    V v[B];
+#pragma unroll
+    for (int k = 0; k < B; ++k)
+      if (s0 + k < splits) v[k] = load(s0 + k);
+#pragma unroll
+    for (int k = 0; k < B; ++k)
+      if (s0 + k < splits) use(v[k]);
+  }
+}
+template <class V, class Load, class Use>
+__device__ __forceinline__ void for_few_splits(int splits, Load load, Use use) {
+  if (splits <= 4) {
+    for_splits_batched<4, V>(splits, load, use);
+  } else {
+    for_splits_batched<8, V>(splits, load, use);
+  }
+}
+
 // A block-wide max or sum of kCombineThreads values, the same on every thread and in the same order
 // on every run (deterministic). red_s: kCombineThreads / 32 floats.
 __device__ __forceinline__ float combine_block_reduce(float v, bool is_max, float* red_s) {
@@ -1033,17 +1065,24 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const f
   if (splits <= kDirectMaxSplits) {
     // (This path with `#pragma unroll 4` on both loops measured 4-5% slower in all at 16 splits,
     // 32/8 and 32/2 heads, batch 1, 4K: 12.93 us vs 12.41; docs/results/2026-12-01n-splits.md.)
+    // (The loads batched: for_few_splits.)
     float M = -INFINITY;
-    for (int s = 0; s < splits; ++s) M = fmaxf(M, p[s * (D + 2)]);
+    for_few_splits<float>(
+        splits, [&](int s) { return p[s * (D + 2)]; }, [&](float m) { M = fmaxf(M, m); });
     for (int d = tid; d < D; d += NT) {
       float num = 0.f, den = 0.f;
       if (M != -INFINITY) {
-        for (int s = 0; s < splits; ++s) {
-          const float* ps = p + s * (D + 2);
-          const float f = exp2f(ps[0] - M);
-          num += f * ps[2 + d];
-          den += f * ps[1];
-        }
+        for_few_splits<float3>(
+            splits,
+            [&](int s) {
+              const float* ps = p + s * (D + 2);
+              return make_float3(ps[0], ps[1], ps[2 + d]);
+            },
+            [&](float3 v) {
+              const float f = exp2f(v.x - M);
+              num += f * v.z;
+              den += f * v.y;
+            });
       }
       o[d] = from_float<T>(den > 0.f ? num / den : 0.f);
     }
@@ -1101,8 +1140,8 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
   int L = a.context_lens[b];
   float M = -INFINITY;
   if (splits <= kDirectMaxSplits) {
-#pragma unroll 4
-    for (int s = 0; s < splits; ++s) M = fmaxf(M, p[int64_t(s) * (D + 2)]);
+    for_splits_batched<8, float>(
+        splits, [&](int s) { return p[int64_t(s) * (D + 2)]; }, [&](float m) { M = fmaxf(M, m); });
   }
   const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.block_shift;
   if (L > capacity) L = static_cast<int>(capacity);
@@ -1119,12 +1158,16 @@ __global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(D
   if (rel >= a.lo2 && rel <= a.hi2) {  // (NaN fails)
     for (int d = tid; d < D; d += NT) {
       float num = 0.f, den = 0.f;
-#pragma unroll 8
-      for (int s = 0; s < splits; ++s) {  // in split order
-        const float* ps = p + int64_t(s) * (D + 2);
-        den += ps[1];
-        num += ps[2 + d];
-      }
+      for_splits_batched<8, float2>(  // in split order
+          splits,
+          [&](int s) {
+            const float* ps = p + int64_t(s) * (D + 2);
+            return make_float2(ps[1], ps[2 + d]);
+          },
+          [&](float2 v) {
+            den += v.x;
+            num += v.y;
+          });
       out[d] = from_float<T>(num / den);
     }
     return;
