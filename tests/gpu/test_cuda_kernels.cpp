@@ -759,6 +759,27 @@ TEST_F(CudaKernels, DecodeAsyncManySplitsSmall) {
     run_decode({DType::F16, 96, 16, 1, 8, {5, 1500}, Adversarial::None, true, 100, phi});
 }
 
+// The combine launches take one of three shapes by rows (batch x heads) per SM (CombineShape in
+// decode_attention.cu: 256 threads up to one row per SM, 128 threads with 8 splits per batch up to
+// four, 4 per batch beyond), with 2 to 4 groups of lanes at head dims 64, 80 and 128: each shape
+// with few and many splits (past one batch per group), both modes, adversarial rows (the async
+// launch recomputes rows out of range with all its threads) and empty rows.
+TEST_F(CudaKernels, DecodeCombineShapesByRowCountSmall) {
+  int sms = 0;
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  constexpr int H = 32;
+  for (int rows_per_sm : {1, 2, 5}) {
+    const int batch = std::max(1, rows_per_sm * sms / H + (rows_per_sm > 4 ? 1 : 0));
+    std::vector<int> lens(batch);
+    for (int& l : lens) l = uniform_int(0, 200);
+    lens[0] = 0;
+    for (int D : {64, 80, 128})
+      for (int splits : {3, 40})
+        for (bool async : {false, true})
+          run_decode({D == 80 ? DType::BF16 : DType::F16, D, H, 8, 16, lens, Adversarial::Mixed, async, splits});
+  }
+}
+
 // The plan's split counts at few groups and long rows (ChatGLM2-like 32/2 and Llama-3-like 32/8 at
 // batch 1, 16K-64K: 16 to 65 splits), adversarial rows included.
 TEST_F(CudaKernels, DecodeAsyncPlannedSplitsLongRows) {

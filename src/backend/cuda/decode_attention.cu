@@ -872,8 +872,7 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
       // In-kernel reduction (few splits): every thread's partial stores are made visible device-wide
       // before the CTA arrives at its group's semaphore; the CTA that arrives last (the counter
       // reaches splits - 1 before its add) resets the semaphore for the next launch and adds every
-      // split's partial in split order (the same order and operations as decode_async_combine_kernel:
-      // bitwise the same output whichever CTA is last).
+      // split's partial in split order (bitwise the same output whichever CTA is last).
       __threadfence();
       __syncthreads();
       if (tid == 0) {
@@ -992,48 +991,153 @@ __global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
   attend_group<T, D, GMAX, kAsync, kMma, W, kKernelCombine>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s);
 }
 
-// The combine launches (one CTA per (sequence, query head) row; kCombineThreads threads).
-constexpr int kCombineThreads = 128;
-// Up to this many splits every thread reads every split's m itself (the same addresses: broadcasts,
-// all in flight at once); more are read strided over the threads and reduced across the block.
-constexpr int kDirectMaxSplits = 16;
+// The combine launches: one CTA per (sequence, query head) row, in one of three shapes (threads,
+// splits per batch, and the registers that leave room for the CTAs an SM should hold at once):
+//   rows <= SMs (batch 1-4 at 32 heads; many splits): 256 threads, 8 splits per batch;
+//   rows <= 4 x SMs: 128 threads, 8 per batch (64 registers: 8 CTAs per SM);
+//   more rows (few splits): 128 threads, 4 per batch (48 registers: 10 per SM).
+// Under programmatic launch a combine's CTAs become resident while the main kernel still runs, and
+// the next kernel launches only once every combine CTA has started and starts its CTAs where they
+// leave room. With 16 splits per batch in 128 threads (92-109 registers: 4 CTAs per SM) the
+// synchronized combine of 1024 rows (32/2 heads, batch 32, 1K keys, 2 splits) took 15.4 us in
+// all against the former loops' 13.3 (42-48 registers); with 8 per batch (64 registers) 13.8
+// (H200, same calls).
+template <int NT, int B>
+struct CombineShape {
+  static constexpr int kThreads = NT, kBatch = B;
+  static constexpr int kMaxRegisters = B >= 8 ? 64 : 48;
+  static constexpr int kMinCtasPerSm = 65536 / (NT * kMaxRegisters);
+};
+using CombineFewRows = CombineShape<256, 8>;
+using CombineSomeRows = CombineShape<128, 8>;
+using CombineManyRows = CombineShape<128, 4>;
+constexpr int kCombineFewRowsPerSm = 1, kCombineSomeRowsPerSm = 4;
 
-// The combines' loops over the splits: the loads of B splits go out together (predicated), then
-// use() takes the values in split order. A plain loop issued each split's loads after the previous
-// split's adds wherever the compiler's unrolled body did not cover the count (one L2 round trip per
-// split). ncu on the H200 (32/2 heads, batch 8, 512 keys, each kernel alone): the async combine
-// took 4.90 us at 4 splits against 4.06 at 8; with the loads batched, 3.73-3.82. The synchronized
-// combine took 4.86 at 8 splits; batched, 3.69-3.96. In the grid: async 1-4% faster at batch 1 and 8
-// up to 16K keys, sync 2-10% (docs/results/2026-12-01u-copies-and-combines.md, section 2). The async
-// launch batches 8 at every count. The synchronized combine (few splits, for_few_splits) batches 4 up
-// to 4 splits: 8 there measured 1.6-3.1% slower at batch 1, 512 keys. Still slower than the plain
-// loop: 2 splits at 32/2 batch 32, 1K / 4K keys (1.3-2.3%), where 1024 rows' CTAs hide each
-// other's latency.
-template <int B, class V, class Load, class Use>
-__device__ __forceinline__ void for_splits_batched(int splits, Load load, Use use) {
-  for (int s0 = 0; s0 < splits; s0 += B) {
-    V v[B];
+// How a combine's threads share a row: the D dims as D / 2 lanes of two (float2 loads: a split's
+// partial is D + 2 floats, so 8-byte aligned), the splits dealt round-robin to the kGroups groups
+// of lanes that fit the CTA (128 threads at D 128: 2 groups of 64 lanes; 256: 1; 64: 4), each group
+// taking up to kBatch of its splits' loads in flight at once; the groups' results meet in shared
+// memory, added in group order. Every load of a row goes out before any value is used: one L2
+// round trip up to kGroups x kBatch splits. The former loops (every thread all splits of its dims,
+// the maxima first, then 4-8 splits' sums per round trip; a block-wide reduction of the maxima
+// past 16 splits) took 2-4 dependent round trips at few splits and 7-8 at 48 (ncu, H200, each
+// kernel alone with the L2 flushed: 32/2 heads, batch 1, 64K keys, 48 splits: async combine 7.1
+// us, sync 6.3).
+template <int D, class Shape>
+struct CombineLayout {
+  static constexpr int kLanes = D / 2;
+  static constexpr int kGroups = Shape::kThreads / kLanes >= 1 ? Shape::kThreads / kLanes : 1;
+  static constexpr int kBatch = Shape::kBatch;
+  static_assert(D % 2 == 0 && kLanes <= Shape::kThreads, "combine layout");
+};
+
+// Thread `lane` of group `group`: the row's splits group, group + kGroups, ... in batches of up to
+// kBatch, each batch's loads in flight together, as use(md, o, n): md[k] = (m, d) and o[k] = the
+// lane's two dims of the batch's k-th split, for k < n. p: the row's partials, splits x (D + 2)
+// floats [m, d, o[D]] (other SMs wrote them in the previous kernel: L2 reads).
+template <int D, class Shape, class Use>
+__device__ __forceinline__ void for_lane_split_batches(const float* __restrict__ p, int splits, int group, int lane,
+                                                       Use use) {
+  using Layout = CombineLayout<D, Shape>;
+  constexpr int G = Layout::kGroups, B = Layout::kBatch;
+  for (int s0 = group; s0 < splits; s0 += G * B) {
+    float2 md[B], o[B];
 #pragma unroll
-    for (int k = 0; k < B; ++k)
-      if (s0 + k < splits) v[k] = load(s0 + k);
-#pragma unroll
-    for (int k = 0; k < B; ++k)
-      if (s0 + k < splits) use(v[k]);
+    for (int k = 0; k < B; ++k) {
+      const int s = s0 + k * G;
+      if (s < splits) {
+        const float* ps = p + int64_t(s) * (D + 2);
+        md[k] = __ldcg(reinterpret_cast<const float2*>(ps));
+        o[k] = __ldcg(reinterpret_cast<const float2*>(ps + 2 + 2 * lane));
+      }
+    }
+    use(md, o, min(B, (splits - s0 + G - 1) / G));
   }
 }
-template <class V, class Load, class Use>
-__device__ __forceinline__ void for_few_splits(int splits, Load load, Use use) {
-  if (splits <= 4) {
-    for_splits_batched<4, V>(splits, load, use);
-  } else {
-    for_splits_batched<8, V>(splits, load, use);
+
+// The groups' (m, d, o) of a combine in shared memory, for the merge after the barrier.
+template <int D, class Shape>
+struct CombineGroups {
+  using Layout = CombineLayout<D, Shape>;
+  float m[Layout::kGroups], d[Layout::kGroups];
+  float2 o[Layout::kGroups][Layout::kLanes];
+};
+
+// exp2(x - ref), 0 for an empty split or group (x = -inf; ref = -inf only when every one is empty).
+__device__ __forceinline__ float combine_weight(float x, float ref) { return x == -INFINITY ? 0.f : exp2f(x - ref); }
+
+// Merges the splits' partials of one (sequence, query head): out = sum_s 2^(m_s - M) o_s /
+// sum_s 2^(m_s - M) d_s with M = max_s m_s (the synchronized FlashDecoding reduction). Each group
+// of lanes keeps its own running max over its splits (its sums rescaled once per batch, where the
+// max grows); the merge weighs the groups by 2^(m_g - M).
+template <class T, int D, class Shape>
+__global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
+    decode_combine_kernel(const float* __restrict__ partials, int splits, T* __restrict__ out) {
+  detail::pdl_trigger();
+  detail::pdl_wait();
+  using Layout = CombineLayout<D, Shape>;
+  constexpr int G = Layout::kGroups, NL = Layout::kLanes;
+  __shared__ CombineGroups<D, Shape> groups_s;
+  const int tid = threadIdx.x, group = tid / NL, lane = tid - group * NL;
+  const int64_t bh = blockIdx.x;  // b * H + h
+  const float* p = partials + bh * splits * (D + 2);
+  T* o_row = out + bh * D;
+  if (group < G) {
+    float m = -INFINITY, den = 0.f;
+    float2 num = make_float2(0.f, 0.f);
+    for_lane_split_batches<D, Shape>(p, splits, group, lane, [&](const float2(&md)[Layout::kBatch],
+                                                                 const float2(&os)[Layout::kBatch], int n) {
+      float m_new = m;  // the batch's weights are independent of one another: one rescale per batch
+#pragma unroll
+      for (int k = 0; k < Layout::kBatch; ++k)
+        if (k < n) m_new = fmaxf(m_new, md[k].x);
+      if (m_new == -INFINITY) return;  // every split so far empty
+      const float keep = combine_weight(m, m_new);
+      num = make_float2(num.x * keep, num.y * keep);
+      den *= keep;
+#pragma unroll
+      for (int k = 0; k < Layout::kBatch; ++k) {
+        if (k < n) {
+          const float w = combine_weight(md[k].x, m_new);
+          num = make_float2(num.x + w * os[k].x, num.y + w * os[k].y);
+          den += w * md[k].y;
+        }
+      }
+      m = m_new;
+    });
+    if (G == 1) {
+      o_row[2 * lane] = from_float<T>(den > 0.f ? num.x / den : 0.f);
+      o_row[2 * lane + 1] = from_float<T>(den > 0.f ? num.y / den : 0.f);
+      return;
+    }
+    if (lane == 0) groups_s.m[group] = m, groups_s.d[group] = den;
+    groups_s.o[group][lane] = num;
+  }
+  if constexpr (G > 1) {
+    __syncthreads();
+    if (group != 0) return;
+    float M = groups_s.m[0];
+#pragma unroll
+    for (int g = 1; g < G; ++g) M = fmaxf(M, groups_s.m[g]);
+    float den = 0.f;
+    float2 num = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float w = combine_weight(groups_s.m[g], M);
+      const float2 og = groups_s.o[g][lane];
+      num = make_float2(num.x + w * og.x, num.y + w * og.y);
+      den += w * groups_s.d[g];
+    }
+    o_row[2 * lane] = from_float<T>(den > 0.f ? num.x / den : 0.f);
+    o_row[2 * lane + 1] = from_float<T>(den > 0.f ? num.y / den : 0.f);
   }
 }
 
-// A block-wide max or sum of kCombineThreads values, the same on every thread and in the same order
-// on every run (deterministic). red_s: kCombineThreads / 32 floats.
+// A block-wide max or sum of NT values, the same on every thread and in the same order on every run
+// (deterministic). red_s: NT / 32 floats.
+template <int NT>
 __device__ __forceinline__ float combine_block_reduce(float v, bool is_max, float* red_s) {
-  constexpr int NW = kCombineThreads / 32;
+  constexpr int NW = NT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   v = is_max ? warp_max(v) : warp_sum(v);
   if (lane == 0) red_s[warp] = v;
@@ -1045,130 +1149,77 @@ __device__ __forceinline__ float combine_block_reduce(float v, bool is_max, floa
   return r;
 }
 
-// Merges the splits' partials of one (sequence, query head): out = sum_s 2^(m_s - M) o_s /
-// sum_s 2^(m_s - M) d_s with M = max_s m_s (the synchronized FlashDecoding reduction). Many splits:
-// the weights 2^(m_s - M) once per split in shared memory and the loads of the sums 8 splits at a
-// time (a thread's serial loop over the splits took 19 us at 62 splits, 32/2 heads, batch 1, 16K:
-// more than the main kernel; ncu, docs/results/2026-12-01n-splits.md).
-template <class T, int D>
-__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const float* __restrict__ partials,
-                                                                         int splits, T* __restrict__ out) {
-  detail::pdl_trigger();
-  detail::pdl_wait();
-  constexpr int NT = kCombineThreads;
-  __shared__ float red_s[NT / 32];
-  __shared__ float weight_s[kMaxSplits];
-  const int tid = threadIdx.x;
-  const int64_t bh = blockIdx.x;  // b * H + h
-  const float* p = partials + bh * splits * (D + 2);
-  T* o = out + bh * D;
-  if (splits <= kDirectMaxSplits) {
-    // (This path with `#pragma unroll 4` on both loops measured 4-5% slower in all at 16 splits,
-    // 32/8 and 32/2 heads, batch 1, 4K: 12.93 us vs 12.41; docs/results/2026-12-01n-splits.md.)
-    // (The loads batched: for_few_splits.)
-    float M = -INFINITY;
-    for_few_splits<float>(
-        splits, [&](int s) { return p[s * (D + 2)]; }, [&](float m) { M = fmaxf(M, m); });
-    for (int d = tid; d < D; d += NT) {
-      float num = 0.f, den = 0.f;
-      if (M != -INFINITY) {
-        for_few_splits<float3>(
-            splits,
-            [&](int s) {
-              const float* ps = p + s * (D + 2);
-              return make_float3(ps[0], ps[1], ps[2 + d]);
-            },
-            [&](float3 v) {
-              const float f = exp2f(v.x - M);
-              num += f * v.z;
-              den += f * v.y;
-            });
-      }
-      o[d] = from_float<T>(den > 0.f ? num / den : 0.f);
-    }
-    return;
-  }
-  float M = -INFINITY;
-  for (int s = tid; s < splits; s += NT) M = fmaxf(M, p[int64_t(s) * (D + 2)]);
-  M = combine_block_reduce(M, true, red_s);
-  float den = 0.f;
-  for (int s = tid; s < splits; s += NT) {
-    const float* ps = p + int64_t(s) * (D + 2);
-    const float f = M == -INFINITY ? 0.f : exp2f(ps[0] - M);  // a split with no keys: m = -inf, f = 0
-    weight_s[s] = f;
-    den += f * ps[1];
-  }
-  den = combine_block_reduce(den, false, red_s);  // (its barriers publish weight_s)
-  for (int d = tid; d < D; d += NT) {
-    float num = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < splits; ++s) num += weight_s[s] * p[int64_t(s) * (D + 2) + 2 + d];
-    o[d] = from_float<T>(den > 0.f ? num / den : 0.f);
-  }
-}
-
 // Async (unified max) reduction of the splits, one CTA per (sequence, query head), launched after
 // the main kernel like the synchronized combine. The partials are relative to the same phi, so they
-// simply add: out = sum_s o_s / sum_s d_s, in split order (deterministic, no atomics). A row whose
-// max logit (the max of the splits' maxima) leaves [phi + a, phi + b], or is NaN, is recomputed here
-// exactly (fp32 synchronized softmax over all its keys) and counted in fallback_rows.
+// simply add: out = sum_s o_s / sum_s d_s (each group of lanes in its split order, then the groups
+// in order: deterministic, no atomics). A row whose max logit (the max of the splits' maxima)
+// leaves [phi + a, phi + b], or is NaN, is recomputed here exactly (fp32 synchronized softmax over
+// all its keys) and counted in fallback_rows.
 // Why not the former last-CTA reduction inside the main kernel: the last CTA of a group to finish
 // summed splits x heads x (D + 2) floats alone on one SM after every other CTA had retired: at
 // ChatGLM2's 32/2 heads, batch 1, 55 splits x 16 heads it took ~22 us of the 41.6 us at 16K (sync,
 // whose combine is this wide launch, 19.6 us; docs/results/2026-12-01a-attention-grid.md, rows
 // 32/2 B 1). Spreading it with red.global.add.f32 would make outputs change in the last bits from
 // run to run; this launch costs what sync's combine costs and stays bitwise reproducible.
-template <class T, int D>
-__global__ void __launch_bounds__(kCombineThreads) decode_async_combine_kernel(DecodeArgs a) {
+template <class T, int D, class Shape>
+__global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_async_combine_kernel(DecodeArgs a) {
   detail::pdl_trigger();
   detail::pdl_wait();
-  constexpr int NT = kCombineThreads, NW = NT / 32, VPT = (D + NT - 1) / NT;
+  using Layout = CombineLayout<D, Shape>;
+  constexpr int NT = Shape::kThreads, NW = NT / 32, VPT = (D + NT - 1) / NT, G = Layout::kGroups,
+                NL = Layout::kLanes;
   __shared__ float red_s[NW];
   __shared__ float q_s[D];
   __shared__ float p_s[NT];
   __shared__ int64_t row_s[NT];
-  const int tid = threadIdx.x;
+  __shared__ CombineGroups<D, Shape> groups_s;
+  const int tid = threadIdx.x, group = tid / NL, lane = tid - group * NL;
   const int bh = blockIdx.x, H = a.n_heads, b = bh / H, h = bh - b * H;
   T* out = static_cast<T*>(a.out) + int64_t(bh) * D;
   const int splits = a.splits;
   const float* p = a.partials + int64_t(bh) * splits * (D + 2);
-  // Few splits: every thread reads every split's max (the same addresses: broadcasts), issued with
-  // the length's load, as the synchronized combine does; many: a block-wide reduction. (With the
-  // block reduction always, behind the length's load, async with this launch measured 9.42 us in
-  // all at 32/8, batch 1, 1K keys, 4 splits, where sync, whose combine is shaped like this, took
-  // 7.96; docs/results/2026-12-01d and i. After: 9.30, sync 7.93; docs/results/2026-12-01j.)
-  int L = a.context_lens[b];
-  float M = -INFINITY;
-  if (splits <= kDirectMaxSplits) {
-    for_splits_batched<8, float>(
-        splits, [&](int s) { return p[int64_t(s) * (D + 2)]; }, [&](float m) { M = fmaxf(M, m); });
+  int L = a.context_lens[b];  // (in flight with the partials' loads)
+  if (group < G) {
+    float m = -INFINITY, den = 0.f;
+    float2 num = make_float2(0.f, 0.f);
+    for_lane_split_batches<D, Shape>(p, splits, group, lane, [&](const float2(&md)[Layout::kBatch],
+                                                                 const float2(&os)[Layout::kBatch], int n) {
+#pragma unroll
+      for (int k = 0; k < Layout::kBatch; ++k) {
+        if (k < n) {
+          m = fmaxf(m, md[k].x);
+          den += md[k].y;
+          num = make_float2(num.x + os[k].x, num.y + os[k].y);
+        }
+      }
+    });
+    if (lane == 0) groups_s.m[group] = m, groups_s.d[group] = den;
+    groups_s.o[group][lane] = num;
   }
+  __syncthreads();
+  float M = groups_s.m[0];
+#pragma unroll
+  for (int g = 1; g < G; ++g) M = fmaxf(M, groups_s.m[g]);
   const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.block_shift;
   if (L > capacity) L = static_cast<int>(capacity);
   if (L <= 0) {  // (the main kernel wrote the zeros already; written again, alike)
     for (int d = tid; d < D; d += NT) out[d] = from_float<T>(0.f);
     return;
   }
-  auto block_reduce = [&](float v, bool is_max) { return combine_block_reduce(v, is_max, red_s); };
-  if (splits > kDirectMaxSplits) {
-    for (int s = tid; s < splits; s += NT) M = fmaxf(M, p[int64_t(s) * (D + 2)]);
-    M = block_reduce(M, true);
-  }
+  auto block_reduce = [&](float v, bool is_max) { return combine_block_reduce<NT>(v, is_max, red_s); };
   const float rel = M - a.phi2;
   if (rel >= a.lo2 && rel <= a.hi2) {  // (NaN fails)
-    for (int d = tid; d < D; d += NT) {
-      float num = 0.f, den = 0.f;
-      for_splits_batched<8, float2>(  // in split order
-          splits,
-          [&](int s) {
-            const float* ps = p + int64_t(s) * (D + 2);
-            return make_float2(ps[1], ps[2 + d]);
-          },
-          [&](float2 v) {
-            den += v.x;
-            num += v.y;
-          });
-      out[d] = from_float<T>(num / den);
+    if (group == 0) {
+      float den = 0.f;
+      float2 num = make_float2(0.f, 0.f);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float2 og = groups_s.o[g][lane];
+        num = make_float2(num.x + og.x, num.y + og.y);
+        den += groups_s.d[g];
+      }
+      out[2 * lane] = from_float<T>(num.x / den);
+      out[2 * lane + 1] = from_float<T>(num.y / den);
     }
     return;
   }
@@ -1696,6 +1747,15 @@ Call make_call(const void* qkv, const void* k_cache, const void* v_cache, const 
 
 namespace {
 
+// Calls f(Shape{}) with the combine's shape for `rows` rows (CombineShape).
+template <class F>
+void with_combine_shape(int64_t rows, F&& f) {
+  const int64_t sms = multiprocessors_of_current_device();
+  if (rows <= kCombineFewRowsPerSm * sms) return f(CombineFewRows{});
+  if (rows <= kCombineSomeRowsPerSm * sms) return f(CombineSomeRows{});
+  f(CombineManyRows{});
+}
+
 // The synchronized kernels (and their combine when a.splits > 1) for arguments make_call filled;
 // a.partials holds decode_attention_workspace_bytes when there are several splits.
 void launch_synchronized(const DecodeArgs& a, const DecodeAttentionLaunch& c, int head_dim, DType dtype,
@@ -1704,22 +1764,24 @@ void launch_synchronized(const DecodeArgs& a, const DecodeAttentionLaunch& c, in
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool pdl = programmatic_launch_enabled();
-    auto combine = [&](auto* kernel) {
-      const detail::LaunchConfig config(dim3(a.batch * a.n_heads), dim3(kCombineThreads), 0, stream, pdl);
-      cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const float*>(a.partials), splits,
-                                    static_cast<T*>(a.out)),
-                 "cudaLaunchKernelEx(decode_combine_kernel)");
-    };
     launch_decode_d<T, false>(head_dim, c, a, pdl, stream);
-    if (splits > 1) {
+    if (splits == 1) return;
+    with_combine_shape(int64_t(a.batch) * a.n_heads, [&](auto shape) {
+      using Shape = decltype(shape);
+      auto combine = [&](auto* kernel) {
+        const detail::LaunchConfig config(dim3(a.batch * a.n_heads), dim3(Shape::kThreads), 0, stream, pdl);
+        cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const float*>(a.partials), splits,
+                                      static_cast<T*>(a.out)),
+                   "cudaLaunchKernelEx(decode_combine_kernel)");
+      };
       switch (head_dim) {
-        case 64: combine(decode_combine_kernel<T, 64>); break;
-        case 80: combine(decode_combine_kernel<T, 80>); break;
-        case 96: combine(decode_combine_kernel<T, 96>); break;
-        case 128: combine(decode_combine_kernel<T, 128>); break;
-        default: combine(decode_combine_kernel<T, 256>); break;
+        case 64: combine(decode_combine_kernel<T, 64, Shape>); break;
+        case 80: combine(decode_combine_kernel<T, 80, Shape>); break;
+        case 96: combine(decode_combine_kernel<T, 96, Shape>); break;
+        case 128: combine(decode_combine_kernel<T, 128, Shape>); break;
+        default: combine(decode_combine_kernel<T, 256, Shape>); break;
       }
-    }
+    });
   });
   check_launch("decode_attention");
 }
@@ -1788,19 +1850,21 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
     using T = decltype(tag);
     const bool pdl = programmatic_launch_enabled();
     launch_decode_d<T, true>(head_dim, c, a, pdl, stream);
-    if (!c.combine_in_kernel) {
-      const detail::LaunchConfig config(dim3(batch * n_heads), dim3(kCombineThreads), 0, stream, pdl);
+    if (c.combine_in_kernel) return;
+    with_combine_shape(int64_t(batch) * n_heads, [&](auto shape) {
+      using Shape = decltype(shape);
+      const detail::LaunchConfig config(dim3(batch * n_heads), dim3(Shape::kThreads), 0, stream, pdl);
       auto combine = [&](auto* kernel) {
         cuda_check(cudaLaunchKernelEx(config.get(), kernel, a), "cudaLaunchKernelEx(decode_async_combine_kernel)");
       };
       switch (head_dim) {
-        case 64: combine(decode_async_combine_kernel<T, 64>); break;
-        case 80: combine(decode_async_combine_kernel<T, 80>); break;
-        case 96: combine(decode_async_combine_kernel<T, 96>); break;
-        case 128: combine(decode_async_combine_kernel<T, 128>); break;
-        default: combine(decode_async_combine_kernel<T, 256>); break;
+        case 64: combine(decode_async_combine_kernel<T, 64, Shape>); break;
+        case 80: combine(decode_async_combine_kernel<T, 80, Shape>); break;
+        case 96: combine(decode_async_combine_kernel<T, 96, Shape>); break;
+        case 128: combine(decode_async_combine_kernel<T, 128, Shape>); break;
+        default: combine(decode_async_combine_kernel<T, 256, Shape>); break;
       }
-    }
+    });
   });
   check_launch("decode_attention_async");
 }
