@@ -547,12 +547,16 @@ void run_decode(const DecodeCase& c) {
   d_out.poison();
   const auto bounds = derive_unified_max_bounds(c.phi, 131072);
   int64_t expected_fallback = 0, ambiguous = 0;  // rows whose max logit - phi is outside / near [a, b]
-  if (!c.async && splits == 1) {
+  if (!c.async) {
+    // Several splits: the partials in a workspace poisoned with NaN (every element the combine reads
+    // is written by the main kernel first).
+    const size_t ws_bytes = cuda::decode_attention_workspace_bytes(B, H, D, splits);
+    DeviceBuffer<uint8_t> ws(std::vector<uint8_t>(std::max<size_t>(ws_bytes, 1), 0xFF));
     cuda::decode_attention_split(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(), B,
-                                 H, KVH, D, c.block_size, scale, d_out.get(), c.t, 1, max_len, nullptr, 0, nullptr);
+                                 H, KVH, D, c.block_size, scale, d_out.get(), c.t, splits, max_len,
+                                 splits > 1 ? ws.get() : nullptr, ws_bytes, nullptr);
     sync("decode_attention");
   } else {
-    ASSERT_TRUE(c.async) << "run_decode: the synchronized cases run one split";
     const size_t ws_bytes = cuda::decode_attention_async_workspace_bytes(B, H, KVH, D, splits);
     DeviceBuffer<uint8_t> ws(std::vector<uint8_t>(ws_bytes, 0xFF));  // no initialization needed
     const int n_counters = cuda::decode_attention_async_counters(B, H, KVH) + 5;  // larger than needed is fine
