@@ -997,11 +997,14 @@ __global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
 //   rows <= 4 x SMs: 128 threads, 8 per batch (64 registers: 8 CTAs per SM);
 //   more rows (few splits): 128 threads, 4 per batch (48 registers: 10 per SM).
 // Under programmatic launch a combine's CTAs become resident while the main kernel still runs, and
-// the next kernel launches only once every combine CTA has started and starts its CTAs where they
-// leave room. With 16 splits per batch in 128 threads (92-109 registers: 4 CTAs per SM) the
-// synchronized combine of 1024 rows (32/2 heads, batch 32, 1K keys, 2 splits) took 15.4 us in
-// all against the former loops' 13.3 (42-48 registers); with 8 per batch (64 registers) 13.8
-// (H200, same calls).
+// the next kernel launches only once every combine CTA has started. H200, fp16, D 128, the
+// synchronized combine of 1024 rows (32/2 heads, batch 32, 1K keys, 2 splits), in all, against the
+// former loops (42-48 registers) in the same calls: 16 splits per batch in 128 threads (92-109
+// registers, 4 CTAs per SM) 15.41 against 13.32 us; 8 per batch everywhere (64 registers) 13.76
+// against 13.25; these three shapes 13.22 against 13.31. Few rows, many splits (32/2 heads, batch 1,
+// 64K keys, 48-64 splits, async, same calls): 16 per batch in 128 threads 21.59 against 22.84; 8 in
+// 128 threads 22.30 against 23.12; 8 in 256 threads 21.20 against 22.89
+// (docs/results/2026-12-01v-combines.md).
 template <int NT, int B>
 struct CombineShape {
   static constexpr int kThreads = NT, kBatch = B;
@@ -1014,15 +1017,15 @@ using CombineManyRows = CombineShape<128, 4>;
 constexpr int kCombineFewRowsPerSm = 1, kCombineSomeRowsPerSm = 4;
 
 // How a combine's threads share a row: the D dims as D / 2 lanes of two (float2 loads: a split's
-// partial is D + 2 floats, so 8-byte aligned), the splits dealt round-robin to the kGroups groups
-// of lanes that fit the CTA (128 threads at D 128: 2 groups of 64 lanes; 256: 1; 64: 4), each group
-// taking up to kBatch of its splits' loads in flight at once; the groups' results meet in shared
-// memory, added in group order. Every load of a row goes out before any value is used: one L2
-// round trip up to kGroups x kBatch splits. The former loops (every thread all splits of its dims,
-// the maxima first, then 4-8 splits' sums per round trip; a block-wide reduction of the maxima
-// past 16 splits) took 2-4 dependent round trips at few splits and 7-8 at 48 (ncu, H200, each
-// kernel alone with the L2 flushed: 32/2 heads, batch 1, 64K keys, 48 splits: async combine 7.1
-// us, sync 6.3).
+// partial is D + 2 floats, so 8-byte aligned), the splits dealt round-robin to the kGroups groups of
+// lanes that fit the CTA (D 128: 2 groups of 64 lanes in 128 threads, 4 in 256; D 256: 1 group in
+// 128 threads), each group taking up to kBatch of its splits' loads in flight at once; the groups'
+// results meet in shared memory, added in group order. Every load of a row goes out before any
+// value is used: one L2 round trip up to kGroups x kBatch splits. The former loops (every thread
+// all splits of its dims, the maxima first, then 4-8 splits' sums per round trip; a block-wide
+// reduction of the maxima past 16 splits) took 2-4 dependent round trips at few splits and 7-8 at
+// 48 (ncu, H200, each kernel alone with the L2 flushed: 32/2 heads, batch 1, 64K keys, 48 splits:
+// async combine 7.1 us, sync 6.3; with 16 per batch in 128 threads 5.2 and 5.5).
 template <int D, class Shape>
 struct CombineLayout {
   static constexpr int kLanes = D / 2;
