@@ -86,8 +86,8 @@
 // synchronized kernel (exact for any logits; see decode_attention_async); the same where a launch
 // would run the CUDA-core loop (measured faster synchronized). Several splits on tensor cores: each CTA
 // writes its partial (sums relative to phi, and its max logit); a second, wide launch (decode_async_
-// combine_kernel, one CTA per row) adds them in split order, checks the guard and recomputes rows out of
-// range exactly; or, few splits (KernelOptions::async_combine: 2 up to 8K keys, up to 4 at batch 1), the
+// combine_kernel, one CTA per row) adds them (in a fixed order: deterministic), checks the guard and
+// recomputes rows out of range exactly; or, few splits (KernelOptions::async_combine: 2 up to 8K keys, up to 4 at batch 1), the
 // group's last CTA to arrive at its semaphore does the same in the kernel, without the launch, and recomputes
 // rows out of range itself with the synchronized loop (no fallback launch: the former fixed fallback grid
 // cost 0.3-1.6 us per call at small sizes, issue 13). (The in-kernel reduction alone was slow with many
