@@ -128,8 +128,8 @@ size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, in
 // derivation of the range and the CPU reference). Every split of a row accumulates
 // sum e^(x - phi) v and sum e^(x - phi) on its own: no exchange of maxima, no rescaling between
 // splits. The group's last CTA (few splits, max_context_len at most 8K keys;
-// KernelOptions::async_combine) or a second launch adds
-// the splits' sums per row in split order (deterministic: bitwise the same on every run). A row
+// KernelOptions::async_combine) or a second launch adds the splits' sums per row in a fixed order
+// (the last CTA in split order, the launch by groups of lanes: bitwise the same on every run). A row
 // whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed exactly with the
 // synchronized softmax over all the row's keys (by the reduction, in the kernel or the launch); no
 // other launch is made. With one split there is nothing to unify, and on the CUDA-core loop
