@@ -176,15 +176,15 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
     EXPECT_EQ(cuda::plan_decode_splits(64, 32, 32, 1024, 132, async_mode), 1);
     EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 100, 132, async_mode), 1);
   }
-  // ChatGLM2's 32/2 heads at batch 1, 16K, async: 43 splits (86 CTAs; the sweep measured 48 best, 32
-  // 5% slower), and at batch 32, 512 keys one split (two measured 8% slower;
-  // docs/results/2026-12-01n-splits.md).
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 2, 16384, 132, true), 43);
+  // ChatGLM2's 32/2 heads at batch 1, 16K: 40 splits (80 CTAs; the sweep measured 9.22 us async,
+  // the best 48 splits 8.90, the former plan's 43 8.92), and at batch 32, 512 keys one split (two
+  // measured 8% slower; docs/results/2026-12-01n-splits.md, 2026-12-01v-split-sweep/).
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 2, 16384, 132, true), 40);
   EXPECT_EQ(cuda::plan_decode_splits(32, 32, 2, 512, 132, true), 1);
-  // Batch 1, 512 keys (docs/results/2026-12-01r-combine-plan.md): Llama-3-8B's 32/8 async 8 splits
-  // on tensor cores (5.11 us; 4, one head per CTA run synchronized, 5.60), MHA one split (5.32; 4
-  // splits 6.13).
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 512, 132, true), 8);
+  // Batch 1, 512 keys (docs/results/2026-12-01v-split-sweep/): Llama-3-8B's 32/8 5 splits (80 CTAs of
+  // two heads on tensor cores: async 4.51 us, sync 4.31; the former plan's 8, 128 CTAs, 4.65 and
+  // its sync 4, one head per CTA, 5.50), MHA one split (5.22; 2 splits 4.65, see the sweep).
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 512, 132, true), 5);
   for (bool async_mode : {true, false}) EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 512, 132, async_mode), 1);
   // What the launches run with the plan, MHA at head_dim 128 (decode_attention.cu, choose_loop): the
   // CUDA-core loop at up to 512 keys and batch 1-6, else the tensor-core loop; 4 warps where two CTAs

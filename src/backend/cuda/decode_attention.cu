@@ -1167,7 +1167,6 @@ __device__ __forceinline__ float combine_block_reduce(float v, bool is_max, floa
 template <class T, int D, class Shape>
 __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_async_combine_kernel(DecodeArgs a) {
   detail::pdl_trigger();
-  detail::pdl_wait();
   using Layout = CombineLayout<D, Shape>;
   constexpr int NT = Shape::kThreads, NW = NT / 32, VPT = (D + NT - 1) / NT, G = Layout::kGroups,
                 NL = Layout::kLanes;
@@ -1181,7 +1180,13 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
   T* out = static_cast<T*>(a.out) + int64_t(bh) * D;
   const int splits = a.splits;
   const float* p = a.partials + int64_t(bh) * splits * (D + 2);
-  int L = a.context_lens[b];  // (in flight with the partials' loads)
+  // The row's length, into shared memory before the wait for the main kernel (the lengths are
+  // written before the step's first kernel; the main kernel reads them before its wait too). Read
+  // after the wait into a register, it held the partials' loads for a round trip: the register
+  // spilled, and the spill's store waited for the load (SASS).
+  __shared__ int len_s;
+  if (tid == 0) len_s = a.context_lens[b];
+  detail::pdl_wait();
   if (group < G) {
     float m = -INFINITY, den = 0.f;
     float2 num = make_float2(0.f, 0.f);
@@ -1199,10 +1204,11 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
     if (lane == 0) groups_s.m[group] = m, groups_s.d[group] = den;
     groups_s.o[group][lane] = num;
   }
-  __syncthreads();
+  __syncthreads();  // (also publishes len_s)
   float M = groups_s.m[0];
 #pragma unroll
   for (int g = 1; g < G; ++g) M = fmaxf(M, groups_s.m[g]);
+  int L = len_s;
   const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.block_shift;
   if (L > capacity) L = static_cast<int>(capacity);
   if (L <= 0) {  // (the main kernel wrote the zeros already; written again, alike)
@@ -1611,54 +1617,53 @@ int max_splits_of(const SplitShape& sh, int max_context_len) {
 
 }  // namespace
 
+// The split counts a plan considers: those the sweeps measure (docs/results/2026-12-01v-split-sweep/),
+// so that every choice of the model below has a measured time at the points it was fitted to.
+constexpr int kSplitCandidates[] = {1,  2,  3,  4,  5,  6,  7,   8,   10,  12,  14,  16,  20,  24,
+                                    28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256};
+
 int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors,
-                       bool async_mode) {
-  // A launch has one CTA per (sequence, kv head [, 16-head sub-group]) and split. Its time, in units
-  // of one SM streaming 8 tiles of 16 keys of one kv head (at head_dim 128, 70 KB: ~2 us at an SM's
-  // 1/132 share of 4.46 TB/s), for s splits of a row's n tiles (tile_keys each) on W warps:
-  //   T(s) = waves(s) x stream(ceil(n / s)) + [s > 1] (kSplitFixed + kSplitEach x s),
-  //   stream(t) = (ceil(t / W) + t / W) / 2 x tile_keys / 16,   waves(s) = ceil(groups x s / slots):
-  // the CTAs' streaming (a CTA of W warps streams at W/8 of an SM, the warps take tiles round-robin,
-  // so a round the warps do not fill costs about half a round; the slots of a wave stream in
-  // parallel) and the partials (the combine: launch, partials written and read; each split more in
-  // sync mode, whose combine weighs every split on every thread). The cheapest s wins (the smallest
-  // on ties). The constants are fitted to sweeps of 1-128 splits at every point of issue 13's grid
-  // (32 query heads on 32, 8 and 2 kv heads, batch 1-64, 512-64K keys, both modes; H200, fp16,
-  // D 128; docs/results/2026-12-01n-splits.md): the planned split is on average 0.2% (async) and
-  // 0.8% (sync) slower than the sweep's best (geometric mean), at most 6% and 9% (the former rule,
-  // a fixed cost per CTA and none per split: 2.2% and 21%, async). The optima it follows: MHA at
-  // batch 1 four splits from 512 keys on (128 CTAs; the former rule had 2 at 512, excluding splits
-  // of fewer tiles than warps); 32/2 at batch 1, 16K about 48 splits (62 filled the SMs and added
-  // partials); one split wherever one wave of unsplit CTAs streams about as fast (32/2 at batch 32,
-  // 512 keys: 11.6 us, two splits 12.5).
-  //   32 heads MHA, batch 1, context 1024, async: 32 groups, 32 tiles of 32 keys, at most 8 splits:
-  //   T = 8, 4 + 2.1, 3.375 + 2.15, 2 + 2.2 (128 CTAs); 5-8 splits take two waves -> 4 splits.
-  //   MHA, batch 8: 256 groups, at most 1 split (two waves of unsplit CTAs already).
+                       bool /*async_mode*/) {
+  // A launch has one CTA per (sequence, kv head, sub-group of query heads: plan_groups, which divides
+  // the group further the fewer CTAs the splits make) and split. Its time, in units of one SM
+  // streaming 8 tiles of 16 keys of one kv head (at head_dim 128, 70 KB: ~2 us at an SM's 1/132
+  // share of 4.46 TB/s), for s splits of a row's n tiles (tile_keys each) on W warps, with the
+  // launch plan_groups and choose_loop make of s (CTAs, loop, warps, resident slots):
+  //   T(s) = waves(s) x stream(ceil(n / s)) + [s > 1] (kSplitFixed + kSplitEach x s) + kCtaCost x CTAs(s),
+  //   stream(t) = (ceil(t / W) + t / W) / 2 x tile_keys / 16 (at least one round on CUDA cores),
+  //   waves(s) = ceil(CTAs(s) / slots).
+  // The cost per CTA is what the sweeps of batch 1-2 show: launches of 80-112 CTAs beat 128 at the
+  // same work per CTA (32/8 heads, batch 1, 4K keys: 12 splits, 96 CTAs of 4 heads, 7.29 us; 16
+  // splits, 128 CTAs, 8.64), and from 16K-32K keys on the shorter streams of 128 CTAs win. The
+  // cheapest s of kSplitCandidates wins (the smallest on ties); both modes plan alike since the
+  // combines load every split of a row at once. Fitted by grid search to the sweeps of
+  // docs/results/2026-12-01v-split-sweep/ (32/2, 32/8 and 32/32 heads, batch 1-64, 512-64K keys,
+  // both modes; H200, fp16, D 128): the plan is 0.85% (async) and 0.70% (sync) slower than each
+  // point's best on average, at most 14% and 12% (the former model: 1.3% and 1.5%, at most 19% and
+  // 31%); on the batch 1-2 sweep of another call, not fitted to, 2.1% and 1.4% (4.9% and 5.2%).
+  //   32 heads MHA, batch 1, context 1024: 32 groups, 32 tiles of 32 keys on CUDA cores (up to 2
+  //   splits: CUDA cores, 8 warps); 4 splits, 128 CTAs on tensor cores -> 4 splits.
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
-  const SplitShape sh = split_shape(batch, n_heads, n_kv_heads, max_context_len, multiprocessors);
-  constexpr double kSplitFixed = 2.0, kSplitEachAsync = 0.05, kSplitEachSync = 0.1;
-  // A CUDA-core CTA costs at least one whole round, however few of its warps have a tile; a
-  // tensor-core CTA keeps the half-round discount. (Run o had the floor on the tensor-core loop
-  // instead: it took 4 splits at batch 1, 512 keys where 8 had measured 8-10% slower. Since the
-  // first copies go out before the programmatic wait (run q), a re-fit to the sweep of run r,
-  // `--splits 0,1,2,3,4,6,8,12,16,32,64` at batch 1-64, 512 to 16K keys, both modes, finds the
-  // opposite (docs/results/2026-12-01r-combine-plan.md): 8 splits on tensor cores and a CUDA-core
-  // floor: batch 1, 512 keys, async 32/2 5.20 -> 4.68 us, 32/8 5.60 -> 5.11, MHA 6.13 -> 5.32 (one
-  // split), 32/2 batch 8, 512 6.64 -> 6.24; no other point of the sweep changed plan. On the sweep
-  // the plan is 0.8% slower than the best on average (was 1.3%).)
-  constexpr double kCoreMinRound = 1.0;
-  const double split_each = async_mode ? kSplitEachAsync : kSplitEachSync;
-  const int64_t n_tiles = (int64_t(max_context_len) + sh.tile_keys - 1) / sh.tile_keys;
-  const int max_splits = max_splits_of(sh, max_context_len);
+  constexpr double kSplitFixed = 1.75, kSplitEach = 0.125, kCtaCost = 0.014, kCoreMinRound = 1.0;
+  const SplitShape whole = split_shape(batch, n_heads, n_kv_heads, max_context_len, multiprocessors);
+  const int max_splits = max_splits_of(whole, max_context_len);
   int best_s = 1;
   double best = 0.0;
-  for (int s = 1; s <= max_splits; ++s) {
-    const int64_t waves = (sh.groups * s + sh.slots - 1) / sh.slots;
+  for (const int s : kSplitCandidates) {
+    if (s > max_splits) break;
+    const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, s, multiprocessors);
+    const LoopChoice loop =
+        choose_loop(batch, n_heads, n_kv_heads, 128, g.gmax, max_context_len, multiprocessors);
+    const int tile_keys = loop.tensor_cores ? 16 : 32;
+    const int64_t ctas = g.n_groups * s, slots = resident_slots(loop.warps, multiprocessors);
+    const int64_t n_tiles = (int64_t(max_context_len) + tile_keys - 1) / tile_keys;
     const int64_t tiles = (n_tiles + s - 1) / s;  // per split
-    double stream = 0.5 * (double((tiles + sh.warps - 1) / sh.warps) + double(tiles) / sh.warps);
-    if (sh.tile_keys == 32) stream = std::max(stream, kCoreMinRound);
-    stream *= sh.tile_keys / 16.0;
-    const double t = double(waves) * stream + (s > 1 ? kSplitFixed + split_each * s : 0.0);
+    const int64_t waves = (ctas + slots - 1) / slots;
+    double stream = 0.5 * (double((tiles + loop.warps - 1) / loop.warps) + double(tiles) / loop.warps);
+    if (!loop.tensor_cores) stream = std::max(stream, kCoreMinRound);
+    stream *= tile_keys / 16.0;
+    const double t =
+        double(waves) * stream + (s > 1 ? kSplitFixed + kSplitEach * s : 0.0) + kCtaCost * double(ctas);
     if (s == 1 || t < best - 1e-9) {
       best = t;
       best_s = s;
