@@ -218,6 +218,20 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
     EXPECT_EQ(mha1.combine_in_kernel, len <= 8192) << len;
   }
   EXPECT_FALSE(cuda::decode_attention_launch(8, 32, 8, 128, 2, 4096, false, 132).unified);
+  // The combine launch's shape, by rows (batch x heads) per SM: up to 1 (batch 4 at 32 heads on 132
+  // SMs), up to 4 (batch 16), beyond; none with one split or where the kernel added the splits.
+  using cuda::CombineLaunch;
+  for (bool async : {false, true}) {
+    EXPECT_EQ(cuda::decode_attention_launch(4, 32, 8, 128, 8, 65536, async, 132).combine, CombineLaunch::FewRows);
+    EXPECT_EQ(cuda::decode_attention_launch(5, 32, 8, 128, 8, 65536, async, 132).combine, CombineLaunch::SomeRows);
+    EXPECT_EQ(cuda::decode_attention_launch(16, 32, 8, 128, 8, 65536, async, 132).combine, CombineLaunch::SomeRows);
+    EXPECT_EQ(cuda::decode_attention_launch(17, 32, 8, 128, 8, 65536, async, 132).combine, CombineLaunch::ManyRows);
+    EXPECT_EQ(cuda::decode_attention_launch(64, 32, 8, 128, 1, 65536, async, 132).combine, CombineLaunch::None);
+  }
+  EXPECT_EQ(gqa8.combine, CombineLaunch::None);  // added in the kernel
+  EXPECT_EQ(cuda::decode_attention_launch(8, 32, 8, 128, 2, 4096, false, 132).combine, CombineLaunch::SomeRows);
+  // With fewer SMs the same rows take the shape for more rows per SM.
+  EXPECT_EQ(cuda::decode_attention_launch(4, 32, 8, 128, 8, 65536, true, 66).combine, CombineLaunch::SomeRows);
   // The workspace bound covers every shorter context.
   for (const auto& [h, kvh] : {std::pair{32, 32}, {32, 8}, {32, 2}, {40, 40}})
     for (int b : {1, 2, 5, 8, 64}) {

@@ -774,6 +774,11 @@ TEST_F(CudaKernels, DecodeCombineShapesByRowCountSmall) {
   constexpr int H = 32;
   for (int rows_per_sm : {1, 2, 5}) {
     const int batch = std::max(1, rows_per_sm * sms / H + (rows_per_sm > 4 ? 1 : 0));
+    const cuda::CombineLaunch shape = cuda::decode_attention_launch(batch, H, 8, 128, 40, 200, false, sms).combine;
+    EXPECT_EQ(shape, rows_per_sm == 1   ? cuda::CombineLaunch::FewRows
+                     : rows_per_sm == 2 ? cuda::CombineLaunch::SomeRows
+                                        : cuda::CombineLaunch::ManyRows)
+        << rows_per_sm << " rows per SM, batch " << batch;
     std::vector<int> lens(batch);
     for (int& l : lens) l = uniform_int(0, 200);
     lens[0] = 0;

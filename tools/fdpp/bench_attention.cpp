@@ -171,7 +171,9 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                            // async: whether the unified-max kernels ran (else the synchronized ones)
                            {"unified", ran.unified},
                            // async: whether the group's last CTA added the splits (else a second launch)
-                           {"combined_in_kernel", ran.combine_in_kernel}});
+                           {"combined_in_kernel", ran.combine_in_kernel},
+                           // the combine launch's CTA shape (by rows per SM), "none" without one
+                           {"combine", cuda::combine_launch_name(ran.combine)}});
         if (!a.json)
           std::cerr << fmt::format("{} H {}/{} D {} B {} L {}: {:.2f} us\n", mode, H, KVH, D, B, L, us);
       }

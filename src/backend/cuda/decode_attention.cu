@@ -1064,7 +1064,18 @@ struct CombineGroups {
   using Layout = CombineLayout<D, Shape>;
   float m[Layout::kGroups], d[Layout::kGroups];
   float2 o[Layout::kGroups][Layout::kLanes];
+  __device__ __forceinline__ void put(int group, int lane, float group_m, float group_d, float2 group_o) {
+    if (lane == 0) m[group] = group_m, d[group] = group_d;
+    o[group][lane] = group_o;
+  }
 };
+
+// A combine's output: the lane's two dims of the row, num / den (0 where every split was empty).
+template <class T>
+__device__ __forceinline__ void store_lane_dims(T* row, int lane, float2 num, float den) {
+  row[2 * lane] = from_float<T>(den > 0.f ? num.x / den : 0.f);
+  row[2 * lane + 1] = from_float<T>(den > 0.f ? num.y / den : 0.f);
+}
 
 // exp2(x - ref), 0 for an empty split or group (x = -inf; ref = -inf only when every one is empty).
 __device__ __forceinline__ float combine_weight(float x, float ref) { return x == -INFINITY ? 0.f : exp2f(x - ref); }
@@ -1108,13 +1119,8 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
       }
       m = m_new;
     });
-    if (G == 1) {
-      o_row[2 * lane] = from_float<T>(den > 0.f ? num.x / den : 0.f);
-      o_row[2 * lane + 1] = from_float<T>(den > 0.f ? num.y / den : 0.f);
-      return;
-    }
-    if (lane == 0) groups_s.m[group] = m, groups_s.d[group] = den;
-    groups_s.o[group][lane] = num;
+    if (G == 1) return store_lane_dims(o_row, lane, num, den);
+    groups_s.put(group, lane, m, den, num);
   }
   if constexpr (G > 1) {
     __syncthreads();
@@ -1131,8 +1137,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
       num = make_float2(num.x + w * og.x, num.y + w * og.y);
       den += w * groups_s.d[g];
     }
-    o_row[2 * lane] = from_float<T>(den > 0.f ? num.x / den : 0.f);
-    o_row[2 * lane + 1] = from_float<T>(den > 0.f ? num.y / den : 0.f);
+    store_lane_dims(o_row, lane, num, den);
   }
 }
 
@@ -1201,8 +1206,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
         }
       }
     });
-    if (lane == 0) groups_s.m[group] = m, groups_s.d[group] = den;
-    groups_s.o[group][lane] = num;
+    groups_s.put(group, lane, m, den, num);
   }
   __syncthreads();  // (also publishes len_s)
   float M = groups_s.m[0];
@@ -1227,8 +1231,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
         num = make_float2(num.x + og.x, num.y + og.y);
         den += groups_s.d[g];
       }
-      out[2 * lane] = from_float<T>(num.x / den);
-      out[2 * lane + 1] = from_float<T>(num.y / den);
+      store_lane_dims(out, lane, num, den);
     }
     return;
   }
@@ -1537,6 +1540,12 @@ DecodeAttentionLaunch describe_launch(const GroupPlan& g, int batch, int n_heads
   // the synchronized ones (the reasons are beside that dispatch, in decode_attention_async).
   c.unified = async_mode && splits > 1 && loop.tensor_cores;
   c.combine_in_kernel = c.unified && combine_in_kernel(batch, splits, max_context_len);
+  if (splits > 1 && !c.combine_in_kernel) {
+    const int64_t rows = int64_t(batch) * n_heads;
+    c.combine = rows <= int64_t(kCombineFewRowsPerSm) * multiprocessors    ? CombineLaunch::FewRows
+                : rows <= int64_t(kCombineSomeRowsPerSm) * multiprocessors ? CombineLaunch::SomeRows
+                                                                           : CombineLaunch::ManyRows;
+  }
   return c;
 }
 
@@ -1755,13 +1764,16 @@ Call make_call(const void* qkv, const void* k_cache, const void* v_cache, const 
 
 namespace {
 
-// Calls f(Shape{}) with the combine's shape for `rows` rows (CombineShape).
+// Calls f(Shape{}) with the CombineShape of the launch describe_launch chose.
 template <class F>
-void with_combine_shape(int64_t rows, F&& f) {
-  const int64_t sms = multiprocessors_of_current_device();
-  if (rows <= kCombineFewRowsPerSm * sms) return f(CombineFewRows{});
-  if (rows <= kCombineSomeRowsPerSm * sms) return f(CombineSomeRows{});
-  f(CombineManyRows{});
+void with_combine_shape(CombineLaunch combine, F&& f) {
+  switch (combine) {
+    case CombineLaunch::FewRows: return f(CombineFewRows{});
+    case CombineLaunch::SomeRows: return f(CombineSomeRows{});
+    case CombineLaunch::ManyRows: return f(CombineManyRows{});
+    case CombineLaunch::None: break;
+  }
+  check(false, "decode_attention: the launch has several splits but no combine shape");
 }
 
 // The synchronized kernels (and their combine when a.splits > 1) for arguments make_call filled;
@@ -1774,7 +1786,7 @@ void launch_synchronized(const DecodeArgs& a, const DecodeAttentionLaunch& c, in
     const bool pdl = programmatic_launch_enabled();
     launch_decode_d<T, false>(head_dim, c, a, pdl, stream);
     if (splits == 1) return;
-    with_combine_shape(int64_t(a.batch) * a.n_heads, [&](auto shape) {
+    with_combine_shape(c.combine, [&](auto shape) {
       using Shape = decltype(shape);
       auto combine = [&](auto* kernel) {
         const detail::LaunchConfig config(dim3(a.batch * a.n_heads), dim3(Shape::kThreads), 0, stream, pdl);
@@ -1859,7 +1871,7 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
     const bool pdl = programmatic_launch_enabled();
     launch_decode_d<T, true>(head_dim, c, a, pdl, stream);
     if (c.combine_in_kernel) return;
-    with_combine_shape(int64_t(batch) * n_heads, [&](auto shape) {
+    with_combine_shape(c.combine, [&](auto shape) {
       using Shape = decltype(shape);
       const detail::LaunchConfig config(dim3(batch * n_heads), dim3(Shape::kThreads), 0, stream, pdl);
       auto combine = [&](auto* kernel) {

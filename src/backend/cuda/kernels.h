@@ -167,14 +167,27 @@ int max_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_le
 // launch for these arguments on a GPU of `multiprocessors` SMs, under the calling thread's
 // KernelOptions. A captured step replays the launches it was captured with, so the engine keys its
 // graphs by this.
+// The launch that adds a call's splits after the main kernel (splits > 1, unless the kernel did),
+// by rows (batch x query heads) per SM: the CTA shapes of decode_attention.cu's CombineShape.
+enum class CombineLaunch { None, FewRows, SomeRows, ManyRows };
+inline const char* combine_launch_name(CombineLaunch c) {
+  switch (c) {
+    case CombineLaunch::FewRows: return "few_rows";
+    case CombineLaunch::SomeRows: return "some_rows";
+    case CombineLaunch::ManyRows: return "many_rows";
+    case CombineLaunch::None: break;
+  }
+  return "none";
+}
 struct DecodeAttentionLaunch {
   int splits = 1;
   bool tensor_cores = false;       // the loop: tensor cores (mma), else CUDA cores
   int warps = 8;                   // per CTA
   bool unified = false;            // async mode: the unified-max kernels ran (else the synchronized ones)
   bool combine_in_kernel = false;  // unified: the group's last CTA added the splits (else a second launch)
+  CombineLaunch combine = CombineLaunch::None;
   // (Ordered for use as a map key; the .cu files are C++17, so no defaulted <=>.)
-  auto tied() const { return std::tie(splits, tensor_cores, warps, unified, combine_in_kernel); }
+  auto tied() const { return std::tie(splits, tensor_cores, warps, unified, combine_in_kernel, combine); }
   bool operator<(const DecodeAttentionLaunch& o) const { return tied() < o.tied(); }
   bool operator==(const DecodeAttentionLaunch& o) const { return tied() == o.tied(); }
 };
