@@ -790,7 +790,7 @@ int main(int argc, char** argv) {
   auto* bench_attn = app.add_subcommand("bench-attention", "decode attention kernels alone: async vs sync, graph-timed");
   bench_attn->add_option("--heads", ba.heads, "query heads")->capture_default_str()->check(CLI::Range(1, 1024));
   bench_attn->add_option("--kv-heads", ba.kv_heads, "key/value heads")->capture_default_str()->check(CLI::Range(1, 1024));
-  bench_attn->add_option("--head-dim", ba.head_dim, "64 or 128")->capture_default_str();
+  bench_attn->add_option("--head-dim", ba.head_dim, "decode: 64, 80, 96, 128 or 256; --prefill: 64 or 128")->capture_default_str();
   bench_attn->add_option("--dtype", ba.dtype, "f16 or bf16")->capture_default_str();
   bench_attn->add_option("-b,--batch", ba.batches, "batch sizes")->delimiter(',')->check(CLI::Range(1, 4096));
   bench_attn->add_option("-c,--context", ba.contexts, "context lengths")->delimiter(',')->check(CLI::Range(1, 1 << 22));
