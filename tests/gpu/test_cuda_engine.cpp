@@ -190,7 +190,8 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // CUDA-core loop at up to 512 keys and batch 1-6, else the tensor-core loop; 4 warps where two CTAs
   // per SM fill their rounds (batch 7, 8, 16, 32, 64) up to 2048 keys, 8 beyond and at batch 1-6 and 12
   // (384 CTAs: two rounds of 264 slots against three half-length ones of 132). At head_dim 64 the
-  // CUDA-core loop.
+  // tensor-core loop from batch 17 (4 CTA groups per SM), and from batch 7 (3/4 of two per SM) on
+  // rows longer than 2048 keys; else the CUDA-core loop.
   for (int len : {512, 513, 1024, 2048, 2049, 4096, 65536}) {
     for (int b : {1, 2, 6, 7, 8, 12, 16, 32, 64}) {
       const int splits = cuda::plan_decode_splits(b, 32, 32, len, 132, true);
@@ -200,7 +201,9 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
       EXPECT_EQ(mha.warps, four ? 4 : 8) << b << " " << len;
       if (b >= 8) EXPECT_EQ(splits, 1) << b << " " << len;
       EXPECT_EQ(mha.unified, splits > 1 && mha.tensor_cores) << b << " " << len;
-      EXPECT_FALSE(cuda::decode_attention_launch(b, 32, 32, 64, 1, len, false, 132).tensor_cores) << b << " " << len;
+      EXPECT_EQ(cuda::decode_attention_launch(b, 32, 32, 64, 1, len, false, 132).tensor_cores,
+                b >= 17 || (b >= 7 && len > 2048))
+          << b << " " << len;
     }
     // A length not known (0) counts as long.
     EXPECT_EQ(cuda::decode_attention_launch(8, 32, 32, 128, 1, 0, true, 132).warps, 8);

@@ -685,6 +685,35 @@ TEST_F(CudaKernels, DecodeAttentionMhaLoopsAndWarps) {
   }
 }
 
+// MHA at head_dim 64 in each regime of its loop rule (choose_loop, kMha64MmaMinGroupsPerSm): the
+// CUDA-core loop at batch 1 and where two CTAs per SM fill 3/4 of a round on rows up to 2048 keys,
+// the tensor-core loop there on longer rows and from 4 CTA groups per SM; both modes, mixed lengths,
+// an empty row.
+TEST_F(CudaKernels, DecodeAttentionMha64LoopRule) {
+  int sms = 0;
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  const int H = 32;
+  const int filling_batch = (2 * sms * 75 + H * 100 - 1) / (H * 100), many_batch = (4 * sms + H - 1) / H;
+  ASSERT_LT(filling_batch, many_batch) << "this GPU leaves no batch between the rule's two thresholds";
+  struct Regime {
+    int batch, longest;
+    bool tensor_cores;
+  };
+  for (const Regime r : {Regime{1, 4097, false}, Regime{filling_batch, 2048, false}, Regime{filling_batch, 2049, true},
+                         Regime{many_batch, 600, true}}) {
+    const std::string what = "MHA D 64, batch " + std::to_string(r.batch) + ", longest row " + std::to_string(r.longest);
+    const int splits = cuda::plan_decode_splits(r.batch, H, H, r.longest, sms, true);
+    EXPECT_EQ(cuda::decode_attention_launch(r.batch, H, H, 64, splits, r.longest, true, sms).tensor_cores, r.tensor_cores)
+        << what;
+    std::vector<int> lens(r.batch);
+    for (int i = 0; i < r.batch; ++i) lens[i] = i == 0 ? r.longest : i == 1 ? 0 : 1 + (i * 389) % r.longest;
+    for (DType t : kTypes) {
+      run_decode({t, 64, H, H, 16, lens});
+      run_decode({t, 64, H, H, 16, lens, Adversarial::None, true, 0});
+    }
+  }
+}
+
 TEST_F(CudaKernels, DecodeAttentionOtherBlockSizesAndEmptyContext) {
   for (int bs : {1, 8, 32, 256}) run_decode({DType::BF16, 128, 8, 2, bs, {0, 1, 33, 300}});
   run_decode({DType::F16, 64, 12, 3, 16, {0, 5}});

@@ -1319,8 +1319,8 @@ void launch_decode(const DecodeArgs& a, bool dependent, cudaStream_t stream) {
 // group at tensor-core rate; the CUDA-core loop's dot products per key grow with the group: 16 heads
 // x 128 dims per lane and key at ChatGLM2's 32/2, compute-bound at 35% of the read bandwidth at batch
 // 64, 16K, issue 13), at head dims the CUDA-core loop lacks, and for MHA at head_dim 128 but on short
-// rows at small batch (kMhaCoreMaxContext); CUDA cores for MHA at head_dim 64 (not measured against
-// the tensor cores). KernelOptions::decode_path forces one (core only at 64 and 128).
+// rows at small batch (kMhaCoreMaxContext), and at head_dim 64 where many CTA groups or long rows
+// (kMha64MmaMinGroupsPerSm) pay for it. KernelOptions::decode_path forces one (core only at 64 and 128).
 //
 // Warps per CTA at head dims 64 and 128 (the others always run their default): KernelOptions::
 // decode_warps when it is 4 or 8; auto (0): 4 where the tensor-core loop has CTA groups (without
@@ -1350,6 +1350,15 @@ constexpr int kCoreFourWarpMinGroupsPerSm = 4;
 // (5.09 on one) against 5.22, batch 4 9.05-9.58 against 8.87, batch 2 6.32 against 6.33; batch 8
 // (4 warps) 16.00 against 17.62 (call 1).
 constexpr int kMhaCoreMaxContext = 512;
+// MHA at head_dim 64 runs the tensor-core loop where its CTA groups fill at least 4 per SM (batch 17
+// and up at 32 heads on 132 SMs), or 3/4 of two per SM with rows longer than 2048 keys (or not
+// known); else the CUDA-core loop. H200, fp16, blocks shuffled, one split, the faster of two rounds,
+// tensor-core against CUDA-core loop in the same call, async us (docs/results/2026-12-01w-length-
+// plan.md, call 7): batch 32, 512 / 4K / 64K 32.52 / 255.78 / 4065 against 34.56 / 293.69 / 4707;
+// batch 64, 512 / 16K 64.79 / 2024 against 68.49 / 2143; batch 8, 4K / 64K 62.67 / 1010 against
+// 64.16 / 1035, but 512 / 1K 9.59 / 17.57 against 8.48 / 16.67; batch 1 (4 splits), 1K / 16K 5.71 /
+// 49.63 against 4.99 / 34.39.
+constexpr int kMha64MmaMinGroupsPerSm = 4, kMha64CoreMaxContext = 2048;
 // MHA on tensor cores takes 4 warps (where they fill 3/4 of two CTAs per SM) only on rows of up to
 // this many keys and where the rounds of two 4-warp CTAs per SM take no longer than the rounds of one
 // 8-warp CTA (which streams twice as fast), else 8. Same calls, 4 against 8 warps, one split: batch
@@ -1381,7 +1390,10 @@ LoopChoice choose_loop(int batch, int n_heads, int n_kv_heads, int head_dim, int
   const bool mma_fills_four = groups * 100 >= mma_slots * kFourWarpMinSlotsFilledPct;
   const bool core_fills_four = groups >= int64_t(kCoreFourWarpMinGroupsPerSm) * multiprocessors;
   const bool short_rows = max_context_len > 0 && max_context_len <= kMhaCoreMaxContext;
-  const bool mha_mma = group == 1 && head_dim == 128 && !(short_rows && !mma_fills_four);
+  const bool rows_to_2k = max_context_len > 0 && max_context_len <= kMha64CoreMaxContext;
+  const bool mha_mma = group == 1 && (head_dim == 128 ? !(short_rows && !mma_fills_four)
+                                                      : groups >= int64_t(kMha64MmaMinGroupsPerSm) * multiprocessors ||
+                                                            (mma_fills_four && !rows_to_2k));
   // The warps follow the loop whole groups would run (a GQA group split into single heads at small
   // batch runs the CUDA-core loop with the tensor-core loop's count; both give 8 there).
   bool whole_groups_mma = false, loop_mma = false;
