@@ -156,17 +156,13 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
                             cudaStream_t stream);
 size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads);
-// The split count for a decode step (host-side plan; see the worked example in the .cu), for the
-// async (unified max) or the synchronized kernels (their combines cost differently per split).
+// The split count for a decode step (host-side plan; see the worked example in the .cu). Both modes
+// plan alike (async_mode is not read): their combines load every split of a row at once.
 int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors,
                        bool async_mode);
 // The most splits plan_decode_splits returns for any context up to max_context_len (workspace sizing).
 int max_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors);
 
-// How a decode-attention call runs: what decode_attention_split / decode_attention_async (async_mode)
-// launch for these arguments on a GPU of `multiprocessors` SMs, under the calling thread's
-// KernelOptions. A captured step replays the launches it was captured with, so the engine keys its
-// graphs by this.
 // The launch that adds a call's splits after the main kernel (splits > 1, unless the kernel did),
 // by rows (batch x query heads) per SM: the CTA shapes of decode_attention.cu's CombineShape.
 enum class CombineLaunch { None, FewRows, SomeRows, ManyRows };
@@ -179,6 +175,11 @@ inline const char* combine_launch_name(CombineLaunch c) {
   }
   return "none";
 }
+
+// How a decode-attention call runs: what decode_attention_split / decode_attention_async (async_mode)
+// launch for these arguments on a GPU of `multiprocessors` SMs, under the calling thread's
+// KernelOptions. A captured step replays the launches it was captured with, so the engine keys its
+// graphs by this.
 struct DecodeAttentionLaunch {
   int splits = 1;
   bool tensor_cores = false;       // the loop: tensor cores (mma), else CUDA cores
