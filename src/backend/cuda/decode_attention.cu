@@ -1389,11 +1389,14 @@ LoopChoice choose_loop(int batch, int n_heads, int n_kv_heads, int head_dim, int
   const int64_t mma_slots = 2 * int64_t(multiprocessors);
   const bool mma_fills_four = groups * 100 >= mma_slots * kFourWarpMinSlotsFilledPct;
   const bool core_fills_four = groups >= int64_t(kCoreFourWarpMinGroupsPerSm) * multiprocessors;
+  // MHA on tensor cores (kMhaCoreMaxContext, kMha64MmaMinGroupsPerSm): at head_dim 128 but on short
+  // rows at small batch; at 64 with many CTA groups, or enough for two CTAs per SM on long rows.
   const bool short_rows = max_context_len > 0 && max_context_len <= kMhaCoreMaxContext;
   const bool rows_to_2k = max_context_len > 0 && max_context_len <= kMha64CoreMaxContext;
-  const bool mha_mma = group == 1 && (head_dim == 128 ? !(short_rows && !mma_fills_four)
-                                                      : groups >= int64_t(kMha64MmaMinGroupsPerSm) * multiprocessors ||
-                                                            (mma_fills_four && !rows_to_2k));
+  const bool mha128_mma = !(short_rows && !mma_fills_four);
+  const bool mha64_mma =
+      groups >= int64_t(kMha64MmaMinGroupsPerSm) * multiprocessors || (mma_fills_four && !rows_to_2k);
+  const bool mha_mma = group == 1 && (head_dim == 128 ? mha128_mma : mha64_mma);
   // The warps follow the loop whole groups would run (a GQA group split into single heads at small
   // batch runs the CUDA-core loop with the tensor-core loop's count; both give 8 there).
   bool whole_groups_mma = false, loop_mma = false;
