@@ -99,9 +99,9 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
 // head h / (H / KVH). Stable softmax (fp32). head_dim: 64, 80, 96, 128, 256 (others: error).
 // Any group size (above 16 the group is split over CTAs); block_size a power of two; k/v caches
 // 16-byte aligned. A CTA of two or more query heads (and every CTA at head_dim 80, 96, 256) runs
-// on tensor cores, MHA at 64 on CUDA cores, MHA at 128 on tensor cores except on short rows at small
-// batch (decode_attention_launch says which); KernelOptions::decode_path forces one (for measurements;
-// read at each call, core only at 64 and 128). context_lens[b] <= 0 writes zeros
+// on tensor cores; MHA at 128 too except on short rows at small batch, MHA at 64 where CTA groups are
+// many or rows long, else CUDA cores (decode_attention_launch says which); KernelOptions::decode_path
+// forces one (for measurements; read at each call, core only at 64 and 128). context_lens[b] <= 0 writes zeros
 // (padding rows); a length beyond the table's capacity (max_blocks_per_seq * block_size) is
 // clamped to it. In a programmatic launch (programmatic_launch_enabled) both loops copy their
 // first keys before they wait for the previous kernel: the kernels before it in the step may write
