@@ -98,6 +98,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/mma_fragments.cuh"
@@ -1058,6 +1059,9 @@ __device__ __forceinline__ void for_lane_split_batches(const float* __restrict__
   }
 }
 
+// exp2(x - ref), 0 for an empty split or group (x = -inf; ref = -inf only when every one is empty).
+__device__ __forceinline__ float combine_weight(float x, float ref) { return x == -INFINITY ? 0.f : exp2f(x - ref); }
+
 // The groups' (m, d, o) of a combine in shared memory, for the merge after the barrier.
 template <int D, class Shape>
 struct CombineGroups {
@@ -1068,6 +1072,28 @@ struct CombineGroups {
     if (lane == 0) m[group] = group_m, d[group] = group_d;
     o[group][lane] = group_o;
   }
+  __device__ __forceinline__ float max_m() const {
+    float M = m[0];
+#pragma unroll
+    for (int g = 1; g < Layout::kGroups; ++g) M = fmaxf(M, m[g]);
+    return M;
+  }
+  // The lane's two dims and the denominator summed over the groups in group order, each group
+  // weighted by 2^(m_g - M) (kRescale: the synchronized combine, whose groups keep their own
+  // maxima) or not (the async combine: every split is relative to the same phi).
+  template <bool kRescale>
+  __device__ __forceinline__ float2 sum(int lane, float M, float& den) const {
+    float2 num = make_float2(0.f, 0.f);
+    den = 0.f;
+#pragma unroll
+    for (int g = 0; g < Layout::kGroups; ++g) {
+      const float w = kRescale ? combine_weight(m[g], M) : 1.f;
+      const float2 og = o[g][lane];
+      num = make_float2(num.x + w * og.x, num.y + w * og.y);
+      den += w * d[g];
+    }
+    return num;
+  }
 };
 
 // A combine's output: the lane's two dims of the row, num / den (0 where every split was empty).
@@ -1076,9 +1102,6 @@ __device__ __forceinline__ void store_lane_dims(T* row, int lane, float2 num, fl
   row[2 * lane] = from_float<T>(den > 0.f ? num.x / den : 0.f);
   row[2 * lane + 1] = from_float<T>(den > 0.f ? num.y / den : 0.f);
 }
-
-// exp2(x - ref), 0 for an empty split or group (x = -inf; ref = -inf only when every one is empty).
-__device__ __forceinline__ float combine_weight(float x, float ref) { return x == -INFINITY ? 0.f : exp2f(x - ref); }
 
 // Merges the splits' partials of one (sequence, query head): out = sum_s 2^(m_s - M) o_s /
 // sum_s 2^(m_s - M) d_s with M = max_s m_s (the synchronized FlashDecoding reduction). Each group
@@ -1125,18 +1148,8 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
   if constexpr (G > 1) {
     __syncthreads();
     if (group != 0) return;
-    float M = groups_s.m[0];
-#pragma unroll
-    for (int g = 1; g < G; ++g) M = fmaxf(M, groups_s.m[g]);
-    float den = 0.f;
-    float2 num = make_float2(0.f, 0.f);
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float w = combine_weight(groups_s.m[g], M);
-      const float2 og = groups_s.o[g][lane];
-      num = make_float2(num.x + w * og.x, num.y + w * og.y);
-      den += w * groups_s.d[g];
-    }
+    float den;
+    const float2 num = groups_s.template sum<true>(lane, groups_s.max_m(), den);
     store_lane_dims(o_row, lane, num, den);
   }
 }
@@ -1209,9 +1222,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
     groups_s.put(group, lane, m, den, num);
   }
   __syncthreads();  // (also publishes len_s)
-  float M = groups_s.m[0];
-#pragma unroll
-  for (int g = 1; g < G; ++g) M = fmaxf(M, groups_s.m[g]);
+  const float M = groups_s.max_m();
   int L = len_s;
   const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.block_shift;
   if (L > capacity) L = static_cast<int>(capacity);
@@ -1223,14 +1234,8 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
   const float rel = M - a.phi2;
   if (rel >= a.lo2 && rel <= a.hi2) {  // (NaN fails)
     if (group == 0) {
-      float den = 0.f;
-      float2 num = make_float2(0.f, 0.f);
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float2 og = groups_s.o[g][lane];
-        num = make_float2(num.x + og.x, num.y + og.y);
-        den += groups_s.d[g];
-      }
+      float den;
+      const float2 num = groups_s.template sum<false>(lane, M, den);
       store_lane_dims(out, lane, num, den);
     }
     return;
@@ -1449,16 +1454,16 @@ void launch_decode_g(const DecodeAttentionLaunch& c, const DecodeArgs& a, bool d
   }
 }
 
-// The kernel's head dims, one instantiation each.
-template <class T, bool kAsync>
-void launch_decode_d(int head_dim, const DecodeAttentionLaunch& c, const DecodeArgs& a, bool dependent,
-                     cudaStream_t stream) {
+// Calls f(std::integral_constant<int, D>{}) for the call's head dim: the kernels' head dims, one
+// instantiation each (make_call accepted only these).
+template <class F>
+void with_head_dim(int head_dim, F&& f) {
   switch (head_dim) {
-    case 64: return launch_decode_g<T, 64, kAsync>(c, a, dependent, stream);
-    case 80: return launch_decode_g<T, 80, kAsync>(c, a, dependent, stream);
-    case 96: return launch_decode_g<T, 96, kAsync>(c, a, dependent, stream);
-    case 128: return launch_decode_g<T, 128, kAsync>(c, a, dependent, stream);
-    default: return launch_decode_g<T, 256, kAsync>(c, a, dependent, stream);
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 80: return f(std::integral_constant<int, 80>{});
+    case 96: return f(std::integral_constant<int, 96>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    default: return f(std::integral_constant<int, 256>{});
   }
 }
 
@@ -1799,23 +1804,17 @@ void launch_synchronized(const DecodeArgs& a, const DecodeAttentionLaunch& c, in
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool pdl = programmatic_launch_enabled();
-    launch_decode_d<T, false>(head_dim, c, a, pdl, stream);
-    if (splits == 1) return;
-    with_combine_shape(c.combine, [&](auto shape) {
-      using Shape = decltype(shape);
-      auto combine = [&](auto* kernel) {
+    with_head_dim(head_dim, [&](auto dim) {
+      constexpr int D = decltype(dim)::value;
+      launch_decode_g<T, D, false>(c, a, pdl, stream);
+      if (splits == 1) return;
+      with_combine_shape(c.combine, [&](auto shape) {
+        using Shape = decltype(shape);
         const detail::LaunchConfig config(dim3(a.batch * a.n_heads), dim3(Shape::kThreads), 0, stream, pdl);
-        cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const float*>(a.partials), splits,
-                                      static_cast<T*>(a.out)),
+        cuda_check(cudaLaunchKernelEx(config.get(), decode_combine_kernel<T, D, Shape>,
+                                      static_cast<const float*>(a.partials), splits, static_cast<T*>(a.out)),
                    "cudaLaunchKernelEx(decode_combine_kernel)");
-      };
-      switch (head_dim) {
-        case 64: combine(decode_combine_kernel<T, 64, Shape>); break;
-        case 80: combine(decode_combine_kernel<T, 80, Shape>); break;
-        case 96: combine(decode_combine_kernel<T, 96, Shape>); break;
-        case 128: combine(decode_combine_kernel<T, 128, Shape>); break;
-        default: combine(decode_combine_kernel<T, 256, Shape>); break;
-      }
+      });
     });
   });
   check_launch("decode_attention");
@@ -1884,21 +1883,16 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool pdl = programmatic_launch_enabled();
-    launch_decode_d<T, true>(head_dim, c, a, pdl, stream);
-    if (c.combine_in_kernel) return;
-    with_combine_shape(c.combine, [&](auto shape) {
-      using Shape = decltype(shape);
-      const detail::LaunchConfig config(dim3(batch * n_heads), dim3(Shape::kThreads), 0, stream, pdl);
-      auto combine = [&](auto* kernel) {
-        cuda_check(cudaLaunchKernelEx(config.get(), kernel, a), "cudaLaunchKernelEx(decode_async_combine_kernel)");
-      };
-      switch (head_dim) {
-        case 64: combine(decode_async_combine_kernel<T, 64, Shape>); break;
-        case 80: combine(decode_async_combine_kernel<T, 80, Shape>); break;
-        case 96: combine(decode_async_combine_kernel<T, 96, Shape>); break;
-        case 128: combine(decode_async_combine_kernel<T, 128, Shape>); break;
-        default: combine(decode_async_combine_kernel<T, 256, Shape>); break;
-      }
+    with_head_dim(head_dim, [&](auto dim) {
+      constexpr int D = decltype(dim)::value;
+      launch_decode_g<T, D, true>(c, a, pdl, stream);
+      if (c.combine_in_kernel) return;
+      with_combine_shape(c.combine, [&](auto shape) {
+        using Shape = decltype(shape);
+        const detail::LaunchConfig config(dim3(batch * n_heads), dim3(Shape::kThreads), 0, stream, pdl);
+        cuda_check(cudaLaunchKernelEx(config.get(), decode_async_combine_kernel<T, D, Shape>, a),
+                   "cudaLaunchKernelEx(decode_async_combine_kernel)");
+      });
     });
   });
   check_launch("decode_attention_async");
