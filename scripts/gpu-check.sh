@@ -5,8 +5,13 @@
 # The build travels with the call (CMake and the Debian -dev packages are on the development
 # machine, not the GPU machine):  here: bash scripts/build-gpu.sh   then run this there with
 # carry ["build-gpu"] (plus ".ref" parts of the default model for the greedy test, see below).
-#   FDPP_GPU_STAGES="tests sanitizer attention attnlayout attnstream flashinfer prefill ttft linear tune dataflow bench tp peers load python"
-#   (default: all but flashinfer, tune, tp, load and python; tp needs two GPUs: nvidia-h200-x2)
+#   bash scripts/gpu-check.sh [STAGE...]   (or FDPP_GPU_STAGES="STAGE ..."), stages run in this order:
+#   tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune
+#   dataflow bench tp peers load python
+# The default, "tests sanitizer attention" (the GPU suite, compute-sanitizer and the decode
+# attention grid with its peers), is what one call's 10 minutes hold; the summary gives each
+# stage's wall time. The rest go in further calls, e.g. "prefill ttft linear dataflow", "bench
+# peers", "load python"; tp needs two GPUs (nvidia-h200-x2).
 # Only a few files come back from the device call: everything is written under $OUT/full and
 # packed into $OUT/full.tar.gz at the end, beside summary.md.
 set -uo pipefail
@@ -23,11 +28,20 @@ if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 && [[ ! -e /usr/local/cuda/l
 fi
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared GPU machines (device README)
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
-stages="${FDPP_GPU_STAGES:-tests sanitizer attention prefill ttft linear dataflow bench peers}"
+stages="${*:-${FDPP_GPU_STAGES:-tests sanitizer attention}}"
 presets="llama-2-7b llama-2-13b llama-3-8b opt-6.7b chatglm2-6b"
 summary="$OUT_TOP/summary.md"
 : >"$summary"
 log() { echo "$@" | tee -a "$summary"; }
+# stage NAME: true when NAME is one of $stages; each stage's wall time goes to the summary (the
+# previous stage's when the next one starts, the last one's at the end: stage_done).
+stage_name="" stage_t0=0
+stage_done() { [[ -n $stage_name ]] && log "(stage $stage_name: $(( $(date +%s) - stage_t0 )) s)"; stage_name=""; }
+stage() {
+  [[ " $stages " == *" $1 "* ]] || return 1
+  stage_done
+  stage_name=$1 stage_t0=$(date +%s)
+}
 
 # The binaries may travel compressed (.ref/bin.tar.xz: fdpp, fdpp_gpu_tests, lib/ of build-gpu).
 if [[ -f $root/.ref/bin.tar.xz ]]; then mkdir -p "$B" && tar xJf "$root/.ref/bin.tar.xz" -C "$B"; fi
@@ -50,7 +64,7 @@ if [[ -n ${FDPP_HF_FIXTURES_ARCHIVE:-} && -f $FDPP_HF_FIXTURES_ARCHIVE ]]; then
 fi
 if [[ -s $model ]]; then export FDPP_MODEL=$model; mkdir -p /root/.cache/fdpp/models; ln -sf "$model" /root/.cache/fdpp/models/SmolLM2-135M-Instruct.Q4_1.gguf; fi
 
-if [[ " $stages " == *" tests "* ]]; then
+if stage tests; then
   "$B/fdpp" devices | tee -a "$OUT/gpu.txt"
   "$B/fdpp_gpu_tests" --gtest_color=no 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|NMSE|Failure" | tail -40
   log "GPU tests: $(grep -E '^\[  PASSED  \]' "$OUT/gpu_tests.log" | head -1) $(grep -E '^\[  FAILED  \] [0-9]+ test' "$OUT/gpu_tests.log" | head -1) $(grep -E '^\[  SKIPPED \] [0-9]+ test' "$OUT/gpu_tests.log" | head -1)"
@@ -84,7 +98,7 @@ PY
   fi
 fi
 
-if [[ " $stages " == *" sanitizer "* ]] && command -v compute-sanitizer >/dev/null; then
+if stage sanitizer && command -v compute-sanitizer >/dev/null; then
   filter="${FDPP_SANITIZER_FILTER:-*Small*:*Rope*:*Norm*:*KvCache*:*Embedding*:*SampleTies*:*SampleGreedy*:*SampleTopK1*:*SingleRow*:*GraphReplay*:*KvCacheFull*:*Fused*:*SplitKv*:*FlatGemmSplitK*:*GemvPlainApi*}"
   for tool in ${FDPP_SANITIZER_TOOLS:-memcheck racecheck}; do
     # racecheck without the engine tests: their cuBLASLt GEMMs (nvjet_sm90_* kernels) report races
@@ -97,7 +111,7 @@ if [[ " $stages " == *" sanitizer "* ]] && command -v compute-sanitizer >/dev/nu
   done
 fi
 
-if [[ " $stages " == *" attention "* ]]; then
+if stage attention; then
   # Issue 5: decode attention alone, ours (async, sync) and torch SDPA (cuDNN, flash), same shapes.
   ab="${FDPP_ATTN_BATCHES:-1,8,32,64}"
   ac="${FDPP_ATTN_CONTEXTS:-512,1024,4096,16384,65536}"
@@ -131,7 +145,7 @@ if [[ " $stages " == *" attention "* ]]; then
     tee -a "$summary"
 fi
 
-if [[ " $stages " == *" attnlayout "* ]]; then
+if stage attnlayout; then
   # Issue 13: how much of the gap to cuDNN (which reads dense [B, KVH, L, D] K/V) is the paged cache's
   # layout. The same kernels on a token-major cache (the engine's: a token's kv heads adjacent, one
   # head's rows 256 bytes apart from the next token's by KVH x 256) and a head-major one (a kv head's
@@ -168,7 +182,7 @@ if [[ " $stages " == *" attnlayout "* ]]; then
   fi
 fi
 
-if [[ " $stages " == *" attnstream "* ]]; then
+if stage attnstream; then
   # Issue 13: what decode attention's K/V access patterns can stream as pure copies (no math), beside
   # whole-GPU linear sweeps (bench/kernels/kv_stream_bench.cu). Shapes BATCHxKV_HEADSxCONTEXT.
   for shape in ${FDPP_ATTN_STREAM_SHAPES:-64x8x16384 8x8x16384 64x2x65536}; do
@@ -179,7 +193,7 @@ if [[ " $stages " == *" attnstream "* ]]; then
   done
 fi
 
-if [[ " $stages " == *" flashinfer "* ]]; then
+if stage flashinfer; then
   # FlashInfer's decode kernel (issue 13's strongest peer), where its source distribution travels
   # (.ref/flashinfer.tar.gz; the machine has no internet): installed without dependencies into the
   # python that holds torch, kernels JIT-compiled here at first use.
@@ -199,7 +213,7 @@ if [[ " $stages " == *" flashinfer "* ]]; then
   fi
 fi
 
-if [[ " $stages " == *" attnprofile "* ]] && command -v ncu >/dev/null; then
+if stage attnprofile && command -v ncu >/dev/null; then
   # Issue 13's open question: why the async CUDA-core loop runs at 86% of the bandwidth where the
   # sync one reaches 93% (MHA 32/32, batch 32, 16K, one split each). One kernel of each under ncu.
   for mode in async sync; do
@@ -211,7 +225,7 @@ if [[ " $stages " == *" attnprofile "* ]] && command -v ncu >/dev/null; then
   done
 fi
 
-if [[ " $stages " == *" prefill "* ]]; then
+if stage prefill; then
   # Issue 11: causal prefill attention alone (tensor cores), ours (async, sync) and torch SDPA
   # (cuDNN, flash) on the same points, TFLOP/s over the causal flops.
   pp="${FDPP_PREFILL_POINTS:-1x1024,1x4096,1x16384,1x32768,8x2048}"
@@ -228,7 +242,7 @@ if [[ " $stages " == *" prefill "* ]]; then
   done
 fi
 
-if [[ " $stages " == *" ttft "* ]]; then
+if stage ttft; then
   # Issue 11: time to first token end to end (fdpp bench's pp: the prompt in one step, first token
   # sampled) against HF transformers' sdpa forward of the same shape, same run.
   ttft() {  # ttft CONFIG LENGTHS: fdpp for each prefill attention configuration, then HF
@@ -253,14 +267,14 @@ PY
   ttft llama-3.1-8b "${FDPP_TTFT_L31:-32000}"
 fi
 
-if [[ " $stages " == *" linear "* ]]; then
+if stage linear; then
   # Issue 6: every [N, K] of the five presets, GEMV / flat GEMM / cuBLAS side by side.
   "$B/fdpp" bench-linear --preset "${presets// /,}" -M 1,2,4,8,16,32,64 >"$OUT/linear.md" 2>"$OUT/linear.err" \
     || log "bench-linear failed: $(tail -1 "$OUT/linear.err")"
   { echo; echo "### linear layers, layer sums (full table: linear.md)"; grep -E "^\| (model|---)|layer" "$OUT/linear.md" | grep -E "\| (best|model|---)|---"; } | tee -a "$summary"
 fi
 
-if [[ " $stages " == *" tune "* ]]; then
+if stage tune; then
   # Issue 7: the dispatch tables (ship them: copy $OUT_TOP/dispatch-*.json to configs/dispatch/).
   for dt in f16 bf16; do
     for p in $presets; do
@@ -273,7 +287,7 @@ fi
 # Tables tuned in this call serve the measurements after it (they are what gets shipped).
 if [[ -s $OUT_TOP/dispatch-h200-f16.json ]]; then export FDPP_DISPATCH_TABLE="$OUT_TOP/dispatch-h200-f16.json"; fi
 
-if [[ " $stages " == *" dataflow "* ]]; then
+if stage dataflow; then
   # Issue 7: end-to-end decode with the tuned table (auto) against each static choice.
   for mode in auto gemv flat cublas; do
     "$B/fdpp" bench --load-format dummy --config "$root/configs/llama-2-7b.json" -b 1,2,4,8,16,32,64 -c 1024 -p 1024 \
@@ -296,7 +310,7 @@ for b in sorted(rows.get("auto", {})):
 PY
 fi
 
-if [[ " $stages " == *" bench "* ]]; then
+if stage bench; then
   bench() {  # bench NAME ARGS...
     local name=$1
     shift
@@ -341,7 +355,7 @@ PY
   done
 fi
 
-if [[ " $stages " == *" tp "* ]]; then
+if stage tp; then
   # Issue 15: tensor parallelism on two GPUs (the tests ran in the tests stage). Llama-2-13B on one
   # and two GPUs, Llama-2-70B on two; each row has the collectives' time per step, timed alone.
   { echo; echo "### tensor parallelism (NCCL $(python3 -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null), NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-unset})"; } | tee -a "$summary"
@@ -394,13 +408,13 @@ PY
   log "serve -tp 2: exit $?, completion: $(head -c 300 "$OUT/tp_serve_completion.json")"
 fi
 
-if [[ " $stages " == *" peers "* ]]; then
+if stage peers; then
   PYTHONUNBUFFERED=1 python3 "$root/bench/peers/peers.py" "$root/configs/llama-2-7b.json" --batches "${FDPP_PEER_BATCHES:-1,8,32}" --context 1024 \
     --json "$OUT/peers_llama-2-7b.json" >"$OUT/peers.log" 2>&1 || log "peers failed: $(tail -2 "$OUT/peers.log")"
   { echo; grep -E '^\|' "$OUT/peers.log"; } | tee -a "$summary"
 fi
 
-if [[ " $stages " == *" load "* ]]; then
+if stage load; then
   # Issue 14: full-size checkpoints through the streaming loader vs cat and transformers. The 7B
   # checkpoint is kept for the python stage.
   { echo; echo "### checkpoint load (bench/load_bench.sh)"; } | tee -a "$summary"
@@ -409,7 +423,7 @@ if [[ " $stages " == *" load "* ]]; then
   cp "$OUT"/load_bench_generate_*.json "$OUT_TOP/" 2>/dev/null
 fi
 
-if [[ " $stages " == *" python "* ]]; then
+if stage python; then
   # Issue 16: the package on the GPU (built here by scripts/build-python-gpu.sh, carried as
   # .ref/python.tar.xz): the HF fixtures and GPU tests, then llm.generate over 256 prompts against
   # fdpp bench at the same batch, on the 7B checkpoint of the load stage with Llama 2's tokenizer.
@@ -424,6 +438,7 @@ if [[ " $stages " == *" python "* ]]; then
     --json "$OUT/python_generate_bench.json" 2>&1 | tail -12 | tee -a "$summary"
 fi
 
+stage_done
 tar czf "$OUT_TOP/full.tar.gz" -C "$OUT_TOP" full && rm -rf "$OUT"
 echo
 echo "==== summary ===="
