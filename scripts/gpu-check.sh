@@ -5,9 +5,8 @@
 # The build travels with the call (CMake and the Debian -dev packages are on the development
 # machine, not the GPU machine):  here: bash scripts/build-gpu.sh   then run this there with
 # carry ["build-gpu"] (plus ".ref" parts of the default model for the greedy test, see below).
-#   bash scripts/gpu-check.sh [STAGE...]   (or FDPP_GPU_STAGES="STAGE ..."), stages run in this order:
-#   tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune
-#   dataflow bench tp peers load python
+#   bash scripts/gpu-check.sh [STAGE...]   (or FDPP_GPU_STAGES="STAGE ..."); the stages, in the order
+#   they run, are known_stages below.
 # The default, "tests sanitizer attention" (the GPU suite, compute-sanitizer and the decode
 # attention grid with its peers), is what one call's 10 minutes hold; the summary gives each
 # stage's wall time. The rest go in further calls, e.g. "prefill ttft linear dataflow", "bench
@@ -29,6 +28,11 @@ fi
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared GPU machines (device README)
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
 stages="${*:-${FDPP_GPU_STAGES:-tests sanitizer attention}}"
+# In the order they run:
+known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune dataflow bench tp peers load python"
+for s in $stages; do
+  [[ " $known_stages " == *" $s "* ]] || { echo "gpu-check.sh: unknown stage '$s' (stages: $known_stages)" >&2; exit 2; }
+done
 presets="llama-2-7b llama-2-13b llama-3-8b opt-6.7b chatglm2-6b"
 summary="$OUT_TOP/summary.md"
 : >"$summary"
