@@ -171,21 +171,19 @@ TEST(CudaSplitKv, DecodeAttentionMatchesCpuAndUnsplit) {
 TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // The host plan: Llama-2-7B at batch 1, context 1024 on 132 SMs -> 4 splits on tensor cores (see
   // the .cu; the sweep measured 3 splits 7.29 us, 4 7.59, 8 10.41, one 8.26).
-  for (bool async_mode : {true, false}) {
-    EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 1024, 132, async_mode), 4);
-    EXPECT_EQ(cuda::plan_decode_splits(64, 32, 32, 1024, 132, async_mode), 1);
-    EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 100, 132, async_mode), 1);
-  }
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 1024, 132), 4);
+  EXPECT_EQ(cuda::plan_decode_splits(64, 32, 32, 1024, 132), 1);
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 100, 132), 1);
   // ChatGLM2's 32/2 heads at batch 1, 16K: 40 splits (80 CTAs; the sweep measured 9.22 us async,
   // the best 48 splits 8.90, the former plan's 43 8.92), and at batch 32, 512 keys one split (two
   // measured 8% slower; docs/results/2026-12-01n-splits.md, 2026-12-01v-split-sweep/).
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 2, 16384, 132, true), 40);
-  EXPECT_EQ(cuda::plan_decode_splits(32, 32, 2, 512, 132, true), 1);
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 2, 16384, 132), 40);
+  EXPECT_EQ(cuda::plan_decode_splits(32, 32, 2, 512, 132), 1);
   // Batch 1, 512 keys (docs/results/2026-12-01v-split-sweep/): Llama-3-8B's 32/8 5 splits (80 CTAs of
   // two heads on tensor cores: async 4.51 us, sync 4.31; the former plan's 8, 128 CTAs, 4.65 and
   // its sync 4, one head per CTA, 5.50), MHA one split (5.22; 2 splits 4.65, see the sweep).
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 512, 132, true), 5);
-  for (bool async_mode : {true, false}) EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 512, 132, async_mode), 1);
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 512, 132), 5);
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 512, 132), 1);
   // What the launches run with the plan, MHA at head_dim 128 (decode_attention.cu, choose_loop): the
   // CUDA-core loop at up to 512 keys and batch 1-6, else the tensor-core loop; 4 warps where two CTAs
   // per SM fill their rounds (batch 7, 8, 16, 32, 64) up to 2048 keys, 8 beyond and at batch 1-6 and 12
@@ -194,7 +192,7 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // rows longer than 2048 keys; else the CUDA-core loop.
   for (int len : {512, 513, 1024, 2048, 2049, 4096, 65536}) {
     for (int b : {1, 2, 6, 7, 8, 12, 16, 32, 64}) {
-      const int splits = cuda::plan_decode_splits(b, 32, 32, len, 132, true);
+      const int splits = cuda::plan_decode_splits(b, 32, 32, len, 132);
       const auto mha = cuda::decode_attention_launch(b, 32, 32, 128, splits, len, true, 132);
       const bool small_batch = b <= 6, four = !small_batch && b != 12 && len <= 2048;
       EXPECT_EQ(mha.tensor_cores, !(small_batch && len <= 512)) << b << " " << len;
@@ -240,8 +238,7 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
     for (int b : {1, 2, 5, 8, 64}) {
       const int bound = cuda::max_decode_splits(b, h, kvh, 32768, 132);
       for (int len = 1; len <= 32768; len += 97)
-        for (bool async_mode : {true, false})
-          ASSERT_LE(cuda::plan_decode_splits(b, h, kvh, len, 132, async_mode), bound) << h << "/" << kvh << " b " << b << " L " << len;
+        ASSERT_LE(cuda::plan_decode_splits(b, h, kvh, len, 132), bound) << h << "/" << kvh << " b " << b << " L " << len;
     }
 }
 

@@ -607,7 +607,7 @@ void run_decode(const DecodeCase& c) {
   for (int len : c.lens) max_len = std::max(max_len, len);
   int sms = 0;
   cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
-  const int splits = c.splits != 0 ? c.splits : cuda::plan_decode_splits(B, H, KVH, max_len, sms, c.async);
+  const int splits = c.splits != 0 ? c.splits : cuda::plan_decode_splits(B, H, KVH, max_len, sms);
   // What the launch runs (the same choice as inside the call).
   const cuda::DecodeAttentionLaunch launch =
       cuda::decode_attention_launch(B, H, KVH, D, splits, max_len, c.async, sms);
@@ -735,7 +735,7 @@ TEST_F(CudaKernels, DecodeAttentionMhaLoopsAndWarps) {
   for (const Regime r : {Regime{1, short_rows, false, 8}, Regime{2, short_rows + 1, true, 8},
                          Regime{full_batch, four_warp_rows, true, 4}, Regime{full_batch, four_warp_rows + 1, true, 8}}) {
     const std::string what = "MHA batch " + std::to_string(r.batch) + ", longest row " + std::to_string(r.longest);
-    const int splits = cuda::plan_decode_splits(r.batch, H, H, r.longest, sms, true);
+    const int splits = cuda::plan_decode_splits(r.batch, H, H, r.longest, sms);
     const cuda::DecodeAttentionLaunch launch = cuda::decode_attention_launch(r.batch, H, H, 128, splits, r.longest, true, sms);
     EXPECT_EQ(launch.tensor_cores, r.tensor_cores) << what;
     EXPECT_EQ(launch.warps, r.warps) << what;
@@ -766,7 +766,7 @@ TEST_F(CudaKernels, DecodeAttentionMha64LoopRule) {
   for (const Regime r : {Regime{1, 4097, false}, Regime{filling_batch, 2048, false}, Regime{filling_batch, 2049, true},
                          Regime{many_batch, 600, true}}) {
     const std::string what = "MHA D 64, batch " + std::to_string(r.batch) + ", longest row " + std::to_string(r.longest);
-    const int splits = cuda::plan_decode_splits(r.batch, H, H, r.longest, sms, true);
+    const int splits = cuda::plan_decode_splits(r.batch, H, H, r.longest, sms);
     EXPECT_EQ(cuda::decode_attention_launch(r.batch, H, H, 64, splits, r.longest, true, sms).tensor_cores, r.tensor_cores)
         << what;
     std::vector<int> lens(r.batch);

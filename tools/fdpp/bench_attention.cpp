@@ -134,7 +134,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
       for (const int split_choice : a.splits)
       for (const auto& mode : a.modes) {
         const bool async = mode == "async";
-        const int planned_splits = cuda::plan_decode_splits(B, H, KVH, L, gpus[0].multiprocessors, async);
+        const int planned_splits = cuda::plan_decode_splits(B, H, KVH, L, gpus[0].multiprocessors);
         const int splits = split_choice == 0 ? planned_splits : split_choice;
         const size_t ws_bytes = async ? cuda::decode_attention_async_workspace_bytes(B, H, KVH, D, splits)
                                       : cuda::decode_attention_workspace_bytes(B, H, D, splits);

@@ -520,7 +520,7 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
 DecodeAttentionLaunch CudaEngine::plan_decode_attention(int decode_rows, int max_len) const {
   const ModelConfig& c = config();
   const bool async = options_.attention == AttentionMode::Async;
-  const int splits = plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, max_len, multiprocessors_, async);
+  const int splits = plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, max_len, multiprocessors_);
   return decode_attention_launch(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, splits, max_len, async,
                                  multiprocessors_);
 }

@@ -1651,8 +1651,7 @@ int max_splits_of(const SplitShape& sh, int max_context_len) {
 constexpr int kSplitCandidates[] = {1,  2,  3,  4,  5,  6,  7,   8,   10,  12,  14,  16,  20,  24,
                                     28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256};
 
-int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors,
-                       bool /*async_mode*/) {
+int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
   // A launch has one CTA per (sequence, kv head, sub-group of query heads: plan_groups, which divides
   // the group further the fewer CTAs the splits make) and split. Its time, in units of one SM
   // streaming 8 tiles of 16 keys of one kv head (at head_dim 128, 70 KB: ~2 us at an SM's 1/132

@@ -157,9 +157,8 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
 size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads);
 // The split count for a decode step (host-side plan; see the worked example in the .cu). Both modes
-// plan alike (async_mode is not read): their combines load every split of a row at once.
-int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors,
-                       bool async_mode);
+// plan alike: their combines load every split of a row at once.
+int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors);
 // The most splits plan_decode_splits returns for any context up to max_context_len (workspace sizing).
 int max_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors);
 
