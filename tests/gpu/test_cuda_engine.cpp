@@ -238,7 +238,8 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
     for (int b : {1, 2, 5, 8, 64}) {
       const int bound = cuda::max_decode_splits(b, h, kvh, 32768, 132);
       for (int len = 1; len <= 32768; len += 97)
-        ASSERT_LE(cuda::plan_decode_splits(b, h, kvh, len, 132), bound) << h << "/" << kvh << " b " << b << " L " << len;
+        ASSERT_LE(cuda::plan_decode_splits(b, h, kvh, len, 132), bound)
+            << h << "/" << kvh << " b " << b << " L " << len;
     }
 }
 
