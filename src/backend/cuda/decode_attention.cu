@@ -84,14 +84,15 @@
 //
 // Async reduction and fallback. One split: there is nothing to unify, and the async mode runs the
 // synchronized kernel (exact for any logits; see decode_attention_async); the same where a launch
-// would run the CUDA-core loop (measured faster synchronized). Several splits on tensor cores: each CTA
-// writes its partial (sums relative to phi, and its max logit); a second, wide launch (decode_async_
-// combine_kernel, one CTA per row) adds them (in a fixed order: deterministic), checks the guard and
-// recomputes rows out of range exactly; or, few splits (KernelOptions::async_combine: 2 up to 8K keys, up to 4 at batch 1), the
-// group's last CTA to arrive at its semaphore does the same in the kernel, without the launch, and recomputes
-// rows out of range itself with the synchronized loop (no fallback launch: the former fixed fallback grid
-// cost 0.3-1.6 us per call at small sizes, issue 13). (The in-kernel reduction alone was slow with many
-// splits: 41.6 us at 32/2 heads, B 1, 16K, sync 19.6; docs/results/2026-12-01a-attention-grid.md.)
+// would run the CUDA-core loop (measured faster synchronized). Several splits on tensor cores: each
+// CTA writes its partial (sums relative to phi, and its max logit); a second, wide launch
+// (decode_async_combine_kernel, one CTA per row) adds them (in a fixed order: deterministic), checks
+// the guard and recomputes rows out of range exactly; or, few splits (KernelOptions::async_combine: 2
+// up to 8K keys, up to 4 at batch 1), the group's last CTA to arrive at its semaphore does the same
+// in the kernel, without the launch, and recomputes rows out of range itself with the synchronized
+// loop (no fallback launch: the former fixed fallback grid cost 0.3-1.6 us per call at small sizes,
+// issue 13). (The in-kernel reduction alone was slow with many splits: 41.6 us at 32/2 heads, B 1,
+// 16K, sync 19.6; docs/results/2026-12-01a-attention-grid.md.)
 // A context length <= 0 writes zeros (padding rows of a fixed-size batch); lengths beyond the
 // block table's capacity (max_blocks_per_seq * block_size) are clamped to it.
 #include <algorithm>
