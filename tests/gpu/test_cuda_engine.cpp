@@ -171,19 +171,27 @@ TEST(CudaSplitKv, DecodeAttentionMatchesCpuAndUnsplit) {
 TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // The host plan: Llama-2-7B at batch 1, context 1024 on 132 SMs -> 4 splits on tensor cores (see
   // the .cu; the sweep measured 3 splits 7.29 us, 4 7.59, 8 10.41, one 8.26).
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 1024, 132), 4);
-  EXPECT_EQ(cuda::plan_decode_splits(64, 32, 32, 1024, 132), 1);
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 100, 132), 1);
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 128, 1024, 132), 4);
+  EXPECT_EQ(cuda::plan_decode_splits(64, 32, 32, 128, 1024, 132), 1);
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 128, 100, 132), 1);
   // ChatGLM2's 32/2 heads at batch 1, 16K: 40 splits (80 CTAs; the sweep measured 9.22 us async,
   // the best 48 splits 8.90, the former plan's 43 8.92), and at batch 32, 512 keys one split (two
   // measured 8% slower; docs/results/2026-12-01n-splits.md, 2026-12-01v-split-sweep/).
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 2, 16384, 132), 40);
-  EXPECT_EQ(cuda::plan_decode_splits(32, 32, 2, 512, 132), 1);
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 2, 128, 16384, 132), 40);
+  EXPECT_EQ(cuda::plan_decode_splits(32, 32, 2, 128, 512, 132), 1);
   // Batch 1, 512 keys (docs/results/2026-12-01v-split-sweep/): Llama-3-8B's 32/8 5 splits (80 CTAs of
   // two heads on tensor cores: async 4.51 us, sync 4.31; the former plan's 8, 128 CTAs, 4.65 and
   // its sync 4, one head per CTA, 5.50), MHA one split (5.22; 2 splits 4.65, see the sweep).
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 512, 132), 5);
-  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 512, 132), 1);
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 128, 512, 132), 5);
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 128, 512, 132), 1);
+  // Other head dims plan with their own loop, tiles and (at and above 128) slots
+  // (docs/results/2026-12-02a-wide-tiles-plan.md): at 64, 32/8 heads at batch 1, 512 keys one split
+  // (3.7 us; the plan at 128's 5 splits 4.0-4.2) and at batch 32, 16K keys one (the slots at 64's
+  // shared memory took 2, 2-4% slower); at 256, MHA at batch 1, 512 keys 4 splits (8.31 us; one
+  // 10.09).
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 64, 512, 132), 1);
+  EXPECT_EQ(cuda::plan_decode_splits(32, 32, 8, 64, 16384, 132), 1);
+  EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 256, 512, 132), 4);
   // What the launches run with the plan, MHA at head_dim 128 (decode_attention.cu, choose_loop): the
   // CUDA-core loop at up to 512 keys and batch 1-6, else the tensor-core loop; 4 warps where two CTAs
   // per SM fill their rounds (batch 7, 8, 16, 32, 64) up to 2048 keys, 8 beyond and at batch 1-6 and 12
@@ -192,7 +200,7 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // rows longer than 2048 keys; else the CUDA-core loop.
   for (int len : {512, 513, 1024, 2048, 2049, 4096, 65536}) {
     for (int b : {1, 2, 6, 7, 8, 12, 16, 32, 64}) {
-      const int splits = cuda::plan_decode_splits(b, 32, 32, len, 132);
+      const int splits = cuda::plan_decode_splits(b, 32, 32, 128, len, 132);
       const auto mha = cuda::decode_attention_launch(b, 32, 32, 128, splits, len, true, 132);
       const bool small_batch = b <= 6, four = !small_batch && b != 12 && len <= 2048;
       EXPECT_EQ(mha.tensor_cores, !(small_batch && len <= 512)) << b << " " << len;
@@ -234,13 +242,14 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // With fewer SMs the same rows take the shape for more rows per SM.
   EXPECT_EQ(cuda::decode_attention_launch(4, 32, 8, 128, 8, 65536, true, 66).combine, CombineLaunch::SomeRows);
   // The workspace bound covers every shorter context.
-  for (const auto& [h, kvh] : {std::pair{32, 32}, {32, 8}, {32, 2}, {40, 40}})
-    for (int b : {1, 2, 5, 8, 64}) {
-      const int bound = cuda::max_decode_splits(b, h, kvh, 32768, 132);
-      for (int len = 1; len <= 32768; len += 97)
-        ASSERT_LE(cuda::plan_decode_splits(b, h, kvh, len, 132), bound)
-            << h << "/" << kvh << " b " << b << " L " << len;
-    }
+  for (int d : {64, 96, 128, 256})
+    for (const auto& [h, kvh] : {std::pair{32, 32}, {32, 8}, {32, 2}, {40, 40}})
+      for (int b : {1, 2, 5, 8, 64}) {
+        const int bound = cuda::max_decode_splits(b, h, kvh, d, 32768, 132);
+        for (int len = 1; len <= 32768; len += 97)
+          ASSERT_LE(cuda::plan_decode_splits(b, h, kvh, d, len, 132), bound)
+              << "D " << d << " " << h << "/" << kvh << " b " << b << " L " << len;
+      }
 }
 
 // The fused rope + KV-cache write equals the two separate launches bit for bit (q in qkv, k and v

@@ -607,7 +607,7 @@ void run_decode(const DecodeCase& c) {
   for (int len : c.lens) max_len = std::max(max_len, len);
   int sms = 0;
   cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
-  const int splits = c.splits != 0 ? c.splits : cuda::plan_decode_splits(B, H, KVH, max_len, sms);
+  const int splits = c.splits != 0 ? c.splits : cuda::plan_decode_splits(B, H, KVH, D, max_len, sms);
   // What the launch runs (the same choice as inside the call).
   const cuda::DecodeAttentionLaunch launch =
       cuda::decode_attention_launch(B, H, KVH, D, splits, max_len, c.async, sms);
@@ -735,7 +735,7 @@ TEST_F(CudaKernels, DecodeAttentionMhaLoopsAndWarps) {
   for (const Regime r : {Regime{1, short_rows, false, 8}, Regime{2, short_rows + 1, true, 8},
                          Regime{full_batch, four_warp_rows, true, 4}, Regime{full_batch, four_warp_rows + 1, true, 8}}) {
     const std::string what = "MHA batch " + std::to_string(r.batch) + ", longest row " + std::to_string(r.longest);
-    const int splits = cuda::plan_decode_splits(r.batch, H, H, r.longest, sms);
+    const int splits = cuda::plan_decode_splits(r.batch, H, H, 128, r.longest, sms);
     const cuda::DecodeAttentionLaunch launch = cuda::decode_attention_launch(r.batch, H, H, 128, splits, r.longest, true, sms);
     EXPECT_EQ(launch.tensor_cores, r.tensor_cores) << what;
     EXPECT_EQ(launch.warps, r.warps) << what;
@@ -766,7 +766,7 @@ TEST_F(CudaKernels, DecodeAttentionMha64LoopRule) {
   for (const Regime r : {Regime{1, 4097, false}, Regime{filling_batch, 2048, false}, Regime{filling_batch, 2049, true},
                          Regime{many_batch, 600, true}}) {
     const std::string what = "MHA D 64, batch " + std::to_string(r.batch) + ", longest row " + std::to_string(r.longest);
-    const int splits = cuda::plan_decode_splits(r.batch, H, H, r.longest, sms);
+    const int splits = cuda::plan_decode_splits(r.batch, H, H, 64, r.longest, sms);
     EXPECT_EQ(cuda::decode_attention_launch(r.batch, H, H, 64, splits, r.longest, true, sms).tensor_cores, r.tensor_cores)
         << what;
     std::vector<int> lens(r.batch);
@@ -925,6 +925,21 @@ TEST_F(CudaKernels, DecodeAttentionTensorCoreSmallCases) {
     EXPECT_TRUE(cuda::decode_attention_launch(3, 4, 4, 128, splits, 600, true, sms).tensor_cores) << splits;
     for (DType t : kTypes) run_decode({t, 128, 4, 4, 16, {600, 0, 3}, Adversarial::OneHugeLogit, true, splits});
   }
+}
+
+// The tensor-core loop's 32-key tiles (head_dim 64 with 8 warps; two 16-key halves, each with its own
+// block-table entry): lengths around one and two tiles; blocks smaller than a half (the copy that
+// looks up each row), of one half, and holding both halves or more; MHA (tensor cores forced) and
+// GQA; sync and async, split and unsplit, adversarial rows. Few and short: these run under
+// compute-sanitizer.
+TEST_F(CudaKernels, DecodeAttentionWideTilesSmallCases) {
+  for (DType t : kTypes)
+    for (int bs : {1, 8, 16, 32, 256}) {
+      run_decode({t, 64, 8, 2, bs, {0, 1, 31, 32, 33, 300}, Adversarial::None, false, 1, 0.f, nullptr, 8});
+      run_decode({t, 64, 4, 4, bs, {31, 65}, Adversarial::None, false, 1, 0.f, "mma", 8});
+      for (int splits : {1, 3})
+        run_decode({t, 64, 8, 2, bs, {1, 31, 33, 300}, Adversarial::Mixed, true, splits, 0.f, nullptr, 8});
+    }
 }
 
 TEST_F(CudaKernels, DecodeAttentionAllHeadDimsAllGroupSizes) {

@@ -132,7 +132,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
       FDPP_CUDA_CHECK(cudaMemcpy(lens.get(), lens_h.data(), B * sizeof(int32_t), cudaMemcpyHostToDevice));
       const int reps = static_cast<int>(std::clamp(2e-3 / (bytes / kDesignReadBandwidth), 4.0, 50.0));
       // (Both modes plan alike.)
-      const int planned_splits = cuda::plan_decode_splits(B, H, KVH, L, gpus[0].multiprocessors);
+      const int planned_splits = cuda::plan_decode_splits(B, H, KVH, D, L, gpus[0].multiprocessors);
       for (const int split_choice : a.splits)
       for (const auto& mode : a.modes) {
         const bool async = mode == "async";

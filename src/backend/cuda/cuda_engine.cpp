@@ -102,7 +102,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   // The split plan depends on the kernel options (warps per CTA): size the workspace under them.
   const KernelOptionsScope sizing_kernels(options.kernels);
   for (int b = 1; b <= options.max_batch; ++b) {
-    const int splits = max_decode_splits(b, c.n_heads, c.n_kv_heads, c.max_context, multiprocessors_);
+    const int splits = max_decode_splits(b, c.n_heads, c.n_kv_heads, c.head_dim, c.max_context, multiprocessors_);
     attn_ws = std::max(attn_ws, options.attention == AttentionMode::Async
                                     ? decode_attention_async_workspace_bytes(b, c.n_heads, c.n_kv_heads, c.head_dim,
                                                                              splits)
@@ -520,7 +520,7 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
 DecodeAttentionLaunch CudaEngine::plan_decode_attention(int decode_rows, int max_len) const {
   const ModelConfig& c = config();
   const bool async = options_.attention == AttentionMode::Async;
-  const int splits = plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, max_len, multiprocessors_);
+  const int splits = plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, max_len, multiprocessors_);
   return decode_attention_launch(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, splits, max_len, async,
                                  multiprocessors_);
 }

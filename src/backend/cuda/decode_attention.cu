@@ -217,15 +217,23 @@ struct CoreShape {
                                   + (kStageBytes > kOBytes ? kStageBytes : kOBytes);
 };
 
-// Tensor-core loop (GMAX is always 16: the M of the mma). 3 stages of 16 keys per warp; W warps
+// Tensor-core loop (GMAX is always 16: the M of the mma). 3 stages of one tile per warp; W warps
 // (8 by default, 4 at head_dim 256, where 8 x 3 stages would not fit in 227 KB; 4 at 64 and 128 with
 // KernelOptions::decode_warps 4: 107 KB at head_dim 128, two CTAs per SM). Stage counts and warps
 // await measurement on the H200 (chosen by the in-flight bytes argument in the header comment).
+// A tile is 16 keys, or 32 at head_dim 64 with 8 warps: 8 KB of K and V like a 16-key tile at 128,
+// so each iteration's fixed work (wait, issue, max, vote) is shared by twice the bytes. H200, fp16,
+// against 16-key tiles and the former split plan over batch 1-64 x 512-64K keys, geomeans of the time
+// (docs/results/2026-12-02a-wide-tiles-plan.md): 32/2 heads 0.92x (batch 1, 64K keys 15.5 -> 11.6
+// us), 32/8 0.96x, MHA 1.00x. Not kept: 32-key tiles with 4 warps (4-7% slower at 512-1K keys: two
+// CTAs per SM instead of four) and at head_dim 128 with 4 warps (16 KB tiles; the grid's 4-warp
+// launches 1.5% slower, up to 10%).
 template <int D, int W>
 struct MmaShape {
   static constexpr int kWarps = W;
   static constexpr int kStages = 3;
-  static constexpr int kKeys = 16;
+  // Keys per tile: 16, or 32 at head_dim 64 with 8 warps (above).
+  static constexpr int kKeys = D == 64 && W == 8 ? 32 : 16;
   static constexpr int kStride = D + 8;  // 16-bit elements per row of q (16-byte pad)
   static constexpr size_t kTileBytes = sizeof(uint16_t) * 2 * kKeys * kStagedRow<D>;  // K and V of a tile
   static constexpr size_t kStageBytes = size_t(kWarps) * kStages * kTileBytes;
@@ -515,7 +523,9 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   constexpr int KSTEPS = D / 16;  // k-steps of Q K^T; also 16-dim pairs of n-tiles of P V
   constexpr int NT = D / 8;       // n-tiles of the output
   constexpr bool kQRegs = D <= 128;  // Q fragments kept in registers (at 256 they would cost 64)
-  static_assert(D % 16 == 0 && KT == 16, "tile shape");
+  static_assert(D % 16 == 0 && (KT == 16 || KT == 32), "tile shape");
+  constexpr int KH = KT / 16;  // 16-key halves of a tile (each within one block)
+  constexpr int NK = KT / 8;   // 8-key n-tiles of S
 
   constexpr int SR = kStagedRow<D>;     // staged rows (staged())
   T* q_s = reinterpret_cast<T*>(body);    // [16][KS]
@@ -533,10 +543,11 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   // Issues tile `tile` into stage `s` (nothing past the slice) and commits a group either way, so
   // that every lane counts the same groups. The 2D chunks of K (and of V) go out 32 per step, chunk
   // i = step * 32 + lane of row i / CH.
-  // Blocks of 16 keys or more hold a whole tile (tiles start at multiples of 16), so its rows are one
-  // block-table entry plus row x token_stride. Where a step covers whole rows (32 % CH == 0: head
-  // dims 64, 128, 256) a lane's chunk moves by the same row count each step: one pointer per cache,
-  // advanced by a uniform stride, and shared-memory offsets that are immediates. (Computing every
+  // Blocks of 16 keys or more hold each 16-key half of a tile (halves start at multiples of 16), so
+  // a half's rows are one block-table entry plus row x token_stride (a 32-key tile: two entries).
+  // Where a step covers whole rows (32 % CH == 0: head dims 64, 128, 256) a lane's chunk moves by the
+  // same row count each step: one pointer per cache (per half), advanced by a uniform stride, and
+  // shared-memory offsets that are immediates. (Computing every
   // chunk's row and offset per tile, as below, took ~200 instructions per tile at head_dim 128.)
   // Otherwise lanes 0..15 look up one key row each and the rows' offsets are broadcast by shuffles.
   constexpr int kSteps = KT * CH / 32;
@@ -547,22 +558,25 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   const int64_t lane_src = int64_t(lane_row) * a.token_stride + lane_chunk * 8 + int64_t(r.kvh) * a.head_stride;
   const int64_t step_src = int64_t(kRowsPerStep) * a.token_stride;
   const int in_block_mask = (1 << a.block_shift) - 1;
-  // Block-table entries of this warp's tiles, read 32 issues ahead (whole_tiles): lane l of `bt` holds
-  // the entry of the warp's issue 32 c + l, `bt_next` those of chunk c + 1, and a tile's entry comes
-  // by a shuffle. Reading btab[] at the issue put a dependent load (an L2 round trip whenever the
+  // Block-table entries of this warp's tiles, read 32 issues ahead (whole_tiles): lane l of `bt[h]`
+  // holds the entry of half h of the warp's issue 32 c + l, `bt_next` those of chunk c + 1, and a
+  // tile's entries come by shuffles. Reading btab[] at the issue put a dependent load (an L2 round trip whenever the
   // line was new to the SM) between the wait for one tile and the copies of the next.
   const int warp_tile0 = r.tile_begin + warp;
-  auto load_entries = [&](int chunk) -> int32_t {
+  auto load_entries = [&](int chunk, int h) -> int32_t {
     const int t = warp_tile0 + (chunk * 32 + lane) * W;
-    return whole_tiles && t < tile_end ? btab[(t * KT) >> a.block_shift] : 0;
+    return whole_tiles && t < tile_end ? btab[(t * KT + 16 * h) >> a.block_shift] : 0;
   };
-  int32_t bt = load_entries(0), bt_next = load_entries(1);
+  int32_t bt[KH], bt_next[KH];
+#pragma unroll
+  for (int h = 0; h < KH; ++h) bt[h] = load_entries(0, h), bt_next[h] = load_entries(1, h);
   int bt_chunk = 0;
   auto issue = [&](int n, int s) {  // the warp's n-th tile (n = 0, 1, ..., in order)
     const int tile = warp_tile0 + n * W;
     if (whole_tiles && (n >> 5) != bt_chunk) {  // warp-uniform; once every 32 issues
-      bt = bt_next;
-      bt_next = load_entries(++bt_chunk + 1);
+      ++bt_chunk;
+#pragma unroll
+      for (int h = 0; h < KH; ++h) bt[h] = bt_next[h], bt_next[h] = load_entries(bt_chunk + 1, h);
     }
     if (tile < tile_end) {
       const int j0 = tile * KT;
@@ -571,19 +585,23 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
       T* vd = kd + KT * SR;
       if (whole_tiles) {
         // Rows past the end stay inside the block (it holds 16 or more): valid addresses, zero-filled.
-        const int32_t entry = __shfl_sync(0xffffffffu, bt, n & 31);
-        const int64_t base = int64_t(entry) * a.block_stride + (j0 & in_block_mask) * a.token_stride + lane_src;
-        const T* kp = k_cache + base;
-        const T* vp = v_cache + base;
 #pragma unroll
-        for (int step = 0; step < kSteps; ++step) {
-          const int row = lane_row + step * kRowsPerStep;
-          const bool ok = row < n_valid;
-          const int at = staged<D>(row, lane_chunk);
-          kv_copy16_zfill(kd + at, kp, ok);
-          kv_copy16_zfill(vd + at, vp, ok);
-          kp += step_src;
-          vp += step_src;
+        for (int h = 0; h < KH; ++h) {
+          const int32_t entry = __shfl_sync(0xffffffffu, bt[h], n & 31);
+          const int64_t base =
+              int64_t(entry) * a.block_stride + ((j0 + 16 * h) & in_block_mask) * a.token_stride + lane_src;
+          const T* kp = k_cache + base;
+          const T* vp = v_cache + base;
+#pragma unroll
+          for (int step = h * kSteps / KH; step < (h + 1) * kSteps / KH; ++step) {
+            const int row = lane_row + step * kRowsPerStep;
+            const bool ok = row < n_valid;
+            const int at = staged<D>(row, lane_chunk);
+            kv_copy16_zfill(kd + at, kp, ok);
+            kv_copy16_zfill(vd + at, vp, ok);
+            kp += step_src;
+            vp += step_src;
+          }
         }
       } else {
         int64_t row = 0;
@@ -649,35 +667,45 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
     const T* kb = my_stage + (i % NS) * 2 * KT * SR;
     const T* vb = kb + KT * SR;
 
-    // S = Q K^T for keys 0..7 (s[0]) and 8..15 (s[1]) of the tile. One ldmatrix.x4 gives K's B
-    // fragments of both n-tiles: matrices (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, ..).
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // S = Q K^T for keys 0..7 (s[0]), 8..15 (s[1]), ... of the tile. One ldmatrix.x4 per 16-key half
+    // h gives K's B fragments of its two n-tiles: matrices (keys 0-7, k 0-7), (keys 0-7, k 8-15),
+    // (keys 8-15, ..) of the half.
+    float s[NK][4];
+#pragma unroll
+    for (int nt = 0; nt < NK; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks) {
-      uint32_t kf[4];
-      detail::ldmatrix_x4(kf, detail::smem_addr(kb + staged<D>((lane & 7) + ((lane >> 4) << 3),
-                                                               2 * ks + ((lane >> 3) & 1))));
-      if constexpr (kQRegs) {
-        detail::mma16816<T>(s[0], qf[ks], kf[0], kf[1]);
-        detail::mma16816<T>(s[1], qf[ks], kf[2], kf[3]);
-      } else {
-        uint32_t qa[4];
-        q_frag(qa, ks);
-        detail::mma16816<T>(s[0], qa, kf[0], kf[1]);
-        detail::mma16816<T>(s[1], qa, kf[2], kf[3]);
+#pragma unroll
+      for (int h = 0; h < KH; ++h) {
+        uint32_t kf[4];
+        detail::ldmatrix_x4(kf, detail::smem_addr(kb + staged<D>(16 * h + (lane & 7) + ((lane >> 4) << 3),
+                                                                 2 * ks + ((lane >> 3) & 1))));
+        if constexpr (kQRegs) {
+          detail::mma16816<T>(s[2 * h], qf[ks], kf[0], kf[1]);
+          detail::mma16816<T>(s[2 * h + 1], qf[ks], kf[2], kf[3]);
+        } else {
+          uint32_t qa[4];
+          q_frag(qa, ks);
+          detail::mma16816<T>(s[2 * h], qa, kf[0], kf[1]);
+          detail::mma16816<T>(s[2 * h + 1], qa, kf[2], kf[3]);
+        }
       }
     }
     // Keys past the end -inf (only the row's last tile can hold any; it has at least one valid key).
     const int j0 = tile * KT + 2 * (lane & 3);
     if (tile * KT + KT > L) {
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < NK; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = j0 + nt * 8 + (e & 1) < L ? s[nt][e] : -INFINITY;
     }
     // The tile's max logit of rows r0 and r1, in log2 units (the scale is positive: max first).
-    float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-    float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NK; ++nt) {
+      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
 #pragma unroll
     for (int x = 1; x <= 2; x <<= 1) {
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
@@ -706,27 +734,35 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
         o[nt][3] *= al1;
       }
     }
-    float p[2][4];
+    float p[NK][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < NK; ++nt) {
       p[nt][0] = detail::fast_exp2(fmaf(s[nt][0], a.scale_log2, -m0));  // masked: 2^-inf = 0
       p[nt][1] = detail::fast_exp2(fmaf(s[nt][1], a.scale_log2, -m0));
       p[nt][2] = detail::fast_exp2(fmaf(s[nt][2], a.scale_log2, -m1));
       p[nt][3] = detail::fast_exp2(fmaf(s[nt][3], a.scale_log2, -m1));
     }
-    d0 += (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
-    d1 += (p[0][2] + p[0][3]) + (p[1][2] + p[1][3]);
-    // P (16 rows x 16 keys) as the A fragment: the accumulators of s[0] are its k 0..7 half.
-    const uint32_t pa[4] = {detail::pack2<T>(p[0][0], p[0][1]), detail::pack2<T>(p[0][2], p[0][3]),
-                            detail::pack2<T>(p[1][0], p[1][1]), detail::pack2<T>(p[1][2], p[1][3])};
-    // O += P V: one ldmatrix.x4.trans gives V's B fragments of dims 16 dp .. 16 dp + 15 (two n-tiles):
-    // matrices (keys 0-7, dims 0-7), (keys 8-15, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, ..).
 #pragma unroll
-    for (int dp = 0; dp < KSTEPS; ++dp) {
-      uint32_t vf[4];
-      detail::ldmatrix_x4_trans(vf, detail::smem_addr(vb + staged<D>(lane & 15, 2 * dp + (lane >> 4))));
-      detail::mma16816<T>(o[2 * dp], pa, vf[0], vf[1]);
-      detail::mma16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+    for (int h = 0; h < KH; ++h) {
+      d0 += (p[2 * h][0] + p[2 * h][1]) + (p[2 * h + 1][0] + p[2 * h + 1][1]);
+      d1 += (p[2 * h][2] + p[2 * h][3]) + (p[2 * h + 1][2] + p[2 * h + 1][3]);
+    }
+    // O += P V per 16-key half: one ldmatrix.x4.trans gives V's B fragments of dims 16 dp .. 16 dp + 15
+    // (two n-tiles): matrices (keys 0-7, dims 0-7), (keys 8-15, dims 0-7), (keys 0-7, dims 8-15), ...
+#pragma unroll
+    for (int h = 0; h < KH; ++h) {
+      // P (16 rows x 16 keys) as the A fragment: the accumulators of s[2h] are its k 0..7 half.
+      const uint32_t pa[4] = {
+          detail::pack2<T>(p[2 * h][0], p[2 * h][1]), detail::pack2<T>(p[2 * h][2], p[2 * h][3]),
+          detail::pack2<T>(p[2 * h + 1][0], p[2 * h + 1][1]), detail::pack2<T>(p[2 * h + 1][2], p[2 * h + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < KSTEPS; ++dp) {
+        uint32_t vf[4];
+        detail::ldmatrix_x4_trans(vf,
+                                  detail::smem_addr(vb + staged<D>(16 * h + (lane & 15), 2 * dp + (lane >> 4))));
+        detail::mma16816<T>(o[2 * dp], pa, vf[0], vf[1]);
+        detail::mma16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+      }
     }
   }
   detail::cp_async_wait_all();  // (only empty groups remain)
@@ -1602,10 +1638,10 @@ int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads) {
 
 namespace {
 
-// What the split plan counts on for a step's shape (head_dim 128 assumed): CTA groups (one per
-// sequence, kv head and 16-head sub-group), warps per CTA (choose_loop, which the launch asks the
-// same), the CTAs resident at once (slots: SMs x CTAs per SM by shared memory) and the keys of
-// one tile of the loop the CTA runs (16 on tensor cores, 32 on CUDA cores).
+// What the split plan counts on for a step's shape: CTA groups (one per sequence, kv head and
+// 16-head sub-group), warps per CTA (choose_loop, which the launch asks the same), the CTAs resident
+// at once (slots: SMs x CTAs per SM by shared memory) and the keys of one tile of the loop the CTA
+// runs (on tensor cores 16, or 32 at head_dim 64 with 8 warps; 32 on CUDA cores).
 struct SplitShape {
   int64_t groups;
   int warps;
@@ -1613,27 +1649,53 @@ struct SplitShape {
   int tile_keys;
 };
 
-// CTAs of `warps` warps (head_dim 128) resident at once on the GPU: by shared memory, the smaller
-// count of the two loops'.
-int64_t resident_slots(int warps, int multiprocessors) {
+// CTAs of `warps` warps the plan counts resident at once on the GPU at `head_dim`, by shared memory:
+// at 128 the smaller count of the two loops' (both run there), above it the tensor-core loop's (the
+// only one; its warps are the head dim's default, whatever `warps` says), below it the count at 128.
+// CTAs at head dims below 128 keep fewer bytes in flight (half at 64 with 16-key tiles), so more of
+// them fit an SM, but they share its one part of the bandwidth: counting the 4 CTAs of 4 warps per
+// SM at 64, the plan took 2 splits for 32/8 heads at batch 32, 1K-64K keys, 2-4% slower than one
+// (docs/results/2026-12-02a-wide-tiles-plan.md).
+int64_t resident_slots(int head_dim, int warps, int multiprocessors) {
   auto per_sm = [](auto core, auto mma) {
     return std::min(resident_ctas(decltype(core)::kWarps * 32, decltype(core)::kSmem),
                     resident_ctas(decltype(mma)::kWarps * 32, decltype(mma)::kSmem));
   };
-  const int per_sm_ctas = warps == 4 ? per_sm(CoreShape<128, 4, 4>{}, MmaShape<128, 4>{})
-                                     : per_sm(CoreShape<128, 4, 8>{}, MmaShape<128, 8>{});
+  int per_sm_ctas = 0;
+  with_head_dim(std::max(head_dim, 128), [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    if constexpr (D == 128) {
+      per_sm_ctas = warps == 4 ? per_sm(CoreShape<D, 4, 4>{}, MmaShape<D, 4>{})
+                               : per_sm(CoreShape<D, 4, 8>{}, MmaShape<D, 8>{});
+    } else {
+      using S = MmaShape<D, default_warps<D>()>;
+      per_sm_ctas = resident_ctas(S::kWarps * 32, S::kSmem);
+    }
+  });
   return int64_t(multiprocessors) * per_sm_ctas;
 }
 
-SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
+// Keys per tile of the tensor-core loop of `warps` warps at `head_dim` (MmaShape::kKeys).
+int mma_tile_keys(int head_dim, int warps) {
+  int k = 16;
+  with_head_dim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    if constexpr (D == 64 || D == 128) k = warps == 4 ? MmaShape<D, 4>::kKeys : MmaShape<D, 8>::kKeys;
+    else k = MmaShape<D, default_warps<D>()>::kKeys;
+  });
+  return k;
+}
+
+SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len,
+                       int multiprocessors) {
   const int group = n_heads / n_kv_heads;
   const LoopChoice loop =
-      choose_loop(batch, n_heads, n_kv_heads, 128, std::min(group, 16), max_context_len, multiprocessors);
+      choose_loop(batch, n_heads, n_kv_heads, head_dim, std::min(group, 16), max_context_len, multiprocessors);
   SplitShape sh;
   sh.groups = int64_t(batch) * n_kv_heads * ((group + 15) / 16);
   sh.warps = loop.warps;
-  sh.slots = resident_slots(sh.warps, multiprocessors);
-  sh.tile_keys = loop.tensor_cores ? 16 : 32;
+  sh.slots = resident_slots(head_dim, sh.warps, multiprocessors);
+  sh.tile_keys = loop.tensor_cores ? mma_tile_keys(head_dim, loop.warps) : 32;
   return sh;
 }
 
@@ -1652,7 +1714,8 @@ int max_splits_of(const SplitShape& sh, int max_context_len) {
 constexpr int kSplitCandidates[] = {1,  2,  3,  4,  5,  6,  7,   8,   10,  12,  14,  16,  20,  24,
                                     28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256};
 
-int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
+int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len,
+                       int multiprocessors) {
   // A launch has one CTA per (sequence, kv head, sub-group of query heads: plan_groups, which divides
   // the group further the fewer CTAs the splits make) and split. Its time, in units of one SM
   // streaming 8 tiles of 16 keys of one kv head (at head_dim 128, 70 KB: ~2 us at an SM's 1/132
@@ -1670,13 +1733,18 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
   // both modes; H200, fp16, D 128): the plan is 0.85% (async) and 0.70% (sync) slower than each
   // point's best on average, at most 14% and 12% (the former model: 1.3% and 1.5%, at most 19% and
   // 31%); on the batch 1-2 sweep of another call, not fitted to, 2.1% and 1.4% (4.9% and 5.2%).
+  // Other head dims run the same model with their own loop, tiles and slots (resident_slots); its
+  // constants are head_dim 128's (docs/results/2026-12-02a-wide-tiles-plan.md). At 256, against the
+  // plan of 128's launch shapes, on a sweep of the 12 points where the two differ: 1.026x (async)
+  // and 1.035x (sync) each point's best instead of 1.045x and 1.051x; worst point 32/2 heads, batch
+  // 32, 512 keys: 2 splits, 1.21x the one the former plan took. At 96 no point changes.
   //   32 heads MHA, batch 1, context 1024: 32 groups, 32 tiles of 32 keys on CUDA cores (up to 2
   //   splits: CUDA cores, 8 warps); 4 splits, 128 CTAs on tensor cores -> 4 splits.
   // Host cost, with decode_attention_launch after it (once per decode step in the engine, again in
   // the call): 0.26 us at batch 1 (all 28 candidates), 0.03 us at 64 (development machine, -O2).
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   constexpr double kSplitFixed = 1.75, kSplitEach = 0.125, kCtaCost = 0.014, kCoreMinRound = 1.0;
-  const SplitShape whole = split_shape(batch, n_heads, n_kv_heads, max_context_len, multiprocessors);
+  const SplitShape whole = split_shape(batch, n_heads, n_kv_heads, head_dim, max_context_len, multiprocessors);
   const int max_splits = max_splits_of(whole, max_context_len);
   int best_s = 1;
   double best = 0.0;
@@ -1684,9 +1752,9 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
     if (s > max_splits) break;
     const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, s, multiprocessors);
     const LoopChoice loop =
-        choose_loop(batch, n_heads, n_kv_heads, 128, g.gmax, max_context_len, multiprocessors);
-    const int tile_keys = loop.tensor_cores ? 16 : 32;
-    const int64_t ctas = g.n_groups * s, slots = resident_slots(loop.warps, multiprocessors);
+        choose_loop(batch, n_heads, n_kv_heads, head_dim, g.gmax, max_context_len, multiprocessors);
+    const int tile_keys = loop.tensor_cores ? mma_tile_keys(head_dim, loop.warps) : 32;
+    const int64_t ctas = g.n_groups * s, slots = resident_slots(head_dim, loop.warps, multiprocessors);
     const int64_t n_tiles = (int64_t(max_context_len) + tile_keys - 1) / tile_keys;
     const int64_t tiles = (n_tiles + s - 1) / s;  // per split
     const int64_t waves = (ctas + slots - 1) / slots;
@@ -1703,14 +1771,15 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_l
   return best_s;
 }
 
-int max_decode_splits(int batch, int n_heads, int n_kv_heads, int max_context_len, int multiprocessors) {
+int max_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len,
+                      int multiprocessors) {
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   // Whatever loop and warps a row of any length up to max_context_len takes (choose_loop changes
   // them with the length), its plan has at most the splits of the smallest tile (16 keys, tensor
   // cores) and the most slots (4-warp CTAs).
-  SplitShape bound = split_shape(batch, n_heads, n_kv_heads, max_context_len, multiprocessors);
+  SplitShape bound = split_shape(batch, n_heads, n_kv_heads, head_dim, max_context_len, multiprocessors);
   bound.tile_keys = 16;
-  bound.slots = std::max(bound.slots, resident_slots(4, multiprocessors));
+  bound.slots = std::max(bound.slots, resident_slots(head_dim, 4, multiprocessors));
   return max_splits_of(bound, max_context_len);
 }
 
