@@ -225,9 +225,9 @@ struct CoreShape {
 // so each iteration's fixed work (wait, issue, max, vote) is shared by twice the bytes. H200, fp16,
 // against 16-key tiles and the former split plan over batch 1-64 x 512-64K keys, geomeans of the time
 // (docs/results/2026-12-02a-wide-tiles-plan.md): 32/2 heads 0.92x (batch 1, 64K keys 15.5 -> 11.6
-// us), 32/8 0.96x, MHA 1.00x. Not kept: 32-key tiles with 4 warps (4-7% slower at 512-1K keys: two
-// CTAs per SM instead of four) and at head_dim 128 with 4 warps (16 KB tiles; the grid's 4-warp
-// launches 1.5% slower, up to 10%).
+// us), 32/8 0.96x, MHA 1.00x. Not kept: 32-key tiles with 4 warps (two CTAs per SM instead of four:
+// 4-7% slower where that adds a wave, at 512-1K keys) and at head_dim 128 with 4 warps (16 KB
+// tiles; where the launcher runs 4 warps up to 10% slower, 1.4-1.5% over the 32/8 and MHA grids).
 template <int D, int W>
 struct MmaShape {
   static constexpr int kWarps = W;
@@ -752,14 +752,13 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
 #pragma unroll
     for (int h = 0; h < KH; ++h) {
       // P (16 rows x 16 keys) as the A fragment: the accumulators of s[2h] are its k 0..7 half.
-      const uint32_t pa[4] = {
-          detail::pack2<T>(p[2 * h][0], p[2 * h][1]), detail::pack2<T>(p[2 * h][2], p[2 * h][3]),
-          detail::pack2<T>(p[2 * h + 1][0], p[2 * h + 1][1]), detail::pack2<T>(p[2 * h + 1][2], p[2 * h + 1][3])};
+      const uint32_t pa[4] = {detail::pack2<T>(p[2 * h][0], p[2 * h][1]), detail::pack2<T>(p[2 * h][2], p[2 * h][3]),
+                              detail::pack2<T>(p[2 * h + 1][0], p[2 * h + 1][1]),
+                              detail::pack2<T>(p[2 * h + 1][2], p[2 * h + 1][3])};
 #pragma unroll
       for (int dp = 0; dp < KSTEPS; ++dp) {
         uint32_t vf[4];
-        detail::ldmatrix_x4_trans(vf,
-                                  detail::smem_addr(vb + staged<D>(16 * h + (lane & 15), 2 * dp + (lane >> 4))));
+        detail::ldmatrix_x4_trans(vf, detail::smem_addr(vb + staged<D>(16 * h + (lane & 15), 2 * dp + (lane >> 4))));
         detail::mma16816<T>(o[2 * dp], pa, vf[0], vf[1]);
         detail::mma16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
       }
@@ -1665,8 +1664,8 @@ int64_t resident_slots(int head_dim, int warps, int multiprocessors) {
   with_head_dim(std::max(head_dim, 128), [&](auto d) {
     constexpr int D = decltype(d)::value;
     if constexpr (D == 128) {
-      per_sm_ctas = warps == 4 ? per_sm(CoreShape<D, 4, 4>{}, MmaShape<D, 4>{})
-                               : per_sm(CoreShape<D, 4, 8>{}, MmaShape<D, 8>{});
+      per_sm_ctas =
+          warps == 4 ? per_sm(CoreShape<D, 4, 4>{}, MmaShape<D, 4>{}) : per_sm(CoreShape<D, 4, 8>{}, MmaShape<D, 8>{});
     } else {
       using S = MmaShape<D, default_warps<D>()>;
       per_sm_ctas = resident_ctas(S::kWarps * 32, S::kSmem);
@@ -1680,14 +1679,15 @@ int mma_tile_keys(int head_dim, int warps) {
   int k = 16;
   with_head_dim(head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    if constexpr (D == 64 || D == 128) k = warps == 4 ? MmaShape<D, 4>::kKeys : MmaShape<D, 8>::kKeys;
-    else k = MmaShape<D, default_warps<D>()>::kKeys;
+    if constexpr (D == 64 || D == 128)
+      k = warps == 4 ? MmaShape<D, 4>::kKeys : MmaShape<D, 8>::kKeys;
+    else
+      k = MmaShape<D, default_warps<D>()>::kKeys;
   });
   return k;
 }
 
-SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len,
-                       int multiprocessors) {
+SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len, int multiprocessors) {
   const int group = n_heads / n_kv_heads;
   const LoopChoice loop =
       choose_loop(batch, n_heads, n_kv_heads, head_dim, std::min(group, 16), max_context_len, multiprocessors);
@@ -1714,8 +1714,7 @@ int max_splits_of(const SplitShape& sh, int max_context_len) {
 constexpr int kSplitCandidates[] = {1,  2,  3,  4,  5,  6,  7,   8,   10,  12,  14,  16,  20,  24,
                                     28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256};
 
-int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len,
-                       int multiprocessors) {
+int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len, int multiprocessors) {
   // A launch has one CTA per (sequence, kv head, sub-group of query heads: plan_groups, which divides
   // the group further the fewer CTAs the splits make) and split. Its time, in units of one SM
   // streaming 8 tiles of 16 keys of one kv head (at head_dim 128, 70 KB: ~2 us at an SM's 1/132
@@ -1751,8 +1750,7 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int
   for (const int s : kSplitCandidates) {
     if (s > max_splits) break;
     const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, s, multiprocessors);
-    const LoopChoice loop =
-        choose_loop(batch, n_heads, n_kv_heads, head_dim, g.gmax, max_context_len, multiprocessors);
+    const LoopChoice loop = choose_loop(batch, n_heads, n_kv_heads, head_dim, g.gmax, max_context_len, multiprocessors);
     const int tile_keys = loop.tensor_cores ? mma_tile_keys(head_dim, loop.warps) : 32;
     const int64_t ctas = g.n_groups * s, slots = resident_slots(head_dim, loop.warps, multiprocessors);
     const int64_t n_tiles = (int64_t(max_context_len) + tile_keys - 1) / tile_keys;
@@ -1771,8 +1769,7 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int
   return best_s;
 }
 
-int max_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len,
-                      int multiprocessors) {
+int max_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len, int multiprocessors) {
   if (max_context_len <= 0 || multiprocessors <= 0) return 1;
   // Whatever loop and warps a row of any length up to max_context_len takes (choose_loop changes
   // them with the length), its plan has at most the splits of the smallest tile (16 keys, tensor

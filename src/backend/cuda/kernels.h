@@ -158,11 +158,9 @@ size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_h
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads);
 // The split count for a decode step (host-side plan; see the worked example in the .cu). Both modes
 // plan alike: their combines load every split of a row at once.
-int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len,
-                       int multiprocessors);
+int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len, int multiprocessors);
 // The most splits plan_decode_splits returns for any context up to max_context_len (workspace sizing).
-int max_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len,
-                      int multiprocessors);
+int max_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len, int multiprocessors);
 
 // The launch that adds a call's splits after the main kernel (splits > 1, unless the kernel did),
 // by rows (batch x query heads) per SM: the CTA shapes of decode_attention.cu's CombineShape.
