@@ -46,10 +46,11 @@
 //   * The CTA's query heads (up to 16) are the M = 16 rows of mma.sync m16n8k16 (rows past the group
 //     are q = 0 and never written). Q sits in shared memory as 16-bit (unscaled: S is scaled in
 //     fp32 after the mma) and, up to head_dim 128, in registers as A fragments for the whole walk.
-//   * Warps take 16-key tiles round-robin (tile t -> warp t % W; W = 8, 4 at head_dim 256) through a
-//     private ring of 3 stages: two tiles of K and V are in flight per warp while the third is
-//     computed (per SM 8 x 2 x 8.7 KB = 139 KB in flight at head_dim 128, past the ~35 KB that
-//     4.46 TB/s x ~1 us of latency / 132 SMs needs). No CTA barrier inside the loop.
+//   * Warps take 16-key tiles (32-key at head_dim 64 with 8 warps: MmaShape) round-robin (tile t ->
+//     warp t % W; W = 8, 4 at head_dim 256) through a private ring of 3 stages: two tiles of K and V
+//     are in flight per warp while the third is computed (per SM 8 x 2 x 8.7 KB = 139 KB in flight
+//     at head_dim 128, past the ~35 KB that 4.46 TB/s x ~1 us of latency / 132 SMs needs). No CTA
+//     barrier inside the loop.
 //   * Rows are staged D wide with their 16-byte chunks XOR-swizzled by row at head dims 64, 128 and
 //     256, padded by 16 bytes at 80 and 96 (staged(): the 8 rows an ldmatrix reads hit 8 different
 //     bank groups either way; unpadded rows let the K/V copies stream ~5% faster). Keys past the end
