@@ -51,6 +51,11 @@ def main():
         for r in json.load(open(f))["rows"]:
             if "us" in r:
                 peers[(r["heads"], r["kv_heads"], r["B"], r["L"], r["peer"])] = r
+    # Rows are keyed without the head dim: files of several would overwrite each other's points.
+    dims = {r.get("head_dim", 128) for rows in (ours, core, peers) for r in rows.values()}
+    dims |= {r.get("head_dim", 128) for _, rows, _ in extras for r in rows.values()}
+    if len(dims) > 1:
+        ap.error(f"the files hold head dims {sorted(dims)}: give one head dim's files per table")
     keys = sorted({k[:4] for k in ours})
     has_fi = any(k[4] == "flashinfer" for k in peers)
     misses = {"never slower than cuDNN": 0, ">=1.1x where cuDNN <85% BW": 0, ">=92% BW": 0, "async >= sync": 0}

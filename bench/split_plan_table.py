@@ -4,11 +4,11 @@ best one measured, per point and on average (what a re-fit of plan_decode_splits
 
 usage: split_plan_table.py SWEEP.json [...] [--above 1.02] [--all]
 SWEEP.json: `fdpp bench-attention ... --splits 0,1,2,4,8,... --json` (0 times the plan; every row
-records the count it ran and the count the plan takes). Per (heads, batch, context, mode): the plan's
-count and time (the fastest row that ran the planned count), the fastest count and its time, and
-their ratio ("regret"). Prints the points whose regret exceeds --above (every point with --all),
-then one line per mode: the geometric mean and the largest regret over all points, and how many
-exceed --above.
+records the count it ran and the count the plan takes). Per (head dim, heads, batch, context, mode):
+the plan's count and time (the fastest row that ran the planned count), the fastest count and its
+time, and their ratio ("regret"). Prints the points whose regret exceeds --above (every point with
+--all), then one line per head dim and mode: the geometric mean and the largest regret over its
+points, and how many exceed --above.
 """
 import argparse
 import json
@@ -21,15 +21,15 @@ def main():
     ap.add_argument("--above", type=float, default=1.02, help="list the points whose regret exceeds this")
     ap.add_argument("--all", action="store_true", help="list every point")
     a = ap.parse_args()
-    points = {}  # (heads, kv_heads, batch, context, mode) -> rows
+    points = {}  # (head_dim, heads, kv_heads, batch, context, mode) -> rows
     for f in a.sweeps:
         with open(f) as fh:
             for r in json.load(fh)["results"]:
-                key = (r["heads"], r["kv_heads"], r["batch"], r["context"], r["mode"])
+                key = (r.get("head_dim", 128), r["heads"], r["kv_heads"], r["batch"], r["context"], r["mode"])
                 points.setdefault(key, []).append(r)
-    print("| heads q/kv | B | L | mode | plan: splits, us | best: splits, us | regret |")
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: |")
-    regrets = {}  # mode -> [regret]
+    print("| D | heads q/kv | B | L | mode | plan: splits, us | best: splits, us | regret |")
+    print("| ---: | --- | ---: | ---: | --- | ---: | ---: | ---: |")
+    regrets = {}  # (head_dim, mode) -> [regret]
     for key in sorted(points):
         rows = points[key]
         planned = rows[0]["planned_splits"]
@@ -39,15 +39,15 @@ def main():
         plan_us = min(at_plan)
         best = min(rows, key=lambda r: r["us"])
         regret = plan_us / best["us"]
-        regrets.setdefault(key[4], []).append(regret)
+        regrets.setdefault((key[0], key[5]), []).append(regret)
         if a.all or regret > a.above:
-            h, kvh, b, ctx, mode = key
-            print(f"| {h}/{kvh} | {b} | {ctx} | {mode} | {planned}, {plan_us:.2f} | {best['splits']}, "
+            d, h, kvh, b, ctx, mode = key
+            print(f"| {d} | {h}/{kvh} | {b} | {ctx} | {mode} | {planned}, {plan_us:.2f} | {best['splits']}, "
                   f"{best['us']:.2f} | {regret:.3f} |")
-    for mode, rs in sorted(regrets.items()):
+    for (d, mode), rs in sorted(regrets.items()):
         geo = math.exp(sum(math.log(r) for r in rs) / len(rs))
         over = sum(r > a.above for r in rs)
-        print(f"{mode}: plan over best, geomean {geo:.4f}, max {max(rs):.3f}, above {a.above} at {over} of "
+        print(f"head_dim {d} {mode}: plan over best, geomean {geo:.4f}, max {max(rs):.3f}, above {a.above} at {over} of "
               f"{len(rs)} points")
 
 
