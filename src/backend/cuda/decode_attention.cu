@@ -548,9 +548,9 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   // a half's rows are one block-table entry plus row x token_stride (a 32-key tile: two entries).
   // Where a step covers whole rows (32 % CH == 0: head dims 64, 128, 256) a lane's chunk moves by the
   // same row count each step: one pointer per cache (per half), advanced by a uniform stride, and
-  // shared-memory offsets that are immediates. (Computing every
-  // chunk's row and offset per tile, as below, took ~200 instructions per tile at head_dim 128.)
-  // Otherwise lanes 0..15 look up one key row each and the rows' offsets are broadcast by shuffles.
+  // shared-memory offsets that are immediates. (Computing every chunk's row and offset per tile, as
+  // below, took ~200 instructions per tile at head_dim 128.) Otherwise lanes 0..KT-1 look up one key
+  // row each and the rows' offsets are broadcast by shuffles.
   constexpr int kSteps = KT * CH / 32;
   constexpr bool kRowSteps = 32 % CH == 0;
   constexpr int kRowsPerStep = kRowSteps ? 32 / CH : 1;
@@ -561,8 +561,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   const int in_block_mask = (1 << a.block_shift) - 1;
   // Block-table entries of this warp's tiles, read 32 issues ahead (whole_tiles): lane l of `bt[h]`
   // holds the entry of half h of the warp's issue 32 c + l, `bt_next` those of chunk c + 1, and a
-  // tile's entries come by shuffles. Reading btab[] at the issue put a dependent load (an L2 round trip whenever the
-  // line was new to the SM) between the wait for one tile and the copies of the next.
+  // tile's entries come by shuffles. Reading btab[] at the issue put a dependent load (an L2 round
+  // trip whenever the line was new to the SM) between the wait for one tile and the copies of the next.
   const int warp_tile0 = r.tile_begin + warp;
   auto load_entries = [&](int chunk, int h) -> int32_t {
     const int t = warp_tile0 + (chunk * 32 + lane) * W;
