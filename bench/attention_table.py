@@ -32,28 +32,34 @@ def main():
     a = ap.parse_args()
     ours, peers, core = {}, {}, {}
     extras = []  # (name, {key: row}, modes present)
+    # Rows are keyed without the head dim, so files of several would overwrite each other's points:
+    # every row's head dim is collected as it is read, and a mix is refused below.
+    dims = set()
+
+    def results(path, field="results"):
+        rows = json.load(open(path))[field]
+        dims.update(r.get("head_dim", 128) for r in rows)
+        return rows
+
     for spec in a.extra:
         name, _, files = spec.partition("=")
         if not name or not files:
             ap.error(f"--extra '{spec}' is not NAME=FILE[,FILE...]")
         rows = {}
         for f in files.split(","):
-            for r in json.load(open(f))["results"]:
+            for r in results(f):
                 rows[(r["heads"], r["kv_heads"], r["batch"], r["context"], r["mode"])] = r
         modes = [m for m in ("async", "sync") if any(k[4] == m for k in rows)]
         extras.append((name, rows, modes))
     extra_cols = [(name, rows, m) for name, rows, modes in extras for m in modes]
     for files, into in ((a.ours, ours), (a.core, core)):
         for f in files:
-            for r in json.load(open(f))["results"]:
+            for r in results(f):
                 into[(r["heads"], r["kv_heads"], r["batch"], r["context"], r["mode"])] = r
     for f in a.peers:
-        for r in json.load(open(f))["rows"]:
+        for r in results(f, "rows"):
             if "us" in r:
                 peers[(r["heads"], r["kv_heads"], r["B"], r["L"], r["peer"])] = r
-    # Rows are keyed without the head dim: files of several would overwrite each other's points.
-    dims = {r.get("head_dim", 128) for rows in (ours, core, peers) for r in rows.values()}
-    dims |= {r.get("head_dim", 128) for _, rows, _ in extras for r in rows.values()}
     if len(dims) > 1:
         ap.error(f"the files hold head dims {sorted(dims)}: give one head dim's files per table")
     keys = sorted({k[:4] for k in ours})

@@ -61,9 +61,9 @@ def test_speedup_over_extra_build(tmp_path: Path) -> None:
 SPLIT_TABLE = ROOT / "bench" / "split_plan_table.py"
 
 
-def sweep_row(L: int, mode: str, splits: int, planned: int, us: float) -> dict:
-    return {"heads": 32, "kv_heads": 2, "batch": 1, "context": L, "mode": mode, "splits": splits,
-            "planned_splits": planned, "us": us}
+def sweep_row(L: int, mode: str, splits: int, planned: int, us: float, head_dim: int = 128) -> dict:
+    return {"heads": 32, "kv_heads": 2, "head_dim": head_dim, "batch": 1, "context": L, "mode": mode,
+            "splits": splits, "planned_splits": planned, "us": us}
 
 
 def test_split_plan_regret(tmp_path: Path) -> None:
@@ -75,7 +75,27 @@ def test_split_plan_regret(tmp_path: Path) -> None:
         sweep_row(512, "async", 4, 8, 5.20), sweep_row(1024, "async", 2, 8, 9.0)]})
     out = subprocess.run([sys.executable, str(SPLIT_TABLE), sweep], capture_output=True, text=True,
                          check=True).stdout.strip().splitlines()
-    assert out[2] == "| 32/2 | 1 | 4096 | async | 32, 6.80 | 24, 6.30 | 1.079 |"
+    assert out[2] == "| 128 | 32/2 | 1 | 4096 | async | 32, 6.80 | 24, 6.30 | 1.079 |"
     assert len(out) == 4, out  # header, rule, the 4K point, the summary
     geo = (6.80 / 6.30) ** 0.5
-    assert out[3] == f"async: plan over best, geomean {geo:.4f}, max 1.079, above 1.02 at 1 of 2 points"
+    assert out[3] == f"head_dim 128 async: plan over best, geomean {geo:.4f}, max 1.079, above 1.02 at 1 of 2 points"
+
+
+def test_split_plan_keeps_head_dims_apart(tmp_path: Path) -> None:
+    # The same point at two head dims: merged, head_dim 64's 3-split run would be the 128 plan's "best".
+    sweep = write(tmp_path / "sweep.json", {"results": [
+        sweep_row(4096, "async", 4, 4, 5.00, 128), sweep_row(4096, "async", 2, 4, 5.50, 128),
+        sweep_row(4096, "async", 2, 2, 3.00, 64), sweep_row(4096, "async", 3, 2, 3.30, 64)]})
+    out = subprocess.run([sys.executable, str(SPLIT_TABLE), sweep], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()
+    assert out[2:] == ["head_dim 64 async: plan over best, geomean 1.0000, max 1.000, above 1.02 at 0 of 1 points",
+                       "head_dim 128 async: plan over best, geomean 1.0000, max 1.000, above 1.02 at 0 of 1 points"]
+
+
+def test_attention_table_refuses_mixed_head_dims(tmp_path: Path) -> None:
+    # Two files with the same points at head dims 64 and 128: one would silently overwrite the other.
+    d64 = write(tmp_path / "d64.json", {"results": [dict(row(1, 512, "async", 5.0, 0.1), head_dim=64)]})
+    d128 = write(tmp_path / "d128.json", {"results": [dict(row(1, 512, "async", 9.0, 0.1), head_dim=128)]})
+    run = subprocess.run([sys.executable, str(TABLE), d64, d128], capture_output=True, text=True)
+    assert run.returncode == 2, run
+    assert "the files hold head dims [64, 128]" in run.stderr
