@@ -138,6 +138,10 @@ TEST(PromptFile, BadLinesNameTheLineAndTheProblem) {
     EXPECT_NE(err.find(want), std::string::npos) << text << " -> " << err;
     EXPECT_EQ(err.find('\n'), std::string::npos) << "one line: " << err;
   }
+  // A line nested a million deep is refused while parsing (printing it overflowed the stack).
+  const std::string deep = "{\"prompt\": " + std::string(1'000'000, '[') + std::string(1'000'000, ']') + "}";
+  EXPECT_NE(error_of([&] { jsonl(deep); }).find("p.jsonl:1: not valid JSON (nests deeper than 64 levels)"),
+            std::string::npos);
   EXPECT_NE(error_of([] { parse_prompt_file("ok\nbad \xc3\x28 byte", PromptFileFormat::Text, "p.txt"); })
                 .find("p.txt:2: byte 0xc3 at offset 4 is not valid UTF-8"),
             std::string::npos);

@@ -143,6 +143,20 @@ TEST(ServerApi, BadRequestsNameTheField) {
   EXPECT_EQ(error_of(C, R"({"prompt": ["a", "b"]})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(error_of(C, R"({"prompt": [[1], [2]]})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(error_of(C, R"({"prompt": ""})"), std::make_pair(400, std::string("prompt")));
+  // Nesting: 64 levels parse (the error is then the prompt's type); millions, within the body
+  // limit, are refused while parsing: printing the parsed value in a message overflowed the stack.
+  const auto nested = [](size_t levels) {
+    return "{\"prompt\": " + std::string(levels, '[') + std::string(levels, ']') + "}";
+  };
+  EXPECT_EQ(error_of(C, nested(63)), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(error_of(C, nested(64)), std::make_pair(400, std::string()));
+  EXPECT_EQ(error_of(C, nested(4'000'000)), std::make_pair(400, std::string()));
+  try {
+    parse_json_body(nested(4'000'000), ApiLimits{});
+    ADD_FAILURE() << "no error";
+  } catch (const ApiError& err) {
+    EXPECT_NE(std::string(err.what()).find("invalid JSON: nests deeper than 64 levels"), std::string::npos) << err.what();
+  }
   ApiLimits small;
   small.max_body_bytes = 16;
   EXPECT_EQ(error_of(C, R"({"prompt": "aaaaaaaaaaaaaaaaaaaaaaaa"})", small).first, 413);

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -16,6 +17,7 @@
 #include "backend/cpu/cpu_runner.h"
 #include "fdpp/error.h"
 #include "core/cache_dir.h"
+#include "io/json_file.h"
 
 namespace fdpp {
 
@@ -433,8 +435,8 @@ Calibration read_calibration(const std::string& path) {
   check(f.good(), "{}: cannot open the calibration file", path);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
+    j = parse_json(std::string(std::istreambuf_iterator<char>(f), {}));
+  } catch (const JsonSyntaxError& e) {
     bad_file(path, fmt::format("not JSON ({})", e.what()));
   }
   Calibration c;

@@ -4,10 +4,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "core/atomic_file.h"
 #include "core/cache_dir.h"
 #include "fdpp/error.h"
+#include "io/json_file.h"
 
 namespace fdpp {
 
@@ -297,8 +299,8 @@ DispatchFile read_dispatch_file(const std::string& path, const LinearLimits& lim
   check(in.good(), "{}: cannot open the dispatch table", path);
   json j;
   try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
+    j = parse_json(std::string(std::istreambuf_iterator<char>(in), {}));
+  } catch (const JsonSyntaxError& e) {
     bad(path, fmt::format("not JSON ({})", e.what()));
   }
   return parse_dispatch_json(j, path, limits);

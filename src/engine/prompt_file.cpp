@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "fdpp/error.h"
+#include "io/json_file.h"
 
 namespace fdpp {
 
@@ -66,12 +67,9 @@ void check_value(const LineContext& at, std::string_view field, const std::strin
 PromptEntry parse_json_line(std::string_view text, const LineContext& at) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    // nlohmann's message starts with "[json.exception.parse_error.101] "; the part after it says where.
-    std::string what = e.what();
-    if (const size_t p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-    at.fail_at("not valid JSON ({})", what);
+    j = parse_json(text);
+  } catch (const JsonSyntaxError& e) {
+    at.fail_at("not valid JSON ({})", e.what());
   }
   if (!j.is_object()) at.fail_at("expected a JSON object with \"prompt\" or \"messages\", got {}", j.type_name());
   PromptEntry e;

@@ -12,6 +12,7 @@
 
 #include "core/mapped_file.h"
 #include "fdpp/error.h"
+#include "io/json_file.h"
 #include "io/safetensors.h"
 #include "io/torch_bin.h"
 #include "io/weight_source.h"
@@ -153,9 +154,8 @@ std::unique_ptr<WeightSource> open_index(const fs::path& dir, const fs::path& in
     if (f.size() == 0) fail("{}: empty file", ipath);
     if (f.size() > kMaxIndexBytes) fail("{}: {} bytes is too large for a weight index", ipath, f.size());
     try {
-      const char* b = reinterpret_cast<const char*>(f.data());
-      index = json::parse(b, b + f.size());
-    } catch (const json::exception& e) {
+      index = parse_json(std::string_view(reinterpret_cast<const char*>(f.data()), f.size()));
+    } catch (const JsonSyntaxError& e) {
       fail("{}: not valid JSON: {}", ipath, shown(e.what()));
     }
   }

@@ -19,6 +19,23 @@ std::string json_show(const json& v) {
   return s;
 }
 
+json parse_json(std::string_view text) {
+  // The parser's depth counts the containers around an event: 64 nested arrays reach 63.
+  const json::parser_callback_t bound_depth = [](int depth, json::parse_event_t, json&) {
+    if (depth >= kMaxJsonDepth) throw JsonSyntaxError(fmt::format("nests deeper than {} levels", kMaxJsonDepth));
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), bound_depth);
+  } catch (const json::exception& e) {
+    std::string what = e.what();
+    if (const size_t p = what.find("] "); what.rfind("[json.exception.", 0) == 0 && p != std::string::npos)
+      what = what.substr(p + 2);
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    throw JsonSyntaxError(what);
+  }
+}
+
 json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   check(in.good(), "{}: cannot open", path);
@@ -27,11 +44,9 @@ json read_json_file(const std::string& path) {
   const std::string text = ss.str();
   check(text.size() <= (size_t{64} << 20), "{}: {} bytes is too large for a JSON config", path, text.size());
   try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    std::replace(what.begin(), what.end(), '\n', ' ');
-    fail("{}: not valid JSON ({})", path, what);
+    return parse_json(text);
+  } catch (const JsonSyntaxError& e) {
+    fail("{}: not valid JSON ({})", path, e.what());
   }
 }
 

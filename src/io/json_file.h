@@ -9,8 +9,27 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+
+#include "fdpp/error.h"
 
 namespace fdpp {
+
+// The deepest nesting fdpp takes in any JSON it reads: files and HTTP requests. Real inputs nest
+// a few levels (a chat request's content parts are 4 deep); nlohmann::json copies, compares and
+// prints values recursively, so a parsed document of millions of '[' (8 MB is enough) overflowed
+// the stack when an error message printed it.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Text that is not JSON, or nests deeper than kMaxJsonDepth. what() is one line: where the parser
+// stopped and why, without nlohmann's "[json.exception.parse_error.101] " prefix.
+class JsonSyntaxError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Parses text; throws JsonSyntaxError.
+nlohmann::json parse_json(std::string_view text);
 
 // Reads a JSON file; throws fdpp::Error "PATH: not valid JSON (...)" / "PATH: cannot open".
 nlohmann::json read_json_file(const std::string& path);

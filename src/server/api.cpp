@@ -7,6 +7,7 @@
 #include <set>
 
 #include "fdpp/error.h"
+#include "io/json_file.h"
 
 namespace fdpp::server {
 
@@ -237,17 +238,11 @@ bool model_matches(const ModelInfo& model, const std::string& name) {
 json parse_json_body(std::string_view body, const ApiLimits& limits) {
   if (body.size() > static_cast<size_t>(limits.max_body_bytes))
     throw ApiError(413, fmt::format("the request body is {} bytes; the limit is {}", body.size(), limits.max_body_bytes));
-  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    // Parse again for the parser's message (where it failed): only on the error path.
-    std::string why = "invalid JSON";
-    try {
-      json discard = json::parse(body.begin(), body.end());
-      (void)discard;
-    } catch (const json::parse_error& e) {
-      why = fmt::format("invalid JSON: {}", e.what());
-    }
-    throw bad("", why, "invalid_json");
+  json j;
+  try {
+    j = parse_json(body);
+  } catch (const JsonSyntaxError& e) {
+    throw bad("", fmt::format("invalid JSON: {}", e.what()), "invalid_json");
   }
   if (!j.is_object()) throw bad("", "the request body must be a JSON object");
   return j;

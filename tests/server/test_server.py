@@ -192,6 +192,11 @@ def test_body_limit_and_unknown_route_then_still_serving(server):
     big = b'{"prompt": "' + b"a" * (9 << 20) + b'"}'
     r = httpx.post(server.url + "/v1/completions", content=big, headers={"Content-Type": "application/json"}, timeout=60)
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+    # Nested 4 million deep, under the body limit: refused while parsing (it crashed the server).
+    deep = b'{"prompt": ' + b"[" * 4_000_000 + b"]" * 4_000_000 + b"}"
+    r = httpx.post(server.url + "/v1/completions", content=deep, headers={"Content-Type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 400 and "nests deeper than 64 levels" in r.json()["error"]["message"], r.text
     r = httpx.get(server.url + "/v1/nope")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert httpx.post(server.url + "/v1/embeddings", json={}).status_code == 404
