@@ -5,6 +5,7 @@
 #   gguf_fuzz         the GGUF reader (src/io/gguf.h)
 #   safetensors_fuzz  the safetensors reader (src/io/safetensors.h)
 #   unpickler_fuzz    the restricted state-dict unpickler of PyTorch .bin files (src/io/unpickler.h)
+#   api_request_fuzz  fdpp serve's request parsing (src/server/api.h)
 # Configures and builds build-fuzz/ (or $FDPP_FUZZ_BUILD_DIR; clang, -DFDPP_FUZZ=ON, CPU only, no tests), writes each
 # target's seed corpus (its own seed mode, plus fixture files where there are some), then runs it
 # on inputs of up to 64 KiB with a 64 MB cap on any single allocation (a reader that sized a buffer
@@ -16,7 +17,7 @@ secs="${1:-60}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${FDPP_FUZZ_BUILD_DIR:-$root/build-fuzz}"  # FDPP_FUZZ_BUILD_DIR: another build folder
 jobs="$(nproc 2>/dev/null || echo 2)"
-targets=(gguf safetensors unpickler)
+targets=(gguf safetensors unpickler api_request)
 
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)

@@ -1,0 +1,114 @@
+// libFuzzer target for fdpp serve's request parsing (src/server/api.h), the part of the server that
+// reads bytes from the network: any body must either parse into a request the scheduler can run or
+// throw ApiError with a 4xx status, with no crash, no other exception (the HTTP layer would answer
+// 500), no UB (ASan + UBSan) and no allocation out of proportion to the body (scripts/fuzz.sh:
+// -malloc_limit_mb=64). The first byte picks the endpoint; the rest is the body. The codec encodes
+// text as its bytes, as tests/test_server_api.cpp's does, against a 64-token context.
+//
+// Seed mode: FDPP_API_REQUEST_FUZZ_SEEDS=DIR api_request_fuzz writes request bodies into DIR.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <string_view>
+
+#include "engine/prompt_file.h"
+#include "server/api.h"
+
+namespace {
+
+using namespace fdpp::server;
+
+void promise(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "api_request_fuzz: broken promise: %s\n", what);
+    std::abort();
+  }
+}
+
+PromptCodec byte_codec() {
+  PromptCodec c;
+  c.encode = [](std::string_view text) {
+    std::vector<int32_t> ids;
+    for (unsigned char ch : text) ids.push_back(ch + 1);
+    return ids;
+  };
+  c.encode_chat = [c](std::span<const fdpp::ChatMessage> messages) {
+    std::string s;
+    for (const fdpp::ChatMessage& m : messages) s += m.role + ":" + m.content + ";";
+    return c.encode(s);
+  };
+  return c;
+}
+
+ModelInfo model() {
+  ModelInfo m;
+  m.id = "tiny.gguf";
+  m.aliases = {"/models/tiny.gguf"};
+  m.max_context = 64;
+  m.vocab_size = 300;
+  return m;
+}
+
+void write_seeds(const std::string& dir) {
+  ::mkdir(dir.c_str(), 0755);
+  // The first byte: 'b' (even) for /v1/completions, 'a' (odd) for /v1/chat/completions.
+  const char* seeds[] = {
+      R"(b{"model": "tiny.gguf", "prompt": "hi", "max_tokens": 4, "temperature": 0})",
+      R"(b{"prompt": [1, 2, 3], "stream": true, "stream_options": {"include_usage": true}, "stop": ["a", "bc"]})",
+      R"(b{"prompt": "x", "top_p": 0.5, "top_k": 3, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 7})",
+      R"(b{"prompt": "x", "n": 1, "logprobs": null, "ignore_eos": true, "return_token_ids": true, "user": "u"})",
+      R"(a{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]})",
+      R"(a{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}], "max_completion_tokens": 3})",
+      R"(a{"messages": [{"role": "assistant", "content": "x"}], "response_format": {"type": "text"}})",
+  };
+  int n = 0;
+  for (const char* s : seeds) std::ofstream(dir + "/seed" + std::to_string(n++) + ".json") << s;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  if (const char* dir = std::getenv("FDPP_API_REQUEST_FUZZ_SEEDS")) {
+    write_seeds(dir);
+    std::exit(0);
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  static const ModelInfo m = model();
+  static const PromptCodec codec = byte_codec();
+  static const ApiLimits limits;
+  const Endpoint endpoint = data[0] % 2 ? Endpoint::Chat : Endpoint::Completions;
+  const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+  ParsedRequest r;
+  try {
+    r = parse_request(endpoint, parse_json_body(body, limits), m, codec, limits);
+  } catch (const ApiError& e) {
+    promise(e.status >= 400 && e.status < 500, "an ApiError is a 4xx");
+    promise(std::string_view(e.what()).find('\n') == std::string_view::npos, "the message is one line");
+    (void)dump(error_body(e));  // as the server writes it (invalid UTF-8 in the message replaced)
+    return 0;
+  }
+  // Accepted: what the scheduler needs to run it (src/engine/scheduler.h's GenerationRequest).
+  const fdpp::GenerationRequest& g = r.generation;
+  promise(!g.prompt.empty(), "a non-empty prompt");
+  for (int32_t id : g.prompt) promise(id >= 0 && id < m.vocab_size, "prompt ids inside the vocabulary");
+  promise(g.max_tokens >= 1, "max_tokens >= 1");
+  promise(static_cast<int64_t>(g.prompt.size()) + g.max_tokens <= m.max_context, "prompt + max_tokens fit");
+  const fdpp::SamplingParams& s = g.sampling;
+  promise(fdpp::temperature_problem(s.temperature).empty(), "temperature in range");
+  promise(fdpp::top_p_problem(s.top_p).empty(), "top_p in range");
+  promise(fdpp::min_p_problem(s.min_p).empty(), "min_p in range");
+  promise(fdpp::top_k_problem(s.top_k).empty(), "top_k in range");
+  promise(fdpp::repeat_penalty_problem(s.repeat_penalty).empty(), "repetition_penalty in range");
+  promise(static_cast<int>(g.stop.size()) <= limits.max_stop_strings, "at most max_stop_strings");
+  for (const std::string& stop : g.stop) promise(fdpp::stop_problem(stop).empty(), "stop strings in range");
+  return 0;
+}
