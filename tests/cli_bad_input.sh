@@ -125,6 +125,10 @@ runtime "FDPP_MODEL names a missing file" "^fdpp: error: /nope.gguf: no such fil
   env FDPP_MODEL=/nope.gguf "$BIN" generate --prompt hi
 if grep -q "fetch" "$TMP/err"; then echo "FAIL FDPP_MODEL: points to the fetch script"; fail=$((fail + 1)); fi
 runtime "missing prompts file" "$TMP/nope.jsonl: cannot open the prompts file" "$BIN" generate --file "$TMP/nope.jsonl"
+runtime "prompts file is a directory" "$TMP: is a directory, not the prompts file" "$BIN" generate --file "$TMP"
+runtime "endless prompts file" "^fdpp: error: /dev/zero: longer than 256 MiB" "$BIN" generate --file /dev/zero
+runtime "endless prompt on stdin" "^fdpp: error: --prompt - \(standard input\): longer than 64 MiB" \
+  bash -c '"$0" generate --prompt - </dev/zero' "$BIN"
 printf '{"prompt": "fine"}\n{"prompt": "a", "top_p": 0}\n' >"$TMP/bad_range.jsonl"
 runtime "prompts file: value out of range" "bad_range.jsonl:2: \"top_p\" 0 must be in \(0, 1\]" "$BIN" generate -f "$TMP/bad_range.jsonl"
 printf '{"prompt": "fine"}\n\n{"prompt": "a",}\n' >"$TMP/bad_json.jsonl"

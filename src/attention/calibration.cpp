@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -17,6 +16,7 @@
 #include "backend/cpu/cpu_runner.h"
 #include "fdpp/error.h"
 #include "core/cache_dir.h"
+#include "core/read_file.h"
 #include "io/json_file.h"
 
 namespace fdpp {
@@ -191,10 +191,8 @@ float Calibration::phi_max() const {
 }
 
 std::vector<std::string> read_calibration_prompts(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  check(f.good(), "{}: cannot open the prompts file", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
+  constexpr size_t kMaxPromptsBytes = size_t{64} << 20;  // calibration reads a few hundred KB
+  std::istringstream ss(read_file(path, kMaxPromptsBytes, "the prompts file"));
   std::vector<std::string> prompts;
   std::string current, line;
   auto flush = [&] {
@@ -431,11 +429,10 @@ void write_calibration(Calibration& c, const std::string& path) {
 }
 
 Calibration read_calibration(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  check(f.good(), "{}: cannot open the calibration file", path);
+  const std::string text = read_file(path, kMaxJsonFileBytes, "the calibration file");
   nlohmann::json j;
   try {
-    j = parse_json(std::string(std::istreambuf_iterator<char>(f), {}));
+    j = parse_json(text);
   } catch (const JsonSyntaxError& e) {
     bad_file(path, fmt::format("not JSON ({})", e.what()));
   }

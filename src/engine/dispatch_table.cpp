@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "core/atomic_file.h"
 #include "core/cache_dir.h"
+#include "core/read_file.h"
 #include "fdpp/error.h"
 #include "io/json_file.h"
 
@@ -295,11 +294,10 @@ DispatchFile parse_dispatch_json(const json& j, const std::string& origin, const
 }
 
 DispatchFile read_dispatch_file(const std::string& path, const LinearLimits& limits) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "{}: cannot open the dispatch table", path);
+  const std::string text = read_file(path, kMaxJsonFileBytes, "the dispatch table");
   json j;
   try {
-    j = parse_json(std::string(std::istreambuf_iterator<char>(in), {}));
+    j = parse_json(text);
   } catch (const JsonSyntaxError& e) {
     bad(path, fmt::format("not JSON ({})", e.what()));
   }

@@ -3,15 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cctype>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <random>
-#include <sstream>
 
+#include "core/read_file.h"
 #include "fdpp/error.h"
 #include "io/json_file.h"
 
@@ -255,16 +251,10 @@ std::vector<PromptEntry> parse_prompt_file(std::string_view content, PromptFileF
 std::vector<PromptEntry> read_prompt_file(const std::string& path) {
   std::string content;
   if (path == "-") {
-    content.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-    check(!std::cin.bad(), "standard input: read error");
+    content = read_all(std::cin, kMaxPromptFileBytes, "standard input");
     return parse_prompt_file(content, PromptFileFormat::Text, "<stdin>");
   }
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "{}: cannot open the prompts file ({})", path, std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  check(!in.bad(), "{}: read error", path);
-  return parse_prompt_file(ss.str(), prompt_file_format(path), path);
+  return parse_prompt_file(read_file(path, kMaxPromptFileBytes, "the prompts file"), prompt_file_format(path), path);
 }
 
 std::vector<int32_t> encode_prompt(const Tokenizer& tokenizer, const std::string& prompt,

@@ -12,7 +12,8 @@
 //               repeat_last_n, seed, stop (a string or an array of strings), ignore_eos. Blank lines
 //               are skipped; any other field is an error (a typo must not be ignored silently).
 //   plain text: one prompt per line, blank lines skipped, a trailing '\r' removed.
-// Every problem is an fdpp::Error "FILE:LINE: ...".
+// Every problem is an fdpp::Error "FILE:LINE: ...". A file (or standard input) over
+// kMaxPromptFileBytes is refused: /dev/zero or an endless pipe must not exhaust memory.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +76,7 @@ std::string max_tokens_problem(int64_t v);     // [0, 2^24]
 std::string stop_problem(std::string_view s);  // 1..kMaxStopBytes bytes, valid UTF-8
 // The Scheduler's limits on stop strings (scheduler.cpp refuses more), checked here first so that
 // the flag or the line is named.
+inline constexpr size_t kMaxPromptFileBytes = size_t{256} << 20;  // 250K prompts of 1 KB
 inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopBytes = 256;
 

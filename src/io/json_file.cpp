@@ -4,9 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
+#include "core/read_file.h"
 #include "fdpp/error.h"
 
 namespace fdpp {
@@ -37,12 +36,7 @@ json parse_json(std::string_view text) {
 }
 
 json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "{}: cannot open", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  check(text.size() <= (size_t{64} << 20), "{}: {} bytes is too large for a JSON config", path, text.size());
+  const std::string text = read_file(path, kMaxJsonFileBytes, "a JSON file");
   try {
     return parse_json(text);
   } catch (const JsonSyntaxError& e) {

@@ -20,6 +20,8 @@ namespace fdpp {
 // prints values recursively, so a parsed document of millions of '[' (8 MB is enough) overflowed
 // the stack when an error message printed it.
 inline constexpr int kMaxJsonDepth = 64;
+// The largest JSON file fdpp reads (a tokenizer.json is ~10 MB).
+inline constexpr size_t kMaxJsonFileBytes = size_t{64} << 20;
 
 // Text that is not JSON, or nests deeper than kMaxJsonDepth. what() is one line: where the parser
 // stopped and why, without nlohmann's "[json.exception.parse_error.101] " prefix.

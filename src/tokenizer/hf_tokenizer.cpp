@@ -35,12 +35,6 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
-std::string show(const json& v) {
-  std::string s = v.dump(-1, ' ', true, json::error_handler_t::replace);
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
-
 // A special token in tokenizer_config.json / special_tokens_map.json: "text" or {"content": ...}.
 std::string token_string(const json* j, const char* key) {
   if (j == nullptr || !j->is_object() || !j->contains(key)) return {};
@@ -108,7 +102,7 @@ std::string pre_tokenizer_name(const json& pre, const std::string& origin) {
       if (regex == kLlama3Regex) return "llama3";
       if (regex == kQwen2Regex) return "qwen2";
       fail("{}: pre_tokenizer Split regex {} is not supported (supported: Llama 3's and Qwen2's)", origin,
-           show(json(regex)));
+           json_show(json(regex)));
     }
     if (steps.size() == 2 && is_type(steps[0], "Digits") && steps[0].value("individual_digits", false) &&
         byte_level(steps[1], true, origin))
@@ -116,7 +110,7 @@ std::string pre_tokenizer_name(const json& pre, const std::string& origin) {
   }
   fail("{}: pre_tokenizer {} is not supported (supported: ByteLevel; Split(Llama 3 / Qwen2 regex) + ByteLevel; "
        "Digits + ByteLevel)",
-       origin, show(pre));
+       origin, json_show(pre));
 }
 
 // The BOS a post_processor's TemplateProcessing puts before the sequence ("<|begin_of_text|> $A").
@@ -432,7 +426,7 @@ std::unique_ptr<Tokenizer> load_gpt2_files(const std::string& dir, const json* c
   spec.pre = "gpt2";
   std::vector<int32_t> types;
   for (const auto& [text, id] : vocab.items()) {
-    check(id.is_number_integer(), "{}: token '{}' has id {}, not an integer", vocab_path, text, show(id));
+    check(id.is_number_integer(), "{}: token '{}' has id {}, not an integer", vocab_path, text, json_show(id));
     place_token(spec.tokens, types, id.get<int64_t>(), text, TokenType::kNormal, vocab_path);
   }
   // added_tokens.json {text: id} and tokenizer_config.json's added_tokens_decoder.
@@ -441,7 +435,7 @@ std::unique_ptr<Tokenizer> load_gpt2_files(const std::string& dir, const json* c
     const json added = read_json_file(added_path);
     check(added.is_object(), "{}: expected an object of token -> id", added_path);
     for (const auto& [text, id] : added.items()) {
-      check(id.is_number_integer(), "{}: token '{}' has id {}, not an integer", added_path, text, show(id));
+      check(id.is_number_integer(), "{}: token '{}' has id {}, not an integer", added_path, text, json_show(id));
       place_token(spec.tokens, types, id.get<int64_t>(), text, TokenType::kControl, added_path);
     }
   }
@@ -517,7 +511,7 @@ VocabSpec vocab_from_tokenizer_json(const json& j, const json* config, const std
   }
   if (j.contains("normalizer") && !j.at("normalizer").is_null()) {
     // Qwen2's NFC normalizer is skipped, as llama.cpp does; others would change the text.
-    check(is_type(j.at("normalizer"), "NFC"), "{}: normalizer {} is not supported", origin, show(j.at("normalizer")));
+    check(is_type(j.at("normalizer"), "NFC"), "{}: normalizer {} is not supported", origin, json_show(j.at("normalizer")));
   }
 
   VocabSpec spec;
@@ -533,14 +527,14 @@ VocabSpec vocab_from_tokenizer_json(const json& j, const json* config, const std
   std::vector<int32_t> types;
   check(model.contains("vocab") && model.at("vocab").is_object(), "{}: model.vocab is missing", origin);
   for (const auto& [text, id] : model.at("vocab").items()) {
-    check(id.is_number_integer(), "{}: model.vocab['{}'] = {} is not an id", origin, text, show(id));
+    check(id.is_number_integer(), "{}: model.vocab['{}'] = {} is not an id", origin, text, json_show(id));
     place_token(spec.tokens, types, id.get<int64_t>(), text, TokenType::kNormal, origin);
   }
   if (j.contains("added_tokens") && j.at("added_tokens").is_array()) {
     for (const json& t : j.at("added_tokens")) {
       check(t.is_object() && t.contains("id") && t.at("id").is_number_integer() && t.contains("content") &&
                 t.at("content").is_string(),
-            "{}: added_tokens entry {} lacks id or content", origin, show(t));
+            "{}: added_tokens entry {} lacks id or content", origin, json_show(t));
       place_token(spec.tokens, types, t.at("id").get<int64_t>(), t.at("content").get<std::string>(),
                   t.value("special", false) ? TokenType::kControl : TokenType::kUserDefined, origin);
     }
@@ -554,7 +548,7 @@ VocabSpec vocab_from_tokenizer_json(const json& j, const json* config, const std
       spec.merges.push_back(m.get<std::string>());
     } else {
       check(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(),
-            "{}: model.merges entry {} is neither 'a b' nor [a, b]", origin, show(m));
+            "{}: model.merges entry {} is neither 'a b' nor [a, b]", origin, json_show(m));
       spec.merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
     }
   }

@@ -32,6 +32,7 @@
 #include "attention/calibration.h"
 #include "cli_common.h"
 #include "core/npy.h"
+#include "core/read_file.h"
 #include "engine/backend_select.h"
 #include "engine/generate.h"
 #include "engine/prompt_file.h"
@@ -244,8 +245,8 @@ std::string prompt_text(const std::string& flag, const std::string& value) {
   std::string text = value;
   std::string where = flag;
   if (value == "-") {
-    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-    if (std::cin.bad()) fail("{} -: cannot read standard input", flag);
+    constexpr size_t kMaxPromptBytes = size_t{64} << 20;  // 1000x a 128K-token context's text
+    text = read_all(std::cin, kMaxPromptBytes, flag + " - (standard input)");
     if (text.ends_with("\r\n")) text.resize(text.size() - 2);
     else if (text.ends_with('\n')) text.pop_back();
     where = flag + " - (standard input)";
