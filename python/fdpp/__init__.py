@@ -26,6 +26,7 @@ import math
 import os
 import secrets
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
 if TYPE_CHECKING:
@@ -71,6 +72,16 @@ def _check_int(name: str, value: Any, low: int, high: Optional[int] = None) -> i
     if value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise _bad(f"{name}: {value} is not {bounds}")
+    return value
+
+
+def _text(name: str, value: str) -> str:
+    # A str can hold lone surrogates ("\ud800", from bad decoding upstream) that have no UTF-8:
+    # named here, where the binding would raise a multi-line TypeError about its signature.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _bad(f"{name}: character {e.start} ({value[e.start]!r}) cannot be encoded as UTF-8") from None
     return value
 
 
@@ -142,11 +153,14 @@ class SamplingParams:
             stops: list[str] = []
         elif isinstance(stop, str):
             stops = [stop]
-        else:
+        elif isinstance(stop, (list, tuple)):
             stops = list(stop)
-        for s in stops:
+        else:
+            raise _bad(f"stop: expected a str or a list of str, got {type(stop).__name__}")
+        for i, s in enumerate(stops):
             if not isinstance(s, str) or not s:
                 raise _bad(f"stop: {s!r} is not a non-empty string")
+            _text(f"stop[{i}]", s)
         self.stop = stops
         if not isinstance(ignore_eos, bool):
             raise _bad(f"ignore_eos: expected a bool, got {type(ignore_eos).__name__}")
@@ -248,7 +262,7 @@ class Tokenizer:
         CLI's prompts do); parse_special: text like "<|im_start|>" becomes the special token."""
         if not isinstance(text, str):
             raise _bad(f"encode: expected a str, got {type(text).__name__}")
-        return self._t.encode(text, None if add_special_tokens else False, parse_special)
+        return self._t.encode(_text("encode", text), None if add_special_tokens else False, parse_special)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Ids to text; bytes that are not valid UTF-8 become U+FFFD."""
@@ -288,6 +302,8 @@ def _ids(name: str, ids: Any) -> list[int]:
 
 
 def _messages(messages: Any) -> list[tuple[str, str]]:
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Iterable):
+        raise _bad(f"messages: expected a list of {{'role', 'content'}} dicts, got {type(messages).__name__}")
     out = []
     for i, m in enumerate(messages):
         try:
@@ -296,7 +312,7 @@ def _messages(messages: Any) -> list[tuple[str, str]]:
             raise _bad(f"messages[{i}]: expected a dict with 'role' and 'content'") from None
         if not isinstance(role, str) or not isinstance(content, str):
             raise _bad(f"messages[{i}]: 'role' and 'content' must be strings")
-        out.append((role, content))
+        out.append((_text(f"messages[{i}].role", role), _text(f"messages[{i}].content", content)))
     if not out:
         raise _bad("messages: the conversation is empty")
     return out
@@ -430,7 +446,7 @@ class LLM:
 
     def _prompt(self, p: Any, where: str) -> tuple[Optional[str], list[int]]:
         if isinstance(p, str):
-            return p, self.tokenizer.encode(p)
+            return p, self.tokenizer.encode(_text(where, p))
         if isinstance(p, dict) and "prompt_token_ids" in p:  # vLLM's TokensPrompt
             return None, _ids(where, p["prompt_token_ids"])
         if isinstance(p, dict) and "prompt" in p:  # vLLM's TextPrompt
@@ -443,6 +459,9 @@ class LLM:
         # One prompt: a str, or a flat sequence of ints. Several: a list of those.
         if isinstance(prompts, (str, dict)):
             return [self._prompt(prompts, "prompt")]
+        if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
+            # bytes would iterate as ints, i.e. token ids nobody meant.
+            raise _bad(f"prompts: expected a str, token ids, a dict or a list of those, got {type(prompts).__name__}")
         prompts = list(prompts)
         if prompts and all(isinstance(x, int) and not isinstance(x, bool) for x in prompts):
             return [self._prompt(prompts, "prompt")]

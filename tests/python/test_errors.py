@@ -105,6 +105,25 @@ def test_bad_requests_leave_the_llm_usable(llm):
         fdpp.LLM(tensor_parallel=2, tensor_parallel_size=4)
     with pytest.raises(fdpp.InvalidInputError, match="device"):
         fdpp.LLM(device="tpu")
+    # Wrong types are named, not a bare TypeError; bytes are not token ids.
+    for prompts in (None, 5, b"hi"):
+        with pytest.raises(fdpp.InvalidInputError, match=r"^prompts: expected a str, token ids"):
+            llm.generate(prompts, SMALL)
+    with pytest.raises(fdpp.InvalidInputError, match=r"^prompts\[0\]: expected a str or token ids, got bytes"):
+        llm.generate([b"hi"], SMALL)
+    with pytest.raises(fdpp.InvalidInputError, match=r"^stop: expected a str or a list of str, got int"):
+        fdpp.SamplingParams(stop=5)
+    with pytest.raises(fdpp.InvalidInputError, match=r"^messages: expected a list"):
+        llm.chat(None)
+    # A lone surrogate has no UTF-8: one line naming where, not the binding's signature.
+    with pytest.raises(fdpp.InvalidInputError, match=r"^prompts\[1\]: character 1 \('\\ud800'\) cannot be encoded"):
+        llm.generate(["ok", "a\ud800"], SMALL)
+    with pytest.raises(fdpp.InvalidInputError, match=r"^messages\[0\]\.content: character 0"):
+        llm.chat([{"role": "user", "content": "\udc80"}], SMALL)
+    with pytest.raises(fdpp.InvalidInputError, match=r"^stop\[0\]: character 0"):
+        fdpp.SamplingParams(stop=["\ud800"])
+    with pytest.raises(fdpp.InvalidInputError, match=r"^encode: character 0"):
+        llm.tokenizer.encode("\ud800")
     still_works(llm)
 
 
