@@ -2,13 +2,12 @@
 // reads bytes from the network: any body must either parse into a request the scheduler can run or
 // throw ApiError with a 4xx status, with no crash, no other exception (the HTTP layer would answer
 // 500), no UB (ASan + UBSan) and no allocation out of proportion to the body (scripts/fuzz.sh:
-// -malloc_limit_mb=64). The first byte picks the endpoint; the rest is the body. The codec encodes
-// text as its bytes, as tests/test_server_api.cpp's does, against a 64-token context.
+// -malloc_limit_mb=64). The first byte picks the endpoint; the rest is the body. The model and codec
+// are tests/server_api_fakes.h's: text encodes as its bytes, against a 64-token context.
 //
 // Seed mode: FDPP_API_REQUEST_FUZZ_SEEDS=DIR api_request_fuzz writes request bodies into DIR.
 #include <sys/stat.h>
 
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +17,7 @@
 
 #include "engine/prompt_file.h"
 #include "server/api.h"
+#include "server_api_fakes.h"
 
 namespace {
 
@@ -28,30 +28,6 @@ void promise(bool ok, const char* what) {
     std::fprintf(stderr, "api_request_fuzz: broken promise: %s\n", what);
     std::abort();
   }
-}
-
-PromptCodec byte_codec() {
-  PromptCodec c;
-  c.encode = [](std::string_view text) {
-    std::vector<int32_t> ids;
-    for (unsigned char ch : text) ids.push_back(ch + 1);
-    return ids;
-  };
-  c.encode_chat = [c](std::span<const fdpp::ChatMessage> messages) {
-    std::string s;
-    for (const fdpp::ChatMessage& m : messages) s += m.role + ":" + m.content + ";";
-    return c.encode(s);
-  };
-  return c;
-}
-
-ModelInfo model() {
-  ModelInfo m;
-  m.id = "tiny.gguf";
-  m.aliases = {"/models/tiny.gguf"};
-  m.max_context = 64;
-  m.vocab_size = 300;
-  return m;
 }
 
 void write_seeds(const std::string& dir) {
@@ -82,8 +58,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  static const ModelInfo m = model();
-  static const PromptCodec codec = byte_codec();
+  static const ModelInfo m = fakes::tiny_model();
+  static const PromptCodec codec = fakes::byte_codec();
   static const ApiLimits limits;
   const Endpoint endpoint = data[0] % 2 ? Endpoint::Chat : Endpoint::Completions;
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);

@@ -4,37 +4,15 @@
 
 #include "server/api.h"
 #include "server/metrics.h"
+#include "server_api_fakes.h"
 
 namespace fdpp::server {
 namespace {
 
 using nlohmann::json;
 
-// A codec whose ids are the bytes of the text (+1, so that no id is 0) and whose chat rendering is
-// "role:content;" per message, so tests can predict prompts exactly.
-PromptCodec fake_codec() {
-  PromptCodec c;
-  c.encode = [](std::string_view text) {
-    std::vector<int32_t> ids;
-    for (unsigned char ch : text) ids.push_back(ch + 1);
-    return ids;
-  };
-  c.encode_chat = [c](std::span<const ChatMessage> messages) {
-    std::string s;
-    for (const ChatMessage& m : messages) s += m.role + ":" + m.content + ";";
-    return c.encode(s);
-  };
-  return c;
-}
-
-ModelInfo model() {
-  ModelInfo m;
-  m.id = "tiny.gguf";
-  m.aliases = {"/models/tiny.gguf"};
-  m.max_context = 64;
-  m.vocab_size = 300;
-  return m;
-}
+PromptCodec fake_codec() { return fakes::byte_codec(); }
+ModelInfo model() { return fakes::tiny_model(); }
 
 ParsedRequest parse(Endpoint e, const std::string& body) {
   ApiLimits limits;
