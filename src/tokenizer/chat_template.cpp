@@ -15,6 +15,10 @@
 //   strftime_now (3.2), else the template's fixed date_string (3.1: "26 Jul 2024"). No tools.
 // - Llama 2 ([INST] with <<SYS>>): "<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]
 //   {assistant} </s>", contents stripped, roles alternating user/assistant.
+// - Mistral ([INST] without <<SYS>>): BOS text, then "[INST] {user}[/INST]" and " {assistant}</s>"
+//   per message, roles alternating user/assistant after an optional system message, which is
+//   written as "{system}\n\n" before one user message's content. The published templates differ
+//   in details that are read from the template's text (MistralStyle).
 #include <algorithm>
 #include <ctime>
 
@@ -152,6 +156,92 @@ std::string render_llama2(std::span<const ChatMessage> messages, const std::stri
   return out;
 }
 
+// What a Mistral template does, from its text. Published forms (tokenizer_config.json):
+//   v0.1 / Mixtral:  "[INST] " + content + " [/INST]", assistant content + eos; no system message.
+//   v0.2:            " [INST] " ... " [/INST]", the system message on the first user message,
+//                    assistant " " + content + eos.
+//   v0.3:            "[INST] " ... "[/INST]", the system message on every user message equal to the
+//                    last one (the template compares messages with ==), assistant " " + content|trim
+//                    + eos.
+//   Others put it on the user message that ends the conversation ("loop.last").
+struct MistralStyle {
+  enum class System { None, First, LastMessage, EqualToLastUser } system = System::None;
+  std::string inst_open = "[INST] ", inst_close = "[/INST]";
+  bool assistant_space = false, assistant_trim = false, space_after_eos = false;
+};
+
+MistralStyle mistral_style(std::string_view t) {
+  // Each marker in both quote styles, as templates spell them either way.
+  const auto has = [&](std::string_view single_quoted) {
+    std::string double_quoted(single_quoted);
+    std::replace(double_quoted.begin(), double_quoted.end(), '\'', '"');
+    return contains(t, single_quoted) || contains(t, double_quoted);
+  };
+  MistralStyle s;
+  if (has("' [INST] '")) s.inst_open = " [INST] ";
+  if (has("' [/INST]'")) s.inst_close = " [/INST]";
+  if (contains(t, "system_message")) {
+    using S = MistralStyle::System;
+    s.system = contains(t, "loop.first and system_message") ? S::First
+               : contains(t, "loop.last and system_message") ? S::LastMessage
+                                                              : S::EqualToLastUser;
+  }
+  s.assistant_space = has("' ' + message['content']");
+  s.assistant_trim = has("message['content']|trim") || has("message['content'] | trim");
+  s.space_after_eos = has("eos_token + ' '");
+  return s;
+}
+
+std::string render_mistral(std::string_view tmpl, std::span<const ChatMessage> messages, const std::string& bos,
+                           const std::string& eos) {
+  const MistralStyle style = mistral_style(tmpl);
+  std::string system;
+  bool has_system = false;
+  if (!messages.empty() && messages[0].role == "system") {
+    check(style.system != MistralStyle::System::None,
+          "chat template (Mistral): this model's template takes no system message");
+    system = messages[0].content;
+    has_system = true;
+    messages = messages.subspan(1);
+  }
+  const size_t offset = has_system ? 1 : 0;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    check(role == "user" || role == "assistant",
+          "chat template (Mistral): only user and assistant messages after an optional first system message, got '{}' "
+          "at message {}",
+          role, i + offset);
+    check((role == "user") == (i % 2 == 0),
+          "chat template (Mistral): conversation roles must alternate user/assistant/user/..., got '{}' at message {}",
+          role, i + offset);
+  }
+  const std::string* last_user = nullptr;
+  for (const ChatMessage& m : messages)
+    if (m.role == "user") last_user = &m.content;
+  std::string out = bos;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      bool with_system = false;
+      switch (style.system) {
+        case MistralStyle::System::None: break;
+        case MistralStyle::System::First: with_system = i == 0; break;
+        case MistralStyle::System::LastMessage: with_system = i + 1 == messages.size(); break;
+        case MistralStyle::System::EqualToLastUser: with_system = m.content == *last_user; break;
+      }
+      out += style.inst_open;
+      if (has_system && with_system) out += system + "\n\n";
+      out += m.content + style.inst_close;
+    } else {
+      if (style.assistant_space) out += ' ';
+      out += style.assistant_trim ? std::string(trim(m.content)) : m.content;
+      out += eos;
+      if (style.space_after_eos) out += ' ';
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string render_chat_template(const std::string& tmpl, std::span<const ChatMessage> messages,
@@ -162,10 +252,11 @@ std::string render_chat_template(const std::string& tmpl, std::span<const ChatMe
     return render_llama3(messages, add_generation_prompt, bos_text);
   }
   if (contains(tmpl, "[INST]") && contains(tmpl, "<<SYS>>")) return render_llama2(messages, bos_text, eos_text);
+  if (contains(tmpl, "[INST]")) return render_mistral(tmpl, messages, bos_text, eos_text);
   if (tmpl.empty()) fail("chat template not supported: the model has no tokenizer.chat_template");
   std::string head = tmpl.substr(0, 80);
   std::replace(head.begin(), head.end(), '\n', ' ');
-  fail("chat template not supported: \"{}{}\" (supported: ChatML, Llama 3, Llama 3.1+, Llama 2)", head,
+  fail("chat template not supported: \"{}{}\" (supported: ChatML, Llama 3, Llama 3.1+, Llama 2, Mistral)", head,
        tmpl.size() > 80 ? "..." : "");
 }
 
