@@ -342,7 +342,8 @@ TEST(HfConfig, FilesOnDisk) {
   EXPECT_TRUE(is_hf_directory(d.string()));
   write_text(d / "generation_config.json", "nope");
   EXPECT_ERROR(read_hf_config(d.string()), "generation_config.json: not valid JSON");
-  write_text(d / "generation_config.json", "{\"eos_token_id\": " + std::string(100'000, '[') + std::string(100'000, ']') + "}");
+  write_text(d / "generation_config.json",
+             "{\"eos_token_id\": " + std::string(100'000, '[') + std::string(100'000, ']') + "}");
   EXPECT_ERROR(read_hf_config(d.string()), "generation_config.json: not valid JSON (nests deeper than 64 levels)");
   fs::remove_all(d);
 }

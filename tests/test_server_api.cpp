@@ -133,7 +133,8 @@ TEST(ServerApi, BadRequestsNameTheField) {
     parse_json_body(nested(4'000'000), ApiLimits{});
     ADD_FAILURE() << "no error";
   } catch (const ApiError& err) {
-    EXPECT_NE(std::string(err.what()).find("invalid JSON: nests deeper than 64 levels"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("invalid JSON: nests deeper than 64 levels"), std::string::npos)
+        << err.what();
   }
   ApiLimits small;
   small.max_body_bytes = 16;

@@ -12,11 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/atomic_file.h"
 #include "backend/cpu/cpu_runner.h"
-#include "fdpp/error.h"
+#include "core/atomic_file.h"
 #include "core/cache_dir.h"
 #include "core/read_file.h"
+#include "fdpp/error.h"
 #include "io/json_file.h"
 
 namespace fdpp {

@@ -249,11 +249,9 @@ std::vector<PromptEntry> parse_prompt_file(std::string_view content, PromptFileF
 }
 
 std::vector<PromptEntry> read_prompt_file(const std::string& path) {
-  std::string content;
-  if (path == "-") {
-    content = read_all(std::cin, kMaxPromptFileBytes, "standard input");
-    return parse_prompt_file(content, PromptFileFormat::Text, "<stdin>");
-  }
+  if (path == "-")
+    return parse_prompt_file(read_all(std::cin, kMaxPromptFileBytes, "standard input"), PromptFileFormat::Text,
+                             "<stdin>");
   return parse_prompt_file(read_file(path, kMaxPromptFileBytes, "the prompts file"), prompt_file_format(path), path);
 }
 

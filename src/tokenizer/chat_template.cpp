@@ -182,9 +182,9 @@ MistralStyle mistral_style(std::string_view t) {
   if (has("' [/INST]'")) s.inst_close = " [/INST]";
   if (contains(t, "system_message")) {
     using S = MistralStyle::System;
-    s.system = contains(t, "loop.first and system_message") ? S::First
+    s.system = contains(t, "loop.first and system_message")  ? S::First
                : contains(t, "loop.last and system_message") ? S::LastMessage
-                                                              : S::EqualToLastUser;
+                                                             : S::EqualToLastUser;
   }
   s.assistant_space = has("' ' + message['content']");
   s.assistant_trim = has("message['content']|trim") || has("message['content'] | trim");
@@ -224,10 +224,17 @@ std::string render_mistral(std::string_view tmpl, std::span<const ChatMessage> m
     if (m.role == "user") {
       bool with_system = false;
       switch (style.system) {
-        case MistralStyle::System::None: break;
-        case MistralStyle::System::First: with_system = i == 0; break;
-        case MistralStyle::System::LastMessage: with_system = i + 1 == messages.size(); break;
-        case MistralStyle::System::EqualToLastUser: with_system = m.content == *last_user; break;
+        case MistralStyle::System::None:
+          break;
+        case MistralStyle::System::First:
+          with_system = i == 0;
+          break;
+        case MistralStyle::System::LastMessage:
+          with_system = i + 1 == messages.size();
+          break;
+        case MistralStyle::System::EqualToLastUser:
+          with_system = m.content == *last_user;
+          break;
       }
       out += style.inst_open;
       if (has_system && with_system) out += system + "\n\n";

@@ -108,9 +108,10 @@ std::string pre_tokenizer_name(const json& pre, const std::string& origin) {
         byte_level(steps[1], true, origin))
       return "smollm";
   }
-  fail("{}: pre_tokenizer {} is not supported (supported: ByteLevel; Split(Llama 3 / Qwen2 regex) + ByteLevel; "
-       "Digits + ByteLevel)",
-       origin, json_show(pre));
+  fail(
+      "{}: pre_tokenizer {} is not supported (supported: ByteLevel; Split(Llama 3 / Qwen2 regex) + ByteLevel; "
+      "Digits + ByteLevel)",
+      origin, json_show(pre));
 }
 
 // The BOS a post_processor's TemplateProcessing puts before the sequence ("<|begin_of_text|> $A").
@@ -511,7 +512,8 @@ VocabSpec vocab_from_tokenizer_json(const json& j, const json* config, const std
   }
   if (j.contains("normalizer") && !j.at("normalizer").is_null()) {
     // Qwen2's NFC normalizer is skipped, as llama.cpp does; others would change the text.
-    check(is_type(j.at("normalizer"), "NFC"), "{}: normalizer {} is not supported", origin, json_show(j.at("normalizer")));
+    check(is_type(j.at("normalizer"), "NFC"), "{}: normalizer {} is not supported", origin,
+          json_show(j.at("normalizer")));
   }
 
   VocabSpec spec;

@@ -30,6 +30,8 @@
 #include <optional>
 
 #include "attention/calibration.h"
+#include "backend/cpu/quant_matmul.h"
+#include "bench_cpu.h"
 #include "cli_common.h"
 #include "core/npy.h"
 #include "core/read_file.h"
@@ -39,8 +41,6 @@
 #include "fdpp/error.h"
 #include "generate_file.h"
 #include "model/model_loader.h"
-#include "backend/cpu/quant_matmul.h"
-#include "bench_cpu.h"
 #include "serve.h"
 #ifdef FDPP_HAVE_CUDA
 #include "backend/cuda/cuda_runner.h"
