@@ -113,6 +113,11 @@ class SamplingParams:
         max_tokens: tokens to generate, >= 1 (default 128, as the CLI's -n).
         stop: a string or strings; the text ends before the first one found (finish_reason "stop").
         ignore_eos: keep generating past end-of-generation tokens.
+
+    vLLM's fields that fdpp does not implement are accepted at the value that leaves the output as
+    it is, so that code written for vLLM runs unchanged, and refused otherwise (InvalidInputError
+    naming the field): n and best_of (1 or None), presence_penalty and frequency_penalty (0),
+    logprobs and prompt_logprobs (None), stop_token_ids (None or empty), skip_special_tokens (True).
     """
 
     __slots__ = (
@@ -140,7 +145,26 @@ class SamplingParams:
         stop: Union[str, Sequence[str], None] = None,
         ignore_eos: bool = False,
         repeat_last_n: int = 64,
+        *,
+        n: int = 1,
+        best_of: Optional[int] = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logprobs: Optional[int] = None,
+        prompt_logprobs: Optional[int] = None,
+        stop_token_ids: Optional[Sequence[int]] = None,
+        skip_special_tokens: bool = True,
     ) -> None:
+        for name, value, neutral in (("n", n, (1,)), ("best_of", best_of, (None, 1)),
+                                     ("presence_penalty", presence_penalty, (0,)),
+                                     ("frequency_penalty", frequency_penalty, (0,)), ("logprobs", logprobs, (None,)),
+                                     ("prompt_logprobs", prompt_logprobs, (None,)),
+                                     ("skip_special_tokens", skip_special_tokens, (True,))):
+            # bool is an int: True must not pass as n = 1, nor False as a penalty of 0.
+            if isinstance(value, bool) != isinstance(neutral[-1], bool) or value not in neutral:
+                raise _bad(f"{name}: {value!r} is not supported (fdpp takes only {' or '.join(map(repr, neutral))})")
+        if stop_token_ids:
+            raise _bad(f"stop_token_ids: {stop_token_ids!r} is not supported (use stop strings)")
         self.temperature = _check_float("temperature", temperature, 0.0, 100.0)
         self.top_k = _check_int("top_k", top_k, -1, 1 << 24)
         self.top_p = _check_float("top_p", top_p, 0.0, 1.0, low_open=True)

@@ -51,12 +51,33 @@ def test_unknown_keywords_are_type_errors(llm):
         ({"seed": -1}, "seed: -1 is not in [0, "),
         ({"max_tokens": 2.5}, "max_tokens: expected an integer, got float 2.5"),
         ({"stop": ["ok", ""]}, "stop: '' is not a non-empty string"),
+        # vLLM's fields fdpp does not implement: refused away from the value that changes nothing.
+        ({"n": 2}, "n: 2 is not supported (fdpp takes only 1)"),
+        ({"n": True}, "n: True is not supported"),
+        ({"best_of": 4}, "best_of: 4 is not supported (fdpp takes only None or 1)"),
+        ({"presence_penalty": 0.5}, "presence_penalty: 0.5 is not supported (fdpp takes only 0)"),
+        ({"frequency_penalty": -1}, "frequency_penalty: -1 is not supported"),
+        ({"logprobs": 5}, "logprobs: 5 is not supported (fdpp takes only None)"),
+        ({"prompt_logprobs": 1}, "prompt_logprobs: 1 is not supported"),
+        ({"stop_token_ids": [2]}, "stop_token_ids: [2] is not supported (use stop strings)"),
+        ({"skip_special_tokens": False}, "skip_special_tokens: False is not supported (fdpp takes only True)"),
     ],
 )
 def test_sampling_params_are_checked_when_made(kwargs, message):
     with pytest.raises(fdpp.InvalidInputError) as e:
         fdpp.SamplingParams(**kwargs)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_vllm_fields_at_their_neutral_values_change_nothing(llm):
+    # Code written for vLLM passes these; at these values the tokens are those of plain params.
+    plain = fdpp.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    vllm_style = fdpp.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, n=1, best_of=None,
+                                     presence_penalty=0.0, frequency_penalty=0.0, logprobs=None, prompt_logprobs=None,
+                                     stop_token_ids=[], skip_special_tokens=True)
+    assert vllm_style == plain
+    a, b = llm.generate(["Hello", "Hello"], [plain, vllm_style])
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 6
 
 
 def test_missing_model_path(cli, tmp_path):
