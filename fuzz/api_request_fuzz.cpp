@@ -38,6 +38,7 @@ void write_seeds(const std::string& dir) {
       R"(b{"prompt": [1, 2, 3], "stream": true, "stream_options": {"include_usage": true}, "stop": ["a", "bc"]})",
       R"(b{"prompt": "x", "top_p": 0.5, "top_k": 3, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 7})",
       R"(b{"prompt": "x", "n": 1, "logprobs": null, "ignore_eos": true, "return_token_ids": true, "user": "u"})",
+      R"(b{"prompt": "x", "stop_token_ids": [2, 7], "max_tokens": 3})",
       R"(a{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]})",
       R"(a{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}], "max_completion_tokens": 3})",
       R"(a{"messages": [{"role": "assistant", "content": "x"}], "response_format": {"type": "text"}})",
@@ -86,5 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   promise(fdpp::repeat_penalty_problem(s.repeat_penalty).empty(), "repetition_penalty in range");
   promise(static_cast<int>(g.stop.size()) <= limits.max_stop_strings, "at most max_stop_strings");
   for (const std::string& stop : g.stop) promise(fdpp::stop_problem(stop).empty(), "stop strings in range");
+  promise(static_cast<int>(g.stop_token_ids.size()) <= limits.max_stop_token_ids, "at most max_stop_token_ids");
+  for (int32_t id : g.stop_token_ids) promise(id >= 0 && id < m.vocab_size, "stop token ids inside the vocabulary");
   return 0;
 }

@@ -341,6 +341,19 @@ TEST_F(SchedulerTest, CancelFreesBlocksAndStopStringsCutTheText) {
   const auto cut = run(*e, {r}, o)[0];
   EXPECT_EQ(cut.finish_reason, "stop");
   EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+
+  // A stop token id taken from the same output ends it at that token's first occurrence, even with
+  // ignore_eos: the token is kept in token_ids, the text is that of the tokens before it.
+  r.stop.clear();
+  const int k = static_cast<int>(full.token_ids.size()) / 2;
+  const int32_t stop_id = full.token_ids[k];
+  const int first =
+      static_cast<int>(std::find(full.token_ids.begin(), full.token_ids.end(), stop_id) - full.token_ids.begin());
+  r.stop_token_ids = {stop_id};
+  const auto by_id = run(*e, {r}, o)[0];
+  EXPECT_EQ(by_id.finish_reason, "stop");
+  EXPECT_EQ(by_id.token_ids, std::vector<int32_t>(full.token_ids.begin(), full.token_ids.begin() + first + 1));
+  EXPECT_EQ(by_id.text, model_->tokenizer->decode(std::span<const int32_t>(full.token_ids.data(), first), true));
 }
 
 TEST_F(SchedulerTest, RejectsWhatCanNeverRunAndAFullQueue) {
@@ -357,6 +370,12 @@ TEST_F(SchedulerTest, RejectsWhatCanNeverRunAndAFullQueue) {
   auto nan = request(10, 4, 0, 1);
   nan.sampling.top_p = 0;
   EXPECT_NE(test::error_of([&] { s.submit(nan, {}); }).find("top-p"), std::string::npos);
+  auto bad_stop = request(10, 4, 0, 1);
+  bad_stop.stop_token_ids = {3, config_->vocab_size};
+  EXPECT_EQ(test::error_of([&] { s.submit(bad_stop, {}); }),
+            fmt::format("stop token id {} is out of range [0, {})", config_->vocab_size, config_->vocab_size));
+  bad_stop.stop_token_ids.assign(65, 3);
+  EXPECT_EQ(test::error_of([&] { s.submit(bad_stop, {}); }), "65 stop token ids: at most 64 are supported");
   s.submit(request(10, 4, 0, 1), {});
   s.submit(request(10, 4, 0, 1), {});
   EXPECT_THROW(s.submit(request(10, 4, 0, 1), {}), QueueFullError);

@@ -49,8 +49,9 @@ TEST(ServerApi, CompletionFields) {
                               "min_p": 0.1, "repetition_penalty": 1.2, "seed": 42, "stop": ["a", "bc"],
                               "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
                               "user": "u", "n": 1, "echo": false, "logprobs": null, "presence_penalty": 0,
-                              "return_token_ids": true})");
+                              "return_token_ids": true, "stop_token_ids": [2, 299]})");
   EXPECT_EQ(r.generation.prompt, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(r.generation.stop_token_ids, (std::vector<int32_t>{2, 299}));
   EXPECT_EQ(r.generation.max_tokens, 8);
   EXPECT_FLOAT_EQ(r.generation.sampling.temperature, 0.0f);
   EXPECT_FLOAT_EQ(r.generation.sampling.top_p, 0.5f);
@@ -68,6 +69,7 @@ TEST(ServerApi, CompletionFields) {
   // A single stop string, top_k -1 as off, a one-element prompt list, the model by its path.
   r = parse(Endpoint::Completions, R"({"prompt": ["ab"], "stop": "x", "top_k": -1, "model": "/models/tiny.gguf"})");
   EXPECT_EQ(r.generation.stop, (std::vector<std::string>{"x"}));
+  EXPECT_TRUE(r.generation.stop_token_ids.empty());
   EXPECT_EQ(r.generation.sampling.top_k, 0);
   EXPECT_EQ(r.generation.prompt.size(), 2u);
 }
@@ -116,6 +118,15 @@ TEST(ServerApi, BadRequestsNameTheField) {
             std::make_pair(400, std::string("stream_options")));
   EXPECT_EQ(error_of(C, R"({"prompt": "a", "model": "gpt-4"})"), std::make_pair(404, std::string("model")));
   EXPECT_EQ(error_of(C, R"({"prompt": [1, 300]})"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(error_of(C, R"({"prompt": "a", "stop_token_ids": [300]})"),
+            std::make_pair(400, std::string("stop_token_ids")));
+  EXPECT_EQ(error_of(C, R"({"prompt": "a", "stop_token_ids": 3})"), std::make_pair(400, std::string("stop_token_ids")));
+  EXPECT_EQ(error_of(C, R"({"prompt": "a", "stop_token_ids": [true]})"),
+            std::make_pair(400, std::string("stop_token_ids")));
+  json many = {{"prompt", "a"}, {"stop_token_ids", std::vector<int>(65, 1)}};
+  EXPECT_EQ(error_of(C, many.dump()), std::make_pair(400, std::string("stop_token_ids")));
+  many["stop_token_ids"] = std::vector<int>(64, 1);
+  EXPECT_EQ(error_of(C, many.dump()), std::make_pair(0, std::string("no error")));
   EXPECT_EQ(error_of(C, R"({"prompt": [1, -1]})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(error_of(C, R"({"prompt": []})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(error_of(C, R"({"prompt": ["a", "b"]})"), std::make_pair(400, std::string("prompt")));

@@ -112,12 +112,14 @@ class SamplingParams:
             seed, the tokens depend only on the seed and the logits, never on the batch.
         max_tokens: tokens to generate, >= 1 (default 128, as the CLI's -n).
         stop: a string or strings; the text ends before the first one found (finish_reason "stop").
+        stop_token_ids: ids that end the generation as an end-of-generation token does (vLLM's): kept
+            in token_ids, not in the text; ignore_eos does not turn them off. At most 64.
         ignore_eos: keep generating past end-of-generation tokens.
 
     vLLM's fields that fdpp does not implement are accepted at the value that leaves the output as
     it is, so that code written for vLLM runs unchanged, and refused otherwise (InvalidInputError
     naming the field): n and best_of (1 or None), presence_penalty and frequency_penalty (0),
-    logprobs and prompt_logprobs (None), stop_token_ids (None or empty), skip_special_tokens (True).
+    logprobs and prompt_logprobs (None), skip_special_tokens (True).
     """
 
     __slots__ = (
@@ -131,6 +133,7 @@ class SamplingParams:
         "max_tokens",
         "stop",
         "ignore_eos",
+        "stop_token_ids",
     )
 
     def __init__(
@@ -163,8 +166,14 @@ class SamplingParams:
             # bool is an int: True must not pass as n = 1, nor False as a penalty of 0.
             if isinstance(value, bool) != isinstance(neutral[-1], bool) or value not in neutral:
                 raise _bad(f"{name}: {value!r} is not supported (fdpp takes only {' or '.join(map(repr, neutral))})")
-        if stop_token_ids:
-            raise _bad(f"stop_token_ids: {stop_token_ids!r} is not supported (use stop strings)")
+        if stop_token_ids is None:
+            stop_token_ids = []
+        elif isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, Iterable):
+            raise _bad(f"stop_token_ids: expected a list of token ids, got {type(stop_token_ids).__name__}")
+        self.stop_token_ids = [_check_int(f"stop_token_ids[{i}]", t, 0, (1 << 31) - 1)
+                               for i, t in enumerate(stop_token_ids)]
+        if len(self.stop_token_ids) > 64:
+            raise _bad(f"stop_token_ids: {len(self.stop_token_ids)} ids; at most 64 are supported")
         self.temperature = _check_float("temperature", temperature, 0.0, 100.0)
         self.top_k = _check_int("top_k", top_k, -1, 1 << 24)
         self.top_p = _check_float("top_p", top_p, 0.0, 1.0, low_open=True)
@@ -213,6 +222,7 @@ class SamplingParams:
         r.sampling = s
         r.max_tokens = self.max_tokens
         r.ignore_eos = self.ignore_eos
+        r.stop_token_ids = self.stop_token_ids
         r.stop = self.stop
         return r
 

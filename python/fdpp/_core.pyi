@@ -34,6 +34,7 @@ class CoreRequest:
     max_tokens: int
     ignore_eos: bool
     stop: list[str]
+    stop_token_ids: list[int]
     def __init__(self) -> None: ...
 
 class CoreResult:

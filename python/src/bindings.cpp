@@ -526,7 +526,8 @@ NB_MODULE(_core, m) {
       .def_rw("sampling", &GenerationRequest::sampling)
       .def_rw("max_tokens", &GenerationRequest::max_tokens)
       .def_rw("ignore_eos", &GenerationRequest::ignore_eos)
-      .def_rw("stop", &GenerationRequest::stop);
+      .def_rw("stop", &GenerationRequest::stop)
+      .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids);
 
   nb::class_<Result>(m, "CoreResult")
       .def_prop_ro("id", [](const Result& r) { return r.r.id; })

@@ -15,6 +15,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // per-token search stay small (OpenAI allows 4; llama-server does not bound them).
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopBytes = 256;
+constexpr size_t kMaxStopTokenIds = 64;  // each is compared with every generated token
 
 // Length of the longest suffix of `text` that is a proper prefix of some stop string: those bytes
 // may still become a stop string and are held back.
@@ -96,6 +97,10 @@ uint64_t Scheduler::submit(GenerationRequest request, GenerationCallbacks callba
   for (const std::string& s : request.stop)
     check(!s.empty() && s.size() <= kMaxStopBytes, "a stop string must have 1 to {} bytes, not {}", kMaxStopBytes,
           s.size());
+  check(request.stop_token_ids.size() <= kMaxStopTokenIds, "{} stop token ids: at most {} are supported",
+        request.stop_token_ids.size(), kMaxStopTokenIds);
+  for (const int32_t id : request.stop_token_ids)
+    check(id >= 0 && id < c.vocab_size, "stop token id {} is out of range [0, {})", id, c.vocab_size);
   std::lock_guard<std::mutex> lock(mutex_);
   check(!stopping_, "the engine is shutting down: no new requests");
   if (static_cast<int>(waiting_.size()) >= options_.max_waiting)
@@ -170,7 +175,9 @@ bool Scheduler::emit_token(Active& a, int32_t token) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.generated_tokens++;
   }
-  if (!a.request.ignore_eos && tokenizer_.is_end_of_generation(token)) {
+  const std::vector<int32_t>& stop_ids = a.request.stop_token_ids;
+  if ((!a.request.ignore_eos && tokenizer_.is_end_of_generation(token)) ||
+      std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
     finish(a, "stop");
     return true;
   }

@@ -40,6 +40,9 @@ struct GenerationRequest {
   int max_tokens = 128;             // >= 1
   bool ignore_eos = false;
   std::vector<std::string> stop;    // stop strings: the text ends before the first one found
+  // Ids that end the generation like an end-of-generation token (vLLM's stop_token_ids): kept in
+  // token_ids, left out of the text, finish_reason "stop"; ignore_eos does not turn them off.
+  std::vector<int32_t> stop_token_ids;
 };
 
 struct GenerationResult {

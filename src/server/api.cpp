@@ -116,12 +116,8 @@ bool is_one(const json& v) { return v.is_number_integer() && v.get<int64_t>() ==
 bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool is_empty_container(const json& v) { return (v.is_object() || v.is_array()) && v.empty(); }
 
-// Token ids of a prompt given as ids: each in [0, vocab).
-std::vector<int32_t> token_ids(const json& arr, const char* param, const ModelInfo& model) {
-  // Bounded before the copy: a prompt cannot be longer than the context anyway.
-  if (arr.size() >= static_cast<size_t>(model.max_context))
-    throw bad(param, fmt::format("the prompt is {} tokens; this model's context is {} tokens", arr.size(), model.max_context),
-              "context_length_exceeded");
+// A JSON array of token ids, each in [0, vocab).
+std::vector<int32_t> checked_ids(const json& arr, const char* param, const ModelInfo& model) {
   std::vector<int32_t> ids;
   ids.reserve(arr.size());
   for (size_t i = 0; i < arr.size(); ++i) {
@@ -132,6 +128,27 @@ std::vector<int32_t> token_ids(const json& arr, const char* param, const ModelIn
     ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   return ids;
+}
+
+// Token ids of a prompt given as ids: each in [0, vocab).
+std::vector<int32_t> token_ids(const json& arr, const char* param, const ModelInfo& model) {
+  // Bounded before the copy: a prompt cannot be longer than the context anyway.
+  if (arr.size() >= static_cast<size_t>(model.max_context))
+    throw bad(param,
+              fmt::format("the prompt is {} tokens; this model's context is {} tokens", arr.size(), model.max_context),
+              "context_length_exceeded");
+  return checked_ids(arr, param, model);
+}
+
+// vLLM's stop_token_ids: null, or a list of at most max_stop_token_ids ids.
+std::vector<int32_t> stop_token_ids(const json& body, const ModelInfo& model, const ApiLimits& limits) {
+  const json* s = field(body, "stop_token_ids");
+  if (!s) return {};
+  if (!s->is_array()) throw bad("stop_token_ids", "'stop_token_ids' must be a list of token ids");
+  if (s->size() > static_cast<size_t>(limits.max_stop_token_ids))
+    throw bad("stop_token_ids",
+              fmt::format("{} stop token ids; the limit is {}", s->size(), limits.max_stop_token_ids));
+  return checked_ids(*s, "stop_token_ids", model);
 }
 
 std::vector<int32_t> completion_prompt(const json& body, const ModelInfo& model, const PromptCodec& codec) {
@@ -253,8 +270,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   const bool chat = endpoint == Endpoint::Chat;
   // Every top-level field this server reads or accepts as harmless; the rest are refused by name.
   static const std::set<std::string> common = {
-      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop",
-      "stream", "stream_options", "ignore_eos", "return_token_ids",
+      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop", "stream",
+      "stream_options", "ignore_eos", "return_token_ids", "stop_token_ids",
       // Cannot change the output: bookkeeping fields.
       "user", "metadata", "store", "service_tier",
       // Accepted only when off (checked below).
@@ -339,6 +356,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   }
   r.generation.ignore_eos = opt_bool(body, "ignore_eos").value_or(false);
   r.generation.stop = stop_strings(body, limits);
+  r.generation.stop_token_ids = stop_token_ids(body, model, limits);
 
   std::optional<int64_t> max_tokens = opt_int(body, "max_tokens", 1, std::numeric_limits<int32_t>::max());
   const char* max_param = "max_tokens";

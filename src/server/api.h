@@ -32,6 +32,7 @@ struct ApiLimits {
   int max_messages = 4096;             // chat messages in one request
   int max_stop_strings = 16;           // OpenAI allows 4; the scheduler 16. Each is matched every token.
   int max_stop_bytes = 256;            // bytes of one stop string (the scheduler's kMaxStopBytes)
+  int max_stop_token_ids = 64;         // the scheduler's kMaxStopTokenIds
 };
 
 // An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with an HTTP status.

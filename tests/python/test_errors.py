@@ -59,7 +59,9 @@ def test_unknown_keywords_are_type_errors(llm):
         ({"frequency_penalty": -1}, "frequency_penalty: -1 is not supported"),
         ({"logprobs": 5}, "logprobs: 5 is not supported (fdpp takes only None)"),
         ({"prompt_logprobs": 1}, "prompt_logprobs: 1 is not supported"),
-        ({"stop_token_ids": [2]}, "stop_token_ids: [2] is not supported (use stop strings)"),
+        ({"stop_token_ids": 2}, "stop_token_ids: expected a list of token ids, got int"),
+        ({"stop_token_ids": [2, -1]}, "stop_token_ids[1]: -1 is not in [0, "),
+        ({"stop_token_ids": [1] * 65}, "stop_token_ids: 65 ids; at most 64 are supported"),
         ({"skip_special_tokens": False}, "skip_special_tokens: False is not supported (fdpp takes only True)"),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 
 import fdpp
+import pytest
 
 PROMPTS = [
     "The capital of France is",
@@ -114,6 +115,22 @@ def test_stop_strings_and_finish_reasons(llm):
     assert one.finish_reason == "length" and len(one.token_ids) == 1
     m = one.metrics
     assert 0 < m.time_to_first_token <= m.total_time and m.preemptions == 0
+
+
+def test_stop_token_ids(llm):
+    # An id from the middle of the greedy output ends it at that id's first occurrence, ignore_eos or
+    # not: kept in token_ids, out of the text.
+    sp = fdpp.SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+    (free,) = llm.generate(PROMPTS[0], sp)
+    stop_id = free.token_ids[len(free.token_ids) // 2]
+    first = free.token_ids.index(stop_id)
+    (cut,) = llm.generate(PROMPTS[0], fdpp.SamplingParams(temperature=0, max_tokens=N, ignore_eos=True,
+                                                          stop_token_ids=[stop_id]))
+    assert cut.finish_reason == "stop"
+    assert cut.token_ids == free.token_ids[: first + 1]
+    assert cut.text == llm.tokenizer.decode(free.token_ids[:first])
+    with pytest.raises(fdpp.InvalidInputError, match=r"stop token id 49152 is out of range \[0, 49152\)"):
+        llm.generate(PROMPTS[0], fdpp.SamplingParams(stop_token_ids=[49152]))
 
 
 def test_sampling_is_seeded(llm):
