@@ -39,6 +39,7 @@ void write_seeds(const std::string& dir) {
       R"(b{"prompt": "x", "top_p": 0.5, "top_k": 3, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 7})",
       R"(b{"prompt": "x", "n": 1, "logprobs": null, "ignore_eos": true, "return_token_ids": true, "user": "u"})",
       R"(b{"prompt": "x", "stop_token_ids": [2, 7], "max_tokens": 3})",
+      R"(b{"prompt": ["ab", [5, 6]], "max_tokens": 2})",
       R"(a{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]})",
       R"(a{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}], "max_completion_tokens": 3})",
       R"(a{"messages": [{"role": "assistant", "content": "x"}], "response_format": {"type": "text"}})",
@@ -73,21 +74,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)dump(error_body(e));  // as the server writes it (invalid UTF-8 in the message replaced)
     return 0;
   }
-  // Accepted: what the scheduler needs to run it (src/engine/scheduler.h's GenerationRequest).
-  const fdpp::GenerationRequest& g = r.generation;
-  promise(!g.prompt.empty(), "a non-empty prompt");
-  for (int32_t id : g.prompt) promise(id >= 0 && id < m.vocab_size, "prompt ids inside the vocabulary");
-  promise(g.max_tokens >= 1, "max_tokens >= 1");
-  promise(static_cast<int64_t>(g.prompt.size()) + g.max_tokens <= m.max_context, "prompt + max_tokens fit");
-  const fdpp::SamplingParams& s = g.sampling;
-  promise(fdpp::temperature_problem(s.temperature).empty(), "temperature in range");
-  promise(fdpp::top_p_problem(s.top_p).empty(), "top_p in range");
-  promise(fdpp::min_p_problem(s.min_p).empty(), "min_p in range");
-  promise(fdpp::top_k_problem(s.top_k).empty(), "top_k in range");
-  promise(fdpp::repeat_penalty_problem(s.repeat_penalty).empty(), "repetition_penalty in range");
-  promise(static_cast<int>(g.stop.size()) <= limits.max_stop_strings, "at most max_stop_strings");
-  for (const std::string& stop : g.stop) promise(fdpp::stop_problem(stop).empty(), "stop strings in range");
-  promise(static_cast<int>(g.stop_token_ids.size()) <= limits.max_stop_token_ids, "at most max_stop_token_ids");
-  for (int32_t id : g.stop_token_ids) promise(id >= 0 && id < m.vocab_size, "stop token ids inside the vocabulary");
+  // Accepted: what the scheduler needs to run it (src/engine/scheduler.h's GenerationRequest), for
+  // every prompt of a batch.
+  promise(r.batch.empty() || (r.batch.size() >= 2 && static_cast<int>(r.batch.size()) <= limits.max_prompts &&
+                              !r.stream && r.batch[0].prompt == r.generation.prompt),
+          "a batch has 2..max_prompts prompts, is not streamed, and generation is its first");
+  for (const fdpp::GenerationRequest& g : r.batch.empty() ? std::vector<fdpp::GenerationRequest>{r.generation} : r.batch) {
+    promise(!g.prompt.empty(), "a non-empty prompt");
+    for (int32_t id : g.prompt) promise(id >= 0 && id < m.vocab_size, "prompt ids inside the vocabulary");
+    promise(g.max_tokens >= 1, "max_tokens >= 1");
+    promise(static_cast<int64_t>(g.prompt.size()) + g.max_tokens <= m.max_context, "prompt + max_tokens fit");
+    const fdpp::SamplingParams& s = g.sampling;
+    promise(fdpp::temperature_problem(s.temperature).empty(), "temperature in range");
+    promise(fdpp::top_p_problem(s.top_p).empty(), "top_p in range");
+    promise(fdpp::min_p_problem(s.min_p).empty(), "min_p in range");
+    promise(fdpp::top_k_problem(s.top_k).empty(), "top_k in range");
+    promise(fdpp::repeat_penalty_problem(s.repeat_penalty).empty(), "repetition_penalty in range");
+    promise(static_cast<int>(g.stop.size()) <= limits.max_stop_strings, "at most max_stop_strings");
+    for (const std::string& stop : g.stop) promise(fdpp::stop_problem(stop).empty(), "stop strings in range");
+    promise(static_cast<int>(g.stop_token_ids.size()) <= limits.max_stop_token_ids, "at most max_stop_token_ids");
+    for (int32_t id : g.stop_token_ids) promise(id >= 0 && id < m.vocab_size, "stop token ids inside the vocabulary");
+  }
   return 0;
 }

@@ -72,6 +72,23 @@ TEST(ServerApi, CompletionFields) {
   EXPECT_TRUE(r.generation.stop_token_ids.empty());
   EXPECT_EQ(r.generation.sampling.top_k, 0);
   EXPECT_EQ(r.generation.prompt.size(), 2u);
+  EXPECT_TRUE(r.batch.empty());
+  // A batch: one request per prompt, the sampling fields shared, max_tokens by default per prompt.
+  r = parse(Endpoint::Completions, R"({"prompt": ["ab", [5, 6, 7]], "temperature": 0, "stop": "x"})");
+  ASSERT_EQ(r.batch.size(), 2u);
+  EXPECT_EQ(r.batch[0].prompt, (std::vector<int32_t>{'a' + 1, 'b' + 1}));
+  EXPECT_EQ(r.batch[1].prompt, (std::vector<int32_t>{5, 6, 7}));
+  for (const GenerationRequest& g : r.batch) {
+    EXPECT_EQ(g.max_tokens, 16);
+    EXPECT_FLOAT_EQ(g.sampling.temperature, 0.0f);
+    EXPECT_EQ(g.stop, (std::vector<std::string>{"x"}));
+  }
+  EXPECT_EQ(r.generation.prompt, r.batch[0].prompt);
+  // Near the 64-token context the default shrinks for that prompt alone.
+  r = parse(Endpoint::Completions, "{\"prompt\": [\"a\", \"" + std::string(60, 'x') + "\"]}");
+  ASSERT_EQ(r.batch.size(), 2u);
+  EXPECT_EQ(r.batch[0].max_tokens, 16);
+  EXPECT_EQ(r.batch[1].max_tokens, 4);
 }
 
 TEST(ServerApi, ChatMessagesAndMaxTokens) {
@@ -129,15 +146,27 @@ TEST(ServerApi, BadRequestsNameTheField) {
   EXPECT_EQ(error_of(C, many.dump()), std::make_pair(0, std::string("no error")));
   EXPECT_EQ(error_of(C, R"({"prompt": [1, -1]})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(error_of(C, R"({"prompt": []})"), std::make_pair(400, std::string("prompt")));
-  EXPECT_EQ(error_of(C, R"({"prompt": ["a", "b"]})"), std::make_pair(400, std::string("prompt")));
-  EXPECT_EQ(error_of(C, R"({"prompt": [[1], [2]]})"), std::make_pair(400, std::string("prompt")));
+  // Batches (lists of prompts): each element checked, streaming refused, at most max_prompts.
+  EXPECT_EQ(error_of(C, R"({"prompt": ["a", []]})"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(error_of(C, R"({"prompt": ["a", 5]})"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(error_of(C, R"({"prompt": [[1], [2, 300]]})"), std::make_pair(400, std::string("prompt[1]")));
+  EXPECT_EQ(error_of(C, R"({"prompt": ["a", "b"], "stream": true})"), std::make_pair(400, std::string("stream")));
+  EXPECT_EQ(error_of(C, "{\"prompt\": [\"a\", \"" + std::string(64, 'x') + "\"]}"),
+            std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(error_of(C, R"({"prompt": ["a", "bcd"], "max_tokens": 61})"), std::make_pair(0, std::string("no error")));
+  EXPECT_EQ(error_of(C, R"({"prompt": ["a", "bcd"], "max_tokens": 62})"),
+            std::make_pair(400, std::string("max_tokens")));
+  EXPECT_EQ(error_of(C, json{{"prompt", std::vector<std::string>(65, "a")}}.dump()),
+            std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(error_of(C, json{{"prompt", std::vector<std::string>(64, "a")}}.dump()),
+            std::make_pair(0, std::string("no error")));
   EXPECT_EQ(error_of(C, R"({"prompt": ""})"), std::make_pair(400, std::string("prompt")));
   // Nesting: 64 levels parse (the error is then the prompt's type); millions, within the body
   // limit, are refused while parsing: printing the parsed value in a message overflowed the stack.
   const auto nested = [](size_t levels) {
     return "{\"prompt\": " + std::string(levels, '[') + std::string(levels, ']') + "}";
   };
-  EXPECT_EQ(error_of(C, nested(63)), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(error_of(C, nested(63)), std::make_pair(400, std::string("prompt[0]")));
   EXPECT_EQ(error_of(C, nested(64)), std::make_pair(400, std::string()));
   EXPECT_EQ(error_of(C, nested(4'000'000)), std::make_pair(400, std::string()));
   try {
@@ -215,6 +244,20 @@ TEST(ServerApi, ResponseShapes) {
   EXPECT_EQ(body["object"], "text_completion");
   EXPECT_EQ(body["choices"][0]["text"], "hé");
   EXPECT_EQ(body["choices"][0]["token_ids"], json({4, 5}));
+  // A batch: a choice per result in order, usage summed.
+  GenerationResult r2 = r;
+  r2.prompt = {1};
+  r2.token_ids = {6, 7, 8};
+  r2.text = "b";
+  r2.finish_reason = "stop";
+  const GenerationResult both[] = {r, r2};
+  body = completion_body(ctx, both);
+  ASSERT_EQ(body["choices"].size(), 2u);
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["choices"][1]["text"], "b");
+  EXPECT_EQ(body["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(body["choices"][1]["prompt_token_ids"], json({1}));
+  EXPECT_EQ(body["usage"], json({{"prompt_tokens", 4}, {"completion_tokens", 5}, {"total_tokens", 9}}));
   const int32_t toks[] = {9};
   json chunk = stream_chunk(ctx, "x", toks, "", false, false);
   EXPECT_EQ(chunk["choices"][0]["text"], "x");

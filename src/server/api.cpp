@@ -151,25 +151,32 @@ std::vector<int32_t> stop_token_ids(const json& body, const ModelInfo& model, co
   return checked_ids(*s, "stop_token_ids", model);
 }
 
-std::vector<int32_t> completion_prompt(const json& body, const ModelInfo& model, const PromptCodec& codec) {
+// The prompts of /v1/completions: a string, a list of token ids, or (OpenAI's batch) a list of up
+// to max_prompts strings or id lists.
+std::vector<std::vector<int32_t>> completion_prompts(const json& body, const ModelInfo& model, const PromptCodec& codec,
+                                                     const ApiLimits& limits) {
   const json* p = field(body, "prompt");
   if (!p) throw bad("prompt", "'prompt' is required (a string or a list of token ids)");
-  if (p->is_string()) return codec.encode(p->get_ref<const std::string&>());
+  if (p->is_string()) return {codec.encode(p->get_ref<const std::string&>())};
   if (!p->is_array()) throw bad("prompt", "'prompt' must be a string or a list of token ids");
   if (p->empty()) throw bad("prompt", "'prompt' is an empty list");
-  const json& first = (*p)[0];
-  if (first.is_number()) return token_ids(*p, "prompt", model);
-  // A list of prompts (strings or id lists) is a batch in OpenAI's API; one element is the same as
-  // that element, more would need n choices per response, which this server does not do.
-  if (first.is_string() || first.is_array()) {
-    if (p->size() != 1)
-      throw bad("prompt", fmt::format("'prompt' is a list of {} prompts; this server takes one prompt per request", p->size()),
-                "unsupported_parameter");
-    if (first.is_string()) return codec.encode(first.get_ref<const std::string&>());
-    if (first.empty()) throw bad("prompt", "'prompt' is an empty list");
-    return token_ids(first, "prompt", model);
+  if ((*p)[0].is_number()) return {token_ids(*p, "prompt", model)};
+  if (p->size() > static_cast<size_t>(limits.max_prompts))
+    throw bad("prompt",
+              fmt::format("'prompt' is a list of {} prompts; the limit is {}", p->size(), limits.max_prompts));
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < p->size(); ++i) {
+    const json& one = (*p)[i];
+    const std::string param = fmt::format("prompt[{}]", i);
+    if (one.is_string()) {
+      prompts.push_back(codec.encode(one.get_ref<const std::string&>()));
+    } else if (one.is_array() && !one.empty()) {
+      prompts.push_back(token_ids(one, param.c_str(), model));
+    } else {
+      throw bad("prompt", fmt::format("{} must be a string or a non-empty list of token ids", param));
+    }
   }
-  throw bad("prompt", "'prompt' must be a string or a list of token ids");
+  return prompts;
 }
 
 std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits) {
@@ -368,27 +375,45 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   }
 
   // The prompt last: encoding is the expensive part, done once the cheap checks passed.
-  std::vector<int32_t> prompt;
+  std::vector<std::vector<int32_t>> prompts;
   const char* prompt_param = chat ? "messages" : "prompt";
   try {
-    prompt = chat ? codec.encode_chat(chat_messages(body, limits)) : completion_prompt(body, model, codec);
+    if (chat)
+      prompts.push_back(codec.encode_chat(chat_messages(body, limits)));
+    else
+      prompts = completion_prompts(body, model, codec, limits);
   } catch (const fdpp::Error& e) {  // a chat template this model lacks, text the tokenizer refuses
     throw bad(prompt_param, e.what());
   }
-  if (prompt.empty()) throw bad(prompt_param, "the prompt encodes to no tokens");
-  const int64_t n = static_cast<int64_t>(prompt.size());
-  if (n >= model.max_context)
-    throw bad(prompt_param, fmt::format("the prompt is {} tokens; this model's context is {} tokens (prompt and output)",
-                                        n, model.max_context),
-              "context_length_exceeded");
-  const int64_t room = model.max_context - n;
-  if (max_tokens && *max_tokens > room)
-    throw bad(max_param,
-              fmt::format("{} = {} with a prompt of {} tokens exceeds this model's context of {} tokens", max_param,
-                          *max_tokens, n, model.max_context),
-              "context_length_exceeded");
-  r.generation.max_tokens = static_cast<int>(max_tokens ? *max_tokens : (chat ? room : std::min<int64_t>(16, room)));
-  r.generation.prompt = std::move(prompt);
+  if (prompts.size() > 1 && r.stream)
+    throw bad("stream", "streaming a list of prompts is not supported: send them as separate requests",
+              "unsupported_parameter");
+  const bool batch = prompts.size() > 1;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int32_t>& prompt = prompts[i];
+    const std::string which = batch ? fmt::format("prompt[{}]", i) : std::string("the prompt");
+    if (prompt.empty()) throw bad(prompt_param, fmt::format("{} encodes to no tokens", which));
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    if (n >= model.max_context)
+      throw bad(prompt_param,
+                fmt::format("{} is {} tokens; this model's context is {} tokens (prompt and output)", which, n,
+                            model.max_context),
+                "context_length_exceeded");
+    const int64_t room = model.max_context - n;
+    if (max_tokens && *max_tokens > room)
+      throw bad(max_param,
+                fmt::format("{} = {} with {} of {} tokens exceeds this model's context of {} tokens", max_param,
+                            *max_tokens, batch ? which : "a prompt", n, model.max_context),
+                "context_length_exceeded");
+    GenerationRequest g = r.generation;
+    g.max_tokens = static_cast<int>(max_tokens ? *max_tokens : (chat ? room : std::min<int64_t>(16, room)));
+    g.prompt = std::move(prompt);
+    if (batch)
+      r.batch.push_back(std::move(g));
+    else
+      r.generation = std::move(g);
+  }
+  if (batch) r.generation = r.batch[0];
   return r;
 }
 
@@ -411,22 +436,34 @@ json envelope(const ResponseContext& ctx, bool chunk) {
 json finish_json(const std::string& reason) { return reason.empty() ? json(nullptr) : json(reason); }
 }  // namespace
 
-json completion_body(const ResponseContext& ctx, const GenerationResult& result) {
+json completion_body(const ResponseContext& ctx, std::span<const GenerationResult> results) {
   json body = envelope(ctx, false);
-  json choice = {{"index", 0}};
-  if (ctx.endpoint == Endpoint::Chat)
-    choice["message"] = {{"role", "assistant"}, {"content", result.text}};
-  else
-    choice["text"] = result.text;
-  choice["logprobs"] = nullptr;
-  choice["finish_reason"] = finish_json(result.finish_reason);
-  if (ctx.return_token_ids) {
-    choice["token_ids"] = result.token_ids;
-    choice["prompt_token_ids"] = result.prompt;
+  json choices = json::array();
+  size_t prompt_tokens = 0, completion_tokens = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const GenerationResult& result = results[i];
+    json choice = {{"index", i}};
+    if (ctx.endpoint == Endpoint::Chat)
+      choice["message"] = {{"role", "assistant"}, {"content", result.text}};
+    else
+      choice["text"] = result.text;
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = finish_json(result.finish_reason);
+    if (ctx.return_token_ids) {
+      choice["token_ids"] = result.token_ids;
+      choice["prompt_token_ids"] = result.prompt;
+    }
+    choices.push_back(std::move(choice));
+    prompt_tokens += result.prompt.size();
+    completion_tokens += result.token_ids.size();
   }
-  body["choices"] = json::array({std::move(choice)});
-  body["usage"] = usage_json(result.prompt.size(), result.token_ids.size());
+  body["choices"] = std::move(choices);
+  body["usage"] = usage_json(prompt_tokens, completion_tokens);
   return body;
+}
+
+json completion_body(const ResponseContext& ctx, const GenerationResult& result) {
+  return completion_body(ctx, std::span<const GenerationResult>(&result, 1));
 }
 
 json stream_chunk(const ResponseContext& ctx, std::string_view text, std::span<const int32_t> tokens,

@@ -33,6 +33,7 @@ struct ApiLimits {
   int max_stop_strings = 16;           // OpenAI allows 4; the scheduler 16. Each is matched every token.
   int max_stop_bytes = 256;            // bytes of one stop string (the scheduler's kMaxStopBytes)
   int max_stop_token_ids = 64;         // the scheduler's kMaxStopTokenIds
+  int max_prompts = 64;                // prompts in one /v1/completions request (a batch)
 };
 
 // An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with an HTTP status.
@@ -74,6 +75,9 @@ enum class Endpoint { Completions, Chat };
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::Completions;
   GenerationRequest generation;
+  // /v1/completions given a list of several prompts (OpenAI's batch): one request per prompt, in
+  // order (choice i answers prompt i); generation is the first. Empty for a single prompt.
+  std::vector<GenerationRequest> batch;
   bool stream = false;
   bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
   bool return_token_ids = false; // extension (vLLM's name): token ids beside the text
@@ -101,6 +105,8 @@ std::string response_id(Endpoint endpoint, uint64_t serial);
 // finish_reason as OpenAI spells it: "stop" or "length" (cancelled/error never reach a client).
 nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens);
 nlohmann::json completion_body(const ResponseContext& ctx, const GenerationResult& result);
+// A batch's body: choice i from results[i], usage summed.
+nlohmann::json completion_body(const ResponseContext& ctx, std::span<const GenerationResult> results);
 // A chunk carrying new text (finish_reason null), or the last chunk of the choice (finish_reason
 // set, text usually empty). Chat's first chunk carries the role (first = true).
 nlohmann::json stream_chunk(const ResponseContext& ctx, std::string_view text, std::span<const int32_t> tokens,

@@ -218,11 +218,12 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
   ctx.model = model_.id;
   ctx.return_token_ids = p.return_token_ids;
 
-  auto ch = std::make_shared<Channel>();
   {
     std::lock_guard lock(in_flight_mutex_);
     ++in_flight_;
   }
+  if (!p.batch.empty()) return handle_batch(p, ctx, res);
+  auto ch = std::make_shared<Channel>();
   uint64_t id = 0;
   try {
     id = scheduler_->submit(std::move(p.generation), callbacks_for(ch, metrics_));
@@ -317,6 +318,44 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
         if (!st->done) scheduler_->cancel(st->id);
         in_flight_done();
       });
+}
+
+void HttpServer::handle_batch(ParsedRequest& p, const ResponseContext& ctx, httplib::Response& res) {
+  std::vector<std::shared_ptr<Channel>> channels;
+  std::vector<uint64_t> ids;
+  const auto give_up = [&](const ApiError& e) {
+    for (uint64_t id : ids) scheduler_->cancel(id);
+    in_flight_done();
+    reply_error(res, e);
+  };
+  for (GenerationRequest& g : p.batch) {
+    // Unseeded prompts differ from each other as unseeded requests do.
+    if (!p.seed_given) g.sampling.seed = next_seed();
+    channels.push_back(std::make_shared<Channel>());
+    try {
+      ids.push_back(scheduler_->submit(std::move(g), callbacks_for(channels.back(), metrics_)));
+    } catch (const QueueFullError& e) {
+      metrics_.count_rejected_queue_full();
+      return give_up(
+          ApiError(503, fmt::format("the server is busy: {}", e.what()), "", "server_busy_error", "queue_full"));
+    } catch (const fdpp::Error& e) {
+      if (draining_) return give_up(ApiError(503, "the server is shutting down"));
+      return give_up(ApiError(400, fmt::format("prompt[{}]: {}", ids.size(), e.what())));
+    }
+  }
+  std::vector<GenerationResult> results;
+  for (const auto& ch : channels) {
+    std::unique_lock lock(ch->mutex);
+    ch->cv.wait(lock, [&] { return ch->finished; });
+    results.push_back(std::move(ch->result));
+  }
+  in_flight_done();
+  for (const GenerationResult& r : results) {
+    if (r.finish_reason == "error")
+      return reply_error(res, ApiError(500, fmt::format("generation failed: {}", r.error)));
+    if (r.finish_reason == "cancelled") return reply_error(res, ApiError(503, "the request was cancelled"));
+  }
+  res.set_content(dump(completion_body(ctx, results)), "application/json");
 }
 
 }  // namespace fdpp::server

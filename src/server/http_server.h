@@ -67,6 +67,9 @@ class HttpServer {
   enum class Phase { Loading, Ready, Draining };
   void route();
   void handle_generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  // A /v1/completions batch (several prompts, not streamed): every request submitted, then one
+  // body with a choice per prompt. The caller has counted the HTTP request in flight.
+  void handle_batch(ParsedRequest& p, const ResponseContext& ctx, httplib::Response& res);
   void reply_error(httplib::Response& res, const ApiError& e);
   uint64_t next_seed();
   void in_flight_done();

@@ -76,6 +76,27 @@ def test_completion_token_ids_prompt_and_stop(server):
     assert r.choices[0].text == text[: text.index(stop)]
 
 
+def test_batch_of_prompts_and_stop_token_ids(server):
+    # OpenAI's batch: a list of prompts gives a choice per prompt, in order, each what the prompt
+    # gets alone; usage is the sum.
+    c = client(server)
+    prompts = ["The capital of France is", "One, two, three, four,"]
+    r = c.completions.create(model=server.model_id, prompt=prompts, max_tokens=N, temperature=0)
+    assert [ch.index for ch in r.choices] == [0, 1]
+    refs = [generate_reference(p, N) for p in prompts]
+    assert [ch.text for ch in r.choices] == [text for _, text in refs]
+    assert r.usage.completion_tokens == sum(len(ids) for ids, _ in refs)
+    with pytest.raises(openai.BadRequestError, match="streaming a list of prompts"):
+        c.completions.create(model=server.model_id, prompt=prompts, max_tokens=N, stream=True)
+    # vLLM's stop_token_ids: the output ends at the first of them, which token_ids keeps.
+    ids, _ = refs[1]
+    stop_id = ids[len(ids) // 2]
+    r = c.completions.create(model=server.model_id, prompt=prompts[1], max_tokens=N, temperature=0,
+                             extra_body={"stop_token_ids": [stop_id], "return_token_ids": True})
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].token_ids == ids[: ids.index(stop_id) + 1]
+
+
 def test_chat_and_stream(server):
     c = client(server)
     msgs = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -151,7 +172,8 @@ BAD = [
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
     ("/v1/completions", {"prompt": 42}, 400, "prompt"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ["a", []]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "stop_token_ids": [10**6]}, 400, "stop_token_ids"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": -5}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 10**12}, 400, "max_tokens"),
