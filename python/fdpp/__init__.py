@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 import os
 import secrets
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
 if TYPE_CHECKING:

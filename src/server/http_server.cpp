@@ -14,8 +14,6 @@ namespace fdpp::server {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
 // What the engine thread hands a request's HTTP thread: text and token ids not yet sent (deltas
 // arriving while the HTTP thread writes are merged into one chunk), and the result at the end.
 struct Channel {
@@ -28,6 +26,8 @@ struct Channel {
   Clock::time_point last_delta{};
   bool had_delta = false;
 };
+
+namespace {
 
 GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Metrics& metrics) {
   GenerationCallbacks cb;
@@ -209,8 +209,6 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
   } catch (const ApiError& e) {
     return reply_error(res, e);
   }
-  if (!p.seed_given) p.generation.sampling.seed = next_seed();  // OpenAI: unseeded requests differ
-
   ResponseContext ctx;
   ctx.endpoint = endpoint;
   ctx.id = response_id(endpoint, serial_.fetch_add(1));
@@ -222,35 +220,19 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
     std::lock_guard lock(in_flight_mutex_);
     ++in_flight_;
   }
-  if (!p.batch.empty()) return handle_batch(p, ctx, res);
+  if (!p.stream) {
+    std::vector<GenerationRequest> requests =
+        p.batch.empty() ? std::vector{std::move(p.generation)} : std::move(p.batch);
+    return reply_whole(std::move(requests), p.seed_given, ctx, res);
+  }
+  if (!p.seed_given) p.generation.sampling.seed = next_seed();  // OpenAI: unseeded requests differ
   auto ch = std::make_shared<Channel>();
   uint64_t id = 0;
   try {
-    id = scheduler_->submit(std::move(p.generation), callbacks_for(ch, metrics_));
-  } catch (const QueueFullError& e) {
+    id = submit(std::move(p.generation), ch, "");
+  } catch (const ApiError& e) {
     in_flight_done();
-    metrics_.count_rejected_queue_full();
-    return reply_error(res, ApiError(503, fmt::format("the server is busy: {}", e.what()), "", "server_busy_error",
-                                     "queue_full"));
-  } catch (const fdpp::Error& e) {
-    in_flight_done();
-    // After stop() the scheduler refuses everything; otherwise this is a request it can never run.
-    if (draining_) return reply_error(res, ApiError(503, "the server is shutting down"));
-    return reply_error(res, ApiError(400, e.what()));
-  }
-
-  if (!p.stream) {
-    GenerationResult r;
-    {
-      std::unique_lock lock(ch->mutex);
-      ch->cv.wait(lock, [&] { return ch->finished; });
-      r = std::move(ch->result);
-    }
-    in_flight_done();
-    if (r.finish_reason == "error") return reply_error(res, ApiError(500, fmt::format("generation failed: {}", r.error)));
-    if (r.finish_reason == "cancelled") return reply_error(res, ApiError(503, "the request was cancelled"));
-    res.set_content(dump(completion_body(ctx, r)), "application/json");
-    return;
+    return reply_error(res, e);
   }
 
   struct StreamState {
@@ -320,27 +302,33 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
       });
 }
 
-void HttpServer::handle_batch(ParsedRequest& p, const ResponseContext& ctx, httplib::Response& res) {
+uint64_t HttpServer::submit(GenerationRequest request, const std::shared_ptr<Channel>& ch, const std::string& what) {
+  try {
+    return scheduler_->submit(std::move(request), callbacks_for(ch, metrics_));
+  } catch (const QueueFullError& e) {
+    metrics_.count_rejected_queue_full();
+    throw ApiError(503, fmt::format("the server is busy: {}", e.what()), "", "server_busy_error", "queue_full");
+  } catch (const fdpp::Error& e) {
+    // After stop() the scheduler refuses everything; otherwise this is a request it can never run.
+    if (draining_) throw ApiError(503, "the server is shutting down");
+    throw ApiError(400, what.empty() ? std::string(e.what()) : fmt::format("{}: {}", what, e.what()));
+  }
+}
+
+void HttpServer::reply_whole(std::vector<GenerationRequest> requests, bool seed_given, const ResponseContext& ctx,
+                             httplib::Response& res) {
   std::vector<std::shared_ptr<Channel>> channels;
   std::vector<uint64_t> ids;
-  const auto give_up = [&](const ApiError& e) {
-    for (uint64_t id : ids) scheduler_->cancel(id);
-    in_flight_done();
-    reply_error(res, e);
-  };
-  for (GenerationRequest& g : p.batch) {
-    // Unseeded prompts differ from each other as unseeded requests do.
-    if (!p.seed_given) g.sampling.seed = next_seed();
+  const bool batch = requests.size() > 1;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (!seed_given) requests[i].sampling.seed = next_seed();  // OpenAI: unseeded requests differ
     channels.push_back(std::make_shared<Channel>());
     try {
-      ids.push_back(scheduler_->submit(std::move(g), callbacks_for(channels.back(), metrics_)));
-    } catch (const QueueFullError& e) {
-      metrics_.count_rejected_queue_full();
-      return give_up(
-          ApiError(503, fmt::format("the server is busy: {}", e.what()), "", "server_busy_error", "queue_full"));
-    } catch (const fdpp::Error& e) {
-      if (draining_) return give_up(ApiError(503, "the server is shutting down"));
-      return give_up(ApiError(400, fmt::format("prompt[{}]: {}", ids.size(), e.what())));
+      ids.push_back(submit(std::move(requests[i]), channels.back(), batch ? fmt::format("prompt[{}]", i) : ""));
+    } catch (const ApiError& e) {
+      for (uint64_t id : ids) scheduler_->cancel(id);  // a batch runs whole or not at all
+      in_flight_done();
+      return reply_error(res, e);
     }
   }
   std::vector<GenerationResult> results;

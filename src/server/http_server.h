@@ -29,6 +29,8 @@ struct Response;
 
 namespace fdpp::server {
 
+struct Channel;  // a request's deltas and end, from the engine thread to its HTTP thread (.cpp)
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;           // 0: any free port (port() tells which)
@@ -67,9 +69,13 @@ class HttpServer {
   enum class Phase { Loading, Ready, Draining };
   void route();
   void handle_generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  // A /v1/completions batch (several prompts, not streamed): every request submitted, then one
-  // body with a choice per prompt. The caller has counted the HTTP request in flight.
-  void handle_batch(ParsedRequest& p, const ResponseContext& ctx, httplib::Response& res);
+  // Submits one request whose deltas and end go to `ch`. Throws ApiError: 503 for a full queue or
+  // a draining server, 400 for a request the scheduler can never run (`what` names it in a batch).
+  uint64_t submit(GenerationRequest request, const std::shared_ptr<Channel>& ch, const std::string& what);
+  // A response not streamed: every request submitted (one, or a /v1/completions batch), then one
+  // body with a choice per request. The caller has counted the HTTP request in flight.
+  void reply_whole(std::vector<GenerationRequest> requests, bool seed_given, const ResponseContext& ctx,
+                   httplib::Response& res);
   void reply_error(httplib::Response& res, const ApiError& e);
   uint64_t next_seed();
   void in_flight_done();
