@@ -172,8 +172,9 @@ class SamplingParams:
             raise _bad(f"stop_token_ids: expected a list of token ids, got {type(stop_token_ids).__name__}")
         self.stop_token_ids = [_check_int(f"stop_token_ids[{i}]", t, 0, (1 << 31) - 1)
                                for i, t in enumerate(stop_token_ids)]
-        if len(self.stop_token_ids) > 64:
-            raise _bad(f"stop_token_ids: {len(self.stop_token_ids)} ids; at most 64 are supported")
+        most = _core.max_stop_token_ids
+        if len(self.stop_token_ids) > most:
+            raise _bad(f"stop_token_ids: {len(self.stop_token_ids)} ids; at most {most} are supported")
         self.temperature = _check_float("temperature", temperature, 0.0, 100.0)
         self.top_k = _check_int("top_k", top_k, -1, 1 << 24)
         self.top_p = _check_float("top_p", top_p, 0.0, 1.0, low_open=True)

@@ -15,6 +15,7 @@ class EngineError(FdppError, RuntimeError):
     """The engine failed while computing (a CUDA error, out of device memory)."""
 
 cuda_built: bool
+max_stop_token_ids: int
 
 def default_model_path() -> str: ...
 

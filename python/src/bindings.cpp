@@ -486,6 +486,7 @@ NB_MODULE(_core, m) {
   g_engine_error = PyErr_NewExceptionWithDoc("fdpp.EngineError",
                                              "The engine failed while computing (a CUDA error, out of device memory).",
                                              engine_bases.ptr(), nullptr);
+  m.attr("max_stop_token_ids") = kMaxStopTokenIds;  // SamplingParams checks it when made
   m.attr("FdppError") = nb::handle(g_fdpp_error);
   m.attr("InvalidInputError") = nb::handle(g_input_error);
   m.attr("EngineError") = nb::handle(g_engine_error);

@@ -74,11 +74,9 @@ std::string repeat_penalty_problem(double v);  // [0.01, 100]; 1 = off
 std::string repeat_last_n_problem(int64_t v);  // [-1, 2^30]; -1 = all
 std::string max_tokens_problem(int64_t v);     // [0, 2^24]
 std::string stop_problem(std::string_view s);  // 1..kMaxStopBytes bytes, valid UTF-8
-// The Scheduler's limits on stop strings (scheduler.cpp refuses more), checked here first so that
-// the flag or the line is named.
+// The Scheduler's limits on stop strings (engine/scheduler.h) are checked here first, so that the
+// flag or the line is named.
 inline constexpr size_t kMaxPromptFileBytes = size_t{256} << 20;  // 250K prompts of 1 KB
-inline constexpr size_t kMaxStopStrings = 16;
-inline constexpr size_t kMaxStopBytes = 256;
 
 // "" when text is well-formed UTF-8 (Unicode Table 3-7: no overlongs, surrogates or values above
 // U+10FFFF), else where it is not: "byte 0xff at offset 5 is not valid UTF-8".

@@ -11,12 +11,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Stop strings a request may carry, and their length: bounded so that the hold-back buffer and the
-// per-token search stay small (OpenAI allows 4; llama-server does not bound them).
-constexpr size_t kMaxStopStrings = 16;
-constexpr size_t kMaxStopBytes = 256;
-constexpr size_t kMaxStopTokenIds = 64;  // each is compared with every generated token
-
 // Length of the longest suffix of `text` that is a proper prefix of some stop string: those bytes
 // may still become a stop string and are held back.
 size_t held_back(std::string_view text, const std::vector<std::string>& stops) {

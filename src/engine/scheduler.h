@@ -34,6 +34,13 @@ class QueueFullError : public Error {
   using Error::Error;
 };
 
+// Stop strings a request may carry, and their length: bounded so that the hold-back buffer and the
+// per-token search stay small (OpenAI allows 4; llama-server does not bound them). Stop token ids:
+// each is compared with every generated token. The front ends check these first, naming the field.
+inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopBytes = 256;
+inline constexpr size_t kMaxStopTokenIds = 64;
+
 struct GenerationRequest {
   std::vector<int32_t> prompt;      // token ids (not empty)
   SamplingParams sampling;          // seed: the request's random stream (see StepRow)

@@ -30,9 +30,10 @@ namespace fdpp::server {
 struct ApiLimits {
   int64_t max_body_bytes = 8 << 20;    // 8 MiB: more than a 128K-token prompt as text or as ids
   int max_messages = 4096;             // chat messages in one request
-  int max_stop_strings = 16;           // OpenAI allows 4; the scheduler 16. Each is matched every token.
-  int max_stop_bytes = 256;            // bytes of one stop string (the scheduler's kMaxStopBytes)
-  int max_stop_token_ids = 64;         // the scheduler's kMaxStopTokenIds
+  // The scheduler's bounds (OpenAI allows 4 stop strings); each is matched every token.
+  int max_stop_strings = static_cast<int>(kMaxStopStrings);
+  int max_stop_bytes = static_cast<int>(kMaxStopBytes);  // bytes of one stop string
+  int max_stop_token_ids = static_cast<int>(kMaxStopTokenIds);
   int max_prompts = 64;                // prompts in one /v1/completions request (a batch)
 };
 
