@@ -4,7 +4,8 @@
 usage: attention_table.py OURS.json [...] --peers PEERS.json [...] [--core CORE.json [...]]
                           [--extra NAME=A.json,B.json ...]
 Prints, per (heads, batch, context): async and sync time and % of 4.46 TB/s, cuDNN and flash
-SDPA times and cuDNN's % of 4.46 TB/s, async's speed-up over cuDNN, optionally async with the
+SDPA times and cuDNN's % of 4.46 TB/s, async's speed-up over cuDNN (and over FlashInfer where the
+peers' files hold flashinfer_decode.py's rows), optionally async with the
 CUDA-core loop forced (FDPP_DECODE_PATH=core, --core files), optionally any other variants of ours
 (--extra NAME=FILES, e.g. w4=attn_warps4_32.json,attn_warps4_8.json from bench-attention
 --decode-warps 4): one column per mode the files hold, "NAME async us" and "NAME sync us", and issue
@@ -67,10 +68,11 @@ def main():
     misses = {"never slower than cuDNN": 0, ">=1.1x where cuDNN <85% BW": 0, ">=92% BW": 0, "async >= sync": 0}
     checked = dict.fromkeys(misses, 0)
     async_over_1pct = 0
+    fi_compared = fi_slower = 0  # points with FlashInfer, and those where async is slower than it
     print("| heads q/kv | B | L | async us | async % BW | sync us | sync % BW | cuDNN us | cuDNN % BW | flash us | "
-          "async vs cuDNN |" + (" FlashInfer us |" if has_fi else "") + (" async, CUDA cores us |" if core else "") +
+          "async vs cuDNN |" + (" FlashInfer us | async vs FlashInfer |" if has_fi else "") + (" async, CUDA cores us |" if core else "") +
           "".join(f" {n} {m} us |" for n, _, m in extra_cols) + " goals missed |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if has_fi else "") +
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if has_fi else "") +
           (" ---: |" if core else "") + " ---: |" * len(extra_cols) + " --- |")
     for k in keys:
         h, kvh, b, L = k
@@ -78,6 +80,9 @@ def main():
         cu, fl = peers.get(k + ("sdpa-cudnn",)), peers.get(k + ("sdpa-flash",))
         fi = peers.get(k + ("flashinfer",))
         co = core.get(k + ("async",))
+        if fi and an:
+            fi_compared += 1
+            fi_slower += an["us"] > fi["us"]
         speed = cu["us"] / an["us"] if an and cu else None
         cu_bw = an["pct_design_bw"] * an["us"] / cu["us"] if an and cu else None  # same bytes, cuDNN's time
         missed = []
@@ -101,13 +106,16 @@ def main():
         print(f"| {h}/{kvh} | {b} | {L} | {f(an, 'us', '{:.2f}')} | {f(an, 'pct_design_bw', '{:.1f}')} | "
               f"{f(sy, 'us', '{:.2f}')} | {f(sy, 'pct_design_bw', '{:.1f}')} | {f(cu, 'us', '{:.2f}')} | "
               f"{'%.1f' % (100 * cu_bw) if cu_bw else '-'} | {f(fl, 'us', '{:.2f}')} | "
-              f"{'%.2fx' % speed if speed else '-'} |" + (f" {f(fi, 'us', '{:.2f}')} |" if has_fi else "") +
+              f"{'%.2fx' % speed if speed else '-'} |" +
+              (f" {f(fi, 'us', '{:.2f}')} | {'%.2fx' % (fi['us'] / an['us']) if fi and an else '-'} |" if has_fi else "") +
               (f" {f(co, 'us', '{:.2f}')} |" if core else "") +
               "".join(f" {f(rows.get(k + (m,)), 'us', '{:.2f}')} |" for _, rows, m in extra_cols) +
               f" {'; '.join(missed) if missed else '-'} |")
     print()
     print("goals: " + "; ".join(f"{n}: missed at {misses[n]} of {checked[n]} points" for n in misses) +
           f" ({async_over_1pct} by more than 1%)")
+    if fi_compared:
+        print(f"async slower than FlashInfer at {fi_slower} of {fi_compared} points")
     if extras:
         print_speedups(ours, extras)
 

@@ -115,16 +115,18 @@ if stage sanitizer && command -v compute-sanitizer >/dev/null; then
   done
 fi
 
+# The decode-attention stages' head dim (attention, flashinfer).
+attn_head_dim="${FDPP_ATTN_HEAD_DIM:-128}"
 if stage attention; then
   # Issue 5: decode attention alone, ours (async, sync) and torch SDPA (cuDNN, flash), same shapes.
   ab="${FDPP_ATTN_BATCHES:-1,8,32,64}"
   ac="${FDPP_ATTN_CONTEXTS:-512,1024,4096,16384,65536}"
   for kvh in ${FDPP_ATTN_KV_HEADS:-32 8 2}; do
-    "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" --json \
+    "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim "$attn_head_dim" -b "$ab" -c "$ac" --json \
       >"$OUT/attn_ours_$kvh.json" 2>"$OUT/attn_ours_$kvh.err" || log "bench-attention 32/$kvh failed: $(tail -1 "$OUT/attn_ours_$kvh.err")"
     # The query group on CUDA cores instead of tensor cores (issue 13's ablation), async only.
     [[ $kvh != 32 && ${FDPP_ATTN_CORE:-1} == 1 ]] && FDPP_DECODE_PATH=core "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh \
-      --head-dim 128 -b "$ab" -c "$ac" --modes async --json >"$OUT/attn_core_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err"
+      --head-dim "$attn_head_dim" -b "$ab" -c "$ac" --modes async --json >"$OUT/attn_core_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err"
     # Variants of our kernel on the same grid, each a column of the table: FDPP_ATTN_VARIANTS="NAME=FLAGS;..."
     # (flags of fdpp bench-attention). The earlier runs' switches as variants: FDPP_ATTN_WARPS="4 8" is
     # "w4=--decode-warps 4;w8=--decode-warps 8", FDPP_ATTN_COMBINE=1 "combine-kernel=--modes async
@@ -133,15 +135,15 @@ if stage attention; then
     IFS=';' read -ra variants <<<"${FDPP_ATTN_VARIANTS:-}"
     for v in "${variants[@]}"; do
       [[ -n $v ]] || continue
-      "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" ${v#*=} --json \
+      "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim "$attn_head_dim" -b "$ab" -c "$ac" ${v#*=} --json \
         >"$OUT/attn_variant_${v%%=*}_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err" || log "bench-attention 32/$kvh ${v#*=} failed"
     done
     if [[ ${FDPP_ATTN_PEERS:-1} == 1 ]]; then
-      python3 "$root/bench/peers/attention_peers.py" --heads 32 --kv-heads $kvh --head-dim 128 -b "$ab" -c "$ac" \
+      python3 "$root/bench/peers/attention_peers.py" --heads 32 --kv-heads $kvh --head-dim "$attn_head_dim" -b "$ab" -c "$ac" \
         --json "$OUT/attn_peers_$kvh.json" >"$OUT/attn_peers_$kvh.log" 2>&1 || log "attention peers 32/$kvh failed: $(tail -1 "$OUT/attn_peers_$kvh.log")"
     fi
   done
-  { echo; echo "### decode attention (graph-timed, L2 rotated), fp16, head_dim 128"; \
+  { echo; echo "### decode attention (graph-timed, L2 rotated), fp16, head_dim $attn_head_dim"; \
     python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers $(ls "$OUT"/attn_peers_*.json 2>/dev/null) \
       --core $(ls "$OUT"/attn_core_*.json 2>/dev/null) \
       $(IFS=';' read -ra vs <<<"${FDPP_ATTN_VARIANTS:-}"; for v in "${vs[@]}"; do n=${v%%=*}; \
@@ -198,22 +200,37 @@ if stage attnstream; then
 fi
 
 if stage flashinfer; then
-  # FlashInfer's decode kernel (issue 13's strongest peer), where its source distribution travels
-  # (.ref/flashinfer.tar.gz; the machine has no internet): installed without dependencies into the
-  # python that holds torch, kernels JIT-compiled here at first use.
+  # FlashInfer's paged decode kernels (issue 13's strongest peer) on the attention stage's grid, pages
+  # shuffled as ours. The machine has no internet: FlashInfer travels as .ref/flashinfer-site.tar.xz
+  # (scripts/flashinfer-pack.sh: the package with its decode kernels compiled ahead of time, and
+  # tvm_ffi), or as a source distribution .ref/flashinfer.tar.gz, installed here without
+  # dependencies and JIT-compiled at first use (slow: minutes per kernel).
   ab="${FDPP_ATTN_BATCHES:-1,8,32,64}"
   ac="${FDPP_ATTN_CONTEXTS:-512,1024,4096,16384,65536}"
-  if [[ -f $root/.ref/flashinfer.tar.gz ]]; then
-    python3 -m pip install --no-deps --no-build-isolation --target /tmp/flashinfer "$root/.ref/flashinfer.tar.gz" \
+  fi_site=""
+  if [[ -f $root/.ref/flashinfer-site.tar.xz ]]; then
+    fi_site=/tmp/flashinfer-site
+    mkdir -p $fi_site && tar xJf "$root/.ref/flashinfer-site.tar.xz" -C $fi_site
+  elif [[ -f $root/.ref/flashinfer.tar.gz ]]; then
+    fi_site=/tmp/flashinfer
+    python3 -m pip install --no-deps --no-build-isolation --target $fi_site "$root/.ref/flashinfer.tar.gz" \
       >"$OUT/flashinfer_install.log" 2>&1 || log "flashinfer install failed: $(grep -iE 'error' "$OUT/flashinfer_install.log" | head -3)"
-    for kvh in ${FDPP_FLASHINFER_KV_HEADS:-8 32}; do
-      PYTHONPATH=/tmp/flashinfer timeout "${FDPP_FLASHINFER_TIMEOUT:-150}" python3 "$root/bench/peers/flashinfer_decode.py" \
-        --heads 32 --kv-heads $kvh -b "$ab" -c "$ac" --json "$OUT/attn_peers_fi_$kvh.json" >"$OUT/flashinfer_$kvh.log" 2>&1
+  fi
+  if [[ -n $fi_site ]]; then
+    for kvh in ${FDPP_FLASHINFER_KV_HEADS:-32 8 2}; do
+      PYTHONPATH=$fi_site timeout "${FDPP_FLASHINFER_TIMEOUT:-240}" python3 "$root/bench/peers/flashinfer_decode.py" \
+        --heads 32 --kv-heads $kvh --head-dim "$attn_head_dim" -b "$ab" -c "$ac" --json "$OUT/attn_peers_fi_$kvh.json" \
+        >"$OUT/flashinfer_$kvh.log" 2>&1
       log "flashinfer 32/$kvh: rc $?; $(grep -c ' us$' "$OUT/flashinfer_$kvh.log") points; last: $(tail -1 "$OUT/flashinfer_$kvh.log" | head -c 300)"
-      grep ' us$' "$OUT/flashinfer_$kvh.log" | tee -a "$summary"
     done
+    # The attention stage's table again, FlashInfer beside cuDNN.
+    if ls "$OUT"/attn_ours_*.json >/dev/null 2>&1; then
+      { echo; echo "### decode attention with FlashInfer (graph-timed, L2 rotated), fp16, head_dim $attn_head_dim"; \
+        python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json \
+          --peers $(ls "$OUT"/attn_peers_*.json 2>/dev/null); } | tee -a "$summary"
+    fi
   else
-    log "flashinfer: no .ref/flashinfer.tar.gz (pip download flashinfer-python==0.2.8 --no-deps)"
+    log "flashinfer: neither .ref/flashinfer-site.tar.xz (bash scripts/flashinfer-pack.sh) nor .ref/flashinfer.tar.gz"
   fi
 fi
 

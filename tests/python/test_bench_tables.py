@@ -58,6 +58,25 @@ def test_speedup_over_extra_build(tmp_path: Path) -> None:
     assert lines[-1] == "| 32/8 | 16384 | 1.000 |"
 
 
+def test_flashinfer_column(tmp_path: Path) -> None:
+    ours = write(tmp_path / "ours.json", {"results": [
+        row(1, 512, "async", 10.0, 0.10), row(8, 512, "async", 20.0, 0.50)]})
+    peers = write(tmp_path / "peers.json", {"rows": [
+        {"peer": "sdpa-cudnn", "heads": 32, "kv_heads": 8, "B": 1, "L": 512, "us": 12.0}]})
+    fi = write(tmp_path / "fi.json", {"rows": [
+        {"peer": "flashinfer", "heads": 32, "kv_heads": 8, "B": 1, "L": 512, "us": 12.5, "kernel": "tensor cores"},
+        {"peer": "flashinfer", "heads": 32, "kv_heads": 8, "B": 8, "L": 512, "us": 16.0, "kernel": "cuda cores"},
+        {"peer": "flashinfer", "heads": 32, "kv_heads": 8, "B": 32, "L": 512, "error": "OutOfMemoryError"}]})
+    text = subprocess.run([sys.executable, str(TABLE), ours, "--peers", peers, fi],
+                          capture_output=True, text=True, check=True).stdout
+    lines = text.splitlines()
+    assert "| FlashInfer us | async vs FlashInfer |" in lines[0]
+    assert "| 12.50 | 1.25x |" in lines[2]
+    assert "| 16.00 | 0.80x |" in lines[3]
+    # The point whose FlashInfer run failed has no row of ours either; of the two compared, one is slower.
+    assert "async slower than FlashInfer at 1 of 2 points" in lines
+
+
 SPLIT_TABLE = ROOT / "bench" / "split_plan_table.py"
 
 
