@@ -153,9 +153,9 @@ fi
 
 if stage attnlayout; then
   # Issue 13: how much of the gap to cuDNN (which reads dense [B, KVH, L, D] K/V) is the paged cache's
-  # layout. The same kernels on a token-major cache (the engine's: a token's kv heads adjacent, one
-  # head's rows 256 bytes apart from the next token's by KVH x 256) and a head-major one (a kv head's
-  # block_size rows adjacent), at block sizes FDPP_ATTN_LAYOUT_BLOCKS (default 16 64).
+  # layout. The same kernels on a token-major cache (a token's kv heads adjacent, one head's rows
+  # 256 bytes apart from the next token's by KVH x 256) and a head-major one (the engine's: a kv
+  # head's block_size rows adjacent), at block sizes FDPP_ATTN_LAYOUT_BLOCKS (default 16 64).
   ab="${FDPP_ATTN_BATCHES:-1,8,32,64}"
   ac="${FDPP_ATTN_CONTEXTS:-512,1024,4096,16384,65536}"
   for kvh in ${FDPP_ATTN_KV_HEADS:-32 8 2}; do

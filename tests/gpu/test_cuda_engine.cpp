@@ -12,18 +12,19 @@
 #include <numeric>
 #include <random>
 
+#include "../test_util.h"
+#include "../tiny_model.h"
 #include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/check.h"
-#include "backend/cuda/kernels.h"
-#include "core/half.h"
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/device_query.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_cache_layout.h"
+#include "core/half.h"
 #include "engine/sampler.h"
 #include "fdpp/error.h"
 #include "model/model_loader.h"
-#include "../test_util.h"
-#include "../tiny_model.h"
 
 namespace fdpp {
 namespace {
@@ -123,15 +124,19 @@ TEST(CudaSplitKv, DecodeAttentionMatchesCpuAndUnsplit) {
   const auto qkv_f = back(qkv_h), k_f = back(k_h), v_f = back(v_h);
   const float scale = 1.0f / std::sqrt(float(D));
 
-  // CPU reference from the same fp16-rounded inputs, over each sequence's gathered cache.
+  // CPU reference from the same fp16-rounded inputs, over each sequence's cache gathered from the
+  // kernels' layout (kv_cache_layout.h).
+  const cuda::KvCacheLayout layout = cuda::kv_cache_layout(BS, KVH, D);
   std::vector<float> ref(size_t(B) * H * D);
   for (int b = 0; b < B; ++b) {
     const int L = lens[b];
     std::vector<float> k(size_t(L) * KVH * D), v(k.size());
     for (int j = 0; j < L; ++j) {
-      const size_t slot = size_t(tables[b * max_blocks + j / BS]) * BS + j % BS;
-      std::copy_n(&k_f[slot * KVH * D], KVH * D, &k[size_t(j) * KVH * D]);
-      std::copy_n(&v_f[slot * KVH * D], KVH * D, &v[size_t(j) * KVH * D]);
+      const int64_t slot = int64_t(tables[b * max_blocks + j / BS]) * BS + j % BS;
+      for (int h = 0; h < KVH; ++h) {
+        std::copy_n(&k_f[layout.slot_row(slot, h)], D, &k[(size_t(j) * KVH + h) * D]);
+        std::copy_n(&v_f[layout.slot_row(slot, h)], D, &v[(size_t(j) * KVH + h) * D]);
+      }
     }
     cpu::attention(&qkv_f[size_t(b) * (H + 2 * KVH) * D], k.data(), v.data(), 1, L - 1, H, KVH, D, scale,
                    &ref[size_t(b) * H * D]);
@@ -277,9 +282,11 @@ TEST(CudaFusedRope, RopeQkCacheEqualsRopeThenCacheWrite) {
       cuda::DeviceBuffer k1(cache_bytes), v1(cache_bytes), k2(cache_bytes), v2(cache_bytes);
       for (auto* b : {&k1, &v1, &k2, &v2}) FDPP_CUDA_CHECK(cudaMemset(b->get(), 0x3c, cache_bytes));
       cuda::rope_qk(q1.get(), p_d.as<int32_t>(), f_d.as<float>(), n_freq, T, H, KVH, D, style, cuda::DType::F16, nullptr);
-      cuda::kv_cache_write(q1.get(), s_d.as<int32_t>(), T, H, KVH, D, k1.get(), v1.get(), cuda::DType::F16, nullptr);
-      cuda::rope_qk_cache(q2.get(), p_d.as<int32_t>(), f_d.as<float>(), n_freq, s_d.as<int32_t>(), T, H, KVH, D, style,
-                          k2.get(), v2.get(), cuda::DType::F16, nullptr);
+      const int block_size = 8;  // 5 blocks of slots_total
+      cuda::kv_cache_write(q1.get(), s_d.as<int32_t>(), T, H, KVH, D, block_size, k1.get(), v1.get(), cuda::DType::F16,
+                           nullptr);
+      cuda::rope_qk_cache(q2.get(), p_d.as<int32_t>(), f_d.as<float>(), n_freq, s_d.as<int32_t>(), T, H, KVH, D,
+                          block_size, style, k2.get(), v2.get(), cuda::DType::F16, nullptr);
       FDPP_CUDA_CHECK(cudaDeviceSynchronize());
       auto host = [](const cuda::DeviceBuffer& b) {
         std::vector<uint16_t> h(b.bytes() / 2);

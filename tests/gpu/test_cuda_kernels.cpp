@@ -311,44 +311,54 @@ TEST_F(CudaKernels, KvCacheWriteCopiesToScrambledSlotsOnly) {
     int head_dim, n_heads, n_kv_heads, n_tokens, misalign;
   };
   const Case cases[] = {{64, 4, 4, 1, 0}, {128, 32, 8, 13, 0}, {72, 6, 2, 5, 0}, {20, 3, 1, 4, 0}, {128, 8, 2, 3, 1}};
-  for (const auto& c : cases) {
-    const DType t = DType::F16;  // bits are copied, the type does not matter
-    const int D = c.head_dim, H = c.n_heads, KVH = c.n_kv_heads, T = c.n_tokens;
-    const int width = (H + 2 * KVH) * D, block_size = 16, num_blocks = 4;
-    const int n_slots = num_blocks * block_size;
-    std::vector<float> unused;
-    const auto qkv = random_bits(size_t(T) * width + c.misalign, t, unused);
-    const auto perm = permutation(n_slots);
-    std::vector<int32_t> slots(perm.begin(), perm.begin() + T);
-    if (T > 2) slots[1] = -1;  // padding token: skipped
-    DeviceBuffer<uint16_t> d_qkv(qkv), d_k(size_t(n_slots) * KVH * D + c.misalign),
-        d_v(size_t(n_slots) * KVH * D + c.misalign);
-    DeviceBuffer<int32_t> d_slots(slots);
-    d_k.poison();
-    d_v.poison();
-    cuda::kv_cache_write(d_qkv.get() + c.misalign, d_slots.get(), T, H, KVH, D, d_k.get() + c.misalign,
-                         d_v.get() + c.misalign, t, nullptr);
-    sync("kv_cache_write");
-    const auto k = d_k.download(), v = d_v.download();
-    std::vector<uint16_t> want_k(k.size(), 0xFFFF), want_v(v.size(), 0xFFFF);
-    for (int i = 0; i < T; ++i) {
-      if (slots[i] < 0) continue;
-      for (int h = 0; h < KVH; ++h)
-        for (int d = 0; d < D; ++d) {
-          const size_t dst = c.misalign + (size_t(slots[i]) * KVH + h) * D + d;
-          want_k[dst] = qkv[c.misalign + size_t(i) * width + size_t(H + h) * D + d];
-          want_v[dst] = qkv[c.misalign + size_t(i) * width + size_t(H + KVH + h) * D + d];
-        }
+  for (const bool head_major : {true, false})
+    for (const auto& c : cases) {
+      cuda::KernelOptions options;
+      options.kv_head_major = head_major;
+      const cuda::KernelOptionsScope scope(options);
+      const DType t = DType::F16;  // bits are copied, the type does not matter
+      const int D = c.head_dim, H = c.n_heads, KVH = c.n_kv_heads, T = c.n_tokens;
+      const int width = (H + 2 * KVH) * D, block_size = 16, num_blocks = 4;
+      const int n_slots = num_blocks * block_size;
+      std::vector<float> unused;
+      const auto qkv = random_bits(size_t(T) * width + c.misalign, t, unused);
+      const auto perm = permutation(n_slots);
+      std::vector<int32_t> slots(perm.begin(), perm.begin() + T);
+      if (T > 2) slots[1] = -1;  // padding token: skipped
+      DeviceBuffer<uint16_t> d_qkv(qkv), d_k(size_t(n_slots) * KVH * D + c.misalign),
+          d_v(size_t(n_slots) * KVH * D + c.misalign);
+      DeviceBuffer<int32_t> d_slots(slots);
+      d_k.poison();
+      d_v.poison();
+      cuda::kv_cache_write(d_qkv.get() + c.misalign, d_slots.get(), T, H, KVH, D, block_size, d_k.get() + c.misalign,
+                           d_v.get() + c.misalign, t, nullptr);
+      sync("kv_cache_write");
+      const auto k = d_k.download(), v = d_v.download();
+      std::vector<uint16_t> want_k(k.size(), 0xFFFF), want_v(v.size(), 0xFFFF);
+      // Where each row goes, written out for both layouts (not through kv_cache_layout.h, which the
+      // kernel uses).
+      auto row = [&](int slot, int h) {
+        const size_t block = slot / block_size, key = slot % block_size;
+        return head_major ? ((block * KVH + h) * block_size + key) * D : (size_t(slot) * KVH + h) * D;
+      };
+      for (int i = 0; i < T; ++i) {
+        if (slots[i] < 0) continue;
+        for (int h = 0; h < KVH; ++h)
+          for (int d = 0; d < D; ++d) {
+            const size_t dst = c.misalign + row(slots[i], h) + d;
+            want_k[dst] = qkv[c.misalign + size_t(i) * width + size_t(H + h) * D + d];
+            want_v[dst] = qkv[c.misalign + size_t(i) * width + size_t(H + KVH + h) * D + d];
+          }
+      }
+      size_t bad_k = 0, bad_v = 0;
+      for (size_t i = 0; i < k.size(); ++i) {
+        bad_k += k[i] != want_k[i];
+        bad_v += v[i] != want_v[i];
+      }
+      EXPECT_EQ(bad_k + bad_v, 0u) << "kv_cache_write " << (head_major ? "head-major" : "token-major") << " D " << D
+                                   << " H " << H << " KVH " << KVH << " T " << T << " misalign " << c.misalign << ": "
+                                   << bad_k << " k and " << bad_v << " v elements differ (written or untouched)";
     }
-    size_t bad_k = 0, bad_v = 0;
-    for (size_t i = 0; i < k.size(); ++i) {
-      bad_k += k[i] != want_k[i];
-      bad_v += v[i] != want_v[i];
-    }
-    EXPECT_EQ(bad_k + bad_v, 0u) << "kv_cache_write D " << D << " H " << H << " KVH " << KVH << " T " << T
-                                 << " misalign " << c.misalign << ": " << bad_k << " k and " << bad_v
-                                 << " v elements differ (written or untouched)";
-  }
 }
 
 // ================================================================================================
@@ -458,9 +468,9 @@ struct DecodeCase {
   // group adds the splits; "launch": a second kernel; null: auto) for this case.
   int warps = 0;
   const char* combine = nullptr;
-  // KernelOptions::kv_head_major: the cache is uploaded head-major, [block][kv head][key][D], instead
-  // of the engine's token-major [block][key][kv head][D].
-  bool head_major = false;
+  // KernelOptions::kv_head_major: the cache is uploaded head-major, [block][kv head][key][D] (the
+  // engine's), or token-major [block][key][kv head][D] (kv_cache_layout.h).
+  bool head_major = true;
 };
 
 // A token-major cache [blocks * block_size][KVH][D] rearranged head-major [blocks][KVH][block_size][D].
@@ -973,22 +983,23 @@ TEST_F(CudaKernels, DecodeAttentionForcedPaths) {
     }
 }
 
-// The head-major cache (KernelOptions::kv_head_major, bench-attention --kv-layout head-major): both
-// loops, both modes, blocks of 8 (per-row copies) and 16 or more (whole tiles), lengths around the
-// tile. Few and short: these run under compute-sanitizer (scripts/gpu-check.sh filters on "Small").
-TEST_F(CudaKernels, DecodeAttentionHeadMajorCacheSmall) {
+// The token-major cache (KernelOptions::kv_head_major = false, bench-attention --kv-layout
+// token-major; the other tests run the engine's head-major one): both loops, both modes, blocks of 8
+// (per-row copies) and 16 or more (whole tiles), lengths around the tile. Few and short: these run
+// under compute-sanitizer (scripts/gpu-check.sh filters on "Small").
+TEST_F(CudaKernels, DecodeAttentionTokenMajorCacheSmall) {
   for (DType t : kTypes)
     for (int D : {64, 128})
       for (int bs : {8, 16, 64}) {
         DecodeCase c{t, D, 8, 2, bs, {0, 1, 15, 16, 17, 40, 300}};
-        c.head_major = true;
+        c.head_major = false;
         run_decode(c);
         c.async = true;
         c.splits = 3;
         c.adv = Adversarial::Mixed;
         run_decode(c);
         DecodeCase mha{t, D, 4, 4, bs, {600, 0, 3}, Adversarial::OneHugeLogit};
-        mha.head_major = true;
+        mha.head_major = false;
         run_decode(mha);  // the CUDA-core loop
         mha.path = "mma";
         run_decode(mha);
@@ -1108,9 +1119,13 @@ struct PrefillCase {
   int D, H, KVH, block_size, start_pos, n_tokens;
   Adversarial adv = Adversarial::None;
   bool time_it = false;
+  bool head_major = true;  // the cache's layout (kv_cache_layout.h): the engine's, or token-major
 };
 
 void run_prefill(const PrefillCase& c) {
+  cuda::KernelOptions layout;
+  layout.kv_head_major = c.head_major;
+  const cuda::KernelOptionsScope scope(layout);
   const int D = c.D, H = c.H, KVH = c.KVH, T = c.n_tokens, len = c.start_pos + T;
   const int width = (H + 2 * KVH) * D, G = H / KVH;
   const float scale = 1.f / std::sqrt(float(D));
@@ -1130,7 +1145,9 @@ void run_prefill(const PrefillCase& c) {
         }
       }
   }
-  DeviceBuffer<uint16_t> d_qkv(qkv), d_k(cache.k), d_v(cache.v), d_out(size_t(T) * H * D);
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_out(size_t(T) * H * D);
+  DeviceBuffer<uint16_t> d_k(c.head_major ? to_head_major(cache.k, KVH, D, c.block_size) : cache.k);
+  DeviceBuffer<uint16_t> d_v(c.head_major ? to_head_major(cache.v, KVH, D, c.block_size) : cache.v);
   DeviceBuffer<int32_t> d_table(cache.tables);
   std::vector<float> q(size_t(T) * H * D), ref(size_t(T) * H * D);
   for (int i = 0; i < T; ++i) std::copy_n(&qkv_f[size_t(i) * width], H * D, &q[size_t(i) * H * D]);
@@ -1143,8 +1160,8 @@ void run_prefill(const PrefillCase& c) {
     sync("prefill_attention");
     std::ostringstream what;
     what << label("prefill_attention", c.t) << " " << cuda::prefill_attention_config_name(config) << " D " << D << " H "
-         << H << " KVH " << KVH << " block " << c.block_size << " start " << c.start_pos << " T " << T << " "
-         << adversarial_name(c.adv);
+         << H << " KVH " << KVH << " block " << c.block_size << (c.head_major ? " head-major" : " token-major")
+         << " start " << c.start_pos << " T " << T << " " << adversarial_name(c.adv);
     if (c.time_it) {
       cudaEvent_t e0, e1;
       cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
@@ -1180,6 +1197,9 @@ TEST_F(CudaKernels, PrefillAttentionSmallCases) {
   for (DType t : kTypes) {
     run_prefill({t, 64, 4, 2, 16, 3, 70});
     run_prefill({t, 128, 2, 1, 8, 0, 17, Adversarial::ZeroQuery});
+    // The token-major cache (bench-attention --kv-layout token-major).
+    run_prefill({t, 64, 4, 2, 16, 3, 70, Adversarial::None, false, false});
+    run_prefill({t, 128, 8, 2, 8, 5, 40, Adversarial::None, false, false});
   }
 }
 
@@ -1569,7 +1589,9 @@ TEST_F(CudaKernels, LaunchersRejectBadArguments) {
   expect_error_naming([&] { cuda::silu_mul(p, nullptr, 1, 8, DType::F16, nullptr); }, "silu_mul: null pointer");
   expect_error_naming([&] { cuda::add_bias(p, p, -1, 8, DType::F16, nullptr); }, "add_bias");
   expect_error_naming([&] { cuda::relu(p, 1, 0, DType::F16, nullptr); }, "relu");
-  expect_error_naming([&] { cuda::kv_cache_write(p, ip, 1, 2, 0, 64, p, p, DType::F16, nullptr); }, "kv_cache_write");
+  expect_error_naming([&] { cuda::kv_cache_write(p, ip, 1, 2, 0, 64, 16, p, p, DType::F16, nullptr); },
+                      "kv_cache_write");
+  expect_error_naming([&] { cuda::kv_cache_write(p, ip, 1, 2, 1, 64, 12, p, p, DType::F16, nullptr); }, "block_size");
   const DeviceSamplingParams ok = params(1.f, 40, 0.9f, 0.f);
   expect_error_naming([&] { cuda::sample(f32.get(), 1, 100, nullptr, nullptr, 0, ok, nullptr, ints.get(), nullptr, 0,
                                          nullptr); },

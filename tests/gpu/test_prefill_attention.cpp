@@ -15,6 +15,7 @@
 
 #include "attention/unified_max.h"
 #include "backend/cpu/ops.h"
+#include "backend/cuda/kv_cache_layout.h"
 #include "backend/cuda/prefill_plan.h"
 #include "gpu_test_util.h"
 
@@ -160,8 +161,10 @@ void run_varlen(const VarlenCase& c) {
       }
   }
 
-  // Paged cache: blocks handed out in random order from a pool with spare blocks; every slot the
-  // kernel must not read holds NaN (0xFFFF), every unused table entry -1.
+  // Paged cache in the engine's layout (kv_cache_layout.h): blocks handed out in random order from a
+  // pool with spare blocks; every slot the kernel must not read holds NaN (0xFFFF), every unused
+  // table entry -1.
+  const cuda::KvCacheLayout layout = cuda::kv_cache_layout(c.block_size, KVH, D);
   int max_blocks = 1, used_blocks = 0;
   for (const auto& ch : c.chunks) {
     const int nb = (ch.start + ch.n + c.block_size - 1) / c.block_size;
@@ -181,8 +184,8 @@ void run_varlen(const VarlenCase& c) {
       const int64_t slot = int64_t(tables[size_t(i) * max_blocks + p / c.block_size]) * c.block_size + p % c.block_size;
       for (int kh = 0; kh < KVH; ++kh)
         for (int d = 0; d < D; ++d) {
-          kc[slot * slot_elems + kh * D + d] = to_bits(kf[i][(size_t(kh) * L + p) * D + d], c.t);
-          vc[slot * slot_elems + kh * D + d] = to_bits(vf[i][(size_t(kh) * L + p) * D + d], c.t);
+          kc[layout.slot_row(slot, kh) + d] = to_bits(kf[i][(size_t(kh) * L + p) * D + d], c.t);
+          vc[layout.slot_row(slot, kh) + d] = to_bits(vf[i][(size_t(kh) * L + p) * D + d], c.t);
         }
     }
   }

@@ -812,9 +812,10 @@ int main(int argc, char** argv) {
   bench_attn->add_option("--block-size", ba.block_size, "decode: KV cache tokens per block (a power of two)")
       ->capture_default_str()
       ->check(CLI::IsMember({"1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024"}));
-  bench_attn->add_option("--kv-layout", ba.kv_layout,
-                         "decode: KV cache layout, token-major (the engine's: a token's kv heads adjacent) or "
-                         "head-major (a kv head's rows of a block adjacent)")
+  bench_attn
+      ->add_option("--kv-layout", ba.kv_layout,
+                   "decode: KV cache layout, head-major (the engine's: a kv head's rows of a block adjacent) "
+                   "or token-major (a token's kv heads adjacent)")
       ->capture_default_str()
       ->check(CLI::IsMember({"token-major", "head-major"}));
   bench_attn->add_option("--block-order", ba.block_order,

@@ -295,10 +295,11 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
                     n, H, c.norm_eps, c.norm, false, dt, st);
     linear(normed_.get(), L.w_qkv.get(), L.b_qkv.get(), qkv_.get(), n, QKV, H, false);
     if (c.position == PositionEncoding::Rope) {
-      rope_qk_cache(qkv_.get(), in.positions, m.inv_freq.as<float>(), c.rope.rotary_dim / 2, in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_style, layer_k(layer),
-                    layer_v(layer), dt, st);
+      rope_qk_cache(qkv_.get(), in.positions, m.inv_freq.as<float>(), c.rope.rotary_dim / 2, in.slots, n, c.n_heads,
+                    c.n_kv_heads, c.head_dim, options_.block_size, c.rope_style, layer_k(layer), layer_v(layer), dt,
+                    st);
     } else {
-      kv_cache_write(qkv_.get(), in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, layer_k(layer),
+      kv_cache_write(qkv_.get(), in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, layer_k(layer),
                      layer_v(layer), dt, st);
     }
     if (decode_rows > 0) {

@@ -103,6 +103,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kv_cache_layout.h"
 #include "backend/cuda/mma_fragments.cuh"
 #include "backend/cuda/per_device.h"
 
@@ -155,7 +156,7 @@ struct DecodeArgs {
   int n_groups;  // CTA groups: batch x n_kv_heads x n_sub (plan_groups, once per call)
   int block_shift;
   // Element offsets in the cache: of a block ((1 << block_shift) x n_kv_heads x D elements), of a
-  // key within its block and of a kv head (the last two by KernelOptions::kv_head_major).
+  // key within its block and of a kv head (kv_cache_layout.h).
   int64_t block_stride, token_stride, head_stride;
   float scale_log2;  // scale * log2(e)
   void* out;
@@ -1688,6 +1689,11 @@ int mma_tile_keys(int head_dim, int warps) {
   return k;
 }
 
+// Keys per tile of the loop a launch runs: the tensor-core loop's (mma_tile_keys) or 32 on CUDA cores.
+int loop_tile_keys(const LoopChoice& loop, int head_dim) {
+  return loop.tensor_cores ? mma_tile_keys(head_dim, loop.warps) : 32;
+}
+
 SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len, int multiprocessors) {
   const int group = n_heads / n_kv_heads;
   const LoopChoice loop =
@@ -1696,7 +1702,7 @@ SplitShape split_shape(int batch, int n_heads, int n_kv_heads, int head_dim, int
   sh.groups = int64_t(batch) * n_kv_heads * ((group + 15) / 16);
   sh.warps = loop.warps;
   sh.slots = resident_slots(head_dim, sh.warps, multiprocessors);
-  sh.tile_keys = loop.tensor_cores ? mma_tile_keys(head_dim, loop.warps) : 32;
+  sh.tile_keys = loop_tile_keys(loop, head_dim);
   return sh;
 }
 
@@ -1752,7 +1758,7 @@ int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int
     if (s > max_splits) break;
     const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, s, multiprocessors);
     const LoopChoice loop = choose_loop(batch, n_heads, n_kv_heads, head_dim, g.gmax, max_context_len, multiprocessors);
-    const int tile_keys = loop.tensor_cores ? mma_tile_keys(head_dim, loop.warps) : 32;
+    const int tile_keys = loop_tile_keys(loop, head_dim);
     const int64_t ctas = g.n_groups * s, slots = resident_slots(head_dim, loop.warps, multiprocessors);
     const int64_t n_tiles = (int64_t(max_context_len) + tile_keys - 1) / tile_keys;
     const int64_t tiles = (n_tiles + s - 1) / s;  // per split
@@ -1821,8 +1827,6 @@ Call make_call(const void* qkv, const void* k_cache, const void* v_cache, const 
   const int multiprocessors = multiprocessors_of_current_device();
   const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits, multiprocessors);
   check(g.n_groups <= 0x7fffffff, "decode_attention: {} CTAs exceed the grid limit", g.n_groups);
-  int shift = 0;
-  while ((1 << shift) < block_size) ++shift;
   DecodeArgs a{};
   a.qkv = qkv;
   a.k_cache = k_cache;
@@ -1837,11 +1841,11 @@ Call make_call(const void* qkv, const void* k_cache, const void* v_cache, const 
   a.n_sub = g.n_sub;
   a.gmax = g.gmax;
   a.n_groups = static_cast<int>(g.n_groups);
-  a.block_shift = shift;
-  a.block_stride = int64_t(block_size) * n_kv_heads * head_dim;
-  const bool head_major = current_kernel_options().kv_head_major;
-  a.token_stride = head_major ? head_dim : int64_t(n_kv_heads) * head_dim;
-  a.head_stride = head_major ? int64_t(block_size) * head_dim : head_dim;
+  const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim);
+  a.block_shift = layout.block_shift;
+  a.block_stride = layout.block_stride;
+  a.token_stride = layout.token_stride;
+  a.head_stride = layout.head_stride;
   a.scale_log2 = scale * detail::kLog2e;
   a.out = out;
   a.splits = splits;

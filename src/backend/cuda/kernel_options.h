@@ -63,11 +63,11 @@ struct KernelOptions {
   // must see the same value. A measurement switch (bench-attention --decode-warps).
   int decode_warps = 0;
   AsyncCombine async_combine = AsyncCombine::Auto;
-  // The KV cache layout decode attention reads (a measurement switch of bench-attention
-  // --kv-layout; the engine's cache and the other kernels are token-major): false = token-major
-  // [block][token][kv head][D] (a token's heads adjacent), true = head-major [block][kv head][token][D]
-  // (a head's block_size rows adjacent).
-  bool kv_head_major = false;
+  // The GPU KV cache's layout, for its writers and both attention kernels alike (kv_cache_layout.h,
+  // with the measurements): true = head-major [block][kv head][token][D] (a head's block_size rows
+  // adjacent), false = token-major [block][token][kv head][D] (a token's heads adjacent; a
+  // measurement switch: bench-attention --kv-layout token-major).
+  bool kv_head_major = true;
 
   bool linear_programmatic() const { return linear_programmatic_launch.value_or(programmatic_launch); }
 };

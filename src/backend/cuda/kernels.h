@@ -79,18 +79,20 @@ void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_f
              int n_kv_heads, int head_dim, RopeStyle style, DType dtype, cudaStream_t stream);
 
 // ---- paged KV cache --------------------------------------------------------------------------
-// Cache layout per layer: k and v each [num_blocks, block_size, n_kv_heads, head_dim] 16-bit.
+// Cache layout per layer: k and v each num_blocks blocks of block_size x n_kv_heads rows of
+// head_dim 16-bit elements, head-major [block][kv head][key][D] (token-major under
+// KernelOptions::kv_head_major = false; kv_cache_layout.h). block_size a power of two.
 // Copies the k and v heads of qkv (layout as above) for each token t into slot slots[t]
 // (slot = block * block_size + offset). Tokens with a negative slot are skipped (padding).
 void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_heads, int n_kv_heads, int head_dim,
-                    void* k_cache, void* v_cache, DType dtype, cudaStream_t stream);
+                    int block_size, void* k_cache, void* v_cache, DType dtype, cudaStream_t stream);
 
 // rope_qk and kv_cache_write in one launch: q rotated in place, k (rotated) and v written into the
 // cache at slots[t] (skipped for negative slots), bit for bit what the two launches give; the k
 // heads in qkv are left unrotated.
 void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, const int32_t* slots,
-                   int n_tokens, int n_heads, int n_kv_heads, int head_dim, RopeStyle style, void* k_cache,
-                   void* v_cache, DType dtype, cudaStream_t stream);
+                   int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, RopeStyle style,
+                   void* k_cache, void* v_cache, DType dtype, cudaStream_t stream);
 
 // ---- attention -------------------------------------------------------------------------------
 // Decode: one query token per sequence. q is read from qkv [batch, (H + 2 KVH) * D] (after rope).

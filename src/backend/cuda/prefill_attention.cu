@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kv_cache_layout.h"
 #include "backend/cuda/mma_fragments.cuh"
 #include "backend/cuda/per_device.h"
 #include "backend/cuda/prefill_plan.h"
@@ -63,7 +64,7 @@ struct PrefillArgs {
   const int32_t* starts;   // device [chunks], or null: single_start
   int single_start, single_n;
   int n_heads, n_kv_heads, group;
-  int block_shift;
+  KvCacheLayout kv;  // where the cache's rows are (kv_cache_layout.h)
   float scale_log2;  // scale * log2(e): S is kept in log2 units, P = 2^(...)
   bool async;
   float phi2, lo2, hi2;  // unified max and its effective range, log2 units
@@ -106,7 +107,7 @@ struct Cta {
   const T* v_cache;
   const int32_t* table;
   int start, kvh, tid, warp, lane;
-  int block_shift, n_kv_heads;
+  KvCacheLayout kv;
   float sl2;  // scale * log2(e)
   prefill::TileWork w;
   T* q_s;
@@ -119,8 +120,7 @@ struct Cta {
     constexpr int kRowsPerPass = kThreads / CH;  // D = 128, 128 threads: 8 rows per pass
     static_assert(kBK % kRowsPerPass == 0, "tile rows per load pass");
     const int cc = tid % CH;
-    const int mask = (1 << block_shift) - 1;
-    const int64_t kv_row = int64_t(n_kv_heads) * D;
+    const int mask = (1 << kv.block_shift) - 1;
 #pragma unroll
     for (int i = 0; i < kBK / kRowsPerPass; ++i) {
       const int r = tid / CH + i * kRowsPerPass;
@@ -128,8 +128,7 @@ struct Cta {
       T* kd = k_s + buf * kBK * D + swz<D>(r, cc);
       T* vd = v_s + buf * kBK * D + swz<D>(r, cc);
       if (key < w.key_end) {
-        const int64_t blk = table[key >> block_shift];
-        const int64_t off = ((blk << block_shift) + (key & mask)) * kv_row + int64_t(kvh) * D + cc * 8;
+        const int64_t off = kv.row(table[key >> kv.block_shift], key & mask, kvh) + cc * 8;
         cp_async16(kd, k_cache + off);
         cp_async16(vd, v_cache + off);
       } else {
@@ -346,8 +345,7 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
   Cta<T, D, C> c;
   c.w = prefill::tile_work(start, n, blockIdx.y, C::kBQ, C::kBK);
   if (c.w.rows <= 0) return;  // uniform over the CTA: before any barrier
-  c.block_shift = a.block_shift;
-  c.n_kv_heads = a.n_kv_heads;
+  c.kv = a.kv;
   c.sl2 = a.scale_log2;
   c.k_cache = static_cast<const T*>(a.k_cache);
   c.v_cache = static_cast<const T*>(a.v_cache);
@@ -496,10 +494,8 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   check(dtype == DType::F16 || dtype == DType::BF16, "{}: unknown dtype {}", what, static_cast<int>(dtype));
   check(chunks >= 1 && chunks <= 65535, "{}: chunks = {} must be in 1..65535 (grid z)", what, chunks);
   check(max_chunk_tokens >= 1, "{}: max_chunk_tokens = {} must be positive", what, max_chunk_tokens);
-  int shift = 0;
-  while ((1 << shift) < block_size) ++shift;
   a.group = a.n_heads / a.n_kv_heads;
-  a.block_shift = shift;
+  a.kv = kv_cache_layout(block_size, a.n_kv_heads, head_dim);
   a.scale_log2 = scale * detail::kLog2e;
   a.async = unified_max != nullptr;
   if (a.async) {

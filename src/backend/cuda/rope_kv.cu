@@ -6,8 +6,10 @@
 // the CPU reference compute them. V heads are not touched.
 //
 // kv_cache_write: one thread per (token, kv head, 8-element chunk): two 16-byte copies (k and v).
-// Tokens whose slot is negative are skipped (padding rows of a fixed-size batch).
+// Tokens whose slot is negative are skipped (padding rows of a fixed-size batch). Both writers place
+// rows where kv_cache_layout.h says (the calling thread's KernelOptions::kv_head_major).
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kv_cache_layout.h"
 
 namespace fdpp::cuda {
 
@@ -46,8 +48,8 @@ __global__ void rope_qk_kernel(T* __restrict__ qkv, const int32_t* __restrict__ 
 
 // Element type only matters for its size: the copy moves bits.
 template <bool kVec>
-__global__ void kv_cache_write_kernel(const uint16_t* __restrict__ qkv, const int32_t* __restrict__ slots,
-                                      int n_tokens, int n_heads, int n_kv_heads, int head_dim,
+__global__ void kv_cache_write_kernel(const uint16_t* __restrict__ qkv, const int32_t* __restrict__ slots, int n_tokens,
+                                      int n_heads, int n_kv_heads, int head_dim, KvCacheLayout layout,
                                       uint16_t* __restrict__ k_cache, uint16_t* __restrict__ v_cache) {
   const int chunks = kVec ? head_dim / 8 : head_dim;  // per head
   const int64_t row_stride = int64_t(n_heads + 2 * n_kv_heads) * head_dim;
@@ -63,7 +65,7 @@ __global__ void kv_cache_write_kernel(const uint16_t* __restrict__ qkv, const in
     const int64_t elem = kVec ? int64_t(c) * 8 : c;
     const uint16_t* src_k = qkv + t * row_stride + int64_t(n_heads + kvh) * head_dim + elem;
     const uint16_t* src_v = src_k + int64_t(n_kv_heads) * head_dim;
-    const int64_t dst = (int64_t(slot) * n_kv_heads + kvh) * head_dim + elem;
+    const int64_t dst = layout.slot_row(slot, kvh) + elem;
     if constexpr (kVec) {
       *reinterpret_cast<uint4*>(k_cache + dst) = *reinterpret_cast<const uint4*>(src_k);
       *reinterpret_cast<uint4*>(v_cache + dst) = *reinterpret_cast<const uint4*>(src_v);
@@ -83,8 +85,8 @@ __global__ void kv_cache_write_kernel(const uint16_t* __restrict__ qkv, const in
 template <class T, bool kInterleaved>
 __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
                                      const float* __restrict__ inv_freq, int n_freq, const int32_t* __restrict__ slots,
-                                     int n_tokens, int n_heads, int n_kv_heads, int head_dim, T* __restrict__ k_cache,
-                                     T* __restrict__ v_cache) {
+                                     int n_tokens, int n_heads, int n_kv_heads, int head_dim, KvCacheLayout layout,
+                                     T* __restrict__ k_cache, T* __restrict__ v_cache) {
   detail::pdl_trigger();
   detail::pdl_wait();  // qkv is the previous kernel's (programmatic launch: see kernels.h)
   const int pairs = head_dim / 2;
@@ -121,7 +123,7 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
     const int32_t slot = slots[t];
     if (slot < 0) continue;
     const int kvh = is_k ? h - n_heads : h - n_heads - n_kv_heads;
-    T* dst = (is_k ? k_cache : v_cache) + (int64_t(slot) * n_kv_heads + kvh) * head_dim;
+    T* dst = (is_k ? k_cache : v_cache) + layout.slot_row(slot, kvh);
     dst[ia] = a;
     dst[ib] = b;
   }
@@ -130,8 +132,8 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
 }  // namespace
 
 void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, const int32_t* slots,
-                   int n_tokens, int n_heads, int n_kv_heads, int head_dim, RopeStyle style, void* k_cache,
-                   void* v_cache, DType dtype, cudaStream_t stream) {
+                   int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, RopeStyle style,
+                   void* k_cache, void* v_cache, DType dtype, cudaStream_t stream) {
   check(qkv != nullptr && positions != nullptr && inv_freq != nullptr && slots != nullptr && k_cache != nullptr &&
             v_cache != nullptr,
         "rope_qk_cache: null pointer (qkv {}, positions {}, inv_freq {}, slots {}, k_cache {}, v_cache {})", qkv,
@@ -144,16 +146,19 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
         head_dim / 2);
   check(style == RopeStyle::RotateHalf || style == RopeStyle::Interleaved, "rope_qk_cache: unknown rope style {}",
         static_cast<int>(style));
+  check(block_size > 0 && (block_size & (block_size - 1)) == 0 && block_size <= (1 << 20),
+        "rope_qk_cache: block_size = {} must be a power of two", block_size);
+  const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim);
   const int64_t total = int64_t(n_tokens) * (n_heads + 2 * n_kv_heads) * (head_dim / 2);
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     auto* kernel = style == RopeStyle::Interleaved ? rope_qk_cache_kernel<T, true> : rope_qk_cache_kernel<T, false>;
     const detail::LaunchConfig config(dim3(grid_for(total, kThreads)), dim3(kThreads), 0, stream,
                                       programmatic_launch_enabled());
-    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<T*>(qkv), positions, inv_freq, n_freq,
-                                          slots, n_tokens, n_heads, n_kv_heads, head_dim, static_cast<T*>(k_cache),
-                                          static_cast<T*>(v_cache)),
-                       "cudaLaunchKernelEx(rope_qk_cache)");
+    detail::cuda_check(
+        cudaLaunchKernelEx(config.get(), kernel, static_cast<T*>(qkv), positions, inv_freq, n_freq, slots, n_tokens,
+                           n_heads, n_kv_heads, head_dim, layout, static_cast<T*>(k_cache), static_cast<T*>(v_cache)),
+        "cudaLaunchKernelEx(rope_qk_cache)");
   });
   check_launch("rope_qk_cache");
 }
@@ -183,7 +188,7 @@ void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_f
 }
 
 void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_heads, int n_kv_heads, int head_dim,
-                    void* k_cache, void* v_cache, DType dtype, cudaStream_t stream) {
+                    int block_size, void* k_cache, void* v_cache, DType dtype, cudaStream_t stream) {
   check(qkv != nullptr && slots != nullptr && k_cache != nullptr && v_cache != nullptr,
         "kv_cache_write: null pointer (qkv {}, slots {}, k_cache {}, v_cache {})", qkv,
         static_cast<const void*>(slots), k_cache, v_cache);
@@ -191,13 +196,15 @@ void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_h
         "kv_cache_write: n_tokens = {}, n_heads = {}, n_kv_heads = {}, head_dim = {} must be positive", n_tokens,
         n_heads, n_kv_heads, head_dim);
   check(dtype == DType::F16 || dtype == DType::BF16, "kv_cache_write: unknown dtype {}", static_cast<int>(dtype));
+  check(block_size > 0 && (block_size & (block_size - 1)) == 0 && block_size <= (1 << 20),
+        "kv_cache_write: block_size = {} must be a power of two", block_size);
+  const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim);
   const bool vec = head_dim % 8 == 0 && aligned16(qkv) && aligned16(k_cache) && aligned16(v_cache);
   const int64_t total = int64_t(n_tokens) * n_kv_heads * (vec ? head_dim / 8 : head_dim);
   auto* kernel = vec ? kv_cache_write_kernel<true> : kv_cache_write_kernel<false>;
-  kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<const uint16_t*>(qkv), slots, n_tokens,
-                                                             n_heads, n_kv_heads, head_dim,
-                                                             static_cast<uint16_t*>(k_cache),
-                                                             static_cast<uint16_t*>(v_cache));
+  kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+      static_cast<const uint16_t*>(qkv), slots, n_tokens, n_heads, n_kv_heads, head_dim, layout,
+      static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache));
   check_launch("kv_cache_write");
 }
 
