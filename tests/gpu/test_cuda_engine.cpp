@@ -189,13 +189,13 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   // its sync 4, one head per CTA, 5.50), MHA one split (5.22; 2 splits 4.65, see the sweep).
   EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 128, 512, 132), 5);
   EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 128, 512, 132), 1);
-  // Other head dims plan with their own loop, tiles and (at and above 128) slots
+  // Other head dims plan with their own loop, tiles and (at 64 and from 128) slots
   // (docs/results/2026-12-02a-wide-tiles-plan.md): at 64, 32/8 heads at batch 1, 512 keys one split
-  // (3.7 us; the plan at 128's 5 splits 4.0-4.2) and at batch 32, 16K keys one (the slots at 64's
-  // shared memory took 2, 2-4% slower); at 256, MHA at batch 1, 512 keys 4 splits (8.31 us; one
-  // 10.09).
+  // (3.7 us; the plan at 128's 5 splits 4.0-4.2) and at batch 32, 16K keys two (head-major cache:
+  // 247.7 us, one 268.0; docs/results/2026-12-02c-head-major.md); at 256, MHA at batch 1, 512 keys
+  // 4 splits (8.31 us; one 10.09).
   EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 64, 512, 132), 1);
-  EXPECT_EQ(cuda::plan_decode_splits(32, 32, 8, 64, 16384, 132), 1);
+  EXPECT_EQ(cuda::plan_decode_splits(32, 32, 8, 64, 16384, 132), 2);
   EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 256, 512, 132), 4);
   // What the launches run with the plan, MHA at head_dim 128 (decode_attention.cu, choose_loop): the
   // CUDA-core loop at up to 512 keys and batch 1-6, else the tensor-core loop; 4 warps where two CTAs

@@ -1651,21 +1651,22 @@ struct SplitShape {
 };
 
 // CTAs of `warps` warps the plan counts resident at once on the GPU at `head_dim`, by shared memory:
-// at 128 the smaller count of the two loops' (both run there), above it the tensor-core loop's (the
-// only one; its warps are the head dim's default, whatever `warps` says), below it the count at 128.
-// CTAs at head dims below 128 keep fewer bytes in flight (half at 64 with 16-key tiles), so more of
-// them fit an SM, but they share its one part of the bandwidth: counting the 4 CTAs of 4 warps per
-// SM at 64, the plan took 2 splits for 32/8 heads at batch 32, 1K-64K keys, 2-4% slower than one
-// (docs/results/2026-12-02a-wide-tiles-plan.md).
+// at 64 and 128 the smaller count of the two loops' (both run there), above 128 the tensor-core
+// loop's (the only one; its warps are the head dim's default, whatever `warps` says), at 80 and 96
+// the count at 128. At 64 this counts four CTAs of 4 warps per SM, and the plan takes 2 splits for
+// 32/8 heads at batch 32 from 1K keys, the only point of the 64 grid where it differs from
+// counting 128's slots: on the token-major cache 2-4% slower than one split
+// (docs/results/2026-12-02a-wide-tiles-plan.md), on the head-major one 4-8% faster at 4K-64K keys
+// (65.0 / 247.7 / 967.7 us against 68.7 / 268.0 / 1006.6; docs/results/2026-12-02c-head-major.md).
 int64_t resident_slots(int head_dim, int warps, int multiprocessors) {
   auto per_sm = [](auto core, auto mma) {
     return std::min(resident_ctas(decltype(core)::kWarps * 32, decltype(core)::kSmem),
                     resident_ctas(decltype(mma)::kWarps * 32, decltype(mma)::kSmem));
   };
   int per_sm_ctas = 0;
-  with_head_dim(std::max(head_dim, 128), [&](auto d) {
+  with_head_dim(head_dim == 64 ? 64 : std::max(head_dim, 128), [&](auto d) {
     constexpr int D = decltype(d)::value;
-    if constexpr (D == 128) {
+    if constexpr (D == 64 || D == 128) {
       per_sm_ctas =
           warps == 4 ? per_sm(CoreShape<D, 4, 4>{}, MmaShape<D, 4>{}) : per_sm(CoreShape<D, 4, 8>{}, MmaShape<D, 8>{});
     } else {
