@@ -138,6 +138,12 @@ if stage attention; then
       "$B/fdpp" bench-attention --heads 32 --kv-heads $kvh --head-dim "$attn_head_dim" -b "$ab" -c "$ac" ${v#*=} --json \
         >"$OUT/attn_variant_${v%%=*}_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err" || log "bench-attention 32/$kvh ${v#*=} failed"
     done
+    # Another build's fdpp on the same grid (FDPP_ATTN_BASE=PATH, e.g. the commit before a change
+    # to the kernels, with the same lib/): the "base" column and ours over it.
+    if [[ -n ${FDPP_ATTN_BASE:-} ]]; then
+      "$FDPP_ATTN_BASE" bench-attention --heads 32 --kv-heads $kvh --head-dim "$attn_head_dim" -b "$ab" -c "$ac" --json \
+        >"$OUT/attn_variant_base_$kvh.json" 2>>"$OUT/attn_ours_$kvh.err" || log "base bench-attention 32/$kvh failed"
+    fi
     if [[ ${FDPP_ATTN_PEERS:-1} == 1 ]]; then
       python3 "$root/bench/peers/attention_peers.py" --heads 32 --kv-heads $kvh --head-dim "$attn_head_dim" -b "$ab" -c "$ac" \
         --json "$OUT/attn_peers_$kvh.json" >"$OUT/attn_peers_$kvh.log" 2>&1 || log "attention peers 32/$kvh failed: $(tail -1 "$OUT/attn_peers_$kvh.log")"
@@ -147,7 +153,8 @@ if stage attention; then
     python3 "$root/bench/attention_table.py" "$OUT"/attn_ours_*.json --peers $(ls "$OUT"/attn_peers_*.json 2>/dev/null) \
       --core $(ls "$OUT"/attn_core_*.json 2>/dev/null) \
       $(IFS=';' read -ra vs <<<"${FDPP_ATTN_VARIANTS:-}"; for v in "${vs[@]}"; do n=${v%%=*}; \
-          ls "$OUT"/attn_variant_${n}_*.json >/dev/null 2>&1 && echo "--extra $n=$(ls "$OUT"/attn_variant_${n}_*.json | paste -sd,)"; done); } |
+          ls "$OUT"/attn_variant_${n}_*.json >/dev/null 2>&1 && echo "--extra $n=$(ls "$OUT"/attn_variant_${n}_*.json | paste -sd,)"; done; \
+        ls "$OUT"/attn_variant_base_*.json >/dev/null 2>&1 && echo "--extra base=$(ls "$OUT"/attn_variant_base_*.json | paste -sd,)"); } |
     tee -a "$summary"
 fi
 
@@ -255,6 +262,17 @@ if stage prefill; then
     "$B/fdpp" bench-attention --prefill --heads 32 --kv-heads $kvh --head-dim 128 --points "$pp" --prefill-config "${FDPP_PREFILL_CONFIGS:-all}" \
       >"$OUT/prefill_ours_$kvh.md" 2>"$OUT/prefill_ours_$kvh.err" || log "bench-attention --prefill 32/$kvh failed: $(tail -1 "$OUT/prefill_ours_$kvh.err")"
     tee -a "$summary" <"$OUT/prefill_ours_$kvh.md"
+    # Variants on the same points, each its own table: FDPP_PREFILL_VARIANTS="NAME=FLAGS;..." (flags of
+    # fdpp bench-attention, e.g. "tm=--kv-layout token-major").
+    IFS=';' read -ra pvariants <<<"${FDPP_PREFILL_VARIANTS:-}"
+    for v in "${pvariants[@]}"; do
+      [[ -n $v ]] || continue
+      echo "prefill variant ${v%%=*} (${v#*=}):" | tee -a "$summary"
+      "$B/fdpp" bench-attention --prefill --heads 32 --kv-heads $kvh --head-dim 128 --points "$pp" \
+        --prefill-config "${FDPP_PREFILL_CONFIGS:-all}" ${v#*=} >"$OUT/prefill_variant_${v%%=*}_$kvh.md" 2>>"$OUT/prefill_ours_$kvh.err" ||
+        log "bench-attention --prefill 32/$kvh ${v#*=} failed"
+      tee -a "$summary" <"$OUT/prefill_variant_${v%%=*}_$kvh.md"
+    done
     if [[ ${FDPP_ATTN_PEERS:-1} == 1 ]]; then
       python3 "$root/bench/peers/attention_peers.py" --prefill --heads 32 --kv-heads $kvh --head-dim 128 --points "$pp" \
         --json "$OUT/prefill_peers_$kvh.json" 2>&1 | tee "$OUT/prefill_peers_$kvh.log" | tee -a "$summary" \

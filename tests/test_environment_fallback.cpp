@@ -133,6 +133,21 @@ TEST(EnvironmentFallback, DecodeWarpsAndAsyncCombine) {
             "--async-combine 'both' is not one of auto, kernel, launch");
 }
 
+// The KV cache layout (a measurement switch of bench-attention and, through the variable, of the
+// engine's front ends): flag over variable over the default (head-major).
+TEST(EnvironmentFallback, KvLayout) {
+  FakeEnv env;
+  EXPECT_TRUE(resolve_kernel_options({}, env.lookup()).kv_head_major);
+  env.vars = {{"FDPP_KV_LAYOUT", "token-major"}};
+  EXPECT_FALSE(resolve_kernel_options({}, env.lookup()).kv_head_major);
+  KernelFlags flags;
+  flags.kv_layout = "head-major";
+  EXPECT_TRUE(resolve_kernel_options(flags, env.lookup()).kv_head_major);
+  env.vars = {{"FDPP_KV_LAYOUT", "rows"}};
+  EXPECT_EQ(test::error_of([&] { resolve_kernel_options({}, env.lookup()); }),
+            "FDPP_KV_LAYOUT 'rows' is not one of head-major, token-major");
+}
+
 TEST(EnvironmentFallback, LinearOptions) {
   FakeEnv env;
   DispatchSelectOptions o;

@@ -47,6 +47,12 @@ cuda::AsyncCombine parse_async_combine(const std::string& value, const std::stri
   fail("{} '{}' is not one of auto, kernel, launch", origin, value);
 }
 
+bool parse_kv_head_major(const std::string& value, const std::string& origin) {
+  if (value == "head-major") return true;
+  if (value == "token-major") return false;
+  fail("{} '{}' is not one of head-major, token-major", origin, value);
+}
+
 cuda::KernelOptions resolve_kernel_options(const KernelFlags& flags, const EnvironmentLookup& env) {
   cuda::KernelOptions o;
   if (!flags.pdl.empty()) o.programmatic_launch = parse_switch(flags.pdl, "--pdl");
@@ -63,9 +69,14 @@ cuda::KernelOptions resolve_kernel_options(const KernelFlags& flags, const Envir
   if (!flags.decode_warps.empty()) o.decode_warps = parse_decode_warps(flags.decode_warps, "--decode-warps");
   else if (const std::string e = variable(env, "FDPP_DECODE_WARPS"); !e.empty())
     o.decode_warps = parse_decode_warps(e, "FDPP_DECODE_WARPS");
-  if (!flags.async_combine.empty()) o.async_combine = parse_async_combine(flags.async_combine, "--async-combine");
+  if (!flags.async_combine.empty())
+    o.async_combine = parse_async_combine(flags.async_combine, "--async-combine");
   else if (const std::string e = variable(env, "FDPP_ASYNC_COMBINE"); !e.empty())
     o.async_combine = parse_async_combine(e, "FDPP_ASYNC_COMBINE");
+  if (!flags.kv_layout.empty())
+    o.kv_head_major = parse_kv_head_major(flags.kv_layout, "--kv-layout");
+  else if (const std::string e = variable(env, "FDPP_KV_LAYOUT"); !e.empty())
+    o.kv_head_major = parse_kv_head_major(e, "FDPP_KV_LAYOUT");
   return o;
 }
 

@@ -13,6 +13,8 @@
 //   FDPP_DECODE_WARPS     --decode-warps       KernelOptions::decode_warps (0|4|8; bench-attention)
 //   FDPP_ASYNC_COMBINE    --async-combine      KernelOptions::async_combine (auto|kernel|launch;
 //                                              bench-attention)
+//   FDPP_KV_LAYOUT        --kv-layout          KernelOptions::kv_head_major (head-major|token-major;
+//                                              bench-attention)
 //   FDPP_LINEAR           --linear             DispatchSelectOptions::mode
 //   FDPP_DISPATCH_TABLE   --dispatch-table     DispatchSelectOptions::table_path
 //   FDPP_GEMV_MAX_M       (none)               DispatchSelectOptions::gemv_max_m
@@ -43,6 +45,7 @@ struct KernelFlags {
   // Flags of bench-attention only (measurement switches); the variables reach every front end.
   std::string decode_warps;   // 0|4|8
   std::string async_combine;  // auto|kernel|launch
+  std::string kv_layout;      // head-major|token-major
 };
 
 // flags where given, else the variables, else KernelOptions' defaults.
@@ -63,5 +66,7 @@ bool parse_switch(const std::string& value, const std::string& origin);
 cuda::DecodePath parse_decode_path(const std::string& value, const std::string& origin);
 int parse_decode_warps(const std::string& value, const std::string& origin);
 cuda::AsyncCombine parse_async_combine(const std::string& value, const std::string& origin);
+// true for head-major, false for token-major.
+bool parse_kv_head_major(const std::string& value, const std::string& origin);
 
 }  // namespace fdpp

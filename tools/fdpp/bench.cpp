@@ -285,6 +285,7 @@ int run_bench(const BenchArgs& a) {
                      {"decode_path", cuda::decode_path_name(eo.kernels.decode_path)},
                      {"decode_warps", eo.kernels.decode_warps},
                      {"async_combine", cuda::async_combine_name(eo.kernels.async_combine)},
+                     {"kv_layout", eo.kernels.kv_head_major ? "head-major" : "token-major"},
                      {"tensor_parallel", tp},
                      {"read_bandwidth_measured", bandwidth},
                      {"read_bandwidth_design", kDesignReadBandwidth},

@@ -11,7 +11,8 @@
 // "path" field); --pdl on|off (else FDPP_PDL) the programmatic launch of the calls.
 // --decode-warps 0|4|8 (else FDPP_DECODE_WARPS; "decode_warps") the warps per CTA at head dims 64
 // and 128 (the split plan follows), --async-combine auto|kernel|launch (else FDPP_ASYNC_COMBINE;
-// "async_combine") where async adds the splits' partials.
+// "async_combine") where async adds the splits' partials, --kv-layout head-major|token-major (else
+// FDPP_KV_LAYOUT; "kv_layout") the KV cache's layout.
 #include "bench_attention.h"
 
 #include <fmt/format.h>
@@ -62,13 +63,11 @@ int run_bench_attention(const BenchAttentionArgs& a) {
   const auto gpus = checked_gpus(a);
   check(a.block_size >= 1 && (a.block_size & (a.block_size - 1)) == 0, "--block-size {} is not a power of two",
         a.block_size);
-  check(a.kv_layout == "token-major" || a.kv_layout == "head-major", "--kv-layout '{}' is not token-major or head-major",
-        a.kv_layout);
   check(a.block_order == "shuffled" || a.block_order == "sequential", "--block-order '{}' is not shuffled or sequential",
         a.block_order);
   const int block = a.block_size;
-  cuda::KernelOptions kernels = resolve_kernel_options(a.kernels);
-  kernels.kv_head_major = a.kv_layout == "head-major";
+  const cuda::KernelOptions kernels = resolve_kernel_options(a.kernels);
+  const char* kv_layout = kernels.kv_head_major ? "head-major" : "token-major";
   const cuda::KernelOptionsScope kernel_scope(kernels);  // the kernels are called here, not by an engine
   check(!a.batches.empty() && !a.contexts.empty(), "bench-attention: give batch sizes and context lengths");
   for (const auto& m : a.modes) check(m == "async" || m == "sync", "--modes: '{}' is not one of async, sync", m);
@@ -163,7 +162,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
         results.push_back({{"mode", mode}, {"path", cuda::decode_path_name(kernels.decode_path)},
                            {"decode_warps", kernels.decode_warps},
                            {"async_combine", cuda::async_combine_name(kernels.async_combine)},
-                           {"block_size", block}, {"kv_layout", a.kv_layout}, {"block_order", a.block_order},
+                           {"block_size", block}, {"kv_layout", kv_layout}, {"block_order", a.block_order},
                            {"pdl", kernels.programmatic_launch}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
                            {"context", L}, {"splits", splits}, {"planned_splits", planned_splits}, {"us", us}, {"bytes", bytes},
                            {"pct_design_bw", bytes / (us * 1e-6) / kDesignReadBandwidth},

@@ -25,10 +25,8 @@ struct BenchAttentionArgs {
   // --prefill-config: the kernel's tile configurations to time on every point and mode (names from
   // prefill_plan.h kConfigs; "all": every one). Default: the default configuration alone.
   std::vector<std::string> prefill_configs{"m64n64"};
-  // Decode: the KV cache's tokens per block and layout ("head-major", the engine's, or "token-major":
-  // see cuda::KernelOptions::kv_head_major).
+  // Decode: the KV cache's tokens per block (its layout: kernels.kv_layout).
   int block_size = 16;
-  std::string kv_layout = "head-major";
   // The order of a sequence's blocks in the pool: "shuffled" (a long-running server's fragmented
   // cache) or "sequential" (a fresh engine's allocator hands out consecutive blocks; the order of
   // the dense K/V the peers read).

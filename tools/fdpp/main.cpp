@@ -813,10 +813,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024"}));
   bench_attn
-      ->add_option("--kv-layout", ba.kv_layout,
-                   "decode: KV cache layout, head-major (the engine's: a kv head's rows of a block adjacent) "
-                   "or token-major (a token's kv heads adjacent)")
-      ->capture_default_str()
+      ->add_option("--kv-layout", ba.kernels.kv_layout,
+                   "KV cache layout, head-major (the engine's: a kv head's rows of a block adjacent) or "
+                   "token-major (a token's kv heads adjacent) (default: $FDPP_KV_LAYOUT, else head-major)")
       ->check(CLI::IsMember({"token-major", "head-major"}));
   bench_attn->add_option("--block-order", ba.block_order,
                          "decode: order of a sequence's KV blocks in memory, shuffled (a fragmented cache) or "

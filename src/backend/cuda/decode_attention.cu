@@ -154,10 +154,7 @@ struct DecodeArgs {
   int batch, n_heads, n_kv_heads, group, n_sub;
   int gmax;  // query heads per CTA (sub-group size; the last sub-group may have fewer)
   int n_groups;  // CTA groups: batch x n_kv_heads x n_sub (plan_groups, once per call)
-  int block_shift;
-  // Element offsets in the cache: of a block ((1 << block_shift) x n_kv_heads x D elements), of a
-  // key within its block and of a kv head (kv_cache_layout.h).
-  int64_t block_stride, token_stride, head_stride;
+  KvCacheLayout kv;  // where a key's row of a kv head sits in the paged cache (kv_cache_layout.h)
   float scale_log2;  // scale * log2(e)
   void* out;
   // Split-KV (splits > 1): CTA (.., split) takes the split-th slice of the key tiles and writes
@@ -328,8 +325,7 @@ __device__ __forceinline__ void kv_copy16_zfill(void* smem_dst, const void* gmem
 
 // Element offset of key j's row of kv head kvh (btab: the sequence's block table).
 __device__ __forceinline__ int64_t cache_row(const DecodeArgs& a, const int32_t* btab, int j, int kvh) {
-  return int64_t(btab[j >> a.block_shift]) * a.block_stride + (j & ((1 << a.block_shift) - 1)) * a.token_stride +
-         kvh * a.head_stride;
+  return a.kv.row(btab[j >> a.kv.block_shift], j & ((1 << a.kv.block_shift) - 1), kvh);
 }
 
 // ---- CUDA-core loop -------------------------------------------------------------------------------
@@ -381,12 +377,12 @@ __device__ __forceinline__ float* core_loop(const DecodeArgs& a, const RowSlice&
   // of its row (head kvh); 0 for keys past the end.
   auto key_entry = [&](int tile) -> int32_t {
     const int j = (tile << 5) + lane;
-    return tile < tile_end && j < L ? btab[j >> a.block_shift] : 0;
+    return tile < tile_end && j < L ? btab[j >> a.kv.block_shift] : 0;
   };
   auto key_row = [&](int tile, int32_t entry) -> int64_t {
     const int j = (tile << 5) + lane;
     if (j >= L) return 0;
-    return int64_t(entry) * a.block_stride + (j & ((1 << a.block_shift) - 1)) * a.token_stride + kvh * a.head_stride;
+    return a.kv.row(entry, j & ((1 << a.kv.block_shift) - 1), kvh);
   };
   // Stage a tile's K (or V) rows with cp.async, coalesced: the lanes copy consecutive 16-byte
   // chunks of RPS rows per step, the rows' offsets broadcast from the lanes that looked them up.
@@ -555,11 +551,11 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   constexpr int kSteps = KT * CH / 32;
   constexpr bool kRowSteps = 32 % CH == 0;
   constexpr int kRowsPerStep = kRowSteps ? 32 / CH : 1;
-  const bool whole_tiles = kRowSteps && a.block_shift >= 4;
+  const bool whole_tiles = kRowSteps && a.kv.block_shift >= 4;
   const int lane_row = lane / CH, lane_chunk = lane - lane_row * CH;  // (whole_tiles)
-  const int64_t lane_src = int64_t(lane_row) * a.token_stride + lane_chunk * 8 + int64_t(r.kvh) * a.head_stride;
-  const int64_t step_src = int64_t(kRowsPerStep) * a.token_stride;
-  const int in_block_mask = (1 << a.block_shift) - 1;
+  const int64_t lane_src = int64_t(lane_row) * a.kv.token_stride + lane_chunk * 8 + int64_t(r.kvh) * a.kv.head_stride;
+  const int64_t step_src = int64_t(kRowsPerStep) * a.kv.token_stride;
+  const int in_block_mask = (1 << a.kv.block_shift) - 1;
   // Block-table entries of this warp's tiles, read 32 issues ahead (whole_tiles): lane l of `bt[h]`
   // holds the entry of half h of the warp's issue 32 c + l, `bt_next` those of chunk c + 1, and a
   // tile's entries come by shuffles. Reading btab[] at the issue put a dependent load (an L2 round
@@ -567,7 +563,7 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   const int warp_tile0 = r.tile_begin + warp;
   auto load_entries = [&](int chunk, int h) -> int32_t {
     const int t = warp_tile0 + (chunk * 32 + lane) * W;
-    return whole_tiles && t < tile_end ? btab[(t * KT + 16 * h) >> a.block_shift] : 0;
+    return whole_tiles && t < tile_end ? btab[(t * KT + 16 * h) >> a.kv.block_shift] : 0;
   };
   int32_t bt[KH], bt_next[KH];
 #pragma unroll
@@ -590,8 +586,7 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
 #pragma unroll
         for (int h = 0; h < KH; ++h) {
           const int32_t entry = __shfl_sync(0xffffffffu, bt[h], n & 31);
-          const int64_t base =
-              int64_t(entry) * a.block_stride + ((j0 + 16 * h) & in_block_mask) * a.token_stride + lane_src;
+          const int64_t base = a.kv.row(entry, (j0 + 16 * h) & in_block_mask, 0) + lane_src;  // lane_src: the head
           const T* kp = k_cache + base;
           const T* vp = v_cache + base;
 #pragma unroll
@@ -838,7 +833,7 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
 
   T* out = static_cast<T*>(a.out) + (int64_t(r.b) * H + r.head0) * D;
   int L = a.context_lens[r.b];
-  const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.block_shift;
+  const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.kv.block_shift;
   if (L > capacity) L = static_cast<int>(capacity);
   r.L = L;
   // This CTA's slice of the key tiles (all of them when there is one split).
@@ -1262,7 +1257,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
   __syncthreads();  // (also publishes len_s)
   const float M = groups_s.max_m();
   int L = len_s;
-  const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.block_shift;
+  const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.kv.block_shift;
   if (L > capacity) L = static_cast<int>(capacity);
   if (L <= 0) {  // (the main kernel wrote the zeros already; written again, alike)
     for (int d = tid; d < D; d += NT) out[d] = from_float<T>(0.f);
@@ -1842,11 +1837,7 @@ Call make_call(const void* qkv, const void* k_cache, const void* v_cache, const 
   a.n_sub = g.n_sub;
   a.gmax = g.gmax;
   a.n_groups = static_cast<int>(g.n_groups);
-  const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim);
-  a.block_shift = layout.block_shift;
-  a.block_stride = layout.block_stride;
-  a.token_stride = layout.token_stride;
-  a.head_stride = layout.head_stride;
+  a.kv = kv_cache_layout(block_size, n_kv_heads, head_dim);
   a.scale_log2 = scale * detail::kLog2e;
   a.out = out;
   a.splits = splits;
