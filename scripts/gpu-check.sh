@@ -448,8 +448,10 @@ PY
 fi
 
 if stage peers; then
+  # FDPP_PEER_COMPILED=1,8: also the torch.compile'd static-cache decoder at those batch sizes
+  # (a minute or two of compiling each).
   PYTHONUNBUFFERED=1 python3 "$root/bench/peers/peers.py" "$root/configs/llama-2-7b.json" --batches "${FDPP_PEER_BATCHES:-1,8,32}" --context 1024 \
-    --json "$OUT/peers_llama-2-7b.json" >"$OUT/peers.log" 2>&1 || log "peers failed: $(tail -2 "$OUT/peers.log")"
+    --compiled "${FDPP_PEER_COMPILED:-}" --json "$OUT/peers_llama-2-7b.json" >"$OUT/peers.log" 2>&1 || log "peers failed: $(tail -2 "$OUT/peers.log")"
   { echo; grep -E '^\|' "$OUT/peers.log"; } | tee -a "$summary"
 fi
 

@@ -4,9 +4,13 @@
   cuBLAS (torch F.linear, fp16) for a model's four linear shapes at M = batch, graph-timed with
   the weights rotated past the 60 MB L2;
   torch SDPA decode attention (q_len 1) with the cuDNN and FlashAttention backends;
-  HF transformers decode (eager and sdpa attention) with random weights of the preset config.
+  HF transformers decode (eager and sdpa attention) with random weights of the preset config;
+  --compiled B,...: the same model as a gpt-fast style decoder: a static KV cache and the decode
+  step under torch.compile (mode "reduce-overhead": CUDA graphs), greedy, at those batch sizes (each
+  compiles for a minute or two).
 
-usage: peers.py CONFIG.json [--batches 1,8,32] [--context 1024] [--hf-steps 16] [--json OUT]
+usage: peers.py CONFIG.json [--batches 1,8,32] [--context 1024] [--hf-steps 16] [--compiled 1,8]
+                [--json OUT]
 Prints a markdown table; --json writes every number.
 """
 import argparse
@@ -126,6 +130,49 @@ def bench_hf(cfg_path, batches, context, steps):
     return rows
 
 
+def bench_compiled(cfg_path, batches, context, steps, device="cuda"):
+    """ms per decode step of HF's model with a StaticCache and the step torch.compile'd."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
+    cfg = AutoConfig.from_pretrained(cfg_path)
+    cfg._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float16 if device == "cuda" else torch.float32).eval()
+    warmup = 4  # the first calls compile and record the graphs
+    rows = []
+    for b in batches:
+        cache = StaticCache(config=cfg, max_cache_len=context + warmup + steps + 1)
+
+        def step(ids, pos):
+            out = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True)
+            return out.logits[:, -1:].argmax(-1)
+
+        compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+        ids = torch.randint(0, cfg.vocab_size, (b, context), device=device)
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        with torch.no_grad():
+            nxt = step(ids, torch.arange(context, device=device))  # the prompt, not compiled
+            t_compile = time.perf_counter()
+            for i in range(warmup):
+                nxt = compiled(nxt.clone(), torch.tensor([context + i], device=device))
+            sync()
+            t_compile = time.perf_counter() - t_compile
+            times = []
+            for i in range(steps):
+                pos = torch.tensor([context + warmup + i], device=device)
+                sync()
+                t0 = time.perf_counter()
+                nxt = compiled(nxt.clone(), pos)
+                sync()
+                times.append(time.perf_counter() - t0)
+        rows.append({"peer": "torch.compile static cache", "B": b, "L": context,
+                     "ms_per_step": 1e3 * statistics.median(times), "compile_s": t_compile,
+                     "transformers": transformers.__version__, "torch": torch.__version__})
+        del compiled, cache
+        torch._dynamo.reset()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
@@ -133,6 +180,7 @@ def main():
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--hf-steps", type=int, default=16)
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--compiled", default="", help="batch sizes for the torch.compile'd decoder (slow to compile)")
     ap.add_argument("--json")
     a = ap.parse_args()
     cfg = json.load(open(a.config))
@@ -141,6 +189,8 @@ def main():
            "cublas": bench_cublas(cfg, batches), "sdpa": bench_sdpa(cfg, batches, a.context)}
     if not a.no_hf:
         res["hf"] = bench_hf(a.config, batches, a.context, a.hf_steps)
+    if a.compiled:
+        res["compiled"] = bench_compiled(a.config, [int(x) for x in a.compiled.split(",")], a.context, a.hf_steps)
     if a.json:
         json.dump(res, open(a.json, "w"), indent=1)
     print(f"peers on {res['gpu']} (torch {res['torch']}), {a.config}")
@@ -152,7 +202,7 @@ def main():
             print(f"| {r['peer']} | L={r['L']} | {r['B']} | {r['error']} | |")
         else:
             print(f"| {r['peer']} | L={r['L']} | {r['B']} | {r['us']:.1f} us | {r['pct_bw']:.0f} |")
-    for r in res.get("hf", []):
+    for r in res.get("hf", []) + res.get("compiled", []):
         print(f"| {r['peer']} | ctx {r['L']} | {r['B']} | {r['ms_per_step']:.2f} ms/step | |")
 
 
