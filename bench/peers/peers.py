@@ -7,7 +7,7 @@
   HF transformers decode (eager and sdpa attention) with random weights of the preset config;
   --compiled B,...: the same model as a gpt-fast style decoder: a static KV cache and the decode
   step under torch.compile (mode "reduce-overhead": CUDA graphs), greedy, at those batch sizes (each
-  compiles for a minute or two).
+  compiles for about 45 s for Llama-2-7B on the H200 machine).
 
 usage: peers.py CONFIG.json [--batches 1,8,32] [--context 1024] [--hf-steps 16] [--compiled 1,8]
                 [--json OUT]
