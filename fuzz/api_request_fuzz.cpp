@@ -39,6 +39,7 @@ void write_seeds(const std::string& dir) {
       R"(b{"prompt": "x", "top_p": 0.5, "top_k": 3, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 7})",
       R"(b{"prompt": "x", "n": 1, "logprobs": null, "ignore_eos": true, "return_token_ids": true, "user": "u"})",
       R"(b{"prompt": "x", "stop_token_ids": [2, 7], "max_tokens": 3})",
+      R"(b{"prompt": "x", "top_p": 2.5, "a\nb": 1})",  // a quoted key once split the message
       R"(b{"prompt": ["ab", [5, 6]], "max_tokens": 2})",
       R"(a{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]})",
       R"(a{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}], "max_completion_tokens": 3})",

@@ -31,6 +31,14 @@ json parse_json(std::string_view text) {
     if (const size_t p = what.find("] "); what.rfind("[json.exception.", 0) == 0 && p != std::string::npos)
       what = what.substr(p + 2);
     std::replace(what.begin(), what.end(), '\n', ' ');
+    // The parser quotes the token it stopped in ("last read: '...'"), which can be the whole rest of
+    // the text (an unterminated string): keep the message short, cut at a character boundary.
+    constexpr size_t kMaxMessageBytes = 240;
+    if (what.size() > kMaxMessageBytes) {
+      size_t n = kMaxMessageBytes;
+      while (n > 0 && (static_cast<unsigned char>(what[n]) & 0xC0) == 0x80) --n;
+      what = what.substr(0, n) + "...";
+    }
     throw JsonSyntaxError(what);
   }
 }
