@@ -64,34 +64,6 @@ PromptCodec prompt_codec_for(const Tokenizer& tokenizer) {
 
 namespace {
 
-// A name or value from the request as error messages quote it: control characters escaped as JSON
-// writes them (a key "a\nb" must not split the message, which servers and clients log as one line),
-// and at most kShownBytes bytes (cut at a character boundary) so that a megabyte key is not echoed.
-std::string shown(std::string_view text) {
-  constexpr size_t kShownBytes = 64;
-  std::string out;
-  size_t n = text.size();
-  if (n > kShownBytes) {
-    n = kShownBytes;
-    while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;  // not inside a UTF-8 sequence
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c == '\n')
-      out += "\\n";
-    else if (c == '\r')
-      out += "\\r";
-    else if (c == '\t')
-      out += "\\t";
-    else if (c < 0x20 || c == 0x7f)
-      out += fmt::format("\\u{:04x}", c);
-    else
-      out += static_cast<char>(c);
-  }
-  if (n < text.size()) out += "...";
-  return out;
-}
-
 ApiError bad(std::string param, std::string message, std::string code = {}) {
   return ApiError(400, std::move(message), std::move(param), "invalid_request_error", std::move(code));
 }
@@ -223,7 +195,7 @@ std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits
     for (const auto& [k, v] : msg.items()) {
       if (k == "role" || k == "content" || k == "name") continue;
       if (v.is_null() || (k == "tool_calls" && is_empty_container(v))) continue;
-      throw bad(at + "." + k, fmt::format("{}.{} is not supported by this server", at, shown(k)),
+      throw bad(at + "." + k, fmt::format("{}: the field {} is not supported by this server", at, json_show(k)),
                 "unsupported_parameter");
     }
     const json* role = field(msg, "role");
@@ -233,7 +205,7 @@ std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits
     if (r == "developer") r = "system";
     if (r != "system" && r != "user" && r != "assistant")
       throw bad(at + ".role",
-                fmt::format("{}.role '{}' is not one of system, developer, user, assistant", at, shown(r)));
+                fmt::format("{}.role {} is not one of system, developer, user, assistant", at, json_show(*role)));
     std::string content;
     const json* c = field(msg, "content");
     if (!c) {
@@ -320,19 +292,17 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
                                                   "web_search_options"};
   for (const auto& [k, v] : body.items()) {
     if (common.count(k) || (chat ? chat_only.count(k) : completions_only.count(k))) continue;
-    throw bad(
-        k,
-        fmt::format("'{}' is not a supported field of {}", shown(k), chat ? "/v1/chat/completions" : "/v1/completions"),
-        "unsupported_parameter");
+    throw bad(k,
+              fmt::format("{} is not a supported field of {}", json_show(k),
+                          chat ? "/v1/chat/completions" : "/v1/completions"),
+              "unsupported_parameter");
   }
 
   if (const json* m = field(body, "model")) {
     if (!m->is_string()) throw bad("model", "'model' must be a string");
     if (!model_matches(model, m->get<std::string>()))
-      throw ApiError(
-          404,
-          fmt::format("the model '{}' does not exist; this server serves '{}'", shown(m->get<std::string>()), model.id),
-          "model", "invalid_request_error", "model_not_found");
+      throw ApiError(404, fmt::format("the model {} does not exist; this server serves '{}'", json_show(*m), model.id),
+                     "model", "invalid_request_error", "model_not_found");
   }
 
   require_off(body, "n", is_one, "one choice per request");
@@ -369,7 +339,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
     if (!so->is_object()) throw bad("stream_options", "'stream_options' must be an object");
     for (const auto& [k, v] : so->items())
       if (k != "include_usage" && k != "continuous_usage_stats")
-        throw bad("stream_options." + k, fmt::format("stream_options.{} is not supported", shown(k)),
+        throw bad("stream_options." + k, fmt::format("stream_options: the field {} is not supported", json_show(k)),
                   "unsupported_parameter");
     if (!r.stream) throw bad("stream_options", "'stream_options' is only allowed with \"stream\": true");
     r.include_usage = opt_bool(*so, "include_usage").value_or(false);
