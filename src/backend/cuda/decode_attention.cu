@@ -1815,8 +1815,6 @@ Call make_call(const void* qkv, const void* k_cache, const void* v_cache, const 
         n_kv_heads);
   check(head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256,
         "decode_attention: head_dim = {} is not supported (64, 80, 96, 128, 256)", head_dim);
-  check(block_size > 0 && (block_size & (block_size - 1)) == 0 && block_size <= (1 << 20),
-        "decode_attention: block_size = {} must be a power of two", block_size);
   check(std::isfinite(scale), "decode_attention: scale = {} is not finite", scale);
   check(aligned16(k_cache) && aligned16(v_cache), "decode_attention: k/v cache pointers must be 16-byte aligned");
   check(dtype == DType::F16 || dtype == DType::BF16, "decode_attention: unknown dtype {}", static_cast<int>(dtype));
@@ -1837,7 +1835,7 @@ Call make_call(const void* qkv, const void* k_cache, const void* v_cache, const 
   a.n_sub = g.n_sub;
   a.gmax = g.gmax;
   a.n_groups = static_cast<int>(g.n_groups);
-  a.kv = kv_cache_layout(block_size, n_kv_heads, head_dim);
+  a.kv = kv_cache_layout(block_size, n_kv_heads, head_dim, "decode_attention");
   a.scale_log2 = scale * detail::kLog2e;
   a.out = out;
   a.splits = splits;

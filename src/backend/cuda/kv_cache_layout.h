@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernel_options.h"
+#include "fdpp/error.h"
 
 namespace fdpp::cuda {
 
@@ -45,8 +46,13 @@ struct KvCacheLayout {
   }
 };
 
-// block_size must be a power of two (the callers check it).
-inline KvCacheLayout kv_cache_layout(int block_size, int n_kv_heads, int head_dim, bool head_major) {
+// Every launcher that reads or writes the cache builds its layout here, so the block size is checked
+// once: a power of two (slots split into block and key by a shift and a mask) of at most 2^20 keys.
+// `what` names the caller in the error.
+inline KvCacheLayout kv_cache_layout(int block_size, int n_kv_heads, int head_dim, bool head_major,
+                                     const char* what = "kv_cache_layout") {
+  check(block_size > 0 && (block_size & (block_size - 1)) == 0 && block_size <= (1 << 20),
+        "{}: block_size = {} must be a power of two of at most 2^20", what, block_size);
   int shift = 0;
   while ((1 << shift) < block_size) ++shift;
   KvCacheLayout l;
@@ -58,8 +64,9 @@ inline KvCacheLayout kv_cache_layout(int block_size, int n_kv_heads, int head_di
 }
 
 // The layout the calling thread's KernelOptions choose.
-inline KvCacheLayout kv_cache_layout(int block_size, int n_kv_heads, int head_dim) {
-  return kv_cache_layout(block_size, n_kv_heads, head_dim, current_kernel_options().kv_head_major);
+inline KvCacheLayout kv_cache_layout(int block_size, int n_kv_heads, int head_dim,
+                                     const char* what = "kv_cache_layout") {
+  return kv_cache_layout(block_size, n_kv_heads, head_dim, current_kernel_options().kv_head_major, what);
 }
 
 }  // namespace fdpp::cuda

@@ -486,8 +486,6 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
         "{}: n_heads = {} must be a positive multiple of n_kv_heads = {}", what, a.n_heads, a.n_kv_heads);
   check(a.n_heads <= 0x7fffffff / 4, "{}: n_heads = {} is out of range", what, a.n_heads);
   check(head_dim == 64 || head_dim == 128, "{}: head_dim = {} is not supported (64, 128)", what, head_dim);
-  check(block_size > 0 && (block_size & (block_size - 1)) == 0 && block_size <= (1 << 20),
-        "{}: block_size = {} must be a power of two", what, block_size);
   check(std::isfinite(scale) && scale > 0.f, "{}: scale = {} must be finite and positive", what, scale);
   check(aligned16(a.qkv) && aligned16(a.k_cache) && aligned16(a.v_cache) && aligned16(a.out),
         "{}: qkv, out and the k/v cache pointers must be 16-byte aligned", what);
@@ -495,7 +493,7 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   check(chunks >= 1 && chunks <= 65535, "{}: chunks = {} must be in 1..65535 (grid z)", what, chunks);
   check(max_chunk_tokens >= 1, "{}: max_chunk_tokens = {} must be positive", what, max_chunk_tokens);
   a.group = a.n_heads / a.n_kv_heads;
-  a.kv = kv_cache_layout(block_size, a.n_kv_heads, head_dim);
+  a.kv = kv_cache_layout(block_size, a.n_kv_heads, head_dim, what);
   a.scale_log2 = scale * detail::kLog2e;
   a.async = unified_max != nullptr;
   if (a.async) {

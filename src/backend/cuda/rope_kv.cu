@@ -146,9 +146,7 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
         head_dim / 2);
   check(style == RopeStyle::RotateHalf || style == RopeStyle::Interleaved, "rope_qk_cache: unknown rope style {}",
         static_cast<int>(style));
-  check(block_size > 0 && (block_size & (block_size - 1)) == 0 && block_size <= (1 << 20),
-        "rope_qk_cache: block_size = {} must be a power of two", block_size);
-  const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim);
+  const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim, "rope_qk_cache");
   const int64_t total = int64_t(n_tokens) * (n_heads + 2 * n_kv_heads) * (head_dim / 2);
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -196,9 +194,7 @@ void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_h
         "kv_cache_write: n_tokens = {}, n_heads = {}, n_kv_heads = {}, head_dim = {} must be positive", n_tokens,
         n_heads, n_kv_heads, head_dim);
   check(dtype == DType::F16 || dtype == DType::BF16, "kv_cache_write: unknown dtype {}", static_cast<int>(dtype));
-  check(block_size > 0 && (block_size & (block_size - 1)) == 0 && block_size <= (1 << 20),
-        "kv_cache_write: block_size = {} must be a power of two", block_size);
-  const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim);
+  const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim, "kv_cache_write");
   const bool vec = head_dim % 8 == 0 && aligned16(qkv) && aligned16(k_cache) && aligned16(v_cache);
   const int64_t total = int64_t(n_tokens) * n_kv_heads * (vec ? head_dim / 8 : head_dim);
   auto* kernel = vec ? kv_cache_write_kernel<true> : kv_cache_write_kernel<false>;
