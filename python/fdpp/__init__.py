@@ -556,9 +556,9 @@ class LLM:
         return [_output(r, text) for r, (text, _) in zip(results, rendered)]
 
     def stream(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None) -> Iterator[str]:
-        """Yields the text of one prompt in pieces as it is decoded (complete UTF-8, never part of a
-        stop string); the pieces join to generate()'s text. Closing the generator early cancels the
-        request."""
+        """Yields the text of one prompt in pieces as it is decoded (whole characters, never part of
+        a stop string; bytes left at the end by a stop mid-character come as U+FFFD); the pieces
+        join to generate()'s text. Closing the generator early cancels the request."""
         items = self._prompts(prompt)
         if len(items) != 1:
             raise _bad("stream: expected one prompt (a str or a list of token ids)")

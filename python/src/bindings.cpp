@@ -29,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,6 +57,15 @@ class InputError : public std::runtime_error {
 PyObject* g_fdpp_error = nullptr;
 PyObject* g_input_error = nullptr;
 PyObject* g_engine_error = nullptr;
+
+// Text the engine made as a Python str. A model may stop mid-character (at max_tokens or a stop
+// token), which leaves bytes at the end that are not UTF-8: they become U+FFFD, as in HF's decode,
+// instead of a UnicodeDecodeError.
+nb::str text_str(std::string_view s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+  if (o == nullptr) throw nb::python_error();
+  return nb::steal<nb::str>(o);
+}
 
 // Runs f, turning an fdpp::Error it throws into InputError (the input phase, see the top).
 template <class F>
@@ -534,12 +544,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("id", [](const Result& r) { return r.r.id; })
       .def_prop_ro("prompt", [](const Result& r) { return r.r.prompt; })
       .def_prop_ro("token_ids", [](const Result& r) { return r.r.token_ids; })
-      // Bytes that are not valid UTF-8 (a model may end mid-character) become U+FFFD rather than
-      // failing the whole result.
-      .def_prop_ro("text",
-                   [](const Result& r) {
-                     return nb::steal<nb::str>(PyUnicode_DecodeUTF8(r.r.text.data(), r.r.text.size(), "replace"));
-                   })
+      .def_prop_ro("text", [](const Result& r) { return text_str(r.r.text); })
       .def_prop_ro("finish_reason", [](const Result& r) { return r.r.finish_reason; })
       .def_prop_ro("error", [](const Result& r) { return r.r.error; })
       .def_prop_ro("preemptions", [](const Result& r) { return r.r.preemptions; })
@@ -548,7 +553,14 @@ NB_MODULE(_core, m) {
       .def_prop_ro("time_per_output_token", [](const Result& r) { return r.r.time_per_output_token(); });
 
   nb::class_<Stream>(m, "CoreStream")
-      .def("next", &Stream::next, "The next piece of text; None once the request has finished.")
+      .def(
+          "next",
+          [](Stream& s) -> nb::object {
+            std::optional<std::string> piece = s.next();
+            if (!piece) return nb::none();
+            return text_str(*piece);
+          },
+          "The next piece of text; None once the request has finished.")
       .def("cancel", &Stream::cancel, "Cancels the request and waits until its KV blocks are free.")
       .def("result", &Stream::result, "The finished request's result; None before it has finished.");
 
@@ -628,7 +640,7 @@ NB_MODULE(_core, m) {
           [](const TokenizerRef& t, const std::vector<int32_t>& ids, bool skip_special) {
             const Tokenizer& tok = t.st->tokenizer();
             const std::string s = input_phase([&] { return tok.decode(ids, skip_special); });
-            return nb::steal<nb::str>(PyUnicode_DecodeUTF8(s.data(), s.size(), "replace"));
+            return text_str(s);
           },
           "ids"_a, "skip_special"_a = true)
       .def(
@@ -649,7 +661,7 @@ NB_MODULE(_core, m) {
              const Tokenizer& tok = t.st->tokenizer();
              if (id < 0 || id >= tok.vocab_size())
                throw InputError(fmt::format("token id {} is out of range [0, {})", id, tok.vocab_size()));
-             return tok.token_text(id);
+             return text_str(tok.token_text(id));
            })
       .def("is_special", [](const TokenizerRef& t, int32_t id) { return t.st->tokenizer().is_special(id); })
       .def_prop_ro("vocab_size", [](const TokenizerRef& t) { return t.st->tokenizer().vocab_size(); })

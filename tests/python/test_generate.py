@@ -79,6 +79,22 @@ def test_stream_pieces_join_to_the_text(llm):
         assert "".join(pieces) == full.text
 
 
+def test_text_cut_mid_character_is_a_str(llm):
+    # Emoji are several byte-level tokens: stopping after the first of them leaves bytes that are not
+    # UTF-8 at the end. Every API hands them out as U+FFFD (the scheduler's last piece used to raise
+    # UnicodeDecodeError in stream()), and the pieces still join to generate()'s text.
+    cut = 0
+    for prompt in ("Write five emojis: \U0001F600 \U0001F389 \U0001F680", "Reply with one emoji only:"):
+        for n in (1, 2, 3):
+            sp = fdpp.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+            pieces = list(llm.stream(prompt, sp))
+            (full,) = llm.generate(prompt, sp)
+            assert "".join(pieces) == full.text
+            assert full.text == llm.tokenizer.decode(full.token_ids)
+            cut += full.text.endswith("\ufffd")
+    assert cut > 0, "no output ended mid-character: the prompts no longer test what they should"
+
+
 def test_stream_closed_early_frees_the_request(llm):
     sp = fdpp.SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     it = llm.stream(PROMPTS[3], sp)
