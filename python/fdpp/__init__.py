@@ -23,6 +23,7 @@ one line the CLI prints after "fdpp: error: ".
 from __future__ import annotations
 
 import math
+import operator
 import os
 import secrets
 from collections.abc import Iterable
@@ -313,7 +314,7 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str:
         """The vocabulary spelling of an id."""
-        return self._t.id_to_token(token_id)
+        return self._t.id_to_token(_token_id("token_id", token_id))
 
     @property
     def vocab_size(self) -> int:
@@ -328,12 +329,22 @@ class Tokenizer:
         return self._t.eos_token_id
 
 
+def _token_id(name: str, x: Any) -> int:
+    # An int or anything that is one exactly (numpy's integers: __index__); never a float, which
+    # int() would truncate into a different token, nor a bool.
+    if isinstance(x, bool) or not hasattr(type(x), "__index__"):
+        raise _bad(f"{name}: expected a token id (an integer), got {type(x).__name__} {x!r}")
+    v = operator.index(x)
+    # Beyond int32 the binding could not take it; within, the engine names the vocabulary's range.
+    if not -(1 << 31) <= v < (1 << 31):
+        raise _bad(f"{name}: token id {v} is out of range")
+    return v
+
+
 def _ids(name: str, ids: Any) -> list[int]:
-    try:
-        out = [int(i) for i in ids]
-    except (TypeError, ValueError):
-        raise _bad(f"{name}: expected a sequence of token ids") from None
-    return out
+    if isinstance(ids, (str, bytes, bytearray, dict)) or not isinstance(ids, Iterable):
+        raise _bad(f"{name}: expected a sequence of token ids, got {type(ids).__name__}")
+    return [_token_id(f"{name}[{k}]", x) for k, x in enumerate(ids)]
 
 
 def _messages(messages: Any) -> list[tuple[str, str]]:
@@ -498,7 +509,8 @@ class LLM:
             # bytes would iterate as ints, i.e. token ids nobody meant.
             raise _bad(f"prompts: expected a str, token ids, a dict or a list of those, got {type(prompts).__name__}")
         prompts = list(prompts)
-        if prompts and all(isinstance(x, int) and not isinstance(x, bool) for x in prompts):
+        # A flat sequence of scalars is one prompt of token ids (floats among them are named there).
+        if prompts and all(not isinstance(x, (str, bytes, bytearray, dict, Iterable)) for x in prompts):
             return [self._prompt(prompts, "prompt")]
         return [self._prompt(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import fdpp
@@ -147,7 +148,32 @@ def test_bad_requests_leave_the_llm_usable(llm):
         fdpp.SamplingParams(stop=["\ud800"])
     with pytest.raises(fdpp.InvalidInputError, match=r"^encode: character 0"):
         llm.tokenizer.encode("\ud800")
+    # Token ids are integers: a float is refused rather than truncated into another token, an id
+    # beyond int32 is named rather than failing the binding's signature with a TypeError.
+    with pytest.raises(fdpp.InvalidInputError, match=r"^prompts\[0\]\[1\]: expected a token id \(an integer\), got float 1\.5"):
+        llm.generate([[1, 1.5]], SMALL)
+    with pytest.raises(fdpp.InvalidInputError, match=r"^prompts\[0\]\[0\]: token id 1000000000000 is out of range"):
+        llm.generate([[10**12]], SMALL)
+    with pytest.raises(fdpp.InvalidInputError, match=r"^token_ids\[0\]: expected a token id"):
+        llm.logits([True])
+    with pytest.raises(fdpp.InvalidInputError, match=r"^token_ids: expected a sequence of token ids, got str"):
+        llm.tokenizer.decode("12")
+    with pytest.raises(fdpp.InvalidInputError, match=r"^token_id: token id -8589934592 is out of range"):
+        llm.tokenizer.id_to_token(-(2**33))
     still_works(llm)
+
+
+def test_numpy_integers_are_token_ids(llm):
+    ids = llm.tokenizer.encode("Hello")
+    (ref,) = llm.generate([ids], SMALL)
+    # A numpy array as one prompt, a list of numpy integers as one prompt.
+    for prompt in (np.array(ids, dtype=np.int64), [np.int32(i) for i in ids]):
+        (out,) = llm.generate(prompt, SMALL)
+        assert out.prompt_token_ids == ids and out.token_ids == ref.token_ids
+    assert llm.tokenizer.decode(np.array(ids)) == llm.tokenizer.decode(ids)
+    assert llm.tokenizer.id_to_token(np.int64(ids[0])) == llm.tokenizer.id_to_token(ids[0])
+    with pytest.raises(fdpp.InvalidInputError, match=r"^prompt\[0\]: expected a token id \(an integer\), got float32"):
+        llm.generate(np.array(ids, dtype=np.float32), SMALL)
 
 
 def test_ctrl_c_interrupts_generate_and_leaves_the_llm_usable(default_model, device):
