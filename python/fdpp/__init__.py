@@ -171,8 +171,10 @@ class SamplingParams:
             stop_token_ids = []
         elif isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, Iterable):
             raise _bad(f"stop_token_ids: expected a list of token ids, got {type(stop_token_ids).__name__}")
-        self.stop_token_ids = [_check_int(f"stop_token_ids[{i}]", t, 0, (1 << 31) - 1)
-                               for i, t in enumerate(stop_token_ids)]
+        self.stop_token_ids = []
+        for i, t in enumerate(stop_token_ids):
+            name = f"stop_token_ids[{i}]"
+            self.stop_token_ids.append(_check_int(name, _token_id(name, t), 0, (1 << 31) - 1))
         most = _core.max_stop_token_ids
         if len(self.stop_token_ids) > most:
             raise _bad(f"stop_token_ids: {len(self.stop_token_ids)} ids; at most {most} are supported")

@@ -172,6 +172,7 @@ def test_numpy_integers_are_token_ids(llm):
         assert out.prompt_token_ids == ids and out.token_ids == ref.token_ids
     assert llm.tokenizer.decode(np.array(ids)) == llm.tokenizer.decode(ids)
     assert llm.tokenizer.id_to_token(np.int64(ids[0])) == llm.tokenizer.id_to_token(ids[0])
+    assert fdpp.SamplingParams(stop_token_ids=np.array([ids[0]])).stop_token_ids == [ids[0]]
     with pytest.raises(fdpp.InvalidInputError, match=r"^prompt\[0\]: expected a token id \(an integer\), got float32"):
         llm.generate(np.array(ids, dtype=np.float32), SMALL)
 
