@@ -150,7 +150,8 @@ def test_bad_requests_leave_the_llm_usable(llm):
         llm.tokenizer.encode("\ud800")
     # Token ids are integers: a float is refused rather than truncated into another token, an id
     # beyond int32 is named rather than failing the binding's signature with a TypeError.
-    with pytest.raises(fdpp.InvalidInputError, match=r"^prompts\[0\]\[1\]: expected a token id \(an integer\), got float 1\.5"):
+    float_id = r"^prompts\[0\]\[1\]: expected a token id \(an integer\), got float 1\.5"
+    with pytest.raises(fdpp.InvalidInputError, match=float_id):
         llm.generate([[1, 1.5]], SMALL)
     with pytest.raises(fdpp.InvalidInputError, match=r"^prompts\[0\]\[0\]: token id 1000000000000 is out of range"):
         llm.generate([[10**12]], SMALL)
