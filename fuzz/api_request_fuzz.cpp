@@ -78,8 +78,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Accepted: what the scheduler needs to run it (src/engine/scheduler.h's GenerationRequest), for
   // every prompt of a batch.
   promise(r.batch.empty() || (r.batch.size() >= 2 && static_cast<int>(r.batch.size()) <= limits.max_prompts &&
-                              !r.stream && r.batch[0].prompt == r.generation.prompt),
-          "a batch has 2..max_prompts prompts, is not streamed, and generation is its first");
+                              r.batch[0].prompt == r.generation.prompt),
+          "a batch has 2..max_prompts prompts, and generation is its first");
   for (const fdpp::GenerationRequest& g : r.batch.empty() ? std::vector<fdpp::GenerationRequest>{r.generation} : r.batch) {
     promise(!g.prompt.empty(), "a non-empty prompt");
     for (int32_t id : g.prompt) promise(id >= 0 && id < m.vocab_size, "prompt ids inside the vocabulary");

@@ -146,11 +146,11 @@ TEST(ServerApi, BadRequestsNameTheField) {
   EXPECT_EQ(error_of(C, many.dump()), std::make_pair(0, std::string("no error")));
   EXPECT_EQ(error_of(C, R"({"prompt": [1, -1]})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(error_of(C, R"({"prompt": []})"), std::make_pair(400, std::string("prompt")));
-  // Batches (lists of prompts): each element checked, streaming refused, at most max_prompts.
+  // Batches (lists of prompts): each element checked, streamed too, at most max_prompts.
   EXPECT_EQ(error_of(C, R"({"prompt": ["a", []]})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(error_of(C, R"({"prompt": ["a", 5]})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(error_of(C, R"({"prompt": [[1], [2, 300]]})"), std::make_pair(400, std::string("prompt[1]")));
-  EXPECT_EQ(error_of(C, R"({"prompt": ["a", "b"], "stream": true})"), std::make_pair(400, std::string("stream")));
+  EXPECT_EQ(error_of(C, R"({"prompt": ["a", "b"], "stream": true})"), std::make_pair(0, std::string("no error")));
   EXPECT_EQ(error_of(C, "{\"prompt\": [\"a\", \"" + std::string(64, 'x') + "\"]}"),
             std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(error_of(C, R"({"prompt": ["a", "bcd"], "max_tokens": 61})"), std::make_pair(0, std::string("no error")));
@@ -260,12 +260,12 @@ TEST(ServerApi, ResponseShapes) {
   EXPECT_EQ(body["usage"], json({{"prompt_tokens", 3}, {"completion_tokens", 2}, {"total_tokens", 5}}));
   EXPECT_FALSE(body["choices"][0].contains("token_ids"));
 
-  json first = stream_chunk(ctx, "", {}, "", true, true);
+  json first = stream_chunk(ctx, 0, "", {}, "", true, true);
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"], json({{"role", "assistant"}, {"content", ""}}));
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
   EXPECT_TRUE(first.contains("usage") && first["usage"].is_null());
-  json last = stream_chunk(ctx, "", {}, "stop", false, false);
+  json last = stream_chunk(ctx, 0, "", {}, "stop", false, false);
   EXPECT_EQ(last["choices"][0]["delta"], json::object());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
   EXPECT_FALSE(last.contains("usage"));
@@ -294,7 +294,8 @@ TEST(ServerApi, ResponseShapes) {
   EXPECT_EQ(body["choices"][1]["prompt_token_ids"], json({1}));
   EXPECT_EQ(body["usage"], json({{"prompt_tokens", 4}, {"completion_tokens", 5}, {"total_tokens", 9}}));
   const int32_t toks[] = {9};
-  json chunk = stream_chunk(ctx, "x", toks, "", false, false);
+  json chunk = stream_chunk(ctx, 1, "x", toks, "", false, false);  // prompt 1 of a streamed batch
+  EXPECT_EQ(chunk["choices"][0]["index"], 1);
   EXPECT_EQ(chunk["choices"][0]["text"], "x");
   EXPECT_EQ(chunk["choices"][0]["token_ids"], json({9}));
 

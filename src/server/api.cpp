@@ -390,9 +390,6 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   } catch (const fdpp::Error& e) {  // a chat template this model lacks, text the tokenizer refuses
     throw bad(prompt_param, e.what());
   }
-  if (prompts.size() > 1 && r.stream)
-    throw bad("stream", "streaming a list of prompts is not supported: send them as separate requests",
-              "unsupported_parameter");
   const bool batch = prompts.size() > 1;
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::vector<int32_t>& prompt = prompts[i];
@@ -471,10 +468,10 @@ json completion_body(const ResponseContext& ctx, const GenerationResult& result)
   return completion_body(ctx, std::span<const GenerationResult>(&result, 1));
 }
 
-json stream_chunk(const ResponseContext& ctx, std::string_view text, std::span<const int32_t> tokens,
+json stream_chunk(const ResponseContext& ctx, int index, std::string_view text, std::span<const int32_t> tokens,
                   const std::string& finish_reason, bool first, bool include_usage_null) {
   json body = envelope(ctx, true);
-  json choice = {{"index", 0}};
+  json choice = {{"index", index}};
   if (ctx.endpoint == Endpoint::Chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

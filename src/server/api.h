@@ -108,10 +108,12 @@ nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens);
 nlohmann::json completion_body(const ResponseContext& ctx, const GenerationResult& result);
 // A batch's body: choice i from results[i], usage summed.
 nlohmann::json completion_body(const ResponseContext& ctx, std::span<const GenerationResult> results);
-// A chunk carrying new text (finish_reason null), or the last chunk of the choice (finish_reason
-// set, text usually empty). Chat's first chunk carries the role (first = true).
-nlohmann::json stream_chunk(const ResponseContext& ctx, std::string_view text, std::span<const int32_t> tokens,
-                            const std::string& finish_reason, bool first, bool include_usage_null);
+// A chunk of choice `index` (the prompt's place in a batch, else 0) carrying new text (finish_reason
+// null), or the choice's last chunk (finish_reason set, text usually empty). Chat's first chunk
+// carries the role (first = true).
+nlohmann::json stream_chunk(const ResponseContext& ctx, int index, std::string_view text,
+                            std::span<const int32_t> tokens, const std::string& finish_reason, bool first,
+                            bool include_usage_null);
 // stream_options.include_usage: the extra last chunk with empty choices and the usage.
 nlohmann::json usage_chunk(const ResponseContext& ctx, size_t prompt_tokens, size_t completion_tokens);
 // "data: <json>\n\n" (invalid UTF-8 replaced, never thrown on); sse_done() is "data: [DONE]\n\n".

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <optional>
 
 #include "fdpp/error.h"
 
@@ -14,11 +15,19 @@ namespace fdpp::server {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// What the engine thread hands a request's HTTP thread: text and token ids not yet sent (deltas
-// arriving while the HTTP thread writes are merged into one chunk), and the result at the end.
-struct Channel {
+// Wakes a response's HTTP thread. One per response, shared by the channels of its requests, so that
+// a streamed batch waits on all of its prompts at once.
+struct Signal {
   std::mutex mutex;
   std::condition_variable cv;
+};
+
+// What the engine thread hands a request's HTTP thread: text and token ids not yet sent (deltas
+// arriving while the HTTP thread writes are merged into one chunk), and the result at the end.
+// Guarded by signal->mutex.
+struct Channel {
+  explicit Channel(std::shared_ptr<Signal> s) : signal(std::move(s)) {}
+  std::shared_ptr<Signal> signal;
   std::string text;
   std::vector<int32_t> tokens;
   bool finished = false;
@@ -34,7 +43,7 @@ GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Metrics& m
   cb.on_delta = [ch, &metrics](uint64_t, std::string_view text, std::span<const int32_t> tokens) {
     const Clock::time_point now = Clock::now();
     {
-      std::lock_guard lock(ch->mutex);
+      std::lock_guard lock(ch->signal->mutex);
       ch->text.append(text);
       ch->tokens.insert(ch->tokens.end(), tokens.begin(), tokens.end());
       if (ch->had_delta)
@@ -42,16 +51,16 @@ GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Metrics& m
       ch->last_delta = now;
       ch->had_delta = true;
     }
-    ch->cv.notify_all();
+    ch->signal->cv.notify_all();
   };
   cb.on_finish = [ch, &metrics](const GenerationResult& r) {
     metrics.observe_finished(r);
     {
-      std::lock_guard lock(ch->mutex);
+      std::lock_guard lock(ch->signal->mutex);
       ch->result = r;
       ch->finished = true;
     }
-    ch->cv.notify_all();
+    ch->signal->cv.notify_all();
   };
   return cb;
 }
@@ -220,33 +229,36 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
     std::lock_guard lock(in_flight_mutex_);
     ++in_flight_;
   }
-  if (!p.stream) {
-    std::vector<GenerationRequest> requests =
-        p.batch.empty() ? std::vector{std::move(p.generation)} : std::move(p.batch);
-    return reply_whole(std::move(requests), p.seed_given, ctx, res);
-  }
-  if (!p.seed_given) p.generation.sampling.seed = next_seed();  // OpenAI: unseeded requests differ
-  auto ch = std::make_shared<Channel>();
-  uint64_t id = 0;
+  std::vector<GenerationRequest> requests = p.batch.empty() ? std::vector{std::move(p.generation)} : std::move(p.batch);
+  std::vector<std::shared_ptr<Channel>> channels;
+  std::vector<uint64_t> ids;
   try {
-    id = submit(std::move(p.generation), ch, "");
+    submit_all(std::move(requests), p.seed_given, channels, ids);
   } catch (const ApiError& e) {
     in_flight_done();
     return reply_error(res, e);
   }
+  if (!p.stream) return reply_whole(channels, ctx, res);
 
+  // Streamed: chunks of every prompt as they come (choice i for prompt i of a batch), each
+  // prompt's last chunk when it finishes, then the usage (summed) and [DONE] once all have.
   struct StreamState {
-    std::shared_ptr<Channel> ch;
+    std::shared_ptr<Signal> signal;
+    std::vector<std::shared_ptr<Channel>> channels;
+    std::vector<uint64_t> ids;
+    std::vector<bool> reported;  // the prompt's last chunk is written
+    size_t n_reported = 0, prompt_tokens = 0, completion_tokens = 0;
     ResponseContext ctx;
-    uint64_t id = 0;
     bool include_usage = false;
     bool first = true;
     bool done = false;
   };
   auto st = std::make_shared<StreamState>();
-  st->ch = ch;
+  st->signal = channels[0]->signal;
+  st->reported.assign(channels.size(), false);
+  st->channels = std::move(channels);
+  st->ids = std::move(ids);
   st->ctx = ctx;
-  st->id = id;
   st->include_usage = p.include_usage;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // proxies (nginx) must not buffer the events
@@ -256,48 +268,82 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
         std::string out;
         // Chat sends the role at once, before the first token (as OpenAI and vLLM do).
         if (st->first && st->ctx.endpoint == Endpoint::Chat) {
-          out = sse_event(stream_chunk(st->ctx, "", {}, "", true, st->include_usage));
+          out = sse_event(stream_chunk(st->ctx, 0, "", {}, "", true, st->include_usage));
           st->first = false;
         }
-        std::string text;
-        std::vector<int32_t> tokens;
-        bool finished = false;
-        GenerationResult r;
+        struct Piece {
+          int index = 0;
+          std::string text;
+          std::vector<int32_t> tokens;
+          std::optional<GenerationResult> result;  // set when the prompt has just finished
+        };
+        std::vector<Piece> pieces;
         if (out.empty()) {
-          std::unique_lock lock(st->ch->mutex);
-          st->ch->cv.wait_for(lock, kStreamIdle,
-                              [&] { return st->ch->finished || !st->ch->text.empty() || !st->ch->tokens.empty(); });
-          text.swap(st->ch->text);
-          tokens.swap(st->ch->tokens);
-          finished = st->ch->finished;
-          if (finished) r = st->ch->result;
+          std::unique_lock lock(st->signal->mutex);
+          const auto has_news = [&](size_t i) {
+            const Channel& c = *st->channels[i];
+            return !c.text.empty() || !c.tokens.empty() || (c.finished && !st->reported[i]);
+          };
+          st->signal->cv.wait_for(lock, kStreamIdle, [&] {
+            for (size_t i = 0; i < st->channels.size(); ++i)
+              if (has_news(i)) return true;
+            return false;
+          });
+          for (size_t i = 0; i < st->channels.size(); ++i) {
+            if (!has_news(i)) continue;
+            Channel& c = *st->channels[i];
+            Piece& piece = pieces.emplace_back();
+            piece.index = static_cast<int>(i);
+            piece.text.swap(c.text);
+            piece.tokens.swap(c.tokens);
+            if (c.finished && !st->reported[i]) {
+              piece.result = c.result;
+              st->reported[i] = true;
+            }
+          }
         }
-        if (!text.empty() || !tokens.empty()) {
-          out += sse_event(stream_chunk(st->ctx, text, tokens, "", st->first, st->include_usage));
-          st->first = false;
-        }
-        if (finished) {
+        bool failed = false;
+        for (const Piece& piece : pieces) {
+          if (!piece.text.empty() || !piece.tokens.empty()) {
+            out += sse_event(
+                stream_chunk(st->ctx, piece.index, piece.text, piece.tokens, "", st->first, st->include_usage));
+            st->first = false;
+          }
+          if (!piece.result) continue;
+          const GenerationResult& r = *piece.result;
           if (r.finish_reason == "error" || r.finish_reason == "cancelled") {
             const std::string msg = r.finish_reason == "error" ? "generation failed: " + r.error : "the request was cancelled";
             out += sse_event(error_body(ApiError(r.finish_reason == "error" ? 500 : 503, msg)));
-          } else {
-            out += sse_event(stream_chunk(st->ctx, "", {}, r.finish_reason, false, st->include_usage));
-            if (st->include_usage) out += sse_event(usage_chunk(st->ctx, r.prompt.size(), r.token_ids.size()));
+            failed = true;
+            break;
           }
+          out += sse_event(stream_chunk(st->ctx, piece.index, "", {}, r.finish_reason, false, st->include_usage));
+          st->prompt_tokens += r.prompt.size();
+          st->completion_tokens += r.token_ids.size();
+          st->n_reported++;
+        }
+        const bool over = failed || st->n_reported == st->channels.size();
+        if (over) {
+          if (!failed && st->include_usage)
+            out += sse_event(usage_chunk(st->ctx, st->prompt_tokens, st->completion_tokens));
           out += sse_done();
         }
         if (out.empty()) out = ": keep-alive\n\n";
         if (!sink.write(out.data(), out.size())) return false;  // the releaser cancels
-        if (finished) {
+        if (over) {
+          // A batch that failed ends here: the prompts still running are of no use to anyone.
+          if (failed)
+            for (uint64_t id : st->ids) scheduler_->cancel(id);
           st->done = true;
           sink.done();
         }
         return true;
       },
       // Called when the response is over, written or not: a stream that ended early (client gone,
-      // write timeout) cancels its request, so its KV blocks are free after the next step.
+      // write timeout) cancels its requests, so their KV blocks are free after the next step.
       [this, st](bool) {
-        if (!st->done) scheduler_->cancel(st->id);
+        if (!st->done)
+          for (uint64_t id : st->ids) scheduler_->cancel(id);
         in_flight_done();
       });
 }
@@ -315,26 +361,28 @@ uint64_t HttpServer::submit(GenerationRequest request, const std::shared_ptr<Cha
   }
 }
 
-void HttpServer::reply_whole(std::vector<GenerationRequest> requests, bool seed_given, const ResponseContext& ctx,
-                             httplib::Response& res) {
-  std::vector<std::shared_ptr<Channel>> channels;
-  std::vector<uint64_t> ids;
+void HttpServer::submit_all(std::vector<GenerationRequest> requests, bool seed_given,
+                            std::vector<std::shared_ptr<Channel>>& channels, std::vector<uint64_t>& ids) {
+  const auto signal = std::make_shared<Signal>();
   const bool batch = requests.size() > 1;
   for (size_t i = 0; i < requests.size(); ++i) {
     if (!seed_given) requests[i].sampling.seed = next_seed();  // OpenAI: unseeded requests differ
-    channels.push_back(std::make_shared<Channel>());
+    channels.push_back(std::make_shared<Channel>(signal));
     try {
       ids.push_back(submit(std::move(requests[i]), channels.back(), batch ? fmt::format("prompt[{}]", i) : ""));
-    } catch (const ApiError& e) {
+    } catch (const ApiError&) {
       for (uint64_t id : ids) scheduler_->cancel(id);  // a batch runs whole or not at all
-      in_flight_done();
-      return reply_error(res, e);
+      throw;
     }
   }
+}
+
+void HttpServer::reply_whole(const std::vector<std::shared_ptr<Channel>>& channels, const ResponseContext& ctx,
+                             httplib::Response& res) {
   std::vector<GenerationResult> results;
   for (const auto& ch : channels) {
-    std::unique_lock lock(ch->mutex);
-    ch->cv.wait(lock, [&] { return ch->finished; });
+    std::unique_lock lock(ch->signal->mutex);
+    ch->signal->cv.wait(lock, [&] { return ch->finished; });
     results.push_back(std::move(ch->result));
   }
   in_flight_done();

@@ -72,9 +72,14 @@ class HttpServer {
   // Submits one request whose deltas and end go to `ch`. Throws ApiError: 503 for a full queue or
   // a draining server, 400 for a request the scheduler can never run (`what` names it in a batch).
   uint64_t submit(GenerationRequest request, const std::shared_ptr<Channel>& ch, const std::string& what);
-  // A response not streamed: every request submitted (one, or a /v1/completions batch), then one
-  // body with a choice per request. The caller has counted the HTTP request in flight.
-  void reply_whole(std::vector<GenerationRequest> requests, bool seed_given, const ResponseContext& ctx,
+  // Submits a response's requests (one, or a /v1/completions batch), each with a channel of its own
+  // on one shared signal; unseeded requests get a fresh seed each. A batch runs whole or not at all:
+  // when one is refused, those before it are cancelled and its ApiError is thrown.
+  void submit_all(std::vector<GenerationRequest> requests, bool seed_given,
+                  std::vector<std::shared_ptr<Channel>>& channels, std::vector<uint64_t>& ids);
+  // A response not streamed: waits for every request, then one body with a choice per request.
+  // The caller has counted the HTTP request in flight.
+  void reply_whole(const std::vector<std::shared_ptr<Channel>>& channels, const ResponseContext& ctx,
                    httplib::Response& res);
   void reply_error(httplib::Response& res, const ApiError& e);
   uint64_t next_seed();

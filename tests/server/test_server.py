@@ -86,8 +86,21 @@ def test_batch_of_prompts_and_stop_token_ids(server):
     refs = [generate_reference(p, N) for p in prompts]
     assert [ch.text for ch in r.choices] == [text for _, text in refs]
     assert r.usage.completion_tokens == sum(len(ids) for ids, _ in refs)
-    with pytest.raises(openai.BadRequestError, match="streaming a list of prompts"):
-        c.completions.create(model=server.model_id, prompt=prompts, max_tokens=N, stream=True)
+    # Streamed, the chunks of both prompts interleave as they decode, told apart by their index; each
+    # ends with its own finish_reason, and the usage chunk sums the two.
+    texts, finishes, usage = ["", ""], [[], []], None
+    for chunk in c.completions.create(model=server.model_id, prompt=prompts, max_tokens=N, temperature=0,
+                                      stream=True, stream_options={"include_usage": True}):
+        if not chunk.choices:
+            usage = chunk.usage
+            continue
+        (ch,) = chunk.choices
+        texts[ch.index] += ch.text
+        if ch.finish_reason is not None:
+            finishes[ch.index].append(ch.finish_reason)
+    assert texts == [text for _, text in refs]
+    assert finishes == [[ch.finish_reason] for ch in r.choices]
+    assert (usage.prompt_tokens, usage.completion_tokens) == (r.usage.prompt_tokens, r.usage.completion_tokens)
     # vLLM's stop_token_ids: the output ends at the first of them, which token_ids keeps.
     ids, _ = refs[1]
     stop_id = ids[len(ids) // 2]
