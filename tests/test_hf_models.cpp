@@ -193,6 +193,19 @@ TEST(HfConfig, HeadDimBiasesTyingAndLinearScaling) {
   EXPECT_TRUE(c.qkv_bias && c.out_bias && c.mlp_bias && c.tied_embeddings);
   EXPECT_EQ(c.rope.scaling, RopeScaling::Linear);
   EXPECT_EQ(c.rope.factor, 2.0);
+
+  // Both shapes in one config: rope_scaling's scaling, rope_parameters' theta (as transformers 5.17
+  // reads it: LlamaConfig.from_dict gives {rope_type linear, factor 4, rope_theta 1e6}); a null
+  // rope_scaling, as classic configs write it, is no scaling.
+  j = tiny_llama_json();
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  const RopeConfig both = parse(j).config.rope;
+  EXPECT_EQ(both.scaling, RopeScaling::Linear);
+  EXPECT_EQ(both.factor, 4.0);
+  EXPECT_EQ(both.theta, 1e6);
+  j["rope_scaling"] = nullptr;
+  EXPECT_EQ(parse(j).config.rope.scaling, RopeScaling::None);
 }
 
 TEST(HfConfig, EndOfGenerationIdsFromBothFiles) {
@@ -304,6 +317,10 @@ TEST(HfConfig, MissingZeroAndInconsistentFieldsAreOneLineErrors) {
   j = tiny_llama_json();
   j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   EXPECT_ERROR(parse(j), "rope_type 'yarn' is not supported");
+  // rope_scaling beside rope_parameters is read (transformers 5 does), not passed over.
+  j = tiny_llama_json();
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  EXPECT_ERROR(parse(j), "rope_scaling.rope_type 'yarn' is not supported");
   j = tiny_llama_json();
   j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
   EXPECT_ERROR(parse(j), "rope_parameters.low_freq_factor is missing");

@@ -34,25 +34,25 @@ using nlohmann::json;
 
 // The rotary embedding, from either shape of config.json: the classic one (rope_theta,
 // rope_scaling {rope_type or type, factor, ...}) and transformers 5's (rope_parameters
-// {rope_type, rope_theta, ...}).
+// {rope_type, rope_theta, ...}). A config with both (rope_scaling added to a transformers 5 one to
+// stretch the context) scales as its rope_scaling says, with rope_parameters' rope_theta: what
+// transformers 5.17 makes of it.
 void parse_rope(const json& j, const std::string& origin, RopeConfig& rope) {
   const JsonFields top(j, origin);
   std::string type = "default";
   const json* params = nullptr;
   std::string prefix;
+  rope.theta = top.number_or("rope_theta", 10000.0);
   if (top.has("rope_parameters")) {  // transformers 5
     params = &j.at("rope_parameters");
     check(params->is_object(), "{}: rope_parameters = {} is not an object", origin, json_show(*params));
     prefix = "rope_parameters.";
-    const JsonFields p(*params, origin, prefix);
-    rope.theta = p.number_or("rope_theta", top.number_or("rope_theta", 10000.0));
-  } else {
-    rope.theta = top.number_or("rope_theta", 10000.0);
-    if (top.has("rope_scaling")) {
-      params = &j.at("rope_scaling");
-      check(params->is_object(), "{}: rope_scaling = {} is not an object", origin, json_show(*params));
-      prefix = "rope_scaling.";
-    }
+    rope.theta = JsonFields(*params, origin, prefix).number_or("rope_theta", rope.theta);
+  }
+  if (top.has("rope_scaling")) {
+    params = &j.at("rope_scaling");
+    check(params->is_object(), "{}: rope_scaling = {} is not an object", origin, json_show(*params));
+    prefix = "rope_scaling.";
   }
   check(rope.theta > 0, "{}: rope_theta = {} must be positive", origin, rope.theta);
   if (params == nullptr) return;
