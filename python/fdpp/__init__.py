@@ -111,7 +111,8 @@ class SamplingParams:
         repeat_last_n: how many recent tokens the penalty sees; -1 = all.
         seed: the request's random stream; None = a fresh random seed per request (as vLLM). With a
             seed, the tokens depend only on the seed and the logits, never on the batch.
-        max_tokens: tokens to generate, >= 1 (default 128, as the CLI's -n).
+        max_tokens: tokens to generate, >= 1 (default 128, as the CLI's -n); None = up to the end of
+            the context (max_model_len less the prompt), as vLLM's None.
         stop: a string or strings; the text ends before the first one found (finish_reason "stop").
         stop_token_ids: ids that end the generation as an end-of-generation token does (vLLM's): kept
             in token_ids, not in the text; ignore_eos does not turn them off. At most 64.
@@ -145,7 +146,7 @@ class SamplingParams:
         min_p: float = 0.05,
         repetition_penalty: float = 1.0,
         seed: Optional[int] = None,
-        max_tokens: int = 128,
+        max_tokens: Optional[int] = 128,
         stop: Union[str, Sequence[str], None] = None,
         ignore_eos: bool = False,
         repeat_last_n: int = 64,
@@ -185,7 +186,7 @@ class SamplingParams:
         self.repetition_penalty = _check_float("repetition_penalty", repetition_penalty, 0.01, 100.0)
         self.repeat_last_n = _check_int("repeat_last_n", repeat_last_n, -1, 1 << 30)
         self.seed = None if seed is None else _check_int("seed", seed, 0, (1 << 64) - 1)
-        self.max_tokens = _check_int("max_tokens", max_tokens, 1, 1 << 24)
+        self.max_tokens = None if max_tokens is None else _check_int("max_tokens", max_tokens, 1, 1 << 24)
         if stop is None:
             stops: list[str] = []
         elif isinstance(stop, str):
@@ -212,7 +213,7 @@ class SamplingParams:
             return NotImplemented
         return all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
 
-    def _request(self, prompt_ids: list[int]) -> "_core.CoreRequest":
+    def _request(self, prompt_ids: list[int], max_model_len: int) -> "_core.CoreRequest":
         s = _core.CoreSampling()
         s.temperature = self.temperature
         s.top_k = max(self.top_k, 0)
@@ -224,7 +225,9 @@ class SamplingParams:
         r = _core.CoreRequest()
         r.prompt = prompt_ids
         r.sampling = s
-        r.max_tokens = self.max_tokens
+        # None: the rest of the context; a prompt that leaves no room gets 1, which the scheduler
+        # refuses naming the context.
+        r.max_tokens = self.max_tokens if self.max_tokens is not None else max(max_model_len - len(prompt_ids), 1)
         r.ignore_eos = self.ignore_eos
         r.stop_token_ids = self.stop_token_ids
         r.stop = self.stop
@@ -544,7 +547,7 @@ class LLM:
         params = self._params(sampling_params, len(items))
         if not items:
             return []
-        requests = [sp._request(ids) for (_, ids), sp in zip(items, params)]
+        requests = [sp._request(ids, self.max_model_len) for (_, ids), sp in zip(items, params)]
         results = self._m.generate(requests)
         return [_output(r, text) for r, (text, _) in zip(results, items)]
 
@@ -565,7 +568,7 @@ class LLM:
         convs = self._conversations(messages)
         params = self._params(sampling_params, len(convs))
         rendered = [self._m.encode_chat(c) for c in convs]
-        requests = [sp._request(ids) for (_, ids), sp in zip(rendered, params)]
+        requests = [sp._request(ids, self.max_model_len) for (_, ids), sp in zip(rendered, params)]
         results = self._m.generate(requests)
         return [_output(r, text) for r, (text, _) in zip(results, rendered)]
 
@@ -580,7 +583,7 @@ class LLM:
         sp = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(sp, SamplingParams):
             raise _bad("sampling_params: expected a SamplingParams")
-        s = self._m.stream(sp._request(ids))
+        s = self._m.stream(sp._request(ids, self.max_model_len))
         return _stream(s)
 
     # ---- logits --------------------------------------------------------------------------------

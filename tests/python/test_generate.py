@@ -95,6 +95,16 @@ def test_text_cut_mid_character_is_a_str(llm):
     assert cut > 0, "no output ended mid-character: the prompts no longer test what they should"
 
 
+def test_max_tokens_none_runs_to_the_end_of_the_context(llm):
+    # vLLM's max_tokens=None: the rest of max_model_len (512 here) after the prompt.
+    sp = fdpp.SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    (out,) = llm.generate(PROMPTS[0], sp)
+    assert len(out.prompt_token_ids) + len(out.token_ids) == llm.max_model_len
+    assert out.finish_reason == "length"
+    with pytest.raises(fdpp.InvalidInputError, match="context"):
+        llm.generate([[5] * llm.max_model_len], sp)  # no room left
+
+
 def test_stream_closed_early_frees_the_request(llm):
     sp = fdpp.SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     it = llm.stream(PROMPTS[3], sp)
