@@ -94,11 +94,15 @@ usage "threads negative" "^fdpp: error: --threads: -1 must be in" "$BIN" generat
 usage "ctx-size not a number" "^fdpp: error: --ctx-size: 'big' is not an integer" "$BIN" generate --prompt hi -c big
 usage "-ngl not a number" "^fdpp: error: --n-gpu-layers: 'all' is not an integer" "$BIN" generate --prompt hi -ngl all
 usage "-ngl 0 with --device cuda" "-ngl/--n-gpu-layers 0 .*--device cuda" "$BIN" generate --prompt hi -ngl 0 --device cuda
-usage "device tpu" "^fdpp: error: --device: tpu not in \{auto,cpu,cuda\}" "$BIN" generate --prompt hi --device tpu
+usage "device tpu" "^fdpp: error: --device: 'tpu' is not one of auto, cpu, cuda" "$BIN" generate --prompt hi --device tpu
 usage "-tp 0" "^fdpp: error: --tensor-parallel: .*0" "$BIN" generate --prompt hi -tp 0
-usage "-tp 2 with --device cpu" "--tensor-parallel splits a model over GPUs; .*--device cpu" "$BIN" generate --prompt hi -tp 2 --device cpu
-usage "dtype garbage (also on the CPU)" "^fdpp: error: --dtype: garbage not in" "$BIN" generate --prompt hi --dtype garbage --device cpu
-usage "attention garbage" "^fdpp: error: --attention: x not in" "$BIN" generate --prompt hi --attention x
+usage "-tp 2 with --device cpu" "--tensor-parallel 2 splits a model over GPUs; .*--device cpu" "$BIN" generate --prompt hi -tp 2 --device cpu
+usage "dtype garbage (also on the CPU)" "^fdpp: error: --dtype: 'garbage' is not one of" "$BIN" generate --prompt hi --dtype garbage --device cpu
+usage "attention garbage" "^fdpp: error: --attention: 'x' is not one of" "$BIN" generate --prompt hi --attention x
+# serve takes the engine options from the same table: the same ranges and words.
+usage "serve max-num-seqs 0" "^fdpp: error: --max-num-seqs: 0 must be in \[1, 4096\]" "$BIN" serve --max-num-seqs 0
+usage "serve seqs over the step" "--max-num-seqs 512 exceeds --max-batched-tokens 256" "$BIN" serve --max-num-seqs 512 --max-batched-tokens 256
+usage "serve dtype garbage" "^fdpp: error: --dtype: 'fp8' is not one of" "$BIN" serve --dtype fp8
 usage "empty prompt" "^fdpp: error: --prompt: the prompt is empty$" "$BIN" generate --prompt ""
 usage "empty prompt on stdin" "^fdpp: error: --prompt - \(standard input\): the prompt is empty$" "$BIN" generate --prompt -
 usage "non-UTF-8 prompt" "^fdpp: error: --prompt: byte 0xff at offset 2 is not valid UTF-8$" "$BIN" generate --prompt $'hi\xff'

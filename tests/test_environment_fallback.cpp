@@ -1,4 +1,4 @@
-// The front ends' environment fallback (engine/environment_fallback.h): flags win over the FDPP_*
+// The front ends' environment fallback (runtime/environment_fallback.h): flags win over the FDPP_*
 // variables, the variables over the defaults, bad values are one-line errors naming their origin;
 // and the kernel options' thread scope (backend/cuda/kernel_options.h), which is plain C++ and so
 // runs here: nested scopes restore, and threads never see each other's options.
@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "backend/cuda/kernel_options.h"
-#include "engine/environment_fallback.h"
+#include "runtime/environment_fallback.h"
 #include "engine/linear_chooser.h"
 #include "test_util.h"
 

@@ -14,7 +14,7 @@
 #include <optional>
 
 #include "engine/dispatch_table.h"
-#include "engine/environment_fallback.h"
+#include "runtime/environment_fallback.h"
 #include "engine/linear_chooser.h"
 #include "model/hf_config.h"
 #include "test_util.h"

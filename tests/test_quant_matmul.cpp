@@ -107,7 +107,7 @@ TEST_P(QuantMatmul, MatchesTheFp32ReferenceForEveryIsaAndM) {
   const int64_t N = 61, K = f.cols;  // odd N: no tile of rows divides it
   const auto wbytes = random_weights(f.type, N, K);
   const auto wf = dequantized(f.type, wbytes, N, K);
-  const StoredMatrix view = cpu::make_stored_view(f.type, wbytes.data(), N, K);
+  const StoredMatrix view = make_stored_view(f.type, wbytes.data(), N, K);
   const auto bias = test::random_vector(N);
   double worst = 0;
   for (int64_t M = 1; M <= 8; ++M) {
@@ -138,7 +138,7 @@ TEST_P(QuantMatmul, PermutedRowViewEqualsPermutedMatrix) {
   const int64_t N = 24, K = f.cols;
   const auto wbytes = random_weights(f.type, N, K);
   const auto wf = dequantized(f.type, wbytes, N, K);
-  StoredMatrix view = cpu::make_stored_view(f.type, wbytes.data(), N, K);
+  StoredMatrix view = make_stored_view(f.type, wbytes.data(), N, K);
   auto order = std::make_shared<std::vector<int32_t>>();
   for (int32_t n = N - 1; n >= 0; --n) order->push_back((n * 7) % N);  // a permutation (7 coprime to 24)
   view.row_order = order;
@@ -159,7 +159,7 @@ TEST_P(QuantMatmul, EachRowIsIndependentOfTheBatch) {
   const Format f = GetParam();
   const int64_t N = 19, K = f.cols, M = 7;
   const auto wbytes = random_weights(f.type, N, K);
-  const StoredMatrix view = cpu::make_stored_view(f.type, wbytes.data(), N, K);
+  const StoredMatrix view = make_stored_view(f.type, wbytes.data(), N, K);
   const auto x = test::random_vector(static_cast<size_t>(M * K));
   for (cpu::Isa isa : isas()) {
     std::vector<float> all(M * N, NAN);
@@ -176,7 +176,7 @@ TEST_P(QuantMatmul, NaNInTheInputReachesTheOutput) {
   const Format f = GetParam();
   const int64_t N = 5, K = f.cols;
   const auto wbytes = random_weights(f.type, N, K);
-  const StoredMatrix view = cpu::make_stored_view(f.type, wbytes.data(), N, K);
+  const StoredMatrix view = make_stored_view(f.type, wbytes.data(), N, K);
   auto x = test::random_vector(static_cast<size_t>(2 * K));
   x[K + 3] = NAN;  // row 1 only
   for (cpu::Isa isa : isas()) {
@@ -213,11 +213,11 @@ TEST(QuantMatmulActivations, VectorQuantizersAgreeWithScalarBitForBit) {
 
 TEST(QuantMatmulErrors, UnsupportedTypeOrRaggedRowsFailWithOneLine) {
   std::vector<uint8_t> w(22 * 4);
-  const StoredMatrix q50 = cpu::make_stored_view(GgmlType::Q5_0, w.data(), 4, 32);
+  const StoredMatrix q50 = make_stored_view(GgmlType::Q5_0, w.data(), 4, 32);
   std::vector<float> x(32), y(4);
   EXPECT_NE(test::error_of([&] { cpu::stored_linear(x.data(), 1, q50, nullptr, y.data()); }).find("Q5_0"),
             std::string::npos);
-  EXPECT_NE(test::error_of([&] { cpu::make_stored_view(GgmlType::Q4_K, w.data(), 1, 100); }).find("Q4_K"),
+  EXPECT_NE(test::error_of([&] { make_stored_view(GgmlType::Q4_K, w.data(), 1, 100); }).find("Q4_K"),
             std::string::npos);
   EXPECT_FALSE(cpu::stored_supported(GgmlType::Q5_0));
   EXPECT_TRUE(cpu::stored_supported(GgmlType::Q4_K));
@@ -314,9 +314,7 @@ TEST(QuantMatmulModel, StoredWeightsGiveTheFp32ReferenceLogits) {
   const std::string path = test::default_model_or_empty();
   if (path.empty()) GTEST_SKIP() << "default model not fetched (scripts/fetch-default-model.sh)";
   const LoadedModel ref = load_model(path);
-  LoadOptions lo;
-  lo.weights = WeightForm::Stored;
-  const LoadedModel fast = load_model(path, {}, lo);
+  const LoadedModel fast = load_model(path, {}, cpu::stored_load_options());
   EXPECT_TRUE(fast.weights.layers[0].wq.empty());  // no fp32 copy of the matrices
   EXPECT_FALSE(fast.weights.layers[0].wq.stored.empty());
   EXPECT_FALSE(fast.weights.tok_embeddings.stored.empty());

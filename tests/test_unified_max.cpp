@@ -7,7 +7,9 @@
 #include <chrono>
 
 #include "attention/calibration.h"
+#include "runtime/calibrate.h"
 #include "attention/unified_max.h"
+#include "backend/cpu/unified_max_reference.h"
 #include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/ops.h"
 #include "test_util.h"
@@ -419,7 +421,7 @@ TEST(Calibration, DefaultModel) {
                                             builtin_calibration_prompts()[3]};
   CalibrationOptions opt;
   opt.max_tokens_per_prompt = 48;
-  Calibration c = calibrate_model(m, path, prompts, opt);
+  Calibration c = calibrate_on_cpu(m, path, prompts, opt);
   ASSERT_EQ(static_cast<int>(c.layers.size()), m.config().n_layers);
   EXPECT_EQ(c.prompts, 3);
   EXPECT_EQ(c.tokens, 3 * 48);

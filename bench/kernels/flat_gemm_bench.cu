@@ -10,7 +10,7 @@
 // (launch gaps included, as in the engine's graphs). Bytes = W + x + y; % of 4.46 TB/s (the
 // measured read-streaming rate) beside each time. Epilogue: Store (16-bit y), no bias.
 // --sweep adds forced split counts and pipeline depths for flat_gemm on the Llama-2-7B shapes.
-// The launch switches come from the environment, as the CLI's do (engine/environment_fallback.h:
+// The launch switches come from the environment, as the CLI's do (runtime/environment_fallback.h:
 // FDPP_PDL, FDPP_LINEAR_PDL, FDPP_FLAT_SPLIT_PDL, FDPP_CUBLASLT_TUNE).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,7 +25,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/flat_gemm.h"
 #include "backend/cuda/linear.h"
-#include "engine/environment_fallback.h"
+#include "runtime/environment_fallback.h"
 
 namespace {
 

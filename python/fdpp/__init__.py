@@ -371,11 +371,13 @@ def _messages(messages: Any) -> list[tuple[str, str]]:
 
 PromptType = Union[str, Sequence[int]]
 
-_DTYPES = {"auto": "auto", "f16": "f16", "float16": "f16", "half": "f16", "bf16": "bf16", "bfloat16": "bf16"}
 
 
 class LLM:
     """A model loaded for generation, chat, streaming and logits.
+
+    Every keyword is an option of fdpp's engine table, the same as the CLI's flag of that name
+    (`fdpp serve --help` lists them with their ranges); None keeps its default.
 
     Args:
         model: a GGUF file or a Hugging Face model directory; None = the default model
@@ -386,75 +388,64 @@ class LLM:
         kv_cache_tokens: KV cache size in tokens; None = sized by the engine (CUDA: from free memory).
         tensor_parallel: GPUs of this host to split the model over (Megatron-style, NCCL; CUDA only).
             vLLM's spelling tensor_parallel_size is accepted too.
-        max_num_seqs: sequences decoded together in one step.
-        max_num_batched_tokens: tokens of one step (decode rows and prefill chunks together).
+        max_num_seqs: sequences decoded together in one step (default 64).
+        max_num_batched_tokens: tokens of one step (decode rows and prefill chunks together;
+            default 2048).
         max_model_len: the context per sequence; None = the model's.
         attention: CUDA decode attention, "async" (FlashDecoding++'s unified max) or "sync".
         linear: CUDA linear layers: None ($FDPP_LINEAR, else "auto"), "auto", "gemv", "flat", "cublas".
-        cuda_graphs: replay the decode step as a CUDA graph.
+        cuda_graphs: replay the decode step as a CUDA graph (default True).
         threads: CPU backend threads; None = $OMP_NUM_THREADS when set, else the physical cores.
         calibration: the unified-max calibration file (fdpp calibrate); None = looked up beside
             the model, then in fdpp's cache.
         cpu_weights: on the CPU, "stored" multiplies GGUF weights in their stored format (8-bit
             activations, as llama.cpp; the CLI's default) and "f32" dequantizes them to the exact
             fp32 reference.
+        load_format: "auto" reads the model; "dummy" makes random weights of `config`'s shapes on
+            the GPU, for measuring without a checkpoint (as `fdpp bench --load-format dummy`).
+        config: the config.json of load_format="dummy" (configs/ has Llama-2-7B, Llama-3-8B, ...).
+        pdl, decode_path: CUDA kernel switches ("on"/"off"; "auto", "mma", "core"), as the CLI's.
     """
 
     def __init__(
         self,
         model: Optional[Union[str, os.PathLike]] = None,
-        device: str = "auto",
-        dtype: str = "auto",
+        device: Optional[str] = None,
+        dtype: Optional[str] = None,
         kv_cache_tokens: Optional[int] = None,
-        tensor_parallel: int = 1,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 2048,
+        tensor_parallel: Optional[int] = None,
+        max_num_seqs: Optional[int] = None,
+        max_num_batched_tokens: Optional[int] = None,
         max_model_len: Optional[int] = None,
-        attention: str = "async",
+        attention: Optional[str] = None,
         linear: Optional[str] = None,
-        dispatch_table: Optional[str] = None,
-        cuda_graphs: bool = True,
+        dispatch_table: Optional[Union[str, os.PathLike]] = None,
+        cuda_graphs: Optional[bool] = None,
         threads: Optional[int] = None,
-        calibration: Optional[str] = None,
-        cpu_weights: str = "stored",
+        calibration: Optional[Union[str, os.PathLike]] = None,
+        cpu_weights: Optional[str] = None,
         tensor_parallel_size: Optional[int] = None,
+        load_format: Optional[str] = None,
+        config: Optional[Union[str, os.PathLike]] = None,
+        pdl: Optional[str] = None,
+        decode_path: Optional[str] = None,
     ) -> None:
-        if tensor_parallel_size is not None:
-            if tensor_parallel != 1 and tensor_parallel != tensor_parallel_size:
-                raise _bad(f"tensor_parallel={tensor_parallel} and tensor_parallel_size={tensor_parallel_size} differ")
-            tensor_parallel = tensor_parallel_size
-        tensor_parallel = _check_int("tensor_parallel", tensor_parallel, 1, 64)
-        if tensor_parallel > 1 and device == "cpu":
-            raise _bad(f"tensor_parallel={tensor_parallel}: tensor parallelism splits a model over GPUs; device='cpu' runs it whole")
-        if device not in ("auto", "cpu", "cuda"):
-            raise _bad(f"device: {device!r} is not one of 'auto', 'cpu', 'cuda'")
-        if dtype not in _DTYPES:
-            raise _bad(f"dtype: {dtype!r} is not one of {', '.join(repr(k) for k in _DTYPES)}")
-        if attention not in ("async", "sync"):
-            raise _bad(f"attention: {attention!r} is not one of 'async', 'sync'")
-        if cpu_weights not in ("stored", "f32"):
-            raise _bad(f"cpu_weights: {cpu_weights!r} is not one of 'stored', 'f32'")
-        if linear not in (None, "auto", "gemv", "flat", "cublas"):
-            raise _bad(f"linear: {linear!r} is not one of None, 'auto', 'gemv', 'flat', 'cublas'")
-        a = _core.CoreModelArgs()
-        a.model = "" if model is None else os.fspath(model)
-        if model is not None and not a.model:
+        # The keywords are the engine option table's (the CLI's flags): checked there, with the
+        # CLI's ranges and messages. None keeps the table's default.
+        if tensor_parallel is not None and tensor_parallel_size is not None and tensor_parallel != tensor_parallel_size:
+            raise _bad(f"tensor_parallel={tensor_parallel} and tensor_parallel_size={tensor_parallel_size} differ")
+        if model is not None and not os.fspath(model):
             raise _bad("model: an empty path (None means the default model)")
-        a.device = device
-        a.dtype = _DTYPES[dtype]
-        a.kv_cache_tokens = 0 if kv_cache_tokens is None else _check_int("kv_cache_tokens", kv_cache_tokens, 1, 1 << 30)
-        a.max_num_seqs = _check_int("max_num_seqs", max_num_seqs, 1, 4096)
-        a.max_num_batched_tokens = _check_int("max_num_batched_tokens", max_num_batched_tokens, 1, 1 << 20)
-        a.max_model_len = 0 if max_model_len is None else _check_int("max_model_len", max_model_len, 1, 1 << 24)
-        a.attention = attention
-        a.linear = linear or ""
-        a.dispatch_table = dispatch_table or ""
-        a.cuda_graphs = bool(cuda_graphs)
-        a.threads = 0 if threads is None else _check_int("threads", threads, 1, 4096)
-        a.calibration = "" if calibration is None else os.fspath(calibration)
-        a.cpu_weights = cpu_weights
-        a.tensor_parallel = tensor_parallel
-        self._m = _core.CoreModel.load(a)
+        paths = {"model": model, "dispatch_table": dispatch_table, "calibration": calibration, "config": config}
+        options = {k: (None if v is None else os.fspath(v)) for k, v in paths.items()}
+        options.update(
+            device=device, dtype=dtype, kv_cache_tokens=kv_cache_tokens,
+            tensor_parallel=tensor_parallel if tensor_parallel is not None else tensor_parallel_size,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            attention=attention, linear=linear, cuda_graphs=cuda_graphs, threads=threads, cpu_weights=cpu_weights,
+            load_format=load_format, pdl=pdl, decode_path=decode_path,
+        )
+        self._m = _core.CoreModel.load(options)
         self._tokenizer: Optional[Tokenizer] = None
 
     # ---- properties ----------------------------------------------------------------------------

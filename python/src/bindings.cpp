@@ -33,9 +33,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine/backend_select.h"
 #include "engine/engine.h"
-#include "engine/environment_fallback.h"
+#include "engine/engine_runner.h"
+#include "runtime/engine_args.h"
+#include "runtime/open_engine.h"
 #include "engine/prompt_file.h"
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
@@ -81,26 +82,27 @@ auto input_phase(F&& f, const std::string& prefix = {}) -> decltype(f()) {
 
 struct ModelState {
   std::string path;
-  LoadedModel model;
-  RunnerOptions runner_options;
+  // The engine args as given (logits() on the CPU sizes a runner of its own from them).
+  EngineArgs args;
+  // The model, its engine and scheduler, opened as every front end opens them (runtime/open_engine.h):
+  // on the GPU the weights stream from the files, with no host copy.
+  std::unique_ptr<OpenedEngine> opened;
   Device device = Device::Cpu;
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<Scheduler> scheduler;
-  // CUDA: the runner of logits(), made at the first call and kept (it copies the weights to the
-  // GPU once). The CPU makes one per call, sized to the ids, exactly as `fdpp logits` does (it
-  // reads the host weights in place: nothing is copied).
-  std::unique_ptr<Runner> logits_runner;
+
+  const ModelConfig& config() const { return opened->model.config(); }
+  Engine& engine() const { return *opened->engine; }
+  Scheduler* scheduler() const { return opened->scheduler.get(); }
   // One caller drives the scheduler (step) at a time. Lock order: release the GIL first, then
   // take this mutex; code holding it takes the GIL only briefly (signal checks), never the
   // reverse, so two Python threads cannot deadlock.
   std::mutex mutex;
 
   const Tokenizer& tokenizer() const {
-    if (!model.tokenizer)
+    if (!opened->model.tokenizer)
       throw InputError(path +
                        ": no tokenizer (tokenizer.json, tokenizer.model or vocab.json + merges.txt); text needs one, "
                        "token ids do not");
-    return *model.tokenizer;
+    return *opened->model.tokenizer;
   }
 };
 
@@ -152,7 +154,7 @@ std::vector<Result> generate(ModelState& st, std::vector<GenerationRequest> requ
   {
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(st.mutex);
-    Scheduler& s = *st.scheduler;
+    Scheduler& s = *st.scheduler();
     std::vector<uint64_t> ids;
     ids.reserve(n);
     auto done = std::make_shared<std::vector<char>>(n, 0);
@@ -225,7 +227,7 @@ class Stream {
     {
       nb::gil_scoped_release release;
       try {
-        id_ = st_->scheduler->submit(std::move(request), std::move(cb));
+        id_ = st_->scheduler()->submit(std::move(request), std::move(cb));
       } catch (const Error& e) {
         error = e.what();
       }
@@ -237,7 +239,7 @@ class Stream {
   // request; the next step of any call frees the blocks. cancel() only takes the scheduler's own
   // lock, so this is safe with the GIL held.
   ~Stream() {
-    if (id_ != 0 && !finished()) st_->scheduler->cancel(id_);
+    if (id_ != 0 && !finished()) st_->scheduler()->cancel(id_);
   }
 
   // The next piece of text, or None when the request has finished.
@@ -255,11 +257,11 @@ class Stream {
             break;
           }
           if (finished()) break;
-          st_->scheduler->step();
+          st_->scheduler()->step();
           if (poller_.poll()) {
             signal = poller_;
             poller_ = PendingSignal{};
-            cancel_and_drain(*st_->scheduler, {id_}, [this] { return finished(); });
+            cancel_and_drain(*st_->scheduler(), {id_}, [this] { return finished(); });
             break;
           }
         }
@@ -278,7 +280,7 @@ class Stream {
     std::lock_guard<std::mutex> lock(st_->mutex);
     if (finished()) return;
     try {
-      cancel_and_drain(*st_->scheduler, {id_}, [this] { return finished(); });
+      cancel_and_drain(*st_->scheduler(), {id_}, [this] { return finished(); });
     } catch (const std::exception&) {
       // Called from a generator's close(): an engine failure surfaces at the next call instead.
     }
@@ -317,72 +319,47 @@ class Stream {
 
 // ---- the model ----------------------------------------------------------------------------------
 
-struct ModelArgs {
-  std::string model;  // "" = the default model
-  std::string device = "auto";
-  std::string dtype = "auto";
-  int64_t kv_cache_tokens = 0;
-  int max_num_seqs = 64;
-  int max_num_batched_tokens = 2048;
-  int max_model_len = 0;
-  std::string attention = "async";
-  std::string linear;
-  std::string dispatch_table;
-  bool cuda_graphs = true;
-  int threads = 0;
-  std::string calibration;
-  std::string cpu_weights = "stored";  // the CPU's weights: "stored" (the CLI's default fast path) or "f32"
-  int tensor_parallel = 1;             // GPUs the model is split over
-};
+// fdpp.LLM's keywords: each is an option of the engine table (runtime/engine_args.h), checked there
+// with the CLI's ranges and messages. Python values become the table's text: ints (not bools) for
+// integers, bools for switches, strings for the rest; None keeps the default.
+std::string option_text(const EngineOption& o, const std::string& key, nb::handle value) {
+  const bool is_bool = PyBool_Check(value.ptr());
+  switch (o.kind) {
+    case OptionKind::Integer:
+      if (is_bool || !PyLong_Check(value.ptr())) throw InputError(key + ": expected an integer");
+      return nb::cast<std::string>(nb::str(value));
+    case OptionKind::Switch:
+      if (!is_bool) throw InputError(key + ": expected True or False");
+      return value.ptr() == Py_True ? "true" : "false";
+    default:
+      if (!nb::isinstance<nb::str>(value)) throw InputError(key + ": expected a string");
+      return nb::cast<std::string>(value);
+  }
+}
 
-std::shared_ptr<ModelState> load(const ModelArgs& a) {
+std::shared_ptr<ModelState> load(nb::dict options) {
   auto st = std::make_shared<ModelState>();
+  for (auto [k, v] : options) {
+    const std::string key = nb::cast<std::string>(nb::str(k));
+    if (v.is_none()) continue;
+    const EngineOption* o = find_engine_option(key);
+    if (o == nullptr || (o->front_ends & kPython) == 0) throw InputError(key + ": not an option of fdpp.LLM");
+    const std::string text = option_text(*o, key, v);
+    input_phase([&] { set_engine_option(st->args, *o, text, key); });
+  }
   std::string input_error, engine_error;
   {
     nb::gil_scoped_release release;
     try {
       input_phase([&] {
-        st->path = resolve_model_path(a.model);
-        RunnerOptions& o = st->runner_options;
-        o.device = resolve_device(parse_device(a.device));
-        st->device = o.device;
-        o.dtype = a.dtype;
-        o.kv_cache_tokens = a.kv_cache_tokens;
-        o.cuda_graphs = a.cuda_graphs;
-        o.attention = a.attention;
-        // As the CLI: the arguments, else the FDPP_* variables (engine/environment_fallback.h).
-        o.set_linear_flags(a.linear, a.dispatch_table);
-        o.model_path = st->path;
-        o.kernels = resolve_kernel_options({});
-        o.tensor_parallel = a.tensor_parallel;
-        o.threads = a.threads;
-        // "": the backend looks the unified-max calibration up beside the model, as the CLI's does.
-        o.calibration = a.calibration;
-        check(a.cpu_weights == "stored" || a.cpu_weights == "f32", "cpu_weights: '{}' is not one of stored, f32",
-              a.cpu_weights);
-        // The CLI's rule (cli_common.h): on the CPU, GGUF weights stay in their stored format unless
-        // f32 is asked for, so that both give the same tokens and logits.
-        LoadOptions load_options;
-        if (o.device == Device::Cpu && a.cpu_weights == "stored") load_options.weights = WeightForm::Stored;
-        st->model = load_model(st->path, {}, load_options);
-        const int model_ctx = st->model.config().max_context;
-        check(a.max_model_len <= model_ctx, "max_model_len {} exceeds the model's context length {}",
-              a.max_model_len, model_ctx);
+        st->args.check(/*python=*/true);
+        st->device = st->args.load_format == "dummy" ? Device::Cuda : resolve_device(st->args.requested_device());
       });
-      EngineLimits limits;
-      limits.max_context = a.max_model_len;
-      limits.max_step_rows = a.max_num_seqs;
-      limits.max_step_tokens = a.max_num_batched_tokens;
-      limits.kv_cache_tokens = a.kv_cache_tokens;
-      st->engine = make_engine(st->model.config(), st->model.weights, st->runner_options, limits);
-      if (st->model.tokenizer) {
-        SchedulerOptions so;
-        so.max_num_seqs = a.max_num_seqs;
-        so.max_batched_tokens = a.max_num_batched_tokens;
-        // generate() submits all its prompts at once; the queue is bounded by memory, not a count.
-        so.max_waiting = INT_MAX;
-        st->scheduler = std::make_unique<Scheduler>(*st->engine, *st->model.tokenizer, so);
-      }
+      st->opened = std::make_unique<OpenedEngine>();
+      input_phase([&] { st->opened->model = open_model(st->args); });
+      st->path = st->opened->model.path;
+      // generate() submits all its prompts at once; the queue is bounded by memory, not a count.
+      start_engine(*st->opened, st->args, INT_MAX);
     } catch (const InputError& e) {
       input_error = e.what();
     } catch (const Error& e) {
@@ -396,18 +373,18 @@ std::shared_ptr<ModelState> load(const ModelArgs& a) {
 
 Scheduler& scheduler_of(ModelState& st) {
   st.tokenizer();  // generation needs text: the same message as the CLI's when there is none
-  return *st.scheduler;
+  return *st.scheduler();
 }
 
 using LogitsArray = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
 nb::object logits(ModelState& st, std::vector<int32_t> ids, bool as_torch) {
-  const ModelConfig& c = st.model.config();
+  const ModelConfig& c = st.config();
   input_phase([&] {
     check(!ids.empty(), "token_ids is empty");
     for (int32_t id : ids) check(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-    check(static_cast<int64_t>(ids.size()) <= c.max_context, "{} tokens exceed the model's context length {}",
-          ids.size(), c.max_context);
+    check(static_cast<int64_t>(ids.size()) <= st.engine().max_context(), "{} tokens exceed the context length {}",
+          ids.size(), st.engine().max_context());
   });
   auto* out = new std::vector<float>(ids.size() * static_cast<size_t>(c.vocab_size));
   nb::capsule owner(out, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
@@ -417,23 +394,13 @@ nb::object logits(ModelState& st, std::vector<int32_t> ids, bool as_torch) {
     std::lock_guard<std::mutex> lock(st.mutex);
     try {
       if (st.device == Device::Cpu) {
-        // As run_logits in tools/fdpp/main.cpp: a runner sized to the ids, so the numbers match
-        // `fdpp logits` bit for bit.
-        auto runner = make_runner(c, st.model.weights, static_cast<int>(ids.size()), st.runner_options);
-        runner->forward(ids, 0, /*all_positions=*/true, *out);
+        // As `fdpp logits`: a runner sized to the ids over the same host weights, so the numbers
+        // match bit for bit.
+        st.opened->model.make_runner(st.args, static_cast<int>(ids.size()))->forward(ids, 0, true, *out);
       } else {
-        // Kept between calls and sized to a power of two >= 256 tokens, so that its KV cache stays
-        // small beside the engine's and it is rarely remade. It holds its own copy of the weights
-        // (make_runner cannot share the engine's DeviceModel): a model must fit twice, or the
-        // engine be given less KV cache (kv_cache_tokens), for logits() on the GPU.
-        const int n = static_cast<int>(ids.size());
-        if (!st.logits_runner || st.logits_runner->max_context() < n) {
-          int cap = 256;
-          while (cap < n) cap *= 2;
-          st.logits_runner.reset();
-          st.logits_runner = make_runner(c, st.model.weights, std::min(cap, c.max_context), st.runner_options);
-        }
-        st.logits_runner->forward(ids, 0, /*all_positions=*/true, *out);
+        // A sequence of the engine itself, between the scheduler's steps (the mutex is held): the
+        // weights are on the GPU once. It needs free KV blocks like any request.
+        EngineRunner(st.engine(), static_cast<int>(ids.size())).forward(ids, 0, /*all_positions=*/true, *out);
       }
     } catch (const Error& e) {
       engine_error = e.what();
@@ -564,32 +531,27 @@ NB_MODULE(_core, m) {
       .def("cancel", &Stream::cancel, "Cancels the request and waits until its KV blocks are free.")
       .def("result", &Stream::result, "The finished request's result; None before it has finished.");
 
-  nb::class_<ModelArgs>(m, "CoreModelArgs")
-      .def(nb::init<>())
-      .def_rw("model", &ModelArgs::model)
-      .def_rw("device", &ModelArgs::device)
-      .def_rw("dtype", &ModelArgs::dtype)
-      .def_rw("kv_cache_tokens", &ModelArgs::kv_cache_tokens)
-      .def_rw("max_num_seqs", &ModelArgs::max_num_seqs)
-      .def_rw("max_num_batched_tokens", &ModelArgs::max_num_batched_tokens)
-      .def_rw("max_model_len", &ModelArgs::max_model_len)
-      .def_rw("attention", &ModelArgs::attention)
-      .def_rw("linear", &ModelArgs::linear)
-      .def_rw("dispatch_table", &ModelArgs::dispatch_table)
-      .def_rw("cuda_graphs", &ModelArgs::cuda_graphs)
-      .def_rw("threads", &ModelArgs::threads)
-      .def_rw("calibration", &ModelArgs::calibration)
-      .def_rw("cpu_weights", &ModelArgs::cpu_weights)
-      .def_rw("tensor_parallel", &ModelArgs::tensor_parallel);
+  m.def(
+      "engine_option_names",
+      [] {
+        std::vector<std::string> names;
+        for (const EngineOption& o : engine_options())
+          if (o.front_ends & kPython) {
+            names.push_back(o.name);
+            names.insert(names.end(), o.python_aliases.begin(), o.python_aliases.end());
+          }
+        return names;
+      },
+      "The keywords fdpp.LLM passes to the engine option table.");
 
   nb::class_<ModelState>(m, "CoreModel")
-      .def_static("load", &load, "args"_a)
+      .def_static("load", &load, "options"_a)
       .def_prop_ro("path", [](const ModelState& s) { return s.path; })
       .def_prop_ro("device", [](const ModelState& s) { return std::string(device_name(s.device)); })
-      .def_prop_ro("architecture", [](const ModelState& s) { return s.model.config().architecture; })
-      .def_prop_ro("vocab_size", [](const ModelState& s) { return s.model.config().vocab_size; })
-      .def_prop_ro("max_model_len", [](const ModelState& s) { return s.engine->max_context(); })
-      .def_prop_ro("has_tokenizer", [](const ModelState& s) { return s.model.tokenizer != nullptr; })
+      .def_prop_ro("architecture", [](const ModelState& s) { return s.config().architecture; })
+      .def_prop_ro("vocab_size", [](const ModelState& s) { return s.config().vocab_size; })
+      .def_prop_ro("max_model_len", [](const ModelState& s) { return s.engine().max_context(); })
+      .def_prop_ro("has_tokenizer", [](const ModelState& s) { return s.opened->model.tokenizer != nullptr; })
       .def(
           "generate",
           [](ModelState& s, std::vector<GenerationRequest> requests) {
@@ -613,8 +575,8 @@ NB_MODULE(_core, m) {
            })
       .def("stats", [](ModelState& s) {
         nb::dict d;
-        if (!s.scheduler) return d;
-        const SchedulerStats st = s.scheduler->stats();
+        if (!s.scheduler()) return d;
+        const SchedulerStats st = s.scheduler()->stats();
         d["running"] = st.running;
         d["waiting"] = st.waiting;
         d["kv_blocks_used"] = st.kv_blocks_used;

@@ -12,7 +12,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "backend/cpu/cpu_runner.h"
 #include "core/atomic_file.h"
 #include "core/cache_dir.h"
 #include "core/read_file.h"
@@ -245,7 +244,8 @@ std::string model_fingerprint(const std::string& model_path, uint64_t* size_out)
 }
 
 Calibration calibrate_model(const LoadedModel& model, const std::string& model_path,
-                            const std::vector<std::string>& prompts, const CalibrationOptions& options) {
+                            const std::vector<std::string>& prompts, const CalibrationOptions& options,
+                            const ObservedRun& run) {
   const ModelConfig& c = model.config();
   check(model.tokenizer != nullptr, "{}: no tokenizer; calibration runs text through the model", model_path);
   check(!prompts.empty(), "calibrate: no prompts");
@@ -255,12 +255,10 @@ Calibration calibrate_model(const LoadedModel& model, const std::string& model_p
   if (options.max_tokens_per_prompt > 0) cap = std::min(cap, options.max_tokens_per_prompt);
 
   std::vector<std::vector<int32_t>> tokenized;
-  size_t longest = 0;
   for (const std::string& p : prompts) {
     std::vector<int32_t> ids = model.tokenizer->encode(p, model.tokenizer->add_bos_by_default(), false);
     if (static_cast<int>(ids.size()) > cap) ids.resize(static_cast<size_t>(cap));
     if (ids.empty()) continue;
-    longest = std::max(longest, ids.size());
     tokenized.push_back(std::move(ids));
   }
   check(!tokenized.empty(), "calibrate: the prompts encode to no tokens");
@@ -274,8 +272,7 @@ Calibration calibrate_model(const LoadedModel& model, const std::string& model_p
     s.hi.assign(n_heads, -INFINITY);
   }
 
-  CpuRunner runner(c, model.weights, static_cast<int>(longest));
-  runner.set_attention_observer([&](const AttentionObservation& o) {
+  const AttentionObserver observer = [&](const AttentionObservation& o) {
     LayerStats& s = stats[static_cast<size_t>(o.layer)];
     const int group = o.n_heads / o.n_kv_heads;
     const int64_t q_stride = static_cast<int64_t>(o.n_heads) * o.head_dim;
@@ -315,7 +312,7 @@ Calibration calibrate_model(const LoadedModel& model, const std::string& model_p
     }
     for (int64_t t = 0; t < o.n_q; ++t)
       for (int h = 0; h < o.n_heads; ++h) s.row_max[h].push_back(maxima[static_cast<size_t>(t * o.n_heads + h)]);
-  });
+  };
 
   Calibration cal;
   cal.model_path = model_path;
@@ -323,9 +320,8 @@ Calibration calibrate_model(const LoadedModel& model, const std::string& model_p
   cal.model_fingerprint = model_fingerprint(model_path, &cal.model_size);
   cal.max_context = c.max_context;
   cal.percentile = options.percentile;
-  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  run(tokenized, observer);
   for (const auto& ids : tokenized) {
-    runner.forward(ids, 0, /*all_positions=*/false, logits);
     ++cal.prompts;
     cal.tokens += static_cast<int64_t>(ids.size());
   }

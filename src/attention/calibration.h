@@ -8,11 +8,14 @@
 // so one written for another file is refused rather than silently used.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "attention/attention_observer.h"
 #include "attention/unified_max.h"
 #include "model/model_loader.h"
 
@@ -66,10 +69,16 @@ std::vector<std::string> read_calibration_prompts(const std::string& path);
 // config.json), as 16 hex digits.
 std::string model_fingerprint(const std::string& model_path, uint64_t* size = nullptr);
 
-// Runs the prompts through a CpuRunner and measures everything. model_path is recorded (and
+// Runs every prompt (token ids) through the model once from position 0, calling the observer for
+// each layer's attention. The runtime runs them on the CPU reference backend (runtime/calibrate.h).
+using ObservedRun =
+    std::function<void(const std::vector<std::vector<int32_t>>& prompts, const AttentionObserver& observer)>;
+
+// Runs the prompts through `run` and measures everything. model_path is recorded (and
 // fingerprinted).
 Calibration calibrate_model(const LoadedModel& model, const std::string& model_path,
-                            const std::vector<std::string>& prompts, const CalibrationOptions& options = {});
+                            const std::vector<std::string>& prompts, const CalibrationOptions& options,
+                            const ObservedRun& run);
 
 std::string calibration_path_beside(const std::string& model_path);
 std::string calibration_path_in_cache(const std::string& model_path);

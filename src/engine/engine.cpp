@@ -125,6 +125,8 @@ StepOutput Engine::step(const Batch& batch) {
     plan[i] = RowPlan{&r, s.length, &s, offset, logits_index};
     offset += static_cast<int64_t>(r.tokens.size());
   }
+  check(limits_.max_logit_rows == 0 || logits_rows <= limits_.max_logit_rows,
+        "step: {} logits rows, the engine returns at most {} per step", logits_rows, limits_.max_logit_rows);
   if (extra_blocks > kv_.free_blocks())
     fail("KV cache full: the step needs {} more blocks of {} tokens, {} of {} are free (the cache holds {} tokens): "
          "admit fewer sequences or raise --kv-cache-tokens",

@@ -51,6 +51,7 @@ struct EngineLimits {
   int max_step_rows = 64;      // rows (sequences) in one step
   int64_t kv_cache_tokens = 0; // the KV pool, in tokens
   int block_size = 16;         // tokens per KV block
+  int max_logit_rows = 0;      // logits rows one step returns (0: as many as it has tokens)
 };
 
 class Engine {

@@ -55,7 +55,7 @@ std::vector<LinearShape> model_linear_shapes(const ModelConfig& c, bool include_
 std::vector<LinearShape> unique_linear_shapes(std::span<const LinearShape> shapes);
 
 // What the chooser is told; the library reads no environment variable for it (the CLI's fallback
-// to FDPP_LINEAR, FDPP_DISPATCH_TABLE and FDPP_GEMV_MAX_M: engine/environment_fallback.h).
+// to FDPP_LINEAR, FDPP_DISPATCH_TABLE and FDPP_GEMV_MAX_M: runtime/environment_fallback.h).
 struct DispatchSelectOptions {
   std::string table_path;  // explicit table file; empty: the lookup
   std::string model_path;  // for the file beside the model; empty: none

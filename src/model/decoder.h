@@ -36,6 +36,13 @@ struct StoredMatrix {
 // reference path, calibration, the CUDA upload) or StoredMatrix views into the mapped file (the CPU
 // fast path; a tensor type without fast-path kernels still comes as fp32).
 enum class WeightForm { F32, Stored };
+// Which stored types the consumer of WeightForm::Stored multiplies in place (the CPU backend's
+// cpu::stored_supported); the loader keeps the others as fp32.
+using StoredTypeFilter = std::function<bool(gguf::GgmlType)>;
+
+// A view over bytes held elsewhere (the mapped file, tests, benchmarks): rows x cols of `type`,
+// contiguous rows. Throws for a row length that is not whole blocks.
+StoredMatrix make_stored_view(gguf::GgmlType type, const uint8_t* data, int64_t rows, int64_t cols);
 
 // A weight matrix in one of two forms: the fp32 Tensor (the reference path, calibration, the CUDA
 // upload) or a StoredMatrix view (the CPU fast path), the other left empty. Derived from Tensor so

@@ -3,7 +3,6 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cpu/quant_matmul.h"
 #include "fdpp/error.h"
 #include "io/gguf.h"
 
@@ -79,6 +78,20 @@ Weight* weight_slot(DecoderWeights& w, WeightSlot s, int layer) {
 
 }  // namespace
 
+StoredMatrix make_stored_view(gguf::GgmlType type, const uint8_t* data, int64_t rows, int64_t cols) {
+  check(gguf::is_known(type), "unknown tensor type {}", static_cast<uint32_t>(type));
+  const uint64_t be = gguf::block_elements(type);
+  check(rows >= 0 && cols > 0 && static_cast<uint64_t>(cols) % be == 0,
+        "a {} matrix needs rows of whole {}-element blocks, got {} columns", gguf::type_name(type), be, cols);
+  StoredMatrix m;
+  m.type = type;
+  m.data = data;
+  m.rows = rows;
+  m.cols = cols;
+  m.row_bytes = static_cast<uint64_t>(cols) / be * gguf::block_bytes(type);
+  return m;
+}
+
 const gguf::TensorInfo* find_gguf_tensor(const gguf::GgufFile& f, const GgufTensorSpec& spec, const char* what) {
   const gguf::TensorInfo* info = f.find_tensor(spec.name);
   if (info == nullptr) {
@@ -94,7 +107,7 @@ const gguf::TensorInfo* find_gguf_tensor(const gguf::GgufFile& f, const GgufTens
 
 DecoderWeights load_gguf_weights(std::shared_ptr<const gguf::GgufFile> file, const ModelConfig& c,
                                  const std::vector<GgufTensorSpec>& specs, const ProgressFn& progress,
-                                 WeightForm form) {
+                                 const StoredTypeFilter& stored_types) {
   const gguf::GgufFile& f = *file;
   uint64_t total = 0, done = 0;
   for (const auto& s : specs) total += static_cast<uint64_t>(Tensor::numel_of(s.shape));
@@ -115,10 +128,10 @@ DecoderWeights load_gguf_weights(std::shared_ptr<const gguf::GgufFile> file, con
   auto load_matrix = [&](const GgufTensorSpec& spec) {
     Weight w;
     const auto* info = f.find_tensor(spec.name);
-    if (form == WeightForm::Stored && info != nullptr && cpu::stored_supported(info->type) && spec.shape.size() == 2) {
+    if (stored_types && info != nullptr && stored_types(info->type) && spec.shape.size() == 2) {
       find_gguf_tensor(f, spec);
       const auto bytes = f.tensor_bytes(*info);
-      w.stored = cpu::make_stored_view(info->type, bytes.data(), spec.shape[0], spec.shape[1]);
+      w.stored = make_stored_view(info->type, bytes.data(), spec.shape[0], spec.shape[1]);
       check(w.stored.row_bytes * static_cast<uint64_t>(spec.shape[0]) == bytes.size(),
             "{}: tensor '{}' holds {} bytes, expected {}", f.path(), spec.name, bytes.size(),
             w.stored.row_bytes * static_cast<uint64_t>(spec.shape[0]));

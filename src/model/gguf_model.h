@@ -35,11 +35,11 @@ struct GgufTensorSpec {
 const gguf::TensorInfo* find_gguf_tensor(const gguf::GgufFile& file, const GgufTensorSpec& spec,
                                          const char* what = "expected");
 
-// form F32: every tensor fp32. form Stored: matrices whose type the CPU fast path handles become
-// views into the file's mapping, which the returned weights keep alive (DecoderWeights::storage);
-// the rest is fp32.
+// Every tensor fp32, except matrices whose type stored_types accepts: those become views into the
+// file's mapping, which the returned weights keep alive (DecoderWeights::storage).
 DecoderWeights load_gguf_weights(std::shared_ptr<const gguf::GgufFile> file, const ModelConfig& config,
-                                 const std::vector<GgufTensorSpec>& specs, const ProgressFn& progress, WeightForm form);
+                                 const std::vector<GgufTensorSpec>& specs, const ProgressFn& progress,
+                                 const StoredTypeFilter& stored_types = {});
 // The same mapping as a plan for the GPU loader (tensors in their stored types, with their row
 // permutation to undo); the plan keeps the file mapped.
 WeightPlan plan_gguf_weights(std::shared_ptr<const gguf::GgufFile> file, const std::vector<GgufTensorSpec>& specs);

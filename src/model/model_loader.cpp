@@ -166,7 +166,8 @@ LoadedModel load_model(const std::string& path, const ProgressFn& progress, cons
   m.description = describe_gguf(*file);
   m.tokenizer = gguf_tokenizer(path, *file, m.description.config);
   const ModelConfig& c = m.description.config;
-  m.weights = load_gguf_weights(file, c, gguf_architecture(*file).gguf_tensor_specs(c), progress, options.weights);
+  m.weights = load_gguf_weights(file, c, gguf_architecture(*file).gguf_tensor_specs(c), progress,
+                                options.weights == WeightForm::Stored ? options.stored_types : StoredTypeFilter{});
   return m;
 }
 

@@ -65,6 +65,9 @@ struct LoadOptions {
   // CUDA upload need. Stored: a GGUF's weight matrices stay in the mapped file in their stored
   // format for the CPU fast path (HF directories load fp32 either way).
   WeightForm weights = WeightForm::F32;
+  // With Stored: the types kept in place (the runtime passes the CPU backend's cpu::stored_supported);
+  // required, since the model layer does not know which kernels a backend has.
+  StoredTypeFilter stored_types;
 };
 
 // Loads weights and the tokenizer. progress(fraction) is called as tensors are read.

@@ -17,11 +17,12 @@
 #include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/check.h"
-#include "backend/cuda/cuda_runner.h"
+#include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/device_query.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_cache_layout.h"
 #include "core/half.h"
+#include "engine/engine_runner.h"
 #include "engine/sampler.h"
 #include "fdpp/error.h"
 #include "model/model_loader.h"
@@ -33,6 +34,41 @@ using test::random_ids;
 using test::random_tensor;
 using test::random_weights;
 using test::tiny;
+
+// A one-sequence runner on a CUDA engine of its own, as make_runner builds one: every forward
+// pass is Engine::step.
+std::unique_ptr<EngineRunner> gpu_runner(std::shared_ptr<const cuda::DeviceModel> model, int max_context,
+                                         cuda::EngineOptions eo = {}) {
+  eo.max_batch = 1;
+  if (eo.kv_cache_tokens == 0) eo.kv_cache_tokens = max_context;
+  return std::make_unique<EngineRunner>(std::make_unique<cuda::CudaEngine>(std::move(model), eo), max_context);
+}
+
+// Appends a prompt to a sequence (steps of at most max_step_tokens, no logits).
+void prefill(Engine& e, int seq, std::span<const int32_t> tokens) {
+  const size_t chunk = static_cast<size_t>(e.limits().max_step_tokens);
+  for (size_t done = 0; done < tokens.size(); done += chunk) {
+    Batch b;
+    StepRow row;
+    row.seq = seq;
+    row.tokens = tokens.subspan(done, std::min(chunk, tokens.size() - done));
+    b.rows.push_back(row);
+    e.step(b);
+  }
+}
+
+// One decode step of one token per sequence: the logits rows, in order.
+std::vector<float> decode(Engine& e, std::span<const int> seqs, std::span<const int32_t> tokens) {
+  Batch b;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    StepRow row;
+    row.seq = seqs[i];
+    row.tokens = tokens.subspan(i, 1);
+    row.logits = true;
+    b.rows.push_back(row);
+  }
+  return e.step(b).logits;
+}
 
 bool have_gpu() { return !cuda::list_gpus().empty(); }
 
@@ -64,9 +100,9 @@ TEST_P(CudaRecipes, PrefillAndDecodeLogitsMatchCpu) {
   cpu.forward(std::span(ids.data(), T), 0, true, cpu_prefill);
 
   auto model = std::make_shared<const cuda::DeviceModel>(c, w, p.dtype);
-  cuda::CudaRunner gpu(model, T + steps, cuda::EngineOptions{});
+  auto gpu = gpu_runner(model, T + steps, cuda::EngineOptions{});
   std::vector<float> gpu_prefill(cpu_prefill.size(), NAN), gpu_step(c.vocab_size, NAN);
-  gpu.forward(std::span(ids.data(), T), 0, true, gpu_prefill);
+  gpu->forward(std::span(ids.data(), T), 0, true, gpu_prefill);
   const double bound = p.dtype == cuda::DType::F16 ? 5e-4 : 5e-3;  // bf16 keeps 8 mantissa bits
   const double e = test::nmse(gpu_prefill, cpu_prefill);
   std::printf("%s hd%d %s prefill NMSE %.3e\n", p.recipe.c_str(), p.head_dim,
@@ -74,7 +110,7 @@ TEST_P(CudaRecipes, PrefillAndDecodeLogitsMatchCpu) {
   EXPECT_LE(e, bound);
   for (int s = 0; s < steps; ++s) {
     cpu.forward(std::span(&ids[T + s], 1), T + s, false, cpu_step);
-    gpu.forward(std::span(&ids[T + s], 1), T + s, false, gpu_step);
+    gpu->forward(std::span(&ids[T + s], 1), T + s, false, gpu_step);
     const double es = test::nmse(gpu_step, cpu_step);
     EXPECT_LE(es, bound) << "decode step " << s;
   }
@@ -156,9 +192,13 @@ TEST(CudaSplitKv, DecodeAttentionMatchesCpuAndUnsplit) {
     const size_t ws_bytes = cuda::decode_attention_workspace_bytes(B, H, D, splits);
     cuda::DeviceBuffer ws(ws_bytes);
     FDPP_CUDA_CHECK(cudaMemset(out_d.get(), 0xff, out_d.bytes()));  // poison: NaN in fp16
-    cuda::decode_attention_split(qkv_d.get(), k_d.get(), v_d.get(), tab_d.as<int32_t>(), max_blocks,
-                                 len_d.as<int32_t>(), B, H, KVH, D, BS, scale, out_d.get(), cuda::DType::F16, splits,
-                                 0, ws.get(), ws_bytes, nullptr);
+    cuda::decode_attention({.qkv = qkv_d.get(), .k_cache = k_d.get(), .v_cache = v_d.get(),
+                            .block_tables = tab_d.as<int32_t>(), .max_blocks_per_seq = max_blocks,
+                            .context_lens = len_d.as<int32_t>(), .out = out_d.get(), .batch = B, .n_heads = H,
+                            .n_kv_heads = KVH, .head_dim = D, .block_size = BS, .scale = scale,
+                            .dtype = cuda::DType::F16, .splits = splits, .max_context_len = 0, .workspace = ws.get(),
+                            .workspace_bytes = ws_bytes},
+                           nullptr);
     FDPP_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<uint16_t> out_h(size_t(B) * H * D);
     FDPP_CUDA_CHECK(cudaMemcpy(out_h.data(), out_d.get(), out_h.size() * 2, cudaMemcpyDeviceToHost));
@@ -370,16 +410,15 @@ TEST(CudaEngine, BatchedDecodeOfMixedLengthsEqualsOneByOne) {
   std::vector<int> seqs;
   for (const auto& p : prompts) {
     seqs.push_back(batched.create_sequence());
-    batched.prefill(seqs.back(), p, false, nullptr);
+    prefill(batched, seqs.back(), p);
   }
-  std::vector<float> rows(lengths.size() * c.vocab_size, NAN);
-  batched.decode(seqs, next, rows.data());
+  const std::vector<float> rows = decode(batched, seqs, next);
 
   for (size_t i = 0; i < lengths.size(); ++i) {
-    cuda::CudaRunner single(model, lengths[i] + 1, cuda::EngineOptions{});
+    auto single = gpu_runner(model, lengths[i] + 1, cuda::EngineOptions{});
     std::vector<float> ignore(c.vocab_size), one(c.vocab_size);
-    single.forward(prompts[i], 0, false, ignore);
-    single.forward(std::span(&next[i], 1), lengths[i], false, one);
+    single->forward(prompts[i], 0, false, ignore);
+    single->forward(std::span(&next[i], 1), lengths[i], false, one);
     const double e = test::nmse(std::span<const float>(&rows[i * c.vocab_size], c.vocab_size), one);
     EXPECT_LE(e, 1e-5) << "sequence " << i << " of length " << lengths[i];
   }
@@ -408,7 +447,7 @@ TEST(CudaEngine, AsyncEngineVaryingBatchesAndSplitsEqualsSync) {
     std::vector<int> seqs;
     for (const auto& p : prompts) {
       seqs.push_back(e.create_sequence());
-      e.prefill(seqs.back(), p, false, nullptr);
+      prefill(e, seqs.back(), p);
     }
     int t = 0;
     for (int rep = 0; rep < 2; ++rep)  // the second pass replays the captured graphs
@@ -419,9 +458,7 @@ TEST(CudaEngine, AsyncEngineVaryingBatchesAndSplitsEqualsSync) {
           ss.push_back(seqs[i]);
           toks.push_back((7 * t++ + i) % c.vocab_size);
         }
-        std::vector<float> rows(step.size() * c.vocab_size, NAN);
-        e.decode(ss, toks, rows.data());
-        logits[mode].push_back(std::move(rows));
+        logits[mode].push_back(decode(e, ss, toks));
       }
     if (mode == 1) EXPECT_EQ(e.attention_fallback_rows(), 0u);
   }
@@ -440,11 +477,11 @@ TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
   for (int graphs = 0; graphs < 2; ++graphs) {
     cuda::EngineOptions eo;
     eo.cuda_graphs = graphs == 1;
-    cuda::CudaRunner r(model, 64, eo);
+    auto r = gpu_runner(model, 64, eo);
     std::vector<float> l(c.vocab_size);
-    r.forward(prompt, 0, false, l);
+    r->forward(prompt, 0, false, l);
     for (size_t s = 0; s < steps.size(); ++s) {  // the first steps run eagerly, later ones replay
-      r.forward(std::span(&steps[s], 1), 20 + static_cast<int>(s), false, l);
+      r->forward(std::span(&steps[s], 1), 20 + static_cast<int>(s), false, l);
       out[graphs].push_back(l);
     }
   }
@@ -456,15 +493,15 @@ TEST(CudaEngine, DeviceGreedySamplingEqualsHostArgmax) {
   const ModelConfig c = tiny("llama", 64);
   const DecoderWeights w = random_weights(c);
   auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
-  cuda::CudaRunner r(model, 64, cuda::EngineOptions{});
+  auto r = gpu_runner(model, 64, cuda::EngineOptions{});
   const auto prompt = random_ids(9, c.vocab_size);
   SamplingParams sp;
   sp.temperature = 0;
   Sampler s(sp);
-  const int32_t dev = r.forward_sample(prompt, 0, s, prompt, 0);
-  cuda::CudaRunner r2(model, 64, cuda::EngineOptions{});
+  const int32_t dev = r->forward_sample(prompt, 0, s, prompt, 0);
+  auto r2 = gpu_runner(model, 64, cuda::EngineOptions{});
   std::vector<float> l(c.vocab_size);
-  r2.forward(prompt, 0, false, l);
+  r2->forward(prompt, 0, false, l);
   EXPECT_EQ(dev, argmax(l));
 }
 
@@ -478,14 +515,14 @@ TEST(CudaEngine, KvCacheFullIsAClearError) {
   cuda::CudaEngine e(model, eo);
   const int seq = e.create_sequence();
   try {
-    e.prefill(seq, random_ids(100, c.vocab_size), false, nullptr);
+    prefill(e, seq, random_ids(100, c.vocab_size));
     FAIL() << "expected an error";
   } catch (const Error& err) {
     EXPECT_NE(std::string(err.what()).find("KV cache full"), std::string::npos) << err.what();
   }
   // The engine stays usable: a request that fits still runs.
   const int seq2 = e.create_sequence();
-  EXPECT_NO_THROW(e.prefill(seq2, random_ids(40, c.vocab_size), false, nullptr));
+  EXPECT_NO_THROW(prefill(e, seq2, random_ids(40, c.vocab_size)));
 }
 
 // The default model on the GPU against HF transformers' logits (fixtures of the CPU test).
@@ -502,9 +539,9 @@ TEST(CudaEngine, DefaultModelLogitsMatchTransformers) {
   ASSERT_EQ(static_cast<int>(ids.size()), T);
   for (auto dt : {cuda::DType::F16, cuda::DType::BF16}) {
     auto model = std::make_shared<const cuda::DeviceModel>(m.config(), m.weights, dt);
-    cuda::CudaRunner r(model, T, cuda::EngineOptions{});
+    auto r = gpu_runner(model, T, cuda::EngineOptions{});
     std::vector<float> logits(static_cast<size_t>(T) * m.config().vocab_size, NAN);
-    r.forward(ids, 0, true, logits);
+    r->forward(ids, 0, true, logits);
     const double e = test::nmse(logits, ref.data);
     std::printf("default model on GPU (%s): logits NMSE vs transformers %.3e\n", dt == cuda::DType::F16 ? "f16" : "bf16", e);
     EXPECT_LE(e, dt == cuda::DType::F16 ? 5e-4 : 5e-3);
@@ -542,14 +579,14 @@ TEST(CudaEngine, AsyncSoftmaxLogitsEqualSyncWholeModel) {
     eo.attention = mode;
     if (mode == cuda::AttentionMode::Async) eo.kernels.decode_path = cuda::DecodePath::Mma;
     if (phi != 0.f) eo.unified_max_phi.assign(c.n_layers, phi);
-    cuda::CudaRunner r(model, T + steps, eo);
+    auto r = gpu_runner(model, T + steps, eo);
     std::vector<float> logits(size_t(steps) * c.vocab_size, NAN);
-    r.forward(std::span(ids.data(), T), 0, false, std::span(logits.data(), c.vocab_size));
+    r->forward(std::span(ids.data(), T), 0, false, std::span(logits.data(), c.vocab_size));
     for (int s = 0; s < steps; ++s)
-      r.forward(std::span(&ids[T + s], 1), T + s, false, std::span(logits.data() + size_t(s) * c.vocab_size, c.vocab_size));
-    if (fallback != nullptr) *fallback = r.engine().attention_fallback_rows();
-    if (rows != nullptr) *rows = r.engine().attention_rows();
-    if (unified != nullptr) *unified = r.engine().attention_unified_rows();
+      r->forward(std::span(&ids[T + s], 1), T + s, false, std::span(logits.data() + size_t(s) * c.vocab_size, c.vocab_size));
+    if (fallback != nullptr) *fallback = static_cast<cuda::CudaEngine&>(r->engine()).attention_fallback_rows();
+    if (rows != nullptr) *rows = static_cast<cuda::CudaEngine&>(r->engine()).attention_rows();
+    if (unified != nullptr) *unified = static_cast<cuda::CudaEngine&>(r->engine()).attention_unified_rows();
     return logits;
   };
   uint64_t fb = 0, rows = 0, fb_all = 0, rows_all = 0, unified = 0, unified_all = 0;
@@ -599,9 +636,9 @@ TEST(CudaHfFixtures, LogitsMatchTransformers) {
     const auto expected = test::read_npy((dir / ref["logits"].get<std::string>()).string());
     for (auto dt : {cuda::DType::F16, cuda::DType::BF16}) {
       auto model = std::make_shared<const cuda::DeviceModel>(c, m.weights, dt);
-      cuda::CudaRunner r(model, static_cast<int>(ids.size()), cuda::EngineOptions{});
+      auto r = gpu_runner(model, static_cast<int>(ids.size()), cuda::EngineOptions{});
       std::vector<float> logits(ids.size() * c.vocab_size, NAN);
-      r.forward(ids, 0, true, logits);
+      r->forward(ids, 0, true, logits);
       const double e = test::nmse(logits, expected.data);
       std::printf("%-28s %s on GPU: logits NMSE vs transformers %.3e\n", dir.filename().c_str(),
                   dt == cuda::DType::F16 ? "f16 " : "bf16", e);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention/unified_max.h"
+#include "backend/cpu/unified_max_reference.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/kv_cache_layout.h"
 #include "backend/cuda/prefill_plan.h"

@@ -14,7 +14,7 @@
 
 #include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/tensor_parallel_engine.h"
-#include "engine/backend_select.h"
+#include "runtime/backend_select.h"
 #include "io/gguf.h"
 #include "model/model_loader.h"
 #include "model/arch/architecture.h"

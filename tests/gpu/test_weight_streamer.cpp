@@ -14,7 +14,8 @@
 #include <fstream>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/cuda_runner.h"
+#include "backend/cuda/cuda_engine.h"
+#include "engine/engine_runner.h"
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/weight_streamer.h"
 #include "core/half.h"
@@ -92,7 +93,10 @@ std::vector<cuda::StreamOptions> staging_variants() {
 }
 
 std::vector<float> logits_of(std::shared_ptr<const cuda::DeviceModel> m, const std::vector<int32_t>& ids) {
-  cuda::CudaRunner r(std::move(m), static_cast<int>(ids.size()), cuda::EngineOptions{});
+  cuda::EngineOptions eo;
+  eo.max_batch = 1;
+  eo.kv_cache_tokens = static_cast<int64_t>(ids.size());
+  EngineRunner r(std::make_unique<cuda::CudaEngine>(std::move(m), eo), static_cast<int>(ids.size()));
   std::vector<float> out(ids.size() * static_cast<size_t>(r.config().vocab_size));
   r.forward(ids, 0, true, out);
   return out;

@@ -3,6 +3,10 @@
 // the read bandwidth (measured at start, and the 4.46 TB/s of DESIGN.md).
 #include "bench.h"
 
+#include "bench_cpu.h"
+#include "engine_flags.h"
+#include "subcommands.h"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -12,7 +16,7 @@
 #include <random>
 
 #include "attention/calibration.h"
-#include "engine/backend_select.h"
+#include "runtime/backend_select.h"
 #include "engine/linear_chooser.h"
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/cuda_engine.h"
@@ -53,18 +57,15 @@ int run_bench(const BenchArgs& a) {
   ModelConfig config;
   std::string model_name;
   PlannedModel loaded;  // streamed from the files to the GPU (no host copy of the weights)
-  if (a.load_format == "dummy") {
-    check(!a.config.empty(), "--load-format dummy needs --config FILE.json (see configs/)");
-    config = parse_hf_config(read_json_file(a.config), nullptr, a.config, a.config).config;
-    model_name = a.config;
+  if (a.engine.load_format == "dummy") {
+    config = parse_hf_config(read_json_file(a.engine.config), nullptr, a.engine.config, a.engine.config).config;
+    model_name = a.engine.config;
   } else {
-    check(a.load_format == "auto", "--load-format '{}' is not one of auto, dummy", a.load_format);
-    loaded = plan_model(resolve_model_path(a.model));
+    loaded = plan_model(resolve_model_path(a.engine.model));
     config = loaded.config();
     model_name = loaded.description.path;
   }
-  const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
-  check(a.dtype == "f16" || a.dtype == "bf16", "--dtype '{}' is not one of f16, bf16", a.dtype);
+  const cuda::DType dtype = a.engine.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
   const int max_batch = *std::max_element(a.batches.begin(), a.batches.end());
   const int max_ctx = *std::max_element(a.contexts.begin(), a.contexts.end());
   const int max_prompt = a.prompts.empty() ? 0 : *std::max_element(a.prompts.begin(), a.prompts.end());
@@ -82,12 +83,12 @@ int run_bench(const BenchArgs& a) {
   size_t free0 = 0, total = 0;
   FDPP_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
 
-  const int tp = a.tensor_parallel;
+  const int tp = a.engine.tensor_parallel;
   check(tp == 1 || static_cast<int>(gpus.size()) >= tp, "--tensor-parallel {}: this machine has {} GPU{}", tp,
         gpus.size(), gpus.size() == 1 ? "" : "s");
   std::shared_ptr<const cuda::DeviceModel> model;
   if (tp == 1)
-    model = std::make_shared<const cuda::DeviceModel>(a.load_format == "dummy"
+    model = std::make_shared<const cuda::DeviceModel>(a.engine.load_format == "dummy"
                                                           ? cuda::DeviceModel::dummy(config, dtype, 1234)
                                                           : cuda::DeviceModel::from_plan(config, loaded.plan, dtype));
   cuda::EngineOptions eo;
@@ -98,32 +99,31 @@ int run_bench(const BenchArgs& a) {
   const int64_t per_seq = (max_ctx + a.steps / 2 + 1 + 15) / 16 * 16;
   eo.kv_cache_tokens = std::max<int64_t>(int64_t{max_batch} * per_seq + (a.mixed_chunk + 15) / 16 * 16,
                                          max_prompt + 16);
-  eo.cuda_graphs = !a.no_cuda_graphs;
-  check(a.attention == "async" || a.attention == "sync", "--attention '{}' is not one of async, sync", a.attention);
-  eo.attention = a.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
-  if (a.load_format != "dummy" && (eo.attention == cuda::AttentionMode::Async || !a.calibration.empty())) {
+  eo.cuda_graphs = a.engine.cuda_graphs;
+  eo.attention = a.engine.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
+  if (a.engine.load_format != "dummy" && (eo.attention == cuda::AttentionMode::Async || !a.engine.calibration.empty())) {
     RunnerOptions ro;  // the rule every front end follows (backend_select.h): named file, else looked up
     ro.model_path = loaded.description.path;
-    ro.calibration = a.calibration;
+    ro.calibration = a.engine.calibration;
     eo.unified_max_phi = resolve_unified_max_phi(config, ro);
-  } else if (!a.calibration.empty()) {
+  } else if (!a.engine.calibration.empty()) {
     // Random weights have no model file to match; the phi still comes from the file named.
-    for (const LayerCalibration& l : load_calibration("", a.calibration).layers) eo.unified_max_phi.push_back(l.bounds.phi);
+    for (const LayerCalibration& l : load_calibration("", a.engine.calibration).layers) eo.unified_max_phi.push_back(l.bounds.phi);
     check(static_cast<int>(eo.unified_max_phi.size()) == config.n_layers, "--calibration {}: {} layers, the model {}",
-          a.calibration, eo.unified_max_phi.size(), config.n_layers);
+          a.engine.calibration, eo.unified_max_phi.size(), config.n_layers);
   }
   // Flags first, the environment where one is not given (environment_fallback.h).
-  const DispatchSelectOptions linear_options = resolve_linear_flags(a.linear, a.dispatch_table);
+  const DispatchSelectOptions linear_options = resolve_linear_flags(a.engine.linear, a.engine.dispatch_table);
   eo.linear_mode = linear_options.mode;
   eo.dispatch_table = linear_options.table_path;
   eo.gemv_max_m = linear_options.gemv_max_m;
-  eo.kernels = resolve_kernel_options(a.kernels);
+  eo.kernels = resolve_kernel_options(a.engine.kernels);
   if (!a.prefill_config.empty()) {
     eo.prefill_attention_config = cuda::prefill_attention_config_index(a.prefill_config.c_str());
     check(eo.prefill_attention_config >= 0, "--prefill-config '{}' is not a prefill attention configuration",
           a.prefill_config);
   }
-  if (a.load_format != "dummy") eo.model_path = loaded.description.path;
+  if (a.engine.load_format != "dummy") eo.model_path = loaded.description.path;
   // One GPU, or the model split over tp GPUs (rank 0's GPU is the one whose memory is reported;
   // every rank holds the same shapes).
   std::unique_ptr<cuda::CudaEngine> single;
@@ -132,7 +132,7 @@ int run_bench(const BenchArgs& a) {
     single = std::make_unique<cuda::CudaEngine>(model, eo);
   } else {
     cuda::ShardSource source;
-    source.plan = a.load_format == "dummy" ? nullptr : &loaded.plan;
+    source.plan = a.engine.load_format == "dummy" ? nullptr : &loaded.plan;
     source.dtype = dtype;
     source.kv_tokens = eo.kv_cache_tokens;
     source.step_tokens = eo.max_prefill_tokens;
@@ -276,10 +276,10 @@ int run_bench(const BenchArgs& a) {
   const double used = static_cast<double>(free0 - free1);
   nlohmann::json out{{"model", model_name},
                      {"gpu", gpus[0].name},
-                     {"dtype", a.dtype},
+                     {"dtype", dtype == cuda::DType::BF16 ? "bf16" : "f16"},
                      {"params", matmul_params + static_cast<double>(config.tied_embeddings ? 0 : emb_bytes / 2)},
-                     {"cuda_graphs", !a.no_cuda_graphs},
-                     {"attention", a.attention},
+                     {"cuda_graphs", a.engine.cuda_graphs},
+                     {"attention", a.engine.attention},
                      {"linear", linear_mode_name(rank0.linear_dispatcher().chooser().mode())},
                      {"pdl", eo.kernels.programmatic_launch},
                      {"decode_path", cuda::decode_path_name(eo.kernels.decode_path)},
@@ -304,7 +304,7 @@ int run_bench(const BenchArgs& a) {
   }
   fmt::print("model: {} | GPU: {} | {} | CUDA graphs: {} | attention: {} | read bandwidth measured {:.2f} TB/s (design "
              "4.46)\n",
-             model_name, gpus[0].name, a.dtype, a.no_cuda_graphs ? "off" : "on", a.attention, bandwidth / 1e12);
+             model_name, gpus[0].name, dtype == cuda::DType::BF16 ? "bf16" : "f16", a.engine.cuda_graphs ? "on" : "off", a.engine.attention, bandwidth / 1e12);
   fmt::print("memory: weights {:.2f} GiB + KV cache {:.2f} GiB ({} tokens) + activations {:.2f} GiB + workspace {:.2f} "
              "GiB = {:.2f} GiB; the engine took {:.2f} GiB of device memory ({:+.1f}%)\n\n",
              mem.weights / 1073741824.0, mem.kv_cache / 1073741824.0, mem.kv_tokens, mem.activations / 1073741824.0,
@@ -339,3 +339,39 @@ int run_bench(const BenchArgs& a) {
 }
 
 }  // namespace fdpp
+
+namespace fdpp::cli {
+
+Subcommand register_bench(CLI::App& app) {
+  static BenchArgs b;
+  static BenchCpuArgs bc;
+  static std::string bench_device = "cuda";
+  auto* bench = app.add_subcommand("bench", "prefill (pp) and decode (tg) speed on the GPU, llama-bench style");
+  add_engine_flags(bench, b.engine, kBench);
+  bench->add_option("-b,--batch", b.batches, "decode batch sizes, e.g. 1,8,32")->delimiter(',')->check(CLI::Range(1, 1024));
+  bench->add_option("-c,--context", b.contexts, "decode context lengths, e.g. 1024,4096")->delimiter(',')->check(CLI::Range(2, 1 << 22));
+  bench->add_option("-p,--prompt", b.prompts, "prefill lengths (0 entries: none; --device cpu: 0 for none)")->delimiter(',')->check(CLI::Range(0, 1 << 22));
+  bench->add_option("-r,--repetitions", b.repetitions, "timed prefill runs per length")->capture_default_str()->check(CLI::Range(1, 1000));
+  bench->add_option("--steps", b.steps, "timed decode steps per (batch, context)")->capture_default_str()->check(CLI::Range(1, 100000));
+  bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
+  bench->add_flag("--json", b.json, "print JSON");
+  bench->add_option("--prefill-config", b.prefill_config, "prefill attention tile configuration (bench-attention --prefill lists them)");
+  bench->add_option("--mixed-chunk", b.mixed_chunk,
+                    "mixed test: batch - 1 sequences decode while one prefills a chunk of this many tokens (0: off)")
+      ->capture_default_str();
+  bench->add_option("--device", bench_device, "cuda, or cpu (llama-bench's pp/tg table for the CPU backend)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cuda", "cpu"}));
+  add_bench_cpu_options(bench, bc);
+  return {bench, [bench] {
+            check_engine_flags(b.engine);
+            if (bench_device != "cpu") return run_bench(b);
+            bc.model = b.engine.model;
+            bc.repetitions = b.repetitions;
+            bc.json = b.json;
+            if (bench->count("-p") > 0) bc.prompts = b.prompts;
+            return run_bench_cpu(bc);
+          }};
+}
+
+}  // namespace fdpp::cli

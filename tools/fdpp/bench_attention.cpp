@@ -15,6 +15,8 @@
 // FDPP_KV_LAYOUT; "kv_layout") the KV cache's layout.
 #include "bench_attention.h"
 
+#include "subcommands.h"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -315,3 +317,59 @@ int run_bench_prefill_attention(const BenchAttentionArgs& a) {
 }
 
 }  // namespace fdpp
+
+namespace fdpp::cli {
+
+Subcommand register_bench_attention(CLI::App& app) {
+  static BenchAttentionArgs ba;
+  static EngineArgs kernel_flags;  // --pdl and --decode-path from the engine option table
+  auto* bench_attn = app.add_subcommand("bench-attention", "decode attention kernels alone: async vs sync, graph-timed");
+  bench_attn->add_option("--heads", ba.heads, "query heads")->capture_default_str()->check(CLI::Range(1, 1024));
+  bench_attn->add_option("--kv-heads", ba.kv_heads, "key/value heads")->capture_default_str()->check(CLI::Range(1, 1024));
+  bench_attn->add_option("--head-dim", ba.head_dim, "decode: 64, 80, 96, 128 or 256; --prefill: 64 or 128")->capture_default_str();
+  bench_attn->add_option("--dtype", ba.dtype, "f16 or bf16")->capture_default_str();
+  bench_attn->add_option("-b,--batch", ba.batches, "batch sizes")->delimiter(',')->check(CLI::Range(1, 4096));
+  bench_attn->add_option("-c,--context", ba.contexts, "context lengths")->delimiter(',')->check(CLI::Range(1, 1 << 22));
+  bench_attn->add_option("--modes", ba.modes, "async, sync")->delimiter(',');
+  bench_attn->add_option("--replays", ba.replays, "graph replays per point (median)")->capture_default_str()->check(CLI::Range(1, 1000));
+  bench_attn->add_flag("--json", ba.json, "print JSON");
+  bench_attn->add_flag("--prefill", ba.prefill, "causal prefill attention (tensor cores) instead of decode");
+  add_kernel_flags(bench_attn, kernel_flags);
+  bench_attn->add_option("--decode-warps", ba.kernels.decode_warps,
+                         "decode attention's warps per CTA at head dims 64, 128: 0 (auto: 4 for the tensor-core loop at "
+                         "groups for 3/4 of two CTAs per SM, else 8), 4 or 8 "
+                         "(default: $FDPP_DECODE_WARPS, else 0)")
+      ->check(CLI::IsMember({"0", "4", "8"}));
+  bench_attn->add_option("--async-combine", ba.kernels.async_combine,
+                         "async decode attention's reduction of splits: auto, kernel (the last CTA) or launch "
+                         "(a second kernel) (default: $FDPP_ASYNC_COMBINE, else auto)")
+      ->check(CLI::IsMember({"auto", "kernel", "launch"}));
+  bench_attn->add_option("--block-size", ba.block_size, "decode: KV cache tokens per block (a power of two)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024"}));
+  bench_attn
+      ->add_option("--kv-layout", ba.kernels.kv_layout,
+                   "KV cache layout, head-major (the engine's: a kv head's rows of a block adjacent) or "
+                   "token-major (a token's kv heads adjacent) (default: $FDPP_KV_LAYOUT, else head-major)")
+      ->check(CLI::IsMember({"token-major", "head-major"}));
+  bench_attn->add_option("--block-order", ba.block_order,
+                         "decode: order of a sequence's KV blocks in memory, shuffled (a fragmented cache) or "
+                         "sequential")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"shuffled", "sequential"}));
+  bench_attn->add_option("--splits", ba.splits,
+                         "decode: split-KV counts to time at every point (0: the engine's plan)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1024));
+  bench_attn->add_option("--points", ba.points, "prefill points BxL (B sequences of L tokens)")->delimiter(',');
+  bench_attn->add_option("--prefill-config", ba.prefill_configs,
+                         "prefill tile configurations to compare (m64n64, m128n64w8, m128n64w8s3, m128n32w4 or all)")
+      ->delimiter(',');
+  return {bench_attn, [] {
+            ba.kernels.pdl = kernel_flags.kernels.pdl;
+            ba.kernels.decode_path = kernel_flags.kernels.decode_path;
+            return ba.prefill ? run_bench_prefill_attention(ba) : run_bench_attention(ba);
+          }};
+}
+
+}  // namespace fdpp::cli

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/environment_fallback.h"
+#include "runtime/environment_fallback.h"
 
 namespace fdpp {
 

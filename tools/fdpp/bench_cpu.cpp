@@ -8,6 +8,8 @@
 // llama-bench does.
 #include "bench_cpu.h"
 
+#include "subcommands.h"
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -21,7 +23,7 @@
 #include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/quant_matmul.h"
 #include "backend/cpu/thread_pool.h"
-#include "engine/backend_select.h"
+#include "runtime/backend_select.h"
 #include "fdpp/error.h"
 #include "model/model_loader.h"
 
@@ -104,9 +106,7 @@ CLI::App* register_bench_cpu(CLI::App& app, BenchCpuArgs& a) {
 int run_bench_cpu(const BenchCpuArgs& a) {
   check(!a.prompts.empty() || !a.gens.empty(), "bench: give at least one -p or -n length");
   const std::string path = resolve_model_path(a.model);
-  LoadOptions lo;
-  lo.weights = a.cpu_weights == "f32" ? WeightForm::F32 : WeightForm::Stored;
-  const LoadedModel m = load_model(path, {}, lo);
+  const LoadedModel m = load_model(path, {}, a.cpu_weights == "f32" ? LoadOptions{} : cpu::stored_load_options());
   const ModelConfig& c = m.config();
   int max_len = 1;
   for (int p : a.prompts) max_len = std::max(max_len, p);
@@ -163,3 +163,14 @@ int run_bench_cpu(const BenchCpuArgs& a) {
 }
 
 }  // namespace fdpp
+
+#ifndef FDPP_HAVE_CUDA
+namespace fdpp::cli {
+
+Subcommand register_bench(CLI::App& app) {
+  static BenchCpuArgs bc;
+  return {register_bench_cpu(app, bc), [] { return run_bench_cpu(bc); }};
+}
+
+}  // namespace fdpp::cli
+#endif

@@ -13,13 +13,14 @@
 #include <map>
 #include <tuple>
 
+#include "subcommands.h"
+#include "tune.h"
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/device_query.h"
 #include "backend/cuda/linear_profiler.h"
-#include "engine/environment_fallback.h"
+#include "runtime/environment_fallback.h"
 #include "engine/linear_chooser.h"
 #include "fdpp/error.h"
-#include "tune.h"
 
 namespace fdpp {
 
@@ -45,7 +46,7 @@ struct Row {
 
 }  // namespace
 
-CLI::App* register_bench_linear(CLI::App& app) {
+CLI::App* add_bench_linear_command(CLI::App& app) {
   BenchLinearArgs& a = g_args;
   auto* b = app.add_subcommand("bench-linear", "GEMV / flat GEMM / cuBLAS on the linear shapes of preset models "
                                                "(us, % of read bandwidth, TFLOP/s)");
@@ -195,3 +196,9 @@ int run_bench_linear() {
 }
 
 }  // namespace fdpp
+
+namespace fdpp::cli {
+
+Subcommand register_bench_linear(CLI::App& app) { return {add_bench_linear_command(app), run_bench_linear}; }
+
+}  // namespace fdpp::cli

@@ -1,5 +1,5 @@
-// What the CLI's subcommands share: the usage-error type (exit 2), the generate and device flags,
-// checked writes to stdout, the model-loading progress bar.
+// What the CLI's subcommands share: the usage-error type (exit 2), the generate flags, checked
+// writes to stdout, the model-loading progress bar and report.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,18 +9,18 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "engine/backend_select.h"
-#include "engine/environment_fallback.h"
-#include "engine/linear_chooser.h"
 #include "fdpp/error.h"
 #include "fdpp/sampling.h"
 #include "model/model_loader.h"
+#include "runtime/engine_args.h"
+#include "runtime/open_engine.h"
 
 namespace fdpp::cli {
 
@@ -31,8 +31,8 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// generate's own flags; the model and the engine's are EngineArgs (runtime/engine_args.h).
 struct GenerateArgs {
-  std::string model;
   std::string prompt;     // after prompt_text(): never "-", never empty when given
   std::string token_ids;
   std::string file;       // --file: a prompts file (generate_file.cpp)
@@ -42,51 +42,29 @@ struct GenerateArgs {
   bool chat = false;
   bool json = false;
   bool unordered = false;  // --file: each result as it finishes, not in input order
-  int ctx_size = 0;
   std::string system;
   std::vector<std::string> stop;
 };
 
-// Backend flags shared by generate and logits (and serve).
-struct DeviceArgs {
-  std::string device = "auto";
-  std::string dtype = "auto";
-  int64_t kv_cache_tokens = 0;
-  bool no_cuda_graphs = false;
-  std::string attention = "async";
-  std::string linear;  // "": FDPP_LINEAR, else auto
-  std::string dispatch_table;
-  KernelFlags kernels;  // --pdl, --decode-path
-  std::string calibration;
-  int threads = 0;
-  int n_gpu_layers = -1;  // -1: not given
-  bool quiet = false;     // no load progress bar or load line
-  std::string cpu_weights = "stored";  // stored: the CPU fast path; f32: the fp32 reference
-  int tensor_parallel = 1;             // GPUs the model is split over (-tp)
+// -ngl from habit: accepted, and said once on stderr (fdpp never splits a model between CPU and GPU).
+void say_gpu_layers(const EngineArgs& args);
 
-  void add_to(CLI::App* app);
-  // model_path: where to look for the model's calibration and dispatch table.
-  RunnerOptions options(const std::string& model_path) const;
-  void check_flags() const;      // throws UsageError for contradicting flags
-  void say_gpu_layers() const;   // the one stderr line about -ngl, when it was given
-  // How to load the model: a GGUF's weights in their stored format when it will run on the CPU
-  // fast path (--cpu-weights stored, the default), else dequantized to fp32 (the CPU reference,
-  // calibration, the CUDA upload).
-  LoadOptions load_options() const;
+// A subcommand as main sees it: its CLI11 app (registered with its flags) and what runs it once the
+// command line has parsed. Each subcommand's file has a register function returning one.
+struct Subcommand {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
 };
 
-// --pdl on|off and --decode-path auto|mma|core, into `flags` (resolve_kernel_options falls back to
-// FDPP_PDL and FDPP_DECODE_PATH where they are not given).
-inline void add_kernel_flags(CLI::App* app, KernelFlags& flags) {
-  app->add_option("--pdl", flags.pdl,
-                  "CUDA: programmatic dependent launch of the decode step's kernels, on or off (default: $FDPP_PDL, "
-                  "else on)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app->add_option("--decode-path", flags.decode_path,
-                  "CUDA decode attention's loop: auto, mma (tensor cores) or core (CUDA cores; head dims 64, 128) "
-                  "(default: $FDPP_DECODE_PATH, else auto)")
-      ->check(CLI::IsMember({"auto", "mma", "core"}));
-}
+// Validators whose messages are the request checks' ("0.5 must be in [1, 2^24]").
+CLI::Validator real_check(std::string (*problem)(double));
+CLI::Validator int_check(std::string (*problem)(int64_t));
+CLI::Validator int_range(int64_t lo, int64_t hi, std::string range_text);
+// The kernel switches of the engine option table (--pdl, --decode-path) for tools that run kernels
+// without an engine (bench-attention).
+void add_kernel_flags(CLI::App* app, EngineArgs& args);
+// EngineArgs::check as a usage error (exit 2): the flags contradict each other.
+void check_engine_flags(const EngineArgs& args);
 
 std::vector<int32_t> parse_token_ids(const std::string& text);  // throws UsageError naming --token-ids
 // Writes and flushes; throws fdpp::Error when stdout cannot take it (a full disk, a closed pipe).
@@ -148,50 +126,30 @@ class StreamBar {
   uint64_t bytes_ = 0;
 };
 
+// "1.50 GiB"
+std::string human_bytes(double bytes);
+
 // Peak resident set size of this process (VmHWM of /proc/self/status), bytes; 0 where unknown.
 uint64_t peak_rss_bytes();
 
-// A model as its backend takes it: on the GPU a plan that the runner streams from the files (no
-// host copy), on the CPU fp32 host weights. options() points the runner at the plan and the bar.
-struct CliModel {
-  std::string path;
-  ModelDescription description;
-  DecoderWeights weights;  // CPU
-  WeightPlan plan;         // CUDA
-  bool planned = false;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  std::unique_ptr<StreamBar> bar;
-  const ModelConfig& config() const { return description.config; }
+// The load's report beside an opened model: the progress bar while the weights stream and the
+// numbers after (seconds since open, the streaming's bytes and rate, peak RSS).
+class LoadReport {
+ public:
+  LoadReport(const std::string& label, bool quiet) : bar_(label, quiet) {}
+  StreamProgressFn progress() {
+    return [this](int t, int tt, uint64_t b, uint64_t bt, double s) { bar_.update(t, tt, b, bt, s); };
+  }
+  // After the engine exists.
+  nlohmann::json stats(const OpenedModel& m);
 
-  RunnerOptions options(const DeviceArgs& d) {
-    RunnerOptions o = d.options(path);
-    if (planned) {
-      o.plan = &plan;
-      o.load_progress = [this](int t, int tt, uint64_t b, uint64_t bt, double s) { bar->update(t, tt, b, bt, s); };
-    }
-    return o;
-  }
-  // After the runner exists: the load's numbers (seconds since open_model, the weights' streaming).
-  nlohmann::json load_stats() {
-    if (bar) bar->finish();
-    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    nlohmann::json j{{"seconds", total},
-                     {"path", planned ? "stream" : "host"},
-                     {"stored_bytes", description.stored_bytes},
-                     {"peak_rss_bytes", peak_rss_bytes()}};
-    if (planned && bar) {
-      j["weights_seconds"] = bar->seconds();
-      j["weights_gb_per_second"] = bar->seconds() > 0 ? bar->bytes() / 1e9 / bar->seconds() : 0.0;
-    }
-    return j;
-  }
+ private:
+  StreamBar bar_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-// Opens a model for the device the flags pick: plan_model for CUDA (weights streamed to the GPU by
-// make_runner/make_engine through CliModel::options), load_model (fp32 host weights) for the CPU.
-// quiet: no progress bar.
-CliModel open_model(const std::string& path, const DeviceArgs& d, bool quiet);
+// open_model with the host load's progress bar (CPU) unless quiet.
+OpenedModel open_model_with_progress(const EngineArgs& args, bool quiet);
 // "load: 2.10 s (stream), peak RSS 0.61 GiB, weights 13.48 GB in 1.71 s (7.88 GB/s)"
 std::string load_line(const nlohmann::json& stats);
 

@@ -58,18 +58,19 @@ std::string result_line(size_t index, const PromptEntry& e, uint64_t seed, const
 
 }  // namespace
 
-int run_generate_file(const GenerateArgs& a, const DeviceArgs& d) {
+int run_generate_file(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
   using Clock = std::chrono::steady_clock;
   // The whole file is read and checked before the model loads: a typo on line 17 costs nothing.
   const std::vector<PromptEntry> entries = read_prompt_file(a.file);
   const std::string source = a.file == "-" ? "<stdin>" : a.file;
 
-  const std::string path = resolve_model_path(a.model);
-  CliModel m = open_model(path, d, d.quiet || a.json);
+  LoadReport report("loading " + (e.model.empty() ? default_model_path() : e.model), quiet || a.json);
+  OpenedModel m = open_model_with_progress(e, quiet || a.json);
+  const std::string& path = m.path;
   check(m.tokenizer != nullptr,
         "{}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json + merges.txt); --file needs one", path);
   const ModelConfig& c = m.config();
-  const int ctx = a.ctx_size > 0 ? a.ctx_size : c.max_context;
+  const int ctx = e.max_model_len > 0 ? e.max_model_len : c.max_context;
   check(ctx <= c.max_context, "--ctx-size {} exceeds the model's context length {}", ctx, c.max_context);
 
   RequestSettings defaults;
@@ -93,12 +94,13 @@ int run_generate_file(const GenerateArgs& a, const DeviceArgs& d) {
     seeds.push_back(s.sampling.seed);
   }
 
-  EngineLimits limits;
+  EngineLimits limits = e.engine_limits();
   limits.max_context = ctx;
-  limits.kv_cache_tokens = d.kv_cache_tokens;
-  auto engine = make_engine(c, m.weights, m.options(d), limits);
-  m.load_stats();  // ends the progress bar
+  auto engine = m.make_engine(e, limits, report.progress());
+  report.stats(m);  // ends the progress bar
   SchedulerOptions so;
+  so.max_num_seqs = e.max_num_seqs;
+  so.max_batched_tokens = e.max_batched_tokens;
   so.max_waiting = static_cast<int>(std::max<size_t>(entries.size(), so.max_waiting));
   Scheduler scheduler(*engine, *m.tokenizer, so);
 

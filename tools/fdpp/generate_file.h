@@ -6,6 +6,6 @@
 
 namespace fdpp::cli {
 
-int run_generate_file(const GenerateArgs& args, const DeviceArgs& device);
+int run_generate_file(const GenerateArgs& args, const EngineArgs& engine, bool quiet);
 
 }  // namespace fdpp::cli

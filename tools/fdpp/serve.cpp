@@ -7,8 +7,6 @@
 // SIGINT / SIGTERM start the drain (new requests 503, running and queued ones finish, exit 0);
 // SIGUSR1 is the other threads' "a fatal error happened" (exit 1). A second SIGINT/SIGTERM while
 // draining exits at once (130).
-#include "serve.h"
-
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
@@ -22,61 +20,30 @@
 #include <optional>
 #include <thread>
 
-#include "attention/calibration.h"
 #include "cli_common.h"
-#include "engine/backend_select.h"
-#include "engine/environment_fallback.h"
-#include "engine/linear_chooser.h"
 #include "engine/scheduler.h"
+#include "engine_flags.h"
 #include "fdpp/error.h"
-#include "model/hf_config.h"
 #include "model/model_loader.h"
+#include "runtime/open_engine.h"
 #include "server/http_server.h"
-#ifdef FDPP_HAVE_CUDA
-#include "backend/cuda/cuda_engine.h"
-#include "backend/cuda/device_model.h"
-#include "backend/cuda/tensor_parallel_engine.h"
-#endif
+#include "subcommands.h"
 
 namespace fdpp {
 namespace {
 
+// Options of the server itself; the engine's come from the table (runtime/engine_args.h).
 struct ServeArgs {
-  std::string model;
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string api_key;
   std::string served_model_name;
-  int max_num_seqs = 64;
-  int max_batched_tokens = 2048;
   int max_waiting = 1024;
   int http_threads = 0;
-  int ctx_size = 0;
   int64_t max_body_bytes = 8 << 20;
-  // Backend (as generate's flags).
-  std::string device = "auto";
-  std::string dtype = "auto";
-  int64_t kv_cache_tokens = 0;
-  bool no_cuda_graphs = false;
-  std::string attention = "async";
-  std::string linear;
-  std::string dispatch_table;
-  KernelFlags kernels;
-  std::string load_format = "auto";
-  std::string config;
-  int tensor_parallel = 1;
+  EngineArgs engine;
 };
 ServeArgs g_serve;
-
-// Everything the loader thread builds; lives until run_serve returns (the scheduler references the
-// engine and tokenizer, the engine the weights).
-struct Loaded {
-  LoadedModel model;
-  std::unique_ptr<Tokenizer> dummy_tokenizer;  // --load-format dummy: no files, ids only
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<Scheduler> scheduler;
-  server::ModelInfo info;
-};
 
 server::ModelInfo model_info(const std::string& given, const std::string& resolved, const ModelConfig& config,
                              int max_context, const std::string& served_name) {
@@ -95,164 +62,37 @@ server::ModelInfo model_info(const std::string& given, const std::string& resolv
   return info;
 }
 
-// --load-format dummy has no tokenizer files; the scheduler still needs a Tokenizer (end tokens,
-// stop strings, text of the deltas). This one spells every id of the config's vocabulary: <unk>,
-// <s>, </s>, the 256 byte tokens, then "▁t<i>". Benchmarks send token-id prompts with ignore_eos,
-// so what the text looks like does not matter; it is valid UTF-8 and costs what a real one does.
-[[maybe_unused]] std::unique_ptr<Tokenizer> dummy_tokenizer(int vocab_size) {
-  check(vocab_size >= 300, "--load-format dummy: vocab_size {} is too small for the stand-in tokenizer", vocab_size);
-  VocabSpec v;
-  v.source = "dummy vocabulary";
-  v.model = "llama";
-  v.tokens.reserve(vocab_size);
-  v.token_types.reserve(vocab_size);
-  v.tokens = {"<unk>", "<s>", "</s>"};
-  v.token_types = {static_cast<int32_t>(TokenType::kUnknown), static_cast<int32_t>(TokenType::kControl),
-                   static_cast<int32_t>(TokenType::kControl)};
-  for (int b = 0; b < 256; ++b) {
-    v.tokens.push_back(fmt::format("<0x{:02X}>", b));
-    v.token_types.push_back(static_cast<int32_t>(TokenType::kByte));
+// The model id clients see: --served-model-name, else the file or directory name (a dummy model:
+// its config's name + "-dummy").
+server::ModelInfo info_of(const ServeArgs& a, const OpenedEngine& e) {
+  const EngineArgs& g = a.engine;
+  if (e.model.dummy) {
+    const std::string name = std::filesystem::path(g.config).stem().string() + "-dummy";
+    return model_info(g.config, std::filesystem::absolute(g.config).string(), e.model.config(),
+                      e.engine->max_context(), a.served_model_name.empty() ? name : a.served_model_name);
   }
-  while (static_cast<int>(v.tokens.size()) < vocab_size) {
-    v.tokens.push_back(fmt::format("\u2581t{}", v.tokens.size()));
-    v.token_types.push_back(static_cast<int32_t>(TokenType::kNormal));
-  }
-  v.unk_id = 0;
-  v.bos_id = 1;
-  v.eos_id = 2;
-  v.add_bos = false;
-  return Tokenizer::from_vocab(v);
-}
-
-void load_dummy(const ServeArgs& a, Loaded& out) {
-#ifdef FDPP_HAVE_CUDA
-  check(!a.config.empty(), "--load-format dummy needs --config FILE.json (see configs/)");
-  check(a.device != "cpu", "--load-format dummy builds random weights on the GPU; it has no CPU form");
-  (void)resolve_device(Device::Cuda);  // a clear error without a GPU
-  const ModelConfig config = parse_hf_config(read_json_file(a.config), nullptr, a.config, a.config).config;
-  check(a.dtype == "auto" || a.dtype == "f16" || a.dtype == "bf16", "--dtype '{}' is not one of auto, f16, bf16", a.dtype);
-  const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
-  // As make_engine does for real weights (fdpp bench --load-format dummy uses the same seed).
-  cuda::EngineOptions eo;
-  eo.max_batch = a.max_num_seqs;
-  eo.max_prefill_tokens = a.max_batched_tokens;
-  eo.kv_cache_tokens = a.kv_cache_tokens;
-  eo.cuda_graphs = !a.no_cuda_graphs;
-  eo.attention = a.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
-  // Flags first, the environment where one is not given (environment_fallback.h).
-  const DispatchSelectOptions linear_options = resolve_linear_flags(a.linear, a.dispatch_table);
-  eo.linear_mode = linear_options.mode;
-  eo.dispatch_table = linear_options.table_path;
-  eo.gemv_max_m = linear_options.gemv_max_m;
-  eo.kernels = resolve_kernel_options(a.kernels);
-  if (a.tensor_parallel > 1) {
-    cuda::ShardSource source;  // random shards (no plan)
-    source.dtype = dtype;
-    out.engine = std::make_unique<cuda::TensorParallelEngine>(config, a.tensor_parallel, source, eo);
-  } else {
-    out.engine = std::make_unique<cuda::CudaEngine>(
-        std::make_shared<const cuda::DeviceModel>(cuda::DeviceModel::dummy(config, dtype, 1234)), eo);
-  }
-  out.dummy_tokenizer = dummy_tokenizer(config.vocab_size);
-  SchedulerOptions so;
-  so.max_num_seqs = a.max_num_seqs;
-  so.max_batched_tokens = a.max_batched_tokens;
-  so.max_waiting = a.max_waiting;
-  out.scheduler = std::make_unique<Scheduler>(*out.engine, *out.dummy_tokenizer, so);
-  const std::string name = std::filesystem::path(a.config).stem().string() + "-dummy";
-  out.info = model_info(a.config, std::filesystem::absolute(a.config).string(), config, out.engine->max_context(),
-                        a.served_model_name.empty() ? name : a.served_model_name);
-#else
-  (void)a;
-  (void)out;
-  fail("--load-format dummy needs a CUDA build of fdpp (random weights are made on the GPU)");
-#endif
-}
-
-void load(const ServeArgs& a, Loaded& out) {
-  if (a.load_format == "dummy") return load_dummy(a, out);
-  const std::string path = resolve_model_path(a.model);
-  // On the CPU the GGUF weights stay in their stored format (the fast path, cpu/quant_matmul.h).
-  LoadOptions lo;
-  if (resolve_device(parse_device(a.device)) == Device::Cpu) lo.weights = WeightForm::Stored;
-  out.model = load_model(path, {}, lo);
-  check(out.model.tokenizer != nullptr, "{}: no tokenizer files; serve needs one for text prompts", path);
-  const ModelConfig& c = out.model.config();
-  const int ctx = a.ctx_size > 0 ? a.ctx_size : c.max_context;
-  check(ctx <= c.max_context, "--ctx-size {} exceeds the model's context length {}", ctx, c.max_context);
-
-  RunnerOptions o;
-  o.device = parse_device(a.device);
-  o.dtype = a.dtype;
-  o.kv_cache_tokens = a.kv_cache_tokens;
-  o.cuda_graphs = !a.no_cuda_graphs;
-  o.attention = a.attention;
-  o.set_linear_flags(a.linear, a.dispatch_table);
-  o.model_path = path;
-  o.kernels = resolve_kernel_options(a.kernels);
-  o.tensor_parallel = a.tensor_parallel;
-  if (a.attention == "async" && o.device != Device::Cpu)
-    if (const std::optional<Calibration> cal = load_calibration(path))
-      for (const LayerCalibration& l : cal->layers) o.unified_max_phi.push_back(l.bounds.phi);
-
-  EngineLimits limits;
-  limits.max_context = ctx;
-  limits.max_step_tokens = a.max_batched_tokens;
-  limits.max_step_rows = a.max_num_seqs;
-  limits.kv_cache_tokens = a.kv_cache_tokens;
-  out.engine = make_engine(c, out.model.weights, o, limits);
-
-  SchedulerOptions so;
-  so.max_num_seqs = a.max_num_seqs;
-  so.max_batched_tokens = a.max_batched_tokens;
-  so.max_waiting = a.max_waiting;
-  out.scheduler = std::make_unique<Scheduler>(*out.engine, *out.model.tokenizer, so);
-  out.info = model_info(a.model, path, c, out.engine->max_context(), a.served_model_name);
+  return model_info(g.model, e.model.path, e.model.config(), e.engine->max_context(), a.served_model_name);
 }
 
 }  // namespace
 
-CLI::App* register_serve(CLI::App& app) {
+CLI::App* add_serve_command(CLI::App& app) {
   ServeArgs& a = g_serve;
   auto* s = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) with "
                                         "continuous batching");
-  s->add_option("-m,--model", a.model, "GGUF file or Hugging Face model directory (default: the default model)");
   s->add_option("--host", a.host, "address to listen on")->capture_default_str();
   s->add_option("--port", a.port, "TCP port (0: any free port, printed at start)")->capture_default_str()->check(CLI::Range(0, 65535));
   s->add_option("--api-key", a.api_key, "require 'Authorization: Bearer KEY' on /v1/* (default: $FDPP_API_KEY, else none)")
       ->envname("FDPP_API_KEY");
   s->add_option("--served-model-name", a.served_model_name, "the model id clients use (default: the file or directory name)");
-  s->add_option("--max-num-seqs", a.max_num_seqs, "requests running at once (rows of a decode step)")
-      ->capture_default_str()->check(CLI::Range(1, 4096));
-  s->add_option("--max-batched-tokens", a.max_batched_tokens, "tokens of one engine step (prefill chunks and decode rows)")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   s->add_option("--max-waiting", a.max_waiting, "queued requests beyond which the server answers 503 + Retry-After")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   s->add_option("--http-threads", a.http_threads,
                 "HTTP worker threads; each streamed response holds one (default: 2 x max-num-seqs + 16, at least 64)")
       ->check(CLI::Range(1, 8192));
-  s->add_option("-c,--ctx-size", a.ctx_size, "context per request, prompt + output (default: the model's)")->check(CLI::Range(0, 1 << 24));
   s->add_option("--max-body-bytes", a.max_body_bytes, "request bodies above this get 413")
       ->capture_default_str()->check(CLI::Range(int64_t{1024}, int64_t{1} << 30));
-  s->add_option("--device", a.device, "auto (CUDA when a GPU is present), cpu or cuda")->capture_default_str();
-  s->add_option("--dtype", a.dtype, "CUDA weight/activation type: auto, f16, bf16")->capture_default_str();
-  s->add_option("--tensor-parallel,--tensor-parallel-size", a.tensor_parallel,
-                "split the model over this many GPUs of the host (-tp; NCCL; 1: one GPU)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  s->add_option("--kv-cache-tokens", a.kv_cache_tokens, "KV cache size in tokens (0: sized by the engine)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
-  s->add_flag("--no-cuda-graphs", a.no_cuda_graphs, "launch decode steps eagerly (for comparison)");
-  s->add_option("--attention", a.attention, "CUDA decode attention: async (unified max) or sync")
-      ->capture_default_str()->check(CLI::IsMember({"async", "sync"}));
-  s->add_option("--linear", a.linear, "CUDA linear layers: auto, gemv, flat, cublas (default: $FDPP_LINEAR, else auto)")
-      ->check(CLI::IsMember({"auto", "gemv", "flat", "cublas"}));
-  s->add_option("--dispatch-table", a.dispatch_table,
-                "dispatch table file from fdpp tune (default: $FDPP_DISPATCH_TABLE, else looked up)");
-  cli::add_kernel_flags(s, a.kernels);
-  s->add_option("--load-format", a.load_format, "auto (read --model) or dummy (random weights of --config, CUDA)")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "dummy"}));
-  s->add_option("--config", a.config, "config.json for --load-format dummy (see configs/)");
+  cli::add_engine_flags(s, a.engine, kServe);
   return s;
 }
 
@@ -284,30 +124,32 @@ int run_serve() {
   so.host = a.host;
   so.port = a.port;
   so.api_key = a.api_key;
-  so.http_threads = a.http_threads > 0 ? a.http_threads : std::max(64, 2 * a.max_num_seqs + 16);
+  so.http_threads = a.http_threads > 0 ? a.http_threads : std::max(64, 2 * a.engine.max_num_seqs + 16);
   so.limits.max_body_bytes = a.max_body_bytes;
   server::HttpServer http(so);
   http.start([&] { die("the HTTP listener stopped"); });
-  const std::string what = a.load_format == "dummy" ? a.config : (a.model.empty() ? default_model_path() : a.model);
+  const EngineArgs& g = a.engine;
+  const std::string what = g.load_format == "dummy" ? g.config : (g.model.empty() ? default_model_path() : g.model);
   fmt::print(stderr, "fdpp serve: listening on http://{}:{} (loading {})\n", a.host, http.port(), what);
 
-  Loaded loaded;
+  std::unique_ptr<OpenedEngine> loaded;
   std::thread engine_thread;
   std::thread loader([&] {
     try {
-      load(a, loaded);
-      const Tokenizer& tok = loaded.dummy_tokenizer ? *loaded.dummy_tokenizer : *loaded.model.tokenizer;
-      http.attach(*loaded.scheduler, loaded.info, server::prompt_codec_for(tok));
+      loaded = open_engine(a.engine, a.max_waiting);
+      check(loaded->scheduler != nullptr, "{}: no tokenizer files; serve needs one for text prompts", loaded->model.path);
+      const server::ModelInfo info = info_of(a, *loaded);
+      http.attach(*loaded->scheduler, info, server::prompt_codec_for(*loaded->model.tokenizer));
       engine_thread = std::thread([&] {
         try {
-          loaded.scheduler->run();
+          loaded->scheduler->run();
         } catch (const std::exception& e) {
           die(fmt::format("engine: {}", e.what()));
         }
       });
       fmt::print(stderr, "fdpp serve: ready: model '{}' on {}, context {}, {} KV blocks of {} tokens, max-num-seqs {}\n",
-                 loaded.info.id, a.device, loaded.info.max_context, loaded.engine->kv().num_blocks(),
-                 loaded.engine->kv().block_size(), a.max_num_seqs);
+                 info.id, device_name(loaded->model.device), info.max_context, loaded->engine->kv().num_blocks(),
+                 loaded->engine->kv().block_size(), g.max_num_seqs);
     } catch (const std::exception& e) {
       die(e.what());
     }
@@ -336,7 +178,7 @@ int run_serve() {
   }
   loader.join();
   fmt::print(stderr, "fdpp serve: {}: finishing {} running and {} waiting requests\n", strsignal(sig),
-             loaded.scheduler->stats().running, loaded.scheduler->stats().waiting);
+             loaded->scheduler->stats().running, loaded->scheduler->stats().waiting);
   // A second signal while draining (a stuck client, an impatient operator) ends the process.
   std::thread([set] {
     int again = 0;
@@ -352,3 +194,16 @@ int run_serve() {
 }
 
 }  // namespace fdpp
+
+namespace fdpp::cli {
+
+Subcommand register_serve(CLI::App& app) {
+  auto* s = add_serve_command(app);
+  return {s, [] {
+            check_engine_flags(g_serve.engine);
+            say_gpu_layers(g_serve.engine);
+            return run_serve();
+          }};
+}
+
+}  // namespace fdpp::cli

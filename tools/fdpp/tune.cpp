@@ -12,6 +12,8 @@
 // those shapes then uses. An existing file is merged into (other GPUs, dtypes and shapes kept).
 #include "tune.h"
 
+#include "subcommands.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -26,7 +28,7 @@
 #include "backend/cuda/device_query.h"
 #include "backend/cuda/linear_dispatch.h"
 #include "backend/cuda/linear_profiler.h"
-#include "engine/environment_fallback.h"
+#include "runtime/environment_fallback.h"
 #include "engine/linear_chooser.h"
 #include "fdpp/error.h"
 #include "model/hf_config.h"
@@ -134,7 +136,7 @@ std::string loss_cell(const StaticChoiceLoss& l) {
 
 }  // namespace
 
-CLI::App* register_tune(CLI::App& app) {
+CLI::App* add_tune_command(CLI::App& app) {
   TuneArgs& a = g_tune;
   auto* t = app.add_subcommand("tune", "measure GEMV / flat GEMM / cuBLAS per linear shape and M on this GPU and "
                                        "write the dispatch table (heuristic dataflow)");
@@ -310,3 +312,9 @@ int run_tune() {
 }
 
 }  // namespace fdpp
+
+namespace fdpp::cli {
+
+Subcommand register_tune(CLI::App& app) { return {add_tune_command(app), run_tune}; }
+
+}  // namespace fdpp::cli

@@ -16,9 +16,9 @@ namespace fdpp {
 
 // Adds the subcommand to app; its flags live until the matching run_*() (call it when the
 // returned subcommand was parsed).
-CLI::App* register_tune(CLI::App& app);
+CLI::App* add_tune_command(CLI::App& app);
 int run_tune();
-CLI::App* register_bench_linear(CLI::App& app);
+CLI::App* add_bench_linear_command(CLI::App& app);
 int run_bench_linear();
 
 // fdpp info's dispatch line(s) for a model on the present GPU (f16, the engine's default dtype):

@@ -1,31 +1,20 @@
-// The Runner interface (one sequence, as `fdpp logits`, calibration and the tests use it) over a
-// CpuEngine.
+// The Runner interface (one sequence) over a CpuEngine of its own, with the engine's attention
+// observer reachable (calibration).
 #pragma once
 
 #include "backend/cpu/cpu_engine.h"
-#include "engine/runner.h"
+#include "engine/engine_runner.h"
 
 namespace fdpp {
 
-class CpuRunner final : public Runner {
+class CpuRunner final : public EngineRunner {
  public:
-  // The weights must outlive the runner. max_context bounds the KV cache.
+  // The weights must outlive the runner. max_context bounds the KV cache; one step takes the whole
+  // context, so a forward pass is one step whatever its length.
   CpuRunner(const ModelConfig& config, const DecoderWeights& weights, int max_context);
 
-  void forward(std::span<const int32_t> tokens, int start_pos, bool all_positions, std::span<float> logits) override;
-  int32_t forward_sample(std::span<const int32_t> tokens, int start_pos, Sampler& sampler,
-                         std::span<const int32_t> history, uint64_t step) override;
-  int max_context() const override { return engine_.max_context(); }
-  const ModelConfig& config() const override { return engine_.config(); }
-
-  void set_attention_observer(AttentionObserver observer) { engine_.set_attention_observer(std::move(observer)); }
-  CpuEngine& engine() { return engine_; }
-
- private:
-  StepOutput run(std::span<const int32_t> tokens, int start_pos, bool all_positions, bool want_logits,
-                 const StepRow* sampling);
-  CpuEngine engine_;
-  int seq_;
+  void set_attention_observer(AttentionObserver observer) { cpu_engine().set_attention_observer(std::move(observer)); }
+  CpuEngine& cpu_engine() { return static_cast<CpuEngine&>(engine()); }
 };
 
 }  // namespace fdpp

@@ -250,6 +250,13 @@ bool stored_supported(GgmlType type) {
   return plan_for(qk::scalar_kernels(), type, &p);
 }
 
+LoadOptions stored_load_options() {
+  LoadOptions o;
+  o.weights = WeightForm::Stored;
+  o.stored_types = stored_supported;
+  return o;
+}
+
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Auto: return "auto";
@@ -276,20 +283,6 @@ bool isa_available(Isa isa) {
 #else
   return false;
 #endif
-}
-
-StoredMatrix make_stored_view(GgmlType type, const uint8_t* data, int64_t rows, int64_t cols) {
-  check(gguf::is_known(type), "unknown tensor type {}", static_cast<uint32_t>(type));
-  const uint64_t be = gguf::block_elements(type);
-  check(rows >= 0 && cols > 0 && static_cast<uint64_t>(cols) % be == 0,
-        "a {} matrix needs rows of whole {}-element blocks, got {} columns", gguf::type_name(type), be, cols);
-  StoredMatrix m;
-  m.type = type;
-  m.data = data;
-  m.rows = rows;
-  m.cols = cols;
-  m.row_bytes = static_cast<uint64_t>(cols) / be * gguf::block_bytes(type);
-  return m;
 }
 
 void stored_linear(const float* x, int64_t M, const StoredMatrix& w, const float* bias, float* y, Isa isa) {

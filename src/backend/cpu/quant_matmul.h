@@ -21,11 +21,14 @@
 #include <vector>
 
 #include "model/decoder.h"
+#include "model/model_loader.h"
 
 namespace fdpp::cpu {
 
 // Whether the fast path has kernels for this stored type (else the loader keeps an fp32 Tensor).
 bool stored_supported(gguf::GgmlType type);
+// How to load a model for the fast path: GGUF matrices of the types above stay in the mapped file.
+LoadOptions stored_load_options();
 
 enum class Isa { Auto, Scalar, Avx2, Avx512 };
 const char* isa_name(Isa isa);
@@ -45,7 +48,5 @@ void linear(const float* x, int64_t M, const Weight& w, const float* bias, float
 // Row `row` of an embedding matrix in either form, as fp32 (out has cols floats).
 void embedding_row(const Weight& w, int64_t row, float* out);
 
-// A view over bytes held elsewhere (tests, benchmarks): rows x cols of `type`, contiguous rows.
-StoredMatrix make_stored_view(gguf::GgmlType type, const uint8_t* data, int64_t rows, int64_t cols);
 
 }  // namespace fdpp::cpu

@@ -156,6 +156,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   limits.max_step_rows = options.max_batch;
   limits.kv_cache_tokens = num_blocks_ * options.block_size;
   limits.block_size = options.block_size;
+  limits.max_logit_rows = logit_capacity_;
   init_engine(limits);
   // Last, so that no check above can throw after them (the destructor would not run).
   FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -388,76 +389,6 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
   }
   lm_head(head_in, logit_rows);
   last_logit_rows_ = logit_rows;
-}
-
-void CudaEngine::prefill(int seq, std::span<const int32_t> tokens, bool all_positions, float* host_logits) {
-  const KernelOptionsScope kernels(options_.kernels);
-  check(!tokens.empty(), "prefill: no tokens");
-  const int V = config().vocab_size;
-  for (int32_t id : tokens) check(id >= 0 && id < V, "token id {} is out of range [0, {})", id, V);
-  ensure_capacity(seq, sequence_length(seq) + static_cast<int>(tokens.size()));
-  const Sequence& s = sequence(seq);
-  // One chunk at most max_prefill_tokens long; all-positions chunks are bounded by the logits rows.
-  const int logits_capacity = static_cast<int>(logits_.bytes() / (sizeof(float) * V));
-  const int chunk = all_positions ? std::min(options_.max_prefill_tokens, logits_capacity) : options_.max_prefill_tokens;
-
-  std::vector<int32_t> table(max_blocks_per_seq_, 0);
-  std::copy(s.blocks.begin(), s.blocks.end(), table.begin());
-  FDPP_CUDA_CHECK(cudaMemcpyAsync(block_tables_.get(), table.data(), table.size() * sizeof(int32_t),
-                                  cudaMemcpyHostToDevice, stream_));
-  const int32_t* meta = chunk_meta_.as<int32_t>();
-  const StepInputs prefill_in{ids_.as<int32_t>(), positions_.as<int32_t>(), slots_.as<int32_t>(), nullptr, nullptr,
-                              block_tables_.as<int32_t>(), meta, meta + 2, nullptr};
-  size_t done = 0;
-  while (done < tokens.size()) {
-    const int n = static_cast<int>(std::min<size_t>(chunk, tokens.size() - done));
-    std::vector<int32_t> ids(tokens.begin() + done, tokens.begin() + done + n), pos(n), slots(n);
-    for (int t = 0; t < n; ++t) {
-      pos[t] = s.length + t;
-      slots[t] = s.blocks[pos[t] / options_.block_size] * options_.block_size + pos[t] % options_.block_size;
-    }
-    upload(ids_, ids, stream_);
-    upload(positions_, pos, stream_);
-    upload(slots_, slots, stream_);
-    upload(chunk_meta_, std::vector<int32_t>{0, n, s.length}, stream_);
-    const bool last_chunk = done + n == tokens.size();
-    const int rows = all_positions ? n : 1;
-    const Chunk chunk{0, n, s.length, 0};
-    if (all_positions || last_chunk) {
-      forward(prefill_in, n, 0, std::span<const Chunk>(&chunk, 1), rows);
-      float* dst = host_logits == nullptr ? nullptr : host_logits + (all_positions ? done * static_cast<size_t>(V) : 0);
-      if (dst != nullptr)
-        FDPP_CUDA_CHECK(cudaMemcpyAsync(dst, logits_.get(), static_cast<size_t>(rows) * V * sizeof(float),
-                                        cudaMemcpyDeviceToHost, stream_));
-    } else {
-      forward(prefill_in, n, 0, std::span<const Chunk>(&chunk, 1), 1);  // middle chunk: the last row is cheap
-    }
-    advance_sequence(seq, n);
-    done += n;
-    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));  // host vectors above must outlive their copies
-  }
-}
-
-void CudaEngine::decode(std::span<const int> seqs, std::span<const int32_t> tokens, float* host_logits) {
-  const KernelOptionsScope kernels(options_.kernels);
-  const int b = static_cast<int>(seqs.size());
-  check(b > 0 && b <= options_.max_batch, "decode batch {} out of range [1, {}]", b, options_.max_batch);
-  check(tokens.size() == seqs.size(), "decode: {} sequences but {} tokens", seqs.size(), tokens.size());
-  const int V = config().vocab_size;
-  for (int i = 0; i < b; ++i) {
-    for (int j = 0; j < i; ++j) check(seqs[j] != seqs[i], "decode: sequence {} appears twice in one step", seqs[i]);
-    check(tokens[i] >= 0 && tokens[i] < V, "token id {} is out of range [0, {})", tokens[i], V);
-    ensure_capacity(seqs[i], sequence_length(seqs[i]) + 1);
-  }
-  launch_decode(seqs, tokens);
-  for (int i = 0; i < b; ++i) advance_sequence(seqs[i], 1);
-  // Without host logits the step stays in flight: sample() queues behind it on the same stream
-  // and synchronizes once for both (one host round trip per token instead of two).
-  if (host_logits != nullptr) {
-    FDPP_CUDA_CHECK(cudaMemcpyAsync(host_logits, logits_.get(), static_cast<size_t>(b) * V * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream_));
-    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
 }
 
 void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens) {
@@ -697,27 +628,6 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
   } else {
     FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-}
-
-std::vector<int32_t> CudaEngine::sample(int rows, const SamplingParams& p, std::span<const std::span<const int32_t>> history,
-                                        uint64_t step) {
-  const KernelOptionsScope kernels(options_.kernels);
-  check(rows >= 1 && rows <= last_logit_rows_, "sample: {} rows requested, the last step produced {}", rows,
-        last_logit_rows_);
-  // The rows of the last step's logits: for a prefill with all positions, the last row.
-  const int first = last_logit_rows_ - rows;
-  if (p.temperature > 0) {  // greedy draws no random numbers: nothing to upload
-    std::vector<uint64_t> seeds(last_logit_rows_, 0), offsets(last_logit_rows_, step);
-    for (int r = 0; r < rows; ++r) seeds[first + r] = p.seed + static_cast<uint64_t>(r);
-    upload(seeds_, seeds, stream_);
-    upload(offsets_, offsets, stream_);
-  }
-  sample_rows(first, rows, p, history);
-  std::vector<int32_t> out(rows);
-  FDPP_CUDA_CHECK(cudaMemcpyAsync(out.data(), sample_ids_.as<int32_t>() + first, rows * sizeof(int32_t),
-                                  cudaMemcpyDeviceToHost, stream_));
-  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return out;
 }
 
 void CudaEngine::sample_rows(int first, int rows, const SamplingParams& p,

@@ -93,20 +93,7 @@ class CudaEngine final : public Engine {
   cudaStream_t stream() const { return stream_; }
 
   // Sequences: Engine's create_sequence / release_sequence / sequence_length / reserve; step() runs
-  // a mixed batch. The calls below are the single-purpose paths the runner and benchmarks use.
-
-  // Appends tokens to a sequence and computes their logits (fp32, device), in chunks. When
-  // host_logits is given it receives [n, vocab] (all_positions) or [1, vocab].
-  void prefill(int seq, std::span<const int32_t> tokens, bool all_positions, float* host_logits);
-  // One decode step: appends tokens[i] to seqs[i] (all distinct) and computes one logits row each.
-  // Returns with the step still running unless host_logits is given; sample() (or any later
-  // synchronizing call) waits for it.
-  void decode(std::span<const int> seqs, std::span<const int32_t> tokens, float* host_logits);
-  // Samples one token per row of the last prefill (its last row) / decode logits, on the device.
-  // history: the tokens the repetition penalty sees, per row (only read when it is on).
-  // Row r draws with seed params.seed + r at index `step` (row 0 matches a step() row with that seed).
-  std::vector<int32_t> sample(int rows, const SamplingParams& params, std::span<const std::span<const int32_t>> history,
-                              uint64_t step);
+  // a batch of any mix of prefill chunks and decode rows: the only way to compute.
 
   const LinearDispatcher& linear_dispatcher() const { return *linear_; }
 

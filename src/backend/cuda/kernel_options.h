@@ -1,7 +1,7 @@
 // The kernels' launch switches: programmatic dependent launch, cuBLASLt's algorithm tuning and the
 // decode-attention loop. They are options of an engine (cuda::EngineOptions::kernels), not of the
 // process: the library reads no environment variable for them (the CLI maps flags, and the
-// FDPP_* variables where a flag is not given, into them: engine/environment_fallback.h).
+// FDPP_* variables where a flag is not given, into them: runtime/environment_fallback.h).
 //
 // The launchers are free functions called from many places (the engine, tools, tests), so the
 // options reach them through the calling thread: a KernelOptionsScope makes an options object the

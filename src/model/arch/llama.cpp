@@ -270,7 +270,7 @@ std::vector<GgufTensorSpec> llama_gguf_tensor_specs(const ModelConfig& c) {
 DecoderWeights load_llama_gguf(const gguf::GgufFile& f, const ModelConfig& c, const ProgressFn& progress) {
   // A non-owning shared_ptr: nothing is kept, since fp32 tensors own their data.
   return load_gguf_weights(std::shared_ptr<const gguf::GgufFile>(&f, [](const gguf::GgufFile*) {}), c,
-                           llama_gguf_tensor_specs(c), progress, WeightForm::F32);
+                           llama_gguf_tensor_specs(c), progress);
 }
 
 WeightPlan plan_llama_gguf(std::shared_ptr<const gguf::GgufFile> file, const ModelConfig& c) {

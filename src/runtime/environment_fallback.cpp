@@ -1,4 +1,4 @@
-#include "engine/environment_fallback.h"
+#include "runtime/environment_fallback.h"
 
 #include <charconv>
 #include <cstdlib>

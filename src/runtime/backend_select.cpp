@@ -1,4 +1,4 @@
-#include "engine/backend_select.h"
+#include "runtime/backend_select.h"
 
 #include <omp.h>
 #include <sched.h>
@@ -13,11 +13,11 @@
 #include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/thread_pool.h"
 #include "engine/engine_runner.h"
-#include "engine/environment_fallback.h"
+#include "runtime/environment_fallback.h"
 #include "engine/linear_chooser.h"
 #include "fdpp/error.h"
 #ifdef FDPP_HAVE_CUDA
-#include "backend/cuda/cuda_runner.h"
+#include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/tensor_parallel_engine.h"
 #include "backend/cuda/device_query.h"
 #endif
@@ -63,12 +63,6 @@ int physical_cpu_cores() {
   return cores.empty() ? CPU_COUNT(&set) : static_cast<int>(cores.size());
 }
 
-void RunnerOptions::set_linear_flags(const std::string& mode, const std::string& table) {
-  const DispatchSelectOptions o = resolve_linear_flags(mode, table);
-  linear = o.mode;
-  dispatch_table = o.table_path;
-  gemv_max_m = o.gemv_max_m;
-}
 
 void set_cpu_threads(int threads) {
   check(threads >= 0, "--threads {}: must be >= 0 (0: the physical cores)", threads);
@@ -122,6 +116,8 @@ void prepare_cpu(const ModelConfig& config, const RunnerOptions& options) {
 
 #ifdef FDPP_HAVE_CUDA
 namespace {
+constexpr uint64_t kDummySeed = 1234;  // fdpp bench --load-format dummy's
+
 // What the GPU needs beyond the weights, before any of it is allocated: the KV cache of kv_tokens
 // (16-bit K and V of every layer) and an estimate of a step of step_tokens (activations of 16 bits,
 // fp32 logits for every token) plus the 512 MiB the engine keeps as headroom.
@@ -142,6 +138,8 @@ std::shared_ptr<const cuda::DeviceModel> device_model(const ModelConfig& config,
   cuda::DType dtype = cuda::DType::F16;
   if (options.dtype == "bf16") dtype = cuda::DType::BF16;
   else check(options.dtype == "f16" || options.dtype == "auto", "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
+  if (options.dummy_weights)
+    return std::make_shared<const cuda::DeviceModel>(cuda::DeviceModel::dummy(config, dtype, kDummySeed));
   if (options.plan == nullptr) return std::make_shared<const cuda::DeviceModel>(config, weights, dtype);
   cuda::check_gpu_memory(memory_need(config, *options.plan, kv_tokens, step_tokens));
   cuda::StreamOptions so;
@@ -181,8 +179,9 @@ std::unique_ptr<Engine> tensor_parallel_engine(const ModelConfig& config, const 
   // Weights already in host memory (tests, formats without a plan) are sharded through a plan of
   // the same tensors, so every path splits the same way.
   WeightPlan in_memory;
-  if (options.plan == nullptr) in_memory = plan_from_weights(weights, config);
-  source.plan = options.plan != nullptr ? options.plan : &in_memory;
+  if (options.plan == nullptr && !options.dummy_weights) in_memory = plan_from_weights(weights, config);
+  source.plan = options.dummy_weights ? nullptr : options.plan != nullptr ? options.plan : &in_memory;
+  source.dummy_seed = kDummySeed;
   source.kv_tokens = eo.kv_cache_tokens > 0 ? eo.kv_cache_tokens : config.max_context / 8 + eo.block_size;
   source.step_tokens = eo.max_prefill_tokens;
   if (options.load_progress)
@@ -205,22 +204,13 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
     prepare_cpu(config, options);
     return std::make_unique<CpuRunner>(config, weights, max_context);
   }
-#ifdef FDPP_HAVE_CUDA
-  if (options.tensor_parallel > 1) {
-    // One sequence on the tensor-parallel engine (the runner's steps are its forward calls).
-    EngineLimits limits;
-    limits.max_context = max_context;
-    limits.max_step_rows = 1;
-    limits.max_step_tokens = std::min(2048, max_context);
-    limits.kv_cache_tokens = options.kv_cache_tokens > 0 ? options.kv_cache_tokens : max_context;
-    return std::make_unique<EngineRunner>(tensor_parallel_engine(config, weights, options, limits), max_context);
-  }
-  const int64_t kv_tokens = options.kv_cache_tokens > 0 ? options.kv_cache_tokens : max_context;
-  return std::make_unique<cuda::CudaRunner>(device_model(config, weights, options, kv_tokens, max_context), max_context,
-                                            engine_options(config, options));
-#else
-  fail("unreachable: CUDA runner requested in a CPU-only build");
-#endif
+  // One sequence on an engine of its own: the runner's forward passes are its steps.
+  EngineLimits limits;
+  limits.max_context = max_context;
+  limits.max_step_rows = 1;
+  limits.max_step_tokens = std::min(2048, max_context);
+  limits.kv_cache_tokens = options.kv_cache_tokens > 0 ? options.kv_cache_tokens : max_context;
+  return std::make_unique<EngineRunner>(make_engine(config, weights, options, limits), max_context);
 }
 
 std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeights& weights,
@@ -231,6 +221,7 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeig
     check(options.tensor_parallel == 1,
           "tensor parallelism over {} GPUs needs the CUDA backend (the CPU backend runs a model whole)",
           options.tensor_parallel);
+    check(!options.dummy_weights, "--load-format dummy builds random weights on the GPU; it has no CPU form");
     prepare_cpu(config, options);
     return std::make_unique<CpuEngine>(config, weights, limits);
   }

@@ -32,20 +32,20 @@ struct RunnerOptions {
   std::vector<float> unified_max_phi;
   // CUDA linear layers: "" or auto, gemv, flat, cublas; the model's path (a dispatch table beside
   // it is used), an explicit table file, GEMV for exactly M <= gemv_max_m (-1: the table). The
-  // front ends fill them from their flags, else the environment (environment_fallback.h).
+  // front ends fill them from their flags, else the environment (EngineArgs::runner_options).
   std::string linear;
   std::string model_path;
   std::string dispatch_table;
   int gemv_max_m = -1;
-  // Sets linear, dispatch_table and gemv_max_m from a front end's --linear and --dispatch-table
-  // ("": not given), else FDPP_LINEAR, FDPP_DISPATCH_TABLE and FDPP_GEMV_MAX_M.
-  void set_linear_flags(const std::string& mode, const std::string& table);
   // CUDA kernels' launch switches (PDL, cuBLASLt tuning, the decode-attention loop).
   cuda::KernelOptions kernels;
   // CUDA: stream the weights from this plan (model/model_loader.h plan_model) straight from the files
   // to the GPU instead of uploading `weights` (then empty); checked against free GPU memory before
   // anything is allocated. load_progress reports the streaming (tensors, bytes as stored, seconds).
   const WeightPlan* plan = nullptr;
+  // CUDA: random weights of the config's shapes made on the GPU (--load-format dummy), for
+  // measuring without a checkpoint; the seed is fdpp bench's, so both measure the same numbers.
+  bool dummy_weights = false;
   std::function<void(int tensors_done, int tensors_total, uint64_t bytes_done, uint64_t bytes_total,
                      double seconds)>
       load_progress;

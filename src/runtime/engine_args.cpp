@@ -1,0 +1,259 @@
+#include "runtime/engine_args.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "engine/linear_chooser.h"
+#include "fdpp/error.h"
+
+namespace fdpp {
+
+namespace {
+
+constexpr uint32_t kModelUsers = kGenerate | kLogits | kServe | kPython | kBench;
+constexpr uint32_t kRunners = kGenerate | kLogits | kServe | kPython;  // a device of their choice
+constexpr uint32_t kEngines = kGenerate | kServe | kPython;            // many sequences at once
+
+std::string bool_text(bool b) { return b ? "true" : "false"; }
+
+EngineOption text(std::string name, std::string flags, uint32_t users, std::string help,
+                  std::string EngineArgs::*field, std::string env = "") {
+  EngineOption o;
+  o.name = std::move(name);
+  o.flags = std::move(flags);
+  o.env = std::move(env);
+  o.front_ends = users;
+  o.kind = OptionKind::Text;
+  o.help = std::move(help);
+  o.assign = [field](EngineArgs& a, const std::string& v) { a.*field = v; };
+  o.value = [field](const EngineArgs& a) { return a.*field; };
+  return o;
+}
+
+EngineOption choice(std::string name, std::string flags, uint32_t users, std::string help,
+                    std::vector<std::string> choices, std::string EngineArgs::*field, std::string env = "") {
+  EngineOption o = text(std::move(name), std::move(flags), users, std::move(help), field, std::move(env));
+  o.kind = OptionKind::Choice;
+  o.choices = std::move(choices);
+  return o;
+}
+
+template <class Int>
+EngineOption integer(std::string name, std::string flags, uint32_t users, std::string help, int64_t lo, int64_t hi,
+                     Int EngineArgs::*field) {
+  EngineOption o;
+  o.name = std::move(name);
+  o.flags = std::move(flags);
+  o.front_ends = users;
+  o.kind = OptionKind::Integer;
+  o.lo = lo;
+  o.hi = hi;
+  o.help = std::move(help);
+  o.assign = [field](EngineArgs& a, const std::string& v) { a.*field = static_cast<Int>(std::stoll(v)); };
+  o.value = [field](const EngineArgs& a) { return std::to_string(a.*field); };
+  return o;
+}
+
+std::string range_text(int64_t lo, int64_t hi) {
+  auto side = [](int64_t v) {
+    for (int p = 16; p < 63; ++p)
+      if (v == (int64_t{1} << p)) return fmt::format("2^{}", p);
+    return std::to_string(v);
+  };
+  return fmt::format("[{}, {}]", side(lo), side(hi));
+}
+
+std::vector<EngineOption> build_table() {
+  std::vector<EngineOption> t;
+  t.push_back(text("model", "-m,--model", kModelUsers,
+                   "GGUF file or Hugging Face model directory (default: the default model)", &EngineArgs::model));
+  t.push_back(choice("load_format", "--load-format", kServe | kPython | kBench,
+                     "auto (read the model) or dummy (random weights of --config on the GPU, for measuring)",
+                     {"auto", "dummy"}, &EngineArgs::load_format));
+  t.push_back(text("config", "--config", kServe | kPython | kBench,
+                   "config.json of the model shapes for --load-format dummy (see configs/)", &EngineArgs::config));
+  t.push_back(choice("device", "--device", kRunners, "auto (CUDA when a GPU is present), cpu or cuda",
+                     {"auto", "cpu", "cuda"}, &EngineArgs::device));
+  {
+    EngineOption o = choice("dtype", "--dtype", kModelUsers,
+                            "CUDA weight and activation type: auto (bf16 for bf16 checkpoints, else f16), f16 or "
+                            "bf16 (float16, half, bfloat16 too); the CPU computes in fp32",
+                            {"auto", "f16", "bf16", "float16", "half", "bfloat16"}, &EngineArgs::dtype);
+    o.assign = [](EngineArgs& a, const std::string& v) {
+      a.dtype = v == "float16" || v == "half" ? "f16" : v == "bfloat16" ? "bf16" : v;
+    };
+    t.push_back(std::move(o));
+  }
+  t.push_back(integer("kv_cache_tokens", "--kv-cache-tokens", kRunners,
+                      "KV cache size in tokens (0: sized by the engine: on the GPU what memory leaves)", 0,
+                      int64_t{1} << 30, &EngineArgs::kv_cache_tokens));
+  t.push_back(integer("max_num_seqs", "--max-num-seqs", kEngines, "sequences running at once (rows of a step)", 1,
+                      4096, &EngineArgs::max_num_seqs));
+  t.push_back(integer("max_num_batched_tokens", "--max-batched-tokens,--max-num-batched-tokens", kEngines,
+                      "tokens of one engine step (prefill chunks and decode rows together)", 1, 1 << 20,
+                      &EngineArgs::max_batched_tokens));
+  t.push_back(integer("max_model_len", "-c,--ctx-size,--max-model-len", kEngines,
+                      "context per sequence, prompt + output (0: the model's)", 0, 1 << 24,
+                      &EngineArgs::max_model_len));
+  {
+    EngineOption o;
+    o.name = "cuda_graphs";
+    o.flags = "--no-cuda-graphs";
+    o.front_ends = kModelUsers;
+    o.kind = OptionKind::Switch;
+    o.flag_value = false;
+    o.help = "launch the decode steps eagerly instead of replaying CUDA graphs (for comparison)";
+    o.assign = [](EngineArgs& a, const std::string& v) { a.cuda_graphs = v == "true"; };
+    o.value = [](const EngineArgs& a) { return bool_text(a.cuda_graphs); };
+    t.push_back(std::move(o));
+  }
+  t.push_back(choice("attention", "--attention", kModelUsers,
+                     "CUDA decode attention: async (unified max, FlashDecoding++) or sync (FlashDecoding)",
+                     {"async", "sync"}, &EngineArgs::attention));
+  t.push_back(choice("linear", "--linear", kModelUsers,
+                     "CUDA linear layers: auto (the tuned dispatch table), gemv, flat or cublas", 
+                     {"auto", "gemv", "flat", "cublas"}, &EngineArgs::linear, "FDPP_LINEAR"));
+  t.push_back(text("dispatch_table", "--dispatch-table", kModelUsers,
+                   "dispatch table file from fdpp tune (default: looked up beside the model, then configs/dispatch)",
+                   &EngineArgs::dispatch_table, "FDPP_DISPATCH_TABLE"));
+  {
+    EngineOption o = choice("pdl", "--pdl", kModelUsers,
+                            "CUDA: programmatic dependent launch of the decode step's kernels, on or off (default: on)",
+                            {"on", "off"}, nullptr, "FDPP_PDL");
+    o.assign = [](EngineArgs& a, const std::string& v) { a.kernels.pdl = v; };
+    o.value = [](const EngineArgs& a) { return a.kernels.pdl; };
+    t.push_back(std::move(o));
+  }
+  {
+    EngineOption o = choice("decode_path", "--decode-path", kModelUsers,
+                            "CUDA decode attention's loop: auto, mma (tensor cores) or core (CUDA cores; head dims "
+                            "64, 128)",
+                            {"auto", "mma", "core"}, nullptr, "FDPP_DECODE_PATH");
+    o.assign = [](EngineArgs& a, const std::string& v) { a.kernels.decode_path = v; };
+    o.value = [](const EngineArgs& a) { return a.kernels.decode_path; };
+    t.push_back(std::move(o));
+  }
+  t.push_back(text("calibration", "--calibration", kModelUsers,
+                   "unified-max calibration file from fdpp calibrate (default: <model>.fdpp-calib.json, else the "
+                   "cache)",
+                   &EngineArgs::calibration));
+  t.push_back(integer("threads", "-t,--threads", kRunners,
+                      "CPU backend threads (0: $OMP_NUM_THREADS, else the physical cores)", 0, 4096,
+                      &EngineArgs::threads));
+  t.push_back(choice("cpu_weights", "--cpu-weights", kRunners,
+                     "CPU weights: stored (GGUF blocks used in place, the fast path) or f32 (dequantized, the "
+                     "reference)",
+                     {"stored", "f32"}, &EngineArgs::cpu_weights));
+  {
+    EngineOption o = integer("tensor_parallel", "--tensor-parallel,--tensor-parallel-size", kModelUsers,
+                             "split the model over this many GPUs of the host (-tp; NCCL; 1: one GPU)", 1, 64,
+                             &EngineArgs::tensor_parallel);
+    o.python_aliases = {"tensor_parallel_size"};
+    t.push_back(std::move(o));
+  }
+  t.push_back(integer("n_gpu_layers", "--n-gpu-layers,--gpu-layers", kRunners & ~kPython,
+                      "llama.cpp's -ngl: accepted; every layer runs on the GPU when there is one, 0 means the CPU", -1,
+                      1 << 20, &EngineArgs::n_gpu_layers));
+  return t;
+}
+
+}  // namespace
+
+const std::vector<EngineOption>& engine_options() {
+  static const std::vector<EngineOption> table = build_table();
+  return table;
+}
+
+const EngineOption* find_engine_option(const std::string& name) {
+  for (const EngineOption& o : engine_options()) {
+    if (o.name == name) return &o;
+    if (std::find(o.python_aliases.begin(), o.python_aliases.end(), name) != o.python_aliases.end()) return &o;
+  }
+  return nullptr;
+}
+
+std::string option_problem(const EngineOption& o, const std::string& value) {
+  switch (o.kind) {
+    case OptionKind::Text:
+      return "";
+    case OptionKind::Choice: {
+      if (std::find(o.choices.begin(), o.choices.end(), value) != o.choices.end()) return "";
+      std::string list;
+      for (const std::string& c : o.choices) list += (list.empty() ? "" : ", ") + c;
+      return fmt::format("'{}' is not one of {}", value, list);
+    }
+    case OptionKind::Integer: {
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (value.empty() || ec != std::errc() || end != value.data() + value.size())
+        return fmt::format("'{}' is not an integer", value);
+      if (v < o.lo || v > o.hi) return fmt::format("{} must be in {}", value, range_text(o.lo, o.hi));
+      return "";
+    }
+    case OptionKind::Switch:
+      return value == "true" || value == "false" ? "" : fmt::format("'{}' is not true or false", value);
+  }
+  return "";
+}
+
+void set_engine_option(EngineArgs& args, const EngineOption& option, const std::string& value,
+                       const std::string& origin) {
+  if (const std::string p = option_problem(option, value); !p.empty()) fail("{}: {}", origin, p);
+  option.assign(args, value);
+}
+
+Device EngineArgs::requested_device() const {
+  if (n_gpu_layers == 0 && device == "auto") return Device::Cpu;  // llama.cpp's -ngl 0: nothing on the GPU
+  return parse_device(device);
+}
+
+void EngineArgs::check(bool python) const {
+  auto name = [python](const char* keyword, const char* flag) { return python ? keyword : flag; };
+  // "tensor_parallel=2" in Python, "--tensor-parallel 2" on the command line.
+  auto given = [python](const char* keyword, const char* flag, auto value) {
+    return python ? fmt::format("{}={}", keyword, value) : fmt::format("{} {}", flag, value);
+  };
+  fdpp::check(!(n_gpu_layers == 0 && device == "cuda"),
+              "-ngl/--n-gpu-layers 0 asks for no GPU layers but --device cuda for the GPU; give one of them");
+  fdpp::check(!(tensor_parallel > 1 && device == "cpu"), "{} splits a model over GPUs; it cannot be combined with {}",
+              given("tensor_parallel", "--tensor-parallel", tensor_parallel), given("device", "--device", "cpu"));
+  fdpp::check(load_format != "dummy" || !config.empty(), "{} dummy needs {} FILE.json (see configs/)",
+              name("load_format", "--load-format"), name("config", "--config"));
+  fdpp::check(load_format != "dummy" || device != "cpu",
+              "{} dummy builds random weights on the GPU; it has no CPU form", name("load_format", "--load-format"));
+  fdpp::check(max_num_seqs <= max_batched_tokens, "{} exceeds {}: every running sequence needs a token of the step",
+              given("max_num_seqs", "--max-num-seqs", max_num_seqs),
+              given("max_num_batched_tokens", "--max-batched-tokens", max_batched_tokens));
+}
+
+RunnerOptions EngineArgs::runner_options(const std::string& model_path, const EnvironmentLookup& env) const {
+  RunnerOptions o;
+  o.device = requested_device();
+  o.dtype = dtype;
+  o.kv_cache_tokens = kv_cache_tokens;
+  o.cuda_graphs = cuda_graphs;
+  o.attention = attention;
+  const DispatchSelectOptions lin = resolve_linear_flags(linear, dispatch_table, env);
+  o.linear = lin.mode;
+  o.dispatch_table = lin.table_path;
+  o.gemv_max_m = lin.gemv_max_m;
+  o.model_path = model_path;
+  o.kernels = resolve_kernel_options(kernels, env);
+  o.threads = threads;
+  o.calibration = calibration;
+  o.tensor_parallel = tensor_parallel;
+  return o;
+}
+
+EngineLimits EngineArgs::engine_limits() const {
+  EngineLimits l;
+  l.max_context = max_model_len;
+  l.max_step_rows = max_num_seqs;
+  l.max_step_tokens = max_batched_tokens;
+  l.kv_cache_tokens = kv_cache_tokens;
+  return l;
+}
+
+}  // namespace fdpp

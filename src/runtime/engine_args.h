@@ -1,0 +1,98 @@
+// Every option of an engine in one table, as llama.cpp's common/arg.cpp and vLLM's EngineArgs keep
+// them: each option's CLI flags, its Python keyword, its environment fallback and the front ends
+// that take it. The CLI registers its flags from the table (tools/fdpp/engine_flags.h), `fdpp serve`
+// too, and the Python package passes its keywords through it (python/src/bindings.cpp), so a range,
+// a choice or a message is written once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/backend_select.h"
+#include "runtime/environment_fallback.h"
+
+namespace fdpp {
+
+// The front ends, as a bit set: which of them take an option.
+enum FrontEnd : uint32_t {
+  kGenerate = 1u << 0,  // fdpp generate (one prompt, or a prompts file with --file)
+  kLogits = 1u << 1,    // fdpp logits
+  kServe = 1u << 2,     // fdpp serve
+  kPython = 1u << 3,    // fdpp.LLM(...)
+  kBench = 1u << 4,     // fdpp bench (CUDA)
+};
+
+struct EngineArgs {
+  std::string model;                 // "": the default model
+  std::string load_format = "auto";  // auto: read `model`; dummy: random weights of `config` (CUDA)
+  std::string config;                // config.json for load_format dummy
+  std::string device = "auto";       // auto, cpu, cuda
+  std::string dtype = "auto";        // CUDA weights: auto, f16, bf16
+  int64_t kv_cache_tokens = 0;       // 0: sized by the engine
+  int max_num_seqs = 64;             // sequences in one step
+  int max_batched_tokens = 2048;     // tokens in one step
+  int max_model_len = 0;             // context per sequence; 0: the model's
+  bool cuda_graphs = true;
+  std::string attention = "async";   // async (unified max) or sync
+  std::string linear;                // "": $FDPP_LINEAR, else auto
+  std::string dispatch_table;        // "": $FDPP_DISPATCH_TABLE, else looked up
+  KernelFlags kernels;               // --pdl, --decode-path ("": the variables, else defaults)
+  std::string calibration;           // "": looked up beside the model, then in the cache
+  int threads = 0;                   // CPU threads; 0: $OMP_NUM_THREADS, else the physical cores
+  std::string cpu_weights = "stored";  // CPU: stored (GGUF blocks in place) or f32 (the reference)
+  int tensor_parallel = 1;           // GPUs the model is split over
+  int n_gpu_layers = -1;             // llama.cpp's -ngl; -1: not given, 0: the CPU
+
+  // Cross-option rules (a -ngl 0 with --device cuda, tensor parallelism on the CPU): throws
+  // fdpp::Error naming both. `python` spells them as keywords.
+  void check(bool python = false) const;
+  // The device after -ngl 0 ("auto" with -ngl 0 is the CPU, as in llama.cpp).
+  Device requested_device() const;
+  // The backend options these args give; model_path is where calibration and dispatch tables are
+  // looked up. The FDPP_* variables fill what no flag set (environment_fallback.h).
+  RunnerOptions runner_options(const std::string& model_path,
+                               const EnvironmentLookup& env = process_environment) const;
+  // The limits of an engine that serves many sequences (serve, Python, generate --file).
+  EngineLimits engine_limits() const;
+};
+
+enum class OptionKind {
+  Text,     // any string (a path)
+  Choice,   // one of `choices`
+  Integer,  // a whole number in [lo, hi]
+  Switch,   // a boolean: the CLI flag takes no value and sets `flag_value`; Python takes a bool
+};
+
+struct EngineOption {
+  std::string name;    // the Python keyword (vLLM's spelling where it has one)
+  std::string flags;   // CLI spellings in CLI11's form, "-c,--ctx-size" ("": none)
+  std::string env;     // environment variable that stands in for a flag not given ("": none)
+  uint32_t front_ends = 0;
+  OptionKind kind = OptionKind::Text;
+  std::vector<std::string> choices;  // Choice: the accepted spellings
+  int64_t lo = 0, hi = 0;            // Integer: the closed range
+  bool flag_value = true;            // Switch: what the CLI flag sets
+  std::string help;
+  std::vector<std::string> python_aliases;  // other keywords Python accepts (tensor_parallel_size)
+  // Stores a value that option_problem accepted ("true"/"false" for a Switch).
+  std::function<void(EngineArgs&, const std::string&)> assign;
+  // The value as text, for help and tests.
+  std::function<std::string(const EngineArgs&)> value;
+};
+
+// The table, in the order --help lists it.
+const std::vector<EngineOption>& engine_options();
+// The option of a name or Python alias; null when there is none.
+const EngineOption* find_engine_option(const std::string& name);
+// Why `value` is not acceptable for the option ("" when it is): "0 must be in [1, 4096]", "'x' is not
+// one of auto, cpu, cuda", "'1.5' is not an integer". The same words at every front end; each
+// prefixes its own name for the option (--max-num-seqs, max_num_seqs).
+std::string option_problem(const EngineOption& option, const std::string& value);
+// Checks and stores; throws fdpp::Error "<origin>: <problem>".
+void set_engine_option(EngineArgs& args, const EngineOption& option, const std::string& value,
+                       const std::string& origin);
+
+}  // namespace fdpp

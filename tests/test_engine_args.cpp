@@ -1,0 +1,211 @@
+// The engine option table (runtime/engine_args.h) through every entrance that takes it: the CLI's
+// flags of each front end (registered from the table as generate, logits, serve and bench do), the
+// Python keywords (set_engine_option with the keyword as origin, what the binding calls), and the
+// environment fallback. A bad value gets the same range and the same words everywhere.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine_flags.h"
+#include "fdpp/error.h"
+#include "runtime/engine_args.h"
+#include "test_util.h"
+
+namespace fdpp {
+namespace {
+
+// Parses `args` with the front end's flags; returns CLI11's message ("" when it parsed).
+std::string cli_error(FrontEnd front_end, std::vector<std::string> args, EngineArgs* out = nullptr) {
+  CLI::App app{"test"};
+  EngineArgs engine;
+  cli::add_engine_flags(&app, engine, front_end);
+  std::reverse(args.begin(), args.end());
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    return e.what();
+  }
+  if (out != nullptr) *out = engine;
+  return "";
+}
+
+// What the Python binding does with a keyword: the table's check with the keyword as origin.
+std::string python_error(const std::string& keyword, const std::string& value) {
+  const EngineOption* o = find_engine_option(keyword);
+  if (o == nullptr) return "no option";
+  EngineArgs a;
+  return test::error_of([&] { set_engine_option(a, *o, value, keyword); });
+}
+
+// The part after "<name>: " of a message.
+std::string problem_of(const std::string& message) {
+  const size_t colon = message.find(": ");
+  return colon == std::string::npos ? message : message.substr(colon + 2);
+}
+
+struct BadValue {
+  std::string option;  // the table's name (the Python keyword)
+  std::string value;
+  std::string problem;  // the words every entrance must give
+};
+
+const std::vector<BadValue>& bad_values() {
+  static const std::vector<BadValue> v{
+      {"max_num_seqs", "0", "0 must be in [1, 4096]"},
+      {"max_num_seqs", "4097", "4097 must be in [1, 4096]"},
+      {"max_num_batched_tokens", "0", "0 must be in [1, 2^20]"},
+      {"max_model_len", "-1", "-1 must be in [0, 2^24]"},
+      {"kv_cache_tokens", "-5", "-5 must be in [0, 2^30]"},
+      {"kv_cache_tokens", "1.5", "'1.5' is not an integer"},
+      {"threads", "4097", "4097 must be in [0, 4096]"},
+      {"tensor_parallel", "0", "0 must be in [1, 64]"},
+      {"device", "tpu", "'tpu' is not one of auto, cpu, cuda"},
+      {"dtype", "fp8", "'fp8' is not one of auto, f16, bf16, float16, half, bfloat16"},
+      {"attention", "fast", "'fast' is not one of async, sync"},
+      {"linear", "magic", "'magic' is not one of auto, gemv, flat, cublas"},
+      {"cpu_weights", "q8", "'q8' is not one of stored, f32"},
+      {"load_format", "gguf", "'gguf' is not one of auto, dummy"},
+      {"pdl", "maybe", "'maybe' is not one of on, off"},
+      {"decode_path", "simd", "'simd' is not one of auto, mma, core"},
+  };
+  return v;
+}
+
+TEST(EngineArgs, TableNamesAreUniqueAndEveryOptionHasAFrontEnd) {
+  std::set<std::string> names, flags;
+  for (const EngineOption& o : engine_options()) {
+    EXPECT_TRUE(names.insert(o.name).second) << o.name;
+    for (const std::string& a : o.python_aliases) EXPECT_TRUE(names.insert(a).second) << a;
+    EXPECT_NE(o.front_ends, 0u) << o.name;
+    EXPECT_FALSE(o.help.empty()) << o.name;
+    EXPECT_TRUE(o.assign && o.value) << o.name;
+    if ((o.front_ends & ~kPython) != 0) EXPECT_FALSE(o.flags.empty()) << o.name << " has CLI users but no flag";
+    // A default must pass its own check (else --help would show a value the option refuses).
+    if (o.kind != OptionKind::Text && o.env.empty())
+      EXPECT_EQ(option_problem(o, o.value(EngineArgs{})), "") << o.name;
+  }
+}
+
+TEST(EngineArgs, BadValuesGetTheSameWordsAtEveryEntrance) {
+  const std::vector<std::pair<FrontEnd, const char*>> clis{
+      {kGenerate, "generate"}, {kLogits, "logits"}, {kServe, "serve"}, {kBench, "bench"}};
+  int checked = 0;
+  for (const BadValue& b : bad_values()) {
+    const EngineOption* o = find_engine_option(b.option);
+    ASSERT_NE(o, nullptr) << b.option;
+    if (o->front_ends & kPython) {
+      const std::string e = python_error(b.option, b.value);
+      EXPECT_EQ(e, b.option + ": " + b.problem);
+      ++checked;
+    }
+    const std::string flag = o->flags.substr(o->flags.rfind("--"));
+    const std::string long_flag = o->flags.substr(o->flags.find("--"), o->flags.find(',', o->flags.find("--")) -
+                                                                         o->flags.find("--"));
+    for (const auto& [fe, name] : clis) {
+      if ((o->front_ends & fe) == 0) {
+        // An option a front end does not take is an unknown flag there, never silently accepted.
+        EXPECT_NE(cli_error(fe, {long_flag, b.value}), "") << name << " " << long_flag;
+        continue;
+      }
+      const std::string e = cli_error(fe, {long_flag, b.value});
+      EXPECT_NE(e.find(b.problem), std::string::npos) << name << " " << long_flag << ": " << e;
+      EXPECT_NE(e.find(long_flag.substr(0, 2) == "--" ? long_flag : flag), std::string::npos) << e;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 40);
+}
+
+TEST(EngineArgs, GoodValuesLandInTheArgs) {
+  EngineArgs a;
+  ASSERT_EQ(cli_error(kServe,
+                      {"--max-num-seqs", "256", "--max-batched-tokens", "8192", "-c", "4096", "--dtype", "bfloat16",
+                       "--no-cuda-graphs", "--kv-cache-tokens", "100000", "--linear", "flat", "--pdl", "off",
+                       "--tensor-parallel-size", "2", "--calibration", "c.json", "-t", "3", "--cpu-weights", "f32"},
+                      &a),
+            "");
+  EXPECT_EQ(a.max_num_seqs, 256);
+  EXPECT_EQ(a.max_batched_tokens, 8192);
+  EXPECT_EQ(a.max_model_len, 4096);
+  EXPECT_EQ(a.dtype, "bf16");  // vLLM's spelling, normalized
+  EXPECT_FALSE(a.cuda_graphs);
+  EXPECT_EQ(a.kv_cache_tokens, 100000);
+  EXPECT_EQ(a.linear, "flat");
+  EXPECT_EQ(a.kernels.pdl, "off");
+  EXPECT_EQ(a.tensor_parallel, 2);
+  EXPECT_EQ(a.calibration, "c.json");
+  EXPECT_EQ(a.threads, 3);
+  EXPECT_EQ(a.cpu_weights, "f32");
+  // The Python keyword of the same option, and its alias.
+  EngineArgs p;
+  set_engine_option(p, *find_engine_option("tensor_parallel_size"), "4", "tensor_parallel_size");
+  set_engine_option(p, *find_engine_option("cuda_graphs"), "false", "cuda_graphs");
+  EXPECT_EQ(p.tensor_parallel, 4);
+  EXPECT_FALSE(p.cuda_graphs);
+}
+
+TEST(EngineArgs, CrossOptionRulesNameBothOptions) {
+  EngineArgs a;
+  a.device = "cpu";
+  a.tensor_parallel = 2;
+  EXPECT_NE(test::error_of([&] { a.check(); }).find("--tensor-parallel 2"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { a.check(true); }).find("tensor_parallel=2"), std::string::npos);
+  EngineArgs d;
+  d.load_format = "dummy";
+  EXPECT_NE(test::error_of([&] { d.check(); }).find("--config"), std::string::npos);
+  EngineArgs s;
+  s.max_num_seqs = 512;
+  s.max_batched_tokens = 256;
+  EXPECT_NE(test::error_of([&] { s.check(); }).find("--max-num-seqs 512 exceeds --max-batched-tokens 256"),
+            std::string::npos);
+  EngineArgs n;
+  n.n_gpu_layers = 0;
+  EXPECT_EQ(n.requested_device(), Device::Cpu);  // llama.cpp's -ngl 0
+  n.device = "cuda";
+  EXPECT_NE(test::error_of([&] { n.check(); }), "");
+}
+
+// The table's env column is the variable the front ends fall back to: setting it gives the options
+// the flag gives.
+TEST(EngineArgs, EnvironmentColumnMatchesTheFallback) {
+  const std::map<std::string, std::string> values{
+      {"linear", "gemv"}, {"dispatch_table", "/tmp/t.json"}, {"pdl", "off"}, {"decode_path", "core"}};
+  int with_env = 0;
+  for (const EngineOption& o : engine_options()) {
+    if (o.env.empty()) continue;
+    ++with_env;
+    ASSERT_TRUE(values.count(o.name)) << o.name << " has an environment variable this test does not know";
+    const std::string v = values.at(o.name);
+    EngineArgs by_flag;
+    set_engine_option(by_flag, o, v, o.flags);
+    const std::string env_name = o.env;
+    const EnvironmentLookup env = [&](const char* name) -> const char* {
+      return env_name == name ? v.c_str() : nullptr;
+    };
+    const EnvironmentLookup none = [](const char*) -> const char* { return nullptr; };
+    const RunnerOptions a = by_flag.runner_options("", none), b = EngineArgs{}.runner_options("", env);
+    EXPECT_EQ(a.linear, b.linear) << o.name;
+    EXPECT_EQ(a.dispatch_table, b.dispatch_table) << o.name;
+    EXPECT_EQ(a.kernels.programmatic_launch, b.kernels.programmatic_launch) << o.name;
+    EXPECT_EQ(a.kernels.decode_path, b.kernels.decode_path) << o.name;
+    // And the flag wins over the variable.
+    EngineArgs defaults_flag;
+    std::string other = "/x";
+    if (o.kind == OptionKind::Choice)
+      for (const std::string& c : o.choices)
+        if (c != v) other = c;
+    set_engine_option(defaults_flag, o, other, o.flags);
+    const RunnerOptions c = defaults_flag.runner_options("", env);
+    EXPECT_TRUE(c.linear != b.linear || c.dispatch_table != b.dispatch_table ||
+                c.kernels.programmatic_launch != b.kernels.programmatic_launch ||
+                c.kernels.decode_path != b.kernels.decode_path)
+        << o.name << ": the variable overrode the flag";
+  }
+  EXPECT_EQ(with_env, 4);
+}
+
+}  // namespace
+}  // namespace fdpp
