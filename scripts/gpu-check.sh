@@ -29,7 +29,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared GPU machines (
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
 stages="${*:-${FDPP_GPU_STAGES:-tests sanitizer attention}}"
 # In the order they run:
-known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune dataflow bench tp peers load python"
+known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune dataflow bench tp peers load rss python"
 for s in $stages; do
   [[ " $known_stages " == *" $s "* ]] || { echo "gpu-check.sh: unknown stage '$s' (stages: $known_stages)" >&2; exit 2; }
 done
@@ -455,6 +455,20 @@ if stage peers; then
   { echo; grep -E '^\|' "$OUT/peers.log"; } | tee -a "$summary"
 fi
 
+if stage rss; then
+  # Issue 39: fdpp serve and fdpp.LLM open a 7B checkpoint as the CLI does (streamed to the GPU):
+  # peak host RSS of each (bench/load_rss.py). The random checkpoint gets Llama-2's tokenizer.model
+  # from the test fixtures (serve takes text). The Python package travels as build-gpu/python.
+  { echo; echo "### host memory of serve and Python on a 7B checkpoint (bench/load_rss.py)"; } | tee -a "$summary"
+  d=/tmp/fdpp_load_bench/llama-2-7b-random-bf16
+  python3 "$root/bench/load_bench.py" make "$d" --size 7b 2>&1 | tail -2
+  cp "$root"/tests/fixtures/hf/tokenizers/spm_llama/tokenizer.model "$root"/tests/fixtures/hf/tokenizers/spm_llama/tokenizer_config.json "$d/"
+  if [[ ! -d $B/python && -f $B/python.tar.xz ]]; then tar xJf "$B/python.tar.xz" -C "$B"; fi
+  rss_args=()
+  [[ -d $B/python ]] || rss_args=(--skip-python)
+  PYTHONPATH="$B/python${PYTHONPATH:+:$PYTHONPATH}" python3 "$root/bench/load_rss.py" "$d" --fdpp "$B/fdpp" \
+    --json "$OUT/load_rss.json" "${rss_args[@]}" 2>&1 | tee -a "$summary"
+fi
 if stage load; then
   # Issue 14: full-size checkpoints through the streaming loader vs cat and transformers. The 7B
   # checkpoint is kept for the python stage.

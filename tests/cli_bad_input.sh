@@ -101,7 +101,7 @@ usage "dtype garbage (also on the CPU)" "^fdpp: error: --dtype: 'garbage' is not
 usage "attention garbage" "^fdpp: error: --attention: 'x' is not one of" "$BIN" generate --prompt hi --attention x
 # serve takes the engine options from the same table: the same ranges and words.
 usage "serve max-num-seqs 0" "^fdpp: error: --max-num-seqs: 0 must be in \[1, 4096\]" "$BIN" serve --max-num-seqs 0
-usage "serve seqs over the step" "--max-num-seqs 512 exceeds --max-batched-tokens 256" "$BIN" serve --max-num-seqs 512 --max-batched-tokens 256
+usage "serve seqs over the step" "--max-num-seqs 512 with --max-batched-tokens 256: max-batched-tokens" "$BIN" serve --max-num-seqs 512 --max-batched-tokens 256
 usage "serve dtype garbage" "^fdpp: error: --dtype: 'fp8' is not one of" "$BIN" serve --dtype fp8
 usage "empty prompt" "^fdpp: error: --prompt: the prompt is empty$" "$BIN" generate --prompt ""
 usage "empty prompt on stdin" "^fdpp: error: --prompt - \(standard input\): the prompt is empty$" "$BIN" generate --prompt -

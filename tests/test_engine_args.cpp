@@ -159,7 +159,7 @@ TEST(EngineArgs, CrossOptionRulesNameBothOptions) {
   EngineArgs s;
   s.max_num_seqs = 512;
   s.max_batched_tokens = 256;
-  EXPECT_NE(test::error_of([&] { s.check(); }).find("--max-num-seqs 512 exceeds --max-batched-tokens 256"),
+  EXPECT_NE(test::error_of([&] { s.check(); }).find("--max-num-seqs 512 with --max-batched-tokens 256: max-batched-tokens (256) must exceed"),
             std::string::npos);
   EngineArgs n;
   n.n_gpu_layers = 0;

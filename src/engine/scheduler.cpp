@@ -25,6 +25,12 @@ size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
 }
 }  // namespace
 
+std::string step_size_problem(int max_num_seqs, int max_batched_tokens) {
+  if (max_batched_tokens > max_num_seqs || max_num_seqs == 1) return "";
+  return fmt::format("max-batched-tokens ({}) must exceed max-num-seqs ({}) so that prompts progress while others decode",
+                     max_batched_tokens, max_num_seqs);
+}
+
 double GenerationResult::time_per_output_token() const {
   return token_ids.size() > 1 ? (total_time - time_to_first_token) / static_cast<double>(token_ids.size() - 1) : 0.0;
 }
@@ -61,10 +67,8 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, const Scheduler
   check(options.max_waiting >= 0, "max waiting requests = {} must be >= 0", options.max_waiting);
   options_.max_num_seqs = std::min(options.max_num_seqs, l.max_step_rows);
   options_.max_batched_tokens = std::min(options.max_batched_tokens, l.max_step_tokens);
-  // Every running sequence decodes in every step, and a prefill needs at least one more token.
-  check(options_.max_batched_tokens > options_.max_num_seqs || options_.max_num_seqs == 1,
-        "max-batched-tokens ({}) must exceed max-num-seqs ({}) so that prompts progress while others decode",
-        options_.max_batched_tokens, options_.max_num_seqs);
+  if (const std::string p = step_size_problem(options_.max_num_seqs, options_.max_batched_tokens); !p.empty())
+    fail("{}", p);
 }
 
 Scheduler::~Scheduler() {

@@ -80,6 +80,10 @@ struct SchedulerOptions {
   int max_waiting = 1024;        // queued requests; submit() beyond throws QueueFullError
 };
 
+// Why a step of max_batched_tokens cannot serve max_num_seqs running sequences ("" when it can):
+// every running sequence decodes in every step, and a prefill needs at least one more token.
+std::string step_size_problem(int max_num_seqs, int max_batched_tokens);
+
 struct SchedulerStats {
   int running = 0;
   int waiting = 0;

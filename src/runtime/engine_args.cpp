@@ -6,6 +6,7 @@
 #include <charconv>
 
 #include "engine/linear_chooser.h"
+#include "engine/scheduler.h"
 #include "fdpp/error.h"
 
 namespace fdpp {
@@ -223,9 +224,9 @@ void EngineArgs::check(bool python) const {
               name("load_format", "--load-format"), name("config", "--config"));
   fdpp::check(load_format != "dummy" || device != "cpu",
               "{} dummy builds random weights on the GPU; it has no CPU form", name("load_format", "--load-format"));
-  fdpp::check(max_num_seqs <= max_batched_tokens, "{} exceeds {}: every running sequence needs a token of the step",
-              given("max_num_seqs", "--max-num-seqs", max_num_seqs),
-              given("max_num_batched_tokens", "--max-batched-tokens", max_batched_tokens));
+  if (const std::string p = step_size_problem(max_num_seqs, max_batched_tokens); !p.empty())
+    fail("{} with {}: {}", given("max_num_seqs", "--max-num-seqs", max_num_seqs),
+         given("max_num_batched_tokens", "--max-batched-tokens", max_batched_tokens), p);
 }
 
 RunnerOptions EngineArgs::runner_options(const std::string& model_path, const EnvironmentLookup& env) const {
