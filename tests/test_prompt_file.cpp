@@ -123,9 +123,10 @@ TEST(PromptFile, BadLinesNameTheLineAndTheProblem) {
       {R"({"prompt": "a", "top_k": 2.5})", "\"top_k\" must be an integer"},
       {R"({"prompt": "a", "min_p": 2})", "\"min_p\" 2 must be in [0, 1]"},
       {R"({"prompt": "a", "repeat_penalty": 0})", "\"repeat_penalty\" 0 must be in [0.01, 100]"},
-      {R"({"prompt": "a", "max_tokens": -1})", "\"max_tokens\" -1 must be in [0, 16777216]"},
-      {R"({"prompt": "a", "seed": -2})", "\"seed\" -2 must be >= 0, or -1"},
-      {R"({"prompt": "a", "seed": 18446744073709551615})", "\"seed\" 18446744073709551615 is too large"},
+      {R"({"prompt": "a", "max_tokens": -1})", "\"max_tokens\" -1 must be in [1, 16777216]"},
+      {R"({"prompt": "a", "max_tokens": 0})", "\"max_tokens\" 0 must be in [1, 16777216]"},
+      {R"({"prompt": "a", "seed": -2})", "\"seed\" -2 must be in [-1, 9223372036854775807] (-1 = random)"},
+      {R"({"prompt": "a", "seed": 18446744073709551615})", "\"seed\" 18446744073709551615 must be in [-1, "},
       {R"({"prompt": "a", "stop": ""})", "\"stop\" is empty"},
       {R"({"prompt": "a", "stop": 5})", "\"stop\" must be a string or an array"},
       {R"({"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]})",
@@ -160,12 +161,13 @@ TEST(PromptFile, ValueRangesAreTheFlagRanges) {
   EXPECT_EQ(min_p_problem(0), "");
   EXPECT_NE(min_p_problem(1.01), "");
   EXPECT_EQ(top_k_problem(0), "");
-  EXPECT_NE(top_k_problem(-1), "");
+  EXPECT_EQ(top_k_problem(-1), "");  // vLLM's off
+  EXPECT_NE(top_k_problem(-2), "");
   EXPECT_EQ(repeat_last_n_problem(-1), "");
   EXPECT_NE(repeat_last_n_problem(-2), "");
   EXPECT_EQ(repeat_penalty_problem(1), "");
   EXPECT_NE(repeat_penalty_problem(0), "");
-  EXPECT_EQ(max_tokens_problem(0), "");
+  EXPECT_EQ(max_tokens_problem(0), "");  // -n 0: the prompt only (a request's max_tokens needs >= 1)
   EXPECT_NE(max_tokens_problem(-1), "");
 }
 
@@ -246,7 +248,8 @@ TEST(PromptFile, BuildRequests) {
             std::string::npos);
   RequestSettings zero = s;
   zero.max_tokens = 0;
-  EXPECT_NE(error_of([&] { build_request(plain, zero, *tok, 2048, "p.txt"); }).find("p.txt:3: max_tokens is 0"),
+  EXPECT_NE(error_of([&] { build_request(plain, zero, *tok, 2048, "p.txt"); })
+                .find("p.txt:3: \"max_tokens\" 0 must be in [1, "),
             std::string::npos);
 }
 

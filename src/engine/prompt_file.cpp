@@ -8,17 +8,13 @@
 #include <random>
 
 #include "core/read_file.h"
+#include "engine/request_limits.h"
 #include "fdpp/error.h"
 #include "io/json_file.h"
 
 namespace fdpp {
 
 namespace {
-
-std::string range_problem(double v, double lo, double hi, bool lo_open, std::string_view range_text) {
-  if (!std::isfinite(v) || v > hi || (lo_open ? v <= lo : v < lo)) return fmt::format("must be in {}", range_text);
-  return "";
-}
 
 std::string lower_ext(const std::string& path) {
   const size_t dot = path.find_last_of('.');
@@ -39,25 +35,23 @@ struct LineContext {
   }
 };
 
-double json_number(const LineContext& at, const nlohmann::json& v, std::string_view field) {
-  if (!v.is_number()) at.fail_at("\"{}\" must be a number, not {}", field, v.dump());
-  return v.get<double>();
+// A sampling or length field checked against the table of request limits (engine/request_limits.h),
+// as the server and the Python package check theirs.
+int64_t line_integer(const LineContext& at, const nlohmann::json& v, std::string_view field) {
+  JsonParam p = check_json_param(field, v);
+  if (!p.message.empty()) at.fail_at("{}", p.message);
+  return p.integer;
 }
 
-int64_t json_integer(const LineContext& at, const nlohmann::json& v, std::string_view field) {
-  if (!v.is_number_integer()) at.fail_at("\"{}\" must be an integer, not {}", field, v.dump());
-  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-    at.fail_at("\"{}\" {} is too large", field, v.dump());
-  return v.get<int64_t>();
+float line_real(const LineContext& at, const nlohmann::json& v, std::string_view field) {
+  JsonParam p = check_json_param(field, v);
+  if (!p.message.empty()) at.fail_at("{}", p.message);
+  return static_cast<float>(p.real);
 }
 
 std::string json_text(const LineContext& at, const nlohmann::json& v, std::string_view field) {
   if (!v.is_string()) at.fail_at("\"{}\" must be a string, not {}", field, v.dump());
   return v.get<std::string>();
-}
-
-void check_value(const LineContext& at, std::string_view field, const std::string& problem, const nlohmann::json& v) {
-  if (!problem.empty()) at.fail_at("\"{}\" {} {}", field, v.dump(), problem);
 }
 
 PromptEntry parse_json_line(std::string_view text, const LineContext& at) {
@@ -89,38 +83,23 @@ PromptEntry parse_json_line(std::string_view text, const LineContext& at) {
     } else if (key == "id") {
       e.id_json = v.dump();
     } else if (key == "max_tokens") {
-      const int64_t n = json_integer(at, v, key);
-      check_value(at, key, max_tokens_problem(n), v);
-      e.max_tokens = static_cast<int>(n);
+      e.max_tokens = static_cast<int>(line_integer(at, v, key));
     } else if (key == "temperature") {
-      const double x = json_number(at, v, key);
-      check_value(at, key, temperature_problem(x), v);
-      e.temperature = static_cast<float>(x);
+      e.temperature = line_real(at, v, key);
     } else if (key == "top_k") {
-      const int64_t n = json_integer(at, v, key);
-      check_value(at, key, top_k_problem(n), v);
-      e.top_k = static_cast<int>(n);
+      e.top_k = static_cast<int>(line_integer(at, v, key));
     } else if (key == "top_p") {
-      const double x = json_number(at, v, key);
-      check_value(at, key, top_p_problem(x), v);
-      e.top_p = static_cast<float>(x);
+      e.top_p = line_real(at, v, key);
     } else if (key == "min_p") {
-      const double x = json_number(at, v, key);
-      check_value(at, key, min_p_problem(x), v);
-      e.min_p = static_cast<float>(x);
+      e.min_p = line_real(at, v, key);
     } else if (key == "repeat_penalty") {
-      const double x = json_number(at, v, key);
-      check_value(at, key, repeat_penalty_problem(x), v);
-      e.repeat_penalty = static_cast<float>(x);
+      e.repeat_penalty = line_real(at, v, key);
     } else if (key == "repeat_last_n") {
-      const int64_t n = json_integer(at, v, key);
-      check_value(at, key, repeat_last_n_problem(n), v);
-      e.repeat_last_n = static_cast<int>(n);
+      e.repeat_last_n = static_cast<int>(line_integer(at, v, key));
     } else if (key == "seed") {
       // -1 means a random seed, as on the command line; it is drawn here so that the output can
       // print the seed that was used.
-      const int64_t n = json_integer(at, v, key);
-      if (n < -1) at.fail_at("\"seed\" {} must be >= 0, or -1 for a random seed", n);
+      const int64_t n = line_integer(at, v, key);
       e.seed = n == -1 ? random_seed() : static_cast<uint64_t>(n);
     } else if (key == "stop") {
       std::vector<std::string> stop;
@@ -131,10 +110,9 @@ PromptEntry parse_json_line(std::string_view text, const LineContext& at) {
       } else {
         at.fail_at("\"stop\" must be a string or an array of strings, not {}", v.dump());
       }
-      if (stop.size() > kMaxStopStrings)
-        at.fail_at("\"stop\" has {} strings; at most {} are supported", stop.size(), kMaxStopStrings);
+      if (std::string m = list_count_message(key, stop.size()); !m.empty()) at.fail_at("{}", m);
       for (const std::string& s : stop)
-        if (std::string p = stop_problem(s); !p.empty()) at.fail_at("\"stop\" {}", p);
+        if (std::string p = stop_string_problem(s); !p.empty()) at.fail_at("\"stop\" {}", p);
       e.stop = std::move(stop);
     } else if (key == "ignore_eos") {
       if (!v.is_boolean()) at.fail_at("\"ignore_eos\" must be true or false, not {}", v.dump());
@@ -150,23 +128,15 @@ PromptEntry parse_json_line(std::string_view text, const LineContext& at) {
 
 }  // namespace
 
-std::string temperature_problem(double v) { return range_problem(v, 0, 100, false, "[0, 100] (0 = greedy)"); }
-std::string top_k_problem(int64_t v) {
-  return v < 0 || v > (int64_t{1} << 24) ? "must be in [0, 16777216] (0 = off)" : "";
-}
-std::string top_p_problem(double v) { return range_problem(v, 0, 1, true, "(0, 1] (1 = off)"); }
-std::string min_p_problem(double v) { return range_problem(v, 0, 1, false, "[0, 1] (0 = off)"); }
-std::string repeat_penalty_problem(double v) { return range_problem(v, 0.01, 100, false, "[0.01, 100] (1 = off)"); }
-std::string repeat_last_n_problem(int64_t v) {
-  return v < -1 || v > (int64_t{1} << 30) ? "must be in [-1, 1073741824] (-1 = all)" : "";
-}
-std::string max_tokens_problem(int64_t v) { return v < 0 || v > (int64_t{1} << 24) ? "must be in [0, 16777216]" : ""; }
-std::string stop_problem(std::string_view s) {
-  if (s.empty()) return "is empty (an empty stop string would end every request at once)";
-  if (s.size() > kMaxStopBytes) return fmt::format("is {} bytes long; at most {} are supported", s.size(), kMaxStopBytes);
-  if (std::string p = utf8_problem(s); !p.empty()) return p;
-  return "";
-}
+// The CLI's flags: the table's problems, which the validators print after the value typed.
+std::string temperature_problem(double v) { return param_problem(request_param("temperature"), v); }
+std::string top_k_problem(int64_t v) { return param_problem(request_param("top_k"), v); }
+std::string top_p_problem(double v) { return param_problem(request_param("top_p"), v); }
+std::string min_p_problem(double v) { return param_problem(request_param("min_p"), v); }
+std::string repeat_penalty_problem(double v) { return param_problem(request_param("repeat_penalty"), v); }
+std::string repeat_last_n_problem(int64_t v) { return param_problem(request_param("repeat_last_n"), v); }
+std::string max_tokens_problem(int64_t v) { return param_problem(request_param("n_predict"), v); }
+std::string stop_problem(std::string_view s) { return stop_string_problem(s); }
 
 std::string utf8_problem(std::string_view text) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
@@ -275,7 +245,8 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tokenizer, const std::string
 GenerationRequest build_request(const PromptEntry& entry, const RequestSettings& s, const Tokenizer& tokenizer,
                                 int max_context, const std::string& source) {
   const LineContext at{source, entry.line};
-  if (s.max_tokens < 1) at.fail_at("max_tokens is 0; a request generates at least 1 token");
+  // The defaults come from the CLI's -n, where 0 runs a single prompt only; a request needs >= 1.
+  if (std::string m = check_request_param("max_tokens", s.max_tokens); !m.empty()) at.fail_at("{}", m);
   GenerationRequest r;
   try {
     r.prompt = encode_prompt(tokenizer, entry.prompt, entry.messages, s.chat, s.system);

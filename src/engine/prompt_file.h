@@ -1,7 +1,8 @@
 // Prompts for a batch job (`fdpp generate --file`): a prompts file parsed and checked line by line,
-// the per-request sampling values checked by one set of rules (the CLI's flags and a JSON line's
-// fields obey the same ranges), and the GenerationRequests the Scheduler runs. Kept apart from the
-// CLI so that the server and the Python package can read the same files and give the same errors.
+// the per-request sampling values checked against the table of request limits
+// (engine/request_limits.h, which the CLI's flags, the server, Python and the sampler share), and
+// the GenerationRequests the Scheduler runs. Kept apart from the CLI so that the server and the
+// Python package can read the same files and give the same errors.
 //
 // Formats (chosen by the file's extension: .jsonl / .ndjson / .json are JSON Lines, anything
 // else is plain text):
@@ -22,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/request_limits.h"
 #include "engine/scheduler.h"
 #include "fdpp/sampling.h"
 #include "tokenizer/tokenizer.h"
@@ -63,16 +65,19 @@ std::vector<PromptEntry> parse_prompt_file(std::string_view content, PromptFileF
 // Reads and parses a file ("-": standard input, plain text).
 std::vector<PromptEntry> read_prompt_file(const std::string& path);
 
-// The ranges of the sampling values. Each returns "" when the value is allowed, else the problem
-// ("must be in (0, 1]"); NaN and infinities are never allowed. The CLI's validators and the JSON
-// fields both call these, so a value means the same everywhere.
+// The CLI's flags' checks, each the problem of one entry of the table of request limits
+// (engine/request_limits.h) that a JSON line, the server, Python and the sampler check too: "" when
+// the value is allowed, else the problem ("must be in (0, 1] (1 = off)"); NaN and infinities are
+// never allowed.
 std::string temperature_problem(double v);     // [0, 100]; 0 = greedy
-std::string top_k_problem(int64_t v);          // [0, 2^24]; 0 = off
+std::string top_k_problem(int64_t v);          // [-1, 2^24]; -1 or 0 = off
 std::string top_p_problem(double v);           // (0, 1]; 1 = off (0 would keep no token)
 std::string min_p_problem(double v);           // [0, 1]; 0 = off
 std::string repeat_penalty_problem(double v);  // [0.01, 100]; 1 = off
 std::string repeat_last_n_problem(int64_t v);  // [-1, 2^30]; -1 = all
-std::string max_tokens_problem(int64_t v);     // [0, 2^24]
+// -n of a single prompt (the table's n_predict): [0, 2^24], 0 = the prompt only (llama.cpp's -n 0).
+// A request (a JSON line's max_tokens, and the defaults build_request gets) needs [1, 2^24].
+std::string max_tokens_problem(int64_t v);
 std::string stop_problem(std::string_view s);  // 1..kMaxStopBytes bytes, valid UTF-8
 // The Scheduler's limits on stop strings (engine/scheduler.h) are checked here first, so that the
 // flag or the line is named.
@@ -94,7 +99,7 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tokenizer, const std::string
                                    const std::vector<ChatMessage>& messages, bool chat, const std::string& system);
 
 // The request of one entry. Throws "SOURCE:LINE: ..." when the prompt encodes to no tokens or does
-// not fit max_context with its max_tokens, or when max_tokens is 0 (a batch request makes >= 1).
+// not fit max_context with its max_tokens, or when max_tokens is 0 (a request makes >= 1).
 GenerationRequest build_request(const PromptEntry& entry, const RequestSettings& settings, const Tokenizer& tokenizer,
                                 int max_context, const std::string& source);
 
