@@ -4,6 +4,7 @@
 #include <cmath>
 #include <unordered_set>
 
+#include "engine/request_limits.h"
 #include "fdpp/error.h"
 
 namespace fdpp {
@@ -19,11 +20,21 @@ void renormalize(std::vector<Candidate>& c) {
 }  // namespace
 
 void check_sampling_params(const SamplingParams& params) {
-  check(std::isfinite(params.temperature), "temperature must be a finite number");
-  check(params.top_p > 0 && params.top_p <= 1.0f, "top-p = {} must be in (0, 1]", params.top_p);
-  check(params.min_p >= 0 && params.min_p <= 1.0f, "min-p = {} must be in [0, 1]", params.min_p);
-  check(params.repeat_penalty > 0 && std::isfinite(params.repeat_penalty), "repeat penalty = {} must be positive",
-        params.repeat_penalty);
+  // The table every entrance checks (engine/request_limits.h); the fields print as floats, so a value
+  // that an entrance refused is named the same way here. seed: any 64-bit value is a key.
+  auto real = [](std::string_view name, float v) {
+    const std::string problem = param_problem(request_param(name), static_cast<double>(v));
+    if (!problem.empty()) fail("{}", param_message(name, show_value(v), problem));
+  };
+  auto integer = [](std::string_view name, int v) {
+    if (std::string m = check_request_param(name, int64_t{v}); !m.empty()) fail("{}", m);
+  };
+  real("temperature", params.temperature);
+  integer("top_k", params.top_k);
+  real("top_p", params.top_p);
+  real("min_p", params.min_p);
+  real("repeat_penalty", params.repeat_penalty);
+  integer("repeat_last_n", params.repeat_last_n);
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) { check_sampling_params(params); }

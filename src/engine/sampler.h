@@ -53,7 +53,8 @@ class Sampler {
 // (index, 0); bit for bit the CUDA sampler's uniform01.
 double keyed_uniform(uint64_t seed, uint64_t index);
 
-// Validates sampling parameters (throws fdpp::Error naming the bad one).
+// Validates sampling parameters against the table of request limits (engine/request_limits.h); throws
+// fdpp::Error with the table's message naming the bad one ("\"top_p\" 0 must be in (0, 1] (1 = off)").
 void check_sampling_params(const SamplingParams& params);
 
 int32_t argmax(std::span<const float> logits);
