@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
-#include <limits>
+#include <algorithm>
 #include <set>
 
+#include "engine/request_limits.h"
 #include "fdpp/error.h"
 #include "io/json_file.h"
 
@@ -82,26 +82,16 @@ std::optional<bool> opt_bool(const json& body, const char* key) {
   return v->get<bool>();
 }
 
-std::optional<double> opt_number(const json& body, const char* key, double lo, double hi, bool lo_open = false) {
+// A sampling or length field checked against the table of request limits (engine/request_limits.h),
+// the one a prompts file's line, Python's SamplingParams and the sampler check: the same ranges and
+// the same message ("\"top_p\" 0 must be in (0, 1] (1 = off)"). Integers only where the table says
+// so (16.0 and 1.5 are refused, as OpenAI does).
+std::optional<JsonParam> opt_param(const json& body, const char* key) {
   const json* v = field(body, key);
   if (!v) return std::nullopt;
-  if (!v->is_number()) throw bad(key, fmt::format("'{}' must be a number", key));
-  const double x = v->get<double>();
-  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
-    throw bad(key, fmt::format("'{}' is {}; it must be in {}{}, {}]", key, v->dump(), lo_open ? "(" : "[", lo, hi));
-  return x;
-}
-
-// Integers only (16.0 and 1.5 are refused as OpenAI does), within [lo, hi].
-std::optional<int64_t> opt_int(const json& body, const char* key, int64_t lo, int64_t hi) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number_integer()) throw bad(key, fmt::format("'{}' must be an integer", key));
-  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    throw bad(key, fmt::format("'{}' is {}; it must be in [{}, {}]", key, v->dump(), lo, hi));
-  const int64_t x = v->get<int64_t>();
-  if (x < lo || x > hi) throw bad(key, fmt::format("'{}' is {}; it must be in [{}, {}]", key, x, lo, hi));
-  return x;
+  JsonParam p = check_json_param(key, *v);
+  if (!p.message.empty()) throw bad(key, p.message);
+  return p;
 }
 
 // Fields accepted only at the value that turns them off; anything else is refused by name.
@@ -145,9 +135,8 @@ std::vector<int32_t> stop_token_ids(const json& body, const ModelInfo& model, co
   const json* s = field(body, "stop_token_ids");
   if (!s) return {};
   if (!s->is_array()) throw bad("stop_token_ids", "'stop_token_ids' must be a list of token ids");
-  if (s->size() > static_cast<size_t>(limits.max_stop_token_ids))
-    throw bad("stop_token_ids",
-              fmt::format("{} stop token ids; the limit is {}", s->size(), limits.max_stop_token_ids));
+  if (std::string m = list_count_message("stop_token_ids", s->size(), limits.max_stop_token_ids); !m.empty())
+    throw bad("stop_token_ids", m);
   return checked_ids(*s, "stop_token_ids", model);
 }
 
@@ -237,14 +226,12 @@ std::vector<std::string> stop_strings(const json& body, const ApiLimits& limits)
   auto add = [&](const json& v) {
     if (!v.is_string()) throw bad("stop", "'stop' must be a string or a list of strings");
     const std::string& str = v.get_ref<const std::string&>();
-    if (str.empty()) throw bad("stop", "'stop' holds an empty string");
-    if (str.size() > static_cast<size_t>(limits.max_stop_bytes))
-      throw bad("stop", fmt::format("a stop string of {} bytes; the limit is {}", str.size(), limits.max_stop_bytes));
+    if (std::string p = stop_string_problem(str, limits.max_stop_bytes); !p.empty()) throw bad("stop", "\"stop\" " + p);
     out.push_back(str);
   };
   if (s->is_array()) {
-    if (s->size() > static_cast<size_t>(limits.max_stop_strings))
-      throw bad("stop", fmt::format("{} stop strings; the limit is {}", s->size(), limits.max_stop_strings));
+    if (std::string m = list_count_message("stop", s->size(), limits.max_stop_strings); !m.empty())
+      throw bad("stop", m);
     for (const json& v : *s) add(v);
   } else {
     add(*s);
@@ -306,8 +293,13 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   }
 
   require_off(body, "n", is_one, "one choice per request");
-  require_off(body, "presence_penalty", is_zero, "use repetition_penalty");
-  require_off(body, "frequency_penalty", is_zero, "use repetition_penalty");
+  // In the table at the one value that changes nothing (0): refused otherwise as unsupported.
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    const json* v = field(body, key);
+    if (!v) continue;
+    if (JsonParam p = check_json_param(key, *v); !p.message.empty())
+      throw bad(key, p.message, v->is_number() ? "unsupported_parameter" : "");
+  }
   require_off(body, "logit_bias", is_empty_container, "no logit bias");
   require_off(body, "response_format",
               [](const json& v) { return v.is_object() && v.size() == 1 && v.value("type", "") == "text"; },
@@ -352,29 +344,33 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   // Sampling: OpenAI's defaults (temperature 1, top_p 1, nothing else), not the CLI's llama.cpp
   // ones, so that a client gets what the same request gets from OpenAI or vLLM.
   SamplingParams& s = r.generation.sampling;
-  s.temperature = static_cast<float>(opt_number(body, "temperature", 0.0, 100.0).value_or(1.0));
-  s.top_p = static_cast<float>(opt_number(body, "top_p", 0.0, 1.0, /*lo_open=*/true).value_or(1.0));
+  auto real = [&](const char* key, double otherwise) {
+    const auto p = opt_param(body, key);
+    return static_cast<float>(p ? p->real : otherwise);
+  };
+  s.temperature = real("temperature", 1.0);
+  s.top_p = real("top_p", 1.0);
   // top_k: -1 (vLLM) and 0 (llama.cpp) both mean off.
-  s.top_k = static_cast<int>(opt_int(body, "top_k", -1, std::numeric_limits<int32_t>::max()).value_or(0));
-  if (s.top_k < 0) s.top_k = 0;
-  s.min_p = static_cast<float>(opt_number(body, "min_p", 0.0, 1.0).value_or(0.0));
+  s.top_k = std::max(static_cast<int>(opt_param(body, "top_k").value_or(JsonParam{}).integer), 0);
+  s.min_p = real("min_p", 0.0);
   // As vLLM / HF: the penalty sees every token of the prompt and the output (repeat_last_n -1).
-  s.repeat_penalty = static_cast<float>(opt_number(body, "repetition_penalty", 0.01, 100.0).value_or(1.0));
+  s.repeat_penalty = real("repetition_penalty", 1.0);
   s.repeat_last_n = -1;
-  if (const json* seed = field(body, "seed")) {
-    if (!seed->is_number_integer()) throw bad("seed", "'seed' must be an integer");
-    s.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
+  // -1 asks for a random seed, as an absent one (vLLM's seed=-1, llama.cpp's --seed -1).
+  if (const auto seed = opt_param(body, "seed"); seed && seed->integer != -1) {
+    s.seed = static_cast<uint64_t>(seed->integer);
     r.seed_given = true;
   }
   r.generation.ignore_eos = opt_bool(body, "ignore_eos").value_or(false);
   r.generation.stop = stop_strings(body, limits);
   r.generation.stop_token_ids = stop_token_ids(body, model, limits);
 
-  std::optional<int64_t> max_tokens = opt_int(body, "max_tokens", 1, std::numeric_limits<int32_t>::max());
+  std::optional<int64_t> max_tokens;
+  if (auto p = opt_param(body, "max_tokens")) max_tokens = p->integer;
   const char* max_param = "max_tokens";
   if (chat) {
-    if (auto mct = opt_int(body, "max_completion_tokens", 1, std::numeric_limits<int32_t>::max())) {
-      max_tokens = mct;
+    if (auto mct = opt_param(body, "max_completion_tokens")) {
+      max_tokens = mct->integer;
       max_param = "max_completion_tokens";
     }
   }

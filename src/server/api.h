@@ -30,7 +30,8 @@ namespace fdpp::server {
 struct ApiLimits {
   int64_t max_body_bytes = 8 << 20;    // 8 MiB: more than a 128K-token prompt as text or as ids
   int max_messages = 4096;             // chat messages in one request
-  // The scheduler's bounds (OpenAI allows 4 stop strings); each is matched every token.
+  // The scheduler's bounds (OpenAI allows 4 stop strings); each is matched every token. The messages
+  // are the table of request limits' (engine/request_limits.h), with these limits.
   int max_stop_strings = static_cast<int>(kMaxStopStrings);
   int max_stop_bytes = static_cast<int>(kMaxStopBytes);  // bytes of one stop string
   int max_stop_token_ids = static_cast<int>(kMaxStopTokenIds);
@@ -86,10 +87,10 @@ struct ParsedRequest {
 };
 
 // Parses a request body. Throws ApiError (4xx) naming the field for anything invalid or
-// unsupported; the prompt is encoded with `codec` and checked against the model's context and
-// vocabulary. Sampling defaults follow OpenAI: temperature 1, top_p 1, no top-k / min-p /
-// repetition penalty; max_tokens defaults to 16 for completions (OpenAI's legacy default) and to
-// the rest of the context for chat.
+// unsupported (the sampling and length ranges and their messages: engine/request_limits.h); the
+// prompt is encoded with `codec` and checked against the model's context and vocabulary. Sampling
+// defaults follow OpenAI: temperature 1, top_p 1, no top-k / min-p / repetition penalty; max_tokens
+// defaults to 16 for completions (OpenAI's legacy default) and to the rest of the context for chat.
 nlohmann::json parse_json_body(std::string_view body, const ApiLimits& limits);
 ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const ModelInfo& model,
                             const PromptCodec& codec, const ApiLimits& limits);
