@@ -22,7 +22,6 @@ one line the CLI prints after "fdpp: error: ".
 
 from __future__ import annotations
 
-import math
 import operator
 import os
 import secrets
@@ -86,14 +85,13 @@ def _text(name: str, value: str) -> str:
     return value
 
 
-def _check_float(name: str, value: Any, low: float, high: float, low_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(f"{name}: expected a number, got {type(value).__name__} {value!r}")
-    v = float(value)
-    if not math.isfinite(v) or v < low or v > high or (low_open and v == low):
-        lb = "(" if low_open else "["
-        raise _bad(f"{name}: {value} is not in {lb}{low}, {high}]")
-    return v
+def _check_param(name: str, value: Any) -> Any:
+    # The table of request limits (src/engine/request_limits.h, through the extension): the ranges
+    # and the messages of the CLI's prompts files, the server and the sampler.
+    message = _core.request_param_problem(name, value)
+    if message:
+        raise _bad(message)
+    return value
 
 
 class SamplingParams:
@@ -103,17 +101,19 @@ class SamplingParams:
     The filters run in HF's order: repetition penalty, temperature, top-k, top-p, min-p.
 
     Args:
-        temperature: 0 = greedy (argmax); otherwise in (0, 100].
-        top_k: keep the k most likely tokens; 0 or -1 = off (-1 is vLLM's spelling).
+        temperature: in [0, 100]; 0 = greedy (argmax).
+        top_k: keep the k most likely tokens, in [-1, 2^24]; 0 or -1 = off (-1 is vLLM's spelling).
         top_p: nucleus mass in (0, 1]; 1 = off.
         min_p: drop tokens below min_p x the top probability, in [0, 1]; 0 = off.
         repetition_penalty: in [0.01, 100]; 1 = off (llama.cpp's --repeat-penalty).
-        repeat_last_n: how many recent tokens the penalty sees; -1 = all.
-        seed: the request's random stream; None = a fresh random seed per request (as vLLM). With a
-            seed, the tokens depend only on the seed and the logits, never on the batch.
-        max_tokens: tokens to generate, >= 1 (default 128, as the CLI's -n); None = up to the end of
-            the context (max_model_len less the prompt), as vLLM's None.
-        stop: a string or strings; the text ends before the first one found (finish_reason "stop").
+        repeat_last_n: how many recent tokens the penalty sees, in [-1, 2^30]; -1 = all.
+        seed: the request's random stream, in [0, 2^63); None or -1 = a fresh random seed per
+            request (as vLLM). With a seed, the tokens depend only on the seed and the logits, never
+            on the batch.
+        max_tokens: tokens to generate, in [1, 2^24] (default 128, as the CLI's -n); None = up to the
+            end of the context (max_model_len less the prompt), as vLLM's None.
+        stop: a string or up to 16 strings of 1 to 256 bytes; the text ends before the first one found
+            (finish_reason "stop").
         stop_token_ids: ids that end the generation as an end-of-generation token does (vLLM's): kept
             in token_ids, not in the text; ignore_eos does not turn them off. At most 64.
         ignore_eos: keep generating past end-of-generation tokens.
@@ -122,6 +122,10 @@ class SamplingParams:
     it is, so that code written for vLLM runs unchanged, and refused otherwise (InvalidInputError
     naming the field): n and best_of (1 or None), presence_penalty and frequency_penalty (0),
     logprobs and prompt_logprobs (None), skip_special_tokens (True).
+
+    The ranges and the messages of a value out of them are those of the server and of the CLI's
+    prompts files: one table in the engine (src/engine/request_limits.h), e.g.
+    '"top_p" 0 must be in (0, 1] (1 = off)'.
     """
 
     __slots__ = (
@@ -160,9 +164,7 @@ class SamplingParams:
         stop_token_ids: Optional[Sequence[int]] = None,
         skip_special_tokens: bool = True,
     ) -> None:
-        for name, value, neutral in (("n", n, (1,)), ("best_of", best_of, (None, 1)),
-                                     ("presence_penalty", presence_penalty, (0,)),
-                                     ("frequency_penalty", frequency_penalty, (0,)), ("logprobs", logprobs, (None,)),
+        for name, value, neutral in (("n", n, (1,)), ("best_of", best_of, (None, 1)), ("logprobs", logprobs, (None,)),
                                      ("prompt_logprobs", prompt_logprobs, (None,)),
                                      ("skip_special_tokens", skip_special_tokens, (True,))):
             # bool is an int: True must not pass as n = 1, nor False as a penalty of 0.
@@ -176,17 +178,20 @@ class SamplingParams:
         for i, t in enumerate(stop_token_ids):
             name = f"stop_token_ids[{i}]"
             self.stop_token_ids.append(_check_int(name, _token_id(name, t), 0, (1 << 31) - 1))
-        most = _core.max_stop_token_ids
-        if len(self.stop_token_ids) > most:
-            raise _bad(f"stop_token_ids: {len(self.stop_token_ids)} ids; at most {most} are supported")
-        self.temperature = _check_float("temperature", temperature, 0.0, 100.0)
-        self.top_k = _check_int("top_k", top_k, -1, 1 << 24)
-        self.top_p = _check_float("top_p", top_p, 0.0, 1.0, low_open=True)
-        self.min_p = _check_float("min_p", min_p, 0.0, 1.0)
-        self.repetition_penalty = _check_float("repetition_penalty", repetition_penalty, 0.01, 100.0)
-        self.repeat_last_n = _check_int("repeat_last_n", repeat_last_n, -1, 1 << 30)
-        self.seed = None if seed is None else _check_int("seed", seed, 0, (1 << 64) - 1)
-        self.max_tokens = None if max_tokens is None else _check_int("max_tokens", max_tokens, 1, 1 << 24)
+        if message := _core.request_list_problem("stop_token_ids", len(self.stop_token_ids)):
+            raise _bad(message)
+        # Not implemented: in the table at the one value that changes nothing (0).
+        _check_param("presence_penalty", presence_penalty)
+        _check_param("frequency_penalty", frequency_penalty)
+        self.temperature = float(_check_param("temperature", temperature))
+        self.top_k = _check_param("top_k", top_k)
+        self.top_p = float(_check_param("top_p", top_p))
+        self.min_p = float(_check_param("min_p", min_p))
+        self.repetition_penalty = float(_check_param("repetition_penalty", repetition_penalty))
+        self.repeat_last_n = _check_param("repeat_last_n", repeat_last_n)
+        # -1: a random seed, as None (vLLM's and llama.cpp's spelling).
+        self.seed = None if seed is None or _check_param("seed", seed) == -1 else seed
+        self.max_tokens = None if max_tokens is None else _check_param("max_tokens", max_tokens)
         if stop is None:
             stops: list[str] = []
         elif isinstance(stop, str):
@@ -195,10 +200,14 @@ class SamplingParams:
             stops = list(stop)
         else:
             raise _bad(f"stop: expected a str or a list of str, got {type(stop).__name__}")
+        if message := _core.request_list_problem("stop", len(stops)):
+            raise _bad(message)
         for i, s in enumerate(stops):
-            if not isinstance(s, str) or not s:
-                raise _bad(f"stop: {s!r} is not a non-empty string")
+            if not isinstance(s, str):
+                raise _bad(f"stop: {s!r} is not a string")
             _text(f"stop[{i}]", s)
+            if message := _core.stop_string_problem(s):
+                raise _bad(message)
         self.stop = stops
         if not isinstance(ignore_eos, bool):
             raise _bad(f"ignore_eos: expected a bool, got {type(ignore_eos).__name__}")

@@ -640,4 +640,36 @@ NB_MODULE(_core, m) {
                      return id;
                    })
       .def_prop_ro("add_bos_by_default", [](const TokenizerRef& t) { return t.st->tokenizer().add_bos_by_default(); });
+
+  // The table of request limits (src/engine/request_limits.h): SamplingParams checks its values here,
+  // so that a value out of range gets the range and the message that a prompts file's line, the
+  // server and the sampler give. Each returns "" when the value is allowed, else the message.
+  // request_param_problem takes the value as Python holds it: an int (beyond int64 too) or a float;
+  // a bool or anything else is a type problem, shown as its repr.
+  m.def(
+      "request_param_problem",
+      [](const std::string& name, nb::handle value) -> std::string {
+        const RequestParam& p = request_param(name);
+        if (nb::isinstance<nb::int_>(value) && !nb::isinstance<nb::bool_>(value)) {
+          int64_t v = 0;
+          if (!nb::try_cast(value, v)) return param_message(name, nb::str(value).c_str(), out_of_range_problem(p));
+          return p.type == ParamType::Real ? check_request_param(name, static_cast<double>(v))
+                                           : check_request_param(name, v);
+        }
+        if (nb::isinstance<nb::float_>(value) && p.type == ParamType::Real)
+          return check_request_param(name, nb::cast<double>(value));
+        std::string shown = nb::repr(value).c_str();
+        if (shown.size() > 60) shown = shown.substr(0, 57) + "...";  // as json_show bounds the server's
+        return type_message(p, name, shown);
+      },
+      "name"_a, "value"_a);
+  m.def("request_list_problem", [](const std::string& name, size_t count) { return list_count_message(name, count); },
+        "name"_a, "count"_a);
+  m.def(
+      "stop_string_problem",
+      [](const std::string& s) -> std::string {
+        const std::string p = stop_string_problem(s);
+        return p.empty() ? "" : "\"stop\" " + p;
+      },
+      "text"_a);
 }
