@@ -642,9 +642,13 @@ void run_decode(const DecodeCase& c) {
     // is written by the main kernel first).
     const size_t ws_bytes = cuda::decode_attention_workspace_bytes(B, H, D, splits);
     DeviceBuffer<uint8_t> ws(std::vector<uint8_t>(std::max<size_t>(ws_bytes, 1), 0xFF));
-    cuda::decode_attention_split(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(), B,
-                                 H, KVH, D, c.block_size, scale, d_out.get(), c.t, splits, max_len,
-                                 splits > 1 ? ws.get() : nullptr, ws_bytes, nullptr);
+    cuda::decode_attention({.qkv = d_qkv.get(), .k_cache = d_k.get(), .v_cache = d_v.get(),
+                            .block_tables = d_tables.get(), .max_blocks_per_seq = cache.max_blocks,
+                            .context_lens = d_lens.get(), .out = d_out.get(), .batch = B, .n_heads = H,
+                            .n_kv_heads = KVH, .head_dim = D, .block_size = c.block_size, .scale = scale, .dtype = c.t,
+                            .splits = splits, .max_context_len = max_len,
+                            .workspace = splits > 1 ? ws.get() : nullptr, .workspace_bytes = ws_bytes},
+                           nullptr);
     sync("decode_attention");
   } else {
     const size_t ws_bytes = cuda::decode_attention_async_workspace_bytes(B, H, KVH, D, splits);
@@ -663,9 +667,13 @@ void run_decode(const DecodeCase& c) {
     std::vector<uint16_t> first;
     for (int rep = 0; rep < 2; ++rep) {
       d_out.poison();
-      cuda::decode_attention_async(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), cache.max_blocks, d_lens.get(),
-                                   B, H, KVH, D, c.block_size, scale, range, d_out.get(), c.t, splits, max_len,
-                                   ws.get(), ws_bytes, counters.get(), n_counters, fallback.get(), nullptr);
+      cuda::decode_attention_async(
+          {.qkv = d_qkv.get(), .k_cache = d_k.get(), .v_cache = d_v.get(), .block_tables = d_tables.get(),
+           .max_blocks_per_seq = cache.max_blocks, .context_lens = d_lens.get(), .out = d_out.get(), .batch = B,
+           .n_heads = H, .n_kv_heads = KVH, .head_dim = D, .block_size = c.block_size, .scale = scale, .dtype = c.t,
+           .splits = splits, .max_context_len = max_len, .workspace = ws.get(), .workspace_bytes = ws_bytes,
+           .range = range, .counters = counters.get(), .counter_ints = n_counters, .fallback_rows = fallback.get()},
+          nullptr);
       sync("decode_attention_async");
       if (rep == 0) first = d_out.download();
     }
@@ -1567,15 +1575,24 @@ TEST_F(CudaKernels, LaunchersRejectBadArguments) {
   DeviceBuffer<float> f32(1 << 14);
   void* p = buf.get();
   const int32_t* ip = ints.get();
-  expect_error_naming([&] { cuda::decode_attention(p, p, p, ip, 4, ip, 1, 8, 2, 72, 16, 0.1f, p, DType::F16, nullptr); },
-                      "head_dim = 72");
-  expect_error_naming([&] { cuda::decode_attention(p, p, p, ip, 4, ip, 1, 8, 3, 64, 16, 0.1f, p, DType::F16, nullptr); },
-                      "not a multiple");
-  expect_error_naming([&] { cuda::decode_attention(p, p, p, ip, 4, ip, 1, 8, 2, 64, 12, 0.1f, p, DType::F16, nullptr); },
-                      "block_size = 12");
+  // A valid call (1 sequence, 8/2 heads, head_dim 64, 16-key blocks) but for the one field each case changes.
+  const cuda::DecodeAttentionParams valid{.qkv = p, .k_cache = p, .v_cache = p, .block_tables = ip,
+                                          .max_blocks_per_seq = 4, .context_lens = ip, .out = p, .batch = 1,
+                                          .n_heads = 8, .n_kv_heads = 2, .head_dim = 64, .block_size = 16,
+                                          .scale = 0.1f, .dtype = DType::F16};
+  auto with = [&](auto change) {
+    cuda::DecodeAttentionParams q = valid;
+    change(q);
+    return q;
+  };
   expect_error_naming(
-      [&] { cuda::decode_attention(p, nullptr, p, ip, 4, ip, 1, 8, 2, 64, 16, 0.1f, p, DType::F16, nullptr); },
-      "decode_attention: null pointer");
+      [&] { cuda::decode_attention(with([](auto& q) { q.head_dim = 72; }), nullptr); }, "head_dim = 72");
+  expect_error_naming(
+      [&] { cuda::decode_attention(with([](auto& q) { q.n_kv_heads = 3; }), nullptr); }, "not a multiple");
+  expect_error_naming(
+      [&] { cuda::decode_attention(with([](auto& q) { q.block_size = 12; }), nullptr); }, "block_size = 12");
+  expect_error_naming([&] { cuda::decode_attention(with([](auto& q) { q.k_cache = nullptr; }), nullptr); },
+                      "decode_attention: null pointer");
   expect_error_naming([&] { cuda::prefill_attention(p, p, p, ip, 0, 0, 8, 2, 64, 16, 0.1f, p, DType::F16, nullptr); },
                       "prefill_attention");
   expect_error_naming([&] { cuda::prefill_attention(p, p, p, ip, -1, 4, 8, 2, 64, 16, 0.1f, p, DType::F16, nullptr); },
@@ -1672,8 +1689,11 @@ TEST_F(CudaKernels, BenchDecodeAttention) {
     DeviceBuffer<uint16_t> qkv(size_t(c.B) * (c.H + 2 * c.KVH) * D), out(size_t(c.B) * c.H * D);
     cuda_ok(cudaMemset(qkv.get(), 0x3c, qkv.size() * 2), "cudaMemset");
     const double us = bench::median_us(50, [&](int i) {
-      cuda::decode_attention(qkv.get(), k[i % copies].get(), v[i % copies].get(), d_tables.get(), nb, d_lens.get(),
-                             c.B, c.H, c.KVH, D, bs, 0.088f, out.get(), t, nullptr);
+      cuda::decode_attention({.qkv = qkv.get(), .k_cache = k[i % copies].get(), .v_cache = v[i % copies].get(),
+                              .block_tables = d_tables.get(), .max_blocks_per_seq = nb, .context_lens = d_lens.get(),
+                              .out = out.get(), .batch = c.B, .n_heads = c.H, .n_kv_heads = c.KVH, .head_dim = D,
+                              .block_size = bs, .scale = 0.088f, .dtype = t},
+                             nullptr);
     });
     const double moved = 2.0 * c.B * c.L * c.KVH * D * 2;
     std::printf("[perf] decode_attention bf16 B %d H %d KVH %d D %d L %d: %.1f us, %.1f%% of 4.46 TB/s\n", c.B, c.H,

@@ -148,12 +148,21 @@ int run_bench_attention(const BenchAttentionArgs& a) {
         auto launch = [&](int r) {
           const int32_t* t = tables.as<int32_t>() + int64_t(r % rotations) * call_blocks;
           if (async) {
-            cuda::decode_attention_async(qkv.get(), k.get(), v.get(), t, blocks_per_seq, lens.as<int32_t>(), B, H, KVH,
-                                         D, block, scale, range, out.get(), dtype, splits, L, ws.get(), ws.bytes(),
-                                         counters.as<int>(), n_counters, fallback.as<unsigned long long>(), stream);
+            cuda::decode_attention_async(
+                {.qkv = qkv.get(), .k_cache = k.get(), .v_cache = v.get(), .block_tables = t,
+                 .max_blocks_per_seq = blocks_per_seq, .context_lens = lens.as<int32_t>(), .out = out.get(),
+                 .batch = B, .n_heads = H, .n_kv_heads = KVH, .head_dim = D, .block_size = block, .scale = scale,
+                 .dtype = dtype, .splits = splits, .max_context_len = L, .workspace = ws.get(),
+                 .workspace_bytes = ws.bytes(), .range = range, .counters = counters.as<int>(),
+                 .counter_ints = n_counters, .fallback_rows = fallback.as<unsigned long long>()},
+                stream);
           } else {
-            cuda::decode_attention_split(qkv.get(), k.get(), v.get(), t, blocks_per_seq, lens.as<int32_t>(), B, H, KVH,
-                                         D, block, scale, out.get(), dtype, splits, L, ws.get(), ws.bytes(), stream);
+            cuda::decode_attention({.qkv = qkv.get(), .k_cache = k.get(), .v_cache = v.get(), .block_tables = t,
+                                    .max_blocks_per_seq = blocks_per_seq, .context_lens = lens.as<int32_t>(),
+                                    .out = out.get(), .batch = B, .n_heads = H, .n_kv_heads = KVH, .head_dim = D,
+                                    .block_size = block, .scale = scale, .dtype = dtype, .splits = splits,
+                                    .max_context_len = L, .workspace = ws.get(), .workspace_bytes = ws.bytes()},
+                                   stream);
           }
         };
         const double us = cuda::time_graph(stream, reps, a.replays, launch).us;

@@ -305,16 +305,26 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
     }
     if (decode_rows > 0) {
       if (options_.attention == AttentionMode::Async) {
-        decode_attention_async(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
-                               in.context_lens, decode_rows, c.n_heads, c.n_kv_heads, c.head_dim,
-                               options_.block_size, scale, unified_max_[layer], attn_.get(), dt, attention_splits,
-                               attention_max_len, attn_ws_.get(), attn_ws_.bytes(), attn_counters_.as<int>(),
-                               attn_counter_ints_, fallback_rows_.as<unsigned long long>(), st);
+        decode_attention_async({.qkv = qkv_.get(), .k_cache = layer_k(layer), .v_cache = layer_v(layer),
+                                .block_tables = in.block_tables, .max_blocks_per_seq = max_blocks_per_seq_,
+                                .context_lens = in.context_lens, .out = attn_.get(), .batch = decode_rows,
+                                .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim,
+                                .block_size = options_.block_size, .scale = scale, .dtype = dt,
+                                .splits = attention_splits, .max_context_len = attention_max_len,
+                                .workspace = attn_ws_.get(), .workspace_bytes = attn_ws_.bytes(),
+                                .range = unified_max_[layer], .counters = attn_counters_.as<int>(),
+                                .counter_ints = attn_counter_ints_,
+                                .fallback_rows = fallback_rows_.as<unsigned long long>()},
+                               st);
       } else {
-        decode_attention_split(qkv_.get(), layer_k(layer), layer_v(layer), in.block_tables, max_blocks_per_seq_,
-                               in.context_lens, decode_rows, c.n_heads, c.n_kv_heads, c.head_dim,
-                               options_.block_size, scale, attn_.get(), dt, attention_splits, attention_max_len,
-                               attn_ws_.get(), attn_ws_.bytes(), st);
+        decode_attention({.qkv = qkv_.get(), .k_cache = layer_k(layer), .v_cache = layer_v(layer),
+                          .block_tables = in.block_tables, .max_blocks_per_seq = max_blocks_per_seq_,
+                          .context_lens = in.context_lens, .out = attn_.get(), .batch = decode_rows,
+                          .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim,
+                          .block_size = options_.block_size, .scale = scale, .dtype = dt, .splits = attention_splits,
+                          .max_context_len = attention_max_len, .workspace = attn_ws_.get(),
+                          .workspace_bytes = attn_ws_.bytes()},
+                         st);
       }
     }
     if (!chunks.empty()) {

@@ -1783,13 +1783,6 @@ int max_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int 
   return max_splits_of(bound, max_context_len);
 }
 
-void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
-                      int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
-                      int head_dim, int block_size, float scale, void* out, DType dtype, cudaStream_t stream) {
-  decode_attention_split(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
-                         n_kv_heads, head_dim, block_size, scale, out, dtype, 1, 0, nullptr, 0, stream);
-}
-
 namespace {
 
 // A call: the kernel's arguments and how it launches.
@@ -1799,35 +1792,36 @@ struct Call {
 };
 
 // Checks the arguments shared by both modes, fills the kernel's arguments and chooses the launch.
-Call make_call(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
-               int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
-               int head_dim, int block_size, float scale, void* out, DType dtype, int splits, int max_context_len,
-               bool async_mode) {
-  check(splits >= 1 && splits <= kMaxSplits, "decode_attention: splits = {} out of range [1, {}]", splits, kMaxSplits);
-  check(qkv != nullptr && k_cache != nullptr && v_cache != nullptr && block_tables != nullptr &&
-            context_lens != nullptr && out != nullptr,
+Call make_call(const DecodeAttentionParams& p, bool async_mode) {
+  const int splits = p.splits, batch = p.batch, n_heads = p.n_heads, n_kv_heads = p.n_kv_heads, head_dim = p.head_dim;
+  check(splits >= 1 && splits <= kMaxSplits, "decode_attention: splits = {} out of range [1, {}]", splits,
+        kMaxSplits);
+  check(p.qkv != nullptr && p.k_cache != nullptr && p.v_cache != nullptr && p.block_tables != nullptr &&
+            p.context_lens != nullptr && p.out != nullptr,
         "decode_attention: null pointer (qkv {}, k_cache {}, v_cache {}, block_tables {}, context_lens {}, out {})",
-        qkv, k_cache, v_cache, static_cast<const void*>(block_tables), static_cast<const void*>(context_lens), out);
-  check(batch > 0 && n_heads > 0 && n_kv_heads > 0 && max_blocks_per_seq > 0,
+        p.qkv, p.k_cache, p.v_cache, static_cast<const void*>(p.block_tables),
+        static_cast<const void*>(p.context_lens), p.out);
+  check(batch > 0 && n_heads > 0 && n_kv_heads > 0 && p.max_blocks_per_seq > 0,
         "decode_attention: batch = {}, n_heads = {}, n_kv_heads = {}, max_blocks_per_seq = {} must be positive",
-        batch, n_heads, n_kv_heads, max_blocks_per_seq);
+        batch, n_heads, n_kv_heads, p.max_blocks_per_seq);
   check(n_heads % n_kv_heads == 0, "decode_attention: n_heads = {} is not a multiple of n_kv_heads = {}", n_heads,
         n_kv_heads);
   check(head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256,
         "decode_attention: head_dim = {} is not supported (64, 80, 96, 128, 256)", head_dim);
-  check(std::isfinite(scale), "decode_attention: scale = {} is not finite", scale);
-  check(aligned16(k_cache) && aligned16(v_cache), "decode_attention: k/v cache pointers must be 16-byte aligned");
-  check(dtype == DType::F16 || dtype == DType::BF16, "decode_attention: unknown dtype {}", static_cast<int>(dtype));
+  check(std::isfinite(p.scale), "decode_attention: scale = {} is not finite", p.scale);
+  check(aligned16(p.k_cache) && aligned16(p.v_cache), "decode_attention: k/v cache pointers must be 16-byte aligned");
+  check(p.dtype == DType::F16 || p.dtype == DType::BF16, "decode_attention: unknown dtype {}",
+        static_cast<int>(p.dtype));
   const int multiprocessors = multiprocessors_of_current_device();
   const GroupPlan g = plan_groups(batch, n_heads, n_kv_heads, splits, multiprocessors);
   check(g.n_groups <= 0x7fffffff, "decode_attention: {} CTAs exceed the grid limit", g.n_groups);
   DecodeArgs a{};
-  a.qkv = qkv;
-  a.k_cache = k_cache;
-  a.v_cache = v_cache;
-  a.block_tables = block_tables;
-  a.max_blocks_per_seq = max_blocks_per_seq;
-  a.context_lens = context_lens;
+  a.qkv = p.qkv;
+  a.k_cache = p.k_cache;
+  a.v_cache = p.v_cache;
+  a.block_tables = p.block_tables;
+  a.max_blocks_per_seq = p.max_blocks_per_seq;
+  a.context_lens = p.context_lens;
   a.batch = batch;
   a.n_heads = n_heads;
   a.n_kv_heads = n_kv_heads;
@@ -1835,12 +1829,12 @@ Call make_call(const void* qkv, const void* k_cache, const void* v_cache, const 
   a.n_sub = g.n_sub;
   a.gmax = g.gmax;
   a.n_groups = static_cast<int>(g.n_groups);
-  a.kv = kv_cache_layout(block_size, n_kv_heads, head_dim, "decode_attention");
-  a.scale_log2 = scale * detail::kLog2e;
-  a.out = out;
+  a.kv = kv_cache_layout(p.block_size, n_kv_heads, head_dim, "decode_attention");
+  a.scale_log2 = p.scale * detail::kLog2e;
+  a.out = p.out;
   a.splits = splits;
-  return {a, describe_launch(g, batch, n_heads, n_kv_heads, head_dim, splits, max_context_len, async_mode,
-                             multiprocessors)};
+  return {a, describe_launch(g, batch, n_heads, n_kv_heads, head_dim, splits, p.max_context_len, async_mode,
+                                     multiprocessors)};
 }
 
 }  // namespace
@@ -1885,43 +1879,33 @@ void launch_synchronized(const DecodeArgs& a, const DecodeAttentionLaunch& c, in
 
 }  // namespace
 
-void decode_attention_split(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
-                            int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
-                            int n_kv_heads, int head_dim, int block_size, float scale, void* out, DType dtype,
-                            int splits, int max_context_len, void* workspace, size_t workspace_bytes,
-                            cudaStream_t stream) {
-  Call call = make_call(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
-                        n_kv_heads, head_dim, block_size, scale, out, dtype, splits, max_context_len, false);
-  check(splits == 1 || (workspace != nullptr &&
-                        workspace_bytes >= decode_attention_workspace_bytes(batch, n_heads, head_dim, splits)),
-        "decode_attention: {} splits need {} bytes of workspace, got {}", splits,
-        decode_attention_workspace_bytes(batch, n_heads, head_dim, splits), workspace_bytes);
-  call.args.partials = static_cast<float*>(workspace);
-  launch_synchronized(call.args, call.launch, head_dim, dtype, stream);
+void decode_attention(const DecodeAttentionParams& p, cudaStream_t stream) {
+  Call call = make_call(p, false);
+  const size_t need = decode_attention_workspace_bytes(p.batch, p.n_heads, p.head_dim, p.splits);
+  check(p.splits == 1 || (p.workspace != nullptr && p.workspace_bytes >= need),
+        "decode_attention: {} splits need {} bytes of workspace, got {}", p.splits, need, p.workspace_bytes);
+  call.args.partials = static_cast<float*>(p.workspace);
+  launch_synchronized(call.args, call.launch, p.head_dim, p.dtype, stream);
 }
 
-void decode_attention_async(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
-                            int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
-                            int n_kv_heads, int head_dim, int block_size, float scale, const UnifiedMaxRange& range,
-                            void* out, DType dtype, int splits, int max_context_len, void* workspace,
-                            size_t workspace_bytes, int* counters, int counter_ints, unsigned long long* fallback_rows,
-                            cudaStream_t stream) {
-  Call call = make_call(qkv, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, batch, n_heads,
-                        n_kv_heads, head_dim, block_size, scale, out, dtype, splits, max_context_len, true);
+void decode_attention_async(const DecodeAttentionParams& p, cudaStream_t stream) {
+  Call call = make_call(p, true);
   DecodeArgs& a = call.args;
   const DecodeAttentionLaunch& c = call.launch;
+  const UnifiedMaxRange& range = p.range;
   check(std::isfinite(range.phi) && std::isfinite(range.a) && std::isfinite(range.b) && range.a < range.b,
         "decode_attention_async: unified max phi = {}, range [{}, {}] is not a finite, non-empty interval", range.phi,
         range.a, range.b);
-  const AsyncWorkspace w = async_workspace_layout(batch, n_heads, n_kv_heads, head_dim, splits);
-  check(workspace != nullptr && workspace_bytes >= w.total && aligned16(workspace),
-        "decode_attention_async: needs {} bytes of 16-byte aligned workspace, got {} at {}", w.total, workspace_bytes,
-        workspace);
-  const int need_counters = decode_attention_async_counters(batch, n_heads, n_kv_heads);
-  check(counters != nullptr && counter_ints >= need_counters,
-        "decode_attention_async: needs {} zeroed counters, got {} at {}", need_counters, counter_ints,
-        static_cast<const void*>(counters));
-  a.partials = static_cast<float*>(workspace);  // (w.total covers the synchronized combine's partials too)
+  const size_t need_bytes =
+      decode_attention_async_workspace_bytes(p.batch, p.n_heads, p.n_kv_heads, p.head_dim, p.splits);
+  check(p.workspace != nullptr && p.workspace_bytes >= need_bytes && aligned16(p.workspace),
+        "decode_attention_async: needs {} bytes of 16-byte aligned workspace, got {} at {}", need_bytes,
+        p.workspace_bytes, p.workspace);
+  const int need_counters = decode_attention_async_counters(p.batch, p.n_heads, p.n_kv_heads);
+  check(p.counters != nullptr && p.counter_ints >= need_counters,
+        "decode_attention_async: needs {} zeroed counters, got {} at {}", need_counters, p.counter_ints,
+        static_cast<const void*>(p.counters));
+  a.partials = static_cast<float*>(p.workspace);  // (the async size covers the synchronized combine's partials too)
   if (!c.unified) {
     // The synchronized kernels instead, where they measured faster. One split: no partials, so
     // nothing for the unified max to unify, and the synchronized kernel is exact for any logits (no
@@ -1934,19 +1918,20 @@ void decode_attention_async(const void* qkv, const void* k_cache, const void* v_
     // with 4 splits (one head per CTA) 8.75 / 12.55 / 19.58 vs 7.82 / 10.75 / 15.92 us at 1K / 2K /
     // 4K keys (docs/results/2026-12-01o-pool-async-core.md). On the tensor-core loop async is the
     // faster (32/2 batch 1, 4K keys, 16 splits: 10.65 vs 11.39 us).
-    launch_synchronized(a, c, head_dim, dtype, stream);
+    launch_synchronized(a, c, p.head_dim, p.dtype, stream);
     return;
   }
-  a.counters = counters;
-  a.fallback_rows = fallback_rows;
+  a.counters = p.counters;
+  a.fallback_rows = p.fallback_rows;
   // The kernel works in log2 units: 2^(x log2 e - phi log2 e) = e^(x - phi).
   a.phi2 = range.phi * detail::kLog2e;
   a.lo2 = range.a * detail::kLog2e;
   a.hi2 = range.b * detail::kLog2e;
-  detail::dispatch_dtype(dtype, [&](auto tag) {
+  const int batch = p.batch, n_heads = p.n_heads;
+  detail::dispatch_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool pdl = programmatic_launch_enabled();
-    with_head_dim(head_dim, [&](auto dim) {
+    with_head_dim(p.head_dim, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
       launch_decode_g<T, D, true>(c, a, pdl, stream);
       if (c.combine_in_kernel) return;

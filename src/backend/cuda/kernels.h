@@ -109,22 +109,54 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
 // first keys before they wait for the previous kernel: the kernels before it in the step may write
 // qkv and each row's last key (position context_lens[b] - 1), nothing else it reads; block tables
 // and lengths must be in place before the step's first kernel. The same holds for
-// decode_attention_split and decode_attention_async.
-void decode_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
-                      int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads, int n_kv_heads,
-                      int head_dim, int block_size, float scale, void* out, DType dtype, cudaStream_t stream);
+// decode_attention_async.
+struct UnifiedMaxRange {
+  float phi = 0.f;  // the unified max, natural-log units of x = q.k * scale
+  float a = 0.f;    // safe range of (row max - phi)
+  float b = 0.f;
+};
 
-// Split-KV decode (FlashDecoding's synchronized reduction): each sequence's keys are split over
-// `splits` CTAs per kv head, whose partial results a second kernel merges. splits == 1 is
-// decode_attention. workspace: decode_attention_workspace_bytes(batch, n_heads, head_dim, splits).
-// max_context_len: the longest context_lens[b] of the call, as planned (0: not known, taken as
-// long); it only picks among kernels (decode_attention_launch), never what is computed.
-void decode_attention_split(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
-                            int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
-                            int n_kv_heads, int head_dim, int block_size, float scale, void* out, DType dtype,
-                            int splits, int max_context_len, void* workspace, size_t workspace_bytes,
-                            cudaStream_t stream);
-size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, int splits);
+// The arguments of a decode-attention call (decode_attention, decode_attention_async).
+struct DecodeAttentionParams {
+  // Inputs and output (device pointers).
+  const void* qkv = nullptr;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  const int32_t* block_tables = nullptr;  // [batch][max_blocks_per_seq]
+  int max_blocks_per_seq = 0;
+  const int32_t* context_lens = nullptr;  // [batch]
+  void* out = nullptr;
+  // Shape.
+  int batch = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  float scale = 0.f;
+  DType dtype = DType::F16;
+  // Split-KV: each sequence's keys are split over `splits` CTAs per kv head, whose partial results
+  // are merged after them. workspace: decode_attention_workspace_bytes(batch, n_heads, head_dim,
+  // splits) bytes (none for one split), or decode_attention_async_workspace_bytes(...) for the
+  // async mode. max_context_len: the longest context_lens[b] of the call, as planned (0: not known,
+  // taken as long); it only picks among kernels (decode_attention_launch), never what is computed.
+  int splits = 1;
+  int max_context_len = 0;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  // decode_attention_async only: the unified max and its safe range; counters:
+  // decode_attention_async_counters(...) ints, zeroed ONCE before the first call and left at zero
+  // (graphs may replay them; a buffer sized for the largest batch serves every smaller one), the
+  // in-kernel reduction's per-group semaphores (ints 2 + group), each reset by the group's last CTA;
+  // fallback_rows (device, nullable) is incremented by the number of rows recomputed.
+  UnifiedMaxRange range = {};
+  int* counters = nullptr;
+  int counter_ints = 0;
+  unsigned long long* fallback_rows = nullptr;
+};
+
+// The synchronized softmax (FlashDecoding's reduction where p.splits > 1: a second kernel merges
+// the splits' partials by their maxima). The async fields of p are not read.
+void decode_attention(const DecodeAttentionParams& p, cudaStream_t stream);
 
 // Asynchronized softmax with a unified max (FlashDecoding++; attention/unified_max.h has the
 // derivation of the range and the CPU reference). Every split of a row accumulates
@@ -135,27 +167,13 @@ size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, in
 // whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed exactly with the
 // synchronized softmax over all the row's keys (by the reduction, in the kernel or the launch); no
 // other launch is made. With one split there is nothing to unify, and on the CUDA-core loop
-// (one query head per CTA) the synchronized kernels measured faster: there decode_attention_split
-// runs (exact for any logits; no row is recomputed; decode_attention_launch says which). The
+// (one query head per CTA) the synchronized kernels measured faster: there decode_attention runs
+// (exact for any logits; no row is recomputed; decode_attention_launch says which). The
 // result always equals the stable softmax to 16-bit rounding.
-// `fallback_rows` (device, nullable) is incremented by the number of rows recomputed.
 // workspace: decode_attention_async_workspace_bytes(...) bytes, 16-byte aligned (the splits'
-// partials; no initialization). counters: decode_attention_async_counters(...) ints, zeroed
-// ONCE before the first call and left at zero (graphs may replay them; a buffer sized for the
-// largest batch serves every smaller one). The in-kernel reduction uses them as per-group semaphores
-// (ints 2 + group), each reset by the group's last CTA.
-// Other arguments as decode_attention_split.
-struct UnifiedMaxRange {
-  float phi = 0.f;  // the unified max, natural-log units of x = q.k * scale
-  float a = 0.f;    // safe range of (row max - phi)
-  float b = 0.f;
-};
-void decode_attention_async(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
-                            int max_blocks_per_seq, const int32_t* context_lens, int batch, int n_heads,
-                            int n_kv_heads, int head_dim, int block_size, float scale, const UnifiedMaxRange& range,
-                            void* out, DType dtype, int splits, int max_context_len, void* workspace,
-                            size_t workspace_bytes, int* counters, int counter_ints, unsigned long long* fallback_rows,
-                            cudaStream_t stream);
+// partials; no initialization); counters and fallback_rows as DecodeAttentionParams says.
+void decode_attention_async(const DecodeAttentionParams& p, cudaStream_t stream);
+size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, int splits);
 size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
 int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads);
 // The split count for a decode step (host-side plan; see the worked example in the .cu). Both modes
