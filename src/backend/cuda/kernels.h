@@ -10,8 +10,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <tuple>
 
+#include "backend/cuda/decode_plan.h"
 #include "backend/cuda/kernel_options.h"
 #include "fdpp/model_config.h"
 
@@ -110,6 +110,11 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
 // qkv and each row's last key (position context_lens[b] - 1), nothing else it reads; block tables
 // and lengths must be in place before the step's first kernel. The same holds for
 // decode_attention_async.
+//
+// The plan (split counts, the launch a call makes, workspace and counter sizes) is host-only C++ in
+// decode_plan.h, included here: plan_decode_splits, max_decode_splits, decode_attention_launch,
+// decode_attention_workspace_bytes, decode_attention_async_workspace_bytes,
+// decode_attention_async_counters.
 struct UnifiedMaxRange {
   float phi = 0.f;  // the unified max, natural-log units of x = q.k * scale
   float a = 0.f;    // safe range of (row max - phi)
@@ -173,46 +178,6 @@ void decode_attention(const DecodeAttentionParams& p, cudaStream_t stream);
 // workspace: decode_attention_async_workspace_bytes(...) bytes, 16-byte aligned (the splits'
 // partials; no initialization); counters and fallback_rows as DecodeAttentionParams says.
 void decode_attention_async(const DecodeAttentionParams& p, cudaStream_t stream);
-size_t decode_attention_workspace_bytes(int batch, int n_heads, int head_dim, int splits);
-size_t decode_attention_async_workspace_bytes(int batch, int n_heads, int n_kv_heads, int head_dim, int splits);
-int decode_attention_async_counters(int batch, int n_heads, int n_kv_heads);
-// The split count for a decode step (host-side plan; see the worked example in the .cu). Both modes
-// plan alike: their combines load every split of a row at once.
-int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len, int multiprocessors);
-// The most splits plan_decode_splits returns for any context up to max_context_len (workspace sizing).
-int max_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len, int multiprocessors);
-
-// The launch that adds a call's splits after the main kernel (splits > 1, unless the kernel did),
-// by rows (batch x query heads) per SM: the CTA shapes of decode_attention.cu's CombineShape.
-enum class CombineLaunch { None, FewRows, SomeRows, ManyRows };
-inline const char* combine_launch_name(CombineLaunch c) {
-  switch (c) {
-    case CombineLaunch::FewRows: return "few_rows";
-    case CombineLaunch::SomeRows: return "some_rows";
-    case CombineLaunch::ManyRows: return "many_rows";
-    case CombineLaunch::None: break;
-  }
-  return "none";
-}
-
-// How a decode-attention call runs: what decode_attention_split / decode_attention_async (async_mode)
-// launch for these arguments on a GPU of `multiprocessors` SMs, under the calling thread's
-// KernelOptions. A captured step replays the launches it was captured with, so the engine keys its
-// graphs by this.
-struct DecodeAttentionLaunch {
-  int splits = 1;
-  bool tensor_cores = false;       // the loop: tensor cores (mma), else CUDA cores
-  int warps = 8;                   // per CTA
-  bool unified = false;            // async mode: the unified-max kernels ran (else the synchronized ones)
-  bool combine_in_kernel = false;  // unified: the group's last CTA added the splits (else a second launch)
-  CombineLaunch combine = CombineLaunch::None;
-  // (Ordered for use as a map key; the .cu files are C++17, so no defaulted <=>.)
-  auto tied() const { return std::tie(splits, tensor_cores, warps, unified, combine_in_kernel, combine); }
-  bool operator<(const DecodeAttentionLaunch& o) const { return tied() < o.tied(); }
-  bool operator==(const DecodeAttentionLaunch& o) const { return tied() == o.tied(); }
-};
-DecodeAttentionLaunch decode_attention_launch(int batch, int n_heads, int n_kv_heads, int head_dim, int splits,
-                                              int max_context_len, bool async_mode, int multiprocessors);
 
 // Prefill attention on tensor cores (prefill_attention.cu; tile plan in prefill_plan.h), causal
 // over the paged KV cache (layout as decode_attention), GQA/MQA (any n_heads / n_kv_heads),
