@@ -27,14 +27,16 @@ std::string table_keys(const DispatchFile& f) {
 // wins), M=2 5.000 vs 4.688 (loses), M=4 6.105 vs 5.093, M=8 8.573 vs 5.431. GEMV re-reads nothing
 // but its time grows with M (each weight is multiplied by M rows on CUDA cores).
 //
-// Flat GEMM for 2 <= M <= kFallbackFlatMaxM = 16: not measured yet (to be set by fdpp tune on the
-// H200). The reasons it is the better guess than cuBLAS there: the kernel pads M to 8 instead of
-// 64, so up to M = 16 it runs at most two 8-wide MMA columns and stays a pure weight stream, the
-// regime it is designed for; cuBLASLt at these M reaches only 50-86% of the read bandwidth on the
-// Llama-2-7B shapes (DESIGN.md "Measuring": O [4096,4096] 50%, down [4096,11008] 67% at M = 1,
-// "nearly flat up to M = 128"), leaving the margin flat GEMM targets. Above 16 the arithmetic grows
-// toward where cuBLAS's larger tiles are made for, and the paper's measured crossovers M2 sit in
-// the tens, so cuBLAS is the safer default there. A table replaces all of this per shape.
+// Flat GEMM for 2 <= M <= kFallbackFlatMaxM = 16. The rule only serves shapes no table covers
+// (other models, other GPUs); the shapes measured on the H200 are decided by the tables fdpp tune
+// wrote, configs/dispatch/h200-*.json (configs/dispatch/README.md; `fdpp info` prints each shape's
+// M1 and M2). On those shapes flat GEMM runs nowhere past M = 16, and below it flat GEMM and
+// cuBLASLt split the shapes, so no single choice fits them all. Flat GEMM is the guess there because
+// the kernel pads M to 8 instead of 64: up to M = 16 it runs at most two 8-wide MMA columns and stays
+// a pure weight stream, the regime it is designed for, and on the Llama-2-7B shapes it beat
+// cuBLASLt on QKV and O at M = 1..8 and lost on down (bench/kernels/NOTES.md, the shape table).
+// Above 16 the arithmetic grows toward where cuBLAS's larger tiles are made for, so cuBLAS is the
+// safer default there.
 LinearImpl fallback_choice(int M, const LinearLimits& limits) {
   if (M <= std::min(kFallbackGemvMaxM, limits.gemv_max_m)) return LinearImpl::Gemv;
   if (M <= std::min(kFallbackFlatMaxM, limits.flat_max_m)) return LinearImpl::Flat;
