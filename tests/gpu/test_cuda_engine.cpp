@@ -237,7 +237,7 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
   EXPECT_EQ(cuda::plan_decode_splits(1, 32, 8, 64, 512, 132), 1);
   EXPECT_EQ(cuda::plan_decode_splits(32, 32, 8, 64, 16384, 132), 2);
   EXPECT_EQ(cuda::plan_decode_splits(1, 32, 32, 256, 512, 132), 4);
-  // What the launches run with the plan, MHA at head_dim 128 (decode_attention.cu, choose_loop): the
+  // What the launches run with the plan, MHA at head_dim 128 (decode_plan.h, choose_loop): the
   // CUDA-core loop at up to 512 keys and batch 1-6, else the tensor-core loop; 4 warps where two CTAs
   // per SM fill their rounds (batch 7, 8, 16, 32, 64) up to 2048 keys, 8 beyond and at batch 1-6 and 12
   // (384 CTAs: two rounds of 264 slots against three half-length ones of 132). At head_dim 64 the

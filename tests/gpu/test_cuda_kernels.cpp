@@ -730,7 +730,7 @@ TEST_F(CudaKernels, DecodeAttentionMixedLengthsAllGroupSizes) {
       for (auto [H, KVH] : heads) run_decode({t, D, H, KVH, 16, lens});
 }
 
-// MHA at head_dim 128 in each of choose_loop's regimes (decode_attention.cu), with the launch each
+// MHA at head_dim 128 in each of choose_loop's regimes (decode_plan.h), with the launch each
 // takes asserted first: the CUDA-core loop on short rows at small batch, the tensor-core loop on
 // longer rows there, and at the batch whose CTAs fill
 // two per SM the tensor-core loop with 4 warps up to kMhaFourWarpMaxContext keys and 8 beyond. Both
@@ -875,10 +875,11 @@ TEST_F(CudaKernels, DecodeAsyncManySplitsSmall) {
 }
 
 // The combine launches take one of three shapes by rows (batch x heads) per SM (CombineShape in
-// decode_attention.cu: 256 threads up to one row per SM, 128 threads with 8 splits per batch up to
-// four, 4 per batch beyond), with 2 to 4 groups of lanes at head dims 64, 80 and 128: each shape
-// with few and many splits (past one batch per group), both modes, adversarial rows (the async
-// launch recomputes rows out of range with all its threads) and empty rows.
+// decode_attention_combine.cuh, chosen by decode_plan.h: 256 threads up to one row per SM, 128
+// threads with 8 splits per batch up to four, 4 per batch beyond), with 2 to 4 groups of lanes at
+// head dims 64, 80 and 128: each shape with few and many splits (past one batch per group), both
+// modes, adversarial rows (the async launch recomputes rows out of range with all its threads) and
+// empty rows.
 TEST_F(CudaKernels, DecodeCombineShapesByRowCountSmall) {
   int sms = 0;
   cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");

@@ -19,7 +19,7 @@
 
 namespace fdpp::cuda {
 
-// Which loop decode attention runs (decode_attention.cu: choose_loop): Auto decides by the query
+// Which loop decode attention runs (decode_plan.h: choose_loop): Auto decides by the query
 // group, the head dim and, for MHA, the batch and the longest row; Mma forces the tensor cores;
 // Core the CUDA cores (head dims 64 and 128 only; other head dims always run on the tensor cores).
 enum class DecodePath { Auto, Mma, Core };
@@ -28,11 +28,11 @@ inline const char* decode_path_name(DecodePath p) {
   return p == DecodePath::Mma ? "mma" : p == DecodePath::Core ? "core" : "auto";
 }
 
-// How decode_attention_async adds the splits' partials when there are several (decode_attention.cu):
-// Kernel: the last CTA of each group to finish, inside the attention kernel (no second launch);
-// Launch: decode_async_combine_kernel, a second launch of one CTA per row; Auto: Kernel with 2
-// splits up to 8K keys, and at batch 1 with up to kAsyncKernelCombineMaxSplits, else Launch (the
-// measurements are beside it).
+// How decode_attention_async adds the splits' partials when there are several (decode_plan.h:
+// combine_in_kernel): Kernel: the last CTA of each group to finish, inside the attention kernel (no
+// second launch); Launch: decode_async_combine_kernel, a second launch of one CTA per row; Auto:
+// Kernel with 2 splits up to 8K keys, and at batch 1 with up to kAsyncKernelCombineMaxSplits, else
+// Launch (the measurements: docs/kernels/decode_attention.md, async combine).
 enum class AsyncCombine { Auto, Kernel, Launch };
 
 inline const char* async_combine_name(AsyncCombine c) {
@@ -58,7 +58,8 @@ struct KernelOptions {
   DecodePath decode_path = DecodePath::Auto;
   // Warps per decode-attention CTA at head dims 64 and 128 (both loops): 0 = auto (4 where the
   // tensor-core loop has CTA groups for 3/4 of two CTAs per SM, else 8: one CTA per SM at head_dim 128;
-  // decode_attention.cu, choose_loop, has the measurements), 4 (two or three CTAs per SM) or 8.
+  // decode_plan.h, choose_loop; the measurements: docs/kernels/decode_attention.md, loop and warps),
+  // 4 (two or three CTAs per SM) or 8.
   // plan_decode_splits reads it too (its waves count the resident CTAs), so a plan and its launches
   // must see the same value. A measurement switch (bench-attention --decode-warps).
   int decode_warps = 0;
