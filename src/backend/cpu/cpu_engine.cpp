@@ -8,6 +8,7 @@
 #include "backend/cpu/quant_matmul.h"
 #include "engine/sampler.h"
 #include "fdpp/error.h"
+#include "model/forward.h"
 
 namespace fdpp {
 
@@ -64,116 +65,160 @@ void CpuEngine::ensure_cache(int seq, int64_t length) {
   c.capacity = capacity;
 }
 
-void CpuEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) {
-  const ModelConfig& c = config_;
-  const int64_t T = total_tokens;
-  const int64_t H = c.hidden, E = c.embedding_dim(), Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
-  const bool swiglu = c.activation == Activation::SwiGLU;
+// The op set of model/forward.h in fp32: q, k and v as three products, the cache per sequence,
+// attention row by row; the skeleton decides which ops run.
+struct CpuEngine::Forward {
+  CpuEngine& engine;
+  const ModelConfig& c;
+  const DecoderWeights& w;
+  std::span<const RowPlan> rows;
+  const int64_t T, H, E, Q, KV, FF;
+  std::vector<int32_t> positions;
+  std::vector<float> x, h, q, k, v, attn, o, up, gate, e;
+  const float* input = nullptr;  // h, or x itself after stream_as_input / a write-back norm
+  const float* up_act = nullptr;
+  // The head: the last token of each row whose logits are wanted (or sampled from), every token of
+  // an all_logits row; only these go through the final norm and the lm head.
+  std::vector<int64_t> head_tokens;
+  std::vector<float> head_x, head_h, head_e, logits;
+  const float* head = nullptr;
 
-  std::vector<int32_t> positions(T);
-  for (const RowPlan& r : rows) {
-    ensure_cache(r.row->seq, r.start + static_cast<int64_t>(r.row->tokens.size()));
-    for (size_t t = 0; t < r.row->tokens.size(); ++t) positions[r.token_offset + t] = r.start + static_cast<int32_t>(t);
-  }
-
-  std::vector<float> x(T * H), h(T * std::max(H, E)), q(T * Q), k(T * KV), v(T * KV), attn(T * Q), o(T * H),
-      up(T * FF), gate(swiglu ? T * FF : 0), e(T * E);
-  for (const RowPlan& r : rows)
-    for (size_t t = 0; t < r.row->tokens.size(); ++t)
-      cpu::embedding_row(weights_.tok_embeddings, r.row->tokens[t], &e[(r.token_offset + t) * E]);
-  if (!weights_.project_in.empty()) {
-    cpu::linear(e.data(), T, E, weights_.project_in.ptr(), H, nullptr, x.data());
-  } else {
-    x = e;
-  }
-  if (c.position == PositionEncoding::Learned) {
-    for (int64_t t = 0; t < T; ++t)
-      cpu::add_inplace(&x[t * H], weights_.pos_embeddings.ptr() + (positions[t] + c.learned_position_offset) * H, H);
-  }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-
-  for (int layer = 0; layer < c.n_layers; ++layer) {
-    const LayerWeights& L = weights_.layers[layer];
-
-    // Attention block. Pre-norm: x += attn(norm(x)). Post-norm: x = norm(x + attn(x)).
-    const float* attn_in = x.data();
-    if (c.pre_norm) {
-      norm(x.data(), L.attn_norm, L.attn_norm_bias, T, h.data());
-      attn_in = h.data();
+  Forward(CpuEngine& eng, std::span<const RowPlan> step_rows, int64_t total_tokens)
+      : engine(eng), c(eng.config_), w(eng.weights_), rows(step_rows), T(total_tokens), H(c.hidden),
+        E(c.embedding_dim()), Q(c.q_dim()), KV(c.kv_dim()), FF(c.ffn_hidden), positions(T), x(T * H),
+        h(T * std::max(H, E)), q(T * Q), k(T * KV), v(T * KV), attn(T * Q), o(T * H), up(T * FF) {
+    for (const RowPlan& r : rows) {
+      engine.ensure_cache(r.row->seq, r.start + static_cast<int64_t>(r.row->tokens.size()));
+      for (size_t t = 0; t < r.row->tokens.size(); ++t) positions[r.token_offset + t] = r.start + static_cast<int32_t>(t);
+      const int64_t n = static_cast<int64_t>(r.row->tokens.size());
+      if (r.row->all_logits) {
+        for (int64_t t = 0; t < n; ++t) head_tokens.push_back(r.token_offset + t);
+      } else if (r.row->logits || r.row->sample) {
+        head_tokens.push_back(r.token_offset + n - 1);
+      }
     }
-    cpu::linear(attn_in, T, L.wq, bias_or_null(L.bq), q.data());
-    cpu::linear(attn_in, T, L.wk, bias_or_null(L.bk), k.data());
-    cpu::linear(attn_in, T, L.wv, bias_or_null(L.bv), v.data());
-    if (c.position == PositionEncoding::Rope) {
-      cpu::rope(q.data(), T, c.n_heads, c.head_dim, c.rope_style, inv_freq_, positions);
-      cpu::rope(k.data(), T, c.n_kv_heads, c.head_dim, c.rope_style, inv_freq_, positions);
-    }
+  }
+  int64_t head_count() const { return static_cast<int64_t>(head_tokens.size()); }
+
+  void gather_tokens() {
+    e.resize(T * E);
+    for (const RowPlan& r : rows)
+      for (size_t t = 0; t < r.row->tokens.size(); ++t)
+        cpu::embedding_row(w.tok_embeddings, r.row->tokens[t], &e[(r.token_offset + t) * E]);
+  }
+  void project_in() { cpu::linear(e.data(), T, E, w.project_in.ptr(), H, nullptr, x.data()); }
+  void embed(EmbedRows from, bool learned_positions) {
+    if (from == EmbedRows::Tokens)
+      for (const RowPlan& r : rows)
+        for (size_t t = 0; t < r.row->tokens.size(); ++t)
+          cpu::embedding_row(w.tok_embeddings, r.row->tokens[t], &x[(r.token_offset + t) * H]);
+    // EmbedRows::Projected: project_in wrote the rows into x already.
+    if (learned_positions)
+      for (int64_t t = 0; t < T; ++t)
+        cpu::add_inplace(&x[t * H], w.pos_embeddings.ptr() + (positions[t] + c.learned_position_offset) * H, H);
+  }
+  void stream_as_input() { input = x.data(); }
+  void add_norm(int layer, BlockNorm which, bool add_delta, bool write_back) {
+    const LayerWeights& L = w.layers[layer];
+    const bool attention_norm = which == BlockNorm::Attention;
+    if (add_delta) cpu::add_inplace(x.data(), o.data(), T * H);
+    float* out = write_back ? x.data() : h.data();
+    engine.norm(x.data(), attention_norm ? L.attn_norm : L.ffn_norm,
+                attention_norm ? L.attn_norm_bias : L.ffn_norm_bias, T, out);
+    input = out;
+  }
+  void qkv(int layer) {
+    const LayerWeights& L = w.layers[layer];
+    cpu::linear(input, T, L.wq, bias_or_null(L.bq), q.data());
+    cpu::linear(input, T, L.wk, bias_or_null(L.bk), k.data());
+    cpu::linear(input, T, L.wv, bias_or_null(L.bv), v.data());
+  }
+  void rope_and_write_cache(int layer) {
+    cpu::rope(q.data(), T, c.n_heads, c.head_dim, c.rope_style, engine.inv_freq_, positions);
+    cpu::rope(k.data(), T, c.n_kv_heads, c.head_dim, c.rope_style, engine.inv_freq_, positions);
+    write_cache(layer);
+  }
+  void write_cache(int layer) {
     for (const RowPlan& r : rows) {
       const int64_t n = static_cast<int64_t>(r.row->tokens.size());
-      SequenceCache& cache = caches_[r.row->seq];
-      float* kc = cache.k[layer].data();
-      float* vc = cache.v[layer].data();
-      std::memcpy(kc + r.start * KV, &k[r.token_offset * KV], n * KV * sizeof(float));
-      std::memcpy(vc + r.start * KV, &v[r.token_offset * KV], n * KV * sizeof(float));
+      SequenceCache& cache = engine.caches_[r.row->seq];
+      std::memcpy(cache.k[layer].data() + r.start * KV, &k[r.token_offset * KV], n * KV * sizeof(float));
+      std::memcpy(cache.v[layer].data() + r.start * KV, &v[r.token_offset * KV], n * KV * sizeof(float));
+    }
+  }
+  void attention(int layer) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    for (const RowPlan& r : rows) {
+      const int64_t n = static_cast<int64_t>(r.row->tokens.size());
+      const SequenceCache& cache = engine.caches_[r.row->seq];
+      const float* kc = cache.k[layer].data();
+      const float* vc = cache.v[layer].data();
       const float* qr = &q[r.token_offset * Q];
-      if (observer_)
-        observer_(AttentionObservation{layer, qr, kc, vc, n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale});
+      if (engine.observer_)
+        engine.observer_(
+            AttentionObservation{layer, qr, kc, vc, n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale});
       cpu::attention(qr, kc, vc, n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale, &attn[r.token_offset * Q]);
     }
+  }
+  void out_proj(int layer) {
+    const LayerWeights& L = w.layers[layer];
     cpu::linear(attn.data(), T, L.wo, bias_or_null(L.bo), o.data());
-    cpu::add_inplace(x.data(), o.data(), T * H);
-    if (!c.pre_norm) norm(x.data(), L.attn_norm, L.attn_norm_bias, T, x.data());
-
-    // MLP block, same norm placement.
-    const float* mlp_in = x.data();
-    if (c.pre_norm) {
-      norm(x.data(), L.ffn_norm, L.ffn_norm_bias, T, h.data());
-      mlp_in = h.data();
-    }
-    cpu::linear(mlp_in, T, L.w_up, bias_or_null(L.b_up), up.data());
-    if (swiglu) {
-      cpu::linear(mlp_in, T, L.w_gate, bias_or_null(L.b_gate), gate.data());
+  }
+  void mlp_up_act(int layer, Activation activation) {
+    const LayerWeights& L = w.layers[layer];
+    cpu::linear(input, T, L.w_up, bias_or_null(L.b_up), up.data());
+    if (activation == Activation::SwiGLU) {
+      gate.resize(T * FF);
+      cpu::linear(input, T, L.w_gate, bias_or_null(L.b_gate), gate.data());
       cpu::silu_mul(gate.data(), up.data(), T * FF, up.data());
     } else {
       cpu::relu(up.data(), T * FF);
     }
+  }
+  void mlp_down(int layer) {
+    const LayerWeights& L = w.layers[layer];
     cpu::linear(up.data(), T, L.w_down, bias_or_null(L.b_down), o.data());
-    cpu::add_inplace(x.data(), o.data(), T * H);
-    if (!c.pre_norm) norm(x.data(), L.ffn_norm, L.ffn_norm_bias, T, x.data());
   }
+  void head_rows(bool add_delta) {
+    if (head_tokens.empty()) return;
+    if (add_delta) cpu::add_inplace(x.data(), o.data(), T * H);
+    head_x.resize(head_count() * H);
+    for (int64_t i = 0; i < head_count(); ++i)
+      std::memcpy(&head_x[i * H], &x[head_tokens[i] * H], H * sizeof(float));
+    head = head_x.data();
+  }
+  void final_norm(bool add_delta) {
+    if (head_tokens.empty()) return;
+    head_rows(add_delta);
+    head_h.resize(head_count() * H);
+    engine.norm(head_x.data(), w.final_norm, w.final_norm_bias, head_count(), head_h.data());
+    head = head_h.data();
+  }
+  void project_out() {
+    if (head_tokens.empty()) return;
+    head_e.resize(head_count() * E);
+    cpu::linear(head, head_count(), H, w.project_out.ptr(), E, nullptr, head_e.data());
+    head = head_e.data();
+  }
+  void lm_head() {
+    if (head_tokens.empty()) return;
+    logits.resize(head_count() * c.vocab_size);
+    cpu::linear(head, head_count(), w.output_matrix(), nullptr, logits.data());
+  }
+};
 
-  // Only the rows whose logits are wanted (or sampled from) go through the final norm and the head:
-  // the last token of each such row, every token of an all_logits row.
-  std::vector<int64_t> head_tokens;
-  for (const RowPlan& r : rows) {
-    const int64_t n = static_cast<int64_t>(r.row->tokens.size());
-    if (r.row->all_logits) {
-      for (int64_t t = 0; t < n; ++t) head_tokens.push_back(r.token_offset + t);
-    } else if (r.row->logits || r.row->sample) {
-      head_tokens.push_back(r.token_offset + n - 1);
-    }
-  }
-  if (head_tokens.empty()) return;
-  const int64_t R = static_cast<int64_t>(head_tokens.size());
-  std::vector<float> head_x(R * H), head_h(R * std::max(H, E)), head_e(R * E), logits(R * c.vocab_size);
-  for (int64_t i = 0; i < R; ++i) std::memcpy(&head_x[i * H], &x[head_tokens[i] * H], H * sizeof(float));
-  const float* head_in = head_x.data();
-  if (c.final_norm) {
-    norm(head_x.data(), weights_.final_norm, weights_.final_norm_bias, R, head_h.data());
-    head_in = head_h.data();
-  }
-  if (!weights_.project_out.empty()) {
-    cpu::linear(head_in, R, H, weights_.project_out.ptr(), E, nullptr, head_e.data());
-    head_in = head_e.data();
-  }
-  cpu::linear(head_in, R, weights_.output_matrix(), nullptr, logits.data());
+void CpuEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) {
+  const ModelConfig& c = config_;
+  Forward f(*this, rows, total_tokens);
+  run_decoder(c, f);
+  if (f.head_tokens.empty()) return;
 
   int64_t head_row = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const StepRow& row = *rows[i].row;
     const int64_t n = row.all_logits ? static_cast<int64_t>(row.tokens.size()) : (row.logits || row.sample ? 1 : 0);
     if (n == 0) continue;
-    const float* first = &logits[head_row * c.vocab_size];
+    const float* first = &f.logits[head_row * c.vocab_size];
     if (rows[i].logits_index >= 0)
       std::copy(first, first + n * c.vocab_size, out.logits.begin() + static_cast<int64_t>(rows[i].logits_index) * c.vocab_size);
     if (row.sample) {

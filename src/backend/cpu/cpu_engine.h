@@ -1,8 +1,7 @@
-// The decoder recipe on the CPU reference backend: every variant ModelConfig describes (RMSNorm or
-// LayerNorm, pre- or post-norm, RoPE in either layout or learned positions, SwiGLU or ReLU MLP,
-// biases, embedding projections), in fp32. One step runs the linear layers over all the step's
-// tokens at once (one M, so each weight is read once per step) and attention row by row, each
-// sequence over its own cache.
+// The CPU reference backend: the ops of the shared decoder skeleton (model/forward.h) in fp32, for
+// every variant ModelConfig describes. One step runs the linear layers over all the step's tokens
+// at once (one M, so each weight is read once per step) and attention row by row, each sequence
+// over its own cache.
 #pragma once
 
 #include <functional>
@@ -33,6 +32,7 @@ class CpuEngine final : public Engine {
     int64_t capacity = 0;
     std::vector<std::vector<float>> k, v;
   };
+  struct Forward;  // one step's buffers and the skeleton's ops over them (cpu_engine.cpp)
   void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) override;
   void on_sequence_resized(int seq, int length) override;
   void ensure_cache(int seq, int64_t length);

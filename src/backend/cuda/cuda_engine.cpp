@@ -3,6 +3,7 @@
 #include "attention/unified_max.h"
 #include "backend/cuda/collectives.h"
 #include "backend/cuda/per_device.h"
+#include "model/forward.h"
 
 #include <algorithm>
 #include <cmath>
@@ -261,143 +262,180 @@ int prefill_config_for(int configured, int max_chunk) {
 }
 }  // namespace
 
-void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span<const Chunk> chunks, int logit_rows,
-                         int attention_splits, int attention_max_len) {
-  const ModelConfig& c = config();
-  const DeviceModel& m = *model_;
-  const DType dt = m.dtype();
-  const int H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden, QKV = Q + 2 * KV;
-  const bool swiglu = c.activation == Activation::SwiGLU;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  cudaStream_t st = stream_;
-  auto at = [](const DeviceBuffer& b, size_t byte_offset) { return static_cast<const char*>(b.get()) + byte_offset; };
+// The op set of model/forward.h on the GPU, in 16-bit with fp32 accumulation and an fp32 residual
+// stream (x_). The add of a block's output is fused into the next norm (residual_norm), q, k and v
+// are one GEMM, SwiGLU runs in the gate/up GEMM's epilogue where the chosen kernel has one, and the
+// row-parallel projections (o, down) end with the ranks' all-reduce. Buffers: the input is normed_,
+// the delta o_; the head rows are gathered from every token (a mixed step's in.head_index) or are
+// the last logit_rows tokens (a decode step).
+struct CudaEngine::Forward {
+  CudaEngine& e;
+  const StepInputs& in;
+  const int n, decode_rows;
+  const std::span<const Chunk> chunks;
+  const int logit_rows, attention_splits, attention_max_len;
+  const ModelConfig& c;
+  const DeviceModel& m;
+  const DType dt;
+  const cudaStream_t st;
+  const int H, E, Q, KV, FF;
+  const void* mlp_act = nullptr;  // where mlp_up_act left the activation
+  const void* head = nullptr;     // the head rows, 16-bit
 
-  const void* pos = m.pos_embeddings.empty() ? nullptr : m.pos_embeddings.get();
-  if (c.embedding_dim() == H) {
-    embedding(m.tok_embeddings.get(), pos, c.learned_position_offset, dt, in.ids, in.positions, n, H, x_.as<float>(),
-              st);
-  } else {
-    // OPT-350m: token rows of width E, projected to H (project_in), then the positions added.
-    const int E = c.embedding_dim();
-    gather_rows(m.tok_embeddings.get(), in.ids, n, E * static_cast<int>(kElem), normed_.get(), st);
-    linear(normed_.get(), m.project_in.get(), nullptr, o_.get(), n, H, E, false);
-    embedding(o_.get(), pos, c.learned_position_offset, dt, row_index_.as<int32_t>(), in.positions, n, H,
-              x_.as<float>(), st);
+  void gather_tokens() {
+    gather_rows(m.tok_embeddings.get(), in.ids, n, E * static_cast<int>(kElem), e.normed_.get(), st);
   }
-  // Post-LN models (OPT with do_layer_norm_before = false) normalize the stream after each block:
-  // x = norm(x + block(x)), written back; a block's input is then the stream itself (16-bit).
-  const bool post_ln = !c.pre_norm;
-  if (post_ln) convert_stored_type(0 /* F32 */, x_.get(), static_cast<int64_t>(n) * H, H, 0, normed_.get(), dt, st);
-  const void* pending_delta = nullptr;  // the previous block's output, added by the next norm
-  for (int layer = 0; layer < c.n_layers; ++layer) {
+  void project_in() { e.linear(e.normed_.get(), m.project_in.get(), nullptr, e.o_.get(), n, H, E, false); }
+  void embed(EmbedRows from, bool learned_positions) {
+    // Projected rows are looked up again by row index, so that one kernel adds the positions.
+    const bool tokens = from == EmbedRows::Tokens;
+    embedding(tokens ? m.tok_embeddings.get() : e.o_.get(), learned_positions ? m.pos_embeddings.get() : nullptr,
+              c.learned_position_offset, dt, tokens ? in.ids : e.row_index_.as<int32_t>(), in.positions, n, H,
+              e.x_.as<float>(), st);
+  }
+  void stream_as_input() {
+    convert_stored_type(0 /* F32 */, e.x_.get(), static_cast<int64_t>(n) * H, H, 0, e.normed_.get(), dt, st);
+  }
+  void add_norm(int layer, BlockNorm which, bool add_delta, bool write_back) {
     const DeviceLayer& L = m.layers[layer];
-    if (!post_ln)
-      residual_norm(x_.as<float>(), pending_delta, nullptr, L.attn_norm.get(), L.attn_norm_bias.get(), normed_.get(),
-                    n, H, c.norm_eps, c.norm, false, dt, st);
-    linear(normed_.get(), L.w_qkv.get(), L.b_qkv.get(), qkv_.get(), n, QKV, H, false);
-    if (c.position == PositionEncoding::Rope) {
-      rope_qk_cache(qkv_.get(), in.positions, m.inv_freq.as<float>(), c.rope.rotary_dim / 2, in.slots, n, c.n_heads,
-                    c.n_kv_heads, c.head_dim, options_.block_size, c.rope_style, layer_k(layer), layer_v(layer), dt,
-                    st);
-    } else {
-      kv_cache_write(qkv_.get(), in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, layer_k(layer),
-                     layer_v(layer), dt, st);
-    }
+    const bool attention_norm = which == BlockNorm::Attention;
+    residual_norm(e.x_.as<float>(), add_delta ? e.o_.get() : nullptr, nullptr,
+                  attention_norm ? L.attn_norm.get() : L.ffn_norm.get(),
+                  attention_norm ? L.attn_norm_bias.get() : L.ffn_norm_bias.get(), e.normed_.get(), n, H, c.norm_eps,
+                  c.norm, write_back, dt, st);
+  }
+  void qkv(int layer) {
+    const DeviceLayer& L = m.layers[layer];
+    e.linear(e.normed_.get(), L.w_qkv.get(), L.b_qkv.get(), e.qkv_.get(), n, Q + 2 * KV, H, false);
+  }
+  void rope_and_write_cache(int layer) {
+    rope_qk_cache(e.qkv_.get(), in.positions, m.inv_freq.as<float>(), c.rope.rotary_dim / 2, in.slots, n, c.n_heads,
+                  c.n_kv_heads, c.head_dim, e.options_.block_size, c.rope_style, e.layer_k(layer), e.layer_v(layer),
+                  dt, st);
+  }
+  void write_cache(int layer) {
+    kv_cache_write(e.qkv_.get(), in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, e.options_.block_size,
+                   e.layer_k(layer), e.layer_v(layer), dt, st);
+  }
+  void attention(int layer) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const bool async = e.options_.attention == AttentionMode::Async;
     if (decode_rows > 0) {
-      if (options_.attention == AttentionMode::Async) {
-        decode_attention_async({.qkv = qkv_.get(), .k_cache = layer_k(layer), .v_cache = layer_v(layer),
-                                .block_tables = in.block_tables, .max_blocks_per_seq = max_blocks_per_seq_,
-                                .context_lens = in.context_lens, .out = attn_.get(), .batch = decode_rows,
+      if (async) {
+        decode_attention_async({.qkv = e.qkv_.get(), .k_cache = e.layer_k(layer), .v_cache = e.layer_v(layer),
+                                .block_tables = in.block_tables, .max_blocks_per_seq = e.max_blocks_per_seq_,
+                                .context_lens = in.context_lens, .out = e.attn_.get(), .batch = decode_rows,
                                 .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim,
-                                .block_size = options_.block_size, .scale = scale, .dtype = dt,
+                                .block_size = e.options_.block_size, .scale = scale, .dtype = dt,
                                 .splits = attention_splits, .max_context_len = attention_max_len,
-                                .workspace = attn_ws_.get(), .workspace_bytes = attn_ws_.bytes(),
-                                .range = unified_max_[layer], .counters = attn_counters_.as<int>(),
-                                .counter_ints = attn_counter_ints_,
-                                .fallback_rows = fallback_rows_.as<unsigned long long>()},
+                                .workspace = e.attn_ws_.get(), .workspace_bytes = e.attn_ws_.bytes(),
+                                .range = e.unified_max_[layer], .counters = e.attn_counters_.as<int>(),
+                                .counter_ints = e.attn_counter_ints_,
+                                .fallback_rows = e.fallback_rows_.as<unsigned long long>()},
                                st);
       } else {
-        decode_attention({.qkv = qkv_.get(), .k_cache = layer_k(layer), .v_cache = layer_v(layer),
-                          .block_tables = in.block_tables, .max_blocks_per_seq = max_blocks_per_seq_,
-                          .context_lens = in.context_lens, .out = attn_.get(), .batch = decode_rows,
+        decode_attention({.qkv = e.qkv_.get(), .k_cache = e.layer_k(layer), .v_cache = e.layer_v(layer),
+                          .block_tables = in.block_tables, .max_blocks_per_seq = e.max_blocks_per_seq_,
+                          .context_lens = in.context_lens, .out = e.attn_.get(), .batch = decode_rows,
                           .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim,
-                          .block_size = options_.block_size, .scale = scale, .dtype = dt, .splits = attention_splits,
-                          .max_context_len = attention_max_len, .workspace = attn_ws_.get(),
-                          .workspace_bytes = attn_ws_.bytes()},
+                          .block_size = e.options_.block_size, .scale = scale, .dtype = dt,
+                          .splits = attention_splits, .max_context_len = attention_max_len,
+                          .workspace = e.attn_ws_.get(), .workspace_bytes = e.attn_ws_.bytes()},
                          st);
       }
     }
     if (!chunks.empty()) {
       if (layer == 0)
-        for (const Chunk& ch : chunks) prefill_attention_rows_ += static_cast<uint64_t>(ch.n) * c.n_heads * c.n_layers;
+        for (const Chunk& ch : chunks) e.prefill_attention_rows_ += static_cast<uint64_t>(ch.n) * c.n_heads * c.n_layers;
       // Every chunk in one launch (tensor cores; the same unified max and guard as decode).
       int max_chunk = 0;
       for (const Chunk& ch : chunks) max_chunk = std::max(max_chunk, ch.n);
-      prefill_attention_varlen(qkv_.get(), layer_k(layer), layer_v(layer), in.chunk_tables, max_blocks_per_seq_,
-                               in.chunk_q_begin, in.chunk_starts, static_cast<int>(chunks.size()), n, max_chunk,
-                               c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size, scale,
-                               options_.attention == AttentionMode::Async ? &unified_max_[layer] : nullptr,
-                               fallback_rows_.as<unsigned long long>() + 1, attn_.get(), dt, st,
-                               prefill_config_for(options_.prefill_attention_config, max_chunk));
+      prefill_attention_varlen(e.qkv_.get(), e.layer_k(layer), e.layer_v(layer), in.chunk_tables,
+                               e.max_blocks_per_seq_, in.chunk_q_begin, in.chunk_starts,
+                               static_cast<int>(chunks.size()), n, max_chunk, c.n_heads, c.n_kv_heads, c.head_dim,
+                               e.options_.block_size, scale, async ? &e.unified_max_[layer] : nullptr,
+                               e.fallback_rows_.as<unsigned long long>() + 1, e.attn_.get(), dt, st,
+                               prefill_config_for(e.options_.prefill_attention_config, max_chunk));
     }
-    linear(attn_.get(), L.w_o.get(), L.b_o.get(), o_.get(), n, H, Q, false);
-    reduce_partial(o_.get(), static_cast<int64_t>(n) * H);
-    // Pre-LN: x += o, the FFN reads norm(x). Post-LN: x = norm(x + o) (attn_norm is the block's
-    // output norm there), and the FFN reads x.
-    residual_norm(x_.as<float>(), o_.get(), nullptr, post_ln ? L.attn_norm.get() : L.ffn_norm.get(),
-                  post_ln ? L.attn_norm_bias.get() : L.ffn_norm_bias.get(), normed_.get(), n, H, c.norm_eps, c.norm,
-                  post_ln, dt, st);
-    if (swiglu && LinearDispatcher::fuses(linear_->choose(n, 2 * FF, H), Epilogue::SwiGLU)) {
+  }
+  void out_proj(int layer) {
+    const DeviceLayer& L = m.layers[layer];
+    e.linear(e.attn_.get(), L.w_o.get(), L.b_o.get(), e.o_.get(), n, H, Q, false);
+    e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
+  }
+  void mlp_up_act(int layer, Activation activation) {
+    const DeviceLayer& L = m.layers[layer];
+    if (activation == Activation::SwiGLU &&
+        LinearDispatcher::fuses(e.linear_->choose(n, 2 * FF, H), Epilogue::SwiGLU)) {
       // Gate/up with SwiGLU in the GEMM's epilogue: one pass, no [n, 2 FF] intermediate.
-      linear_->run(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_act_.get(), n, 2 * FF, H, dt, Epilogue::SwiGLU, st);
-      linear(ffn_act_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, false);
-    } else if (swiglu) {
-      linear(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_in_.get(), n, 2 * FF, H, false);
-      silu_mul(ffn_in_.get(), ffn_act_.get(), n, FF, dt, st);
-      linear(ffn_act_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, false);
+      e.linear_->run(e.normed_.get(), L.w_in.get(), L.b_in.get(), e.ffn_act_.get(), n, 2 * FF, H, dt,
+                     Epilogue::SwiGLU, st);
+      mlp_act = e.ffn_act_.get();
+    } else if (activation == Activation::SwiGLU) {
+      e.linear(e.normed_.get(), L.w_in.get(), L.b_in.get(), e.ffn_in_.get(), n, 2 * FF, H, false);
+      silu_mul(e.ffn_in_.get(), e.ffn_act_.get(), n, FF, dt, st);
+      mlp_act = e.ffn_act_.get();
     } else {
-      linear(normed_.get(), L.w_in.get(), L.b_in.get(), ffn_in_.get(), n, FF, H, false);
-      relu(ffn_in_.get(), n, FF, dt, st);
-      linear(ffn_in_.get(), L.w_down.get(), L.b_down.get(), o_.get(), n, H, FF, false);
-    }
-    reduce_partial(o_.get(), static_cast<int64_t>(n) * H);
-    if (post_ln) {
-      residual_norm(x_.as<float>(), o_.get(), nullptr, L.ffn_norm.get(), L.ffn_norm_bias.get(), normed_.get(), n, H,
-                    c.norm_eps, c.norm, true, dt, st);
-    } else {
-      pending_delta = o_.get();
+      e.linear(e.normed_.get(), L.w_in.get(), L.b_in.get(), e.ffn_in_.get(), n, FF, H, false);
+      relu(e.ffn_in_.get(), n, FF, dt, st);
+      mlp_act = e.ffn_in_.get();
     }
   }
-  // The head's input: logit_rows 16-bit rows of H, after the final norm (pre-LN) or as the last
-  // block left the stream (post-LN without a final norm: already in normed_).
-  const void* head_in = nullptr;
-  if (in.head_index != nullptr) {
-    // A mixed step: the rows whose logits are wanted are scattered (a chunk's last token); the
-    // final norm runs over every token, then those rows are gathered into o_ (free by now).
-    if (c.final_norm)
-      residual_norm(x_.as<float>(), post_ln ? nullptr : o_.get(), nullptr, m.final_norm.get(),
-                    m.final_norm_bias.get(), normed_.get(), n, H, c.norm_eps, c.norm, false, dt, st);
-    gather_rows(normed_.get(), in.head_index, logit_rows, H * static_cast<int>(kElem), o_.get(), st);
-    head_in = o_.get();
-  } else {
-    // Only the rows whose logits are wanted: the last `logit_rows` tokens.
-    const size_t skip = static_cast<size_t>(n - logit_rows);
-    if (c.final_norm) {
-      residual_norm(x_.as<float>() + skip * H, post_ln ? nullptr : at(o_, skip * H * kElem), nullptr,
-                    m.final_norm.get(), m.final_norm_bias.get(), normed_.get(), logit_rows, H, c.norm_eps, c.norm,
+  void mlp_down(int layer) {
+    const DeviceLayer& L = m.layers[layer];
+    e.linear(mlp_act, L.w_down.get(), L.b_down.get(), e.o_.get(), n, H, FF, false);
+    e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
+  }
+  // A mixed step's head rows are scattered (a chunk's last token): the final norm runs over every
+  // token, then those rows are gathered into o_ (free by now). A decode step's are the last
+  // logit_rows tokens: only they are normed.
+  void final_norm(bool add_delta) {
+    const void* delta = add_delta ? e.o_.get() : nullptr;
+    if (in.head_index != nullptr) {
+      residual_norm(e.x_.as<float>(), delta, nullptr, m.final_norm.get(), m.final_norm_bias.get(), e.normed_.get(), n,
+                    H, c.norm_eps, c.norm, false, dt, st);
+      gather_head_rows();
+    } else {
+      const size_t skip = static_cast<size_t>(n - logit_rows);
+      residual_norm(e.x_.as<float>() + skip * H, delta ? at(e.o_, skip * H * kElem) : nullptr, nullptr,
+                    m.final_norm.get(), m.final_norm_bias.get(), e.normed_.get(), logit_rows, H, c.norm_eps, c.norm,
                     false, dt, st);
-      head_in = normed_.get();
-    } else {
-      head_in = at(normed_, skip * H * kElem);
+      head = e.normed_.get();
     }
   }
-  if (c.embedding_dim() != H) {
-    // OPT-350m's project_out: back to the embedding width of the lm head (the tied table).
-    void* projected = head_in == o_.get() ? normed_.get() : o_.get();
-    linear(head_in, m.project_out.get(), nullptr, projected, logit_rows, c.embedding_dim(), H, false);
-    head_in = projected;
+  // Without a final norm the head reads the stream's 16-bit copy the last write-back norm left in
+  // normed_ (post-norm models); a pending delta would need an add kernel the backend lacks.
+  void head_rows(bool add_delta) {
+    check(!add_delta, "the CUDA backend runs a pre-norm model only with a final norm");
+    if (in.head_index != nullptr) {
+      gather_head_rows();
+    } else {
+      head = at(e.normed_, static_cast<size_t>(n - logit_rows) * H * kElem);
+    }
   }
-  lm_head(head_in, logit_rows);
+  void gather_head_rows() {
+    gather_rows(e.normed_.get(), in.head_index, logit_rows, H * static_cast<int>(kElem), e.o_.get(), st);
+    head = e.o_.get();
+  }
+  void project_out() {
+    void* projected = head == e.o_.get() ? e.normed_.get() : e.o_.get();
+    e.linear(head, m.project_out.get(), nullptr, projected, logit_rows, E, H, false);
+    head = projected;
+  }
+  void lm_head() { e.lm_head(head, logit_rows); }
+
+  static const char* at(const DeviceBuffer& b, size_t byte_offset) {
+    return static_cast<const char*>(b.get()) + byte_offset;
+  }
+};
+
+void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span<const Chunk> chunks, int logit_rows,
+                         int attention_splits, int attention_max_len) {
+  const ModelConfig& c = config();
+  const DeviceModel& m = *model_;
+  Forward f{*this, in, n, decode_rows, chunks, logit_rows, attention_splits, attention_max_len, c, m, m.dtype(), stream_,
+            c.hidden, c.embedding_dim(), c.q_dim(), c.kv_dim(), c.ffn_hidden};
+  run_decoder(c, f);
   last_logit_rows_ = logit_rows;
 }
 

@@ -3,10 +3,11 @@
 // and CUDA-graph replay of decode-only steps. One engine owns a DeviceModel, the KV cache and every
 // activation buffer; sequences are handles into it (the block accounting is Engine's).
 //
-// Per layer (pre-norm models) the step is:
+// The forward pass is the shared skeleton (model/forward.h) over this engine's ops; per layer of a
+// pre-norm model that is:
 //   residual_norm (adds the previous MLP output into the fp32 stream) -> QKV GEMM (+bias)
-//   -> rope_qk -> kv_cache_write -> attention -> O GEMM -> residual_norm -> gate/up GEMM
-//   -> silu_mul (or relu) -> down GEMM
+//   -> rope_qk_cache (or kv_cache_write) -> attention -> O GEMM -> residual_norm -> gate/up GEMM
+//   (SwiGLU in its epilogue, or silu_mul / relu after it) -> down GEMM
 // and only token ids (and, when asked, logits) cross to the host.
 #pragma once
 
@@ -146,6 +147,7 @@ class CudaEngine final : public Engine {
   // first decode_rows tokens are decode rows (decode attention), then the chunks (prefill
   // attention). Logits for logit_rows rows: in.head_index's tokens, or the last logit_rows.
   // Decode attention runs attention_splits splits, planned for rows of up to attention_max_len keys.
+  struct Forward;  // one forward pass's inputs and the skeleton's ops over the buffers (cuda_engine.cpp)
   void forward(const StepInputs& in, int n_tokens, int decode_rows, std::span<const Chunk> chunks, int logit_rows,
                int attention_splits = 1, int attention_max_len = 0);
   // A linear layer through the dispatcher (GEMV / flat GEMM / cuBLASLt by the tuned table).
