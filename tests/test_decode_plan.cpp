@@ -355,6 +355,25 @@ void expect_mma_shape_fits() {
   EXPECT_GE(decode::resident_ctas(W * 32, S::kSmem), 1);
 }
 
+TEST(DecodePlan, GraphRowsBucketEveryBatch) {
+  for (int max_batch : {1, 7, 8, 9, 64, 250, 256, 512}) {
+    std::vector<int> buckets;
+    for (int b = 1; b <= max_batch; ++b) {
+      const int rows = decode_graph_rows(b, max_batch);
+      EXPECT_GE(rows, b);
+      EXPECT_LE(rows, max_batch);
+      EXPECT_LT(rows - b, 8) << b;
+      if (b <= 8) EXPECT_EQ(rows, b);
+      if (rows < max_batch && b > 8) EXPECT_EQ(rows % 8, 0) << b;
+      if (buckets.empty() || buckets.back() != rows) buckets.push_back(rows);
+    }
+    // Every batch up to max_batch shares one of at most 8 + max_batch / 8 + 1 graphs.
+    EXPECT_LE(static_cast<int>(buckets.size()), 8 + max_batch / 8 + 1) << max_batch;
+  }
+  EXPECT_THROW(decode_graph_rows(0, 8), Error);
+  EXPECT_THROW(decode_graph_rows(9, 8), Error);
+}
+
 TEST(DecodePlan, SharedMemoryShapesFitAnSm) {
   expect_core_shape_fits<64, 1, 4>();
   expect_core_shape_fits<64, 16, 4>();

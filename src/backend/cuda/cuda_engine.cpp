@@ -442,6 +442,9 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
 void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens) {
   const int b = static_cast<int>(seqs.size());
   const int mb = options_.max_batch;
+  // With graphs the step runs at the batch's bucket: rows past b are padding, so that a server whose
+  // batch changes every step replays a few dozen graphs instead of capturing one per batch size.
+  const int rows = options_.cuda_graphs ? decode_graph_rows(b, mb) : b;
   // The pinned inputs are rewritten below: the previous step's copy out of them must be done.
   FDPP_CUDA_CHECK(cudaEventSynchronize(inputs_copied_));
   int32_t* ids = decode_in_host_;
@@ -459,7 +462,16 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
     max_len = std::max(max_len, lens[i]);
     std::copy(s.blocks.begin(), s.blocks.end(), tables + static_cast<size_t>(i) * max_blocks_per_seq_);
   }
-  const size_t bytes = (4 * static_cast<size_t>(mb) + static_cast<size_t>(b) * max_blocks_per_seq_) * sizeof(int32_t);
+  // A padding row writes no cache (slot -1) and attends to the first token of row 0's blocks (written
+  // before this step or by it), so that its values stay finite; its logits are never read.
+  for (int i = b; i < rows; ++i) {
+    ids[i] = 0;
+    pos[i] = 0;
+    slots[i] = -1;
+    lens[i] = 1;
+    std::copy(tables, tables + max_blocks_per_seq_, tables + static_cast<size_t>(i) * max_blocks_per_seq_);
+  }
+  const size_t bytes = (4 * static_cast<size_t>(mb) + static_cast<size_t>(rows) * max_blocks_per_seq_) * sizeof(int32_t);
   FDPP_CUDA_CHECK(cudaMemcpyAsync(decode_in_.get(), decode_in_host_, bytes, cudaMemcpyHostToDevice, stream_));
   FDPP_CUDA_CHECK(cudaEventRecord(inputs_copied_, stream_));
   const int32_t* d = decode_in_.as<int32_t>();
@@ -467,22 +479,21 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
 
   // The launches depend on the rows' length too (the loop, the async reduction's place): the key
   // holds them all.
-  const DecodeAttentionLaunch attention = plan_decode_attention(b, max_len);
+  const DecodeAttentionLaunch attention = plan_decode_attention(rows, max_len);
   const int splits = attention.splits;
-  const std::pair<int, DecodeAttentionLaunch> key{b, attention};
+  const std::pair<int, DecodeAttentionLaunch> key{rows, attention};
   auto graph = graphs_.find(key);
   if (!options_.cuda_graphs) {
-    forward(in, b, b, {}, b, splits, max_len);
+    forward(in, rows, rows, {}, rows, splits, max_len);
   } else if (graph != graphs_.end()) {
     FDPP_CUDA_CHECK(cudaGraphLaunch(graph->second, stream_));
-    last_logit_rows_ = b;
   } else {
-    forward(in, b, b, {}, b, splits, max_len);
+    forward(in, rows, rows, {}, rows, splits, max_len);
     FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     cudaGraph_t g = nullptr;
     FDPP_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
-      forward(in, b, b, {}, b, splits, max_len);
+      forward(in, rows, rows, {}, rows, splits, max_len);
     } catch (...) {
       cudaStreamEndCapture(stream_, &g);
       if (g != nullptr) cudaGraphDestroy(g);
@@ -612,7 +623,6 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
       upload(head_index_, one, stream_);
       forward(in, T, decode_rows, chunks, 1, splits, max_len);
     }
-    last_logit_rows_ = std::max(head_rows, 1);
     if (decode_rows > 0) count_attention_rows(decode_rows, attention);
   }
 

@@ -458,6 +458,15 @@ inline int plan_decode_splits(int batch, int n_heads, int n_kv_heads, int head_d
   return decode::plan_splits(batch, n_heads, n_kv_heads, head_dim, max_context_len, multiprocessors);
 }
 
+// The rows a graph-replayed decode step of `batch` sequences runs (the rest padding): the batch itself
+// up to 8, then the next multiple of 8 (the flat GEMM's tile rows, so padding adds no GEMM work), at
+// most max_batch. A server's batch changes nearly every step; buckets keep the graphs few.
+inline int decode_graph_rows(int batch, int max_batch) {
+  check(batch >= 1 && batch <= max_batch, "decode_graph_rows: batch {} outside [1, {}]", batch, max_batch);
+  if (batch <= 8) return batch;
+  return std::min(max_batch, (batch + 7) / 8 * 8);
+}
+
 // The most splits plan_decode_splits returns for any context up to max_context_len (workspace sizing).
 inline int max_decode_splits(int batch, int n_heads, int n_kv_heads, int head_dim, int max_context_len,
                              int multiprocessors) {
