@@ -14,7 +14,8 @@ fail=0
 expect_exit() {
   local code="$1" name="$2" pattern="$3"
   shift 3
-  "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
+  # Bounded: a command that takes the bad value (a server that starts) fails here instead of hanging.
+  timeout 120 "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
   local rc=$?
   local lines
   lines=$(wc -l <"$TMP/err")
@@ -100,7 +101,7 @@ usage "-tp 2 with --device cpu" "--tensor-parallel 2 splits a model over GPUs; .
 usage "dtype garbage (also on the CPU)" "^fdpp: error: --dtype: 'garbage' is not one of" "$BIN" generate --prompt hi --dtype garbage --device cpu
 usage "attention garbage" "^fdpp: error: --attention: 'x' is not one of" "$BIN" generate --prompt hi --attention x
 # serve takes the engine options from the same table: the same ranges and words.
-usage "serve max-num-seqs 0" "^fdpp: error: --max-num-seqs: 0 must be in \[1, 4096\]" "$BIN" serve --max-num-seqs 0
+usage "serve max-num-seqs 5000" "^fdpp: error: --max-num-seqs: 5000 must be in \[0, 4096\]" "$BIN" serve --max-num-seqs 5000
 usage "serve seqs over the step" "--max-num-seqs 512 with --max-batched-tokens 256: max-batched-tokens" "$BIN" serve --max-num-seqs 512 --max-batched-tokens 256
 usage "serve dtype garbage" "^fdpp: error: --dtype: 'fp8' is not one of" "$BIN" serve --dtype fp8
 usage "empty prompt" "^fdpp: error: --prompt: the prompt is empty$" "$BIN" generate --prompt ""
