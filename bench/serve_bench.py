@@ -67,6 +67,9 @@ def parse_args():
     p.add_argument("--launch", default=None, help="command that starts the server; it is stopped (SIGTERM) at the end")
     p.add_argument("--launch-timeout", type=float, default=900)
     p.add_argument("--result-json", default=None, help="write the results here")
+    p.add_argument("--write-prompts", default=None,
+                   help="write the (first) run's requests as a JSON Lines prompts file for `fdpp generate -f` "
+                        "and exit; needs --vocab-size")
     p.add_argument("--label", default="", help="free text stored with the results (e.g. the server command)")
     return p.parse_args()
 
@@ -198,12 +201,33 @@ def percentiles(xs, scale=1000.0):
             "p99": float(np.percentile(a, 99))}
 
 
-async def run_once(args, http, model, vocab, rate, rng):
+def warmup_prompts(args, vocab, rng):
+    return [rng.integers(10, vocab, 16).tolist() for _ in range(args.warmup)]
+
+
+def draw_job(args, vocab, rng):
+    """The run's prompts (token ids) and output lengths, drawn after the warm-up's."""
     lo = lambda n: max(1, int(n * (1 - args.range_ratio)))
     hi = lambda n: max(1, int(n * (1 + args.range_ratio)))
     in_lens = rng.integers(lo(args.input_len), hi(args.input_len) + 1, args.num_prompts)
     out_lens = rng.integers(lo(args.output_len), hi(args.output_len) + 1, args.num_prompts)
     prompts = [rng.integers(10, vocab, int(n)).tolist() for n in in_lens]
+    return prompts, out_lens
+
+
+def write_prompts(args):
+    """The first run's job as a prompts file for `fdpp generate -f` (the same requests offline)."""
+    rng = np.random.default_rng(args.seed)
+    warmup_prompts(args, args.vocab_size, rng)
+    prompts, out_lens = draw_job(args, args.vocab_size, rng)
+    with open(args.write_prompts, "w") as f:
+        for p, o in zip(prompts, out_lens):
+            f.write(json.dumps({"prompt_token_ids": p, "max_tokens": int(o), "ignore_eos": True,
+                                "temperature": args.temperature}) + "\n")
+
+
+async def run_once(args, http, model, vocab, rate, rng):
+    prompts, out_lens = draw_job(args, vocab, rng)
 
     sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
 
@@ -292,8 +316,7 @@ async def main_async(args):
         vocab = args.vocab_size or info.get("vocab_size") or 32000
         rng = np.random.default_rng(args.seed)
         if args.warmup:
-            w = await asyncio.gather(*[one_request(http, args, model, rng.integers(10, vocab, 16).tolist(), 4)
-                                       for _ in range(args.warmup)])
+            w = await asyncio.gather(*[one_request(http, args, model, p, 4) for p in warmup_prompts(args, vocab, rng)])
             bad = [r["error"] for r in w if r["error"]]
             if bad:
                 sys.exit(f"serve_bench: warm-up failed: {bad[0]}")
@@ -326,6 +349,11 @@ def wait_healthy(base, timeout, proc):
 
 def main():
     args = parse_args()
+    if args.write_prompts:
+        if not args.vocab_size:
+            sys.exit("serve_bench: --write-prompts needs --vocab-size")
+        write_prompts(args)
+        return
     proc = None
     if args.launch:
         proc = subprocess.Popen(shlex.split(args.launch))

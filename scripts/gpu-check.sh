@@ -29,7 +29,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared GPU machines (
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
 stages="${*:-${FDPP_GPU_STAGES:-tests sanitizer attention}}"
 # In the order they run:
-known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune dataflow bench tp peers load rss python"
+known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune dataflow bench throughput tp peers load rss python"
 for s in $stages; do
   [[ " $known_stages " == *" $s "* ]] || { echo "gpu-check.sh: unknown stage '$s' (stages: $known_stages)" >&2; exit 2; }
 done
@@ -353,7 +353,7 @@ if stage bench; then
   bench() {  # bench NAME ARGS...
     local name=$1
     shift
-    "$B/fdpp" bench --load-format dummy "$@" --json >"$OUT/bench_$name.json" 2>"$OUT/bench_$name.err" || { log "bench $name failed: $(tail -1 "$OUT/bench_$name.err")"; return; }
+    "${bench_bin:-$B/fdpp}" bench --load-format dummy "$@" --json >"$OUT/bench_$name.json" 2>"$OUT/bench_$name.err" || { log "bench $name failed: $(tail -1 "$OUT/bench_$name.err")"; return; }
     python3 - "$OUT/bench_$name.json" "$name" <<'PY' | tee -a "$summary"
 import json, sys
 r = json.load(open(sys.argv[1])); m = r["memory"]
@@ -370,6 +370,12 @@ for x in r["results"]:
 PY
   }
   bench llama-2-7b --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024 -p 1024
+  # Another build's fdpp on the same job, right after (FDPP_BENCH_BASE=PATH, e.g. the commit before a
+  # change that should not move the speed), then ours again: noise shows as the two runs of ours differ.
+  if [[ -n ${FDPP_BENCH_BASE:-} ]]; then
+    bench_bin=$FDPP_BENCH_BASE bench llama-2-7b-base --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024 -p 1024
+    bench llama-2-7b-again --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024 -p 1024
+  fi
   # End to end, asynchronized (default, above) against synchronized softmax (issue 5).
   [[ ${FDPP_BENCH_ABLATIONS:-1} == 1 ]] && bench llama-2-7b-sync-attention --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024,4000 -p 1024 --attention sync
   [[ ${FDPP_BENCH_ABLATIONS:-1} == 1 ]] && bench llama-2-7b-async-4k --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 4000 -p 1024
@@ -392,6 +398,11 @@ PY
   for m in ${FDPP_BENCH_MORE_MODELS-llama-2-13b llama-3-8b opt-6.7b chatglm2-6b}; do
     bench $m --config "$root/configs/$m.json" -b 1 -c 1024 -p 1024
   done
+fi
+
+if stage throughput; then
+  # Issue 40: the workloads offline and served, with step timelines (bench/throughput_h200.sh).
+  OUT="$OUT" FDPP_BUILD_DIR="$B" bash "$root/bench/throughput_h200.sh" 2>&1 | tee -a "$summary"
 fi
 
 if stage tp; then

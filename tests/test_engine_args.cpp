@@ -54,9 +54,8 @@ struct BadValue {
 
 const std::vector<BadValue>& bad_values() {
   static const std::vector<BadValue> v{
-      {"max_num_seqs", "0", "0 must be in [1, 4096]"},
-      {"max_num_seqs", "4097", "4097 must be in [1, 4096]"},
-      {"max_num_batched_tokens", "0", "0 must be in [1, 2^20]"},
+      {"max_num_seqs", "4097", "4097 must be in [0, 4096]"},
+      {"max_num_batched_tokens", "1048577", "1048577 must be in [0, 2^20]"},
       {"max_model_len", "-1", "-1 must be in [0, 2^24]"},
       {"kv_cache_tokens", "-5", "-5 must be in [0, 2^30]"},
       {"kv_cache_tokens", "1.5", "'1.5' is not an integer"},
@@ -163,9 +162,43 @@ TEST(EngineArgs, CrossOptionRulesNameBothOptions) {
             std::string::npos);
   EngineArgs n;
   n.n_gpu_layers = 0;
+  n.max_num_seqs = 0;  // automatic: never a conflict with a given max_batched_tokens
+  n.max_batched_tokens = 1;
+  EXPECT_NO_THROW(n.check());
   EXPECT_EQ(n.requested_device(), Device::Cpu);  // llama.cpp's -ngl 0
   n.device = "cuda";
   EXPECT_NE(test::error_of([&] { n.check(); }), "");
+}
+
+// Step sizes left automatic (0) are the backend's: large on the GPU, small on the CPU, and an automatic
+// one always fits the one given (a step holds every running row and one prefill token).
+TEST(EngineArgs, AutomaticStepSizesPerDeviceFitTheGivenOne) {
+  EngineArgs a;
+  EXPECT_EQ(a.step_sizes(Device::Cuda).max_num_seqs, 256);
+  EXPECT_EQ(a.step_sizes(Device::Cuda).max_batched_tokens, 8192);
+  EXPECT_EQ(a.step_sizes(Device::Cpu).max_num_seqs, 64);
+  EXPECT_EQ(a.step_sizes(Device::Cpu).max_batched_tokens, 2048);
+  const EngineLimits l = a.engine_limits(Device::Cuda);
+  EXPECT_EQ(l.max_step_rows, 256);
+  EXPECT_EQ(l.max_step_tokens, 8192);
+  const SchedulerOptions so = a.scheduler_options(Device::Cpu, 7);
+  EXPECT_EQ(so.max_num_seqs, 64);
+  EXPECT_EQ(so.max_batched_tokens, 2048);
+  EXPECT_EQ(so.max_waiting, 7);
+  for (Device d : {Device::Cpu, Device::Cuda}) {
+    for (int seqs : {0, 1, 100, 4096})
+      for (int tokens : {0, 2, 50, 9000}) {
+        if (seqs == 0 && tokens == 0) continue;
+        EngineArgs g;
+        g.max_num_seqs = seqs;
+        g.max_batched_tokens = tokens;
+        const EngineArgs::StepSizes s = g.step_sizes(d);
+        if (seqs > 0) EXPECT_EQ(s.max_num_seqs, seqs);
+        if (tokens > 0) EXPECT_EQ(s.max_batched_tokens, tokens);
+        if (seqs == 0 || tokens == 0)
+          EXPECT_EQ(step_size_problem(s.max_num_seqs, s.max_batched_tokens), "") << seqs << " " << tokens;
+      }
+  }
 }
 
 // The table's env column is the variable the front ends fall back to: setting it gives the options

@@ -108,8 +108,12 @@ TEST(PromptFile, BadLinesNameTheLineAndTheProblem) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"prompt": "a"})" "\n" "not json", "p.jsonl:2: not valid JSON"},
       {R"(["prompt"])", "p.jsonl:1: expected a JSON object"},
-      {R"({"max_tokens": 3})", "p.jsonl:1: needs exactly one of \"prompt\" and \"messages\""},
+      {R"({"max_tokens": 3})", "p.jsonl:1: needs exactly one of \"prompt\", \"messages\" and \"prompt_token_ids\""},
       {R"({"prompt": "a", "messages": []})", "needs exactly one of"},
+      {R"({"prompt": "a", "prompt_token_ids": [1]})", "needs exactly one of"},
+      {R"({"prompt_token_ids": []})", "\"prompt_token_ids\" must be a non-empty array of token ids"},
+      {R"({"prompt_token_ids": [1, -2]})", "\"prompt_token_ids\" holds -2, not a token id"},
+      {R"({"prompt_token_ids": [1, "a"]})", "\"prompt_token_ids\" holds \"a\", not a token id"},
       {R"({"prompt": ""})", "p.jsonl:1: \"prompt\" is empty"},
       {R"({"prompt": 3})", "\"prompt\" must be a string, not 3"},
       {R"({"messages": []})", "\"messages\" must be a non-empty array"},
@@ -241,6 +245,10 @@ TEST(PromptFile, BuildRequests) {
   msgs.line = 4;
   msgs.messages = conv;
   EXPECT_EQ(build_request(msgs, s, *tok, 2048, "p.txt").prompt, c.prompt);
+  // Token ids go in as they are, chat template or not.
+  const std::vector<PromptEntry> ids = jsonl(R"({"prompt_token_ids": [5, 0, 49151], "max_tokens": 2})");
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_EQ(build_request(ids[0], chat, *tok, 2048, "p.jsonl").prompt, (std::vector<int32_t>{5, 0, 49151}));
 
   // Errors name the file and the line.
   EXPECT_NE(error_of([&] { build_request(plain, s, *tok, 9, "p.txt"); })

@@ -397,9 +397,11 @@ class LLM:
         kv_cache_tokens: KV cache size in tokens; None = sized by the engine (CUDA: from free memory).
         tensor_parallel: GPUs of this host to split the model over (Megatron-style, NCCL; CUDA only).
             vLLM's spelling tensor_parallel_size is accepted too.
-        max_num_seqs: sequences decoded together in one step (default 64).
+        max_num_seqs: sequences decoded together in one step (default: 256 on the GPU, 64 on the CPU).
         max_num_batched_tokens: tokens of one step (decode rows and prefill chunks together;
-            default 2048).
+            default: 8192 on the GPU, 2048 on the CPU).
+        step_log: a file that gets one JSON line per scheduler step (rows, tokens, host and engine
+            times; bench/step_timeline.py summarizes it).
         max_model_len: the context per sequence; None = the model's.
         attention: CUDA decode attention, "async" (FlashDecoding++'s unified max) or "sync".
         linear: CUDA linear layers: None ($FDPP_LINEAR, else "auto"), "auto", "gemv", "flat", "cublas".
@@ -438,6 +440,7 @@ class LLM:
         config: Optional[Union[str, os.PathLike]] = None,
         pdl: Optional[str] = None,
         decode_path: Optional[str] = None,
+        step_log: Optional[Union[str, os.PathLike]] = None,
     ) -> None:
         # The keywords are the engine option table's (the CLI's flags): checked there, with the
         # CLI's ranges and messages. None keeps the table's default.
@@ -445,7 +448,8 @@ class LLM:
             raise _bad(f"tensor_parallel={tensor_parallel} and tensor_parallel_size={tensor_parallel_size} differ")
         if model is not None and not os.fspath(model):
             raise _bad("model: an empty path (None means the default model)")
-        paths = {"model": model, "dispatch_table": dispatch_table, "calibration": calibration, "config": config}
+        paths = {"model": model, "dispatch_table": dispatch_table, "calibration": calibration, "config": config,
+                 "step_log": step_log}
         options = {k: (None if v is None else os.fspath(v)) for k, v in paths.items()}
         options.update(
             device=device, dtype=dtype, kv_cache_tokens=kv_cache_tokens,

@@ -73,24 +73,6 @@ class CoreStream:
     def result(self) -> Optional[CoreResult]:
         """The finished request's result; None before it has finished."""
 
-class CoreModelArgs:
-    model: str
-    device: str
-    dtype: str
-    kv_cache_tokens: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    attention: str
-    linear: str
-    dispatch_table: str
-    cuda_graphs: bool
-    threads: int
-    calibration: str
-    cpu_weights: str
-    tensor_parallel: int
-    def __init__(self) -> None: ...
-
 class CoreTokenizer:
     def encode(self, text: str, add_bos: Optional[bool] = None, parse_special: bool = True) -> list[int]: ...
     def decode(self, ids: list[int], skip_special: bool = True) -> str: ...
@@ -109,7 +91,8 @@ class CoreTokenizer:
 
 class CoreModel:
     @staticmethod
-    def load(args: CoreModelArgs) -> CoreModel: ...
+    def load(options: dict[str, Optional[object]]) -> CoreModel:
+        """Opens a model; options are the engine option table's keywords (None: the default)."""
     @property
     def path(self) -> str: ...
     @property

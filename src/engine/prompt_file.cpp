@@ -61,11 +61,12 @@ PromptEntry parse_json_line(std::string_view text, const LineContext& at) {
   } catch (const JsonSyntaxError& e) {
     at.fail_at("not valid JSON ({})", e.what());
   }
-  if (!j.is_object()) at.fail_at("expected a JSON object with \"prompt\" or \"messages\", got {}", j.type_name());
+  if (!j.is_object())
+    at.fail_at("expected a JSON object with \"prompt\", \"messages\" or \"prompt_token_ids\", got {}", j.type_name());
   PromptEntry e;
   e.line = at.line;
-  const bool has_prompt = j.contains("prompt"), has_messages = j.contains("messages");
-  if (has_prompt == has_messages) at.fail_at("needs exactly one of \"prompt\" and \"messages\"");
+  if (j.contains("prompt") + j.contains("messages") + j.contains("prompt_token_ids") != 1)
+    at.fail_at("needs exactly one of \"prompt\", \"messages\" and \"prompt_token_ids\"");
   for (const auto& [key, v] : j.items()) {
     if (key == "prompt") {
       e.prompt = json_text(at, v, key);
@@ -79,6 +80,13 @@ PromptEntry parse_json_line(std::string_view text, const LineContext& at) {
         if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
           at.fail_at("message role \"{}\" is not one of system, user, assistant", cm.role);
         e.messages.push_back(std::move(cm));
+      }
+    } else if (key == "prompt_token_ids") {
+      if (!v.is_array() || v.empty()) at.fail_at("\"prompt_token_ids\" must be a non-empty array of token ids");
+      for (const nlohmann::json& t : v) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+          at.fail_at("\"prompt_token_ids\" holds {}, not a token id", t.dump());
+        e.prompt_token_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
       }
     } else if (key == "id") {
       e.id_json = v.dump();
@@ -118,7 +126,7 @@ PromptEntry parse_json_line(std::string_view text, const LineContext& at) {
       if (!v.is_boolean()) at.fail_at("\"ignore_eos\" must be true or false, not {}", v.dump());
       e.ignore_eos = v.get<bool>();
     } else {
-      at.fail_at("unknown field \"{}\" (known: prompt, messages, id, max_tokens, temperature, top_k, top_p, min_p, "
+      at.fail_at("unknown field \"{}\" (known: prompt, messages, prompt_token_ids, id, max_tokens, temperature, top_k, top_p, min_p, "
                  "repeat_penalty, repeat_last_n, seed, stop, ignore_eos)",
                  key);
     }
@@ -249,7 +257,8 @@ GenerationRequest build_request(const PromptEntry& entry, const RequestSettings&
   if (std::string m = check_request_param("max_tokens", s.max_tokens); !m.empty()) at.fail_at("{}", m);
   GenerationRequest r;
   try {
-    r.prompt = encode_prompt(tokenizer, entry.prompt, entry.messages, s.chat, s.system);
+    r.prompt = !entry.prompt_token_ids.empty() ? entry.prompt_token_ids
+                                               : encode_prompt(tokenizer, entry.prompt, entry.messages, s.chat, s.system);
   } catch (const Error& e) {
     at.fail_at("{}", e.what());
   }

@@ -6,8 +6,9 @@
 //
 // Formats (chosen by the file's extension: .jsonl / .ndjson / .json are JSON Lines, anything
 // else is plain text):
-//   JSON Lines: one object per line with "prompt" (a string) or "messages" (an array of
-//               {"role", "content"}, always rendered with the chat template), optional "id" (any
+//   JSON Lines: one object per line with "prompt" (a string), "messages" (an array of
+//               {"role", "content"}, always rendered with the chat template) or
+//               "prompt_token_ids" (token ids, used as they are: vLLM's TokensPrompt), optional "id" (any
 //               JSON value, echoed in the output) and optional per-request fields that override the
 //               command line: max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
 //               repeat_last_n, seed, stop (a string or an array of strings), ignore_eos. Blank lines
@@ -44,6 +45,7 @@ struct PromptEntry {
   int line = 0;  // 1-based line in the file
   std::string prompt;
   std::vector<ChatMessage> messages;  // non-empty: a conversation instead of `prompt`
+  std::vector<int32_t> prompt_token_ids;  // non-empty: the prompt's tokens, given instead of text
   std::string id_json;                // the line's "id" as JSON text, "" when absent
   // Fields the line sets; unset ones come from the command line.
   std::optional<int> max_tokens, top_k, repeat_last_n;

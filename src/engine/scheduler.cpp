@@ -69,6 +69,10 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, const Scheduler
   options_.max_batched_tokens = std::min(options.max_batched_tokens, l.max_step_tokens);
   if (const std::string p = step_size_problem(options_.max_num_seqs, options_.max_batched_tokens); !p.empty())
     fail("{}", p);
+  if (!options_.step_log.empty()) {
+    step_log_ = std::make_unique<std::ofstream>(options_.step_log, std::ios::out | std::ios::trunc);
+    check(step_log_->good(), "step log {}: cannot open it for writing", options_.step_log);
+  }
 }
 
 Scheduler::~Scheduler() {
@@ -245,6 +249,7 @@ void Scheduler::admit_locked() {
 }
 
 bool Scheduler::step() {
+  const Clock::time_point began = Clock::now();
   // Cancellations first, so their blocks are free for this step's admissions.
   std::vector<uint64_t> cancelled;
   std::vector<std::unique_ptr<Active>> cancelled_waiting;
@@ -330,6 +335,7 @@ bool Scheduler::step() {
 
   for (Active* a : row_owner) a->in_batch = false;
   StepOutput out;
+  const Clock::time_point engine_began = Clock::now();
   try {
     out = engine_.step(batch);
   } catch (const Error& e) {
@@ -344,6 +350,7 @@ bool Scheduler::step() {
     publish_stats();
     return true;
   }
+  const Clock::time_point engine_ended = Clock::now();
   uint64_t prefilled = 0;
   for (size_t i = 0; i < batch.rows.size(); ++i) {
     Active& a = *row_owner[i];
@@ -359,7 +366,29 @@ bool Scheduler::step() {
   }
   std::erase_if(running_, [](const auto& a) { return a->done; });
   publish_stats();
+  if (step_log_) log_step(batch, began, engine_began, engine_ended);
   return true;
+}
+
+void Scheduler::log_step(const Batch& batch, Clock::time_point began, Clock::time_point engine_began,
+                         Clock::time_point engine_ended) {
+  auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  int decode_rows = 0, prefill_rows = 0;
+  int64_t prefill_tokens = 0;
+  for (const StepRow& r : batch.rows) {
+    if (r.tokens.size() == 1 && r.sample) {
+      ++decode_rows;
+    } else {
+      ++prefill_rows;
+      prefill_tokens += static_cast<int64_t>(r.tokens.size());
+    }
+  }
+  const SchedulerStats st = stats();
+  *step_log_ << fmt::format(
+      "{{\"step\":{},\"start_ms\":{:.3f},\"schedule_ms\":{:.3f},\"engine_ms\":{:.3f},\"emit_ms\":{:.3f},"
+      "\"decode_rows\":{},\"prefill_rows\":{},\"prefill_tokens\":{},\"running\":{},\"waiting\":{}}}\n",
+      st.steps, ms(created_, began), ms(began, engine_began), ms(engine_began, engine_ended),
+      ms(engine_ended, Clock::now()), decode_rows, prefill_rows, prefill_tokens, st.running, st.waiting);
 }
 
 void Scheduler::publish_stats() {

@@ -9,9 +9,11 @@
 // callback is called on that thread.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -78,6 +80,10 @@ struct SchedulerOptions {
   int max_num_seqs = 64;         // running sequences (rows of a decode step)
   int max_batched_tokens = 2048; // tokens of one step, decode rows and prefill chunks together
   int max_waiting = 1024;        // queued requests; submit() beyond throws QueueFullError
+  // "": none. Else a file that gets one JSON line per step (the per-step timeline that throughput
+  // work starts from): when it began, the host's scheduling, the engine's step and the token
+  // handling after it, in ms, and the step's rows and tokens. bench/step_timeline.py reads it.
+  std::string step_log;
 };
 
 // Why a step of max_batched_tokens cannot serve max_num_seqs running sequences ("" when it can):
@@ -134,6 +140,8 @@ class Scheduler {
   void preempt(Active& a);
   bool emit_token(Active& a, int32_t token);  // true when the request finished
   void publish_stats();
+  void log_step(const Batch& batch, std::chrono::steady_clock::time_point began,
+                std::chrono::steady_clock::time_point engine_began, std::chrono::steady_clock::time_point engine_ended);
 
   Engine& engine_;
   const Tokenizer& tokenizer_;
@@ -150,6 +158,8 @@ class Scheduler {
 
   std::vector<std::unique_ptr<Active>> running_;  // engine thread only
   std::string current_error_;                      // the failed step's message (engine thread)
+  std::unique_ptr<std::ofstream> step_log_;        // engine thread only
+  std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace fdpp

@@ -70,10 +70,10 @@ std::vector<EngineOption> build_table() {
   std::vector<EngineOption> t;
   t.push_back(text("model", "-m,--model", kModelUsers,
                    "GGUF file or Hugging Face model directory (default: the default model)", &EngineArgs::model));
-  t.push_back(choice("load_format", "--load-format", kServe | kPython | kBench,
+  t.push_back(choice("load_format", "--load-format", kGenerate | kServe | kPython | kBench,
                      "auto (read the model) or dummy (random weights of --config on the GPU, for measuring)",
                      {"auto", "dummy"}, &EngineArgs::load_format));
-  t.push_back(text("config", "--config", kServe | kPython | kBench,
+  t.push_back(text("config", "--config", kGenerate | kServe | kPython | kBench,
                    "config.json of the model shapes for --load-format dummy (see configs/)", &EngineArgs::config));
   t.push_back(choice("device", "--device", kRunners, "auto (CUDA when a GPU is present), cpu or cuda",
                      {"auto", "cpu", "cuda"}, &EngineArgs::device));
@@ -90,10 +90,11 @@ std::vector<EngineOption> build_table() {
   t.push_back(integer("kv_cache_tokens", "--kv-cache-tokens", kRunners,
                       "KV cache size in tokens (0: sized by the engine: on the GPU what memory leaves)", 0,
                       int64_t{1} << 30, &EngineArgs::kv_cache_tokens));
-  t.push_back(integer("max_num_seqs", "--max-num-seqs", kEngines, "sequences running at once (rows of a step)", 1,
-                      4096, &EngineArgs::max_num_seqs));
+  t.push_back(integer("max_num_seqs", "--max-num-seqs", kEngines, "sequences running at once (rows of a step; 0: 256 on the GPU, 64 on the CPU)",
+                      0, 4096, &EngineArgs::max_num_seqs));
   t.push_back(integer("max_num_batched_tokens", "--max-batched-tokens,--max-num-batched-tokens", kEngines,
-                      "tokens of one engine step (prefill chunks and decode rows together)", 1, 1 << 20,
+                      "tokens of one engine step, prefill chunks and decode rows together (0: 8192 on the GPU, 2048 on the CPU)",
+                      0, 1 << 20,
                       &EngineArgs::max_batched_tokens));
   t.push_back(integer("max_model_len", "-c,--ctx-size,--max-model-len", kEngines,
                       "context per sequence, prompt + output (0: the model's)", 0, 1 << 24,
@@ -157,6 +158,10 @@ std::vector<EngineOption> build_table() {
   t.push_back(integer("n_gpu_layers", "--n-gpu-layers,--gpu-layers", kRunners & ~kPython,
                       "llama.cpp's -ngl: accepted; every layer runs on the GPU when there is one, 0 means the CPU", -1,
                       1 << 20, &EngineArgs::n_gpu_layers));
+  t.push_back(text("step_log", "--step-log", kGenerate | kServe | kPython,
+                   "write one JSON line per scheduler step to this file: its rows, tokens and host and engine "
+                   "times (bench/step_timeline.py summarizes it)",
+                   &EngineArgs::step_log));
   return t;
 }
 
@@ -224,6 +229,7 @@ void EngineArgs::check(bool python) const {
               name("load_format", "--load-format"), name("config", "--config"));
   fdpp::check(load_format != "dummy" || device != "cpu",
               "{} dummy builds random weights on the GPU; it has no CPU form", name("load_format", "--load-format"));
+  if (max_num_seqs == 0 || max_batched_tokens == 0) return;  // the automatic one is chosen to fit
   if (const std::string p = step_size_problem(max_num_seqs, max_batched_tokens); !p.empty())
     fail("{} with {}: {}", given("max_num_seqs", "--max-num-seqs", max_num_seqs),
          given("max_num_batched_tokens", "--max-batched-tokens", max_batched_tokens), p);
@@ -248,13 +254,32 @@ RunnerOptions EngineArgs::runner_options(const std::string& model_path, const En
   return o;
 }
 
-EngineLimits EngineArgs::engine_limits() const {
+EngineArgs::StepSizes EngineArgs::step_sizes(Device d) const {
+  const bool gpu = d == Device::Cuda;
+  StepSizes s{max_num_seqs, max_batched_tokens};
+  if (s.max_batched_tokens == 0) s.max_batched_tokens = std::max(gpu ? 8192 : 2048, s.max_num_seqs + 1);
+  if (s.max_num_seqs == 0) s.max_num_seqs = std::min(gpu ? 256 : 64, std::max(1, s.max_batched_tokens - 1));
+  return s;
+}
+
+EngineLimits EngineArgs::engine_limits(Device d) const {
+  const StepSizes s = step_sizes(d);
   EngineLimits l;
   l.max_context = max_model_len;
-  l.max_step_rows = max_num_seqs;
-  l.max_step_tokens = max_batched_tokens;
+  l.max_step_rows = s.max_num_seqs;
+  l.max_step_tokens = s.max_batched_tokens;
   l.kv_cache_tokens = kv_cache_tokens;
   return l;
+}
+
+SchedulerOptions EngineArgs::scheduler_options(Device d, int max_waiting) const {
+  const StepSizes s = step_sizes(d);
+  SchedulerOptions o;
+  o.max_num_seqs = s.max_num_seqs;
+  o.max_batched_tokens = s.max_batched_tokens;
+  o.max_waiting = max_waiting;
+  o.step_log = step_log;
+  return o;
 }
 
 }  // namespace fdpp

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/scheduler.h"
 #include "runtime/backend_select.h"
 #include "runtime/environment_fallback.h"
 
@@ -32,8 +33,8 @@ struct EngineArgs {
   std::string device = "auto";       // auto, cpu, cuda
   std::string dtype = "auto";        // CUDA weights: auto, f16, bf16
   int64_t kv_cache_tokens = 0;       // 0: sized by the engine
-  int max_num_seqs = 64;             // sequences in one step
-  int max_batched_tokens = 2048;     // tokens in one step
+  int max_num_seqs = 0;              // sequences in one step; 0: auto (step_sizes)
+  int max_batched_tokens = 0;        // tokens in one step; 0: auto (step_sizes)
   int max_model_len = 0;             // context per sequence; 0: the model's
   bool cuda_graphs = true;
   std::string attention = "async";   // async (unified max) or sync
@@ -45,6 +46,7 @@ struct EngineArgs {
   std::string cpu_weights = "stored";  // CPU: stored (GGUF blocks in place) or f32 (the reference)
   int tensor_parallel = 1;           // GPUs the model is split over
   int n_gpu_layers = -1;             // llama.cpp's -ngl; -1: not given, 0: the CPU
+  std::string step_log;              // "": none; else a JSON line per scheduler step (bench/step_timeline.py)
 
   // Cross-option rules (a -ngl 0 with --device cuda, tensor parallelism on the CPU): throws
   // fdpp::Error naming both. `python` spells them as keywords.
@@ -55,8 +57,19 @@ struct EngineArgs {
   // looked up. The FDPP_* variables fill what no flag set (environment_fallback.h).
   RunnerOptions runner_options(const std::string& model_path,
                                const EnvironmentLookup& env = process_environment) const;
-  // The limits of an engine that serves many sequences (serve, Python, generate --file).
-  EngineLimits engine_limits() const;
+  // max_num_seqs and max_batched_tokens on `device`, the automatic ones (0) filled in: the GPU's
+  // step is sized for throughput at load (256 rows, 8192 tokens, as vLLM's and LMDeploy's servers on
+  // large GPUs), the CPU's for latency (64 rows, 2048 tokens). An automatic value fits the given one
+  // (a step holds every running row plus one prefill token).
+  struct StepSizes {
+    int max_num_seqs = 0;
+    int max_batched_tokens = 0;
+  };
+  StepSizes step_sizes(Device device) const;
+  // The limits of an engine that serves many sequences (serve, Python, generate --file) on `device`.
+  EngineLimits engine_limits(Device device) const;
+  // The scheduler over such an engine.
+  SchedulerOptions scheduler_options(Device device, int max_waiting) const;
 };
 
 enum class OptionKind {

@@ -95,14 +95,10 @@ std::unique_ptr<Runner> OpenedModel::make_runner(const EngineArgs& args, int max
 }
 
 void start_engine(OpenedEngine& e, const EngineArgs& args, int max_waiting, const StreamProgressFn& progress) {
-  e.engine = e.model.make_engine(args, args.engine_limits(), progress);
-  if (e.model.tokenizer) {
-    SchedulerOptions so;
-    so.max_num_seqs = args.max_num_seqs;
-    so.max_batched_tokens = args.max_batched_tokens;
-    so.max_waiting = max_waiting;
-    e.scheduler = std::make_unique<Scheduler>(*e.engine, *e.model.tokenizer, so);
-  }
+  e.engine = e.model.make_engine(args, args.engine_limits(e.model.device), progress);
+  if (e.model.tokenizer)
+    e.scheduler =
+        std::make_unique<Scheduler>(*e.engine, *e.model.tokenizer, args.scheduler_options(e.model.device, max_waiting));
 }
 
 std::unique_ptr<OpenedEngine> open_engine(const EngineArgs& args, int max_waiting, const StreamProgressFn& progress) {

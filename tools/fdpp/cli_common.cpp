@@ -183,8 +183,13 @@ std::string human_bytes(double b) {
   return fmt::format("{:.2f} {}", b, units[u]);
 }
 
+std::string model_label(const EngineArgs& args) {
+  if (args.load_format == "dummy") return "random weights of " + args.config;
+  return args.model.empty() ? default_model_path() : args.model;
+}
+
 OpenedModel open_model_with_progress(const EngineArgs& args, bool quiet) {
-  const std::string label = "loading " + (args.model.empty() ? default_model_path() : args.model);
+  const std::string label = "loading " + model_label(args);
   if (quiet) return open_model(args);
   LoadProgress progress(label);
   OpenedModel m = open_model(args, progress.callback());

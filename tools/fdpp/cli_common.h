@@ -150,6 +150,9 @@ class LoadReport {
 
 // open_model with the host load's progress bar (CPU) unless quiet.
 OpenedModel open_model_with_progress(const EngineArgs& args, bool quiet);
+// What a load reports it opens: the model path (the default model when none is given) or, for
+// --load-format dummy, the config whose random weights are made.
+std::string model_label(const EngineArgs& args);
 // "load: 2.10 s (stream), peak RSS 0.61 GiB, weights 13.48 GB in 1.71 s (7.88 GB/s)"
 std::string load_line(const nlohmann::json& stats);
 

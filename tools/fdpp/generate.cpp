@@ -24,7 +24,7 @@ namespace fdpp::cli {
 namespace {
 
 int run_generate(GenerateArgs a, const EngineArgs& e, bool quiet) {
-  LoadReport report("loading " + (e.model.empty() ? default_model_path() : e.model), quiet || a.json);
+  LoadReport report("loading " + model_label(e), quiet || a.json);
   OpenedModel m = open_model_with_progress(e, quiet || a.json);
   const std::string& path = m.path;
   // A bare HF checkpoint (no tokenizer files) runs by token ids: the ids are the output, the text

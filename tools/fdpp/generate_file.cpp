@@ -64,7 +64,7 @@ int run_generate_file(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
   const std::vector<PromptEntry> entries = read_prompt_file(a.file);
   const std::string source = a.file == "-" ? "<stdin>" : a.file;
 
-  LoadReport report("loading " + (e.model.empty() ? default_model_path() : e.model), quiet || a.json);
+  LoadReport report("loading " + model_label(e), quiet || a.json);
   OpenedModel m = open_model_with_progress(e, quiet || a.json);
   const std::string& path = m.path;
   check(m.tokenizer != nullptr,
@@ -94,14 +94,12 @@ int run_generate_file(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
     seeds.push_back(s.sampling.seed);
   }
 
-  EngineLimits limits = e.engine_limits();
+  EngineLimits limits = e.engine_limits(m.device);
   limits.max_context = ctx;
   auto engine = m.make_engine(e, limits, report.progress());
   report.stats(m);  // ends the progress bar
-  SchedulerOptions so;
-  so.max_num_seqs = e.max_num_seqs;
-  so.max_batched_tokens = e.max_batched_tokens;
-  so.max_waiting = static_cast<int>(std::max<size_t>(entries.size(), so.max_waiting));
+  const SchedulerOptions so =
+      e.scheduler_options(m.device, static_cast<int>(std::max<size_t>(entries.size(), SchedulerOptions{}.max_waiting)));
   Scheduler scheduler(*engine, *m.tokenizer, so);
 
   // Results are written in input order as soon as the ones before them are done (or, --unordered,

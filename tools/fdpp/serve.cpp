@@ -124,13 +124,16 @@ int run_serve() {
   so.host = a.host;
   so.port = a.port;
   so.api_key = a.api_key;
-  so.http_threads = a.http_threads > 0 ? a.http_threads : std::max(64, 2 * a.engine.max_num_seqs + 16);
+  // Each open stream holds an HTTP thread: room for every running request twice (the GPU's sizes when
+  // the device is not yet known) and some for /health and /metrics.
+  const Device sized_for = a.engine.requested_device() == Device::Cpu ? Device::Cpu : Device::Cuda;
+  so.http_threads =
+      a.http_threads > 0 ? a.http_threads : std::max(64, 2 * a.engine.step_sizes(sized_for).max_num_seqs + 16);
   so.limits.max_body_bytes = a.max_body_bytes;
   server::HttpServer http(so);
   http.start([&] { die("the HTTP listener stopped"); });
   const EngineArgs& g = a.engine;
-  const std::string what = g.load_format == "dummy" ? g.config : (g.model.empty() ? default_model_path() : g.model);
-  fmt::print(stderr, "fdpp serve: listening on http://{}:{} (loading {})\n", a.host, http.port(), what);
+  fmt::print(stderr, "fdpp serve: listening on http://{}:{} (loading {})\n", a.host, http.port(), cli::model_label(g));
 
   std::unique_ptr<OpenedEngine> loaded;
   std::thread engine_thread;
@@ -149,7 +152,7 @@ int run_serve() {
       });
       fmt::print(stderr, "fdpp serve: ready: model '{}' on {}, context {}, {} KV blocks of {} tokens, max-num-seqs {}\n",
                  info.id, device_name(loaded->model.device), info.max_context, loaded->engine->kv().num_blocks(),
-                 loaded->engine->kv().block_size(), g.max_num_seqs);
+                 loaded->engine->kv().block_size(), loaded->scheduler->options().max_num_seqs);
     } catch (const std::exception& e) {
       die(e.what());
     }
