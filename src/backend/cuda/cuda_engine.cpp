@@ -436,7 +436,6 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
   Forward f{*this, in, n, decode_rows, chunks, logit_rows, attention_splits, attention_max_len, c, m, m.dtype(), stream_,
             c.hidden, c.embedding_dim(), c.q_dim(), c.kv_dim(), c.ffn_hidden};
   run_decoder(c, f);
-  last_logit_rows_ = logit_rows;
 }
 
 void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens) {

@@ -180,7 +180,6 @@ class CudaEngine final : public Engine {
   DeviceBuffer chunk_meta_;                               // prefill chunks: q_begin [max_batch + 1], starts
   DeviceBuffer sample_ws_, sample_ids_, history_, history_lens_, offsets_, seeds_;
   int history_stride_ = 0;
-  int last_logit_rows_ = 0;
   // Decode-step inputs travel in one copy from pinned memory: ids, positions, slots, context
   // lengths ([max_batch] each), then block tables [max_batch][max_blocks_per_seq].
   DeviceBuffer decode_in_;
