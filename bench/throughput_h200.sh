@@ -7,6 +7,8 @@
 # step logs under $OUT/throughput, a table on stdout.
 #   FDPP_THROUGHPUT_STAGES="static chat long job7b sweep"   (default: static chat long job7b)
 #   FDPP_THROUGHPUT_ARGS="..."   extra engine flags for generate -f and serve (e.g. --max-num-seqs 512)
+#   FDPP_THROUGHPUT_SERVED=0     offline only
+#   FDPP_THROUGHPUT_TAG=NAME     a suffix for the result files (runs with different flags side by side)
 #
 # static: fdpp bench, Llama-3-8B bf16, decode at batch 256 (and 512), context 1K: % of the read roofline.
 # chat:   1,000 requests, prompts uniform in [16, 512] tokens, outputs uniform in [12, 388] (means 264
@@ -30,7 +32,7 @@ l2="$root/configs/llama-2-7b.json"
 
 # workload NAME CONFIG VOCAB DTYPE SERVE_BENCH_ARGS...: offline, then served at rate inf.
 workload() {
-  local name=$1 config=$2 vocab=$3 dtype=$4
+  local name=$1${FDPP_THROUGHPUT_TAG:+_$FDPP_THROUGHPUT_TAG} config=$2 vocab=$3 dtype=$4
   shift 4
   python3 "$root/bench/serve_bench.py" "$@" --warmup 2 --vocab-size "$vocab" --write-prompts "$OUT/$name.jsonl"
   "$B/fdpp" generate -f "$OUT/$name.jsonl" --load-format dummy --config "$config" --dtype "$dtype" --quiet \
@@ -38,6 +40,7 @@ workload() {
   echo "$name offline: $(tail -1 "$OUT/${name}_offline.log")"
   python3 "$root/bench/step_timeline.py" "$OUT/${name}_offline_steps.jsonl" --json "$OUT/${name}_offline_timeline.json" \
     --plot "$OUT/${name}_offline_timeline.png" | sed 's/^/  /'
+  [[ ${FDPP_THROUGHPUT_SERVED:-1} == 1 ]] || return 0
   local serve="$B/fdpp serve --load-format dummy --config $config --dtype $dtype --port $port --step-log $OUT/${name}_served_steps.jsonl $extra"
   python3 "$root/bench/serve_bench.py" --base-url "http://127.0.0.1:$port" "$@" --warmup 2 --request-rate inf \
     --launch "$serve" --launch-timeout 600 --result-json "$OUT/${name}_served.json" >"$OUT/${name}_served.log" 2>&1

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "backend/cuda/linear_tuning.h"
 #include "engine/dispatch_table.h"
 #include "runtime/environment_fallback.h"
 #include "engine/linear_chooser.h"
@@ -416,6 +417,23 @@ TEST(LinearDispatch, MergeReplacesShapes) {
   EXPECT_EQ(f.tables[0].created_by, "again");
   merge_dispatch_table(f, test_table("Test GPU", "bf16"));
   EXPECT_EQ(f.tables.size(), 2u);
+}
+
+// cuBLASLt's timed choice is kept per row bucket (backend/cuda/linear_tuning.h): every M maps to a
+// bucket at least as large, GEMV-sized M exactly, and a server's M = 1 .. 8192 needs few timings.
+TEST(LinearDispatch, TuningRowBucketsAreFewAndCoverEveryM) {
+  int buckets = 0, previous = 0;
+  for (int m = 1; m <= 8192; ++m) {
+    const int b = cuda::tuning_rows(m);
+    EXPECT_GE(b, m);
+    EXPECT_GE(b, previous) << m;  // monotone: a bucket is one range of M
+    if (m <= 8) EXPECT_EQ(b, m);
+    if (m > 8) EXPECT_LE(b, 2 * m) << m;
+    if (b != previous) ++buckets;
+    previous = b;
+  }
+  EXPECT_LE(buckets, 8 + 7 + 7 + 4);
+  EXPECT_EQ(cuda::tuning_rows(1 << 20), 1 << 20);
 }
 
 TEST(LinearDispatch, ModelShapes) {

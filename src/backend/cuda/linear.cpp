@@ -1,5 +1,6 @@
 #include "backend/cuda/linear.h"
 
+#include "backend/cuda/linear_tuning.h"
 #include "backend/cuda/per_device.h"
 
 #include <algorithm>
@@ -13,8 +14,9 @@ namespace fdpp::cuda {
 namespace {
 cudaDataType_t cuda_type(DType d) { return d == DType::F16 ? CUDA_R_16F : CUDA_R_16BF; }
 
-// The tuned choice per (device, M, N, K, dtype, bias, fp32 out), shared by every CublasLtLinear on
-// that device. The device is part of the key: an algorithm is timed on, and valid for, the GPU it
+// The tuned choice per (device, row bucket (tuning_rows), N, K, dtype, bias, fp32 out), shared by
+// every CublasLtLinear on that device: timed on the first M of its bucket, reused by the others
+// where cuBLASLt accepts it for their shape. The device is part of the key: an algorithm is timed on, and valid for, the GPU it
 // ran on, and under tensor parallelism one process drives several (possibly different) GPUs.
 std::mutex tuned_mutex;
 std::map<std::tuple<int, int, int, int, int, bool, bool>, cublasLtMatmulAlgo_t> tuned_algos;
@@ -84,15 +86,23 @@ CublasLtLinear::Plan& CublasLtLinear::plan(int M, int N, int K, DType dtype, con
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   FDPP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
   if (found > 1 && current_kernel_options().cublaslt_tune && capturing == cudaStreamCaptureStatusNone) {
-    const auto tuned_key = std::make_tuple(current_device(), M, N, K, static_cast<int>(dtype), bias, fp32_out);
+    const auto tuned_key =
+        std::make_tuple(current_device(), tuning_rows(M), N, K, static_cast<int>(dtype), bias, fp32_out);
     std::lock_guard<std::mutex> lock(tuned_mutex);
     auto t = tuned_algos.find(tuned_key);
     if (t == tuned_algos.end()) {
       if (bias && !p.separate_bias)
         FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr));
       t = tuned_algos.emplace(tuned_key, tune(p, results, found, x, w, y, stream)).first;
+      p.algo = t->second;
+    } else {
+      // Another M of the bucket chose it: kept when cuBLASLt takes it for this shape and workspace.
+      cublasLtMatmulHeuristicResult_t check_result{};
+      if (cublasLtMatmulAlgoCheck(handle_, p.op, p.a, p.b, p.c, p.c, &t->second, &check_result) ==
+              CUBLAS_STATUS_SUCCESS &&
+          check_result.workspaceSize <= workspace_.bytes())
+        p.algo = t->second;
     }
-    p.algo = t->second;
   }
   return plans_.emplace(key, p).first->second;
 }
