@@ -10,8 +10,9 @@ namespace fdpp {
 
 enum class RopeScaling { None, Linear, Llama3 };
 
-// The decoder variants fdpp runs. Every supported architecture is one combination of these; the
-// backends implement the combination once (src/backend/*/), the model files only map names.
+// The decoder variants fdpp runs. Every supported architecture is one combination of these: the
+// forward skeleton (src/model/forward.h) sequences a combination's ops once for every backend, the
+// backends implement the ops, the model files only map names.
 enum class NormType { RMSNorm, LayerNorm };
 enum class Activation {
   SwiGLU,  // silu(gate(x)) * up(x), then down (Llama, ChatGLM2)

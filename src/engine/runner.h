@@ -1,6 +1,7 @@
-// A model instance that can run forward passes over one sequence with its own KV cache. The CPU
-// backend's CpuRunner implements it; the CUDA backend's runner does too. The generation loop and
-// the CLI only see this interface.
+// A model instance that can run forward passes over one sequence with its own KV cache: the
+// single-sequence view of an Engine (EngineRunner in engine_runner.h, which every backend's runner
+// is, so that one execution path, Engine::step, serves both). The generation loop and the CLI only
+// see this interface.
 #pragma once
 
 #include <cstdint>
