@@ -36,6 +36,28 @@ def load(path):
     return steps
 
 
+def fit(rows):
+    """Least squares y = c0 + c1 x1 + c2 x2 over rows of (x1, x2, y); None when underdetermined."""
+    n = 3
+    a = [[0.0] * (n + 1) for _ in range(n)]
+    for x1, x2, y in rows:
+        v = (1.0, float(x1), float(x2))
+        for i in range(n):
+            for j in range(n):
+                a[i][j] += v[i] * v[j]
+            a[i][n] += v[i] * y
+    for c in range(n):  # Gauss-Jordan with partial pivoting
+        p = max(range(c, n), key=lambda r: abs(a[r][c]))
+        if abs(a[p][c]) < 1e-9:
+            return None
+        a[c], a[p] = a[p], a[c]
+        for r in range(n):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [x - f * y for x, y in zip(a[r], a[c])]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
 def summarize(steps):
     first = steps[0]["start_ms"]
     last = steps[-1]
@@ -52,7 +74,13 @@ def summarize(steps):
         k["rows"] += s["decode_rows"] + s["prefill_rows"]
         k["prefill_tokens"] += s["prefill_tokens"]
     total = lambda key: sum(s[key] for s in steps)
+    # What a step costs: engine ms against its decode rows and prefill tokens, over the steps that
+    # carry prefill (the slope per prefill token compares with fdpp bench's prefill rate).
+    mixed = [(s["decode_rows"], s["prefill_tokens"], s["engine_ms"]) for s in steps if s["prefill_rows"] > 0]
+    cost = fit(mixed) if len(mixed) >= 8 else None
     return {
+        "mixed_step_fit": None if cost is None else {"ms": cost[0], "ms_per_decode_row": cost[1],
+                                                       "ms_per_prefill_token": cost[2]},
         "steps": len(steps),
         "wall_ms": wall,
         "engine_ms": total("engine_ms"),
@@ -75,6 +103,11 @@ def print_summary(r):
     print(f"engine {r['engine_ms'] / 1000:.2f} s ({pct(r['engine_ms'])}), schedule {r['schedule_ms'] / 1000:.2f} s "
           f"({pct(r['schedule_ms'])}), emit {r['emit_ms'] / 1000:.2f} s ({pct(r['emit_ms'])}), between steps "
           f"{r['gap_ms'] / 1000:.2f} s ({pct(r['gap_ms'])})")
+    f = r.get("mixed_step_fit")
+    if f:
+        print(f"steps with prefill: engine ms = {f['ms']:.2f} + {f['ms_per_decode_row'] * 1e3:.1f} us x decode rows + "
+              f"{f['ms_per_prefill_token'] * 1e3:.1f} us x prefill tokens (least squares; "
+              f"{1e3 / f['ms_per_prefill_token'] if f['ms_per_prefill_token'] > 0 else float('nan'):.0f} prefill tokens/s at the margin)")
     print("| step kind | steps | mean engine ms | mean host ms | mean rows | prefill tokens |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for kind, k in sorted(r["kinds"].items()):

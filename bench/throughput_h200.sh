@@ -17,7 +17,9 @@
 # long:   256 requests of 2,048 prompt and 256 output tokens, Llama-3-8B bf16.
 # job7b:  256 requests of 512 prompt and 128 output tokens, Llama-2-7B fp16 (bench/serve_h200.sh's
 #         saturation job), against the static prefill + decode time of the same job.
-# sweep:  the chat workload served at Poisson rates (64 requests per rate less than inf).
+# sweep:  the chat workload served at Poisson rates (256 requests per rate).
+# nsys:   the GPU's busy time under Nsight Systems: the chat workload's first 300 requests offline,
+#         kernel and copy time (unioned) over the wall time from the first launch to the last.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 B="${FDPP_BUILD_DIR:-$root/build-gpu}"
@@ -119,6 +121,17 @@ for r in d["runs"]:
     print(f"| {r['request_rate']} | {r['output_throughput']:.0f} | {t['p50']:.0f} / {t['p99']:.0f} | {p['p50']:.1f} | "
           f"{i['p99']:.1f} | {i['p99'] / p['p50']:.2f} |")
 PY
+      ;;
+    nsys)
+      if ! command -v nsys >/dev/null; then echo "nsys: not installed here"; continue; fi
+      [[ -s $OUT/chat.jsonl ]] || python3 "$root/bench/serve_bench.py" --input-len 264 --output-len 200 --range-ratio 0.94 \
+        --num-prompts 1000 --seed 0 --warmup 2 --vocab-size 128256 --write-prompts "$OUT/chat.jsonl"
+      head -300 "$OUT/chat.jsonl" >"$OUT/chat300.jsonl"
+      nsys profile -t cuda --cuda-graph-trace=node -o "$OUT/chat300" --force-overwrite true "$B/fdpp" generate \
+        -f "$OUT/chat300.jsonl" --load-format dummy --config "$l3" --dtype bf16 --quiet $extra \
+        >"$OUT/chat300_out.jsonl" 2>"$OUT/chat300_nsys.log"
+      nsys export --type sqlite -o "$OUT/chat300.sqlite" --force-overwrite true "$OUT/chat300.nsys-rep" >/dev/null 2>&1
+      python3 "$root/bench/gpu_busy.py" "$OUT/chat300.sqlite" --skip-seconds 3
       ;;
     *) echo "throughput_h200: unknown stage '$stage'"; exit 2 ;;
   esac

@@ -90,7 +90,8 @@ std::vector<EngineOption> build_table() {
   t.push_back(integer("kv_cache_tokens", "--kv-cache-tokens", kRunners,
                       "KV cache size in tokens (0: sized by the engine: on the GPU what memory leaves)", 0,
                       int64_t{1} << 30, &EngineArgs::kv_cache_tokens));
-  t.push_back(integer("max_num_seqs", "--max-num-seqs", kEngines, "sequences running at once (rows of a step; 0: 256 on the GPU, 64 on the CPU)",
+  t.push_back(integer("max_num_seqs", "--max-num-seqs", kEngines, "sequences running at once (rows of a step; 0: on the GPU as many as the KV cache holds at 1024 tokens each, "
+                      "at most 512; 64 on the CPU)",
                       0, 4096, &EngineArgs::max_num_seqs));
   t.push_back(integer("max_num_batched_tokens", "--max-batched-tokens,--max-num-batched-tokens", kEngines,
                       "tokens of one engine step, prefill chunks and decode rows together (0: 8192 on the GPU, 2048 on the CPU)",
@@ -258,7 +259,7 @@ EngineArgs::StepSizes EngineArgs::step_sizes(Device d) const {
   const bool gpu = d == Device::Cuda;
   StepSizes s{max_num_seqs, max_batched_tokens};
   if (s.max_batched_tokens == 0) s.max_batched_tokens = std::max(gpu ? 8192 : 2048, s.max_num_seqs + 1);
-  if (s.max_num_seqs == 0) s.max_num_seqs = std::min(gpu ? 256 : 64, std::max(1, s.max_batched_tokens - 1));
+  if (s.max_num_seqs == 0) s.max_num_seqs = std::min(gpu ? kAutoGpuSeqs : 64, std::max(1, s.max_batched_tokens - 1));
   return s;
 }
 
@@ -272,8 +273,12 @@ EngineLimits EngineArgs::engine_limits(Device d) const {
   return l;
 }
 
-SchedulerOptions EngineArgs::scheduler_options(Device d, int max_waiting) const {
-  const StepSizes s = step_sizes(d);
+SchedulerOptions EngineArgs::scheduler_options(Device d, int max_waiting, int64_t kv_tokens) const {
+  StepSizes s = step_sizes(d);
+  if (max_num_seqs == 0 && d == Device::Cuda) {
+    const int64_t fit = std::max<int64_t>(8, kv_tokens / kAutoSeqTokens / 8 * 8);
+    s.max_num_seqs = static_cast<int>(std::min<int64_t>(s.max_num_seqs, fit));
+  }
   SchedulerOptions o;
   o.max_num_seqs = s.max_num_seqs;
   o.max_batched_tokens = s.max_batched_tokens;

@@ -58,18 +58,25 @@ struct EngineArgs {
   RunnerOptions runner_options(const std::string& model_path,
                                const EnvironmentLookup& env = process_environment) const;
   // max_num_seqs and max_batched_tokens on `device`, the automatic ones (0) filled in: the GPU's
-  // step is sized for throughput at load (256 rows, 8192 tokens, as vLLM's and LMDeploy's servers on
-  // large GPUs), the CPU's for latency (64 rows, 2048 tokens). An automatic value fits the given one
-  // (a step holds every running row plus one prefill token).
+  // step is sized for throughput at load (up to kAutoGpuSeqs rows, 8192 tokens, as vLLM's and
+  // LMDeploy's servers on large GPUs), the CPU's for latency (64 rows, 2048 tokens). An automatic
+  // value fits the given one (a step holds every running row plus one prefill token). On the GPU
+  // this is what the engine is sized for; the scheduler then runs as many as its cache holds
+  // (scheduler_options).
   struct StepSizes {
     int max_num_seqs = 0;
     int max_batched_tokens = 0;
   };
+  static constexpr int kAutoGpuSeqs = 512;
+  // The KV cache an automatic GPU batch gives each running sequence, in tokens: a sequence of a
+  // chat (a few hundred tokens) leaves room for longer ones, so that a full batch seldom preempts.
+  static constexpr int64_t kAutoSeqTokens = 1024;
   StepSizes step_sizes(Device device) const;
   // The limits of an engine that serves many sequences (serve, Python, generate --file) on `device`.
   EngineLimits engine_limits(Device device) const;
-  // The scheduler over such an engine.
-  SchedulerOptions scheduler_options(Device device, int max_waiting) const;
+  // The scheduler over such an engine, whose KV cache holds kv_tokens: an automatic GPU batch is
+  // kv_tokens / kAutoSeqTokens rows (a multiple of 8, at least 8), at most the engine's.
+  SchedulerOptions scheduler_options(Device device, int max_waiting, int64_t kv_tokens) const;
 };
 
 enum class OptionKind {

@@ -99,7 +99,8 @@ int run_generate_file(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
   auto engine = m.make_engine(e, limits, report.progress());
   report.stats(m);  // ends the progress bar
   const SchedulerOptions so =
-      e.scheduler_options(m.device, static_cast<int>(std::max<size_t>(entries.size(), SchedulerOptions{}.max_waiting)));
+      e.scheduler_options(m.device, static_cast<int>(std::max<size_t>(entries.size(), SchedulerOptions{}.max_waiting)),
+                          engine->kv().capacity_tokens());
   Scheduler scheduler(*engine, *m.tokenizer, so);
 
   // Results are written in input order as soon as the ones before them are done (or, --unordered,
