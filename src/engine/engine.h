@@ -83,6 +83,11 @@ class Engine {
   // reserved; then computes and advances each row's sequence.
   StepOutput step(const Batch& batch);
 
+  // Does now what the first steps of a long run would otherwise do on the way (the CUDA engine
+  // times its linear layers' algorithms for every row count a step can reach). For engines that
+  // serve many requests (serve, Python, generate --file); nothing on the CPU.
+  virtual void warm_up() {}
+
  protected:
   struct Sequence {
     bool live = false;

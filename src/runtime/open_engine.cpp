@@ -96,6 +96,7 @@ std::unique_ptr<Runner> OpenedModel::make_runner(const EngineArgs& args, int max
 
 void start_engine(OpenedEngine& e, const EngineArgs& args, int max_waiting, const StreamProgressFn& progress) {
   e.engine = e.model.make_engine(args, args.engine_limits(e.model.device), progress);
+  e.engine->warm_up();
   if (e.model.tokenizer)
     e.scheduler =
         std::make_unique<Scheduler>(*e.engine, *e.model.tokenizer, args.scheduler_options(e.model.device, max_waiting, e.engine->kv().capacity_tokens()));

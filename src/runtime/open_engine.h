@@ -57,8 +57,8 @@ struct OpenedEngine {
   std::unique_ptr<Scheduler> scheduler;  // null without a tokenizer
 };
 
-// open_model, then start_engine: the engine of args.engine_limits() and the scheduler of args with
-// max_waiting as its queue bound.
+// open_model, then start_engine: the engine of args.engine_limits(device), warmed up
+// (Engine::warm_up), and the scheduler of args with max_waiting as its queue bound.
 std::unique_ptr<OpenedEngine> open_engine(const EngineArgs& args, int max_waiting,
                                           const StreamProgressFn& progress = {});
 void start_engine(OpenedEngine& e, const EngineArgs& args, int max_waiting, const StreamProgressFn& progress = {});

@@ -466,6 +466,36 @@ TEST(CudaEngine, AsyncEngineVaryingBatchesAndSplitsEqualsSync) {
   for (size_t i = 0; i < logits[0].size(); ++i) EXPECT_LE(test::nmse(logits[1][i], logits[0][i]), 5e-4) << "step " << i;
 }
 
+// warm_up times the linear layers for every row bucket up to the step's tokens; an engine after it
+// computes what one without it computes (the same kernels, possibly other cuBLASLt algorithms).
+TEST(CudaEngine, WarmUpKeepsTheResults) {
+  REQUIRE_GPU();
+  ModelConfig c = tiny("llama", 64);
+  c.max_context = 512;
+  const DecoderWeights w = random_weights(c);
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+  const auto prompt = random_ids(300, c.vocab_size);
+  std::vector<float> logits[2];
+  for (int warm = 0; warm < 2; ++warm) {
+    cuda::EngineOptions eo;
+    eo.max_batch = 16;
+    eo.max_prefill_tokens = 1024;
+    eo.kv_cache_tokens = 2048;
+    cuda::CudaEngine e(model, eo);
+    if (warm == 1) e.warm_up();
+    const int seq = e.create_sequence();
+    Batch b;
+    StepRow row;
+    row.seq = seq;
+    row.tokens = prompt;
+    row.logits = true;
+    b.rows.push_back(row);
+    logits[warm] = e.step(b).logits;
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  EXPECT_LE(test::nmse(logits[1], logits[0]), 1e-4);
+}
+
 TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
   REQUIRE_GPU();
   const ModelConfig c = tiny("llama", 64);

@@ -97,6 +97,7 @@ int run_generate_file(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
   EngineLimits limits = e.engine_limits(m.device);
   limits.max_context = ctx;
   auto engine = m.make_engine(e, limits, report.progress());
+  engine->warm_up();
   report.stats(m);  // ends the progress bar
   const SchedulerOptions so =
       e.scheduler_options(m.device, static_cast<int>(std::max<size_t>(entries.size(), SchedulerOptions{}.max_waiting)),

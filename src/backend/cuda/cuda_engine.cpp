@@ -2,6 +2,7 @@
 
 #include "attention/unified_max.h"
 #include "backend/cuda/collectives.h"
+#include "backend/cuda/linear_tuning.h"
 #include "backend/cuda/per_device.h"
 #include "model/forward.h"
 
@@ -715,6 +716,35 @@ void CudaEngine::sample_rows(int first, int rows, const SamplingParams& p,
   cuda::sample(logits, rows, V, penalty ? history_.as<int32_t>() : nullptr, penalty ? history_lens_.as<int32_t>() : nullptr,
                penalty ? history_stride_ : 0, dp, offsets_.as<uint64_t>() + first, sample_ids_.as<int32_t>() + first,
                sample_ws_.get(), sample_ws_.bytes(), stream_, seeds_.as<uint64_t>() + first);
+}
+
+void CudaEngine::warm_up() {
+  // Tensor-parallel ranks run their layers in step with each other (collectives): left to the steps.
+  if (options_.shard.comm != nullptr) return;
+  const KernelOptionsScope kernels(options_.kernels);
+  const ModelConfig& c = config();
+  const DeviceLayer& L = model_->layers.at(0);
+  const int H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
+  const bool swiglu = c.activation == Activation::SwiGLU;
+  // Zeros in, so that no candidate's timing meets denormals or NaNs of uninitialized memory.
+  for (DeviceBuffer* b : {&normed_, &attn_, &ffn_act_, &ffn_in_})
+    if (b->bytes() > 0) FDPP_CUDA_CHECK(cudaMemsetAsync(b->get(), 0, b->bytes(), stream_));
+  for (int m = 1; m <= max_tokens_; m = cuda::tuning_rows(m) + 1) {
+    const int rows = std::min(cuda::tuning_rows(m), max_tokens_);
+    // The forward's calls (Forward in this file) at `rows` rows, each where the dispatcher picks
+    // cuBLASLt; the GEMV and flat GEMM need no timing.
+    auto call = [&](const void* x, const DeviceBuffer& w, const DeviceBuffer& bias, void* y, int n, int k) {
+      if (linear_->choose(rows, n, k) == LinearImpl::Cublas) linear(x, w.get(), bias.get(), y, rows, n, k, false);
+    };
+    call(normed_.get(), L.w_qkv, L.b_qkv, qkv_.get(), Q + 2 * KV, H);
+    call(attn_.get(), L.w_o, L.b_o, o_.get(), H, Q);
+    call(normed_.get(), L.w_in, L.b_in, ffn_in_.get(), swiglu ? 2 * FF : FF, H);
+    call(swiglu ? ffn_act_.get() : ffn_in_.get(), L.w_down, L.b_down, o_.get(), H, FF);
+    if (rows <= logit_capacity_ && c.embedding_dim() == H &&
+        linear_->choose(rows, c.vocab_size, H) == LinearImpl::Cublas)
+      lm_head(normed_.get(), rows);
+  }
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaEngine::reserve_for_benchmark(int seq, int length) {

@@ -116,6 +116,9 @@ class CudaEngine final : public Engine {
   void reserve_for_benchmark(int seq, int length);
   // Fills the whole KV cache with small random values (so that benchmark reads see real data).
   void randomize_kv_cache(uint64_t seed);
+  // Engine::warm_up: every linear layer's call once per cuBLASLt row bucket up to the step's tokens
+  // (linear_tuning.h), so that cuBLASLt times its candidates before the first request, not in it.
+  void warm_up() override;
 
  private:
   void ensure_capacity(int seq, int new_length);
