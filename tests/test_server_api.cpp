@@ -190,19 +190,59 @@ TEST(ServerApi, UnsupportedFieldsAreRejectedByName) {
   const std::string chat = R"("messages": [{"role": "user", "content": "q"}])";
   for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
            {"n", "2"}, {"logprobs", "true"}, {"top_logprobs", "3"}, {"tools", R"([{"type": "function"}])"},
-           {"tool_choice", R"("auto")"}, {"response_format", R"({"type": "json_object"})"},
+           {"tool_choice", R"("required")"}, {"response_format", R"({"type": "json_object"})"},
            {"logit_bias", R"({"5": 1})"}, {"presence_penalty", "0.5"}, {"frequency_penalty", "1"},
-           {"audio", "{}"}, {"made_up_field", "1"}, {"prompt", R"("x")"}, {"best_of", "1"}})
+           {"audio", "{}"}, {"prompt", R"("x")"}, {"best_of", "2"}, {"min_tokens", "1"},
+           {"skip_special_tokens", "false"}, {"add_special_tokens", "true"}, {"echo", "true"}})
     EXPECT_EQ(error_of(H, "{" + chat + ", \"" + field + "\": " + value + "}"), std::make_pair(400, field)) << field;
   for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
            {"n", "3"}, {"best_of", "2"}, {"logprobs", "1"}, {"echo", "true"}, {"suffix", R"("end")"},
-           {"messages", "[]"}, {"tools", "[]"}})
+           {"messages", "[]"}, {"tools", "[]"}, {"min_tokens", "4"}, {"skip_special_tokens", "false"},
+           {"include_stop_str_in_output", "true"}, {"use_beam_search", "true"}, {"best_of", "1.0"},
+           {"add_special_tokens", "1"}})
     EXPECT_EQ(error_of(C, "{\"prompt\": \"a\", \"" + field + "\": " + value + "}"), std::make_pair(400, field)) << field;
   // Off values and bookkeeping fields pass.
   EXPECT_EQ(error_of(H, "{" + chat + R"(, "n": 1, "logprobs": false, "tools": [], "tool_choice": "none",
                  "response_format": {"type": "text"}, "user": "u", "metadata": {"a": "b"}, "store": false,
                  "parallel_tool_calls": true, "frequency_penalty": 0})"),
             std::make_pair(0, std::string("no error")));
+  // vLLM's and llama-server's extension fields at the values that mean what this server does.
+  EXPECT_EQ(error_of(H, "{" + chat + R"(, "best_of": 1, "echo": false, "min_tokens": 0, "skip_special_tokens": true,
+                 "tool_choice": "auto", "add_special_tokens": false, "use_beam_search": false,
+                 "include_stop_str_in_output": false, "spaces_between_special_tokens": true})"),
+            std::make_pair(0, std::string("no error")));
+  EXPECT_EQ(error_of(C, R"({"prompt": "a", "best_of": 1, "echo": false, "min_tokens": 0, "add_special_tokens": true})"),
+            std::make_pair(0, std::string("no error")));
+}
+
+// Fields the server does not know are ignored and named (vLLM's behaviour), never refused; the names
+// go into a header, so they are made one bounded line of visible ASCII there.
+TEST(ServerApi, UnknownFieldsAreIgnoredAndNamed) {
+  ParsedRequest r = parse(Endpoint::Chat, R"({"messages": [{"role": "user", "content": "q"}], "made_up": 1,
+                          "chat_template_kwargs": {"enable_thinking": false}, "cache_prompt": true, "max_tokens": 2,
+                          "stream": true, "stream_options": {"include_usage": true, "extra": 1}})");
+  EXPECT_EQ(r.ignored_fields,
+            (std::vector<std::string>{"cache_prompt", "chat_template_kwargs", "made_up", "stream_options.extra"}));
+  EXPECT_EQ(r.generation.max_tokens, 2);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(join_fields(r.ignored_fields), "cache_prompt,chat_template_kwargs,made_up,stream_options.extra");
+  EXPECT_TRUE(parse(Endpoint::Completions, R"({"prompt": "a"})").ignored_fields.empty());
+  // Known fields keep their checks: a mistyped value of one is still a 400.
+  EXPECT_EQ(error_of(Endpoint::Completions, R"({"prompt": "a", "made_up": 1, "top_p": "x"})"),
+            std::make_pair(400, std::string("top_p")));
+  EXPECT_EQ(join_fields({"a\nb\x01", "c,d", std::string(5000, 'k')}), "a?b?,c?d," + std::string(64, 'k'));
+  std::vector<std::string> many(100, "x");
+  const std::string joined = join_fields(many);
+  EXPECT_LT(joined.size(), 120u);
+  EXPECT_NE(joined.find("(68 more)"), std::string::npos) << joined;
+  // add_special_tokens false leaves out what encode_plain leaves out (here: the codec's marker).
+  ApiLimits limits;
+  PromptCodec codec = fake_codec();
+  codec.encode_plain = [](std::string_view text) { return std::vector<int32_t>(text.size(), 7); };
+  const ParsedRequest plain = parse_request(Endpoint::Completions,
+                                            json::parse(R"({"prompt": "ab", "add_special_tokens": false})"), model(),
+                                            codec, limits);
+  EXPECT_EQ(plain.generation.prompt, (std::vector<int32_t>{7, 7}));
 }
 
 // Names and values from the request that an error message quotes are shown as json_show writes them:
@@ -219,17 +259,15 @@ TEST(ServerApi, QuotedRequestTextIsOneBoundedLine) {
   };
   const auto C = Endpoint::Completions;
   const auto H = Endpoint::Chat;
-  EXPECT_EQ(message_of(C, R"({"prompt": "x", "a\nb\u0001": 1})"),
-            R"("a\nb\u0001" is not a supported field of /v1/completions)");
+  EXPECT_EQ(message_of(C, R"({"prompt": "x", "tools": 1, "a\nb\u0001": 1})"),
+            R"("tools" is a field of /v1/chat/completions, not of /v1/completions)");
   EXPECT_EQ(message_of(H, R"({"messages": [{"role": "us\ner", "content": "q"}]})"),
             R"(messages[0].role "us\ner" is not one of system, developer, user, assistant)");
   EXPECT_EQ(message_of(H, R"({"messages": [{"role": "user", "content": "q", "x\ty": 1}]})"),
             R"(messages[0]: the field "x\ty" is not supported by this server)");
-  EXPECT_EQ(message_of(C, R"({"prompt": "x", "stream": true, "stream_options": {"\r": 1}})"),
-            R"(stream_options: the field "\r" is not supported)");
   const std::string long_name(5000, 'k');
   for (const std::string& m : {message_of(C, R"({"prompt": "x", "model": ")" + long_name + R"(\n\u00e9"})"),
-                               message_of(C, R"({"prompt": "x", ")" + long_name + R"(\u00e9": 1})")}) {
+                               message_of(C, R"({"prompt": "x", "top_k": ")" + long_name + R"(\u00e9"})")}) {
     EXPECT_LT(m.size(), 200u) << m;
     EXPECT_NE(m.find(std::string(40, 'k') + "..."), std::string::npos) << m;
     for (const char c : m) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << m;
@@ -341,6 +379,94 @@ TEST(ServerMetrics, PrometheusText) {
         "fdpp_requests_rejected_queue_full_total 1\n", "fdpp_request_prompt_tokens_total 2\n",
         "# TYPE fdpp_time_per_output_token_seconds histogram\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+}
+
+TEST(ServerApi, ModelByIdAndAlias) {
+  EXPECT_EQ(model_body(model(), "tiny.gguf")["id"], "tiny.gguf");
+  EXPECT_EQ(model_body(model(), "/models/tiny.gguf")["object"], "model");
+  try {
+    model_body(model(), "gpt-4o");
+    ADD_FAILURE() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 404);
+    EXPECT_EQ(error_body(e)["error"]["code"], "model_not_found");
+  }
+}
+
+// vLLM's /tokenize and /detokenize: a prompt or a chat to ids and back; every bad body a 400 naming
+// the field.
+TEST(ServerApi, TokenizeAndDetokenize) {
+  ApiLimits limits;
+  PromptCodec codec = fake_codec();
+  codec.encode_plain = [](std::string_view text) { return std::vector<int32_t>(text.size(), 7); };
+  codec.decode = [](std::span<const int32_t> ids) {
+    std::string s;
+    for (int32_t id : ids) s += static_cast<char>(id - 1);
+    return s;
+  };
+  std::vector<std::string> ignored;
+  json t = tokenize_body(json::parse(R"({"prompt": "hi", "extra": 1})"), model(), codec, limits, ignored);
+  EXPECT_EQ(t["tokens"], json::array({'h' + 1, 'i' + 1}));
+  EXPECT_EQ(t["count"], 2);
+  EXPECT_EQ(t["max_model_len"], 64);
+  EXPECT_EQ(ignored, std::vector<std::string>{"extra"});
+  t = tokenize_body(json::parse(R"({"prompt": "hi", "add_special_tokens": false})"), model(), codec, limits, ignored);
+  EXPECT_EQ(t["tokens"], json::array({7, 7}));
+  t = tokenize_body(json::parse(R"({"messages": [{"role": "user", "content": "q"}]})"), model(), codec, limits, ignored);
+  EXPECT_EQ(t["count"], std::string("user:q;").size());
+  ignored.clear();
+  EXPECT_EQ(detokenize_body(json::parse(R"({"tokens": [105, 106]})"), model(), codec, ignored)["prompt"], "hi");
+  EXPECT_EQ(detokenize_body(json::parse(R"({"tokens": []})"), model(), codec, ignored)["prompt"], "");
+  EXPECT_TRUE(ignored.empty());
+  auto tokenize_error = [&](const std::string& body) -> std::pair<int, std::string> {
+    try {
+      tokenize_body(json::parse(body), model(), codec, limits, ignored);
+    } catch (const ApiError& e) {
+      return {e.status, e.param};
+    }
+    return {0, "no error"};
+  };
+  auto detokenize_error = [&](const std::string& body) -> std::pair<int, std::string> {
+    try {
+      detokenize_body(json::parse(body), model(), codec, ignored);
+    } catch (const ApiError& e) {
+      return {e.status, e.param};
+    }
+    return {0, "no error"};
+  };
+  EXPECT_EQ(tokenize_error("{}"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(tokenize_error(R"({"prompt": 5})"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(tokenize_error(R"({"prompt": "a", "messages": []})"), std::make_pair(400, std::string("messages")));
+  EXPECT_EQ(tokenize_error(R"({"messages": "a"})"), std::make_pair(400, std::string("messages")));
+  EXPECT_EQ(tokenize_error(R"({"prompt": "a", "add_special_tokens": "yes"})"),
+            std::make_pair(400, std::string("add_special_tokens")));
+  EXPECT_EQ(tokenize_error(R"({"prompt": "a", "model": "other"})"), std::make_pair(404, std::string("model")));
+  EXPECT_EQ(detokenize_error("{}"), std::make_pair(400, std::string("tokens")));
+  EXPECT_EQ(detokenize_error(R"({"tokens": "ab"})"), std::make_pair(400, std::string("tokens")));
+  EXPECT_EQ(detokenize_error(R"({"tokens": [300]})"), std::make_pair(400, std::string("tokens")));
+  EXPECT_EQ(detokenize_error(R"({"tokens": [-1]})"), std::make_pair(400, std::string("tokens")));
+  EXPECT_EQ(detokenize_error(R"({"tokens": [1.5]})"), std::make_pair(400, std::string("tokens")));
+  EXPECT_EQ(detokenize_error(R"({"tokens": [18446744073709551615]})"), std::make_pair(400, std::string("tokens")));
+}
+
+TEST(ServerApi, LogLines) {
+  SchedulerStats before, now;
+  EXPECT_EQ(throughput_line(before, now, 10), "");  // idle: quiet
+  now.prompt_tokens = 200;
+  now.generated_tokens = 50;
+  now.running = 3;
+  now.waiting = 1;
+  now.kv_blocks_used = 25;
+  now.kv_blocks_free = 75;
+  EXPECT_EQ(throughput_line(before, now, 10),
+            "prompt throughput: 20.0 tokens/s, generation throughput: 5.0 tokens/s, running: 3 reqs, waiting: 1 reqs, "
+            "KV cache usage: 25.0%");
+  GenerationResult r;
+  r.prompt = {1, 2, 3};
+  r.token_ids = {4, 5};
+  r.finish_reason = "length";
+  r.total_time = 0.25;
+  EXPECT_EQ(request_line("cmpl-1", r), "request cmpl-1: prompt 3 tokens, output 2 tokens, finish length, 0.250 s");
 }
 
 }  // namespace

@@ -33,8 +33,8 @@ RequestParam list(std::string_view name, size_t most, unsigned entrances) {
   return {name, "", ParamType::List, 0, static_cast<int64_t>(most), 0, 0, false, false, "", entrances};
 }
 
-const std::array<RequestParam, 13>& table() {
-  static const std::array<RequestParam, 13> t = {
+const std::array<RequestParam, 15>& table() {
+  static const std::array<RequestParam, 15> t = {
       integer("max_tokens", "max_completion_tokens", 1, k2p24, "", kRequest),
       integer("n_predict", "", 0, k2p24, "0 = the prompt only", kCli),
       real("temperature", "", 0, false, 100, "0 = greedy", kRequest | kCli | kSampler),
@@ -46,6 +46,8 @@ const std::array<RequestParam, 13>& table() {
       integer("seed", "", -1, INT64_MAX, "-1 = random", kRequest),
       real("presence_penalty", "", 0, false, 0, "not implemented; use repetition_penalty", kServer | kPython),
       real("frequency_penalty", "", 0, false, 0, "not implemented; use repetition_penalty", kServer | kPython),
+      integer("best_of", "", 1, 1, "one choice per request", kServer),
+      integer("min_tokens", "", 0, 0, "not implemented", kServer),
       list("stop", kMaxStopStrings, kRequest | kCli),
       list("stop_token_ids", kMaxStopTokenIds, kServer | kPython),
   };
@@ -76,6 +78,7 @@ const RequestParam& request_param(std::string_view name) {
 std::string range_text(const RequestParam& p) {
   switch (p.type) {
     case ParamType::Integer:
+      if (p.int_lo == p.int_hi) return with_note(show_value(p.int_lo), p.note);
       return with_note(fmt::format("[{}, {}]", p.int_lo, p.int_hi), p.note);
     case ParamType::Real:
       if (p.lo == p.hi && !p.lo_open && !p.hi_open) return with_note(show_value(p.lo), p.note);
@@ -89,7 +92,8 @@ std::string range_text(const RequestParam& p) {
 }
 
 std::string out_of_range_problem(const RequestParam& p) {
-  const bool single = p.type == ParamType::Real && p.lo == p.hi && !p.lo_open && !p.hi_open;
+  const bool single = (p.type == ParamType::Real && p.lo == p.hi && !p.lo_open && !p.hi_open) ||
+                      (p.type == ParamType::Integer && p.int_lo == p.int_hi);
   return (single ? "must be " : "must be in ") + range_text(p);
 }
 

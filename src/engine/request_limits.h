@@ -28,6 +28,8 @@
 //                                     2^63 and above are refused, as vLLM's int64 field does
 //   presence_penalty,  0 only         not implemented (vLLM takes [-2, 2]); accepted at the value
 //   frequency_penalty                 that changes nothing so that OpenAI/vLLM clients run unchanged
+//   best_of            1 only         vLLM's and OpenAI's legacy field; 1 (the default) changes nothing
+//   min_tokens         0 only         vLLM's; not implemented (the sampler cannot yet hold EOS back)
 //   stop               <= kMaxStopStrings strings of 1..kMaxStopBytes bytes of valid UTF-8
 //   stop_token_ids     <= kMaxStopTokenIds ids (each < the vocabulary, checked against the model)
 // NaN and infinities are never in range; an integer parameter takes integers only (2.0 and 2.5 are

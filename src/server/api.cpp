@@ -35,14 +35,25 @@ json error_body(const ApiError& e) {
   return json{{"error", std::move(err)}};
 }
 
-json models_body(const ModelInfo& model) {
-  json m = {{"id", model.id},
+namespace {
+json model_object(const ModelInfo& model) {
+  return json{{"id", model.id},
             {"object", "model"},
             {"created", model.created},
             {"owned_by", "fdpp"},
             {"max_model_len", model.max_context},
             {"vocab_size", model.vocab_size}};  // extension: bench/serve_bench.py draws random prompts from it
-  return json{{"object", "list"}, {"data", json::array({m})}};
+}
+bool model_matches(const ModelInfo& model, const std::string& name);
+}  // namespace
+
+json models_body(const ModelInfo& model) { return json{{"object", "list"}, {"data", json::array({model_object(model)})}}; }
+
+json model_body(const ModelInfo& model, const std::string& name) {
+  if (!model_matches(model, name))
+    throw ApiError(404, fmt::format("the model {} does not exist; this server serves '{}'", json_show(name), model.id),
+                   "model", "invalid_request_error", "model_not_found");
+  return model_object(model);
 }
 
 PromptCodec prompt_codec_for(const Tokenizer& tokenizer) {
@@ -59,6 +70,8 @@ PromptCodec prompt_codec_for(const Tokenizer& tokenizer) {
     if (bos >= 0 && text.starts_with(tokenizer.token_text(bos))) add_bos = false;
     return tokenizer.encode(text, add_bos, /*parse_special=*/true);
   };
+  c.encode_plain = [&tokenizer](std::string_view text) { return tokenizer.encode(text, false, /*parse_special=*/true); };
+  c.decode = [&tokenizer](std::span<const int32_t> ids) { return tokenizer.decode(ids, /*skip_special=*/false); };
   return c;
 }
 
@@ -104,6 +117,7 @@ void require_off(const json& body, const char* key, const std::function<bool(con
 bool is_zero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
 bool is_one(const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; }
 bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool is_true(const json& v) { return v.is_boolean() && v.get<bool>(); }
 bool is_empty_container(const json& v) { return (v.is_object() || v.is_array()) && v.empty(); }
 
 // A JSON array of token ids, each in [0, vocab).
@@ -142,8 +156,11 @@ std::vector<int32_t> stop_token_ids(const json& body, const ModelInfo& model, co
 
 // The prompts of /v1/completions: a string, a list of token ids, or (OpenAI's batch) a list of up
 // to max_prompts strings or id lists.
-std::vector<std::vector<int32_t>> completion_prompts(const json& body, const ModelInfo& model, const PromptCodec& codec,
+std::vector<std::vector<int32_t>> completion_prompts(const json& body, const ModelInfo& model, const PromptCodec& codec_in,
                                                      const ApiLimits& limits) {
+  // vLLM's add_special_tokens (default true): false leaves out the BOS the model adds to a text.
+  PromptCodec codec = codec_in;
+  if (!opt_bool(body, "add_special_tokens").value_or(true) && codec.encode_plain) codec.encode = codec.encode_plain;
   const json* p = field(body, "prompt");
   if (!p) throw bad("prompt", "'prompt' is required (a string or a list of token ids)");
   if (p->is_string()) return {codec.encode(p->get_ref<const std::string&>())};
@@ -264,25 +281,35 @@ json parse_json_body(std::string_view body, const ApiLimits& limits) {
 ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo& model, const PromptCodec& codec,
                             const ApiLimits& limits) {
   const bool chat = endpoint == Endpoint::Chat;
-  // Every top-level field this server reads or accepts as harmless; the rest are refused by name.
+  // Every top-level field this server reads, accepts as harmless or refuses when not off; the rest
+  // are unknown: ignored and reported.
   static const std::set<std::string> common = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop", "stream",
       "stream_options", "ignore_eos", "return_token_ids", "stop_token_ids",
       // Cannot change the output: bookkeeping fields.
       "user", "metadata", "store", "service_tier",
       // Accepted only when off (checked below).
-      "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "response_format"};
-  static const std::set<std::string> completions_only = {"prompt", "best_of", "echo", "suffix"};
+      "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "response_format",
+      // vLLM's and llama-server's extensions, accepted at the values that mean what this server does.
+      "best_of", "echo", "min_tokens", "skip_special_tokens", "include_stop_str_in_output",
+      "spaces_between_special_tokens", "use_beam_search", "add_special_tokens"};
+  static const std::set<std::string> completions_only = {"prompt", "suffix"};
   static const std::set<std::string> chat_only = {"messages",  "max_completion_tokens", "top_logprobs", "tools",
                                                   "tool_choice", "functions", "function_call", "parallel_tool_calls",
                                                   "modalities", "audio", "prediction", "reasoning_effort",
                                                   "web_search_options"};
+  std::vector<std::string> ignored;
   for (const auto& [k, v] : body.items()) {
     if (common.count(k) || (chat ? chat_only.count(k) : completions_only.count(k))) continue;
-    throw bad(k,
-              fmt::format("{} is not a supported field of {}", json_show(k),
-                          chat ? "/v1/chat/completions" : "/v1/completions"),
-              "unsupported_parameter");
+    // The other endpoint's fields are known: a chat's tools sent to /v1/completions would not do
+    // what the client meant, so they are refused, not ignored.
+    if (chat ? completions_only.count(k) : chat_only.count(k))
+      throw bad(k,
+                fmt::format("{} is a field of {}, not of {}", json_show(k),
+                            chat ? "/v1/completions" : "/v1/chat/completions",
+                            chat ? "/v1/chat/completions" : "/v1/completions"),
+                "unsupported_parameter");
+    ignored.push_back(k);
   }
 
   if (const json* m = field(body, "model")) {
@@ -293,14 +320,19 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   }
 
   require_off(body, "n", is_one, "one choice per request");
-  // In the table at the one value that changes nothing (0): refused otherwise as unsupported.
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+  // In the table at the one value that changes nothing: refused otherwise as unsupported.
+  for (const char* key : {"presence_penalty", "frequency_penalty", "best_of", "min_tokens"}) {
     const json* v = field(body, key);
     if (!v) continue;
     if (JsonParam p = check_json_param(key, *v); !p.message.empty())
       throw bad(key, p.message, v->is_number() ? "unsupported_parameter" : "");
   }
   require_off(body, "logit_bias", is_empty_container, "no logit bias");
+  require_off(body, "echo", is_false, "the prompt is not echoed");
+  require_off(body, "skip_special_tokens", is_true, "special tokens are always left out of the text");
+  require_off(body, "spaces_between_special_tokens", is_true, "special tokens are left out of the text");
+  require_off(body, "include_stop_str_in_output", is_false, "the text ends before a stop string");
+  require_off(body, "use_beam_search", is_false, "no beam search");
   require_off(body, "response_format",
               [](const json& v) { return v.is_object() && v.size() == 1 && v.value("type", "") == "text"; },
               "plain text only");
@@ -309,7 +341,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
     require_off(body, "top_logprobs", is_zero, "no log probabilities");
     require_off(body, "tools", is_empty_container, "no tool calls");
     require_off(body, "functions", is_empty_container, "no tool calls");
-    require_off(body, "tool_choice", [](const json& v) { return v == "none"; }, "no tool calls");
+    // "auto" without tools can only mean no call (as OpenAI answers it).
+    require_off(body, "tool_choice", [](const json& v) { return v == "none" || v == "auto"; }, "no tool calls");
     require_off(body, "function_call", [](const json& v) { return v == "none"; }, "no tool calls");
     require_off(body, "modalities", [](const json& v) { return v == json::array({"text"}); }, "text only");
     require_off(body, "audio", [](const json&) { return false; }, "text only");
@@ -317,10 +350,10 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
     require_off(body, "reasoning_effort", [](const json&) { return false; }, "not a reasoning model");
     require_off(body, "web_search_options", [](const json&) { return false; }, "no web search");
     (void)opt_bool(body, "parallel_tool_calls");  // harmless without tools, but typed
+    // vLLM's chat default: the template writes the special tokens, none are added around it.
+    require_off(body, "add_special_tokens", is_false, "the chat template writes the special tokens");
   } else {
     require_off(body, "logprobs", [](const json&) { return false; }, "no log probabilities");
-    require_off(body, "best_of", is_one, "one choice per request");
-    require_off(body, "echo", is_false, "the prompt is not echoed");
     require_off(body, "suffix", [](const json& v) { return v == ""; }, "no insertion");
   }
 
@@ -330,9 +363,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) throw bad("stream_options", "'stream_options' must be an object");
     for (const auto& [k, v] : so->items())
-      if (k != "include_usage" && k != "continuous_usage_stats")
-        throw bad("stream_options." + k, fmt::format("stream_options: the field {} is not supported", json_show(k)),
-                  "unsupported_parameter");
+      if (k != "include_usage" && k != "continuous_usage_stats") ignored.push_back("stream_options." + k);
     if (!r.stream) throw bad("stream_options", "'stream_options' is only allowed with \"stream\": true");
     r.include_usage = opt_bool(*so, "include_usage").value_or(false);
     if (opt_bool(*so, "continuous_usage_stats").value_or(false))
@@ -340,6 +371,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
                 "unsupported_parameter");
   }
   r.return_token_ids = opt_bool(body, "return_token_ids").value_or(false);
+  r.ignored_fields = std::move(ignored);
 
   // Sampling: OpenAI's defaults (temperature 1, top_p 1, nothing else), not the CLI's llama.cpp
   // ones, so that a client gets what the same request gets from OpenAI or vLLM.
@@ -413,6 +445,78 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   }
   if (batch) r.generation = r.batch[0];
   return r;
+}
+
+json tokenize_body(const json& body, const ModelInfo& model, const PromptCodec& codec, const ApiLimits& limits,
+                   std::vector<std::string>& ignored) {
+  static const std::set<std::string> known = {"model", "prompt", "messages", "add_special_tokens",
+                                              "add_generation_prompt"};
+  for (const auto& [k, v] : body.items())
+    if (!known.count(k)) ignored.push_back(k);
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) throw bad("model", "'model' must be a string");
+    (void)model_body(model, m->get<std::string>());
+  }
+  const json* prompt = field(body, "prompt");
+  const json* messages = field(body, "messages");
+  if ((prompt != nullptr) == (messages != nullptr))
+    throw bad(prompt ? "messages" : "prompt", "give either 'prompt' (a string) or 'messages' (a chat), not both or neither");
+  // The chat template always ends with the assistant's turn here, as in /v1/chat/completions.
+  require_off(body, "add_generation_prompt", is_true, "the generation prompt is always added");
+  const bool special = opt_bool(body, "add_special_tokens").value_or(true);
+  std::vector<int32_t> tokens;
+  try {
+    if (prompt) {
+      if (!prompt->is_string()) throw bad("prompt", "'prompt' must be a string");
+      const std::string& text = prompt->get_ref<const std::string&>();
+      tokens = !special && codec.encode_plain ? codec.encode_plain(text) : codec.encode(text);
+    } else {
+      tokens = codec.encode_chat(chat_messages(body, limits));
+    }
+  } catch (const fdpp::Error& e) {
+    throw bad(prompt ? "prompt" : "messages", e.what());
+  }
+  return json{{"tokens", tokens}, {"count", tokens.size()}, {"max_model_len", model.max_context}};
+}
+
+json detokenize_body(const json& body, const ModelInfo& model, const PromptCodec& codec,
+                     std::vector<std::string>& ignored) {
+  for (const auto& [k, v] : body.items())
+    if (k != "model" && k != "tokens") ignored.push_back(k);
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) throw bad("model", "'model' must be a string");
+    (void)model_body(model, m->get<std::string>());
+  }
+  const json* t = field(body, "tokens");
+  if (!t) throw bad("tokens", "'tokens' is required (a list of token ids)");
+  if (!t->is_array()) throw bad("tokens", "'tokens' must be a list of token ids");
+  // A body of ids is bounded by the body limit; nothing larger is allocated from it.
+  const std::vector<int32_t> ids = checked_ids(*t, "tokens", model);
+  std::string text;
+  try {
+    text = codec.decode ? codec.decode(ids) : std::string();
+  } catch (const fdpp::Error& e) {  // an id the model has and its tokenizer lacks (a padded vocabulary)
+    throw bad("tokens", e.what());
+  }
+  return json{{"prompt", text}};
+}
+
+std::string join_fields(const std::vector<std::string>& fields) {
+  // Bounded: a body of thousands of unknown fields must not become a header of megabytes.
+  constexpr size_t kMostNames = 32, kMostNameBytes = 64;
+  std::string out;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (i == kMostNames) {
+      out += fmt::format(",...({} more)", fields.size() - i);
+      break;
+    }
+    if (i > 0) out += ',';
+    const std::string_view f = std::string_view(fields[i]).substr(0, kMostNameBytes);
+    // Header values are one line of visible text: anything else in a client's field name is
+    // replaced, so that it cannot split or forge headers.
+    for (unsigned char c : f) out += c >= 0x21 && c < 0x7f && c != ',' ? static_cast<char>(c) : '?';
+  }
+  return out;
 }
 
 std::string response_id(Endpoint endpoint, uint64_t serial) {

@@ -4,9 +4,13 @@
 // from scheduler results. Everything here is a pure function of its inputs, so
 // tests/test_server_api.cpp checks it without a server.
 //
-// Validation policy: a field we do not implement is rejected by name (400, param = the field), never
-// silently ignored, except for fields that cannot change the output (user, metadata, store, ...) and
-// fields set to the value that means "off" (n = 1, logprobs = false, presence_penalty = 0, ...).
+// Validation policy: a field this server knows and does not implement is rejected by name (400,
+// param = the field) unless it is set to the value that means "off" (n = 1, logprobs = false,
+// presence_penalty = 0, best_of = 1, skip_special_tokens = true, ...), since honouring it silently
+// would return something else than the client asked for. A field it does not know at all is
+// ignored and reported (ParsedRequest::ignored_fields: a warning in the server's log and the
+// x-fdpp-ignored-fields header), as vLLM does: clients written for vLLM, llama-server or newer
+// OpenAI versions send extension fields, and refusing them would break those clients outright.
 // JSON null means "absent", as the OpenAI clients send it.
 #pragma once
 
@@ -59,6 +63,8 @@ struct ModelInfo {
   int64_t created = 0;      // unix time the server started
 };
 nlohmann::json models_body(const ModelInfo& model);
+// One model object (GET /v1/models/{id}); a name other than the id or an alias is a 404.
+nlohmann::json model_body(const ModelInfo& model, const std::string& name);
 
 // Turns text and conversations into token ids. The server wires these to the model's Tokenizer
 // (prompt_codec_for); tests pass fakes.
@@ -66,6 +72,11 @@ struct PromptCodec {
   std::function<std::vector<int32_t>(std::string_view text)> encode;
   // Renders messages with the chat template and the generation prompt, then encodes them.
   std::function<std::vector<int32_t>(std::span<const ChatMessage> messages)> encode_chat;
+  // Text without the special tokens the model adds by default (add_special_tokens = false: no BOS).
+  // Unset: encode.
+  std::function<std::vector<int32_t>(std::string_view text)> encode_plain;
+  // Token ids back to text, special tokens written out (vLLM's /detokenize). Ids are in range.
+  std::function<std::string(std::span<const int32_t> ids)> decode;
 };
 // A codec over a tokenizer: completions text as `fdpp generate --prompt` encodes it (BOS by the
 // model's default, special-token text parsed); chat through apply_chat_template, as
@@ -84,6 +95,9 @@ struct ParsedRequest {
   bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
   bool return_token_ids = false; // extension (vLLM's name): token ids beside the text
   bool seed_given = false;       // false: the caller draws a seed (OpenAI: random per request)
+  // Fields this server does not know, by name ("stream_options.x" for a nested one):
+  // ignored, and reported in the log and the response's header.
+  std::vector<std::string> ignored_fields;
 };
 
 // Parses a request body. Throws ApiError (4xx) naming the field for anything invalid or
@@ -94,6 +108,18 @@ struct ParsedRequest {
 nlohmann::json parse_json_body(std::string_view body, const ApiLimits& limits);
 ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const ModelInfo& model,
                             const PromptCodec& codec, const ApiLimits& limits);
+
+// vLLM's POST /tokenize: {"prompt": text} (add_special_tokens, default true: the BOS the model adds)
+// or {"messages": [...]} (the tokens /v1/chat/completions would prefill) -> {"tokens", "count",
+// "max_model_len"}. POST /detokenize: {"tokens": [ids]} -> {"prompt": text}. Both throw ApiError
+// (400 naming the field) for a bad body; the unknown fields are added to `ignored`.
+nlohmann::json tokenize_body(const nlohmann::json& body, const ModelInfo& model, const PromptCodec& codec,
+                             const ApiLimits& limits, std::vector<std::string>& ignored);
+nlohmann::json detokenize_body(const nlohmann::json& body, const ModelInfo& model, const PromptCodec& codec,
+                               std::vector<std::string>& ignored);
+// The header that names ignored fields, and its value ("a,b").
+inline constexpr const char* kIgnoredFieldsHeader = "x-fdpp-ignored-fields";
+std::string join_fields(const std::vector<std::string>& fields);
 
 // The non-streamed response body and the streamed chunks of one request.
 struct ResponseContext {

@@ -5,10 +5,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
+#include <cctype>
 #include <deque>
 #include <optional>
 
 #include "fdpp/error.h"
+#include "io/json_file.h"  // json_show
 
 namespace fdpp::server {
 
@@ -38,7 +41,8 @@ struct Channel {
 
 namespace {
 
-GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Metrics& metrics) {
+// log_id: the request's name in the per-request log line; "" for no line.
+GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Metrics& metrics, std::string log_id) {
   GenerationCallbacks cb;
   cb.on_delta = [ch, &metrics](uint64_t, std::string_view text, std::span<const int32_t> tokens) {
     const Clock::time_point now = Clock::now();
@@ -53,8 +57,9 @@ GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Metrics& m
     }
     ch->signal->cv.notify_all();
   };
-  cb.on_finish = [ch, &metrics](const GenerationResult& r) {
+  cb.on_finish = [ch, &metrics, log_id = std::move(log_id)](const GenerationResult& r) {
     metrics.observe_finished(r);
+    if (!log_id.empty()) fmt::print(stderr, "fdpp serve: {}\n", request_line(log_id, r));
     {
       std::lock_guard lock(ch->signal->mutex);
       ch->result = r;
@@ -70,6 +75,19 @@ GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Metrics& m
 constexpr auto kStreamIdle = std::chrono::seconds(1);
 
 }  // namespace
+
+std::string origin_problem(const std::string& origin) {
+  if (origin == "*") return "";
+  const size_t sep = origin.find("://");
+  if (sep == std::string::npos || sep == 0 || sep + 3 == origin.size())
+    return fmt::format("'{}' is not an origin (scheme://host[:port], or *)", origin);
+  for (size_t i = sep + 3; i < origin.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(origin[i]);
+    if (c == '/' || c <= 0x20 || c >= 0x7f || c == ',')
+      return fmt::format("'{}' is not an origin: scheme://host[:port] with no path or trailing slash", origin);
+  }
+  return "";
+}
 
 HttpServer::HttpServer(ServerOptions options)
     : options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
@@ -89,6 +107,47 @@ void HttpServer::reply_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   if (e.status == 503 || e.status == 429) res.set_header("Retry-After", std::to_string(options_.retry_after_seconds));
   res.set_content(dump(error_body(e)), "application/json");
+}
+
+bool HttpServer::add_cors_headers(const httplib::Request& req, httplib::Response& res) const {
+  if (options_.allowed_origins.empty()) return false;
+  const std::string origin = req.get_header_value("Origin");
+  if (origin.empty()) return false;
+  bool any = false, listed = false;
+  for (const std::string& o : options_.allowed_origins) {
+    any |= o == "*";
+    listed |= o == origin;
+  }
+  if (!any && !listed) return false;
+  // A listed origin is echoed, so caches must key the response by Origin.
+  res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+  if (!any) res.set_header("Vary", "Origin");
+  res.set_header("Access-Control-Expose-Headers", kIgnoredFieldsHeader);
+  return true;
+}
+
+void HttpServer::report_ignored(const std::string& what, const std::vector<std::string>& fields, httplib::Response& res) {
+  if (fields.empty()) return;
+  const std::string names = join_fields(fields);
+  fmt::print(stderr, "fdpp serve: warning: {}: ignored the unknown fields {}\n", what, names);
+  res.set_header(kIgnoredFieldsHeader, names);
+}
+
+void HttpServer::stats_loop() {
+  SchedulerStats before = scheduler_->stats();
+  Clock::time_point then = Clock::now();
+  const auto interval = std::chrono::duration<double>(options_.stats_interval_seconds);
+  std::unique_lock lock(stats_mutex_);
+  while (!stopping_.load()) {
+    stats_cv_.wait_for(lock, interval, [this] { return stopping_.load(); });
+    if (stopping_.load()) break;
+    const SchedulerStats now = scheduler_->stats();
+    const Clock::time_point t = Clock::now();
+    const std::string line = throughput_line(before, now, std::chrono::duration<double>(t - then).count());
+    if (!line.empty()) fmt::print(stderr, "fdpp serve: {}\n", line);
+    before = now;
+    then = t;
+  }
 }
 
 void HttpServer::in_flight_done() {
@@ -123,6 +182,7 @@ void HttpServer::attach(Scheduler& scheduler, ModelInfo model, PromptCodec codec
   model_ = std::move(model);
   codec_ = std::move(codec);
   ready_.store(true);  // publishes the three above to the HTTP threads (seq_cst)
+  if (options_.stats_interval_seconds > 0) stats_thread_ = std::thread([this] { stats_loop(); });
 }
 
 void HttpServer::drain() {
@@ -133,9 +193,14 @@ void HttpServer::drain() {
 }
 
 void HttpServer::stop() {
-  if (stopping_.exchange(true)) return;
+  {
+    std::lock_guard lock(stats_mutex_);  // the stats loop sees stopping_ between its waits
+    if (stopping_.exchange(true)) return;
+  }
+  stats_cv_.notify_all();
   if (http_) http_->stop();
   if (listen_thread_.joinable()) listen_thread_.join();
+  if (stats_thread_.joinable()) stats_thread_.join();
 }
 
 void HttpServer::route() {
@@ -143,7 +208,30 @@ void HttpServer::route() {
 
   // API key: only the OpenAI routes are protected (as vLLM does); /health and /metrics stay open
   // for probes and scrapers.
+  // CORS first: a preflight carries no API key, and a browser can read an error (a 401 too) only
+  // when its response has the CORS headers.
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const bool allowed = add_cors_headers(req, res);
+    if (req.method == "OPTIONS" && !options_.allowed_origins.empty()) {
+      if (!allowed && !req.get_header_value("Origin").empty()) {
+        reply_error(res, ApiError(403, fmt::format("the origin {} is not allowed (--allowed-origins)",
+                                                   json_show(req.get_header_value("Origin")))));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      res.status = 204;
+      res.set_header("Allow", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      // The headers the page asked for are allowed too when they are plain names (the openai JS
+      // client adds its own x-stainless-* headers), so that its preflight does not fail on them.
+      std::string headers = "Authorization, Content-Type";
+      const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+      if (!asked.empty() && asked.size() <= 1024 &&
+          std::all_of(asked.begin(), asked.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ',' || c == ' '; }))
+        headers += ", " + asked;
+      res.set_header("Access-Control-Allow-Headers", headers);
+      res.set_header("Access-Control-Max-Age", "600");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (options_.api_key.empty() || !req.path.starts_with("/v1/")) return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     const std::string want = "Bearer " + options_.api_key;
@@ -198,6 +286,32 @@ void HttpServer::route() {
     if (!ready_) return reply_error(res, ApiError(503, "the model is loading"));
     res.set_content(dump(models_body(model_)), "application/json");
   });
+  // OpenAI's retrieve: the one model under its id or an alias; another name is a 404 in OpenAI's
+  // shape. Ids may hold slashes (--served-model-name org/name), so the pattern takes the rest.
+  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!ready_) return reply_error(res, ApiError(503, "the model is loading"));
+    try {
+      res.set_content(dump(model_body(model_, req.matches[1].str())), "application/json");
+    } catch (const ApiError& e) {
+      reply_error(res, e);
+    }
+  });
+  // vLLM's /tokenize and /detokenize (outside /v1, as vLLM has them).
+  for (const bool tokenize : {true, false}) {
+    s.Post(tokenize ? "/tokenize" : "/detokenize", [this, tokenize](const httplib::Request& req, httplib::Response& res) {
+      if (!ready_) return reply_error(res, ApiError(503, "the model is loading"));
+      try {
+        const json body = parse_json_body(req.body, options_.limits);
+        std::vector<std::string> ignored;
+        json out = tokenize ? tokenize_body(body, model_, codec_, options_.limits, ignored)
+                            : detokenize_body(body, model_, codec_, ignored);
+        report_ignored(tokenize ? "/tokenize" : "/detokenize", ignored, res);
+        res.set_content(dump(out), "application/json");
+      } catch (const ApiError& e) {
+        reply_error(res, e);
+      }
+    });
+  }
   s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(Endpoint::Completions, req, res);
   });
@@ -224,6 +338,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
   ctx.created = static_cast<int64_t>(std::time(nullptr));
   ctx.model = model_.id;
   ctx.return_token_ids = p.return_token_ids;
+  report_ignored(ctx.id, p.ignored_fields, res);
 
   {
     std::lock_guard lock(in_flight_mutex_);
@@ -233,7 +348,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
   std::vector<std::shared_ptr<Channel>> channels;
   std::vector<uint64_t> ids;
   try {
-    submit_all(std::move(requests), p.seed_given, channels, ids);
+    submit_all(std::move(requests), p.seed_given, ctx.id, channels, ids);
   } catch (const ApiError& e) {
     in_flight_done();
     return reply_error(res, e);
@@ -348,9 +463,10 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
       });
 }
 
-uint64_t HttpServer::submit(GenerationRequest request, const std::shared_ptr<Channel>& ch, const std::string& what) {
+uint64_t HttpServer::submit(GenerationRequest request, const std::shared_ptr<Channel>& ch, const std::string& what,
+                            std::string log_id) {
   try {
-    return scheduler_->submit(std::move(request), callbacks_for(ch, metrics_));
+    return scheduler_->submit(std::move(request), callbacks_for(ch, metrics_, std::move(log_id)));
   } catch (const QueueFullError& e) {
     metrics_.count_rejected_queue_full();
     throw ApiError(503, fmt::format("the server is busy: {}", e.what()), "", "server_busy_error", "queue_full");
@@ -361,7 +477,7 @@ uint64_t HttpServer::submit(GenerationRequest request, const std::shared_ptr<Cha
   }
 }
 
-void HttpServer::submit_all(std::vector<GenerationRequest> requests, bool seed_given,
+void HttpServer::submit_all(std::vector<GenerationRequest> requests, bool seed_given, const std::string& log_id,
                             std::vector<std::shared_ptr<Channel>>& channels, std::vector<uint64_t>& ids) {
   const auto signal = std::make_shared<Signal>();
   const bool batch = requests.size() > 1;
@@ -369,7 +485,8 @@ void HttpServer::submit_all(std::vector<GenerationRequest> requests, bool seed_g
     if (!seed_given) requests[i].sampling.seed = next_seed();  // OpenAI: unseeded requests differ
     channels.push_back(std::make_shared<Channel>(signal));
     try {
-      ids.push_back(submit(std::move(requests[i]), channels.back(), batch ? fmt::format("prompt[{}]", i) : ""));
+      ids.push_back(submit(std::move(requests[i]), channels.back(), batch ? fmt::format("prompt[{}]", i) : "",
+                         !options_.log_requests ? "" : batch ? fmt::format("{}[{}]", log_id, i) : log_id));
     } catch (const ApiError&) {
       for (uint64_t id : ids) scheduler_->cancel(id);  // a batch runs whole or not at all
       throw;

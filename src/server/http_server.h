@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "engine/scheduler.h"
 #include "server/api.h"
@@ -40,7 +41,17 @@ struct ServerOptions {
   int http_threads = 64;
   int retry_after_seconds = 1;  // Retry-After of 503 answers (queue full, loading, draining)
   ApiLimits limits;
+  // CORS: origins whose pages may call the server ("*": any); empty: no CORS headers at all, and
+  // OPTIONS is not answered (a browser then refuses cross-origin calls, the safe default).
+  std::vector<std::string> allowed_origins;
+  bool log_requests = true;  // a line per finished request on stderr
+  // While requests run, a throughput line on stderr this often (vLLM's periodic stats); 0: never.
+  double stats_interval_seconds = 10;
 };
+
+// Why an --allowed-origins entry is not an origin ("" when it is): "*" or scheme://host[:port],
+// nothing after it (a browser's Origin header has no path and no trailing slash).
+std::string origin_problem(const std::string& origin);
 
 class HttpServer {
  public:
@@ -71,23 +82,33 @@ class HttpServer {
   void handle_generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
   // Submits one request whose deltas and end go to `ch`. Throws ApiError: 503 for a full queue or
   // a draining server, 400 for a request the scheduler can never run (`what` names it in a batch).
-  uint64_t submit(GenerationRequest request, const std::shared_ptr<Channel>& ch, const std::string& what);
+  // log_id: the request's name in its log line ("" for none).
+  uint64_t submit(GenerationRequest request, const std::shared_ptr<Channel>& ch, const std::string& what,
+                  std::string log_id);
   // Submits a response's requests (one, or a /v1/completions batch), each with a channel of its own
   // on one shared signal; unseeded requests get a fresh seed each. A batch runs whole or not at all:
   // when one is refused, those before it are cancelled and its ApiError is thrown.
-  void submit_all(std::vector<GenerationRequest> requests, bool seed_given,
+  void submit_all(std::vector<GenerationRequest> requests, bool seed_given, const std::string& log_id,
                   std::vector<std::shared_ptr<Channel>>& channels, std::vector<uint64_t>& ids);
   // A response not streamed: waits for every request, then one body with a choice per request.
   // The caller has counted the HTTP request in flight.
   void reply_whole(const std::vector<std::shared_ptr<Channel>>& channels, const ResponseContext& ctx,
                    httplib::Response& res);
   void reply_error(httplib::Response& res, const ApiError& e);
+  // The CORS headers of a response to `req` (none when CORS is off or the origin is not allowed);
+  // true when the request came from an allowed origin.
+  bool add_cors_headers(const httplib::Request& req, httplib::Response& res) const;
+  void report_ignored(const std::string& what, const std::vector<std::string>& fields, httplib::Response& res);
+  void stats_loop();
   uint64_t next_seed();
   void in_flight_done();
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listen_thread_;
+  std::thread stats_thread_;
+  std::mutex stats_mutex_;
+  std::condition_variable stats_cv_;
   int port_ = 0;
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};

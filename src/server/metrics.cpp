@@ -106,4 +106,22 @@ std::string Metrics::render(const SchedulerStats& s, bool ready) const {
   return out;
 }
 
+std::string throughput_line(const SchedulerStats& before, const SchedulerStats& now, double seconds) {
+  const uint64_t prompt = now.prompt_tokens - before.prompt_tokens;
+  const uint64_t generated = now.generated_tokens - before.generated_tokens;
+  if (prompt == 0 && generated == 0 && now.running == 0 && now.waiting == 0) return "";
+  const double s = seconds > 0 ? seconds : 1;
+  const int64_t blocks = now.kv_blocks_used + now.kv_blocks_free;
+  const double kv = blocks > 0 ? 100.0 * static_cast<double>(now.kv_blocks_used) / static_cast<double>(blocks) : 0;
+  return fmt::format(
+      "prompt throughput: {:.1f} tokens/s, generation throughput: {:.1f} tokens/s, running: {} reqs, waiting: {} "
+      "reqs, KV cache usage: {:.1f}%",
+      static_cast<double>(prompt) / s, static_cast<double>(generated) / s, now.running, now.waiting, kv);
+}
+
+std::string request_line(const std::string& id, const GenerationResult& r) {
+  return fmt::format("request {}: prompt {} tokens, output {} tokens, finish {}, {:.3f} s", id, r.prompt.size(),
+                     r.token_ids.size(), r.finish_reason.empty() ? "-" : r.finish_reason, r.total_time);
+}
+
 }  // namespace fdpp::server

@@ -53,4 +53,11 @@ class Metrics {
   uint64_t queue_full_ = 0;
 };
 
+// The periodic throughput line (vLLM's "Avg prompt throughput ..."): prompt and generation tokens/s
+// over the `seconds` between two snapshots of the scheduler, the running and waiting requests and
+// the KV cache's use. "" when nothing ran and nothing waits (an idle server stays quiet).
+std::string throughput_line(const SchedulerStats& before, const SchedulerStats& now, double seconds);
+// The line of one finished request: its id, prompt and output tokens, finish reason and seconds.
+std::string request_line(const std::string& id, const GenerationResult& result);
+
 }  // namespace fdpp::server

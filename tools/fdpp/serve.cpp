@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "cli_common.h"
 #include "engine/scheduler.h"
@@ -41,6 +42,8 @@ struct ServeArgs {
   int max_waiting = 1024;
   int http_threads = 0;
   int64_t max_body_bytes = 8 << 20;
+  std::vector<std::string> allowed_origins;
+  bool disable_log_requests = false;
   EngineArgs engine;
 };
 ServeArgs g_serve;
@@ -92,6 +95,12 @@ CLI::App* add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 8192));
   s->add_option("--max-body-bytes", a.max_body_bytes, "request bodies above this get 413")
       ->capture_default_str()->check(CLI::Range(int64_t{1024}, int64_t{1} << 30));
+  s->add_option("--allowed-origins", a.allowed_origins,
+                "CORS: origins (scheme://host[:port], or *) whose pages may call the server, comma-separated "
+                "(default: none, no CORS headers)")
+      ->delimiter(',')
+      ->check([](const std::string& o) { return server::origin_problem(o); });
+  s->add_flag("--disable-log-requests", a.disable_log_requests, "no log line per finished request");
   cli::add_engine_flags(s, a.engine, kServe);
   return s;
 }
@@ -130,6 +139,8 @@ int run_serve() {
   so.http_threads =
       a.http_threads > 0 ? a.http_threads : std::max(64, 2 * a.engine.step_sizes(sized_for).max_num_seqs + 16);
   so.limits.max_body_bytes = a.max_body_bytes;
+  so.allowed_origins = a.allowed_origins;
+  so.log_requests = !a.disable_log_requests;
   server::HttpServer http(so);
   http.start([&] { die("the HTTP listener stopped"); });
   const EngineArgs& g = a.engine;
