@@ -68,6 +68,10 @@ const std::vector<BadValue>& bad_values() {
       {"cpu_weights", "q8", "'q8' is not one of stored, f32"},
       {"load_format", "gguf", "'gguf' is not one of auto, dummy"},
       {"pdl", "maybe", "'maybe' is not one of on, off"},
+      {"gpu_memory_utilization", "0", "0 must be in (0, 1]"},
+      {"gpu_memory_utilization", "1.5", "1.5 must be in (0, 1]"},
+      {"gpu_memory_utilization", "most", "'most' is not a number"},
+      {"gpu_memory_utilization", "nan", "'nan' is not a number"},
       {"decode_path", "simd", "'simd' is not one of auto, mma, core"},
   };
   return v;
@@ -144,6 +148,20 @@ TEST(EngineArgs, GoodValuesLandInTheArgs) {
   set_engine_option(p, *find_engine_option("cuda_graphs"), "false", "cuda_graphs");
   EXPECT_EQ(p.tensor_parallel, 4);
   EXPECT_FALSE(p.cuda_graphs);
+}
+
+TEST(EngineArgs, VllmSpellingsReachTheEngine) {
+  EngineArgs a;
+  ASSERT_EQ(cli_error(kServe, {"--gpu-memory-utilization", "0.5", "--enforce-eager"}, &a), "");
+  EXPECT_EQ(a.gpu_memory_utilization, 0.5);
+  EXPECT_FALSE(a.cuda_graphs);
+  EXPECT_EQ(a.runner_options("").memory_fraction, 0.5);
+  EXPECT_FALSE(a.runner_options("").cuda_graphs);
+  // The default is the CUDA engine's own share, so that not giving it changes nothing.
+  EXPECT_EQ(EngineArgs{}.runner_options("").memory_fraction, RunnerOptions{}.memory_fraction);
+  EngineArgs b;
+  set_engine_option(b, *find_engine_option("gpu_memory_utilization"), "1", "gpu_memory_utilization");
+  EXPECT_EQ(b.gpu_memory_utilization, 1.0);
 }
 
 TEST(EngineArgs, CrossOptionRulesNameBothOptions) {

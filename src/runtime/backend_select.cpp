@@ -154,6 +154,7 @@ cuda::EngineOptions engine_options(const ModelConfig& config, const RunnerOption
   cuda::EngineOptions eo;
   eo.kv_cache_tokens = options.kv_cache_tokens;
   eo.cuda_graphs = options.cuda_graphs;
+  eo.memory_fraction = options.memory_fraction;
   check(options.attention == "async" || options.attention == "sync", "--attention '{}' is not one of async, sync",
         options.attention);
   eo.attention = options.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;

@@ -26,6 +26,9 @@ struct RunnerOptions {
   std::string dtype = "auto";  // CUDA weights: "f16", "bf16", "auto" (bf16 for bf16 checkpoints, else f16)
   int64_t kv_cache_tokens = 0;
   bool cuda_graphs = true;
+  // CUDA: the share of the free memory after the weights that a KV cache sized by the engine
+  // (kv_cache_tokens 0) takes (EngineOptions::memory_fraction).
+  double memory_fraction = 0.90;
   // CUDA decode attention: "async" (unified max, FlashDecoding++) or "sync" (FlashDecoding).
   std::string attention = "async";
   // Per-layer unified max phi from the model's calibration file (empty: phi = 0, see EngineOptions).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 
 #include "engine/linear_chooser.h"
 #include "engine/scheduler.h"
@@ -112,6 +113,31 @@ std::vector<EngineOption> build_table() {
     o.value = [](const EngineArgs& a) { return bool_text(a.cuda_graphs); };
     t.push_back(std::move(o));
   }
+  {
+    EngineOption o;
+    o.name = "gpu_memory_utilization";
+    o.flags = "--gpu-memory-utilization";
+    o.front_ends = kServe | kPython;
+    o.kind = OptionKind::Real;
+    o.help = "CUDA: the share of the GPU memory left free by the weights that the KV cache takes when "
+             "--kv-cache-tokens is not given (vLLM's name; vLLM counts the weights in); no effect on the CPU";
+    o.assign = [](EngineArgs& a, const std::string& v) { a.gpu_memory_utilization = std::stod(v); };
+    o.value = [](const EngineArgs& a) { return fmt::format("{}", a.gpu_memory_utilization); };
+    t.push_back(std::move(o));
+  }
+  {
+    // vLLM's spelling of --no-cuda-graphs: the same field, inverted.
+    EngineOption o;
+    o.name = "enforce_eager";
+    o.flags = "--enforce-eager";
+    o.front_ends = kServe | kPython;
+    o.kind = OptionKind::Switch;
+    o.flag_value = true;
+    o.help = "vLLM's name for --no-cuda-graphs: launch the decode steps eagerly";
+    o.assign = [](EngineArgs& a, const std::string& v) { a.cuda_graphs = v != "true"; };
+    o.value = [](const EngineArgs& a) { return bool_text(!a.cuda_graphs); };
+    t.push_back(std::move(o));
+  }
   t.push_back(choice("attention", "--attention", kModelUsers,
                      "CUDA decode attention: async (unified max, FlashDecoding++) or sync (FlashDecoding)",
                      {"async", "sync"}, &EngineArgs::attention));
@@ -201,6 +227,14 @@ std::string option_problem(const EngineOption& o, const std::string& value) {
     }
     case OptionKind::Switch:
       return value == "true" || value == "false" ? "" : fmt::format("'{}' is not true or false", value);
+    case OptionKind::Real: {
+      double v = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (value.empty() || ec != std::errc() || end != value.data() + value.size() || !std::isfinite(v))
+        return fmt::format("'{}' is not a number", value);
+      if (!(v > o.real_lo && v <= o.real_hi)) return fmt::format("{} must be in ({}, {}]", value, o.real_lo, o.real_hi);
+      return "";
+    }
   }
   return "";
 }
@@ -242,6 +276,7 @@ RunnerOptions EngineArgs::runner_options(const std::string& model_path, const En
   o.dtype = dtype;
   o.kv_cache_tokens = kv_cache_tokens;
   o.cuda_graphs = cuda_graphs;
+  o.memory_fraction = gpu_memory_utilization;
   o.attention = attention;
   const DispatchSelectOptions lin = resolve_linear_flags(linear, dispatch_table, env);
   o.linear = lin.mode;

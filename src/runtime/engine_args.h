@@ -37,6 +37,9 @@ struct EngineArgs {
   int max_batched_tokens = 0;        // tokens in one step; 0: auto (step_sizes)
   int max_model_len = 0;             // context per sequence; 0: the model's
   bool cuda_graphs = true;
+  // CUDA: the share of the GPU memory left free by the weights that the KV cache takes when
+  // kv_cache_tokens does not size it (vLLM's gpu_memory_utilization; vLLM counts the weights in).
+  double gpu_memory_utilization = 0.90;
   std::string attention = "async";   // async (unified max) or sync
   std::string linear;                // "": $FDPP_LINEAR, else auto
   std::string dispatch_table;        // "": $FDPP_DISPATCH_TABLE, else looked up
@@ -84,6 +87,7 @@ enum class OptionKind {
   Choice,   // one of `choices`
   Integer,  // a whole number in [lo, hi]
   Switch,   // a boolean: the CLI flag takes no value and sets `flag_value`; Python takes a bool
+  Real,     // a number in (real_lo, real_hi]: a fraction
 };
 
 struct EngineOption {
@@ -94,6 +98,7 @@ struct EngineOption {
   OptionKind kind = OptionKind::Text;
   std::vector<std::string> choices;  // Choice: the accepted spellings
   int64_t lo = 0, hi = 0;            // Integer: the closed range
+  double real_lo = 0, real_hi = 1;   // Real: the range, open below (a fraction of nothing is no option)
   bool flag_value = true;            // Switch: what the CLI flag sets
   std::string help;
   std::vector<std::string> python_aliases;  // other keywords Python accepts (tensor_parallel_size)

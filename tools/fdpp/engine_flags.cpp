@@ -15,7 +15,10 @@ void add_engine_flags(CLI::App* app, EngineArgs& args, FrontEnd front_end) {
     CLI::Option* opt =
         app->add_option_function<std::string>(o.flags, [&args, &o](const std::string& v) { o.assign(args, v); }, help);
     opt->check(CLI::Validator([&o](std::string& v) { return option_problem(o, v); }, ""));
-    opt->type_name(o.kind == OptionKind::Integer ? "INT" : o.kind == OptionKind::Choice ? "CHOICE" : "TEXT");
+    opt->type_name(o.kind == OptionKind::Integer ? "INT"
+                   : o.kind == OptionKind::Real ? "NUM"
+                   : o.kind == OptionKind::Choice ? "CHOICE"
+                                                  : "TEXT");
     if (const std::string d = o.value(defaults); !d.empty() && o.env.empty()) opt->default_str(d);
   }
 }
