@@ -104,6 +104,8 @@ usage "attention garbage" "^fdpp: error: --attention: 'x' is not one of" "$BIN" 
 usage "serve max-num-seqs 5000" "^fdpp: error: --max-num-seqs: 5000 must be in \[0, 4096\]" "$BIN" serve --max-num-seqs 5000
 usage "serve seqs over the step" "--max-num-seqs 512 with --max-batched-tokens 256: max-batched-tokens" "$BIN" serve --max-num-seqs 512 --max-batched-tokens 256
 usage "serve dtype garbage" "^fdpp: error: --dtype: 'fp8' is not one of" "$BIN" serve --dtype fp8
+usage "serve origin with a path" "^fdpp: error: --allowed-origins: 'http://a.example/' is not an origin" "$BIN" serve --allowed-origins http://a.example/
+usage "serve origin garbage" "^fdpp: error: --allowed-origins: 'foo' is not an origin" "$BIN" serve --allowed-origins 'http://a.example,foo'
 usage "empty prompt" "^fdpp: error: --prompt: the prompt is empty$" "$BIN" generate --prompt ""
 usage "empty prompt on stdin" "^fdpp: error: --prompt - \(standard input\): the prompt is empty$" "$BIN" generate --prompt -
 usage "non-UTF-8 prompt" "^fdpp: error: --prompt: byte 0xff at offset 2 is not valid UTF-8$" "$BIN" generate --prompt $'hi\xff'

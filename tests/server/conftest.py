@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ORIGIN = "http://app.example:3000"  # the page origin the module's server allows
 FDPP = os.environ.get("FDPP_BIN", os.path.join(ROOT, "build", "fdpp"))
 
 
@@ -81,6 +82,7 @@ def start(*args, api_key=None):
 @pytest.fixture(scope="module")
 def server():
     # 32 running sequences for the concurrency test; a short context keeps the CPU KV cache small.
-    s = start("--max-num-seqs", "32", "--ctx-size", "512")
+    # CORS for one origin (test_cors); the other servers of the tests have it off, the default.
+    s = start("--max-num-seqs", "32", "--ctx-size", "512", "--allowed-origins", ORIGIN)
     yield s
     s.stop()

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FDPP, start
+from conftest import FDPP, ORIGIN, start
 
 N = 8  # tokens per request where the length does not matter
 
@@ -209,7 +209,18 @@ BAD = [
      400, "tools"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "response_format": {"type": "json_object"}}, 400, "response_format"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}, 400, "frobnicate"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+     400, "tool_choice"),
+    ("/v1/completions", {"prompt": "hi", "min_tokens": 3}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": "hi", "skip_special_tokens": False}, 400, "skip_special_tokens"),
+    ("/v1/completions", {"prompt": "hi", "tools": []}, 400, "tools"),  # chat's field: known, refused
+    ("/tokenize", {"prompt": 5}, 400, "prompt"),
+    ("/tokenize", {}, 400, "prompt"),
+    ("/tokenize", "{bad", 400, None),
+    ("/detokenize", {"tokens": [10**9]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+    ("/detokenize", {"tokens": "x"}, 400, "tokens"),
+    ("/detokenize", {"tokens": [1], "model": "gpt-4o"}, 404, "model"),
 ]
 
 
@@ -221,6 +232,65 @@ def test_bad_request(server, path, body, status, param):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
     assert err["param"] == param
+
+
+def test_unknown_fields_are_ignored_and_named(server):
+    # What vLLM and llama-server clients send: the unknown fields are ignored (a warning in the log
+    # and a header naming them), the extension fields at their defaults are accepted.
+    c = client(server)
+    r = c.chat.completions.with_raw_response.create(
+        model=server.model_id, messages=[{"role": "user", "content": "What is 2 + 2?"}], max_tokens=N, temperature=0,
+        tool_choice="auto", extra_body={"chat_template_kwargs": {"enable_thinking": False}, "cache_prompt": True,
+                                        "best_of": 1, "echo": False, "skip_special_tokens": True, "min_tokens": 0})
+    assert r.headers["x-fdpp-ignored-fields"] == "cache_prompt,chat_template_kwargs"
+    assert r.parse().choices[0].message.content == generate_reference("What is 2 + 2?", N, chat=True)[1]
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+    assert r.status_code == 200 and "x-fdpp-ignored-fields" not in r.headers
+    log = "".join(server.stderr)
+    assert "ignored the unknown fields cache_prompt,chat_template_kwargs" in log, log
+    # The per-request log line: the response's id, its sizes and how it ended.
+    rid = r.json()["id"]
+    deadline = time.time() + 5
+    while f"request {rid}: prompt " not in "".join(server.stderr) and time.time() < deadline:
+        time.sleep(0.05)
+    assert f"request {rid}: prompt " in "".join(server.stderr)
+
+
+def test_model_by_id_tokenize_and_detokenize(server):
+    c = client(server)
+    assert c.models.retrieve(server.model_id).id == server.model_id
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("gpt-4o")
+    # /tokenize gives the ids the completion prefills; /detokenize turns them back into the text.
+    prompt = "One, two, three, four,"
+    ids = c.completions.create(model=server.model_id, prompt=prompt, max_tokens=1,
+                               extra_body={"return_token_ids": True}).choices[0].prompt_token_ids
+    t = httpx.post(server.url + "/tokenize", json={"prompt": prompt}).json()
+    assert t == {"tokens": ids, "count": len(ids), "max_model_len": 512}
+    assert httpx.post(server.url + "/detokenize", json={"tokens": ids}).json() == {"prompt": prompt}
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    t = httpx.post(server.url + "/tokenize", json={"messages": msgs}).json()
+    usage = c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=1).usage
+    assert t["count"] == usage.prompt_tokens
+
+
+def test_cors(server):
+    # A browser's preflight from the allowed origin, then its request: both carry the origin.
+    r = httpx.options(server.url + "/v1/chat/completions",
+                      headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                               "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os"})
+    assert r.status_code == 204
+    assert r.headers["access-control-allow-origin"] == ORIGIN
+    assert "POST" in r.headers["access-control-allow-methods"]
+    allowed = r.headers["access-control-allow-headers"].lower()
+    assert "authorization" in allowed and "content-type" in allowed and "x-stainless-os" in allowed
+    r = httpx.get(server.url + "/v1/models", headers={"Origin": ORIGIN})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    # Another origin: refused preflight, and no CORS header on its requests.
+    r = httpx.options(server.url + "/v1/completions", headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403 and r.json()["error"]["message"]
+    r = httpx.get(server.url + "/v1/models", headers={"Origin": "http://evil.example"})
+    assert "access-control-allow-origin" not in r.headers
 
 
 def test_body_limit_and_unknown_route_then_still_serving(server):
@@ -241,8 +311,12 @@ def test_body_limit_and_unknown_route_then_still_serving(server):
 
 def test_api_key_and_full_queue():
     # One running sequence and two waiting: a burst of 12 must see 503s.
-    s = start("--api-key", "sekret", "--max-num-seqs", "1", "--max-waiting", "2", "--ctx-size", "256", api_key="sekret")
+    s = start("--api-key", "sekret", "--max-num-seqs", "1", "--max-waiting", "2", "--ctx-size", "256",
+              "--disable-log-requests", api_key="sekret")
     try:
+        # CORS is off by default: no headers, no preflight answered.
+        r = httpx.options(s.url + "/v1/models", headers={"Origin": "http://app.example"})
+        assert r.status_code != 204 and "access-control-allow-origin" not in r.headers
         assert httpx.post(s.url + "/v1/completions", json={"prompt": "hi"}).status_code == 401
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi"}, headers={"Authorization": "Bearer nope"})
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
@@ -265,6 +339,7 @@ def test_api_key_and_full_queue():
         assert r.usage.completion_tokens >= 1
         m = s.metrics()
         assert m["fdpp_requests_rejected_queue_full_total"] >= 1 and m["fdpp_requests_waiting"] == 0
+        assert "request cmpl-" not in "".join(s.stderr)  # --disable-log-requests
     finally:
         s.stop()
 
