@@ -44,6 +44,7 @@ void write_seeds(const std::string& dir) {
       R"(a{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]})",
       R"(a{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}], "max_completion_tokens": 3})",
       R"(a{"messages": [{"role": "assistant", "content": "x"}], "response_format": {"type": "text"}})",
+      R"(a{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {}, "x\r\ny": 1, "best_of": 1})",
   };
   int n = 0;
   for (const char* s : seeds) std::ofstream(dir + "/seed" + std::to_string(n++) + ".json") << s;
@@ -96,5 +97,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     promise(static_cast<int>(g.stop_token_ids.size()) <= limits.max_stop_token_ids, "at most max_stop_token_ids");
     for (int32_t id : g.stop_token_ids) promise(id >= 0 && id < m.vocab_size, "stop token ids inside the vocabulary");
   }
+  // The ignored fields' names become a response header: one short line of visible ASCII.
+  const std::string header = join_fields(r.ignored_fields);
+  promise(header.size() < 4096, "the ignored-fields header is bounded");
+  for (const char c : header) promise(c > 0x20 && c < 0x7f, "the ignored-fields header is visible ASCII");
   return 0;
 }
