@@ -235,6 +235,83 @@ TEST(HfConfig, MistralSlidingWindowCapsTheContext) {
   EXPECT_EQ(parse(j).config.max_context, 32768);
 }
 
+// Qwen2.5-0.5B-Instruct's config.json, shrunk.
+json tiny_qwen2_json() {
+  return json{{"architectures", {"Qwen2ForCausalLM"}},
+              {"model_type", "qwen2"},
+              {"hidden_size", 32},
+              {"intermediate_size", 48},
+              {"num_hidden_layers", 4},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"vocab_size", 40},
+              {"max_position_embeddings", 32768},
+              {"max_window_layers", 2},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 1000000.0},
+              {"rope_scaling", nullptr},
+              {"sliding_window", 32768},
+              {"use_sliding_window", false},
+              {"tie_word_embeddings", true},
+              {"torch_dtype", "bfloat16"}};
+}
+
+TEST(HfConfig, Qwen2) {
+  json j = tiny_qwen2_json();
+  const ModelConfig c = parse(j).config;
+  EXPECT_EQ(c.architecture, "qwen2");
+  EXPECT_TRUE(c.qkv_bias);  // always, without an attention_bias key
+  EXPECT_FALSE(c.out_bias || c.mlp_bias);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_EQ(c.rope.theta, 1e6);
+  EXPECT_EQ(c.rope_style, RopeStyle::RotateHalf);
+  EXPECT_EQ(c.max_context, 32768);
+  EXPECT_EQ(c.head_dim, 8);
+  const auto specs = hf_tensor_specs(c, MemorySource());
+  auto has = [&](const std::string& name) {
+    return std::any_of(specs.begin(), specs.end(), [&](const HfTensorSpec& s) { return s.name == name; });
+  };
+  EXPECT_TRUE(has("model.layers.3.self_attn.k_proj.bias"));
+  EXPECT_FALSE(has("model.layers.0.self_attn.o_proj.bias"));
+  EXPECT_FALSE(has("lm_head.weight"));
+  j.erase("architectures");  // the model_type alone says Qwen2
+  EXPECT_EQ(parse(j).config.architecture, "qwen2");
+}
+
+TEST(HfConfig, Qwen2SlidingWindowOnlyWhenTurnedOnAndShorterThanTheContext) {
+  json j = tiny_qwen2_json();
+  // Turned off (every Qwen2.5 config): the window is ignored, as transformers ignores it.
+  j["sliding_window"] = 4;
+  EXPECT_EQ(parse(j).config.max_context, 32768);
+  // Turned on, shorter than the context, on layers 2 and 3: refused until windowed attention exists.
+  j["use_sliding_window"] = true;
+  EXPECT_ERROR(parse(j), "use_sliding_window with sliding_window = 4 shorter than max_position_embeddings = 32768 "
+                         "(from layer 2 on) is not supported yet");
+  // layer_types (transformers 5's configs) decides which layers slide.
+  j["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "full_attention"};
+  EXPECT_ERROR(parse(j), "(from layer 1 on)");
+  j["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention"};
+  EXPECT_EQ(parse(j).config.architecture, "qwen2");
+  j["layer_types"] = {"full_attention"};
+  EXPECT_ERROR(parse(j), "is not a list of num_hidden_layers = 4 names");
+  j["layer_types"] = {"full_attention", "chunked_attention", "full_attention", "full_attention"};
+  EXPECT_ERROR(parse(j), "layer_types[1] = \"chunked_attention\" is not supported");
+  j.erase("layer_types");
+  // No layer reaches max_window_layers: nothing slides.
+  j["max_window_layers"] = 4;
+  EXPECT_EQ(parse(j).config.architecture, "qwen2");
+  j["max_window_layers"] = 0;
+  EXPECT_ERROR(parse(j), "(from layer 0 on)");
+  j["max_window_layers"] = -1;
+  EXPECT_ERROR(parse(j), "max_window_layers = -1 is not a layer count");
+  // A window as long as the context never drops a key: full attention is exact.
+  j["max_window_layers"] = 2;
+  j["sliding_window"] = 32768;
+  EXPECT_EQ(parse(j).config.max_context, 32768);
+  j["sliding_window"] = nullptr;
+  EXPECT_EQ(parse(j).config.architecture, "qwen2");
+}
+
 TEST(HfConfig, OptVariants) {
   json j = tiny_opt_json();
   ModelConfig c = parse(j).config;
@@ -565,7 +642,9 @@ TEST(HfFixtures, LogitsAndGreedyDecodeMatchTransformers) {
     SCOPED_TRACE(dir.filename().string());
     std::ifstream f(dir / "reference.json");
     const json ref = json::parse(f);
-    const LoadedModel m = load_model(dir.string());
+    // A GGUF variant names its file; the others are the directory itself.
+    const LoadedModel m = load_model(ref.contains("model") ? (dir / ref["model"].get<std::string>()).string()
+                                                           : dir.string());
     const ModelConfig& c = m.config();
     const auto ids = ref["ids"].get<std::vector<int32_t>>();
     const auto expected = test::read_npy((dir / ref["logits"].get<std::string>()).string());
@@ -594,6 +673,15 @@ TEST(HfFixtures, LogitsAndGreedyDecodeMatchTransformers) {
       ASSERT_NE(m.tokenizer, nullptr);
       const auto text_ids = ref["text_ids"].get<std::vector<int32_t>>();
       EXPECT_EQ(m.tokenizer->encode(ref["text"].get<std::string>(), m.tokenizer->add_bos_by_default(), true), text_ids);
+    }
+    // The chat template as the checkpoint ships it, against transformers' apply_chat_template.
+    for (const json& chat : ref.value("chat", json::array())) {
+      ASSERT_NE(m.tokenizer, nullptr);
+      std::vector<ChatMessage> messages;
+      for (const json& msg : chat["messages"]) messages.push_back({msg["role"], msg["content"]});
+      const std::string rendered = m.tokenizer->apply_chat_template(messages, chat["add_generation_prompt"]);
+      EXPECT_EQ(rendered, chat["rendered"].get<std::string>());
+      EXPECT_EQ(m.tokenizer->encode(rendered, false, true), chat["ids"].get<std::vector<int32_t>>()) << rendered;
     }
   }
 }

@@ -38,7 +38,7 @@ struct RopeConfig {
 };
 
 struct ModelConfig {
-  std::string architecture;  // "llama" (Llama 2/3, Mistral, SmolLM2)
+  std::string architecture;  // "llama" (Llama 2/3, SmolLM2), "mistral", "qwen2", "opt", "chatglm"
   std::string name;
   int n_layers = 0;
   int hidden = 0;

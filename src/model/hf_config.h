@@ -22,9 +22,9 @@ struct HfConfig {
   std::string directory;
   std::string config_path;      // DIR/config.json (the origin in error messages)
   std::string hf_architecture;  // "LlamaForCausalLM", ... (architectures[0], or derived from model_type)
-  std::string model_type;       // "llama", "mistral", "opt", "chatglm"
+  std::string model_type;       // "llama", "mistral", "qwen2", "opt", "chatglm"
   std::string dtype;            // torch_dtype / dtype as written ("float16", ...); empty when absent
-  ModelConfig config;           // config.architecture: "llama", "mistral", "opt" or "chatglm"
+  ModelConfig config;           // config.architecture: "llama", "mistral", "qwen2", "opt" or "chatglm"
   // End-of-generation ids: config.json's eos_token_id, then generation_config.json's (an int or a
   // list in either), without repeats.
   std::vector<int32_t> eos_token_ids;

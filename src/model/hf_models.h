@@ -34,8 +34,8 @@ struct HfTensorSpec {
   std::vector<HfSlotPart> parts;
 };
 
-// The tensors an HF checkpoint of config.architecture ("llama", "mistral", "opt", "chatglm") must
-// hold, from that architecture's file. The source is consulted only where names vary between
+// The tensors an HF checkpoint of config.architecture ("llama", "mistral", "qwen2", "opt",
+// "chatglm") must hold, from that architecture's file. The source is consulted only where names vary between
 // checkpoints (OPT's "model.decoder." / "decoder." / "model." prefixes).
 std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& config, const WeightSource& source);
 

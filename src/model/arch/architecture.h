@@ -14,6 +14,7 @@
 //               (mistral); SmolLM2 and other Llama-layout models
 //   opt.cpp     OPTForCausalLM (opt)                                -
 //   chatglm.cpp ChatGLMModel (chatglm), ChatGLMForConditionalGeneration -
+//   qwen2.cpp   Qwen2ForCausalLM (qwen2): Qwen2, Qwen2.5              qwen2
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -77,6 +78,7 @@ std::string supported_gguf_architectures();
 const Architecture& llama_architecture();
 const Architecture& opt_architecture();
 const Architecture& chatglm_architecture();
+const Architecture& qwen2_architecture();
 
 // What each file offers on its own (tests call these directly).
 std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& config);
@@ -84,6 +86,17 @@ ModelConfig llama_config_from_gguf(const gguf::GgufFile& file);
 std::vector<GgufTensorSpec> llama_gguf_tensor_specs(const ModelConfig& config);
 DecoderWeights load_llama_gguf(const gguf::GgufFile& file, const ModelConfig& config, const ProgressFn& progress);
 WeightPlan plan_llama_gguf(std::shared_ptr<const gguf::GgufFile> file, const ModelConfig& config);
+// The Llama layout that other architectures (qwen2.cpp) share, from llama.cpp.
+// config.json's fields of the Llama layout (sizes, norm, activation, rope, tying) -> c; the
+// caller sets the architecture's name, its biases and anything it adds.
+void parse_llama_layout_hf(const nlohmann::json& config, const std::string& origin, ModelConfig& c);
+// GGUF metadata under general.architecture's prefix ("llama.", "qwen2.", ...) -> ModelConfig; the
+// caller has checked general.architecture.
+ModelConfig llama_layout_config_from_gguf(const gguf::GgufFile& file);
+// llama.cpp's tensor names; permuted_qk: the converter reordered attn_q/attn_k's rows for its
+// adjacent-pair RoPE (Llama, Mistral), which loading undoes; models it converts for NeoX-style
+// RoPE (Qwen2) keep Hugging Face's order.
+std::vector<GgufTensorSpec> llama_layout_gguf_tensor_specs(const ModelConfig& config, bool permuted_qk);
 std::vector<HfTensorSpec> opt_tensor_specs(const ModelConfig& config, const WeightSource& source);
 std::vector<HfTensorSpec> chatglm_tensor_specs(const ModelConfig& config);
 

@@ -96,7 +96,32 @@ void parse_hf(const json& j, const std::string& hf_architecture, const std::stri
               ModelConfig& c) {
   const bool mistral = hf_architecture == "MistralForCausalLM";
   const JsonFields f(j, origin);
+  parse_llama_layout_hf(j, origin, c);
   c.architecture = mistral ? "mistral" : "llama";
+  c.qkv_bias = c.out_bias = f.boolean_or("attention_bias", false);
+  c.mlp_bias = f.boolean_or("mlp_bias", false);
+  if (mistral && f.has("sliding_window")) {
+    // Attention over a sliding window equals full attention while the context fits in the window;
+    // fdpp has no windowed attention, so the context is capped there.
+    c.max_context = std::min(c.max_context, f.positive("sliding_window"));
+  }
+}
+
+// ---- GGUF metadata -------------------------------------------------------------------------------
+
+bool is_llama_family(const std::string& arch) { return arch == "llama" || arch == "mistral"; }
+
+int to_int(uint64_t v, const std::string& path, const char* key) {
+  check(v <= (1u << 30), "{}: metadata {} = {} is out of range", path, key, v);
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+// ---- config.json of the Llama layout -------------------------------------------------------------
+
+void parse_llama_layout_hf(const nlohmann::json& j, const std::string& origin, ModelConfig& c) {
+  const JsonFields f(j, origin);
   c.hidden = f.positive("hidden_size");
   c.n_layers = f.positive("num_hidden_layers");
   c.n_heads = f.positive("num_attention_heads");
@@ -111,13 +136,6 @@ void parse_hf(const json& j, const std::string& hf_architecture, const std::stri
   const std::string act = f.string_or("hidden_act", "silu");
   check(act == "silu", "{}: hidden_act = '{}' is not supported (supported: silu)", origin, act);
   c.tied_embeddings = f.boolean_or("tie_word_embeddings", false);
-  c.qkv_bias = c.out_bias = f.boolean_or("attention_bias", false);
-  c.mlp_bias = f.boolean_or("mlp_bias", false);
-  if (mistral && f.has("sliding_window")) {
-    // Attention over a sliding window equals full attention while the context fits in the window;
-    // fdpp has no windowed attention, so the context is capped there.
-    c.max_context = std::min(c.max_context, f.positive("sliding_window"));
-  }
   c.norm = NormType::RMSNorm;
   c.activation = Activation::SwiGLU;
   c.position = PositionEncoding::Rope;
@@ -125,17 +143,6 @@ void parse_hf(const json& j, const std::string& hf_architecture, const std::stri
   parse_rope(j, origin, c.rope);
   c.rope.rotary_dim = c.head_dim;
 }
-
-// ---- GGUF metadata -------------------------------------------------------------------------------
-
-bool is_llama_family(const std::string& arch) { return arch == "llama" || arch == "mistral"; }
-
-int to_int(uint64_t v, const std::string& path, const char* key) {
-  check(v <= (1u << 30), "{}: metadata {} = {} is out of range", path, key, v);
-  return static_cast<int>(v);
-}
-
-}  // namespace
 
 // ---- Hugging Face tensor names -------------------------------------------------------------------
 
@@ -175,11 +182,15 @@ std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& c) {
 // ---- GGUF ----------------------------------------------------------------------------------------
 
 ModelConfig llama_config_from_gguf(const gguf::GgufFile& f) {
+  const std::string a = f.get_string("general.architecture");
+  check(is_llama_family(a), "{}: unsupported architecture '{}' (supported: llama, mistral)", f.path(), a);
+  return llama_layout_config_from_gguf(f);
+}
+
+ModelConfig llama_layout_config_from_gguf(const gguf::GgufFile& f) {
   const std::string& path = f.path();
   ModelConfig c;
   c.architecture = f.get_string("general.architecture");
-  check(is_llama_family(c.architecture), "{}: unsupported architecture '{}' (supported: llama, mistral)", path,
-        c.architecture);
   const std::string a = c.architecture;
   auto key = [&](const char* suffix) { return fmt::format("{}.{}", a, suffix); };
   auto get_int = [&](const std::string& k) { return to_int(f.get_uint(k), path, k.c_str()); };
@@ -233,6 +244,10 @@ ModelConfig llama_config_from_gguf(const gguf::GgufFile& f) {
 }
 
 std::vector<GgufTensorSpec> llama_gguf_tensor_specs(const ModelConfig& c) {
+  return llama_layout_gguf_tensor_specs(c, /*permuted_qk=*/true);
+}
+
+std::vector<GgufTensorSpec> llama_layout_gguf_tensor_specs(const ModelConfig& c, bool permuted_qk) {
   const int64_t h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), ff = c.ffn_hidden, v = c.vocab_size;
   using S = WeightSlot;
   std::vector<GgufTensorSpec> s;
@@ -242,13 +257,14 @@ std::vector<GgufTensorSpec> llama_gguf_tensor_specs(const ModelConfig& c) {
       s.push_back({fmt::format("blk.{}.{}", i, suffix), std::move(shape), slot, i, permute_heads});
     };
     add("attn_norm.weight", {h}, S::AttnNorm);
-    add("attn_q.weight", {q, h}, S::Wq, c.n_heads);
-    add("attn_k.weight", {kv, h}, S::Wk, c.n_kv_heads);
+    const int q_heads = permuted_qk ? c.n_heads : 0, k_heads = permuted_qk ? c.n_kv_heads : 0;
+    add("attn_q.weight", {q, h}, S::Wq, q_heads);
+    add("attn_k.weight", {kv, h}, S::Wk, k_heads);
     add("attn_v.weight", {kv, h}, S::Wv);
     add("attn_output.weight", {h, q}, S::Wo);
     if (c.qkv_bias) {
-      add("attn_q.bias", {q}, S::Bq, c.n_heads);
-      add("attn_k.bias", {kv}, S::Bk, c.n_kv_heads);
+      add("attn_q.bias", {q}, S::Bq, q_heads);
+      add("attn_k.bias", {kv}, S::Bk, k_heads);
       add("attn_v.bias", {kv}, S::Bv);
     }
     if (c.out_bias) add("attn_output.bias", {h}, S::Bo);
