@@ -1,8 +1,8 @@
 // The weight plan (model/weight_plan.h) that the GPU loader streams: read back on the CPU, it must
 // give exactly the fp32 weights of the CPU loaders (same slots, shapes and bits) for every HF
 // fixture (Llama, Mistral, OPT with its prefixes, ChatGLM2's fused q/k/v and gate/up split by
-// rows, safetensors and .bin, F32/F16/BF16) and for a GGUF of every stored type (q/k rows
-// permuted back).
+// rows, safetensors and .bin, F32/F16/BF16), for a GGUF of every stored type (q/k rows permuted
+// back) and for a Qwen2 GGUF (q/k rows as stored).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -112,6 +112,21 @@ TEST(WeightPlan, ChatGlmFusedTensorsSplitByRows) {
   const PlannedTensor* up = planned.plan.find(WeightSlot::WUp, 1);
   ASSERT_TRUE(gate && up);
   EXPECT_EQ(up->src.data, gate->src.data + c.ffn_hidden * c.hidden * 2);
+}
+
+// llama.cpp converts Qwen2 for NeoX-style RoPE: q and k rows stay in Hugging Face's order, and the
+// GGUF gives the very weights of the directory it was converted from.
+TEST(WeightPlan, Qwen2GgufKeepsQAndKRowsInPlace) {
+  const std::string path = test::fixture("hf/qwen2_tied_gqa_gguf/model.gguf");
+  if (!fs::exists(path)) GTEST_SKIP() << "no Qwen2 GGUF fixture";
+  const LoadedModel loaded = load_model(path);
+  const PlannedModel planned = plan_model(path);
+  const ModelConfig& c = planned.config();
+  EXPECT_TRUE(c.qkv_bias && c.tied_embeddings);
+  for (const PlannedTensor& p : planned.plan.tensors) EXPECT_EQ(p.permute_heads, 0) << p.src.name;
+  expect_same_weights(materialize_plan(planned.plan, c), loaded.weights, c.n_layers);
+  const LoadedModel hf = load_model(test::fixture("hf/qwen2_tied_gqa_bf16"));
+  expect_same_weights(loaded.weights, hf.weights, c.n_layers);
 }
 
 TEST(WeightPlan, GgufOfEveryTypeGivesTheFp32LoadersWeights) {
