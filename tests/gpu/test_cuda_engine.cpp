@@ -695,7 +695,9 @@ TEST(CudaHfFixtures, LogitsMatchTransformers) {
     if (!entry.is_directory() || !fs::exists(dir / "reference.json")) continue;
     std::ifstream f(dir / "reference.json");
     const auto ref = nlohmann::json::parse(f);
-    const LoadedModel m = load_model(dir.string());
+    // A GGUF variant names its file; the others are the directory itself.
+    const LoadedModel m = load_model(ref.contains("model") ? (dir / ref["model"].get<std::string>()).string()
+                                                           : dir.string());
     const ModelConfig& c = m.config();
     if (c.head_dim != 64 && c.head_dim != 128) {
       std::printf("%-28s skipped: head_dim %d (the CUDA backend runs 64 and 128)\n", dir.filename().c_str(), c.head_dim);
