@@ -5,8 +5,10 @@
 // - ChatML (<|im_start|>: SmolLM2, Qwen2, ...): "<|im_start|>{role}\n{content}<|im_end|>\n" per
 //   message, "<|im_start|>assistant\n" as the generation prompt. A template that writes a fixed
 //   system message when the conversation has none (SmolLM2: "You are a helpful AI assistant named
-//   SmolLM, trained by Hugging Face"; Qwen2: "You are a helpful assistant") has that text read out
-//   of the template and written before the first message when it is not a system message.
+//   SmolLM, trained by Hugging Face"; Qwen2: "You are a helpful assistant"; Qwen2.5: "You are
+//   Qwen, created by Alibaba Cloud. You are a helpful assistant.") has that text read out of the
+//   template and written before the first message when it is not a system message. Qwen2.5's
+//   template also writes tool definitions and tool calls, which plain conversations never reach.
 // - Llama 3 (<|start_header_id|>): "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}
 //   <|eot_id|>", BOS text before the first message.
 // - Llama 3.1/3.2/3.3 (<|start_header_id|> and "Cutting Knowledge Date"): as Llama 3, after a
