@@ -1,8 +1,10 @@
 // Hugging Face model directories: config.json parsing (both shapes, generation_config, every
-// rejection), the tensor mappings of Llama / OPT / ChatGLM2 over an in-memory WeightSource and over
-// real files written here, and - when tests/fixtures/hf/ holds them (made by
-// tests/fixtures/hf/make_hf_fixtures.py on the GPU machine) - logits of every position (NMSE <= 1e-6)
-// and a 16-token greedy continuation (identical ids) against HF transformers in fp32.
+// rejection, Qwen2's sliding-window rule), the tensor mappings of Llama / OPT / ChatGLM2 over an
+// in-memory WeightSource and over real files written here, and - when tests/fixtures/hf/ holds them
+// (made by tests/fixtures/hf/make_hf_fixtures.py) - logits of every position (NMSE <= 1e-6) and a
+// 16-token greedy continuation (identical ids) against HF transformers in fp32, for each directory
+// and for the GGUF files converted from them, with the text's ids and the chat template's
+// renderings where the fixture has them.
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
