@@ -444,7 +444,7 @@ TEST(HfConfig, FilesOnDisk) {
   fs::remove_all(d);
 }
 
-// The published config.json files under configs/ (Llama 2/3, OPT-6.7B, ChatGLM2-6B).
+// The published config.json files under configs/ (Llama 2/3, OPT-6.7B, ChatGLM2-6B, Qwen2.5-7B).
 TEST(HfConfig, PresetConfigsOfThePaperModels) {
   const std::string dir = std::string(FDPP_TEST_DIR) + "/../configs/";
   if (!fs::exists(dir + "chatglm2-6b.json")) GTEST_SKIP() << "configs/ not present";
@@ -468,6 +468,17 @@ TEST(HfConfig, PresetConfigsOfThePaperModels) {
   EXPECT_EQ(l3.n_kv_heads, 8);
   EXPECT_EQ(l3.rope.theta, 500000.0);
   EXPECT_EQ(l3.vocab_size, 128256);
+  // Qwen2.5-7B: q/k/v biases, no o bias, its window off (use_sliding_window false).
+  const ModelConfig q = load("qwen2.5-7b.json").config;
+  EXPECT_EQ(q.n_layers, 28);
+  EXPECT_EQ(q.n_heads, 28);
+  EXPECT_EQ(q.n_kv_heads, 4);
+  EXPECT_EQ(q.head_dim, 128);
+  EXPECT_EQ(q.ffn_hidden, 18944);
+  EXPECT_EQ(q.vocab_size, 152064);
+  EXPECT_TRUE(q.qkv_bias);
+  EXPECT_FALSE(q.out_bias);
+  EXPECT_EQ(q.rope.theta, 1000000.0);
 }
 
 // ---- tensor mappings --------------------------------------------------------------------------
