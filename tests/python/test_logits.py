@@ -60,7 +60,8 @@ def test_hf_fixture_logits_match_transformers(fixture: Path, device, request):
     # fp32 on the CPU; the GPU computes in 16 bits, 5e-4 as the kernel tests), then greedy decoding.
     ref = json.loads((fixture / "reference.json").read_text())
     try:
-        llm = fdpp.LLM(fixture, device=device, kv_cache_tokens=4096)
+        # A reference may name its model file (the GGUF variants), else it is the directory.
+        llm = fdpp.LLM(fixture / ref.get("model", ""), device=device, kv_cache_tokens=4096)
     except fdpp.EngineError as e:
         # The CUDA backend refuses some fixtures by name (head_dim 16/32, post-LN OPT).
         if device == "cuda" and "CUDA backend" in str(e):
