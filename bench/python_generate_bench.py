@@ -47,10 +47,12 @@ def main() -> int:
     prompts = [[rng.randint(lo, hi) for _ in range(a.prompt_len)] for _ in range(a.prompts)]
     sp = fdpp.SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
 
-    llm.generate(prompts[: a.batch], fdpp.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # warm-up
+    # No progress bar: its output would mix with the report, and the measurement stays as it was.
+    llm.generate(prompts[: a.batch], fdpp.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                 use_tqdm=False)  # warm-up
     steps0 = llm.stats()["steps"]
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, sp)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
     wall = time.perf_counter() - t0
     steps = llm.stats()["steps"] - steps0
     generated = sum(len(o.token_ids) for o in outs)

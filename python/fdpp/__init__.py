@@ -3,7 +3,7 @@
     import fdpp
     llm = fdpp.LLM()                                   # the default model (SmolLM2-135M-Instruct)
     outs = llm.generate(["Once upon a time", "The capital of France is"],
-                        fdpp.SamplingParams(temperature=0, max_tokens=32))
+                        fdpp.SamplingParams(temperature=0, max_tokens=32))   # a tqdm bar when installed
     for o in outs:
         print(o.prompt, "->", o.text, o.finish_reason)
     for piece in llm.stream("Tell me a story", fdpp.SamplingParams(max_tokens=64)):
@@ -15,19 +15,24 @@ same one the server uses). The GIL is released while the engine computes; Ctrl-C
 requests, frees their KV cache and raises KeyboardInterrupt, and the LLM stays usable.
 
 Errors: fdpp.FdppError is the base; fdpp.InvalidInputError (also a ValueError) is raised for bad
-input (a missing or corrupt model, an argument out of range, a prompt that does not fit), and
+input (a missing or corrupt model, an argument out of range), and
 fdpp.EngineError (also a RuntimeError) when the engine fails while computing. The message is the
-one line the CLI prints after "fdpp: error: ".
+one line the CLI prints after "fdpp: error: ". A prompt of generate() or chat() that does not fit
+the context is the exception: it alone ends early (finish_reason "length", as in vLLM) or is
+refused alone (finish_reason "error", the message in RequestOutput.error); the other prompts run.
 """
 
 from __future__ import annotations
 
+import numbers
 import operator
 import os
+import random
 import secrets
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,6 +47,7 @@ __all__ = [
     "CompletionOutput",
     "RequestMetrics",
     "Tokenizer",
+    "BatchEncoding",
     "FdppError",
     "InvalidInputError",
     "EngineError",
@@ -97,7 +103,9 @@ def _check_param(name: str, value: Any) -> Any:
 class SamplingParams:
     """How to sample: checked when made, so a bad value fails here, not in the middle of a batch.
 
-    Defaults follow fdpp's CLI (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95, min_p 0.05.
+    Defaults follow vLLM's: temperature 1.0 with every filter off (top_k 0, top_p 1, min_p 0,
+    repetition_penalty 1) and max_tokens 16, so that code written for vLLM samples the same
+    distribution. fdpp's CLI keeps llama.cpp's (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05).
     The filters run in HF's order: repetition penalty, temperature, top-k, top-p, min-p.
 
     Args:
@@ -106,12 +114,14 @@ class SamplingParams:
         top_p: nucleus mass in (0, 1]; 1 = off.
         min_p: drop tokens below min_p x the top probability, in [0, 1]; 0 = off.
         repetition_penalty: in [0.01, 100]; 1 = off (llama.cpp's --repeat-penalty).
-        repeat_last_n: how many recent tokens the penalty sees, in [-1, 2^30]; -1 = all.
-        seed: the request's random stream, in [0, 2^63); None or -1 = a fresh random seed per
-            request (as vLLM). With a seed, the tokens depend only on the seed and the logits, never
-            on the batch.
-        max_tokens: tokens to generate, in [1, 2^24] (default 128, as the CLI's -n); None = up to the
-            end of the context (max_model_len less the prompt), as vLLM's None.
+        repeat_last_n: how many recent tokens the penalty sees, in [-1, 2^30]; -1 (the default) =
+            all of them, prompt included, as vLLM's penalty does (the CLI's default window is 64).
+        seed: the request's random stream, in [0, 2^63); None or -1 = the LLM's seed stream
+            (LLM(seed=...)), else a fresh random seed per request (as vLLM). With a seed, the tokens
+            depend only on the seed and the logits, never on the batch.
+        max_tokens: tokens to generate, in [1, 2^24] (default 16, as vLLM's); None = up to the end of
+            the context (max_model_len less the prompt), as vLLM's None. A prompt whose prompt +
+            max_tokens exceed the context generates what fits and ends with finish_reason "length".
         stop: a string or up to 16 strings of 1 to 256 bytes; the text ends before the first one found
             (finish_reason "stop").
         stop_token_ids: ids that end the generation as an end-of-generation token does (vLLM's): kept
@@ -144,16 +154,16 @@ class SamplingParams:
 
     def __init__(
         self,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
         repetition_penalty: float = 1.0,
         seed: Optional[int] = None,
-        max_tokens: Optional[int] = 128,
+        max_tokens: Optional[int] = 16,
         stop: Union[str, Sequence[str], None] = None,
         ignore_eos: bool = False,
-        repeat_last_n: int = 64,
+        repeat_last_n: int = -1,
         *,
         n: int = 1,
         best_of: Optional[int] = None,
@@ -222,7 +232,10 @@ class SamplingParams:
             return NotImplemented
         return all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
 
-    def _request(self, prompt_ids: list[int], max_model_len: int) -> "_core.CoreRequest":
+    def _request(self, prompt_ids: list[int], max_model_len: int,
+                 seeds: Optional[random.Random] = None) -> "_core.CoreRequest":
+        """The engine's request. max_tokens beyond the context is cut to what fits, so the request
+        ends with "length" there, as vLLM's does; LLM._run refuses a prompt that leaves no room."""
         s = _core.CoreSampling()
         s.temperature = self.temperature
         s.top_k = max(self.top_k, 0)
@@ -230,13 +243,17 @@ class SamplingParams:
         s.min_p = self.min_p
         s.repeat_penalty = self.repetition_penalty
         s.repeat_last_n = self.repeat_last_n
-        s.seed = self.seed if self.seed is not None else secrets.randbits(64)
+        if self.seed is not None:
+            s.seed = self.seed
+        else:
+            s.seed = seeds.getrandbits(63) if seeds is not None else secrets.randbits(64)
         r = _core.CoreRequest()
         r.prompt = prompt_ids
         r.sampling = s
-        # None: the rest of the context; a prompt that leaves no room gets 1, which the scheduler
-        # refuses naming the context.
-        r.max_tokens = self.max_tokens if self.max_tokens is not None else max(max_model_len - len(prompt_ids), 1)
+        # None: the rest of the context. A prompt that leaves no room is refused before this (LLM._run);
+        # stream() has no other prompts to keep running, so there the scheduler's message stands.
+        room = max(max_model_len - len(prompt_ids), 1)
+        r.max_tokens = room if self.max_tokens is None else min(self.max_tokens, room)
         r.ignore_eos = self.ignore_eos
         r.stop_token_ids = self.stop_token_ids
         r.stop = self.stop
@@ -263,6 +280,8 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str
+    #: why a refused request did not run (finish_reason "error"); None otherwise
+    error: Optional[str] = None
 
 
 @dataclass
@@ -270,7 +289,8 @@ class RequestOutput:
     """The result of one prompt: vLLM's RequestOutput with the completion's fields on top.
 
     finish_reason: "stop" (an end-of-generation token or a stop string), "length" (max_tokens or
-    the context), "cancelled".
+    the context), "cancelled", or "error" for a prompt refused alone because it leaves no room in
+    the context for a token (`error` says so; the batch's other prompts run).
     """
 
     request_id: str
@@ -282,6 +302,15 @@ class RequestOutput:
     metrics: RequestMetrics
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = True
+    error: Optional[str] = None
+
+
+def _refused(prompt: Optional[str], ids: list[int], message: str) -> RequestOutput:
+    return RequestOutput(
+        request_id="", prompt=prompt, prompt_token_ids=ids, text="", token_ids=[], finish_reason="error",
+        metrics=RequestMetrics(0.0, 0.0, 0.0, 0), outputs=[CompletionOutput(0, "", [], "error", message)],
+        error=message,
+    )
 
 
 def _output(r: "_core.CoreResult", prompt: Optional[str]) -> RequestOutput:
@@ -301,8 +330,28 @@ def _output(r: "_core.CoreResult", prompt: Optional[str]) -> RequestOutput:
     )
 
 
+def _one_id(x: Any) -> bool:
+    # One id rather than a sequence of them: an int or a numpy integer (numbers.Integral), never a
+    # bool; a numpy array has __index__ too, so that test would not tell them apart.
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+class BatchEncoding(dict):
+    """What a tokenizer call returns, as HF's: a dict of "input_ids" and "attention_mask" whose keys
+    read as attributes too (enc.input_ids)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 class Tokenizer:
-    """The model's tokenizer (llm.tokenizer)."""
+    """The model's tokenizer (llm.get_tokenizer()), with the common surface of HF's tokenizers:
+    tok(text), encode, decode, batch_decode, apply_chat_template, convert_ids_to_tokens, len(tok),
+    vocab_size, eos_token(_id), bos_token(_id). Defaults are HF's where HF has the method
+    (decode keeps special tokens; apply_chat_template tokenizes without a generation prompt)."""
 
     def __init__(self, core: "_core.CoreTokenizer") -> None:
         self._t = core
@@ -314,13 +363,54 @@ class Tokenizer:
             raise _bad(f"encode: expected a str, got {type(text).__name__}")
         return self._t.encode(_text("encode", text), None if add_special_tokens else False, parse_special)
 
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Ids to text; bytes that are not valid UTF-8 become U+FFFD."""
+    def __call__(self, text: Union[str, Sequence[str]], add_special_tokens: bool = True) -> BatchEncoding:
+        """HF's tok(text) or tok([text, ...]): {"input_ids": ids, "attention_mask": ones}, a list
+        of each for a list of texts. No padding, truncation or tensors: fdpp batches by itself."""
+        if isinstance(text, str):
+            ids = self.encode(text, add_special_tokens)
+            return BatchEncoding(input_ids=ids, attention_mask=[1] * len(ids))
+        if isinstance(text, (bytes, bytearray, dict)) or not isinstance(text, Iterable):
+            raise _bad(f"text: expected a str or a list of str, got {type(text).__name__}")
+        batch = [self.encode(t, add_special_tokens) for t in text]
+        return BatchEncoding(input_ids=batch, attention_mask=[[1] * len(ids) for ids in batch])
+
+    def decode(self, token_ids: Union[int, Sequence[int]], skip_special_tokens: bool = False) -> str:
+        """Ids (or one id) to text, special tokens kept unless skip_special_tokens (HF's default;
+        generate()'s text skips them, as vLLM's). Bytes that are not valid UTF-8 become U+FFFD."""
+        if _one_id(token_ids):
+            token_ids = [token_ids]
         return self._t.decode(_ids("token_ids", token_ids), skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """Renders [{"role": ..., "content": ...}, ...] with the model's chat template."""
-        return self._t.apply_chat_template(_messages(messages), add_generation_prompt)
+    def batch_decode(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
+        """decode() of each sequence."""
+        if isinstance(sequences, (str, bytes, bytearray, dict)) or not isinstance(sequences, Iterable):
+            raise _bad(f"sequences: expected a list of token id lists, got {type(sequences).__name__}")
+        return [self.decode(ids, skip_special_tokens) for ids in sequences]
+
+    def apply_chat_template(self, messages: Sequence[dict], tokenize: bool = True,
+                            add_generation_prompt: bool = False) -> Union[str, list[int]]:
+        """Renders [{"role": ..., "content": ...}, ...] with the model's chat template; the ids of
+        that text with tokenize=True (HF's default; no BOS added beyond what the template writes),
+        the text with tokenize=False. add_generation_prompt ends with the assistant's header.
+        LLM.chat renders with the generation prompt, as the CLI's --chat does."""
+        if not isinstance(tokenize, bool) or not isinstance(add_generation_prompt, bool):
+            raise _bad("apply_chat_template: tokenize and add_generation_prompt must be True or False")
+        text = self._t.apply_chat_template(_messages(messages), add_generation_prompt)
+        return self._t.encode(text, False, True) if tokenize else text
+
+    def convert_ids_to_tokens(self, ids: Union[int, Sequence[int]],
+                              skip_special_tokens: bool = False) -> Union[str, list[str]]:
+        """The vocabulary spelling of an id, or of each id of a list (HF's)."""
+        if _one_id(ids):
+            return self.id_to_token(ids)
+        return [self._t.id_to_token(i) for i in _ids("ids", ids)
+                if not (skip_special_tokens and self._t.is_special(i))]
+
+    def convert_tokens_to_ids(self, tokens: Union[str, Sequence[str]]) -> Union[Optional[int], list[Optional[int]]]:
+        """The id of a vocabulary spelling (None when there is none), or of each of a list."""
+        if isinstance(tokens, str):
+            return self.token_to_id(tokens)
+        return [self.token_to_id(t) for t in tokens]
 
     def token_to_id(self, token: str) -> Optional[int]:
         """The id of a token by its vocabulary spelling, or None."""
@@ -329,6 +419,10 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str:
         """The vocabulary spelling of an id."""
         return self._t.id_to_token(_token_id("token_id", token_id))
+
+    def __len__(self) -> int:
+        """The whole vocabulary, special tokens included (HF's len(tokenizer))."""
+        return self._t.vocab_size
 
     @property
     def vocab_size(self) -> int:
@@ -341,6 +435,18 @@ class Tokenizer:
     @property
     def eos_token_id(self) -> Optional[int]:
         return self._t.eos_token_id
+
+    @property
+    def bos_token(self) -> Optional[str]:
+        """The BOS token's spelling ("<s>"), or None when the model has none."""
+        i = self._t.bos_token_id
+        return None if i is None else self._t.id_to_token(i)
+
+    @property
+    def eos_token(self) -> Optional[str]:
+        """The EOS token's spelling ("<|im_end|>"), or None when the model has none."""
+        i = self._t.eos_token_id
+        return None if i is None else self._t.id_to_token(i)
 
 
 def _token_id(name: str, x: Any) -> int:
@@ -380,6 +486,48 @@ def _messages(messages: Any) -> list[tuple[str, str]]:
 
 PromptType = Union[str, Sequence[int]]
 
+# vLLM's engine keywords that have no meaning in fdpp (yet): LLM(...) accepts them with one warning
+# naming them, so that vLLM code runs; any other unknown keyword is a TypeError, as a typo should be.
+_VLLM_IGNORED = frozenset({
+    "enable_prefix_caching", "swap_space", "cpu_offload_gb", "block_size", "kv_cache_dtype",
+    "max_seq_len_to_capture", "disable_custom_all_reduce", "disable_log_stats", "disable_log_requests",
+    "tokenizer_mode", "skip_tokenizer_init", "revision", "tokenizer_revision", "code_revision",
+    "download_dir", "hf_token", "hf_overrides", "max_logprobs", "enable_chunked_prefill",
+    "pipeline_parallel_size", "data_parallel_size", "distributed_executor_backend", "enable_lora",
+    "max_lora_rank", "max_loras", "max_cpu_loras", "limit_mm_per_prompt", "mm_processor_kwargs",
+    "compilation_config", "num_gpu_blocks_override", "served_model_name", "speculative_config",
+    "override_generation_config", "generation_config", "allowed_local_media_path", "task", "runner",
+    "disable_async_output_proc", "enable_sleep_mode", "calculate_kv_scales", "worker_cls",
+    "config_format", "rope_scaling", "rope_theta", "guided_decoding_backend", "model_impl",
+    "async_scheduling", "enable_expert_parallel", "max_parallel_loading_workers",
+    "use_v2_block_manager", "preemption_mode", "scheduling_policy",
+    "kv_transfer_config", "max_num_partial_prefills", "long_prefill_token_threshold",
+})
+
+
+class _BarUpdate:
+    # The engine reports how many of the job's requests have finished; a bar takes increments.
+    def __init__(self, bar: Any) -> None:
+        self.bar, self.shown = bar, 0
+
+    def __call__(self, finished: int) -> None:
+        self.bar.update(finished - self.shown)
+        self.shown = finished
+
+
+def _progress_bar(use_tqdm: Union[bool, Callable[..., Any]], total: int) -> Any:
+    # vLLM's use_tqdm: True shows tqdm's bar over the requests, a callable is the bar's class. tqdm
+    # is not a dependency: without it there is no bar and no complaint.
+    if use_tqdm is False or use_tqdm is None or total == 0:
+        return None
+    bar_class = use_tqdm if callable(use_tqdm) else None
+    if bar_class is None:
+        try:
+            from tqdm.auto import tqdm as bar_class
+        except ImportError:
+            return None
+    return bar_class(total=total, desc="Processed prompts", dynamic_ncols=True)
+
 
 
 class LLM:
@@ -417,6 +565,21 @@ class LLM:
             the GPU, for measuring without a checkpoint (as `fdpp bench --load-format dummy`).
         config: the config.json of load_format="dummy" (configs/ has Llama-2-7B, Llama-3-8B, ...).
         pdl, decode_path: CUDA kernel switches ("on"/"off"; "auto", "mma", "core"), as the CLI's.
+
+    vLLM's keywords:
+        gpu_memory_utilization: on the GPU, the share in (0, 1] of the memory left free by the
+            weights that the KV cache takes when kv_cache_tokens does not size it (default 0.9;
+            vLLM's counts the weights in, fdpp's does not). No effect on the CPU.
+        enforce_eager: True = cuda_graphs=False.
+        seed: the seed stream of requests without a seed of their own: with it, a script's sampled
+            outputs repeat from run to run; None = a fresh random seed per request.
+        tokenizer: None, or the model's own path or folder (fdpp reads the tokenizer from the
+            model); anything else is refused.
+        trust_remote_code: accepted; fdpp never runs code from a model folder.
+        quantization: None only: the weights run as stored (GGUF blocks, 16-bit checkpoints);
+            anything else is refused until fdpp has that quantization.
+        enable_prefix_caching, swap_space, kv_cache_dtype and vLLM's other engine keywords: accepted
+            with one warning naming them; they change nothing here.
     """
 
     def __init__(
@@ -442,6 +605,13 @@ class LLM:
         pdl: Optional[str] = None,
         decode_path: Optional[str] = None,
         step_log: Optional[Union[str, os.PathLike]] = None,
+        gpu_memory_utilization: Optional[float] = None,
+        enforce_eager: Optional[bool] = None,
+        seed: Optional[int] = None,
+        tokenizer: Optional[Union[str, os.PathLike]] = None,
+        trust_remote_code: bool = False,
+        quantization: Optional[str] = None,
+        **vllm_keywords: Any,
     ) -> None:
         # The keywords are the engine option table's (the CLI's flags): checked there, with the
         # CLI's ranges and messages. None keeps the table's default.
@@ -449,6 +619,20 @@ class LLM:
             raise _bad(f"tensor_parallel={tensor_parallel} and tensor_parallel_size={tensor_parallel_size} differ")
         if model is not None and not os.fspath(model):
             raise _bad("model: an empty path (None means the default model)")
+        unknown = sorted(k for k in vllm_keywords if k not in _VLLM_IGNORED)
+        if unknown:
+            raise TypeError(f"LLM() got unexpected keyword arguments: {', '.join(unknown)}")
+        if vllm_keywords:
+            warnings.warn(f"fdpp.LLM ignores vLLM's {', '.join(sorted(vllm_keywords))}: no effect in fdpp",
+                          stacklevel=2)
+        if quantization is not None:
+            raise _bad(f"quantization: {quantization!r} is not supported (fdpp runs weights as stored: GGUF "
+                       "blocks or 16-bit checkpoints; None is the only value)")
+        if not isinstance(trust_remote_code, bool):
+            raise _bad(f"trust_remote_code: expected True or False, got {trust_remote_code!r}")
+        if enforce_eager is not None and cuda_graphs is not None and enforce_eager == cuda_graphs:
+            raise _bad(f"enforce_eager={enforce_eager} and cuda_graphs={cuda_graphs} contradict each other")
+        self._seeds = None if seed is None or _check_param("seed", seed) == -1 else random.Random(seed)
         paths = {"model": model, "dispatch_table": dispatch_table, "calibration": calibration, "config": config,
                  "step_log": step_log}
         options = {k: (None if v is None else os.fspath(v)) for k, v in paths.items()}
@@ -458,9 +642,21 @@ class LLM:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             attention=attention, linear=linear, cuda_graphs=cuda_graphs, threads=threads, cpu_weights=cpu_weights,
             load_format=load_format, pdl=pdl, decode_path=decode_path,
+            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
         )
         self._m = _core.CoreModel.load(options)
         self._tokenizer: Optional[Tokenizer] = None
+        if tokenizer is not None:
+            self._check_tokenizer(tokenizer)
+
+    def _check_tokenizer(self, tokenizer: Any) -> None:
+        # vLLM code names the model again (tokenizer=model): that is the tokenizer fdpp uses.
+        path = os.path.realpath(os.fspath(tokenizer))
+        model = os.path.realpath(self.model_path)
+        own = {model} if os.path.isdir(model) else {model, os.path.dirname(model)}
+        if path not in own:
+            raise _bad(f"tokenizer: {os.fspath(tokenizer)!r} is not the model's; fdpp reads the tokenizer from the "
+                       f"model ({self.model_path}), so tokenizer takes only None or the model's own path")
 
     # ---- properties ----------------------------------------------------------------------------
 
@@ -491,7 +687,7 @@ class LLM:
         return self._tokenizer
 
     def get_tokenizer(self) -> Tokenizer:
-        """vLLM's spelling of llm.tokenizer."""
+        """vLLM's spelling of llm.tokenizer: a Tokenizer with HF's common methods."""
         return self.tokenizer
 
     def stats(self) -> dict:
@@ -535,26 +731,52 @@ class LLM:
             raise _bad(f"sampling_params: expected a SamplingParams or a list of {n} of them")
         return params
 
+    def _run(self, items: list[tuple[Optional[str], list[int]]], params: list[SamplingParams],
+             use_tqdm: Union[bool, Callable[..., Any]]) -> list[RequestOutput]:
+        # A prompt that leaves no room for a token in the context is refused alone, so that one long
+        # prompt does not cost the batch; the others run as one job (max_tokens cut to fit there).
+        outputs: list[Optional[RequestOutput]] = [None] * len(items)
+        requests, where = [], []
+        for k, ((text, ids), sp) in enumerate(zip(items, params)):
+            if ids and len(ids) >= self.max_model_len:
+                outputs[k] = _refused(text, ids, f"the prompt ({len(ids)} tokens) leaves no room in the context "
+                                                 f"size {self.max_model_len} (max_model_len) for a token")
+                continue
+            requests.append(sp._request(ids, self.max_model_len, self._seeds))
+            where.append(k)
+        bar = _progress_bar(use_tqdm, len(items))
+        try:
+            refused = len(items) - len(requests)
+            if bar is not None and refused:
+                bar.update(refused)
+            progress = None if bar is None else _BarUpdate(bar)
+            results = self._m.generate(requests, progress) if requests else []
+        finally:
+            if bar is not None:
+                bar.close()
+        for k, r in zip(where, results):
+            outputs[k] = _output(r, items[k][0])
+        return outputs  # type: ignore[return-value]
+
     def generate(
         self,
         prompts: Union[PromptType, Sequence[PromptType]],
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-        use_tqdm: bool = False,
+        use_tqdm: Union[bool, Callable[..., Any]] = True,
     ) -> list[RequestOutput]:
         """Generates for every prompt, all in one continuously batched job.
 
         prompts: a str, a list of token ids, or a list of either. sampling_params: one for all, or
         one per prompt (None: SamplingParams()). Returns one RequestOutput per prompt, in order.
-        Ctrl-C cancels every request and raises KeyboardInterrupt; the LLM stays usable.
+        use_tqdm: a tqdm progress bar over the prompts when tqdm is installed (as vLLM; a callable is
+        the bar's class). A prompt that does not fit the context ends or is refused alone (see
+        RequestOutput). Ctrl-C cancels every request and raises KeyboardInterrupt; the LLM stays usable.
         """
-        del use_tqdm  # accepted for vLLM compatibility; fdpp prints no progress bar
         items = self._prompts(prompts)
         params = self._params(sampling_params, len(items))
         if not items:
             return []
-        requests = [sp._request(ids, self.max_model_len) for (_, ids), sp in zip(items, params)]
-        results = self._m.generate(requests)
-        return [_output(r, text) for r, (text, _) in zip(results, items)]
+        return self._run(items, params, use_tqdm)
 
     def _conversations(self, messages: Any) -> list[list[tuple[str, str]]]:
         if isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], (list, tuple)):
@@ -565,17 +787,15 @@ class LLM:
         self,
         messages: Union[Sequence[dict], Sequence[Sequence[dict]]],
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-        use_tqdm: bool = False,
+        use_tqdm: Union[bool, Callable[..., Any]] = True,
     ) -> list[RequestOutput]:
         """Generates replies to a conversation ([{"role": "user", "content": "..."}]) or a list of
-        conversations, rendered with the model's chat template as `fdpp generate --chat` does."""
-        del use_tqdm
+        conversations, rendered with the model's chat template as `fdpp generate --chat` does;
+        use_tqdm and the context rules as generate()'s."""
         convs = self._conversations(messages)
         params = self._params(sampling_params, len(convs))
         rendered = [self._m.encode_chat(c) for c in convs]
-        requests = [sp._request(ids, self.max_model_len) for (_, ids), sp in zip(rendered, params)]
-        results = self._m.generate(requests)
-        return [_output(r, text) for r, (text, _) in zip(results, rendered)]
+        return self._run(rendered, params, use_tqdm)
 
     def stream(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None) -> Iterator[str]:
         """Yields the text of one prompt in pieces as it is decoded (whole characters, never part of
@@ -588,7 +808,7 @@ class LLM:
         sp = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(sp, SamplingParams):
             raise _bad("sampling_params: expected a SamplingParams")
-        s = self._m.stream(sp._request(ids, self.max_model_len))
+        s = self._m.stream(sp._request(ids, self.max_model_len, self._seeds))
         return _stream(s)
 
     # ---- logits --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 # Type stubs of fdpp's C++ extension (python/src/bindings.cpp). The public API is fdpp's
 # __init__.py (LLM, SamplingParams, RequestOutput, Tokenizer); these classes are its internals.
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import numpy.typing as npt
@@ -105,7 +105,10 @@ class CoreModel:
     def max_model_len(self) -> int: ...
     @property
     def has_tokenizer(self) -> bool: ...
-    def generate(self, requests: list[CoreRequest]) -> list[CoreResult]: ...
+    def generate(
+        self, requests: list[CoreRequest], progress: Optional[Callable[[int], object]] = None
+    ) -> list[CoreResult]:
+        """Runs the requests as one job; progress(finished) is called as requests finish."""
     def stream(self, request: CoreRequest) -> CoreStream: ...
     def logits(self, token_ids: list[int], as_torch: bool = False) -> npt.NDArray[np.float32] | Any: ...
     def encode_chat(self, messages: list[tuple[str, str]]) -> tuple[str, list[int]]: ...

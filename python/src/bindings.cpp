@@ -144,7 +144,39 @@ struct Result {
   GenerationResult r;
 };
 
-std::vector<Result> generate(ModelState& st, std::vector<GenerationRequest> requests) {
+// Calls `progress` (a Python callable, or None) with the number of finished requests, from the
+// thread that released the GIL: throttled, because taking the GIL costs up to the interpreter's
+// switch interval when another Python thread runs (see PendingSignal), and a bar needs no more.
+struct ProgressReport {
+  nb::handle callback;  // owned by the caller, which holds it for the whole call
+  size_t reported = 0;
+  std::chrono::steady_clock::time_point last{};
+  // Returns true when the callback raised KeyboardInterrupt (Ctrl-C's handler runs inside it, as
+  // the main thread's Python code): then `interrupt` holds it, to raise once the engine is clean.
+  bool operator()(size_t finished, bool final, PendingSignal& interrupt) {
+    if (!callback.is_valid() || callback.is_none() || finished == reported) return false;
+    const auto now = std::chrono::steady_clock::now();
+    if (!final && now - last < std::chrono::milliseconds(100)) return false;
+    last = now;
+    reported = finished;
+    nb::gil_scoped_acquire gil;
+    try {
+      callback(finished);
+    } catch (nb::python_error& e) {
+      if (e.matches(PyExc_Exception)) {
+        // A progress bar that fails must not fail the generation it reports on.
+        e.discard_as_unraisable("fdpp: the progress callback");
+        return false;
+      }
+      e.restore();
+      PyErr_Fetch(&interrupt.type, &interrupt.value, &interrupt.trace);
+      return true;
+    }
+    return false;
+  }
+};
+
+std::vector<Result> generate(ModelState& st, std::vector<GenerationRequest> requests, nb::object progress) {
   const size_t n = requests.size();
   // Shared with the callbacks: should the engine fail and leave a request of ours behind, a later
   // step may still finish it after this function has returned.
@@ -183,9 +215,10 @@ std::vector<Result> generate(ModelState& st, std::vector<GenerationRequest> requ
         cancel_and_drain(s, ids, all_done);
       } else {
         PendingSignal p;
+        ProgressReport report{progress};
         while (!all_done()) {
           s.step();
-          if (p.poll()) {
+          if (report(*finished, all_done(), p) || p.poll()) {
             signal = p;
             cancel_and_drain(s, ids, all_done);
             break;
@@ -331,6 +364,11 @@ std::string option_text(const EngineOption& o, const std::string& key, nb::handl
     case OptionKind::Switch:
       if (!is_bool) throw InputError(key + ": expected True or False");
       return value.ptr() == Py_True ? "true" : "false";
+    case OptionKind::Real:
+      if (is_bool || !(PyLong_Check(value.ptr()) || PyFloat_Check(value.ptr())))
+        throw InputError(key + ": expected a number");
+      // repr round-trips a float exactly, so the table checks the value the caller gave.
+      return nb::cast<std::string>(nb::repr(value));
     default:
       if (!nb::isinstance<nb::str>(value)) throw InputError(key + ": expected a string");
       return nb::cast<std::string>(value);
@@ -554,11 +592,11 @@ NB_MODULE(_core, m) {
       .def_prop_ro("has_tokenizer", [](const ModelState& s) { return s.opened->model.tokenizer != nullptr; })
       .def(
           "generate",
-          [](ModelState& s, std::vector<GenerationRequest> requests) {
+          [](ModelState& s, std::vector<GenerationRequest> requests, nb::object progress) {
             scheduler_of(s);
-            return generate(s, std::move(requests));
+            return generate(s, std::move(requests), std::move(progress));
           },
-          "requests"_a)
+          "requests"_a, "progress"_a = nb::none())
       .def(
           "stream",
           [](const std::shared_ptr<ModelState>& s, GenerationRequest request) {

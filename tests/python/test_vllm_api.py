@@ -1,0 +1,217 @@
+"""Python as vLLM users write it (issue 46, item 5): the tokenizer's HF surface, vLLM's LLM keywords,
+vLLM's SamplingParams defaults, the tqdm bar, and prompts that do not fit the context."""
+
+from __future__ import annotations
+
+import sys
+import types
+import warnings
+
+import fdpp
+import pytest
+
+GREEDY = fdpp.SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+# ---- the tokenizer --------------------------------------------------------------------------------
+
+
+def test_tokenizer_has_hf_common_surface(llm):
+    tok = llm.get_tokenizer()
+    enc = tok("Hello, world!")
+    assert enc["input_ids"] == tok.encode("Hello, world!") and enc.input_ids == enc["input_ids"]
+    assert enc["attention_mask"] == [1] * len(enc["input_ids"])
+    batch = tok(["Hello", "The capital of France is"])
+    assert batch["input_ids"] == [tok.encode("Hello"), tok.encode("The capital of France is")]
+    assert [len(m) for m in batch["attention_mask"]] == [len(i) for i in batch["input_ids"]]
+    assert tok.batch_decode(batch["input_ids"]) == ["Hello", "The capital of France is"]
+    assert len(tok) == tok.vocab_size == llm.vocab_size
+
+    # SmolLM2: <|im_end|> ends a turn; decode keeps special tokens unless told (HF's default).
+    assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert (tok.bos_token is None) == (tok.bos_token_id is None)
+    if tok.bos_token_id is not None:
+        assert tok.convert_ids_to_tokens(tok.bos_token_id) == tok.bos_token
+    ids = tok.encode("<|im_start|>user hi<|im_end|>", add_special_tokens=False)
+    assert tok.decode(ids) == "<|im_start|>user hi<|im_end|>"
+    assert tok.decode(ids, skip_special_tokens=True) == "user hi"
+    assert tok.decode(ids[0]) == "<|im_start|>"
+    tokens = tok.convert_ids_to_tokens(ids)
+    assert tokens[0] == "<|im_start|>" and tokens[-1] == "<|im_end|>" and len(tokens) == len(ids)
+    assert "<|im_end|>" not in tok.convert_ids_to_tokens(ids, skip_special_tokens=True)
+    assert tok.convert_tokens_to_ids(tokens) == ids
+
+
+def test_apply_chat_template_as_hf(llm):
+    tok = llm.get_tokenizer()
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+    bare = tok.apply_chat_template(messages, tokenize=False)  # HF's default: no generation prompt
+    assert not bare.endswith("<|im_start|>assistant\n") and text.startswith(bare)
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True)  # HF's default: ids
+    assert ids == tok.encode(text, add_special_tokens=False)
+    # The ids LLM.chat runs are the template's with the generation prompt.
+    (out,) = llm.chat(messages, GREEDY, use_tqdm=False)
+    assert out.prompt_token_ids == ids and out.prompt == text
+    with pytest.raises(fdpp.InvalidInputError, match="tokenize"):
+        tok.apply_chat_template(messages, tokenize="no")
+
+
+# ---- LLM's keywords -------------------------------------------------------------------------------
+
+
+def test_vllm_keywords(default_model, device):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        llm = fdpp.LLM(default_model, device=device, max_model_len=128, max_num_seqs=4, kv_cache_tokens=512,
+                       gpu_memory_utilization=0.5, enforce_eager=True, seed=7, tokenizer=default_model,
+                       trust_remote_code=True, quantization=None, enable_prefix_caching=True, swap_space=4)
+    (w,) = [c for c in caught if "ignores" in str(c.message)]
+    assert "enable_prefix_caching" in str(w.message) and "swap_space" in str(w.message)
+    assert "\n" not in str(w.message)
+
+    # seed: requests without a seed of their own repeat from one LLM to the next.
+    sp = fdpp.SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True)
+    a = [o.token_ids for o in llm.generate(["Once upon a time"] * 3, sp, use_tqdm=False)]
+    again = fdpp.LLM(default_model, device=device, max_model_len=128, max_num_seqs=4, kv_cache_tokens=512, seed=7)
+    b = [o.token_ids for o in again.generate(["Once upon a time"] * 3, sp, use_tqdm=False)]
+    assert a == b
+    assert len({tuple(t) for t in a}) > 1  # one stream, a different seed per request
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"gpu_memory_utilization": 0}, fdpp.InvalidInputError, "gpu_memory_utilization: 0 must be in (0, 1]"),
+        ({"gpu_memory_utilization": 1.5}, fdpp.InvalidInputError, "gpu_memory_utilization: 1.5 must be in (0, 1]"),
+        ({"gpu_memory_utilization": "most"}, fdpp.InvalidInputError, "gpu_memory_utilization: expected a number"),
+        ({"quantization": "awq"}, fdpp.InvalidInputError, "quantization: 'awq' is not supported"),
+        ({"tokenizer": "/elsewhere/tokenizer"}, fdpp.InvalidInputError, "tokenizer: '/elsewhere/tokenizer' is not the model's"),
+        ({"enforce_eager": True, "cuda_graphs": True}, fdpp.InvalidInputError, "contradict"),
+        ({"seed": -2}, fdpp.InvalidInputError, '"seed" -2'),
+        ({"enable_prefix_cachin": True}, TypeError, "enable_prefix_cachin"),
+    ],
+)
+def test_vllm_keywords_refused_with_their_name(default_model, device, kwargs, error, words):
+    with pytest.raises(error) as e:
+        fdpp.LLM(default_model, device=device, max_model_len=128, max_num_seqs=4, kv_cache_tokens=512, **kwargs)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- SamplingParams' defaults ---------------------------------------------------------------------
+
+
+def test_sampling_defaults_are_vllms():
+    sp = fdpp.SamplingParams()
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.repetition_penalty, sp.max_tokens) == (
+        1.0, 0, 1.0, 0.0, 1.0, 16)
+    assert sp.seed is None and sp.stop == [] and not sp.ignore_eos
+
+
+def test_default_params_generate_sixteen_tokens(llm):
+    (out,) = llm.generate("Once upon a time", fdpp.SamplingParams(ignore_eos=True), use_tqdm=False)
+    assert len(out.token_ids) == 16 and out.finish_reason == "length"
+
+
+# ---- the progress bar -----------------------------------------------------------------------------
+
+
+class FakeBar:
+    made: list["FakeBar"] = []
+
+    def __init__(self, total, **kwargs):
+        self.total, self.n, self.closed = total, 0, False
+        FakeBar.made.append(self)
+
+    def update(self, k):
+        self.n += k
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def fake_tqdm(monkeypatch):
+    FakeBar.made = []
+    package, auto = types.ModuleType("tqdm"), types.ModuleType("tqdm.auto")
+    auto.tqdm = FakeBar
+    package.auto = auto
+    monkeypatch.setitem(sys.modules, "tqdm", package)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", auto)
+    return FakeBar.made
+
+
+def test_tqdm_bar_over_the_requests(llm, fake_tqdm):
+    prompts = [[5] * llm.max_model_len] + ["Hello"] * 5  # one refused, counted too
+    outs = llm.generate(prompts, GREEDY)
+    (bar,) = fake_tqdm
+    assert bar.total == bar.n == 6 and bar.closed
+    llm.chat([{"role": "user", "content": "Hi"}], GREEDY)
+    assert len(fake_tqdm) == 2 and fake_tqdm[1].n == 1
+    llm.generate("Hello", GREEDY, use_tqdm=False)
+    assert len(fake_tqdm) == 2
+    assert [o.finish_reason for o in outs] == ["error"] + ["length"] * 5
+
+
+def test_without_tqdm_no_bar_and_no_complaint(llm, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (out,) = llm.generate("Hello", GREEDY)
+    assert len(out.token_ids) == 4
+
+
+def test_a_failing_bar_does_not_fail_the_generation(llm, monkeypatch):
+    class Broken(FakeBar):
+        def update(self, k):
+            raise RuntimeError("display gone")
+
+    # Only the message is kept: the report's traceback holds frames, whose locals hold the LLM.
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: reported.append(str(report.exc_value)))
+    outs = llm.generate(["Hello"] * 2, GREEDY, use_tqdm=Broken)  # a callable is the bar's class, as vLLM's
+    assert [len(o.token_ids) for o in outs] == [4, 4]
+    assert reported and reported[0] == "display gone"
+
+
+def test_ctrl_c_inside_the_bar_still_interrupts(llm):
+    # Python runs Ctrl-C's handler in whatever Python code the main thread runs: with a bar, often
+    # the bar's update. It must cancel the job as Ctrl-C elsewhere does, not be swallowed.
+    class Interrupted(FakeBar):
+        def update(self, k):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(["Hello", "Once upon a time"], fdpp.SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+                     use_tqdm=Interrupted)
+    assert llm.stats()["running"] == 0 and llm.stats()["waiting"] == 0
+    (out,) = llm.generate("Hello", GREEDY, use_tqdm=False)
+    assert len(out.token_ids) == 4
+
+
+# ---- prompts that do not fit ----------------------------------------------------------------------
+
+
+def test_a_prompt_too_long_for_max_tokens_ends_with_length_alone(llm):
+    room = 6
+    long_prompt = [5] * (llm.max_model_len - room)
+    sp = fdpp.SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    short, cut = llm.generate(["Hello", long_prompt], [GREEDY, sp], use_tqdm=False)
+    assert len(short.token_ids) == 4 and short.finish_reason == "length"
+    assert len(cut.token_ids) == room and cut.finish_reason == "length" and cut.error is None
+
+
+def test_a_prompt_that_does_not_fit_is_refused_alone(llm):
+    too_long = [5] * (llm.max_model_len + 3)
+    a, refused, b = llm.generate(["Hello", too_long, "Water boils at"], GREEDY, use_tqdm=False)
+    assert a.finish_reason == b.finish_reason == "length" and len(a.token_ids) == len(b.token_ids) == 4
+    assert refused.finish_reason == "error" and refused.token_ids == [] and refused.text == ""
+    assert refused.prompt_token_ids == too_long
+    assert f"({len(too_long)} tokens)" in refused.error and "max_model_len" in refused.error
+    assert refused.outputs[0].finish_reason == "error" and refused.outputs[0].error == refused.error
+    assert llm.stats()["running"] == 0 and llm.stats()["waiting"] == 0
+    # stream() has one prompt: there it is an error.
+    with pytest.raises(fdpp.InvalidInputError, match="context"):
+        list(llm.stream(too_long, GREEDY))
