@@ -24,6 +24,7 @@ refused alone (finish_reason "error", the message in RequestOutput.error); the o
 
 from __future__ import annotations
 
+import json
 import numbers
 import operator
 import os
@@ -496,7 +497,7 @@ _VLLM_IGNORED = frozenset({
     "pipeline_parallel_size", "data_parallel_size", "distributed_executor_backend", "enable_lora",
     "max_lora_rank", "max_loras", "max_cpu_loras", "limit_mm_per_prompt", "mm_processor_kwargs",
     "compilation_config", "num_gpu_blocks_override", "served_model_name", "speculative_config",
-    "override_generation_config", "generation_config", "allowed_local_media_path", "task", "runner",
+    "override_generation_config", "allowed_local_media_path", "task", "runner",
     "disable_async_output_proc", "enable_sleep_mode", "calculate_kv_scales", "worker_cls",
     "config_format", "rope_scaling", "rope_theta", "guided_decoding_backend", "model_impl",
     "async_scheduling", "enable_expert_parallel", "max_parallel_loading_workers",
@@ -513,6 +514,11 @@ class _BarUpdate:
     def __call__(self, finished: int) -> None:
         self.bar.update(finished - self.shown)
         self.shown = finished
+
+
+# generation_config.json's sampling fields that vLLM applies as defaults, and their SamplingParams names.
+_GENERATION_FIELDS = (("temperature", "temperature"), ("top_k", "top_k"), ("top_p", "top_p"), ("min_p", "min_p"),
+                      ("repetition_penalty", "repetition_penalty"), ("max_new_tokens", "max_tokens"))
 
 
 def _progress_bar(use_tqdm: Union[bool, Callable[..., Any]], total: int) -> Any:
@@ -578,6 +584,9 @@ class LLM:
         trust_remote_code: accepted; fdpp never runs code from a model folder.
         quantization: None only: the weights run as stored (GGUF blocks, 16-bit checkpoints);
             anything else is refused until fdpp has that quantization.
+        generation_config: "auto" (the default, as vLLM's): the sampling defaults of the model
+            folder's generation_config.json become get_default_sampling_params(), used when a call
+            has no SamplingParams; "vllm" or None: vLLM's defaults only; a folder: its file.
         enable_prefix_caching, swap_space, kv_cache_dtype and vLLM's other engine keywords: accepted
             with one warning naming them; they change nothing here.
     """
@@ -611,6 +620,7 @@ class LLM:
         tokenizer: Optional[Union[str, os.PathLike]] = None,
         trust_remote_code: bool = False,
         quantization: Optional[str] = None,
+        generation_config: Optional[Union[str, os.PathLike]] = "auto",
         **vllm_keywords: Any,
     ) -> None:
         # The keywords are the engine option table's (the CLI's flags): checked there, with the
@@ -648,6 +658,44 @@ class LLM:
         self._tokenizer: Optional[Tokenizer] = None
         if tokenizer is not None:
             self._check_tokenizer(tokenizer)
+        self._generation_defaults = self._read_generation_config(generation_config)
+
+    def _read_generation_config(self, generation_config: Any) -> dict:
+        # vLLM's generation_config: "auto" takes the sampling defaults of the model folder's
+        # generation_config.json, "vllm" (or None) ignores it, a folder names another one.
+        if generation_config is None or generation_config == "vllm":
+            return {}
+        if not isinstance(generation_config, (str, os.PathLike)):
+            raise _bad(f"generation_config: expected 'auto', 'vllm' or a folder, got {generation_config!r}")
+        if generation_config == "auto":
+            folder = self.model_path if os.path.isdir(self.model_path) else None
+        else:
+            folder = os.fspath(generation_config)
+            if not os.path.isdir(folder):
+                raise _bad(f"generation_config: {folder!r} is not 'auto', 'vllm' or a folder")
+        path = None if folder is None else os.path.join(folder, "generation_config.json")
+        if path is None or not os.path.exists(path):
+            return {}
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            raise _bad(f"{path}: {e}") from None
+        if not isinstance(data, dict):
+            raise _bad(f"{path}: expected a JSON object")
+        defaults = {ours: data[theirs] for theirs, ours in _GENERATION_FIELDS if data.get(theirs) is not None}
+        try:
+            SamplingParams(**defaults)
+        except InvalidInputError as e:
+            raise _bad(f"{path}: {e}") from None
+        return defaults
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: the SamplingParams of generate(), chat() and stream() without any: vLLM's
+        defaults with those the model's generation_config.json sets (temperature, top_k, top_p,
+        min_p, repetition_penalty, max_new_tokens as max_tokens) in their place. A GGUF file has
+        none. A new object each call."""
+        return SamplingParams(**self._generation_defaults)
 
     def _check_tokenizer(self, tokenizer: Any) -> None:
         # vLLM code names the model again (tokenizer=model): that is the tokenizer fdpp uses.
@@ -720,10 +768,9 @@ class LLM:
             return [self._prompt(prompts, "prompt")]
         return [self._prompt(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
 
-    @staticmethod
-    def _params(sampling_params: Any, n: int) -> list[SamplingParams]:
+    def _params(self, sampling_params: Any, n: int) -> list[SamplingParams]:
         if sampling_params is None:
-            return [SamplingParams()] * n
+            return [self.get_default_sampling_params()] * n
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * n
         params = list(sampling_params)
@@ -767,7 +814,8 @@ class LLM:
         """Generates for every prompt, all in one continuously batched job.
 
         prompts: a str, a list of token ids, or a list of either. sampling_params: one for all, or
-        one per prompt (None: SamplingParams()). Returns one RequestOutput per prompt, in order.
+        one per prompt (None: get_default_sampling_params()). Returns one RequestOutput per prompt,
+        in order.
         use_tqdm: a tqdm progress bar over the prompts when tqdm is installed (as vLLM; a callable is
         the bar's class). A prompt that does not fit the context ends or is refused alone (see
         RequestOutput). Ctrl-C cancels every request and raises KeyboardInterrupt; the LLM stays usable.
@@ -805,7 +853,7 @@ class LLM:
         if len(items) != 1:
             raise _bad("stream: expected one prompt (a str or a list of token ids)")
         (_, ids), = items
-        sp = sampling_params if sampling_params is not None else SamplingParams()
+        sp = sampling_params if sampling_params is not None else self.get_default_sampling_params()
         if not isinstance(sp, SamplingParams):
             raise _bad("sampling_params: expected a SamplingParams")
         s = self._m.stream(sp._request(ids, self.max_model_len, self._seeds))

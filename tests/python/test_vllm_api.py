@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import fdpp
 import pytest
@@ -110,6 +111,7 @@ def test_sampling_defaults_are_vllms():
 
 
 def test_default_params_generate_sixteen_tokens(llm):
+    assert llm.get_default_sampling_params() == fdpp.SamplingParams()  # a GGUF file has no generation_config
     (out,) = llm.generate("Once upon a time", fdpp.SamplingParams(ignore_eos=True), use_tqdm=False)
     assert len(out.token_ids) == 16 and out.finish_reason == "length"
 
@@ -215,3 +217,37 @@ def test_a_prompt_that_does_not_fit_is_refused_alone(llm):
     # stream() has one prompt: there it is an error.
     with pytest.raises(fdpp.InvalidInputError, match="context"):
         list(llm.stream(too_long, GREEDY))
+
+
+# ---- generation_config.json -----------------------------------------------------------------------
+
+
+def hf_model_with(tmp_path, generation_config: str):
+    # A copy of a fixture folder (links to its files) with the generation_config.json given.
+    src = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "hf" / "qwen2_tied_gqa_bf16"
+    for f in src.iterdir():
+        if f.name != "generation_config.json":
+            (tmp_path / f.name).symlink_to(f)
+    (tmp_path / "generation_config.json").write_text(generation_config)
+    return tmp_path
+
+
+def test_generation_config_sets_the_default_params(tmp_path, device):
+    folder = hf_model_with(tmp_path, '{"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05, '
+                                     '"max_new_tokens": 5, "do_sample": true, "eos_token_id": 2}')
+    llm = fdpp.LLM(folder, device=device, kv_cache_tokens=1024)
+    expected = fdpp.SamplingParams(temperature=0.6, top_p=0.9, top_k=20, repetition_penalty=1.05, max_tokens=5)
+    assert llm.get_default_sampling_params() == expected
+    assert llm.get_default_sampling_params() is not llm.get_default_sampling_params()
+    (out,) = llm.generate([[1, 2, 3]], use_tqdm=False)  # no params: the model's defaults
+    assert len(out.token_ids) <= 5
+    vllm_only = fdpp.LLM(folder, device=device, kv_cache_tokens=1024, generation_config="vllm")
+    assert vllm_only.get_default_sampling_params() == fdpp.SamplingParams()
+    ignored = fdpp.LLM(folder, device=device, kv_cache_tokens=1024, generation_config=None)
+    assert ignored.get_default_sampling_params() == fdpp.SamplingParams()
+
+
+def test_a_bad_generation_config_is_named(tmp_path, device):
+    folder = hf_model_with(tmp_path, '{"temperature": -1}')
+    with pytest.raises(fdpp.InvalidInputError, match=r"generation_config.json: .*temperature"):
+        fdpp.LLM(folder, device=device, kv_cache_tokens=1024)
