@@ -539,8 +539,9 @@ def _progress_bar(use_tqdm: Union[bool, Callable[..., Any]], total: int) -> Any:
 class LLM:
     """A model loaded for generation, chat, streaming and logits.
 
-    Every keyword is an option of fdpp's engine table, the same as the CLI's flag of that name
-    (`fdpp serve --help` lists them with their ranges); None keeps its default.
+    The keywords under Args are options of fdpp's engine table, the same as the CLI's flag of that
+    name (`fdpp serve --help` lists them with their ranges); None keeps its default. Those under
+    "vLLM's keywords" are read here, except gpu_memory_utilization and enforce_eager (the table's).
 
     Args:
         model: a GGUF file or a Hugging Face model directory; None = the default model
