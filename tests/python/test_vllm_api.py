@@ -251,3 +251,34 @@ def test_a_bad_generation_config_is_named(tmp_path, device):
     folder = hf_model_with(tmp_path, '{"temperature": -1}')
     with pytest.raises(fdpp.InvalidInputError, match=r"generation_config.json: .*temperature"):
         fdpp.LLM(folder, device=device, kv_cache_tokens=1024)
+
+
+# ---- vLLM's snippets, as their docs write them ------------------------------------------------------
+
+
+def test_vllm_quickstart_and_chat_snippets(default_model, device, fake_tqdm):
+    from fdpp import LLM, SamplingParams
+
+    # vLLM's quickstart, with the model's path for its hub name.
+    prompts = ["Hello, my name is", "The president of the United States is", "The capital of France is",
+               "The future of AI is"]
+    sampling_params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=4)
+    llm = LLM(model=default_model, device=device, max_model_len=256, gpu_memory_utilization=0.5, seed=0,
+              trust_remote_code=True)
+    outputs = llm.generate(prompts, sampling_params)
+    for output in outputs:
+        assert isinstance(output.prompt, str) and isinstance(output.outputs[0].text, str)
+        assert 1 <= len(output.outputs[0].token_ids) <= 4
+    # A chat through the template, rendered by the tokenizer as vLLM users do it by hand.
+    tokenizer = llm.get_tokenizer()
+    conversation = [{"role": "system", "content": "You are a helpful assistant"},
+                    {"role": "user", "content": "Hello"}]
+    text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    (by_hand,) = llm.generate(text, SamplingParams(temperature=0, max_tokens=4))
+    (by_chat,) = llm.chat(conversation, SamplingParams(temperature=0, max_tokens=4))
+    assert by_hand.outputs[0].token_ids == by_chat.outputs[0].token_ids
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text  # the tokenizer round trip
+    # 100 prompts under one progress bar.
+    outs = llm.generate([f"Prompt number {i}:" for i in range(100)], SamplingParams(temperature=0, max_tokens=1))
+    assert len(outs) == 100 and all(len(o.token_ids) == 1 for o in outs)
+    assert fake_tqdm[-1].total == fake_tqdm[-1].n == 100
