@@ -193,11 +193,11 @@ TEST(ServerApi, UnsupportedFieldsAreRejectedByName) {
            {"tool_choice", R"("required")"}, {"response_format", R"({"type": "json_object"})"},
            {"logit_bias", R"({"5": 1})"}, {"presence_penalty", "0.5"}, {"frequency_penalty", "1"},
            {"audio", "{}"}, {"prompt", R"("x")"}, {"best_of", "2"}, {"min_tokens", "1"},
-           {"skip_special_tokens", "false"}, {"add_special_tokens", "true"}, {"echo", "true"}})
+           {"skip_special_tokens", "0"}, {"add_special_tokens", "true"}, {"echo", "true"}})
     EXPECT_EQ(error_of(H, "{" + chat + ", \"" + field + "\": " + value + "}"), std::make_pair(400, field)) << field;
   for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
            {"n", "3"}, {"best_of", "2"}, {"logprobs", "1"}, {"echo", "true"}, {"suffix", R"("end")"},
-           {"messages", "[]"}, {"tools", "[]"}, {"min_tokens", "4"}, {"skip_special_tokens", "false"},
+           {"messages", "[]"}, {"tools", "[]"}, {"min_tokens", "4"}, {"skip_special_tokens", "\"no\""},
            {"include_stop_str_in_output", "true"}, {"use_beam_search", "true"}, {"best_of", "1.0"},
            {"add_special_tokens", "1"}})
     EXPECT_EQ(error_of(C, "{\"prompt\": \"a\", \"" + field + "\": " + value + "}"), std::make_pair(400, field)) << field;
@@ -213,6 +213,8 @@ TEST(ServerApi, UnsupportedFieldsAreRejectedByName) {
             std::make_pair(0, std::string("no error")));
   EXPECT_EQ(error_of(C, R"({"prompt": "a", "best_of": 1, "echo": false, "min_tokens": 0, "add_special_tokens": true})"),
             std::make_pair(0, std::string("no error")));
+  EXPECT_TRUE(parse(C, R"({"prompt": "a"})").generation.skip_special_tokens);
+  EXPECT_FALSE(parse(C, R"({"prompt": "a", "skip_special_tokens": false})").generation.skip_special_tokens);
 }
 
 // Fields the server does not know are ignored and named (vLLM's behaviour), never refused; the names

@@ -37,7 +37,7 @@ double GenerationResult::time_per_output_token() const {
 
 struct Scheduler::Active {
   Active(uint64_t id_, GenerationRequest r, GenerationCallbacks c, const Tokenizer& t)
-      : id(id_), request(std::move(r)), callbacks(std::move(c)), detok(t, /*skip_special=*/true) {
+      : id(id_), request(std::move(r)), callbacks(std::move(c)), detok(t, request.skip_special_tokens) {
     tokens = request.prompt;
   }
   uint64_t id;

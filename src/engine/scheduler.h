@@ -52,6 +52,9 @@ struct GenerationRequest {
   // Ids that end the generation like an end-of-generation token (vLLM's stop_token_ids): kept in
   // token_ids, left out of the text, finish_reason "stop"; ignore_eos does not turn them off.
   std::vector<int32_t> stop_token_ids;
+  // false: special tokens met in the output (after an ignored EOS, say) are written into the text,
+  // as vLLM's skip_special_tokens=false does; the end-of-generation token that ends it never is.
+  bool skip_special_tokens = true;
 };
 
 struct GenerationResult {

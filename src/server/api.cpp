@@ -329,7 +329,6 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   }
   require_off(body, "logit_bias", is_empty_container, "no logit bias");
   require_off(body, "echo", is_false, "the prompt is not echoed");
-  require_off(body, "skip_special_tokens", is_true, "special tokens are always left out of the text");
   require_off(body, "spaces_between_special_tokens", is_true, "special tokens are left out of the text");
   require_off(body, "include_stop_str_in_output", is_false, "the text ends before a stop string");
   require_off(body, "use_beam_search", is_false, "no beam search");
@@ -394,6 +393,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
     r.seed_given = true;
   }
   r.generation.ignore_eos = opt_bool(body, "ignore_eos").value_or(false);
+  r.generation.skip_special_tokens = opt_bool(body, "skip_special_tokens").value_or(true);
   r.generation.stop = stop_strings(body, limits);
   r.generation.stop_token_ids = stop_token_ids(body, model, limits);
 

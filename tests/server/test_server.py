@@ -212,7 +212,8 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
      400, "tool_choice"),
     ("/v1/completions", {"prompt": "hi", "min_tokens": 3}, 400, "min_tokens"),
-    ("/v1/completions", {"prompt": "hi", "skip_special_tokens": False}, 400, "skip_special_tokens"),
+    ("/v1/completions", {"prompt": "hi", "skip_special_tokens": "no"}, 400, "skip_special_tokens"),
+    ("/v1/completions", {"prompt": "hi", "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
     ("/v1/completions", {"prompt": "hi", "tools": []}, 400, "tools"),  # chat's field: known, refused
     ("/tokenize", {"prompt": 5}, 400, "prompt"),
     ("/tokenize", {}, 400, "prompt"),
@@ -254,6 +255,18 @@ def test_unknown_fields_are_ignored_and_named(server):
     while f"request {rid}: prompt " not in "".join(server.stderr) and time.time() < deadline:
         time.sleep(0.05)
     assert f"request {rid}: prompt " in "".join(server.stderr)
+
+
+def test_skip_special_tokens_false_writes_them(server):
+    # Past an ignored end of turn the model writes more special tokens: the same ids either way, their
+    # text only with skip_special_tokens false (vLLM's meaning).
+    body = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 16, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    skipped, written = (httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                                   json={**body, "skip_special_tokens": s}).json()["choices"][0]
+                        for s in (True, False))
+    assert skipped["token_ids"] == written["token_ids"]
+    assert "<|im_end|>" in written["message"]["content"] and "<|im_end|>" not in skipped["message"]["content"]
 
 
 def test_model_by_id_tokenize_and_detokenize(server):
