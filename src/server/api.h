@@ -6,7 +6,7 @@
 //
 // Validation policy: a field this server knows and does not implement is rejected by name (400,
 // param = the field) unless it is set to the value that means "off" (n = 1, logprobs = false,
-// presence_penalty = 0, best_of = 1, skip_special_tokens = true, ...), since honouring it silently
+// presence_penalty = 0, best_of = 1, echo = false, ...), since ignoring it silently
 // would return something else than the client asked for. A field it does not know at all is
 // ignored and reported (ParsedRequest::ignored_fields: a warning in the server's log and the
 // x-fdpp-ignored-fields header), as vLLM does: clients written for vLLM, llama-server or newer
