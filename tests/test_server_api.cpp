@@ -214,6 +214,15 @@ TEST(ServerApi, UnsupportedFieldsAreRejectedByName) {
   EXPECT_EQ(error_of(C, R"({"prompt": "a", "best_of": 1, "echo": false, "min_tokens": 0, "add_special_tokens": true})"),
             std::make_pair(0, std::string("no error")));
   EXPECT_TRUE(parse(C, R"({"prompt": "a"})").generation.skip_special_tokens);
+  // llama-server's spellings of the repetition penalty and its window.
+  const ParsedRequest llama = parse(C, R"({"prompt": "a", "repeat_penalty": 1.3, "repeat_last_n": 64, "cache_prompt": true})");
+  EXPECT_FLOAT_EQ(llama.generation.sampling.repeat_penalty, 1.3f);
+  EXPECT_EQ(llama.generation.sampling.repeat_last_n, 64);
+  EXPECT_TRUE(llama.ignored_fields.empty());
+  EXPECT_EQ(parse(C, R"({"prompt": "a"})").generation.sampling.repeat_last_n, -1);
+  EXPECT_EQ(error_of(C, R"({"prompt": "a", "repeat_penalty": 1.3, "repetition_penalty": 1.1})"),
+            std::make_pair(400, std::string("repeat_penalty")));
+  EXPECT_EQ(error_of(C, R"({"prompt": "a", "cache_prompt": 1})"), std::make_pair(400, std::string("cache_prompt")));
   EXPECT_FALSE(parse(C, R"({"prompt": "a", "skip_special_tokens": false})").generation.skip_special_tokens);
 }
 
@@ -221,13 +230,13 @@ TEST(ServerApi, UnsupportedFieldsAreRejectedByName) {
 // go into a header, so they are made one bounded line of visible ASCII there.
 TEST(ServerApi, UnknownFieldsAreIgnoredAndNamed) {
   ParsedRequest r = parse(Endpoint::Chat, R"({"messages": [{"role": "user", "content": "q"}], "made_up": 1,
-                          "chat_template_kwargs": {"enable_thinking": false}, "cache_prompt": true, "max_tokens": 2,
+                          "chat_template_kwargs": {"enable_thinking": false}, "n_probs": 0, "max_tokens": 2,
                           "stream": true, "stream_options": {"include_usage": true, "extra": 1}})");
   EXPECT_EQ(r.ignored_fields,
-            (std::vector<std::string>{"cache_prompt", "chat_template_kwargs", "made_up", "stream_options.extra"}));
+            (std::vector<std::string>{"chat_template_kwargs", "made_up", "n_probs", "stream_options.extra"}));
   EXPECT_EQ(r.generation.max_tokens, 2);
   EXPECT_TRUE(r.include_usage);
-  EXPECT_EQ(join_fields(r.ignored_fields), "cache_prompt,chat_template_kwargs,made_up,stream_options.extra");
+  EXPECT_EQ(join_fields(r.ignored_fields), "chat_template_kwargs,made_up,n_probs,stream_options.extra");
   EXPECT_TRUE(parse(Endpoint::Completions, R"({"prompt": "a"})").ignored_fields.empty());
   // Known fields keep their checks: a mistyped value of one is still a 400.
   EXPECT_EQ(error_of(Endpoint::Completions, R"({"prompt": "a", "made_up": 1, "top_p": "x"})"),

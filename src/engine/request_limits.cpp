@@ -42,7 +42,7 @@ const std::array<RequestParam, 15>& table() {
       real("top_p", "", 0, true, 1, "1 = off", kRequest | kCli | kSampler),
       real("min_p", "", 0, false, 1, "0 = off", kRequest | kCli | kSampler),
       real("repeat_penalty", "repetition_penalty", 0.01, false, 100, "1 = off", kRequest | kCli | kSampler),
-      integer("repeat_last_n", "", -1, k2p30, "-1 = all", kFile | kPython | kCli | kSampler),
+      integer("repeat_last_n", "", -1, k2p30, "-1 = all", kRequest | kCli | kSampler),
       integer("seed", "", -1, INT64_MAX, "-1 = random", kRequest),
       real("presence_penalty", "", 0, false, 0, "not implemented; use repetition_penalty", kServer | kPython),
       real("frequency_penalty", "", 0, false, 0, "not implemented; use repetition_penalty", kServer | kPython),

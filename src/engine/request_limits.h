@@ -10,7 +10,7 @@
 // values mean). Each entrance throws its own error type around the message: "FILE:LINE: ..." for a
 // prompts file, HTTP 400 with param = the name for the server, fdpp.InvalidInputError for Python,
 // fdpp::Error for the sampler. Whether a field is allowed at an entrance at all (the server has no
-// repeat_last_n, a prompts file no presence_penalty) is the entrance's business; `entrances` records
+// logit_bias, a prompts file no presence_penalty) is the entrance's business; `entrances` records
 // it for the tests and the reader.
 //
 // The ranges follow what vLLM and llama.cpp users expect; where they differ, the stricter one that no
@@ -22,7 +22,8 @@
 //   top_k              [-1, 2^24]     -1 (vLLM) and 0 (llama.cpp) = off
 //   top_p              (0, 1]         1 = off; 0 would keep no token
 //   min_p              [0, 1]         0 = off
-//   repeat_penalty     [0.01, 100]    1 = off; the server and Python spell it repetition_penalty
+//   repeat_penalty     [0.01, 100]    1 = off; the server and Python spell it repetition_penalty (the
+//                                     server takes llama-server's repeat_penalty too)
 //   repeat_last_n      [-1, 2^30]     -1 = every token
 //   seed               [-1, 2^63)     -1 = a random seed (llama.cpp's --seed -1, vLLM's seed=-1);
 //                                     2^63 and above are refused, as vLLM's int64 field does

@@ -292,7 +292,10 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
       "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "response_format",
       // vLLM's and llama-server's extensions, accepted at the values that mean what this server does.
       "best_of", "echo", "min_tokens", "skip_special_tokens", "include_stop_str_in_output",
-      "spaces_between_special_tokens", "use_beam_search", "add_special_tokens"};
+      "spaces_between_special_tokens", "use_beam_search", "add_special_tokens",
+      // llama-server's spellings of the repetition penalty, and its prompt-cache hint (no effect on
+      // the output: a hint about reusing the KV cache).
+      "repeat_penalty", "repeat_last_n", "cache_prompt"};
   static const std::set<std::string> completions_only = {"prompt", "suffix"};
   static const std::set<std::string> chat_only = {"messages",  "max_completion_tokens", "top_logprobs", "tools",
                                                   "tool_choice", "functions", "function_call", "parallel_tool_calls",
@@ -384,9 +387,13 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   // top_k: -1 (vLLM) and 0 (llama.cpp) both mean off.
   s.top_k = std::max(static_cast<int>(opt_param(body, "top_k").value_or(JsonParam{}).integer), 0);
   s.min_p = real("min_p", 0.0);
-  // As vLLM / HF: the penalty sees every token of the prompt and the output (repeat_last_n -1).
-  s.repeat_penalty = real("repetition_penalty", 1.0);
-  s.repeat_last_n = -1;
+  // As vLLM / HF: the penalty sees every token of the prompt and the output (repeat_last_n -1)
+  // unless a llama-server client gives its window.
+  if (field(body, "repetition_penalty") && field(body, "repeat_penalty"))
+    throw bad("repeat_penalty", "give 'repetition_penalty' or llama-server's 'repeat_penalty', not both");
+  s.repeat_penalty = real(field(body, "repeat_penalty") ? "repeat_penalty" : "repetition_penalty", 1.0);
+  s.repeat_last_n = static_cast<int>(opt_param(body, "repeat_last_n").value_or(JsonParam{-1, 0, ""}).integer);
+  (void)opt_bool(body, "cache_prompt");
   // -1 asks for a random seed, as an absent one (vLLM's seed=-1, llama.cpp's --seed -1).
   if (const auto seed = opt_param(body, "seed"); seed && seed->integer != -1) {
     s.seed = static_cast<uint64_t>(seed->integer);
