@@ -341,6 +341,10 @@ TEST_F(SchedulerTest, CancelFreesBlocksAndStopStringsCutTheText) {
   const auto cut = run(*e, {r}, o)[0];
   EXPECT_EQ(cut.finish_reason, "stop");
   EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_EQ(cut.stop_string, stop);  // what ended it (vLLM's stop_reason)
+  EXPECT_FALSE(cut.stop_token_id.has_value());
+  EXPECT_FALSE(full.stop_string.has_value());  // a "length" names no stop
+  EXPECT_FALSE(full.stop_token_id.has_value());
 
   // A stop token id taken from the same output ends it at that token's first occurrence, even with
   // ignore_eos: the token is kept in token_ids, the text is that of the tokens before it.
@@ -352,6 +356,8 @@ TEST_F(SchedulerTest, CancelFreesBlocksAndStopStringsCutTheText) {
   r.stop_token_ids = {stop_id};
   const auto by_id = run(*e, {r}, o)[0];
   EXPECT_EQ(by_id.finish_reason, "stop");
+  EXPECT_EQ(by_id.stop_token_id, stop_id);
+  EXPECT_FALSE(by_id.stop_string.has_value());
   EXPECT_EQ(by_id.token_ids, std::vector<int32_t>(full.token_ids.begin(), full.token_ids.begin() + first + 1));
   // The text is what a client streams: bytes that can never be UTF-8 (a random model writes them)
   // come out as U+FFFD, which tokenizer->decode() would leave raw.

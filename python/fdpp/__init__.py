@@ -283,6 +283,9 @@ class CompletionOutput:
     finish_reason: str
     #: why a refused request did not run (finish_reason "error"); None otherwise
     error: Optional[str] = None
+    #: what ended a "stop", as vLLM's: the stop token id or the stop string; None for an
+    #: end-of-generation token and for every other finish
+    stop_reason: Union[int, str, None] = None
 
 
 @dataclass
@@ -327,7 +330,7 @@ def _output(r: "_core.CoreResult", prompt: Optional[str]) -> RequestOutput:
         token_ids=token_ids,
         finish_reason=r.finish_reason,
         metrics=RequestMetrics(r.time_to_first_token, r.total_time, r.time_per_output_token, r.preemptions),
-        outputs=[CompletionOutput(0, text, token_ids, r.finish_reason)],
+        outputs=[CompletionOutput(0, text, token_ids, r.finish_reason, stop_reason=r.stop_reason)],
     )
 
 

@@ -1,6 +1,6 @@
 # Type stubs of fdpp's C++ extension (python/src/bindings.cpp). The public API is fdpp's
 # __init__.py (LLM, SamplingParams, RequestOutput, Tokenizer); these classes are its internals.
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -56,6 +56,9 @@ class CoreResult:
     def finish_reason(self) -> str: ...
     @property
     def error(self) -> str: ...
+    @property
+    def stop_reason(self) -> Union[int, str, None]:
+        """What ended a "stop": a stop token id, a stop string, or None (end of generation, or not a stop)."""
     @property
     def preemptions(self) -> int: ...
     @property

@@ -552,6 +552,12 @@ NB_MODULE(_core, m) {
       .def_prop_ro("text", [](const Result& r) { return text_str(r.r.text); })
       .def_prop_ro("finish_reason", [](const Result& r) { return r.r.finish_reason; })
       .def_prop_ro("error", [](const Result& r) { return r.r.error; })
+      .def_prop_ro("stop_reason",
+                   [](const Result& r) -> nb::object {
+                     if (r.r.stop_token_id) return nb::int_(*r.r.stop_token_id);
+                     if (r.r.stop_string) return text_str(*r.r.stop_string);
+                     return nb::none();
+                   })
       .def_prop_ro("preemptions", [](const Result& r) { return r.r.preemptions; })
       .def_prop_ro("time_to_first_token", [](const Result& r) { return r.r.time_to_first_token; })
       .def_prop_ro("total_time", [](const Result& r) { return r.r.total_time; })

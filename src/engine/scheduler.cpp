@@ -56,6 +56,8 @@ struct Scheduler::Active {
   int preemptions = 0;
   bool done = false;
   bool discard_rest = false;      // a stop string ended the text
+  std::optional<int32_t> stop_token_id;  // what ended a "stop" (GenerationResult)
+  std::optional<std::string> stop_string;
   bool in_batch = false;          // has a row in the step being built
 };
 
@@ -158,6 +160,10 @@ void Scheduler::finish(Active& a, const std::string& reason) {
   r.text = a.text;
   r.finish_reason = reason;
   if (reason == "error") r.error = current_error_;
+  if (reason == "stop") {
+    r.stop_token_id = a.stop_token_id;
+    r.stop_string = a.stop_string;
+  }
   r.preemptions = a.preemptions;
   r.time_to_first_token = a.first_token_time < 0 ? 0 : a.first_token_time;
   r.total_time = seconds_since(a.submitted);
@@ -178,8 +184,12 @@ bool Scheduler::emit_token(Active& a, int32_t token) {
     stats_.generated_tokens++;
   }
   const std::vector<int32_t>& stop_ids = a.request.stop_token_ids;
-  if ((!a.request.ignore_eos && tokenizer_.is_end_of_generation(token)) ||
-      std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+  if (!a.request.ignore_eos && tokenizer_.is_end_of_generation(token)) {
+    finish(a, "stop");
+    return true;
+  }
+  if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+    a.stop_token_id = token;
     finish(a, "stop");
     return true;
   }
@@ -188,8 +198,16 @@ bool Scheduler::emit_token(Active& a, int32_t token) {
   if (token < tokenizer_.vocab_size()) a.pending += a.detok.push(token);
   const std::vector<std::string>& stops = a.request.stop;
   size_t cut = std::string::npos;
-  for (const std::string& s : stops) cut = std::min(cut, a.pending.find(s));
+  const std::string* found = nullptr;
+  for (const std::string& s : stops) {
+    const size_t at = a.pending.find(s);
+    if (at < cut) {
+      cut = at;
+      found = &s;
+    }
+  }
   if (cut != std::string::npos) {
+    a.stop_string = *found;
     a.pending.resize(cut);
     a.discard_rest = true;  // the text after the stop string is dropped
     a.text += a.pending;

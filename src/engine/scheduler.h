@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -64,6 +65,10 @@ struct GenerationResult {
   std::string text;                 // their text, special tokens skipped, cut before a stop string
   std::string finish_reason;        // "stop" (end token or stop string), "length", "cancelled", "error"
   std::string error;                // the message when finish_reason == "error"
+  // What ended a "stop" (vLLM's stop_reason): one of the request's stop_token_ids, or the stop
+  // string found; neither for an end-of-generation token.
+  std::optional<int32_t> stop_token_id;
+  std::optional<std::string> stop_string;
   int preemptions = 0;
   // Seconds since submit(): the first generated token, and the end.
   double time_to_first_token = 0;

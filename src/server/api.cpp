@@ -543,6 +543,12 @@ json envelope(const ResponseContext& ctx, bool chunk) {
   return json{{"id", ctx.id}, {"object", object}, {"created", ctx.created}, {"model", ctx.model}};
 }
 json finish_json(const std::string& reason) { return reason.empty() ? json(nullptr) : json(reason); }
+// vLLM's stop_reason: the stop token id or stop string that ended a "stop", else null.
+json stop_reason_json(const GenerationResult& r) {
+  if (r.stop_token_id) return *r.stop_token_id;
+  if (r.stop_string) return *r.stop_string;
+  return nullptr;
+}
 }  // namespace
 
 json completion_body(const ResponseContext& ctx, std::span<const GenerationResult> results) {
@@ -558,6 +564,7 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
       choice["text"] = result.text;
     choice["logprobs"] = nullptr;
     choice["finish_reason"] = finish_json(result.finish_reason);
+    choice["stop_reason"] = stop_reason_json(result);
     if (ctx.return_token_ids) {
       choice["token_ids"] = result.token_ids;
       choice["prompt_token_ids"] = result.prompt;

@@ -136,9 +136,11 @@ def test_stop_strings_and_finish_reasons(llm):
     assert cut.finish_reason == "stop"
     assert stop not in cut.text
     assert free.text.startswith(cut.text)
+    assert cut.outputs[0].stop_reason == stop  # vLLM's: the stop string that ended it
 
     (one,) = llm.generate(PROMPTS[0], fdpp.SamplingParams(temperature=0, max_tokens=1))
     assert one.finish_reason == "length" and len(one.token_ids) == 1
+    assert one.outputs[0].stop_reason is None
     m = one.metrics
     assert 0 < m.time_to_first_token <= m.total_time and m.preemptions == 0
 
@@ -153,6 +155,7 @@ def test_stop_token_ids(llm):
     (cut,) = llm.generate(PROMPTS[0], fdpp.SamplingParams(temperature=0, max_tokens=N, ignore_eos=True,
                                                           stop_token_ids=[stop_id]))
     assert cut.finish_reason == "stop"
+    assert cut.outputs[0].stop_reason == stop_id
     assert cut.token_ids == free.token_ids[: first + 1]
     assert cut.text == llm.tokenizer.decode(free.token_ids[:first], skip_special_tokens=True)
     with pytest.raises(fdpp.InvalidInputError, match=r"stop token id 49152 is out of range \[0, 49152\)"):

@@ -74,6 +74,7 @@ def test_completion_token_ids_prompt_and_stop(server):
                              stop=[stop])
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].text == text[: text.index(stop)]
+    assert r.choices[0].model_extra["stop_reason"] == stop  # vLLM's field: what ended it
 
 
 def test_batch_of_prompts_and_stop_token_ids(server):
