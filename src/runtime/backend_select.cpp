@@ -46,6 +46,16 @@ Device resolve_device(Device requested) {
 #endif
 }
 
+std::string device_description(Device d, int gpus) {
+  if (d != Device::Cuda) return device_name(d);
+#ifdef FDPP_HAVE_CUDA
+  const std::vector<cuda::GpuInfo> list = cuda::list_gpus();
+  if (!list.empty())
+    return gpus > 1 ? fmt::format("cuda ({} x {})", gpus, list.front().name) : fmt::format("cuda ({})", list.front().name);
+#endif
+  return device_name(d);
+}
+
 int physical_cpu_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);

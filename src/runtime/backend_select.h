@@ -20,6 +20,8 @@ Device parse_device(const std::string& name);  // "auto", "cpu", "cuda"; throws 
 // Auto becomes Cuda when a usable GPU exists, else Cpu. Cuda without one throws with the reason.
 Device resolve_device(Device requested);
 const char* device_name(Device d);
+// For a log line: "cpu", or "cuda (NAME)" with the first GPU's name ("cuda (2 x NAME)" for gpus > 1).
+std::string device_description(Device d, int gpus = 1);
 
 struct RunnerOptions {
   Device device = Device::Auto;

@@ -162,7 +162,7 @@ int run_serve() {
         }
       });
       fmt::print(stderr, "fdpp serve: ready: model '{}' on {}, context {}, {} KV blocks of {} tokens, max-num-seqs {}\n",
-                 info.id, device_name(loaded->model.device), info.max_context, loaded->engine->kv().num_blocks(),
+                 info.id, device_description(loaded->model.device, a.engine.tensor_parallel), info.max_context, loaded->engine->kv().num_blocks(),
                  loaded->engine->kv().block_size(), loaded->scheduler->options().max_num_seqs);
     } catch (const std::exception& e) {
       die(e.what());
