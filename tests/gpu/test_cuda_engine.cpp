@@ -57,6 +57,16 @@ void prefill(Engine& e, int seq, std::span<const int32_t> tokens) {
   }
 }
 
+// A new sequence per prompt, each prefilled: their ids, in order.
+std::vector<int> prefilled_sequences(Engine& e, const std::vector<std::vector<int32_t>>& prompts) {
+  std::vector<int> seqs;
+  for (const auto& p : prompts) {
+    seqs.push_back(e.create_sequence());
+    prefill(e, seqs.back(), p);
+  }
+  return seqs;
+}
+
 // One decode step of one token per sequence: the logits rows, in order.
 std::vector<float> decode(Engine& e, std::span<const int> seqs, std::span<const int32_t> tokens) {
   Batch b;
@@ -407,11 +417,7 @@ TEST(CudaEngine, BatchedDecodeOfMixedLengthsEqualsOneByOne) {
   eo.max_batch = 8;
   eo.kv_cache_tokens = 4096;
   cuda::CudaEngine batched(model, eo);
-  std::vector<int> seqs;
-  for (const auto& p : prompts) {
-    seqs.push_back(batched.create_sequence());
-    prefill(batched, seqs.back(), p);
-  }
+  const std::vector<int> seqs = prefilled_sequences(batched, prompts);
   const std::vector<float> rows = decode(batched, seqs, next);
 
   for (size_t i = 0; i < lengths.size(); ++i) {
@@ -444,11 +450,7 @@ TEST(CudaEngine, AsyncEngineVaryingBatchesAndSplitsEqualsSync) {
     eo.kv_cache_tokens = 8192;
     eo.attention = mode == 0 ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
     cuda::CudaEngine e(model, eo);
-    std::vector<int> seqs;
-    for (const auto& p : prompts) {
-      seqs.push_back(e.create_sequence());
-      prefill(e, seqs.back(), p);
-    }
+    const std::vector<int> seqs = prefilled_sequences(e, prompts);
     int t = 0;
     for (int rep = 0; rep < 2; ++rep)  // the second pass replays the captured graphs
       for (const auto& step : steps) {
@@ -537,11 +539,7 @@ TEST(CudaEngine, PaddedGraphBatchesEqualEagerSteps) {
     eo.kv_cache_tokens = 4096;
     eo.cuda_graphs = graphs == 1;
     cuda::CudaEngine e(model, eo);
-    std::vector<int> seqs;
-    for (const auto& p : prompts) {
-      seqs.push_back(e.create_sequence());
-      prefill(e, seqs.back(), p);
-    }
+    const std::vector<int> seqs = prefilled_sequences(e, prompts);
     int t = 0;
     for (int b : batches) {
       std::vector<int> ss(seqs.begin(), seqs.begin() + b);
