@@ -50,7 +50,9 @@ std::vector<int32_t> random_ids(int n, int vocab, std::mt19937& rng) {
 int run_bench(const BenchArgs& a) {
   std::string why;
   const auto gpus = cuda::list_gpus(&why);
-  check(!gpus.empty(), "fdpp bench measures the CUDA backend: no usable GPU ({})", why);
+  check(!gpus.empty(),
+        "fdpp bench measures the CUDA backend: no usable GPU ({}); fdpp bench --device cpu measures the CPU backend",
+        why);
   check(!a.batches.empty() && !a.contexts.empty(), "bench: give at least one batch size and context length");
 
   // The model: real weights, or random ones of a config's shapes.

@@ -44,6 +44,12 @@ struct GenerateArgs {
   bool unordered = false;  // --file: each result as it finishes, not in input order
   std::string system;
   std::vector<std::string> stop;
+  // -cnv / -i: the interactive chat (chat.cpp).
+  bool interactive = false;
+  bool single_turn = false;     // -st: one reply, then exit
+  bool multiline = false;       // -mli: lines continue until one ends in a slash or backslash
+  std::string color = "auto";   // -co: on, off, auto (on when stdout is a terminal)
+  bool verbose_prompt = false;  // print each turn's rendered prompt on stderr
 };
 
 // -ngl from habit: accepted, and said once on stderr (fdpp never splits a model between CPU and GPU).

@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <functional>
 
+#include "chat.h"
 #include "cli_common.h"
 #include "engine_flags.h"
+#include "core/read_file.h"
 #include "engine/generate.h"
 #include "engine/prompt_file.h"
 #include "engine/scheduler.h"
@@ -45,9 +47,11 @@ int run_generate(GenerateArgs a, const EngineArgs& e, bool quiet) {
   }
   check(!prompt.empty(), "the prompt encodes to no tokens; give --prompt TEXT or --token-ids");
   const ModelConfig& c = m.config();
-  const int64_t needed = static_cast<int64_t>(prompt.size()) + a.max_tokens;
   const int ctx = e.max_model_len > 0 ? e.max_model_len : c.max_context;
   check(ctx <= c.max_context, "--ctx-size {} exceeds the model's context length {}", ctx, c.max_context);
+  // -n -1 (llama.cpp's "until the context is full").
+  if (a.max_tokens < 0) a.max_tokens = static_cast<int>(std::max<int64_t>(0, ctx - static_cast<int64_t>(prompt.size())));
+  const int64_t needed = static_cast<int64_t>(prompt.size()) + a.max_tokens;
   check(needed <= ctx, "prompt ({} tokens) + --max-tokens ({}) exceed the context size {}", prompt.size(),
         a.max_tokens, ctx);
 
@@ -122,9 +126,17 @@ Subcommand register_generate(CLI::App& app) {
   static EngineArgs engine;
   static bool quiet = false;
   static int64_t seed = -1;
-  auto* gen = app.add_subcommand("generate", "generate text (streams to stdout), or run a prompts file (--file)");
-  auto* prompt_opt = gen->add_option("-p,--prompt", a.prompt, "prompt text; - reads it from stdin");
+  static bool escape = true;
+  static bool conversation = false;
+  static std::string system_file;
+  auto* gen = app.add_subcommand("generate", "generate text (streams to stdout), chat (-cnv, -i), or run a prompts "
+                                             "file (--file)");
+  const std::string kPrompt = "Prompt", kChat = "Chat (-cnv, -i)", kSampling = "Sampling", kOutput = "Output";
+  auto* prompt_opt = gen->add_option("-p,--prompt", a.prompt, "prompt text; - reads it from stdin; with -cnv the "
+                                                              "first message")
+                         ->group(kPrompt);
   auto* ids_opt = gen->add_option("--token-ids", a.token_ids, "prompt as token ids, e.g. 1,2,3")
+                      ->group(kPrompt)
                       ->check(CLI::Validator(
                           [](std::string& s) -> std::string {
                             try {
@@ -138,54 +150,111 @@ Subcommand register_generate(CLI::App& app) {
   auto* file_opt = gen->add_option("-f,--file", a.file,
                                     "prompts file run as one batch: .jsonl (\"prompt\" or \"messages\", optional "
                                     "sampling fields per line) or text (one prompt per line; - reads stdin); "
-                                    "writes JSON Lines");
+                                    "writes JSON Lines")
+                       ->group(kPrompt);
   prompt_opt->excludes(ids_opt);
   file_opt->excludes(prompt_opt)->excludes(ids_opt);
-  gen->add_option("-n,--max-tokens,--n-predict", a.max_tokens, "tokens to generate")
-      ->capture_default_str()
-      ->check(int_check(max_tokens_problem));
+  auto* system_opt = gen->add_option("--system,--system-prompt", a.system, "system message (implies --chat; -sys)")
+                         ->group(kPrompt);
+  auto* system_file_opt =
+      gen->add_option("--system-prompt-file", system_file, "the system message from a file (-sysf)")->group(kPrompt);
+  system_file_opt->excludes(system_opt);
+  auto* chat_opt = gen->add_flag("--chat", a.chat, "wrap the prompt in the model's chat template")->group(kPrompt);
+  gen->add_flag("-e,--escape,!--no-escape", escape,
+                "process \\n \\r \\t \\' \\\" \\\\ \\xNN in --prompt (default: on, as llama.cpp)")
+      ->group(kPrompt);
+
+  auto* interactive_opt =
+      gen->add_flag("-i,--interactive,--conversation", conversation,
+                    "chat: read messages at a > prompt, keep the history, render it with the chat template each "
+                    "turn, stream each reply (-cnv)")
+          ->group(kChat);
+  static bool no_conversation = false;  // the default: taken for llama.cpp's -no-cnv
+  gen->add_flag("--no-conversation", no_conversation, "no chat (-no-cnv; the default of fdpp generate)")->group(kChat);
+  gen->add_flag("--single-turn", a.single_turn, "chat: one reply, then exit (-st)")->group(kChat);
+  gen->add_flag("--multiline-input", a.multiline,
+                "chat: a message ends with a line ending in / (-mli); without it a line ending in \\ continues")
+      ->group(kChat);
+  gen->add_option("--color", a.color, "chat: color the user's input: on, off or auto (a terminal) (-co)")
+      ->expected(0, 1)
+      ->default_str("auto")
+      ->check(CLI::IsMember({"", "on", "off", "auto"}))
+      ->group(kChat);
+  gen->add_flag("--verbose-prompt", a.verbose_prompt, "print the rendered prompt on stderr before each reply")
+      ->group(kChat);
+
+  auto* n_opt = gen->add_option("-n,--max-tokens,--n-predict", a.max_tokens,
+                                "tokens to generate (-1: until the context is full, the chat's default)")
+                    ->capture_default_str()
+                    ->group(kSampling)
+                    ->check(CLI::Validator(
+                        [](std::string& s) -> std::string {
+                          if (s == "-1") return "";
+                          return int_check(max_tokens_problem)(s);
+                        },
+                        ""));
   gen->add_option("--temperature,--temp", a.sampling.temperature, "0 = greedy")
       ->capture_default_str()
+      ->group(kSampling)
       ->check(real_check(temperature_problem));
   gen->add_option("--top-k", a.sampling.top_k, "keep the k most likely tokens (0 = off)")
       ->capture_default_str()
+      ->group(kSampling)
       ->check(int_check(top_k_problem));
   gen->add_option("--top-p", a.sampling.top_p, "nucleus sampling mass in (0, 1] (1 = off)")
       ->capture_default_str()
+      ->group(kSampling)
       ->check(real_check(top_p_problem));
   gen->add_option("--min-p", a.sampling.min_p, "drop tokens below min-p x the top probability (0 = off)")
       ->capture_default_str()
+      ->group(kSampling)
       ->check(real_check(min_p_problem));
   gen->add_option("--repeat-penalty", a.sampling.repeat_penalty, "penalty for repeated tokens (1 = off)")
       ->capture_default_str()
+      ->group(kSampling)
       ->check(real_check(repeat_penalty_problem));
   gen->add_option("--repeat-last-n", a.sampling.repeat_last_n, "tokens the penalty looks back over (-1 = all)")
       ->capture_default_str()
+      ->group(kSampling)
       ->check(int_check(repeat_last_n_problem));
-  gen->add_option("-s,--seed", seed, "random seed; -1 (default): a random one, printed with the stats / in --json")
+  gen->add_option("-s,--seed", seed, "random seed; -1: a random one, printed with the stats / in --json")
       ->capture_default_str()
+      ->group(kSampling)
       ->check(int_range(-1, INT64_MAX, "[-1, 2^63)"));
-  auto* system_opt = gen->add_option("--system", a.system, "system message (implies --chat)");
-  gen->add_option("--stop", a.stop, "stop string: the text ends before it (repeatable)")
+  gen->add_option("--stop,-r,--reverse-prompt", a.stop, "stop string: the text ends before it (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->group(kSampling)
       ->check(CLI::Validator(
           [](std::string& s) -> std::string {
             const std::string p = stop_problem(s);
             return p.empty() ? "" : fmt::format("'{}' {}", s, p);
           },
           ""));
-  gen->add_flag("--ignore-eos", a.ignore_eos, "keep generating past end-of-generation tokens");
-  auto* chat_opt = gen->add_flag("--chat", a.chat, "wrap the prompt in the model's chat template");
-  gen->add_flag("--json", a.json, "print one JSON object (token_ids, text, seed, timings) instead of streaming");
-  gen->add_flag("--unordered", a.unordered, "with --file: write each result as it finishes (with its index)");
-  ids_opt->excludes(system_opt)->excludes(chat_opt);
+  gen->add_flag("--ignore-eos", a.ignore_eos, "keep generating past end-of-generation tokens")->group(kSampling);
+  gen->add_flag("--json", a.json, "print one JSON object (token_ids, text, seed, timings) instead of streaming")
+      ->group(kOutput);
+  gen->add_flag("--unordered", a.unordered, "with --file: write each result as it finishes (with its index)")
+      ->group(kOutput);
+  gen->add_flag("--quiet", quiet, "no load progress bar or load line on stderr")->group(kOutput);
+  ids_opt->excludes(system_opt)->excludes(chat_opt)->excludes(interactive_opt);
+  file_opt->excludes(interactive_opt);
   add_engine_flags(gen, engine, kGenerate);
-  gen->add_flag("--quiet", quiet, "no load progress bar or load line on stderr");
-  auto run = [gen, prompt_opt]() -> int {
+  auto run = [prompt_opt, n_opt]() -> int {
     check_engine_flags(engine);
     // A random seed unless one is given (llama.cpp's rule); it is printed, so a run can be repeated.
     a.sampling.seed = seed >= 0 ? static_cast<uint64_t>(seed) : random_seed();
-    if (prompt_opt->count() > 0) a.prompt = prompt_text("--prompt", a.prompt);
+    a.interactive = conversation;
+    if (prompt_opt->count() > 0) {
+      if (escape && a.prompt != "-") a.prompt = process_escapes(a.prompt);
+      a.prompt = prompt_text("--prompt", a.prompt);
+    }
+    if (escape)  // llama.cpp processes its reverse prompts (-r) too
+      for (std::string& s : a.stop) s = process_escapes(s);
+    if (!system_file.empty()) {
+      a.system = read_file(system_file, size_t{16} << 20, "--system-prompt-file");
+      while (a.system.ends_with('\n')) a.system.pop_back();
+      if (a.system.empty()) throw UsageError(fmt::format("--system-prompt-file {}: the file is empty", system_file));
+    }
     if (!a.system.empty()) {
       if (std::string p = utf8_problem(a.system); !p.empty()) throw UsageError("--system: " + p);
     }
@@ -193,14 +262,26 @@ Subcommand register_generate(CLI::App& app) {
       throw UsageError(fmt::format("--stop: given {} times; at most {} stop strings are supported", a.stop.size(),
                                    kMaxStopStrings));
     if (a.unordered && a.file.empty()) throw UsageError("--unordered: only with --file");
-    if (!a.file.empty() && a.max_tokens == 0)
-      throw UsageError("--max-tokens 0: each request of a prompts file generates at least 1 token");
+    if (!a.file.empty() && a.max_tokens <= 0)
+      throw UsageError(fmt::format("--max-tokens {}: each request of a prompts file generates at least 1 token",
+                                   a.max_tokens));
+    if (a.color.empty()) a.color = "on";  // -co alone
+    if (a.interactive) {
+      if (a.json) throw UsageError("--json: not with the chat (-cnv, -i)");
+      if (n_opt->count() == 0) a.max_tokens = -1;  // a reply runs to its end, as in llama-cli
+      if (a.max_tokens == 0) throw UsageError("--max-tokens 0: a chat reply needs at least 1 token");
+      say_gpu_layers(engine);
+      return run_chat(a, engine, quiet);
+    }
+    if (a.single_turn || a.multiline || a.verbose_prompt)
+      throw UsageError(fmt::format("{}: only with the chat (-cnv, -i)", a.single_turn ? "--single-turn"
+                                                                         : a.multiline ? "--multiline-input"
+                                                                                       : "--verbose-prompt"));
     if (a.file.empty() && prompt_opt->count() == 0 && a.token_ids.empty())
-      throw UsageError("generate needs --prompt TEXT, --token-ids 1,2,3 or --file FILE");
+      throw UsageError("generate needs --prompt TEXT, --token-ids 1,2,3, --file FILE, or -cnv for a chat");
     say_gpu_layers(engine);
     return a.file.empty() ? run_generate(a, engine, quiet) : run_generate_file(a, engine, quiet);
   };
-  (void)gen;
   return {gen, run};
 }
 

@@ -7,7 +7,14 @@
 #include <iostream>
 #include <optional>
 
+#include <filesystem>
+
 #include "attention/calibration.h"
+#include "backend/cpu/quant_matmul.h"
+#include "io/gguf.h"
+#include "io/json_file.h"
+#include "runtime/backend_select.h"
+#include "tokenizer/tokenizer.h"
 #include "attention/unified_max.h"
 #include "model/model_loader.h"
 #ifdef FDPP_HAVE_CUDA
@@ -18,13 +25,128 @@ namespace fdpp::cli {
 
 namespace {
 
-int run_info(const std::string& model, bool json) {
+struct InfoArgs {
+  std::string model;
+  bool json = false;
+  std::string device = "auto";
+  std::string dtype = "auto";
+  std::string cpu_weights = "stored";
+};
+
+// The weights as the chosen backend will hold them: per stored dtype, what it becomes.
+struct RunsAs {
+  std::string device;  // "cpu" or "cuda"
+  std::string summary;  // one line
+  nlohmann::json tensors = nlohmann::json::array();
+};
+
+// Whether the CPU keeps a stored dtype in place: GGUF blocks it has kernels for, with
+// --cpu-weights stored (F32 is fp32 either way).
+bool cpu_in_place(const ModelDescription& d, const InfoArgs& a, const std::string& stored) {
+  if (d.format != "gguf" || a.cpu_weights != "stored" || stored == "F32") return false;
+  for (uint32_t t = 0; t < 64; ++t) {
+    const auto type = static_cast<gguf::GgmlType>(t);
+    if (gguf::is_known(type) && gguf::type_name(type) == stored) return cpu::stored_supported(type);
+  }
+  return false;
+}
+
+RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
+  RunsAs r;
+  r.device = a.device != "auto" ? a.device : resolve_device(Device::Auto) == Device::Cuda ? "cuda" : "cpu";
+  std::string parts;
+  for (const auto& [stored, n] : d.dtype_counts) {
+    std::string as;
+    if (r.device == "cuda") {
+      // The GPU holds every weight as 16-bit floats, converted while streaming (--dtype).
+      as = a.dtype == "bf16" ? "bf16" : "f16";
+    } else {
+      // The rest, and every HF checkpoint, becomes fp32.
+      as = cpu_in_place(d, a, stored) ? stored + " in place" : "f32";
+    }
+    r.tensors.push_back({{"stored", stored}, {"tensors", n}, {"runs_as", as}});
+    parts += fmt::format("{}{} x{} -> {}", parts.empty() ? "" : ", ", stored, n, as);
+  }
+  bool any_in_place = false;
+  for (const auto& [stored, n] : d.dtype_counts) any_in_place = any_in_place || cpu_in_place(d, a, stored);
+  std::string compute = "; computes in " + std::string(a.dtype == "bf16" ? "bf16" : "f16");
+  if (r.device == "cpu")
+    compute = any_in_place ? fmt::format("; in-place matmuls take 8-bit activations ({}), the rest fp32",
+                                         cpu::isa_name(cpu::best_isa()))
+                           : "; computes in fp32";
+  r.summary = fmt::format("{}: {}{}", r.device, parts, compute);
+  return r;
+}
+
+// The chat template's kind, from what it renders (the markers of each format fdpp renders), and
+// where it was read from.
+struct TemplateInfo {
+  std::string name;    // "ChatML", "Llama 3.1+", ...; "" when none renders
+  std::string source;  // "GGUF tokenizer.chat_template", "tokenizer_config.json", "chat_template.jinja"
+  std::string problem;
+};
+
+TemplateInfo chat_template_info(const ModelDescription& d, const Tokenizer& tok) {
+  TemplateInfo t;
+  namespace fs = std::filesystem;
+  if (d.format == "gguf") {
+    t.source = "GGUF tokenizer.chat_template";
+  } else {
+    const fs::path dir(d.path);
+    bool in_config = false;
+    if (fs::exists(dir / "tokenizer_config.json")) {
+      try {
+        in_config = read_json_file((dir / "tokenizer_config.json").string()).contains("chat_template");
+      } catch (const Error&) {
+      }
+    }
+    t.source = in_config ? "tokenizer_config.json" : fs::exists(dir / "chat_template.jinja") ? "chat_template.jinja" : "";
+  }
+  std::string text;
+  try {
+    text = tok.apply_chat_template(std::vector<ChatMessage>{{"user", "U"}}, true);
+  } catch (const Error& e) {
+    t.problem = e.what();
+    return t;
+  }
+  if (text.find("<|im_start|>") != std::string::npos) t.name = "ChatML";
+  else if (text.find("<|start_header_id|>") != std::string::npos)
+    t.name = text.find("Cutting Knowledge Date") != std::string::npos ? "Llama 3.1+" : "Llama 3";
+  else if (text.find("[INST]") != std::string::npos) {
+    std::string with_system;
+    try {
+      with_system = tok.apply_chat_template(std::vector<ChatMessage>{{"system", "S"}, {"user", "U"}}, true);
+    } catch (const Error&) {
+    }
+    t.name = with_system.find("<<SYS>>") != std::string::npos ? "Llama 2" : "Mistral";
+  } else {
+    t.name = "other";
+  }
+  return t;
+}
+
+// The tokens that end generation, with their text: "<|im_end|> (2)".
+std::vector<std::pair<int32_t, std::string>> end_tokens(const Tokenizer& tok) {
+  std::vector<std::pair<int32_t, std::string>> out;
+  for (int32_t id = 0; id < tok.vocab_size(); ++id)
+    if (tok.is_end_of_generation(id)) out.emplace_back(id, tok.token_text(id));
+  return out;
+}
+
+int run_info(const InfoArgs& a) {
+  const std::string& model = a.model;
+  const bool json = a.json;
   const std::string path = resolve_model_path(model);
   const ModelDescription d = describe_model(path);
   const ModelConfig& c = d.config;
-  // Memory the CPU backend needs: weights dequantized to fp32, plus the fp32 KV cache at the
-  // model's full context length.
-  const double weight_bytes = 4.0 * static_cast<double>(d.n_params);
+  // Memory the CPU backend needs: the weights as it holds them (GGUF blocks in place, the rest
+  // fp32), plus the fp32 KV cache at the model's full context length.
+  double weight_bytes = 0;
+  for (const TensorDescription& t : d.tensors) {
+    double elements = 1;
+    for (int64_t n : t.shape) elements *= static_cast<double>(n);
+    weight_bytes += cpu_in_place(d, a, t.dtype) ? static_cast<double>(t.bytes) : 4.0 * elements;
+  }
   const double kv_bytes = 2.0 * 4.0 * c.n_layers * static_cast<double>(c.kv_dim()) * c.max_context;
   const std::optional<Calibration> cal = load_calibration(path);
   if (cal)
@@ -38,6 +160,22 @@ int run_info(const std::string& model, bool json) {
 #endif
   std::string dtypes;
   for (const auto& [t, n] : d.dtype_counts) dtypes += fmt::format("{}{} x{}", dtypes.empty() ? "" : ", ", t, n);
+  const RunsAs runs = weights_as_run(d, a);
+  std::unique_ptr<Tokenizer> tok;
+  std::string tokenizer_problem;
+  try {
+    tok = load_tokenizer(path);
+  } catch (const Error& e) {
+    tokenizer_problem = e.what();
+  }
+  TemplateInfo tmpl;
+  std::vector<std::pair<int32_t, std::string>> eos;
+  if (tok) {
+    tmpl = chat_template_info(d, *tok);
+    eos = end_tokens(*tok);
+  } else {
+    for (int32_t id : d.eos_token_ids) eos.emplace_back(id, "");
+  }
   if (json) {
     nlohmann::json j{{"path", d.path},
                      {"format", d.format},
@@ -68,6 +206,12 @@ int run_info(const std::string& model, bool json) {
       j["calibration"] = nullptr;
     }
     j["dispatch"] = dispatch_json;
+    j["runs_as"] = {{"device", runs.device}, {"weights", runs.tensors}};
+    j["chat_template"] = tmpl.name.empty() ? nlohmann::json(nullptr)
+                                           : nlohmann::json{{"name", tmpl.name}, {"source", tmpl.source}};
+    nlohmann::json e = nlohmann::json::array();
+    for (const auto& [id, text] : eos) e.push_back({{"id", id}, {"text", text}});
+    j["eos_tokens"] = e;
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -83,7 +227,17 @@ int run_info(const std::string& model, bool json) {
   fmt::print("dtypes:       {}\n", dtypes);
   fmt::print("parameters:   {} ({:.1f} M)\n", d.n_params, d.n_params / 1e6);
   fmt::print("stored:       {}\n", human_bytes(static_cast<double>(d.stored_bytes)));
-  fmt::print("memory (cpu): {} weights (fp32) + {} KV cache at {} tokens = {}\n", human_bytes(weight_bytes),
+  fmt::print("runs as:      {}\n", runs.summary);
+  if (!tmpl.name.empty())
+    fmt::print("chat:         {} template ({})\n", tmpl.name, tmpl.source);
+  else
+    fmt::print("chat:         no template fdpp renders ({})\n", tok ? tmpl.problem : tokenizer_problem);
+  std::string eos_text;
+  for (const auto& [id, text] : eos)
+    eos_text += fmt::format("{}{}{}", eos_text.empty() ? "" : ", ", text.empty() ? "" : text + " ",
+                            text.empty() ? std::to_string(id) : "(" + std::to_string(id) + ")");
+  fmt::print("end tokens:   {}\n", eos_text.empty() ? "none" : eos_text);
+  fmt::print("memory (cpu): {} weights (as run) + {} KV cache at {} tokens = {}\n", human_bytes(weight_bytes),
              human_bytes(kv_bytes), c.max_context, human_bytes(weight_bytes + kv_bytes));
   if (cal) {
     fmt::print("calibration:  {} (phi range [{:.2f}, {:.2f}], a = {:.2f}, b = {:.2f}, fallback {:.3f}% of rows)\n",
@@ -105,12 +259,21 @@ int run_info(const std::string& model, bool json) {
 }  // namespace
 
 Subcommand register_info(CLI::App& app) {
-  static std::string i_model;
-  static bool i_json = false;
-  auto* info = app.add_subcommand("info", "describe and validate a model without loading its weights");
-  info->add_option("-m,--model", i_model, "GGUF file or HF model directory (default: the default model)");
-  info->add_flag("--json", i_json, "print JSON");
-  return {info, [] { return run_info(i_model, i_json); }};
+  static InfoArgs a;
+  auto* info = app.add_subcommand("info", "describe and validate a model without loading its weights: what it is, "
+                                          "how its weights run, its chat template and end tokens");
+  info->add_option("-m,--model", a.model, "GGUF file or HF model directory (default: the default model)");
+  info->add_option("--device", a.device, "the device to describe the weights on: auto (a GPU when present), cpu, cuda")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  info->add_option("--dtype", a.dtype, "the GPU's weight type as fdpp generate --dtype takes it: auto, f16, bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "f16", "bf16"}));
+  info->add_option("--cpu-weights", a.cpu_weights, "the CPU's weights as --cpu-weights takes them: stored, f32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"stored", "f32"}));
+  info->add_flag("--json", a.json, "print JSON");
+  return {info, [] { return run_info(a); }};
 }
 
 }  // namespace fdpp::cli

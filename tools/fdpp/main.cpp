@@ -1,4 +1,5 @@
-// fdpp: the command-line front end (llama.cpp-style flags: -m, -p, -f, -n, -c, -s, -t, -ngl).
+// fdpp: the command-line front end (llama.cpp-style flags: -m, -p, -f, -n, -c, -s, -t; llama.cpp's
+// multi-letter ones such as -ngl and -cnv through the table of llama_flags.h).
 //   fdpp generate  text from a model (the default model when no --model is given); --file runs a
 //                  prompts file as one continuously batched job (generate_file.cpp)
 //   fdpp logits    logits of every position as a float32 .npy [T, vocab]
@@ -26,24 +27,22 @@
 
 #include "cli_common.h"
 #include "fdpp/error.h"
+#include "help_format.h"
+#include "llama_flags.h"
 #include "subcommands.h"
 
 namespace {
 
-// llama.cpp spells its GPU-layers flag "-ngl", which CLI11 would read as "-n gl" (a confusing
-// "--max-tokens: gl ..." error), and vLLM its tensor-parallel size "-tp" (read as "-t p"); they
-// become the long flags before parsing.
-std::vector<std::string> llama_cpp_spellings(int argc, char** argv) {
-  std::vector<std::string> args;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "-ngl") a = "--n-gpu-layers";
-    else if (a.starts_with("-ngl=")) a = "--n-gpu-layers=" + a.substr(5);
-    else if (a == "-tp") a = "--tensor-parallel";
-    else if (a.starts_with("-tp=")) a = "--tensor-parallel=" + a.substr(4);
-    args.push_back(std::move(a));
-  }
-  return args;
+// What the rewrite of llama.cpp's flags needs to know of a subcommand's own flags.
+fdpp::cli::FlagLookup lookup_in(const CLI::App* sub) {
+  auto find = [sub](const std::string& flag) -> const CLI::Option* {
+    return sub == nullptr ? nullptr : sub->get_option_no_throw(flag);
+  };
+  return {[find](const std::string& flag) { return find(flag) != nullptr; },
+          [find](const std::string& flag) {
+            const CLI::Option* o = find(flag);
+            return o != nullptr && o->get_items_expected_min() > 0;
+          }};
 }
 
 }  // namespace
@@ -58,6 +57,8 @@ int main(int argc, char** argv) {
     return fmt::format("fdpp: error: {} (see --help)\n", e.what());
   });
   app.set_version_flag("--version", "fdpp 0.1.0");
+  // Set before the subcommands exist: each takes its parent's formatter.
+  app.formatter(std::make_shared<HelpFormatter>());
 
   std::vector<Subcommand> commands{register_generate(app), register_logits(app),   register_tokenize(app),
                                    register_info(app),     register_calibrate(app), register_devices(app),
@@ -71,11 +72,13 @@ int main(int argc, char** argv) {
   // Subcommand names come from the app, so that ones registered elsewhere (serve) are listed too.
   std::string subcommands;
   bool known = false;
-  std::vector<std::string> args = llama_cpp_spellings(argc, argv);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const CLI::App* chosen = nullptr;
   for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     subcommands += (subcommands.empty() ? "" : ", ") + sub->get_name();
-    known = known || (!args.empty() && sub->check_name(args[0]));
+    if (!args.empty() && sub->check_name(args[0])) chosen = sub;
   }
+  known = chosen != nullptr;
   if (args.empty()) {
     fmt::print(stderr, "fdpp: error: a subcommand is required: {} (see --help)\n", subcommands);
     return 2;
@@ -88,6 +91,13 @@ int main(int argc, char** argv) {
 
   int rc = 0;
   try {
+    // llama.cpp's multi-letter flags (llama_flags.h) become fdpp's, or a note, or a refusal by name.
+    if (chosen != nullptr) {
+      RewrittenArgs r = rewrite_foreign_flags(std::vector<std::string>(args.begin() + 1, args.end()), lookup_in(chosen));
+      for (const std::string& note : r.notes) fmt::print(stderr, "fdpp: {}\n", note);
+      r.args.insert(r.args.begin(), args[0]);
+      args = std::move(r.args);
+    }
     try {
       std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
       app.parse(args);
