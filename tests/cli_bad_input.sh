@@ -79,8 +79,8 @@ runtime "unsupported architecture" "gpt2.gguf.*architecture 'gpt2'" "$BIN" info 
 runtime "metadata missing" "notensors.gguf.*(block_count|missing)" "$BIN" info --model "$TMP/notensors.gguf"
 runtime "absurd tensor count" "absurd.gguf" "$BIN" info --model "$TMP/absurd.gguf"
 runtime "generate on a bad file" "text.gguf" "$BIN" generate --model "$TMP/text.gguf" --prompt hi
-usage "no prompt" "generate needs --prompt TEXT, --token-ids 1,2,3 or --file FILE" "$BIN" generate --model "$TMP/text.gguf"
-usage "negative max tokens" "^fdpp: error: --max-tokens: -1 must be in" "$BIN" generate --prompt hi --max-tokens -1
+usage "no prompt" "generate needs --prompt TEXT, --token-ids 1,2,3, --file FILE, or -cnv for a chat" "$BIN" generate --model "$TMP/text.gguf"
+usage "negative max tokens" "^fdpp: error: --max-tokens: -2 must be in" "$BIN" generate --prompt hi --max-tokens -2
 usage "top-p above 1" "^fdpp: error: --top-p: 1.5 must be in \(0, 1\]" "$BIN" generate --prompt hi --top-p 1.5
 usage "top-p 0" "^fdpp: error: --top-p: 0 must be in \(0, 1\]" "$BIN" generate --prompt hi --top-p 0
 usage "temperature nan" "^fdpp: error: --temperature: nan must be in \[0, 100\]" "$BIN" generate --prompt hi --temperature nan
@@ -93,7 +93,7 @@ usage "seed -2" "^fdpp: error: --seed: -2 must be in \[-1" "$BIN" generate --pro
 usage "seed not a number" "^fdpp: error: --seed: 'x' is not an integer" "$BIN" generate --prompt hi -s x
 usage "threads negative" "^fdpp: error: --threads: -1 must be in" "$BIN" generate --prompt hi -t -1
 usage "ctx-size not a number" "^fdpp: error: --ctx-size: 'big' is not an integer" "$BIN" generate --prompt hi -c big
-usage "-ngl not a number" "^fdpp: error: --n-gpu-layers: 'all' is not an integer" "$BIN" generate --prompt hi -ngl all
+usage "-ngl not a number" "^fdpp: error: --n-gpu-layers: 'many' is not an integer" "$BIN" generate --prompt hi -ngl many
 usage "-ngl 0 with --device cuda" "-ngl/--n-gpu-layers 0 .*--device cuda" "$BIN" generate --prompt hi -ngl 0 --device cuda
 usage "device tpu" "^fdpp: error: --device: 'tpu' is not one of auto, cpu, cuda" "$BIN" generate --prompt hi --device tpu
 usage "-tp 0" "^fdpp: error: --tensor-parallel: .*0" "$BIN" generate --prompt hi -tp 0

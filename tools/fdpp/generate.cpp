@@ -190,7 +190,8 @@ Subcommand register_generate(CLI::App& app) {
                     ->check(CLI::Validator(
                         [](std::string& s) -> std::string {
                           if (s == "-1") return "";
-                          return int_check(max_tokens_problem)(s);
+                          const std::string p = int_check(max_tokens_problem)(s);
+                          return p.empty() || !s.starts_with('-') ? p : p + ", or -1 (until the context is full)";
                         },
                         ""));
   gen->add_option("--temperature,--temp", a.sampling.temperature, "0 = greedy")
