@@ -1,6 +1,7 @@
 """fdpp generate -cnv as a person uses it: driven through a pseudo-terminal (pexpect), the default
 model on the CPU, greedy. The rendered prompt of each turn is read from --verbose-prompt's output
 (stderr shares the terminal), so the tests see what the model was given."""
+import re
 import subprocess
 import time
 
@@ -125,3 +126,32 @@ def test_chat_refusals_name_the_flag():
     assert r.returncode == 2 and "--single-turn: only with the chat" in r.stderr
     r = run("generate", "-cnv", "--file", "x.jsonl")
     assert r.returncode == 2 and "excludes" in r.stderr.lower()
+
+
+def gpu_or_skip():
+    r = run("devices")
+    if r.returncode != 0 or re.search(r"^cuda: (no |none)", r.stdout + r.stderr, re.M) or "cuda" not in r.stdout:
+        pytest.skip("no usable GPU")
+
+
+def test_chat_on_the_gpu(default_model):
+    """The same chat on the CUDA engine (ctest cli_llama_gpu, label gpu): the history reaches the
+    second turn, Ctrl-C stops a long reply, /exit ends with 0."""
+    gpu_or_skip()
+    child = pexpect.spawn(FDPP, ["generate", "--device", "cuda", "-cnv", "--temp", "0", "-co", "off",
+                                 "--verbose-prompt", "-n", "16"], encoding="utf-8", timeout=300, dimensions=(60, 250))
+    child.expect_exact(PROMPT)
+    _, first_reply = turn(child, "My name is Zorblax.")
+    second_prompt, _ = turn(child, "What is my name?")
+    assert "<|im_start|>user\nMy name is Zorblax.<|im_end|>\n<|im_start|>assistant\n" + first_reply in second_prompt
+    child.sendline("/exit")
+    assert finish(child) == 0
+    child = pexpect.spawn(FDPP, ["generate", "--device", "cuda", "-cnv", "--temp", "0", "-co", "off",
+                                 "--verbose-prompt", "--ignore-eos"], encoding="utf-8", timeout=300,
+                          dimensions=(60, 250))
+    child.expect_exact(PROMPT)
+    child.sendline("Tell me a long story about a dragon.")
+    _, written = interrupt_reply(child)
+    assert written < 3000
+    child.sendline("/exit")
+    assert finish(child) == 0
