@@ -131,6 +131,10 @@ TEST(LlamaFlags, NeverAShortFlagCluster) {
   EXPECT_TRUE(refusal({"-ngl"}, lookup).starts_with("-ngl (--n-gpu-layers): needs a value"));
   EXPECT_TRUE(refusal({"-cnv=1"}, lookup).starts_with("-cnv (--conversation): takes no value"));
   EXPECT_TRUE(refusal({"-cnv"}, lookup_with({"-p"})).starts_with("-cnv (--conversation): not a flag of this"));
+  // ... except where the row says what it means there instead (llama-bench's -ngl to fdpp bench).
+  const RewrittenArgs bench = rewrite_foreign_flags({"-ngl", "99", "-p", "512"}, lookup_with({"-p"}));
+  EXPECT_EQ(bench.args, (V{"-p", "512"}));
+  EXPECT_EQ(bench.notes, (V{"-ngl 99: ignored: every layer runs on the device that runs the model"}));
 }
 
 TEST(Escapes, AsLlamaCppProcessesThem) {

@@ -133,6 +133,15 @@ def test_info_shows_how_the_weights_run_the_template_and_the_end_tokens(default_
     assert {w["runs_as"] for w in f32["runs_as"]["weights"]} == {"f32"}
 
 
+def test_bench_takes_llama_bench_habits(default_model):
+    r = run("bench", "--device", "cpu", "-ngl", "99", "-fa", "1", "-p", "16", "-n", "4", "-r", "1")
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stderr.splitlines() if line.startswith("fdpp: -")]
+    assert notes == ["fdpp: -ngl 99: ignored: every layer runs on the device that runs the model",
+                     "fdpp: -fa 1: ignored: fdpp's attention kernels are always fused (flash) ones"], r.stderr
+    assert re.search(r"^\| .* \| pp16 \| ", r.stdout, re.M) and re.search(r"^\| .* \| tg4 \| ", r.stdout, re.M), r.stdout
+
+
 @pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="a GPU is present: bench would run")
 def test_bench_without_a_gpu_suggests_the_cpu():
     if "cuda" not in run("bench", "--help").stdout:

@@ -82,7 +82,8 @@ const std::vector<ForeignFlag> kTable = {
     {"-lcs", "--lookup-cache-static", V::Required, A::Refuse, "lookup decoding is not supported"},
     {"-lcd", "--lookup-cache-dynamic", V::Required, A::Refuse, "lookup decoding is not supported"},
     // Devices and memory.
-    {"-ngl", "--n-gpu-layers", V::Required, A::Alias, "--n-gpu-layers", gpu_layers},
+    {"-ngl", "--n-gpu-layers", V::Required, A::Alias, "--n-gpu-layers", gpu_layers,
+     "every layer runs on the device that runs the model"},
     {"-dev", "--device", V::Required, A::Alias, "--device", device_list},
     {"-tp", "--tensor-parallel-size", V::Required, A::Alias, "--tensor-parallel"},  // vLLM's
     {"-sm", "--split-mode", V::Required, A::Ignore,
@@ -251,8 +252,12 @@ RewrittenArgs rewrite_foreign_flags(const std::vector<std::string>& args, const 
         break;
       case ForeignAction::Alias: {
         const std::string target(f->text);
-        if (!lookup.known(target))
-          throw UsageError(fmt::format("{} ({}): not a flag of this subcommand", name, f->long_name));
+        if (!lookup.known(target)) {
+          if (f->otherwise.empty())
+            throw UsageError(fmt::format("{} ({}): not a flag of this subcommand", name, f->long_name));
+          r.notes.push_back(fmt::format("{}: ignored: {}", shown, f->otherwise));
+          break;
+        }
         if (f->value == ForeignValue::None) r.args.push_back(target);
         else if (f->value == ForeignValue::Optional && !has_value) r.args.push_back(target);
         else r.args.push_back(target + "=" + d.text);

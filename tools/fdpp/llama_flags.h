@@ -38,6 +38,9 @@ struct ForeignFlag {
   ForeignAction action;
   std::string_view text;        // Alias: fdpp's flag; Ignore: the note; Refuse: the reason
   ForeignDecision (*decide)(std::string_view value) = nullptr;  // value-dependent entries only
+  // Alias: the note when the subcommand lacks fdpp's flag ("" refuses it): llama-bench's -ngl 99
+  // means nothing to fdpp bench, which runs every layer on the GPU.
+  std::string_view otherwise = "";
 };
 
 // The table, in llama.cpp's --help order by topic.
