@@ -46,8 +46,10 @@ TEST(LlamaFlags, TableIsWellFormed) {
     EXPECT_TRUE(std::regex_match(std::string(f.spelling), multi_letter));
     EXPECT_TRUE(seen.insert(f.spelling).second) << "listed twice";
     EXPECT_TRUE(f.long_name.starts_with("-"));
-    if (f.action == ForeignAction::Alias) EXPECT_TRUE(f.text.starts_with("--"));
-    else if (f.decide == nullptr) EXPECT_FALSE(f.text.empty());
+    if (f.action == ForeignAction::Alias)
+      EXPECT_TRUE(f.text.starts_with("--"));
+    else if (f.decide == nullptr)
+      EXPECT_FALSE(f.text.empty());
   }
   // The flags issue 46 names must all be there.
   for (const char* s : {"-cnv", "-ngl", "-fa", "-sys", "-mli", "-co", "-ctk", "-ctv", "-nkvo", "-dev", "-sm", "-ts",

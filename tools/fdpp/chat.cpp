@@ -146,12 +146,24 @@ std::string process_escapes(std::string_view in) {
     }
     const char c = in[++i];
     switch (c) {
-      case 'n': out += '\n'; break;
-      case 'r': out += '\r'; break;
-      case 't': out += '\t'; break;
-      case '\'': out += '\''; break;
-      case '"': out += '"'; break;
-      case '\\': out += '\\'; break;
+      case 'n':
+        out += '\n';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case '\'':
+        out += '\'';
+        break;
+      case '"':
+        out += '"';
+        break;
+      case '\\':
+        out += '\\';
+        break;
       default:
         if (c == 'x' && i + 2 < in.size() && hex(in[i + 1]) >= 0 && hex(in[i + 2]) >= 0) {
           out += static_cast<char>(hex(in[i + 1]) * 16 + hex(in[i + 2]));
@@ -195,13 +207,14 @@ int run_chat(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
   const bool color = use_color(a.color);
   if (!quiet) {
     fmt::print(stderr, "{}\n", load_line(load));
-    fmt::print(stderr,
-               "fdpp chat: {} | context {} tokens{}\n"
-               "  /exit or Ctrl-D  quit          /clear  start over       /regen  answer the last message again\n"
-               "  /read FILE       add a file to the next message          Ctrl-C   stop a reply (at the prompt: quit)\n"
-               "  a line ending in \\ continues on the next one{}\n",
-               m.path, ctx, a.system.empty() ? "" : " | with a system prompt",
-               a.multiline ? "; -mli: the message ends with a line ending in /" : "");
+    fmt::print(
+        stderr,
+        "fdpp chat: {} | context {} tokens{}\n"
+        "  /exit or Ctrl-D  quit          /clear  start over       /regen  answer the last message again\n"
+        "  /read FILE       add a file to the next message          Ctrl-C   stop a reply (at the prompt: quit)\n"
+        "  a line ending in \\ continues on the next one{}\n",
+        m.path, ctx, a.system.empty() ? "" : " | with a system prompt",
+        a.multiline ? "; -mli: the message ends with a line ending in /" : "");
   }
 
   SigintGuard guard;
@@ -231,9 +244,9 @@ int run_chat(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
     if (text.empty()) continue;
     if (text == "/exit" || text == "/quit") break;
     if (text == "/clear") {
-      messages.erase(std::remove_if(messages.begin(), messages.end(),
-                                    [](const ChatMessage& msg) { return msg.role != "system"; }),
-                     messages.end());
+      messages.erase(
+          std::remove_if(messages.begin(), messages.end(), [](const ChatMessage& msg) { return msg.role != "system"; }),
+          messages.end());
       attached.clear();
       write_stdout("(the conversation is cleared)\n");
       continue;
@@ -277,9 +290,10 @@ int run_chat(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
     const int64_t room = ctx - static_cast<int64_t>(prompt.size());
     const int64_t want = a.max_tokens < 0 ? 1 : a.max_tokens;
     if (room < want) {
-      write_stdout(fmt::format("(this turn does not fit: the conversation is {} tokens{}, the context {}; /clear "
-                               "starts over, -c sets a larger context)\n",
-                               prompt.size(), a.max_tokens < 0 ? "" : fmt::format(" + -n {}", a.max_tokens), ctx));
+      write_stdout(
+          fmt::format("(this turn does not fit: the conversation is {} tokens{}, the context {}; /clear "
+                      "starts over, -c sets a larger context)\n",
+                      prompt.size(), a.max_tokens < 0 ? "" : fmt::format(" + -n {}", a.max_tokens), ctx));
       if (!regen) messages.pop_back();
       continue;
     }
@@ -320,12 +334,11 @@ int run_chat(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
     if (!quiet) {
       const double decode = result.total_time - result.time_to_first_token;
       const size_t n = result.token_ids.size();
-      fmt::print(stderr, "[ prompt: {} tokens, {:.1f} t/s | reply: {} tokens, {:.1f} t/s{} ]\n",
-                 result.prompt.size(),
-                 result.time_to_first_token > 0 ? static_cast<double>(result.prompt.size()) / result.time_to_first_token
-                                                : 0.0,
-                 n, n > 1 && decode > 0 ? (n - 1) / decode : 0.0,
-                 result.finish_reason == "length" ? ", stopped at the token limit" : "");
+      fmt::print(
+          stderr, "[ prompt: {} tokens, {:.1f} t/s | reply: {} tokens, {:.1f} t/s{} ]\n", result.prompt.size(),
+          result.time_to_first_token > 0 ? static_cast<double>(result.prompt.size()) / result.time_to_first_token : 0.0,
+          n, n > 1 && decode > 0 ? (n - 1) / decode : 0.0,
+          result.finish_reason == "length" ? ", stopped at the token limit" : "");
       std::fflush(stderr);
     }
     if (a.single_turn) break;

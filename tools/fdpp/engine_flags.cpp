@@ -1,6 +1,8 @@
 #include "engine_flags.h"
 
-#include <map>
+#include <algorithm>
+#include <utility>
+#include <vector>
 
 namespace fdpp::cli {
 
@@ -8,15 +10,15 @@ namespace {
 
 // --help's topic of each option of the table (the CLI's view; the table itself has no groups).
 std::string help_group(const std::string& name) {
-  static const std::map<std::string, std::string> groups = {
-      {"model", "Model"},         {"load_format", "Model"},      {"config", "Model"},
-      {"dtype", "Model"},         {"calibration", "Model"},      {"device", "Devices"},
-      {"threads", "Devices"},     {"cpu_weights", "Devices"},    {"tensor_parallel", "Devices"},
-      {"n_gpu_layers", "Devices"}, {"attention", "Kernels"},     {"linear", "Kernels"},
-      {"dispatch_table", "Kernels"}, {"pdl", "Kernels"},         {"decode_path", "Kernels"},
-      {"cuda_graphs", "Kernels"}, {"enforce_eager", "Kernels"}, {"step_log", "Diagnostics"}};
-  const auto it = groups.find(name);
-  return it == groups.end() ? "Engine (context, KV cache, batching)" : it->second;
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> groups = {
+      {"Model", {"model", "load_format", "config", "dtype", "calibration"}},
+      {"Devices", {"device", "threads", "cpu_weights", "tensor_parallel", "n_gpu_layers"}},
+      {"Kernels", {"attention", "linear", "dispatch_table", "pdl", "decode_path", "cuda_graphs", "enforce_eager"}},
+      {"Diagnostics", {"step_log"}},
+  };
+  for (const auto& [group, names] : groups)
+    if (std::find(names.begin(), names.end(), name) != names.end()) return group;
+  return "Engine (context, KV cache, batching)";
 }
 
 }  // namespace
@@ -28,7 +30,8 @@ void add_engine_flags(CLI::App* app, EngineArgs& args, FrontEnd front_end) {
     std::string help = o.help;
     if (!o.env.empty()) help += " ($" + o.env + " when not given)";
     if (o.kind == OptionKind::Switch) {
-      app->add_flag_callback(o.flags, [&args, &o] { o.assign(args, o.flag_value ? "true" : "false"); }, help)
+      app->add_flag_callback(
+             o.flags, [&args, &o] { o.assign(args, o.flag_value ? "true" : "false"); }, help)
           ->group(help_group(o.name));
       continue;
     }

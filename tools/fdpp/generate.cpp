@@ -9,11 +9,11 @@
 
 #include "chat.h"
 #include "cli_common.h"
-#include "engine_flags.h"
 #include "core/read_file.h"
 #include "engine/generate.h"
 #include "engine/prompt_file.h"
 #include "engine/scheduler.h"
+#include "engine_flags.h"
 #include "generate_file.h"
 #include "subcommands.h"
 #include "tokenizer/tokenizer.h"
@@ -50,7 +50,8 @@ int run_generate(GenerateArgs a, const EngineArgs& e, bool quiet) {
   const int ctx = e.max_model_len > 0 ? e.max_model_len : c.max_context;
   check(ctx <= c.max_context, "--ctx-size {} exceeds the model's context length {}", ctx, c.max_context);
   // -n -1 (llama.cpp's "until the context is full").
-  if (a.max_tokens < 0) a.max_tokens = static_cast<int>(std::max<int64_t>(0, ctx - static_cast<int64_t>(prompt.size())));
+  if (a.max_tokens < 0)
+    a.max_tokens = static_cast<int>(std::max<int64_t>(0, ctx - static_cast<int64_t>(prompt.size())));
   const int64_t needed = static_cast<int64_t>(prompt.size()) + a.max_tokens;
   check(needed <= ctx, "prompt ({} tokens) + --max-tokens ({}) exceed the context size {}", prompt.size(),
         a.max_tokens, ctx);
@@ -129,11 +130,13 @@ Subcommand register_generate(CLI::App& app) {
   static bool escape = true;
   static bool conversation = false;
   static std::string system_file;
-  auto* gen = app.add_subcommand("generate", "generate text (streams to stdout), chat (-cnv, -i), or run a prompts "
-                                             "file (--file)");
+  auto* gen = app.add_subcommand("generate",
+                                 "generate text (streams to stdout), chat (-cnv, -i), or run a prompts "
+                                 "file (--file)");
   const std::string kPrompt = "Prompt", kChat = "Chat (-cnv, -i)", kSampling = "Sampling", kOutput = "Output";
-  auto* prompt_opt = gen->add_option("-p,--prompt", a.prompt, "prompt text; - reads it from stdin; with -cnv the "
-                                                              "first message")
+  auto* prompt_opt = gen->add_option("-p,--prompt", a.prompt,
+                                     "prompt text; - reads it from stdin; with -cnv the "
+                                     "first message")
                          ->group(kPrompt);
   auto* ids_opt = gen->add_option("--token-ids", a.token_ids, "prompt as token ids, e.g. 1,2,3")
                       ->group(kPrompt)
@@ -148,14 +151,14 @@ Subcommand register_generate(CLI::App& app) {
                           },
                           ""));
   auto* file_opt = gen->add_option("-f,--file", a.file,
-                                    "prompts file run as one batch: .jsonl (\"prompt\" or \"messages\", optional "
-                                    "sampling fields per line) or text (one prompt per line; - reads stdin); "
-                                    "writes JSON Lines")
+                                   "prompts file run as one batch: .jsonl (\"prompt\" or \"messages\", optional "
+                                   "sampling fields per line) or text (one prompt per line; - reads stdin); "
+                                   "writes JSON Lines")
                        ->group(kPrompt);
   prompt_opt->excludes(ids_opt);
   file_opt->excludes(prompt_opt)->excludes(ids_opt);
-  auto* system_opt = gen->add_option("--system,--system-prompt", a.system, "system message (implies --chat; -sys)")
-                         ->group(kPrompt);
+  auto* system_opt =
+      gen->add_option("--system,--system-prompt", a.system, "system message (implies --chat; -sys)")->group(kPrompt);
   auto* system_file_opt =
       gen->add_option("--system-prompt-file", system_file, "the system message from a file (-sysf)")->group(kPrompt);
   system_file_opt->excludes(system_opt);
@@ -264,8 +267,8 @@ Subcommand register_generate(CLI::App& app) {
                                    kMaxStopStrings));
     if (a.unordered && a.file.empty()) throw UsageError("--unordered: only with --file");
     if (!a.file.empty() && a.max_tokens <= 0)
-      throw UsageError(fmt::format("--max-tokens {}: each request of a prompts file generates at least 1 token",
-                                   a.max_tokens));
+      throw UsageError(
+          fmt::format("--max-tokens {}: each request of a prompts file generates at least 1 token", a.max_tokens));
     if (a.color.empty()) a.color = "on";  // -co alone
     if (a.interactive) {
       if (a.json) throw UsageError("--json: not with the chat (-cnv, -i)");
@@ -276,8 +279,8 @@ Subcommand register_generate(CLI::App& app) {
     }
     if (a.single_turn || a.multiline || a.verbose_prompt)
       throw UsageError(fmt::format("{}: only with the chat (-cnv, -i)", a.single_turn ? "--single-turn"
-                                                                         : a.multiline ? "--multiline-input"
-                                                                                       : "--verbose-prompt"));
+                                                                        : a.multiline ? "--multiline-input"
+                                                                                      : "--verbose-prompt"));
     if (a.file.empty() && prompt_opt->count() == 0 && a.token_ids.empty())
       throw UsageError("generate needs --prompt TEXT, --token-ids 1,2,3, --file FILE, or -cnv for a chat");
     say_gpu_layers(engine);

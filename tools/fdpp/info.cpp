@@ -10,13 +10,13 @@
 #include <filesystem>
 
 #include "attention/calibration.h"
+#include "attention/unified_max.h"
 #include "backend/cpu/quant_matmul.h"
 #include "io/gguf.h"
 #include "io/json_file.h"
+#include "model/model_loader.h"
 #include "runtime/backend_select.h"
 #include "tokenizer/tokenizer.h"
-#include "attention/unified_max.h"
-#include "model/model_loader.h"
 #ifdef FDPP_HAVE_CUDA
 #include "tune.h"
 #endif
@@ -35,7 +35,7 @@ struct InfoArgs {
 
 // The weights as the chosen backend will hold them: per stored dtype, what it becomes.
 struct RunsAs {
-  std::string device;  // "cpu" or "cuda"
+  std::string device;   // "cpu" or "cuda"
   std::string summary;  // one line
   nlohmann::json tensors = nlohmann::json::array();
 };
@@ -100,7 +100,9 @@ TemplateInfo chat_template_info(const ModelDescription& d, const Tokenizer& tok)
       } catch (const Error&) {
       }
     }
-    t.source = in_config ? "tokenizer_config.json" : fs::exists(dir / "chat_template.jinja") ? "chat_template.jinja" : "";
+    t.source = in_config                                 ? "tokenizer_config.json"
+               : fs::exists(dir / "chat_template.jinja") ? "chat_template.jinja"
+                                                         : "";
   }
   std::string text;
   try {
@@ -109,7 +111,8 @@ TemplateInfo chat_template_info(const ModelDescription& d, const Tokenizer& tok)
     t.problem = e.what();
     return t;
   }
-  if (text.find("<|im_start|>") != std::string::npos) t.name = "ChatML";
+  if (text.find("<|im_start|>") != std::string::npos)
+    t.name = "ChatML";
   else if (text.find("<|start_header_id|>") != std::string::npos)
     t.name = text.find("Cutting Knowledge Date") != std::string::npos ? "Llama 3.1+" : "Llama 3";
   else if (text.find("[INST]") != std::string::npos) {
@@ -207,8 +210,8 @@ int run_info(const InfoArgs& a) {
     }
     j["dispatch"] = dispatch_json;
     j["runs_as"] = {{"device", runs.device}, {"weights", runs.tensors}};
-    j["chat_template"] = tmpl.name.empty() ? nlohmann::json(nullptr)
-                                           : nlohmann::json{{"name", tmpl.name}, {"source", tmpl.source}};
+    j["chat_template"] =
+        tmpl.name.empty() ? nlohmann::json(nullptr) : nlohmann::json{{"name", tmpl.name}, {"source", tmpl.source}};
     nlohmann::json e = nlohmann::json::array();
     for (const auto& [id, text] : eos) e.push_back({{"id", id}, {"text", text}});
     j["eos_tokens"] = e;
@@ -260,8 +263,9 @@ int run_info(const InfoArgs& a) {
 
 Subcommand register_info(CLI::App& app) {
   static InfoArgs a;
-  auto* info = app.add_subcommand("info", "describe and validate a model without loading its weights: what it is, "
-                                          "how its weights run, its chat template and end tokens");
+  auto* info = app.add_subcommand("info",
+                                  "describe and validate a model without loading its weights: what it is, "
+                                  "how its weights run, its chat template and end tokens");
   info->add_option("-m,--model", a.model, "GGUF file or HF model directory (default: the default model)");
   info->add_option("--device", a.device, "the device to describe the weights on: auto (a GPU when present), cpu, cuda")
       ->capture_default_str()

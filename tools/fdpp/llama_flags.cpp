@@ -47,7 +47,8 @@ ForeignDecision kv_cache_type(std::string_view v) {
   const std::string l = lower(v);
   if (l == "f16" || l == "bf16" || l == "f32")
     return {ForeignAction::Ignore, "the KV cache takes the weights' dtype on the GPU and fp32 on the CPU"};
-  return {ForeignAction::Refuse, "quantized KV caches are not supported (the cache is f16/bf16 on the GPU, f32 on the CPU)"};
+  return {ForeignAction::Refuse,
+          "quantized KV caches are not supported (the cache is f16/bf16 on the GPU, f32 on the CPU)"};
 }
 
 constexpr std::string_view kDraft = "speculative decoding (a draft model) is not supported";
@@ -101,7 +102,8 @@ const std::vector<ForeignFlag> kTable = {
     {"-cmoe", "--cpu-moe", V::None, A::Refuse, kSplit},
     {"-ncmoe", "--n-cpu-moe", V::Required, A::Refuse, kSplit},
     {"-fit", "--fit", V::Required, A::Ignore, "the KV cache is sized from free memory (--gpu-memory-utilization)"},
-    {"-fitt", "--fit-target", V::Required, A::Ignore, "the KV cache is sized from free memory (--gpu-memory-utilization)"},
+    {"-fitt", "--fit-target", V::Required, A::Ignore,
+     "the KV cache is sized from free memory (--gpu-memory-utilization)"},
     {"-fitc", "--fit-ctx", V::Required, A::Ignore, "the KV cache is sized from free memory (--gpu-memory-utilization)"},
     {"-fitp", "--fit-print", V::Required, A::Ignore, "fdpp info prints what a model needs"},
     {"-dio", "--direct-io", V::None, A::Ignore, "weights are read through mmap or streamed to the GPU"},
@@ -175,7 +177,8 @@ bool optional_value_word(std::string_view w) {
 // "-n128", "-c4096", "-s-1": a one-letter flag with its value attached (CLI11 reads these).
 bool attached_number(std::string_view rest) {
   if (rest.starts_with('-')) rest.remove_prefix(1);
-  return !rest.empty() && std::all_of(rest.begin(), rest.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.'; });
+  return !rest.empty() && std::all_of(rest.begin(), rest.end(),
+                                      [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.'; });
 }
 
 }  // namespace
@@ -215,9 +218,10 @@ RewrittenArgs rewrite_foreign_flags(const std::vector<std::string>& args, const 
         r.args.push_back(word);
         continue;
       }
-      throw UsageError(fmt::format("{}: not a flag here; fdpp's single-dash flags are one letter, and the "
-                                   "llama.cpp flags it takes are listed in the README",
-                                   name));
+      throw UsageError(
+          fmt::format("{}: not a flag here; fdpp's single-dash flags are one letter, and the "
+                      "llama.cpp flags it takes are listed in the README",
+                      name));
     }
     // The value, attached ("-ngl=99"), the next word, or none.
     std::string value;
@@ -258,9 +262,12 @@ RewrittenArgs rewrite_foreign_flags(const std::vector<std::string>& args, const 
           r.notes.push_back(fmt::format("{}: ignored: {}", shown, f->otherwise));
           break;
         }
-        if (f->value == ForeignValue::None) r.args.push_back(target);
-        else if (f->value == ForeignValue::Optional && !has_value) r.args.push_back(target);
-        else r.args.push_back(target + "=" + d.text);
+        if (f->value == ForeignValue::None)
+          r.args.push_back(target);
+        else if (f->value == ForeignValue::Optional && !has_value)
+          r.args.push_back(target);
+        else
+          r.args.push_back(target + "=" + d.text);
         break;
       }
     }

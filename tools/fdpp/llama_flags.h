@@ -32,11 +32,11 @@ struct ForeignDecision {
 };
 
 struct ForeignFlag {
-  std::string_view spelling;    // "-cnv"
-  std::string_view long_name;   // the origin's long name, for messages ("--conversation")
+  std::string_view spelling;   // "-cnv"
+  std::string_view long_name;  // the origin's long name, for messages ("--conversation")
   ForeignValue value;
   ForeignAction action;
-  std::string_view text;        // Alias: fdpp's flag; Ignore: the note; Refuse: the reason
+  std::string_view text;  // Alias: fdpp's flag; Ignore: the note; Refuse: the reason
   ForeignDecision (*decide)(std::string_view value) = nullptr;  // value-dependent entries only
   // Alias: the note when the subcommand lacks fdpp's flag ("" refuses it): llama-bench's -ngl 99
   // means nothing to fdpp bench, which runs every layer on the GPU.

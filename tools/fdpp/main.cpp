@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
   try {
     // llama.cpp's multi-letter flags (llama_flags.h) become fdpp's, or a note, or a refusal by name.
     if (chosen != nullptr) {
-      RewrittenArgs r = rewrite_foreign_flags(std::vector<std::string>(args.begin() + 1, args.end()), lookup_in(chosen));
+      RewrittenArgs r =
+          rewrite_foreign_flags(std::vector<std::string>(args.begin() + 1, args.end()), lookup_in(chosen));
       for (const std::string& note : r.notes) fmt::print(stderr, "fdpp: {}\n", note);
       r.args.insert(r.args.begin(), args[0]);
       args = std::move(r.args);
