@@ -270,3 +270,29 @@ TEST(EngineArgs, EnvironmentColumnMatchesTheFallback) {
 
 }  // namespace
 }  // namespace fdpp
+
+namespace fdpp {
+namespace {
+
+// --dtype auto on the GPU: bf16 for a checkpoint stored mostly in bf16 (an f16 copy of it can
+// overflow), f16 for f16/f32 ones and without a plan; an explicit dtype is kept.
+TEST(GpuDtype, AutoFollowsTheStoredWeights) {
+  auto tensor = [](gguf::GgmlType type, int64_t rows) {
+    PlannedTensor t;
+    t.shape = {rows, 64};
+    t.src.type = type;
+    return t;
+  };
+  WeightPlan bf16_plan;
+  bf16_plan.tensors = {tensor(gguf::GgmlType::BF16, 64), tensor(gguf::GgmlType::F32, 1)};
+  WeightPlan f16_plan;
+  f16_plan.tensors = {tensor(gguf::GgmlType::F16, 64), tensor(gguf::GgmlType::BF16, 1)};
+  EXPECT_EQ(gpu_dtype("auto", &bf16_plan), "bf16");
+  EXPECT_EQ(gpu_dtype("auto", &f16_plan), "f16");
+  EXPECT_EQ(gpu_dtype("auto", nullptr), "f16");
+  EXPECT_EQ(gpu_dtype("f16", &bf16_plan), "f16");
+  EXPECT_EQ(gpu_dtype("bf16", &f16_plan), "bf16");
+}
+
+}  // namespace
+}  // namespace fdpp

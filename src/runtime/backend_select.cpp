@@ -31,6 +31,17 @@ Device parse_device(const std::string& name) {
   fail("--device '{}' is not one of auto, cpu, cuda", name);
 }
 
+std::string gpu_dtype(const std::string& requested, const WeightPlan* plan) {
+  if (requested != "auto") return requested;
+  if (plan == nullptr) return "f16";
+  int64_t bf16 = 0, other_float = 0;
+  for (const PlannedTensor& t : plan->tensors) {
+    if (t.src.type == gguf::GgmlType::BF16) bf16 += t.numel();
+    else if (t.src.type == gguf::GgmlType::F16 || t.src.type == gguf::GgmlType::F32) other_float += t.numel();
+  }
+  return bf16 > other_float ? "bf16" : "f16";
+}
+
 const char* device_name(Device d) { return d == Device::Cuda ? "cuda" : d == Device::Cpu ? "cpu" : "auto"; }
 
 Device resolve_device(Device requested) {
@@ -145,9 +156,9 @@ cuda::GpuMemoryNeed memory_need(const ModelConfig& c, const WeightPlan& plan, in
 std::shared_ptr<const cuda::DeviceModel> device_model(const ModelConfig& config, const DecoderWeights& weights,
                                                       const RunnerOptions& options, int64_t kv_tokens,
                                                       int64_t step_tokens) {
-  cuda::DType dtype = cuda::DType::F16;
-  if (options.dtype == "bf16") dtype = cuda::DType::BF16;
-  else check(options.dtype == "f16" || options.dtype == "auto", "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
+  const std::string chosen = gpu_dtype(options.dtype, options.dummy_weights ? nullptr : options.plan);
+  check(chosen == "f16" || chosen == "bf16", "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
+  const cuda::DType dtype = chosen == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
   if (options.dummy_weights)
     return std::make_shared<const cuda::DeviceModel>(cuda::DeviceModel::dummy(config, dtype, kDummySeed));
   if (options.plan == nullptr) return std::make_shared<const cuda::DeviceModel>(config, weights, dtype);
@@ -186,12 +197,12 @@ std::unique_ptr<Engine> tensor_parallel_engine(const ModelConfig& config, const 
   eo.block_size = limits.block_size;
   if (limits.kv_cache_tokens > 0) eo.kv_cache_tokens = limits.kv_cache_tokens;
   cuda::ShardSource source;
-  source.dtype = options.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
   // Weights already in host memory (tests, formats without a plan) are sharded through a plan of
   // the same tensors, so every path splits the same way.
   WeightPlan in_memory;
   if (options.plan == nullptr && !options.dummy_weights) in_memory = plan_from_weights(weights, config);
   source.plan = options.dummy_weights ? nullptr : options.plan != nullptr ? options.plan : &in_memory;
+  source.dtype = gpu_dtype(options.dtype, source.plan) == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
   source.dummy_seed = kDummySeed;
   source.kv_tokens = eo.kv_cache_tokens > 0 ? eo.kv_cache_tokens : config.max_context / 8 + eo.block_size;
   source.step_tokens = eo.max_prefill_tokens;

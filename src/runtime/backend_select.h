@@ -20,6 +20,10 @@ Device parse_device(const std::string& name);  // "auto", "cpu", "cuda"; throws 
 // Auto becomes Cuda when a usable GPU exists, else Cpu. Cuda without one throws with the reason.
 Device resolve_device(Device requested);
 const char* device_name(Device d);
+// The GPU's 16-bit type for --dtype `requested`: "f16" or "bf16" as asked; "auto" takes bf16 when
+// the plan stores most of its floating-point weights as bf16 (an f16 copy of a bf16 checkpoint can
+// overflow), else f16 (also without a plan).
+std::string gpu_dtype(const std::string& requested, const WeightPlan* plan);
 // For a log line: "cpu", or "cuda (NAME)" with the first GPU's name ("cuda (2 x NAME)" for gpus > 1).
 std::string device_description(Device d, int gpus = 1);
 

@@ -67,7 +67,9 @@ int run_bench(const BenchArgs& a) {
     config = loaded.config();
     model_name = loaded.description.path;
   }
-  const cuda::DType dtype = a.engine.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
+  const cuda::DType dtype =
+      gpu_dtype(a.engine.dtype, a.engine.load_format == "dummy" ? nullptr : &loaded.plan) == "bf16" ? cuda::DType::BF16
+                                                                                                   : cuda::DType::F16;
   const int max_batch = *std::max_element(a.batches.begin(), a.batches.end());
   const int max_ctx = *std::max_element(a.contexts.begin(), a.contexts.end());
   const int max_prompt = a.prompts.empty() ? 0 : *std::max_element(a.prompts.begin(), a.prompts.end());

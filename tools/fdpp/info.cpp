@@ -54,12 +54,20 @@ bool cpu_in_place(const ModelDescription& d, const InfoArgs& a, const std::strin
 RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
   RunsAs r;
   r.device = a.device != "auto" ? a.device : resolve_device(Device::Auto) == Device::Cuda ? "cuda" : "cpu";
+  // gpu_dtype's rule (runtime/backend_select.h) over tensor counts: auto takes bf16 for a checkpoint
+  // stored mostly in bf16.
+  int64_t bf16 = 0, other_float = 0;
+  for (const auto& [stored, n] : d.dtype_counts) {
+    if (stored == "BF16") bf16 += n;
+    else if (stored == "F16" || stored == "F32") other_float += n;
+  }
+  const std::string gpu = a.dtype != "auto" ? a.dtype : bf16 > other_float ? "bf16" : "f16";
   std::string parts;
   for (const auto& [stored, n] : d.dtype_counts) {
     std::string as;
     if (r.device == "cuda") {
       // The GPU holds every weight as 16-bit floats, converted while streaming (--dtype).
-      as = a.dtype == "bf16" ? "bf16" : "f16";
+      as = gpu;
     } else {
       // The rest, and every HF checkpoint, becomes fp32.
       as = cpu_in_place(d, a, stored) ? stored + " in place" : "f32";
@@ -69,7 +77,7 @@ RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
   }
   bool any_in_place = false;
   for (const auto& [stored, n] : d.dtype_counts) any_in_place = any_in_place || cpu_in_place(d, a, stored);
-  std::string compute = "; computes in " + std::string(a.dtype == "bf16" ? "bf16" : "f16");
+  std::string compute = "; computes in " + gpu;
   if (r.device == "cpu")
     compute = any_in_place ? fmt::format("; in-place matmuls take 8-bit activations ({}), the rest fp32",
                                          cpu::isa_name(cpu::best_isa()))
