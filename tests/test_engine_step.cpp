@@ -250,7 +250,7 @@ class SchedulerTest : public ::testing::Test {
     std::vector<uint64_t> ids;
     for (const auto& r : reqs) {
       GenerationCallbacks cb;
-      cb.on_delta = [&](uint64_t id, std::string_view t, std::span<const int32_t>) { streamed[id] += t; };
+      cb.on_delta = [&](uint64_t id, std::string_view t, std::span<const int32_t>, std::span<const TokenLogprobs>) { streamed[id] += t; };
       cb.on_finish = [&](const GenerationResult& g) { done[g.id] = g; };
       ids.push_back(s.submit(r, cb));
     }
