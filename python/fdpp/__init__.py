@@ -224,8 +224,6 @@ class SamplingParams:
         self.frequency_penalty = float(_check_param("frequency_penalty", frequency_penalty))
         self.logprobs = None if logprobs is None else _check_param("logprobs", logprobs)
         self.min_tokens = _check_param("min_tokens", min_tokens)
-        if max_tokens is not None and isinstance(max_tokens, int) and self.min_tokens > max_tokens:
-            raise _bad(f"min_tokens: {min_tokens} exceeds max_tokens = {max_tokens}")
         bias = {} if logit_bias is None else logit_bias
         if not isinstance(bias, dict):
             raise _bad(f"logit_bias: expected a dict of token id -> bias, got {type(bias).__name__}")
@@ -250,6 +248,8 @@ class SamplingParams:
         # -1: a random seed, as None (vLLM's and llama.cpp's spelling).
         self.seed = None if seed is None or _check_param("seed", seed) == -1 else seed
         self.max_tokens = None if max_tokens is None else _check_param("max_tokens", max_tokens)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise _bad(f"min_tokens: {self.min_tokens} exceeds max_tokens = {self.max_tokens}")
         if stop is None:
             stops: list[str] = []
         elif isinstance(stop, str):
