@@ -1862,6 +1862,15 @@ TEST_F(CudaKernels, BenchSample) {
         std::printf("[perf] sample vocab %d rows %d %s: %.1f us (workspace %.1f MiB)\n", vocab, rows,
                     describe(p).c_str(), us, ws_bytes / 1048576.0);
       }
+      // Log probabilities of every row (k = 20, OpenAI's most): the passes over the row it costs.
+      std::vector<int32_t> all_rows(rows);
+      std::iota(all_rows.begin(), all_rows.end(), 0);
+      DeviceBuffer<int32_t> d_rows(all_rows), d_tokens(all_rows);
+      DeviceBuffer<float> lp_out{size_t(rows) * 42};
+      const double lp_us = bench::median_us(20, [&](int) {
+        cuda::token_logprobs(logits.get(), vocab, d_rows.get(), rows, d_tokens.get(), 20, lp_out.get(), 42, nullptr);
+      });
+      std::printf("[perf] token_logprobs vocab %d rows %d k 20: %.1f us\n", vocab, rows, lp_us);
     }
   }
 }
