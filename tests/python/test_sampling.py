@@ -117,3 +117,15 @@ def test_bad_sampling_fields_are_named(kwargs, message):
 def test_a_logit_bias_id_outside_the_vocabulary_is_refused(llm):
     with pytest.raises(fdpp.InvalidInputError, match=r"logit_bias token id 49152 is out of range \[0, 49152\)"):
         llm.generate(PROMPT, greedy(logit_bias={49152: 1.0}), use_tqdm=False)
+
+
+def test_cli_penalty_flags_equal_python(llm, cli):
+    # llama.cpp's --presence-penalty / --frequency-penalty: the same tokens as SamplingParams' fields
+    # (greedy, the same prompt), and different ones from no penalty.
+    prompt = "la la la la la la la la la la"
+    for flag, field in (("--presence-penalty", "presence_penalty"), ("--frequency-penalty", "frequency_penalty")):
+        ref = cli.generate("--prompt", prompt, "--temperature", "0", "-n", "12", "--ignore-eos", flag, "1.5")
+        out = llm.generate(prompt, greedy(max_tokens=12, ignore_eos=True, **{field: 1.5}), use_tqdm=False)[0]
+        assert out.token_ids == ref["token_ids"], flag
+        plain = llm.generate(prompt, greedy(max_tokens=12, ignore_eos=True), use_tqdm=False)[0]
+        assert plain.token_ids != out.token_ids, flag
