@@ -898,9 +898,10 @@ class LLM:
             requests.extend(group)
             where.append(k)
             counts.append(len(group))
-        bar = _progress_bar(use_tqdm, len(items))
+        # Over the engine's requests (n per prompt with n > 1) and the refused prompts.
+        refused = len(items) - len(where)
+        bar = _progress_bar(use_tqdm, refused + len(requests))
         try:
-            refused = len(items) - len(requests)
             if bar is not None and refused:
                 bar.update(refused)
             progress = None if bar is None else _BarUpdate(bar)
