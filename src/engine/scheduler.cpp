@@ -214,7 +214,7 @@ bool Scheduler::emit_token(Active& a, int32_t token, const TokenLogprobs* logpro
   }
   const std::vector<int32_t>& stop_ids = a.request.stop_token_ids;
   // vLLM's min_tokens: nothing stops the request before it (the sampler holds the ids back too).
-  const bool may_stop = static_cast<int>(a.generated.size()) > a.request.sampling.min_tokens;
+  const bool may_stop = static_cast<int>(a.generated.size()) >= a.request.sampling.min_tokens;
   if (may_stop && !a.request.ignore_eos && tokenizer_.is_end_of_generation(token)) {
     finish(a, "stop");
     return true;
