@@ -393,7 +393,9 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
         // Chat sends the role at once, before the first token (as OpenAI and vLLM do); echo sends
         // each choice's prompt text first.
         if (st->first && st->ctx.endpoint == Endpoint::Chat) {
-          out = sse_event(stream_chunk(st->ctx, 0, "", {}, "", true, st->include_usage));
+          // One per choice (n > 1), as vLLM sends them.
+          for (size_t i = 0; i < (st->ctx.n > 1 ? st->channels.size() : 1); ++i)
+            out += sse_event(stream_chunk(st->ctx, static_cast<int>(i), "", {}, "", true, st->include_usage));
           st->first = false;
         }
         if (st->first && !st->ctx.echo_texts.empty()) {

@@ -468,13 +468,16 @@ def test_n_choices(server):
     msgs = [{"role": "user", "content": "Tell me a story."}]
     r = c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=10, temperature=1.0, n=3)
     assert len(r.choices) == 3 and len({ch.message.content for ch in r.choices}) == 3
-    streamed, finishes = ["", "", ""], [0, 0, 0]
+    streamed, finishes, roles = ["", "", ""], [0, 0, 0], [[], [], []]
     for chunk in c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=10, temperature=1.0, n=3,
                                            stream=True):
         for ch in chunk.choices:
             streamed[ch.index] += ch.delta.content or ""
             finishes[ch.index] += ch.finish_reason is not None
+            if ch.delta.role:
+                roles[ch.index].append(ch.delta.role)
     assert finishes == [1, 1, 1] and len(set(streamed)) == 3
+    assert roles == [["assistant"]] * 3  # each choice's first chunk names the role
 
 
 def test_penalties_logit_bias_and_min_tokens_change_the_output(server):
