@@ -89,6 +89,8 @@ usage "temperature not a number" "^fdpp: error: --temperature: 'warm' is not a n
 usage "min-p out of range" "^fdpp: error: --min-p: 2 must be in" "$BIN" generate --prompt hi --min-p 2
 usage "top-k negative" "^fdpp: error: --top-k: -3 must be in" "$BIN" generate --prompt hi --top-k -3
 usage "repeat-penalty 0" "^fdpp: error: --repeat-penalty: 0 must be in" "$BIN" generate --prompt hi --repeat-penalty 0
+usage "presence-penalty 3" "^fdpp: error: --presence-penalty: 3 must be in \[-2, 2\]" "$BIN" generate --prompt hi --presence-penalty 3
+usage "frequency-penalty -2.5" "^fdpp: error: --frequency-penalty: -2.5 must be in \[-2, 2\]" "$BIN" generate --prompt hi --frequency-penalty -2.5
 usage "seed -2" "^fdpp: error: --seed: -2 must be in \[-1" "$BIN" generate --prompt hi --seed -2
 usage "seed not a number" "^fdpp: error: --seed: 'x' is not an integer" "$BIN" generate --prompt hi -s x
 usage "threads negative" "^fdpp: error: --threads: -1 must be in" "$BIN" generate --prompt hi -t -1

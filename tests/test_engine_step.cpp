@@ -250,7 +250,7 @@ class SchedulerTest : public ::testing::Test {
     std::vector<uint64_t> ids;
     for (const auto& r : reqs) {
       GenerationCallbacks cb;
-      cb.on_delta = [&](uint64_t id, std::string_view t, std::span<const int32_t>) { streamed[id] += t; };
+      cb.on_delta = [&](uint64_t id, std::string_view t, std::span<const int32_t>, std::span<const TokenLogprobs>) { streamed[id] += t; };
       cb.on_finish = [&](const GenerationResult& g) { done[g.id] = g; };
       ids.push_back(s.submit(r, cb));
     }
@@ -366,6 +366,69 @@ TEST_F(SchedulerTest, CancelFreesBlocksAndStopStringsCutTheText) {
   for (int i = 0; i < first; ++i) expected += streamed.push(full.token_ids[i]);
   expected += streamed.flush();
   EXPECT_EQ(by_id.text, expected);
+}
+
+// Log probabilities follow the tokens (the deltas carry those of their tokens, the result all of
+// them and their sum), beside a request that asks for none; min_tokens holds a stop id back (vLLM's
+// meaning: nothing stops the request before it).
+TEST_F(SchedulerTest, LogprobsFollowTheTokensAndMinTokensHoldsStopsBack) {
+  auto e = engine(4, 2048);
+  SchedulerOptions o;
+  o.max_num_seqs = 4;
+  o.max_batched_tokens = 128;
+  GenerationRequest r = request(12, 24, 0.f, 3);
+  r.sampling.repeat_penalty = 1.f;  // greedy on the raw logits: the sampled token is the top logprob
+  const auto full = run(*e, {r}, o)[0];
+  EXPECT_TRUE(full.logprobs.empty());
+  GenerationRequest lp = r;
+  lp.sampling.logprobs = 3;
+  Scheduler s(*e, *model_->tokenizer, o);
+  std::vector<int32_t> streamed_tokens;
+  std::vector<TokenLogprobs> streamed;
+  GenerationResult got, plain;
+  GenerationCallbacks cb;
+  cb.on_delta = [&](uint64_t, std::string_view, std::span<const int32_t> t, std::span<const TokenLogprobs> l) {
+    streamed_tokens.insert(streamed_tokens.end(), t.begin(), t.end());
+    streamed.insert(streamed.end(), l.begin(), l.end());
+  };
+  cb.on_finish = [&](const GenerationResult& g) { got = g; };
+  GenerationCallbacks plain_cb;
+  plain_cb.on_finish = [&](const GenerationResult& g) { plain = g; };
+  s.submit(lp, cb);
+  s.submit(r, plain_cb);
+  s.run_until_idle();
+  EXPECT_EQ(got.token_ids, full.token_ids);
+  EXPECT_EQ(plain.token_ids, full.token_ids);
+  EXPECT_TRUE(plain.logprobs.empty());
+  ASSERT_EQ(got.logprobs.size(), got.token_ids.size());
+  EXPECT_EQ(streamed_tokens, got.token_ids);
+  ASSERT_EQ(streamed.size(), got.logprobs.size());
+  double sum = 0;
+  for (size_t i = 0; i < got.token_ids.size(); ++i) {
+    ASSERT_EQ(got.logprobs[i].top.size(), 3u);
+    EXPECT_EQ(got.logprobs[i].top[0].id, got.token_ids[i]) << i;
+    EXPECT_EQ(got.logprobs[i].rank, 1) << i;
+    EXPECT_EQ(streamed[i].logprob, got.logprobs[i].logprob) << i;
+    EXPECT_LE(got.logprobs[i].logprob, 0.f);
+    sum += got.logprobs[i].logprob;
+  }
+  EXPECT_DOUBLE_EQ(got.cumulative_logprob, sum);
+
+  // A stop id from the output: alone it ends the request at its first occurrence; with min_tokens
+  // past that, it is masked until min_tokens tokens are out and the request runs on.
+  const int32_t stop_id = full.token_ids[full.token_ids.size() / 2];
+  const size_t first = std::find(full.token_ids.begin(), full.token_ids.end(), stop_id) - full.token_ids.begin();
+  GenerationRequest m = r;
+  m.stop_token_ids = {stop_id};
+  EXPECT_EQ(run(*e, {m}, o)[0].token_ids.size(), first + 1);
+  m.sampling.min_tokens = static_cast<int>(first) + 3;
+  const auto held = run(*e, {m}, o)[0];
+  ASSERT_GE(held.token_ids.size(), first + 3);
+  for (size_t i = 0; i < first + 3 - 1; ++i) EXPECT_NE(held.token_ids[i], stop_id) << i;
+  EXPECT_EQ(std::vector<int32_t>(held.token_ids.begin(), held.token_ids.begin() + first),
+            std::vector<int32_t>(full.token_ids.begin(), full.token_ids.begin() + first));
+  m.sampling.min_tokens = m.max_tokens + 1;
+  EXPECT_THROW(s.submit(m, {}), Error);
 }
 
 TEST_F(SchedulerTest, RejectsWhatCanNeverRunAndAFullQueue) {

@@ -75,6 +75,14 @@ std::string sampler_message(const std::string& name, double value) {
     p.repeat_penalty = static_cast<float>(value);
   else if (name == "repeat_last_n")
     p.repeat_last_n = static_cast<int>(value);
+  else if (name == "presence_penalty")
+    p.presence_penalty = static_cast<float>(value);
+  else if (name == "frequency_penalty")
+    p.frequency_penalty = static_cast<float>(value);
+  else if (name == "min_tokens")
+    p.min_tokens = static_cast<int>(value);
+  else if (name == "logprobs")
+    p.logprobs = static_cast<int>(value);
   else
     ADD_FAILURE() << "the sampler has no field " << name;
   try {
@@ -111,7 +119,9 @@ TEST(RequestLimits, EveryEntranceGivesTheTablesMessage) {
       }
       if (spellings.contains("server")) {
         const std::string name = spellings["server"];
-        EXPECT_EQ(server_message(name, v), with_name(want, name));
+        // top_logprobs is chat's field (with "logprobs": true there).
+        EXPECT_EQ(server_message(name, v, name == "top_logprobs" ? server::Endpoint::Chat : server::Endpoint::Completions),
+                  with_name(want, name));
         ++checked;
         if (name == "max_tokens") {  // chat's other spelling: the same range, its own name
           EXPECT_EQ(server_message("max_completion_tokens", v, server::Endpoint::Chat),
@@ -157,7 +167,8 @@ TEST(RequestLimits, FixtureCoversTheTable) {
       }
     }
   }
-  EXPECT_EQ(table["spellings"].size(), request_params().size() - 1);  // all but n_predict
+  // All but n_predict (the CLI's) and logit_bias_value (a logit_bias entry's range).
+  EXPECT_EQ(table["spellings"].size(), request_params().size() - 2);
 }
 
 TEST(RequestLimits, TheTable) {

@@ -2,6 +2,7 @@
 // response / SSE chunk shapes, and the Prometheus text (src/server/metrics.h).
 #include <gtest/gtest.h>
 
+#include "engine/sampler.h"
 #include "server/api.h"
 #include "server/metrics.h"
 #include "server_api_fakes.h"
@@ -189,18 +190,24 @@ TEST(ServerApi, UnsupportedFieldsAreRejectedByName) {
   const auto H = Endpoint::Chat;
   const std::string chat = R"("messages": [{"role": "user", "content": "q"}])";
   for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
-           {"n", "2"}, {"logprobs", "true"}, {"top_logprobs", "3"}, {"tools", R"([{"type": "function"}])"},
+           {"n", "0"}, {"top_logprobs", "3"}, {"tools", R"([{"type": "function"}])"},
            {"tool_choice", R"("required")"}, {"response_format", R"({"type": "json_object"})"},
-           {"logit_bias", R"({"5": 1})"}, {"presence_penalty", "0.5"}, {"frequency_penalty", "1"},
-           {"audio", "{}"}, {"prompt", R"("x")"}, {"best_of", "2"}, {"min_tokens", "1"},
-           {"skip_special_tokens", "0"}, {"add_special_tokens", "true"}, {"echo", "true"}})
+           {"logit_bias", R"({"5": 101})"}, {"logit_bias", R"({"x": 1})"}, {"logit_bias", R"({"300": 1})"},
+           {"logit_bias", "[1]"}, {"presence_penalty", "2.5"}, {"frequency_penalty", "-3"},
+           {"audio", "{}"}, {"prompt", R"("x")"}, {"best_of", "2"}, {"min_tokens", "-1"},
+           {"skip_special_tokens", "0"}, {"add_special_tokens", "true"}, {"echo", "true"}, {"prompt_logprobs", "1"}})
     EXPECT_EQ(error_of(H, "{" + chat + ", \"" + field + "\": " + value + "}"), std::make_pair(400, field)) << field;
   for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
-           {"n", "3"}, {"best_of", "2"}, {"logprobs", "1"}, {"echo", "true"}, {"suffix", R"("end")"},
-           {"messages", "[]"}, {"tools", "[]"}, {"min_tokens", "4"}, {"skip_special_tokens", "\"no\""},
+           {"n", "65"}, {"best_of", "2"}, {"logprobs", "21"}, {"logprobs", "true"}, {"suffix", R"("end")"},
+           {"messages", "[]"}, {"tools", "[]"}, {"min_tokens", "17"}, {"skip_special_tokens", "\"no\""},
            {"include_stop_str_in_output", "true"}, {"use_beam_search", "true"}, {"best_of", "1.0"},
            {"add_special_tokens", "1"}})
     EXPECT_EQ(error_of(C, "{\"prompt\": \"a\", \"" + field + "\": " + value + "}"), std::make_pair(400, field)) << field;
+  // echo with logprobs: the prompt's log probabilities are not computed; refused by name.
+  EXPECT_EQ(error_of(C, R"({"prompt": "a", "echo": true, "logprobs": 1})"), std::make_pair(400, std::string("echo")));
+  // top_logprobs without "logprobs": true.
+  EXPECT_EQ(error_of(H, "{" + chat + R"(, "top_logprobs": 2, "logprobs": false})"),
+            std::make_pair(400, std::string("top_logprobs")));
   // Off values and bookkeeping fields pass.
   EXPECT_EQ(error_of(H, "{" + chat + R"(, "n": 1, "logprobs": false, "tools": [], "tool_choice": "none",
                  "response_format": {"type": "text"}, "user": "u", "metadata": {"a": "b"}, "store": false,
@@ -287,6 +294,90 @@ TEST(ServerApi, QuotedRequestTextIsOneBoundedLine) {
   const std::string m3 = message_of(C, R"({"prompt": ")" + long_name);
   EXPECT_LT(m3.size(), 300u) << m3;
   EXPECT_EQ(m3.rfind("invalid JSON: ", 0), 0u) << m3;
+}
+
+TEST(ServerApi, SamplingFieldsAndChoices) {
+  const std::string chat = R"("messages": [{"role": "user", "content": "q"}])";
+  ParsedRequest r = parse(Endpoint::Chat, "{" + chat + R"(, "presence_penalty": -1.5, "frequency_penalty": 2,
+                              "logit_bias": {"5": -100, "17": 2.5}, "min_tokens": 3, "logprobs": true,
+                              "top_logprobs": 4, "max_tokens": 9})");
+  const SamplingParams& s = r.generation.sampling;
+  EXPECT_FLOAT_EQ(s.presence_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(s.frequency_penalty, 2.f);
+  ASSERT_EQ(s.logit_bias.size(), 2u);
+  EXPECT_EQ(s.logit_bias[0].id + s.logit_bias[1].id, 22);
+  EXPECT_EQ(s.min_tokens, 3);
+  EXPECT_EQ(s.logprobs, 4);
+  EXPECT_EQ(r.logprobs, 4);
+  EXPECT_TRUE(r.batch.empty());
+  EXPECT_EQ(parse(Endpoint::Chat, "{" + chat + R"(, "logprobs": true})").generation.sampling.logprobs, 0);
+  EXPECT_EQ(parse(Endpoint::Chat, "{" + chat + R"(, "logprobs": false, "top_logprobs": 0})").generation.sampling.logprobs, -1);
+  EXPECT_EQ(parse(Endpoint::Completions, R"({"prompt": "a", "logprobs": 2})").generation.sampling.logprobs, 2);
+  EXPECT_EQ(parse(Endpoint::Completions, R"({"prompt": "a"})").generation.sampling.logprobs, -1);
+  // n choices per prompt: choice i * n + j answers prompt i; a seeded request derives the others' seeds.
+  r = parse(Endpoint::Completions, R"({"prompt": ["ab", "c"], "n": 3, "best_of": 3, "seed": 7})");
+  ASSERT_EQ(r.batch.size(), 6u);
+  EXPECT_EQ(r.n, 3);
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(r.batch[j].prompt, (std::vector<int32_t>{'a' + 1, 'b' + 1}));
+    EXPECT_EQ(r.batch[3 + j].prompt, (std::vector<int32_t>{'c' + 1}));
+    EXPECT_EQ(r.batch[j].sampling.seed, j == 0 ? 7u : derived_seed(7, j));
+    EXPECT_EQ(r.batch[3 + j].sampling.seed, r.batch[j].sampling.seed);
+  }
+  r = parse(Endpoint::Chat, "{" + chat + R"(, "n": 2})");
+  EXPECT_EQ(r.batch.size(), 2u);
+  // echo: the prompts' text in front (ids decoded by the codec); refused in chat.
+  r = parse(Endpoint::Completions, R"({"prompt": ["ab", "c"], "echo": true})");
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.echo_texts, (std::vector<std::string>{"ab", "c"}));
+}
+
+TEST(ServerApi, LogprobsShapes) {
+  ResponseContext ctx;
+  ctx.endpoint = Endpoint::Chat;
+  ctx.logprobs = 2;
+  ctx.token_bytes = [](int32_t id) { return id == 9 ? std::string("\xc3") : std::string(1, static_cast<char>('a' + id)); };
+  GenerationResult r;
+  r.prompt = {1, 2};
+  r.token_ids = {0, 1};
+  r.text = "ab";
+  r.finish_reason = "length";
+  r.logprobs = {{-0.5f, 1, {{0, -0.5f}, {2, -1.5f}}}, {-2.f, 3, {{4, -0.25f}, {9, -INFINITY}}}};
+  json body = completion_body(ctx, r);
+  const json& content = body["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], "a");
+  EXPECT_DOUBLE_EQ(content[0]["logprob"].get<double>(), -0.5);
+  EXPECT_EQ(content[0]["bytes"], json({97}));
+  EXPECT_EQ(content[0]["top_logprobs"][1], json({{"token", "c"}, {"logprob", -1.5}, {"bytes", json({99})}}));
+  EXPECT_EQ(content[1]["top_logprobs"][1]["logprob"], -9999.0);  // -inf, as vLLM writes it
+  EXPECT_EQ(content[1]["top_logprobs"][1]["bytes"], json({0xc3}));
+  // Completions: tokens, token_logprobs, top_logprobs as {token: logprob}, text_offset after the echo.
+  ctx.endpoint = Endpoint::Completions;
+  ctx.echo_texts = {"hé"};
+  body = completion_body(ctx, r);
+  EXPECT_EQ(body["choices"][0]["text"], "héab");
+  const json& lp = body["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"a", "b"}));
+  EXPECT_EQ(lp["token_logprobs"], json({-0.5, -2.0}));
+  EXPECT_EQ(lp["top_logprobs"][0], json({{"a", -0.5}, {"c", -1.5}}));
+  EXPECT_EQ(lp["text_offset"], json({2, 3}));  // characters: "hé" is 2
+  // n = 2: the prompt counts once in the usage.
+  ctx.n = 2;
+  ctx.echo_texts.clear();
+  const GenerationResult two[] = {r, r};
+  body = completion_body(ctx, two);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 2);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  // Streamed: a chunk's logprobs are its tokens', text_offset continuing.
+  size_t offset = 5;
+  const int32_t toks[] = {1};
+  json chunk = stream_chunk(ctx, 1, "b", toks, "", false, false, std::span<const TokenLogprobs>(&r.logprobs[1], 1), &offset);
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["text_offset"], json({5}));
+  EXPECT_EQ(offset, 6u);
+  ctx.logprobs = -1;
+  EXPECT_TRUE(completion_body(ctx, r)["choices"][0]["logprobs"].is_null());
 }
 
 TEST(ServerApi, ResponseShapes) {

@@ -46,6 +46,7 @@ __all__ = [
     "SamplingParams",
     "RequestOutput",
     "CompletionOutput",
+    "Logprob",
     "RequestMetrics",
     "Tokenizer",
     "BatchEncoding",
@@ -107,7 +108,8 @@ class SamplingParams:
     Defaults follow vLLM's: temperature 1.0 with every filter off (top_k 0, top_p 1, min_p 0,
     repetition_penalty 1) and max_tokens 16, so that code written for vLLM samples the same
     distribution. fdpp's CLI keeps llama.cpp's (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05).
-    The filters run in HF's order: repetition penalty, temperature, top-k, top-p, min-p.
+    The filters run in vLLM's order: logit_bias and min_tokens, repetition penalty, presence and
+    frequency penalties, temperature, top-k, top-p, min-p.
 
     Args:
         temperature: in [0, 100]; 0 = greedy (argmax).
@@ -128,11 +130,25 @@ class SamplingParams:
         stop_token_ids: ids that end the generation as an end-of-generation token does (vLLM's): kept
             in token_ids, not in the text; ignore_eos does not turn them off. At most 64.
         ignore_eos: keep generating past end-of-generation tokens.
+        n: completions per prompt, in [1, 64]: RequestOutput.outputs holds n of them. They run as n
+            requests side by side; completion j > 0 draws from a seed derived from seed (or a fresh
+            one when seed is None), so the completions differ when temperature > 0.
+        best_of: None or n (vLLM's; fdpp keeps every completion it samples).
+        presence_penalty, frequency_penalty: OpenAI's, in [-2, 2] (0 = off), over the generated
+            tokens: a token's logit loses presence_penalty once if it was generated and
+            frequency_penalty for each time.
+        min_tokens: in [0, max_tokens]: the end-of-generation ids and stop_token_ids are held back
+            (and stop strings not looked for) until this many tokens are generated.
+        logit_bias: {token id: bias in [-100, 100]} added to the logits (at most 300 entries).
+        logprobs: None, or k in [0, 20]: each CompletionOutput gets logprobs (per generated token a
+            dict {id: Logprob} of the k most likely tokens and the sampled one) and
+            cumulative_logprob. They are of the model's own distribution (log-softmax of the raw
+            logits, before logit_bias, the penalties and the temperature: vLLM's default), so at
+            temperature 0 without bias or penalties the sampled token is the top one.
 
     vLLM's fields that fdpp does not implement are accepted at the value that leaves the output as
     it is, so that code written for vLLM runs unchanged, and refused otherwise (InvalidInputError
-    naming the field): n and best_of (1 or None), presence_penalty and frequency_penalty (0),
-    logprobs and prompt_logprobs (None), skip_special_tokens (True).
+    naming the field): prompt_logprobs (None), skip_special_tokens (True).
 
     The ranges and the messages of a value out of them are those of the server and of the CLI's
     prompts files: one table in the engine (src/engine/request_limits.h), e.g.
@@ -151,6 +167,13 @@ class SamplingParams:
         "stop",
         "ignore_eos",
         "stop_token_ids",
+        "n",
+        "best_of",
+        "presence_penalty",
+        "frequency_penalty",
+        "min_tokens",
+        "logit_bias",
+        "logprobs",
     )
 
     def __init__(
@@ -174,9 +197,10 @@ class SamplingParams:
         prompt_logprobs: Optional[int] = None,
         stop_token_ids: Optional[Sequence[int]] = None,
         skip_special_tokens: bool = True,
+        min_tokens: int = 0,
+        logit_bias: Optional[dict[int, float]] = None,
     ) -> None:
-        for name, value, neutral in (("n", n, (1,)), ("best_of", best_of, (None, 1)), ("logprobs", logprobs, (None,)),
-                                     ("prompt_logprobs", prompt_logprobs, (None,)),
+        for name, value, neutral in (("prompt_logprobs", prompt_logprobs, (None,)),
                                      ("skip_special_tokens", skip_special_tokens, (True,))):
             # bool is an int: True must not pass as n = 1, nor False as a penalty of 0.
             if isinstance(value, bool) != isinstance(neutral[-1], bool) or value not in neutral:
@@ -191,9 +215,30 @@ class SamplingParams:
             self.stop_token_ids.append(_check_int(name, _token_id(name, t), 0, (1 << 31) - 1))
         if message := _core.request_list_problem("stop_token_ids", len(self.stop_token_ids)):
             raise _bad(message)
-        # Not implemented: in the table at the one value that changes nothing (0).
-        _check_param("presence_penalty", presence_penalty)
-        _check_param("frequency_penalty", frequency_penalty)
+        self.n = _check_param("n", n)
+        if best_of is not None and _check_param("best_of", best_of) != n:
+            raise _bad(f"best_of: {best_of!r} with n = {n} is not supported (fdpp keeps every completion it "
+                       f"samples: best_of must be None or n)")
+        self.best_of = best_of
+        self.presence_penalty = float(_check_param("presence_penalty", presence_penalty))
+        self.frequency_penalty = float(_check_param("frequency_penalty", frequency_penalty))
+        self.logprobs = None if logprobs is None else _check_param("logprobs", logprobs)
+        self.min_tokens = _check_param("min_tokens", min_tokens)
+        bias = {} if logit_bias is None else logit_bias
+        if not isinstance(bias, dict):
+            raise _bad(f"logit_bias: expected a dict of token id -> bias, got {type(bias).__name__}")
+        if message := _core.request_list_problem("logit_bias", len(bias)):
+            raise _bad(message)
+        self.logit_bias = {}
+        for t, b in bias.items():
+            # vLLM's keys are ints; OpenAI's JSON sends them as strings of digits.
+            tid = int(t) if isinstance(t, str) and t.isdigit() else _token_id("logit_bias key", t)
+            _check_int(f"logit_bias[{tid}]", tid, 0, (1 << 31) - 1)
+            if isinstance(b, bool) or not isinstance(b, numbers.Real):
+                raise _bad(f"logit_bias[{tid}]: expected a number, got {type(b).__name__} {b!r}")
+            if message := _core.request_param_problem("logit_bias_value", float(b)):
+                raise _bad(message.replace('"logit_bias_value"', f'"logit_bias[{tid}]"', 1))
+            self.logit_bias[tid] = float(b)
         self.temperature = float(_check_param("temperature", temperature))
         self.top_k = _check_param("top_k", top_k)
         self.top_p = float(_check_param("top_p", top_p))
@@ -203,6 +248,8 @@ class SamplingParams:
         # -1: a random seed, as None (vLLM's and llama.cpp's spelling).
         self.seed = None if seed is None or _check_param("seed", seed) == -1 else seed
         self.max_tokens = None if max_tokens is None else _check_param("max_tokens", max_tokens)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise _bad(f"min_tokens: {self.min_tokens} exceeds max_tokens = {self.max_tokens}")
         if stop is None:
             stops: list[str] = []
         elif isinstance(stop, str):
@@ -258,7 +305,28 @@ class SamplingParams:
         r.ignore_eos = self.ignore_eos
         r.stop_token_ids = self.stop_token_ids
         r.stop = self.stop
+        s.presence_penalty = self.presence_penalty
+        s.frequency_penalty = self.frequency_penalty
+        s.min_tokens = min(self.min_tokens, r.max_tokens)
+        s.logit_bias = list(self.logit_bias.items())
+        s.logprobs = -1 if self.logprobs is None else self.logprobs
+        r.sampling = s
         return r
+
+    def _requests(self, prompt_ids: list[int], max_model_len: int,
+                  seeds: Optional[random.Random] = None) -> "list[_core.CoreRequest]":
+        """n requests: completion j > 0 draws from _core.derived_seed(seed, j) (fdpp serve's rule)
+        or, without a seed, from a fresh one."""
+        first = self._request(prompt_ids, max_model_len, seeds)
+        out = [first]
+        for j in range(1, self.n):
+            r = self._request(prompt_ids, max_model_len, seeds)
+            if self.seed is not None:
+                s = r.sampling
+                s.seed = _core.derived_seed(self.seed, j)
+                r.sampling = s
+            out.append(r)
+        return out
 
 
 @dataclass
@@ -286,6 +354,21 @@ class CompletionOutput:
     #: what ended a "stop", as vLLM's: the stop token id or the stop string; None for an
     #: end-of-generation token and for every other finish
     stop_reason: Union[int, str, None] = None
+    #: SamplingParams.logprobs = k: per generated token {id: Logprob} of the k most likely tokens
+    #: and the sampled one (vLLM's shape); None otherwise
+    logprobs: Optional[list[dict[int, "Logprob"]]] = None
+    #: the sum of the sampled tokens' logprobs when logprobs were asked; None otherwise
+    cumulative_logprob: Optional[float] = None
+
+
+@dataclass
+class Logprob:
+    """vLLM's Logprob: a token's log probability under the model (raw logits' log-softmax), its
+    rank among the vocabulary (1 = the most likely) and its text."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
 
 
 @dataclass
@@ -317,20 +400,38 @@ def _refused(prompt: Optional[str], ids: list[int], message: str) -> RequestOutp
     )
 
 
-def _output(r: "_core.CoreResult", prompt: Optional[str]) -> RequestOutput:
-    if r.finish_reason == "error":
-        raise EngineError(r.error)
-    text = r.text
-    token_ids = list(r.token_ids)
+def _completion(index: int, r: "_core.CoreResult", token_text: Optional[Callable[[int], str]],
+                want_logprobs: bool) -> CompletionOutput:
+    logprobs = None
+    cumulative = None
+    if want_logprobs:
+        logprobs = []
+        for tok, (lp, rank, top) in zip(r.token_ids, r.logprobs):
+            entry = {tid: Logprob(v, i + 1, token_text(tid) if token_text else None) for i, (tid, v) in enumerate(top)}
+            if tok not in entry:
+                entry[tok] = Logprob(lp, rank, token_text(tok) if token_text else None)
+            logprobs.append(entry)
+        cumulative = r.cumulative_logprob
+    return CompletionOutput(index, r.text, list(r.token_ids), r.finish_reason, stop_reason=r.stop_reason,
+                            logprobs=logprobs, cumulative_logprob=cumulative)
+
+
+def _output(rs: "list[_core.CoreResult]", prompt: Optional[str],
+            token_text: Optional[Callable[[int], str]] = None, want_logprobs: bool = False) -> RequestOutput:
+    for r in rs:
+        if r.finish_reason == "error":
+            raise EngineError(r.error)
+    r = rs[0]
+    outputs = [_completion(j, x, token_text, want_logprobs) for j, x in enumerate(rs)]
     return RequestOutput(
         request_id=str(r.id),
         prompt=prompt,
         prompt_token_ids=list(r.prompt),
-        text=text,
-        token_ids=token_ids,
+        text=outputs[0].text,
+        token_ids=outputs[0].token_ids,
         finish_reason=r.finish_reason,
         metrics=RequestMetrics(r.time_to_first_token, r.total_time, r.time_per_output_token, r.preemptions),
-        outputs=[CompletionOutput(0, text, token_ids, r.finish_reason, stop_reason=r.stop_reason)],
+        outputs=outputs,
     )
 
 
@@ -787,17 +888,20 @@ class LLM:
         # A prompt that leaves no room for a token in the context is refused alone, so that one long
         # prompt does not cost the batch; the others run as one job (max_tokens cut to fit there).
         outputs: list[Optional[RequestOutput]] = [None] * len(items)
-        requests, where = [], []
+        requests, where, counts = [], [], []
         for k, ((text, ids), sp) in enumerate(zip(items, params)):
             if ids and len(ids) >= self.max_model_len:
                 outputs[k] = _refused(text, ids, f"the prompt ({len(ids)} tokens) leaves no room in the context "
                                                  f"size {self.max_model_len} (max_model_len) for a token")
                 continue
-            requests.append(sp._request(ids, self.max_model_len, self._seeds))
+            group = sp._requests(ids, self.max_model_len, self._seeds)
+            requests.extend(group)
             where.append(k)
-        bar = _progress_bar(use_tqdm, len(items))
+            counts.append(len(group))
+        # Over the engine's requests (n per prompt with n > 1) and the refused prompts.
+        refused = len(items) - len(where)
+        bar = _progress_bar(use_tqdm, refused + len(requests))
         try:
-            refused = len(items) - len(requests)
             if bar is not None and refused:
                 bar.update(refused)
             progress = None if bar is None else _BarUpdate(bar)
@@ -805,8 +909,12 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
-        for k, r in zip(where, results):
-            outputs[k] = _output(r, items[k][0])
+        at = 0
+        for k, count in zip(where, counts):
+            sp = params[k]
+            token_text = self._token_text if sp.logprobs is not None else None
+            outputs[k] = _output(results[at:at + count], items[k][0], token_text, sp.logprobs is not None)
+            at += count
         return outputs  # type: ignore[return-value]
 
     def generate(
@@ -849,6 +957,12 @@ class LLM:
         rendered = [self._m.encode_chat(c) for c in convs]
         return self._run(rendered, params, use_tqdm)
 
+    def _token_text(self, token_id: int) -> Optional[str]:
+        # Logprob.decoded_token: the token's own text (None for a checkpoint without a tokenizer).
+        if not self._m.has_tokenizer:
+            return None
+        return self.get_tokenizer().decode([token_id])
+
     def stream(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None) -> Iterator[str]:
         """Yields the text of one prompt in pieces as it is decoded (whole characters, never part of
         a stop string; bytes left at the end by a stop mid-character come as U+FFFD); the pieces
@@ -860,6 +974,8 @@ class LLM:
         sp = sampling_params if sampling_params is not None else self.get_default_sampling_params()
         if not isinstance(sp, SamplingParams):
             raise _bad("sampling_params: expected a SamplingParams")
+        if sp.n != 1:
+            raise _bad(f"stream: n = {sp.n} is not supported (one text stream per call)")
         s = self._m.stream(sp._request(ids, self.max_model_len, self._seeds))
         return _stream(s)
 

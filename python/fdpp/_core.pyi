@@ -32,6 +32,11 @@ class CoreSampling:
     repeat_penalty: float
     repeat_last_n: int
     seed: int
+    presence_penalty: float
+    frequency_penalty: float
+    min_tokens: int
+    logprobs: int
+    logit_bias: list[tuple[int, float]]
     def __init__(self) -> None: ...
 
 class CoreRequest:
@@ -56,6 +61,11 @@ class CoreResult:
     def finish_reason(self) -> str: ...
     @property
     def error(self) -> str: ...
+    @property
+    def logprobs(self) -> list[tuple[float, int, list[tuple[int, float]]]]:
+        """Per generated token: (logprob, rank, [(id, logprob) of the top k])."""
+    @property
+    def cumulative_logprob(self) -> float: ...
     @property
     def stop_reason(self) -> Union[int, str, None]:
         """What ended a "stop": a stop token id, a stop string, or None (end of generation, or not a stop)."""
@@ -117,3 +127,5 @@ class CoreModel:
     def encode_chat(self, messages: list[tuple[str, str]]) -> tuple[str, list[int]]: ...
     def tokenizer(self) -> CoreTokenizer: ...
     def stats(self) -> dict[str, int]: ...
+
+def derived_seed(seed: int, choice: int) -> int: ...

@@ -17,6 +17,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
@@ -38,6 +39,7 @@
 #include "runtime/engine_args.h"
 #include "runtime/open_engine.h"
 #include "engine/prompt_file.h"
+#include "engine/sampler.h"  // derived_seed
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
 #include "model/model_loader.h"
@@ -195,7 +197,7 @@ std::vector<Result> generate(ModelState& st, std::vector<GenerationRequest> requ
     for (size_t i = 0; i < n; ++i) {
       GenerationCallbacks cb;
       // No deltas needed here: the text comes complete with the result.
-      cb.on_delta = [](uint64_t, std::string_view, std::span<const int32_t>) {};
+      cb.on_delta = [](uint64_t, std::string_view, std::span<const int32_t>, std::span<const TokenLogprobs>) {};
       cb.on_finish = [results, done, finished, i](const GenerationResult& r) {
         (*results)[i].r = r;
         if (!(*done)[i]) {
@@ -247,7 +249,7 @@ class Stream {
   Stream(std::shared_ptr<ModelState> st, GenerationRequest request) : st_(std::move(st)), buf_(std::make_shared<Buf>()) {
     GenerationCallbacks cb;
     auto buf = buf_;
-    cb.on_delta = [buf](uint64_t, std::string_view text, std::span<const int32_t>) {
+    cb.on_delta = [buf](uint64_t, std::string_view text, std::span<const int32_t>, std::span<const TokenLogprobs>) {
       std::lock_guard<std::mutex> lock(buf->mutex);
       if (!text.empty()) buf->pieces.emplace_back(text);
     };
@@ -502,6 +504,8 @@ NB_MODULE(_core, m) {
                                              "The engine failed while computing (a CUDA error, out of device memory).",
                                              engine_bases.ptr(), nullptr);
   m.attr("max_stop_token_ids") = kMaxStopTokenIds;  // SamplingParams checks it when made
+  m.def("derived_seed", &derived_seed, "seed"_a, "choice"_a,
+        "The seed of choice `choice` > 0 of a request seeded `seed` (n > 1), as fdpp serve derives it.");
   m.attr("FdppError") = nb::handle(g_fdpp_error);
   m.attr("InvalidInputError") = nb::handle(g_input_error);
   m.attr("EngineError") = nb::handle(g_engine_error);
@@ -534,7 +538,22 @@ NB_MODULE(_core, m) {
       .def_rw("min_p", &SamplingParams::min_p)
       .def_rw("repeat_penalty", &SamplingParams::repeat_penalty)
       .def_rw("repeat_last_n", &SamplingParams::repeat_last_n)
-      .def_rw("seed", &SamplingParams::seed);
+      .def_rw("seed", &SamplingParams::seed)
+      .def_rw("presence_penalty", &SamplingParams::presence_penalty)
+      .def_rw("frequency_penalty", &SamplingParams::frequency_penalty)
+      .def_rw("min_tokens", &SamplingParams::min_tokens)
+      .def_rw("logprobs", &SamplingParams::logprobs)
+      .def_prop_rw(
+          "logit_bias",
+          [](const SamplingParams& s) {
+            std::vector<std::pair<int32_t, float>> out;
+            for (const LogitBias& b : s.logit_bias) out.emplace_back(b.id, b.bias);
+            return out;
+          },
+          [](SamplingParams& s, const std::vector<std::pair<int32_t, float>>& v) {
+            s.logit_bias.clear();
+            for (const auto& [id, bias] : v) s.logit_bias.push_back({id, bias});
+          });
 
   nb::class_<GenerationRequest>(m, "CoreRequest")
       .def(nb::init<>())
@@ -558,6 +577,18 @@ NB_MODULE(_core, m) {
                      if (r.r.stop_string) return text_str(*r.r.stop_string);
                      return nb::none();
                    })
+      // Per generated token (when the request asked): (logprob, rank, [(id, logprob), ...]).
+      .def_prop_ro("logprobs",
+                   [](const Result& r) {
+                     std::vector<std::tuple<float, int32_t, std::vector<std::pair<int32_t, float>>>> out;
+                     for (const TokenLogprobs& t : r.r.logprobs) {
+                       std::vector<std::pair<int32_t, float>> top;
+                       for (const TokenLogprob& e : t.top) top.emplace_back(e.id, e.logprob);
+                       out.emplace_back(t.logprob, t.rank, std::move(top));
+                     }
+                     return out;
+                   })
+      .def_prop_ro("cumulative_logprob", [](const Result& r) { return r.r.cumulative_logprob; })
       .def_prop_ro("preemptions", [](const Result& r) { return r.r.preemptions; })
       .def_prop_ro("time_to_first_token", [](const Result& r) { return r.r.time_to_first_token; })
       .def_prop_ro("total_time", [](const Result& r) { return r.r.total_time; })

@@ -99,6 +99,7 @@ StepOutput Engine::step(const Batch& batch) {
   int64_t extra_blocks = 0;
   int logits_rows = 0;
   int64_t offset = 0;
+  bool want_logprobs = false;
   for (int i = 0; i < rows; ++i) {
     const StepRow& r = batch.rows[i];
     const Sequence& s = sequence(r.seq);
@@ -115,6 +116,11 @@ StepOutput Engine::step(const Batch& batch) {
       check(p.min_p >= 0 && p.min_p <= 1.0f, "min-p = {} must be in [0, 1]", p.min_p);
       check(p.repeat_penalty > 0 && std::isfinite(p.repeat_penalty), "repeat penalty = {} must be positive",
             p.repeat_penalty);
+      check(p.logprobs >= -1 && p.logprobs <= kMaxLogprobs, "logprobs = {} must be in [-1, {}]", p.logprobs,
+            kMaxLogprobs);
+      check(std::isfinite(p.presence_penalty) && std::isfinite(p.frequency_penalty),
+            "presence and frequency penalties must be finite");
+      want_logprobs |= p.logprobs >= 0;
     }
     extra_blocks += std::max<int64_t>(0, kv_.blocks_for(end) - static_cast<int64_t>(s.blocks.size()));
     int logits_index = -1;
@@ -139,6 +145,7 @@ StepOutput Engine::step(const Batch& batch) {
   StepOutput out;
   out.tokens.assign(rows, -1);
   out.logits.assign(static_cast<size_t>(logits_rows) * c.vocab_size, 0.f);
+  if (want_logprobs) out.logprobs.resize(rows);
   run_step(plan, total, out);
   for (const StepRow& r : batch.rows) sequences_[r.seq].length += static_cast<int>(r.tokens.size());
   return out;

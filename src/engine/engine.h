@@ -43,6 +43,9 @@ struct Batch {
 struct StepOutput {
   std::vector<int32_t> tokens;  // per row: the sampled token, or -1 where the row did not sample
   std::vector<float> logits;    // [logit rows, vocab]: one per `logits` row, n per `all_logits` row, in row order
+  // Per row: the sampled token's log probabilities where the row sampled with sampling.logprobs >= 0
+  // (Sampler::logprobs: of the raw logits); empty when no row of the step asked.
+  std::vector<TokenLogprobs> logprobs;
 };
 
 struct EngineLimits {

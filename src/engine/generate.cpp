@@ -89,7 +89,7 @@ GenerateResult generate(Engine& engine, const Tokenizer& tokenizer, std::span<co
   request.stop = options.stop;
   GenerationCallbacks callbacks;
   if (on_text)
-    callbacks.on_delta = [&](uint64_t, std::string_view text, std::span<const int32_t>) {
+    callbacks.on_delta = [&](uint64_t, std::string_view text, std::span<const int32_t>, std::span<const TokenLogprobs>) {
       if (!text.empty()) on_text(text);
     };
   GenerationResult result;

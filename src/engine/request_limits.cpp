@@ -33,8 +33,8 @@ RequestParam list(std::string_view name, size_t most, unsigned entrances) {
   return {name, "", ParamType::List, 0, static_cast<int64_t>(most), 0, 0, false, false, "", entrances};
 }
 
-const std::array<RequestParam, 15>& table() {
-  static const std::array<RequestParam, 15> t = {
+const std::array<RequestParam, 20>& table() {
+  static const std::array<RequestParam, 20> t = {
       integer("max_tokens", "max_completion_tokens", 1, k2p24, "", kRequest),
       integer("n_predict", "", 0, k2p24, "0 = the prompt only", kCli),
       real("temperature", "", 0, false, 100, "0 = greedy", kRequest | kCli | kSampler),
@@ -44,10 +44,16 @@ const std::array<RequestParam, 15>& table() {
       real("repeat_penalty", "repetition_penalty", 0.01, false, 100, "1 = off", kRequest | kCli | kSampler),
       integer("repeat_last_n", "", -1, k2p30, "-1 = all", kRequest | kCli | kSampler),
       integer("seed", "", -1, INT64_MAX, "-1 = random", kRequest),
-      real("presence_penalty", "", 0, false, 0, "not implemented; use repetition_penalty", kServer | kPython),
-      real("frequency_penalty", "", 0, false, 0, "not implemented; use repetition_penalty", kServer | kPython),
-      integer("best_of", "", 1, 1, "one choice per request", kServer),
-      integer("min_tokens", "", 0, 0, "not implemented", kServer),
+      real("presence_penalty", "", -2, false, 2, "0 = off", kServer | kPython | kCli | kSampler),
+      real("frequency_penalty", "", -2, false, 2, "0 = off", kServer | kPython | kCli | kSampler),
+      integer("n", "", 1, kMaxChoices, "choices per prompt", kServer | kPython),
+      integer("best_of", "", 1, kMaxChoices, "must equal n", kServer | kPython),
+      integer("min_tokens", "", 0, k2p24, "0 = off", kServer | kPython | kSampler),
+      integer("logprobs", "", 0, kMaxLogprobs, "", kServer | kPython | kSampler),
+      integer("top_logprobs", "", 0, kMaxLogprobs, "", kServer),
+      list("logit_bias", kMaxLogitBias, kServer | kPython),
+      // A logit_bias entry's bias, named "logit_bias[ID]" in the messages (no entrance of its own).
+      real("logit_bias_value", "", -100, false, 100, "", 0),
       list("stop", kMaxStopStrings, kRequest | kCli),
       list("stop_token_ids", kMaxStopTokenIds, kServer | kPython),
   };
@@ -167,7 +173,7 @@ std::string list_count_message(std::string_view name, size_t count, std::optiona
   check(p.type == ParamType::List, "\"{}\" is not a list", name);
   const size_t most = limit.value_or(static_cast<size_t>(p.int_hi));
   if (count <= most) return "";
-  const char* items = p.name == "stop" ? "strings" : "ids";
+  const char* items = p.name == "stop" ? "strings" : p.name == "logit_bias" ? "entries" : "ids";
   return fmt::format("\"{}\" has {} {}; at most {} are supported", name, count, items, most);
 }
 

@@ -9,9 +9,9 @@
 // (the name as the entrance spells it, the value as the table prints it, the range, what the special
 // values mean). Each entrance throws its own error type around the message: "FILE:LINE: ..." for a
 // prompts file, HTTP 400 with param = the name for the server, fdpp.InvalidInputError for Python,
-// fdpp::Error for the sampler. Whether a field is allowed at an entrance at all (the server has no
-// logit_bias, a prompts file no presence_penalty) is the entrance's business; `entrances` records
-// it for the tests and the reader.
+// fdpp::Error for the sampler. Whether a field is allowed at an entrance at all (a prompts file has
+// no logit_bias or presence_penalty) is the entrance's business; `entrances` records it for the
+// tests and the reader.
 //
 // The ranges follow what vLLM and llama.cpp users expect; where they differ, the stricter one that no
 // sensible request hits:
@@ -27,10 +27,14 @@
 //   repeat_last_n      [-1, 2^30]     -1 = every token
 //   seed               [-1, 2^63)     -1 = a random seed (llama.cpp's --seed -1, vLLM's seed=-1);
 //                                     2^63 and above are refused, as vLLM's int64 field does
-//   presence_penalty,  0 only         not implemented (vLLM takes [-2, 2]); accepted at the value
-//   frequency_penalty                 that changes nothing so that OpenAI/vLLM clients run unchanged
-//   best_of            1 only         vLLM's and OpenAI's legacy field; 1 (the default) changes nothing
-//   min_tokens         0 only         vLLM's; not implemented (the sampler cannot yet hold EOS back)
+//   presence_penalty,  [-2, 2]        OpenAI's (and vLLM's) range; 0 = off; over the generated tokens
+//   frequency_penalty
+//   n                  [1, 64]        choices per prompt (OpenAI allows 128; 64 is a step's rows)
+//   best_of            [1, 64]        vLLM's and OpenAI's legacy field; only best_of == n is taken
+//   min_tokens         [0, 2^24]      vLLM's: end-of-generation and stop ids held back until reached
+//   logprobs           [0, 20]        OpenAI's top_logprobs bound (vLLM's max_logprobs default); the
+//   top_logprobs                      chat endpoint's logprobs is a boolean, top_logprobs the count
+//   logit_bias         <= 300 entries OpenAI's; each bias (the entry logit_bias_value) in [-100, 100]
 //   stop               <= kMaxStopStrings strings of 1..kMaxStopBytes bytes of valid UTF-8
 //   stop_token_ids     <= kMaxStopTokenIds ids (each < the vocabulary, checked against the model)
 // NaN and infinities are never in range; an integer parameter takes integers only (2.0 and 2.5 are
@@ -48,6 +52,9 @@
 #include <nlohmann/json_fwd.hpp>
 
 namespace fdpp {
+
+inline constexpr int64_t kMaxChoices = 64;      // n and best_of
+inline constexpr size_t kMaxLogitBias = 300;    // logit_bias entries
 
 enum class ParamType {
   Integer,  // [int_lo, int_hi]

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 #include <unordered_set>
+
+#include <fmt/format.h>
 
 #include "engine/request_limits.h"
 #include "fdpp/error.h"
@@ -35,6 +38,16 @@ void check_sampling_params(const SamplingParams& params) {
   real("min_p", params.min_p);
   real("repeat_penalty", params.repeat_penalty);
   integer("repeat_last_n", params.repeat_last_n);
+  real("presence_penalty", params.presence_penalty);
+  real("frequency_penalty", params.frequency_penalty);
+  integer("min_tokens", params.min_tokens);
+  if (params.logprobs != -1) integer("logprobs", params.logprobs);
+  if (std::string m = list_count_message("logit_bias", params.logit_bias.size()); !m.empty()) fail("{}", m);
+  for (const LogitBias& b : params.logit_bias) {
+    check(b.id >= 0, "\"logit_bias\": token id {} is negative", b.id);
+    const std::string problem = param_problem(request_param("logit_bias_value"), static_cast<double>(b.bias));
+    if (!problem.empty()) fail("{}", param_message(fmt::format("logit_bias[{}]", b.id), show_value(b.bias), problem));
+  }
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) { check_sampling_params(params); }
@@ -59,6 +72,13 @@ double keyed_uniform(uint64_t seed, uint64_t index) {
   }
   const uint64_t bits = (static_cast<uint64_t>(c[0] >> 5) << 26) | (c[1] >> 6);  // 27 + 26 = 53 bits
   return static_cast<double>(bits) * 0x1.0p-53;
+}
+
+uint64_t derived_seed(uint64_t seed, uint64_t choice) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (choice + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -122,10 +142,72 @@ void Sampler::min_p(std::vector<Candidate>& c, float p) {
   renormalize(c);
 }
 
-int32_t Sampler::sample(std::span<const float> logits_in, std::span<const int32_t> history, uint64_t index) {
+void Sampler::apply_logit_bias(std::vector<float>& logits, const SamplingParams& params, uint64_t index) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  auto add = [&](int32_t id, float bias) {
+    if (id < 0 || id >= vocab) return;
+    logits[id] = bias == -INFINITY ? -INFINITY : logits[id] + bias;
+  };
+  for (const LogitBias& b : params.logit_bias) add(b.id, b.bias);
+  if (index < static_cast<uint64_t>(std::max(params.min_tokens, 0)))
+    for (int32_t id : params.min_tokens_ids) add(id, -INFINITY);
+}
+
+void Sampler::apply_presence_frequency(std::vector<float>& logits, std::span<const int32_t> generated, float presence,
+                                       float frequency) {
+  if ((presence == 0.0f && frequency == 0.0f) || generated.empty()) return;
+  std::unordered_map<int32_t, int> counts;
+  for (int32_t id : generated)
+    if (id >= 0 && static_cast<size_t>(id) < logits.size()) ++counts[id];
+  // One expression, evaluated in float as the CUDA kernel does (the same rounding on both).
+  for (const auto& [id, n] : counts) logits[id] = logits[id] - (static_cast<float>(n) * frequency + presence);
+}
+
+TokenLogprobs Sampler::logprobs(std::span<const float> raw, int32_t token, int k) {
+  check(!raw.empty() && token >= 0 && static_cast<size_t>(token) < raw.size(), "logprobs: token {} of {} logits",
+        token, raw.size());
+  auto valid = [](float l) { return std::isnan(l) ? -INFINITY : l; };  // NaN counts as -inf, as on the GPU
+  float max_logit = -INFINITY;
+  for (float l : raw) max_logit = std::max(max_logit, valid(l));
+  double sum = 0.0;
+  for (float l : raw) {
+    const float v = valid(l);
+    sum += v == max_logit ? 1.0 : std::exp(static_cast<double>(v) - max_logit);
+  }
+  const double lse = static_cast<double>(max_logit) + std::log(sum);
+  auto logprob = [&](float l) { return static_cast<float>(static_cast<double>(valid(l)) - lse); };
+  TokenLogprobs out;
+  out.logprob = logprob(raw[token]);
+  const float t = valid(raw[token]);
+  int32_t greater = 0;
+  for (float l : raw) greater += valid(l) > t;
+  out.rank = greater + 1;
+  const size_t n = std::min(static_cast<size_t>(std::max(k, 0)), raw.size());
+  std::vector<int32_t> ids(raw.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(), [&](int32_t a, int32_t b) {
+    const float va = valid(raw[a]), vb = valid(raw[b]);
+    return va > vb || (va == vb && a < b);
+  });
+  for (size_t i = 0; i < n; ++i) out.top.push_back({ids[i], logprob(raw[ids[i]])});
+  return out;
+}
+
+int32_t Sampler::sample(std::span<const float> logits_in, std::span<const int32_t> history, uint64_t index,
+                        TokenLogprobs* logprobs_out) {
   check(!logits_in.empty(), "sample: empty logits");
+  const int32_t token = sample_adjusted(logits_in, history, index);
+  if (logprobs_out != nullptr && params_.logprobs >= 0) *logprobs_out = logprobs(logits_in, token, params_.logprobs);
+  return token;
+}
+
+int32_t Sampler::sample_adjusted(std::span<const float> logits_in, std::span<const int32_t> history, uint64_t index) {
   std::vector<float> logits(logits_in.begin(), logits_in.end());
+  apply_logit_bias(logits, params_, index);
   apply_repetition_penalty(logits, history, params_.repeat_penalty, params_.repeat_last_n);
+  const size_t generated = std::min(history.size(), static_cast<size_t>(index));
+  apply_presence_frequency(logits, history.subspan(history.size() - generated), params_.presence_penalty,
+                           params_.frequency_penalty);
   if (params_.temperature <= 0.0f) return argmax(logits);
 
   std::vector<Candidate> c;

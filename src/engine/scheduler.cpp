@@ -47,6 +47,8 @@ struct Scheduler::Active {
   Clock::time_point submitted = Clock::now();
   std::vector<int32_t> tokens;    // prompt + generated: the history, and what the cache must hold
   std::vector<int32_t> generated;
+  std::vector<TokenLogprobs> logprobs;  // per generated token, when asked
+  double cumulative_logprob = 0;
   int seq = -1;                   // the engine's sequence while admitted
   int computed = 0;               // tokens of `tokens` whose keys and values are in the cache
   std::string text;               // emitted so far
@@ -71,6 +73,8 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, const Scheduler
   options_.max_batched_tokens = std::min(options.max_batched_tokens, l.max_step_tokens);
   if (const std::string p = step_size_problem(options_.max_num_seqs, options_.max_batched_tokens); !p.empty())
     fail("{}", p);
+  for (int32_t id = 0; id < std::min(tokenizer.vocab_size(), engine.config().vocab_size); ++id)
+    if (tokenizer.is_end_of_generation(id)) end_of_generation_ids_.push_back(id);
   if (!options_.step_log.empty()) {
     step_log_ = std::make_unique<std::ofstream>(options_.step_log, std::ios::out | std::ios::trunc);
     check(step_log_->good(), "step log {}: cannot open it for writing", options_.step_log);
@@ -105,6 +109,16 @@ uint64_t Scheduler::submit(GenerationRequest request, GenerationCallbacks callba
         request.stop_token_ids.size(), kMaxStopTokenIds);
   for (const int32_t id : request.stop_token_ids)
     check(id >= 0 && id < c.vocab_size, "stop token id {} is out of range [0, {})", id, c.vocab_size);
+  for (const LogitBias& b : request.sampling.logit_bias)
+    check(b.id >= 0 && b.id < c.vocab_size, "logit_bias token id {} is out of range [0, {})", b.id, c.vocab_size);
+  check(request.sampling.min_tokens <= request.max_tokens, "min_tokens = {} exceeds max_tokens = {}",
+        request.sampling.min_tokens, request.max_tokens);
+  request.sampling.min_tokens_ids.clear();
+  if (request.sampling.min_tokens > 0) {
+    if (!request.ignore_eos) request.sampling.min_tokens_ids = end_of_generation_ids_;
+    request.sampling.min_tokens_ids.insert(request.sampling.min_tokens_ids.end(), request.stop_token_ids.begin(),
+                                           request.stop_token_ids.end());
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   check(!stopping_, "the engine is shutting down: no new requests");
   if (static_cast<int>(waiting_.size()) >= options_.max_waiting)
@@ -141,11 +155,10 @@ void Scheduler::finish(Active& a, const std::string& reason) {
     a.pending += a.detok.flush();
   }
   if (!a.pending.empty() || a.undelivered > 0) {
-    if (reason != "cancelled" && a.callbacks.on_delta) {
-      std::span<const int32_t> toks(a.generated.data() + (a.generated.size() - a.undelivered), a.undelivered);
-      a.callbacks.on_delta(a.id, a.pending, toks);
+    if (reason != "cancelled") {
+      a.text += a.pending;
+      deliver(a, a.pending);
     }
-    if (reason != "cancelled") a.text += a.pending;
     a.pending.clear();
     a.undelivered = 0;
   }
@@ -164,6 +177,8 @@ void Scheduler::finish(Active& a, const std::string& reason) {
     r.stop_token_id = a.stop_token_id;
     r.stop_string = a.stop_string;
   }
+  r.logprobs = a.logprobs;
+  r.cumulative_logprob = a.cumulative_logprob;
   r.preemptions = a.preemptions;
   r.time_to_first_token = a.first_token_time < 0 ? 0 : a.first_token_time;
   r.total_time = seconds_since(a.submitted);
@@ -174,7 +189,21 @@ void Scheduler::finish(Active& a, const std::string& reason) {
   if (a.callbacks.on_finish) a.callbacks.on_finish(r);
 }
 
-bool Scheduler::emit_token(Active& a, int32_t token) {
+void Scheduler::deliver(Active& a, std::string_view text) {
+  if (a.callbacks.on_delta) {
+    const size_t from = a.generated.size() - a.undelivered;
+    std::span<const TokenLogprobs> lp;
+    if (a.logprobs.size() == a.generated.size()) lp = std::span<const TokenLogprobs>(a.logprobs).subspan(from);
+    a.callbacks.on_delta(a.id, text, std::span<const int32_t>(a.generated).subspan(from), lp);
+  }
+  a.undelivered = 0;
+}
+
+bool Scheduler::emit_token(Active& a, int32_t token, const TokenLogprobs* logprobs) {
+  if (logprobs != nullptr) {
+    a.logprobs.push_back(*logprobs);
+    a.cumulative_logprob += logprobs->logprob;
+  }
   a.generated.push_back(token);
   a.tokens.push_back(token);
   a.undelivered++;
@@ -184,11 +213,13 @@ bool Scheduler::emit_token(Active& a, int32_t token) {
     stats_.generated_tokens++;
   }
   const std::vector<int32_t>& stop_ids = a.request.stop_token_ids;
-  if (!a.request.ignore_eos && tokenizer_.is_end_of_generation(token)) {
+  // vLLM's min_tokens: nothing stops the request before it (the sampler holds the ids back too).
+  const bool may_stop = static_cast<int>(a.generated.size()) >= a.request.sampling.min_tokens;
+  if (may_stop && !a.request.ignore_eos && tokenizer_.is_end_of_generation(token)) {
     finish(a, "stop");
     return true;
   }
-  if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+  if (may_stop && std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
     a.stop_token_id = token;
     finish(a, "stop");
     return true;
@@ -200,7 +231,7 @@ bool Scheduler::emit_token(Active& a, int32_t token) {
   size_t cut = std::string::npos;
   const std::string* found = nullptr;
   for (const std::string& s : stops) {
-    const size_t at = a.pending.find(s);
+    const size_t at = may_stop ? a.pending.find(s) : std::string::npos;
     if (at < cut) {
       cut = at;
       found = &s;
@@ -211,11 +242,8 @@ bool Scheduler::emit_token(Active& a, int32_t token) {
     a.pending.resize(cut);
     a.discard_rest = true;  // the text after the stop string is dropped
     a.text += a.pending;
-    if (a.callbacks.on_delta)
-      a.callbacks.on_delta(a.id, a.pending,
-                           std::span<const int32_t>(a.generated.data() + (a.generated.size() - a.undelivered), a.undelivered));
+    deliver(a, a.pending);
     a.pending.clear();
-    a.undelivered = 0;
     finish(a, "stop");
     return true;
   }
@@ -230,10 +258,7 @@ bool Scheduler::emit_token(Active& a, int32_t token) {
     std::string out = a.pending.substr(0, a.pending.size() - hold);
     a.pending.erase(0, a.pending.size() - hold);
     a.text += out;
-    if (a.callbacks.on_delta)
-      a.callbacks.on_delta(a.id, out,
-                           std::span<const int32_t>(a.generated.data() + (a.generated.size() - a.undelivered), a.undelivered));
-    a.undelivered = 0;
+    deliver(a, out);
   }
   return false;
 }
@@ -375,7 +400,8 @@ bool Scheduler::step() {
     const int n = static_cast<int>(batch.rows[i].tokens.size());
     a.computed += n;
     if (n > 1 || a.generated.empty()) prefilled += static_cast<uint64_t>(n);
-    if (batch.rows[i].sample) emit_token(a, out.tokens[i]);
+    if (batch.rows[i].sample)
+      emit_token(a, out.tokens[i], out.logprobs.empty() || batch.rows[i].sampling.logprobs < 0 ? nullptr : &out.logprobs[i]);
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -69,6 +69,10 @@ struct GenerationResult {
   // string found; neither for an end-of-generation token.
   std::optional<int32_t> stop_token_id;
   std::optional<std::string> stop_string;
+  // sampling.logprobs >= 0: one entry per token of token_ids, and the sum of their logprob (vLLM's
+  // cumulative_logprob; 0 otherwise).
+  std::vector<TokenLogprobs> logprobs;
+  double cumulative_logprob = 0;
   int preemptions = 0;
   // Seconds since submit(): the first generated token, and the end.
   double time_to_first_token = 0;
@@ -78,8 +82,11 @@ struct GenerationResult {
 };
 
 struct GenerationCallbacks {
-  // New text (complete UTF-8, never part of a stop string) and the token ids it came from.
-  std::function<void(uint64_t id, std::string_view text, std::span<const int32_t> tokens)> on_delta;
+  // New text (complete UTF-8, never part of a stop string) and the token ids it came from, with
+  // their log probabilities when the request asked for them (else an empty span).
+  std::function<void(uint64_t id, std::string_view text, std::span<const int32_t> tokens,
+                     std::span<const TokenLogprobs> logprobs)>
+      on_delta;
   // Called once per request, last.
   std::function<void(const GenerationResult&)> on_finish;
 };
@@ -119,7 +126,9 @@ class Scheduler {
 
   // Queues a request and returns its id. Throws fdpp::Error for a request that can never run (empty
   // prompt, ids outside the vocabulary, prompt + max_tokens beyond the context, parameters out of
-  // range) and QueueFullError when max_waiting requests already wait.
+  // range, min_tokens above max_tokens, logit_bias ids outside the vocabulary) and QueueFullError
+  // when max_waiting requests already wait. Fills sampling.min_tokens_ids (the end-of-generation
+  // ids unless ignore_eos, and stop_token_ids) for a request with min_tokens.
   uint64_t submit(GenerationRequest request, GenerationCallbacks callbacks);
   // The request finishes with "cancelled" at the next step; its KV blocks are free after it.
   void cancel(uint64_t id);
@@ -146,7 +155,8 @@ class Scheduler {
   void admit_locked();
   void finish(Active& a, const std::string& reason);
   void preempt(Active& a);
-  bool emit_token(Active& a, int32_t token);  // true when the request finished
+  bool emit_token(Active& a, int32_t token, const TokenLogprobs* logprobs);  // true when the request finished
+  void deliver(Active& a, std::string_view text);  // on_delta with the undelivered tokens
   void publish_stats();
   void log_step(const Batch& batch, std::chrono::steady_clock::time_point began,
                 std::chrono::steady_clock::time_point engine_began, std::chrono::steady_clock::time_point engine_ended);
@@ -154,6 +164,7 @@ class Scheduler {
   Engine& engine_;
   const Tokenizer& tokenizer_;
   SchedulerOptions options_;
+  std::vector<int32_t> end_of_generation_ids_;  // what min_tokens holds back
 
   mutable std::mutex mutex_;        // guards waiting_, cancelled_, stopping_, next_id_, stats_
   std::condition_variable wake_;

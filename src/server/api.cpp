@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "engine/request_limits.h"
+#include "engine/sampler.h"  // derived_seed
 #include "fdpp/error.h"
 #include "io/json_file.h"
 
@@ -72,6 +74,7 @@ PromptCodec prompt_codec_for(const Tokenizer& tokenizer) {
   };
   c.encode_plain = [&tokenizer](std::string_view text) { return tokenizer.encode(text, false, /*parse_special=*/true); };
   c.decode = [&tokenizer](std::span<const int32_t> ids) { return tokenizer.decode(ids, /*skip_special=*/false); };
+  c.token_bytes = [&tokenizer](int32_t id) { return id < tokenizer.vocab_size() ? tokenizer.token_bytes(id) : std::string(); };
   return c;
 }
 
@@ -114,8 +117,6 @@ void require_off(const json& body, const char* key, const std::function<bool(con
   if (v && !is_off(*v)) throw bad(key, fmt::format("'{}' is not supported by this server ({})", key, what), "unsupported_parameter");
 }
 
-bool is_zero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
-bool is_one(const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; }
 bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool is_true(const json& v) { return v.is_boolean() && v.get<bool>(); }
 bool is_empty_container(const json& v) { return (v.is_object() || v.is_array()) && v.empty(); }
@@ -278,6 +279,33 @@ json parse_json_body(std::string_view body, const ApiLimits& limits) {
   return j;
 }
 
+namespace {
+
+// OpenAI's logit_bias: {"token id as a string": bias in [-100, 100]}.
+std::vector<LogitBias> logit_bias(const json& body, const ModelInfo& model) {
+  const json* v = field(body, "logit_bias");
+  if (!v) return {};
+  if (!v->is_object()) throw bad("logit_bias", "'logit_bias' must be an object of token ids (as strings) to biases");
+  if (std::string m = list_count_message("logit_bias", v->size()); !m.empty()) throw bad("logit_bias", m);
+  std::vector<LogitBias> out;
+  for (const auto& [key, bias] : v->items()) {
+    int64_t id = -1;
+    const bool digits = !key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) id = std::stoll(key);
+    if (!digits || id >= model.vocab_size)
+      throw bad("logit_bias", fmt::format("'logit_bias' key {} is not a token id in [0, {})", json_show(key), model.vocab_size));
+    const std::string name = fmt::format("logit_bias[{}]", id);
+    if (!bias.is_number()) throw bad("logit_bias", fmt::format("{} must be a number, not {}", name, json_show(bias)));
+    const double b = bias.get<double>();
+    if (std::string problem = param_problem(request_param("logit_bias_value"), b); !problem.empty())
+      throw bad("logit_bias", param_message(name, show_value(b), problem));
+    out.push_back({static_cast<int32_t>(id), static_cast<float>(b)});
+  }
+  return out;
+}
+
+}  // namespace
+
 ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo& model, const PromptCodec& codec,
                             const ApiLimits& limits) {
   const bool chat = endpoint == Endpoint::Chat;
@@ -288,11 +316,12 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
       "stream_options", "ignore_eos", "return_token_ids", "stop_token_ids",
       // Cannot change the output: bookkeeping fields.
       "user", "metadata", "store", "service_tier",
+      "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
       // Accepted only when off (checked below).
-      "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "response_format",
-      // vLLM's and llama-server's extensions, accepted at the values that mean what this server does.
+      "response_format",
+      // vLLM's and llama-server's extensions (echo: implemented for completions, off in chat).
       "best_of", "echo", "min_tokens", "skip_special_tokens", "include_stop_str_in_output",
-      "spaces_between_special_tokens", "use_beam_search", "add_special_tokens",
+      "spaces_between_special_tokens", "use_beam_search", "add_special_tokens", "prompt_logprobs",
       // llama-server's spellings of the repetition penalty, and its prompt-cache hint (no effect on
       // the output: a hint about reusing the KV cache).
       "repeat_penalty", "repeat_last_n", "cache_prompt"};
@@ -322,16 +351,16 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
                      "model", "invalid_request_error", "model_not_found");
   }
 
-  require_off(body, "n", is_one, "one choice per request");
-  // In the table at the one value that changes nothing: refused otherwise as unsupported.
-  for (const char* key : {"presence_penalty", "frequency_penalty", "best_of", "min_tokens"}) {
-    const json* v = field(body, key);
-    if (!v) continue;
-    if (JsonParam p = check_json_param(key, *v); !p.message.empty())
-      throw bad(key, p.message, v->is_number() ? "unsupported_parameter" : "");
-  }
-  require_off(body, "logit_bias", is_empty_container, "no logit bias");
-  require_off(body, "echo", is_false, "the prompt is not echoed");
+  // n choices per prompt: n requests with derived seeds (parse_request's end); best_of only as n.
+  const int n_choices = static_cast<int>(opt_param(body, "n").value_or(JsonParam{1, 0, ""}).integer);
+  if (const auto best_of = opt_param(body, "best_of"); best_of && best_of->integer != n_choices)
+    throw bad("best_of",
+              fmt::format("'best_of' = {} with n = {} is not supported: fdpp returns every choice it samples, so "
+                          "best_of must equal n",
+                          best_of->integer, n_choices),
+              "unsupported_parameter");
+  require_off(body, "prompt_logprobs", [](const json&) { return false; },
+              "prompt log probabilities need the logits of every prompt position");
   require_off(body, "spaces_between_special_tokens", is_true, "special tokens are left out of the text");
   require_off(body, "include_stop_str_in_output", is_false, "the text ends before a stop string");
   require_off(body, "use_beam_search", is_false, "no beam search");
@@ -339,8 +368,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
               [](const json& v) { return v.is_object() && v.size() == 1 && v.value("type", "") == "text"; },
               "plain text only");
   if (chat) {
-    require_off(body, "logprobs", is_false, "no log probabilities");
-    require_off(body, "top_logprobs", is_zero, "no log probabilities");
+    require_off(body, "echo", is_false, "the last message is not echoed");
     require_off(body, "tools", is_empty_container, "no tool calls");
     require_off(body, "functions", is_empty_container, "no tool calls");
     // "auto" without tools can only mean no call (as OpenAI answers it).
@@ -355,7 +383,6 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
     // vLLM's chat default: the template writes the special tokens, none are added around it.
     require_off(body, "add_special_tokens", is_false, "the chat template writes the special tokens");
   } else {
-    require_off(body, "logprobs", [](const json&) { return false; }, "no log probabilities");
     require_off(body, "suffix", [](const json& v) { return v == ""; }, "no insertion");
   }
 
@@ -399,6 +426,28 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
     s.seed = static_cast<uint64_t>(seed->integer);
     r.seed_given = true;
   }
+  s.presence_penalty = real("presence_penalty", 0.0);
+  s.frequency_penalty = real("frequency_penalty", 0.0);
+  s.min_tokens = static_cast<int>(opt_param(body, "min_tokens").value_or(JsonParam{}).integer);
+  s.logit_bias = logit_bias(body, model);
+  // Log probabilities: chat's "logprobs": true with "top_logprobs": k, completions' "logprobs": k.
+  if (chat) {
+    const bool want = opt_bool(body, "logprobs").value_or(false);
+    const auto top = opt_param(body, "top_logprobs");
+    if (top && !want && top->integer > 0)
+      throw bad("top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+    if (want) s.logprobs = static_cast<int>(top ? top->integer : 0);
+  } else {
+    if (const auto k = opt_param(body, "logprobs")) s.logprobs = static_cast<int>(k->integer);
+    r.echo = opt_bool(body, "echo").value_or(false);
+    if (r.echo && s.logprobs >= 0)
+      throw bad("echo",
+                "'echo' with 'logprobs' is not supported: the prompt's log probabilities need the logits of every "
+                "prompt position (echo alone, or logprobs alone, work)",
+                "unsupported_parameter");
+  }
+  r.logprobs = s.logprobs;
+  r.n = n_choices;
   r.generation.ignore_eos = opt_bool(body, "ignore_eos").value_or(false);
   r.generation.skip_special_tokens = opt_bool(body, "skip_special_tokens").value_or(true);
   r.generation.stop = stop_strings(body, limits);
@@ -416,6 +465,13 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
 
   // The prompt last: encoding is the expensive part, done once the cheap checks passed.
   std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> prompt_texts;  // echo: the prompts given as text (ids are decoded)
+  if (r.echo) {
+    const json& p = body["prompt"];
+    if (p.is_string()) prompt_texts.push_back(p.get<std::string>());
+    if (p.is_array() && !p.empty() && p[0].is_string())
+      for (const json& t : p) prompt_texts.push_back(t.is_string() ? t.get<std::string>() : std::string());
+  }
   const char* prompt_param = chat ? "messages" : "prompt";
   try {
     if (chat)
@@ -444,13 +500,24 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
                 "context_length_exceeded");
     GenerationRequest g = r.generation;
     g.max_tokens = static_cast<int>(max_tokens ? *max_tokens : (chat ? room : std::min<int64_t>(16, room)));
+    if (g.sampling.min_tokens > g.max_tokens)
+      throw bad("min_tokens", fmt::format("'min_tokens' = {} exceeds {} = {}", g.sampling.min_tokens,
+                                          max_tokens ? max_param : "the default max_tokens", g.max_tokens));
+    if (r.echo) r.echo_texts.push_back(prompt_texts.empty() ? (codec.decode ? codec.decode(prompt) : "") : prompt_texts[i]);
     g.prompt = std::move(prompt);
-    if (batch)
-      r.batch.push_back(std::move(g));
-    else
+    if (batch || r.n > 1) {
+      // Choice i * n + j answers prompt i (OpenAI's order); choice j > 0 draws from a seed derived
+      // from the request's, so that a seeded request is reproducible and its choices differ.
+      for (int j = 0; j < r.n; ++j) {
+        GenerationRequest c = g;
+        if (j > 0) c.sampling.seed = derived_seed(g.sampling.seed, static_cast<uint64_t>(j));
+        r.batch.push_back(std::move(c));
+      }
+    } else {
       r.generation = std::move(g);
+    }
   }
-  if (batch) r.generation = r.batch[0];
+  if (!r.batch.empty()) r.generation = r.batch[0];
   return r;
 }
 
@@ -551,6 +618,61 @@ json stop_reason_json(const GenerationResult& r) {
 }
 }  // namespace
 
+namespace {
+std::string token_string(const ResponseContext& ctx, int32_t id) { return ctx.token_bytes ? ctx.token_bytes(id) : ""; }
+// vLLM's stand-in for -inf (JSON has no infinities).
+double finite_logprob(float v) { return std::isfinite(v) ? static_cast<double>(v) : -9999.0; }
+json bytes_json(const std::string& t) {
+  json b = json::array();
+  for (unsigned char c : t) b.push_back(static_cast<int>(c));
+  return b;
+}
+// Characters (code points) of UTF-8 bytes, counting the lead bytes, as Python's len() would count
+// the decoded text; a token holding part of a character counts what it starts.
+size_t characters(const std::string& t) {
+  size_t n = 0;
+  for (unsigned char c : t) n += (c & 0xC0) != 0x80;
+  return n;
+}
+}  // namespace
+
+json logprobs_json(const ResponseContext& ctx, std::span<const int32_t> tokens, std::span<const TokenLogprobs> lps,
+                   size_t& text_offset) {
+  const size_t n = std::min(tokens.size(), lps.size());
+  if (ctx.endpoint == Endpoint::Chat) {
+    json content = json::array();
+    for (size_t i = 0; i < n; ++i) {
+      const std::string t = token_string(ctx, tokens[i]);
+      json top = json::array();
+      for (const TokenLogprob& e : lps[i].top) {
+        const std::string et = token_string(ctx, e.id);
+        top.push_back({{"token", et}, {"logprob", finite_logprob(e.logprob)}, {"bytes", bytes_json(et)}});
+      }
+      content.push_back(
+          {{"token", t}, {"logprob", finite_logprob(lps[i].logprob)}, {"bytes", bytes_json(t)}, {"top_logprobs", top}});
+    }
+    return json{{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json toks = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string t = token_string(ctx, tokens[i]);
+    toks.push_back(t);
+    token_logprobs.push_back(finite_logprob(lps[i].logprob));
+    json alternatives = json::object();
+    for (const TokenLogprob& e : lps[i].top) {
+      const std::string et = token_string(ctx, e.id);
+      if (!alternatives.contains(et)) alternatives[et] = finite_logprob(e.logprob);
+    }
+    top.push_back(std::move(alternatives));
+    offsets.push_back(text_offset);
+    text_offset += characters(t);
+  }
+  return json{{"tokens", std::move(toks)},
+              {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top)},
+              {"text_offset", std::move(offsets)}};
+}
+
 json completion_body(const ResponseContext& ctx, std::span<const GenerationResult> results) {
   json body = envelope(ctx, false);
   json choices = json::array();
@@ -558,11 +680,14 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
   for (size_t i = 0; i < results.size(); ++i) {
     const GenerationResult& result = results[i];
     json choice = {{"index", i}};
+    const size_t prompt_index = i / static_cast<size_t>(std::max(ctx.n, 1));
+    const std::string echo = prompt_index < ctx.echo_texts.size() ? ctx.echo_texts[prompt_index] : std::string();
     if (ctx.endpoint == Endpoint::Chat)
       choice["message"] = {{"role", "assistant"}, {"content", result.text}};
     else
-      choice["text"] = result.text;
-    choice["logprobs"] = nullptr;
+      choice["text"] = echo + result.text;
+    size_t offset = characters(echo);
+    choice["logprobs"] = ctx.logprobs >= 0 ? logprobs_json(ctx, result.token_ids, result.logprobs, offset) : json(nullptr);
     choice["finish_reason"] = finish_json(result.finish_reason);
     choice["stop_reason"] = stop_reason_json(result);
     if (ctx.return_token_ids) {
@@ -570,7 +695,8 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
       choice["prompt_token_ids"] = result.prompt;
     }
     choices.push_back(std::move(choice));
-    prompt_tokens += result.prompt.size();
+    // OpenAI counts a prompt once however many choices it has.
+    if (i % static_cast<size_t>(std::max(ctx.n, 1)) == 0) prompt_tokens += result.prompt.size();
     completion_tokens += result.token_ids.size();
   }
   body["choices"] = std::move(choices);
@@ -583,7 +709,8 @@ json completion_body(const ResponseContext& ctx, const GenerationResult& result)
 }
 
 json stream_chunk(const ResponseContext& ctx, int index, std::string_view text, std::span<const int32_t> tokens,
-                  const std::string& finish_reason, bool first, bool include_usage_null) {
+                  const std::string& finish_reason, bool first, bool include_usage_null,
+                  std::span<const TokenLogprobs> logprobs, size_t* text_offset) {
   json body = envelope(ctx, true);
   json choice = {{"index", index}};
   if (ctx.endpoint == Endpoint::Chat) {
@@ -594,7 +721,10 @@ json stream_chunk(const ResponseContext& ctx, int index, std::string_view text, 
   } else {
     choice["text"] = std::string(text);
   }
-  choice["logprobs"] = nullptr;
+  size_t scratch = 0;
+  choice["logprobs"] = ctx.logprobs >= 0 && !logprobs.empty()
+                           ? logprobs_json(ctx, tokens, logprobs, text_offset ? *text_offset : scratch)
+                           : json(nullptr);
   choice["finish_reason"] = finish_json(finish_reason);
   if (ctx.return_token_ids) choice["token_ids"] = std::vector<int32_t>(tokens.begin(), tokens.end());
   body["choices"] = json::array({std::move(choice)});

@@ -5,8 +5,8 @@
 // tests/test_server_api.cpp checks it without a server.
 //
 // Validation policy: a field this server knows and does not implement is rejected by name (400,
-// param = the field) unless it is set to the value that means "off" (n = 1, logprobs = false,
-// presence_penalty = 0, best_of = 1, echo = false, ...), since ignoring it silently
+// param = the field) unless it is set to the value that means "off" (tools = [], best_of other than
+// n, echo in chat, response_format text, ...), since ignoring it silently
 // would return something else than the client asked for. A field it does not know at all is
 // ignored and reported (ParsedRequest::ignored_fields: a warning in the server's log and the
 // x-fdpp-ignored-fields header), as vLLM does: clients written for vLLM, llama-server or newer
@@ -70,6 +70,8 @@ nlohmann::json model_body(const ModelInfo& model, const std::string& name);
 // (prompt_codec_for); tests pass fakes.
 struct PromptCodec {
   std::function<std::vector<int32_t>(std::string_view text)> encode;
+  // The bytes of one token (logprobs' "token" and "bytes"). Unset: decode({id}), or "".
+  std::function<std::string(int32_t id)> token_bytes;
   // Renders messages with the chat template and the generation prompt, then encodes them.
   std::function<std::vector<int32_t>(std::span<const ChatMessage> messages)> encode_chat;
   // Text without the special tokens the model adds by default (add_special_tokens = false: no BOS).
@@ -88,9 +90,15 @@ enum class Endpoint { Completions, Chat };
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::Completions;
   GenerationRequest generation;
-  // /v1/completions given a list of several prompts (OpenAI's batch): one request per prompt, in
-  // order (choice i answers prompt i); generation is the first. Empty for a single prompt.
+  // /v1/completions given a list of several prompts (OpenAI's batch), or n > 1: one request per
+  // choice, in order (choice i * n + j answers prompt i; choice j > 0 draws with
+  // derived_seed(seed, j), a fresh seed when none was given); generation is the first. Empty for a
+  // single prompt with n = 1.
   std::vector<GenerationRequest> batch;
+  int n = 1;                     // choices per prompt
+  int logprobs = -1;             // the requests' sampling.logprobs (-1: none)
+  bool echo = false;             // completions: the prompt's text in front of each choice
+  std::vector<std::string> echo_texts;  // per prompt, when echo
   bool stream = false;
   bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
   bool return_token_ids = false; // extension (vLLM's name): token ids beside the text
@@ -128,6 +136,10 @@ struct ResponseContext {
   int64_t created = 0;
   std::string model;
   bool return_token_ids = false;
+  int n = 1;                            // choices per prompt: usage counts each prompt once
+  int logprobs = -1;                    // >= 0: choices carry logprobs in the endpoint's shape
+  std::vector<std::string> echo_texts;  // completions' echo: per prompt, in front of its choices' text
+  std::function<std::string(int32_t)> token_bytes;  // logprobs' token text (PromptCodec::token_bytes)
 };
 std::string response_id(Endpoint endpoint, uint64_t serial);
 // finish_reason as OpenAI spells it: "stop" or "length" (cancelled/error never reach a client).
@@ -135,12 +147,19 @@ nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens);
 nlohmann::json completion_body(const ResponseContext& ctx, const GenerationResult& result);
 // A batch's body: choice i from results[i], usage summed.
 nlohmann::json completion_body(const ResponseContext& ctx, std::span<const GenerationResult> results);
-// A chunk of choice `index` (the prompt's place in a batch, else 0) carrying new text (finish_reason
+// A chunk of choice `index` (its place in a batch, else 0) carrying new text (finish_reason
 // null), or the choice's last chunk (finish_reason set, text usually empty). Chat's first chunk
-// carries the role (first = true).
+// carries the role (first = true). logprobs: the tokens' (ctx.logprobs >= 0); text_offset: where
+// the chunk's text starts in the choice's text (completions' text_offset), advanced past it.
 nlohmann::json stream_chunk(const ResponseContext& ctx, int index, std::string_view text,
                             std::span<const int32_t> tokens, const std::string& finish_reason, bool first,
-                            bool include_usage_null);
+                            bool include_usage_null, std::span<const TokenLogprobs> logprobs = {},
+                            size_t* text_offset = nullptr);
+// The logprobs object of a choice: chat's {"content": [{token, logprob, bytes, top_logprobs}]},
+// completions' {tokens, token_logprobs, top_logprobs, text_offset} with offsets from text_offset
+// (advanced). -inf is written as -9999.0, as vLLM does (JSON has no infinities).
+nlohmann::json logprobs_json(const ResponseContext& ctx, std::span<const int32_t> tokens,
+                             std::span<const TokenLogprobs> logprobs, size_t& text_offset);
 // stream_options.include_usage: the extra last chunk with empty choices and the usage.
 nlohmann::json usage_chunk(const ResponseContext& ctx, size_t prompt_tokens, size_t completion_tokens);
 // "data: <json>\n\n" (invalid UTF-8 replaced, never thrown on); sse_done() is "data: [DONE]\n\n".

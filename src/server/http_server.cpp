@@ -33,6 +33,7 @@ struct Channel {
   std::shared_ptr<Signal> signal;
   std::string text;
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;  // of `tokens`, when the request asked
   bool finished = false;
   GenerationResult result;
   Clock::time_point last_delta{};
@@ -44,12 +45,14 @@ namespace {
 // log_id: the request's name in the per-request log line; "" for no line.
 GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Metrics& metrics, std::string log_id) {
   GenerationCallbacks cb;
-  cb.on_delta = [ch, &metrics](uint64_t, std::string_view text, std::span<const int32_t> tokens) {
+  cb.on_delta = [ch, &metrics](uint64_t, std::string_view text, std::span<const int32_t> tokens,
+                               std::span<const TokenLogprobs> logprobs) {
     const Clock::time_point now = Clock::now();
     {
       std::lock_guard lock(ch->signal->mutex);
       ch->text.append(text);
       ch->tokens.insert(ch->tokens.end(), tokens.begin(), tokens.end());
+      ch->logprobs.insert(ch->logprobs.end(), logprobs.begin(), logprobs.end());
       if (ch->had_delta)
         metrics.observe_inter_token(std::chrono::duration<double>(now - ch->last_delta).count(), tokens.size());
       ch->last_delta = now;
@@ -338,6 +341,10 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
   ctx.created = static_cast<int64_t>(std::time(nullptr));
   ctx.model = model_.id;
   ctx.return_token_ids = p.return_token_ids;
+  ctx.n = p.n;
+  ctx.logprobs = p.logprobs;
+  ctx.echo_texts = p.echo_texts;
+  ctx.token_bytes = codec_.token_bytes;
   report_ignored(ctx.id, p.ignored_fields, res);
 
   {
@@ -348,7 +355,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
   std::vector<std::shared_ptr<Channel>> channels;
   std::vector<uint64_t> ids;
   try {
-    submit_all(std::move(requests), p.seed_given, ctx.id, channels, ids);
+    submit_all(std::move(requests), p.seed_given, p.n, ctx.id, channels, ids);
   } catch (const ApiError& e) {
     in_flight_done();
     return reply_error(res, e);
@@ -362,6 +369,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
     std::vector<std::shared_ptr<Channel>> channels;
     std::vector<uint64_t> ids;
     std::vector<bool> reported;  // the prompt's last chunk is written
+    std::vector<size_t> text_offset;  // completions' logprobs: characters of each choice's text so far
     size_t n_reported = 0, prompt_tokens = 0, completion_tokens = 0;
     ResponseContext ctx;
     bool include_usage = false;
@@ -371,6 +379,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
   auto st = std::make_shared<StreamState>();
   st->signal = channels[0]->signal;
   st->reported.assign(channels.size(), false);
+  st->text_offset.assign(channels.size(), 0);
   st->channels = std::move(channels);
   st->ids = std::move(ids);
   st->ctx = ctx;
@@ -381,15 +390,28 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
       "text/event-stream",
       [this, st](size_t, httplib::DataSink& sink) -> bool {
         std::string out;
-        // Chat sends the role at once, before the first token (as OpenAI and vLLM do).
+        // Chat sends the role at once, before the first token (as OpenAI and vLLM do); echo sends
+        // each choice's prompt text first.
         if (st->first && st->ctx.endpoint == Endpoint::Chat) {
-          out = sse_event(stream_chunk(st->ctx, 0, "", {}, "", true, st->include_usage));
+          // One per choice (n > 1), as vLLM sends them.
+          for (size_t i = 0; i < (st->ctx.n > 1 ? st->channels.size() : 1); ++i)
+            out += sse_event(stream_chunk(st->ctx, static_cast<int>(i), "", {}, "", true, st->include_usage));
+          st->first = false;
+        }
+        if (st->first && !st->ctx.echo_texts.empty()) {
+          const size_t n = static_cast<size_t>(std::max(st->ctx.n, 1));
+          for (size_t i = 0; i < st->channels.size(); ++i) {
+            const std::string& echo = st->ctx.echo_texts[std::min(i / n, st->ctx.echo_texts.size() - 1)];
+            out += sse_event(stream_chunk(st->ctx, static_cast<int>(i), echo, {}, "", false, st->include_usage));
+            for (unsigned char c : echo) st->text_offset[i] += (c & 0xC0) != 0x80;  // characters, as logprobs_json
+          }
           st->first = false;
         }
         struct Piece {
           int index = 0;
           std::string text;
           std::vector<int32_t> tokens;
+          std::vector<TokenLogprobs> logprobs;
           std::optional<GenerationResult> result;  // set when the prompt has just finished
         };
         std::vector<Piece> pieces;
@@ -411,6 +433,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
             piece.index = static_cast<int>(i);
             piece.text.swap(c.text);
             piece.tokens.swap(c.tokens);
+            piece.logprobs.swap(c.logprobs);
             if (c.finished && !st->reported[i]) {
               piece.result = c.result;
               st->reported[i] = true;
@@ -420,8 +443,8 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
         bool failed = false;
         for (const Piece& piece : pieces) {
           if (!piece.text.empty() || !piece.tokens.empty()) {
-            out += sse_event(
-                stream_chunk(st->ctx, piece.index, piece.text, piece.tokens, "", st->first, st->include_usage));
+            out += sse_event(stream_chunk(st->ctx, piece.index, piece.text, piece.tokens, "", st->first,
+                                          st->include_usage, piece.logprobs, &st->text_offset[piece.index]));
             st->first = false;
           }
           if (!piece.result) continue;
@@ -433,7 +456,8 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
             break;
           }
           out += sse_event(stream_chunk(st->ctx, piece.index, "", {}, r.finish_reason, false, st->include_usage));
-          st->prompt_tokens += r.prompt.size();
+          // OpenAI counts a prompt once however many choices it has.
+          if (piece.index % std::max(st->ctx.n, 1) == 0) st->prompt_tokens += r.prompt.size();
           st->completion_tokens += r.token_ids.size();
           st->n_reported++;
         }
@@ -477,16 +501,19 @@ uint64_t HttpServer::submit(GenerationRequest request, const std::shared_ptr<Cha
   }
 }
 
-void HttpServer::submit_all(std::vector<GenerationRequest> requests, bool seed_given, const std::string& log_id,
+void HttpServer::submit_all(std::vector<GenerationRequest> requests, bool seed_given, int n, const std::string& log_id,
                             std::vector<std::shared_ptr<Channel>>& channels, std::vector<uint64_t>& ids) {
   const auto signal = std::make_shared<Signal>();
-  const bool batch = requests.size() > 1;
+  const bool batch = requests.size() > static_cast<size_t>(std::max(n, 1));  // several prompts
   for (size_t i = 0; i < requests.size(); ++i) {
     if (!seed_given) requests[i].sampling.seed = next_seed();  // OpenAI: unseeded requests differ
     channels.push_back(std::make_shared<Channel>(signal));
     try {
-      ids.push_back(submit(std::move(requests[i]), channels.back(), batch ? fmt::format("prompt[{}]", i) : "",
-                         !options_.log_requests ? "" : batch ? fmt::format("{}[{}]", log_id, i) : log_id));
+      ids.push_back(submit(std::move(requests[i]), channels.back(),
+                           batch ? fmt::format("prompt[{}]", i / static_cast<size_t>(std::max(n, 1))) : "",
+                           !options_.log_requests            ? ""
+                           : requests.size() > 1 ? fmt::format("{}[{}]", log_id, i)
+                                                 : log_id));
     } catch (const ApiError&) {
       for (uint64_t id : ids) scheduler_->cancel(id);  // a batch runs whole or not at all
       throw;

@@ -88,7 +88,8 @@ class HttpServer {
   // Submits a response's requests (one, or a /v1/completions batch), each with a channel of its own
   // on one shared signal; unseeded requests get a fresh seed each. A batch runs whole or not at all:
   // when one is refused, those before it are cancelled and its ApiError is thrown.
-  void submit_all(std::vector<GenerationRequest> requests, bool seed_given, const std::string& log_id,
+  // n: choices per prompt (request i answers prompt i / n, named so in an error).
+  void submit_all(std::vector<GenerationRequest> requests, bool seed_given, int n, const std::string& log_id,
                   std::vector<std::shared_ptr<Channel>>& channels, std::vector<uint64_t>& ids);
   // A response not streamed: waits for every request, then one body with a choice per request.
   // The caller has counted the HTTP request in flight.

@@ -1723,6 +1723,126 @@ TEST_F(CudaKernels, BenchPrefillAttention) {
   }
 }
 
+// logit_bias with the min_tokens mask (-inf entries, an id biased then masked), the repetition
+// penalty and the presence / frequency penalties, per row, against the CPU Sampler's steps in its
+// order: the logits after the call equal the CPU's bit for bit, and greedy picks their argmax.
+TEST_F(CudaKernels, SampleLogitAdjustMatchesCpuInPlace) {
+  const int rows = 7, vocab = 5000;
+  const auto logits = random_logits(rows, vocab, 2.f);
+  std::vector<std::vector<int32_t>> histories(rows), generated(rows);
+  std::vector<std::vector<LogitBias>> biases(rows);
+  std::vector<float> presence(rows), frequency(rows);
+  std::vector<int32_t> bias_off{0}, bias_ids, gen_off{0}, gen_ids;
+  std::vector<float> bias_vals;
+  for (int r = 0; r < rows; ++r) {
+    const int n = r == 0 ? 0 : uniform_int(1, r == 6 ? 3000 : 80);
+    for (int i = 0; i < n; ++i) histories[r].push_back(uniform_int(0, vocab / (r + 1)));  // many repeats
+    generated[r].assign(histories[r].begin() + n / 2, histories[r].end());
+    presence[r] = r == 3 ? 0.f : static_cast<float>(uniform_int(-200, 200)) / 100.f;
+    frequency[r] = r == 4 ? 0.f : static_cast<float>(uniform_int(-200, 200)) / 100.f;
+    for (int i = 0; i < (r == 2 ? 0 : 12); ++i)
+      biases[r].push_back({uniform_int(0, vocab - 1), static_cast<float>(uniform_int(-10000, 10000)) / 100.f});
+    if (r % 2 == 1) {  // the min_tokens mask, one id also biased before it
+      biases[r].push_back({biases[r][0].id, -INFINITY});
+      biases[r].push_back({uniform_int(0, vocab - 1), -INFINITY});
+    }
+    for (const LogitBias& b : biases[r]) {
+      bias_ids.push_back(b.id);
+      bias_vals.push_back(b.bias);
+    }
+    bias_off.push_back(static_cast<int32_t>(bias_ids.size()));
+    gen_ids.insert(gen_ids.end(), generated[r].begin(), generated[r].end());
+    gen_off.push_back(static_cast<int32_t>(gen_ids.size()));
+  }
+  DeviceBuffer<int32_t> d_bias_off(bias_off), d_bias_ids(bias_ids), d_gen_off(gen_off), d_gen_ids(gen_ids);
+  DeviceBuffer<float> d_bias_vals(bias_vals), d_presence(presence), d_frequency(frequency);
+  cuda::LogitAdjust adjust{d_bias_off.get(), d_bias_ids.get(), d_bias_vals.get(), d_gen_off.get(),
+                           d_gen_ids.get(),  d_presence.get(), d_frequency.get()};
+  for (float penalty : {1.f, 1.3f}) {
+    DeviceBuffer<float> d_logits(logits);
+    DeviceBuffer<int32_t> d_out{size_t(rows)};
+    int stride = 1;
+    for (const auto& h : histories) stride = std::max(stride, int(h.size()));
+    std::vector<int32_t> hist(size_t(rows) * stride, -1), lens(rows);
+    for (int r = 0; r < rows; ++r) {
+      std::copy(histories[r].begin(), histories[r].end(), hist.begin() + size_t(r) * stride);
+      lens[r] = int(histories[r].size());
+    }
+    DeviceBuffer<int32_t> d_hist(hist), d_lens(lens);
+    const size_t ws_bytes = cuda::sampling_workspace_bytes(rows, vocab);
+    DeviceBuffer<uint8_t> d_ws(ws_bytes);
+    cuda::sample(d_logits.get(), rows, vocab, d_hist.get(), d_lens.get(), stride, params(0.f, 0, 1.f, 0.f, penalty),
+                 nullptr, d_out.get(), d_ws.get(), ws_bytes, nullptr, nullptr, &adjust);
+    sync("sample with adjustments");
+    const auto after = d_logits.download();
+    const auto ids = d_out.download();
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> ref(logits.begin() + size_t(r) * vocab, logits.begin() + size_t(r + 1) * vocab);
+      SamplingParams p;
+      p.logit_bias = biases[r];
+      Sampler::apply_logit_bias(ref, p, 0);
+      Sampler::apply_repetition_penalty(ref, histories[r], penalty, -1);
+      Sampler::apply_presence_frequency(ref, generated[r], presence[r], frequency[r]);
+      const std::vector<float> got(after.begin() + size_t(r) * vocab, after.begin() + size_t(r + 1) * vocab);
+      EXPECT_EQ(got, ref) << "penalty " << penalty << " row " << r;
+      EXPECT_EQ(ids[r], argmax(ref)) << "penalty " << penalty << " row " << r;
+    }
+  }
+}
+
+// Log probabilities on the device against the CPU Sampler::logprobs on the same logits: the top k
+// ids (ties by the lower id, NaN as -inf), the rank, and the values to 1e-5.
+TEST_F(CudaKernels, TokenLogprobsMatchCpu) {
+  for (int vocab : {7, 1000, 151936}) {
+    const int rows = vocab > 100000 ? 3 : 9;
+    auto logits = random_logits(rows, vocab, 3.f);
+    for (int r = 0; r < rows; ++r) {
+      float* row = &logits[size_t(r) * vocab];
+      if (r % 3 == 1 && vocab > 4) {  // ties at the top
+        const float top = *std::max_element(row, row + vocab) + 0.5f;
+        for (int k = 0; k < 3; ++k) row[uniform_int(0, vocab - 1)] = top;
+      }
+      if (r % 4 == 2) row[uniform_int(0, vocab - 1)] = NAN;
+      if (r % 4 == 3) row[uniform_int(0, vocab - 1)] = -INFINITY;
+    }
+    std::vector<int32_t> tokens(rows), lp_rows;
+    for (int r = 0; r < rows; ++r) {
+      tokens[r] = uniform_int(0, vocab - 1);
+      if (r != 1) lp_rows.push_back(r);  // a subset of the rows, as the engine passes
+    }
+    for (int k : {0, 1, 5, 20}) {
+      const int kk = std::min(k, vocab);
+      const int stride = 2 + 2 * kk;
+      DeviceBuffer<float> d_logits(logits), d_out{lp_rows.size() * size_t(stride)};
+      DeviceBuffer<int32_t> d_rows(lp_rows), d_tokens(tokens);
+      d_out.poison();
+      cuda::token_logprobs(d_logits.get(), vocab, d_rows.get(), int(lp_rows.size()), d_tokens.get(), kk, d_out.get(),
+                           stride, nullptr);
+      sync("token_logprobs");
+      const auto out = d_out.download();
+      for (size_t j = 0; j < lp_rows.size(); ++j) {
+        const int r = lp_rows[j];
+        const TokenLogprobs ref =
+            Sampler::logprobs(std::span<const float>(&logits[size_t(r) * vocab], vocab), tokens[r], kk);
+        const float* o = &out[j * stride];
+        // A token at a NaN or -inf logit has logprob -inf on both sides.
+        if (std::isinf(ref.logprob))
+          EXPECT_EQ(o[0], ref.logprob) << "vocab " << vocab << " row " << r;
+        else
+          EXPECT_NEAR(o[0], ref.logprob, 1e-5) << "vocab " << vocab << " row " << r;
+        EXPECT_EQ(static_cast<int>(o[1]), ref.rank) << "vocab " << vocab << " row " << r;
+        for (int e = 0; e < kk; ++e) {
+          EXPECT_EQ(static_cast<int>(o[2 + 2 * e]), ref.top[e].id) << "vocab " << vocab << " row " << r << " #" << e;
+          if (std::isinf(ref.top[e].logprob))
+            EXPECT_EQ(o[3 + 2 * e], ref.top[e].logprob) << "vocab " << vocab << " row " << r << " #" << e;
+          else
+            EXPECT_NEAR(o[3 + 2 * e], ref.top[e].logprob, 1e-5) << "vocab " << vocab << " row " << r << " #" << e;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaKernels, BenchSample) {
   if (!bench::enabled()) GTEST_SKIP() << "set FDPP_GPU_BENCH=1";
   for (int vocab : {32000, 128256, 256000}) {
@@ -1742,6 +1862,15 @@ TEST_F(CudaKernels, BenchSample) {
         std::printf("[perf] sample vocab %d rows %d %s: %.1f us (workspace %.1f MiB)\n", vocab, rows,
                     describe(p).c_str(), us, ws_bytes / 1048576.0);
       }
+      // Log probabilities of every row (k = 20, OpenAI's most): the passes over the row it costs.
+      std::vector<int32_t> all_rows(rows);
+      std::iota(all_rows.begin(), all_rows.end(), 0);
+      DeviceBuffer<int32_t> d_rows(all_rows), d_tokens(all_rows);
+      DeviceBuffer<float> lp_out{size_t(rows) * 42};
+      const double lp_us = bench::median_us(20, [&](int) {
+        cuda::token_logprobs(logits.get(), vocab, d_rows.get(), rows, d_tokens.get(), 20, lp_out.get(), 42, nullptr);
+      });
+      std::printf("[perf] token_logprobs vocab %d rows %d k 20: %.1f us\n", vocab, rows, lp_us);
     }
   }
 }

@@ -186,5 +186,76 @@ TEST(CudaStepSampling, ARowDrawsTheSameTokensInAnySlotBesideAnyRequests) {
   if (alone4.tokens.at(4) == batch.tokens.at(4)) EXPECT_LE(test::nmse(alone4.logits.at(4), batch.logits.at(4)), 5e-4);
 }
 
+// The engine's sampling with log probabilities, logit_bias, min_tokens and the presence and
+// frequency penalties: each row's token and log probabilities equal the CPU Sampler's on the
+// step's own logits (returned beside the draw, before the in-place adjustments), rows mixing
+// these options in one step. Greedy rows, so the token is exact; the values to 1e-5.
+TEST(CudaStepSampling, LogprobsBiasAndPenaltiesMatchTheCpuSamplerOnTheStepLogits) {
+  REQUIRE_GPU();
+  ModelConfig c = test::tiny("llama", 64);
+  const DecoderWeights w = test::random_weights(c);
+  cuda::EngineOptions eo;
+  eo.max_batch = 8;
+  eo.max_prefill_tokens = 256;
+  eo.kv_cache_tokens = 4096;
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+  cuda::CudaEngine e(model, eo);
+  const int n = 6;
+  std::vector<std::vector<int32_t>> hist(n);
+  std::vector<int> seq(n);
+  auto params = [&](int i) {
+    SamplingParams s;
+    s.temperature = 0.f;
+    s.logprobs = i % 3 == 0 ? -1 : (i == 1 ? 0 : 5 + i);
+    if (i % 2 == 0) s.logit_bias = {{static_cast<int32_t>(i), 3.f}, {static_cast<int32_t>(7 * i + 1), -50.f}};
+    s.min_tokens = i == 1 || i == 4 ? 3 : 0;
+    s.min_tokens_ids = {2, 5};
+    s.presence_penalty = i >= 3 ? 0.8f : 0.f;
+    s.frequency_penalty = i >= 4 ? 0.6f : 0.f;
+    s.repeat_penalty = i == 5 ? 1.3f : 1.f;
+    s.repeat_last_n = -1;
+    return s;
+  };
+  for (int i = 0; i < n; ++i) {
+    seq[i] = e.create_sequence();
+    hist[i] = test::random_ids(12 + i, c.vocab_size);
+  }
+  for (int step = 0; step < 6; ++step) {
+    Batch b;
+    for (int i = 0; i < n; ++i) {
+      StepRow r;
+      r.seq = seq[i];
+      r.tokens = step == 0 ? std::span<const int32_t>(hist[i]) : std::span<const int32_t>(&hist[i].back(), 1);
+      r.sample = true;
+      r.logits = true;
+      r.sampling = params(i);
+      r.sample_index = static_cast<uint64_t>(step);
+      r.history = hist[i];
+      b.rows.push_back(r);
+    }
+    const StepOutput o = e.step(b);
+    for (int i = 0; i < n; ++i) {
+      const std::span<const float> logits(o.logits.data() + size_t(i) * c.vocab_size, c.vocab_size);
+      Sampler cpu(params(i));
+      TokenLogprobs ref;
+      const int32_t want = cpu.sample(logits, hist[i], static_cast<uint64_t>(step), &ref);
+      EXPECT_EQ(o.tokens[i], want) << "row " << i << " step " << step;
+      if (params(i).logprobs >= 0) {
+        ASSERT_EQ(o.logprobs.size(), size_t(n));
+        const TokenLogprobs& got = o.logprobs[i];
+        EXPECT_NEAR(got.logprob, ref.logprob, 1e-5) << "row " << i << " step " << step;
+        EXPECT_EQ(got.rank, ref.rank) << "row " << i << " step " << step;
+        ASSERT_EQ(got.top.size(), ref.top.size()) << "row " << i;
+        for (size_t k = 0; k < ref.top.size(); ++k) {
+          EXPECT_EQ(got.top[k].id, ref.top[k].id) << "row " << i << " step " << step << " #" << k;
+          EXPECT_NEAR(got.top[k].logprob, ref.top[k].logprob, 1e-5) << "row " << i << " step " << step << " #" << k;
+        }
+      }
+      if (step < 3 && (i == 1 || i == 4)) EXPECT_TRUE(o.tokens[i] != 2 && o.tokens[i] != 5) << "min_tokens, row " << i;
+      hist[i].push_back(o.tokens[i]);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fdpp

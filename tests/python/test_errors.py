@@ -52,13 +52,13 @@ def test_unknown_keywords_are_type_errors(llm):
         ({"seed": -2}, '"seed" -2 must be in [-1, '),  # -1: a random seed, as None
         ({"max_tokens": 2.5}, '"max_tokens" must be an integer, not 2.5'),
         ({"stop": ["ok", ""]}, '"stop" is empty'),
-        # vLLM's fields fdpp does not implement: refused away from the value that changes nothing.
-        ({"n": 2}, "n: 2 is not supported (fdpp takes only 1)"),
-        ({"n": True}, "n: True is not supported"),
-        ({"best_of": 4}, "best_of: 4 is not supported (fdpp takes only None or 1)"),
-        ({"presence_penalty": 0.5}, '"presence_penalty" 0.5 must be 0 (not implemented; use repetition_penalty)'),
-        ({"frequency_penalty": -1}, '"frequency_penalty" -1 must be 0'),
-        ({"logprobs": 5}, "logprobs: 5 is not supported (fdpp takes only None)"),
+        # vLLM's fields: ranges and the combinations fdpp does not take.
+        ({"n": 0}, '"n" 0 must be in [1, 64] (choices per prompt)'),
+        ({"n": True}, '"n" must be an integer, not True'),
+        ({"best_of": 4}, "best_of: 4 with n = 1 is not supported"),
+        ({"presence_penalty": 2.5}, '"presence_penalty" 2.5 must be in [-2, 2] (0 = off)'),
+        ({"frequency_penalty": -3}, '"frequency_penalty" -3 must be in [-2, 2]'),
+        ({"logprobs": -1}, '"logprobs" -1 must be in [0, 20]'),
         ({"prompt_logprobs": 1}, "prompt_logprobs: 1 is not supported"),
         ({"stop_token_ids": 2}, "stop_token_ids: expected a list of token ids, got int"),
         ({"stop_token_ids": [2, -1]}, "stop_token_ids[1]: -1 is not in [0, "),

@@ -154,6 +154,9 @@ def test_tqdm_bar_over_the_requests(llm, fake_tqdm):
     llm.generate("Hello", GREEDY, use_tqdm=False)
     assert len(fake_tqdm) == 2
     assert [o.finish_reason for o in outs] == ["error"] + ["length"] * 5
+    # n completions per prompt: the bar counts the engine's requests, ending full.
+    llm.generate(["Hello", "Hi"], fdpp.SamplingParams(temperature=0, max_tokens=2, n=3))
+    assert fake_tqdm[-1].total == fake_tqdm[-1].n == 6 and fake_tqdm[-1].closed
 
 
 def test_without_tqdm_no_bar_and_no_complaint(llm, monkeypatch):

@@ -200,19 +200,28 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "top_p": 2}, 400, "top_p"),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4o"}, 404, "model"),
-    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 65}, 400, "n"),
     ("/v1/completions", {"prompt": "hi", "best_of": 3}, 400, "best_of"),
-    ("/v1/completions", {"prompt": "hi", "echo": True}, 400, "echo"),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
-    ("/v1/completions", {"prompt": "hi", "logit_bias": {"1": 5}}, 400, "logit_bias"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "n": 2, "best_of": 3}, 400, "best_of"),
+    ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"1": 101}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"one": 5}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"999999": 5}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("/v1/completions", {"prompt": "hi", "frequency_penalty": "high"}, 400, "frequency_penalty"),
+    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 1}, 400, "prompt_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+     400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "echo": True}, 400, "echo"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      400, "tools"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "response_format": {"type": "json_object"}}, 400, "response_format"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
      400, "tool_choice"),
-    ("/v1/completions", {"prompt": "hi", "min_tokens": 3}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": "hi", "min_tokens": 30, "max_tokens": 4}, 400, "min_tokens"),
     ("/v1/completions", {"prompt": "hi", "skip_special_tokens": "no"}, 400, "skip_special_tokens"),
     ("/v1/completions", {"prompt": "hi", "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
     ("/v1/completions", {"prompt": "hi", "tools": []}, 400, "tools"),  # chat's field: known, refused
@@ -380,3 +389,120 @@ def test_sigterm_while_streaming_finishes_the_stream():
     assert usage["completion_tokens"] == 12
     assert s.proc.wait(60) == 0
     assert "stopped" in "".join(s.stderr)
+
+
+# ---- sampling: logprobs, n, penalties, logit_bias, min_tokens, echo (issue 46) ----------------
+
+
+def test_chat_logprobs_top_token_is_the_greedy_token(server):
+    c = client(server)
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    ids, text = generate_reference("What is 2 + 2?", N, chat=True)
+    r = c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=N, temperature=0, logprobs=True,
+                                  top_logprobs=3)
+    assert r.choices[0].message.content == text  # logprobs change nothing of the output
+    content = r.choices[0].logprobs.content
+    assert len(content) == len(ids)
+    for item in content:
+        assert len(item.top_logprobs) == 3
+        # The logprobs are the model's (raw logits): at temperature 0 the sampled token is the top one.
+        assert item.top_logprobs[0].token == item.token
+        assert item.top_logprobs[0].logprob == pytest.approx(item.logprob, abs=1e-6)
+        assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob >= item.top_logprobs[2].logprob
+        assert item.logprob <= 0 and item.bytes
+    # The tokens' bytes spell the text (up to an end-of-turn token, which the text leaves out).
+    spelled = b"".join(bytes(item.bytes) for item in content).decode("utf-8", "replace")
+    assert spelled.startswith(text)
+    # Streamed: the same entries, spread over the chunks.
+    streamed = []
+    for chunk in c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=N, temperature=0,
+                                           logprobs=True, top_logprobs=3, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.content
+    assert [(x.token, round(x.logprob, 5)) for x in streamed] == [(x.token, round(x.logprob, 5)) for x in content]
+    # logprobs without top_logprobs: the sampled token's alone.
+    r = c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=2, temperature=0, logprobs=True)
+    assert [x.top_logprobs for x in r.choices[0].logprobs.content] == [[], []]
+    assert r.choices[0].logprobs.content[0].logprob == pytest.approx(content[0].logprob, abs=1e-5)
+
+
+def test_completion_logprobs_and_echo(server):
+    c = client(server)
+    prompt = "The capital of France is"
+    ids, text = generate_reference(prompt, N)
+    r = c.completions.create(model=server.model_id, prompt=prompt, max_tokens=N, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == text
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == len(ids)
+    for tok, p, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) <= 2 and max(top, key=top.get) == tok and top[tok] == pytest.approx(p, abs=1e-6)
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert "".join(lp.tokens).startswith(text)
+    # echo: the prompt in front of the text; streamed, it comes first.
+    r = c.completions.create(model=server.model_id, prompt=prompt, max_tokens=N, temperature=0, echo=True)
+    assert r.choices[0].text == prompt + text
+    pieces = [ch.choices[0].text for ch in c.completions.create(model=server.model_id, prompt=prompt, max_tokens=N,
+                                                                temperature=0, echo=True, stream=True) if ch.choices]
+    assert pieces[0] == prompt and "".join(pieces) == prompt + text
+
+
+def test_n_choices(server):
+    c = client(server)
+    prompt = "Once upon a time"
+    one = c.completions.create(model=server.model_id, prompt=prompt, max_tokens=N, temperature=0)
+    # Greedy: n identical choices, the prompt counted once in the usage.
+    r = c.completions.create(model=server.model_id, prompt=prompt, max_tokens=N, temperature=0, n=3)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    assert [ch.text for ch in r.choices] == [one.choices[0].text] * 3
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens
+    assert r.usage.completion_tokens == 3 * one.usage.completion_tokens
+    # Sampled: distinct choices, and a seed makes them repeat; choice 0 is the n = 1 request's.
+    kw = dict(model=server.model_id, prompt=prompt, max_tokens=12, temperature=1.0, seed=11)
+    a = c.completions.create(n=3, **kw)
+    b = c.completions.create(n=3, best_of=3, **kw)
+    texts = [ch.text for ch in a.choices]
+    assert len(set(texts)) == 3, texts
+    assert texts == [ch.text for ch in b.choices]
+    assert texts[0] == c.completions.create(**kw).choices[0].text
+    # Chat, and streamed: the chunks of each choice carry its index.
+    msgs = [{"role": "user", "content": "Tell me a story."}]
+    r = c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=10, temperature=1.0, n=3)
+    assert len(r.choices) == 3 and len({ch.message.content for ch in r.choices}) == 3
+    streamed, finishes, roles = ["", "", ""], [0, 0, 0], [[], [], []]
+    for chunk in c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=10, temperature=1.0, n=3,
+                                           stream=True):
+        for ch in chunk.choices:
+            streamed[ch.index] += ch.delta.content or ""
+            finishes[ch.index] += ch.finish_reason is not None
+            if ch.delta.role:
+                roles[ch.index].append(ch.delta.role)
+    assert finishes == [1, 1, 1] and len(set(streamed)) == 3
+    assert roles == [["assistant"]] * 3  # each choice's first chunk names the role
+
+
+def test_penalties_logit_bias_and_min_tokens_change_the_output(server):
+    c = client(server)
+    prompt = "la la la la la la la la la la"
+    base = dict(model=server.model_id, prompt=prompt, max_tokens=16, temperature=0,
+                extra_body={"return_token_ids": True})
+    greedy = c.completions.create(**base).choices[0]
+    # OpenAI's penalties over the generated tokens: a repetitive greedy output changes and repeats less.
+    for field in ("presence_penalty", "frequency_penalty"):
+        pen = c.completions.create(**base, **{field: 2.0}).choices[0]
+        assert pen.token_ids != greedy.token_ids, field
+        assert len(set(pen.token_ids)) > len(set(greedy.token_ids)), (field, pen.text, greedy.text)
+    # logit_bias: the greedy first token banned, another forced.
+    first = greedy.token_ids[0]
+    r = c.completions.create(**base, logit_bias={str(first): -100}).choices[0]
+    assert first not in r.token_ids
+    forced = greedy.token_ids[0] + 1
+    r = c.completions.create(**base, logit_bias={str(forced): 100}).choices[0]
+    assert r.token_ids == [forced] * 16
+    # min_tokens: a chat answer that ends early goes on to at least min_tokens tokens.
+    msgs = [{"role": "user", "content": "Say OK."}]
+    short = c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=64, temperature=0)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 30
+    want = short.usage.completion_tokens + 5
+    long = c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=64, temperature=0,
+                                     extra_body={"min_tokens": want})
+    assert long.usage.completion_tokens >= want

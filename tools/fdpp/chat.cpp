@@ -312,7 +312,7 @@ int run_chat(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
     std::string reply;
     GenerationResult result;
     GenerationCallbacks callbacks;
-    callbacks.on_delta = [&](uint64_t, std::string_view piece, std::span<const int32_t>) {
+    callbacks.on_delta = [&](uint64_t, std::string_view piece, std::span<const int32_t>, std::span<const TokenLogprobs>) {
       reply += piece;
       write_stdout(piece);
     };

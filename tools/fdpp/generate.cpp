@@ -12,6 +12,7 @@
 #include "core/read_file.h"
 #include "engine/generate.h"
 #include "engine/prompt_file.h"
+#include "engine/request_limits.h"
 #include "engine/scheduler.h"
 #include "engine_flags.h"
 #include "generate_file.h"
@@ -221,7 +222,17 @@ Subcommand register_generate(CLI::App& app) {
       ->capture_default_str()
       ->group(kSampling)
       ->check(int_check(repeat_last_n_problem));
-  gen->add_option("-s,--seed", seed, "random seed; -1: a random one, printed with the stats / in --json")
+  // llama.cpp's flags for OpenAI's penalties (over the generated tokens; the table's range).
+  gen->add_option("--presence-penalty", a.sampling.presence_penalty, "subtracted once from generated tokens (0 = off)")
+      ->capture_default_str()
+      ->group(kSampling)
+      ->check(real_check([](double v) { return param_problem(request_param("presence_penalty"), v); }));
+  gen->add_option("--frequency-penalty", a.sampling.frequency_penalty,
+                  "subtracted per occurrence from generated tokens (0 = off)")
+      ->capture_default_str()
+      ->group(kSampling)
+      ->check(real_check([](double v) { return param_problem(request_param("frequency_penalty"), v); }));
+  gen->add_option("-s,--seed", seed, "random seed; -1 (default): a random one, printed with the stats / in --json")
       ->capture_default_str()
       ->group(kSampling)
       ->check(int_range(-1, INT64_MAX, "[-1, 2^63)"));

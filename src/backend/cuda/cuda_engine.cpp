@@ -20,6 +20,10 @@ template <class T>
 void upload(DeviceBuffer& dst, const std::vector<T>& src, cudaStream_t stream) {
   FDPP_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
 }
+// A buffer of at least `bytes` (reallocated when smaller: the stream is idle between steps).
+void ensure_bytes(DeviceBuffer& b, size_t bytes) {
+  if (b.bytes() < bytes) b = DeviceBuffer(bytes);
+}
 }  // namespace
 
 CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOptions& options)
@@ -667,6 +671,80 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
       const StepRow& r = *rows[i].row;
       return head_first[i] + (r.all_logits ? static_cast<int>(r.tokens.size()) - 1 : 0);
     };
+    // logit_bias with the min_tokens mask, and the generated tokens of rows with presence or
+    // frequency penalties: CSR lists by head row (cuda::LogitAdjust), uploaded only when present.
+    const size_t H = seeds.size();
+    std::vector<const StepRow*> by_head(H, nullptr);
+    for (int i : sampled) by_head[head_of(i)] = rows[i].row;
+    std::vector<int32_t> bias_off(H + 1, 0), bias_ids, gen_off(H + 1, 0), gen_ids, lp_rows;
+    std::vector<float> bias_vals, presence(H, 0.f), frequency(H, 0.f);
+    bool edits_in_place = false;  // some row's logits change before the draw
+    int lp_k = 0;
+    for (size_t h = 0; h < H; ++h) {
+      bias_off[h] = static_cast<int32_t>(bias_ids.size());
+      gen_off[h] = static_cast<int32_t>(gen_ids.size());
+      const StepRow* r = by_head[h];
+      if (r == nullptr) continue;
+      const SamplingParams& p = r->sampling;
+      for (const LogitBias& b : p.logit_bias) {
+        bias_ids.push_back(b.id);
+        bias_vals.push_back(b.bias);
+      }
+      if (r->sample_index < static_cast<uint64_t>(std::max(p.min_tokens, 0)))
+        for (int32_t id : p.min_tokens_ids) {
+          bias_ids.push_back(id);
+          bias_vals.push_back(-INFINITY);
+        }
+      if (p.presence_penalty != 0.f || p.frequency_penalty != 0.f) {
+        const size_t n = std::min(r->history.size(), static_cast<size_t>(r->sample_index));
+        gen_ids.insert(gen_ids.end(), r->history.end() - static_cast<std::ptrdiff_t>(n), r->history.end());
+        presence[h] = p.presence_penalty;
+        frequency[h] = p.frequency_penalty;
+      }
+      edits_in_place |= p.repeat_penalty != 1.0f;
+      if (p.logprobs >= 0) {
+        lp_rows.push_back(static_cast<int32_t>(h));
+        lp_k = std::max(lp_k, p.logprobs);
+      }
+    }
+    bias_off[H] = static_cast<int32_t>(bias_ids.size());
+    gen_off[H] = static_cast<int32_t>(gen_ids.size());
+    edits_in_place |= !bias_ids.empty() || !gen_ids.empty();
+    LogitAdjust adjust;
+    if (!bias_ids.empty() || !gen_ids.empty()) {
+      std::vector<int32_t> i32(bias_off);
+      i32.insert(i32.end(), bias_ids.begin(), bias_ids.end());
+      i32.insert(i32.end(), gen_off.begin(), gen_off.end());
+      i32.insert(i32.end(), gen_ids.begin(), gen_ids.end());
+      std::vector<float> f32(bias_vals);
+      f32.insert(f32.end(), presence.begin(), presence.end());
+      f32.insert(f32.end(), frequency.begin(), frequency.end());
+      ensure_bytes(adjust_i32_, i32.size() * sizeof(int32_t));
+      ensure_bytes(adjust_f32_, f32.size() * sizeof(float));
+      upload(adjust_i32_, i32, stream_);
+      upload(adjust_f32_, f32, stream_);
+      const int32_t* di = adjust_i32_.as<int32_t>();
+      const float* df = adjust_f32_.as<float>();
+      if (!bias_ids.empty()) {
+        adjust.bias_offsets = di;
+        adjust.bias_ids = di + H + 1;
+        adjust.bias_values = df;
+      }
+      if (!gen_ids.empty()) {
+        adjust.generated_offsets = di + H + 1 + bias_ids.size();
+        adjust.generated_ids = di + 2 * (H + 1) + bias_ids.size();
+        adjust.presence = df + bias_vals.size();
+        adjust.frequency = df + bias_vals.size() + H;
+      }
+    }
+    // Log probabilities are of the raw logits: kept aside when the filters will edit them.
+    const float* raw = logits_.as<float>();
+    if (!lp_rows.empty() && edits_in_place) {
+      ensure_bytes(raw_logits_, H * V * sizeof(float));
+      FDPP_CUDA_CHECK(cudaMemcpyAsync(raw_logits_.get(), logits_.get(), H * V * sizeof(float), cudaMemcpyDeviceToDevice,
+                                      stream_));
+      raw = raw_logits_.as<float>();
+    }
     size_t k = 0;
     while (k < sampled.size()) {
       size_t e = k + 1;
@@ -675,21 +753,47 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
         ++e;
       std::vector<std::span<const int32_t>> hist;
       for (size_t j = k; j < e; ++j) hist.push_back(rows[sampled[j]].row->history);
-      sample_rows(head_of(sampled[k]), static_cast<int>(e - k), rows[sampled[k]].row->sampling, hist);
+      sample_rows(head_of(sampled[k]), static_cast<int>(e - k), rows[sampled[k]].row->sampling, hist,
+                  adjust.bias_offsets || adjust.generated_offsets ? &adjust : nullptr);
       k = e;
+    }
+    // The sampled tokens' log probabilities and the top k on the device; 2 + 2k floats a row back.
+    const int lp_stride = 2 + 2 * lp_k;
+    std::vector<float> lp_host(lp_rows.size() * static_cast<size_t>(lp_stride));
+    if (!lp_rows.empty()) {
+      ensure_bytes(logprob_rows_, lp_rows.size() * sizeof(int32_t));
+      ensure_bytes(logprob_out_, lp_host.size() * sizeof(float));
+      upload(logprob_rows_, lp_rows, stream_);
+      token_logprobs(raw, static_cast<int>(V), logprob_rows_.as<int32_t>(), static_cast<int>(lp_rows.size()),
+                     sample_ids_.as<int32_t>(), std::min<int>(lp_k, static_cast<int>(V)), logprob_out_.as<float>(),
+                     lp_stride, stream_);
+      FDPP_CUDA_CHECK(cudaMemcpyAsync(lp_host.data(), logprob_out_.get(), lp_host.size() * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream_));
     }
     std::vector<int32_t> ids(seeds.size());
     FDPP_CUDA_CHECK(cudaMemcpyAsync(ids.data(), sample_ids_.get(), ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                     stream_));
     FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (int i : sampled) out.tokens[i] = ids[head_of(i)];
+    for (size_t j = 0; j < lp_rows.size(); ++j) {
+      const float* o = lp_host.data() + j * static_cast<size_t>(lp_stride);
+      for (int i : sampled) {
+        if (head_of(i) != lp_rows[j]) continue;
+        TokenLogprobs& t = out.logprobs[i];
+        t.logprob = o[0];
+        t.rank = static_cast<int32_t>(o[1]);
+        t.top.clear();
+        for (int e = 0; e < std::min(rows[i].row->sampling.logprobs, static_cast<int>(V)); ++e)
+          t.top.push_back({static_cast<int32_t>(o[2 + 2 * e]), o[3 + 2 * e]});
+      }
+    }
   } else {
     FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 }
 
 void CudaEngine::sample_rows(int first, int rows, const SamplingParams& p,
-                             std::span<const std::span<const int32_t>> history) {
+                             std::span<const std::span<const int32_t>> history, const LogitAdjust* adjust) {
   const int V = config().vocab_size;
   const bool penalty = p.repeat_penalty != 1.0f;
   // Repetition penalty: each row's window of recent tokens, packed [rows, stride].
@@ -713,9 +817,23 @@ void CudaEngine::sample_rows(int first, int rows, const SamplingParams& p,
   }
   float* logits = logits_.as<float>() + static_cast<size_t>(first) * V;
   const DeviceSamplingParams dp{p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.seed};
+  // The head-row lists, seen from row `first` (CSR offsets stay absolute).
+  LogitAdjust row_adjust;
+  auto adjust_rows = [](const LogitAdjust* a, int at, LogitAdjust* out) -> const LogitAdjust* {
+    if (a == nullptr) return nullptr;
+    *out = *a;
+    if (out->bias_offsets) out->bias_offsets += at;
+    if (out->generated_offsets) {
+      out->generated_offsets += at;
+      out->presence += at;
+      out->frequency += at;
+    }
+    return out;
+  };
   cuda::sample(logits, rows, V, penalty ? history_.as<int32_t>() : nullptr, penalty ? history_lens_.as<int32_t>() : nullptr,
                penalty ? history_stride_ : 0, dp, offsets_.as<uint64_t>() + first, sample_ids_.as<int32_t>() + first,
-               sample_ws_.get(), sample_ws_.bytes(), stream_, seeds_.as<uint64_t>() + first);
+               sample_ws_.get(), sample_ws_.bytes(), stream_, seeds_.as<uint64_t>() + first,
+               adjust_rows(adjust, first, &row_adjust));
 }
 
 void CudaEngine::warm_up() {

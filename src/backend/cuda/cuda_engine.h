@@ -134,7 +134,7 @@ class CudaEngine final : public Engine {
   // Samples head rows [first, first + count) of the last step's logits with one parameter set;
   // seeds_ and offsets_ rows [first, first + count) are already uploaded.
   void sample_rows(int first, int count, const SamplingParams& params,
-                   std::span<const std::span<const int32_t>> history);
+                   std::span<const std::span<const int32_t>> history, const LogitAdjust* adjust);
 
   struct StepInputs {  // device arrays a forward pass reads
     const int32_t *ids, *positions, *slots;
@@ -183,6 +183,10 @@ class CudaEngine final : public Engine {
   DeviceBuffer chunk_meta_;                               // prefill chunks: q_begin [max_batch + 1], starts
   DeviceBuffer sample_ws_, sample_ids_, history_, history_lens_, offsets_, seeds_;
   int history_stride_ = 0;
+  // Sampling rows' logit_bias / min_tokens lists and generated tokens (cuda::LogitAdjust), grown on
+  // demand; raw logits kept for log probabilities when the adjustments edit logits_ in place; the
+  // logprob rows and their 2 + 2k floats each.
+  DeviceBuffer adjust_i32_, adjust_f32_, raw_logits_, logprob_rows_, logprob_out_;
   // Decode-step inputs travel in one copy from pinned memory: ids, positions, slots, context
   // lengths ([max_batch] each), then block tables [max_batch][max_blocks_per_seq].
   DeviceBuffer decode_in_;

@@ -247,9 +247,32 @@ struct DeviceSamplingParams {
   float repeat_penalty;
   uint64_t seed;
 };
+// Per-row adjustments applied before the filters, in the CPU Sampler's order (all device arrays,
+// indexed by the launch's rows; CSR offsets have rows + 1 entries; a null member skips its step):
+// bias   entries [bias_offsets[r], bias_offsets[r + 1]) of (bias_ids, bias_values), applied in order
+//        before the repetition penalty: a value of -inf sets -inf (the min_tokens mask), others add.
+// counts generated tokens [generated_offsets[r], ...+1) of generated_ids, after the repetition
+//        penalty: logit -= count * frequency[r] + presence[r] for each distinct one (OpenAI's
+//        penalties); uses 4 bytes per logit of the workspace (so a workspace is then required).
+struct LogitAdjust {
+  const int32_t* bias_offsets = nullptr;
+  const int32_t* bias_ids = nullptr;
+  const float* bias_values = nullptr;
+  const int32_t* generated_offsets = nullptr;
+  const int32_t* generated_ids = nullptr;
+  const float* presence = nullptr;
+  const float* frequency = nullptr;
+};
 size_t sampling_workspace_bytes(int rows, int vocab);
 void sample(float* logits, int rows, int vocab, const int32_t* history, const int32_t* history_lens,
             int history_stride, const DeviceSamplingParams& params, const uint64_t* offsets, int32_t* out_ids,
-            void* workspace, size_t workspace_bytes, cudaStream_t stream, const uint64_t* seeds = nullptr);
+            void* workspace, size_t workspace_bytes, cudaStream_t stream, const uint64_t* seeds = nullptr,
+            const LogitAdjust* adjust = nullptr);
+// Log probabilities of the raw logits [*, vocab] (the CPU Sampler::logprobs): for j < count, row
+// rows[j] and its sampled token tokens[rows[j]], out[j * out_stride ..] = {logprob, rank, then k
+// pairs (id, logprob) of the largest logits (value desc, id asc)} as floats (ids < 2^24 are exact).
+// out_stride >= 2 + 2k, k <= vocab. Only these 2 + 2k floats a row go back to the host.
+void token_logprobs(const float* logits, int vocab, const int32_t* rows, int count, const int32_t* tokens, int k,
+                    float* out, int out_stride, cudaStream_t stream);
 
 }  // namespace fdpp::cuda

@@ -3,6 +3,13 @@
 // one draw, ties always broken by the lower token id.
 //
 // Kernels (one block per row):
+//   bias         logit_bias and the min_tokens mask (LogitAdjust's CSR lists): one thread walks the
+//                row's entries in order, as the CPU does (an id may be biased and then masked).
+//   counts       presence / frequency penalties over the row's generated tokens: counts in the
+//                workspace (zeroed for the ids present, atomicAdd, then the first entry to CAS a
+//                count to its negative applies it once), in float with no contraction, as the CPU.
+//   logprobs     after the draw, over the raw logits: log-sum-exp in double, the sampled token's
+//                logprob and rank, the top k by k block argmax passes; writes 2 + 2k floats a row.
 //   penalty      each distinct history token once: every history entry i writes its index into
 //                mark[id] (any writer wins), then after a barrier only the entry whose index is
 //                stored applies the penalty. No sort, no O(n^2) scan; mark is workspace.
@@ -312,6 +319,106 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
       }
     }
     if (lane == 0) out_ids[r] = bi == INT_MAX ? 0 : bi;  // all NaN: token 0
+  }
+}
+
+
+// ---- logit adjustments and log probabilities -----------------------------------------------------
+
+__global__ void bias_kernel(float* __restrict__ logits, int vocab, const int32_t* __restrict__ offsets,
+                            const int32_t* __restrict__ ids, const float* __restrict__ values) {
+  if (threadIdx.x != 0) return;
+  const int r = blockIdx.x;
+  float* lg = logits + int64_t(r) * vocab;
+  for (int i = offsets[r]; i < offsets[r + 1]; ++i) {
+    const int id = ids[i];
+    if (id < 0 || id >= vocab) continue;
+    const float v = values[i];
+    lg[id] = v == -INFINITY ? -INFINITY : lg[id] + v;
+  }
+}
+
+__global__ void __launch_bounds__(kPenaltyThreads)
+    count_penalty_kernel(float* __restrict__ logits, int vocab, const int32_t* __restrict__ offsets,
+                         const int32_t* __restrict__ ids, const float* __restrict__ presence,
+                         const float* __restrict__ frequency, int* __restrict__ counts) {
+  const int r = blockIdx.x;
+  const int begin = offsets[r], end = offsets[r + 1];
+  const float pres = presence[r], freq = frequency[r];
+  if (begin >= end || (pres == 0.f && freq == 0.f)) return;
+  int* c = counts + int64_t(r) * vocab;
+  float* lg = logits + int64_t(r) * vocab;
+  for (int i = begin + threadIdx.x; i < end; i += kPenaltyThreads) {
+    const int id = ids[i];
+    if (id >= 0 && id < vocab) c[id] = 0;
+  }
+  __syncthreads();
+  for (int i = begin + threadIdx.x; i < end; i += kPenaltyThreads) {
+    const int id = ids[i];
+    if (id >= 0 && id < vocab) atomicAdd(&c[id], 1);
+  }
+  __syncthreads();
+  for (int i = begin + threadIdx.x; i < end; i += kPenaltyThreads) {
+    const int id = ids[i];
+    if (id < 0 || id >= vocab) continue;
+    const int k = c[id];
+    // The first entry to flip the count applies the penalty once; the CPU's expression, rounded
+    // the same way (no fused multiply-add).
+    if (k > 0 && atomicCAS(&c[id], k, -k) == k)
+      lg[id] = __fsub_rn(lg[id], __fadd_rn(__fmul_rn(static_cast<float>(k), freq), pres));
+  }
+}
+
+__device__ __forceinline__ float valid_logit(float l) { return isnan(l) ? -INFINITY : l; }
+
+__global__ void __launch_bounds__(kBlock)
+    logprobs_kernel(const float* __restrict__ logits, int vocab, const int32_t* __restrict__ rows,
+                    const int32_t* __restrict__ tokens, int k, float* __restrict__ out, int out_stride) {
+  using Ops = BlockOps<kBlock>;
+  using ReduceKey = cub::BlockReduce<unsigned long long, kBlock>;
+  __shared__ typename Ops::Shared sh;
+  __shared__ typename ReduceKey::TempStorage reduce_key;
+  __shared__ unsigned long long best;
+  const int j = blockIdx.x, tid = threadIdx.x;
+  const int row = rows[j];
+  const float* lg = logits + int64_t(row) * vocab;
+  const int token = tokens[row];
+  float* o = out + int64_t(j) * out_stride;
+  // Keys in the order (value desc, id asc) as one descending 64-bit integer (pack); every key is
+  // below ~0ull, so the walk starts there. NaN counts as -inf, as in the CPU Sampler::logprobs.
+  auto key = [&](int i) { return pack(order_bits(valid_logit(lg[i])), i); };
+  auto next_below = [&](unsigned long long bound) {
+    unsigned long long m = 0ull;
+    for (int i = tid; i < vocab; i += kBlock) {
+      const unsigned long long c = key(i);
+      if (c < bound && c > m) m = c;
+    }
+    __syncthreads();  // `best` of the previous pass is read
+    m = ReduceKey(reduce_key).Reduce(m, ::cuda::maximum<>{});
+    if (tid == 0) best = m;
+    __syncthreads();
+    return best;
+  };
+  const unsigned long long first = next_below(~0ull);
+  const float max_v = packed_key(first);
+  const double sum = Ops::sum(sh, vocab, [&](int i) {
+    const float v = valid_logit(lg[i]);
+    return v == max_v ? 1.0 : exp(static_cast<double>(v) - static_cast<double>(max_v));
+  });
+  const double lse = static_cast<double>(max_v) + log(sum);
+  const float t = valid_logit(lg[token]);
+  const double greater = Ops::sum(sh, vocab, [&](int i) { return valid_logit(lg[i]) > t ? 1.0 : 0.0; });
+  if (tid == 0) {
+    o[0] = static_cast<float>(static_cast<double>(t) - lse);
+    o[1] = static_cast<float>(greater + 1.0);
+  }
+  unsigned long long c = first;
+  for (int e = 0; e < k && e < vocab; ++e) {
+    if (e > 0) c = next_below(c);
+    if (tid == 0) {
+      o[2 + 2 * e] = static_cast<float>(packed_id(c));
+      o[3 + 2 * e] = static_cast<float>(static_cast<double>(packed_key(c)) - lse);
+    }
   }
 }
 
@@ -665,7 +772,8 @@ size_t sampling_workspace_bytes(int rows, int vocab) {
 
 void sample(float* logits, int rows, int vocab, const int32_t* history, const int32_t* history_lens,
             int history_stride, const DeviceSamplingParams& params, const uint64_t* offsets, int32_t* out_ids,
-            void* workspace, size_t workspace_bytes, cudaStream_t stream, const uint64_t* seeds) {
+            void* workspace, size_t workspace_bytes, cudaStream_t stream, const uint64_t* seeds,
+            const LogitAdjust* adjust) {
   check(logits != nullptr && out_ids != nullptr, "sample: null pointer (logits {}, out_ids {})",
         static_cast<const void*>(logits), static_cast<const void*>(out_ids));
   check_shape(rows, vocab);
@@ -677,6 +785,12 @@ void sample(float* logits, int rows, int vocab, const int32_t* history, const in
         params.repeat_penalty);
 
   const bool penalize = params.repeat_penalty != 1.0f && history != nullptr;
+  const bool bias = adjust != nullptr && adjust->bias_offsets != nullptr;
+  const bool counts = adjust != nullptr && adjust->generated_offsets != nullptr;
+  if (bias) check(adjust->bias_ids != nullptr && adjust->bias_values != nullptr, "sample: bias offsets without entries");
+  if (counts)
+    check(adjust->generated_ids != nullptr && adjust->presence != nullptr && adjust->frequency != nullptr,
+          "sample: generated offsets without ids or penalties");
   const bool greedy = params.temperature <= 0.0f;
   const bool select_path = !greedy && params.top_k >= 1 && params.top_k <= kTopKMax;
   const bool sort_path = !greedy && !select_path;
@@ -688,7 +802,7 @@ void sample(float* logits, int rows, int vocab, const int32_t* history, const in
 
   char* base = nullptr;
   Layout layout;
-  if (penalize || sort_path) {
+  if (penalize || counts || sort_path) {
     layout = make_layout(rows, vocab, sort_path);
     check(workspace != nullptr && workspace_bytes >= layout.total,
           "sample: workspace of {} bytes at {} is too small ({} bytes needed for {} x {})", workspace_bytes, workspace,
@@ -696,10 +810,20 @@ void sample(float* logits, int rows, int vocab, const int32_t* history, const in
     base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign);
   }
 
+  if (bias) {
+    bias_kernel<<<rows, 32, 0, stream>>>(logits, vocab, adjust->bias_offsets, adjust->bias_ids, adjust->bias_values);
+    check_launch("sample/bias");
+  }
   if (penalize) {
     penalty_kernel<<<rows, kPenaltyThreads, 0, stream>>>(logits, vocab, history, history_lens, history_stride,
                                                          params.repeat_penalty, reinterpret_cast<int*>(base + layout.ids0));
     check_launch("sample/penalty");
+  }
+  if (counts) {
+    count_penalty_kernel<<<rows, kPenaltyThreads, 0, stream>>>(logits, vocab, adjust->generated_offsets,
+                                                               adjust->generated_ids, adjust->presence,
+                                                               adjust->frequency, reinterpret_cast<int*>(base + layout.ids0));
+    check_launch("sample/count_penalty");
   }
 
   if (greedy) {
@@ -740,6 +864,16 @@ void sample(float* logits, int rows, int vocab, const int32_t* history, const in
   sorted_sample_kernel<<<rows, kBlock, 0, stream>>>(keys.Current(), ids.Current(), vocab, n, params.top_p,
                                                     params.min_p, params.seed, seeds, offsets, out_ids);
   check_launch("sample/sorted_sample");
+}
+
+void token_logprobs(const float* logits, int vocab, const int32_t* rows, int count, const int32_t* tokens, int k,
+                    float* out, int out_stride, cudaStream_t stream) {
+  check(vocab > 0 && count >= 0 && k >= 0 && k <= vocab && out_stride >= 2 + 2 * k,
+        "token_logprobs: vocab {} count {} k {} out_stride {}", vocab, count, k, out_stride);
+  if (count == 0) return;
+  check(logits != nullptr && rows != nullptr && tokens != nullptr && out != nullptr, "token_logprobs: null pointer");
+  logprobs_kernel<<<count, kBlock, 0, stream>>>(logits, vocab, rows, tokens, k, out, out_stride);
+  check_launch("token_logprobs");
 }
 
 }  // namespace fdpp::cuda

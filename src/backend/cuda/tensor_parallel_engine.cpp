@@ -213,6 +213,7 @@ void TensorParallelEngine::run_step(std::span<const RowPlan> rows, int64_t /*tot
   check(first.logits.size() == out.logits.size(), "internal: rank 0 returned {} logits, the step wants {}",
         first.logits.size(), out.logits.size());
   out.logits = std::move(first.logits);
+  out.logprobs = std::move(first.logprobs);  // sized by rank 0's step exactly as this step sized it
 }
 
 void TensorParallelEngine::reserve_for_benchmark(int seq, int length) {
