@@ -362,7 +362,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
     std::vector<std::shared_ptr<Channel>> channels;
     std::vector<uint64_t> ids;
     std::vector<bool> reported;  // the prompt's last chunk is written
-    size_t n_reported = 0, prompt_tokens = 0, completion_tokens = 0;
+    size_t n_reported = 0, prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     ResponseContext ctx;
     bool include_usage = false;
     bool first = true;
@@ -435,12 +435,13 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
           out += sse_event(stream_chunk(st->ctx, piece.index, "", {}, r.finish_reason, false, st->include_usage));
           st->prompt_tokens += r.prompt.size();
           st->completion_tokens += r.token_ids.size();
+          st->cached_tokens += static_cast<size_t>(r.cached_tokens);
           st->n_reported++;
         }
         const bool over = failed || st->n_reported == st->channels.size();
         if (over) {
           if (!failed && st->include_usage)
-            out += sse_event(usage_chunk(st->ctx, st->prompt_tokens, st->completion_tokens));
+            out += sse_event(usage_chunk(st->ctx, st->prompt_tokens, st->completion_tokens, st->cached_tokens));
           out += sse_done();
         }
         if (out.empty()) out = ": keep-alive\n\n";
