@@ -432,5 +432,45 @@ TEST_F(PrefixCacheExact, SchedulerOutputsEqualWithAndWithoutTheCache) {
   }
 }
 
+// The n requests of one prompt (how n > 1 runs) arrive together: one computes the prompt, the
+// others wait for its blocks and map them, and every request draws what it draws without the cache.
+TEST_F(PrefixCacheExact, RequestsOfOnePromptArrivingTogetherComputeItOnce) {
+  const std::vector<int32_t> prompt = ids(70, 11);
+  auto run = [&](bool caching, SchedulerStats& stats) {
+    auto e = engine(2048);
+    SchedulerOptions o;
+    o.max_num_seqs = 4;
+    o.max_batched_tokens = 48;  // the prompt takes two steps: the others wait through both
+    o.prefix_caching = caching;
+    Scheduler s(*e, *model_->tokenizer, o);
+    std::map<uint64_t, GenerationResult> done;
+    std::vector<uint64_t> id;
+    for (int k = 0; k < 4; ++k) {
+      GenerationRequest r;
+      r.prompt = prompt;
+      r.max_tokens = 5;
+      r.ignore_eos = true;
+      r.sampling.temperature = k == 0 ? 0.f : 0.8f;
+      r.sampling.seed = 500 + k;
+      GenerationCallbacks cb;
+      cb.on_finish = [&](const GenerationResult& g) { done[g.id] = g; };
+      id.push_back(s.submit(r, cb));
+    }
+    s.run_until_idle();
+    stats = s.stats();
+    std::vector<GenerationResult> out;
+    for (uint64_t i : id) out.push_back(done[i]);
+    return out;
+  };
+  SchedulerStats on_stats, off_stats;
+  const auto on = run(true, on_stats), off = run(false, off_stats);
+  for (size_t k = 0; k < on.size(); ++k) {
+    EXPECT_EQ(on[k].token_ids, off[k].token_ids) << "request " << k;
+    EXPECT_EQ(on[k].cached_tokens, k == 0 ? 0 : 64) << "request " << k;
+  }
+  EXPECT_EQ(off_stats.prompt_tokens, 4u * 70u);
+  EXPECT_EQ(on_stats.prompt_tokens, 70u + 3u * 6u) << "the prompt computed once, then each one's last block";
+}
+
 }  // namespace
 }  // namespace fdpp

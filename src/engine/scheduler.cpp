@@ -251,6 +251,21 @@ void Scheduler::preempt(Active& a) {
   stats_.preemptions++;
 }
 
+bool Scheduler::computing_prefix(const Active& a, int64_t cached_blocks) const {
+  // A request whose beginning a running request is computing right now waits for it (the n
+  // requests of one prompt, a burst behind one system prompt): admitted a step or a few later, it
+  // maps those blocks instead of computing them a second time beside it. Only running requests
+  // are waited for, and they progress without the waiting ones, so the wait ends.
+  const int64_t bs = engine_.kv().block_size();
+  for (const auto& r : running_) {
+    const size_t n = std::min(a.tokens.size() - 1, r->tokens.size());
+    const auto diverge = std::mismatch(a.tokens.begin(), a.tokens.begin() + static_cast<std::ptrdiff_t>(n), r->tokens.begin());
+    const int64_t blocks = static_cast<int64_t>(diverge.first - a.tokens.begin()) / bs;
+    if (blocks > cached_blocks && r->computed < blocks * bs) return true;
+  }
+  return false;
+}
+
 void Scheduler::admit_locked() {
   // Admission by free KV blocks: a request enters when its tokens so far (and the next one) fit,
   // keeping a small reserve so that running sequences can still grow a block.
@@ -260,7 +275,10 @@ void Scheduler::admit_locked() {
     Active& a = *waiting_.front();
     // Cached blocks cost nothing, except those no one holds: mapping takes them off the free count.
     Engine::PrefixMatch cached;
-    if (options_.prefix_caching) cached = engine_.match_prefix(a.tokens);
+    if (options_.prefix_caching) {
+      cached = engine_.match_prefix(a.tokens);
+      if (computing_prefix(a, cached.blocks)) break;  // admitted when those blocks are cached
+    }
     const int64_t need =
         engine_.kv().blocks_for(static_cast<int64_t>(a.tokens.size()) + 1) - cached.blocks + cached.idle_blocks;
     const bool alone = running_.empty();  // a lone request may take the reserve too

@@ -156,6 +156,9 @@ class Scheduler {
  private:
   struct Active;
   void admit_locked();
+  // Whether a running request is still computing more whole blocks of a's beginning than the
+  // prefix cache holds (`cached_blocks`).
+  bool computing_prefix(const Active& a, int64_t cached_blocks) const;
   void finish(Active& a, const std::string& reason);
   void preempt(Active& a);
   bool emit_token(Active& a, int32_t token);  // true when the request finished
