@@ -292,6 +292,7 @@ async def run_once(args, http, model, vocab, rate, rng):
     running = [m.get("fdpp_requests_running", 0) for m in samples]
     busy = [x for x in running if x > 0]
     pre = [m.get("fdpp_preemptions_total", 0) for m in samples]
+    evicted = [m.get("fdpp_prefix_cache_evictions_total", 0) for m in samples]
     return {
         "request_rate": "inf" if rate == float("inf") else rate,
         "max_concurrency": args.max_concurrency,
@@ -315,6 +316,7 @@ async def run_once(args, http, model, vocab, rate, rng):
         "scheduler_running_max": max(running) if running else None,
         "scheduler_running_mean": float(np.mean(busy)) if busy else None,
         "preemptions": (pre[-1] - pre[0]) if len(pre) >= 2 else None,
+        "prefix_cache_evictions": (evicted[-1] - evicted[0]) if len(evicted) >= 2 else None,
     }
 
 
@@ -330,7 +332,7 @@ def print_table(res):
             ("Total token throughput (tok/s)", f"{res['total_token_throughput']:.2f}"),
             ("Scheduler running batch max / mean", f"{res['scheduler_running_max']} / "
              f"{res['scheduler_running_mean'] if res['scheduler_running_mean'] is None else round(res['scheduler_running_mean'], 1)}"),
-            ("Preemptions", res["preemptions"])]
+            ("Preemptions", res["preemptions"]), ("Prefix cache evictions", res["prefix_cache_evictions"])]
     for k, v in rows:
         print(f"{k:<34}{v!s:>10}")
     for name, key in (("Time to First Token", "ttft_ms"), ("Time per Output Token (excl. 1st)", "tpot_ms"),

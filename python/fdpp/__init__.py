@@ -752,7 +752,9 @@ class LLM:
         return self.tokenizer
 
     def stats(self) -> dict:
-        """The scheduler's counters (steps, generated tokens, preemptions, KV blocks)."""
+        """The scheduler's counters (steps, generated tokens, preemptions, KV blocks, and the prefix
+        cache's prefix_cache_queries / prefix_cache_hits in tokens, prefix_cache_evictions and
+        kv_blocks_cached)."""
         return self._m.stats()
 
     # ---- generation ----------------------------------------------------------------------------
