@@ -258,6 +258,9 @@ bool Scheduler::computing_prefix(const Active& a, int64_t cached_blocks) const {
   // are waited for, and they progress without the waiting ones, so the wait ends.
   const int64_t bs = engine_.kv().block_size();
   for (const auto& r : running_) {
+    // Decoding requests have computed all but their newest token: only prefills are compared, so
+    // the cost stays a few prompts per admission however many requests run.
+    if (static_cast<int64_t>(r->tokens.size()) - r->computed <= 1) continue;
     const size_t n = std::min(a.tokens.size() - 1, r->tokens.size());
     const auto diverge = std::mismatch(a.tokens.begin(), a.tokens.begin() + static_cast<std::ptrdiff_t>(n), r->tokens.begin());
     const int64_t blocks = static_cast<int64_t>(diverge.first - a.tokens.begin()) / bs;
