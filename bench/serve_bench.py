@@ -22,6 +22,17 @@ slower than they come); E2EL = end - request sent. Token counts come from the se
 (return_token_ids / usage), not from re-tokenized text. While a run goes, /metrics is sampled
 every 0.25 s for the scheduler's running batch (max and mean while non-empty) and the preemption
 counter.
+
+Prefix caching workloads (issue 43): --shared-prefix-len N puts the same N random tokens (a system
+prompt) before every prompt; --turns T makes each of --num-prompts users hold a conversation of T
+turns, each turn resending the whole conversation so far (its prompts and the returned token ids)
+plus --input-len new tokens. The server's usage.prompt_tokens_details.cached_tokens is summed
+("cached_prompt_tokens"). Compare a run against one of a server started with --no-prefix-cache:
+
+  # 64 users x 8 turns, 128 new tokens a turn (about 4K tokens by the last), all at once
+  python3 bench/serve_bench.py --num-prompts 64 --turns 8 --input-len 128 --output-len 128 --request-rate inf
+  # a 4K-token shared system prompt before 64-token questions
+  python3 bench/serve_bench.py --num-prompts 256 --shared-prefix-len 4096 --input-len 64 --output-len 128
 """
 import argparse
 import asyncio
@@ -60,6 +71,10 @@ def parse_args():
                    help="lengths drawn uniformly from [len*(1-r), len*(1+r)] (0: fixed)")
     p.add_argument("--vocab-size", type=int, default=None, help="token ids are drawn from [10, vocab) "
                    "(default: the server's vocab_size from /v1/models, else 32000)")
+    p.add_argument("--shared-prefix-len", type=int, default=0,
+                   help="the same random tokens (a system prompt) before every prompt (prefix caching)")
+    p.add_argument("--turns", type=int, default=1,
+                   help="turns per user: each resends the conversation so far plus --input-len new tokens")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=2, help="requests before the measured ones (CUDA graphs, caches)")
@@ -131,7 +146,8 @@ async def one_request(http, args, model, prompt, out_len):
     body = {"model": model, "prompt": prompt, "max_tokens": out_len, "temperature": args.temperature,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             "return_token_ids": True}
-    rec = {"prompt_len": len(prompt), "output_len": 0, "ttft": None, "itl": [], "latency": None, "error": None}
+    rec = {"prompt_len": len(prompt), "output_len": 0, "ttft": None, "itl": [], "latency": None, "error": None,
+           "cached": 0, "output_ids": []}
     start = time.perf_counter()
     last = None
     try:
@@ -150,9 +166,12 @@ async def one_request(http, args, model, prompt, out_len):
                 break
             if j.get("usage"):
                 rec["output_len"] = j["usage"]["completion_tokens"]
+                rec["cached"] = (j["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             if not j.get("choices"):
                 continue
-            n = len(j["choices"][0].get("token_ids") or [])
+            ids = j["choices"][0].get("token_ids") or []
+            rec["output_ids"].extend(ids)
+            n = len(ids)
             if n == 0:
                 continue
             now = time.perf_counter()
@@ -211,7 +230,8 @@ def draw_job(args, vocab, rng):
     hi = lambda n: max(1, int(n * (1 + args.range_ratio)))
     in_lens = rng.integers(lo(args.input_len), hi(args.input_len) + 1, args.num_prompts)
     out_lens = rng.integers(lo(args.output_len), hi(args.output_len) + 1, args.num_prompts)
-    prompts = [rng.integers(10, vocab, int(n)).tolist() for n in in_lens]
+    prefix = rng.integers(10, vocab, args.shared_prefix_len).tolist() if args.shared_prefix_len else []
+    prompts = [prefix + rng.integers(10, vocab, int(n)).tolist() for n in in_lens]
     return prompts, out_lens
 
 
@@ -228,25 +248,39 @@ def write_prompts(args):
 
 async def run_once(args, http, model, vocab, rate, rng):
     prompts, out_lens = draw_job(args, vocab, rng)
+    # Later turns' new tokens, drawn up front so that a run's prompts do not depend on timing.
+    more = [[rng.integers(10, vocab, args.input_len).tolist() for _ in range(args.turns - 1)]
+            for _ in range(args.num_prompts)]
 
     sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
 
-    async def limited(p, o):
+    async def one(p, o):
         if sem is None:
             return await one_request(http, args, model, p, int(o))
         async with sem:
             return await one_request(http, args, model, p, int(o))
+
+    async def limited(p, o, user=0):
+        # One user's conversation: each turn resends everything so far (a list of records).
+        recs = []
+        for turn in range(args.turns):
+            rec = await one(p, o)
+            recs.append(rec)
+            if rec["error"] is not None or turn + 1 == args.turns:
+                break
+            p = p + rec["output_ids"] + more[user][turn]
+        return recs
 
     samples, stop = [], asyncio.Event()
     sampler = asyncio.create_task(sample_metrics(http, stop, samples))
     tasks = []
     t0 = time.perf_counter()
     for i in range(args.num_prompts):
-        tasks.append(asyncio.create_task(limited(prompts[i], out_lens[i])))
+        tasks.append(asyncio.create_task(limited(prompts[i], out_lens[i], i)))
         if rate != float("inf") and i + 1 < args.num_prompts:
             # Gamma inter-arrival times with mean 1/rate (shape 1: exponential, i.e. Poisson).
             await asyncio.sleep(rng.gamma(args.burstiness, 1.0 / (rate * args.burstiness)))
-    recs = await asyncio.gather(*tasks)
+    recs = [r for user in await asyncio.gather(*tasks) for r in user]
     duration = time.perf_counter() - t0
     stop.set()
     await sampler
@@ -258,10 +292,14 @@ async def run_once(args, http, model, vocab, rate, rng):
     running = [m.get("fdpp_requests_running", 0) for m in samples]
     busy = [x for x in running if x > 0]
     pre = [m.get("fdpp_preemptions_total", 0) for m in samples]
+    evicted = [m.get("fdpp_prefix_cache_evictions_total", 0) for m in samples]
     return {
         "request_rate": "inf" if rate == float("inf") else rate,
         "max_concurrency": args.max_concurrency,
         "num_prompts": args.num_prompts,
+        "turns": args.turns,
+        "shared_prefix_len": args.shared_prefix_len,
+        "cached_prompt_tokens": sum(r["cached"] for r in ok),
         "completed": len(ok),
         "failed": len(recs) - len(ok),
         "errors": sorted({r["error"] for r in recs if r["error"]})[:5],
@@ -278,6 +316,7 @@ async def run_once(args, http, model, vocab, rate, rng):
         "scheduler_running_max": max(running) if running else None,
         "scheduler_running_mean": float(np.mean(busy)) if busy else None,
         "preemptions": (pre[-1] - pre[0]) if len(pre) >= 2 else None,
+        "prefix_cache_evictions": (evicted[-1] - evicted[0]) if len(evicted) >= 2 else None,
     }
 
 
@@ -287,12 +326,13 @@ def print_table(res):
     rows = [("Successful requests", res["completed"]), ("Failed requests", res["failed"]),
             ("Benchmark duration (s)", f"{res['duration_s']:.2f}"),
             ("Total input tokens", res["total_input_tokens"]), ("Total generated tokens", res["total_output_tokens"]),
+            ("Cached prompt tokens", res["cached_prompt_tokens"]),
             ("Request throughput (req/s)", f"{res['request_throughput']:.2f}"),
             ("Output token throughput (tok/s)", f"{res['output_throughput']:.2f}"),
             ("Total token throughput (tok/s)", f"{res['total_token_throughput']:.2f}"),
             ("Scheduler running batch max / mean", f"{res['scheduler_running_max']} / "
              f"{res['scheduler_running_mean'] if res['scheduler_running_mean'] is None else round(res['scheduler_running_mean'], 1)}"),
-            ("Preemptions", res["preemptions"])]
+            ("Preemptions", res["preemptions"]), ("Prefix cache evictions", res["prefix_cache_evictions"])]
     for k, v in rows:
         print(f"{k:<34}{v!s:>10}")
     for name, key in (("Time to First Token", "ttft_ms"), ("Time per Output Token (excl. 1st)", "tpot_ms"),
@@ -349,9 +389,13 @@ def wait_healthy(base, timeout, proc):
 
 def main():
     args = parse_args()
+    if args.turns < 1 or args.shared_prefix_len < 0:
+        sys.exit("serve_bench: --turns must be >= 1 and --shared-prefix-len >= 0")
     if args.write_prompts:
         if not args.vocab_size:
             sys.exit("serve_bench: --write-prompts needs --vocab-size")
+        if args.turns > 1:
+            sys.exit("serve_bench: --write-prompts cannot write --turns (later turns hold the server's answers)")
         write_prompts(args)
         return
     proc = None

@@ -397,7 +397,10 @@ TEST(ServerApi, ResponseShapes) {
   EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(body["choices"][0]["message"]["content"], "hé");
   EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(body["usage"], json({{"prompt_tokens", 3}, {"completion_tokens", 2}, {"total_tokens", 5}}));
+  EXPECT_EQ(body["usage"], json({{"prompt_tokens", 3},
+                                 {"completion_tokens", 2},
+                                 {"total_tokens", 5},
+                                 {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
   EXPECT_FALSE(body["choices"][0].contains("token_ids"));
 
   json first = stream_chunk(ctx, 0, "", {}, "", true, true);
@@ -409,9 +412,10 @@ TEST(ServerApi, ResponseShapes) {
   EXPECT_EQ(last["choices"][0]["delta"], json::object());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
   EXPECT_FALSE(last.contains("usage"));
-  json usage = usage_chunk(ctx, 3, 2);
+  json usage = usage_chunk(ctx, 3, 2, 1);
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["total_tokens"], 5);
+  EXPECT_EQ(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
 
   ctx.endpoint = Endpoint::Completions;
   ctx.return_token_ids = true;
@@ -425,6 +429,7 @@ TEST(ServerApi, ResponseShapes) {
   r2.token_ids = {6, 7, 8};
   r2.text = "b";
   r2.finish_reason = "stop";
+  r.cached_tokens = 2;  // prefix-cached prompt tokens are summed too
   const GenerationResult both[] = {r, r2};
   body = completion_body(ctx, both);
   ASSERT_EQ(body["choices"].size(), 2u);
@@ -432,7 +437,10 @@ TEST(ServerApi, ResponseShapes) {
   EXPECT_EQ(body["choices"][1]["text"], "b");
   EXPECT_EQ(body["choices"][1]["finish_reason"], "stop");
   EXPECT_EQ(body["choices"][1]["prompt_token_ids"], json({1}));
-  EXPECT_EQ(body["usage"], json({{"prompt_tokens", 4}, {"completion_tokens", 5}, {"total_tokens", 9}}));
+  EXPECT_EQ(body["usage"], json({{"prompt_tokens", 4},
+                                 {"completion_tokens", 5},
+                                 {"total_tokens", 9},
+                                 {"prompt_tokens_details", {{"cached_tokens", 2}}}}));
   const int32_t toks[] = {9};
   json chunk = stream_chunk(ctx, 1, "x", toks, "", false, false);  // prompt 1 of a streamed batch
   EXPECT_EQ(chunk["choices"][0]["index"], 1);
@@ -471,6 +479,10 @@ TEST(ServerMetrics, PrometheusText) {
   s.kv_blocks_used = 5;
   s.kv_blocks_free = 15;
   s.preemptions = 4;
+  s.prefix_cache_queries = 40;
+  s.prefix_cache_hits = 30;
+  s.prefix_cache_evictions = 3;
+  s.kv_blocks_cached = 6;
   const std::string text = m.render(s, true);
   for (const char* line :
        {"fdpp_requests_running 2\n", "fdpp_requests_waiting 1\n", "fdpp_kv_blocks_used 5\n", "fdpp_kv_blocks_free 15\n",
@@ -479,7 +491,9 @@ TEST(ServerMetrics, PrometheusText) {
         "fdpp_time_to_first_token_seconds_count 1\n", "fdpp_inter_token_latency_seconds_count 2\n",
         "fdpp_inter_token_latency_seconds_bucket{le=\"0.01\"} 2\n", "fdpp_http_requests_total{code=\"200\"} 1\n",
         "fdpp_requests_rejected_queue_full_total 1\n", "fdpp_request_prompt_tokens_total 2\n",
-        "# TYPE fdpp_time_per_output_token_seconds histogram\n"})
+        "# TYPE fdpp_time_per_output_token_seconds histogram\n", "fdpp_prefix_cache_queries_total 40\n",
+        "fdpp_prefix_cache_hits_total 30\n", "fdpp_prefix_cache_hit_rate 0.75\n", "fdpp_prefix_cache_evictions_total 3\n",
+        "fdpp_kv_blocks_cached 6\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
 }
 
@@ -563,6 +577,11 @@ TEST(ServerApi, LogLines) {
   EXPECT_EQ(throughput_line(before, now, 10),
             "prompt throughput: 20.0 tokens/s, generation throughput: 5.0 tokens/s, running: 3 reqs, waiting: 1 reqs, "
             "KV cache usage: 25.0%");
+  now.prefix_cache_queries = 200;  // the interval's prefix cache hit rate joins the line
+  now.prefix_cache_hits = 150;
+  EXPECT_EQ(throughput_line(before, now, 10),
+            "prompt throughput: 20.0 tokens/s, generation throughput: 5.0 tokens/s, running: 3 reqs, waiting: 1 reqs, "
+            "KV cache usage: 25.0%, prefix cache hit rate: 75.0%");
   GenerationResult r;
   r.prompt = {1, 2, 3};
   r.token_ids = {4, 5};

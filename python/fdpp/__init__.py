@@ -390,6 +390,8 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = True
     error: Optional[str] = None
+    #: prompt tokens taken from the prefix cache instead of computed (vLLM's num_cached_tokens)
+    num_cached_tokens: Optional[int] = None
 
 
 def _refused(prompt: Optional[str], ids: list[int], message: str) -> RequestOutput:
@@ -432,6 +434,7 @@ def _output(rs: "list[_core.CoreResult]", prompt: Optional[str],
         finish_reason=r.finish_reason,
         metrics=RequestMetrics(r.time_to_first_token, r.total_time, r.time_per_output_token, r.preemptions),
         outputs=outputs,
+        num_cached_tokens=r.cached_tokens,
     )
 
 
@@ -594,7 +597,7 @@ PromptType = Union[str, Sequence[int]]
 # vLLM's engine keywords that have no meaning in fdpp (yet): LLM(...) accepts them with one warning
 # naming them, so that vLLM code runs; any other unknown keyword is a TypeError, as a typo should be.
 _VLLM_IGNORED = frozenset({
-    "enable_prefix_caching", "swap_space", "cpu_offload_gb", "block_size", "kv_cache_dtype",
+    "swap_space", "cpu_offload_gb", "block_size", "kv_cache_dtype",
     "max_seq_len_to_capture", "disable_custom_all_reduce", "disable_log_stats", "disable_log_requests",
     "tokenizer_mode", "skip_tokenizer_init", "revision", "tokenizer_revision", "code_revision",
     "download_dir", "hf_token", "hf_overrides", "max_logprobs", "enable_chunked_prefill",
@@ -692,8 +695,12 @@ class LLM:
         generation_config: "auto" (the default, as vLLM's): the sampling defaults of the model
             folder's generation_config.json become get_default_sampling_params(), used when a call
             has no SamplingParams; "vllm" or None: vLLM's defaults only; a folder: its file.
-        enable_prefix_caching, swap_space, kv_cache_dtype and vLLM's other engine keywords: accepted
-            with one warning naming them; they change nothing here.
+        enable_prefix_caching: automatic prefix caching, on by default (None or True): a prompt's
+            beginning that an earlier request computed is taken from the KV cache (whole blocks of
+            16 tokens; the logits are the same); False computes every prompt from its first token.
+            RequestOutput.num_cached_tokens says how many prompt tokens came from the cache.
+        swap_space, kv_cache_dtype and vLLM's other engine keywords: accepted with one warning
+            naming them; they change nothing here.
     """
 
     def __init__(
@@ -721,6 +728,7 @@ class LLM:
         step_log: Optional[Union[str, os.PathLike]] = None,
         gpu_memory_utilization: Optional[float] = None,
         enforce_eager: Optional[bool] = None,
+        enable_prefix_caching: Optional[bool] = None,
         seed: Optional[int] = None,
         tokenizer: Optional[Union[str, os.PathLike]] = None,
         trust_remote_code: bool = False,
@@ -758,6 +766,7 @@ class LLM:
             attention=attention, linear=linear, cuda_graphs=cuda_graphs, threads=threads, cpu_weights=cpu_weights,
             load_format=load_format, pdl=pdl, decode_path=decode_path,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
         )
         self._m = _core.CoreModel.load(options)
         self._tokenizer: Optional[Tokenizer] = None
@@ -844,7 +853,9 @@ class LLM:
         return self.tokenizer
 
     def stats(self) -> dict:
-        """The scheduler's counters (steps, generated tokens, preemptions, KV blocks)."""
+        """The scheduler's counters (steps, generated tokens, preemptions, KV blocks, and the prefix
+        cache's prefix_cache_queries / prefix_cache_hits in tokens, prefix_cache_evictions and
+        kv_blocks_cached)."""
         return self._m.stats()
 
     # ---- generation ----------------------------------------------------------------------------

@@ -590,6 +590,7 @@ NB_MODULE(_core, m) {
                    })
       .def_prop_ro("cumulative_logprob", [](const Result& r) { return r.r.cumulative_logprob; })
       .def_prop_ro("preemptions", [](const Result& r) { return r.r.preemptions; })
+      .def_prop_ro("cached_tokens", [](const Result& r) { return r.r.cached_tokens; })
       .def_prop_ro("time_to_first_token", [](const Result& r) { return r.r.time_to_first_token; })
       .def_prop_ro("total_time", [](const Result& r) { return r.r.total_time; })
       .def_prop_ro("time_per_output_token", [](const Result& r) { return r.r.time_per_output_token(); });
@@ -661,6 +662,10 @@ NB_MODULE(_core, m) {
         d["preemptions"] = st.preemptions;
         d["requests_finished"] = st.requests_finished;
         d["steps"] = st.steps;
+        d["prefix_cache_queries"] = st.prefix_cache_queries;
+        d["prefix_cache_hits"] = st.prefix_cache_hits;
+        d["prefix_cache_evictions"] = st.prefix_cache_evictions;
+        d["kv_blocks_cached"] = st.kv_blocks_cached;
         return d;
       });
 

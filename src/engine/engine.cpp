@@ -21,6 +21,11 @@ void Engine::init_engine(const EngineLimits& limits) {
   check(limits.kv_cache_tokens >= 1, "KV cache of {} tokens", limits.kv_cache_tokens);
   limits_ = limits;
   kv_ = KvBlockAllocator((limits.kv_cache_tokens + limits.block_size - 1) / limits.block_size, limits.block_size);
+  // One engine's cache only ever holds one model's keys and values; the salt keeps the hashes apart
+  // should caches ever be shared (another model, another dtype, adapters).
+  const ModelConfig& c = config();
+  const int32_t shape[] = {c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, c.max_context};
+  salt_ = prefix_block_hash(0, 0, std::span<const int32_t>(shape));
 }
 
 const Engine::Sequence& Engine::sequence(int seq) const {
@@ -56,6 +61,11 @@ void Engine::truncate_sequence(int seq, int length) {
   sequence(seq);
   Sequence& s = sequences_[seq];
   check(length >= 0 && length <= s.length, "truncate: length {} out of range [0, {}]", length, s.length);
+  // A registered block may be shared: rewriting part of it would change other sequences' cache.
+  check(!s.caching || length >= static_cast<int64_t>(s.hashes.size()) * kv_.block_size(),
+        "truncate: sequence {} would rewrite its cached blocks (length {} < {})", seq, length,
+        static_cast<int64_t>(s.hashes.size()) * kv_.block_size());
+  if (s.caching) s.tokens.resize(static_cast<size_t>(length));
   s.length = length;
   kv_.shrink(s.blocks, length);
   on_sequence_resized(seq, length);
@@ -147,8 +157,74 @@ StepOutput Engine::step(const Batch& batch) {
   out.logits.assign(static_cast<size_t>(logits_rows) * c.vocab_size, 0.f);
   if (want_logprobs) out.logprobs.resize(rows);
   run_step(plan, total, out);
-  for (const StepRow& r : batch.rows) sequences_[r.seq].length += static_cast<int>(r.tokens.size());
+  for (const StepRow& r : batch.rows) {
+    Sequence& s = sequences_[r.seq];
+    s.length += static_cast<int>(r.tokens.size());
+    if (s.caching) {
+      s.tokens.insert(s.tokens.end(), r.tokens.begin(), r.tokens.end());
+      register_full_blocks(s);
+    }
+  }
   return out;
+}
+
+Engine::PrefixMatch Engine::match_prefix(std::span<const int32_t> tokens) const {
+  PrefixMatch m;
+  const int64_t bs = kv_.block_size();
+  const int64_t whole = tokens.empty() ? 0 : (static_cast<int64_t>(tokens.size()) - 1) / bs;
+  uint64_t hash = 0;
+  int32_t parent = -1;
+  for (int64_t i = 0; i < whole; ++i) {
+    const std::span<const int32_t> block = tokens.subspan(static_cast<size_t>(i * bs), static_cast<size_t>(bs));
+    hash = prefix_block_hash(hash, salt_, block);
+    const int32_t b = kv_.lookup(hash, parent, block);
+    if (b < 0) break;
+    ++m.blocks;
+    if (kv_.unreferenced(b)) ++m.idle_blocks;
+    parent = b;
+  }
+  m.tokens = static_cast<int>(m.blocks * bs);
+  return m;
+}
+
+int Engine::map_cached_prefix(int seq, std::span<const int32_t> tokens) {
+  sequence(seq);
+  Sequence& s = sequences_[seq];
+  check(s.length == 0 && s.blocks.empty(), "map_cached_prefix: sequence {} is not empty ({} tokens)", seq, s.length);
+  check(static_cast<int64_t>(tokens.size()) <= limits_.max_context, "map_cached_prefix: {} tokens exceed the context size {}",
+        tokens.size(), limits_.max_context);
+  const int64_t bs = kv_.block_size();
+  const PrefixMatch m = match_prefix(tokens);
+  s.caching = true;
+  uint64_t hash = 0;
+  int32_t parent = -1;
+  for (int64_t i = 0; i < m.blocks; ++i) {
+    const std::span<const int32_t> block = tokens.subspan(static_cast<size_t>(i * bs), static_cast<size_t>(bs));
+    hash = prefix_block_hash(hash, salt_, block);
+    parent = kv_.lookup(hash, parent, block);
+    check(parent >= 0, "internal: cached block {} vanished between match and map", i);
+    kv_.acquire(parent, s.blocks);
+    s.hashes.push_back(hash);
+  }
+  s.tokens.assign(tokens.begin(), tokens.begin() + m.tokens);
+  s.length = m.tokens;
+  on_prefix_mapped(seq, tokens, m.tokens);
+  return m.tokens;
+}
+
+void Engine::register_full_blocks(Sequence& s) {
+  const int64_t bs = kv_.block_size();
+  while (static_cast<int64_t>(s.hashes.size() + 1) * bs <= s.length) {
+    const size_t i = s.hashes.size();
+    const std::span<const int32_t> block(s.tokens.data() + i * bs, static_cast<size_t>(bs));
+    const uint64_t hash = prefix_block_hash(i == 0 ? 0 : s.hashes.back(), salt_, block);
+    s.hashes.push_back(hash);
+    // Registered only under a registered parent of this same sequence (kv_blocks.h): a block whose
+    // parent duplicated one computed by another sequence at the same time stays private.
+    const int32_t parent = i == 0 ? -1 : s.blocks[i - 1];
+    if (parent >= 0 && (!kv_.is_registered(parent) || kv_.registered(s.hashes[i - 1]) != parent)) continue;
+    kv_.register_block(s.blocks[i], hash, parent, block);
+  }
 }
 
 }  // namespace fdpp

@@ -80,6 +80,21 @@ class Engine {
   bool can_reserve(int seq, int length) const;
   const KvBlockAllocator& kv() const { return kv_; }
 
+  // Prefix caching (kv_blocks.h). match_prefix: how much of `tokens` the cache holds as whole
+  // blocks, at most tokens.size() - 1 tokens (the last token is always computed, so that there are
+  // logits to sample from), and how many of those blocks no sequence holds (mapping them takes
+  // that many from kv().free_blocks()). map_cached_prefix: maps them into a new, empty sequence,
+  // which then starts at the returned length, and makes the sequence a caching one: its full blocks
+  // are registered as step() computes them, for later sequences to map. A sequence never mapped
+  // this way neither maps nor registers (the single-sequence runners, the benchmarks).
+  struct PrefixMatch {
+    int tokens = 0;
+    int64_t blocks = 0;
+    int64_t idle_blocks = 0;
+  };
+  PrefixMatch match_prefix(std::span<const int32_t> tokens) const;
+  int map_cached_prefix(int seq, std::span<const int32_t> tokens);
+
   // Runs one step. Checks every row first (live distinct sequences, non-empty tokens, ids in the
   // vocabulary, lengths within max_context, the step within max_step_tokens / max_step_rows, room
   // in the KV cache) and throws fdpp::Error naming the problem before anything is computed or
@@ -96,6 +111,11 @@ class Engine {
     bool live = false;
     int length = 0;
     std::vector<int32_t> blocks;
+    // Prefix caching (map_cached_prefix): the tokens computed so far and the chained hash of each
+    // full block among them.
+    bool caching = false;
+    std::vector<int32_t> tokens;
+    std::vector<uint64_t> hashes;
   };
   // A row as the backend sees it: its sequence's cache state before the step.
   struct RowPlan {
@@ -111,6 +131,9 @@ class Engine {
   virtual void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) = 0;
   // Called when a sequence is released or truncated (the backend may drop storage).
   virtual void on_sequence_resized(int /*seq*/, int /*length*/) {}
+  // Called after map_cached_prefix mapped `cached` tokens of `tokens` into `seq` (the
+  // tensor-parallel engine maps the same prefix on every rank).
+  virtual void on_prefix_mapped(int /*seq*/, std::span<const int32_t> /*tokens*/, int /*cached*/) {}
   const Sequence& sequence(int seq) const;
   bool is_live(int seq) const;  // false for a released (or never created) sequence
   // For backends' own single-sequence paths (the CUDA engine's prefill/decode): the tokens at
@@ -118,9 +141,13 @@ class Engine {
   void advance_sequence(int seq, int n);
 
  private:
+  // Hashes and registers the full blocks of a caching sequence that its last step completed.
+  void register_full_blocks(Sequence& s);
+
   EngineLimits limits_;
   KvBlockAllocator kv_;
   std::vector<Sequence> sequences_;
+  uint64_t salt_ = 0;  // prefix_block_hash's salt: the model's shapes
 };
 
 }  // namespace fdpp

@@ -56,6 +56,7 @@ struct Scheduler::Active {
   size_t undelivered = 0;         // generated tokens not yet reported with a delta
   double first_token_time = -1;
   int preemptions = 0;
+  int cached_tokens = -1;         // from the prefix cache at the first admission (-1: not admitted yet)
   bool done = false;
   bool discard_rest = false;      // a stop string ended the text
   std::optional<int32_t> stop_token_id;  // what ended a "stop" (GenerationResult)
@@ -180,6 +181,7 @@ void Scheduler::finish(Active& a, const std::string& reason) {
   r.logprobs = a.logprobs;
   r.cumulative_logprob = a.cumulative_logprob;
   r.preemptions = a.preemptions;
+  r.cached_tokens = std::max(0, a.cached_tokens);
   r.time_to_first_token = a.first_token_time < 0 ? 0 : a.first_token_time;
   r.total_time = seconds_since(a.submitted);
   {
@@ -274,6 +276,24 @@ void Scheduler::preempt(Active& a) {
   stats_.preemptions++;
 }
 
+bool Scheduler::computing_prefix(const Active& a, int64_t cached_blocks) const {
+  // A request whose beginning a running request is computing right now waits for it (the n
+  // requests of one prompt, a burst behind one system prompt): admitted a step or a few later, it
+  // maps those blocks instead of computing them a second time beside it. Only running requests
+  // are waited for, and they progress without the waiting ones, so the wait ends.
+  const int64_t bs = engine_.kv().block_size();
+  for (const auto& r : running_) {
+    // Decoding requests have computed all but their newest token: only prefills are compared, so
+    // the cost stays a few prompts per admission however many requests run.
+    if (static_cast<int64_t>(r->tokens.size()) - r->computed <= 1) continue;
+    const size_t n = std::min(a.tokens.size() - 1, r->tokens.size());
+    const auto diverge = std::mismatch(a.tokens.begin(), a.tokens.begin() + static_cast<std::ptrdiff_t>(n), r->tokens.begin());
+    const int64_t blocks = static_cast<int64_t>(diverge.first - a.tokens.begin()) / bs;
+    if (blocks > cached_blocks && r->computed < blocks * bs) return true;
+  }
+  return false;
+}
+
 void Scheduler::admit_locked() {
   // Admission by free KV blocks: a request enters when its tokens so far (and the next one) fit,
   // keeping a small reserve so that running sequences can still grow a block.
@@ -281,11 +301,24 @@ void Scheduler::admit_locked() {
   int64_t free_blocks = engine_.kv().free_blocks();
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_num_seqs) {
     Active& a = *waiting_.front();
-    const int64_t need = engine_.kv().blocks_for(static_cast<int64_t>(a.tokens.size()) + 1);
+    // Cached blocks cost nothing, except those no one holds: mapping takes them off the free count.
+    Engine::PrefixMatch cached;
+    if (options_.prefix_caching) {
+      cached = engine_.match_prefix(a.tokens);
+      if (computing_prefix(a, cached.blocks)) break;  // admitted when those blocks are cached
+    }
+    const int64_t need =
+        engine_.kv().blocks_for(static_cast<int64_t>(a.tokens.size()) + 1) - cached.blocks + cached.idle_blocks;
     const bool alone = running_.empty();  // a lone request may take the reserve too
     if (need > free_blocks - (alone ? 0 : reserve_blocks)) break;
     free_blocks -= need;
     a.seq = engine_.create_sequence();
+    if (options_.prefix_caching) {
+      a.computed = engine_.map_cached_prefix(a.seq, a.tokens);
+      if (a.cached_tokens < 0) a.cached_tokens = a.computed;
+      stats_.prefix_cache_queries += a.tokens.size();
+      stats_.prefix_cache_hits += static_cast<uint64_t>(a.computed);
+    }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -440,6 +473,8 @@ void Scheduler::publish_stats() {
   stats_.running = static_cast<int>(running_.size());
   stats_.kv_blocks_used = engine_.kv().used_blocks();
   stats_.kv_blocks_free = engine_.kv().free_blocks();
+  stats_.kv_blocks_cached = engine_.kv().cached_blocks();
+  stats_.prefix_cache_evictions = engine_.kv().evictions();
 }
 
 void Scheduler::run_until_idle() {

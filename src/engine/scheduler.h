@@ -74,6 +74,9 @@ struct GenerationResult {
   std::vector<TokenLogprobs> logprobs;
   double cumulative_logprob = 0;
   int preemptions = 0;
+  // Prompt tokens whose keys and values came from the prefix cache when the request was first
+  // admitted (OpenAI's usage.prompt_tokens_details.cached_tokens, vLLM's num_cached_tokens).
+  int cached_tokens = 0;
   // Seconds since submit(): the first generated token, and the end.
   double time_to_first_token = 0;
   double total_time = 0;
@@ -99,6 +102,9 @@ struct SchedulerOptions {
   // work starts from): when it began, the host's scheduling, the engine's step and the token
   // handling after it, in ms, and the step's rows and tokens. bench/step_timeline.py reads it.
   std::string step_log;
+  // Automatic prefix caching (kv_blocks.h): an admitted request maps the cached blocks of its
+  // beginning and prefills only the rest; its own full blocks stay cached after it for later ones.
+  bool prefix_caching = true;
 };
 
 // Why a step of max_batched_tokens cannot serve max_num_seqs running sequences ("" when it can):
@@ -115,6 +121,12 @@ struct SchedulerStats {
   uint64_t preemptions = 0;
   uint64_t requests_finished = 0;
   uint64_t steps = 0;
+  // Prefix caching: prompt tokens looked up at admission (recomputation after preemption included),
+  // those found in the cache, cached blocks evicted to make room, and blocks cached now.
+  uint64_t prefix_cache_queries = 0;
+  uint64_t prefix_cache_hits = 0;
+  uint64_t prefix_cache_evictions = 0;
+  int64_t kv_blocks_cached = 0;
 };
 
 class Scheduler {
@@ -153,6 +165,9 @@ class Scheduler {
  private:
   struct Active;
   void admit_locked();
+  // Whether a running request is still computing more whole blocks of a's beginning than the
+  // prefix cache holds (`cached_blocks`).
+  bool computing_prefix(const Active& a, int64_t cached_blocks) const;
   void finish(Active& a, const std::string& reason);
   void preempt(Active& a);
   bool emit_token(Active& a, int32_t token, const TokenLogprobs* logprobs);  // true when the request finished

@@ -138,6 +138,20 @@ std::vector<EngineOption> build_table() {
     o.value = [](const EngineArgs& a) { return bool_text(!a.cuda_graphs); };
     t.push_back(std::move(o));
   }
+  {
+    // vLLM's keyword; its CLI's --no-enable-prefix-caching is accepted as a second spelling.
+    EngineOption o;
+    o.name = "enable_prefix_caching";
+    o.flags = "--no-prefix-cache,--no-enable-prefix-caching";
+    o.front_ends = kEngines;
+    o.kind = OptionKind::Switch;
+    o.flag_value = false;
+    o.help = "turn off automatic prefix caching (a prompt's beginning shared with an earlier request is "
+             "otherwise taken from the KV cache instead of being computed again; the results are the same)";
+    o.assign = [](EngineArgs& a, const std::string& v) { a.prefix_caching = v == "true"; };
+    o.value = [](const EngineArgs& a) { return bool_text(a.prefix_caching); };
+    t.push_back(std::move(o));
+  }
   t.push_back(choice("attention", "--attention", kModelUsers,
                      "CUDA decode attention: async (unified max, FlashDecoding++) or sync (FlashDecoding)",
                      {"async", "sync"}, &EngineArgs::attention));
@@ -319,6 +333,7 @@ SchedulerOptions EngineArgs::scheduler_options(Device d, int max_waiting, int64_
   o.max_batched_tokens = s.max_batched_tokens;
   o.max_waiting = max_waiting;
   o.step_log = step_log;
+  o.prefix_caching = prefix_caching;
   return o;
 }
 

@@ -597,10 +597,11 @@ std::string response_id(Endpoint endpoint, uint64_t serial) {
   return fmt::format("{}-{:016x}", endpoint == Endpoint::Chat ? "chatcmpl" : "cmpl", serial);
 }
 
-json usage_json(size_t prompt_tokens, size_t completion_tokens) {
+json usage_json(size_t prompt_tokens, size_t completion_tokens, size_t cached_tokens) {
   return json{{"prompt_tokens", prompt_tokens},
               {"completion_tokens", completion_tokens},
-              {"total_tokens", prompt_tokens + completion_tokens}};
+              {"total_tokens", prompt_tokens + completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 namespace {
@@ -676,7 +677,7 @@ json logprobs_json(const ResponseContext& ctx, std::span<const int32_t> tokens, 
 json completion_body(const ResponseContext& ctx, std::span<const GenerationResult> results) {
   json body = envelope(ctx, false);
   json choices = json::array();
-  size_t prompt_tokens = 0, completion_tokens = 0;
+  size_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     const GenerationResult& result = results[i];
     json choice = {{"index", i}};
@@ -695,12 +696,15 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
       choice["prompt_token_ids"] = result.prompt;
     }
     choices.push_back(std::move(choice));
-    // OpenAI counts a prompt once however many choices it has.
-    if (i % static_cast<size_t>(std::max(ctx.n, 1)) == 0) prompt_tokens += result.prompt.size();
+    // OpenAI counts a prompt once however many choices it has (its cached part with it).
+    if (i % static_cast<size_t>(std::max(ctx.n, 1)) == 0) {
+      prompt_tokens += result.prompt.size();
+      cached_tokens += static_cast<size_t>(result.cached_tokens);
+    }
     completion_tokens += result.token_ids.size();
   }
   body["choices"] = std::move(choices);
-  body["usage"] = usage_json(prompt_tokens, completion_tokens);
+  body["usage"] = usage_json(prompt_tokens, completion_tokens, cached_tokens);
   return body;
 }
 
@@ -733,10 +737,10 @@ json stream_chunk(const ResponseContext& ctx, int index, std::string_view text, 
   return body;
 }
 
-json usage_chunk(const ResponseContext& ctx, size_t prompt_tokens, size_t completion_tokens) {
+json usage_chunk(const ResponseContext& ctx, size_t prompt_tokens, size_t completion_tokens, size_t cached_tokens) {
   json body = envelope(ctx, true);
   body["choices"] = json::array();
-  body["usage"] = usage_json(prompt_tokens, completion_tokens);
+  body["usage"] = usage_json(prompt_tokens, completion_tokens, cached_tokens);
   return body;
 }
 

@@ -143,7 +143,8 @@ struct ResponseContext {
 };
 std::string response_id(Endpoint endpoint, uint64_t serial);
 // finish_reason as OpenAI spells it: "stop" or "length" (cancelled/error never reach a client).
-nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens);
+// usage.prompt_tokens_details.cached_tokens: prompt tokens taken from the prefix cache (OpenAI's field).
+nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens, size_t cached_tokens = 0);
 nlohmann::json completion_body(const ResponseContext& ctx, const GenerationResult& result);
 // A batch's body: choice i from results[i], usage summed.
 nlohmann::json completion_body(const ResponseContext& ctx, std::span<const GenerationResult> results);
@@ -161,7 +162,8 @@ nlohmann::json stream_chunk(const ResponseContext& ctx, int index, std::string_v
 nlohmann::json logprobs_json(const ResponseContext& ctx, std::span<const int32_t> tokens,
                              std::span<const TokenLogprobs> logprobs, size_t& text_offset);
 // stream_options.include_usage: the extra last chunk with empty choices and the usage.
-nlohmann::json usage_chunk(const ResponseContext& ctx, size_t prompt_tokens, size_t completion_tokens);
+nlohmann::json usage_chunk(const ResponseContext& ctx, size_t prompt_tokens, size_t completion_tokens,
+                           size_t cached_tokens = 0);
 // "data: <json>\n\n" (invalid UTF-8 replaced, never thrown on); sse_done() is "data: [DONE]\n\n".
 std::string sse_event(const nlohmann::json& j);
 std::string sse_done();

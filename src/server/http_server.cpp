@@ -370,7 +370,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
     std::vector<uint64_t> ids;
     std::vector<bool> reported;  // the prompt's last chunk is written
     std::vector<size_t> text_offset;  // completions' logprobs: characters of each choice's text so far
-    size_t n_reported = 0, prompt_tokens = 0, completion_tokens = 0;
+    size_t n_reported = 0, prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     ResponseContext ctx;
     bool include_usage = false;
     bool first = true;
@@ -456,15 +456,18 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
             break;
           }
           out += sse_event(stream_chunk(st->ctx, piece.index, "", {}, r.finish_reason, false, st->include_usage));
-          // OpenAI counts a prompt once however many choices it has.
-          if (piece.index % std::max(st->ctx.n, 1) == 0) st->prompt_tokens += r.prompt.size();
+          // OpenAI counts a prompt once however many choices it has (its cached part with it).
+          if (piece.index % std::max(st->ctx.n, 1) == 0) {
+            st->prompt_tokens += r.prompt.size();
+            st->cached_tokens += static_cast<size_t>(r.cached_tokens);
+          }
           st->completion_tokens += r.token_ids.size();
           st->n_reported++;
         }
         const bool over = failed || st->n_reported == st->channels.size();
         if (over) {
           if (!failed && st->include_usage)
-            out += sse_event(usage_chunk(st->ctx, st->prompt_tokens, st->completion_tokens));
+            out += sse_event(usage_chunk(st->ctx, st->prompt_tokens, st->completion_tokens, st->cached_tokens));
           out += sse_done();
         }
         if (out.empty()) out = ": keep-alive\n\n";

@@ -259,3 +259,100 @@ TEST(CudaStepSampling, LogprobsBiasAndPenaltiesMatchTheCpuSamplerOnTheStepLogits
 
 }  // namespace
 }  // namespace fdpp
+
+namespace fdpp {
+namespace {
+
+// Prefix caching on the paged cache: a sequence that maps another's cached blocks and prefills only
+// the rest (the chunked-prefill path with context already in place) gets the logits of a recompute
+// (NMSE against the GPU's own uncached run and the CPU engine's) and the same greedy token; two
+// sequences sharing the blocks decode side by side after the first owner is released.
+TEST(CudaPrefixCache, CachedPrefixMatchesRecompute) {
+  REQUIRE_GPU();
+  for (const bool async : {true, false}) {
+    ModelConfig c = test::tiny("llama", 128);
+    const DecoderWeights w = test::random_weights(c);
+    EngineLimits l;
+    l.max_context = c.max_context;
+    l.max_step_rows = 8;
+    l.max_step_tokens = 512;
+    CpuEngine cpu(c, w, l);
+    cuda::EngineOptions eo;
+    eo.max_batch = 8;
+    eo.max_prefill_tokens = 512;
+    eo.kv_cache_tokens = 4096;
+    eo.attention = async ? cuda::AttentionMode::Async : cuda::AttentionMode::Sync;
+    auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+    cuda::CudaEngine gpu(model, eo);
+    cuda::CudaEngine fresh(model, eo);  // recomputes everything
+    const auto base = test::random_ids(150, c.vocab_size);
+    auto with_tail = [&](int shared, int tail) {
+      std::vector<int32_t> p(base.begin(), base.begin() + shared);
+      const auto t = test::random_ids(tail, c.vocab_size);
+      p.insert(p.end(), t.begin(), t.end());
+      return p;
+    };
+    auto last_logits = [&](Engine& e, const std::vector<int32_t>& p, bool cache, int* cached, int* seq) {
+      const int s = e.create_sequence();
+      *cached = cache ? e.map_cached_prefix(s, p) : 0;
+      StepRow r;
+      r.seq = s;
+      r.tokens = std::span<const int32_t>(p).subspan(static_cast<size_t>(*cached));
+      r.logits = true;
+      *seq = s;
+      return e.step(Batch{{r}}).logits;
+    };
+    auto argmax = [](const std::vector<float>& v) { return std::max_element(v.begin(), v.end()) - v.begin(); };
+    int cached = 0, owner = 0, cpu_owner = 0;
+    last_logits(gpu, base, true, &cached, &owner);
+    last_logits(cpu, base, true, &cached, &cpu_owner);
+    for (const auto& [shared, tail] : std::vector<std::pair<int, int>>{{100, 40}, {96, 1}, {150, 0}, {40, 90}}) {
+      const auto p = with_tail(shared, tail);
+      int gc = 0, cc = 0, fc = 0, gs = 0, cs = 0, fs = 0;
+      const auto g = last_logits(gpu, p, true, &gc, &gs);
+      const auto cref = last_logits(cpu, p, true, &cc, &cs);
+      const auto f = last_logits(fresh, p, false, &fc, &fs);
+      EXPECT_EQ(gc, cc) << "the GPU and CPU engines share the block table's rules";
+      EXPECT_GT(gc, 0);
+      EXPECT_LE(test::nmse(g, f), 5e-4) << "shared " << shared << (async ? " async" : " sync");
+      EXPECT_LE(test::nmse(g, cref), 5e-4) << "shared " << shared;
+      EXPECT_EQ(argmax(g), argmax(f)) << "greedy token, shared " << shared;
+      gpu.release_sequence(gs);
+      cpu.release_sequence(cs);
+      fresh.release_sequence(fs);
+    }
+    // Two sequences map the owner's blocks; the owner goes; both decode together.
+    const auto a = with_tail(128, 7), b = with_tail(140, 3);
+    const int sa = gpu.create_sequence(), sb = gpu.create_sequence(), ta = cpu.create_sequence(),
+              tb = cpu.create_sequence();
+    const int ga = gpu.map_cached_prefix(sa, a), gb = gpu.map_cached_prefix(sb, b);
+    const int ca = cpu.map_cached_prefix(ta, a), cb = cpu.map_cached_prefix(tb, b);
+    EXPECT_EQ(ga, 128);
+    EXPECT_EQ(gb, 128);
+    gpu.release_sequence(owner);
+    cpu.release_sequence(cpu_owner);
+    auto two = [&](Engine& e, int x, int y, std::span<const int32_t> tx, std::span<const int32_t> ty) {
+      StepRow r1, r2;
+      r1.seq = x;
+      r1.tokens = tx;
+      r1.logits = true;
+      r2.seq = y;
+      r2.tokens = ty;
+      r2.logits = true;
+      return e.step(Batch{{r1, r2}}).logits;
+    };
+    auto go = two(gpu, sa, sb, std::span<const int32_t>(a).subspan(128), std::span<const int32_t>(b).subspan(128));
+    auto co = two(cpu, ta, tb, std::span<const int32_t>(a).subspan(static_cast<size_t>(ca)),
+                  std::span<const int32_t>(b).subspan(static_cast<size_t>(cb)));
+    EXPECT_LE(test::nmse(go, co), 5e-4);
+    for (int step = 0; step < 4; ++step) {
+      const int32_t t1[] = {static_cast<int32_t>(3 + step)}, t2[] = {static_cast<int32_t>(9 + step)};
+      go = two(gpu, sa, sb, t1, t2);
+      co = two(cpu, ta, tb, t1, t2);
+      EXPECT_LE(test::nmse(go, co), 5e-4) << "decode step " << step;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fdpp

@@ -69,7 +69,7 @@ def test_vllm_keywords(default_model, device):
                        gpu_memory_utilization=0.5, enforce_eager=True, seed=7, tokenizer=default_model,
                        trust_remote_code=True, quantization=None, enable_prefix_caching=True, swap_space=4)
     (w,) = [c for c in caught if "ignores" in str(c.message)]
-    assert "enable_prefix_caching" in str(w.message) and "swap_space" in str(w.message)
+    assert "swap_space" in str(w.message) and "enable_prefix_caching" not in str(w.message)  # it has a meaning
     assert "\n" not in str(w.message)
 
     # seed: requests without a seed of their own repeat from one LLM to the next.
@@ -92,6 +92,7 @@ def test_vllm_keywords(default_model, device):
         ({"enforce_eager": True, "cuda_graphs": True}, fdpp.InvalidInputError, "contradict"),
         ({"seed": -2}, fdpp.InvalidInputError, '"seed" -2'),
         ({"enable_prefix_cachin": True}, TypeError, "enable_prefix_cachin"),
+        ({"enable_prefix_caching": "yes"}, fdpp.InvalidInputError, "enable_prefix_caching"),
     ],
 )
 def test_vllm_keywords_refused_with_their_name(default_model, device, kwargs, error, words):
@@ -285,3 +286,30 @@ def test_vllm_quickstart_and_chat_snippets(default_model, device, fake_tqdm):
     outs = llm.generate([f"Prompt number {i}:" for i in range(100)], SamplingParams(temperature=0, max_tokens=1))
     assert len(outs) == 100 and all(len(o.token_ids) == 1 for o in outs)
     assert fake_tqdm[-1].total == fake_tqdm[-1].n == 100
+
+
+# ---- prefix caching -------------------------------------------------------------------------------
+
+
+def test_enable_prefix_caching_reuses_a_shared_beginning(default_model, device):
+    # A long shared instruction before two questions: the second request (run after the first) maps
+    # the first's cached blocks (num_cached_tokens, whole blocks of 16) and generates the same tokens
+    # as an LLM with enable_prefix_caching=False.
+    instruction = "You answer questions about geography. Keep every answer short and plain. " * 3
+    prompts = [instruction + "Question: what is the capital of France?",
+               instruction + "Question: what is the capital of Spain?"]
+    greedy = fdpp.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = {}
+    for caching in (True, False):
+        llm = fdpp.LLM(default_model, device=device, max_model_len=256, max_num_seqs=4, kv_cache_tokens=1024,
+                       enable_prefix_caching=caching)
+        outs[caching] = [llm.generate(p, greedy, use_tqdm=False)[0] for p in prompts]
+        if caching:
+            assert llm.stats()["prefix_cache_hits"] == outs[True][1].num_cached_tokens
+    on, off = outs[True], outs[False]
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert on[0].num_cached_tokens == 0 and off[1].num_cached_tokens == 0
+    n = on[1].num_cached_tokens
+    assert n > 16 and n % 16 == 0 and n < len(on[1].prompt_token_ids)
+    common = next(i for i, (a, b) in enumerate(zip(*(o.prompt_token_ids for o in on))) if a != b)
+    assert n == common // 16 * 16  # every whole block of the shared beginning

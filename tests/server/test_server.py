@@ -506,3 +506,45 @@ def test_penalties_logit_bias_and_min_tokens_change_the_output(server):
     long = c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=64, temperature=0,
                                      extra_body={"min_tokens": want})
     assert long.usage.completion_tokens >= want
+
+
+def test_multi_turn_chat_reuses_the_prefix_cache(server):
+    # A chat resends the whole conversation each turn: the second turn finds the first turn's blocks
+    # in the KV cache (usage.prompt_tokens_details.cached_tokens > 0), and answers exactly what a
+    # server with --no-prefix-cache answers.
+    off = start("--ctx-size", "512", "--no-prefix-cache")
+    try:
+        system = {"role": "system", "content": "You are a terse assistant. Answer every question with one short "
+                                               "sentence and nothing else."}
+
+        def converse(s):
+            c = client(s)
+            msgs = [system, {"role": "user", "content": "Name a primary color."}]
+            first = c.chat.completions.create(model=s.model_id, messages=msgs, max_tokens=N, temperature=0)
+            msgs += [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "Name another one."}]
+            second = c.chat.completions.create(model=s.model_id, messages=msgs, max_tokens=N, temperature=0)
+            chunks = list(c.chat.completions.create(model=s.model_id, messages=msgs, max_tokens=N, temperature=0,
+                                                    stream=True, stream_options={"include_usage": True}))
+            streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            return first, second, streamed, chunks[-1].usage
+
+        first_on, second_on, streamed_on, usage_on = converse(server)
+        first_off, second_off, streamed_off, usage_off = converse(off)
+        assert first_on.choices[0].message.content == first_off.choices[0].message.content
+        assert second_on.choices[0].message.content == second_off.choices[0].message.content
+        assert streamed_on == streamed_off == second_off.choices[0].message.content
+        cached = second_on.usage.prompt_tokens_details.cached_tokens
+        assert 0 < cached < second_on.usage.prompt_tokens
+        assert cached % 16 == 0  # whole KV blocks
+        assert usage_on.prompt_tokens_details.cached_tokens >= cached  # the streamed repeat finds even more
+        assert second_off.usage.prompt_tokens_details.cached_tokens == 0
+        assert usage_off.prompt_tokens_details.cached_tokens == 0
+        m_on, m_off = server.metrics(), off.metrics()
+        assert m_on["fdpp_prefix_cache_hits_total"] >= cached + usage_on.prompt_tokens_details.cached_tokens
+        assert 0 < m_on["fdpp_prefix_cache_hit_rate"] <= 1
+        assert m_on["fdpp_prefix_cache_queries_total"] >= m_on["fdpp_prefix_cache_hits_total"]
+        assert m_off["fdpp_prefix_cache_queries_total"] == 0 and m_off["fdpp_prefix_cache_hits_total"] == 0
+        assert "fdpp_prefix_cache_evictions_total" in m_on
+    finally:
+        off.stop()

@@ -48,6 +48,7 @@ std::string result_line(size_t index, const PromptEntry& e, uint64_t seed, const
   if (!r.error.empty()) j["error"] = r.error;
   j["seed"] = seed;
   j["prompt_tokens"] = r.prompt.size();
+  j["cached_tokens"] = r.cached_tokens;  // of prompt_tokens, from the prefix cache
   j["generated_tokens"] = r.token_ids.size();
   j["time_to_first_token"] = r.time_to_first_token;
   j["total_time"] = r.total_time;
@@ -108,7 +109,7 @@ int run_generate_file(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
   // each as it finishes); the JSON lines carry "index" either way.
   std::vector<std::optional<GenerationResult>> results(entries.size());
   size_t next_to_write = 0, done = 0, failed = 0;
-  uint64_t generated = 0, prompt_tokens = 0;
+  uint64_t generated = 0, prompt_tokens = 0, cached_tokens = 0;
   BatchProgress progress(entries.size());
   const auto t0 = Clock::now();
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -117,6 +118,7 @@ int run_generate_file(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
       ++done;
       generated += r.token_ids.size();
       prompt_tokens += r.prompt.size();
+      cached_tokens += static_cast<uint64_t>(r.cached_tokens);
       if (r.finish_reason == "error") ++failed;
       if (a.unordered) {
         write_stdout(result_line(i, entries[i], seeds[i], r));
@@ -140,9 +142,9 @@ int run_generate_file(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const SchedulerStats st = scheduler.stats();
   fmt::print(stderr,
-             "{} prompts: {} prompt tokens, {} generated tokens in {:.2f} s ({:.1f} generated tokens/s), {} steps, {} "
-             "preemptions | seed {}\n",
-             entries.size(), prompt_tokens, generated, seconds, seconds > 0 ? generated / seconds : 0.0, st.steps,
+             "{} prompts: {} prompt tokens ({} from the prefix cache), {} generated tokens in {:.2f} s ({:.1f} generated "
+             "tokens/s), {} steps, {} preemptions | seed {}\n",
+             entries.size(), prompt_tokens, cached_tokens, generated, seconds, seconds > 0 ? generated / seconds : 0.0, st.steps,
              st.preemptions, a.sampling.seed);
   check(failed == 0, "{} of {} requests failed (see the \"error\" field of their lines)", failed, entries.size());
   return 0;

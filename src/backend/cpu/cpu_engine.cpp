@@ -34,6 +34,8 @@ CpuEngine::CpuEngine(const ModelConfig& config, const DecoderWeights& weights, E
     limits.kv_cache_tokens = std::max<int64_t>(limits.kv_cache_tokens, limits.max_context);
   }
   init_engine(limits);
+  pool_layer_floats_ = static_cast<size_t>(kv().num_blocks()) * kv().block_size() * config.kv_dim();
+  pool_.reset(new float[2 * static_cast<size_t>(config.n_layers) * pool_layer_floats_]);
   if (config.position == PositionEncoding::Rope) inv_freq_ = cpu::rope_inv_freq(config.rope);
 }
 
@@ -43,26 +45,6 @@ void CpuEngine::norm(const float* x, const Tensor& weight, const Tensor& bias, i
   } else {
     cpu::layer_norm(x, weight.ptr(), bias_or_null(bias), rows, config_.hidden, config_.norm_eps, out);
   }
-}
-
-void CpuEngine::on_sequence_resized(int seq, int length) {
-  if (length == 0 && seq < static_cast<int>(caches_.size())) caches_[seq] = SequenceCache{};
-}
-
-void CpuEngine::ensure_cache(int seq, int64_t length) {
-  if (seq >= static_cast<int>(caches_.size())) caches_.resize(seq + 1);
-  SequenceCache& c = caches_[seq];
-  if (length <= c.capacity) return;
-  // Geometric growth: a sequence decoding token by token copies its cache O(log n) times.
-  const int64_t capacity = std::min<int64_t>(max_context(), std::max<int64_t>(length, std::max<int64_t>(64, 2 * c.capacity)));
-  const int64_t kv = config_.kv_dim();
-  c.k.resize(config_.n_layers);
-  c.v.resize(config_.n_layers);
-  for (int l = 0; l < config_.n_layers; ++l) {
-    c.k[l].resize(static_cast<size_t>(capacity * kv));
-    c.v[l].resize(static_cast<size_t>(capacity * kv));
-  }
-  c.capacity = capacity;
 }
 
 // The op set of model/forward.h in fp32: q, k and v as three products, the cache per sequence,
@@ -88,7 +70,6 @@ struct CpuEngine::Forward {
         E(c.embedding_dim()), Q(c.q_dim()), KV(c.kv_dim()), FF(c.ffn_hidden), positions(T), x(T * H),
         h(T * std::max(H, E)), q(T * Q), k(T * KV), v(T * KV), attn(T * Q), o(T * H), up(T * FF) {
     for (const RowPlan& r : rows) {
-      engine.ensure_cache(r.row->seq, r.start + static_cast<int64_t>(r.row->tokens.size()));
       for (size_t t = 0; t < r.row->tokens.size(); ++t) positions[r.token_offset + t] = r.start + static_cast<int32_t>(t);
       const int64_t n = static_cast<int64_t>(r.row->tokens.size());
       if (r.row->all_logits) {
@@ -139,25 +120,43 @@ struct CpuEngine::Forward {
     write_cache(layer);
   }
   void write_cache(int layer) {
+    const int64_t bs = engine.kv().block_size();
+    float* kp = engine.k_pool(layer);
+    float* vp = engine.v_pool(layer);
     for (const RowPlan& r : rows) {
       const int64_t n = static_cast<int64_t>(r.row->tokens.size());
-      SequenceCache& cache = engine.caches_[r.row->seq];
-      std::memcpy(cache.k[layer].data() + r.start * KV, &k[r.token_offset * KV], n * KV * sizeof(float));
-      std::memcpy(cache.v[layer].data() + r.start * KV, &v[r.token_offset * KV], n * KV * sizeof(float));
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t pos = r.start + t;
+        const int64_t slot = static_cast<int64_t>(r.sequence->blocks[pos / bs]) * bs + pos % bs;
+        std::memcpy(kp + slot * KV, &k[(r.token_offset + t) * KV], KV * sizeof(float));
+        std::memcpy(vp + slot * KV, &v[(r.token_offset + t) * KV], KV * sizeof(float));
+      }
+    }
+  }
+  // The observer's contiguous view of a row's cache (calibration only).
+  std::vector<float> gathered_k, gathered_v;
+  void gather(int layer, const RowPlan& r, int64_t len) {
+    const int64_t bs = engine.kv().block_size();
+    gathered_k.resize(len * KV);
+    gathered_v.resize(len * KV);
+    for (int64_t pos = 0; pos < len; ++pos) {
+      const int64_t slot = static_cast<int64_t>(r.sequence->blocks[pos / bs]) * bs + pos % bs;
+      std::memcpy(&gathered_k[pos * KV], engine.k_pool(layer) + slot * KV, KV * sizeof(float));
+      std::memcpy(&gathered_v[pos * KV], engine.v_pool(layer) + slot * KV, KV * sizeof(float));
     }
   }
   void attention(int layer) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     for (const RowPlan& r : rows) {
       const int64_t n = static_cast<int64_t>(r.row->tokens.size());
-      const SequenceCache& cache = engine.caches_[r.row->seq];
-      const float* kc = cache.k[layer].data();
-      const float* vc = cache.v[layer].data();
       const float* qr = &q[r.token_offset * Q];
-      if (engine.observer_)
-        engine.observer_(
-            AttentionObservation{layer, qr, kc, vc, n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale});
-      cpu::attention(qr, kc, vc, n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale, &attn[r.token_offset * Q]);
+      if (engine.observer_) {
+        gather(layer, r, r.start + n);
+        engine.observer_(AttentionObservation{layer, qr, gathered_k.data(), gathered_v.data(), n, r.start, c.n_heads,
+                                              c.n_kv_heads, c.head_dim, scale});
+      }
+      cpu::attention_paged(qr, engine.k_pool(layer), engine.v_pool(layer), r.sequence->blocks, engine.kv().block_size(),
+                           n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale, &attn[r.token_offset * Q]);
     }
   }
   void out_proj(int layer) {

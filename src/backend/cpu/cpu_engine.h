@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "attention/attention_observer.h"
@@ -26,22 +27,20 @@ class CpuEngine final : public Engine {
   void set_attention_observer(AttentionObserver observer) { observer_ = std::move(observer); }
 
  private:
-  // A sequence's cache: per layer [capacity, kv_dim] K and V. Capacity grows geometrically (the
-  // block accounting in Engine decides admission; this is only where the values live).
-  struct SequenceCache {
-    int64_t capacity = 0;
-    std::vector<std::vector<float>> k, v;
-  };
   struct Forward;  // one step's buffers and the skeleton's ops over them (cpu_engine.cpp)
   void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) override;
-  void on_sequence_resized(int seq, int length) override;
-  void ensure_cache(int seq, int64_t length);
+  // Layer `layer`'s K (or V) pool: [num_blocks * block_size, kv_dim], row = the token's slot.
+  float* k_pool(int layer) { return pool_.get() + static_cast<size_t>(2 * layer) * pool_layer_floats_; }
+  float* v_pool(int layer) { return k_pool(layer) + pool_layer_floats_; }
   void norm(const float* x, const Tensor& weight, const Tensor& bias, int64_t rows, float* out) const;
 
   const ModelConfig& config_;
   const DecoderWeights& weights_;
   std::vector<double> inv_freq_;
-  std::vector<SequenceCache> caches_;  // indexed by sequence id
+  // The KV cache, indexed by Engine's block ids (so that sequences share prefix blocks): per layer a
+  // K and a V pool. Allocated uninitialized, so the system commits only the pages blocks touch.
+  std::unique_ptr<float[]> pool_;
+  size_t pool_layer_floats_ = 0;
   AttentionObserver observer_;
 };
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/thread_pool.h"
+#include "fdpp/error.h"
 
 namespace fdpp::cpu {
 
@@ -140,8 +141,11 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, RopeSty
   }
 }
 
-void attention(const float* q, const float* k, const float* v, int64_t n_q, int64_t start_pos, int64_t n_heads,
-               int64_t n_kv_heads, int64_t head_dim, float scale, float* out) {
+namespace {
+// row(j): the cache row of position j (j itself for a contiguous cache).
+template <typename Row>
+void attention_rows(const float* q, const float* k, const float* v, Row row, int64_t n_q, int64_t start_pos,
+                    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out) {
   const int64_t group = n_heads / n_kv_heads;
   const int64_t q_stride = n_heads * head_dim;
   const int64_t kv_stride = n_kv_heads * head_dim;
@@ -157,7 +161,7 @@ void attention(const float* q, const float* k, const float* v, int64_t n_q, int6
     const int64_t kvh = h / group;
     float max_score = -INFINITY;
     for (int64_t j = 0; j < len; ++j) {
-      scores[j] = dot(qh, k + j * kv_stride + kvh * head_dim, head_dim) * scale;
+      scores[j] = dot(qh, k + row(j) * kv_stride + kvh * head_dim, head_dim) * scale;
       max_score = std::max(max_score, scores[j]);
     }
     double denom = 0.0;
@@ -168,7 +172,7 @@ void attention(const float* q, const float* k, const float* v, int64_t n_q, int6
     float* a = acc.data();
     for (int64_t j = 0; j < len; ++j) {
       const float p = scores[j];
-      const float* vj = v + j * kv_stride + kvh * head_dim;
+      const float* vj = v + row(j) * kv_stride + kvh * head_dim;
 #pragma omp simd
       for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vj[d];
     }
@@ -176,6 +180,22 @@ void attention(const float* q, const float* k, const float* v, int64_t n_q, int6
     const float inv = static_cast<float>(1.0 / denom);
     for (int64_t d = 0; d < head_dim; ++d) o[d] = a[d] * inv;
   });
+}
+
+}  // namespace
+
+void attention(const float* q, const float* k, const float* v, int64_t n_q, int64_t start_pos, int64_t n_heads,
+               int64_t n_kv_heads, int64_t head_dim, float scale, float* out) {
+  attention_rows(q, k, v, [](int64_t j) { return j; }, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out);
+}
+
+void attention_paged(const float* q, const float* k, const float* v, std::span<const int32_t> blocks,
+                     int64_t block_size, int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads,
+                     int64_t head_dim, float scale, float* out) {
+  check(static_cast<int64_t>(blocks.size()) * block_size >= start_pos + n_q,
+        "attention: {} blocks of {} tokens hold fewer than {} positions", blocks.size(), block_size, start_pos + n_q);
+  const auto row = [&](int64_t j) { return static_cast<int64_t>(blocks[j / block_size]) * block_size + j % block_size; };
+  attention_rows(q, k, v, row, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out);
 }
 
 float attention_dot(const float* a, const float* b, int64_t n) { return dot(a, b, n); }

@@ -52,6 +52,12 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, RopeSty
 // Softmax is the stable one (max subtracted) in fp32 with a double-precision denominator.
 void attention(const float* q, const float* k, const float* v, int64_t n_q, int64_t start_pos, int64_t n_heads,
                int64_t n_kv_heads, int64_t head_dim, float scale, float* out);
+// The same over a paged cache: position j's key is row blocks[j / block_size] * block_size +
+// j % block_size of k (and its value of v), so sequences can share blocks (prefix caching). The
+// arithmetic is attention()'s, in the same order: the results are equal bit for bit.
+void attention_paged(const float* q, const float* k, const float* v, std::span<const int32_t> blocks,
+                     int64_t block_size, int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads,
+                     int64_t head_dim, float scale, float* out);
 
 // The dot product attention() computes its logits with (the same code, so the same fp32 result):
 // for references that must see exactly the logits attention() sees.

@@ -195,6 +195,13 @@ void TensorParallelEngine::on_sequence_resized(int seq, int length) {
   }
 }
 
+void TensorParallelEngine::on_prefix_mapped(int seq, std::span<const int32_t> tokens, int cached) {
+  // Every rank's block table went through the same operations as ours, so each maps the same prefix.
+  const int rs = rank_sequence(seq);
+  for (auto& e : engines_)
+    check(e->map_cached_prefix(rs, tokens) == cached, "internal: a tensor-parallel rank's prefix cache disagrees");
+}
+
 void TensorParallelEngine::run_step(std::span<const RowPlan> rows, int64_t /*total_tokens*/, StepOutput& out) {
   // The same batch on every rank, with the ranks' sequence ids; rank 0's output is the step's.
   Batch batch;

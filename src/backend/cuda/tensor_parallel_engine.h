@@ -87,6 +87,7 @@ class TensorParallelEngine final : public Engine {
  private:
   void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) override;
   void on_sequence_resized(int seq, int length) override;
+  void on_prefix_mapped(int seq, std::span<const int32_t> tokens, int cached) override;
   int rank_sequence(int seq);  // the ranks' sequence for one of ours, created on first use
 
   ModelConfig config_;
