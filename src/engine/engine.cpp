@@ -115,6 +115,8 @@ StepOutput Engine::step(const Batch& batch) {
       check(p.min_p >= 0 && p.min_p <= 1.0f, "min-p = {} must be in [0, 1]", p.min_p);
       check(p.repeat_penalty > 0 && std::isfinite(p.repeat_penalty), "repeat penalty = {} must be positive",
             p.repeat_penalty);
+      check(r.allowed_tokens.empty() || r.allowed_tokens.size() * 32 >= static_cast<size_t>(c.vocab_size),
+            "step: row {}'s token mask has {} words for a vocabulary of {}", i, r.allowed_tokens.size(), c.vocab_size);
     }
     extra_blocks += std::max<int64_t>(0, kv_.blocks_for(end) - static_cast<int64_t>(s.blocks.size()));
     int logits_index = -1;

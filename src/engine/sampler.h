@@ -26,7 +26,9 @@ class Sampler {
 
   // history: the tokens the repetition penalty looks at (prompt and generated so far); index: the
   // key of the draw's random number (the request's generated-token index).
-  int32_t sample(std::span<const float> logits, std::span<const int32_t> history, uint64_t index);
+  // allowed: structured output's token mask (bit id % 32 of word id / 32; empty: every token).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history, uint64_t index,
+                 std::span<const uint32_t> allowed = {});
   // The same with index = the number of earlier calls of this overload.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history) {
     return sample(logits, history, next_index_++);
@@ -35,6 +37,9 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
   // The steps, public so tests can check exactly which tokens each one keeps.
+  // Structured output's hook, before every other filter: tokens outside the mask get -inf and are
+  // never drawn (a mask that allows nothing is an error).
+  static void apply_token_mask(std::vector<float>& logits, std::span<const uint32_t> allowed);
   static void apply_repetition_penalty(std::vector<float>& logits, std::span<const int32_t> history, float penalty,
                                        int last_n);
   // Sorts candidates by logit (descending) and fills prob with the softmax over them.

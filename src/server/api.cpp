@@ -1,4 +1,5 @@
 #include "server/api.h"
+#include "server/structured_output.h"
 
 #include <fmt/format.h>
 
@@ -279,7 +280,7 @@ json parse_json_body(std::string_view body, const ApiLimits& limits) {
 }
 
 ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo& model, const PromptCodec& codec,
-                            const ApiLimits& limits) {
+                            const ApiLimits& limits, std::string_view raw_body) {
   const bool chat = endpoint == Endpoint::Chat;
   // Every top-level field this server reads, accepts as harmless or refuses when not off; the rest
   // are unknown: ignored and reported.
@@ -295,7 +296,11 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
       "spaces_between_special_tokens", "use_beam_search", "add_special_tokens",
       // llama-server's spellings of the repetition penalty, and its prompt-cache hint (no effect on
       // the output: a hint about reusing the KV cache).
-      "repeat_penalty", "repeat_last_n", "cache_prompt"};
+      "repeat_penalty", "repeat_last_n", "cache_prompt",
+      // Structured output (server/structured_output.h): response_format, vLLM's guided_* and
+      // structured_outputs.
+      "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+      "guided_whitespace_pattern", "structured_outputs"};
   static const std::set<std::string> completions_only = {"prompt", "suffix"};
   static const std::set<std::string> chat_only = {"messages",  "max_completion_tokens", "top_logprobs", "tools",
                                                   "tool_choice", "functions", "function_call", "parallel_tool_calls",
@@ -335,9 +340,6 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   require_off(body, "spaces_between_special_tokens", is_true, "special tokens are left out of the text");
   require_off(body, "include_stop_str_in_output", is_false, "the text ends before a stop string");
   require_off(body, "use_beam_search", is_false, "no beam search");
-  require_off(body, "response_format",
-              [](const json& v) { return v.is_object() && v.size() == 1 && v.value("type", "") == "text"; },
-              "plain text only");
   if (chat) {
     require_off(body, "logprobs", is_false, "no log probabilities");
     require_off(body, "top_logprobs", is_zero, "no log probabilities");
@@ -403,6 +405,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   r.generation.skip_special_tokens = opt_bool(body, "skip_special_tokens").value_or(true);
   r.generation.stop = stop_strings(body, limits);
   r.generation.stop_token_ids = stop_token_ids(body, model, limits);
+  r.generation.grammar = structured_output(body, raw_body);
 
   std::optional<int64_t> max_tokens;
   if (auto p = opt_param(body, "max_tokens")) max_tokens = p->integer;

@@ -252,4 +252,9 @@ void sample(float* logits, int rows, int vocab, const int32_t* history, const in
             int history_stride, const DeviceSamplingParams& params, const uint64_t* offsets, int32_t* out_ids,
             void* workspace, size_t workspace_bytes, cudaStream_t stream, const uint64_t* seeds = nullptr);
 
+// Structured output: for each of `count` rows, logits[head_rows[r] * vocab + i] = -inf where bit i of
+// masks[r * words ..] is clear (the token mask the grammar matcher computed on the host).
+void apply_token_masks(float* logits, int vocab, const uint32_t* masks, int words, const int32_t* head_rows, int count,
+                       cudaStream_t stream);
+
 }  // namespace fdpp::cuda
