@@ -258,7 +258,14 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, std::shar
   std::vector<int32_t> stacks;
   bool accept = false;
   for (int32_t alt : grammar_->alternatives(grammar_->root())) expand(alt, -1, stacks, accept, 0);
+  initial_stacks_ = stacks;
+  initial_accept_ = accept;
   current_ = intern_state(std::move(stacks), accept);
+}
+
+void GrammarMatcher::reset() {
+  finished_ = false;
+  current_ = intern_state(initial_stacks_, initial_accept_);
 }
 
 int32_t GrammarMatcher::intern_stack(int32_t pos, int32_t parent) {

@@ -127,6 +127,10 @@ class GrammarMatcher {
   // Whether accept_bytes would succeed, without advancing.
   bool can_accept_bytes(std::string_view bytes);
 
+  // Back to the start of the grammar, keeping the memoized states and masks (a benchmark's warm
+  // pass; a server would share them between requests of one schema the same way).
+  void reset();
+
   bool accepting() const;     // the bytes so far are a complete sentence of the grammar
   bool can_continue() const;  // some byte may still follow
   bool finished() const { return finished_; }
@@ -160,6 +164,8 @@ class GrammarMatcher {
   std::unordered_map<std::string, int32_t> state_index_;
   std::vector<std::vector<uint32_t>> masks_;
   int32_t current_ = -1;
+  std::vector<int32_t> initial_stacks_;
+  bool initial_accept_ = false;
   bool finished_ = false;
 };
 

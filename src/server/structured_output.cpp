@@ -1,5 +1,7 @@
 #include "server/structured_output.h"
 
+#include <algorithm>
+
 #include "fdpp/error.h"
 #include "server/api.h"
 
@@ -83,6 +85,10 @@ std::shared_ptr<const grammar::Grammar> response_format(const ojson& rf) {
 }  // namespace
 
 std::shared_ptr<const grammar::Grammar> structured_output(const json& parsed, std::string_view raw_body) {
+  // Most requests ask for none: no second parse of their body.
+  if (std::none_of(std::begin(kStructuredOutputFields), std::end(kStructuredOutputFields),
+                   [&](const char* f) { return parsed.contains(f); }))
+    return nullptr;
   ojson body;
   if (!raw_body.empty()) {
     try {

@@ -78,7 +78,7 @@ def test_pydantic_model_as_schema(llm):
     (dict(json={"type": "integer", "minimum": 3}), '"minimum"'),
     (dict(json={"type": "string", "format": "hostname"}), "hostname"),
     (dict(regex="(?=a)b"), "lookaround"),
-    (dict(choice=[]), "exactly one"),
+    (dict(choice=[]), "choices is empty"),
     (dict(grammar="root ::= 'a'"), "grammar"),
     (dict(regex="a", choice=["a"]), "exactly one"),
 ])

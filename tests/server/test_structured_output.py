@@ -44,7 +44,8 @@ def test_json_object_streamed(server):
     c = client(server)
     stream = c.chat.completions.create(model=server.model_id, stream=True, temperature=0, max_tokens=150,
                                        response_format={"type": "json_object"},
-                                       messages=[{"role": "user", "content": "A JSON object describing a cat."}])
+                                       messages=[{"role": "user", "content": 'What is the capital of France? '
+                                                  'Answer as JSON: {"capital": ...}'}])
     text, finish = "", None
     for chunk in stream:
         if chunk.choices:
