@@ -9,7 +9,9 @@ response_format json_object, and a JSON schema (an array of short strings), samp
 1 with fixed seeds, and prints generated tokens/s for each and the slowdown against unconstrained.
 Each mode runs twice and the second run counts (the first warms the engine and the grammar caches of
 nothing: every request gets a fresh matcher, as in the server). The masks are computed on the
-host, so the slowdown at batch 64 is the host's mask work per step against the GPU's step.
+host, so the slowdown at batch 64 is the host's mask work per step against the GPU's step. The
+modes' answers differ in length (a grammar ends a request when its format is complete), so the
+median time per output token of the requests is printed beside the throughput.
 """
 
 from __future__ import annotations
@@ -47,12 +49,15 @@ def main() -> int:
             outs = llm.chat(prompts, params, use_tqdm=False)
             dt = time.perf_counter() - t0
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        results[name] = {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt}
+        tpot = sorted(o.metrics.time_per_output_token for o in outs if len(o.outputs[0].token_ids) > 1)
+        results[name] = {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
+                         "tpot_ms_median": 1000 * tpot[len(tpot) // 2] if tpot else 0.0}
     base = results["unconstrained"]["tokens_per_s"]
     for name, r in results.items():
         r["slowdown"] = 1 - r["tokens_per_s"] / base
         print(f"{name:14s} batch {a.batch:3d}: {r['tokens']:6d} tokens in {r['seconds']:7.2f} s = "
-              f"{r['tokens_per_s']:8.1f} tokens/s  ({100 * r['slowdown']:+.1f}% slower than unconstrained)")
+              f"{r['tokens_per_s']:8.1f} tokens/s  ({100 * r['slowdown']:+.1f}% slower than unconstrained), "
+              f"median time per output token {r['tpot_ms_median']:.2f} ms")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": a.device, "batch": a.batch, "max_tokens": a.max_tokens, "results": results}, f, indent=1)
