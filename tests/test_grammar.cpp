@@ -93,6 +93,17 @@ TEST(Grammar, RegexRefusesWhatItCannotCompile) {
   }
 }
 
+TEST(Grammar, ExpansionIsBounded) {
+  try {
+    std::string schema = R"({"type": "object", "properties": {)";
+    for (int i = 0; i < 1500; ++i) schema += fmt::format(R"({}"p{}": {{"type": "string", "maxLength": 2000}})", i ? "," : "", i);
+    compile_json_schema(schema + "}}");
+    ADD_FAILURE() << "compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too large"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Grammar, JsonSchemaRefusesUnsupportedKeywordsByName) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"type":"integer","minimum":0})", "\"minimum\""},

@@ -17,6 +17,13 @@ int Grammar::add_rule() {
 
 void Grammar::add_alternative(int rule, std::span<const Element> sequence) {
   check(rule >= 0 && rule < rule_count(), "grammar: rule {} does not exist", rule);
+  // Counted repetitions expand into one rule per count ("maxLength": 2000 is 2,000 rules): bounded so
+  // that a request cannot make the host build a grammar of gigabytes.
+  constexpr size_t kMaxElements = size_t{1} << 21;
+  check(elements_.size() + sequence.size() < kMaxElements,
+        "the format is too large once expanded (over {} grammar elements; repetition counts such as maxLength "
+        "expand into one rule per count)",
+        kMaxElements);
   rule_alts_[rule].push_back(static_cast<int32_t>(elements_.size()));
   for (const Element& e : sequence) {
     check(e.kind != Element::kEnd, "grammar: an end marker inside an alternative");
