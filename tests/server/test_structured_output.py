@@ -85,3 +85,13 @@ def test_unsupported_schema_keyword_is_a_400_naming_it(server):
         "messages": [{"role": "user", "content": "x"}], "guided_json": {"type": "string", "format": "ipv4"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "guided_json"
     assert "ipv4" in r.json()["error"]["message"]
+
+
+def test_langchain_with_structured_output(server):
+    # LangChain's with_structured_output (langchain-openai, method "json_schema": response_format
+    # with the pydantic model's strict schema) returns the model itself.
+    langchain_openai = pytest.importorskip("langchain_openai")
+    chat = langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="none", model=server.model_id,
+                                       temperature=0, max_tokens=120, max_retries=0)
+    person = chat.with_structured_output(Person).invoke("Describe a person: name, age and whether they like tea.")
+    assert isinstance(person, Person) and len(person.name) <= 20
