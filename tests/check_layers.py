@@ -8,7 +8,7 @@ import sys
 
 # Lowest first; files of one rank may include each other (the two backends are siblings).
 LAYERS = [
-    ("include/fdpp", 0), ("core", 0), ("io", 1), ("tokenizer", 2), ("model", 3), ("attention", 4),
+    ("include/fdpp", 0), ("core", 0), ("io", 1), ("tokenizer", 2), ("grammar", 3), ("model", 3), ("attention", 4),
     ("engine", 5), ("backend/cpu", 6), ("backend/cuda", 6), ("runtime", 7), ("server", 8),
 ]
 TOP = 9  # front ends: tools/fdpp (the CLI), python/src (the extension)

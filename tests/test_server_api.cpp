@@ -185,13 +185,69 @@ TEST(ServerApi, BadRequestsNameTheField) {
   EXPECT_EQ(error_of(C, R"({"prompt": "a", "stop": ["a", "b", "c"]})", small), std::make_pair(400, std::string("stop")));
 }
 
+// Structured output: each spelling gives the request a grammar; what the engine cannot honour is a
+// 400 naming the field and the schema keyword.
+TEST(ServerApi, StructuredOutput) {
+  const auto H = Endpoint::Chat;
+  const std::string chat = R"("messages": [{"role": "user", "content": "q"}])";
+  auto grammar_of = [&](const std::string& extra) { return parse(H, "{" + chat + ", " + extra + "}").generation.grammar; };
+  EXPECT_EQ(grammar_of(R"("response_format": {"type": "text"})"), nullptr);
+  EXPECT_EQ(grammar_of(R"("user": "u")"), nullptr);
+  for (const std::string& extra :
+       {std::string(R"("response_format": {"type": "json_object"})"),
+        std::string(R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true,
+            "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+            "additionalProperties": false}}})"),
+        std::string(R"("guided_json": {"type": "array", "items": {"type": "string"}})"),
+        std::string(R"("guided_json": "{\"type\": \"boolean\"}")"),
+        std::string(R"("guided_regex": "[0-9]{3}")"), std::string(R"("guided_choice": ["yes", "no"])"),
+        std::string(R"("structured_outputs": {"choice": ["a", "b"], "backend": "xgrammar"})"),
+        std::string(R"("structured_outputs": {"json_object": true})")}) {
+    const auto g = grammar_of(extra);
+    EXPECT_NE(g, nullptr) << extra;
+  }
+  // The grammar is the one asked for: a json_schema whose properties keep the body's order.
+  const auto parsed = parse_request(H, parse_json_body("{" + chat + R"(, "guided_json": {"type": "object",
+      "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "integer"}}, "required": ["zeta", "alpha"],
+      "additionalProperties": false}})", ApiLimits{}), model(), fake_codec(), ApiLimits{},
+      "{" + chat + R"(, "guided_json": {"type": "object", "properties": {"zeta": {"type": "integer"},
+      "alpha": {"type": "integer"}}, "required": ["zeta", "alpha"], "additionalProperties": false}})");
+  const auto vocab = std::make_shared<grammar::TokenVocabulary>(std::vector<std::string>{"{\"zeta\":1,\"alpha\":2}", "{\"alpha\":2,\"zeta\":1}", ""},
+                                                                 std::vector<int32_t>{2});
+  grammar::GrammarMatcher m(parsed.generation.grammar, vocab);
+  EXPECT_TRUE(m.is_allowed(0));
+  EXPECT_FALSE(m.is_allowed(1));
+
+  const std::vector<std::tuple<std::string, std::string, std::string>> bad = {
+      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer", "minimum": 1}}})",
+       "response_format", "\"minimum\""},
+      {R"("response_format": {"type": "json_schema"})", "response_format", "json_schema"},
+      {R"("guided_json": {"type": "string", "format": "hostname"})", "guided_json", "hostname"},
+      {R"("guided_regex": "(a)\\1")", "guided_regex", "escape"},
+      {R"("guided_choice": [])", "guided_choice", "non-empty"},
+      {R"("guided_grammar": "root ::= \"a\"")", "guided_grammar", "not supported"},
+      {R"("structured_outputs": {"grammar": "x"})", "structured_outputs.grammar", "not supported"},
+      {R"("guided_regex": "a", "guided_choice": ["a"])", "guided_choice", "one structured output"},
+  };
+  for (const auto& [extra, param, words] : bad) {
+    try {
+      parse(H, "{" + chat + ", " + extra + "}");
+      ADD_FAILURE() << extra << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << extra;
+      EXPECT_EQ(e.param, param) << extra;
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(ServerApi, UnsupportedFieldsAreRejectedByName) {
   const auto C = Endpoint::Completions;
   const auto H = Endpoint::Chat;
   const std::string chat = R"("messages": [{"role": "user", "content": "q"}])";
   for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
            {"n", "0"}, {"top_logprobs", "3"}, {"tools", R"([{"type": "function"}])"},
-           {"tool_choice", R"("required")"}, {"response_format", R"({"type": "json_object"})"},
+           {"tool_choice", R"("required")"}, {"response_format", R"({"type": "json_xml"})"},
            {"logit_bias", R"({"5": 101})"}, {"logit_bias", R"({"x": 1})"}, {"logit_bias", R"({"300": 1})"},
            {"logit_bias", "[1]"}, {"presence_penalty", "2.5"}, {"frequency_penalty", "-3"},
            {"audio", "{}"}, {"prompt", R"("x")"}, {"best_of", "2"}, {"min_tokens", "-1"},

@@ -25,6 +25,7 @@ refused alone (finish_reason "error", the message in RequestOutput.error); the o
 from __future__ import annotations
 
 import json
+import json as _json
 import numbers
 import operator
 import os
@@ -44,6 +45,8 @@ from ._core import EngineError, FdppError, InvalidInputError
 __all__ = [
     "LLM",
     "SamplingParams",
+    "StructuredOutputsParams",
+    "GuidedDecodingParams",
     "RequestOutput",
     "CompletionOutput",
     "Logprob",
@@ -100,6 +103,75 @@ def _check_param(name: str, value: Any) -> Any:
     if message:
         raise _bad(message)
     return value
+
+
+class StructuredOutputsParams:
+    """Structured output, as vLLM's StructuredOutputsParams (and its older GuidedDecodingParams):
+    give exactly one of
+
+    Args:
+        json: a JSON schema (a dict, its JSON text, or a pydantic model class); the output is JSON
+            that the schema accepts (the README's "Structured output" lists the keywords; any other
+            is refused naming it).
+        regex: a regular expression the whole output matches.
+        choice: a list of strings; the output is one of them.
+        json_object: True: the output is a JSON object.
+
+    grammar (EBNF), whitespace_pattern and structural_tag are not supported and refused; backend and
+    the disable_* options of vLLM's backends are accepted and change nothing (one engine, strict).
+    Compiled when made, so a schema fdpp cannot honour fails here (InvalidInputError).
+    """
+
+    __slots__ = ("json", "regex", "choice", "json_object", "_grammar")
+
+    def __init__(self, json: Any = None, regex: Optional[str] = None, choice: Optional[Sequence[str]] = None,
+                 json_object: Optional[bool] = None, grammar: Optional[str] = None,
+                 whitespace_pattern: Optional[str] = None, structural_tag: Optional[str] = None,
+                 backend: Optional[str] = None, disable_fallback: bool = False,
+                 disable_any_whitespace: bool = False, disable_additional_properties: bool = False) -> None:
+        for name, value in (("grammar", grammar), ("whitespace_pattern", whitespace_pattern),
+                            ("structural_tag", structural_tag)):
+            if value is not None:
+                raise _bad(f"structured output: {name} is not supported (json, regex, choice or json_object)")
+        given = [n for n, v in (("json", json), ("regex", regex), ("choice", choice), ("json_object", json_object))
+                 if v is not None and v is not False]
+        if len(given) != 1:
+            raise _bad("structured output: give exactly one of json, regex, choice or json_object"
+                       + (f" (got {', '.join(given)})" if given else ""))
+        self.json, self.regex, self.choice, self.json_object = json, regex, choice, json_object
+        if json is not None:
+            if hasattr(json, "model_json_schema"):  # a pydantic model class
+                json = json.model_json_schema()
+            text = json if isinstance(json, str) else _json.dumps(json)
+            self._grammar = _core.compile_grammar("json", text)
+        elif regex is not None:
+            if not isinstance(regex, str):
+                raise _bad(f"structured output: regex must be a str, got {type(regex).__name__}")
+            self._grammar = _core.compile_grammar("regex", regex)
+        elif choice is not None:
+            if isinstance(choice, str) or not all(isinstance(c, str) for c in choice):
+                raise _bad("structured output: choice must be a list of strings")
+            self._grammar = _core.compile_grammar("choice", choices=list(choice))
+        else:
+            if json_object is not True:
+                raise _bad("structured output: json_object must be True")
+            self._grammar = _core.compile_grammar("json_object")
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if not k.startswith("_")
+                           and getattr(self, k) is not None)
+        return f"{type(self).__name__}({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StructuredOutputsParams):
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in ("json", "regex", "choice", "json_object"))
+
+
+class GuidedDecodingParams(StructuredOutputsParams):
+    """vLLM's older name (SamplingParams(guided_decoding=...)); the same fields."""
+
+    __slots__ = ()
 
 
 class SamplingParams:
@@ -174,6 +246,7 @@ class SamplingParams:
         "min_tokens",
         "logit_bias",
         "logprobs",
+        "structured_outputs",
     )
 
     def __init__(
@@ -199,7 +272,15 @@ class SamplingParams:
         skip_special_tokens: bool = True,
         min_tokens: int = 0,
         logit_bias: Optional[dict[int, float]] = None,
+        structured_outputs: Optional[StructuredOutputsParams] = None,
+        guided_decoding: Optional[StructuredOutputsParams] = None,
     ) -> None:
+        if structured_outputs is not None and guided_decoding is not None:
+            raise _bad("give structured_outputs or guided_decoding (vLLM's older name), not both")
+        so = structured_outputs if structured_outputs is not None else guided_decoding
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise _bad(f"structured_outputs: expected StructuredOutputsParams, got {type(so).__name__}")
+        self.structured_outputs = so
         for name, value, neutral in (("prompt_logprobs", prompt_logprobs, (None,)),
                                      ("skip_special_tokens", skip_special_tokens, (True,))):
             # bool is an int: True must not pass as n = 1, nor False as a penalty of 0.
@@ -311,6 +392,8 @@ class SamplingParams:
         s.logit_bias = list(self.logit_bias.items())
         s.logprobs = -1 if self.logprobs is None else self.logprobs
         r.sampling = s
+        if self.structured_outputs is not None:
+            r.set_grammar(self.structured_outputs._grammar)
         return r
 
     def _requests(self, prompt_ids: list[int], max_model_len: int,
@@ -327,6 +410,11 @@ class SamplingParams:
                 r.sampling = s
             out.append(r)
         return out
+
+    @property
+    def guided_decoding(self) -> Optional[StructuredOutputsParams]:
+        """vLLM's older name of structured_outputs."""
+        return self.structured_outputs
 
 
 @dataclass

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "grammar/grammar.h"
 #include "engine/engine_runner.h"
 #include "runtime/engine_args.h"
 #include "runtime/open_engine.h"
@@ -55,6 +56,11 @@ namespace {
 class InputError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A compiled structured-output grammar, handed from SamplingParams to each request that uses it.
+struct CoreGrammar {
+  std::shared_ptr<const grammar::Grammar> g;
 };
 
 PyObject* g_fdpp_error = nullptr;
@@ -562,7 +568,26 @@ NB_MODULE(_core, m) {
       .def_rw("max_tokens", &GenerationRequest::max_tokens)
       .def_rw("ignore_eos", &GenerationRequest::ignore_eos)
       .def_rw("stop", &GenerationRequest::stop)
-      .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids);
+      .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids)
+      .def("set_grammar", [](GenerationRequest& r, const CoreGrammar& g) { r.grammar = g.g; }, "grammar"_a);
+
+  nb::class_<CoreGrammar>(m, "CoreGrammar");
+  // kind: "json" (spec: a JSON schema as text), "json_object", "regex" (spec: the pattern) or
+  // "choice" (choices). What the engine cannot compile is InvalidInputError naming it.
+  m.def(
+      "compile_grammar",
+      [](const std::string& kind, const std::string& spec, const std::vector<std::string>& choices) {
+        try {
+          if (kind == "json") return CoreGrammar{grammar::compile_json_schema(spec)};
+          if (kind == "json_object") return CoreGrammar{grammar::compile_json_object()};
+          if (kind == "regex") return CoreGrammar{grammar::compile_regex(spec)};
+          if (kind == "choice") return CoreGrammar{grammar::compile_choice(choices)};
+        } catch (const Error& e) {
+          throw InputError(e.what());
+        }
+        throw InputError("unknown structured output kind '" + kind + "'");
+      },
+      "kind"_a, "spec"_a = "", "choices"_a = std::vector<std::string>{});
 
   nb::class_<Result>(m, "CoreResult")
       .def_prop_ro("id", [](const Result& r) { return r.r.id; })

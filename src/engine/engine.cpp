@@ -131,6 +131,8 @@ StepOutput Engine::step(const Batch& batch) {
       check(std::isfinite(p.presence_penalty) && std::isfinite(p.frequency_penalty),
             "presence and frequency penalties must be finite");
       want_logprobs |= p.logprobs >= 0;
+      check(r.allowed_tokens.empty() || r.allowed_tokens.size() * 32 >= static_cast<size_t>(c.vocab_size),
+            "step: row {}'s token mask has {} words for a vocabulary of {}", i, r.allowed_tokens.size(), c.vocab_size);
     }
     extra_blocks += std::max<int64_t>(0, kv_.blocks_for(end) - static_cast<int64_t>(s.blocks.size()));
     int logits_index = -1;

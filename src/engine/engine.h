@@ -33,6 +33,9 @@ struct StepRow {
   SamplingParams sampling;
   uint64_t sample_index = 0;
   std::span<const int32_t> history;  // the tokens the repetition penalty sees (prompt + generated)
+  // Structured output: the tokens the draw may choose (bit id % 32 of word id / 32, at least
+  // (vocab + 31) / 32 words); empty: every token.
+  std::span<const uint32_t> allowed_tokens;
 };
 
 struct Batch {

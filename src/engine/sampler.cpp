@@ -85,6 +85,18 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
+void Sampler::apply_token_mask(std::vector<float>& logits, std::span<const uint32_t> allowed) {
+  if (allowed.empty()) return;
+  check(allowed.size() * 32 >= logits.size(), "sample: a token mask of {} words for {} logits", allowed.size(),
+        logits.size());
+  bool any = false;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if ((allowed[i >> 5] >> (i & 31)) & 1u) any = true;
+    else logits[i] = -INFINITY;
+  }
+  check(any, "sample: the token mask allows no token");
+}
+
 void Sampler::apply_repetition_penalty(std::vector<float>& logits, std::span<const int32_t> history, float penalty,
                                        int last_n) {
   if (penalty == 1.0f || history.empty()) return;
@@ -194,16 +206,18 @@ TokenLogprobs Sampler::logprobs(std::span<const float> raw, int32_t token, int k
 }
 
 int32_t Sampler::sample(std::span<const float> logits_in, std::span<const int32_t> history, uint64_t index,
-                        TokenLogprobs* logprobs_out) {
+                        TokenLogprobs* logprobs_out, std::span<const uint32_t> allowed) {
   check(!logits_in.empty(), "sample: empty logits");
-  const int32_t token = sample_adjusted(logits_in, history, index);
+  const int32_t token = sample_adjusted(logits_in, history, index, allowed);
   if (logprobs_out != nullptr && params_.logprobs >= 0) *logprobs_out = logprobs(logits_in, token, params_.logprobs);
   return token;
 }
 
-int32_t Sampler::sample_adjusted(std::span<const float> logits_in, std::span<const int32_t> history, uint64_t index) {
+int32_t Sampler::sample_adjusted(std::span<const float> logits_in, std::span<const int32_t> history, uint64_t index,
+                                 std::span<const uint32_t> allowed) {
   std::vector<float> logits(logits_in.begin(), logits_in.end());
   apply_logit_bias(logits, params_, index);
+  apply_token_mask(logits, allowed);
   apply_repetition_penalty(logits, history, params_.repeat_penalty, params_.repeat_last_n);
   const size_t generated = std::min(history.size(), static_cast<size_t>(index));
   apply_presence_frequency(logits, history.subspan(history.size() - generated), params_.presence_penalty,
@@ -214,6 +228,7 @@ int32_t Sampler::sample_adjusted(std::span<const float> logits_in, std::span<con
   c.reserve(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
     if (std::isnan(logits[i])) fail("sample: logit {} is NaN", i);
+    if (!allowed.empty() && !((allowed[i >> 5] >> (i & 31)) & 1u)) continue;  // masked out: never drawn
     c.push_back({static_cast<int32_t>(i), logits[i] / params_.temperature, 0.f});
   }
   // top-k first on the raw order, so that the sort below runs over k entries, not the vocabulary.

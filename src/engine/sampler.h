@@ -28,8 +28,9 @@ class Sampler {
   // key of the draw's random number (the request's generated-token index).
   // The last `index` tokens of history are the generated ones (the presence and frequency
   // penalties' tokens). logprobs: filled when params().logprobs >= 0 (else untouched).
+  // allowed: structured output's token mask (bit id % 32 of word id / 32; empty: every token).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history, uint64_t index,
-                 TokenLogprobs* logprobs = nullptr);
+                 TokenLogprobs* logprobs = nullptr, std::span<const uint32_t> allowed = {});
   // The same with index = the number of earlier calls of this overload.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history) {
     return sample(logits, history, next_index_++);
@@ -38,6 +39,9 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
   // The steps, public so tests can check exactly which tokens each one keeps.
+  // Structured output's hook, before every other filter: tokens outside the mask get -inf and are
+  // never drawn (a mask that allows nothing is an error).
+  static void apply_token_mask(std::vector<float>& logits, std::span<const uint32_t> allowed);
   static void apply_repetition_penalty(std::vector<float>& logits, std::span<const int32_t> history, float penalty,
                                        int last_n);
   // logit_bias added (a -inf entry sets -inf), and min_tokens_ids set to -inf while index < min_tokens.
@@ -55,7 +59,8 @@ class Sampler {
   static void min_p(std::vector<Candidate>& sorted, float p);   // prob >= p * max prob
 
  private:
-  int32_t sample_adjusted(std::span<const float> logits, std::span<const int32_t> history, uint64_t index);
+  int32_t sample_adjusted(std::span<const float> logits, std::span<const int32_t> history, uint64_t index,
+                          std::span<const uint32_t> allowed);
   SamplingParams params_;
   uint64_t next_index_ = 0;
 };

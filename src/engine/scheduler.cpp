@@ -62,6 +62,7 @@ struct Scheduler::Active {
   std::optional<int32_t> stop_token_id;  // what ended a "stop" (GenerationResult)
   std::optional<std::string> stop_string;
   bool in_batch = false;          // has a row in the step being built
+  std::unique_ptr<grammar::GrammarMatcher> matcher;  // structured output, or null
 };
 
 Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, const SchedulerOptions& options)
@@ -120,12 +121,20 @@ uint64_t Scheduler::submit(GenerationRequest request, GenerationCallbacks callba
     request.sampling.min_tokens_ids.insert(request.sampling.min_tokens_ids.end(), request.stop_token_ids.begin(),
                                            request.stop_token_ids.end());
   }
+  std::unique_ptr<grammar::GrammarMatcher> matcher;
+  if (request.grammar) {
+    // The first mask is computed here, on the caller's thread: a grammar that the vocabulary cannot
+    // even start is refused now rather than failing in a step.
+    matcher = std::make_unique<grammar::GrammarMatcher>(request.grammar, grammar_vocabulary());
+    check(!matcher->dead_end(), "structured output: no token of the vocabulary can start the required format");
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   check(!stopping_, "the engine is shutting down: no new requests");
   if (static_cast<int>(waiting_.size()) >= options_.max_waiting)
     throw QueueFullError(fmt::format("the queue is full ({} requests waiting)", waiting_.size()));
   const uint64_t id = next_id_++;
   waiting_.push_back(std::make_unique<Active>(id, std::move(request), std::move(callbacks), tokenizer_));
+  waiting_.back()->matcher = std::move(matcher);
   wake_.notify_all();
   return id;
 }
@@ -265,6 +274,32 @@ bool Scheduler::emit_token(Active& a, int32_t token, const TokenLogprobs* logpro
   return false;
 }
 
+std::shared_ptr<const grammar::TokenVocabulary> Scheduler::grammar_vocabulary() {
+  std::lock_guard<std::mutex> lock(vocab_mutex_);
+  if (!grammar_vocab_) grammar_vocab_ = std::make_shared<grammar::TokenVocabulary>(tokenizer_, engine_.config().vocab_size);
+  return grammar_vocab_;
+}
+
+void Scheduler::advance_grammar(Active& a, int32_t token) {
+  grammar::GrammarMatcher& m = *a.matcher;
+  if (!m.accept_token(token)) {
+    // The mask made this impossible; a sampler that drew outside it is a bug, reported as one.
+    current_error_ = fmt::format("structured output: the sampler drew token {} outside the grammar's mask", token);
+    finish(a, "error");
+    return;
+  }
+  // The grammar is complete and nothing may follow (or an ignored end token was accepted): done.
+  if (m.finished() || (m.accepting() && !m.can_continue())) {
+    finish(a, "stop");
+    return;
+  }
+  // The next mask, computed now: empty means the grammar needs bytes no token spells.
+  if (m.dead_end()) {
+    current_error_ = "structured output: no token of the vocabulary can continue the required format";
+    finish(a, "error");
+  }
+}
+
 void Scheduler::preempt(Active& a) {
   // Recompute later from prompt + generated tokens (vLLM's preemption by recomputation): the cache
   // is given back now; the request keeps its place at the head of the queue.
@@ -381,6 +416,7 @@ bool Scheduler::step() {
     r.sampling = a.request.sampling;
     r.sample_index = a.generated.size();
     r.history = a.tokens;
+    if (a.matcher) r.allowed_tokens = a.matcher->allowed_tokens();
     batch.rows.push_back(r);
     row_owner.push_back(&a);
     a.in_batch = true;
@@ -402,6 +438,7 @@ bool Scheduler::step() {
     r.sampling = a.request.sampling;
     r.sample_index = a.generated.size();
     r.history = a.tokens;
+    if (a.matcher && r.sample) r.allowed_tokens = a.matcher->allowed_tokens();
     batch.rows.push_back(r);
     row_owner.push_back(&a);
     a.in_batch = true;
@@ -433,8 +470,11 @@ bool Scheduler::step() {
     const int n = static_cast<int>(batch.rows[i].tokens.size());
     a.computed += n;
     if (n > 1 || a.generated.empty()) prefilled += static_cast<uint64_t>(n);
-    if (batch.rows[i].sample)
-      emit_token(a, out.tokens[i], out.logprobs.empty() || batch.rows[i].sampling.logprobs < 0 ? nullptr : &out.logprobs[i]);
+    if (batch.rows[i].sample &&
+        !emit_token(a, out.tokens[i],
+                    out.logprobs.empty() || batch.rows[i].sampling.logprobs < 0 ? nullptr : &out.logprobs[i]) &&
+        a.matcher)
+      advance_grammar(a, out.tokens[i]);
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);

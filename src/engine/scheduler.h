@@ -27,6 +27,7 @@
 #include "engine/engine.h"
 #include "fdpp/error.h"
 #include "fdpp/sampling.h"
+#include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fdpp {
@@ -56,6 +57,10 @@ struct GenerationRequest {
   // false: special tokens met in the output (after an ignored EOS, say) are written into the text,
   // as vLLM's skip_special_tokens=false does; the end-of-generation token that ends it never is.
   bool skip_special_tokens = true;
+  // Structured output (src/grammar): every token is drawn from those the grammar allows, the end
+  // token only where it may end, and the request finishes with "stop" where nothing may follow.
+  // Null: unconstrained.
+  std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 struct GenerationResult {
@@ -172,6 +177,8 @@ class Scheduler {
   void preempt(Active& a);
   bool emit_token(Active& a, int32_t token, const TokenLogprobs* logprobs);  // true when the request finished
   void deliver(Active& a, std::string_view text);  // on_delta with the undelivered tokens
+  void advance_grammar(Active& a, int32_t token);  // after emit_token: may finish the request
+  std::shared_ptr<const grammar::TokenVocabulary> grammar_vocabulary();
   void publish_stats();
   void log_step(const Batch& batch, std::chrono::steady_clock::time_point began,
                 std::chrono::steady_clock::time_point engine_began, std::chrono::steady_clock::time_point engine_ended);
@@ -192,6 +199,8 @@ class Scheduler {
 
   std::vector<std::unique_ptr<Active>> running_;  // engine thread only
   std::string current_error_;                      // the failed step's message (engine thread)
+  std::mutex vocab_mutex_;                         // builds grammar_vocab_ once
+  std::shared_ptr<const grammar::TokenVocabulary> grammar_vocab_;
   std::unique_ptr<std::ofstream> step_log_;        // engine thread only
   std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
 };

@@ -1,4 +1,5 @@
 #include "server/api.h"
+#include "server/structured_output.h"
 
 #include <fmt/format.h>
 
@@ -307,7 +308,7 @@ std::vector<LogitBias> logit_bias(const json& body, const ModelInfo& model) {
 }  // namespace
 
 ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo& model, const PromptCodec& codec,
-                            const ApiLimits& limits) {
+                            const ApiLimits& limits, std::string_view raw_body) {
   const bool chat = endpoint == Endpoint::Chat;
   // Every top-level field this server reads, accepts as harmless or refuses when not off; the rest
   // are unknown: ignored and reported.
@@ -324,7 +325,11 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
       "spaces_between_special_tokens", "use_beam_search", "add_special_tokens", "prompt_logprobs",
       // llama-server's spellings of the repetition penalty, and its prompt-cache hint (no effect on
       // the output: a hint about reusing the KV cache).
-      "repeat_penalty", "repeat_last_n", "cache_prompt"};
+      "repeat_penalty", "repeat_last_n", "cache_prompt",
+      // Structured output (server/structured_output.h): response_format, vLLM's guided_* and
+      // structured_outputs.
+      "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+      "guided_whitespace_pattern", "structured_outputs"};
   static const std::set<std::string> completions_only = {"prompt", "suffix"};
   static const std::set<std::string> chat_only = {"messages",  "max_completion_tokens", "top_logprobs", "tools",
                                                   "tool_choice", "functions", "function_call", "parallel_tool_calls",
@@ -364,9 +369,6 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   require_off(body, "spaces_between_special_tokens", is_true, "special tokens are left out of the text");
   require_off(body, "include_stop_str_in_output", is_false, "the text ends before a stop string");
   require_off(body, "use_beam_search", is_false, "no beam search");
-  require_off(body, "response_format",
-              [](const json& v) { return v.is_object() && v.size() == 1 && v.value("type", "") == "text"; },
-              "plain text only");
   if (chat) {
     require_off(body, "echo", is_false, "the last message is not echoed");
     require_off(body, "tools", is_empty_container, "no tool calls");
@@ -452,6 +454,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   r.generation.skip_special_tokens = opt_bool(body, "skip_special_tokens").value_or(true);
   r.generation.stop = stop_strings(body, limits);
   r.generation.stop_token_ids = stop_token_ids(body, model, limits);
+  r.generation.grammar = structured_output(body, raw_body);
 
   std::optional<int64_t> max_tokens;
   if (auto p = opt_param(body, "max_tokens")) max_tokens = p->integer;

@@ -114,8 +114,9 @@ struct ParsedRequest {
 // defaults follow OpenAI: temperature 1, top_p 1, no top-k / min-p / repetition penalty; max_tokens
 // defaults to 16 for completions (OpenAI's legacy default) and to the rest of the context for chat.
 nlohmann::json parse_json_body(std::string_view body, const ApiLimits& limits);
+// raw_body: the body's text, from which a JSON schema is read in the client's property order.
 ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const ModelInfo& model,
-                            const PromptCodec& codec, const ApiLimits& limits);
+                            const PromptCodec& codec, const ApiLimits& limits, std::string_view raw_body = {});
 
 // vLLM's POST /tokenize: {"prompt": text} (add_special_tokens, default true: the BOS the model adds)
 // or {"messages": [...]} (the tokens /v1/chat/completions would prefill) -> {"tokens", "count",

@@ -331,7 +331,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
   }
   ParsedRequest p;
   try {
-    p = parse_request(endpoint, parse_json_body(req.body, options_.limits), model_, codec_, options_.limits);
+    p = parse_request(endpoint, parse_json_body(req.body, options_.limits), model_, codec_, options_.limits, req.body);
   } catch (const ApiError& e) {
     return reply_error(res, e);
   }

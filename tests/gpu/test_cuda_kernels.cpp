@@ -12,6 +12,7 @@
 #include <memory>
 #include <numeric>
 #include <set>
+#include <random>
 
 #include "attention/unified_max.h"
 #include "backend/cpu/ops.h"
@@ -1553,6 +1554,50 @@ TEST_F(CudaKernels, SampleSingleRowSortPath) {
   for (uint64_t off = 0; off < 30; ++off) {
     const auto run = gpu_sample(flat, 1, 1000, params(1.f, 0, 0.5f, 0.f), {off});
     EXPECT_TRUE(run.ids[0] >= 0 && run.ids[0] < 500) << "offset " << off << ": id " << run.ids[0];
+  }
+}
+
+// Structured output's device-side mask: only the masked rows change, only outside their masks (to
+// -inf), and draws from a masked row (greedy, and sampled with every filter off, where the -inf
+// candidates are last and carry no mass) stay inside the mask.
+TEST_F(CudaKernels, TokenMaskThenSampleStaysInsideTheMask) {
+  const int rows = 3, vocab = 5003, words = (vocab + 31) / 32;
+  const auto logits = random_logits(rows, vocab, 3.f);
+  std::mt19937 rng(11);
+  std::vector<uint32_t> masks(size_t(2) * words, 0u);
+  std::vector<std::set<int32_t>> allowed(2);
+  for (int m = 0; m < 2; ++m)
+    for (int i = 0; i < vocab; ++i)
+      if (rng() % 10 == 0) {
+        masks[size_t(m) * words + (i >> 5)] |= 1u << (i & 31);
+        allowed[m].insert(i);
+      }
+  const std::vector<int32_t> heads = {0, 2};  // row 1 has no mask
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<uint32_t> d_masks(masks);
+  DeviceBuffer<int32_t> d_heads(heads);
+  cuda::apply_token_masks(d_logits.get(), vocab, d_masks.get(), words, d_heads.get(), 2, nullptr);
+  sync("apply_token_masks");
+  const std::vector<float> masked = d_logits.download();
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < vocab; ++i) {
+      const size_t k = size_t(r) * vocab + i;
+      const bool keep = r == 1 || allowed[r == 0 ? 0 : 1].count(i);
+      if (keep) ASSERT_EQ(masked[k], logits[k]) << r << "," << i;
+      else ASSERT_TRUE(std::isinf(masked[k]) && masked[k] < 0) << r << "," << i;
+    }
+  const auto greedy = gpu_sample(masked, rows, vocab, params(0.f, 0, 1.f, 0.f), {});
+  for (int r : {0, 2}) {
+    const int m = r == 0 ? 0 : 1;
+    int32_t best = *allowed[m].begin();
+    for (int32_t i : allowed[m])
+      if (logits[size_t(r) * vocab + i] > logits[size_t(r) * vocab + best]) best = i;
+    EXPECT_EQ(greedy.ids[r], best) << "row " << r;
+  }
+  for (uint64_t off = 0; off < 40; ++off) {
+    const auto run = gpu_sample(masked, rows, vocab, params(1.f, 0, 1.f, 0.f), {off, off, off});
+    EXPECT_TRUE(allowed[0].count(run.ids[0])) << "offset " << off << ": id " << run.ids[0];
+    EXPECT_TRUE(allowed[1].count(run.ids[2])) << "offset " << off << ": id " << run.ids[2];
   }
 }
 

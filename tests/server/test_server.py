@@ -218,7 +218,8 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      400, "tools"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "response_format": {"type": "json_object"}}, 400, "response_format"),
+                              "response_format": {"type": "json_schema", "json_schema": {
+                                  "name": "n", "schema": {"type": "number", "multipleOf": 2}}}}, 400, "response_format"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
      400, "tool_choice"),
     ("/v1/completions", {"prompt": "hi", "min_tokens": 30, "max_tokens": 4}, 400, "min_tokens"),

@@ -224,7 +224,7 @@ void CpuEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, St
       Sampler sampler(row.sampling);
       const float* last = first + (n - 1) * c.vocab_size;
       out.tokens[i] = sampler.sample(std::span<const float>(last, c.vocab_size), row.history, row.sample_index,
-                                     row.sampling.logprobs >= 0 ? &out.logprobs[i] : nullptr);
+                                     row.sampling.logprobs >= 0 ? &out.logprobs[i] : nullptr, row.allowed_tokens);
     }
     head_row += n;
   }

@@ -100,6 +100,9 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   sample_ids_ = DeviceBuffer(logit_rows * sizeof(int32_t));
   history_lens_ = DeviceBuffer(logit_rows * sizeof(int32_t));
   offsets_ = DeviceBuffer(logit_rows * sizeof(uint64_t));
+  // Structured output's token masks: per sampled row (at most one per row of the step) its mask
+  // words, then the rows' head indices.
+  token_masks_ = DeviceBuffer(static_cast<size_t>(options.max_batch) * ((V + 31) / 32 + 1) * sizeof(uint32_t));
   const size_t decode_in_ints = 4 * static_cast<size_t>(options.max_batch) +
                                 static_cast<size_t>(options.max_batch) * max_blocks_per_seq_;
   decode_in_ = DeviceBuffer(decode_in_ints * sizeof(int32_t));
@@ -187,7 +190,7 @@ MemoryReport CudaEngine::memory() const {
   for (const DeviceBuffer* b : {&x_, &normed_, &qkv_, &attn_, &o_, &ffn_in_, &ffn_act_, &logits_, &shard_logits_,
                                 &gathered_logits_, &ids_, &positions_,
                                 &slots_, &block_tables_, &context_lens_, &head_index_, &chunk_meta_, &sample_ids_, &history_,
-                                &history_lens_, &offsets_, &seeds_, &attn_ws_, &decode_in_, &fallback_rows_,
+                                &history_lens_, &offsets_, &seeds_, &token_masks_, &attn_ws_, &decode_in_, &fallback_rows_,
                                 &attn_counters_})
     r.activations += b->bytes();
   r.workspace = linear_->workspace_bytes() + sample_ws_.bytes();
@@ -701,7 +704,7 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
         presence[h] = p.presence_penalty;
         frequency[h] = p.frequency_penalty;
       }
-      edits_in_place |= p.repeat_penalty != 1.0f;
+      edits_in_place |= p.repeat_penalty != 1.0f || !r->allowed_tokens.empty();
       if (p.logprobs >= 0) {
         lp_rows.push_back(static_cast<int32_t>(h));
         lp_k = std::max(lp_k, p.logprobs);
@@ -745,6 +748,8 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
                                       stream_));
       raw = raw_logits_.as<float>();
     }
+    // Structured output's masks after the raw logits are kept aside (logprobs are of the raw ones).
+    apply_token_masks(rows, sampled, head_of);
     size_t k = 0;
     while (k < sampled.size()) {
       size_t e = k + 1;
@@ -790,6 +795,32 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
   } else {
     FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+}
+
+template <class HeadOf>
+void CudaEngine::apply_token_masks(std::span<const RowPlan> rows, const std::vector<int>& sampled, const HeadOf& head_of) {
+  // Structured output: one upload of every masked row's words and head row per step, then one launch
+  // that sets the logits outside the masks to -inf before the draw. The masks themselves are
+  // computed on the host (src/grammar).
+  const int V = config().vocab_size;
+  const size_t words = (static_cast<size_t>(V) + 31) / 32;
+  std::vector<uint32_t> packed;
+  std::vector<uint32_t> heads;
+  for (int i : sampled) {
+    const std::span<const uint32_t> m = rows[i].row->allowed_tokens;
+    if (m.empty()) continue;
+    packed.insert(packed.end(), m.begin(), m.begin() + static_cast<std::ptrdiff_t>(words));
+    heads.push_back(static_cast<uint32_t>(head_of(i)));
+  }
+  if (heads.empty()) return;
+  packed.insert(packed.end(), heads.begin(), heads.end());
+  check(packed.size() * sizeof(uint32_t) <= token_masks_.bytes(), "internal: {} token masks exceed their buffer",
+        heads.size());
+  upload(token_masks_, packed, stream_);
+  const uint32_t* masks = token_masks_.as<uint32_t>();
+  cuda::apply_token_masks(logits_.as<float>(), V, masks, static_cast<int>(words),
+                          reinterpret_cast<const int32_t*>(masks + heads.size() * words), static_cast<int>(heads.size()),
+                          stream_);
 }
 
 void CudaEngine::sample_rows(int first, int rows, const SamplingParams& p,

@@ -133,6 +133,9 @@ class CudaEngine final : public Engine {
   void count_attention_rows(int decode_rows, const DecodeAttentionLaunch& attention);
   // Samples head rows [first, first + count) of the last step's logits with one parameter set;
   // seeds_ and offsets_ rows [first, first + count) are already uploaded.
+  // Sets the logits outside each sampled row's allowed_tokens to -inf (structured output).
+  template <class HeadOf>
+  void apply_token_masks(std::span<const RowPlan> rows, const std::vector<int>& sampled, const HeadOf& head_of);
   void sample_rows(int first, int count, const SamplingParams& params,
                    std::span<const std::span<const int32_t>> history, const LogitAdjust* adjust);
 
@@ -182,6 +185,7 @@ class CudaEngine final : public Engine {
   DeviceBuffer context_lens_, head_index_;                // mixed steps: decode rows' lengths, logit rows
   DeviceBuffer chunk_meta_;                               // prefill chunks: q_begin [max_batch + 1], starts
   DeviceBuffer sample_ws_, sample_ids_, history_, history_lens_, offsets_, seeds_;
+  DeviceBuffer token_masks_;  // structured output (apply_token_masks)
   int history_stride_ = 0;
   // Sampling rows' logit_bias / min_tokens lists and generated tokens (cuda::LogitAdjust), grown on
   // demand; raw logits kept for log probabilities when the adjustments edit logits_ in place; the

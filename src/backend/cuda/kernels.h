@@ -275,4 +275,9 @@ void sample(float* logits, int rows, int vocab, const int32_t* history, const in
 void token_logprobs(const float* logits, int vocab, const int32_t* rows, int count, const int32_t* tokens, int k,
                     float* out, int out_stride, cudaStream_t stream);
 
+// Structured output: for each of `count` rows, logits[head_rows[r] * vocab + i] = -inf where bit i of
+// masks[r * words ..] is clear (the token mask the grammar matcher computed on the host).
+void apply_token_masks(float* logits, int vocab, const uint32_t* masks, int words, const int32_t* head_rows, int count,
+                       cudaStream_t stream);
+
 }  // namespace fdpp::cuda

@@ -876,4 +876,23 @@ void token_logprobs(const float* logits, int vocab, const int32_t* rows, int cou
   check_launch("token_logprobs");
 }
 
+namespace {
+__global__ void token_mask_kernel(float* logits, int vocab, const uint32_t* masks, int words, const int32_t* head_rows) {
+  const int r = blockIdx.y;
+  float* row = logits + static_cast<size_t>(head_rows[r]) * vocab;
+  const uint32_t* m = masks + static_cast<size_t>(r) * words;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < vocab; i += gridDim.x * blockDim.x)
+    if (!((m[i >> 5] >> (i & 31)) & 1u)) row[i] = -INFINITY;
+}
+}  // namespace
+
+void apply_token_masks(float* logits, int vocab, const uint32_t* masks, int words, const int32_t* head_rows, int count,
+                       cudaStream_t stream) {
+  if (count <= 0) return;
+  const int threads = 256;
+  const int blocks = std::min((vocab + threads - 1) / threads, 64);
+  token_mask_kernel<<<dim3(blocks, count), threads, 0, stream>>>(logits, vocab, masks, words, head_rows);
+  check_launch("sample/token_mask");
+}
+
 }  // namespace fdpp::cuda
