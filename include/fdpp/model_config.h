@@ -2,6 +2,7 @@
 // backend that runs it. Loaders fill it; fdpp::validate() checks it before any weight is read.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@ enum class NormType { RMSNorm, LayerNorm };
 enum class Activation {
   SwiGLU,  // silu(gate(x)) * up(x), then down (Llama, ChatGLM2)
   ReLU,    // relu(fc1(x)), then fc2 (OPT)
+  GeGLU,   // gelu_tanh(gate(x)) * up(x), then down (Gemma: gelu_pytorch_tanh)
 };
 enum class PositionEncoding { Rope, Learned };
 enum class RopeStyle {
@@ -38,7 +40,7 @@ struct RopeConfig {
 };
 
 struct ModelConfig {
-  std::string architecture;  // "llama" (Llama 2/3, SmolLM2), "mistral", "qwen2", "opt", "chatglm"
+  std::string architecture;  // "llama" (Llama 2/3, SmolLM2), "mistral", "qwen2", "qwen3", "opt", "chatglm"
   std::string name;
   int n_layers = 0;
   int hidden = 0;
@@ -65,10 +67,35 @@ struct ModelConfig {
   bool out_bias = false;
   bool mlp_bias = false;
   bool norm_bias = false;           // LayerNorm with bias
+  bool qk_norm = false;             // RMSNorm over each head of q and k before RoPE (Qwen3): weights
+                                    // LayerWeights::q_norm, k_norm of [head_dim]
+  // Gemma 2/3. A norm on each block's output before the residual add (LayerWeights::attn_post_norm,
+  // ffn_post_norm): x += post_norm(block(norm(x))).
+  bool sandwich_norm = false;
+  double embed_scale = 1.0;    // the token rows are multiplied by this (Gemma: sqrt(hidden))
+  double attn_scale = 0.0;     // the q.k multiplier; 0: 1 / sqrt(head_dim) (Gemma: query_pre_attn_scalar^-1/2)
+  double attn_softcap = 0.0;   // attention logits -> cap * tanh(logits / cap) before the softmax; 0: none
+  double final_softcap = 0.0;  // the same on the lm head's logits; 0: none
+  // The rotary embedding of the sliding-window layers when it differs from `rope` (Gemma 3's
+  // local layers: rope_local_base_freq, unscaled).
+  bool has_local_rope = false;
+  RopeConfig local_rope;
+  // Sliding-window attention: a token at position p attends to positions (p - window, p] in the
+  // layers whose entry is nonzero; empty or 0 = full causal attention (the window never limits the
+  // context). Indexed by layer; shorter than n_layers never (validate checks).
+  std::vector<int> layer_windows;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
   int embedding_dim() const { return embed_dim > 0 ? embed_dim : hidden; }
+  int window(int layer) const { return layer_windows.empty() ? 0 : layer_windows[static_cast<size_t>(layer)]; }
+  const RopeConfig& rope_of(int layer) const { return has_local_rope && window(layer) > 0 ? local_rope : rope; }
+  double attention_scale() const { return attn_scale > 0 ? attn_scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+  bool has_sliding_window() const {
+    for (int w : layer_windows)
+      if (w > 0) return true;
+    return false;
+  }
 };
 
 // Throws fdpp::Error ("<origin>: <field> = <value> ...") for zero, negative or inconsistent fields

@@ -30,6 +30,9 @@ void validate(const ModelConfig& c, const std::string& origin) {
   }
   if (c.embed_dim != 0) in_range("embed_dim", c.embed_dim, 1, 1 << 17);
   check(c.norm_eps > 0 && c.norm_eps < 1, "{}: norm epsilon = {} must be in (0, 1)", origin, c.norm_eps);
+  check(c.layer_windows.empty() || c.layer_windows.size() == static_cast<size_t>(c.n_layers),
+        "{}: {} sliding-window entries for {} layers", origin, c.layer_windows.size(), c.n_layers);
+  for (int w : c.layer_windows) check(w >= 0, "{}: sliding window = {} must be positive (or 0: none)", origin, w);
   if (c.rope.scaling != RopeScaling::None)
     check(c.rope.factor >= 1, "{}: rope scaling factor = {} must be >= 1", origin, c.rope.factor);
 }

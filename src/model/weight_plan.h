@@ -26,9 +26,9 @@ enum class WeightSlot : uint8_t {
   TokEmbeddings, PosEmbeddings, ProjectIn, ProjectOut, FinalNorm, FinalNormBias, LmHead,
   // per layer, from here on
   AttnNorm, AttnNormBias, Wq, Wk, Wv, Bq, Bk, Bv, Wo, Bo, FfnNorm, FfnNormBias, WGate, WUp, WDown, BGate, BUp,
-  BDown,
+  BDown, QNorm, KNorm, AttnPostNorm, FfnPostNorm,
 };
-inline constexpr int kWeightSlots = static_cast<int>(WeightSlot::BDown) + 1;
+inline constexpr int kWeightSlots = static_cast<int>(WeightSlot::FfnPostNorm) + 1;
 inline bool is_layer_slot(WeightSlot s) { return s >= WeightSlot::AttnNorm; }
 const char* slot_name(WeightSlot s);  // "wq", "tok_embeddings", ...
 

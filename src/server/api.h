@@ -70,8 +70,9 @@ nlohmann::json model_body(const ModelInfo& model, const std::string& name);
 // (prompt_codec_for); tests pass fakes.
 struct PromptCodec {
   std::function<std::vector<int32_t>(std::string_view text)> encode;
-  // Renders messages with the chat template and the generation prompt, then encodes them.
-  std::function<std::vector<int32_t>(std::span<const ChatMessage> messages)> encode_chat;
+  // Renders messages with the chat template and the generation prompt (options: the request's
+  // chat_template_kwargs), then encodes them.
+  std::function<std::vector<int32_t>(std::span<const ChatMessage> messages, const ChatOptions& options)> encode_chat;
   // Text without the special tokens the model adds by default (add_special_tokens = false: no BOS).
   // Unset: encode.
   std::function<std::vector<int32_t>(std::string_view text)> encode_plain;

@@ -44,6 +44,7 @@ struct GenerateArgs {
   bool unordered = false;  // --file: each result as it finishes, not in input order
   std::string system;
   std::vector<std::string> stop;
+  ChatOptions chat_options;  // --chat-template-kwargs
 };
 
 // -ngl from habit: accepted, and said once on stderr (fdpp never splits a model between CPU and GPU).

@@ -41,7 +41,7 @@ int run_generate(GenerateArgs a, const EngineArgs& e, bool quiet) {
   if (!a.token_ids.empty()) {
     prompt = parse_token_ids(a.token_ids);
   } else {
-    prompt = encode_prompt(*m.tokenizer, a.prompt, {}, a.chat, a.system);
+    prompt = encode_prompt(*m.tokenizer, a.prompt, {}, a.chat, a.system, a.chat_options);
   }
   check(!prompt.empty(), "the prompt encodes to no tokens; give --prompt TEXT or --token-ids");
   const ModelConfig& c = m.config();
@@ -176,9 +176,12 @@ Subcommand register_generate(CLI::App& app) {
           ""));
   gen->add_flag("--ignore-eos", a.ignore_eos, "keep generating past end-of-generation tokens");
   auto* chat_opt = gen->add_flag("--chat", a.chat, "wrap the prompt in the model's chat template");
+  static std::string chat_kwargs;
+  auto* kwargs_opt = gen->add_option("--chat-template-kwargs", chat_kwargs,
+                                     "chat template variables as JSON, e.g. '{\"enable_thinking\": false}' (Qwen3)");
   gen->add_flag("--json", a.json, "print one JSON object (token_ids, text, seed, timings) instead of streaming");
   gen->add_flag("--unordered", a.unordered, "with --file: write each result as it finishes (with its index)");
-  ids_opt->excludes(system_opt)->excludes(chat_opt);
+  ids_opt->excludes(system_opt)->excludes(chat_opt)->excludes(kwargs_opt);
   add_engine_flags(gen, engine, kGenerate);
   gen->add_flag("--quiet", quiet, "no load progress bar or load line on stderr");
   auto run = [gen, prompt_opt]() -> int {
@@ -193,6 +196,13 @@ Subcommand register_generate(CLI::App& app) {
       throw UsageError(fmt::format("--stop: given {} times; at most {} stop strings are supported", a.stop.size(),
                                    kMaxStopStrings));
     if (a.unordered && a.file.empty()) throw UsageError("--unordered: only with --file");
+    if (!chat_kwargs.empty()) {
+      try {
+        a.chat_options = parse_chat_template_kwargs(chat_kwargs);
+      } catch (const Error& e) {
+        throw UsageError(std::string("--chat-template-kwargs: ") + e.what());
+      }
+    }
     if (!a.file.empty() && a.max_tokens == 0)
       throw UsageError("--max-tokens 0: each request of a prompts file generates at least 1 token");
     if (a.file.empty() && prompt_opt->count() == 0 && a.token_ids.empty())

@@ -35,6 +35,7 @@ CpuEngine::CpuEngine(const ModelConfig& config, const DecoderWeights& weights, E
   }
   init_engine(limits);
   if (config.position == PositionEncoding::Rope) inv_freq_ = cpu::rope_inv_freq(config.rope);
+  if (config.has_local_rope) local_inv_freq_ = cpu::rope_inv_freq(config.local_rope);
 }
 
 void CpuEngine::norm(const float* x, const Tensor& weight, const Tensor& bias, int64_t rows, float* out) const {
@@ -113,6 +114,10 @@ struct CpuEngine::Forward {
         for (size_t t = 0; t < r.row->tokens.size(); ++t)
           cpu::embedding_row(w.tok_embeddings, r.row->tokens[t], &x[(r.token_offset + t) * H]);
     // EmbedRows::Projected: project_in wrote the rows into x already.
+    if (c.embed_scale != 1.0) {
+      const float s = static_cast<float>(c.embed_scale);
+      for (float& v : x) v *= s;
+    }
     if (learned_positions)
       for (int64_t t = 0; t < T; ++t)
         cpu::add_inplace(&x[t * H], w.pos_embeddings.ptr() + (positions[t] + c.learned_position_offset) * H, H);
@@ -133,9 +138,16 @@ struct CpuEngine::Forward {
     cpu::linear(input, T, L.wk, bias_or_null(L.bk), k.data());
     cpu::linear(input, T, L.wv, bias_or_null(L.bv), v.data());
   }
+  void qk_norm(int layer) {
+    const LayerWeights& L = w.layers[layer];
+    cpu::rms_norm(q.data(), L.q_norm.ptr(), T * c.n_heads, c.head_dim, c.norm_eps, q.data());
+    cpu::rms_norm(k.data(), L.k_norm.ptr(), T * c.n_kv_heads, c.head_dim, c.norm_eps, k.data());
+  }
   void rope_and_write_cache(int layer) {
-    cpu::rope(q.data(), T, c.n_heads, c.head_dim, c.rope_style, engine.inv_freq_, positions);
-    cpu::rope(k.data(), T, c.n_kv_heads, c.head_dim, c.rope_style, engine.inv_freq_, positions);
+    const bool local = c.has_local_rope && c.window(layer) > 0;
+    const std::vector<double>& inv_freq = local ? engine.local_inv_freq_ : engine.inv_freq_;
+    cpu::rope(q.data(), T, c.n_heads, c.head_dim, c.rope_style, inv_freq, positions);
+    cpu::rope(k.data(), T, c.n_kv_heads, c.head_dim, c.rope_style, inv_freq, positions);
     write_cache(layer);
   }
   void write_cache(int layer) {
@@ -147,7 +159,7 @@ struct CpuEngine::Forward {
     }
   }
   void attention(int layer) {
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const float scale = static_cast<float>(c.attention_scale());
     for (const RowPlan& r : rows) {
       const int64_t n = static_cast<int64_t>(r.row->tokens.size());
       const SequenceCache& cache = engine.caches_[r.row->seq];
@@ -157,20 +169,30 @@ struct CpuEngine::Forward {
       if (engine.observer_)
         engine.observer_(
             AttentionObservation{layer, qr, kc, vc, n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale});
-      cpu::attention(qr, kc, vc, n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale, &attn[r.token_offset * Q]);
+      cpu::attention(qr, kc, vc, n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale, &attn[r.token_offset * Q],
+                     c.window(layer), static_cast<float>(c.attn_softcap));
     }
   }
   void out_proj(int layer) {
     const LayerWeights& L = w.layers[layer];
     cpu::linear(attn.data(), T, L.wo, bias_or_null(L.bo), o.data());
   }
+  void post_norm(int layer, BlockNorm which) {
+    const LayerWeights& L = w.layers[layer];
+    cpu::rms_norm(o.data(), (which == BlockNorm::Attention ? L.attn_post_norm : L.ffn_post_norm).ptr(), T, H,
+                  c.norm_eps, o.data());
+  }
   void mlp_up_act(int layer, Activation activation) {
     const LayerWeights& L = w.layers[layer];
     cpu::linear(input, T, L.w_up, bias_or_null(L.b_up), up.data());
-    if (activation == Activation::SwiGLU) {
+    if (activation == Activation::SwiGLU || activation == Activation::GeGLU) {
       gate.resize(T * FF);
       cpu::linear(input, T, L.w_gate, bias_or_null(L.b_gate), gate.data());
-      cpu::silu_mul(gate.data(), up.data(), T * FF, up.data());
+      if (activation == Activation::SwiGLU) {
+        cpu::silu_mul(gate.data(), up.data(), T * FF, up.data());
+      } else {
+        cpu::gelu_tanh_mul(gate.data(), up.data(), T * FF, up.data());
+      }
     } else {
       cpu::relu(up.data(), T * FF);
     }
@@ -204,6 +226,8 @@ struct CpuEngine::Forward {
     if (head_tokens.empty()) return;
     logits.resize(head_count() * c.vocab_size);
     cpu::linear(head, head_count(), w.output_matrix(), nullptr, logits.data());
+    if (c.final_softcap > 0)
+      cpu::soft_cap(logits.data(), static_cast<int64_t>(logits.size()), static_cast<float>(c.final_softcap));
   }
 };
 

@@ -41,6 +41,7 @@ class CpuEngine final : public Engine {
   const ModelConfig& config_;
   const DecoderWeights& weights_;
   std::vector<double> inv_freq_;
+  std::vector<double> local_inv_freq_;  // ModelConfig::local_rope's, when has_local_rope
   std::vector<SequenceCache> caches_;  // indexed by sequence id
   AttentionObserver observer_;
 };

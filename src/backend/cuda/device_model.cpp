@@ -57,6 +57,8 @@ DeviceModel::DeviceModel(const ModelConfig& c, const DecoderWeights& w, DType dt
     d.attn_norm_bias = upload({&L.attn_norm_bias});
     d.w_qkv = upload({&L.wq, &L.wk, &L.wv});
     if (c.qkv_bias) d.b_qkv = upload({&L.bq, &L.bk, &L.bv});
+    d.q_norm = upload({&L.q_norm});
+    d.k_norm = upload({&L.k_norm});
     d.w_o = upload({&L.wo});
     d.b_o = upload({&L.bo});
     d.ffn_norm = upload({&L.ffn_norm});
@@ -97,6 +99,10 @@ DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed,
     d.attn_norm_bias = bias(layer_norm && c.norm_bias, H);
     d.w_qkv = matrix(Q + 2 * KV, H);
     d.b_qkv = bias(c.qkv_bias, Q + 2 * KV);
+    if (c.qk_norm) {
+      d.q_norm = norm_weight(c.head_dim);
+      d.k_norm = norm_weight(c.head_dim);
+    }
     d.w_o = matrix(H, Q);
     d.b_o = bias(c.out_bias && rank == 0, H);
     d.ffn_norm = norm_weight(H);
@@ -172,6 +178,8 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     d.attn_norm_bias = buffer({S::AttnNormBias}, i);
     d.w_qkv = buffer({S::Wq, S::Wk, S::Wv}, i);
     if (c.qkv_bias) d.b_qkv = buffer({S::Bq, S::Bk, S::Bv}, i);
+    d.q_norm = buffer({S::QNorm}, i);
+    d.k_norm = buffer({S::KNorm}, i);
     d.w_o = buffer({S::Wo}, i);
     d.b_o = buffer({S::Bo}, i);
     d.ffn_norm = buffer({S::FfnNorm}, i);

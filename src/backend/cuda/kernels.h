@@ -50,6 +50,13 @@ void residual_norm(float* x, const void* delta, const void* delta_bias, const vo
                    void* out, int rows, int dim, double eps, NormType norm, bool write_back, DType dtype,
                    cudaStream_t stream);
 
+// RMSNorm over each head of q and k in place (Qwen3's q_norm / k_norm, before RoPE): qkv is the
+// fused projection [n_tokens, (n_heads + 2 n_kv_heads) * head_dim] (q heads, k heads, v heads);
+// q heads are scaled by q_weight [head_dim], k heads by k_weight; v is untouched. 16-bit in and
+// out, fp32 sums.
+void head_rms_norm(void* qkv, int n_tokens, int n_heads, int n_kv_heads, int head_dim, const void* q_weight,
+                   const void* k_weight, double eps, DType dtype, cudaStream_t stream);
+
 // ---- element-wise ----------------------------------------------------------------------------
 // x[r, :] += bias (16-bit, in place). rows x n.
 void add_bias(void* x, const void* bias, int rows, int n, DType dtype, cudaStream_t stream);
