@@ -461,6 +461,71 @@ TEST(HfConfig, Gemma2AndGemma3) {
   EXPECT_FLOAT_EQ(w.layers[1].wq.ptr()[5], src.data("model.layers.1.self_attn.q_proj.weight")[5]);
 }
 
+// Phi-3-mini-128k's config.json, shrunk: LongRope, a sliding window, fused tensors.
+json tiny_phi3_json() {
+  return json{{"architectures", {"Phi3ForCausalLM"}},
+              {"model_type", "phi3"},
+              {"hidden_size", 32},
+              {"intermediate_size", 48},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 4},
+              {"vocab_size", 40},
+              {"max_position_embeddings", 131072},
+              {"original_max_position_embeddings", 4096},
+              {"rms_norm_eps", 1e-5},
+              {"rope_theta", 10000.0},
+              {"sliding_window", 262144},
+              {"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0, 1.1, 1.2, 1.3}},
+                                {"long_factor", {2.0, 4.0, 8.0, 16.0}}}}};
+}
+
+TEST(HfConfig, Phi3LongRope) {
+  json j = tiny_phi3_json();
+  ModelConfig c = parse(j).config;
+  EXPECT_EQ(c.architecture, "phi3");
+  EXPECT_EQ(c.rope.scaling, RopeScaling::LongRope);
+  EXPECT_EQ(c.rope.original_max_positions, 4096);
+  // transformers' default: sqrt(1 + ln(131072 / 4096) / ln(4096)).
+  EXPECT_NEAR(c.rope.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-12);
+  EXPECT_TRUE(c.layer_windows.empty());  // a window beyond the context
+  // The factor set follows the engine's context (llama.cpp's rule).
+  EXPECT_EQ(c.rope.for_context(4096).freq_factors, (std::vector<double>{1.0, 1.1, 1.2, 1.3}));
+  EXPECT_EQ(c.rope.for_context(4097).freq_factors, (std::vector<double>{2.0, 4.0, 8.0, 16.0}));
+  EXPECT_EQ(c.rope.for_context(4097).scaling, RopeScaling::None);
+  const auto specs = hf_tensor_specs(c, MemorySource());
+  ASSERT_TRUE(std::any_of(specs.begin(), specs.end(),
+                          [](const HfTensorSpec& s) { return s.name == "model.layers.1.self_attn.qkv_proj.weight"; }));
+  j["rope_scaling"]["attention_factor"] = 1.5;
+  EXPECT_EQ(parse(j).config.rope.attention_factor, 1.5);
+  j["rope_scaling"]["long_factor"] = {1.0, 2.0};
+  EXPECT_ERROR(parse(j), "rope_scaling.long_factor must be a list of rotary_dim / 2 = 4 numbers");
+  j = tiny_phi3_json();
+  j["partial_rotary_factor"] = 0.5;  // rotary_dim 4: two factors each
+  j["rope_scaling"]["short_factor"] = {1.0, 1.5};
+  j["rope_scaling"]["long_factor"] = {3.0, 5.0};
+  j["sliding_window"] = 2047;
+  c = parse(j).config;
+  EXPECT_EQ(c.rope.rotary_dim, 4);
+  EXPECT_EQ(c.layer_windows, (std::vector<int>{2047, 2047}));
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  EXPECT_ERROR(parse(j), "rope_type 'yarn' is not supported");
+  // The fused tensors split by rows, as the GPU plan's parts say.
+  j = tiny_phi3_json();
+  j.erase("rope_scaling");
+  c = parse(j).config;
+  MemorySource src;
+  const auto pspecs = hf_tensor_specs(c, src);
+  fill(src, pspecs);
+  const DecoderWeights w = load_hf_decoder(src, c, pspecs);
+  const auto& qkv = src.data("model.layers.0.self_attn.qkv_proj.weight");
+  EXPECT_EQ(w.layers[0].wk.ptr()[0], qkv[static_cast<size_t>(c.q_dim() * c.hidden)]);
+  EXPECT_EQ(w.layers[0].wv.ptr()[3], qkv[static_cast<size_t>((c.q_dim() + c.kv_dim()) * c.hidden + 3)]);
+  const auto& gate_up = src.data("model.layers.1.mlp.gate_up_proj.weight");
+  EXPECT_EQ(w.layers[1].w_gate.ptr()[1], gate_up[1]);
+  EXPECT_EQ(w.layers[1].w_up.ptr()[1], gate_up[static_cast<size_t>(c.ffn_hidden * c.hidden + 1)]);
+}
+
 TEST(HfConfig, OptVariants) {
   json j = tiny_opt_json();
   ModelConfig c = parse(j).config;
@@ -657,6 +722,16 @@ TEST(HfConfig, PresetConfigsOfThePaperModels) {
   EXPECT_EQ(g3.rope_of(5).scaling, RopeScaling::Linear);
   EXPECT_EQ(g3.rope_of(4).theta, 10000.0);
   EXPECT_EQ(g3.rope_of(4).scaling, RopeScaling::None);
+  // Phi-4: fused qkv / gate_up (split at load), GQA 4:1, head_dim 128, no rope scaling.
+  const ModelConfig p4 = load("phi-4.json").config;
+  EXPECT_EQ(p4.architecture, "phi3");
+  EXPECT_EQ(p4.n_layers, 40);
+  EXPECT_EQ(p4.head_dim, 128);
+  EXPECT_EQ(p4.n_kv_heads, 10);
+  EXPECT_EQ(p4.ffn_hidden, 17920);
+  EXPECT_EQ(p4.rope.theta, 250000.0);
+  EXPECT_EQ(p4.rope.scaling, RopeScaling::None);
+  EXPECT_TRUE(p4.layer_windows.empty());
 }
 
 // ---- tensor mappings --------------------------------------------------------------------------

@@ -9,7 +9,7 @@
 
 namespace fdpp {
 
-enum class RopeScaling { None, Linear, Llama3 };
+enum class RopeScaling { None, Linear, Llama3, LongRope };
 
 // The decoder variants fdpp runs. Every supported architecture is one combination of these: the
 // forward skeleton (src/model/forward.h) sequences a combination's ops once for every backend, the
@@ -37,10 +37,26 @@ struct RopeConfig {
   // Per-frequency divisors (GGUF rope_freqs.weight, how llama.cpp stores Llama 3 scaling); empty
   // when absent. Applied after `scaling`.
   std::vector<double> freq_factors;
+  // LongRope (Phi-3): per-frequency divisors for a context up to original_max_positions (short)
+  // and beyond it (long), and the factor that scales the rotated dimensions of q and k.
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
+
+  // The rope an engine of `context` tokens runs: LongRope's factor set chosen by that context
+  // (llama.cpp's rule: long when it exceeds original_max_positions), as freq_factors; the others
+  // unchanged.
+  RopeConfig for_context(int context) const {
+    if (scaling != RopeScaling::LongRope) return *this;
+    RopeConfig r = *this;
+    r.scaling = RopeScaling::None;
+    r.freq_factors = context > original_max_positions ? long_factor : short_factor;
+    return r;
+  }
 };
 
 struct ModelConfig {
-  std::string architecture;  // "llama" (Llama 2/3, SmolLM2), "mistral", "qwen2", "qwen3", "opt", "chatglm"
+  std::string architecture;  // "llama" (Llama 2/3, SmolLM2), "mistral", "qwen2", "qwen3", "gemma2", "gemma3",
+                             // "phi3", "opt", "chatglm"
   std::string name;
   int n_layers = 0;
   int hidden = 0;

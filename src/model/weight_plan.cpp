@@ -149,6 +149,8 @@ DecoderWeights materialize_plan(const WeightPlan& plan, const ModelConfig& confi
       check(static_cast<bool>(p.src.read_f32), "{}: the plan gives no way to read it", p.src.name);
       p.src.read_f32(stored.data);
     }
+    if (p.add != 0.f)
+      for (float& x : stored.data) x += p.add;
     Tensor& dst = slot_tensor(w, p.slot, p.layer);
     if (p.permute_heads > 0) {
       Tensor out(p.shape);

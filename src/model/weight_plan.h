@@ -81,6 +81,8 @@ struct PlannedTensor {
   // only). 0: the stored rows are the slot's rows.
   int64_t stored_cols = 0;
   int64_t col_offset = 0;
+  // Added to every element once converted (Gemma's norms, stored as w for a (1 + w) scale).
+  float add = 0.f;
 
   int64_t numel() const { return Tensor::numel_of(shape); }
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }

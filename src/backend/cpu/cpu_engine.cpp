@@ -34,7 +34,7 @@ CpuEngine::CpuEngine(const ModelConfig& config, const DecoderWeights& weights, E
     limits.kv_cache_tokens = std::max<int64_t>(limits.kv_cache_tokens, limits.max_context);
   }
   init_engine(limits);
-  if (config.position == PositionEncoding::Rope) inv_freq_ = cpu::rope_inv_freq(config.rope);
+  if (config.position == PositionEncoding::Rope) inv_freq_ = cpu::rope_inv_freq(config.rope.for_context(limits.max_context));
   if (config.has_local_rope) local_inv_freq_ = cpu::rope_inv_freq(config.local_rope);
 }
 
@@ -148,6 +148,14 @@ struct CpuEngine::Forward {
     const std::vector<double>& inv_freq = local ? engine.local_inv_freq_ : engine.inv_freq_;
     cpu::rope(q.data(), T, c.n_heads, c.head_dim, c.rope_style, inv_freq, positions);
     cpu::rope(k.data(), T, c.n_kv_heads, c.head_dim, c.rope_style, inv_freq, positions);
+    if (const RopeConfig& r = c.rope_of(layer); r.attention_factor != 1.0) {
+      // LongRope scales cos and sin, so the rotated dimensions of q and k.
+      const float f = static_cast<float>(r.attention_factor);
+      for (int64_t row = 0; row < T * c.n_heads; ++row)
+        for (int d = 0; d < r.rotary_dim; ++d) q[row * c.head_dim + d] *= f;
+      for (int64_t row = 0; row < T * c.n_kv_heads; ++row)
+        for (int d = 0; d < r.rotary_dim; ++d) k[row * c.head_dim + d] *= f;
+    }
     write_cache(layer);
   }
   void write_cache(int layer) {

@@ -39,6 +39,9 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
         : c.final_softcap != 0                ? "final-logit soft-capping"
         : c.embed_scale != 1.0                ? "embedding scaling"
                                               : "per-layer rope bases");
+  check(c.rope.attention_factor == 1.0 || c.rope.rotary_dim == c.head_dim,
+        "the CUDA backend has no LongRope attention factor with a partial rotary embedding (rotary_dim {} of {})",
+        c.rope.rotary_dim, c.head_dim);
   check(!c.has_sliding_window(), "the CUDA backend has no sliding-window attention (layer windows shorter than the "
                                  "context); the runtime caps such a model's context at its window");
   check(options.max_batch >= 1 && options.max_batch <= 1024, "max batch {} out of range [1, 1024]", options.max_batch);
@@ -336,7 +339,9 @@ struct CudaEngine::Forward {
                    e.layer_k(layer), e.layer_v(layer), dt, st);
   }
   void attention(int layer) {
-    const float scale = static_cast<float>(c.attention_scale());
+    // LongRope's attention factor scales the rotated q and k (the whole head: checked at
+    // construction), so each logit by its square.
+    const float scale = static_cast<float>(c.attention_scale() * c.rope.attention_factor * c.rope.attention_factor);
     const bool async = e.options_.attention == AttentionMode::Async;
     if (decode_rows > 0) {
       if (async) {

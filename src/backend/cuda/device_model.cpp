@@ -39,7 +39,8 @@ DeviceBuffer DeviceModel::random(int64_t n, float scale, float offset, uint64_t 
 
 void DeviceModel::upload_inv_freq() {
   if (config_.position != PositionEncoding::Rope) return;
-  const std::vector<double> inv = cpu::rope_inv_freq(config_.rope);
+  // The CUDA engine's context is the model's (LongRope's factor set follows it).
+  const std::vector<double> inv = cpu::rope_inv_freq(config_.rope.for_context(config_.max_context));
   std::vector<float> f(inv.begin(), inv.end());
   inv_freq = DeviceBuffer(f.size() * sizeof(float));
   FDPP_CUDA_CHECK(cudaMemcpy(inv_freq.get(), f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -203,6 +204,11 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
   });
   const StreamStats s = stream_weights(jobs, dtype, options);
   if (stats != nullptr) *stats = s;
+  // Load-time transforms the plan asks for (Gemma's (1 + w) norms): added in fp32 to the 16-bit
+  // values, rounded once more.
+  for (const StreamJob& j : jobs)
+    if (j.tensor->add != 0.f) add_scalar(j.dst, j.tensor->numel(), j.tensor->add, dtype, nullptr);
+  FDPP_CUDA_CHECK(cudaDeviceSynchronize());
   return m;
 }
 

@@ -63,6 +63,8 @@ void add_bias(void* x, const void* bias, int rows, int n, DType dtype, cudaStrea
 // gate_up: [rows, 2 * n] with gate in [:, :n] and up in [:, n:] (the fused gate/up projection's
 // output) -> out[rows, n] = silu(gate) * up.
 void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cudaStream_t stream);
+// x += value in place, n elements (a load-time transform: Gemma's (1 + w) norms).
+void add_scalar(void* x, int64_t n, float value, DType dtype, cudaStream_t stream);
 // x = max(x, 0) in place, rows x n.
 void relu(void* x, int rows, int n, DType dtype, cudaStream_t stream);
 // dst[r, :] = src[index[r], :] for r < rows; rows of row_bytes bytes (a multiple of 16, both

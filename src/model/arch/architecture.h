@@ -18,6 +18,7 @@
 //   qwen3.cpp   Qwen3ForCausalLM (qwen3): Qwen3 dense                 qwen3
 //   gemma.cpp   Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM        -
 //               (gemma3_text): Gemma 2, Gemma 3 text
+//   phi3.cpp    Phi3ForCausalLM (phi3): Phi-3, Phi-3.5, Phi-4          -
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -84,6 +85,7 @@ const Architecture& chatglm_architecture();
 const Architecture& qwen2_architecture();
 const Architecture& qwen3_architecture();
 const Architecture& gemma_architecture();
+const Architecture& phi3_architecture();
 
 // What each file offers on its own (tests call these directly).
 std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& config);

@@ -111,9 +111,10 @@ void parse_hf(const json& j, const std::string& hf_architecture, const std::stri
     if (local[static_cast<size_t>(i)]) c.layer_windows[static_cast<size_t>(i)] = window;
 }
 
-// A norm weight w stored for Gemma's (1 + w) scaling, loaded as 1 + w (the CPU path; the CUDA
-// engine refuses Gemma before its plan is used).
+// A norm weight w stored for Gemma's (1 + w) scaling, loaded as 1 + w: by the fp32 load, and by
+// the GPU plan (HfSlotPart::add, applied once the weights are on the device).
 HfTensorSpec plus_one(HfTensorSpec s) {
+  for (HfSlotPart& part : s.parts) part.add = 1.f;
   s.assign = [inner = std::move(s.assign)](DecoderWeights& w, Tensor&& t) {
     float* p = t.ptr();
     for (int64_t i = 0; i < t.numel(); ++i) p[i] += 1.0f;
