@@ -306,5 +306,26 @@ if [[ -d $HF ]]; then
   expect_ok "logits without a tokenizer" "$BIN" logits --device cpu --model "$HF" --token-ids 1,2,3 --out "$TMP/hf.npy"
 fi
 
+# --chat-template-kwargs: a JSON object of the template's variables (enable_thinking), refused by name
+# otherwise; Qwen3's template writes the empty think block for enable_thinking false.
+Q3="$(dirname "$0")/fixtures/hf/qwen3_tied_gqa_bf16"
+if [[ -d "$Q3" ]]; then
+  usage "--chat-template-kwargs unknown key" "--chat-template-kwargs: .*'foo' is not supported" \
+    "$BIN" tokenize --model "$Q3" -p hi --chat --chat-template-kwargs '{"foo": 1}'
+  usage "--chat-template-kwargs not JSON" "--chat-template-kwargs: .*expected a JSON object" \
+    "$BIN" tokenize --model "$Q3" -p hi --chat --chat-template-kwargs 'nope'
+  usage "--chat-template-kwargs wrong type" "enable_thinking must be true or false" \
+    "$BIN" generate --device cpu --model "$Q3" -p hi --chat --chat-template-kwargs '{"enable_thinking": 0}'
+  expect_ok "tokenize --chat-template-kwargs" "$BIN" tokenize --model "$Q3" -p hi --chat --json \
+    --chat-template-kwargs '{"enable_thinking": false}'
+  if grep -q '"<think>","\\n","\\n","</think>","\\n","\\n"\]' "$TMP/out"; then
+    echo "ok   enable_thinking false ends the prompt with the empty think block"
+    pass=$((pass + 1))
+  else
+    echo "FAIL enable_thinking false: $(head -c 400 "$TMP/out")"
+    fail=$((fail + 1))
+  fi
+fi
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -12,7 +12,8 @@
 namespace fdpp::server::fakes {
 
 // Ids are the bytes of the text (+1, so that no id is 0); chat renders "role:content;" per
-// message, so tests can predict prompts exactly.
+// message (then "thinking:0;" or "thinking:1;" when enable_thinking is given), so tests can
+// predict prompts exactly.
 inline PromptCodec byte_codec() {
   PromptCodec c;
   c.encode = [](std::string_view text) {
@@ -20,9 +21,10 @@ inline PromptCodec byte_codec() {
     for (unsigned char ch : text) ids.push_back(ch + 1);
     return ids;
   };
-  c.encode_chat = [c](std::span<const ChatMessage> messages) {
+  c.encode_chat = [c](std::span<const ChatMessage> messages, const ChatOptions& options) {
     std::string s;
     for (const ChatMessage& m : messages) s += m.role + ":" + m.content + ";";
+    if (options.enable_thinking) s += *options.enable_thinking ? "thinking:1;" : "thinking:0;";
     return c.encode(s);
   };
   return c;

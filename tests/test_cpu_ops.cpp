@@ -149,24 +149,25 @@ TEST(CpuOps, Llama3FrequencyScalingMatchesTransformers) {
   for (auto [i, v] : expected) EXPECT_NEAR(inv[i] / v, 1.0, 1e-12) << i;
 }
 
-// fp64 causal attention reference.
+// fp64 causal attention reference; window > 0: keys pos - window + 1 .. pos only.
 std::vector<double> attention_ref(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                                  int n_q, int start, int H, int KVH, int D) {
+                                  int n_q, int start, int H, int KVH, int D, int window = 0) {
   std::vector<double> out(size_t(n_q) * H * D);
   const int group = H / KVH;
   for (int t = 0; t < n_q; ++t)
     for (int h = 0; h < H; ++h) {
       const int len = start + t + 1, kvh = h / group;
-      std::vector<double> s(len);
+      const int first = window > 0 ? std::max(0, len - window) : 0;
+      std::vector<double> s(len, -INFINITY);
       double mx = -INFINITY;
-      for (int j = 0; j < len; ++j) {
+      for (int j = first; j < len; ++j) {
         double acc = 0;
         for (int d = 0; d < D; ++d) acc += double(q[(size_t(t) * H + h) * D + d]) * k[(size_t(j) * KVH + kvh) * D + d];
         s[j] = acc / std::sqrt(double(D));
         mx = std::max(mx, s[j]);
       }
       double den = 0;
-      for (double& x : s) den += (x = std::exp(x - mx));
+      for (double& x : s) den += (x = std::exp(x - mx));  // exp(-inf) = 0 outside the window
       for (int d = 0; d < D; ++d) {
         double acc = 0;
         for (int j = 0; j < len; ++j) acc += s[j] * v[(size_t(j) * KVH + kvh) * D + d];
@@ -186,6 +187,25 @@ TEST(CpuOps, AttentionMatchesFp64ForEveryGroupSize) {
       cpu::attention(q.data(), k.data(), v.data(), n_q, start, H, KVH, D, 1.0f / std::sqrt(float(D)), out.data());
       EXPECT_LE(nmse(out, attention_ref(q, k, v, n_q, start, H, KVH, D)), 1e-8)
           << "group " << group << " n_q " << n_q << " start " << start << " D " << D;
+    }
+  }
+}
+
+// Sliding-window attention: prefill chunks and decode rows whose window starts inside the cache,
+// at the cache's start, and a window longer than every row (then it equals full attention).
+TEST(CpuOps, SlidingWindowAttentionMatchesFp64) {
+  for (int window : {1, 3, 7, 64}) {
+    for (auto [n_q, start] : {std::pair{1, 0}, {1, 20}, {9, 0}, {6, 13}}) {
+      const int KVH = 2, H = 6, D = 32, L = start + n_q;
+      const auto q = random_vector(size_t(n_q) * H * D), k = random_vector(size_t(L) * KVH * D),
+                 v = random_vector(size_t(L) * KVH * D);
+      std::vector<float> out(q.size(), NAN);
+      cpu::attention(q.data(), k.data(), v.data(), n_q, start, H, KVH, D, 1.0f / std::sqrt(float(D)), out.data(),
+                     window);
+      EXPECT_LE(nmse(out, attention_ref(q, k, v, n_q, start, H, KVH, D, window)), 1e-8)
+          << "window " << window << " n_q " << n_q << " start " << start;
+      // The window matters wherever a row has more keys than it.
+      if (L > window) EXPECT_GT(nmse(out, attention_ref(q, k, v, n_q, start, H, KVH, D)), 1e-4) << window;
     }
   }
 }

@@ -224,7 +224,8 @@ TEST(HfConfig, EndOfGenerationIdsFromBothFiles) {
   EXPECT_ERROR(parse(j), "eos_token_id holds \"x\"");
 }
 
-TEST(HfConfig, MistralSlidingWindowCapsTheContext) {
+// A sliding window limits what each token attends to, not the context (issue 44).
+TEST(HfConfig, MistralSlidingWindowIsPerLayerNotAContextCap) {
   json j = tiny_llama_json();
   j["architectures"] = {"MistralForCausalLM"};
   j["model_type"] = "mistral";
@@ -232,9 +233,15 @@ TEST(HfConfig, MistralSlidingWindowCapsTheContext) {
   j["sliding_window"] = 4096;
   const ModelConfig c = parse(j).config;
   EXPECT_EQ(c.architecture, "mistral");
-  EXPECT_EQ(c.max_context, 4096);
+  EXPECT_EQ(c.max_context, 32768);
+  EXPECT_EQ(c.layer_windows, std::vector<int>(static_cast<size_t>(c.n_layers), 4096));
+  EXPECT_TRUE(c.has_sliding_window());
   j["sliding_window"] = nullptr;
-  EXPECT_EQ(parse(j).config.max_context, 32768);
+  EXPECT_TRUE(parse(j).config.layer_windows.empty());
+  j["sliding_window"] = 32768;  // as long as the context: full attention
+  EXPECT_FALSE(parse(j).config.has_sliding_window());
+  j["sliding_window"] = 0;
+  EXPECT_ERROR(parse(j), "sliding_window = 0 must be positive");
 }
 
 // Qwen2.5-0.5B-Instruct's config.json, shrunk.
@@ -284,16 +291,16 @@ TEST(HfConfig, Qwen2SlidingWindowOnlyWhenTurnedOnAndShorterThanTheContext) {
   json j = tiny_qwen2_json();
   // Turned off (every Qwen2.5 config): the window is ignored, as transformers ignores it.
   j["sliding_window"] = 4;
-  EXPECT_EQ(parse(j).config.max_context, 32768);
-  // Turned on, shorter than the context, on layers 2 and 3: refused until windowed attention exists.
+  EXPECT_TRUE(parse(j).config.layer_windows.empty());
+  // Turned on, shorter than the context: layers from max_window_layers (2) on attend over it.
   j["use_sliding_window"] = true;
-  EXPECT_ERROR(parse(j), "use_sliding_window with sliding_window = 4 shorter than max_position_embeddings = 32768 "
-                         "(from layer 2 on) is not supported yet");
+  EXPECT_EQ(parse(j).config.layer_windows, (std::vector<int>{0, 0, 4, 4}));
+  EXPECT_EQ(parse(j).config.max_context, 32768);
   // layer_types (transformers 5's configs) decides which layers slide.
-  j["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "full_attention"};
-  EXPECT_ERROR(parse(j), "(from layer 1 on)");
+  j["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "sliding_attention"};
+  EXPECT_EQ(parse(j).config.layer_windows, (std::vector<int>{0, 4, 0, 4}));
   j["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention"};
-  EXPECT_EQ(parse(j).config.architecture, "qwen2");
+  EXPECT_TRUE(parse(j).config.layer_windows.empty());
   j["layer_types"] = {"full_attention"};
   EXPECT_ERROR(parse(j), "is not a list of num_hidden_layers = 4 names");
   j["layer_types"] = {"full_attention", "chunked_attention", "full_attention", "full_attention"};
@@ -301,17 +308,222 @@ TEST(HfConfig, Qwen2SlidingWindowOnlyWhenTurnedOnAndShorterThanTheContext) {
   j.erase("layer_types");
   // No layer reaches max_window_layers: nothing slides.
   j["max_window_layers"] = 4;
-  EXPECT_EQ(parse(j).config.architecture, "qwen2");
+  EXPECT_TRUE(parse(j).config.layer_windows.empty());
   j["max_window_layers"] = 0;
-  EXPECT_ERROR(parse(j), "(from layer 0 on)");
+  EXPECT_EQ(parse(j).config.layer_windows, (std::vector<int>{4, 4, 4, 4}));
   j["max_window_layers"] = -1;
   EXPECT_ERROR(parse(j), "max_window_layers = -1 is not a layer count");
   // A window as long as the context never drops a key: full attention is exact.
   j["max_window_layers"] = 2;
   j["sliding_window"] = 32768;
-  EXPECT_EQ(parse(j).config.max_context, 32768);
+  EXPECT_TRUE(parse(j).config.layer_windows.empty());
   j["sliding_window"] = nullptr;
-  EXPECT_EQ(parse(j).config.architecture, "qwen2");
+  EXPECT_TRUE(parse(j).config.layer_windows.empty());
+}
+
+// Qwen3-0.6B's config.json, shrunk: head_dim given (not hidden / heads), q/k norms, no biases.
+json tiny_qwen3_json() {
+  json j = tiny_qwen2_json();
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j["model_type"] = "qwen3";
+  j["head_dim"] = 16;
+  j["attention_bias"] = false;
+  j["max_window_layers"] = 4;
+  return j;
+}
+
+TEST(HfConfig, Qwen3) {
+  json j = tiny_qwen3_json();
+  const ModelConfig c = parse(j).config;
+  EXPECT_EQ(c.architecture, "qwen3");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias || c.out_bias || c.mlp_bias);
+  EXPECT_EQ(c.head_dim, 16);  // hidden / heads would be 8
+  EXPECT_EQ(c.q_dim(), 64);
+  EXPECT_EQ(c.rope.rotary_dim, 16);
+  EXPECT_EQ(c.rope.theta, 1e6);
+  EXPECT_TRUE(c.tied_embeddings);
+  const auto specs = hf_tensor_specs(c, MemorySource());
+  auto find = [&](const std::string& name) -> const HfTensorSpec* {
+    for (const HfTensorSpec& s : specs)
+      if (s.name == name) return &s;
+    return nullptr;
+  };
+  ASSERT_NE(find("model.layers.3.self_attn.q_norm.weight"), nullptr);
+  EXPECT_EQ(find("model.layers.3.self_attn.k_norm.weight")->shape, (std::vector<int64_t>{16}));
+  EXPECT_EQ(find("model.layers.0.self_attn.q_proj.weight")->shape, (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(find("model.layers.0.self_attn.q_proj.bias"), nullptr);
+  j["attention_bias"] = true;
+  EXPECT_TRUE(parse(j).config.qkv_bias);
+  j.erase("architectures");
+  EXPECT_EQ(parse(j).config.architecture, "qwen3");
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 8;
+  j["max_window_layers"] = 3;
+  EXPECT_EQ(parse(j).config.layer_windows, (std::vector<int>{0, 0, 0, 8}));
+}
+
+// Gemma 2's config.json (google/gemma-2-9b), shrunk.
+json tiny_gemma2_json() {
+  return json{{"architectures", {"Gemma2ForCausalLM"}},
+              {"model_type", "gemma2"},
+              {"hidden_size", 32},
+              {"intermediate_size", 48},
+              {"num_hidden_layers", 4},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"head_dim", 16},
+              {"vocab_size", 40},
+              {"max_position_embeddings", 8192},
+              {"hidden_act", "gelu_pytorch_tanh"},
+              {"hidden_activation", "gelu_pytorch_tanh"},
+              {"query_pre_attn_scalar", 24},
+              {"attn_logit_softcapping", 50.0},
+              {"final_logit_softcapping", 30.0},
+              {"sliding_window", 4096},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 10000.0}};
+}
+
+TEST(HfConfig, Gemma2AndGemma3) {
+  json j = tiny_gemma2_json();
+  ModelConfig c = parse(j).config;
+  EXPECT_EQ(c.architecture, "gemma2");
+  EXPECT_EQ(c.activation, Activation::GeGLU);
+  EXPECT_TRUE(c.sandwich_norm);
+  EXPECT_TRUE(c.tied_embeddings);  // Gemma's default
+  EXPECT_FALSE(c.qk_norm || c.has_local_rope);
+  EXPECT_NEAR(c.embed_scale, std::sqrt(32.0), 1e-12);
+  EXPECT_NEAR(c.attention_scale(), 1.0 / std::sqrt(24.0), 1e-12);  // not head_dim's
+  EXPECT_EQ(c.attn_softcap, 50.0);
+  EXPECT_EQ(c.final_softcap, 30.0);
+  EXPECT_EQ(c.layer_windows, (std::vector<int>{4096, 0, 4096, 0}));  // even layers local
+  EXPECT_EQ(c.max_context, 8192);
+  const auto specs = hf_tensor_specs(c, MemorySource());
+  auto has = [&](const std::string& name) {
+    return std::any_of(specs.begin(), specs.end(), [&](const HfTensorSpec& s) { return s.name == name; });
+  };
+  EXPECT_TRUE(has("model.layers.3.pre_feedforward_layernorm.weight"));
+  EXPECT_TRUE(has("model.layers.3.post_feedforward_layernorm.weight"));
+  EXPECT_FALSE(has("model.layers.0.self_attn.q_norm.weight"));
+  j["final_logit_softcapping"] = nullptr;
+  EXPECT_EQ(parse(j).config.final_softcap, 0.0);
+  j["hidden_activation"] = "relu";
+  EXPECT_ERROR(parse(j), "hidden_activation = 'relu' is not supported");
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "full_attention"};
+  EXPECT_EQ(parse(j).config.layer_windows, (std::vector<int>{0, 4096, 0, 0}));
+
+  // Gemma 3 text: q/k norms, local rope base, every 6th layer global without layer_types.
+  j = tiny_gemma2_json();
+  j["architectures"] = {"Gemma3ForCausalLM"};
+  j["model_type"] = "gemma3_text";
+  j["num_hidden_layers"] = 7;
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = nullptr;
+  j["rope_theta"] = 1e6;
+  j["rope_local_base_freq"] = 10000.0;
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  j["sliding_window"] = 512;
+  c = parse(j).config;
+  EXPECT_EQ(c.architecture, "gemma3");
+  EXPECT_TRUE(c.qk_norm && c.has_local_rope);
+  EXPECT_EQ(c.attn_softcap, 0.0);
+  EXPECT_EQ(c.layer_windows, (std::vector<int>{512, 512, 512, 512, 512, 0, 512}));
+  EXPECT_EQ(c.rope_of(5).theta, 1e6);
+  EXPECT_EQ(c.rope_of(5).factor, 8.0);
+  EXPECT_EQ(c.rope_of(0).theta, 10000.0);
+  EXPECT_EQ(c.rope_of(0).scaling, RopeScaling::None);
+  j["sliding_window_pattern"] = 2;
+  EXPECT_EQ(parse(j).config.layer_windows, (std::vector<int>{512, 0, 512, 0, 512, 0, 512}));
+  const auto g3_specs = hf_tensor_specs(c, MemorySource());
+  EXPECT_TRUE(std::any_of(g3_specs.begin(), g3_specs.end(),
+                          [](const HfTensorSpec& s) { return s.name == "model.layers.6.self_attn.k_norm.weight"; }));
+  // transformers 5's shape: one rope per layer type.
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j.erase("rope_local_base_freq");
+  j["rope_parameters"] = {{"full_attention", {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 2e6}}},
+                          {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 5000.0}}}};
+  c = parse(j).config;
+  EXPECT_EQ(c.rope.theta, 2e6);
+  EXPECT_EQ(c.rope.factor, 4.0);
+  EXPECT_EQ(c.local_rope.theta, 5000.0);
+  // Gemma's norms are (1 + w): the CPU load folds the 1 in.
+  MemorySource src;
+  const auto gspecs = hf_tensor_specs(c, src);
+  fill(src, gspecs);
+  const DecoderWeights w = load_hf_decoder(src, c, gspecs);
+  EXPECT_FLOAT_EQ(w.layers[2].attn_post_norm.ptr()[3],
+                  src.data("model.layers.2.post_attention_layernorm.weight")[3] + 1.0f);
+  EXPECT_FLOAT_EQ(w.layers[1].q_norm.ptr()[0], src.data("model.layers.1.self_attn.q_norm.weight")[0] + 1.0f);
+  EXPECT_FLOAT_EQ(w.final_norm.ptr()[7], src.data("model.norm.weight")[7] + 1.0f);
+  EXPECT_FLOAT_EQ(w.layers[1].wq.ptr()[5], src.data("model.layers.1.self_attn.q_proj.weight")[5]);
+}
+
+// Phi-3-mini-128k's config.json, shrunk: LongRope, a sliding window, fused tensors.
+json tiny_phi3_json() {
+  return json{{"architectures", {"Phi3ForCausalLM"}},
+              {"model_type", "phi3"},
+              {"hidden_size", 32},
+              {"intermediate_size", 48},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 4},
+              {"vocab_size", 40},
+              {"max_position_embeddings", 131072},
+              {"original_max_position_embeddings", 4096},
+              {"rms_norm_eps", 1e-5},
+              {"rope_theta", 10000.0},
+              {"sliding_window", 262144},
+              {"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0, 1.1, 1.2, 1.3}},
+                                {"long_factor", {2.0, 4.0, 8.0, 16.0}}}}};
+}
+
+TEST(HfConfig, Phi3LongRope) {
+  json j = tiny_phi3_json();
+  ModelConfig c = parse(j).config;
+  EXPECT_EQ(c.architecture, "phi3");
+  EXPECT_EQ(c.rope.scaling, RopeScaling::LongRope);
+  EXPECT_EQ(c.rope.original_max_positions, 4096);
+  // transformers' default: sqrt(1 + ln(131072 / 4096) / ln(4096)).
+  EXPECT_NEAR(c.rope.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-12);
+  EXPECT_TRUE(c.layer_windows.empty());  // a window beyond the context
+  // The factor set follows the engine's context (llama.cpp's rule).
+  EXPECT_EQ(c.rope.for_context(4096).freq_factors, (std::vector<double>{1.0, 1.1, 1.2, 1.3}));
+  EXPECT_EQ(c.rope.for_context(4097).freq_factors, (std::vector<double>{2.0, 4.0, 8.0, 16.0}));
+  EXPECT_EQ(c.rope.for_context(4097).scaling, RopeScaling::None);
+  const auto specs = hf_tensor_specs(c, MemorySource());
+  ASSERT_TRUE(std::any_of(specs.begin(), specs.end(),
+                          [](const HfTensorSpec& s) { return s.name == "model.layers.1.self_attn.qkv_proj.weight"; }));
+  j["rope_scaling"]["attention_factor"] = 1.5;
+  EXPECT_EQ(parse(j).config.rope.attention_factor, 1.5);
+  j["rope_scaling"]["long_factor"] = {1.0, 2.0};
+  EXPECT_ERROR(parse(j), "rope_scaling.long_factor must be a list of rotary_dim / 2 = 4 numbers");
+  j = tiny_phi3_json();
+  j["partial_rotary_factor"] = 0.5;  // rotary_dim 4: two factors each
+  j["rope_scaling"]["short_factor"] = {1.0, 1.5};
+  j["rope_scaling"]["long_factor"] = {3.0, 5.0};
+  j["sliding_window"] = 2047;
+  c = parse(j).config;
+  EXPECT_EQ(c.rope.rotary_dim, 4);
+  EXPECT_EQ(c.layer_windows, (std::vector<int>{2047, 2047}));
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  EXPECT_ERROR(parse(j), "rope_type 'yarn' is not supported");
+  // The fused tensors split by rows, as the GPU plan's parts say.
+  j = tiny_phi3_json();
+  j.erase("rope_scaling");
+  c = parse(j).config;
+  MemorySource src;
+  const auto pspecs = hf_tensor_specs(c, src);
+  fill(src, pspecs);
+  const DecoderWeights w = load_hf_decoder(src, c, pspecs);
+  const auto& qkv = src.data("model.layers.0.self_attn.qkv_proj.weight");
+  EXPECT_EQ(w.layers[0].wk.ptr()[0], qkv[static_cast<size_t>(c.q_dim() * c.hidden)]);
+  EXPECT_EQ(w.layers[0].wv.ptr()[3], qkv[static_cast<size_t>((c.q_dim() + c.kv_dim()) * c.hidden + 3)]);
+  const auto& gate_up = src.data("model.layers.1.mlp.gate_up_proj.weight");
+  EXPECT_EQ(w.layers[1].w_gate.ptr()[1], gate_up[1]);
+  EXPECT_EQ(w.layers[1].w_up.ptr()[1], gate_up[static_cast<size_t>(c.ffn_hidden * c.hidden + 1)]);
 }
 
 TEST(HfConfig, OptVariants) {
@@ -479,6 +691,47 @@ TEST(HfConfig, PresetConfigsOfThePaperModels) {
   EXPECT_TRUE(q.qkv_bias);
   EXPECT_FALSE(q.out_bias);
   EXPECT_EQ(q.rope.theta, 1000000.0);
+  // Qwen3-8B: head_dim 128 given, q/k norms, no biases, no window.
+  const ModelConfig q3 = load("qwen3-8b.json").config;
+  EXPECT_EQ(q3.architecture, "qwen3");
+  EXPECT_EQ(q3.n_layers, 36);
+  EXPECT_EQ(q3.q_dim(), 4096);
+  EXPECT_EQ(q3.n_kv_heads, 8);
+  EXPECT_TRUE(q3.qk_norm);
+  EXPECT_FALSE(q3.qkv_bias);
+  EXPECT_TRUE(q3.layer_windows.empty());
+  // Gemma-2-9B: soft-capping, every other layer local over 4096 of 8192.
+  const ModelConfig g2 = load("gemma-2-9b.json").config;
+  EXPECT_EQ(g2.architecture, "gemma2");
+  EXPECT_EQ(g2.head_dim, 256);
+  EXPECT_EQ(g2.q_dim(), 4096);  // not hidden (3584)
+  EXPECT_EQ(g2.attn_softcap, 50.0);
+  EXPECT_EQ(g2.final_softcap, 30.0);
+  EXPECT_EQ(g2.window(0), 4096);
+  EXPECT_EQ(g2.window(1), 0);
+  EXPECT_NEAR(g2.embed_scale, std::sqrt(3584.0), 1e-9);
+  // Gemma-3-12B (text): 5 local layers (window 1024, base 10000) per global one (1e6, linear 8).
+  const ModelConfig g3 = load("gemma-3-12b.json").config;
+  EXPECT_EQ(g3.architecture, "gemma3");
+  EXPECT_EQ(g3.n_layers, 48);
+  EXPECT_TRUE(g3.qk_norm);
+  EXPECT_EQ(g3.attn_softcap, 0.0);
+  EXPECT_EQ(g3.window(4), 1024);
+  EXPECT_EQ(g3.window(5), 0);
+  EXPECT_EQ(g3.rope_of(5).theta, 1e6);
+  EXPECT_EQ(g3.rope_of(5).scaling, RopeScaling::Linear);
+  EXPECT_EQ(g3.rope_of(4).theta, 10000.0);
+  EXPECT_EQ(g3.rope_of(4).scaling, RopeScaling::None);
+  // Phi-4: fused qkv / gate_up (split at load), GQA 4:1, head_dim 128, no rope scaling.
+  const ModelConfig p4 = load("phi-4.json").config;
+  EXPECT_EQ(p4.architecture, "phi3");
+  EXPECT_EQ(p4.n_layers, 40);
+  EXPECT_EQ(p4.head_dim, 128);
+  EXPECT_EQ(p4.n_kv_heads, 10);
+  EXPECT_EQ(p4.ffn_hidden, 17920);
+  EXPECT_EQ(p4.rope.theta, 250000.0);
+  EXPECT_EQ(p4.rope.scaling, RopeScaling::None);
+  EXPECT_TRUE(p4.layer_windows.empty());
 }
 
 // ---- tensor mappings --------------------------------------------------------------------------
@@ -692,7 +945,9 @@ TEST(HfFixtures, LogitsAndGreedyDecodeMatchTransformers) {
       ASSERT_NE(m.tokenizer, nullptr);
       std::vector<ChatMessage> messages;
       for (const json& msg : chat["messages"]) messages.push_back({msg["role"], msg["content"]});
-      const std::string rendered = m.tokenizer->apply_chat_template(messages, chat["add_generation_prompt"]);
+      ChatOptions options;  // transformers' apply_chat_template keywords the reference passed
+      if (chat.contains("enable_thinking")) options.enable_thinking = chat["enable_thinking"].get<bool>();
+      const std::string rendered = m.tokenizer->apply_chat_template(messages, chat["add_generation_prompt"], options);
       EXPECT_EQ(rendered, chat["rendered"].get<std::string>());
       EXPECT_EQ(m.tokenizer->encode(rendered, false, true), chat["ids"].get<std::vector<int32_t>>()) << rendered;
     }

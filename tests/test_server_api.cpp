@@ -103,6 +103,37 @@ TEST(ServerApi, ChatMessagesAndMaxTokens) {
   EXPECT_EQ(r.generation.max_tokens, 64 - static_cast<int>(r.generation.prompt.size()));
 }
 
+// vLLM's chat_template_kwargs: enable_thinking reaches the chat template (Qwen3), other names are
+// ignored and reported, a wrong type is a 400 naming the field; /tokenize takes it too.
+TEST(ServerApi, ChatTemplateKwargs) {
+  ParsedRequest r = parse(Endpoint::Chat, R"({"messages": [{"role": "user", "content": "q"}],
+                                              "chat_template_kwargs": {"enable_thinking": false, "x": 1}})");
+  EXPECT_EQ(r.generation.prompt, fake_codec().encode("user:q;thinking:0;"));
+  EXPECT_EQ(r.ignored_fields, std::vector<std::string>{"chat_template_kwargs.x"});
+  r = parse(Endpoint::Chat, R"({"messages": [{"role": "user", "content": "q"}],
+                                "chat_template_kwargs": {"enable_thinking": true}})");
+  EXPECT_EQ(r.generation.prompt, fake_codec().encode("user:q;thinking:1;"));
+  r = parse(Endpoint::Chat, R"({"messages": [{"role": "user", "content": "q"}], "chat_template_kwargs": {}})");
+  EXPECT_EQ(r.generation.prompt, fake_codec().encode("user:q;"));
+  EXPECT_TRUE(r.ignored_fields.empty());
+  EXPECT_EQ(error_of(Endpoint::Chat, R"({"messages": [{"role": "user", "content": "q"}],
+                                        "chat_template_kwargs": {"enable_thinking": "no"}})"),
+            (std::pair<int, std::string>{400, "chat_template_kwargs.enable_thinking"}));
+  EXPECT_EQ(error_of(Endpoint::Chat, R"({"messages": [{"role": "user", "content": "q"}],
+                                        "chat_template_kwargs": [1]})"),
+            (std::pair<int, std::string>{400, "chat_template_kwargs"}));
+  // A chat field sent to /v1/completions is refused, not ignored.
+  EXPECT_EQ(error_of(Endpoint::Completions, R"({"prompt": "q", "chat_template_kwargs": {"enable_thinking": false}})"),
+            (std::pair<int, std::string>{400, "chat_template_kwargs"}));
+  ApiLimits limits;
+  std::vector<std::string> ignored;
+  const json t = tokenize_body(json::parse(R"({"messages": [{"role": "user", "content": "q"}],
+                                               "chat_template_kwargs": {"enable_thinking": false}})"),
+                               model(), fake_codec(), limits, ignored);
+  EXPECT_EQ(t["tokens"], json(fake_codec().encode("user:q;thinking:0;")));
+  EXPECT_TRUE(ignored.empty());
+}
+
 TEST(ServerApi, BadRequestsNameTheField) {
   const auto C = Endpoint::Completions;
   const auto H = Endpoint::Chat;
@@ -293,13 +324,13 @@ TEST(ServerApi, UnsupportedFieldsAreRejectedByName) {
 // go into a header, so they are made one bounded line of visible ASCII there.
 TEST(ServerApi, UnknownFieldsAreIgnoredAndNamed) {
   ParsedRequest r = parse(Endpoint::Chat, R"({"messages": [{"role": "user", "content": "q"}], "made_up": 1,
-                          "chat_template_kwargs": {"enable_thinking": false}, "n_probs": 0, "max_tokens": 2,
-                          "stream": true, "stream_options": {"include_usage": true, "extra": 1}})");
-  EXPECT_EQ(r.ignored_fields,
-            (std::vector<std::string>{"chat_template_kwargs", "made_up", "n_probs", "stream_options.extra"}));
+                          "chat_template_kwargs": {"enable_thinking": false, "other": 1}, "n_probs": 0,
+                          "max_tokens": 2, "stream": true, "stream_options": {"include_usage": true, "extra": 1}})");
+  EXPECT_EQ(r.ignored_fields, (std::vector<std::string>{"made_up", "n_probs", "stream_options.extra",
+                                                        "chat_template_kwargs.other"}));
   EXPECT_EQ(r.generation.max_tokens, 2);
   EXPECT_TRUE(r.include_usage);
-  EXPECT_EQ(join_fields(r.ignored_fields), "chat_template_kwargs,made_up,n_probs,stream_options.extra");
+  EXPECT_EQ(join_fields(r.ignored_fields), "made_up,n_probs,stream_options.extra,chat_template_kwargs.other");
   EXPECT_TRUE(parse(Endpoint::Completions, R"({"prompt": "a"})").ignored_fields.empty());
   // Known fields keep their checks: a mistyped value of one is still a 400.
   EXPECT_EQ(error_of(Endpoint::Completions, R"({"prompt": "a", "made_up": 1, "top_p": "x"})"),

@@ -2,13 +2,14 @@
 // backend that runs it. Loaders fill it; fdpp::validate() checks it before any weight is read.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace fdpp {
 
-enum class RopeScaling { None, Linear, Llama3 };
+enum class RopeScaling { None, Linear, Llama3, LongRope };
 
 // The decoder variants fdpp runs. Every supported architecture is one combination of these: the
 // forward skeleton (src/model/forward.h) sequences a combination's ops once for every backend, the
@@ -17,6 +18,7 @@ enum class NormType { RMSNorm, LayerNorm };
 enum class Activation {
   SwiGLU,  // silu(gate(x)) * up(x), then down (Llama, ChatGLM2)
   ReLU,    // relu(fc1(x)), then fc2 (OPT)
+  GeGLU,   // gelu_tanh(gate(x)) * up(x), then down (Gemma: gelu_pytorch_tanh)
 };
 enum class PositionEncoding { Rope, Learned };
 enum class RopeStyle {
@@ -35,10 +37,26 @@ struct RopeConfig {
   // Per-frequency divisors (GGUF rope_freqs.weight, how llama.cpp stores Llama 3 scaling); empty
   // when absent. Applied after `scaling`.
   std::vector<double> freq_factors;
+  // LongRope (Phi-3): per-frequency divisors for a context up to original_max_positions (short)
+  // and beyond it (long), and the factor that scales the rotated dimensions of q and k.
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
+
+  // The rope an engine of `context` tokens runs: LongRope's factor set chosen by that context
+  // (llama.cpp's rule: long when it exceeds original_max_positions), as freq_factors; the others
+  // unchanged.
+  RopeConfig for_context(int context) const {
+    if (scaling != RopeScaling::LongRope) return *this;
+    RopeConfig r = *this;
+    r.scaling = RopeScaling::None;
+    r.freq_factors = context > original_max_positions ? long_factor : short_factor;
+    return r;
+  }
 };
 
 struct ModelConfig {
-  std::string architecture;  // "llama" (Llama 2/3, SmolLM2), "mistral", "qwen2", "opt", "chatglm"
+  std::string architecture;  // "llama" (Llama 2/3, SmolLM2), "mistral", "qwen2", "qwen3", "gemma2", "gemma3",
+                             // "phi3", "opt", "chatglm"
   std::string name;
   int n_layers = 0;
   int hidden = 0;
@@ -65,10 +83,35 @@ struct ModelConfig {
   bool out_bias = false;
   bool mlp_bias = false;
   bool norm_bias = false;           // LayerNorm with bias
+  bool qk_norm = false;             // RMSNorm over each head of q and k before RoPE (Qwen3): weights
+                                    // LayerWeights::q_norm, k_norm of [head_dim]
+  // Gemma 2/3. A norm on each block's output before the residual add (LayerWeights::attn_post_norm,
+  // ffn_post_norm): x += post_norm(block(norm(x))).
+  bool sandwich_norm = false;
+  double embed_scale = 1.0;    // the token rows are multiplied by this (Gemma: sqrt(hidden))
+  double attn_scale = 0.0;     // the q.k multiplier; 0: 1 / sqrt(head_dim) (Gemma: query_pre_attn_scalar^-1/2)
+  double attn_softcap = 0.0;   // attention logits -> cap * tanh(logits / cap) before the softmax; 0: none
+  double final_softcap = 0.0;  // the same on the lm head's logits; 0: none
+  // The rotary embedding of the sliding-window layers when it differs from `rope` (Gemma 3's
+  // local layers: rope_local_base_freq, unscaled).
+  bool has_local_rope = false;
+  RopeConfig local_rope;
+  // Sliding-window attention: a token at position p attends to positions (p - window, p] in the
+  // layers whose entry is nonzero; empty or 0 = full causal attention (the window never limits the
+  // context). Indexed by layer; shorter than n_layers never (validate checks).
+  std::vector<int> layer_windows;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
   int embedding_dim() const { return embed_dim > 0 ? embed_dim : hidden; }
+  int window(int layer) const { return layer_windows.empty() ? 0 : layer_windows[static_cast<size_t>(layer)]; }
+  const RopeConfig& rope_of(int layer) const { return has_local_rope && window(layer) > 0 ? local_rope : rope; }
+  double attention_scale() const { return attn_scale > 0 ? attn_scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+  bool has_sliding_window() const {
+    for (int w : layer_windows)
+      if (w > 0) return true;
+    return false;
+  }
 };
 
 // Throws fdpp::Error ("<origin>: <field> = <value> ...") for zero, negative or inconsistent fields

@@ -584,14 +584,16 @@ class Tokenizer:
         return [self.decode(ids, skip_special_tokens) for ids in sequences]
 
     def apply_chat_template(self, messages: Sequence[dict], tokenize: bool = True,
-                            add_generation_prompt: bool = False) -> Union[str, list[int]]:
+                            add_generation_prompt: bool = False, **template_kwargs: Any) -> Union[str, list[int]]:
         """Renders [{"role": ..., "content": ...}, ...] with the model's chat template; the ids of
         that text with tokenize=True (HF's default; no BOS added beyond what the template writes),
         the text with tokenize=False. add_generation_prompt ends with the assistant's header.
-        LLM.chat renders with the generation prompt, as the CLI's --chat does."""
+        template_kwargs: the template's variables, as HF passes them (enable_thinking=False: Qwen3's
+        empty think block). LLM.chat renders with the generation prompt, as the CLI's --chat does."""
         if not isinstance(tokenize, bool) or not isinstance(add_generation_prompt, bool):
             raise _bad("apply_chat_template: tokenize and add_generation_prompt must be True or False")
-        text = self._t.apply_chat_template(_messages(messages), add_generation_prompt)
+        thinking = _enable_thinking("apply_chat_template", template_kwargs)
+        text = self._t.apply_chat_template(_messages(messages), add_generation_prompt, thinking)
         return self._t.encode(text, False, True) if tokenize else text
 
     def convert_ids_to_tokens(self, ids: Union[int, Sequence[int]],
@@ -678,6 +680,16 @@ def _messages(messages: Any) -> list[tuple[str, str]]:
     if not out:
         raise _bad("messages: the conversation is empty")
     return out
+
+
+def _enable_thinking(where: str, kwargs: dict) -> Optional[bool]:
+    """The chat template variables fdpp's native templates read: enable_thinking (Qwen3) only."""
+    thinking = kwargs.pop("enable_thinking", None)
+    if kwargs:
+        raise _bad(f"{where}: {', '.join(sorted(map(str, kwargs)))} not supported (supported: enable_thinking)")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise _bad(f"{where}: enable_thinking must be True, False or None")
+    return thinking
 
 
 PromptType = Union[str, Sequence[int]]
@@ -1047,13 +1059,18 @@ class LLM:
         messages: Union[Sequence[dict], Sequence[Sequence[dict]]],
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
         use_tqdm: Union[bool, Callable[..., Any]] = True,
+        chat_template_kwargs: Optional[dict] = None,
     ) -> list[RequestOutput]:
         """Generates replies to a conversation ([{"role": "user", "content": "..."}]) or a list of
         conversations, rendered with the model's chat template as `fdpp generate --chat` does;
-        use_tqdm and the context rules as generate()'s."""
+        use_tqdm and the context rules as generate()'s. chat_template_kwargs: the template's
+        variables, as vLLM's ({"enable_thinking": False}: Qwen3 answers without reasoning)."""
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise _bad("chat: chat_template_kwargs must be a dict")
+        thinking = _enable_thinking("chat: chat_template_kwargs", dict(chat_template_kwargs or {}))
         convs = self._conversations(messages)
         params = self._params(sampling_params, len(convs))
-        rendered = [self._m.encode_chat(c) for c in convs]
+        rendered = [self._m.encode_chat(c, thinking) for c in convs]
         return self._run(rendered, params, use_tqdm)
 
     def _token_text(self, token_id: int) -> Optional[str]:

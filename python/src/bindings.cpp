@@ -471,12 +471,14 @@ std::vector<ChatMessage> to_messages(const std::vector<std::pair<std::string, st
 // the template with the generation prompt, no second BOS when the template writes one, special
 // tokens parsed. Returns the rendered text too (RequestOutput.prompt).
 std::pair<std::string, std::vector<int32_t>> encode_chat(ModelState& st,
-                                                         const std::vector<std::pair<std::string, std::string>>& m) {
+                                                         const std::vector<std::pair<std::string, std::string>>& m,
+                                                         std::optional<bool> enable_thinking) {
   const Tokenizer& t = st.tokenizer();
   return input_phase([&] {
     const std::vector<ChatMessage> messages = to_messages(m);
-    std::string text = t.apply_chat_template(messages, /*add_generation_prompt=*/true);
-    std::vector<int32_t> ids = encode_prompt(t, "", messages, /*chat=*/true, /*system=*/"");
+    const ChatOptions options{enable_thinking};
+    std::string text = t.apply_chat_template(messages, /*add_generation_prompt=*/true, options);
+    std::vector<int32_t> ids = encode_prompt(t, "", messages, /*chat=*/true, /*system=*/"", options);
     check(!ids.empty(), "the conversation encodes to no tokens");
     return std::make_pair(std::move(text), std::move(ids));
   });
@@ -668,7 +670,7 @@ NB_MODULE(_core, m) {
           },
           "request"_a)
       .def("logits", &logits, "token_ids"_a, "as_torch"_a = false)
-      .def("encode_chat", &encode_chat, "messages"_a)
+      .def("encode_chat", &encode_chat, "messages"_a, "enable_thinking"_a = nb::none())
       .def("tokenizer",
            [](const std::shared_ptr<ModelState>& s) {
              s->tokenizer();  // a bare checkpoint: the CLI's "no tokenizer" message
@@ -712,11 +714,12 @@ NB_MODULE(_core, m) {
           "ids"_a, "skip_special"_a = true)
       .def(
           "apply_chat_template",
-          [](const TokenizerRef& t, const std::vector<std::pair<std::string, std::string>>& m, bool gen) {
+          [](const TokenizerRef& t, const std::vector<std::pair<std::string, std::string>>& m, bool gen,
+             std::optional<bool> enable_thinking) {
             const Tokenizer& tok = t.st->tokenizer();
-            return input_phase([&] { return tok.apply_chat_template(to_messages(m), gen); });
+            return input_phase([&] { return tok.apply_chat_template(to_messages(m), gen, ChatOptions{enable_thinking}); });
           },
-          "messages"_a, "add_generation_prompt"_a = true)
+          "messages"_a, "add_generation_prompt"_a = true, "enable_thinking"_a = nb::none())
       .def("token_to_id",
            [](const TokenizerRef& t, const std::string& s) -> std::optional<int32_t> {
              const int32_t id = t.st->tokenizer().token_id(s);

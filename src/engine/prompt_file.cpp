@@ -234,7 +234,8 @@ std::vector<PromptEntry> read_prompt_file(const std::string& path) {
 }
 
 std::vector<int32_t> encode_prompt(const Tokenizer& tokenizer, const std::string& prompt,
-                                   const std::vector<ChatMessage>& messages, bool chat, const std::string& system) {
+                                   const std::vector<ChatMessage>& messages, bool chat, const std::string& system,
+                                   const ChatOptions& chat_options) {
   bool add_bos = tokenizer.add_bos_by_default();
   std::string text = prompt;
   if (!messages.empty() || chat || !system.empty()) {
@@ -243,11 +244,25 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tokenizer, const std::string
       conversation.push_back({"system", system});
     if (messages.empty()) conversation.push_back({"user", prompt});
     conversation.insert(conversation.end(), messages.begin(), messages.end());
-    text = tokenizer.apply_chat_template(conversation, /*add_generation_prompt=*/true);
+    text = tokenizer.apply_chat_template(conversation, /*add_generation_prompt=*/true, chat_options);
     const int32_t bos = tokenizer.bos_id();
     if (bos >= 0 && text.starts_with(tokenizer.token_text(bos))) add_bos = false;
   }
   return tokenizer.encode(text, add_bos, /*parse_special=*/true);
+}
+
+ChatOptions parse_chat_template_kwargs(std::string_view json_text) {
+  const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  check(j.is_object(), "chat template kwargs: expected a JSON object such as {{\"enable_thinking\": false}}, got '{}'",
+        json_text.substr(0, 80));
+  ChatOptions o;
+  for (const auto& [k, v] : j.items()) {
+    check(k == "enable_thinking", "chat template kwargs: '{}' is not supported (supported: enable_thinking)", k);
+    if (v.is_null()) continue;
+    check(v.is_boolean(), "chat template kwargs: enable_thinking must be true or false, got {}", v.dump());
+    o.enable_thinking = v.get<bool>();
+  }
+  return o;
 }
 
 GenerationRequest build_request(const PromptEntry& entry, const RequestSettings& s, const Tokenizer& tokenizer,
@@ -258,7 +273,8 @@ GenerationRequest build_request(const PromptEntry& entry, const RequestSettings&
   GenerationRequest r;
   try {
     r.prompt = !entry.prompt_token_ids.empty() ? entry.prompt_token_ids
-                                               : encode_prompt(tokenizer, entry.prompt, entry.messages, s.chat, s.system);
+                                               : encode_prompt(tokenizer, entry.prompt, entry.messages, s.chat, s.system,
+                                                               s.chat_options);
   } catch (const Error& e) {
     at.fail_at("{}", e.what());
   }

@@ -39,6 +39,7 @@ struct RequestSettings {
   std::vector<std::string> stop;
   bool chat = false;    // render a plain prompt with the chat template
   std::string system;   // a system message (implies chat); "" for none
+  ChatOptions chat_options;  // --chat-template-kwargs
 };
 
 struct PromptEntry {
@@ -98,7 +99,13 @@ uint64_t random_seed();
 // model wants it, never twice (templates that write the BOS text themselves get no second one, as
 // in transformers' apply_chat_template(tokenize=True)).
 std::vector<int32_t> encode_prompt(const Tokenizer& tokenizer, const std::string& prompt,
-                                   const std::vector<ChatMessage>& messages, bool chat, const std::string& system);
+                                   const std::vector<ChatMessage>& messages, bool chat, const std::string& system,
+                                   const ChatOptions& chat_options = {});
+
+// A JSON object of chat template variables (llama.cpp's --chat-template-kwargs, the server's
+// chat_template_kwargs) -> ChatOptions. Known: enable_thinking (true, false or null). Throws
+// fdpp::Error naming the key for another key, a wrong type or text that is not a JSON object.
+ChatOptions parse_chat_template_kwargs(std::string_view json_text);
 
 // The request of one entry. Throws "SOURCE:LINE: ..." when the prompt encodes to no tokens or does
 // not fit max_context with its max_tokens, or when max_tokens is 0 (a request makes >= 1).

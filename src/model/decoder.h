@@ -67,7 +67,9 @@ struct LayerWeights {
   Tensor bq, bk, bv;                 // qkv_bias
   Weight wo;                         // [hidden, q_dim]
   Tensor bo;                         // out_bias
+  Tensor q_norm, k_norm;             // [head_dim], qk_norm
   Tensor ffn_norm, ffn_norm_bias;    // [hidden]
+  Tensor attn_post_norm, ffn_post_norm;  // [hidden], sandwich_norm
   Weight w_gate;                     // [ffn, hidden], SwiGLU only
   Weight w_up, w_down;               // [ffn, hidden], [hidden, ffn] (OPT fc1, fc2)
   Tensor b_gate, b_up, b_down;       // mlp_bias

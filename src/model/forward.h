@@ -35,10 +35,13 @@ concept DecoderOps = requires(Ops& ops, int layer, bool flag, EmbedRows rows, Bl
   // Adds delta to the stream when flag; input = norm(stream); write_back: stream = input too.
   ops.add_norm(layer, norm, flag, /*write_back=*/flag);
   ops.qkv(layer);              // q, k, v projections of input (+ biases)
+  ops.qk_norm(layer);          // RMSNorm over each head of q and of k (ModelConfig::qk_norm)
   ops.rope_and_write_cache(layer);  // rotates q and k by their positions, writes k and v to the cache
   ops.write_cache(layer);      // writes k and v to the cache as they are
-  ops.attention(layer);        // every row over its sequence's cache (causal within the step)
+  ops.attention(layer);        // every row over its sequence's cache (causal within the step; the
+                               // last ModelConfig::window(layer) positions when that is nonzero)
   ops.out_proj(layer);         // delta = o projection of the attention output (+ bias)
+  ops.post_norm(layer, norm);  // delta = norm(delta) with the block's post norm (sandwich_norm)
   ops.mlp_up_act(layer, act);  // the MLP's up (and gate) projections of input, activated
   ops.mlp_down(layer);         // delta = down projection of the activation (+ bias)
   ops.final_norm(flag);        // head = the final norm of the head rows of stream (+ delta when flag)
@@ -68,6 +71,7 @@ void run_decoder(const ModelConfig& c, Ops& ops) {
   for (int layer = 0; layer < c.n_layers; ++layer) {
     if (c.pre_norm) ops.add_norm(layer, BlockNorm::Attention, pending, false);
     ops.qkv(layer);
+    if (c.qk_norm) ops.qk_norm(layer);
     if (c.position == PositionEncoding::Rope) {
       ops.rope_and_write_cache(layer);
     } else {
@@ -75,6 +79,7 @@ void run_decoder(const ModelConfig& c, Ops& ops) {
     }
     ops.attention(layer);
     ops.out_proj(layer);
+    if (c.sandwich_norm) ops.post_norm(layer, BlockNorm::Attention);
     if (c.pre_norm) {
       ops.add_norm(layer, BlockNorm::Mlp, true, false);
     } else {
@@ -82,6 +87,7 @@ void run_decoder(const ModelConfig& c, Ops& ops) {
     }
     ops.mlp_up_act(layer, c.activation);
     ops.mlp_down(layer);
+    if (c.sandwich_norm) ops.post_norm(layer, BlockNorm::Mlp);
     if (c.pre_norm) {
       pending = true;
     } else {

@@ -146,6 +146,7 @@ WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTenso
       p.slot = part.slot;
       p.layer = part.layer;
       p.shape = part.shape;
+      p.add = part.add;
       const int64_t n = p.numel();
       const uint64_t begin = static_cast<uint64_t>(part.row_begin * cols) * elem;
       check(part.row_begin * cols + n <= numel, "{}: tensor '{}': slot {} reaches past its end", source.origin(),

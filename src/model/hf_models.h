@@ -22,6 +22,7 @@ struct HfSlotPart {
   int layer = -1;
   int64_t row_begin = 0;
   std::vector<int64_t> shape;  // the slot's
+  float add = 0.f;             // added to every element once read (Gemma's (1 + w) norms)
 };
 
 // One tensor of a checkpoint: its name there, the shape config.json implies, and where it goes:

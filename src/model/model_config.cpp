@@ -30,8 +30,19 @@ void validate(const ModelConfig& c, const std::string& origin) {
   }
   if (c.embed_dim != 0) in_range("embed_dim", c.embed_dim, 1, 1 << 17);
   check(c.norm_eps > 0 && c.norm_eps < 1, "{}: norm epsilon = {} must be in (0, 1)", origin, c.norm_eps);
-  if (c.rope.scaling != RopeScaling::None)
+  check(c.layer_windows.empty() || c.layer_windows.size() == static_cast<size_t>(c.n_layers),
+        "{}: {} sliding-window entries for {} layers", origin, c.layer_windows.size(), c.n_layers);
+  for (int w : c.layer_windows) check(w >= 0, "{}: sliding window = {} must be positive (or 0: none)", origin, w);
+  if (c.rope.scaling != RopeScaling::None && c.rope.scaling != RopeScaling::LongRope)
     check(c.rope.factor >= 1, "{}: rope scaling factor = {} must be >= 1", origin, c.rope.factor);
+  if (c.rope.scaling == RopeScaling::LongRope) {
+    const size_t half = static_cast<size_t>(c.rope.rotary_dim / 2);
+    check(c.rope.short_factor.size() == half && c.rope.long_factor.size() == half,
+          "{}: LongRope has {} short and {} long factors for rotary_dim / 2 = {} frequencies", origin,
+          c.rope.short_factor.size(), c.rope.long_factor.size(), half);
+    check(c.rope.attention_factor > 0, "{}: LongRope attention factor = {} must be positive", origin,
+          c.rope.attention_factor);
+  }
 }
 
 }  // namespace fdpp

@@ -11,7 +11,7 @@ namespace {
 constexpr const char* kSlotNames[kWeightSlots] = {
     "tok_embeddings", "pos_embeddings", "project_in", "project_out", "final_norm", "final_norm_bias", "lm_head",
     "attn_norm", "attn_norm_bias", "wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo", "ffn_norm", "ffn_norm_bias",
-    "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down"};
+    "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down", "q_norm", "k_norm", "attn_post_norm", "ffn_post_norm"};
 
 template <class W, class L>
 auto* slot_ptr(W& w, WeightSlot s, int layer) {
@@ -50,6 +50,10 @@ auto* slot_ptr(W& w, WeightSlot s, int layer) {
     case WeightSlot::BGate: return static_cast<T*>(&l.b_gate);
     case WeightSlot::BUp: return static_cast<T*>(&l.b_up);
     case WeightSlot::BDown: return static_cast<T*>(&l.b_down);
+    case WeightSlot::QNorm: return static_cast<T*>(&l.q_norm);
+    case WeightSlot::KNorm: return static_cast<T*>(&l.k_norm);
+    case WeightSlot::AttnPostNorm: return static_cast<T*>(&l.attn_post_norm);
+    case WeightSlot::FfnPostNorm: return static_cast<T*>(&l.ffn_post_norm);
     default: break;
   }
   fail("weight slot {}: unknown", static_cast<int>(s));
@@ -145,6 +149,8 @@ DecoderWeights materialize_plan(const WeightPlan& plan, const ModelConfig& confi
       check(static_cast<bool>(p.src.read_f32), "{}: the plan gives no way to read it", p.src.name);
       p.src.read_f32(stored.data);
     }
+    if (p.add != 0.f)
+      for (float& x : stored.data) x += p.add;
     Tensor& dst = slot_tensor(w, p.slot, p.layer);
     if (p.permute_heads > 0) {
       Tensor out(p.shape);

@@ -26,9 +26,9 @@ enum class WeightSlot : uint8_t {
   TokEmbeddings, PosEmbeddings, ProjectIn, ProjectOut, FinalNorm, FinalNormBias, LmHead,
   // per layer, from here on
   AttnNorm, AttnNormBias, Wq, Wk, Wv, Bq, Bk, Bv, Wo, Bo, FfnNorm, FfnNormBias, WGate, WUp, WDown, BGate, BUp,
-  BDown,
+  BDown, QNorm, KNorm, AttnPostNorm, FfnPostNorm,
 };
-inline constexpr int kWeightSlots = static_cast<int>(WeightSlot::BDown) + 1;
+inline constexpr int kWeightSlots = static_cast<int>(WeightSlot::FfnPostNorm) + 1;
 inline bool is_layer_slot(WeightSlot s) { return s >= WeightSlot::AttnNorm; }
 const char* slot_name(WeightSlot s);  // "wq", "tok_embeddings", ...
 
@@ -81,6 +81,8 @@ struct PlannedTensor {
   // only). 0: the stored rows are the slot's rows.
   int64_t stored_cols = 0;
   int64_t col_offset = 0;
+  // Added to every element once converted (Gemma's norms, stored as w for a (1 + w) scale).
+  float add = 0.f;
 
   int64_t numel() const { return Tensor::numel_of(shape); }
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }

@@ -235,6 +235,14 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
   return std::make_unique<EngineRunner>(make_engine(config, weights, options, limits), max_context);
 }
 
+#ifdef FDPP_HAVE_CUDA
+namespace {
+ModelConfig cuda_attention_config(const ModelConfig& config);
+std::unique_ptr<Engine> make_cuda_engine(const ModelConfig& config, const DecoderWeights& weights,
+                                         const RunnerOptions& options, const EngineLimits& limits);
+}  // namespace
+#endif
+
 std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeights& weights,
                                     const RunnerOptions& options, const EngineLimits& limits) {
   check_dtype(options);
@@ -248,6 +256,27 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeig
     return std::make_unique<CpuEngine>(config, weights, limits);
   }
 #ifdef FDPP_HAVE_CUDA
+  return make_cuda_engine(cuda_attention_config(config), weights, options, limits);
+#else
+  fail("unreachable: CUDA engine requested in a CPU-only build");
+#endif
+}
+
+#ifdef FDPP_HAVE_CUDA
+namespace {
+// The CUDA attention kernels have no sliding window yet. A window at least as long as the context
+// drops no key, so full attention is exact there: the GPU runs such a model with its context
+// capped at the shortest window (README, supported models).
+ModelConfig cuda_attention_config(const ModelConfig& config) {
+  ModelConfig c = config;
+  for (int w : config.layer_windows)
+    if (w > 0 && w < c.max_context) c.max_context = w;
+  c.layer_windows.clear();
+  return c;
+}
+
+std::unique_ptr<Engine> make_cuda_engine(const ModelConfig& config, const DecoderWeights& weights,
+                                         const RunnerOptions& options, const EngineLimits& limits) {
   if (options.tensor_parallel > 1) return tensor_parallel_engine(config, weights, options, limits);
   // The CUDA engine's sequences may use the model's whole context (limits.max_context is the CPU's
   // cache bound); admission by KV blocks bounds what they hold together.
@@ -260,9 +289,8 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeig
   const int64_t kv_tokens = eo.kv_cache_tokens > 0 ? eo.kv_cache_tokens : config.max_context / 8 + eo.block_size;
   return std::make_unique<cuda::CudaEngine>(device_model(config, weights, options, kv_tokens, eo.max_prefill_tokens),
                                             eo);
-#else
-  fail("unreachable: CUDA engine requested in a CPU-only build");
-#endif
 }
+}  // namespace
+#endif
 
 }  // namespace fdpp

@@ -64,8 +64,8 @@ PromptCodec prompt_codec_for(const Tokenizer& tokenizer) {
   c.encode = [&tokenizer](std::string_view text) {
     return tokenizer.encode(text, tokenizer.add_bos_by_default(), /*parse_special=*/true);
   };
-  c.encode_chat = [&tokenizer](std::span<const ChatMessage> messages) {
-    const std::string text = tokenizer.apply_chat_template(messages, /*add_generation_prompt=*/true);
+  c.encode_chat = [&tokenizer](std::span<const ChatMessage> messages, const ChatOptions& options) {
+    const std::string text = tokenizer.apply_chat_template(messages, /*add_generation_prompt=*/true, options);
     // Templates that write the BOS text themselves (Llama 2/3) get no second BOS (as the CLI's
     // --chat and transformers' apply_chat_template(tokenize=True)).
     bool add_bos = tokenizer.add_bos_by_default();
@@ -185,6 +185,26 @@ std::vector<std::vector<int32_t>> completion_prompts(const json& body, const Mod
     }
   }
   return prompts;
+}
+
+// chat_template_kwargs (vLLM's field): the template variables a chat template reads. Known:
+// enable_thinking (Qwen3); others are ignored and reported as "chat_template_kwargs.<name>".
+ChatOptions chat_options(const json& body, std::vector<std::string>& ignored) {
+  ChatOptions o;
+  const json* kw = field(body, "chat_template_kwargs");
+  if (!kw) return o;
+  if (!kw->is_object()) throw bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  for (const auto& [k, v] : kw->items()) {
+    if (k == "enable_thinking") {
+      if (v.is_null()) continue;
+      if (!v.is_boolean())
+        throw bad("chat_template_kwargs.enable_thinking", "'chat_template_kwargs.enable_thinking' must be a boolean");
+      o.enable_thinking = v.get<bool>();
+    } else {
+      ignored.push_back("chat_template_kwargs." + k);
+    }
+  }
+  return o;
 }
 
 std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits) {
@@ -334,7 +354,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   static const std::set<std::string> chat_only = {"messages",  "max_completion_tokens", "top_logprobs", "tools",
                                                   "tool_choice", "functions", "function_call", "parallel_tool_calls",
                                                   "modalities", "audio", "prediction", "reasoning_effort",
-                                                  "web_search_options"};
+                                                  "web_search_options", "chat_template_kwargs"};
   std::vector<std::string> ignored;
   for (const auto& [k, v] : body.items()) {
     if (common.count(k) || (chat ? chat_only.count(k) : completions_only.count(k))) continue;
@@ -478,7 +498,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   const char* prompt_param = chat ? "messages" : "prompt";
   try {
     if (chat)
-      prompts.push_back(codec.encode_chat(chat_messages(body, limits)));
+      prompts.push_back(codec.encode_chat(chat_messages(body, limits), chat_options(body, r.ignored_fields)));
     else
       prompts = completion_prompts(body, model, codec, limits);
   } catch (const fdpp::Error& e) {  // a chat template this model lacks, text the tokenizer refuses
@@ -527,7 +547,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
 json tokenize_body(const json& body, const ModelInfo& model, const PromptCodec& codec, const ApiLimits& limits,
                    std::vector<std::string>& ignored) {
   static const std::set<std::string> known = {"model", "prompt", "messages", "add_special_tokens",
-                                              "add_generation_prompt"};
+                                              "add_generation_prompt", "chat_template_kwargs"};
   for (const auto& [k, v] : body.items())
     if (!known.count(k)) ignored.push_back(k);
   if (const json* m = field(body, "model")) {
@@ -548,7 +568,7 @@ json tokenize_body(const json& body, const ModelInfo& model, const PromptCodec& 
       const std::string& text = prompt->get_ref<const std::string&>();
       tokens = !special && codec.encode_plain ? codec.encode_plain(text) : codec.encode(text);
     } else {
-      tokens = codec.encode_chat(chat_messages(body, limits));
+      tokens = codec.encode_chat(chat_messages(body, limits), chat_options(body, ignored));
     }
   } catch (const fdpp::Error& e) {
     throw bad(prompt ? "prompt" : "messages", e.what());

@@ -72,8 +72,9 @@ struct PromptCodec {
   std::function<std::vector<int32_t>(std::string_view text)> encode;
   // The bytes of one token (logprobs' "token" and "bytes"). Unset: decode({id}), or "".
   std::function<std::string(int32_t id)> token_bytes;
-  // Renders messages with the chat template and the generation prompt, then encodes them.
-  std::function<std::vector<int32_t>(std::span<const ChatMessage> messages)> encode_chat;
+  // Renders messages with the chat template and the generation prompt (options: the request's
+  // chat_template_kwargs), then encodes them.
+  std::function<std::vector<int32_t>(std::span<const ChatMessage> messages, const ChatOptions& options)> encode_chat;
   // Text without the special tokens the model adds by default (add_special_tokens = false: no BOS).
   // Unset: encode.
   std::function<std::vector<int32_t>(std::string_view text)> encode_plain;

@@ -9,6 +9,12 @@
 //   Qwen, created by Alibaba Cloud. You are a helpful assistant.") has that text read out of the
 //   template and written before the first message when it is not a system message. Qwen2.5's
 //   template also writes tool definitions and tool calls, which plain conversations never reach.
+// - Qwen3 (ChatML whose template reads enable_thinking): no default system message; an assistant
+//   message after the conversation's last user query is written as "<think>\n{reasoning}\n</think>
+//   \n\n{answer}" when it is the last message or has reasoning (its content's "<think>...</think>"
+//   part); earlier assistant messages lose their reasoning; "tool" messages are wrapped in
+//   <tool_response> inside a user turn; ChatOptions::enable_thinking == false adds an empty
+//   "<think>\n\n</think>\n\n" after the generation prompt.
 // - Llama 3 (<|start_header_id|>): "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}
 //   <|eot_id|>", BOS text before the first message.
 // - Llama 3.1/3.2/3.3 (<|start_header_id|> and "Cutting Knowledge Date"): as Llama 3, after a
@@ -77,6 +83,73 @@ std::string render_chatml(std::string_view tmpl, std::span<const ChatMessage> me
     out += "<|im_start|>system\n" + default_system + "<|im_end|>\n";
   for (const ChatMessage& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
   if (add_generation_prompt) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+// Python's str.strip(chars) family over one character, as Qwen3's template calls them with '\n'.
+std::string_view lstrip_nl(std::string_view s) {
+  while (!s.empty() && s.front() == '\n') s.remove_prefix(1);
+  return s;
+}
+std::string_view rstrip_nl(std::string_view s) {
+  while (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return s;
+}
+
+bool is_tool_response(std::string_view s) {
+  return s.starts_with("<tool_response>") && s.ends_with("</tool_response>");
+}
+
+std::string render_qwen3(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                         const ChatOptions& options) {
+  const size_t n = messages.size();
+  // The last user message that is not a tool response: assistant messages after it keep their
+  // reasoning.
+  size_t last_query = n == 0 ? 0 : n - 1;
+  for (size_t i = n; i-- > 0;)
+    if (messages[i].role == "user" && !is_tool_response(messages[i].content)) {
+      last_query = i;
+      break;
+    }
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    const ChatMessage& m = messages[i];
+    const bool last = i + 1 == n;
+    if (m.role == "user" || m.role == "system") {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      std::string_view content = m.content, reasoning;
+      if (const size_t close = content.find("</think>"); close != std::string_view::npos) {
+        // content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n')
+        std::string_view before = rstrip_nl(content.substr(0, close));
+        if (const size_t open = before.rfind("<think>"); open != std::string_view::npos)
+          before = before.substr(open + 7);
+        reasoning = lstrip_nl(before);
+        content = lstrip_nl(content.substr(content.rfind("</think>") + 8));
+      }
+      out += "<|im_start|>assistant\n";
+      if (i > last_query && (last || !reasoning.empty())) {
+        out += "<think>\n";
+        out += lstrip_nl(rstrip_nl(reasoning));
+        out += "\n</think>\n\n";
+        out += lstrip_nl(content);
+      } else {
+        out += content;
+      }
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (last || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    } else {
+      fail("chat template (Qwen3): unknown role '{}' at message {} (supported: system, user, assistant, tool)", m.role,
+           i);
+    }
+  }
+  if (add_generation_prompt) {
+    out += "<|im_start|>assistant\n";
+    if (options.enable_thinking == false) out += "<think>\n\n</think>\n\n";
+  }
   return out;
 }
 
@@ -254,7 +327,10 @@ std::string render_mistral(std::string_view tmpl, std::span<const ChatMessage> m
 }  // namespace
 
 std::string render_chat_template(const std::string& tmpl, std::span<const ChatMessage> messages,
-                                 bool add_generation_prompt, const std::string& bos_text, const std::string& eos_text) {
+                                 bool add_generation_prompt, const std::string& bos_text, const std::string& eos_text,
+                                 const ChatOptions& options) {
+  if (contains(tmpl, "<|im_start|>") && contains(tmpl, "enable_thinking"))
+    return render_qwen3(messages, add_generation_prompt, options);
   if (contains(tmpl, "<|im_start|>")) return render_chatml(tmpl, messages, add_generation_prompt);
   if (contains(tmpl, "<|start_header_id|>")) {
     if (contains(tmpl, "Cutting Knowledge Date")) return render_llama31(tmpl, messages, add_generation_prompt, bos_text);
@@ -265,7 +341,7 @@ std::string render_chat_template(const std::string& tmpl, std::span<const ChatMe
   if (tmpl.empty()) fail("chat template not supported: the model has no tokenizer.chat_template");
   std::string head = tmpl.substr(0, 80);
   std::replace(head.begin(), head.end(), '\n', ' ');
-  fail("chat template not supported: \"{}{}\" (supported: ChatML, Llama 3, Llama 3.1+, Llama 2, Mistral)", head,
+  fail("chat template not supported: \"{}{}\" (supported: ChatML, Qwen3, Llama 3, Llama 3.1+, Llama 2, Mistral)", head,
        tmpl.size() > 80 ? "..." : "");
 }
 

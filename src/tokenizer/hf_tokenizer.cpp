@@ -185,8 +185,9 @@ class ExtraEndTokens final : public Tokenizer {
   TokenType token_type(int32_t id) const override { return inner_->token_type(id); }
   const std::string& token_text(int32_t id) const override { return inner_->token_text(id); }
   int32_t token_id(std::string_view text) const override { return inner_->token_id(text); }
-  std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt) const override {
-    return inner_->apply_chat_template(messages, add_generation_prompt);
+  std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                  const ChatOptions& options = {}) const override {
+    return inner_->apply_chat_template(messages, add_generation_prompt, options);
   }
 
  private:
@@ -285,9 +286,10 @@ class SentencePieceTokenizer final : public tok::TokenizerBase {
     return out;
   }
 
-  std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt) const override {
+  std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                  const ChatOptions& options = {}) const override {
     if (chatglm_) return render_chatglm2_prompt(messages, add_generation_prompt);
-    return TokenizerBase::apply_chat_template(messages, add_generation_prompt);
+    return TokenizerBase::apply_chat_template(messages, add_generation_prompt, options);
   }
 
  protected:

@@ -30,7 +30,7 @@ class IdsOnlyTokenizer final : public Tokenizer {
   }
   const std::string& token_text(int32_t) const override { return empty_; }
   int32_t token_id(std::string_view) const override { return -1; }
-  std::string apply_chat_template(std::span<const ChatMessage>, bool) const override {
+  std::string apply_chat_template(std::span<const ChatMessage>, bool, const ChatOptions& = {}) const override {
     fail("the model has no tokenizer, so no chat template: give --token-ids");
   }
 

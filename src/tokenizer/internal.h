@@ -87,7 +87,7 @@ class PreTokenizer {
 // "chat template not supported: ..." for one it does not know.
 std::string render_chat_template(const std::string& tmpl, std::span<const ChatMessage> messages,
                                  bool add_generation_prompt, const std::string& bos_text,
-                                 const std::string& eos_text);
+                                 const std::string& eos_text, const ChatOptions& options = {});
 
 // ---- Shared tokenizer base -----------------------------------------------------------------------
 
@@ -108,8 +108,8 @@ class TokenizerBase : public Tokenizer {
   TokenType token_type(int32_t id) const override;
   const std::string& token_text(int32_t id) const override;
   int32_t token_id(std::string_view text) const override;
-  std::string apply_chat_template(std::span<const ChatMessage> messages,
-                                  bool add_generation_prompt) const override;
+  std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                  const ChatOptions& options = {}) const override;
 
  protected:
   // Encodes plain text (no special tokens in it). segment_start: the text starts the input or

@@ -211,11 +211,11 @@ int32_t TokenizerBase::token_id(std::string_view text) const {
   return it == token_to_id_.end() ? -1 : it->second;
 }
 
-std::string TokenizerBase::apply_chat_template(std::span<const ChatMessage> messages,
-                                               bool add_generation_prompt) const {
+std::string TokenizerBase::apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                               const ChatOptions& options) const {
   return render_chat_template(chat_template_, messages, add_generation_prompt,
                               bos_id_ >= 0 ? tokens_[bos_id_] : std::string(),
-                              eos_id_ >= 0 ? tokens_[eos_id_] : std::string());
+                              eos_id_ >= 0 ? tokens_[eos_id_] : std::string(), options);
 }
 
 }  // namespace tok

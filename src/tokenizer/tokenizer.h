@@ -22,6 +22,14 @@ struct ChatMessage {
   std::string content;
 };
 
+// Template variables beyond the conversation (transformers' apply_chat_template **kwargs, the
+// server's chat_template_kwargs); templates that do not read one ignore it.
+struct ChatOptions {
+  // Qwen3's thinking switch: false writes an empty <think></think> block after the generation
+  // prompt (the model answers without reasoning); unset or true leaves the model to think.
+  std::optional<bool> enable_thinking;
+};
+
 // llama.cpp's token types (tokenizer.ggml.token_type; SentencePiece's ModelProto uses the same).
 enum class TokenType : int32_t {
   kUndefined = 0,
@@ -103,7 +111,8 @@ class Tokenizer {
 
   // Renders a conversation with the model's chat template. Supported: ChatML (<|im_start|>,
   // SmolLM2/Qwen), and whatever else the implementation adds; throws fdpp::Error otherwise.
-  virtual std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt) const = 0;
+  virtual std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                          const ChatOptions& options = {}) const = 0;
 };
 
 // Streaming detokenization: feed ids one at a time, get the text that is complete so far. Bytes of

@@ -702,6 +702,14 @@ TEST(CudaHfFixtures, LogitsMatchTransformers) {
       continue;
     }
     const auto ids = ref["ids"].get<std::vector<int32_t>>();
+    // The CUDA attention has no sliding window (runtime caps such a model's context at its window).
+    bool window_shorter = false;
+    for (int w : c.layer_windows) window_shorter |= w > 0 && w < static_cast<int>(ids.size());
+    if (window_shorter) {
+      std::printf("%-28s skipped: sliding window shorter than the ids (no CUDA sliding window)\n",
+                  dir.filename().c_str());
+      continue;
+    }
     const auto expected = test::read_npy((dir / ref["logits"].get<std::string>()).string());
     for (auto dt : {cuda::DType::F16, cuda::DType::BF16}) {
       auto model = std::make_shared<const cuda::DeviceModel>(c, m.weights, dt);

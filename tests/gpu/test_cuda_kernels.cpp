@@ -235,6 +235,46 @@ TEST_F(CudaKernels, AddBiasSiluMulRelu) {
   }
 }
 
+// head_rms_norm (Qwen3's q/k norms) on the fused qkv rows against cpu::rms_norm over the q and k
+// heads, v untouched bit for bit; add_scalar (a load-time transform) with one rounding.
+TEST_F(CudaKernels, HeadRmsNormAndAddScalar) {
+  for (DType t : kTypes) {
+    for (auto [tokens, heads, kv_heads, hd] : {std::tuple{1, 1, 1, 64}, {3, 4, 2, 128}, {5, 6, 1, 96}, {2, 3, 3, 37}}) {
+      const int row = (heads + 2 * kv_heads) * hd;
+      std::vector<float> x_f, qw_f, kw_f;
+      const auto x = random_bits(size_t(tokens) * row, t, x_f, 3.f);
+      const auto qw = random_bits(size_t(hd), t, qw_f);
+      const auto kw = random_bits(size_t(hd), t, kw_f);
+      DeviceBuffer<uint16_t> d_x(x), d_qw(qw), d_kw(kw);
+      cuda::head_rms_norm(d_x.get(), tokens, heads, kv_heads, hd, d_qw.get(), d_kw.get(), 1e-6, t, nullptr);
+      sync("head_rms_norm");
+      const auto got = d_x.download();
+      std::vector<float> ref(x_f), out;
+      for (int tok = 0; tok < tokens; ++tok) {
+        float* r = ref.data() + size_t(tok) * row;
+        cpu::rms_norm(r, qw_f.data(), heads, hd, 1e-6, r);
+        cpu::rms_norm(r + size_t(heads) * hd, kw_f.data(), kv_heads, hd, 1e-6, r + size_t(heads) * hd);
+      }
+      std::ostringstream what;
+      what << name(t) << " tokens " << tokens << " heads " << heads << "/" << kv_heads << " hd " << hd;
+      expect_close(from_bits(got, t), ref, rounding_tolerance(t), "head_rms_norm " + what.str());
+      size_t v_changed = 0;
+      for (int tok = 0; tok < tokens; ++tok)
+        for (int i = (heads + kv_heads) * hd; i < row; ++i) v_changed += got[size_t(tok) * row + i] != x[size_t(tok) * row + i];
+      EXPECT_EQ(v_changed, 0u) << what.str();
+    }
+    std::vector<float> y_f;
+    const auto y = random_bits(1001, t, y_f);
+    DeviceBuffer<uint16_t> d_y(y);
+    cuda::add_scalar(d_y.get(), 1001, 1.0f, t, nullptr);
+    sync("add_scalar");
+    const auto got = d_y.download();
+    size_t bad = 0;
+    for (size_t i = 0; i < y.size(); ++i) bad += got[i] != to_bits(y_f[i] + 1.0f, t);
+    EXPECT_EQ(bad, 0u) << name(t);
+  }
+}
+
 // ================================================================================================
 // rope
 // ================================================================================================

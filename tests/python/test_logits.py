@@ -59,6 +59,8 @@ def test_hf_fixture_logits_match_transformers(fixture: Path, device, request):
     # As tests/test_hf_models.cpp: every position's logits against HF transformers' (NMSE <= 1e-6 in
     # fp32 on the CPU; the GPU computes in 16 bits, 5e-4 as the kernel tests), then greedy decoding.
     ref = json.loads((fixture / "reference.json").read_text())
+    if device == "cuda" and "window" in fixture.name:
+        pytest.skip("no sliding-window attention on the GPU: the runtime caps the context at the window")
     try:
         # A reference may name its model file (the GGUF variants), else it is the directory.
         llm = fdpp.LLM(fixture / ref.get("model", ""), device=device, kv_cache_tokens=4096)

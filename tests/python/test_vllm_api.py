@@ -257,6 +257,32 @@ def test_a_bad_generation_config_is_named(tmp_path, device):
         fdpp.LLM(folder, device=device, kv_cache_tokens=1024)
 
 
+# ---- chat template variables (Qwen3's thinking switch) ---------------------------------------------
+
+
+def test_qwen3_enable_thinking(device):
+    import json
+    d = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "hf" / "qwen3_tied_gqa_bf16"
+    ref = json.loads((d / "reference.json").read_text())
+    llm = fdpp.LLM(d, device=device, kv_cache_tokens=1024)
+    tok = llm.get_tokenizer()
+    # The tokenizer renders as transformers' apply_chat_template did, keyword for keyword.
+    for chat in ref["chat"]:
+        kw = {"enable_thinking": chat["enable_thinking"]} if "enable_thinking" in chat else {}
+        assert tok.apply_chat_template(chat["messages"], tokenize=False,
+                                       add_generation_prompt=chat["add_generation_prompt"], **kw) == chat["rendered"]
+    conv = [{"role": "user", "content": "Hi!"}]
+    (off,) = llm.chat(conv, GREEDY, use_tqdm=False, chat_template_kwargs={"enable_thinking": False})
+    (on,) = llm.chat(conv, GREEDY, use_tqdm=False)
+    assert off.prompt == "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert on.prompt == "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+    assert off.prompt_token_ids == tok.apply_chat_template(conv, add_generation_prompt=True, enable_thinking=False)
+    with pytest.raises(fdpp.InvalidInputError, match="foo not supported"):
+        llm.chat(conv, GREEDY, use_tqdm=False, chat_template_kwargs={"foo": 1})
+    with pytest.raises(fdpp.InvalidInputError, match="enable_thinking must be"):
+        tok.apply_chat_template(conv, enable_thinking="no")
+
+
 # ---- vLLM's snippets, as their docs write them ------------------------------------------------------
 
 

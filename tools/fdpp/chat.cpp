@@ -286,7 +286,7 @@ int run_chat(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
     }
 
     // The whole conversation, checked against the context before it runs.
-    std::vector<int32_t> prompt = encode_prompt(tok, "", messages, true, "");
+    std::vector<int32_t> prompt = encode_prompt(tok, "", messages, true, "", a.chat_options);
     const int64_t room = ctx - static_cast<int64_t>(prompt.size());
     const int64_t want = a.max_tokens < 0 ? 1 : a.max_tokens;
     if (room < want) {

@@ -50,6 +50,7 @@ struct GenerateArgs {
   bool multiline = false;       // -mli: lines continue until one ends in a slash or backslash
   std::string color = "auto";   // -co: on, off, auto (on when stdout is a terminal)
   bool verbose_prompt = false;  // print each turn's rendered prompt on stderr
+  ChatOptions chat_options;  // --chat-template-kwargs
 };
 
 // -ngl from habit: accepted, and said once on stderr (fdpp never splits a model between CPU and GPU).

@@ -44,7 +44,7 @@ int run_generate(GenerateArgs a, const EngineArgs& e, bool quiet) {
   if (!a.token_ids.empty()) {
     prompt = parse_token_ids(a.token_ids);
   } else {
-    prompt = encode_prompt(*m.tokenizer, a.prompt, {}, a.chat, a.system);
+    prompt = encode_prompt(*m.tokenizer, a.prompt, {}, a.chat, a.system, a.chat_options);
   }
   check(!prompt.empty(), "the prompt encodes to no tokens; give --prompt TEXT or --token-ids");
   const ModelConfig& c = m.config();
@@ -251,7 +251,11 @@ Subcommand register_generate(CLI::App& app) {
   gen->add_flag("--unordered", a.unordered, "with --file: write each result as it finishes (with its index)")
       ->group(kOutput);
   gen->add_flag("--quiet", quiet, "no load progress bar or load line on stderr")->group(kOutput);
-  ids_opt->excludes(system_opt)->excludes(chat_opt)->excludes(interactive_opt);
+  static std::string chat_kwargs;
+  auto* kwargs_opt = gen->add_option("--chat-template-kwargs", chat_kwargs,
+                                     "chat template variables as JSON, e.g. '{\"enable_thinking\": false}' (Qwen3)")
+                         ->group(kPrompt);
+  ids_opt->excludes(system_opt)->excludes(chat_opt)->excludes(interactive_opt)->excludes(kwargs_opt);
   file_opt->excludes(interactive_opt);
   add_engine_flags(gen, engine, kGenerate);
   auto run = [prompt_opt, n_opt]() -> int {
@@ -277,6 +281,13 @@ Subcommand register_generate(CLI::App& app) {
       throw UsageError(fmt::format("--stop: given {} times; at most {} stop strings are supported", a.stop.size(),
                                    kMaxStopStrings));
     if (a.unordered && a.file.empty()) throw UsageError("--unordered: only with --file");
+    if (!chat_kwargs.empty()) {
+      try {
+        a.chat_options = parse_chat_template_kwargs(chat_kwargs);
+      } catch (const Error& e) {
+        throw UsageError(std::string("--chat-template-kwargs: ") + e.what());
+      }
+    }
     if (!a.file.empty() && a.max_tokens <= 0)
       throw UsageError(
           fmt::format("--max-tokens {}: each request of a prompts file generates at least 1 token", a.max_tokens));

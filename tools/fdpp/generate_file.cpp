@@ -81,6 +81,7 @@ int run_generate_file(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
   defaults.stop = a.stop;
   defaults.chat = a.chat;
   defaults.system = a.system;
+  defaults.chat_options = a.chat_options;
 
   // Every request is built (tokenized, checked against the context) before any runs.
   std::vector<GenerationRequest> requests;

@@ -15,7 +15,7 @@ namespace fdpp::cli {
 namespace {
 
 struct TokenizeArgs {
-  std::string model, prompt, ids, system;
+  std::string model, prompt, ids, system, chat_kwargs;
   bool chat = false, no_bos = false, json = false;
 };
 
@@ -40,7 +40,15 @@ int run_tokenize(const TokenizeArgs& a) {
     return 0;
   }
   // encode_prompt decides BOS as generate does; --no-bos drops a leading BOS whichever way it came.
-  ids = encode_prompt(*tok, a.prompt, {}, a.chat, a.system);
+  ChatOptions chat_options;
+  if (!a.chat_kwargs.empty()) {
+    try {
+      chat_options = parse_chat_template_kwargs(a.chat_kwargs);
+    } catch (const Error& e) {
+      throw UsageError(std::string("--chat-template-kwargs: ") + e.what());
+    }
+  }
+  ids = encode_prompt(*tok, a.prompt, {}, a.chat, a.system, chat_options);
   if (a.no_bos && !ids.empty() && ids.front() == tok->bos_id()) ids.erase(ids.begin());
   if (a.json) {
     std::vector<std::string> pieces;
@@ -67,6 +75,8 @@ Subcommand register_tokenize(CLI::App& app) {
   t_prompt_opt->excludes(t_ids_opt);
   tokenize->add_flag("--chat", t.chat, "wrap the text in the model's chat template first");
   tokenize->add_option("--system", t.system, "system message (implies --chat)");
+  tokenize->add_option("--chat-template-kwargs", t.chat_kwargs,
+                       "chat template variables as JSON, e.g. '{\"enable_thinking\": false}' (Qwen3)");
   tokenize->add_flag("--no-bos", t.no_bos, "drop the BOS token the model would add");
   tokenize->add_flag("--json", t.json, "print JSON (token_ids and pieces, or token_ids and text)");
   return {tokenize, [t_prompt_opt, t_ids_opt]() -> int {

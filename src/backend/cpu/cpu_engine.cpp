@@ -36,7 +36,8 @@ CpuEngine::CpuEngine(const ModelConfig& config, const DecoderWeights& weights, E
   init_engine(limits);
   pool_layer_floats_ = static_cast<size_t>(kv().num_blocks()) * kv().block_size() * config.kv_dim();
   pool_.reset(new float[2 * static_cast<size_t>(config.n_layers) * pool_layer_floats_]);
-  if (config.position == PositionEncoding::Rope) inv_freq_ = cpu::rope_inv_freq(config.rope);
+  if (config.position == PositionEncoding::Rope) inv_freq_ = cpu::rope_inv_freq(config.rope.for_context(limits.max_context));
+  if (config.has_local_rope) local_inv_freq_ = cpu::rope_inv_freq(config.local_rope);
 }
 
 void CpuEngine::norm(const float* x, const Tensor& weight, const Tensor& bias, int64_t rows, float* out) const {
@@ -94,6 +95,10 @@ struct CpuEngine::Forward {
         for (size_t t = 0; t < r.row->tokens.size(); ++t)
           cpu::embedding_row(w.tok_embeddings, r.row->tokens[t], &x[(r.token_offset + t) * H]);
     // EmbedRows::Projected: project_in wrote the rows into x already.
+    if (c.embed_scale != 1.0) {
+      const float s = static_cast<float>(c.embed_scale);
+      for (float& v : x) v *= s;
+    }
     if (learned_positions)
       for (int64_t t = 0; t < T; ++t)
         cpu::add_inplace(&x[t * H], w.pos_embeddings.ptr() + (positions[t] + c.learned_position_offset) * H, H);
@@ -114,9 +119,24 @@ struct CpuEngine::Forward {
     cpu::linear(input, T, L.wk, bias_or_null(L.bk), k.data());
     cpu::linear(input, T, L.wv, bias_or_null(L.bv), v.data());
   }
+  void qk_norm(int layer) {
+    const LayerWeights& L = w.layers[layer];
+    cpu::rms_norm(q.data(), L.q_norm.ptr(), T * c.n_heads, c.head_dim, c.norm_eps, q.data());
+    cpu::rms_norm(k.data(), L.k_norm.ptr(), T * c.n_kv_heads, c.head_dim, c.norm_eps, k.data());
+  }
   void rope_and_write_cache(int layer) {
-    cpu::rope(q.data(), T, c.n_heads, c.head_dim, c.rope_style, engine.inv_freq_, positions);
-    cpu::rope(k.data(), T, c.n_kv_heads, c.head_dim, c.rope_style, engine.inv_freq_, positions);
+    const bool local = c.has_local_rope && c.window(layer) > 0;
+    const std::vector<double>& inv_freq = local ? engine.local_inv_freq_ : engine.inv_freq_;
+    cpu::rope(q.data(), T, c.n_heads, c.head_dim, c.rope_style, inv_freq, positions);
+    cpu::rope(k.data(), T, c.n_kv_heads, c.head_dim, c.rope_style, inv_freq, positions);
+    if (const RopeConfig& r = c.rope_of(layer); r.attention_factor != 1.0) {
+      // LongRope scales cos and sin, so the rotated dimensions of q and k.
+      const float f = static_cast<float>(r.attention_factor);
+      for (int64_t row = 0; row < T * c.n_heads; ++row)
+        for (int d = 0; d < r.rotary_dim; ++d) q[row * c.head_dim + d] *= f;
+      for (int64_t row = 0; row < T * c.n_kv_heads; ++row)
+        for (int d = 0; d < r.rotary_dim; ++d) k[row * c.head_dim + d] *= f;
+    }
     write_cache(layer);
   }
   void write_cache(int layer) {
@@ -146,7 +166,7 @@ struct CpuEngine::Forward {
     }
   }
   void attention(int layer) {
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const float scale = static_cast<float>(c.attention_scale());
     for (const RowPlan& r : rows) {
       const int64_t n = static_cast<int64_t>(r.row->tokens.size());
       const float* qr = &q[r.token_offset * Q];
@@ -156,20 +176,30 @@ struct CpuEngine::Forward {
                                               c.n_kv_heads, c.head_dim, scale});
       }
       cpu::attention_paged(qr, engine.k_pool(layer), engine.v_pool(layer), r.sequence->blocks, engine.kv().block_size(),
-                           n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale, &attn[r.token_offset * Q]);
+                           n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale, &attn[r.token_offset * Q],
+                           c.window(layer), static_cast<float>(c.attn_softcap));
     }
   }
   void out_proj(int layer) {
     const LayerWeights& L = w.layers[layer];
     cpu::linear(attn.data(), T, L.wo, bias_or_null(L.bo), o.data());
   }
+  void post_norm(int layer, BlockNorm which) {
+    const LayerWeights& L = w.layers[layer];
+    cpu::rms_norm(o.data(), (which == BlockNorm::Attention ? L.attn_post_norm : L.ffn_post_norm).ptr(), T, H,
+                  c.norm_eps, o.data());
+  }
   void mlp_up_act(int layer, Activation activation) {
     const LayerWeights& L = w.layers[layer];
     cpu::linear(input, T, L.w_up, bias_or_null(L.b_up), up.data());
-    if (activation == Activation::SwiGLU) {
+    if (activation == Activation::SwiGLU || activation == Activation::GeGLU) {
       gate.resize(T * FF);
       cpu::linear(input, T, L.w_gate, bias_or_null(L.b_gate), gate.data());
-      cpu::silu_mul(gate.data(), up.data(), T * FF, up.data());
+      if (activation == Activation::SwiGLU) {
+        cpu::silu_mul(gate.data(), up.data(), T * FF, up.data());
+      } else {
+        cpu::gelu_tanh_mul(gate.data(), up.data(), T * FF, up.data());
+      }
     } else {
       cpu::relu(up.data(), T * FF);
     }
@@ -203,6 +233,8 @@ struct CpuEngine::Forward {
     if (head_tokens.empty()) return;
     logits.resize(head_count() * c.vocab_size);
     cpu::linear(head, head_count(), w.output_matrix(), nullptr, logits.data());
+    if (c.final_softcap > 0)
+      cpu::soft_cap(logits.data(), static_cast<int64_t>(logits.size()), static_cast<float>(c.final_softcap));
   }
 };
 

@@ -41,6 +41,7 @@ class CpuEngine final : public Engine {
   // K and a V pool. Allocated uninitialized, so the system commits only the pages blocks touch.
   std::unique_ptr<float[]> pool_;
   size_t pool_layer_floats_ = 0;
+  std::vector<double> local_inv_freq_;  // ModelConfig::local_rope's, when has_local_rope
   AttentionObserver observer_;
 };
 

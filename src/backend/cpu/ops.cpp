@@ -113,6 +113,18 @@ void relu(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.f ? x[i] : 0.f;
 }
 
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out) {
+  const float k = std::sqrt(2.f / std::numbers::pi_v<float>);
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+void soft_cap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, RopeStyle style,
           std::span<const double> inv_freq, std::span<const int32_t> positions) {
   const int64_t half = static_cast<int64_t>(inv_freq.size());
@@ -142,10 +154,13 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, RopeSty
 }
 
 namespace {
-// row(j): the cache row of position j (j itself for a contiguous cache).
+// row(j): the cache row of position j (j itself for a contiguous cache). window > 0: each query
+// sees only the last `window` positions up to its own; softcap > 0: scores become
+// softcap * tanh(score / softcap) (Gemma 2).
 template <typename Row>
 void attention_rows(const float* q, const float* k, const float* v, Row row, int64_t n_q, int64_t start_pos,
-                    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out) {
+                    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out, int64_t window,
+                    float softcap) {
   const int64_t group = n_heads / n_kv_heads;
   const int64_t q_stride = n_heads * head_dim;
   const int64_t kv_stride = n_kv_heads * head_dim;
@@ -154,14 +169,17 @@ void attention_rows(const float* q, const float* k, const float* v, Row row, int
   parallel_for(n_q * n_heads, [&](int64_t task) {
     thread_local std::vector<float> scores, acc;
     const int64_t t = task / n_heads, h = task % n_heads;
-    const int64_t len = start_pos + t + 1;  // causal: keys 0 .. own position
+    const int64_t end = start_pos + t + 1;  // causal: keys first .. own position
+    const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+    const int64_t len = end - first;
     if (static_cast<int64_t>(scores.size()) < len) scores.resize(static_cast<size_t>(len));
     acc.assign(static_cast<size_t>(head_dim), 0.f);
     const float* qh = q + t * q_stride + h * head_dim;
     const int64_t kvh = h / group;
     float max_score = -INFINITY;
     for (int64_t j = 0; j < len; ++j) {
-      scores[j] = dot(qh, k + row(j) * kv_stride + kvh * head_dim, head_dim) * scale;
+      scores[j] = dot(qh, k + row(first + j) * kv_stride + kvh * head_dim, head_dim) * scale;
+      if (softcap > 0.f) scores[j] = softcap * std::tanh(scores[j] / softcap);
       max_score = std::max(max_score, scores[j]);
     }
     double denom = 0.0;
@@ -172,7 +190,7 @@ void attention_rows(const float* q, const float* k, const float* v, Row row, int
     float* a = acc.data();
     for (int64_t j = 0; j < len; ++j) {
       const float p = scores[j];
-      const float* vj = v + row(j) * kv_stride + kvh * head_dim;
+      const float* vj = v + row(first + j) * kv_stride + kvh * head_dim;
 #pragma omp simd
       for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vj[d];
     }
@@ -185,17 +203,18 @@ void attention_rows(const float* q, const float* k, const float* v, Row row, int
 }  // namespace
 
 void attention(const float* q, const float* k, const float* v, int64_t n_q, int64_t start_pos, int64_t n_heads,
-               int64_t n_kv_heads, int64_t head_dim, float scale, float* out) {
-  attention_rows(q, k, v, [](int64_t j) { return j; }, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out);
+               int64_t n_kv_heads, int64_t head_dim, float scale, float* out, int64_t window, float softcap) {
+  attention_rows(q, k, v, [](int64_t j) { return j; }, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out,
+                 window, softcap);
 }
 
 void attention_paged(const float* q, const float* k, const float* v, std::span<const int32_t> blocks,
                      int64_t block_size, int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads,
-                     int64_t head_dim, float scale, float* out) {
+                     int64_t head_dim, float scale, float* out, int64_t window, float softcap) {
   check(static_cast<int64_t>(blocks.size()) * block_size >= start_pos + n_q,
         "attention: {} blocks of {} tokens hold fewer than {} positions", blocks.size(), block_size, start_pos + n_q);
   const auto row = [&](int64_t j) { return static_cast<int64_t>(blocks[j / block_size]) * block_size + j % block_size; };
-  attention_rows(q, k, v, row, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out);
+  attention_rows(q, k, v, row, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out, window, softcap);
 }
 
 float attention_dot(const float* a, const float* b, int64_t n) { return dot(a, b, n); }

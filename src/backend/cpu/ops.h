@@ -32,6 +32,13 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 // x[i] = max(x[i], 0)
 void relu(float* x, int64_t n);
 
+// out[i] = gelu_tanh(gate[i]) * up[i] (out may alias gate or up): PyTorch's gelu(approximate="tanh"),
+// 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out);
+
+// x[i] = cap * tanh(x[i] / cap): Gemma 2's logit soft-capping.
+void soft_cap(float* x, int64_t n, float cap);
+
 // Inverse frequencies of the rotary embedding (rotary_dim / 2 of them), with Linear or Llama 3
 // frequency scaling applied as HF transformers does.
 std::vector<double> rope_inv_freq(const RopeConfig& rope);
@@ -50,14 +57,18 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, RopeSty
 //   out: [n_q, n_heads * head_dim]
 // Query head h reads kv head h / (n_heads / n_kv_heads) (GQA). scale is usually 1/sqrt(head_dim).
 // Softmax is the stable one (max subtracted) in fp32 with a double-precision denominator.
+// window > 0: a query at position p reads only keys p - window + 1 .. p (sliding-window attention,
+// transformers' "kv_idx > q_idx - sliding_window"); 0 reads every earlier key. softcap > 0: each
+// scaled logit s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2).
 void attention(const float* q, const float* k, const float* v, int64_t n_q, int64_t start_pos, int64_t n_heads,
-               int64_t n_kv_heads, int64_t head_dim, float scale, float* out);
+               int64_t n_kv_heads, int64_t head_dim, float scale, float* out, int64_t window = 0,
+               float softcap = 0.f);
 // The same over a paged cache: position j's key is row blocks[j / block_size] * block_size +
 // j % block_size of k (and its value of v), so sequences can share blocks (prefix caching). The
 // arithmetic is attention()'s, in the same order: the results are equal bit for bit.
 void attention_paged(const float* q, const float* k, const float* v, std::span<const int32_t> blocks,
                      int64_t block_size, int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads,
-                     int64_t head_dim, float scale, float* out);
+                     int64_t head_dim, float scale, float* out, int64_t window = 0, float softcap = 0.f);
 
 // The dot product attention() computes its logits with (the same code, so the same fp32 result):
 // for references that must see exactly the logits attention() sees.

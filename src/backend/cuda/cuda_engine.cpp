@@ -33,6 +33,21 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
         "the CUDA backend runs embedding projections of at most the hidden size ({} > {}) in rows of 16 bytes",
         c.embedding_dim(), c.hidden);
   check(c.head_dim == 64 || c.head_dim == 128, "the CUDA backend supports head_dim 64 and 128, not {}", c.head_dim);
+  // Gemma's features the GPU path lacks so far (the CPU backend runs them; README, supported models).
+  check(!c.sandwich_norm && c.activation != Activation::GeGLU && c.attn_softcap == 0 && c.final_softcap == 0 &&
+            c.embed_scale == 1.0 && !c.has_local_rope,
+        "the CUDA backend has no {} yet (the CPU backend runs this model)",
+        c.sandwich_norm                       ? "sandwich norms"
+        : c.activation == Activation::GeGLU   ? "GeGLU MLP"
+        : c.attn_softcap != 0                 ? "attention-logit soft-capping"
+        : c.final_softcap != 0                ? "final-logit soft-capping"
+        : c.embed_scale != 1.0                ? "embedding scaling"
+                                              : "per-layer rope bases");
+  check(c.rope.attention_factor == 1.0 || c.rope.rotary_dim == c.head_dim,
+        "the CUDA backend has no LongRope attention factor with a partial rotary embedding (rotary_dim {} of {})",
+        c.rope.rotary_dim, c.head_dim);
+  check(!c.has_sliding_window(), "the CUDA backend has no sliding-window attention (layer windows shorter than the "
+                                 "context); the runtime caps such a model's context at its window");
   check(options.max_batch >= 1 && options.max_batch <= 1024, "max batch {} out of range [1, 1024]", options.max_batch);
   check(options.block_size >= 1 && (options.block_size & (options.block_size - 1)) == 0,
         "KV block size {} must be a power of two", options.block_size);
@@ -316,6 +331,11 @@ struct CudaEngine::Forward {
     const DeviceLayer& L = m.layers[layer];
     e.linear(e.normed_.get(), L.w_qkv.get(), L.b_qkv.get(), e.qkv_.get(), n, Q + 2 * KV, H, false);
   }
+  void qk_norm(int layer) {
+    const DeviceLayer& L = m.layers[layer];
+    head_rms_norm(e.qkv_.get(), n, c.n_heads, c.n_kv_heads, c.head_dim, L.q_norm.get(), L.k_norm.get(), c.norm_eps,
+                  dt, st);
+  }
   void rope_and_write_cache(int layer) {
     rope_qk_cache(e.qkv_.get(), in.positions, m.inv_freq.as<float>(), c.rope.rotary_dim / 2, in.slots, n, c.n_heads,
                   c.n_kv_heads, c.head_dim, e.options_.block_size, c.rope_style, e.layer_k(layer), e.layer_v(layer),
@@ -326,7 +346,9 @@ struct CudaEngine::Forward {
                    e.layer_k(layer), e.layer_v(layer), dt, st);
   }
   void attention(int layer) {
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    // LongRope's attention factor scales the rotated q and k (the whole head: checked at
+    // construction), so each logit by its square.
+    const float scale = static_cast<float>(c.attention_scale() * c.rope.attention_factor * c.rope.attention_factor);
     const bool async = e.options_.attention == AttentionMode::Async;
     if (decode_rows > 0) {
       if (async) {
@@ -371,6 +393,7 @@ struct CudaEngine::Forward {
     e.linear(e.attn_.get(), L.w_o.get(), L.b_o.get(), e.o_.get(), n, H, Q, false);
     e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
   }
+  void post_norm(int, BlockNorm) { fail("the CUDA backend has no sandwich norms"); }  // refused at construction
   void mlp_up_act(int layer, Activation activation) {
     const DeviceLayer& L = m.layers[layer];
     if (activation == Activation::SwiGLU &&

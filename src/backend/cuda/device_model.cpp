@@ -39,7 +39,8 @@ DeviceBuffer DeviceModel::random(int64_t n, float scale, float offset, uint64_t 
 
 void DeviceModel::upload_inv_freq() {
   if (config_.position != PositionEncoding::Rope) return;
-  const std::vector<double> inv = cpu::rope_inv_freq(config_.rope);
+  // The CUDA engine's context is the model's (LongRope's factor set follows it).
+  const std::vector<double> inv = cpu::rope_inv_freq(config_.rope.for_context(config_.max_context));
   std::vector<float> f(inv.begin(), inv.end());
   inv_freq = DeviceBuffer(f.size() * sizeof(float));
   FDPP_CUDA_CHECK(cudaMemcpy(inv_freq.get(), f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -57,6 +58,8 @@ DeviceModel::DeviceModel(const ModelConfig& c, const DecoderWeights& w, DType dt
     d.attn_norm_bias = upload({&L.attn_norm_bias});
     d.w_qkv = upload({&L.wq, &L.wk, &L.wv});
     if (c.qkv_bias) d.b_qkv = upload({&L.bq, &L.bk, &L.bv});
+    d.q_norm = upload({&L.q_norm});
+    d.k_norm = upload({&L.k_norm});
     d.w_o = upload({&L.wo});
     d.b_o = upload({&L.bo});
     d.ffn_norm = upload({&L.ffn_norm});
@@ -97,6 +100,10 @@ DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed,
     d.attn_norm_bias = bias(layer_norm && c.norm_bias, H);
     d.w_qkv = matrix(Q + 2 * KV, H);
     d.b_qkv = bias(c.qkv_bias, Q + 2 * KV);
+    if (c.qk_norm) {
+      d.q_norm = norm_weight(c.head_dim);
+      d.k_norm = norm_weight(c.head_dim);
+    }
     d.w_o = matrix(H, Q);
     d.b_o = bias(c.out_bias && rank == 0, H);
     d.ffn_norm = norm_weight(H);
@@ -172,6 +179,8 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     d.attn_norm_bias = buffer({S::AttnNormBias}, i);
     d.w_qkv = buffer({S::Wq, S::Wk, S::Wv}, i);
     if (c.qkv_bias) d.b_qkv = buffer({S::Bq, S::Bk, S::Bv}, i);
+    d.q_norm = buffer({S::QNorm}, i);
+    d.k_norm = buffer({S::KNorm}, i);
     d.w_o = buffer({S::Wo}, i);
     d.b_o = buffer({S::Bo}, i);
     d.ffn_norm = buffer({S::FfnNorm}, i);
@@ -195,6 +204,11 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
   });
   const StreamStats s = stream_weights(jobs, dtype, options);
   if (stats != nullptr) *stats = s;
+  // Load-time transforms the plan asks for (Gemma's (1 + w) norms): added in fp32 to the 16-bit
+  // values, rounded once more.
+  for (const StreamJob& j : jobs)
+    if (j.tensor->add != 0.f) add_scalar(j.dst, j.tensor->numel(), j.tensor->add, dtype, nullptr);
+  FDPP_CUDA_CHECK(cudaDeviceSynchronize());
   return m;
 }
 

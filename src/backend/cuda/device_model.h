@@ -22,6 +22,7 @@ struct DeviceLayer {
   DeviceBuffer attn_norm, attn_norm_bias;
   DeviceBuffer w_qkv, b_qkv;  // [Q + 2 KV, H], [Q + 2 KV]
   DeviceBuffer w_o, b_o;      // [H, Q]
+  DeviceBuffer q_norm, k_norm;  // [head_dim] each, qk_norm
   DeviceBuffer ffn_norm, ffn_norm_bias;
   DeviceBuffer w_in, b_in;    // SwiGLU: [2 FF, H] (gate rows, then up rows); ReLU: [FF, H]
   DeviceBuffer w_down, b_down;  // [H, FF]

@@ -134,6 +134,23 @@ void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cuda
   check_launch("silu_mul");
 }
 
+namespace {
+template <class T>
+__global__ void add_scalar_kernel(T* __restrict__ x, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = from_float<T>(to_float(x[i]) + value);
+}
+}  // namespace
+
+void add_scalar(void* x, int64_t n, float value, DType dtype, cudaStream_t stream) {
+  check(x != nullptr && n > 0, "add_scalar: null pointer or n = {}", n);
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    add_scalar_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(x), n, value);
+  });
+  check_launch("add_scalar");
+}
+
 void relu(void* x, int rows, int n, DType dtype, cudaStream_t stream) {
   check(x != nullptr, "relu: null pointer x");
   check(rows > 0 && n > 0, "relu: rows = {} and n = {} must be positive", rows, n);

@@ -205,7 +205,51 @@ int row_threads(int units) {
   return t;
 }
 
+// head_rms_norm: one warp per (token, head); the head's elements are strided over the lanes. Row r
+// of the grid is token r / heads_total, head r % heads_total, q heads first, then k heads.
+template <class T>
+__global__ void head_rms_norm_kernel(T* __restrict__ qkv, int64_t rows, int row_stride, int n_heads, int n_kv_heads,
+                                     int head_dim, const T* __restrict__ q_weight, const T* __restrict__ k_weight,
+                                     float eps) {
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;  // whole warps leave together: rows are warp-uniform
+  const int heads = n_heads + n_kv_heads;
+  const int64_t t = r / heads;
+  const int h = static_cast<int>(r - t * heads);
+  T* x = qkv + t * row_stride + static_cast<int64_t>(h) * head_dim;  // k heads follow the q heads
+  const T* w = h < n_heads ? q_weight : k_weight;
+  float ss = 0.f;
+  for (int i = lane; i < head_dim; i += 32) {
+    const float v = to_float(x[i]);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  const float inv = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / head_dim + eps));
+  for (int i = lane; i < head_dim; i += 32) x[i] = from_float<T>(to_float(x[i]) * inv * to_float(w[i]));
+}
+
 }  // namespace
+
+void head_rms_norm(void* qkv, int n_tokens, int n_heads, int n_kv_heads, int head_dim, const void* q_weight,
+                   const void* k_weight, double eps, DType dtype, cudaStream_t stream) {
+  check(qkv != nullptr && q_weight != nullptr && k_weight != nullptr, "head_rms_norm: null pointer");
+  check(n_tokens > 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0,
+        "head_rms_norm: tokens = {}, heads = {}/{}, head_dim = {} must be positive", n_tokens, n_heads, n_kv_heads,
+        head_dim);
+  check(eps >= 0 && std::isfinite(eps), "head_rms_norm: eps = {} must be finite and non-negative", eps);
+  const int64_t rows = static_cast<int64_t>(n_tokens) * (n_heads + n_kv_heads);
+  constexpr int kThreads = 256;  // 8 heads per block
+  const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;
+  const int row_stride = (n_heads + 2 * n_kv_heads) * head_dim;
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    head_rms_norm_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        static_cast<T*>(qkv), rows, row_stride, n_heads, n_kv_heads, head_dim, static_cast<const T*>(q_weight),
+        static_cast<const T*>(k_weight), static_cast<float>(eps));
+  });
+  check_launch("head_rms_norm");
+}
 
 void embedding(const void* table, const void* pos_table, int pos_offset, DType dtype, const int32_t* ids,
                const int32_t* positions, int n_tokens, int dim, float* x, cudaStream_t stream) {

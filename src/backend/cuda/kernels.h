@@ -50,12 +50,21 @@ void residual_norm(float* x, const void* delta, const void* delta_bias, const vo
                    void* out, int rows, int dim, double eps, NormType norm, bool write_back, DType dtype,
                    cudaStream_t stream);
 
+// RMSNorm over each head of q and k in place (Qwen3's q_norm / k_norm, before RoPE): qkv is the
+// fused projection [n_tokens, (n_heads + 2 n_kv_heads) * head_dim] (q heads, k heads, v heads);
+// q heads are scaled by q_weight [head_dim], k heads by k_weight; v is untouched. 16-bit in and
+// out, fp32 sums.
+void head_rms_norm(void* qkv, int n_tokens, int n_heads, int n_kv_heads, int head_dim, const void* q_weight,
+                   const void* k_weight, double eps, DType dtype, cudaStream_t stream);
+
 // ---- element-wise ----------------------------------------------------------------------------
 // x[r, :] += bias (16-bit, in place). rows x n.
 void add_bias(void* x, const void* bias, int rows, int n, DType dtype, cudaStream_t stream);
 // gate_up: [rows, 2 * n] with gate in [:, :n] and up in [:, n:] (the fused gate/up projection's
 // output) -> out[rows, n] = silu(gate) * up.
 void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cudaStream_t stream);
+// x += value in place, n elements (a load-time transform: Gemma's (1 + w) norms).
+void add_scalar(void* x, int64_t n, float value, DType dtype, cudaStream_t stream);
 // x = max(x, 0) in place, rows x n.
 void relu(void* x, int rows, int n, DType dtype, cudaStream_t stream);
 // dst[r, :] = src[index[r], :] for r < rows; rows of row_bytes bytes (a multiple of 16, both

@@ -15,6 +15,10 @@
 //   opt.cpp     OPTForCausalLM (opt)                                -
 //   chatglm.cpp ChatGLMModel (chatglm), ChatGLMForConditionalGeneration -
 //   qwen2.cpp   Qwen2ForCausalLM (qwen2): Qwen2, Qwen2.5              qwen2
+//   qwen3.cpp   Qwen3ForCausalLM (qwen3): Qwen3 dense                 qwen3
+//   gemma.cpp   Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM        -
+//               (gemma3_text): Gemma 2, Gemma 3 text
+//   phi3.cpp    Phi3ForCausalLM (phi3): Phi-3, Phi-3.5, Phi-4          -
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -79,6 +83,9 @@ const Architecture& llama_architecture();
 const Architecture& opt_architecture();
 const Architecture& chatglm_architecture();
 const Architecture& qwen2_architecture();
+const Architecture& qwen3_architecture();
+const Architecture& gemma_architecture();
+const Architecture& phi3_architecture();
 
 // What each file offers on its own (tests call these directly).
 std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& config);
@@ -86,6 +93,9 @@ ModelConfig llama_config_from_gguf(const gguf::GgufFile& file);
 std::vector<GgufTensorSpec> llama_gguf_tensor_specs(const ModelConfig& config);
 DecoderWeights load_llama_gguf(const gguf::GgufFile& file, const ModelConfig& config, const ProgressFn& progress);
 WeightPlan plan_llama_gguf(std::shared_ptr<const gguf::GgufFile> file, const ModelConfig& config);
+// config.json's rotary embedding (rope_theta, rope_scaling or transformers 5's rope_parameters:
+// default, linear, llama3) -> rope (rotary_dim is left to the caller).
+void parse_hf_rope(const nlohmann::json& config, const std::string& origin, RopeConfig& rope);
 // The Llama layout that other architectures (qwen2.cpp) share, from llama.cpp.
 // config.json's fields of the Llama layout (sizes, norm, activation, rope, tying) -> c; the
 // caller sets the architecture's name, its biases and anything it adds.
@@ -97,6 +107,11 @@ ModelConfig llama_layout_config_from_gguf(const gguf::GgufFile& file);
 // adjacent-pair RoPE (Llama, Mistral), which loading undoes; models it converts for NeoX-style
 // RoPE (Qwen2) keep Hugging Face's order.
 std::vector<GgufTensorSpec> llama_layout_gguf_tensor_specs(const ModelConfig& config, bool permuted_qk);
+// Qwen2/Qwen3's sliding window (use_sliding_window, sliding_window, max_window_layers or
+// layer_types) -> ModelConfig::layer_windows; empty when no layer's window is shorter than
+// max_context.
+std::vector<int> qwen_layer_windows(const nlohmann::json& config, const std::string& origin, int n_layers,
+                                    int max_context);
 std::vector<HfTensorSpec> opt_tensor_specs(const ModelConfig& config, const WeightSource& source);
 std::vector<HfTensorSpec> chatglm_tensor_specs(const ModelConfig& config);
 

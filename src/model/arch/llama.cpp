@@ -32,12 +32,49 @@ using nlohmann::json;
 
 // ---- config.json ---------------------------------------------------------------------------------
 
+// hidden / heads when head_dim is not given; the heads must divide hidden then.
+int derived_head_dim(const JsonFields& f, int hidden, int heads, const char* hidden_key, const char* heads_key) {
+  if (f.has("head_dim")) return f.positive("head_dim");
+  check(hidden % heads == 0, "{}: {} = {} is not a multiple of {} = {}", f.origin(), hidden_key, hidden, heads_key,
+        heads);
+  return hidden / heads;
+}
+
+void parse_hf(const json& j, const std::string& hf_architecture, const std::string&, const std::string& origin,
+              ModelConfig& c) {
+  const bool mistral = hf_architecture == "MistralForCausalLM";
+  const JsonFields f(j, origin);
+  parse_llama_layout_hf(j, origin, c);
+  c.architecture = mistral ? "mistral" : "llama";
+  c.qkv_bias = c.out_bias = f.boolean_or("attention_bias", false);
+  c.mlp_bias = f.boolean_or("mlp_bias", false);
+  if (mistral && f.has("sliding_window")) {
+    // Every layer attends over the window (Mistral v0.1: 4096 of 32768); one at least as long as
+    // the context is full attention.
+    const int window = f.positive("sliding_window");
+    if (window < c.max_context) c.layer_windows.assign(static_cast<size_t>(c.n_layers), window);
+  }
+}
+
+// ---- GGUF metadata -------------------------------------------------------------------------------
+
+bool is_llama_family(const std::string& arch) { return arch == "llama" || arch == "mistral"; }
+
+int to_int(uint64_t v, const std::string& path, const char* key) {
+  check(v <= (1u << 30), "{}: metadata {} = {} is out of range", path, key, v);
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+// ---- config.json's rotary embedding ----------------------------------------------------------------
+
 // The rotary embedding, from either shape of config.json: the classic one (rope_theta,
 // rope_scaling {rope_type or type, factor, ...}) and transformers 5's (rope_parameters
 // {rope_type, rope_theta, ...}). A config with both (rope_scaling added to a transformers 5 one to
 // stretch the context) scales as its rope_scaling says, with rope_parameters' rope_theta: what
 // transformers 5.17 makes of it.
-void parse_rope(const json& j, const std::string& origin, RopeConfig& rope) {
+void parse_hf_rope(const nlohmann::json& j, const std::string& origin, RopeConfig& rope) {
   const JsonFields top(j, origin);
   std::string type = "default";
   const json* params = nullptr;
@@ -84,40 +121,6 @@ void parse_rope(const json& j, const std::string& origin, RopeConfig& rope) {
   check(rope.factor >= 1, "{}: {}factor = {} must be >= 1", origin, prefix, rope.factor);
 }
 
-// hidden / heads when head_dim is not given; the heads must divide hidden then.
-int derived_head_dim(const JsonFields& f, int hidden, int heads, const char* hidden_key, const char* heads_key) {
-  if (f.has("head_dim")) return f.positive("head_dim");
-  check(hidden % heads == 0, "{}: {} = {} is not a multiple of {} = {}", f.origin(), hidden_key, hidden, heads_key,
-        heads);
-  return hidden / heads;
-}
-
-void parse_hf(const json& j, const std::string& hf_architecture, const std::string&, const std::string& origin,
-              ModelConfig& c) {
-  const bool mistral = hf_architecture == "MistralForCausalLM";
-  const JsonFields f(j, origin);
-  parse_llama_layout_hf(j, origin, c);
-  c.architecture = mistral ? "mistral" : "llama";
-  c.qkv_bias = c.out_bias = f.boolean_or("attention_bias", false);
-  c.mlp_bias = f.boolean_or("mlp_bias", false);
-  if (mistral && f.has("sliding_window")) {
-    // Attention over a sliding window equals full attention while the context fits in the window;
-    // fdpp has no windowed attention, so the context is capped there.
-    c.max_context = std::min(c.max_context, f.positive("sliding_window"));
-  }
-}
-
-// ---- GGUF metadata -------------------------------------------------------------------------------
-
-bool is_llama_family(const std::string& arch) { return arch == "llama" || arch == "mistral"; }
-
-int to_int(uint64_t v, const std::string& path, const char* key) {
-  check(v <= (1u << 30), "{}: metadata {} = {} is out of range", path, key, v);
-  return static_cast<int>(v);
-}
-
-}  // namespace
-
 // ---- config.json of the Llama layout -------------------------------------------------------------
 
 void parse_llama_layout_hf(const nlohmann::json& j, const std::string& origin, ModelConfig& c) {
@@ -140,7 +143,7 @@ void parse_llama_layout_hf(const nlohmann::json& j, const std::string& origin, M
   c.activation = Activation::SwiGLU;
   c.position = PositionEncoding::Rope;
   c.rope_style = RopeStyle::RotateHalf;
-  parse_rope(j, origin, c.rope);
+  parse_hf_rope(j, origin, c.rope);
   c.rope.rotary_dim = c.head_dim;
 }
 

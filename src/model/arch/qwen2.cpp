@@ -9,13 +9,15 @@
 // Sliding window: transformers applies sliding_window only when use_sliding_window is true, and
 // then only on the layers that layer_types marks "sliding_attention" (without layer_types: the
 // layers from max_window_layers on). Every released Qwen2.5 config has use_sliding_window false,
-// so its sliding_window is ignored, as transformers ignores it. A config that does turn it on for
-// a window shorter than the context is refused: fdpp has no sliding-window attention yet.
+// so its sliding_window is ignored, as transformers ignores it. When it is on, those layers get
+// ModelConfig::layer_windows (each token attends to the last sliding_window positions).
 //
 // GGUF (general.architecture qwen2): llama.cpp's Llama tensor names with attn_{q,k,v}.bias; its
 // converter keeps Hugging Face's row order for q and k (llama.cpp runs Qwen2 with NeoX-style
 // RoPE, which is rotate-half), so nothing is unpermuted.
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
 
 #include "fdpp/error.h"
 #include "io/gguf.h"
@@ -32,9 +34,9 @@ using nlohmann::json;
 constexpr int kDefaultMaxPositions = 32768;
 constexpr int kDefaultMaxWindowLayers = 28;
 
-// The first layer that attends over a sliding window, or -1 when none does.
-int first_sliding_layer(const json& j, const JsonFields& f, int n_layers) {
-  if (!f.boolean_or("use_sliding_window", false) || !f.has("sliding_window")) return -1;
+// Whether layer i attends over the window: layer_types when given, else from max_window_layers on.
+std::vector<bool> sliding_layers(const json& j, const JsonFields& f, int n_layers) {
+  std::vector<bool> out(static_cast<size_t>(n_layers), false);
   if (f.has("layer_types")) {
     const json& types = j.at("layer_types");
     check(types.is_array() && types.size() == static_cast<size_t>(n_layers),
@@ -44,14 +46,15 @@ int first_sliding_layer(const json& j, const JsonFields& f, int n_layers) {
       check(t.is_string() && (t == "full_attention" || t == "sliding_attention"),
             "{}: layer_types[{}] = {} is not supported (supported: full_attention, sliding_attention)", f.origin(), i,
             json_show(t));
-      if (t == "sliding_attention") return i;
+      out[static_cast<size_t>(i)] = t == "sliding_attention";
     }
-    return -1;
+    return out;
   }
   const double from = f.number_or("max_window_layers", kDefaultMaxWindowLayers);
   check(from >= 0 && from == static_cast<double>(static_cast<int64_t>(from)),
         "{}: max_window_layers = {} is not a layer count", f.origin(), from);
-  return from < n_layers ? static_cast<int>(from) : -1;
+  for (int i = static_cast<int>(std::min<double>(from, n_layers)); i < n_layers; ++i) out[static_cast<size_t>(i)] = true;
+  return out;
 }
 
 void parse_hf(const json& j, const std::string&, const std::string&, const std::string& origin, ModelConfig& c) {
@@ -62,15 +65,7 @@ void parse_hf(const json& j, const std::string&, const std::string&, const std::
   c.qkv_bias = true;
   c.out_bias = false;
   c.mlp_bias = false;
-  const int first = first_sliding_layer(j, f, c.n_layers);
-  if (first >= 0) {
-    // A window at least as long as the context never drops a key: full attention is exact.
-    const int window = f.positive("sliding_window");
-    check(window >= c.max_context,
-          "{}: use_sliding_window with sliding_window = {} shorter than max_position_embeddings = {} (from layer {} "
-          "on) is not supported yet: fdpp has no sliding-window attention",
-          origin, window, c.max_context, first);
-  }
+  c.layer_windows = qwen_layer_windows(j, origin, c.n_layers, c.max_context);
 }
 
 ModelConfig config_from_gguf(const gguf::GgufFile& f) {
@@ -80,6 +75,22 @@ ModelConfig config_from_gguf(const gguf::GgufFile& f) {
 }
 
 }  // namespace
+
+std::vector<int> qwen_layer_windows(const nlohmann::json& j, const std::string& origin, int n_layers, int max_context) {
+  const JsonFields f(j, origin);
+  if (!f.boolean_or("use_sliding_window", false) || !f.has("sliding_window"))
+    return {};
+  const int window = f.positive("sliding_window");
+  // A window at least as long as the context never drops a key: full attention is exact.
+  if (window >= max_context) return {};
+  std::vector<int> windows(static_cast<size_t>(n_layers), 0);
+  const std::vector<bool> sliding = sliding_layers(j, f, n_layers);
+  bool any = false;
+  for (int i = 0; i < n_layers; ++i)
+    if (sliding[static_cast<size_t>(i)]) windows[static_cast<size_t>(i)] = window, any = true;
+  if (!any) windows.clear();
+  return windows;
+}
 
 const Architecture& qwen2_architecture() {
   static const Architecture kQwen2{

@@ -5,8 +5,10 @@
 namespace fdpp {
 
 std::span<const Architecture* const> architectures() {
-  static const std::array<const Architecture*, 4> kAll = {&llama_architecture(), &qwen2_architecture(),
-                                                          &opt_architecture(), &chatglm_architecture()};
+  static const std::array<const Architecture*, 7> kAll = {&llama_architecture(), &qwen2_architecture(),
+                                                          &qwen3_architecture(), &gemma_architecture(),
+                                                          &phi3_architecture(), &opt_architecture(),
+                                                          &chatglm_architecture()};
   return kAll;
 }
 
