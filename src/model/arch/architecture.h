@@ -23,6 +23,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -110,6 +111,10 @@ std::vector<GgufTensorSpec> llama_layout_gguf_tensor_specs(const ModelConfig& co
 // Qwen2/Qwen3's sliding window (use_sliding_window, sliding_window, max_window_layers or
 // layer_types) -> ModelConfig::layer_windows; empty when no layer's window is shorter than
 // max_context.
+// config.json's layer_types (transformers' "full_attention" / "sliding_attention" per layer) ->
+// whether each layer is a sliding one; nullopt when the key is absent (the caller's own rule).
+std::optional<std::vector<bool>> hf_sliding_layer_types(const nlohmann::json& config, const std::string& origin,
+                                                        int n_layers);
 std::vector<int> qwen_layer_windows(const nlohmann::json& config, const std::string& origin, int n_layers,
                                     int max_context);
 std::vector<HfTensorSpec> opt_tensor_specs(const ModelConfig& config, const WeightSource& source);

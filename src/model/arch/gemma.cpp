@@ -39,19 +39,7 @@ bool is_gemma3(const std::string& hf_architecture, const std::string& model_type
 // Whether layer i is local (sliding window).
 std::vector<bool> local_layers(const json& j, const JsonFields& f, int n_layers, bool gemma3) {
   std::vector<bool> out(static_cast<size_t>(n_layers));
-  if (f.has("layer_types")) {
-    const json& types = j.at("layer_types");
-    check(types.is_array() && types.size() == static_cast<size_t>(n_layers),
-          "{}: layer_types = {} is not a list of num_hidden_layers = {} names", f.origin(), json_show(types), n_layers);
-    for (int i = 0; i < n_layers; ++i) {
-      const json& t = types[static_cast<size_t>(i)];
-      check(t.is_string() && (t == "full_attention" || t == "sliding_attention"),
-            "{}: layer_types[{}] = {} is not supported (supported: full_attention, sliding_attention)", f.origin(), i,
-            json_show(t));
-      out[static_cast<size_t>(i)] = t == "sliding_attention";
-    }
-    return out;
-  }
+  if (auto types = hf_sliding_layer_types(j, f.origin(), n_layers)) return *types;
   const int pattern = gemma3 ? f.positive_or("sliding_window_pattern", 6) : 2;
   for (int i = 0; i < n_layers; ++i) out[static_cast<size_t>(i)] = (i + 1) % pattern != 0;
   return out;

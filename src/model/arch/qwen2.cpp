@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <optional>
 
 #include "fdpp/error.h"
 #include "io/gguf.h"
@@ -37,19 +38,7 @@ constexpr int kDefaultMaxWindowLayers = 28;
 // Whether layer i attends over the window: layer_types when given, else from max_window_layers on.
 std::vector<bool> sliding_layers(const json& j, const JsonFields& f, int n_layers) {
   std::vector<bool> out(static_cast<size_t>(n_layers), false);
-  if (f.has("layer_types")) {
-    const json& types = j.at("layer_types");
-    check(types.is_array() && types.size() == static_cast<size_t>(n_layers),
-          "{}: layer_types = {} is not a list of num_hidden_layers = {} names", f.origin(), json_show(types), n_layers);
-    for (int i = 0; i < n_layers; ++i) {
-      const json& t = types[static_cast<size_t>(i)];
-      check(t.is_string() && (t == "full_attention" || t == "sliding_attention"),
-            "{}: layer_types[{}] = {} is not supported (supported: full_attention, sliding_attention)", f.origin(), i,
-            json_show(t));
-      out[static_cast<size_t>(i)] = t == "sliding_attention";
-    }
-    return out;
-  }
+  if (auto types = hf_sliding_layer_types(j, f.origin(), n_layers)) return *types;
   const double from = f.number_or("max_window_layers", kDefaultMaxWindowLayers);
   check(from >= 0 && from == static_cast<double>(static_cast<int64_t>(from)),
         "{}: max_window_layers = {} is not a layer count", f.origin(), from);
@@ -75,6 +64,23 @@ ModelConfig config_from_gguf(const gguf::GgufFile& f) {
 }
 
 }  // namespace
+
+std::optional<std::vector<bool>> hf_sliding_layer_types(const nlohmann::json& j, const std::string& origin,
+                                                        int n_layers) {
+  if (!j.contains("layer_types") || j.at("layer_types").is_null()) return std::nullopt;
+  const nlohmann::json& types = j.at("layer_types");
+  check(types.is_array() && types.size() == static_cast<size_t>(n_layers),
+        "{}: layer_types = {} is not a list of num_hidden_layers = {} names", origin, json_show(types), n_layers);
+  std::vector<bool> out(static_cast<size_t>(n_layers));
+  for (int i = 0; i < n_layers; ++i) {
+    const nlohmann::json& t = types[static_cast<size_t>(i)];
+    check(t.is_string() && (t == "full_attention" || t == "sliding_attention"),
+          "{}: layer_types[{}] = {} is not supported (supported: full_attention, sliding_attention)", origin, i,
+          json_show(t));
+    out[static_cast<size_t>(i)] = t == "sliding_attention";
+  }
+  return out;
+}
 
 std::vector<int> qwen_layer_windows(const nlohmann::json& j, const std::string& origin, int n_layers, int max_context) {
   const JsonFields f(j, origin);
