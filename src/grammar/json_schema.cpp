@@ -260,7 +260,8 @@ class SchemaCompiler {
     static const std::set<std::string> common = {"type", "title", "description", "default", "examples", "$schema", "$id",
                                                  "$comment", "deprecated", "readOnly", "writeOnly", "$defs",
                                                  "definitions", "strict", "nullable", "discriminator"};
-    for (const auto& [k, v] : s.items()) {
+    for (const auto& item : s.items()) {
+      const std::string& k = item.key();  // a plain reference: older clang cannot capture a structured binding
       if (common.count(k)) continue;
       if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return k == a; }) != allowed.end()) continue;
       // Keywords of another type: meaningless for this one only when the schema allows one type.
