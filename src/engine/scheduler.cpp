@@ -115,6 +115,10 @@ uint64_t Scheduler::submit(GenerationRequest request, GenerationCallbacks callba
     check(b.id >= 0 && b.id < c.vocab_size, "logit_bias token id {} is out of range [0, {})", b.id, c.vocab_size);
   check(request.sampling.min_tokens <= request.max_tokens, "min_tokens = {} exceeds max_tokens = {}",
         request.sampling.min_tokens, request.max_tokens);
+  // The format decides where the output may end: holding its end back could leave no token allowed.
+  check(!request.grammar || request.sampling.min_tokens == 0,
+        "min_tokens = {} cannot be combined with structured output (the format decides where the output ends)",
+        request.sampling.min_tokens);
   request.sampling.min_tokens_ids.clear();
   if (request.sampling.min_tokens > 0) {
     if (!request.ignore_eos) request.sampling.min_tokens_ids = end_of_generation_ids_;

@@ -94,3 +94,12 @@ def test_sampling_params_fields():
     assert fdpp.SamplingParams(structured_outputs=StructuredOutputsParams(choice=["a", "b"])) == sp
     with pytest.raises(fdpp.InvalidInputError, match="not both"):
         fdpp.SamplingParams(structured_outputs=so, guided_decoding=so)
+
+
+def test_min_tokens_with_structured_output_is_refused(llm):
+    # The format decides where the output may end; min_tokens holding the end back could leave no
+    # allowed token, so the pair is refused by name instead of failing mid-way.
+    sp = fdpp.SamplingParams(temperature=0, max_tokens=10, min_tokens=3,
+                             structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    with pytest.raises(fdpp.InvalidInputError, match="min_tokens = 3 cannot be combined with structured output"):
+        llm.generate("Is water wet?", sp, use_tqdm=False)
