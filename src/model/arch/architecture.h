@@ -90,6 +90,9 @@ const Architecture& phi3_architecture();
 
 // What each file offers on its own (tests call these directly).
 std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& config);
+// Layer i's model.layers.i.self_attn.{q,k,v,o}_proj weights, with the q/k/v biases (qkv_bias) and
+// the o bias (out_bias) where the config has them: the Llama layout's, which Gemma shares.
+void append_hf_attention_specs(std::vector<HfTensorSpec>& specs, const ModelConfig& config, int layer);
 ModelConfig llama_config_from_gguf(const gguf::GgufFile& file);
 std::vector<GgufTensorSpec> llama_gguf_tensor_specs(const ModelConfig& config);
 DecoderWeights load_llama_gguf(const gguf::GgufFile& file, const ModelConfig& config, const ProgressFn& progress);

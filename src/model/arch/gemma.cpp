@@ -112,23 +112,14 @@ HfTensorSpec plus_one(HfTensorSpec s) {
 }
 
 std::vector<HfTensorSpec> hf_specs(const ModelConfig& c, const WeightSource&) {
-  const int64_t h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), ff = c.ffn_hidden, v = c.vocab_size, hd = c.head_dim;
+  const int64_t h = c.hidden, ff = c.ffn_hidden, v = c.vocab_size, hd = c.head_dim;
   std::vector<HfTensorSpec> s;
   s.push_back(hf_spec("model.embed_tokens.weight", {v, h}, &DecoderWeights::tok_embeddings));
   using L = LayerWeights;
   for (int i = 0; i < c.n_layers; ++i) {
     auto n = [i](const char* suffix) { return fmt::format("model.layers.{}.{}", i, suffix); };
     s.push_back(plus_one(hf_layer_spec(n("input_layernorm.weight"), {h}, i, &L::attn_norm)));
-    s.push_back(hf_layer_spec(n("self_attn.q_proj.weight"), {q, h}, i, &L::wq));
-    s.push_back(hf_layer_spec(n("self_attn.k_proj.weight"), {kv, h}, i, &L::wk));
-    s.push_back(hf_layer_spec(n("self_attn.v_proj.weight"), {kv, h}, i, &L::wv));
-    s.push_back(hf_layer_spec(n("self_attn.o_proj.weight"), {h, q}, i, &L::wo));
-    if (c.qkv_bias) {
-      s.push_back(hf_layer_spec(n("self_attn.q_proj.bias"), {q}, i, &L::bq));
-      s.push_back(hf_layer_spec(n("self_attn.k_proj.bias"), {kv}, i, &L::bk));
-      s.push_back(hf_layer_spec(n("self_attn.v_proj.bias"), {kv}, i, &L::bv));
-      s.push_back(hf_layer_spec(n("self_attn.o_proj.bias"), {h}, i, &L::bo));
-    }
+    append_hf_attention_specs(s, c, i);
     if (c.qk_norm) {
       s.push_back(plus_one(hf_layer_spec(n("self_attn.q_norm.weight"), {hd}, i, &L::q_norm)));
       s.push_back(plus_one(hf_layer_spec(n("self_attn.k_norm.weight"), {hd}, i, &L::k_norm)));

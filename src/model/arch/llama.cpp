@@ -149,24 +149,31 @@ void parse_llama_layout_hf(const nlohmann::json& j, const std::string& origin, M
 
 // ---- Hugging Face tensor names -------------------------------------------------------------------
 
+void append_hf_attention_specs(std::vector<HfTensorSpec>& s, const ModelConfig& c, int i) {
+  const int64_t h = c.hidden, q = c.q_dim(), kv = c.kv_dim();
+  auto n = [i](const char* suffix) { return fmt::format("model.layers.{}.self_attn.{}", i, suffix); };
+  using L = LayerWeights;
+  s.push_back(hf_layer_spec(n("q_proj.weight"), {q, h}, i, &L::wq));
+  s.push_back(hf_layer_spec(n("k_proj.weight"), {kv, h}, i, &L::wk));
+  s.push_back(hf_layer_spec(n("v_proj.weight"), {kv, h}, i, &L::wv));
+  s.push_back(hf_layer_spec(n("o_proj.weight"), {h, q}, i, &L::wo));
+  if (c.qkv_bias) {
+    s.push_back(hf_layer_spec(n("q_proj.bias"), {q}, i, &L::bq));
+    s.push_back(hf_layer_spec(n("k_proj.bias"), {kv}, i, &L::bk));
+    s.push_back(hf_layer_spec(n("v_proj.bias"), {kv}, i, &L::bv));
+  }
+  if (c.out_bias) s.push_back(hf_layer_spec(n("o_proj.bias"), {h}, i, &L::bo));
+}
+
 std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& c) {
-  const int64_t h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), ff = c.ffn_hidden, v = c.vocab_size;
+  const int64_t h = c.hidden, ff = c.ffn_hidden, v = c.vocab_size;
   std::vector<HfTensorSpec> s;
   s.push_back(hf_spec("model.embed_tokens.weight", {v, h}, &DecoderWeights::tok_embeddings));
   for (int i = 0; i < c.n_layers; ++i) {
     auto n = [i](const char* suffix) { return fmt::format("model.layers.{}.{}", i, suffix); };
     using L = LayerWeights;
     s.push_back(hf_layer_spec(n("input_layernorm.weight"), {h}, i, &L::attn_norm));
-    s.push_back(hf_layer_spec(n("self_attn.q_proj.weight"), {q, h}, i, &L::wq));
-    s.push_back(hf_layer_spec(n("self_attn.k_proj.weight"), {kv, h}, i, &L::wk));
-    s.push_back(hf_layer_spec(n("self_attn.v_proj.weight"), {kv, h}, i, &L::wv));
-    s.push_back(hf_layer_spec(n("self_attn.o_proj.weight"), {h, q}, i, &L::wo));
-    if (c.qkv_bias) {
-      s.push_back(hf_layer_spec(n("self_attn.q_proj.bias"), {q}, i, &L::bq));
-      s.push_back(hf_layer_spec(n("self_attn.k_proj.bias"), {kv}, i, &L::bk));
-      s.push_back(hf_layer_spec(n("self_attn.v_proj.bias"), {kv}, i, &L::bv));
-    }
-    if (c.out_bias) s.push_back(hf_layer_spec(n("self_attn.o_proj.bias"), {h}, i, &L::bo));
+    append_hf_attention_specs(s, c, i);
     s.push_back(hf_layer_spec(n("post_attention_layernorm.weight"), {h}, i, &L::ffn_norm));
     s.push_back(hf_layer_spec(n("mlp.gate_proj.weight"), {ff, h}, i, &L::w_gate));
     s.push_back(hf_layer_spec(n("mlp.up_proj.weight"), {ff, h}, i, &L::w_up));
