@@ -83,24 +83,38 @@ CLI::App* add_serve_command(CLI::App& app) {
   ServeArgs& a = g_serve;
   auto* s = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) with "
                                         "continuous batching");
-  s->add_option("--host", a.host, "address to listen on")->capture_default_str();
-  s->add_option("--port", a.port, "TCP port (0: any free port, printed at start)")->capture_default_str()->check(CLI::Range(0, 65535));
-  s->add_option("--api-key", a.api_key, "require 'Authorization: Bearer KEY' on /v1/* (default: $FDPP_API_KEY, else none)")
-      ->envname("FDPP_API_KEY");
-  s->add_option("--served-model-name", a.served_model_name, "the model id clients use (default: the file or directory name)");
+  const std::string kServer = "Server";
+  s->add_option("--host", a.host, "address to listen on")->capture_default_str()->group(kServer);
+  s->add_option("--port", a.port, "TCP port (0: any free port, printed at start)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535))
+      ->group(kServer);
+  s->add_option("--api-key", a.api_key,
+                "require 'Authorization: Bearer KEY' on /v1/* (default: $FDPP_API_KEY, else none)")
+      ->envname("FDPP_API_KEY")
+      ->group(kServer);
+  s->add_option("--served-model-name", a.served_model_name,
+                "the model id clients use (default: the file or directory name)")
+      ->group(kServer);
   s->add_option("--max-waiting", a.max_waiting, "queued requests beyond which the server answers 503 + Retry-After")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20))
+      ->group(kServer);
   s->add_option("--http-threads", a.http_threads,
                 "HTTP worker threads; each streamed response holds one (default: 2 x max-num-seqs + 16, at least 64)")
-      ->check(CLI::Range(1, 8192));
+      ->check(CLI::Range(1, 8192))
+      ->group(kServer);
   s->add_option("--max-body-bytes", a.max_body_bytes, "request bodies above this get 413")
-      ->capture_default_str()->check(CLI::Range(int64_t{1024}, int64_t{1} << 30));
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1024}, int64_t{1} << 30))
+      ->group(kServer);
   s->add_option("--allowed-origins", a.allowed_origins,
                 "CORS: origins (scheme://host[:port], or *) whose pages may call the server, comma-separated "
                 "(default: none, no CORS headers)")
       ->delimiter(',')
-      ->check([](const std::string& o) { return server::origin_problem(o); });
-  s->add_flag("--disable-log-requests", a.disable_log_requests, "no log line per finished request");
+      ->check([](const std::string& o) { return server::origin_problem(o); })
+      ->group(kServer);
+  s->add_flag("--disable-log-requests", a.disable_log_requests, "no log line per finished request")->group(kServer);
   cli::add_engine_flags(s, a.engine, kServe);
   return s;
 }
