@@ -26,26 +26,33 @@ void ensure_bytes(DeviceBuffer& b, size_t bytes) {
 }
 }  // namespace
 
+std::string cuda_model_problem(const ModelConfig& c) {
+  if (c.embedding_dim() > c.hidden || (c.embedding_dim() * 2) % 16 != 0)
+    return fmt::format(
+        "the CUDA backend runs embedding projections of at most the hidden size ({} > {}) in rows of 16 bytes",
+        c.embedding_dim(), c.hidden);
+  if (c.head_dim != 64 && c.head_dim != 128)
+    return fmt::format("the CUDA backend supports head_dim 64 and 128, not {}", c.head_dim);
+  // Gemma's features the GPU path lacks so far (the CPU backend runs them; README, supported models).
+  const char* missing = c.sandwich_norm                     ? "sandwich norms"
+                        : c.activation == Activation::GeGLU ? "GeGLU MLP"
+                        : c.attn_softcap != 0               ? "attention-logit soft-capping"
+                        : c.final_softcap != 0              ? "final-logit soft-capping"
+                        : c.embed_scale != 1.0              ? "embedding scaling"
+                        : c.has_local_rope                  ? "per-layer rope bases"
+                                                            : nullptr;
+  if (missing != nullptr) return fmt::format("the CUDA backend has no {} yet (the CPU backend runs this model)", missing);
+  if (c.rope.attention_factor != 1.0 && c.rope.rotary_dim != c.head_dim)
+    return fmt::format(
+        "the CUDA backend has no LongRope attention factor with a partial rotary embedding (rotary_dim {} of {})",
+        c.rope.rotary_dim, c.head_dim);
+  return "";
+}
+
 CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOptions& options)
     : model_(std::move(model)), options_(options) {
   const ModelConfig& c = model_->config();
-  check(c.embedding_dim() <= c.hidden && (c.embedding_dim() * 2) % 16 == 0,
-        "the CUDA backend runs embedding projections of at most the hidden size ({} > {}) in rows of 16 bytes",
-        c.embedding_dim(), c.hidden);
-  check(c.head_dim == 64 || c.head_dim == 128, "the CUDA backend supports head_dim 64 and 128, not {}", c.head_dim);
-  // Gemma's features the GPU path lacks so far (the CPU backend runs them; README, supported models).
-  check(!c.sandwich_norm && c.activation != Activation::GeGLU && c.attn_softcap == 0 && c.final_softcap == 0 &&
-            c.embed_scale == 1.0 && !c.has_local_rope,
-        "the CUDA backend has no {} yet (the CPU backend runs this model)",
-        c.sandwich_norm                       ? "sandwich norms"
-        : c.activation == Activation::GeGLU   ? "GeGLU MLP"
-        : c.attn_softcap != 0                 ? "attention-logit soft-capping"
-        : c.final_softcap != 0                ? "final-logit soft-capping"
-        : c.embed_scale != 1.0                ? "embedding scaling"
-                                              : "per-layer rope bases");
-  check(c.rope.attention_factor == 1.0 || c.rope.rotary_dim == c.head_dim,
-        "the CUDA backend has no LongRope attention factor with a partial rotary embedding (rotary_dim {} of {})",
-        c.rope.rotary_dim, c.head_dim);
+  if (const std::string problem = cuda_model_problem(c); !problem.empty()) fail("{}", problem);
   check(!c.has_sliding_window(), "the CUDA backend has no sliding-window attention (layer windows shorter than the "
                                  "context); the runtime caps such a model's context at its window");
   check(options.max_batch >= 1 && options.max_batch <= 1024, "max batch {} out of range [1, 1024]", options.max_batch);

@@ -81,6 +81,11 @@ struct MemoryReport {
   int64_t kv_tokens = 0;
 };
 
+// Why the CUDA engine cannot run a model of this config (its head size, embedding projection, or
+// Gemma's and LongRoPE's features it lacks so far), in the words the engine refuses it with; "" when
+// it can. Sliding windows are not in it: the runtime caps such a model's context at its window.
+std::string cuda_model_problem(const ModelConfig& c);
+
 class CudaEngine final : public Engine {
  public:
   CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOptions& options);
