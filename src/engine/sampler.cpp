@@ -171,8 +171,9 @@ void Sampler::apply_presence_frequency(std::vector<float>& logits, std::span<con
   std::unordered_map<int32_t, int> counts;
   for (int32_t id : generated)
     if (id >= 0 && static_cast<size_t>(id) < logits.size()) ++counts[id];
-  // One expression, evaluated in float as the CUDA kernel does (the same rounding on both).
-  for (const auto& [id, n] : counts) logits[id] = logits[id] - (static_cast<float>(n) * frequency + presence);
+  // An explicit fused multiply-add, as the CUDA kernel computes it: one rounding on both, whatever
+  // the compiler would contract.
+  for (const auto& [id, n] : counts) logits[id] = logits[id] - std::fma(static_cast<float>(n), frequency, presence);
 }
 
 TokenLogprobs Sampler::logprobs(std::span<const float> raw, int32_t token, int k) {

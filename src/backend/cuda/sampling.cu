@@ -362,10 +362,9 @@ __global__ void __launch_bounds__(kPenaltyThreads)
     const int id = ids[i];
     if (id < 0 || id >= vocab) continue;
     const int k = c[id];
-    // The first entry to flip the count applies the penalty once; the CPU's expression, rounded
-    // the same way (no fused multiply-add).
-    if (k > 0 && atomicCAS(&c[id], k, -k) == k)
-      lg[id] = __fsub_rn(lg[id], __fadd_rn(__fmul_rn(static_cast<float>(k), freq), pres));
+    // The first entry to flip the count applies the penalty once; the CPU's expression with the
+    // same explicit fused multiply-add (one rounding on both).
+    if (k > 0 && atomicCAS(&c[id], k, -k) == k) lg[id] = __fsub_rn(lg[id], __fmaf_rn(static_cast<float>(k), freq, pres));
   }
 }
 
