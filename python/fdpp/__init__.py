@@ -790,8 +790,9 @@ class LLM:
         tokenizer: None, or the model's own path or folder (fdpp reads the tokenizer from the
             model); anything else is refused.
         trust_remote_code: accepted; fdpp never runs code from a model folder.
-        quantization: None only: the weights run as stored (GGUF blocks, 16-bit checkpoints);
-            anything else is refused until fdpp has that quantization.
+        quantization: None (the weights as stored: GGUF blocks, 16-bit checkpoints) or "fp8"
+            (CUDA: the layers' weights quantized to e4m3 at load, a scale per output row, as
+            `--quantization fp8`); other methods are refused.
         generation_config: "auto" (the default, as vLLM's): the sampling defaults of the model
             folder's generation_config.json become get_default_sampling_params(), used when a call
             has no SamplingParams; "vllm" or None: vLLM's defaults only; a folder: its file.
@@ -848,9 +849,6 @@ class LLM:
         if vllm_keywords:
             warnings.warn(f"fdpp.LLM ignores vLLM's {', '.join(sorted(vllm_keywords))}: no effect in fdpp",
                           stacklevel=2)
-        if quantization is not None:
-            raise _bad(f"quantization: {quantization!r} is not supported (fdpp runs weights as stored: GGUF "
-                       "blocks or 16-bit checkpoints; None is the only value)")
         if not isinstance(trust_remote_code, bool):
             raise _bad(f"trust_remote_code: expected True or False, got {trust_remote_code!r}")
         if enforce_eager is not None and cuda_graphs is not None and enforce_eager == cuda_graphs:
@@ -866,7 +864,7 @@ class LLM:
             attention=attention, linear=linear, cuda_graphs=cuda_graphs, threads=threads, cpu_weights=cpu_weights,
             load_format=load_format, pdl=pdl, decode_path=decode_path,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-            enable_prefix_caching=enable_prefix_caching,
+            enable_prefix_caching=enable_prefix_caching, quantization=quantization,
         )
         self._m = _core.CoreModel.load(options)
         self._tokenizer: Optional[Tokenizer] = None

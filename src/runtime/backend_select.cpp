@@ -124,6 +124,18 @@ namespace {
 void check_dtype(const RunnerOptions& options) {
   check(options.dtype == "f16" || options.dtype == "bf16" || options.dtype == "auto",
         "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
+  check(options.quantization == "none" || options.quantization == "fp8", "--quantization '{}' is not one of none, fp8",
+        options.quantization);
+}
+
+// --quantization fp8 is a CUDA feature of one GPU so far.
+void check_quantization_device(const RunnerOptions& options, Device device) {
+  if (options.quantization == "none") return;
+  check(device == Device::Cuda,
+        "--quantization {} runs on the CUDA backend (the CPU runs GGUF files in their stored blocks instead)",
+        options.quantization);
+  check(options.tensor_parallel == 1, "--quantization {} with --tensor-parallel {} is not supported yet",
+        options.quantization, options.tensor_parallel);
 }
 
 // The CPU backend's share of the options: its threads, and a calibration file the user named, which
@@ -159,16 +171,20 @@ std::shared_ptr<const cuda::DeviceModel> device_model(const ModelConfig& config,
   const std::string chosen = gpu_dtype(options.dtype, options.dummy_weights ? nullptr : options.plan);
   check(chosen == "f16" || chosen == "bf16", "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
   const cuda::DType dtype = chosen == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
-  if (options.dummy_weights)
-    return std::make_shared<const cuda::DeviceModel>(cuda::DeviceModel::dummy(config, dtype, kDummySeed));
-  if (options.plan == nullptr) return std::make_shared<const cuda::DeviceModel>(config, weights, dtype);
+  auto quantized = [&](cuda::DeviceModel m) {
+    if (options.quantization == "fp8") m.quantize_fp8();
+    return std::make_shared<const cuda::DeviceModel>(std::move(m));
+  };
+  if (options.dummy_weights) return quantized(cuda::DeviceModel::dummy(config, dtype, kDummySeed));
+  if (options.plan == nullptr) return quantized(cuda::DeviceModel(config, weights, dtype));
+  // fp8 quantizes after the 16-bit load, one matrix at a time: the 16-bit need is the peak.
   cuda::check_gpu_memory(memory_need(config, *options.plan, kv_tokens, step_tokens));
   cuda::StreamOptions so;
   if (options.load_progress)
     so.progress = [&options](const cuda::StreamProgress& p) {
       options.load_progress(p.tensors_done, p.tensors_total, p.bytes_done, p.bytes_total, p.seconds);
     };
-  return std::make_shared<const cuda::DeviceModel>(cuda::DeviceModel::from_plan(config, *options.plan, dtype, so));
+  return quantized(cuda::DeviceModel::from_plan(config, *options.plan, dtype, so));
 }
 
 cuda::EngineOptions engine_options(const ModelConfig& config, const RunnerOptions& options) {
@@ -219,6 +235,7 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
                                     const RunnerOptions& options) {
   check_dtype(options);
   const Device device = resolve_device(options.device);
+  check_quantization_device(options, device);
   if (device == Device::Cpu) {
     check(options.tensor_parallel == 1,
           "tensor parallelism over {} GPUs needs the CUDA backend (the CPU backend runs a model whole)",
@@ -247,6 +264,7 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeig
                                     const RunnerOptions& options, const EngineLimits& limits) {
   check_dtype(options);
   const Device device = resolve_device(options.device);
+  check_quantization_device(options, device);
   if (device == Device::Cpu) {
     check(options.tensor_parallel == 1,
           "tensor parallelism over {} GPUs needs the CUDA backend (the CPU backend runs a model whole)",

@@ -30,6 +30,9 @@ std::string device_description(Device d, int gpus = 1);
 struct RunnerOptions {
   Device device = Device::Auto;
   std::string dtype = "auto";  // CUDA weights: "f16", "bf16", "auto" (bf16 for bf16 checkpoints, else f16)
+  // CUDA: "none" (the weights in `dtype`) or "fp8" (the layers' matrices quantized to e4m3 at load,
+  // per-row scales: cuda/fp8.h).
+  std::string quantization = "none";
   int64_t kv_cache_tokens = 0;
   bool cuda_graphs = true;
   // CUDA: the share of the free memory after the weights that a KV cache sized by the engine

@@ -88,6 +88,11 @@ std::vector<EngineOption> build_table() {
     };
     t.push_back(std::move(o));
   }
+  t.push_back(choice("quantization", "--quantization", kModelUsers,
+                     "CUDA: none, or fp8 (the layers' weights in e4m3 with a scale per output row, quantized at "
+                     "load; activations quantized per token where FP8 tensor cores run; embeddings and lm head "
+                     "stay 16-bit)",
+                     {"none", "fp8"}, &EngineArgs::quantization));
   t.push_back(integer("kv_cache_tokens", "--kv-cache-tokens", kRunners,
                       "KV cache size in tokens (0: sized by the engine: on the GPU what memory leaves)", 0,
                       int64_t{1} << 30, &EngineArgs::kv_cache_tokens));
@@ -274,6 +279,13 @@ void EngineArgs::check(bool python) const {
               "-ngl/--n-gpu-layers 0 asks for no GPU layers but --device cuda for the GPU; give one of them");
   fdpp::check(!(tensor_parallel > 1 && device == "cpu"), "{} splits a model over GPUs; it cannot be combined with {}",
               given("tensor_parallel", "--tensor-parallel", tensor_parallel), given("device", "--device", "cpu"));
+  fdpp::check(quantization == "none" || (device != "cpu" && n_gpu_layers != 0),
+              "{} runs on the CUDA backend; it cannot be combined with {}",
+              given("quantization", "--quantization", quantization),
+              n_gpu_layers == 0 ? std::string("-ngl/--n-gpu-layers 0") : given("device", "--device", "cpu"));
+  fdpp::check(quantization == "none" || tensor_parallel == 1, "{} with {} is not supported yet",
+              given("quantization", "--quantization", quantization),
+              given("tensor_parallel", "--tensor-parallel", tensor_parallel));
   fdpp::check(load_format != "dummy" || !config.empty(), "{} dummy needs {} FILE.json (see configs/)",
               name("load_format", "--load-format"), name("config", "--config"));
   fdpp::check(load_format != "dummy" || device != "cpu",
@@ -288,6 +300,7 @@ RunnerOptions EngineArgs::runner_options(const std::string& model_path, const En
   RunnerOptions o;
   o.device = requested_device();
   o.dtype = dtype;
+  o.quantization = quantization;
   o.kv_cache_tokens = kv_cache_tokens;
   o.cuda_graphs = cuda_graphs;
   o.memory_fraction = gpu_memory_utilization;

@@ -91,10 +91,14 @@ int run_bench(const BenchArgs& a) {
   check(tp == 1 || static_cast<int>(gpus.size()) >= tp, "--tensor-parallel {}: this machine has {} GPU{}", tp,
         gpus.size(), gpus.size() == 1 ? "" : "s");
   std::shared_ptr<const cuda::DeviceModel> model;
-  if (tp == 1)
-    model = std::make_shared<const cuda::DeviceModel>(a.engine.load_format == "dummy"
-                                                          ? cuda::DeviceModel::dummy(config, dtype, 1234)
-                                                          : cuda::DeviceModel::from_plan(config, loaded.plan, dtype));
+  check(a.engine.quantization == "none" || tp == 1, "--quantization {} with --tensor-parallel {} is not supported yet",
+        a.engine.quantization, tp);
+  if (tp == 1) {
+    cuda::DeviceModel m = a.engine.load_format == "dummy" ? cuda::DeviceModel::dummy(config, dtype, 1234)
+                                                          : cuda::DeviceModel::from_plan(config, loaded.plan, dtype);
+    if (a.engine.quantization == "fp8") m.quantize_fp8();
+    model = std::make_shared<const cuda::DeviceModel>(std::move(m));
+  }
   cuda::EngineOptions eo;
   eo.max_batch = max_batch;
   eo.max_prefill_tokens = std::max({2048, max_prompt, a.mixed_chunk + max_batch});
@@ -158,7 +162,15 @@ int run_bench(const BenchArgs& a) {
   // Per GPU: a rank reads its shard of the weights and its KV heads (the roofline is per GPU).
   const ModelConfig& local = rank0.config();
   const double kv_bytes_per_token = 2.0 * local.n_layers * local.kv_dim() * 2;
-  const double matmul_params = static_cast<double>(streamed_weights) / 2 * tp;
+  double matmul_params = static_cast<double>(streamed_weights) / 2 * tp;
+  if (model && model->fp8()) {  // the layers' matrices hold one byte per weight, plus their row scales
+    uint64_t fp8_bytes = 0, scale_bytes = 0;
+    for (const cuda::DeviceLayer& L : model->layers) {
+      fp8_bytes += L.w_qkv.bytes() + L.w_o.bytes() + L.w_in.bytes() + L.w_down.bytes();
+      scale_bytes += L.s_qkv.bytes() + L.s_o.bytes() + L.s_in.bytes() + L.s_down.bytes();
+    }
+    matmul_params = static_cast<double>(streamed_weights - fp8_bytes - scale_bytes) / 2 + static_cast<double>(fp8_bytes);
+  }
 
   nlohmann::json results = nlohmann::json::array();
   std::mt19937 rng(7);
@@ -281,6 +293,7 @@ int run_bench(const BenchArgs& a) {
   nlohmann::json out{{"model", model_name},
                      {"gpu", gpus[0].name},
                      {"dtype", dtype == cuda::DType::BF16 ? "bf16" : "f16"},
+                     {"quantization", a.engine.quantization},
                      {"params", matmul_params + static_cast<double>(config.tied_embeddings ? 0 : emb_bytes / 2)},
                      {"cuda_graphs", a.engine.cuda_graphs},
                      {"attention", a.engine.attention},
@@ -308,7 +321,10 @@ int run_bench(const BenchArgs& a) {
   }
   fmt::print("model: {} | GPU: {} | {} | CUDA graphs: {} | attention: {} | read bandwidth measured {:.2f} TB/s (design "
              "4.46)\n",
-             model_name, gpus[0].name, dtype == cuda::DType::BF16 ? "bf16" : "f16", a.engine.cuda_graphs ? "on" : "off", a.engine.attention, bandwidth / 1e12);
+             model_name, gpus[0].name,
+             fmt::format("{}{}", dtype == cuda::DType::BF16 ? "bf16" : "f16",
+                         a.engine.quantization == "none" ? "" : " weights " + a.engine.quantization),
+             a.engine.cuda_graphs ? "on" : "off", a.engine.attention, bandwidth / 1e12);
   fmt::print("memory: weights {:.2f} GiB + KV cache {:.2f} GiB ({} tokens) + activations {:.2f} GiB + workspace {:.2f} "
              "GiB = {:.2f} GiB; the engine took {:.2f} GiB of device memory ({:+.1f}%)\n\n",
              mem.weights / 1073741824.0, mem.kv_cache / 1073741824.0, mem.kv_tokens, mem.activations / 1073741824.0,

@@ -86,6 +86,12 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   for (LinearShape& s : shapes)
     if (s.name == "lm_head") s.n = static_cast<int>(vocab_rows_);
   linear_->reserve(max_tokens_, shapes, /*cublas_epilogues=*/false, nullptr);
+  if (model_->fp8()) {
+    std::vector<LinearShape> layer_shapes;  // the lm head stays 16-bit
+    for (const LinearShape& s : shapes)
+      if (s.name != "lm_head") layer_shapes.push_back(s);
+    linear_->reserve_fp8(max_tokens_, layer_shapes, nullptr);
+  }
   x_ = DeviceBuffer(T * H * sizeof(float));
   normed_ = DeviceBuffer(T * H * kElem);
   qkv_ = DeviceBuffer(T * (Q + 2 * KV) * kElem);
@@ -238,6 +244,15 @@ void CudaEngine::linear(const void* x, const void* w, const void* bias, void* y,
   linear_->run(x, w, bias, y, M, N, K, model_->dtype(), fp32_out ? Epilogue::StoreF32 : Epilogue::Store, stream_);
 }
 
+void CudaEngine::layer_linear(const void* x, const DeviceBuffer& w, const DeviceBuffer& w_scale,
+                              const DeviceBuffer& bias, void* y, int M, int N, int K, Epilogue epilogue) {
+  if (!w_scale.empty())
+    linear_->run_fp8(x, w.as<uint8_t>(), w_scale.as<float>(), bias.get(), y, M, N, K, model_->dtype(), epilogue,
+                     stream_);
+  else
+    linear_->run(x, w.get(), bias.get(), y, M, N, K, model_->dtype(), epilogue, stream_);
+}
+
 uint64_t CudaEngine::attention_fallback_rows() const {
   unsigned long long n[2] = {0, 0};
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -336,7 +351,7 @@ struct CudaEngine::Forward {
   }
   void qkv(int layer) {
     const DeviceLayer& L = m.layers[layer];
-    e.linear(e.normed_.get(), L.w_qkv.get(), L.b_qkv.get(), e.qkv_.get(), n, Q + 2 * KV, H, false);
+    e.layer_linear(e.normed_.get(), L.w_qkv, L.s_qkv, L.b_qkv, e.qkv_.get(), n, Q + 2 * KV, H, Epilogue::Store);
   }
   void qk_norm(int layer) {
     const DeviceLayer& L = m.layers[layer];
@@ -397,31 +412,31 @@ struct CudaEngine::Forward {
   }
   void out_proj(int layer) {
     const DeviceLayer& L = m.layers[layer];
-    e.linear(e.attn_.get(), L.w_o.get(), L.b_o.get(), e.o_.get(), n, H, Q, false);
+    e.layer_linear(e.attn_.get(), L.w_o, L.s_o, L.b_o, e.o_.get(), n, H, Q, Epilogue::Store);
     e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
   }
   void post_norm(int, BlockNorm) { fail("the CUDA backend has no sandwich norms"); }  // refused at construction
   void mlp_up_act(int layer, Activation activation) {
     const DeviceLayer& L = m.layers[layer];
     if (activation == Activation::SwiGLU &&
-        LinearDispatcher::fuses(e.linear_->choose(n, 2 * FF, H), Epilogue::SwiGLU)) {
-      // Gate/up with SwiGLU in the GEMM's epilogue: one pass, no [n, 2 FF] intermediate.
-      e.linear_->run(e.normed_.get(), L.w_in.get(), L.b_in.get(), e.ffn_act_.get(), n, 2 * FF, H, dt,
-                     Epilogue::SwiGLU, st);
+        (!L.s_in.empty() || LinearDispatcher::fuses(e.linear_->choose(n, 2 * FF, H), Epilogue::SwiGLU))) {
+      // Gate/up with SwiGLU in the GEMM's epilogue: one pass, no [n, 2 FF] intermediate (fp8: in
+      // its GEMV's epilogue, or after cuBLASLt in the dispatcher's scratch).
+      e.layer_linear(e.normed_.get(), L.w_in, L.s_in, L.b_in, e.ffn_act_.get(), n, 2 * FF, H, Epilogue::SwiGLU);
       mlp_act = e.ffn_act_.get();
     } else if (activation == Activation::SwiGLU) {
       e.linear(e.normed_.get(), L.w_in.get(), L.b_in.get(), e.ffn_in_.get(), n, 2 * FF, H, false);
       silu_mul(e.ffn_in_.get(), e.ffn_act_.get(), n, FF, dt, st);
       mlp_act = e.ffn_act_.get();
     } else {
-      e.linear(e.normed_.get(), L.w_in.get(), L.b_in.get(), e.ffn_in_.get(), n, FF, H, false);
+      e.layer_linear(e.normed_.get(), L.w_in, L.s_in, L.b_in, e.ffn_in_.get(), n, FF, H, Epilogue::Store);
       relu(e.ffn_in_.get(), n, FF, dt, st);
       mlp_act = e.ffn_in_.get();
     }
   }
   void mlp_down(int layer) {
     const DeviceLayer& L = m.layers[layer];
-    e.linear(mlp_act, L.w_down.get(), L.b_down.get(), e.o_.get(), n, H, FF, false);
+    e.layer_linear(mlp_act, L.w_down, L.s_down, L.b_down, e.o_.get(), n, H, FF, Epilogue::Store);
     e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
   }
   // A mixed step's head rows are scattered (a chunk's last token): the final norm runs over every
@@ -912,13 +927,16 @@ void CudaEngine::warm_up() {
     const int rows = std::min(cuda::tuning_rows(m), max_tokens_);
     // The forward's calls (Forward in this file) at `rows` rows, each where the dispatcher picks
     // cuBLASLt; the GEMV and flat GEMM need no timing.
-    auto call = [&](const void* x, const DeviceBuffer& w, const DeviceBuffer& bias, void* y, int n, int k) {
-      if (linear_->choose(rows, n, k) == LinearImpl::Cublas) linear(x, w.get(), bias.get(), y, rows, n, k, false);
+    auto call = [&](const void* x, const DeviceBuffer& w, const DeviceBuffer& scale, const DeviceBuffer& bias, void* y,
+                    int n, int k) {
+      const bool cublas = scale.empty() ? linear_->choose(rows, n, k) == LinearImpl::Cublas
+                                        : rows > linear_->fp8_gemv_max_m();
+      if (cublas) layer_linear(x, w, scale, bias, y, rows, n, k, Epilogue::Store);
     };
-    call(normed_.get(), L.w_qkv, L.b_qkv, qkv_.get(), Q + 2 * KV, H);
-    call(attn_.get(), L.w_o, L.b_o, o_.get(), H, Q);
-    call(normed_.get(), L.w_in, L.b_in, ffn_in_.get(), swiglu ? 2 * FF : FF, H);
-    call(swiglu ? ffn_act_.get() : ffn_in_.get(), L.w_down, L.b_down, o_.get(), H, FF);
+    call(normed_.get(), L.w_qkv, L.s_qkv, L.b_qkv, qkv_.get(), Q + 2 * KV, H);
+    call(attn_.get(), L.w_o, L.s_o, L.b_o, o_.get(), H, Q);
+    call(normed_.get(), L.w_in, L.s_in, L.b_in, ffn_in_.get(), swiglu ? 2 * FF : FF, H);
+    call(swiglu ? ffn_act_.get() : ffn_in_.get(), L.w_down, L.s_down, L.b_down, o_.get(), H, FF);
     if (rows <= logit_capacity_ && c.embedding_dim() == H &&
         linear_->choose(rows, c.vocab_size, H) == LinearImpl::Cublas)
       lm_head(normed_.get(), rows);

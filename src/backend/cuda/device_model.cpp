@@ -1,4 +1,5 @@
 #include "backend/cuda/device_model.h"
+#include "backend/cuda/fp8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -210,6 +211,33 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     if (j.tensor->add != 0.f) add_scalar(j.dst, j.tensor->numel(), j.tensor->add, dtype, nullptr);
   FDPP_CUDA_CHECK(cudaDeviceSynchronize());
   return m;
+}
+
+
+void DeviceModel::quantize_fp8() {
+  if (fp8_) return;
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
+  const bool swiglu = c.activation == Activation::SwiGLU;
+  auto quantize = [&](DeviceBuffer& w, DeviceBuffer& scale, int64_t rows, int64_t cols, const char* what) {
+    check(w.bytes() == static_cast<size_t>(rows * cols) * 2, "quantize_fp8: {} holds {} bytes, not [{}, {}] 16-bit",
+          what, w.bytes(), rows, cols);
+    check(cols % 16 == 0, "--quantization fp8: the {} matrix's rows of {} elements are not a multiple of 16", what,
+          cols);
+    DeviceBuffer q(static_cast<size_t>(rows * cols));
+    scale = DeviceBuffer(static_cast<size_t>(rows) * sizeof(float));
+    quantize_rows_fp8(w.get(), dtype_, rows, cols, q.as<uint8_t>(), scale.as<float>(), nullptr);
+    FDPP_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    bytes_ = bytes_ - w.bytes() + q.bytes() + scale.bytes();
+    w = std::move(q);
+  };
+  for (DeviceLayer& L : layers) {
+    quantize(L.w_qkv, L.s_qkv, Q + 2 * KV, H, "q/k/v");
+    quantize(L.w_o, L.s_o, H, Q, "o");
+    quantize(L.w_in, L.s_in, swiglu ? 2 * FF : FF, H, "gate/up");
+    quantize(L.w_down, L.s_down, H, FF, "down");
+  }
+  fp8_ = true;
 }
 
 }  // namespace fdpp::cuda

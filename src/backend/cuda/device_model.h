@@ -26,6 +26,9 @@ struct DeviceLayer {
   DeviceBuffer ffn_norm, ffn_norm_bias;
   DeviceBuffer w_in, b_in;    // SwiGLU: [2 FF, H] (gate rows, then up rows); ReLU: [FF, H]
   DeviceBuffer w_down, b_down;  // [H, FF]
+  // FP8 weights (DeviceModel::quantize_fp8): the four matrices above hold e4m3 bytes and these their
+  // fp32 row scales (fp8.h); empty for 16-bit weights.
+  DeviceBuffer s_qkv, s_o, s_in, s_down;
 };
 
 // What a model needs on the GPU besides what is already there, for the check before anything is
@@ -59,6 +62,12 @@ class DeviceModel {
   static DeviceModel dummy(const ModelConfig& config, DType dtype, uint64_t seed, int rank = 0,
                            int64_t lm_head_rows = 0);
 
+  // --quantization fp8: each layer's four matrices to e4m3 with per-row scales (fp8.h), in place,
+  // one matrix at a time (the 16-bit one is freed as its replacement is made). The embeddings,
+  // norms, biases and the lm head stay 16-bit, as vLLM keeps them.
+  void quantize_fp8();
+  bool fp8() const { return fp8_; }
+
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
   uint64_t bytes() const { return bytes_; }
@@ -81,6 +90,7 @@ class DeviceModel {
   ModelConfig config_;
   DType dtype_;
   uint64_t bytes_ = 0;
+  bool fp8_ = false;
 };
 
 }  // namespace fdpp::cuda

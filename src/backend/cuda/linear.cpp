@@ -19,7 +19,13 @@ cudaDataType_t cuda_type(DType d) { return d == DType::F16 ? CUDA_R_16F : CUDA_R
 // where cuBLASLt accepts it for their shape. The device is part of the key: an algorithm is timed on, and valid for, the GPU it
 // ran on, and under tensor parallelism one process drives several (possibly different) GPUs.
 std::mutex tuned_mutex;
-std::map<std::tuple<int, int, int, int, int, bool, bool>, cublasLtMatmulAlgo_t> tuned_algos;
+std::map<std::tuple<int, int, int, int, int, bool, bool, bool>, cublasLtMatmulAlgo_t> tuned_algos;
+
+void set_scale_pointers(cublasLtMatmulDesc_t op, const float* w_scale, const float* x_scale) {
+  // Column-major y^T = w (A) . x^T (B): A's scale vector runs along N, B's along M.
+  FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof w_scale));
+  FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof x_scale));
+}
 }  // namespace
 
 CublasLtLinear::CublasLtLinear(size_t workspace_bytes) : workspace_(workspace_bytes) {
@@ -37,9 +43,11 @@ CublasLtLinear::~CublasLtLinear() {
 }
 
 CublasLtLinear::Plan& CublasLtLinear::plan(int M, int N, int K, DType dtype, const void* x, const void* w,
-                                           const void* bias_ptr, void* y, bool fp32_out, cudaStream_t stream) {
+                                           const void* bias_ptr, void* y, bool fp32_out, cudaStream_t stream,
+                                           const Fp8Scales* scales) {
   const bool bias = bias_ptr != nullptr;
-  const Key key{M, N, K, static_cast<int>(dtype), bias, fp32_out};
+  const bool fp8 = scales != nullptr;
+  const Key key{M, N, K, static_cast<int>(dtype), bias, fp32_out, fp8};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
 
@@ -57,9 +65,16 @@ CublasLtLinear::Plan& CublasLtLinear::plan(int M, int N, int K, DType dtype, con
     FDPP_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
   }
+  if (fp8) {
+    const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof outer));
+    FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer));
+    set_scale_pointers(p.op, scales->w, scales->x);
+  }
   const cudaDataType_t t = cuda_type(dtype);
-  FDPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, t, K, N, K));
-  FDPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, t, K, M, K));
+  const cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : t;
+  FDPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in, K, N, K));
+  FDPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in, K, M, K));
   FDPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, fp32_out ? CUDA_R_32F : t, N, M, N));
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -81,13 +96,14 @@ CublasLtLinear::Plan& CublasLtLinear::plan(int M, int N, int K, DType dtype, con
     st = cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
   }
   cublasLtMatmulPreferenceDestroy(pref);
-  check(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no algorithm for [{}, {}] x [{}, {}]^T", M, K, N, K);
+  check(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no algorithm for [{}, {}] x [{}, {}]^T{}", M, K, N, K,
+        fp8 ? " in fp8 with per-row scales (cuBLAS 12.9 or later on sm_90 has one)" : "");
   p.algo = results[0].algo;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   FDPP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
   if (found > 1 && current_kernel_options().cublaslt_tune && capturing == cudaStreamCaptureStatusNone) {
     const auto tuned_key =
-        std::make_tuple(current_device(), tuning_rows(M), N, K, static_cast<int>(dtype), bias, fp32_out);
+        std::make_tuple(current_device(), tuning_rows(M), N, K, static_cast<int>(dtype), bias, fp32_out, fp8);
     std::lock_guard<std::mutex> lock(tuned_mutex);
     auto t = tuned_algos.find(tuned_key);
     if (t == tuned_algos.end()) {
@@ -141,6 +157,21 @@ cublasLtMatmulAlgo_t CublasLtLinear::tune(Plan& p, const cublasLtMatmulHeuristic
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return best;
+}
+
+void CublasLtLinear::run_fp8(const uint8_t* x8, const float* x_scale, const uint8_t* w8, const float* w_scale,
+                             const void* bias, void* y, int M, int N, int K, DType dtype, bool fp32_out,
+                             cudaStream_t stream) {
+  check(M > 0 && N > 0 && K > 0, "linear: bad shape M={} N={} K={}", M, N, K);
+  const Fp8Scales scales{x_scale, w_scale};
+  Plan& p = plan(M, N, K, dtype, x8, w8, bias, y, fp32_out, stream, &scales);
+  set_scale_pointers(p.op, w_scale, x_scale);
+  if (bias != nullptr && !p.separate_bias)
+    FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  const float alpha = 1.f, beta = 0.f;
+  FDPP_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &alpha, w8, p.a, x8, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                                   workspace_.get(), workspace_.bytes(), stream));
+  if (bias != nullptr && p.separate_bias) add_bias(y, bias, M, N, dtype, stream);
 }
 
 void CublasLtLinear::run(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,

@@ -35,6 +35,12 @@ class CublasLtLinear {
   void run(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype, bool fp32_out,
            cudaStream_t stream);
 
+  // FP8 (fp8.h): x8 [M, K] and w8 [N, K] in e4m3 with per-token x_scale [M] and per-row w_scale [N]
+  // (fp32, device), y [M, N] 16-bit `dtype` (or fp32) = (x_scale x8) . (w_scale w8)^T + bias. The
+  // scales are cuBLASLt's outer vectors (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F).
+  void run_fp8(const uint8_t* x8, const float* x_scale, const uint8_t* w8, const float* w_scale, const void* bias,
+               void* y, int M, int N, int K, DType dtype, bool fp32_out, cudaStream_t stream);
+
   size_t workspace_bytes() const { return workspace_.bytes(); }
 
  private:
@@ -44,9 +50,14 @@ class CublasLtLinear {
     cublasLtMatmulAlgo_t algo{};
     bool separate_bias = false;  // no algorithm with the bias epilogue: GEMM, then add_bias
   };
-  using Key = std::tuple<int, int, int, int, bool, bool>;
+  using Key = std::tuple<int, int, int, int, bool, bool, bool>;  // M, N, K, dtype, bias, fp32 out, fp8
+  struct Fp8Scales {
+    const float* x = nullptr;
+    const float* w = nullptr;
+  };
+  // fp8 when scales is given (x and w are then e4m3).
   Plan& plan(int M, int N, int K, DType dtype, const void* x, const void* w, const void* bias, void* y, bool fp32_out,
-             cudaStream_t stream);
+             cudaStream_t stream, const Fp8Scales* scales = nullptr);
   // Times each candidate on the call's own buffers and returns the fastest.
   cublasLtMatmulAlgo_t tune(Plan& p, const cublasLtMatmulHeuristicResult_t* results, int n, const void* x,
                             const void* w, void* y, cudaStream_t stream);

@@ -80,6 +80,83 @@ void LinearDispatcher::reserve(int max_m, std::span<const LinearShape> shapes, b
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+// fp8_gemv up to M = 4 by default: its FMAs grow with M on CUDA cores while cuBLASLt's FP8 tensor
+// cores do not (docs/PERFORMANCE.md, FP8 weights, has the measured crossover).
+constexpr int kFp8GemvDefaultMaxM = 4;
+
+int LinearDispatcher::fp8_gemv_max_m() const {
+  switch (chooser_.mode()) {
+    case LinearMode::Gemv: return kFp8GemvMaxM;
+    case LinearMode::Cublas: return 0;
+    default: return kFp8GemvDefaultMaxM;
+  }
+}
+
+void LinearDispatcher::reserve_fp8(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream) {
+  check(max_m >= 1, "linear dispatch: reserve_fp8 for M = {}", max_m);
+  size_t x_bytes = 0, sc = 0;
+  for (const LinearShape& s : shapes) {
+    x_bytes = std::max(x_bytes, static_cast<size_t>(max_m) * static_cast<size_t>(s.k));
+    sc = std::max(sc, static_cast<size_t>(max_m) * static_cast<size_t>(s.n) * sizeof(float));
+  }
+  const size_t need = (x_bytes + 15) / 16 * 16 + static_cast<size_t>(max_m) * sizeof(float);
+  if (need > fp8_x_.bytes()) grow_outside_capture(fp8_x_, need, stream, "the fp8 activations' scratch");
+  if (sc > 0) scratch(sc, stream);
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void LinearDispatcher::run_fp8(const void* x, const uint8_t* w8, const float* w_scale, const void* bias, void* y,
+                               int M, int N, int K, DType dtype, Epilogue epilogue, cudaStream_t stream) {
+  check(dtype == dtype_, "linear dispatch: a {} call on a dispatcher for {}", dtype_name(dtype), dtype_name(dtype_));
+  check(M >= 1 && N >= 1 && K >= 1, "linear: bad shape M={} N={} K={}", M, N, K);
+  check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "linear: the SwiGLU epilogue needs an even N (gate; up), not {}",
+        N);
+  const int gemv_max = fp8_gemv_max_m();
+  const bool cublas_unsupported = cublas_unsupported_.count({M, N, K, static_cast<int>(epilogue) + 100, bias != nullptr});
+  if (M <= gemv_max || cublas_unsupported) {
+    // Beyond fp8_gemv's M (cuBLASLt without an algorithm for the shape): kFp8GemvMaxM rows at a time.
+    const int64_t columns = epilogue == Epilogue::SwiGLU ? N / 2 : N;
+    const int64_t out_bytes = epilogue == Epilogue::StoreF32 || epilogue == Epilogue::AddF32 ? 4 : 2;
+    for (int r = 0; r < M; r += kFp8GemvMaxM) {
+      const int rows = std::min(kFp8GemvMaxM, M - r);
+      fp8_gemv(static_cast<const char*>(x) + int64_t(r) * K * 2, w8, w_scale, bias,
+               static_cast<char*>(y) + int64_t(r) * columns * out_bytes, rows, N, K, dtype, epilogue, stream);
+    }
+    return;
+  }
+  const size_t x_bytes = (static_cast<size_t>(M) * K + 15) / 16 * 16;
+  if (x_bytes + M * sizeof(float) > fp8_x_.bytes())
+    grow_outside_capture(fp8_x_, x_bytes + M * sizeof(float), stream, "the fp8 activations' scratch");
+  auto* x8 = static_cast<uint8_t*>(fp8_x_.get());
+  auto* x_scale = reinterpret_cast<float*>(x8 + x_bytes);
+  quantize_rows_fp8(x, dtype, M, K, x8, x_scale, stream);
+  const size_t elems = static_cast<size_t>(M) * static_cast<size_t>(N);
+  try {
+    switch (epilogue) {
+      case Epilogue::Store:
+      case Epilogue::StoreF32:
+        cublas_.run_fp8(x8, x_scale, w8, w_scale, bias, y, M, N, K, dtype, epilogue == Epilogue::StoreF32, stream);
+        return;
+      case Epilogue::SwiGLU: {
+        void* gate_up = scratch(elems * 2, stream);
+        cublas_.run_fp8(x8, x_scale, w8, w_scale, bias, gate_up, M, N, K, dtype, false, stream);
+        silu_mul(gate_up, y, M, N / 2, dtype, stream);
+        return;
+      }
+      case Epilogue::AddF32: {
+        auto* acc = static_cast<float*>(scratch(elems * sizeof(float), stream));
+        cublas_.run_fp8(x8, x_scale, w8, w_scale, bias, acc, M, N, K, dtype, true, stream);
+        add_f32(static_cast<float*>(y), acc, static_cast<int64_t>(elems), stream);
+        return;
+      }
+    }
+  } catch (const Error& e) {
+    if (std::string_view(e.what()).find("cuBLASLt has no algorithm") == std::string_view::npos) throw;
+    cublas_unsupported_.insert({M, N, K, static_cast<int>(epilogue) + 100, bias != nullptr});
+    run_fp8(x, w8, w_scale, bias, y, M, N, K, dtype, epilogue, stream);
+  }
+}
+
 void LinearDispatcher::run(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
                            Epilogue epilogue, cudaStream_t stream) {
   run_impl(chooser_.choose(M, N, K), x, w, bias, y, M, N, K, dtype, epilogue, stream);

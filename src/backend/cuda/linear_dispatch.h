@@ -29,6 +29,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/flat_gemm.h"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/linear.h"
 #include "engine/linear_chooser.h"
@@ -77,6 +78,16 @@ class LinearDispatcher {
   // table was measured for it).
   void run(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
            Epilogue epilogue, cudaStream_t stream);
+  // FP8 weights (fp8.h): w8 [N, K] e4m3 with per-row w_scale [N]; the rest as run(). M up to
+  // fp8_gemv_max_m() runs fp8_gemv (x stays 16-bit); larger M quantizes x per token into the
+  // dispatcher's scratch and runs cuBLASLt's FP8 GEMM (--linear gemv / cublas force one of them).
+  void run_fp8(const void* x, const uint8_t* w8, const float* w_scale, const void* bias, void* y, int M, int N, int K,
+               DType dtype, Epilogue epilogue, cudaStream_t stream);
+  // Scratch for run_fp8 up to max_m rows of these shapes (the quantized x and its scales, and the
+  // cuBLAS epilogues' scratch). Call before capturing graphs.
+  void reserve_fp8(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream);
+  int fp8_gemv_max_m() const;
+
   // The same with the implementation given (no choice, no fallback): M must be within its limit.
   void run_impl(LinearImpl impl, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
                 DType dtype, Epilogue epilogue, cudaStream_t stream);
@@ -106,6 +117,7 @@ class LinearDispatcher {
   CublasLtLinear cublas_;
   DeviceBuffer flat_ws_;  // zeroed when allocated; the kernels leave it zeroed
   DeviceBuffer scratch_;
+  DeviceBuffer fp8_x_;  // run_fp8's quantized x: [M, K] e4m3, then [M] fp32 scales
   // (M, N, K, epilogue, bias) cuBLASLt found no algorithm for: computed by the flat GEMM.
   std::set<std::tuple<int, int, int, int, bool>> cublas_unsupported_;
 };

@@ -1,0 +1,45 @@
+// FP8 (e4m3) weights on Hopper (--quantization fp8): a 16-bit matrix W[N, K] becomes W8[N, K] in
+// e4m3 plus one fp32 scale per output row, W ~= scale[n] * W8[n, :], scale = max|W[n, :]| / 448
+// (448: e4m3's largest finite value). Activations stay 16-bit between layers; a GEMM that runs on
+// FP8 tensor cores quantizes its input per token the same way (dynamic per-token scales), as
+// vLLM's fp8 does.
+//
+// Two kernels, chosen by M (LinearDispatcher::run_fp8):
+//   fp8_gemv     M <= kFp8GemvMaxM: CUDA cores, the e4m3 bytes converted in registers and
+//                multiplied with the 16-bit x in fp32 (no activation quantization). Decode's
+//                smallest batches read half the bytes of the 16-bit GEMV.
+//   cuBLASLt     any M: x quantized per token (quantize_rows_fp8), then an e4m3 x e4m3 GEMM with
+//                the row and token scales as outer vectors (CublasLtLinear::run_fp8).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/flat_gemm.h"
+#include "backend/cuda/kernels.h"
+
+namespace fdpp::cuda {
+
+// e4m3's largest finite magnitude: a row's max maps to it.
+constexpr float kFp8E4M3Max = 448.f;
+constexpr int kFp8GemvMaxM = 8;
+
+// q[r, :] = e4m3(x[r, :] / scale[r]), scale[r] = max|x[r, :]| / 448 (1 for an all-zero row), for
+// rows r < rows of K 16-bit elements (K a multiple of 8, x 16-byte aligned). Weights at load and
+// activations per token, with the same rounding (round to nearest even, saturating).
+void quantize_rows_fp8(const void* x, DType dtype, int64_t rows, int64_t K, uint8_t* q, float* scale,
+                       cudaStream_t stream);
+
+// y = epilogue(x . (scale * W8)^T + bias): x [M, K] 16-bit, w8 [N, K] e4m3, w_scale [N] fp32, bias
+// [N] 16-bit or null, the epilogues of flat_gemm.h. M in [1, kFp8GemvMaxM], K a multiple of 16,
+// x and w8 16-byte aligned.
+void fp8_gemv(const void* x, const uint8_t* w8, const float* w_scale, const void* bias, void* y, int M, int N, int K,
+              DType dtype, Epilogue epilogue, cudaStream_t stream);
+
+// The same on the host, for tests: e4m3 bits of v (round to nearest even, saturating to 448), and
+// the value of e4m3 bits.
+uint8_t fp8_e4m3_from_float(float v);
+float fp8_e4m3_to_float(uint8_t bits);
+
+}  // namespace fdpp::cuda
