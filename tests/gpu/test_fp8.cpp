@@ -110,36 +110,31 @@ TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
     for (int M : {1, 3, 4, 5, 8, 64, 300}) {
       std::vector<float> xf;
       const std::vector<uint16_t> xbits = random_bits(size_t(M) * K, t, xf);
-      const bool tensor_cores = M > dispatcher.fp8_gemv_max_m();
-      const std::vector<float> xr = tensor_cores ? quantize_rows_host(xf, M, K).dequantized : xf;
+      // Two references: x as it is (the GEMV) and x quantized per token (cuBLASLt's input).
+      const std::vector<float> xq = quantize_rows_host(xf, M, K).dequantized;
       DeviceBuffer<uint16_t> x(xbits);
-      std::vector<double> dot(size_t(M) * N);
+      std::vector<double> dot(size_t(M) * N), dot_q(size_t(M) * N);
       for (int m = 0; m < M; ++m)
         for (int n = 0; n < N; ++n) {
-          double s = 0;
-          for (int k = 0; k < K; ++k) s += double(xr[size_t(m) * K + k]) * w.dequantized[size_t(n) * K + k];
+          double s = 0, sq = 0;
+          for (int k = 0; k < K; ++k) {
+            s += double(xf[size_t(m) * K + k]) * w.dequantized[size_t(n) * K + k];
+            sq += double(xq[size_t(m) * K + k]) * w.dequantized[size_t(n) * K + k];
+          }
           dot[size_t(m) * N + n] = s;
+          dot_q[size_t(m) * N + n] = sq;
         }
       for (Epilogue ep : {Epilogue::Store, Epilogue::StoreF32, Epilogue::AddF32, Epilogue::SwiGLU}) {
         for (bool with_bias : {false, true}) {
           const int cols = ep == Epilogue::SwiGLU ? N / 2 : N;
-          std::vector<float> acc(size_t(M) * N);
-          for (int m = 0; m < M; ++m)
-            for (int n = 0; n < N; ++n) acc[size_t(m) * N + n] = float(dot[size_t(m) * N + n] + (with_bias ? bf[n] : 0.f));
-          std::vector<float> init(size_t(M) * cols, 0.f), ref(size_t(M) * cols);
+          // Asked before the call (the call records a shape cuBLASLt has no algorithm for) and after.
+          const bool planned_cublas = dispatcher.fp8_uses_cublas(M, N, K, ep, with_bias);
+          EXPECT_EQ(planned_cublas, M > 4) << "the default switch from the GEMV to cuBLASLt is above M = 4";
+          std::vector<float> init(size_t(M) * cols, 0.f), out;
           if (ep == Epilogue::AddF32) init = random_vector(init.size());
-          for (int m = 0; m < M; ++m)
-            for (int j = 0; j < cols; ++j) {
-              const float a = acc[size_t(m) * N + j];
-              ref[size_t(m) * cols + j] =
-                  ep == Epilogue::SwiGLU ? a / (1.f + std::exp(-a)) * acc[size_t(m) * N + cols + j]
-                  : ep == Epilogue::AddF32 ? init[size_t(m) * cols + j] + a
-                                           : a;
-            }
           const bool f32 = ep == Epilogue::StoreF32 || ep == Epilogue::AddF32;
           const std::string what = std::string("run_fp8 ") + name(t) + " M=" + std::to_string(M) + " " +
                                    epilogue_name(ep) + (with_bias ? " bias" : "");
-          std::vector<float> out;
           if (f32) {
             DeviceBuffer<float> y(init.size());
             if (ep == Epilogue::AddF32) y.upload(init);
@@ -156,6 +151,21 @@ TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
             sync(what);
             out = from_bits(y.download(), t);
           }
+          const bool cublas = dispatcher.fp8_uses_cublas(M, N, K, ep, with_bias);
+          if (planned_cublas && !cublas) std::printf("%s: cuBLASLt has no algorithm; the GEMV ran\n", what.c_str());
+          const std::vector<double>& d = cublas ? dot_q : dot;
+          std::vector<float> acc(size_t(M) * N);
+          for (int m = 0; m < M; ++m)
+            for (int n = 0; n < N; ++n) acc[size_t(m) * N + n] = float(d[size_t(m) * N + n] + (with_bias ? bf[n] : 0.f));
+          std::vector<float> ref(size_t(M) * cols);
+          for (int m = 0; m < M; ++m)
+            for (int j = 0; j < cols; ++j) {
+              const float a = acc[size_t(m) * N + j];
+              ref[size_t(m) * cols + j] =
+                  ep == Epilogue::SwiGLU ? a / (1.f + std::exp(-a)) * acc[size_t(m) * N + cols + j]
+                  : ep == Epilogue::AddF32 ? init[size_t(m) * cols + j] + a
+                                           : a;
+            }
           // The same e4m3 products in fp32 in another order, and one or two roundings to 16 bits
           // (SwiGLU after cuBLASLt rounds gate and up first).
           expect_close(out, ref, {t == DType::F16 ? 1e-5 : 5e-5, 0, 0}, what);

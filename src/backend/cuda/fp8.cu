@@ -69,12 +69,12 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const T* __rest
   for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
     float f[8];
     detail::load8(reinterpret_cast<const T*>(xr + c), f);
-    __nv_fp8x2_storage_t p[4];
+    uint32_t p[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       p[i] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[2 * i], inv), __fmul_rn(f[2 * i + 1], inv)),
                                       __NV_SATFINITE, __NV_E4M3);
-    qr[c] = *reinterpret_cast<const uint2*>(p);
+    qr[c] = make_uint2(p[0] | (p[1] << 16), p[2] | (p[3] << 16));
   }
 }
 

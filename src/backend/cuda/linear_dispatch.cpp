@@ -92,6 +92,10 @@ int LinearDispatcher::fp8_gemv_max_m() const {
   }
 }
 
+bool LinearDispatcher::fp8_uses_cublas(int M, int N, int K, Epilogue epilogue, bool bias) const {
+  return M > fp8_gemv_max_m() && !cublas_unsupported_.count({M, N, K, static_cast<int>(epilogue) + 100, bias});
+}
+
 void LinearDispatcher::reserve_fp8(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream) {
   check(max_m >= 1, "linear dispatch: reserve_fp8 for M = {}", max_m);
   size_t x_bytes = 0, sc = 0;
@@ -111,9 +115,7 @@ void LinearDispatcher::run_fp8(const void* x, const uint8_t* w8, const float* w_
   check(M >= 1 && N >= 1 && K >= 1, "linear: bad shape M={} N={} K={}", M, N, K);
   check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "linear: the SwiGLU epilogue needs an even N (gate; up), not {}",
         N);
-  const int gemv_max = fp8_gemv_max_m();
-  const bool cublas_unsupported = cublas_unsupported_.count({M, N, K, static_cast<int>(epilogue) + 100, bias != nullptr});
-  if (M <= gemv_max || cublas_unsupported) {
+  if (!fp8_uses_cublas(M, N, K, epilogue, bias != nullptr)) {
     // Beyond fp8_gemv's M (cuBLASLt without an algorithm for the shape): kFp8GemvMaxM rows at a time.
     const int64_t columns = epilogue == Epilogue::SwiGLU ? N / 2 : N;
     const int64_t out_bytes = epilogue == Epilogue::StoreF32 || epilogue == Epilogue::AddF32 ? 4 : 2;

@@ -87,6 +87,10 @@ class LinearDispatcher {
   // cuBLAS epilogues' scratch). Call before capturing graphs.
   void reserve_fp8(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream);
   int fp8_gemv_max_m() const;
+  // Whether run_fp8 runs (or, for a shape not run yet, would try) cuBLASLt for this call: M above
+  // fp8_gemv_max_m() and cuBLASLt not found lacking an algorithm for it (then the GEMV computes it,
+  // kFp8GemvMaxM rows at a time, with x unquantized).
+  bool fp8_uses_cublas(int M, int N, int K, Epilogue epilogue, bool bias) const;
 
   // The same with the implementation given (no choice, no fallback): M must be within its limit.
   void run_impl(LinearImpl impl, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
