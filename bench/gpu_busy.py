@@ -180,8 +180,11 @@ def choose_window(trace, spans, kernels, args):
             run = json.load(f)["runs"][args.serve_bench_run]
         if "started_unix" not in run:
             sys.exit(f"gpu_busy: {args.serve_bench} has no started_unix (a serve_bench.py older than this script)")
+        # The clock records at the trace's start and end: how far the two clocks drifted apart.
+        offs = [u - c for c, u in trace.clocks]
         return (int(run["started_unix"] * 1e9 - off), int(run["ended_unix"] * 1e9 - off),
-                f"serve_bench's measured interval ({os.path.basename(args.serve_bench)})")
+                f"serve_bench's measured interval ({os.path.basename(args.serve_bench)}; "
+                f"clocks drifted {(max(offs) - min(offs)) / 1e3:.0f} us over the trace)")
     marked = [r[0] for r in kernels if args.start_kernel in trace.names.get(r[3], "")]
     if marked:
         lo, how = min(marked), f"from the first kernel named *{args.start_kernel}*"
