@@ -274,6 +274,9 @@ async def run_once(args, http, model, vocab, rate, rng):
     samples, stop = [], asyncio.Event()
     sampler = asyncio.create_task(sample_metrics(http, stop, samples))
     tasks = []
+    # Wall-clock bounds too, so that other logs (a GPU trace: bench/gpu_busy.py --serve-bench) can
+    # cut the same interval.
+    started_unix = time.time()
     t0 = time.perf_counter()
     for i in range(args.num_prompts):
         tasks.append(asyncio.create_task(limited(prompts[i], out_lens[i], i)))
@@ -282,6 +285,7 @@ async def run_once(args, http, model, vocab, rate, rng):
             await asyncio.sleep(rng.gamma(args.burstiness, 1.0 / (rate * args.burstiness)))
     recs = [r for user in await asyncio.gather(*tasks) for r in user]
     duration = time.perf_counter() - t0
+    ended_unix = time.time()
     stop.set()
     await sampler
 
@@ -304,6 +308,8 @@ async def run_once(args, http, model, vocab, rate, rng):
         "failed": len(recs) - len(ok),
         "errors": sorted({r["error"] for r in recs if r["error"]})[:5],
         "duration_s": duration,
+        "started_unix": started_unix,
+        "ended_unix": ended_unix,
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / duration,

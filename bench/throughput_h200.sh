@@ -5,7 +5,7 @@
 # bench/step_timeline.py, beside `fdpp bench`'s static decode. Runs on the GPU machine with the
 # build-gpu/ folder of scripts/build-gpu.sh; Python 3 with numpy and aiohttp or httpx. JSON, logs and
 # step logs under $OUT/throughput, a table on stdout.
-#   FDPP_THROUGHPUT_STAGES="static chat long job7b sweep"   (default: static chat long job7b)
+#   FDPP_THROUGHPUT_STAGES="static chat long job7b sweep busy"   (default: static chat long job7b)
 #   FDPP_THROUGHPUT_ARGS="..."   extra engine flags for generate -f and serve (e.g. --max-num-seqs 512)
 #   FDPP_THROUGHPUT_SERVED=0     offline only
 #   FDPP_THROUGHPUT_TAG=NAME     a suffix for the result files (runs with different flags side by side)
@@ -18,8 +18,12 @@
 # job7b:  256 requests of 512 prompt and 128 output tokens, Llama-2-7B fp16 (bench/serve_h200.sh's
 #         saturation job), against the static prefill + decode time of the same job.
 # sweep:  the chat workload served at Poisson rates (256 requests per rate).
-# nsys:   the GPU's busy time under Nsight Systems: the chat workload's first 300 requests offline,
-#         kernel and copy time (unioned) over the wall time from the first launch to the last.
+# busy:   the GPU's busy time (issue 40, no Nsight Systems needed): the chat workload served at rate
+#         inf as in chat, fdpp serve under tools/gpu_trace's libfdpp_gpu_trace.so (CUPTI: every
+#         kernel, copy and memset), then bench/gpu_busy.py over serve_bench's measured interval: busy
+#         %, idle gaps by length, a timeline figure. The traces (tens of MB) go to
+#         ${FDPP_GPU_TRACE_DIR:-/tmp/fdpp_gpu_trace}, not $OUT. FDPP_THROUGHPUT_BUSY_OFFLINE=1 also
+#         traces the same requests offline (generate -f).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 B="${FDPP_BUILD_DIR:-$root/build-gpu}"
@@ -31,6 +35,21 @@ port="${FDPP_THROUGHPUT_PORT:-8090}"
 extra="${FDPP_THROUGHPUT_ARGS:-}"
 l3="$root/configs/llama-3-8b.json"
 l2="$root/configs/llama-2-7b.json"
+
+# served_summary RESULT.json NAME: serve_bench's run at rate inf in one line.
+served_summary() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))["runs"][0]
+except Exception as e:
+    sys.exit(f"{sys.argv[2]} served: no result ({e})")
+t, p, i = r["ttft_ms"], r["tpot_ms"], r.get("itl_ms", {})
+print(f"{sys.argv[2]} served (rate inf): {r['output_throughput']:.0f} output tokens/s, {r['duration_s']:.1f} s, "
+      f"TTFT p50 {t['p50']:.0f} ms, TPOT p50 {p['p50']:.1f} ms, ITL p99 {i.get('p99', float('nan')):.1f} ms, "
+      f"running max {r['scheduler_running_max']}, preemptions {r.get('preemptions', '?')}")
+PY
+}
 
 # workload NAME CONFIG VOCAB DTYPE SERVE_BENCH_ARGS...: offline, then served at rate inf.
 workload() {
@@ -46,17 +65,7 @@ workload() {
   local serve="$B/fdpp serve --load-format dummy --config $config --dtype $dtype --port $port --step-log $OUT/${name}_served_steps.jsonl $extra"
   python3 "$root/bench/serve_bench.py" --base-url "http://127.0.0.1:$port" "$@" --warmup 2 --request-rate inf \
     --launch "$serve" --launch-timeout 600 --result-json "$OUT/${name}_served.json" >"$OUT/${name}_served.log" 2>&1
-  python3 - "$OUT/${name}_served.json" "$name" <<'PY'
-import json, sys
-try:
-    r = json.load(open(sys.argv[1]))["runs"][0]
-except Exception as e:
-    sys.exit(f"{sys.argv[2]} served: no result ({e})")
-t, p, i = r["ttft_ms"], r["tpot_ms"], r.get("itl_ms", {})
-print(f"{sys.argv[2]} served (rate inf): {r['output_throughput']:.0f} output tokens/s, {r['duration_s']:.1f} s, "
-      f"TTFT p50 {t['p50']:.0f} ms, TPOT p50 {p['p50']:.1f} ms, ITL p99 {i.get('p99', float('nan')):.1f} ms, "
-      f"running max {r['scheduler_running_max']}, preemptions {r.get('preemptions', '?')}")
-PY
+  served_summary "$OUT/${name}_served.json" "$name"
   python3 "$root/bench/step_timeline.py" "$OUT/${name}_served_steps.jsonl" --json "$OUT/${name}_served_timeline.json" \
     --plot "$OUT/${name}_served_timeline.png" | sed 's/^/  /'
 }
@@ -122,16 +131,34 @@ for r in d["runs"]:
           f"{i['p99']:.1f} | {i['p99'] / p['p50']:.2f} |")
 PY
       ;;
-    nsys)
-      if ! command -v nsys >/dev/null; then echo "nsys: not installed here"; continue; fi
-      [[ -s $OUT/chat.jsonl ]] || python3 "$root/bench/serve_bench.py" --input-len 264 --output-len 200 --range-ratio 0.94 \
-        --num-prompts 1000 --seed 0 --warmup 2 --vocab-size 128256 --write-prompts "$OUT/chat.jsonl"
-      head -300 "$OUT/chat.jsonl" >"$OUT/chat300.jsonl"
-      nsys profile -t cuda --cuda-graph-trace=node -o "$OUT/chat300" --force-overwrite true "$B/fdpp" generate \
-        -f "$OUT/chat300.jsonl" --load-format dummy --config "$l3" --dtype bf16 --quiet $extra \
-        >"$OUT/chat300_out.jsonl" 2>"$OUT/chat300_nsys.log"
-      nsys export --type sqlite -o "$OUT/chat300.sqlite" --force-overwrite true "$OUT/chat300.nsys-rep" >/dev/null 2>&1
-      python3 "$root/bench/gpu_busy.py" "$OUT/chat300.sqlite" --skip-seconds 3
+    busy)
+      lib="$B/libfdpp_gpu_trace.so"
+      if [[ ! -f $lib ]]; then echo "busy: no $lib (scripts/build-gpu.sh builds it where CUPTI is found)"; continue; fi
+      name=chat_busy${FDPP_THROUGHPUT_TAG:+_$FDPP_THROUGHPUT_TAG}
+      traces="${FDPP_GPU_TRACE_DIR:-/tmp/fdpp_gpu_trace}"
+      mkdir -p "$traces"
+      chat=(--input-len 264 --output-len 200 --range-ratio 0.94 --num-prompts 1000 --seed 0 --warmup 2)
+      # `env` puts the tracer on fdpp serve alone. serve_bench stops the server with SIGTERM: fdpp serve
+      # drains and exits through atexit, where the tracer writes the rest of the trace.
+      serve="env CUDA_INJECTION64_PATH=$lib FDPP_GPU_TRACE_OUT=$traces/${name}_served.gputrace $B/fdpp serve --load-format dummy \
+        --config $l3 --dtype bf16 --port $port --step-log $OUT/${name}_served_steps.jsonl $extra"
+      python3 "$root/bench/serve_bench.py" --base-url "http://127.0.0.1:$port" "${chat[@]}" --request-rate inf \
+        --launch "$serve" --launch-timeout 600 --result-json "$OUT/${name}_served.json" >"$OUT/${name}_served.log" 2>&1
+      served_summary "$OUT/${name}_served.json" "$name (traced)"
+      grep -E "^fdpp_gpu_trace" "$OUT/${name}_served.log" | sed 's/^/  /'
+      python3 "$root/bench/gpu_busy.py" "$traces/${name}_served.gputrace" --serve-bench "$OUT/${name}_served.json" \
+        --json "$OUT/${name}_served_gpu_busy.json" --plot "$OUT/${name}_served_gpu_busy.png" | sed 's/^/  /'
+      if [[ ${FDPP_THROUGHPUT_BUSY_OFFLINE:-0} == 1 ]]; then
+        [[ -s $OUT/chat.jsonl ]] || python3 "$root/bench/serve_bench.py" "${chat[@]}" --vocab-size 128256 \
+          --write-prompts "$OUT/chat.jsonl"
+        CUDA_INJECTION64_PATH="$lib" FDPP_GPU_TRACE_OUT="$traces/${name}_offline.gputrace" "$B/fdpp" generate \
+          -f "$OUT/chat.jsonl" --load-format dummy --config "$l3" --dtype bf16 --quiet $extra \
+          >"$OUT/${name}_offline_out.jsonl" 2>"$OUT/${name}_offline.log"
+        echo "$name offline (traced): $(grep -v '^fdpp_gpu_trace' "$OUT/${name}_offline.log" | tail -1)"
+        # No client interval offline: the busiest stretch from the first attention kernel (the job).
+        python3 "$root/bench/gpu_busy.py" "$traces/${name}_offline.gputrace" --json "$OUT/${name}_offline_gpu_busy.json" \
+          --plot "$OUT/${name}_offline_gpu_busy.png" | sed 's/^/  /'
+      fi
       ;;
     *) echo "throughput_h200: unknown stage '$stage'"; exit 2 ;;
   esac

@@ -14,5 +14,12 @@ for exe in fdpp fdpp_gpu_tests; do
     cp -Lu "$lib" "$FDPP_BUILD_DIR/lib/"
   done
 done
+# CUPTI for the GPU tracer (libfdpp_gpu_trace.so looks in lib/ first): the toolkit's own, of the
+# version the tracer was built against, whatever the GPU machine has installed (4 MB).
+if [[ -f $FDPP_BUILD_DIR/libfdpp_gpu_trace.so ]]; then
+  cupti=$(sed -n 's/^CUDA_cupti_LIBRARY:FILEPATH=//p' "$FDPP_BUILD_DIR/CMakeCache.txt")
+  soname=$(objdump -p "$cupti" | awk '/SONAME/ {print $2}')
+  cp -Lu "$cupti" "$FDPP_BUILD_DIR/lib/$soname"
+fi
 # Keep only what runs: the travelling folder must stay far below 64 MiB.
-du -sh "$FDPP_BUILD_DIR"/{fdpp,fdpp_gpu_tests,lib} 2>/dev/null || true
+du -sh "$FDPP_BUILD_DIR"/{fdpp,fdpp_gpu_tests,libfdpp_gpu_trace.so,fdpp_gpu_trace_probe,lib} 2>/dev/null || true

@@ -72,6 +72,13 @@ if stage tests; then
   "$B/fdpp" devices | tee -a "$OUT/gpu.txt"
   "$B/fdpp_gpu_tests" --gtest_color=no 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|NMSE|Failure" | tail -40
   log "GPU tests: $(grep -E '^\[  PASSED  \]' "$OUT/gpu_tests.log" | head -1) $(grep -E '^\[  FAILED  \] [0-9]+ test' "$OUT/gpu_tests.log" | head -1) $(grep -E '^\[  SKIPPED \] [0-9]+ test' "$OUT/gpu_tests.log" | head -1)"
+  # The GPU tracer (tools/gpu_trace) on known kernels, a SIGTERM and an fdpp generate run.
+  if [[ -f $B/libfdpp_gpu_trace.so ]]; then
+    python3 "$root/tests/gpu_trace_test.py" cuda "$B/libfdpp_gpu_trace.so" "$B/fdpp_gpu_trace_probe" "$B/fdpp" \
+      >"$OUT/gpu_trace_test.log" 2>&1
+    rc=$?
+    log "GPU tracer test: exit $rc $(grep -E '^gpu_trace_test|Error' "$OUT/gpu_trace_test.log" | tr '\n' ' ')"
+  fi
   if [[ -s $model ]]; then
     for d in cpu cuda; do
       "$B/fdpp" generate --device $d --prompt "What is the capital of France?" --chat --temperature 0 -n 32 --ignore-eos --json >"$OUT/greedy_$d.json" 2>>"$OUT/gpu_tests.log"
