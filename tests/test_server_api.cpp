@@ -143,7 +143,7 @@ TEST(ServerApi, BadRequestsNameTheField) {
   EXPECT_EQ(error_of(H, R"({"max_tokens": 4})"), std::make_pair(400, std::string("messages")));
   EXPECT_EQ(error_of(H, R"({"messages": []})"), std::make_pair(400, std::string("messages")));
   EXPECT_EQ(error_of(H, R"({"messages": "hi"})"), std::make_pair(400, std::string("messages")));
-  EXPECT_EQ(error_of(H, R"({"messages": [{"role": "tool", "content": "x"}]})"), std::make_pair(400, std::string("messages[0].role")));
+  EXPECT_EQ(error_of(H, R"({"messages": [{"role": "robot", "content": "x"}]})"), std::make_pair(400, std::string("messages[0].role")));
   EXPECT_EQ(error_of(H, R"({"messages": [{"role": "user", "content": 3}]})"), std::make_pair(400, std::string("messages[0].content")));
   EXPECT_EQ(error_of(H, R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
             std::make_pair(400, std::string("messages[0].content[0]")));
@@ -277,7 +277,7 @@ TEST(ServerApi, UnsupportedFieldsAreRejectedByName) {
   const auto H = Endpoint::Chat;
   const std::string chat = R"("messages": [{"role": "user", "content": "q"}])";
   for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
-           {"n", "0"}, {"top_logprobs", "3"}, {"tools", R"([{"type": "function"}])"},
+           {"n", "0"}, {"top_logprobs", "3"}, {"tools", R"({"type": "function"})"},
            {"tool_choice", R"("required")"}, {"response_format", R"({"type": "json_xml"})"},
            {"logit_bias", R"({"5": 101})"}, {"logit_bias", R"({"x": 1})"}, {"logit_bias", R"({"300": 1})"},
            {"logit_bias", "[1]"}, {"presence_penalty", "2.5"}, {"frequency_penalty", "-3"},
@@ -367,7 +367,7 @@ TEST(ServerApi, QuotedRequestTextIsOneBoundedLine) {
   EXPECT_EQ(message_of(C, R"({"prompt": "x", "tools": 1, "a\nb\u0001": 1})"),
             R"("tools" is a field of /v1/chat/completions, not of /v1/completions)");
   EXPECT_EQ(message_of(H, R"({"messages": [{"role": "us\ner", "content": "q"}]})"),
-            R"(messages[0].role "us\ner" is not one of system, developer, user, assistant)");
+            R"(messages[0].role "us\ner" is not one of system, developer, user, assistant, tool)");
   EXPECT_EQ(message_of(H, R"({"messages": [{"role": "user", "content": "q", "x\ty": 1}]})"),
             R"(messages[0]: the field "x\ty" is not supported by this server)");
   const std::string long_name(5000, 'k');

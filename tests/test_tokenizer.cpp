@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "fdpp/error.h"
@@ -598,6 +599,135 @@ TEST(TokenizerChatTemplate, Llama32UsesTodaysDate) {
                 date +
                 "\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
                 "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+// ---- Tools in chat templates ------------------------------------------------------------------
+
+// A tokenizer for rendering one template: the tiny vocabulary with the template's BOS and EOS.
+std::unique_ptr<Tokenizer> template_tokenizer(const std::string& tmpl, const std::string& bos, const std::string& eos) {
+  VocabSpec spec = tiny_bpe();
+  if (!bos.empty()) {
+    spec.tokens.push_back(bos);
+    spec.token_types.push_back(3);
+    spec.bos_id = static_cast<int32_t>(spec.tokens.size()) - 1;
+  }
+  spec.tokens.push_back(eos);
+  spec.token_types.push_back(3);
+  spec.eos_id = static_cast<int32_t>(spec.tokens.size()) - 1;
+  spec.chat_template = tmpl;
+  return Tokenizer::from_vocab(spec);
+}
+
+std::vector<ChatMessage> tool_messages(const nlohmann::ordered_json& messages) {
+  std::vector<ChatMessage> out;
+  for (const auto& m : messages) {
+    ChatMessage msg{m["role"], m.value("content", std::string())};
+    if (m.contains("tool_calls"))
+      for (const auto& c : m["tool_calls"])
+        msg.tool_calls.push_back({c["id"], c["function"]["name"], c["function"]["arguments"]});
+    msg.tool_call_id = m.value("tool_call_id", std::string());
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+// Qwen2.5, Qwen3, Llama 3.1, Mistral v0.3 and SmolLM2 (the generic format, defined as Qwen2.5's
+// template with SmolLM2's default system message): tools, calls and results as the templates render
+// them (tests/fixtures/tokenizer/make_tool_fixtures.py), or an error where the template raises one
+// (Llama 3.1 takes one call per message).
+TEST(TokenizerChatTemplate, ToolsMatchTheTemplates) {
+  std::ifstream in(fixture_path("tool_templates.json"));
+  ASSERT_TRUE(in) << fixture_path("tool_templates.json");
+  const auto fx = nlohmann::ordered_json::parse(in);  // the tools' key order is what is printed
+  int n = 0, refused = 0;
+  for (const auto& tmpl : fx["templates"]) {
+    const auto t = template_tokenizer(tmpl["template"], tmpl["bos"], tmpl["eos"]);
+    for (const auto& c : tmpl["chat"]) {
+      const std::vector<ChatMessage> msgs = tool_messages(c["messages"]);
+      ChatOptions options;
+      if (c["tools"].is_array())
+        for (const auto& tool : c["tools"]) options.tools.push_back(tool.dump());
+      const bool gen = c["add_generation_prompt"].get<bool>();
+      if (c["rendered"].is_null()) {
+        EXPECT_NE(error_of([&] { t->apply_chat_template(msgs, gen, options); }).find("chat template"),
+                  std::string::npos)
+            << tmpl["name"] << " " << c["messages"].dump();
+        ++refused;
+      } else {
+        EXPECT_EQ(t->apply_chat_template(msgs, gen, options), c["rendered"].get<std::string>())
+            << tmpl["name"] << " " << c["messages"].dump();
+      }
+      ++n;
+    }
+  }
+  EXPECT_EQ(n, 50);
+  EXPECT_EQ(refused, 2);
+}
+
+TEST(TokenizerChatTemplate, ToolCallFormatOfEachFamily) {
+  std::ifstream in(fixture_path("tool_templates.json"));
+  const auto fx = nlohmann::ordered_json::parse(in);
+  std::map<std::string, ToolCallFormat> want = {{"qwen2.5", ToolCallFormat::kHermes},
+                                                {"qwen3", ToolCallFormat::kHermes},
+                                                {"llama3.1", ToolCallFormat::kLlama3Json},
+                                                {"mistral-v0.3", ToolCallFormat::kMistral},
+                                                {"smollm2", ToolCallFormat::kHermes}};
+  for (const auto& tmpl : fx["templates"])
+    EXPECT_EQ(template_tokenizer(tmpl["template"], tmpl["bos"], tmpl["eos"])->tool_call_format(),
+              want.at(tmpl["name"].get<std::string>()))
+        << tmpl["name"];
+  const json other = load_json("smollm2.json");
+  for (const auto& tmpl : other["other_templates"])  // Llama 3 and 2, Mistral v0.1-v0.3, Llama 3.1
+    EXPECT_EQ(template_tokenizer(tmpl["template"], tmpl["bos"], tmpl["eos"])->tool_call_format(),
+              tmpl["name"] == "llama3.1"       ? ToolCallFormat::kLlama3Json
+              : tmpl["name"] == "mistral-v0.3" ? ToolCallFormat::kMistral
+                                               : ToolCallFormat::kHermes)
+        << tmpl["name"];
+}
+
+// Templates without tool syntax get the generic format through their own rendering: Llama 3's
+// system message, Mistral v0.1's first user message (it takes no system message).
+TEST(TokenizerChatTemplate, GenericToolFormatInOtherTemplates) {
+  const json fx = load_json("smollm2.json");
+  const auto find = [&](const std::string& name) {
+    for (const auto& t : fx["other_templates"])
+      if (t["name"] == name) return template_tokenizer(t["template"], t["bos"], t["eos"]);
+    throw std::runtime_error("no template " + name);
+  };
+  ChatOptions options;
+  options.tools = {R"({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})"};
+  std::vector<ChatMessage> msgs{{"user", "Call f."}};
+  msgs.push_back({"assistant", "", {{"call_1", "f", R"({"a": 1})"}}});
+  msgs.push_back({"tool", "done", {}, "call_1"});
+  const std::string prompt =
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
+      "signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+      "\"parameters\": {\"type\": \"object\"}}}\n</tools>\n\nFor each function call, return a json object with function "
+      "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+      "\"arguments\": <args-json-object>}\n</tool_call>";
+  EXPECT_EQ(find("llama3")->apply_chat_template(msgs, true, options),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n" + prompt +
+                "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nCall f.<|eot_id|><|start_header_id|>assistant"
+                "<|end_header_id|>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call><|eot_id|>"
+                "<|start_header_id|>user<|end_header_id|>\n\n<tool_response>\ndone\n</tool_response><|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(find("mistral-v0.1")->apply_chat_template(msgs, true, options),
+            "<s>[INST] " + prompt + "\n\nCall f. [/INST]<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"
+                                    "</tool_call></s>[INST] <tool_response>\ndone\n</tool_response> [/INST]");
+  // Mistral v0.3 writes its own syntax, with the last 9 characters of a longer call id.
+  msgs[1].tool_calls[0].id = msgs[2].tool_call_id = "call_abcDEF123";
+  const std::string v03 = find("mistral-v0.3")->apply_chat_template(msgs, true, options);
+  EXPECT_NE(v03.find(R"([TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}, "id": "abcDEF123"}]</s>)"), std::string::npos)
+      << v03;
+  EXPECT_NE(v03.find(R"([TOOL_RESULTS] {"content": done, "call_id": "abcDEF123"}[/TOOL_RESULTS])"), std::string::npos)
+      << v03;
+  msgs[1].tool_calls[0].id = "short";
+  EXPECT_NE(error_of([&] { find("mistral-v0.3")->apply_chat_template(msgs, true, options); }).find("9 characters"),
+            std::string::npos);
+  // Arguments that are not JSON are named.
+  msgs[1].tool_calls[0].arguments = "{oops";
+  EXPECT_NE(error_of([&] { find("llama3")->apply_chat_template(msgs, true, options); }).find("is not JSON"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -584,17 +584,28 @@ class Tokenizer:
         return [self.decode(ids, skip_special_tokens) for ids in sequences]
 
     def apply_chat_template(self, messages: Sequence[dict], tokenize: bool = True,
-                            add_generation_prompt: bool = False, **template_kwargs: Any) -> Union[str, list[int]]:
+                            add_generation_prompt: bool = False, tools: Optional[Sequence[dict]] = None,
+                            **template_kwargs: Any) -> Union[str, list[int]]:
         """Renders [{"role": ..., "content": ...}, ...] with the model's chat template; the ids of
         that text with tokenize=True (HF's default; no BOS added beyond what the template writes),
         the text with tokenize=False. add_generation_prompt ends with the assistant's header.
-        template_kwargs: the template's variables, as HF passes them (enable_thinking=False: Qwen3's
-        empty think block). LLM.chat renders with the generation prompt, as the CLI's --chat does."""
+        tools: OpenAI's tool definitions ({"type": "function", "function": {...}}), written as the
+        template writes them (LLM.chat's tools). template_kwargs: the template's variables, as HF
+        passes them (enable_thinking=False: Qwen3's empty think block). LLM.chat renders with the
+        generation prompt, as the CLI's --chat does."""
         if not isinstance(tokenize, bool) or not isinstance(add_generation_prompt, bool):
             raise _bad("apply_chat_template: tokenize and add_generation_prompt must be True or False")
         thinking = _enable_thinking("apply_chat_template", template_kwargs)
-        text = self._t.apply_chat_template(_messages(messages), add_generation_prompt, thinking)
+        text = self._t.apply_chat_template(_messages(messages), add_generation_prompt, thinking,
+                                           _tools("apply_chat_template", tools))
         return self._t.encode(text, False, True) if tokenize else text
+
+    @property
+    def tool_call_format(self) -> str:
+        """How the chat template has the model write a tool call: "hermes" (<tool_call> tags:
+        Qwen, and fdpp's generic format for templates without tool syntax), "llama3_json" or
+        "mistral" (the names of vLLM's tool parsers)."""
+        return self._t.tool_call_format
 
     def convert_ids_to_tokens(self, ids: Union[int, Sequence[int]],
                               skip_special_tokens: bool = False) -> Union[str, list[str]]:
@@ -665,21 +676,72 @@ def _ids(name: str, ids: Any) -> list[int]:
     return [_token_id(f"{name}[{k}]", x) for k, x in enumerate(ids)]
 
 
-def _messages(messages: Any) -> list[tuple[str, str]]:
+def _messages(messages: Any) -> list[tuple[str, str, str, list[tuple[str, str, str]]]]:
+    """Messages as the engine takes them: (role, content, tool_call_id, [(id, name, arguments)]).
+    OpenAI's shapes: an assistant message may have tool_calls (and content None), a "tool" message
+    a tool_call_id; arguments are JSON text or a dict."""
     if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Iterable):
         raise _bad(f"messages: expected a list of {{'role', 'content'}} dicts, got {type(messages).__name__}")
     out = []
     for i, m in enumerate(messages):
         try:
-            role, content = m["role"], m["content"]
-        except (TypeError, KeyError):
+            role = m["role"]
+            content = m["content"] if "content" in m or not m.get("tool_calls") else None
+        except (TypeError, KeyError, AttributeError):
             raise _bad(f"messages[{i}]: expected a dict with 'role' and 'content'") from None
+        calls = m.get("tool_calls") or []
+        if content is None and calls:
+            content = ""
         if not isinstance(role, str) or not isinstance(content, str):
             raise _bad(f"messages[{i}]: 'role' and 'content' must be strings")
-        out.append((_text(f"messages[{i}].role", role), _text(f"messages[{i}].content", content)))
+        call_id = m.get("tool_call_id") or ""
+        if not isinstance(call_id, str):
+            raise _bad(f"messages[{i}].tool_call_id must be a string")
+        out.append((_text(f"messages[{i}].role", role), _text(f"messages[{i}].content", content), call_id,
+                    [_tool_call(f"messages[{i}].tool_calls[{k}]", c) for k, c in enumerate(calls)]))
     if not out:
         raise _bad("messages: the conversation is empty")
     return out
+
+
+def _tool_call(where: str, call: Any) -> tuple[str, str, str]:
+    f = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+        raise _bad(f"{where}: expected {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}")
+    args = f.get("arguments", "{}")
+    if isinstance(args, dict):
+        args = _json.dumps(args, ensure_ascii=False)
+    if not isinstance(args, str):
+        raise _bad(f"{where}.function.arguments must be JSON text or a dict")
+    call_id = call.get("id") or ""
+    if not isinstance(call_id, str):
+        raise _bad(f"{where}.id must be a string")
+    return call_id, f["name"], args
+
+
+def _tools(where: str, tools: Any) -> list[str]:
+    """OpenAI's tool definitions as JSON texts, in each dict's key order (the template prints it)."""
+    if tools is None:
+        return []
+    if isinstance(tools, (str, bytes, dict)) or not isinstance(tools, Iterable):
+        raise _bad(f"{where}: tools must be a list of {{'type': 'function', 'function': {{...}}}} dicts")
+    out = []
+    for i, t in enumerate(tools):
+        f = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or t.get("type", "function") != "function":
+            raise _bad(f"{where}: tools[{i}] must be {{'type': 'function', 'function': {{'name', ...}}}}")
+        try:
+            out.append(_json.dumps(t, ensure_ascii=False))
+        except (TypeError, ValueError) as e:
+            raise _bad(f"{where}: tools[{i}] is not JSON: {e}") from None
+    return out
+
+
+def _call_id(mistral: bool) -> str:
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+    if mistral:
+        return "".join(secrets.choice(alphabet) for _ in range(9))
+    return "call_" + "".join(secrets.choice(alphabet) for _ in range(24))
 
 
 def _enable_thinking(where: str, kwargs: dict) -> Optional[bool]:
@@ -1047,7 +1109,7 @@ class LLM:
             return []
         return self._run(items, params, use_tqdm)
 
-    def _conversations(self, messages: Any) -> list[list[tuple[str, str]]]:
+    def _conversations(self, messages: Any) -> list[list[tuple[str, str, str, list[tuple[str, str, str]]]]]:
         if isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], (list, tuple)):
             return [_messages(c) for c in messages]
         return [_messages(messages)]
@@ -1058,18 +1120,37 @@ class LLM:
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
         use_tqdm: Union[bool, Callable[..., Any]] = True,
         chat_template_kwargs: Optional[dict] = None,
+        tools: Optional[Sequence[dict]] = None,
     ) -> list[RequestOutput]:
         """Generates replies to a conversation ([{"role": "user", "content": "..."}]) or a list of
         conversations, rendered with the model's chat template as `fdpp generate --chat` does;
         use_tqdm and the context rules as generate()'s. chat_template_kwargs: the template's
-        variables, as vLLM's ({"enable_thinking": False}: Qwen3 answers without reasoning)."""
+        variables, as vLLM's ({"enable_thinking": False}: Qwen3 answers without reasoning).
+        tools: OpenAI's tool definitions, given to the template as vLLM does (the outputs are the
+        model's text; parse_tool_calls() finds the calls in it). Messages may carry OpenAI's
+        tool_calls (assistant) and tool results (role "tool" with tool_call_id)."""
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
             raise _bad("chat: chat_template_kwargs must be a dict")
         thinking = _enable_thinking("chat: chat_template_kwargs", dict(chat_template_kwargs or {}))
+        tool_texts = _tools("chat", tools)
         convs = self._conversations(messages)
         params = self._params(sampling_params, len(convs))
-        rendered = [self._m.encode_chat(c, thinking) for c in convs]
+        rendered = [self._m.encode_chat(c, thinking, tool_texts) for c in convs]
         return self._run(rendered, params, use_tqdm)
+
+    def parse_tool_calls(self, text: str) -> tuple[Optional[str], list[dict]]:
+        """The tool calls in a chat output's text, as the server parses them for tool_choice
+        "auto": (content, tool_calls), content being the text before the first call (None when
+        only whitespace is) or the whole text when there is no call, and tool_calls OpenAI's
+        [{"id", "type": "function", "function": {"name", "arguments"}}] (arguments: JSON text)."""
+        tok = self._m.tokenizer()
+        content, calls = tok.parse_tool_calls(_text("text", text))
+        mistral = tok.tool_call_format == "mistral"  # its templates take 9-character ids
+        out = [{"id": _call_id(mistral), "type": "function", "function": {"name": name, "arguments": args}}
+               for name, args in calls]
+        if out and not content.strip():
+            return None, out
+        return content, out
 
     def _token_text(self, token_id: int) -> Optional[str]:
         # Logprob.decoded_token: the token's own text (None for a checkpoint without a tokenizer).

@@ -45,6 +45,7 @@
 #include "fdpp/error.h"
 #include "model/model_loader.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tool_calls.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -460,23 +461,40 @@ nb::object logits(ModelState& st, std::vector<int32_t> ids, bool as_torch) {
   return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<2>>(out->data(), 2, shape, owner));
 }
 
-std::vector<ChatMessage> to_messages(const std::vector<std::pair<std::string, std::string>>& m) {
+// A message as the package hands it over: (role, content, tool_call_id, [(id, name, arguments)]).
+using PyToolCall = std::tuple<std::string, std::string, std::string>;
+using PyMessage = std::tuple<std::string, std::string, std::string, std::vector<PyToolCall>>;
+
+std::vector<ChatMessage> to_messages(const std::vector<PyMessage>& m) {
   std::vector<ChatMessage> out;
   out.reserve(m.size());
-  for (const auto& [role, content] : m) out.push_back({role, content});
+  for (const auto& [role, content, tool_call_id, calls] : m) {
+    ChatMessage msg{role, content};
+    msg.tool_call_id = tool_call_id;
+    for (const auto& [id, name, arguments] : calls) msg.tool_calls.push_back({id, name, arguments});
+    out.push_back(std::move(msg));
+  }
   return out;
+}
+
+// tools: each tool's JSON text (json.dumps of the dict, which keeps its key order).
+ChatOptions chat_options(std::optional<bool> enable_thinking, std::vector<std::string> tools) {
+  ChatOptions o;
+  o.enable_thinking = enable_thinking;
+  o.tools = std::move(tools);
+  return o;
 }
 
 // A conversation to prompt ids with the CLI's rules (encode_prompt, as `fdpp generate --chat`):
 // the template with the generation prompt, no second BOS when the template writes one, special
 // tokens parsed. Returns the rendered text too (RequestOutput.prompt).
-std::pair<std::string, std::vector<int32_t>> encode_chat(ModelState& st,
-                                                         const std::vector<std::pair<std::string, std::string>>& m,
-                                                         std::optional<bool> enable_thinking) {
+std::pair<std::string, std::vector<int32_t>> encode_chat(ModelState& st, const std::vector<PyMessage>& m,
+                                                         std::optional<bool> enable_thinking,
+                                                         std::vector<std::string> tools) {
   const Tokenizer& t = st.tokenizer();
   return input_phase([&] {
     const std::vector<ChatMessage> messages = to_messages(m);
-    const ChatOptions options{enable_thinking};
+    const ChatOptions options = chat_options(enable_thinking, std::move(tools));
     std::string text = t.apply_chat_template(messages, /*add_generation_prompt=*/true, options);
     std::vector<int32_t> ids = encode_prompt(t, "", messages, /*chat=*/true, /*system=*/"", options);
     check(!ids.empty(), "the conversation encodes to no tokens");
@@ -670,7 +688,8 @@ NB_MODULE(_core, m) {
           },
           "request"_a)
       .def("logits", &logits, "token_ids"_a, "as_torch"_a = false)
-      .def("encode_chat", &encode_chat, "messages"_a, "enable_thinking"_a = nb::none())
+      .def("encode_chat", &encode_chat, "messages"_a, "enable_thinking"_a = nb::none(),
+           "tools"_a = std::vector<std::string>{})
       .def("tokenizer",
            [](const std::shared_ptr<ModelState>& s) {
              s->tokenizer();  // a bare checkpoint: the CLI's "no tokenizer" message
@@ -714,12 +733,26 @@ NB_MODULE(_core, m) {
           "ids"_a, "skip_special"_a = true)
       .def(
           "apply_chat_template",
-          [](const TokenizerRef& t, const std::vector<std::pair<std::string, std::string>>& m, bool gen,
-             std::optional<bool> enable_thinking) {
+          [](const TokenizerRef& t, const std::vector<PyMessage>& m, bool gen, std::optional<bool> enable_thinking,
+             std::vector<std::string> tools) {
             const Tokenizer& tok = t.st->tokenizer();
-            return input_phase([&] { return tok.apply_chat_template(to_messages(m), gen, ChatOptions{enable_thinking}); });
+            return input_phase(
+                [&] { return tok.apply_chat_template(to_messages(m), gen, chat_options(enable_thinking, std::move(tools))); });
           },
-          "messages"_a, "add_generation_prompt"_a = true, "enable_thinking"_a = nb::none())
+          "messages"_a, "add_generation_prompt"_a = true, "enable_thinking"_a = nb::none(),
+          "tools"_a = std::vector<std::string>{})
+      .def_prop_ro("tool_call_format",
+                   [](const TokenizerRef& t) { return std::string(tool_call_format_name(t.st->tokenizer().tool_call_format())); })
+      .def(
+          "parse_tool_calls",
+          [](const TokenizerRef& t, const std::string& text) {
+            // (content, [(name, arguments)]): the calls the model wrote in its template's syntax.
+            const ParsedToolCalls p = parse_tool_calls(t.st->tokenizer().tool_call_format(), text);
+            std::vector<std::pair<std::string, std::string>> calls;
+            for (const ToolCall& c : p.calls) calls.emplace_back(c.name, c.arguments);
+            return std::make_pair(text_str(p.content), calls);
+          },
+          "text"_a)
       .def("token_to_id",
            [](const TokenizerRef& t, const std::string& s) -> std::optional<int32_t> {
              const int32_t id = t.st->tokenizer().token_id(s);

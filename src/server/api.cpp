@@ -76,6 +76,7 @@ PromptCodec prompt_codec_for(const Tokenizer& tokenizer) {
   c.encode_plain = [&tokenizer](std::string_view text) { return tokenizer.encode(text, false, /*parse_special=*/true); };
   c.decode = [&tokenizer](std::span<const int32_t> ids) { return tokenizer.decode(ids, /*skip_special=*/false); };
   c.token_bytes = [&tokenizer](int32_t id) { return id < tokenizer.vocab_size() ? tokenizer.token_bytes(id) : std::string(); };
+  c.tool_format = tokenizer.tool_call_format();
   return c;
 }
 
@@ -207,6 +208,47 @@ ChatOptions chat_options(const json& body, std::vector<std::string>& ignored) {
   return o;
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}],
+// the arguments a JSON object as text (OpenAI's) or as an object (vLLM takes both).
+std::vector<ToolCall> message_tool_calls(const json& calls, const std::string& at) {
+  if (!calls.is_array()) throw bad(at, at + " must be a list of tool calls");
+  std::vector<ToolCall> out;
+  for (size_t j = 0; j < calls.size(); ++j) {
+    const json& c = calls[j];
+    const std::string cat = fmt::format("{}[{}]", at, j);
+    if (!c.is_object()) throw bad(cat, cat + " must be {\"id\", \"type\": \"function\", \"function\": {...}}");
+    if (const json* type = field(c, "type"); type && *type != "function")
+      throw bad(cat + ".type", cat + ".type must be \"function\"");
+    ToolCall call;
+    if (const json* id = field(c, "id")) {
+      if (!id->is_string()) throw bad(cat + ".id", cat + ".id must be a string");
+      call.id = id->get<std::string>();
+    }
+    const json* f = field(c, "function");
+    const json* name = f && f->is_object() ? field(*f, "name") : nullptr;
+    if (!name || !name->is_string())
+      throw bad(cat + ".function", cat + ".function must be an object with a string \"name\"");
+    call.name = name->get<std::string>();
+    const json* args = field(*f, "arguments");
+    json parsed = json::object();
+    if (args && args->is_string()) {
+      try {
+        parsed = parse_json(args->get_ref<const std::string&>());
+      } catch (const JsonSyntaxError& e) {
+        throw bad(cat + ".function.arguments", fmt::format("{}.function.arguments is not JSON: {}", cat, e.what()));
+      }
+    } else if (args) {
+      parsed = *args;
+    }
+    if (!parsed.is_object())
+      throw bad(cat + ".function.arguments", cat + ".function.arguments must be a JSON object (as a string)");
+    // The text as sent keeps its key order, which the template prints.
+    call.arguments = args && args->is_string() ? args->get<std::string>() : parsed.dump();
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits) {
   const json* m = field(body, "messages");
   if (!m) throw bad("messages", "'messages' is required (a list of {role, content} objects)");
@@ -221,8 +263,8 @@ std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits
     const std::string at = fmt::format("messages[{}]", i);
     if (!msg.is_object()) throw bad(at, at + " must be an object with 'role' and 'content'");
     for (const auto& [k, v] : msg.items()) {
-      if (k == "role" || k == "content" || k == "name") continue;
-      if (v.is_null() || (k == "tool_calls" && is_empty_container(v))) continue;
+      if (k == "role" || k == "content" || k == "name" || k == "tool_calls" || k == "tool_call_id") continue;
+      if (v.is_null()) continue;
       throw bad(at + "." + k, fmt::format("{}: the field {} is not supported by this server", at, json_show(k)),
                 "unsupported_parameter");
     }
@@ -231,9 +273,19 @@ std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits
     std::string r = role->get<std::string>();
     // "developer" is OpenAI's newer name for the system role.
     if (r == "developer") r = "system";
-    if (r != "system" && r != "user" && r != "assistant")
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
       throw bad(at + ".role",
-                fmt::format("{}.role {} is not one of system, developer, user, assistant", at, json_show(*role)));
+                fmt::format("{}.role {} is not one of system, developer, user, assistant, tool", at, json_show(*role)));
+    ChatMessage message{r, ""};
+    if (const json* calls = field(msg, "tool_calls")) {
+      if (r != "assistant") throw bad(at + ".tool_calls", at + ".tool_calls is only for assistant messages");
+      message.tool_calls = message_tool_calls(*calls, at + ".tool_calls");
+    }
+    if (const json* id = field(msg, "tool_call_id")) {
+      if (r != "tool") throw bad(at + ".tool_call_id", at + ".tool_call_id is only for tool messages");
+      if (!id->is_string()) throw bad(at + ".tool_call_id", at + ".tool_call_id must be a string");
+      message.tool_call_id = id->get<std::string>();
+    }
     std::string content;
     const json* c = field(msg, "content");
     if (!c) {
@@ -253,7 +305,8 @@ std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits
     } else {
       throw bad(at + ".content", at + ".content must be a string or a list of text parts");
     }
-    out.push_back({std::move(r), std::move(content)});
+    message.content = std::move(content);
+    out.push_back(std::move(message));
   }
   return out;
 }
@@ -391,17 +444,14 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   require_off(body, "use_beam_search", is_false, "no beam search");
   if (chat) {
     require_off(body, "echo", is_false, "the last message is not echoed");
-    require_off(body, "tools", is_empty_container, "no tool calls");
-    require_off(body, "functions", is_empty_container, "no tool calls");
-    // "auto" without tools can only mean no call (as OpenAI answers it).
-    require_off(body, "tool_choice", [](const json& v) { return v == "none" || v == "auto"; }, "no tool calls");
-    require_off(body, "function_call", [](const json& v) { return v == "none"; }, "no tool calls");
+    // OpenAI's deprecated functions / function_call: tools and tool_choice say the same.
+    require_off(body, "functions", is_empty_container, "use 'tools'");
+    require_off(body, "function_call", [](const json& v) { return v == "none"; }, "use 'tool_choice'");
     require_off(body, "modalities", [](const json& v) { return v == json::array({"text"}); }, "text only");
     require_off(body, "audio", [](const json&) { return false; }, "text only");
     require_off(body, "prediction", [](const json&) { return false; }, "no predicted outputs");
     require_off(body, "reasoning_effort", [](const json&) { return false; }, "not a reasoning model");
     require_off(body, "web_search_options", [](const json&) { return false; }, "no web search");
-    (void)opt_bool(body, "parallel_tool_calls");  // harmless without tools, but typed
     // vLLM's chat default: the template writes the special tokens, none are added around it.
     require_off(body, "add_special_tokens", is_false, "the chat template writes the special tokens");
   } else {
@@ -475,6 +525,22 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   r.generation.stop = stop_strings(body, limits);
   r.generation.stop_token_ids = stop_token_ids(body, model, limits);
   r.generation.grammar = structured_output(body, raw_body);
+  ToolRequest tools;
+  if (chat) {
+    tools = tool_request(body, raw_body, codec.tool_format);
+    r.tools = tools.setup;
+    for (std::string& f : tools.unenforced) r.ignored_fields.push_back(std::move(f));
+    if (tools.grammar) {
+      if (r.generation.grammar)
+        throw bad("tool_choice", "a forced tool call (tool_choice \"required\" or a function) holds the output to the "
+                                 "call's JSON; it cannot be combined with a structured output format");
+      r.generation.grammar = tools.grammar;
+    }
+    // Mistral's [TOOL_CALLS] and Llama's <|python_tag|> are control tokens, which the text would
+    // otherwise leave out before the parser sees them (vLLM does the same for Mistral).
+    if (r.tools.choice == ToolChoice::kAuto && r.tools.format != ToolCallFormat::kHermes)
+      r.generation.skip_special_tokens = false;
+  }
 
   std::optional<int64_t> max_tokens;
   if (auto p = opt_param(body, "max_tokens")) max_tokens = p->integer;
@@ -497,8 +563,11 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   }
   const char* prompt_param = chat ? "messages" : "prompt";
   try {
-    if (chat)
-      prompts.push_back(codec.encode_chat(chat_messages(body, limits), chat_options(body, r.ignored_fields)));
+    if (chat) {
+      ChatOptions options = chat_options(body, r.ignored_fields);
+      options.tools = std::move(tools.tools);
+      prompts.push_back(codec.encode_chat(chat_messages(body, limits), options));
+    }
     else
       prompts = completion_prompts(body, model, codec, limits);
   } catch (const fdpp::Error& e) {  // a chat template this model lacks, text the tokenizer refuses
@@ -545,9 +614,10 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
 }
 
 json tokenize_body(const json& body, const ModelInfo& model, const PromptCodec& codec, const ApiLimits& limits,
-                   std::vector<std::string>& ignored) {
+                   std::vector<std::string>& ignored, std::string_view raw_body) {
   static const std::set<std::string> known = {"model", "prompt", "messages", "add_special_tokens",
-                                              "add_generation_prompt", "chat_template_kwargs"};
+                                              "add_generation_prompt", "chat_template_kwargs", "tools",
+                                              "tool_choice", "parallel_tool_calls"};
   for (const auto& [k, v] : body.items())
     if (!known.count(k)) ignored.push_back(k);
   if (const json* m = field(body, "model")) {
@@ -568,7 +638,9 @@ json tokenize_body(const json& body, const ModelInfo& model, const PromptCodec& 
       const std::string& text = prompt->get_ref<const std::string&>();
       tokens = !special && codec.encode_plain ? codec.encode_plain(text) : codec.encode(text);
     } else {
-      tokens = codec.encode_chat(chat_messages(body, limits), chat_options(body, ignored));
+      ChatOptions options = chat_options(body, ignored);
+      options.tools = tool_request(body, raw_body, codec.tool_format).tools;
+      tokens = codec.encode_chat(chat_messages(body, limits), options);
     }
   } catch (const fdpp::Error& e) {
     throw bad(prompt ? "prompt" : "messages", e.what());
@@ -706,13 +778,20 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
     json choice = {{"index", i}};
     const size_t prompt_index = i / static_cast<size_t>(std::max(ctx.n, 1));
     const std::string echo = prompt_index < ctx.echo_texts.size() ? ctx.echo_texts[prompt_index] : std::string();
-    if (ctx.endpoint == Endpoint::Chat)
+    std::string finish_reason = result.finish_reason;
+    if (ctx.endpoint == Endpoint::Chat && ctx.tools.active()) {
+      const ToolReply reply = tool_reply(ctx.tools, result.text, tool_id_seed_for(ctx, static_cast<int>(i)));
+      choice["message"] = {{"role", "assistant"}, {"content", reply.content ? json(*reply.content) : json(nullptr)}};
+      if (!reply.calls.empty()) choice["message"]["tool_calls"] = tool_calls_json(reply.calls);
+      finish_reason = tool_finish_reason(finish_reason, !reply.calls.empty());
+    } else if (ctx.endpoint == Endpoint::Chat) {
       choice["message"] = {{"role", "assistant"}, {"content", result.text}};
-    else
+    } else {
       choice["text"] = echo + result.text;
+    }
     size_t offset = characters(echo);
     choice["logprobs"] = ctx.logprobs >= 0 ? logprobs_json(ctx, result.token_ids, result.logprobs, offset) : json(nullptr);
-    choice["finish_reason"] = finish_json(result.finish_reason);
+    choice["finish_reason"] = finish_json(finish_reason);
     choice["stop_reason"] = stop_reason_json(result);
     if (ctx.return_token_ids) {
       choice["token_ids"] = result.token_ids;
@@ -758,6 +837,22 @@ json stream_chunk(const ResponseContext& ctx, int index, std::string_view text, 
   // With include_usage every chunk but the last carries "usage": null (OpenAI's shape).
   if (include_usage_null) body["usage"] = nullptr;
   return body;
+}
+
+json tool_calls_chunk(const ResponseContext& ctx, int index, const json& tool_calls, bool include_usage_null) {
+  json body = envelope(ctx, true);
+  body["choices"] = json::array(
+      {{{"index", index}, {"delta", {{"tool_calls", tool_calls}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+  if (include_usage_null) body["usage"] = nullptr;
+  return body;
+}
+
+uint64_t tool_id_seed_for(const ResponseContext& ctx, int index) {
+  return ctx.tool_id_seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index);
+}
+
+std::string tool_finish_reason(const std::string& finish_reason, bool called) {
+  return called && finish_reason == "stop" ? "tool_calls" : finish_reason;
 }
 
 json usage_chunk(const ResponseContext& ctx, size_t prompt_tokens, size_t completion_tokens, size_t cached_tokens) {

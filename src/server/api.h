@@ -5,7 +5,7 @@
 // tests/test_server_api.cpp checks it without a server.
 //
 // Validation policy: a field this server knows and does not implement is rejected by name (400,
-// param = the field) unless it is set to the value that means "off" (tools = [], best_of other than
+// param = the field) unless it is set to the value that means "off" (functions = [], best_of other than
 // n, echo in chat, response_format text, ...), since ignoring it silently
 // would return something else than the client asked for. A field it does not know at all is
 // ignored and reported (ParsedRequest::ignored_fields: a warning in the server's log and the
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "server/tools.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fdpp::server {
@@ -80,6 +81,8 @@ struct PromptCodec {
   std::function<std::vector<int32_t>(std::string_view text)> encode_plain;
   // Token ids back to text, special tokens written out (vLLM's /detokenize). Ids are in range.
   std::function<std::string(std::span<const int32_t> ids)> decode;
+  // How the chat template has the model write a tool call (Tokenizer::tool_call_format).
+  ToolCallFormat tool_format = ToolCallFormat::kHermes;
 };
 // A codec over a tokenizer: completions text as `fdpp generate --prompt` encodes it (BOS by the
 // model's default, special-token text parsed); chat through apply_chat_template, as
@@ -104,6 +107,7 @@ struct ParsedRequest {
   bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
   bool return_token_ids = false; // extension (vLLM's name): token ids beside the text
   bool seed_given = false;       // false: the caller draws a seed (OpenAI: random per request)
+  ToolSetup tools;               // chat: tools, tool_choice, parallel_tool_calls (server/tools.h)
   // Fields this server does not know, by name ("stream_options.x" for a nested one):
   // ignored, and reported in the log and the response's header.
   std::vector<std::string> ignored_fields;
@@ -123,8 +127,9 @@ ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const
 // or {"messages": [...]} (the tokens /v1/chat/completions would prefill) -> {"tokens", "count",
 // "max_model_len"}. POST /detokenize: {"tokens": [ids]} -> {"prompt": text}. Both throw ApiError
 // (400 naming the field) for a bad body; the unknown fields are added to `ignored`.
+// raw_body: as parse_request's (the tools' key order).
 nlohmann::json tokenize_body(const nlohmann::json& body, const ModelInfo& model, const PromptCodec& codec,
-                             const ApiLimits& limits, std::vector<std::string>& ignored);
+                             const ApiLimits& limits, std::vector<std::string>& ignored, std::string_view raw_body = {});
 nlohmann::json detokenize_body(const nlohmann::json& body, const ModelInfo& model, const PromptCodec& codec,
                                std::vector<std::string>& ignored);
 // The header that names ignored fields, and its value ("a,b").
@@ -142,7 +147,15 @@ struct ResponseContext {
   int logprobs = -1;                    // >= 0: choices carry logprobs in the endpoint's shape
   std::vector<std::string> echo_texts;  // completions' echo: per prompt, in front of its choices' text
   std::function<std::string(int32_t)> token_bytes;  // logprobs' token text (PromptCodec::token_bytes)
+  // Chat with tools: each choice's text becomes content and tool_calls (finish_reason "tool_calls"
+  // when calls were made and it stopped on its own); the call ids derive from tool_id_seed and the
+  // choice's index (tool_id_seed_for).
+  ToolSetup tools;
+  uint64_t tool_id_seed = 0;
 };
+uint64_t tool_id_seed_for(const ResponseContext& ctx, int index);
+// finish_reason with tool calls: "tool_calls" for a choice that made calls and stopped, else as is.
+std::string tool_finish_reason(const std::string& finish_reason, bool called);
 std::string response_id(Endpoint endpoint, uint64_t serial);
 // finish_reason as OpenAI spells it: "stop" or "length" (cancelled/error never reach a client).
 // usage.prompt_tokens_details.cached_tokens: prompt tokens taken from the prefix cache (OpenAI's field).
@@ -163,6 +176,9 @@ nlohmann::json stream_chunk(const ResponseContext& ctx, int index, std::string_v
 // (advanced). -inf is written as -9999.0, as vLLM does (JSON has no infinities).
 nlohmann::json logprobs_json(const ResponseContext& ctx, std::span<const int32_t> tokens,
                              std::span<const TokenLogprobs> logprobs, size_t& text_offset);
+// A chat chunk whose delta is tool_calls (ToolStream's deltas).
+nlohmann::json tool_calls_chunk(const ResponseContext& ctx, int index, const nlohmann::json& tool_calls,
+                                bool include_usage_null);
 // stream_options.include_usage: the extra last chunk with empty choices and the usage.
 nlohmann::json usage_chunk(const ResponseContext& ctx, size_t prompt_tokens, size_t completion_tokens,
                            size_t cached_tokens = 0);

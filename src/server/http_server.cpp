@@ -306,7 +306,7 @@ void HttpServer::route() {
       try {
         const json body = parse_json_body(req.body, options_.limits);
         std::vector<std::string> ignored;
-        json out = tokenize ? tokenize_body(body, model_, codec_, options_.limits, ignored)
+        json out = tokenize ? tokenize_body(body, model_, codec_, options_.limits, ignored, req.body)
                             : detokenize_body(body, model_, codec_, ignored);
         report_ignored(tokenize ? "/tokenize" : "/detokenize", ignored, res);
         res.set_content(dump(out), "application/json");
@@ -345,6 +345,8 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
   ctx.logprobs = p.logprobs;
   ctx.echo_texts = p.echo_texts;
   ctx.token_bytes = codec_.token_bytes;
+  ctx.tools = p.tools;
+  if (p.tools.active()) ctx.tool_id_seed = next_seed();
   report_ignored(ctx.id, p.ignored_fields, res);
 
   {
@@ -370,6 +372,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
     std::vector<uint64_t> ids;
     std::vector<bool> reported;  // the prompt's last chunk is written
     std::vector<size_t> text_offset;  // completions' logprobs: characters of each choice's text so far
+    std::vector<ToolStream> tool_streams;  // chat with tools: per choice
     size_t n_reported = 0, prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     ResponseContext ctx;
     bool include_usage = false;
@@ -384,6 +387,9 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
   st->ids = std::move(ids);
   st->ctx = ctx;
   st->include_usage = p.include_usage;
+  if (ctx.tools.active())
+    for (size_t i = 0; i < st->channels.size(); ++i)
+      st->tool_streams.emplace_back(ctx.tools, tool_id_seed_for(ctx, static_cast<int>(i)));
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // proxies (nginx) must not buffer the events
   res.set_chunked_content_provider(
@@ -442,9 +448,20 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
         }
         bool failed = false;
         for (const Piece& piece : pieces) {
+          ToolStream* tools = st->tool_streams.empty() ? nullptr : &st->tool_streams[piece.index];
           if (!piece.text.empty() || !piece.tokens.empty()) {
-            out += sse_event(stream_chunk(st->ctx, piece.index, piece.text, piece.tokens, "", st->first,
-                                          st->include_usage, piece.logprobs, &st->text_offset[piece.index]));
+            if (tools) {
+              // Text held back (a call may be starting) still sends its tokens' logprobs.
+              const ToolStream::Delta d = tools->push(piece.text);
+              if (!d.content.empty() || (st->ctx.logprobs >= 0 && !piece.logprobs.empty()) || st->ctx.return_token_ids)
+                out += sse_event(stream_chunk(st->ctx, piece.index, d.content, piece.tokens, "", st->first,
+                                              st->include_usage, piece.logprobs, &st->text_offset[piece.index]));
+              if (!d.tool_calls.is_null())
+                out += sse_event(tool_calls_chunk(st->ctx, piece.index, d.tool_calls, st->include_usage));
+            } else {
+              out += sse_event(stream_chunk(st->ctx, piece.index, piece.text, piece.tokens, "", st->first,
+                                            st->include_usage, piece.logprobs, &st->text_offset[piece.index]));
+            }
             st->first = false;
           }
           if (!piece.result) continue;
@@ -455,7 +472,16 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
             failed = true;
             break;
           }
-          out += sse_event(stream_chunk(st->ctx, piece.index, "", {}, r.finish_reason, false, st->include_usage));
+          std::string finish_reason = r.finish_reason;
+          if (tools) {
+            const ToolStream::Delta d = tools->finish();
+            if (!d.content.empty())
+              out += sse_event(stream_chunk(st->ctx, piece.index, d.content, {}, "", false, st->include_usage));
+            if (!d.tool_calls.is_null())
+              out += sse_event(tool_calls_chunk(st->ctx, piece.index, d.tool_calls, st->include_usage));
+            finish_reason = tool_finish_reason(finish_reason, tools->called());
+          }
+          out += sse_event(stream_chunk(st->ctx, piece.index, "", {}, finish_reason, false, st->include_usage));
           // OpenAI counts a prompt once however many choices it has (its cached part with it).
           if (piece.index % std::max(st->ctx.n, 1) == 0) {
             st->prompt_tokens += r.prompt.size();

@@ -27,14 +27,34 @@
 //   per message, roles alternating user/assistant after an optional system message, which is
 //   written as "{system}\n\n" before one user message's content. The published templates differ
 //   in details that are read from the template's text (MistralStyle).
+//
+// Tools (ChatOptions::tools, assistant tool_calls, "tool" messages) as each family's template
+// writes them, with the arguments of earlier calls parsed and printed by tojson (as vLLM hands
+// them to the template):
+// - Qwen3: its own template's "# Tools" system block and <tool_call> messages.
+// - Llama 3.1+: the tools in the first user message (tools_in_user_message, the template's
+//   default), "Environment: ipython" in the system block, a call as {"name", "parameters"}, a
+//   result as an "ipython" message whose content is printed by tojson (the template tests
+//   `content is iterable`, which a string is, so the result is a quoted JSON string).
+// - Mistral templates with [AVAILABLE_TOOLS] (v0.3): the tools before the last user message,
+//   [TOOL_CALLS] [...] and [TOOL_RESULTS] with 9-character call ids (the last 9 of longer ones).
+// - Every other template (ChatML: SmolLM2, Qwen2, Qwen2.5; Llama 3; Llama 2; older Mistral;
+//   ChatGLM2) gets the generic format, which is Qwen2.5's: the "# Tools" block appended to the
+//   system message (the template's default one, or a new one; the first user message where the
+//   template takes no system message), calls written as <tool_call> text in the assistant's
+//   content, results as a user message of <tool_response> blocks. For Qwen2.5 this is exactly
+//   its template's output.
 #include <algorithm>
 #include <ctime>
 
 #include "fdpp/error.h"
 #include "tokenizer/internal.h"
+#include "tokenizer/tool_calls.h"
 
 namespace fdpp::tok {
 namespace {
+
+using ojson = nlohmann::ordered_json;
 
 bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
 
@@ -76,6 +96,99 @@ std::string chatml_default_system(std::string_view tmpl) {
   return {};
 }
 
+// ---- Tools ----------------------------------------------------------------------------------
+
+std::vector<ojson> parsed_tools(const ChatOptions& options) {
+  std::vector<ojson> out;
+  for (size_t i = 0; i < options.tools.size(); ++i) {
+    ojson t = parse_ordered_json(options.tools[i], fmt::format("tools[{}]", i));
+    check(t.is_object(), "chat template: tools[{}] is not an object", i);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+ojson call_arguments(const ToolCall& call, size_t message) {
+  ojson a = parse_ordered_json(call.arguments.empty() ? std::string_view("{}") : std::string_view(call.arguments),
+                               fmt::format("the arguments of message {}'s tool call '{}'", message, call.name));
+  return a;
+}
+
+bool has_tool_messages(std::span<const ChatMessage> messages) {
+  return std::any_of(messages.begin(), messages.end(),
+                     [](const ChatMessage& m) { return m.role == "tool" || !m.tool_calls.empty(); });
+}
+
+// Qwen's (Hermes') tool prompt: the tool signatures in <tools></tools>, and how to call one.
+std::string hermes_tools_prompt(const std::vector<ojson>& tools) {
+  std::string out =
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+      "function signatures within <tools></tools> XML tags:\n<tools>";
+  for (const ojson& t : tools) out += "\n" + tojson(t);
+  out += "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+         "<args-json-object>}\n</tool_call>";
+  return out;
+}
+
+// An assistant message's calls after its content, as Qwen's templates write them: a newline before
+// each call but a first one that opens the message.
+std::string hermes_calls(std::string_view content, std::span<const ToolCall> calls, size_t message) {
+  std::string out;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    if (k > 0 || !content.empty()) out += '\n';
+    out += "<tool_call>\n{\"name\": \"" + calls[k].name + "\", \"arguments\": ";
+    out += tojson(call_arguments(calls[k], message));
+    out += "}\n</tool_call>";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<ChatMessage> generic_tool_conversation(std::span<const ChatMessage> messages, const ChatOptions& options,
+                                                   const std::string& default_system, bool system_ok) {
+  const std::vector<ojson> tools = parsed_tools(options);
+  const std::string prompt = tools.empty() ? std::string() : hermes_tools_prompt(tools);
+  std::vector<ChatMessage> out;
+  std::string first_user_prefix;
+  size_t i = 0;
+  if (!prompt.empty()) {
+    if (!messages.empty() && messages[0].role == "system") {
+      out.push_back({"system", messages[0].content + "\n\n" + prompt});
+      i = 1;
+    } else if (system_ok) {
+      out.push_back({"system", default_system.empty() ? prompt : default_system + "\n\n" + prompt});
+    } else {
+      first_user_prefix = prompt + "\n\n";
+    }
+  }
+  for (; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "assistant" && !m.tool_calls.empty()) {
+      out.push_back({"assistant", m.content + hermes_calls(m.content, m.tool_calls, i)});
+    } else if (m.role == "tool") {
+      std::string piece = "<tool_response>\n" + m.content + "\n</tool_response>";
+      // Consecutive results share one user message.
+      if (i > 0 && messages[i - 1].role == "tool" && !out.empty()) out.back().content += "\n" + piece;
+      else out.push_back({"user", std::move(piece)});
+    } else {
+      out.push_back({m.role, m.content});
+    }
+    if (!first_user_prefix.empty() && out.back().role == "user") {
+      out.back().content = first_user_prefix + out.back().content;
+      first_user_prefix.clear();
+    }
+  }
+  return out;
+}
+
+namespace {
+
+bool wants_tools(std::span<const ChatMessage> messages, const ChatOptions& options) {
+  return !options.tools.empty() || has_tool_messages(messages);
+}
+
 std::string render_chatml(std::string_view tmpl, std::span<const ChatMessage> messages, bool add_generation_prompt) {
   std::string out;
   const std::string default_system = chatml_default_system(tmpl);
@@ -112,7 +225,18 @@ std::string render_qwen3(std::span<const ChatMessage> messages, bool add_generat
       break;
     }
   std::string out;
-  for (size_t i = 0; i < n; ++i) {
+  const std::vector<ojson> tools = parsed_tools(options);
+  size_t first = 0;
+  if (!tools.empty()) {
+    // The system message goes into the tools block, before it.
+    out += "<|im_start|>system\n";
+    if (n > 0 && messages[0].role == "system") {
+      out += messages[0].content + "\n\n";
+      first = 1;
+    }
+    out += hermes_tools_prompt(tools) + "<|im_end|>\n";
+  }
+  for (size_t i = first; i < n; ++i) {
     const ChatMessage& m = messages[i];
     const bool last = i + 1 == n;
     if (m.role == "user" || m.role == "system") {
@@ -136,6 +260,7 @@ std::string render_qwen3(std::span<const ChatMessage> messages, bool add_generat
       } else {
         out += content;
       }
+      out += hermes_calls(content, m.tool_calls, i);
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
       if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
@@ -186,20 +311,52 @@ std::string llama31_date(std::string_view tmpl) {
 }
 
 std::string render_llama31(std::string_view tmpl, std::span<const ChatMessage> messages, bool add_generation_prompt,
-                           const std::string& bos) {
+                           const std::string& bos, const ChatOptions& options) {
+  const std::vector<ojson> tools = parsed_tools(options);
   std::string system;
+  size_t offset = 0;  // messages dropped from the front, for the indices in messages
   if (!messages.empty() && messages[0].role == "system") {
     system = trim(messages[0].content);
     messages = messages.subspan(1);
+    offset = 1;
   }
   std::string out = bos;
-  out += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: ";
+  out += "<|start_header_id|>system<|end_header_id|>\n\n";
+  if (!tools.empty()) out += "Environment: ipython\n";
+  out += "Cutting Knowledge Date: December 2023\nToday Date: ";
   out += llama31_date(tmpl);
   out += "\n\n" + system + "<|eot_id|>";
-  for (const ChatMessage& m : messages) {
-    out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
-    out += trim(m.content);
+  if (!tools.empty()) {
+    // The template's default tools_in_user_message: the first message after the system one
+    // carries the tools, whatever its role.
+    check(!messages.empty(),
+          "chat template (Llama 3.1): cannot put tools in the first user message when there's no first user message");
+    out += "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for "
+           "a function call with its proper arguments that best answers the given prompt.\n\nRespond in the format "
+           "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use "
+           "variables.\n\n";
+    for (const ojson& t : tools) out += tojson(t, 4) + "\n\n";
+    out += trim(messages[0].content);
     out += "<|eot_id|>";
+    messages = messages.subspan(1);
+    ++offset;
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (!m.tool_calls.empty()) {
+      check(m.tool_calls.size() == 1, "chat template (Llama 3.1): this model only supports single tool-calls at once "
+            "(message {} has {})", i + offset, m.tool_calls.size());
+      const ToolCall& call = m.tool_calls[0];
+      out += "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"" + call.name + "\", \"parameters\": ";
+      out += tojson(call_arguments(call, i + offset));
+      out += "}<|eot_id|>";
+    } else if (m.role == "tool" || m.role == "ipython") {
+      out += "<|start_header_id|>ipython<|end_header_id|>\n\n" + tojson(ojson(m.content)) + "<|eot_id|>";
+    } else {
+      out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
+      out += trim(m.content);
+      out += "<|eot_id|>";
+    }
   }
   if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
   return out;
@@ -267,9 +424,46 @@ MistralStyle mistral_style(std::string_view t) {
   return s;
 }
 
+// A call id as Mistral's templates take it: 9 characters (vLLM keeps the last 9 of longer ids).
+std::string mistral_call_id(const std::string& id, size_t message) {
+  check(id.size() >= 9, "chat template (Mistral): tool call ids must be 9 characters, got '{}' at message {}", id,
+        message);
+  return id.substr(id.size() - 9);
+}
+
+// [AVAILABLE_TOOLS] [...][/AVAILABLE_TOOLS] as v0.3 writes it: each function's items but "return",
+// strings quoted as they are, other values by tojson.
+std::string mistral_tools(const std::vector<ojson>& tools) {
+  std::string out = "[AVAILABLE_TOOLS] [";
+  for (size_t k = 0; k < tools.size(); ++k) {
+    const auto f = tools[k].find("function");
+    check(f != tools[k].end() && f->is_object(), "chat template (Mistral): tools[{}] has no \"function\" object", k);
+    out += "{\"type\": \"function\", \"function\": {";
+    bool first = true;
+    for (auto it = f->begin(); it != f->end(); ++it) {
+      if (it.key() == "return") continue;
+      if (!first) out += ", ";
+      first = false;
+      if (it->is_string()) out += "\"" + it.key() + "\": \"" + it->get<std::string>() + "\"";
+      else out += "\"" + it.key() + "\": " + tojson(*it);
+    }
+    out += "}}";
+    out += k + 1 < tools.size() ? ", " : "]";
+  }
+  return out + "[/AVAILABLE_TOOLS]";
+}
+
 std::string render_mistral(std::string_view tmpl, std::span<const ChatMessage> messages, const std::string& bos,
-                           const std::string& eos) {
+                           const std::string& eos, const ChatOptions& options) {
   const MistralStyle style = mistral_style(tmpl);
+  // Templates with tool syntax (v0.3) write tools natively; the older ones get the generic format.
+  const bool tool_syntax = contains(tmpl, "[AVAILABLE_TOOLS]");
+  std::vector<ChatMessage> generic;
+  if (!tool_syntax && wants_tools(messages, options)) {
+    generic = generic_tool_conversation(messages, options, "", style.system != MistralStyle::System::None);
+    messages = generic;
+  }
+  const std::vector<ojson> tools = tool_syntax ? parsed_tools(options) : std::vector<ojson>{};
   std::string system;
   bool has_system = false;
   if (!messages.empty() && messages[0].role == "system") {
@@ -280,15 +474,21 @@ std::string render_mistral(std::string_view tmpl, std::span<const ChatMessage> m
     messages = messages.subspan(1);
   }
   const size_t offset = has_system ? 1 : 0;
+  // Roles alternate user/assistant, the tool calls and their results aside.
+  size_t turn = 0;
   for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string& role = messages[i].role;
-    check(role == "user" || role == "assistant",
-          "chat template (Mistral): only user and assistant messages after an optional first system message, got '{}' "
-          "at message {}",
-          role, i + offset);
-    check((role == "user") == (i % 2 == 0),
+    const ChatMessage& m = messages[i];
+    const std::string& role = m.role;
+    const bool tool_message = tool_syntax && (role == "tool" || !m.tool_calls.empty());
+    check(role == "user" || role == "assistant" || (tool_syntax && role == "tool"),
+          "chat template (Mistral): only user and assistant messages{} after an optional first system message, got "
+          "'{}' at message {}",
+          tool_syntax ? " (and tool results)" : "", role, i + offset);
+    if (tool_message) continue;
+    check((role == "user") == (turn % 2 == 0),
           "chat template (Mistral): conversation roles must alternate user/assistant/user/..., got '{}' at message {}",
           role, i + offset);
+    ++turn;
   }
   const std::string* last_user = nullptr;
   for (const ChatMessage& m : messages)
@@ -311,9 +511,24 @@ std::string render_mistral(std::string_view tmpl, std::span<const ChatMessage> m
           with_system = m.content == *last_user;
           break;
       }
+      if (!tools.empty() && m.content == *last_user) out += mistral_tools(tools);
       out += style.inst_open;
       if (has_system && with_system) out += system + "\n\n";
       out += m.content + style.inst_close;
+    } else if (tool_syntax && !m.tool_calls.empty()) {
+      out += "[TOOL_CALLS] [";
+      for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+        const ToolCall& call = m.tool_calls[k];
+        ojson function = ojson::object();
+        function["name"] = call.name;
+        function["arguments"] = call_arguments(call, i + offset);
+        const std::string f = tojson(function);
+        out += f.substr(0, f.size() - 1) + ", \"id\": \"" + mistral_call_id(call.id, i + offset) + "\"}";
+        out += k + 1 < m.tool_calls.size() ? ", " : "]" + eos;
+      }
+    } else if (m.role == "tool") {
+      out += "[TOOL_RESULTS] {\"content\": " + m.content + ", \"call_id\": \"" +
+             mistral_call_id(m.tool_call_id, i + offset) + "\"}[/TOOL_RESULTS]";
     } else {
       if (style.assistant_space) out += ' ';
       out += style.assistant_trim ? std::string(trim(m.content)) : m.content;
@@ -326,18 +541,36 @@ std::string render_mistral(std::string_view tmpl, std::span<const ChatMessage> m
 
 }  // namespace
 
+ToolCallFormat chat_tool_call_format(const std::string& tmpl) {
+  if (contains(tmpl, "<|start_header_id|>") && contains(tmpl, "Cutting Knowledge Date")) return ToolCallFormat::kLlama3Json;
+  if (!contains(tmpl, "<|im_start|>") && contains(tmpl, "[INST]") && !contains(tmpl, "<<SYS>>") &&
+      contains(tmpl, "[AVAILABLE_TOOLS]"))
+    return ToolCallFormat::kMistral;
+  return ToolCallFormat::kHermes;
+}
+
 std::string render_chat_template(const std::string& tmpl, std::span<const ChatMessage> messages,
                                  bool add_generation_prompt, const std::string& bos_text, const std::string& eos_text,
                                  const ChatOptions& options) {
   if (contains(tmpl, "<|im_start|>") && contains(tmpl, "enable_thinking"))
     return render_qwen3(messages, add_generation_prompt, options);
-  if (contains(tmpl, "<|im_start|>")) return render_chatml(tmpl, messages, add_generation_prompt);
+  // The families without tool syntax of their own: the generic format, rendered by the template.
+  std::vector<ChatMessage> generic;
+  const auto with_generic_tools = [&](const std::string& default_system) {
+    if (!wants_tools(messages, options)) return messages;
+    generic = generic_tool_conversation(messages, options, default_system, /*system_ok=*/true);
+    return std::span<const ChatMessage>(generic);
+  };
+  if (contains(tmpl, "<|im_start|>"))
+    return render_chatml(tmpl, with_generic_tools(chatml_default_system(tmpl)), add_generation_prompt);
   if (contains(tmpl, "<|start_header_id|>")) {
-    if (contains(tmpl, "Cutting Knowledge Date")) return render_llama31(tmpl, messages, add_generation_prompt, bos_text);
-    return render_llama3(messages, add_generation_prompt, bos_text);
+    if (contains(tmpl, "Cutting Knowledge Date"))
+      return render_llama31(tmpl, messages, add_generation_prompt, bos_text, options);
+    return render_llama3(with_generic_tools(""), add_generation_prompt, bos_text);
   }
-  if (contains(tmpl, "[INST]") && contains(tmpl, "<<SYS>>")) return render_llama2(messages, bos_text, eos_text);
-  if (contains(tmpl, "[INST]")) return render_mistral(tmpl, messages, bos_text, eos_text);
+  if (contains(tmpl, "[INST]") && contains(tmpl, "<<SYS>>"))
+    return render_llama2(with_generic_tools(""), bos_text, eos_text);
+  if (contains(tmpl, "[INST]")) return render_mistral(tmpl, messages, bos_text, eos_text, options);
   if (tmpl.empty()) fail("chat template not supported: the model has no tokenizer.chat_template");
   std::string head = tmpl.substr(0, 80);
   std::replace(head.begin(), head.end(), '\n', ' ');

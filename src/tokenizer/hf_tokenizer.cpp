@@ -189,6 +189,7 @@ class ExtraEndTokens final : public Tokenizer {
                                   const ChatOptions& options = {}) const override {
     return inner_->apply_chat_template(messages, add_generation_prompt, options);
   }
+  ToolCallFormat tool_call_format() const override { return inner_->tool_call_format(); }
 
  private:
   std::unique_ptr<Tokenizer> inner_;
@@ -288,7 +289,14 @@ class SentencePieceTokenizer final : public tok::TokenizerBase {
 
   std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt,
                                   const ChatOptions& options = {}) const override {
-    if (chatglm_) return render_chatglm2_prompt(messages, add_generation_prompt);
+    if (chatglm_) {
+      if (std::any_of(messages.begin(), messages.end(), [](const ChatMessage& m) {
+            return m.role == "tool" || !m.tool_calls.empty();
+          }) || !options.tools.empty())
+        return render_chatglm2_prompt(tok::generic_tool_conversation(messages, options, "", /*system_ok=*/false),
+                                      add_generation_prompt);
+      return render_chatglm2_prompt(messages, add_generation_prompt);
+    }
     return TokenizerBase::apply_chat_template(messages, add_generation_prompt, options);
   }
 

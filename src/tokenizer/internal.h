@@ -88,6 +88,13 @@ class PreTokenizer {
 std::string render_chat_template(const std::string& tmpl, std::span<const ChatMessage> messages,
                                  bool add_generation_prompt, const std::string& bos_text,
                                  const std::string& eos_text, const ChatOptions& options = {});
+// The tool-call syntax the template teaches (Hermes for the templates without one of their own).
+ToolCallFormat chat_tool_call_format(const std::string& tmpl);
+// The conversation rewritten in the generic tool format (chat_template.cpp's header): the tools
+// block in the system message (default_system when there is none; the first user message when
+// system_ok is false), calls as <tool_call> text, results as user messages.
+std::vector<ChatMessage> generic_tool_conversation(std::span<const ChatMessage> messages, const ChatOptions& options,
+                                                   const std::string& default_system, bool system_ok);
 
 // ---- Shared tokenizer base -----------------------------------------------------------------------
 
@@ -110,6 +117,7 @@ class TokenizerBase : public Tokenizer {
   int32_t token_id(std::string_view text) const override;
   std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt,
                                   const ChatOptions& options = {}) const override;
+  ToolCallFormat tool_call_format() const override { return chat_tool_call_format(chat_template_); }
 
  protected:
   // Encodes plain text (no special tokens in it). segment_start: the text starts the input or

@@ -17,9 +17,18 @@ namespace gguf {
 class GgufFile;
 }
 
+// A function call an assistant message made (OpenAI's tool_calls[i]).
+struct ToolCall {
+  std::string id;         // "call_..." (Mistral's templates want 9 characters: the last 9 are used)
+  std::string name;
+  std::string arguments;  // JSON text (an object), as OpenAI sends it
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant"
+  std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
+  std::vector<ToolCall> tool_calls{};  // assistant: the calls it made
+  std::string tool_call_id{};          // tool: the call this result answers
 };
 
 // Template variables beyond the conversation (transformers' apply_chat_template **kwargs, the
@@ -28,7 +37,17 @@ struct ChatOptions {
   // Qwen3's thinking switch: false writes an empty <think></think> block after the generation
   // prompt (the model answers without reasoning); unset or true leaves the model to think.
   std::optional<bool> enable_thinking;
+  // Tool definitions, each OpenAI's {"type": "function", "function": {"name", "description",
+  // "parameters"}} as JSON text in the client's key order (templates print them with tojson, which
+  // keeps it). Empty: no tools (a template then writes no tool prompt).
+  std::vector<std::string> tools{};
 };
+
+// How a model writes a tool call, which its chat template teaches it (tokenizer/tool_calls.h parses
+// each): Hermes' <tool_call>{"name", "arguments"}</tool_call> (Qwen2.5/3, and fdpp's generic format
+// for templates without tool syntax), Llama 3.1's JSON {"name", "parameters"} (after
+// <|python_tag|> or alone), Mistral's [TOOL_CALLS] [{"name", "arguments"}, ...].
+enum class ToolCallFormat { kHermes, kLlama3Json, kMistral };
 
 // llama.cpp's token types (tokenizer.ggml.token_type; SentencePiece's ModelProto uses the same).
 enum class TokenType : int32_t {
@@ -113,6 +132,8 @@ class Tokenizer {
   // SmolLM2/Qwen), and whatever else the implementation adds; throws fdpp::Error otherwise.
   virtual std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt,
                                           const ChatOptions& options = {}) const = 0;
+  // The tool-call syntax apply_chat_template teaches the model when given tools.
+  virtual ToolCallFormat tool_call_format() const { return ToolCallFormat::kHermes; }
 };
 
 // Streaming detokenization: feed ids one at a time, get the text that is complete so far. Bytes of

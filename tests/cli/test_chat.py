@@ -130,7 +130,7 @@ def test_chat_refusals_name_the_flag():
 
 def gpu_or_skip():
     r = run("devices")
-    if r.returncode != 0 or re.search(r"^cuda: (no |none)", r.stdout + r.stderr, re.M) or "cuda" not in r.stdout:
+    if r.returncode != 0 or re.search(r"^cuda: (no |none|not compiled)", r.stdout + r.stderr, re.M) or "cuda" not in r.stdout:
         pytest.skip("no usable GPU")
 
 

@@ -216,7 +216,7 @@ BAD = [
      400, "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "echo": True}, 400, "echo"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-     400, "tools"),
+     400, "tools[0].function"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "response_format": {"type": "json_schema", "json_schema": {
                                   "name": "n", "schema": {"type": "number", "multipleOf": 2}}}}, 400, "response_format"),
