@@ -8,6 +8,8 @@
 #   FDPP_PC_CONFIG=configs/llama-3-8b.json  FDPP_PC_ARGS="..." extra flags for fdpp serve
 #   FDPP_PC_ANSWER=384: output tokens of a multi-turn answer (8 turns of 128 new + 384 answered tokens
 #                       bring a conversation to about 4K tokens)
+#   FDPP_PC_PRESSURE_PERCENT=120: the pressure stage's KV pool in % of the working set (below 100 the
+#                       conversations cannot all stay cached: evictions and preemptions)
 #
 # sysprompt: a 4,096-token system prompt shared by every request plus a 64-token question, one request
 #            at a time (16). Goal: warm TTFT p50 at most 10% of the uncached one.
@@ -48,7 +50,7 @@ for stage in $stages; do
     multiturn|pressure)
       flags=""
       # The working set: 64 conversations of 8 x (128 + answer) tokens.
-      [[ $stage == pressure ]] && flags="--kv-cache-tokens $(( 64 * 8 * (128 + answer) * 12 / 10 ))"
+      [[ $stage == pressure ]] && flags="--kv-cache-tokens $(( 64 * 8 * (128 + answer) * ${FDPP_PC_PRESSURE_PERCENT:-120} / 100 ))"
       args=(--num-prompts 64 --turns 8 --input-len 128 --output-len "$answer" --request-rate inf)
       run "${stage}_on" "$flags" "${args[@]}"
       if [[ $stage == pressure ]]; then

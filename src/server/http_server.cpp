@@ -40,35 +40,129 @@ struct Channel {
   bool had_delta = false;
 };
 
+// Moves the engine thread's deltas and ends into the responses' channels on a thread of its own.
+// Done on the engine thread, waking hundreds of streams (a futex call each), the metrics and the
+// per-request log line kept the GPU waiting between steps at saturation (docs/PERFORMANCE.md,
+// Throughput: GPU busy); now the engine thread only appends to a queue, and each response's
+// thread is woken once per batch of items.
+class Delivery {
+ public:
+  struct Item {
+    std::shared_ptr<Channel> ch;
+    std::string text;
+    std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> logprobs;
+    Clock::time_point at;
+    std::optional<GenerationResult> result;  // the request's end (queued after its last delta)
+    std::string log_id;                      // the per-request log line's name; "" for none
+  };
+
+  explicit Delivery(Metrics& metrics) : metrics_(metrics), thread_([this] { run(); }) {}
+  ~Delivery() {  // delivers what is queued, then stops
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  Delivery(const Delivery&) = delete;
+  Delivery& operator=(const Delivery&) = delete;
+
+  void push(Item item) {
+    bool wake = false;
+    {
+      std::lock_guard lock(mutex_);
+      wake = waiting_;
+      waiting_ = false;  // one wake-up for the items queued until the thread looks again
+      queue_.push_back(std::move(item));
+    }
+    if (wake) cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    std::vector<Item> batch;
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      if (queue_.empty()) {
+        if (stopping_) return;
+        waiting_ = true;
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        waiting_ = false;
+        continue;
+      }
+      batch.swap(queue_);
+      lock.unlock();
+      apply(batch);
+      batch.clear();
+      lock.lock();
+    }
+  }
+
+  void apply(std::vector<Item>& batch) {
+    std::vector<Signal*> woken;
+    for (Item& it : batch) {
+      Channel& ch = *it.ch;
+      if (it.result) {
+        metrics_.observe_finished(*it.result);
+        if (!it.log_id.empty()) fmt::print(stderr, "fdpp serve: {}\n", request_line(it.log_id, *it.result));
+      }
+      {
+        std::lock_guard lock(ch.signal->mutex);
+        if (it.result) {
+          ch.result = std::move(*it.result);
+          ch.finished = true;
+        } else {
+          ch.text.append(it.text);
+          ch.tokens.insert(ch.tokens.end(), it.tokens.begin(), it.tokens.end());
+          ch.logprobs.insert(ch.logprobs.end(), it.logprobs.begin(), it.logprobs.end());
+          if (ch.had_delta)
+            metrics_.observe_inter_token(std::chrono::duration<double>(it.at - ch.last_delta).count(),
+                                         it.tokens.size());
+          ch.last_delta = it.at;
+          ch.had_delta = true;
+        }
+      }
+      woken.push_back(ch.signal.get());
+    }
+    // The batch's channels keep their signals alive until it is cleared.
+    std::sort(woken.begin(), woken.end());
+    woken.erase(std::unique(woken.begin(), woken.end()), woken.end());
+    for (Signal* s : woken) s->cv.notify_all();
+  }
+
+  Metrics& metrics_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Item> queue_;
+  bool waiting_ = false;
+  bool stopping_ = false;
+  std::thread thread_;  // last: started once the members above exist
+};
+
 namespace {
 
 // log_id: the request's name in the per-request log line; "" for no line.
-GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Metrics& metrics, std::string log_id) {
+GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Delivery& delivery, std::string log_id) {
   GenerationCallbacks cb;
-  cb.on_delta = [ch, &metrics](uint64_t, std::string_view text, std::span<const int32_t> tokens,
-                               std::span<const TokenLogprobs> logprobs) {
-    const Clock::time_point now = Clock::now();
-    {
-      std::lock_guard lock(ch->signal->mutex);
-      ch->text.append(text);
-      ch->tokens.insert(ch->tokens.end(), tokens.begin(), tokens.end());
-      ch->logprobs.insert(ch->logprobs.end(), logprobs.begin(), logprobs.end());
-      if (ch->had_delta)
-        metrics.observe_inter_token(std::chrono::duration<double>(now - ch->last_delta).count(), tokens.size());
-      ch->last_delta = now;
-      ch->had_delta = true;
-    }
-    ch->signal->cv.notify_all();
+  cb.on_delta = [ch, &delivery](uint64_t, std::string_view text, std::span<const int32_t> tokens,
+                                std::span<const TokenLogprobs> logprobs) {
+    Delivery::Item item;
+    item.ch = ch;
+    item.text.assign(text);
+    item.tokens.assign(tokens.begin(), tokens.end());
+    item.logprobs.assign(logprobs.begin(), logprobs.end());
+    item.at = Clock::now();
+    delivery.push(std::move(item));
   };
-  cb.on_finish = [ch, &metrics, log_id = std::move(log_id)](const GenerationResult& r) {
-    metrics.observe_finished(r);
-    if (!log_id.empty()) fmt::print(stderr, "fdpp serve: {}\n", request_line(log_id, r));
-    {
-      std::lock_guard lock(ch->signal->mutex);
-      ch->result = r;
-      ch->finished = true;
-    }
-    ch->signal->cv.notify_all();
+  cb.on_finish = [ch, &delivery, log_id = std::move(log_id)](const GenerationResult& r) {
+    Delivery::Item item;
+    item.ch = ch;
+    item.at = Clock::now();
+    item.result = r;
+    item.log_id = log_id;
+    delivery.push(std::move(item));
   };
   return cb;
 }
@@ -93,7 +187,8 @@ std::string origin_problem(const std::string& origin) {
 }
 
 HttpServer::HttpServer(ServerOptions options)
-    : options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+    : options_(std::move(options)), http_(std::make_unique<httplib::Server>()),
+      delivery_(std::make_unique<Delivery>(metrics_)) {
   std::random_device rd;
   seed_rng_.seed((static_cast<uint64_t>(rd()) << 32) ^ rd());
   serial_ = seed_rng_();
@@ -519,7 +614,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
 uint64_t HttpServer::submit(GenerationRequest request, const std::shared_ptr<Channel>& ch, const std::string& what,
                             std::string log_id) {
   try {
-    return scheduler_->submit(std::move(request), callbacks_for(ch, metrics_, std::move(log_id)));
+    return scheduler_->submit(std::move(request), callbacks_for(ch, *delivery_, std::move(log_id)));
   } catch (const QueueFullError& e) {
     metrics_.count_rejected_queue_full();
     throw ApiError(503, fmt::format("the server is busy: {}", e.what()), "", "server_busy_error", "queue_full");

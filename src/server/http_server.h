@@ -31,6 +31,7 @@ struct Response;
 namespace fdpp::server {
 
 struct Channel;  // a request's deltas and end, from the engine thread to its HTTP thread (.cpp)
+class Delivery;  // moves them into the channels on a thread of its own (.cpp)
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -119,6 +120,7 @@ class HttpServer {
   ModelInfo model_;
   PromptCodec codec_;
   Metrics metrics_;
+  std::unique_ptr<Delivery> delivery_;  // after metrics_, which it uses
 
   std::atomic<uint64_t> serial_;
   std::mutex seed_mutex_;

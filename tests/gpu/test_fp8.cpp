@@ -94,9 +94,11 @@ const char* epilogue_name(Epilogue e) {
 
 // run_fp8 at M rows (the GEMV up to 4, cuBLASLt above: the dispatcher's default) against fp64 over
 // the e4m3 weights and, where cuBLASLt runs, the per-token e4m3 x.
+// N = 1008: rows of y in multiples of 16 bytes, which cuBLASLt's FP8 GEMM needs (not a multiple of
+// its tiles); N = 1002: cuBLASLt has no algorithm, and the dispatcher runs the GEMV 8 rows at a time.
 TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
-  const int N = 1002, K = 784;  // N not a multiple of any tile; K = 49 x 16
-  for (DType t : {DType::F16, DType::BF16}) {
+  const int K = 784;  // 49 x 16
+  for (auto [t, N] : {std::pair{DType::F16, 1008}, std::pair{DType::BF16, 1008}, std::pair{DType::BF16, 1002}}) {
     cuda::LinearDispatcher dispatcher(t, LinearChooser{});
     std::vector<float> wf, bf;
     const std::vector<uint16_t> wbits = random_bits(size_t(N) * K, t, wf, 0.05f);
@@ -107,7 +109,8 @@ TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
     DeviceBuffer<float> ws(N);
     cuda::quantize_rows_fp8(w16.get(), t, N, K, w8.get(), ws.get(), nullptr);
     sync("quantize_rows_fp8");
-    for (int M : {1, 3, 4, 5, 8, 64, 300}) {
+    const std::vector<int> rows = N % 8 == 0 ? std::vector<int>{1, 3, 4, 5, 8, 64, 300} : std::vector<int>{5, 13};
+    for (int M : rows) {
       std::vector<float> xf;
       const std::vector<uint16_t> xbits = random_bits(size_t(M) * K, t, xf);
       // Two references: x as it is (the GEMV) and x quantized per token (cuBLASLt's input).
@@ -133,7 +136,7 @@ TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
           std::vector<float> init(size_t(M) * cols, 0.f), out;
           if (ep == Epilogue::AddF32) init = random_vector(init.size());
           const bool f32 = ep == Epilogue::StoreF32 || ep == Epilogue::AddF32;
-          const std::string what = std::string("run_fp8 ") + name(t) + " M=" + std::to_string(M) + " " +
+          const std::string what = std::string("run_fp8 ") + name(t) + " N=" + std::to_string(N) + " M=" + std::to_string(M) + " " +
                                    epilogue_name(ep) + (with_bias ? " bias" : "");
           if (f32) {
             DeviceBuffer<float> y(init.size());
@@ -152,6 +155,10 @@ TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
             out = from_bits(y.download(), t);
           }
           const bool cublas = dispatcher.fp8_uses_cublas(M, N, K, ep, with_bias);
+          // The engine's epilogues (16-bit out) must reach cuBLASLt where rows are 16-byte multiples;
+          // an fp32 output may lack an algorithm (then the GEMV computes it, checked the same way).
+          if (N % 8 == 0 && !f32) EXPECT_EQ(cublas, planned_cublas) << what << ": cuBLASLt found no algorithm";
+          else if (N % 8 != 0) EXPECT_FALSE(cublas) << what;
           if (planned_cublas && !cublas) std::printf("%s: cuBLASLt has no algorithm; the GEMV ran\n", what.c_str());
           const std::vector<double>& d = cublas ? dot_q : dot;
           std::vector<float> acc(size_t(M) * N);
@@ -220,8 +227,10 @@ TEST_F(Fp8Gpu, QuantizedModelStepsMatchTheCpuOverDequantizedWeights) {
       cs.push_back(cpu.create_sequence());
       gs.push_back(gpu.create_sequence());
     }
-    // A prefill step (tensor-core path, x quantized per token: a looser bound), then decode steps of
-    // three rows (the GEMV, x kept 16-bit: the usual kernel bound).
+    // A prefill step (tensor-core path, x quantized per token: the CPU does not quantize x), then
+    // decode steps of three rows (the GEMV, x kept 16-bit, but over the prefill's K/V, which carry
+    // its quantization). Measured on the H200 (2026-12-05): prefill rows 1.7e-3 to 2.8e-3, decode
+    // rows 2.5e-4 to 7.4e-4, in f16 and bf16 alike.
     const std::vector<int> chunks = {40, 1, 1, 1, 1};
     for (size_t st = 0; st < chunks.size(); ++st) {
       Batch cb, gb;
@@ -237,7 +246,7 @@ TEST_F(Fp8Gpu, QuantizedModelStepsMatchTheCpuOverDequantizedWeights) {
       }
       const StepOutput co = cpu.step(cb), go = gpu.step(gb);
       ASSERT_EQ(co.logits.size(), go.logits.size());
-      const double bound = st == 0 ? 3e-2 : (t == DType::F16 ? 5e-4 : 5e-3);
+      const double bound = st == 0 ? 1e-2 : 2e-3;
       for (int k = 0; k < S; ++k) {
         std::span<const float> a(co.logits.data() + size_t(k) * c.vocab_size, c.vocab_size),
             b(go.logits.data() + size_t(k) * c.vocab_size, c.vocab_size);
