@@ -92,14 +92,29 @@ const char* epilogue_name(Epilogue e) {
   return "?";
 }
 
-// run_fp8 at M rows (the GEMV up to 4, cuBLASLt above: the dispatcher's default) against fp64 over
-// the e4m3 weights and, where cuBLASLt runs, the per-token e4m3 x.
-// N = 1008: rows of y in multiples of 16 bytes, which cuBLASLt's FP8 GEMM needs (not a multiple of
-// its tiles); N = 1002: cuBLASLt has no algorithm, and the dispatcher runs the GEMV 8 rows at a time.
+// run_fp8 at M rows against fp64 over the e4m3 weights (and, where cuBLASLt runs, the per-token
+// e4m3 x), in each mode: auto (the GEMV at M = 1, the flat GEMM to 64, cuBLASLt above) and the
+// forced ones. N = 1008: rows of y in multiples of 16 bytes, which cuBLASLt's FP8 GEMM needs (not a
+// multiple of any tile); N = 1002: cuBLASLt has no algorithm and the flat GEMM takes its rows.
 TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
-  const int K = 784;  // 49 x 16
-  for (auto [t, N] : {std::pair{DType::F16, 1008}, std::pair{DType::BF16, 1008}, std::pair{DType::BF16, 1002}}) {
-    cuda::LinearDispatcher dispatcher(t, LinearChooser{});
+  const int K = 784;  // 49 x 16: a K tail inside the flat GEMM's 128-wide stages
+  struct Case {
+    DType t;
+    int N;
+    LinearMode mode;
+    std::vector<int> rows;
+  };
+  const std::vector<Case> cases = {
+      {DType::F16, 1008, LinearMode::Auto, {1, 2, 5, 8, 13, 64, 300}},
+      {DType::BF16, 1008, LinearMode::Auto, {1, 3, 16, 33, 64, 300}},
+      {DType::BF16, 1002, LinearMode::Auto, {5, 70}},
+      {DType::F16, 1008, LinearMode::Gemv, {2, 8}},
+      {DType::BF16, 1008, LinearMode::Cublas, {1, 8}},
+  };
+  for (const auto& [t, N, mode, rows] : cases) {
+    LinearChooser chooser;
+    chooser.set_mode(mode);
+    cuda::LinearDispatcher dispatcher(t, chooser);
     std::vector<float> wf, bf;
     const std::vector<uint16_t> wbits = random_bits(size_t(N) * K, t, wf, 0.05f);
     const std::vector<uint16_t> bbits = random_bits(N, t, bf, 0.1f);
@@ -109,7 +124,6 @@ TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
     DeviceBuffer<float> ws(N);
     cuda::quantize_rows_fp8(w16.get(), t, N, K, w8.get(), ws.get(), nullptr);
     sync("quantize_rows_fp8");
-    const std::vector<int> rows = N % 8 == 0 ? std::vector<int>{1, 3, 4, 5, 8, 64, 300} : std::vector<int>{5, 13};
     for (int M : rows) {
       std::vector<float> xf;
       const std::vector<uint16_t> xbits = random_bits(size_t(M) * K, t, xf);
@@ -131,13 +145,19 @@ TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
         for (bool with_bias : {false, true}) {
           const int cols = ep == Epilogue::SwiGLU ? N / 2 : N;
           // Asked before the call (the call records a shape cuBLASLt has no algorithm for) and after.
-          const bool planned_cublas = dispatcher.fp8_uses_cublas(M, N, K, ep, with_bias);
-          EXPECT_EQ(planned_cublas, M > 4) << "the default switch from the GEMV to cuBLASLt is above M = 4";
+          const LinearImpl planned = dispatcher.fp8_choice(M, N, K, ep, with_bias);
+          const LinearImpl expected = mode == LinearMode::Gemv ? (M <= 8 ? LinearImpl::Gemv : LinearImpl::Cublas)
+                                      : mode == LinearMode::Cublas ? LinearImpl::Cublas
+                                      : M == 1                     ? LinearImpl::Gemv
+                                      : M <= 64                    ? LinearImpl::Flat
+                                                                   : LinearImpl::Cublas;
+          EXPECT_EQ(planned, expected) << "M = " << M;
           std::vector<float> init(size_t(M) * cols, 0.f), out;
           if (ep == Epilogue::AddF32) init = random_vector(init.size());
           const bool f32 = ep == Epilogue::StoreF32 || ep == Epilogue::AddF32;
-          const std::string what = std::string("run_fp8 ") + name(t) + " N=" + std::to_string(N) + " M=" + std::to_string(M) + " " +
-                                   epilogue_name(ep) + (with_bias ? " bias" : "");
+          const std::string what = std::string("run_fp8 ") + name(t) + " " + linear_mode_name(mode) + " N=" +
+                                   std::to_string(N) + " M=" + std::to_string(M) + " " + epilogue_name(ep) +
+                                   (with_bias ? " bias" : "");
           if (f32) {
             DeviceBuffer<float> y(init.size());
             if (ep == Epilogue::AddF32) y.upload(init);
@@ -154,12 +174,14 @@ TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
             sync(what);
             out = from_bits(y.download(), t);
           }
-          const bool cublas = dispatcher.fp8_uses_cublas(M, N, K, ep, with_bias);
+          const LinearImpl ran = dispatcher.fp8_choice(M, N, K, ep, with_bias);
+          const bool cublas = ran == LinearImpl::Cublas;
           // The engine's epilogues (16-bit out) must reach cuBLASLt where rows are 16-byte multiples;
-          // an fp32 output may lack an algorithm (then the GEMV computes it, checked the same way).
-          if (N % 8 == 0 && !f32) EXPECT_EQ(cublas, planned_cublas) << what << ": cuBLASLt found no algorithm";
+          // an fp32 output may lack an algorithm (then the flat GEMM computes it, checked the same way).
+          if (N % 8 == 0 && !f32) EXPECT_EQ(ran, planned) << what << ": cuBLASLt found no algorithm";
           else if (N % 8 != 0) EXPECT_FALSE(cublas) << what;
-          if (planned_cublas && !cublas) std::printf("%s: cuBLASLt has no algorithm; the GEMV ran\n", what.c_str());
+          if (planned == LinearImpl::Cublas && !cublas)
+            std::printf("%s: cuBLASLt has no algorithm; the flat GEMM ran\n", what.c_str());
           const std::vector<double>& d = cublas ? dot_q : dot;
           std::vector<float> acc(size_t(M) * N);
           for (int m = 0; m < M; ++m)

@@ -930,7 +930,8 @@ void CudaEngine::warm_up() {
     auto call = [&](const void* x, const DeviceBuffer& w, const DeviceBuffer& scale, const DeviceBuffer& bias, void* y,
                     int n, int k) {
       const bool cublas = scale.empty() ? linear_->choose(rows, n, k) == LinearImpl::Cublas
-                                        : rows > linear_->fp8_gemv_max_m();
+                                        : linear_->fp8_choice(rows, n, k, Epilogue::Store, !bias.empty()) ==
+                                              LinearImpl::Cublas;
       if (cublas) layer_linear(x, w, scale, bias, y, rows, n, k, Epilogue::Store);
     };
     call(normed_.get(), L.w_qkv, L.s_qkv, L.b_qkv, qkv_.get(), Q + 2 * KV, H);

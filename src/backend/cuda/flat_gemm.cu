@@ -47,6 +47,8 @@
 #include <mutex>
 #include <type_traits>
 
+#include <cuda_fp8.h>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/flat_gemm.h"
 #include "backend/cuda/per_device.h"
@@ -83,7 +85,9 @@ struct WarpLayout<8> {
   static constexpr int WN = 2, WK = 4;
 };
 
-constexpr int default_stages(int mt) {
+constexpr int default_stages(int mt, bool fp8 = false) {
+  // FP8 weights: half the bytes per stage, so deeper pipelines fit (6 at mt = 1, 4 at mt = 2, 4).
+  if (fp8) return mt == 1 ? 6 : mt == 8 ? 3 : 4;
   // smem per stage: 16 KB of W + mt * 2 KB of x. 4 stages at mt = 1 (72 KB: 3 CTAs per SM),
   // 3 at mt = 2, 4 (60, 72 KB: 3 CTAs), 3 at mt = 8 (96 KB: 2 CTAs). Two or three stages in flight
   // per CTA, 2-3 CTAs per SM: 64-144 KB of loads in flight per SM, far above the ~35 KB that
@@ -91,12 +95,14 @@ constexpr int default_stages(int mt) {
   return mt == 1 ? 4 : 3;
 }
 
-size_t stage_bytes(int mt) { return size_t(kBlockN) * kBlockK * 2 + size_t(mt) * 8 * kBlockK * 2; }
+size_t stage_bytes(int mt, bool fp8) {
+  return size_t(kBlockN) * kBlockK * (fp8 ? 1 : 2) + size_t(mt) * 8 * kBlockK * 2;
+}
 
-size_t smem_bytes_for(int mt, int stages) {
+size_t smem_bytes_for(int mt, int stages, bool fp8) {
   const int wk = mt == 8 ? WarpLayout<8>::WK : WarpLayout<1>::WK;
   const size_t red = size_t(wk) * mt * 8 * kRedStride * 4;
-  return std::max(stage_bytes(mt) * stages, red);
+  return std::max(stage_bytes(mt, fp8) * stages, red);
 }
 
 __device__ __forceinline__ uint64_t evict_first_policy() {
@@ -152,6 +158,30 @@ __device__ __forceinline__ void mma16816(float (&d)[4], unsigned a0, unsigned a1
 // Shared-memory offset (bytes) of 16-byte chunk c of row r in a [rows][kChunksK] tile.
 __device__ __forceinline__ unsigned swz(int r, int c) { return unsigned((r * kChunksK + (c ^ ((r & 1) << 2))) * 16); }
 
+// FP8 weight tiles: a row is 128 bytes (8 16-byte chunks of 16 k). Lanes read 8-byte pieces (8 k,
+// the span of one 16-bit chunk of x); 16-byte chunk j of row r sits at j ^ 2 * (r & 3), so that
+// the 4 rows of a half-warp's 64-bit loads land in 4 different 32-byte bank groups.
+__device__ __forceinline__ unsigned swz8(int r, int j) { return unsigned(r * 128 + ((j ^ ((r & 3) << 1)) * 16)); }
+
+// 8 e4m3 weights (8 bytes) as 8 T values in mma register order (element 0 in the low half of .x).
+template <class T>
+__device__ __forceinline__ uint4 fp8x8_to(uint2 v) {
+  unsigned out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(((i < 2 ? v.x : v.y) >> (16 * (i & 1))) & 0xFFFFu);
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    if constexpr (std::is_same_v<T, __half>) {
+      out[i] = unsigned(h.x) | (unsigned(h.y) << 16);
+    } else {  // e4m3 -> f16 is exact, f16 -> f32 -> bf16 too (e4m3 has 3 mantissa bits)
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+      const __nv_bfloat162 b = __float22bfloat162_rn(f);
+      out[i] = *reinterpret_cast<const unsigned*>(&b);
+    }
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
 struct Args {
@@ -164,18 +194,22 @@ struct Args {
   Epilogue epilogue;
   float* partials;
   unsigned* semaphores;
+  const float* w_scale;  // FP8 weights: per-row scales, applied in the epilogue
 };
 
-template <class T, int MT, int STAGES>
+// W8: the weights are e4m3 bytes (fp8.h) with per-row scales; the tiles hold them as stored and each
+// lane converts its pieces to T in registers before the MMA.
+template <class T, int MT, int STAGES, bool W8>
 __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(const Args a) {
   using WL = WarpLayout<MT>;
   constexpr int WN = WL::WN, WK = WL::WK;
   constexpr int RT = kBlockN / 16 / WN;      // 16-row tiles per warp
   constexpr int KG = kBlockK / 32 / WK;      // 32-wide k groups per warp per stage
   constexpr int XR = MT * 8;                 // token rows in smem (padded)
-  constexpr unsigned kWBytes = kBlockN * kBlockK * 2;
+  constexpr unsigned kWBytes = kBlockN * kBlockK * (W8 ? 1 : 2);
   constexpr unsigned kStageBytes = kWBytes + XR * kBlockK * 2;
-  constexpr int kWLoads = kBlockN * kChunksK / kThreads;  // 4
+  constexpr int kWChunks = W8 ? kBlockK / 16 : kChunksK;  // 16-byte chunks per weight row per stage
+  constexpr int kWLoads = kBlockN * kWChunks / kThreads;  // 4 (2 for FP8)
   constexpr int kXChunks = XR * kChunksK;                  // 128 .. 1024
   constexpr int kXLoads = (kXChunks + kThreads - 1) / kThreads;
 
@@ -188,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   const bool swiglu = a.epilogue == Epilogue::SwiGLU;
   const int F = N / 2;
   const T* __restrict__ x = static_cast<const T*>(a.x);
-  const T* __restrict__ w = static_cast<const T*>(a.w);
+  const unsigned char* __restrict__ w = static_cast<const unsigned char*>(a.w);  // row r at r * K * (W8 ? 1 : 2)
 
   // Weight row of local row r (clamped into the matrix: rows past the end load real data whose
   // results are never stored).
@@ -205,9 +239,12 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   const int ld_c = (tid % kChunksK) * 8;
   const unsigned ld_dst = swz(tid / kChunksK, tid % kChunksK);
   constexpr unsigned kRowsPerPass = kThreads / kChunksK;  // 16
+  // FP8: chunk q = tid + 256 i -> row q / 8, chunk q % 8 (16 k each), 32 rows per pass.
+  constexpr unsigned kWRowsPerPass = kThreads / kWChunks;
+  const int w_ld_c = W8 ? (tid % kWChunks) * 16 : ld_c;  // k of the thread's chunk
   int w_rows[kWLoads];
 #pragma unroll
-  for (int i = 0; i < kWLoads; ++i) w_rows[i] = w_row(tid / kChunksK + kRowsPerPass * i);
+  for (int i = 0; i < kWLoads; ++i) w_rows[i] = w_row(tid / kWChunks + kWRowsPerPass * i);
   int x_rows[kXLoads];
 #pragma unroll
   for (int i = 0; i < kXLoads; ++i) x_rows[i] = min(tid / kChunksK + int(kRowsPerPass) * i, M - 1);
@@ -218,13 +255,19 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   const int nk = kt_end - kt_begin;
 
   auto load_w = [&](int stage, int kt) {
-    const int k = kt * kBlockK + ld_c;
-    const bool ok = k < K;  // K tail: zero-filled chunks (K is a multiple of 8)
-    const unsigned base = smem_base + unsigned(stage) * kStageBytes + ld_dst;
+    const int k = kt * kBlockK + w_ld_c;
+    const bool ok = k < K;  // K tail: zero-filled chunks (K is a multiple of 8, of 16 for FP8)
+    const unsigned stage_base = smem_base + unsigned(stage) * kStageBytes;
 #pragma unroll
-    for (int i = 0; i < kWLoads; ++i)
-      cp_async16_policy(base + i * kRowsPerPass * kChunksK * 16, w + int64_t(w_rows[i]) * K + (ok ? k : 0), ok,
-                        policy);
+    for (int i = 0; i < kWLoads; ++i) {
+      if constexpr (W8) {
+        const int r = tid / kWChunks + int(kWRowsPerPass) * i;
+        cp_async16_policy(stage_base + swz8(r, tid % kWChunks), w + int64_t(w_rows[i]) * K + (ok ? k : 0), ok, policy);
+      } else {
+        cp_async16_policy(stage_base + ld_dst + i * kRowsPerPass * kChunksK * 16,
+                          w + (int64_t(w_rows[i]) * K + (ok ? k : 0)) * 2, ok, policy);
+      }
+    }
   };
   auto load_x = [&](int stage, int kt) {
     const int k = kt * kBlockK + ld_c;
@@ -280,8 +323,14 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt) {
         const int r0 = (wn * RT + rt) * 16 + g;
-        lo[rt] = lds128(smem, base + swz(r0, c));
-        hi[rt] = lds128(smem, base + swz(r0 + 8, c));
+        if constexpr (W8) {  // the 8-byte piece c (k 8c .. 8c + 7) of rows r0 and r0 + 8
+          const unsigned piece = unsigned(c & 1) * 8;
+          lo[rt] = fp8x8_to<T>(*reinterpret_cast<const uint2*>(smem + base + swz8(r0, c >> 1) + piece));
+          hi[rt] = fp8x8_to<T>(*reinterpret_cast<const uint2*>(smem + base + swz8(r0 + 8, c >> 1) + piece));
+        } else {
+          lo[rt] = lds128(smem, base + swz(r0, c));
+          hi[rt] = lds128(smem, base + swz(r0 + 8, c));
+        }
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -350,6 +399,10 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
       const int m = i / half, j = i % half, f = tile * half + j;
       if (f >= F) continue;
       float gv = total(m, j), uv = total(m, half + j);
+      if constexpr (W8) {
+        gv *= a.w_scale[f];
+        uv *= a.w_scale[F + f];
+      }
       if (bias != nullptr) {
         gv += to_float(bias[f]);
         uv += to_float(bias[F + f]);
@@ -362,6 +415,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
     const int m = i / kBlockN, r = i % kBlockN, n = tile * kBlockN + r;
     if (n >= N) continue;
     float v = total(m, r);
+    if constexpr (W8) v *= a.w_scale[n];
     if (bias != nullptr) v += to_float(bias[n]);
     const int64_t o = int64_t(m) * N + n;
     switch (a.epilogue) {
@@ -372,16 +426,16 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   }
 }
 
-template <class T, int MT, int S>
+template <class T, int MT, int S, bool W8>
 void launch_kernel(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
-  auto* kernel = flat_gemm_kernel<T, MT, S>;
+  auto* kernel = flat_gemm_kernel<T, MT, S, W8>;
   // Raising the dynamic shared-memory limit is a per-kernel attribute of the current device: done
   // once per instantiation and device (per_device.h), not per launch, so launches stay capturable
   // in CUDA graphs. The carveout preference asks for the largest shared-memory share of L1
   // (228 KB), which the 2-3 resident CTAs per SM of the plan assume.
   once_per_device(reinterpret_cast<const void*>(kernel), [&] {
     detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem_bytes_for(MT, S))),
+                                            static_cast<int>(smem_bytes_for(MT, S, W8))),
                        "flat_gemm: cudaFuncSetAttribute");
     detail::cuda_check(
         cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)),
@@ -396,16 +450,26 @@ void launch_kernel(const FlatGemmPlan& p, const Args& args, cudaStream_t stream)
   detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, args), "cudaLaunchKernelEx(flat_gemm)");
 }
 
-template <class T, int MT>
+template <class T, int MT, bool W8>
 void launch_mt(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
   if constexpr (MT == 8) {
-    launch_kernel<T, MT, 3>(p, args, stream);  // 3 stages only: see flat_gemm_plan
+    launch_kernel<T, MT, 3, W8>(p, args, stream);  // 3 stages only: see flat_gemm_plan
   } else {
     switch (p.stages) {
-      case 3: return launch_kernel<T, MT, 3>(p, args, stream);
-      case 4: return launch_kernel<T, MT, 4>(p, args, stream);
-      default: return launch_kernel<T, MT, 6>(p, args, stream);
+      case 3: return launch_kernel<T, MT, 3, W8>(p, args, stream);
+      case 4: return launch_kernel<T, MT, 4, W8>(p, args, stream);
+      default: return launch_kernel<T, MT, 6, W8>(p, args, stream);
     }
+  }
+}
+
+template <class T, bool W8>
+void launch_weights(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
+  switch (p.m_tiles) {
+    case 1: return launch_mt<T, 1, W8>(p, args, stream);
+    case 2: return launch_mt<T, 2, W8>(p, args, stream);
+    case 4: return launch_mt<T, 4, W8>(p, args, stream);
+    default: return launch_mt<T, 8, W8>(p, args, stream);
   }
 }
 
@@ -432,14 +496,14 @@ bool linear_programmatic_launch_enabled() { return current_kernel_options().line
 //   Llama-3 QKV [6144, 4096]: 96 tiles: s = 4 (cap 396 / 96) -> 1.00 * 1.00 * 0.96 = 0.96 (s = 3: 0.94).
 //   [16, 4096] (one tile): s = 8 (the k-tile cap 32 / 4): 8 CTAs instead of 1.
 //   QKV [12288, 4096] (192 tiles), gate+up [22016, 4096] (344): >= 132 tiles, no split.
-FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits, int stages) {
+FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits, int stages, bool fp8) {
   check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
   check(N >= 1 && K >= 1, "flat_gemm: N = {}, K = {} must be positive", N, K);
   check(multiprocessors >= 1, "flat_gemm: multiprocessors = {} must be positive", multiprocessors);
   constexpr int kMinKTiles = 4;
   FlatGemmPlan p;
   p.m_tiles = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
-  p.stages = stages > 0 ? stages : default_stages(p.m_tiles);
+  p.stages = stages > 0 ? stages : default_stages(p.m_tiles, fp8);
   check(p.stages == 3 || p.stages == 4 || p.stages == 6, "flat_gemm: stages = {} (compiled: 3, 4, 6)", p.stages);
   // m_tiles 8 is compiled with 3 stages only: its 4-stage build (128 registers with a small spill
   // under __launch_bounds__(256, 2)) stopped with "illegal instruction" on the H200 (run 2 of
@@ -450,7 +514,7 @@ FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits
   p.block_k = kBlockK;
   p.tiles_n = (N + kBlockN - 1) / kBlockN;
   p.k_tiles = (K + kBlockK - 1) / kBlockK;
-  p.smem_bytes = smem_bytes_for(p.m_tiles, p.stages);
+  p.smem_bytes = smem_bytes_for(p.m_tiles, p.stages, fp8);
   p.ctas_per_sm = std::max<int>(1, int(std::min<size_t>(8, kSmemPerSm / (p.smem_bytes + kSmemReservedPerCta))));
   if (splits > 0) {
     p.splits = std::clamp(splits, 1, p.k_tiles);
@@ -476,16 +540,20 @@ FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits
   return p;
 }
 
-size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors) {
-  return flat_gemm_plan(M, N, K, multiprocessors).workspace_bytes;
+size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors, bool fp8) {
+  return flat_gemm_plan(M, N, K, multiprocessors, 0, 0, fp8).workspace_bytes;
 }
 
-void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
-               DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+namespace {
+void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const float* w_scale, const void* bias,
+                   void* y, int M, int N, int K, DType dtype, Epilogue epilogue, void* workspace,
+                   size_t workspace_bytes, cudaStream_t stream) {
   check(x != nullptr && w != nullptr && y != nullptr, "flat_gemm: null pointer (x {}, w {}, y {})", x, w, y);
   check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
   check(N >= 1 && K >= 1, "flat_gemm: N = {}, K = {} must be positive", N, K);
-  check(K % 8 == 0, "flat_gemm: K = {} is not a multiple of 8 (rows are streamed in 16-byte chunks)", K);
+  const bool fp8 = w_scale != nullptr;
+  check(K % (fp8 ? 16 : 8) == 0, "flat_gemm: K = {} is not a multiple of {} (rows are streamed in 16-byte chunks)", K,
+        fp8 ? 16 : 8);
   check(detail::aligned16(x) && detail::aligned16(w), "flat_gemm: x ({}) and w ({}) must be 16-byte aligned", x, w);
   check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "flat_gemm: SwiGLU needs an even N ([gate; up]), got N = {}", N);
   check(dtype == DType::F16 || dtype == DType::BF16, "flat_gemm: unknown dtype {}", static_cast<int>(dtype));
@@ -494,7 +562,9 @@ void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const voi
             plan.tiles_n == (N + kBlockN - 1) / kBlockN && plan.splits >= 1 && plan.splits <= plan.k_tiles,
         "flat_gemm: plan (m_tiles {}, tiles_n {}, k_tiles {}, splits {}) does not fit M = {}, N = {}, K = {}",
         plan.m_tiles, plan.tiles_n, plan.k_tiles, plan.splits, M, N, K);
-  Args args{x, w, bias, y, M, N, K, plan.tiles_n, plan.splits, plan.k_tiles, epilogue, nullptr, nullptr};
+  check(plan.smem_bytes == smem_bytes_for(plan.m_tiles, plan.stages, fp8),
+        "flat_gemm: the plan was made for {} weights", fp8 ? "16-bit" : "FP8");
+  Args args{x, w, bias, y, M, N, K, plan.tiles_n, plan.splits, plan.k_tiles, epilogue, nullptr, nullptr, w_scale};
   if (plan.splits > 1) {
     check(workspace != nullptr && workspace_bytes >= plan.workspace_bytes,
           "flat_gemm: split-K ({} splits) needs {} bytes of zeroed workspace, got {} at {}", plan.splits,
@@ -505,14 +575,26 @@ void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const voi
   }
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    switch (plan.m_tiles) {
-      case 1: return launch_mt<T, 1>(plan, args, stream);
-      case 2: return launch_mt<T, 2>(plan, args, stream);
-      case 4: return launch_mt<T, 4>(plan, args, stream);
-      default: return launch_mt<T, 8>(plan, args, stream);
-    }
+    if (fp8) launch_weights<T, true>(plan, args, stream);
+    else launch_weights<T, false>(plan, args, stream);
   });
   check_launch("flat_gemm");
+}
+}  // namespace
+
+void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
+               DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  run_flat_gemm(plan, x, w, nullptr, bias, y, M, N, K, dtype, epilogue, workspace, workspace_bytes, stream);
+}
+
+void flat_gemm_fp8(const void* x, const uint8_t* w8, const float* w_scale, const void* bias, void* y, int M, int N,
+                   int K, DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream) {
+  check(w_scale != nullptr, "flat_gemm_fp8: no row scales");
+  check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm_fp8: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
+  check(K % 16 == 0, "flat_gemm_fp8: K = {} is not a multiple of 16", K);
+  const FlatGemmPlan plan = flat_gemm_plan(M, N, K, multiprocessors_of_current_device(), 0, 0, /*fp8=*/true);
+  run_flat_gemm(plan, x, w8, w_scale, bias, y, M, N, K, dtype, epilogue, workspace, workspace_bytes, stream);
 }
 
 void flat_gemm(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,

@@ -31,7 +31,7 @@ constexpr int kFlatGemmMaxM = 64;
 // semaphores; 0 when the plan needs none). The workspace must be zeroed once before first use
 // (the kernels leave the semaphores zeroed again when they finish), so one buffer sized for the
 // largest shape serves every call on a stream.
-size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors);
+size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors, bool fp8 = false);
 void flat_gemm(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
                Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
@@ -51,7 +51,8 @@ struct FlatGemmPlan {
 };
 // splits > 0 forces the split count (clamped to [1, k_tiles]); stages > 0 forces the depth (the
 // compiled ones: 3, 4, 6; m_tiles 8 only 3).
-FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits = 0, int stages = 0);
+FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits = 0, int stages = 0,
+                            bool fp8 = false);
 void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
                DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
@@ -62,6 +63,13 @@ void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const voi
 
 // ImplA: GEMV on CUDA cores with the same epilogues (the plain-store version is gemv() in
 // kernels.h). M in [1, kGemvMaxM].
+// The flat GEMM over FP8 weights (fp8.h): w8 [N, K] e4m3 with per-row w_scale [N] fp32; x stays
+// 16-bit, each e4m3 piece is converted to `dtype` in registers before the MMA and the row scale is
+// applied in the epilogue. K a multiple of 16; the workspace as flat_gemm_workspace_bytes(..., true).
+void flat_gemm_fp8(const void* x, const uint8_t* w8, const float* w_scale, const void* bias, void* y, int M, int N,
+                   int K, DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream);
+
 void gemv_ex(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
              Epilogue epilogue, cudaStream_t stream);
 

@@ -80,20 +80,28 @@ void LinearDispatcher::reserve(int max_m, std::span<const LinearShape> shapes, b
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-// fp8_gemv up to M = 4 by default: its FMAs grow with M on CUDA cores while cuBLASLt's FP8 tensor
-// cores do not (docs/PERFORMANCE.md, FP8 weights, has the measured crossover).
-constexpr int kFp8GemvDefaultMaxM = 4;
+// The fp8 GEMV at M = 1 only: its conversions and FMAs run on CUDA cores for every row of x (2.99
+// ms a Llama-3-8B step at M = 1, 3.46 at 2, 4.90 at 4), and cuBLASLt's FP8 GEMM takes ~5.1 ms at any
+// M up to 8 (docs/PERFORMANCE.md, FP8 weights): the flat GEMM covers the rest up to 64 rows.
+constexpr int kFp8GemvDefaultMaxM = 1;
 
-int LinearDispatcher::fp8_gemv_max_m() const {
+LinearImpl LinearDispatcher::fp8_choice(int M, int N, int K, Epilogue epilogue, bool bias) const {
+  const bool cublas_ok = !cublas_unsupported_.count({M, N, K, static_cast<int>(epilogue) + 100, bias});
   switch (chooser_.mode()) {
-    case LinearMode::Gemv: return kFp8GemvMaxM;
-    case LinearMode::Cublas: return 0;
-    default: return kFp8GemvDefaultMaxM;
+    case LinearMode::Cublas:
+      if (cublas_ok) return LinearImpl::Cublas;
+      break;
+    case LinearMode::Gemv:
+      if (M <= kFp8GemvMaxM) return LinearImpl::Gemv;
+      break;
+    case LinearMode::Flat:
+      if (M <= kFlatGemmMaxM) return LinearImpl::Flat;
+      break;
+    default:
+      if (M <= kFp8GemvDefaultMaxM) return LinearImpl::Gemv;
+      if (M <= kFlatGemmMaxM) return LinearImpl::Flat;
   }
-}
-
-bool LinearDispatcher::fp8_uses_cublas(int M, int N, int K, Epilogue epilogue, bool bias) const {
-  return M > fp8_gemv_max_m() && !cublas_unsupported_.count({M, N, K, static_cast<int>(epilogue) + 100, bias});
+  return cublas_ok ? LinearImpl::Cublas : LinearImpl::Flat;
 }
 
 void LinearDispatcher::reserve_fp8(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream) {
@@ -105,6 +113,11 @@ void LinearDispatcher::reserve_fp8(int max_m, std::span<const LinearShape> shape
   }
   const size_t need = (x_bytes + 15) / 16 * 16 + static_cast<size_t>(max_m) * sizeof(float);
   if (need > fp8_x_.bytes()) grow_outside_capture(fp8_x_, need, stream, "the fp8 activations' scratch");
+  size_t ws = 0;  // the flat GEMM's FP8 plans (their split-K differs from the 16-bit ones)
+  for (const LinearShape& s : shapes)
+    for (int m = 1; m <= std::min(max_m, kFlatGemmMaxM); ++m)
+      ws = std::max(ws, flat_gemm_workspace_bytes(m, s.n, s.k, gpu_.sm_count, /*fp8=*/true));
+  ensure_flat_workspace(ws, stream);
   if (sc > 0) scratch(sc, stream);
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
@@ -115,14 +128,20 @@ void LinearDispatcher::run_fp8(const void* x, const uint8_t* w8, const float* w_
   check(M >= 1 && N >= 1 && K >= 1, "linear: bad shape M={} N={} K={}", M, N, K);
   check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "linear: the SwiGLU epilogue needs an even N (gate; up), not {}",
         N);
-  if (!fp8_uses_cublas(M, N, K, epilogue, bias != nullptr)) {
-    // Beyond fp8_gemv's M (cuBLASLt without an algorithm for the shape): kFp8GemvMaxM rows at a time.
+  const LinearImpl impl = fp8_choice(M, N, K, epilogue, bias != nullptr);
+  if (impl == LinearImpl::Gemv) {
+    fp8_gemv(x, w8, w_scale, bias, y, M, N, K, dtype, epilogue, stream);
+    return;
+  }
+  if (impl == LinearImpl::Flat) {  // more than kFlatGemmMaxM rows where cuBLASLt has no algorithm: in parts
     const int64_t columns = epilogue == Epilogue::SwiGLU ? N / 2 : N;
     const int64_t out_bytes = epilogue == Epilogue::StoreF32 || epilogue == Epilogue::AddF32 ? 4 : 2;
-    for (int r = 0; r < M; r += kFp8GemvMaxM) {
-      const int rows = std::min(kFp8GemvMaxM, M - r);
-      fp8_gemv(static_cast<const char*>(x) + int64_t(r) * K * 2, w8, w_scale, bias,
-               static_cast<char*>(y) + int64_t(r) * columns * out_bytes, rows, N, K, dtype, epilogue, stream);
+    for (int r = 0; r < M; r += kFlatGemmMaxM) {
+      const int rows = std::min(kFlatGemmMaxM, M - r);
+      ensure_flat_workspace(flat_gemm_workspace_bytes(rows, N, K, gpu_.sm_count, /*fp8=*/true), stream);
+      flat_gemm_fp8(static_cast<const char*>(x) + int64_t(r) * K * 2, w8, w_scale, bias,
+                    static_cast<char*>(y) + int64_t(r) * columns * out_bytes, rows, N, K, dtype, epilogue,
+                    flat_ws_.get(), flat_ws_.bytes(), stream);
     }
     return;
   }

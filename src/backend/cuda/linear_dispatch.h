@@ -78,19 +78,19 @@ class LinearDispatcher {
   // table was measured for it).
   void run(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
            Epilogue epilogue, cudaStream_t stream);
-  // FP8 weights (fp8.h): w8 [N, K] e4m3 with per-row w_scale [N]; the rest as run(). M up to
-  // fp8_gemv_max_m() runs fp8_gemv (x stays 16-bit); larger M quantizes x per token into the
-  // dispatcher's scratch and runs cuBLASLt's FP8 GEMM (--linear gemv / cublas force one of them).
+  // FP8 weights (fp8.h): w8 [N, K] e4m3 with per-row w_scale [N]; the rest as run(). fp8_choice
+  // says which kernel runs: fp8_gemv and the flat GEMM keep x 16-bit and convert the weights in
+  // registers; cuBLASLt's FP8 GEMM gets x quantized per token in the dispatcher's scratch.
   void run_fp8(const void* x, const uint8_t* w8, const float* w_scale, const void* bias, void* y, int M, int N, int K,
                DType dtype, Epilogue epilogue, cudaStream_t stream);
   // Scratch for run_fp8 up to max_m rows of these shapes (the quantized x and its scales, and the
   // cuBLAS epilogues' scratch). Call before capturing graphs.
   void reserve_fp8(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream);
-  int fp8_gemv_max_m() const;
-  // Whether run_fp8 runs (or, for a shape not run yet, would try) cuBLASLt for this call: M above
-  // fp8_gemv_max_m() and cuBLASLt not found lacking an algorithm for it (then the GEMV computes it,
-  // kFp8GemvMaxM rows at a time, with x unquantized).
-  bool fp8_uses_cublas(int M, int N, int K, Epilogue epilogue, bool bias) const;
+  // The kernel of an FP8 call: in auto mode the GEMV at M = 1, the flat GEMM up to kFlatGemmMaxM,
+  // cuBLASLt above (docs/PERFORMANCE.md, FP8 weights); --linear gemv|flat|cublas force one where
+  // its M limit allows. Where cuBLASLt has no algorithm for a call (found at its first run) the
+  // flat GEMM computes it, kFlatGemmMaxM rows at a time.
+  LinearImpl fp8_choice(int M, int N, int K, Epilogue epilogue, bool bias) const;
 
   // The same with the implementation given (no choice, no fallback): M must be within its limit.
   void run_impl(LinearImpl impl, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
