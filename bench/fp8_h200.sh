@@ -2,12 +2,14 @@
 # FP8 weights (--quantization fp8) on the H200 against the same model in bf16, random weights
 # (--load-format dummy, Llama-3-8B shapes). Runs on the GPU machine with the build-gpu/ folder of
 # scripts/build-gpu.sh. Raw output under $OUT/fp8, a table on stdout.
-#   FDPP_FP8_STAGES="static crossover chat"   (default: all)
+#   FDPP_FP8_STAGES="static crossover llama2 chat"   (default: all)
+#   FDPP_FP8_MODES="gemv flat cublas"   the crossover stage's forced kernels
 #
 # static:    fdpp bench, bf16 and fp8: prefill of 1,024 tokens and decode at batch 1, 8, 64, 256 and
 #            context 1,024; the % of roofline is of each run's own bytes (fp8 reads half the layers').
-# crossover: fp8 decode at batch 1-8 with the fp8 GEMV forced (--linear gemv) and with cuBLASLt
-#            forced (--linear cublas): where the dispatcher's default switch (M = 4) should be.
+# crossover: fp8 decode at batch 1-64 with each kernel forced (--linear gemv|flat|cublas; the GEMV
+#            stops at 8): where the dispatcher's switches (fp8_choice) should be.
+# llama2:    issue 42's goals: Llama-2-7B f16 and fp8 at batch 1 and 64, context 1K.
 # chat:      issue 40's chat workload offline (bench/throughput_h200.sh), fp8.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +18,7 @@ OUT_TOP="${OUT:-$root/out}"
 OUT="$OUT_TOP/fp8"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-stages="${FDPP_FP8_STAGES:-static crossover chat}"
+stages="${FDPP_FP8_STAGES:-static crossover llama2 chat}"
 l3="$root/configs/llama-3-8b.json"
 
 table() {  # table JSON TITLE: one line per test
@@ -45,11 +47,20 @@ for stage in $stages; do
       done
       ;;
     crossover)
-      for mode in gemv cublas; do
+      for mode in ${FDPP_FP8_MODES:-gemv flat cublas}; do
+        batches=1,2,4,8,16,32,64
+        [[ $mode == gemv ]] && batches=1,2,3,4,5,6,8
         "$B/fdpp" bench --load-format dummy --config "$l3" --dtype bf16 --quantization fp8 --linear $mode \
-          -b 1,2,3,4,5,6,8 -c 1024 -r 2 --json >"$OUT/crossover_$mode.json" 2>"$OUT/crossover_$mode.err" ||
+          -b $batches -c 1024 -r 2 --json >"$OUT/crossover_$mode.json" 2>"$OUT/crossover_$mode.err" ||
           echo "crossover $mode: $(tail -1 "$OUT/crossover_$mode.err")"
         table "$OUT/crossover_$mode.json" "fp8 --linear $mode"
+      done
+      ;;
+    llama2)
+      for q in none fp8; do
+        "$B/fdpp" bench --load-format dummy --config "$root/configs/llama-2-7b.json" --dtype f16 --quantization $q \
+          -b 1,64 -c 1024 -r 2 --json >"$OUT/llama2_$q.json" 2>"$OUT/llama2_$q.err" || echo "llama2 $q: $(tail -1 "$OUT/llama2_$q.err")"
+        table "$OUT/llama2_$q.json" "Llama-2-7B f16 weights $q"
       done
       ;;
     chat)
