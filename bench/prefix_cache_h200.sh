@@ -32,7 +32,7 @@ serve="$B/fdpp serve --load-format dummy --config $config --port $port --ctx-siz
 run() {  # run NAME EXTRA_SERVE_FLAGS serve_bench flags...: one served run, JSON in $OUT/NAME.json
   local name=$1 flags=$2
   shift 2
-  python3 "$root/bench/serve_bench.py" --base-url "http://127.0.0.1:$port" --launch "$serve $flags" \
+  python3 "$root/bench/serve_bench.py" --base-url "http://127.0.0.1:$port" --launch "$serve $flags --step-log $OUT/$name.steps.jsonl" \
     --launch-timeout 600 --result-json "$OUT/$name.json" "$@" >"$OUT/$name.log" 2>&1
 }
 field() { python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; print(eval(sys.argv[2]))" "$@"; }
