@@ -31,6 +31,10 @@ ApiError::ApiError(int status_, std::string message, std::string param_, std::st
   }
 }
 
+ApiError bad_request(std::string param, std::string message, std::string code) {
+  return ApiError(400, std::move(message), std::move(param), "invalid_request_error", std::move(code));
+}
+
 json error_body(const ApiError& e) {
   json err = {{"message", e.what()}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param.empty()) err["param"] = e.param;
@@ -82,21 +86,11 @@ PromptCodec prompt_codec_for(const Tokenizer& tokenizer) {
 
 namespace {
 
-ApiError bad(std::string param, std::string message, std::string code = {}) {
-  return ApiError(400, std::move(message), std::move(param), "invalid_request_error", std::move(code));
-}
-
-// A field present and not null.
-const json* field(const json& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
 
 std::optional<bool> opt_bool(const json& body, const char* key) {
-  const json* v = field(body, key);
+  const json* v = present_field(body, key);
   if (!v) return std::nullopt;
-  if (!v->is_boolean()) throw bad(key, fmt::format("'{}' must be a boolean", key));
+  if (!v->is_boolean()) throw bad_request(key, fmt::format("'{}' must be a boolean", key));
   return v->get<bool>();
 }
 
@@ -105,18 +99,18 @@ std::optional<bool> opt_bool(const json& body, const char* key) {
 // the same message ("\"top_p\" 0 must be in (0, 1] (1 = off)"). Integers only where the table says
 // so (16.0 and 1.5 are refused, as OpenAI does).
 std::optional<JsonParam> opt_param(const json& body, const char* key) {
-  const json* v = field(body, key);
+  const json* v = present_field(body, key);
   if (!v) return std::nullopt;
   JsonParam p = check_json_param(key, *v);
-  if (!p.message.empty()) throw bad(key, p.message);
+  if (!p.message.empty()) throw bad_request(key, p.message);
   return p;
 }
 
 // Fields accepted only at the value that turns them off; anything else is refused by name.
 void require_off(const json& body, const char* key, const std::function<bool(const json&)>& is_off,
                  const char* what) {
-  const json* v = field(body, key);
-  if (v && !is_off(*v)) throw bad(key, fmt::format("'{}' is not supported by this server ({})", key, what), "unsupported_parameter");
+  const json* v = present_field(body, key);
+  if (v && !is_off(*v)) throw bad_request(key, fmt::format("'{}' is not supported by this server ({})", key, what), "unsupported_parameter");
 }
 
 bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
@@ -131,7 +125,7 @@ std::vector<int32_t> checked_ids(const json& arr, const char* param, const Model
     const json& t = arr[i];
     if (!t.is_number_integer() || (t.is_number_unsigned() ? t.get<uint64_t>() >= static_cast<uint64_t>(model.vocab_size)
                                                           : (t.get<int64_t>() < 0 || t.get<int64_t>() >= model.vocab_size)))
-      throw bad(param, fmt::format("{}[{}] = {} is not a token id in [0, {})", param, i, t.dump(), model.vocab_size));
+      throw bad_request(param, fmt::format("{}[{}] = {} is not a token id in [0, {})", param, i, t.dump(), model.vocab_size));
     ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   return ids;
@@ -141,7 +135,7 @@ std::vector<int32_t> checked_ids(const json& arr, const char* param, const Model
 std::vector<int32_t> token_ids(const json& arr, const char* param, const ModelInfo& model) {
   // Bounded before the copy: a prompt cannot be longer than the context anyway.
   if (arr.size() >= static_cast<size_t>(model.max_context))
-    throw bad(param,
+    throw bad_request(param,
               fmt::format("the prompt is {} tokens; this model's context is {} tokens", arr.size(), model.max_context),
               "context_length_exceeded");
   return checked_ids(arr, param, model);
@@ -149,11 +143,11 @@ std::vector<int32_t> token_ids(const json& arr, const char* param, const ModelIn
 
 // vLLM's stop_token_ids: null, or a list of at most max_stop_token_ids ids.
 std::vector<int32_t> stop_token_ids(const json& body, const ModelInfo& model, const ApiLimits& limits) {
-  const json* s = field(body, "stop_token_ids");
+  const json* s = present_field(body, "stop_token_ids");
   if (!s) return {};
-  if (!s->is_array()) throw bad("stop_token_ids", "'stop_token_ids' must be a list of token ids");
+  if (!s->is_array()) throw bad_request("stop_token_ids", "'stop_token_ids' must be a list of token ids");
   if (std::string m = list_count_message("stop_token_ids", s->size(), limits.max_stop_token_ids); !m.empty())
-    throw bad("stop_token_ids", m);
+    throw bad_request("stop_token_ids", m);
   return checked_ids(*s, "stop_token_ids", model);
 }
 
@@ -164,14 +158,14 @@ std::vector<std::vector<int32_t>> completion_prompts(const json& body, const Mod
   // vLLM's add_special_tokens (default true): false leaves out the BOS the model adds to a text.
   PromptCodec codec = codec_in;
   if (!opt_bool(body, "add_special_tokens").value_or(true) && codec.encode_plain) codec.encode = codec.encode_plain;
-  const json* p = field(body, "prompt");
-  if (!p) throw bad("prompt", "'prompt' is required (a string or a list of token ids)");
+  const json* p = present_field(body, "prompt");
+  if (!p) throw bad_request("prompt", "'prompt' is required (a string or a list of token ids)");
   if (p->is_string()) return {codec.encode(p->get_ref<const std::string&>())};
-  if (!p->is_array()) throw bad("prompt", "'prompt' must be a string or a list of token ids");
-  if (p->empty()) throw bad("prompt", "'prompt' is an empty list");
+  if (!p->is_array()) throw bad_request("prompt", "'prompt' must be a string or a list of token ids");
+  if (p->empty()) throw bad_request("prompt", "'prompt' is an empty list");
   if ((*p)[0].is_number()) return {token_ids(*p, "prompt", model)};
   if (p->size() > static_cast<size_t>(limits.max_prompts))
-    throw bad("prompt",
+    throw bad_request("prompt",
               fmt::format("'prompt' is a list of {} prompts; the limit is {}", p->size(), limits.max_prompts));
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < p->size(); ++i) {
@@ -182,7 +176,7 @@ std::vector<std::vector<int32_t>> completion_prompts(const json& body, const Mod
     } else if (one.is_array() && !one.empty()) {
       prompts.push_back(token_ids(one, param.c_str(), model));
     } else {
-      throw bad("prompt", fmt::format("{} must be a string or a non-empty list of token ids", param));
+      throw bad_request("prompt", fmt::format("{} must be a string or a non-empty list of token ids", param));
     }
   }
   return prompts;
@@ -192,14 +186,14 @@ std::vector<std::vector<int32_t>> completion_prompts(const json& body, const Mod
 // enable_thinking (Qwen3); others are ignored and reported as "chat_template_kwargs.<name>".
 ChatOptions chat_options(const json& body, std::vector<std::string>& ignored) {
   ChatOptions o;
-  const json* kw = field(body, "chat_template_kwargs");
+  const json* kw = present_field(body, "chat_template_kwargs");
   if (!kw) return o;
-  if (!kw->is_object()) throw bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  if (!kw->is_object()) throw bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object");
   for (const auto& [k, v] : kw->items()) {
     if (k == "enable_thinking") {
       if (v.is_null()) continue;
       if (!v.is_boolean())
-        throw bad("chat_template_kwargs.enable_thinking", "'chat_template_kwargs.enable_thinking' must be a boolean");
+        throw bad_request("chat_template_kwargs.enable_thinking", "'chat_template_kwargs.enable_thinking' must be a boolean");
       o.enable_thinking = v.get<bool>();
     } else {
       ignored.push_back("chat_template_kwargs." + k);
@@ -211,37 +205,37 @@ ChatOptions chat_options(const json& body, std::vector<std::string>& ignored) {
 // An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}],
 // the arguments a JSON object as text (OpenAI's) or as an object (vLLM takes both).
 std::vector<ToolCall> message_tool_calls(const json& calls, const std::string& at) {
-  if (!calls.is_array()) throw bad(at, at + " must be a list of tool calls");
+  if (!calls.is_array()) throw bad_request(at, at + " must be a list of tool calls");
   std::vector<ToolCall> out;
   for (size_t j = 0; j < calls.size(); ++j) {
     const json& c = calls[j];
     const std::string cat = fmt::format("{}[{}]", at, j);
-    if (!c.is_object()) throw bad(cat, cat + " must be {\"id\", \"type\": \"function\", \"function\": {...}}");
-    if (const json* type = field(c, "type"); type && *type != "function")
-      throw bad(cat + ".type", cat + ".type must be \"function\"");
+    if (!c.is_object()) throw bad_request(cat, cat + " must be {\"id\", \"type\": \"function\", \"function\": {...}}");
+    if (const json* type = present_field(c, "type"); type && *type != "function")
+      throw bad_request(cat + ".type", cat + ".type must be \"function\"");
     ToolCall call;
-    if (const json* id = field(c, "id")) {
-      if (!id->is_string()) throw bad(cat + ".id", cat + ".id must be a string");
+    if (const json* id = present_field(c, "id")) {
+      if (!id->is_string()) throw bad_request(cat + ".id", cat + ".id must be a string");
       call.id = id->get<std::string>();
     }
-    const json* f = field(c, "function");
-    const json* name = f && f->is_object() ? field(*f, "name") : nullptr;
+    const json* f = present_field(c, "function");
+    const json* name = f && f->is_object() ? present_field(*f, "name") : nullptr;
     if (!name || !name->is_string())
-      throw bad(cat + ".function", cat + ".function must be an object with a string \"name\"");
+      throw bad_request(cat + ".function", cat + ".function must be an object with a string \"name\"");
     call.name = name->get<std::string>();
-    const json* args = field(*f, "arguments");
+    const json* args = present_field(*f, "arguments");
     json parsed = json::object();
     if (args && args->is_string()) {
       try {
         parsed = parse_json(args->get_ref<const std::string&>());
       } catch (const JsonSyntaxError& e) {
-        throw bad(cat + ".function.arguments", fmt::format("{}.function.arguments is not JSON: {}", cat, e.what()));
+        throw bad_request(cat + ".function.arguments", fmt::format("{}.function.arguments is not JSON: {}", cat, e.what()));
       }
     } else if (args) {
       parsed = *args;
     }
     if (!parsed.is_object())
-      throw bad(cat + ".function.arguments", cat + ".function.arguments must be a JSON object (as a string)");
+      throw bad_request(cat + ".function.arguments", cat + ".function.arguments must be a JSON object (as a string)");
     // The text as sent keeps its key order, which the template prints.
     call.arguments = args && args->is_string() ? args->get<std::string>() : parsed.dump();
     out.push_back(std::move(call));
@@ -250,46 +244,46 @@ std::vector<ToolCall> message_tool_calls(const json& calls, const std::string& a
 }
 
 std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits) {
-  const json* m = field(body, "messages");
-  if (!m) throw bad("messages", "'messages' is required (a list of {role, content} objects)");
-  if (!m->is_array()) throw bad("messages", "'messages' must be a list of {role, content} objects");
-  if (m->empty()) throw bad("messages", "'messages' is empty");
+  const json* m = present_field(body, "messages");
+  if (!m) throw bad_request("messages", "'messages' is required (a list of {role, content} objects)");
+  if (!m->is_array()) throw bad_request("messages", "'messages' must be a list of {role, content} objects");
+  if (m->empty()) throw bad_request("messages", "'messages' is empty");
   if (m->size() > static_cast<size_t>(limits.max_messages))
-    throw bad("messages", fmt::format("{} messages; the limit is {}", m->size(), limits.max_messages));
+    throw bad_request("messages", fmt::format("{} messages; the limit is {}", m->size(), limits.max_messages));
   std::vector<ChatMessage> out;
   out.reserve(m->size());
   for (size_t i = 0; i < m->size(); ++i) {
     const json& msg = (*m)[i];
     const std::string at = fmt::format("messages[{}]", i);
-    if (!msg.is_object()) throw bad(at, at + " must be an object with 'role' and 'content'");
+    if (!msg.is_object()) throw bad_request(at, at + " must be an object with 'role' and 'content'");
     for (const auto& [k, v] : msg.items()) {
       if (k == "role" || k == "content" || k == "name" || k == "tool_calls" || k == "tool_call_id") continue;
       if (v.is_null()) continue;
-      throw bad(at + "." + k, fmt::format("{}: the field {} is not supported by this server", at, json_show(k)),
+      throw bad_request(at + "." + k, fmt::format("{}: the field {} is not supported by this server", at, json_show(k)),
                 "unsupported_parameter");
     }
-    const json* role = field(msg, "role");
-    if (!role || !role->is_string()) throw bad(at + ".role", at + ".role must be a string");
+    const json* role = present_field(msg, "role");
+    if (!role || !role->is_string()) throw bad_request(at + ".role", at + ".role must be a string");
     std::string r = role->get<std::string>();
     // "developer" is OpenAI's newer name for the system role.
     if (r == "developer") r = "system";
     if (r != "system" && r != "user" && r != "assistant" && r != "tool")
-      throw bad(at + ".role",
+      throw bad_request(at + ".role",
                 fmt::format("{}.role {} is not one of system, developer, user, assistant, tool", at, json_show(*role)));
     ChatMessage message{r, ""};
-    if (const json* calls = field(msg, "tool_calls")) {
-      if (r != "assistant") throw bad(at + ".tool_calls", at + ".tool_calls is only for assistant messages");
+    if (const json* calls = present_field(msg, "tool_calls")) {
+      if (r != "assistant") throw bad_request(at + ".tool_calls", at + ".tool_calls is only for assistant messages");
       message.tool_calls = message_tool_calls(*calls, at + ".tool_calls");
     }
-    if (const json* id = field(msg, "tool_call_id")) {
-      if (r != "tool") throw bad(at + ".tool_call_id", at + ".tool_call_id is only for tool messages");
-      if (!id->is_string()) throw bad(at + ".tool_call_id", at + ".tool_call_id must be a string");
+    if (const json* id = present_field(msg, "tool_call_id")) {
+      if (r != "tool") throw bad_request(at + ".tool_call_id", at + ".tool_call_id is only for tool messages");
+      if (!id->is_string()) throw bad_request(at + ".tool_call_id", at + ".tool_call_id must be a string");
       message.tool_call_id = id->get<std::string>();
     }
     std::string content;
-    const json* c = field(msg, "content");
+    const json* c = present_field(msg, "content");
     if (!c) {
-      if (r != "assistant") throw bad(at + ".content", at + ".content is required");
+      if (r != "assistant") throw bad_request(at + ".content", at + ".content is required");
     } else if (c->is_string()) {
       content = c->get<std::string>();
     } else if (c->is_array()) {
@@ -299,11 +293,11 @@ std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits
         const std::string pat = fmt::format("{}.content[{}]", at, j);
         if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
             !part["text"].is_string())
-          throw bad(pat, pat + " is not a {\"type\": \"text\", \"text\": ...} part (only text is supported)");
+          throw bad_request(pat, pat + " is not a {\"type\": \"text\", \"text\": ...} part (only text is supported)");
         content += part["text"].get<std::string>();
       }
     } else {
-      throw bad(at + ".content", at + ".content must be a string or a list of text parts");
+      throw bad_request(at + ".content", at + ".content must be a string or a list of text parts");
     }
     message.content = std::move(content);
     out.push_back(std::move(message));
@@ -312,18 +306,18 @@ std::vector<ChatMessage> chat_messages(const json& body, const ApiLimits& limits
 }
 
 std::vector<std::string> stop_strings(const json& body, const ApiLimits& limits) {
-  const json* s = field(body, "stop");
+  const json* s = present_field(body, "stop");
   std::vector<std::string> out;
   if (!s) return out;
   auto add = [&](const json& v) {
-    if (!v.is_string()) throw bad("stop", "'stop' must be a string or a list of strings");
+    if (!v.is_string()) throw bad_request("stop", "'stop' must be a string or a list of strings");
     const std::string& str = v.get_ref<const std::string&>();
-    if (std::string p = stop_string_problem(str, limits.max_stop_bytes); !p.empty()) throw bad("stop", "\"stop\" " + p);
+    if (std::string p = stop_string_problem(str, limits.max_stop_bytes); !p.empty()) throw bad_request("stop", "\"stop\" " + p);
     out.push_back(str);
   };
   if (s->is_array()) {
     if (std::string m = list_count_message("stop", s->size(), limits.max_stop_strings); !m.empty())
-      throw bad("stop", m);
+      throw bad_request("stop", m);
     for (const json& v : *s) add(v);
   } else {
     add(*s);
@@ -347,9 +341,9 @@ json parse_json_body(std::string_view body, const ApiLimits& limits) {
   try {
     j = parse_json(body);
   } catch (const JsonSyntaxError& e) {
-    throw bad("", fmt::format("invalid JSON: {}", e.what()), "invalid_json");
+    throw bad_request("", fmt::format("invalid JSON: {}", e.what()), "invalid_json");
   }
-  if (!j.is_object()) throw bad("", "the request body must be a JSON object");
+  if (!j.is_object()) throw bad_request("", "the request body must be a JSON object");
   return j;
 }
 
@@ -357,22 +351,22 @@ namespace {
 
 // OpenAI's logit_bias: {"token id as a string": bias in [-100, 100]}.
 std::vector<LogitBias> logit_bias(const json& body, const ModelInfo& model) {
-  const json* v = field(body, "logit_bias");
+  const json* v = present_field(body, "logit_bias");
   if (!v) return {};
-  if (!v->is_object()) throw bad("logit_bias", "'logit_bias' must be an object of token ids (as strings) to biases");
-  if (std::string m = list_count_message("logit_bias", v->size()); !m.empty()) throw bad("logit_bias", m);
+  if (!v->is_object()) throw bad_request("logit_bias", "'logit_bias' must be an object of token ids (as strings) to biases");
+  if (std::string m = list_count_message("logit_bias", v->size()); !m.empty()) throw bad_request("logit_bias", m);
   std::vector<LogitBias> out;
   for (const auto& [key, bias] : v->items()) {
     int64_t id = -1;
     const bool digits = !key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (digits) id = std::stoll(key);
     if (!digits || id >= model.vocab_size)
-      throw bad("logit_bias", fmt::format("'logit_bias' key {} is not a token id in [0, {})", json_show(key), model.vocab_size));
+      throw bad_request("logit_bias", fmt::format("'logit_bias' key {} is not a token id in [0, {})", json_show(key), model.vocab_size));
     const std::string name = fmt::format("logit_bias[{}]", id);
-    if (!bias.is_number()) throw bad("logit_bias", fmt::format("{} must be a number, not {}", name, json_show(bias)));
+    if (!bias.is_number()) throw bad_request("logit_bias", fmt::format("{} must be a number, not {}", name, json_show(bias)));
     const double b = bias.get<double>();
     if (std::string problem = param_problem(request_param("logit_bias_value"), b); !problem.empty())
-      throw bad("logit_bias", param_message(name, show_value(b), problem));
+      throw bad_request("logit_bias", param_message(name, show_value(b), problem));
     out.push_back({static_cast<int32_t>(id), static_cast<float>(b)});
   }
   return out;
@@ -414,7 +408,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
     // The other endpoint's fields are known: a chat's tools sent to /v1/completions would not do
     // what the client meant, so they are refused, not ignored.
     if (chat ? completions_only.count(k) : chat_only.count(k))
-      throw bad(k,
+      throw bad_request(k,
                 fmt::format("{} is a field of {}, not of {}", json_show(k),
                             chat ? "/v1/completions" : "/v1/chat/completions",
                             chat ? "/v1/chat/completions" : "/v1/completions"),
@@ -422,8 +416,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
     ignored.push_back(k);
   }
 
-  if (const json* m = field(body, "model")) {
-    if (!m->is_string()) throw bad("model", "'model' must be a string");
+  if (const json* m = present_field(body, "model")) {
+    if (!m->is_string()) throw bad_request("model", "'model' must be a string");
     if (!model_matches(model, m->get<std::string>()))
       throw ApiError(404, fmt::format("the model {} does not exist; this server serves '{}'", json_show(*m), model.id),
                      "model", "invalid_request_error", "model_not_found");
@@ -432,7 +426,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   // n choices per prompt: n requests with derived seeds (parse_request's end); best_of only as n.
   const int n_choices = static_cast<int>(opt_param(body, "n").value_or(JsonParam{1, 0, ""}).integer);
   if (const auto best_of = opt_param(body, "best_of"); best_of && best_of->integer != n_choices)
-    throw bad("best_of",
+    throw bad_request("best_of",
               fmt::format("'best_of' = {} with n = {} is not supported: fdpp returns every choice it samples, so "
                           "best_of must equal n",
                           best_of->integer, n_choices),
@@ -461,14 +455,14 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   ParsedRequest r;
   r.endpoint = endpoint;
   r.stream = opt_bool(body, "stream").value_or(false);
-  if (const json* so = field(body, "stream_options")) {
-    if (!so->is_object()) throw bad("stream_options", "'stream_options' must be an object");
+  if (const json* so = present_field(body, "stream_options")) {
+    if (!so->is_object()) throw bad_request("stream_options", "'stream_options' must be an object");
     for (const auto& [k, v] : so->items())
       if (k != "include_usage" && k != "continuous_usage_stats") ignored.push_back("stream_options." + k);
-    if (!r.stream) throw bad("stream_options", "'stream_options' is only allowed with \"stream\": true");
+    if (!r.stream) throw bad_request("stream_options", "'stream_options' is only allowed with \"stream\": true");
     r.include_usage = opt_bool(*so, "include_usage").value_or(false);
     if (opt_bool(*so, "continuous_usage_stats").value_or(false))
-      throw bad("stream_options.continuous_usage_stats", "stream_options.continuous_usage_stats is not supported",
+      throw bad_request("stream_options.continuous_usage_stats", "stream_options.continuous_usage_stats is not supported",
                 "unsupported_parameter");
   }
   r.return_token_ids = opt_bool(body, "return_token_ids").value_or(false);
@@ -488,9 +482,9 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   s.min_p = real("min_p", 0.0);
   // As vLLM / HF: the penalty sees every token of the prompt and the output (repeat_last_n -1)
   // unless a llama-server client gives its window.
-  if (field(body, "repetition_penalty") && field(body, "repeat_penalty"))
-    throw bad("repeat_penalty", "give 'repetition_penalty' or llama-server's 'repeat_penalty', not both");
-  s.repeat_penalty = real(field(body, "repeat_penalty") ? "repeat_penalty" : "repetition_penalty", 1.0);
+  if (present_field(body, "repetition_penalty") && present_field(body, "repeat_penalty"))
+    throw bad_request("repeat_penalty", "give 'repetition_penalty' or llama-server's 'repeat_penalty', not both");
+  s.repeat_penalty = real(present_field(body, "repeat_penalty") ? "repeat_penalty" : "repetition_penalty", 1.0);
   s.repeat_last_n = static_cast<int>(opt_param(body, "repeat_last_n").value_or(JsonParam{-1, 0, ""}).integer);
   (void)opt_bool(body, "cache_prompt");
   // -1 asks for a random seed, as an absent one (vLLM's seed=-1, llama.cpp's --seed -1).
@@ -507,13 +501,13 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
     const bool want = opt_bool(body, "logprobs").value_or(false);
     const auto top = opt_param(body, "top_logprobs");
     if (top && !want && top->integer > 0)
-      throw bad("top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+      throw bad_request("top_logprobs", "'top_logprobs' needs \"logprobs\": true");
     if (want) s.logprobs = static_cast<int>(top ? top->integer : 0);
   } else {
     if (const auto k = opt_param(body, "logprobs")) s.logprobs = static_cast<int>(k->integer);
     r.echo = opt_bool(body, "echo").value_or(false);
     if (r.echo && s.logprobs >= 0)
-      throw bad("echo",
+      throw bad_request("echo",
                 "'echo' with 'logprobs' is not supported: the prompt's log probabilities need the logits of every "
                 "prompt position (echo alone, or logprobs alone, work)",
                 "unsupported_parameter");
@@ -532,7 +526,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
     for (std::string& f : tools.unenforced) r.ignored_fields.push_back(std::move(f));
     if (tools.grammar) {
       if (r.generation.grammar)
-        throw bad("tool_choice", "a forced tool call (tool_choice \"required\" or a function) holds the output to the "
+        throw bad_request("tool_choice", "a forced tool call (tool_choice \"required\" or a function) holds the output to the "
                                  "call's JSON; it cannot be combined with a structured output format");
       r.generation.grammar = tools.grammar;
     }
@@ -571,29 +565,29 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
     else
       prompts = completion_prompts(body, model, codec, limits);
   } catch (const fdpp::Error& e) {  // a chat template this model lacks, text the tokenizer refuses
-    throw bad(prompt_param, e.what());
+    throw bad_request(prompt_param, e.what());
   }
   const bool batch = prompts.size() > 1;
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::vector<int32_t>& prompt = prompts[i];
     const std::string which = batch ? fmt::format("prompt[{}]", i) : std::string("the prompt");
-    if (prompt.empty()) throw bad(prompt_param, fmt::format("{} encodes to no tokens", which));
+    if (prompt.empty()) throw bad_request(prompt_param, fmt::format("{} encodes to no tokens", which));
     const int64_t n = static_cast<int64_t>(prompt.size());
     if (n >= model.max_context)
-      throw bad(prompt_param,
+      throw bad_request(prompt_param,
                 fmt::format("{} is {} tokens; this model's context is {} tokens (prompt and output)", which, n,
                             model.max_context),
                 "context_length_exceeded");
     const int64_t room = model.max_context - n;
     if (max_tokens && *max_tokens > room)
-      throw bad(max_param,
+      throw bad_request(max_param,
                 fmt::format("{} = {} with {} of {} tokens exceeds this model's context of {} tokens", max_param,
                             *max_tokens, batch ? which : "a prompt", n, model.max_context),
                 "context_length_exceeded");
     GenerationRequest g = r.generation;
     g.max_tokens = static_cast<int>(max_tokens ? *max_tokens : (chat ? room : std::min<int64_t>(16, room)));
     if (g.sampling.min_tokens > g.max_tokens)
-      throw bad("min_tokens", fmt::format("'min_tokens' = {} exceeds {} = {}", g.sampling.min_tokens,
+      throw bad_request("min_tokens", fmt::format("'min_tokens' = {} exceeds {} = {}", g.sampling.min_tokens,
                                           max_tokens ? max_param : "the default max_tokens", g.max_tokens));
     if (r.echo) r.echo_texts.push_back(prompt_texts.empty() ? (codec.decode ? codec.decode(prompt) : "") : prompt_texts[i]);
     g.prompt = std::move(prompt);
@@ -620,21 +614,21 @@ json tokenize_body(const json& body, const ModelInfo& model, const PromptCodec& 
                                               "tool_choice", "parallel_tool_calls"};
   for (const auto& [k, v] : body.items())
     if (!known.count(k)) ignored.push_back(k);
-  if (const json* m = field(body, "model")) {
-    if (!m->is_string()) throw bad("model", "'model' must be a string");
+  if (const json* m = present_field(body, "model")) {
+    if (!m->is_string()) throw bad_request("model", "'model' must be a string");
     (void)model_body(model, m->get<std::string>());
   }
-  const json* prompt = field(body, "prompt");
-  const json* messages = field(body, "messages");
+  const json* prompt = present_field(body, "prompt");
+  const json* messages = present_field(body, "messages");
   if ((prompt != nullptr) == (messages != nullptr))
-    throw bad(prompt ? "messages" : "prompt", "give either 'prompt' (a string) or 'messages' (a chat), not both or neither");
+    throw bad_request(prompt ? "messages" : "prompt", "give either 'prompt' (a string) or 'messages' (a chat), not both or neither");
   // The chat template always ends with the assistant's turn here, as in /v1/chat/completions.
   require_off(body, "add_generation_prompt", is_true, "the generation prompt is always added");
   const bool special = opt_bool(body, "add_special_tokens").value_or(true);
   std::vector<int32_t> tokens;
   try {
     if (prompt) {
-      if (!prompt->is_string()) throw bad("prompt", "'prompt' must be a string");
+      if (!prompt->is_string()) throw bad_request("prompt", "'prompt' must be a string");
       const std::string& text = prompt->get_ref<const std::string&>();
       tokens = !special && codec.encode_plain ? codec.encode_plain(text) : codec.encode(text);
     } else {
@@ -643,7 +637,7 @@ json tokenize_body(const json& body, const ModelInfo& model, const PromptCodec& 
       tokens = codec.encode_chat(chat_messages(body, limits), options);
     }
   } catch (const fdpp::Error& e) {
-    throw bad(prompt ? "prompt" : "messages", e.what());
+    throw bad_request(prompt ? "prompt" : "messages", e.what());
   }
   return json{{"tokens", tokens}, {"count", tokens.size()}, {"max_model_len", model.max_context}};
 }
@@ -652,20 +646,20 @@ json detokenize_body(const json& body, const ModelInfo& model, const PromptCodec
                      std::vector<std::string>& ignored) {
   for (const auto& [k, v] : body.items())
     if (k != "model" && k != "tokens") ignored.push_back(k);
-  if (const json* m = field(body, "model")) {
-    if (!m->is_string()) throw bad("model", "'model' must be a string");
+  if (const json* m = present_field(body, "model")) {
+    if (!m->is_string()) throw bad_request("model", "'model' must be a string");
     (void)model_body(model, m->get<std::string>());
   }
-  const json* t = field(body, "tokens");
-  if (!t) throw bad("tokens", "'tokens' is required (a list of token ids)");
-  if (!t->is_array()) throw bad("tokens", "'tokens' must be a list of token ids");
+  const json* t = present_field(body, "tokens");
+  if (!t) throw bad_request("tokens", "'tokens' is required (a list of token ids)");
+  if (!t->is_array()) throw bad_request("tokens", "'tokens' must be a list of token ids");
   // A body of ids is bounded by the body limit; nothing larger is allocated from it.
   const std::vector<int32_t> ids = checked_ids(*t, "tokens", model);
   std::string text;
   try {
     text = codec.decode ? codec.decode(ids) : std::string();
   } catch (const fdpp::Error& e) {  // an id the model has and its tokenizer lacks (a padded vocabulary)
-    throw bad("tokens", e.what());
+    throw bad_request("tokens", e.what());
   }
   return json{{"prompt", text}};
 }

@@ -53,6 +53,15 @@ class ApiError : public std::runtime_error {
   std::string code;   // "" -> null
 };
 nlohmann::json error_body(const ApiError& e);
+// A 400 invalid_request_error naming the request field at fault.
+ApiError bad_request(std::string param, std::string message, std::string code = {});
+// The field `key` of a request body when present and not null, else null (json or ordered_json).
+template <class J>
+const J* present_field(const J& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
 
 // What the server serves: the id clients name it by (the file or directory name), and the other
 // names accepted for it (the path as given and as resolved).

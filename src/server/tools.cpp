@@ -17,16 +17,6 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-ApiError bad(const std::string& param, const std::string& message, const std::string& code = {}) {
-  return ApiError(400, message, param, "invalid_request_error", code);
-}
-
-template <class J>
-const J* field(const J& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
 
 // OpenAI's function names (letters, digits, '_' and '-', at most 64), and '.', which MCP tool
 // names use. The name is printed inside JSON strings by the templates, so nothing else is taken.
@@ -44,35 +34,35 @@ struct Tool {
 };
 
 std::vector<Tool> checked_tools(const ojson& tools) {
-  if (!tools.is_array()) throw bad("tools", "'tools' must be a list of {\"type\": \"function\", \"function\": {...}}");
+  if (!tools.is_array()) throw bad_request("tools", "'tools' must be a list of {\"type\": \"function\", \"function\": {...}}");
   if (tools.size() > kMaxTools)
-    throw bad("tools", fmt::format("'tools' has {} tools; the limit is {}", tools.size(), kMaxTools));
+    throw bad_request("tools", fmt::format("'tools' has {} tools; the limit is {}", tools.size(), kMaxTools));
   std::vector<Tool> out;
   std::set<std::string> names;
   for (size_t i = 0; i < tools.size(); ++i) {
     const ojson& t = tools[i];
     const std::string at = fmt::format("tools[{}]", i);
-    if (!t.is_object()) throw bad(at, at + " must be an object {\"type\": \"function\", \"function\": {...}}");
-    const ojson* type = field(t, "type");
+    if (!t.is_object()) throw bad_request(at, at + " must be an object {\"type\": \"function\", \"function\": {...}}");
+    const ojson* type = present_field(t, "type");
     if (!type || *type != "function")
-      throw bad(at + ".type", fmt::format("{}.type must be \"function\" (the only tool type)", at));
-    const ojson* f = field(t, "function");
-    if (!f || !f->is_object()) throw bad(at + ".function", at + ".function must be an object with a \"name\"");
-    const ojson* name = field(*f, "name");
-    if (!name || !name->is_string()) throw bad(at + ".function.name", at + ".function.name is required (a string)");
+      throw bad_request(at + ".type", fmt::format("{}.type must be \"function\" (the only tool type)", at));
+    const ojson* f = present_field(t, "function");
+    if (!f || !f->is_object()) throw bad_request(at + ".function", at + ".function must be an object with a \"name\"");
+    const ojson* name = present_field(*f, "name");
+    if (!name || !name->is_string()) throw bad_request(at + ".function.name", at + ".function.name is required (a string)");
     Tool tool{name->get<std::string>(), f, false};
     if (!valid_name(tool.name))
-      throw bad(at + ".function.name",
+      throw bad_request(at + ".function.name",
                 fmt::format("{}.function.name {} must be 1 to 64 letters, digits, '_', '-' or '.'", at,
                             json_show(json(tool.name))));
     if (!names.insert(tool.name).second)
-      throw bad(at + ".function.name", fmt::format("{}: the function name '{}' is given twice", at, tool.name));
-    if (const ojson* d = field(*f, "description"); d && !d->is_string())
-      throw bad(at + ".function.description", at + ".function.description must be a string");
-    if (const ojson* p = field(*f, "parameters"); p && !p->is_object())
-      throw bad(at + ".function.parameters", at + ".function.parameters must be a JSON schema object");
-    if (const ojson* s = field(*f, "strict")) {
-      if (!s->is_boolean()) throw bad(at + ".function.strict", at + ".function.strict must be a boolean");
+      throw bad_request(at + ".function.name", fmt::format("{}: the function name '{}' is given twice", at, tool.name));
+    if (const ojson* d = present_field(*f, "description"); d && !d->is_string())
+      throw bad_request(at + ".function.description", at + ".function.description must be a string");
+    if (const ojson* p = present_field(*f, "parameters"); p && !p->is_object())
+      throw bad_request(at + ".function.parameters", at + ".function.parameters must be a JSON schema object");
+    if (const ojson* s = present_field(*f, "strict")) {
+      if (!s->is_boolean()) throw bad_request(at + ".function.strict", at + ".function.strict must be a boolean");
       tool.strict = s->get<bool>();
     }
     out.push_back(std::move(tool));
@@ -83,13 +73,13 @@ std::vector<Tool> checked_tools(const ojson& tools) {
 // A tool's parameters as the grammar holds them: the schema, or null for any object (none given,
 // or one the engine cannot honour in a non-strict tool).
 ojson enforced_parameters(const Tool& tool, size_t i, std::vector<std::string>& unenforced) {
-  const ojson* p = field(*tool.function, "parameters");
+  const ojson* p = present_field(*tool.function, "parameters");
   if (!p) return nullptr;
   const std::string param = fmt::format("tools[{}].function.parameters", i);
   try {
     (void)grammar::compile_json_schema(p->dump());
   } catch (const fdpp::Error& e) {
-    if (tool.strict) throw bad(param, fmt::format("{}: {}", param, e.what()), "unsupported_schema");
+    if (tool.strict) throw bad_request(param, fmt::format("{}: {}", param, e.what()), "unsupported_schema");
     unenforced.push_back(param);
     return nullptr;
   }
@@ -119,7 +109,7 @@ std::shared_ptr<const grammar::Grammar> compile(const ojson& schema, const std::
   try {
     return grammar::compile_json_schema(schema.dump());
   } catch (const fdpp::Error& e) {
-    throw bad(param, fmt::format("{}: {}", param, e.what()), "unsupported_schema");
+    throw bad_request(param, fmt::format("{}: {}", param, e.what()), "unsupported_schema");
   }
 }
 
@@ -182,12 +172,12 @@ bool all_space(std::string_view s) {
 ToolRequest tool_request(const json& body, std::string_view raw_body, ToolCallFormat format) {
   ToolRequest r;
   r.setup.format = format;
-  if (const json* p = field(body, "parallel_tool_calls")) {
-    if (!p->is_boolean()) throw bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+  if (const json* p = present_field(body, "parallel_tool_calls")) {
+    if (!p->is_boolean()) throw bad_request("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
     r.setup.parallel = p->get<bool>();
   }
-  const json* tools_field = field(body, "tools");
-  const json* choice = field(body, "tool_choice");
+  const json* tools_field = present_field(body, "tools");
+  const json* choice = present_field(body, "tool_choice");
   if (!tools_field && !choice) return r;
   // The tools in the client's key order, which the templates print.
   ojson ordered;
@@ -207,30 +197,30 @@ ToolRequest tool_request(const json& body, std::string_view raw_body, ToolCallFo
       if (c == "none") mode = ToolChoice::kNone;
       else if (c == "required") mode = ToolChoice::kRequired;
       else if (c != "auto")
-        throw bad("tool_choice", fmt::format("tool_choice {} is not one of \"none\", \"auto\", \"required\" or "
+        throw bad_request("tool_choice", fmt::format("tool_choice {} is not one of \"none\", \"auto\", \"required\" or "
                                              "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
                                              json_show(*choice)));
     } else if (choice->is_object()) {
-      const json* type = field(*choice, "type");
-      const json* f = field(*choice, "function");
-      const json* name = f && f->is_object() ? field(*f, "name") : nullptr;
+      const json* type = present_field(*choice, "type");
+      const json* f = present_field(*choice, "function");
+      const json* name = f && f->is_object() ? present_field(*f, "name") : nullptr;
       if (!type || *type != "function" || !name || !name->is_string())
-        throw bad("tool_choice", "tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        throw bad_request("tool_choice", "tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
       mode = ToolChoice::kNamed;
       r.setup.forced = name->get<std::string>();
     } else {
-      throw bad("tool_choice", "tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      throw bad_request("tool_choice", "tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
   }
   if ((mode == ToolChoice::kRequired || mode == ToolChoice::kNamed) && tools.empty())
-    throw bad("tool_choice", fmt::format("tool_choice {} needs 'tools' that define the functions", json_show(*choice)));
+    throw bad_request("tool_choice", fmt::format("tool_choice {} needs 'tools' that define the functions", json_show(*choice)));
   r.setup.choice = mode;
   if (mode == ToolChoice::kNone) return r;
   for (const ojson& t : ordered) r.tools.push_back(t.dump(-1, ' ', false, ojson::error_handler_t::replace));
   if (mode == ToolChoice::kNamed) {
     const auto it = std::find_if(tools.begin(), tools.end(), [&](const Tool& t) { return t.name == r.setup.forced; });
     if (it == tools.end())
-      throw bad("tool_choice", fmt::format("tool_choice names the function '{}', which 'tools' does not define",
+      throw bad_request("tool_choice", fmt::format("tool_choice names the function '{}', which 'tools' does not define",
                                            r.setup.forced));
     const size_t i = static_cast<size_t>(it - tools.begin());
     const ojson args = enforced_parameters(*it, i, r.unenforced);

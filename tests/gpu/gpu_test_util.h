@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cuda/device_query.h"
+#include "backend/cuda/flat_gemm.h"
 #include "backend/cuda/kernels.h"
 #include "core/half.h"
 #include "test_util.h"
@@ -103,6 +104,16 @@ class DeviceBuffer {
 // ---- 16-bit values -------------------------------------------------------------------------------
 
 inline const char* name(DType t) { return t == DType::F16 ? "f16" : "bf16"; }
+
+inline const char* epilogue_name(cuda::Epilogue e) {
+  switch (e) {
+    case cuda::Epilogue::Store: return "store";
+    case cuda::Epilogue::StoreF32: return "store_f32";
+    case cuda::Epilogue::AddF32: return "add_f32";
+    case cuda::Epilogue::SwiGLU: return "swiglu";
+  }
+  return "?";
+}
 
 inline uint16_t to_bits(float v, DType t) { return t == DType::F16 ? f32_to_fp16(v) : f32_to_bf16(v); }
 inline float from_bits(uint16_t b, DType t) { return t == DType::F16 ? fp16_to_f32(b) : bf16_to_f32(b); }

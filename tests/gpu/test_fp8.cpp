@@ -82,15 +82,6 @@ TEST_F(Fp8Gpu, QuantizeRowsMatchesTheHostBitForBit) {
   }
 }
 
-const char* epilogue_name(Epilogue e) {
-  switch (e) {
-    case Epilogue::Store: return "store";
-    case Epilogue::StoreF32: return "store_f32";
-    case Epilogue::AddF32: return "add_f32";
-    case Epilogue::SwiGLU: return "swiglu";
-  }
-  return "?";
-}
 
 // run_fp8 at M rows against fp64 over the e4m3 weights (and, where cuBLASLt runs, the per-token
 // e4m3 x), in each mode: auto (the GEMV at M = 1, the flat GEMM to 64, cuBLASLt above) and the

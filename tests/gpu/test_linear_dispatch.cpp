@@ -24,15 +24,6 @@ constexpr int kMaxRows = 100;
 // Skipped without a GPU (CudaKernels::SetUp).
 class LinearDispatchGpu : public CudaKernels {};
 
-const char* epilogue_name(Epilogue e) {
-  switch (e) {
-    case Epilogue::Store: return "store";
-    case Epilogue::StoreF32: return "store_f32";
-    case Epilogue::AddF32: return "add_f32";
-    case Epilogue::SwiGLU: return "swiglu";
-  }
-  return "?";
-}
 
 // One problem: x [kMaxRows, K], w [N, K], bias [N] (16-bit on the device, the same values as floats
 // on the host) and the fp32 reference acc = x . w^T (+ bias) for every row, with and without bias.

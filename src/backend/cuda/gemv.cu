@@ -23,8 +23,11 @@
 // unaligned pointers (gemv only; gemv_ex rejects them).
 // (cuBLAS at M = 1, measured on the H200 through torch, reaches 54% of read bandwidth on Llama-2-7B's
 // O projection [4096, 4096] and 70-86% on the others; see docs/performance-log.md.)
+#include <cuda_fp8.h>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/flat_gemm.h"
+#include "backend/cuda/fp8.h"
 
 namespace fdpp::cuda {
 
@@ -107,22 +110,45 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_kernel(const T* __rest
 
 // ---- gemv_ex: R rows per warp, R x U loads in flight per lane --------------------------------------
 
-template <int M>
+// W8: FP8 weights (fp8.h, fp8_gemv): a 16-byte chunk holds 16 e4m3 weights instead of 8 16-bit
+// ones, so U halves for the same bytes in flight; the chunk is converted to fp32 once (cvt e4m3x2
+// -> f16x2, one instruction per pair on sm_89+) and applied to every row of x, and the row scale
+// multiplies the finished dot product.
+template <int M, bool W8 = false>
 struct ExShape {
-  static constexpr int R = M <= 2 ? 2 : 4;  // weight rows per warp (even: SwiGLU pairs)
-  static constexpr int U = M <= 2 ? 8 : 4;  // chunks per row per lane per pass
+  static constexpr int R = M <= 2 ? 2 : 4;                     // weight rows per warp (even: SwiGLU pairs)
+  static constexpr int U = (M <= 2 ? 8 : 4) / (W8 ? 2 : 1);  // chunks per row per lane per pass
 };
+
+// 8 16-bit values into out[0..7] (out points into a register array; the loops are unrolled).
+template <class T>
+__device__ __forceinline__ void unpack8_at(const uint4& u, float* out) {
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = to_float(e[i]);
+}
+
+__device__ __forceinline__ void fp8x16_to_float(const uint4& v, float (&f)[16]) {
+  const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3);
+    const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
 // Programmatic dependent launch (cuda_common.cuh; kernel_options.h): the first pass's weight loads
 // are issued before waiting for the previous kernel (which may write x or y). No-ops otherwise.
 
-template <class T, int M>
-__global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_ex_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                                                     const T* __restrict__ bias, void* __restrict__ y,
-                                                                     int N, int K, Epilogue epilogue) {
-  constexpr int R = ExShape<M>::R, U = ExShape<M>::U, P = R / 2;
+template <class T, int M, bool W8>
+__global__ void __launch_bounds__(kWarpsPerCta * 32)
+    gemv_ex_kernel(const T* __restrict__ x, const void* __restrict__ w, const float* __restrict__ w_scale,
+                   const T* __restrict__ bias, void* __restrict__ y, int N, int K, Epilogue epilogue) {
+  constexpr int R = ExShape<M, W8>::R, U = ExShape<M, W8>::U, P = R / 2;
   detail::pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int unit = blockIdx.x * kWarpsPerCta + warp;
@@ -147,7 +173,8 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_ex_kernel(const T* __r
     detail::pdl_wait();
     return;
   }
-  const int chunks = K / 8;
+  const int chunks = K / (W8 ? 16 : 8);  // 16-byte chunks of a weight row
+  const int x_chunks = K / 8;            // 16-byte chunks of a row of x
   bool waited = false;
   const uint4* __restrict__ w4 = reinterpret_cast<const uint4*>(w);
   const uint4* __restrict__ x4 = reinterpret_cast<const uint4*>(x);
@@ -174,18 +201,40 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_ex_kernel(const T* __r
     for (int u = 0; u < U; ++u) {
       const int c = base + 32 * u;
       if (c >= chunks) break;
+      if constexpr (W8) {
+        float wf[R][16];
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float xf[8];
-        unpack8<T>(__ldg(x4 + int64_t(m) * chunks + c), xf);
+        for (int r = 0; r < R; ++r) fp8x16_to_float(wv[r][u], wf[r]);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float wf[8];
-          unpack8<T>(wv[r][u], wf);
-          float d = wf[0] * xf[0];
+        for (int m = 0; m < M; ++m) {
+          float xf[16];
+          unpack8_at<T>(__ldg(x4 + int64_t(m) * x_chunks + 2 * c), xf);
+          unpack8_at<T>(__ldg(x4 + int64_t(m) * x_chunks + 2 * c + 1), xf + 8);
 #pragma unroll
-          for (int i = 1; i < 8; ++i) d = fmaf(wf[i], xf[i], d);
-          acc[r][m] += d;
+          for (int r = 0; r < R; ++r) {
+            float d0 = wf[r][0] * xf[0], d1 = wf[r][1] * xf[1];
+#pragma unroll
+            for (int i = 2; i < 16; i += 2) {
+              d0 = fmaf(wf[r][i], xf[i], d0);
+              d1 = fmaf(wf[r][i + 1], xf[i + 1], d1);
+            }
+            acc[r][m] += d0 + d1;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float xf[8];
+          unpack8<T>(__ldg(x4 + int64_t(m) * chunks + c), xf);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float wf[8];
+            unpack8<T>(wv[r][u], wf);
+            float d = wf[0] * xf[0];
+#pragma unroll
+            for (int i = 1; i < 8; ++i) d = fmaf(wf[i], xf[i], d);
+            acc[r][m] += d;
+          }
         }
       }
     }
@@ -204,6 +253,10 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_ex_kernel(const T* __r
         if (lane != (p * M + m) % 32 || !valid[p]) continue;
         const int f = rows[p];
         float g = acc[p][m], u = acc[P + p][m];
+        if constexpr (W8) {
+          g *= w_scale[f];
+          u *= w_scale[F + f];
+        }
         if (bias != nullptr) {
           g += to_float(bias[f]);
           u += to_float(bias[F + f]);
@@ -220,6 +273,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_ex_kernel(const T* __r
       if (lane != (r * M + m) % 32 || !valid[r]) continue;
       const int n = rows[r];
       float v = acc[r][m];
+      if constexpr (W8) v *= w_scale[n];
       if (bias != nullptr) v += to_float(bias[n]);
       const int64_t o = int64_t(m) * N + n;
       switch (epilogue) {
@@ -231,30 +285,30 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gemv_ex_kernel(const T* __r
   }
 }
 
-template <class T, int M>
-void launch_ex_m(const void* x, const void* w, const void* bias, void* y, int N, int K, Epilogue ep,
-                 cudaStream_t stream) {
-  constexpr int R = ExShape<M>::R;
+template <class T, int M, bool W8>
+void launch_ex_m(const void* x, const void* w, const float* w_scale, const void* bias, void* y, int N, int K,
+                 Epilogue ep, cudaStream_t stream) {
+  constexpr int R = ExShape<M, W8>::R;
   const int units = ep == Epilogue::SwiGLU ? (N / 2 + R / 2 - 1) / (R / 2) : (N + R - 1) / R;
   const detail::LaunchConfig config(dim3(static_cast<unsigned>((units + kWarpsPerCta - 1) / kWarpsPerCta)),
                                     dim3(kWarpsPerCta * 32), 0, stream, linear_programmatic_launch_enabled());
-  detail::cuda_check(cudaLaunchKernelEx(config.get(), gemv_ex_kernel<T, M>, static_cast<const T*>(x),
-                                        static_cast<const T*>(w), static_cast<const T*>(bias), y, N, K, ep),
+  detail::cuda_check(cudaLaunchKernelEx(config.get(), gemv_ex_kernel<T, M, W8>, static_cast<const T*>(x), w, w_scale,
+                                        static_cast<const T*>(bias), y, N, K, ep),
                      "cudaLaunchKernelEx(gemv_ex)");
 }
 
-template <class T>
+template <class T, bool W8 = false>
 void launch_ex(int M, const void* x, const void* w, const void* bias, void* y, int N, int K, Epilogue ep,
-               cudaStream_t stream) {
+               cudaStream_t stream, const float* w_scale = nullptr) {
   switch (M) {
-    case 1: return launch_ex_m<T, 1>(x, w, bias, y, N, K, ep, stream);
-    case 2: return launch_ex_m<T, 2>(x, w, bias, y, N, K, ep, stream);
-    case 3: return launch_ex_m<T, 3>(x, w, bias, y, N, K, ep, stream);
-    case 4: return launch_ex_m<T, 4>(x, w, bias, y, N, K, ep, stream);
-    case 5: return launch_ex_m<T, 5>(x, w, bias, y, N, K, ep, stream);
-    case 6: return launch_ex_m<T, 6>(x, w, bias, y, N, K, ep, stream);
-    case 7: return launch_ex_m<T, 7>(x, w, bias, y, N, K, ep, stream);
-    default: return launch_ex_m<T, 8>(x, w, bias, y, N, K, ep, stream);
+    case 1: return launch_ex_m<T, 1, W8>(x, w, w_scale, bias, y, N, K, ep, stream);
+    case 2: return launch_ex_m<T, 2, W8>(x, w, w_scale, bias, y, N, K, ep, stream);
+    case 3: return launch_ex_m<T, 3, W8>(x, w, w_scale, bias, y, N, K, ep, stream);
+    case 4: return launch_ex_m<T, 4, W8>(x, w, w_scale, bias, y, N, K, ep, stream);
+    case 5: return launch_ex_m<T, 5, W8>(x, w, w_scale, bias, y, N, K, ep, stream);
+    case 6: return launch_ex_m<T, 6, W8>(x, w, w_scale, bias, y, N, K, ep, stream);
+    case 7: return launch_ex_m<T, 7, W8>(x, w, w_scale, bias, y, N, K, ep, stream);
+    default: return launch_ex_m<T, 8, W8>(x, w, w_scale, bias, y, N, K, ep, stream);
   }
 }
 
@@ -312,6 +366,19 @@ void gemv_ex(const void* x, const void* w, const void* bias, void* y, int M, int
   check(dtype == DType::F16 || dtype == DType::BF16, "gemv_ex: unknown dtype {}", static_cast<int>(dtype));
   detail::dispatch_dtype(dtype, [&](auto tag) { launch_ex<decltype(tag)>(M, x, w, bias, y, N, K, epilogue, stream); });
   check_launch("gemv_ex");
+}
+
+void fp8_gemv(const void* x, const uint8_t* w8, const float* w_scale, const void* bias, void* y, int M, int N, int K,
+              DType dtype, Epilogue epilogue, cudaStream_t stream) {
+  check(x != nullptr && w8 != nullptr && w_scale != nullptr && y != nullptr, "fp8_gemv: null pointer");
+  check(M >= 1 && M <= kFp8GemvMaxM, "fp8_gemv: M = {} out of range [1, {}]", M, kFp8GemvMaxM);
+  check(N > 0 && K > 0 && K % 16 == 0, "fp8_gemv: N = {}, K = {} (K must be a positive multiple of 16)", N, K);
+  check(detail::aligned16(x) && detail::aligned16(w8), "fp8_gemv: x and w8 must be 16-byte aligned");
+  check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "fp8_gemv: SwiGLU needs an even N ([gate; up]), got N = {}", N);
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    launch_ex<decltype(tag), true>(M, x, w8, bias, y, N, K, epilogue, stream, w_scale);
+  });
+  check_launch("fp8_gemv");
 }
 
 }  // namespace fdpp::cuda

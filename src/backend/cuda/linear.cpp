@@ -166,10 +166,15 @@ void CublasLtLinear::run_fp8(const uint8_t* x8, const float* x_scale, const uint
   const Fp8Scales scales{x_scale, w_scale};
   Plan& p = plan(M, N, K, dtype, x8, w8, bias, y, fp32_out, stream, &scales);
   set_scale_pointers(p.op, w_scale, x_scale);
+  matmul(p, x8, w8, bias, y, M, N, dtype, stream);
+}
+
+void CublasLtLinear::matmul(Plan& p, const void* x, const void* w, const void* bias, void* y, int M, int N,
+                            DType dtype, cudaStream_t stream) {
   if (bias != nullptr && !p.separate_bias)
     FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   const float alpha = 1.f, beta = 0.f;
-  FDPP_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &alpha, w8, p.a, x8, p.b, &beta, y, p.c, y, p.c, &p.algo,
+  FDPP_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
                                    workspace_.get(), workspace_.bytes(), stream));
   if (bias != nullptr && p.separate_bias) add_bias(y, bias, M, N, dtype, stream);
 }
@@ -177,13 +182,7 @@ void CublasLtLinear::run_fp8(const uint8_t* x8, const float* x_scale, const uint
 void CublasLtLinear::run(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
                          bool fp32_out, cudaStream_t stream) {
   check(M > 0 && N > 0 && K > 0, "linear: bad shape M={} N={} K={}", M, N, K);
-  Plan& p = plan(M, N, K, dtype, x, w, bias, y, fp32_out, stream);
-  if (bias != nullptr && !p.separate_bias)
-    FDPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  const float alpha = 1.f, beta = 0.f;
-  FDPP_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
-                                   workspace_.get(), workspace_.bytes(), stream));
-  if (bias != nullptr && p.separate_bias) add_bias(y, bias, M, N, dtype, stream);
+  matmul(plan(M, N, K, dtype, x, w, bias, y, fp32_out, stream), x, w, bias, y, M, N, dtype, stream);
 }
 
 }  // namespace fdpp::cuda

@@ -58,6 +58,9 @@ class CublasLtLinear {
   // fp8 when scales is given (x and w are then e4m3).
   Plan& plan(int M, int N, int K, DType dtype, const void* x, const void* w, const void* bias, void* y, bool fp32_out,
              cudaStream_t stream, const Fp8Scales* scales = nullptr);
+  // One call with a plan: its bias (fused, or added after), then the GEMM.
+  void matmul(Plan& p, const void* x, const void* w, const void* bias, void* y, int M, int N, DType dtype,
+              cudaStream_t stream);
   // Times each candidate on the call's own buffers and returns the fastest.
   cublasLtMatmulAlgo_t tune(Plan& p, const cublasLtMatmulHeuristicResult_t* results, int n, const void* x,
                             const void* w, void* y, cudaStream_t stream);
