@@ -3,8 +3,12 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <algorithm>
 #include <cctype>
 #include <deque>
@@ -261,6 +265,12 @@ void HttpServer::start(std::function<void()> on_listen_exit) {
   const int threads = options_.http_threads;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_payload_max_length(static_cast<size_t>(options_.limits.max_body_bytes));
+  // The listening socket, to raise its backlog below.
+  int listen_socket = -1;
+  http_->set_socket_options([&listen_socket](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_socket = static_cast<int>(sock);
+  });
   if (options_.port == 0) {
     port_ = http_->bind_to_any_port(options_.host);
     check(port_ > 0, "cannot listen on {} (any port)", options_.host);
@@ -269,6 +279,14 @@ void HttpServer::start(std::function<void()> on_listen_exit) {
           options_.host, options_.port);
     port_ = options_.port;
   }
+  http_->set_socket_options(httplib::default_socket_options);
+  // The packaged cpp-httplib listens with a backlog of 5: a burst of clients (a benchmark's 256
+  // requests at once) overflowed it, and the refused connections retried a second later (the
+  // 7B job served at rate inf had 100 requests running, then 108 more 1.1 s later). Listening
+  // again on a listening socket only changes its backlog.
+  if (listen_socket >= 0 && ::listen(listen_socket, SOMAXCONN) != 0)
+    fmt::print(stderr, "fdpp serve: could not raise the listen backlog ({}); bursts of connections may wait\n",
+               std::strerror(errno));
   listen_thread_ = std::thread([this, on_listen_exit = std::move(on_listen_exit)] {
     http_->listen_after_bind();
     if (!stopping_.load() && on_listen_exit) on_listen_exit();
