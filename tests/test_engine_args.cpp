@@ -199,6 +199,13 @@ TEST(EngineArgs, AutomaticStepSizesPerDeviceFitTheGivenOne) {
   const EngineLimits l = a.engine_limits(Device::Cuda);
   EXPECT_EQ(l.max_step_rows, 512);
   EXPECT_EQ(l.max_step_tokens, 8192);
+  // fdpp serve's shorter automatic GPU step: the rows stay, the tokens shrink; a given value wins.
+  EngineArgs served;
+  served.auto_gpu_step_tokens = 2048;
+  EXPECT_EQ(served.step_sizes(Device::Cuda).max_num_seqs, 512);
+  EXPECT_EQ(served.step_sizes(Device::Cuda).max_batched_tokens, 2048);
+  served.max_batched_tokens = 8192;
+  EXPECT_EQ(served.step_sizes(Device::Cuda).max_batched_tokens, 8192);
   const SchedulerOptions so = a.scheduler_options(Device::Cpu, 7, 1 << 20);
   EXPECT_EQ(so.max_num_seqs, 64);
   EXPECT_EQ(so.max_batched_tokens, 2048);

@@ -100,7 +100,7 @@ std::vector<EngineOption> build_table() {
                       "at most 512; 64 on the CPU)",
                       0, 4096, &EngineArgs::max_num_seqs));
   t.push_back(integer("max_num_batched_tokens", "--max-batched-tokens,--max-num-batched-tokens", kEngines,
-                      "tokens of one engine step, prefill chunks and decode rows together (0: 8192 on the GPU, 2048 on the CPU)",
+                      "tokens of one engine step, prefill chunks and decode rows together (0: on the GPU 8192, 2048 in serve; 2048 on the CPU)",
                       0, 1 << 20,
                       &EngineArgs::max_batched_tokens));
   t.push_back(integer("max_model_len", "-c,--ctx-size,--max-model-len", kEngines,
@@ -320,7 +320,7 @@ RunnerOptions EngineArgs::runner_options(const std::string& model_path, const En
 EngineArgs::StepSizes EngineArgs::step_sizes(Device d) const {
   const bool gpu = d == Device::Cuda;
   StepSizes s{max_num_seqs, max_batched_tokens};
-  if (s.max_batched_tokens == 0) s.max_batched_tokens = std::max(gpu ? 8192 : 2048, s.max_num_seqs + 1);
+  if (s.max_batched_tokens == 0) s.max_batched_tokens = std::max(gpu ? auto_gpu_step_tokens : 2048, s.max_num_seqs + 1);
   if (s.max_num_seqs == 0) s.max_num_seqs = std::min(gpu ? kAutoGpuSeqs : 64, std::max(1, s.max_batched_tokens - 1));
   return s;
 }

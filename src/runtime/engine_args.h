@@ -73,6 +73,11 @@ struct EngineArgs {
     int max_batched_tokens = 0;
   };
   static constexpr int kAutoGpuSeqs = 512;
+  // The GPU's automatic step tokens: 8192 for throughput (generate -f, Python), 2048 in fdpp serve,
+  // where a step's prefill chunks delay every stream's next token (docs/PERFORMANCE.md, Throughput
+  // and FP8 weights: the chat workload served at rate inf with ITL p99 58.7 ms instead of 200 and
+  // the same output tokens/s).
+  int auto_gpu_step_tokens = 8192;
   // The KV cache an automatic GPU batch gives each running sequence, in tokens: a sequence of a
   // chat (a few hundred tokens) leaves room for longer ones, so that a full batch seldom preempts.
   static constexpr int64_t kAutoSeqTokens = 1024;

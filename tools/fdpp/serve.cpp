@@ -46,7 +46,13 @@ struct ServeArgs {
   bool disable_log_requests = false;
   EngineArgs engine;
 };
-ServeArgs g_serve;
+// The server's automatic step: shorter on the GPU than generate -f's (EngineArgs::auto_gpu_step_tokens).
+ServeArgs make_serve_args() {
+  ServeArgs a;
+  a.engine.auto_gpu_step_tokens = 2048;
+  return a;
+}
+ServeArgs g_serve = make_serve_args();
 
 server::ModelInfo model_info(const std::string& given, const std::string& resolved, const ModelConfig& config,
                              int max_context, const std::string& served_name) {
