@@ -101,6 +101,13 @@ def test_vllm_keywords_refused_with_their_name(default_model, device, kwargs, er
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+def test_fp8_weights_need_the_gpu(default_model):
+    # quantization="fp8" is a CUDA feature: on the CPU it is refused by its keyword, before loading.
+    with pytest.raises(fdpp.InvalidInputError) as e:
+        fdpp.LLM(default_model, device="cpu", quantization="fp8", max_model_len=128)
+    assert "quantization=fp8 runs on the CUDA backend" in str(e.value) and "device=cpu" in str(e.value)
+
+
 # ---- SamplingParams' defaults ---------------------------------------------------------------------
 
 
