@@ -267,6 +267,20 @@ class SchedulerTest : public ::testing::Test {
     EXPECT_EQ(e.kv().used_blocks(), 0) << "every block is free when the scheduler is idle";
     return out;
   }
+  // The requests twice, 6 rows and 64 tokens a step: on a cache of kv_tokens that must preempt
+  // (asserted), and on a roomy one. Returns {squeezed, roomy} outputs.
+  static std::pair<std::vector<GenerationResult>, std::vector<GenerationResult>> squeezed_and_roomy(
+      const std::vector<GenerationRequest>& reqs, int64_t kv_tokens) {
+    SchedulerOptions o;
+    o.max_num_seqs = 6;
+    o.max_batched_tokens = 64;
+    auto small = engine(6, kv_tokens);
+    SchedulerStats st;
+    auto squeezed = run(*small, reqs, o, &st);
+    EXPECT_GT(st.preemptions, 0u);
+    auto roomy = engine(6, 4096);
+    return {std::move(squeezed), run(*roomy, reqs, o)};
+  }
   static LoadedModel* model_;
   static ModelConfig* config_;
   static DecoderWeights* weights_;
@@ -302,15 +316,8 @@ TEST_F(SchedulerTest, BatchedRequestsGiveWhatEachGetsAlone) {
 TEST_F(SchedulerTest, PreemptionWhenTheCacheRunsOutChangesNoOutput) {
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 6; ++i) reqs.push_back(request(30 + i, 40, 0.7f, 7 + i));
-  SchedulerOptions o;
-  o.max_num_seqs = 6;
-  o.max_batched_tokens = 64;
-  auto small = engine(6, 16 * 12);  // 12 blocks: 6 requests of up to 76 tokens need 30
-  SchedulerStats st;
-  const auto squeezed = run(*small, reqs, o, &st);
-  EXPECT_GT(st.preemptions, 0u);
-  auto roomy = engine(6, 4096);
-  const auto free_run = run(*roomy, reqs, o);
+  // 12 blocks: 6 requests of up to 76 tokens need 30.
+  const auto [squeezed, free_run] = squeezed_and_roomy(reqs, 16 * 12);
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(squeezed[i].token_ids, free_run[i].token_ids) << "request " << i;
     EXPECT_EQ(squeezed[i].token_ids.size(), 40u);
@@ -333,15 +340,7 @@ TEST_F(SchedulerTest, GrammarsHoldUnderSamplingAndPreemption) {
           "kind": {"enum": ["x", "y"]}}, "required": ["ok", "kind"], "additionalProperties": false})");
     reqs.push_back(std::move(r));
   }
-  SchedulerOptions o;
-  o.max_num_seqs = 6;
-  o.max_batched_tokens = 64;
-  auto small = engine(6, 16 * 7);
-  SchedulerStats st;
-  const auto squeezed = run(*small, reqs, o, &st);
-  EXPECT_GT(st.preemptions, 0u);
-  auto roomy = engine(6, 4096);
-  const auto free_run = run(*roomy, reqs, o);
+  const auto [squeezed, free_run] = squeezed_and_roomy(reqs, 16 * 7);
   for (size_t i = 0; i < reqs.size(); ++i) {
     SCOPED_TRACE("request " + std::to_string(i) + ": " + free_run[i].text);
     EXPECT_EQ(squeezed[i].token_ids, free_run[i].token_ids);
