@@ -80,10 +80,11 @@ void LinearDispatcher::reserve(int max_m, std::span<const LinearShape> shapes, b
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-// The fp8 GEMV at M = 1 only: its conversions and FMAs run on CUDA cores for every row of x (2.99
-// ms a Llama-3-8B step at M = 1, 3.46 at 2, 4.90 at 4), and cuBLASLt's FP8 GEMM takes ~5.1 ms at any
-// M up to 8 (docs/PERFORMANCE.md, FP8 weights): the flat GEMM covers the rest up to 64 rows.
+// The fp8 GEMV at M = 1 only: its conversions and FMAs run on CUDA cores for every row of x, and
+// cuBLASLt's FP8 GEMM costs about the same at any M up to 32 while the flat GEMM's time grows with M
+// past 16 (docs/PERFORMANCE.md, FP8 weights): the flat GEMM takes M = 2-32, cuBLASLt the rest.
 constexpr int kFp8GemvDefaultMaxM = 1;
+constexpr int kFp8FlatDefaultMaxM = 32;
 
 LinearImpl LinearDispatcher::fp8_choice(int M, int N, int K, Epilogue epilogue, bool bias) const {
   const bool cublas_ok = !cublas_unsupported_.count({M, N, K, static_cast<int>(epilogue) + 100, bias});
@@ -99,7 +100,7 @@ LinearImpl LinearDispatcher::fp8_choice(int M, int N, int K, Epilogue epilogue, 
       break;
     default:
       if (M <= kFp8GemvDefaultMaxM) return LinearImpl::Gemv;
-      if (M <= kFlatGemmMaxM) return LinearImpl::Flat;
+      if (M <= kFp8FlatDefaultMaxM) return LinearImpl::Flat;
   }
   return cublas_ok ? LinearImpl::Cublas : LinearImpl::Flat;
 }
@@ -109,7 +110,9 @@ void LinearDispatcher::reserve_fp8(int max_m, std::span<const LinearShape> shape
   size_t x_bytes = 0, sc = 0;
   for (const LinearShape& s : shapes) {
     x_bytes = std::max(x_bytes, static_cast<size_t>(max_m) * static_cast<size_t>(s.k));
-    sc = std::max(sc, static_cast<size_t>(max_m) * static_cast<size_t>(s.n) * sizeof(float));
+    // The engine's FP8 layers use Store and SwiGLU; cuBLASLt's SwiGLU writes gate and up here in 16
+    // bits (AddF32's fp32 product, which only tests use, grows the scratch outside capture).
+    sc = std::max(sc, static_cast<size_t>(max_m) * static_cast<size_t>(s.n) * 2);
   }
   const size_t need = (x_bytes + 15) / 16 * 16 + static_cast<size_t>(max_m) * sizeof(float);
   if (need > fp8_x_.bytes()) grow_outside_capture(fp8_x_, need, stream, "the fp8 activations' scratch");
