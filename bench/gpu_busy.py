@@ -226,7 +226,7 @@ def summarize(trace, args):
     counts["kernels_in_graphs"] = sum(1 for r in inside if r[6] == KERNEL and r[4])
     per_name = {}
     for r in inside:
-        if r[6] == KERNEL:
+        if r[6] == KERNEL and (r[4] or not args.graphs_only):
             n, t = per_name.get(r[3], (0, 0))
             per_name[r[3]] = (n + 1, t + min(r[1], hi) - max(r[0], lo))
     top = sorted(per_name.items(), key=lambda x: -x[1][1])[:args.top]
@@ -317,6 +317,8 @@ def main():
     ap.add_argument("--skip-seconds", type=float, default=0.0, help="drop the window's first seconds")
     ap.add_argument("--device", type=int, default=None, help="CUDA device (default: the one with the most kernels)")
     ap.add_argument("--top", type=int, default=10, help="kernels listed by time")
+    ap.add_argument("--graphs-only", action="store_true",
+                    help="list only kernels replayed from CUDA graphs (a static decode's steps, not its set-up)")
     ap.add_argument("--bin-ms", type=float, default=10.0, help="figure: busy fraction per bin of this many ms")
     ap.add_argument("--zoom-ms", type=float, default=50.0, help="figure: length of the zoomed stretch")
     ap.add_argument("--zoom-at", type=float, default=None, help="figure: the zoom's start, seconds into the window (default: the middle)")
@@ -332,8 +334,8 @@ def main():
           f"(kernels alone {100 * r['kernel_busy_fraction']:.2f}%), device {r['device']}; window {r['window']['how']}")
     print(f"  {c['kernel']} kernels ({c['kernels_in_graphs']} in CUDA graphs), {c['memcpy']} copies, {c['memset']} memsets; "
           f"idle by gap length: {idle}")
-    for k in r["top_kernels"][:5]:
-        print(f"  {100 * k['share_of_wall']:5.1f}% {k['count']:>8} x {k['name'][:100]}")
+    for k in r["top_kernels"]:
+        print(f"  {100 * k['share_of_wall']:5.1f}% {k['count']:>8} x {1e6 * k['time_s'] / k['count']:8.1f} us  {k['name'][:110]}")
     warn = []
     if r["records_dropped"]:
         warn.append(f"{r['records_dropped']} records dropped by CUPTI (missing from the union)")
