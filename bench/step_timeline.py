@@ -7,7 +7,8 @@ fdpp.LLM): where the wall time of a run went, step by step.
 Each line of the log is one step: start_ms (since the scheduler was made), schedule_ms (the host
 choosing rows and reserving cache before the engine runs), engine_ms (Engine::step: inputs, the
 launches and the wait for the sampled tokens), emit_ms (the host handing the tokens out:
-detokenizing, stop strings, callbacks) and the step's rows and tokens.
+detokenizing, stop strings, callbacks), the step's rows and tokens, and graph_captures (the CUDA
+graphs the engine has captured so far: a step that captures one also pays for it on the host).
 
 The engine holds the GPU from shortly after engine_ms begins until it returns (the step ends with
 the wait for its tokens); schedule_ms, emit_ms and the gaps between steps are time the GPU has no
@@ -74,6 +75,9 @@ def summarize(steps):
         k["rows"] += s["decode_rows"] + s["prefill_rows"]
         k["prefill_tokens"] += s["prefill_tokens"]
     total = lambda key: sum(s[key] for s in steps)
+    # Steps during which the engine captured a new graph (logs written before the field: none).
+    captures = [s for a, s in zip([None] + steps, steps)
+                if s.get("graph_captures", 0) > (a.get("graph_captures", 0) if a else 0)]
     # What a step costs: engine ms against its decode rows and prefill tokens, over the steps that
     # carry prefill (the slope per prefill token compares with fdpp bench's prefill rate).
     mixed = [(s["decode_rows"], s["prefill_tokens"], s["engine_ms"]) for s in steps if s["prefill_rows"] > 0]
@@ -91,6 +95,8 @@ def summarize(steps):
         "decode_tokens": total("decode_rows"),
         "prefill_tokens": total("prefill_tokens"),
         "max_running": max(s["running"] for s in steps),
+        "capture_steps": len(captures),
+        "capture_steps_engine_ms": sum(s["engine_ms"] for s in captures),
         "kinds": kinds,
     }
 
@@ -103,6 +109,8 @@ def print_summary(r):
     print(f"engine {r['engine_ms'] / 1000:.2f} s ({pct(r['engine_ms'])}), schedule {r['schedule_ms'] / 1000:.2f} s "
           f"({pct(r['schedule_ms'])}), emit {r['emit_ms'] / 1000:.2f} s ({pct(r['emit_ms'])}), between steps "
           f"{r['gap_ms'] / 1000:.2f} s ({pct(r['gap_ms'])})")
+    if r.get("capture_steps"):
+        print(f"{r['capture_steps']} steps captured a CUDA graph (their engine time {r['capture_steps_engine_ms'] / 1000:.2f} s)")
     f = r.get("mixed_step_fit")
     if f:
         print(f"steps with prefill: engine ms = {f['ms']:.2f} + {f['ms_per_decode_row'] * 1e3:.1f} us x decode rows + "

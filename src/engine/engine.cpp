@@ -110,10 +110,12 @@ StepOutput Engine::step(const Batch& batch) {
   int logits_rows = 0;
   int64_t offset = 0;
   bool want_logprobs = false;
+  std::vector<char> in_batch(sequences_.size(), 0);  // not a pairwise check: a step may hold 1,024 rows
   for (int i = 0; i < rows; ++i) {
     const StepRow& r = batch.rows[i];
     const Sequence& s = sequence(r.seq);
-    for (int j = 0; j < i; ++j) check(batch.rows[j].seq != r.seq, "step: sequence {} appears twice", r.seq);
+    check(!in_batch[static_cast<size_t>(r.seq)], "step: sequence {} appears twice", r.seq);
+    in_batch[static_cast<size_t>(r.seq)] = 1;
     check(!r.tokens.empty(), "step: row {} (sequence {}) has no tokens", i, r.seq);
     for (int32_t id : r.tokens) check(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
     const int64_t end = s.length + static_cast<int64_t>(r.tokens.size());

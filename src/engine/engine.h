@@ -108,6 +108,9 @@ class Engine {
   // times its linear layers' algorithms for every row count a step can reach). For engines that
   // serve many requests (serve, Python, generate --file); nothing on the CPU.
   virtual void warm_up() {}
+  // Step graphs captured so far (CUDA graphs of new decode batch shapes; the step log's
+  // "graph_captures"): a step that captures pays for it on the host.
+  virtual uint64_t graph_captures() const { return 0; }
 
  protected:
   struct Sequence {

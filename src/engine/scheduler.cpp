@@ -507,9 +507,11 @@ void Scheduler::log_step(const Batch& batch, Clock::time_point began, Clock::tim
   const SchedulerStats st = stats();
   *step_log_ << fmt::format(
       "{{\"step\":{},\"start_ms\":{:.3f},\"schedule_ms\":{:.3f},\"engine_ms\":{:.3f},\"emit_ms\":{:.3f},"
-      "\"decode_rows\":{},\"prefill_rows\":{},\"prefill_tokens\":{},\"running\":{},\"waiting\":{}}}\n",
+      "\"decode_rows\":{},\"prefill_rows\":{},\"prefill_tokens\":{},\"running\":{},\"waiting\":{},"
+      "\"graph_captures\":{}}}\n",
       st.steps, ms(created_, began), ms(began, engine_began), ms(engine_began, engine_ended),
-      ms(engine_ended, Clock::now()), decode_rows, prefill_rows, prefill_tokens, st.running, st.waiting);
+      ms(engine_ended, Clock::now()), decode_rows, prefill_rows, prefill_tokens, st.running, st.waiting,
+      engine_.graph_captures());
 }
 
 void Scheduler::publish_stats() {

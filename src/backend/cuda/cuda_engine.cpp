@@ -540,8 +540,10 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
   } else if (graph != graphs_.end()) {
     FDPP_CUDA_CHECK(cudaGraphLaunch(graph->second, stream_));
   } else {
+    // The eager run computes this step while the host captures and instantiates its graph (no
+    // synchronization between them): a server meets a new (bucket, plan) key often enough that an
+    // idle GPU during each capture would show in its busy time.
     forward(in, rows, rows, {}, rows, splits, max_len);
-    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     cudaGraph_t g = nullptr;
     FDPP_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
@@ -556,6 +558,7 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
     FDPP_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
     cudaGraphDestroy(g);
     graphs_[key] = exec;  // captured, not run: the eager run above already computed this step
+    ++graphs_captured_;
   }
   count_attention_rows(b, attention);
 }

@@ -106,6 +106,7 @@ class CudaEngine final : public Engine {
   // Decode attention rows (sequence x query head x layer) computed so far, and how many of them the
   // asynchronized softmax recomputed because their max logit left [phi + a, phi + b] (synchronizes).
   uint64_t attention_rows() const { return attention_rows_; }
+  uint64_t graph_captures() const override { return graphs_captured_; }
   uint64_t attention_fallback_rows() const;
   // Of the decode attention rows, those the unified-max kernels ran (async mode, several splits on
   // tensor cores; the others ran the synchronized kernels: DecodeAttentionLaunch::unified).
@@ -214,6 +215,7 @@ class CudaEngine final : public Engine {
   int multiprocessors_ = 0;
   // (batch, how decode attention launches) -> captured step
   std::map<std::pair<int, DecodeAttentionLaunch>, cudaGraphExec_t> graphs_;
+  uint64_t graphs_captured_ = 0;
 };
 
 }  // namespace fdpp::cuda
