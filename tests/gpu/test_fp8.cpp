@@ -84,7 +84,7 @@ TEST_F(Fp8Gpu, QuantizeRowsMatchesTheHostBitForBit) {
 
 
 // run_fp8 at M rows against fp64 over the e4m3 weights (and, where cuBLASLt runs, the per-token
-// e4m3 x), in each mode: auto (the GEMV at M = 1, the flat GEMM to 64, cuBLASLt above) and the
+// e4m3 x), in each mode: auto (the GEMV at M = 1, the flat GEMM to 32, cuBLASLt above) and the
 // forced ones. N = 1008: rows of y in multiples of 16 bytes, which cuBLASLt's FP8 GEMM needs (not a
 // multiple of any tile); N = 1002: cuBLASLt has no algorithm and the flat GEMM takes its rows.
 TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
@@ -100,6 +100,7 @@ TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
       {DType::BF16, 1008, LinearMode::Auto, {1, 3, 16, 33, 64, 300}},
       {DType::BF16, 1002, LinearMode::Auto, {5, 70}},
       {DType::F16, 1008, LinearMode::Gemv, {2, 8}},
+      {DType::F16, 1008, LinearMode::Flat, {33, 64}},  // the flat GEMM past its auto range
       {DType::BF16, 1008, LinearMode::Cublas, {1, 8}},
   };
   for (const auto& [t, N, mode, rows] : cases) {
@@ -139,9 +140,11 @@ TEST_F(Fp8Gpu, RunFp8MatchesTheReferenceForEveryEpilogue) {
           const LinearImpl planned = dispatcher.fp8_choice(M, N, K, ep, with_bias);
           const LinearImpl expected = mode == LinearMode::Gemv ? (M <= 8 ? LinearImpl::Gemv : LinearImpl::Cublas)
                                       : mode == LinearMode::Cublas ? LinearImpl::Cublas
-                                      : M == 1                     ? LinearImpl::Gemv
-                                      : M <= 64                    ? LinearImpl::Flat
-                                                                   : LinearImpl::Cublas;
+                                      : mode == LinearMode::Flat   ? (M <= cuda::kFlatGemmMaxM ? LinearImpl::Flat
+                                                                                               : LinearImpl::Cublas)
+                                      : M <= cuda::kFp8GemvDefaultMaxM  ? LinearImpl::Gemv
+                                      : M <= cuda::kFp8FlatDefaultMaxM  ? LinearImpl::Flat
+                                                                        : LinearImpl::Cublas;
           EXPECT_EQ(planned, expected) << "M = " << M;
           std::vector<float> init(size_t(M) * cols, 0.f), out;
           if (ep == Epilogue::AddF32) init = random_vector(init.size());

@@ -4,12 +4,14 @@
 // FP8 tensor cores quantizes its input per token the same way (dynamic per-token scales), as
 // vLLM's fp8 does.
 //
-// Two kernels, chosen by M (LinearDispatcher::run_fp8):
-//   fp8_gemv     M <= kFp8GemvMaxM: CUDA cores, the e4m3 bytes converted in registers and
-//                multiplied with the 16-bit x in fp32 (no activation quantization). Decode's
-//                smallest batches read half the bytes of the 16-bit GEMV.
-//   cuBLASLt     any M: x quantized per token (quantize_rows_fp8), then an e4m3 x e4m3 GEMM with
-//                the row and token scales as outer vectors (CublasLtLinear::run_fp8).
+// Three kernels (LinearDispatcher::run_fp8; its auto choice by M is below):
+//   fp8_gemv      CUDA cores, the e4m3 bytes converted in registers and multiplied with the
+//                 16-bit x in fp32 (no activation quantization); M <= kFp8GemvMaxM.
+//   flat_gemm_fp8 tensor cores, e4m3 tiles converted to 16 bits in registers before mma.sync, M
+//                 padded to 8 (flat_gemm.h); no activation quantization either.
+//   cuBLASLt      any M: x quantized per token (quantize_rows_fp8), then an e4m3 x e4m3 GEMM with
+//                 the row and token scales as outer vectors (CublasLtLinear::run_fp8).
+
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -24,6 +26,12 @@ namespace fdpp::cuda {
 // e4m3's largest finite magnitude: a row's max maps to it.
 constexpr float kFp8E4M3Max = 448.f;
 constexpr int kFp8GemvMaxM = 8;
+// The auto choice (measured on the H200 with Llama-3-8B's shapes, docs/PERFORMANCE.md "FP8
+// weights"): the GEMV's conversions and FMAs run on CUDA cores for every row of x, so it takes M = 1
+// only; cuBLASLt's FP8 GEMM costs about the same at any M up to 32 while the flat GEMM's time grows
+// past 16 rows, so the flat GEMM takes M = 2-32 and cuBLASLt the rest.
+constexpr int kFp8GemvDefaultMaxM = 1;
+constexpr int kFp8FlatDefaultMaxM = 32;
 
 // q[r, :] = e4m3(x[r, :] / scale[r]), scale[r] = max|x[r, :]| / 448 (1 for an all-zero row), for
 // rows r < rows of K 16-bit elements (K a multiple of 8, x 16-byte aligned). Weights at load and

@@ -80,12 +80,6 @@ void LinearDispatcher::reserve(int max_m, std::span<const LinearShape> shapes, b
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-// The fp8 GEMV at M = 1 only: its conversions and FMAs run on CUDA cores for every row of x, and
-// cuBLASLt's FP8 GEMM costs about the same at any M up to 32 while the flat GEMM's time grows with M
-// past 16 (docs/PERFORMANCE.md, FP8 weights): the flat GEMM takes M = 2-32, cuBLASLt the rest.
-constexpr int kFp8GemvDefaultMaxM = 1;
-constexpr int kFp8FlatDefaultMaxM = 32;
-
 LinearImpl LinearDispatcher::fp8_choice(int M, int N, int K, Epilogue epilogue, bool bias) const {
   const bool cublas_ok = !cublas_unsupported_.count({M, N, K, static_cast<int>(epilogue) + 100, bias});
   switch (chooser_.mode()) {
