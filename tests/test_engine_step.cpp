@@ -139,6 +139,35 @@ TEST_F(EngineStep, MixedChunksAndDecodeRowsEqualEachSequenceAlone) {
   }
 }
 
+// step() in halves (what the scheduler does to render text while the device computes): one step
+// at a time, the sequences advanced at begin_step, a sequence released in between gives its blocks
+// back at once, and the other row's output is that of step().
+TEST_F(EngineStep, BeginAndEndStepAroundAReleasedSequence) {
+  auto e = engine();
+  const auto a = test::random_ids(20, config_.vocab_size), b = test::random_ids(12, config_.vocab_size);
+  const int sa = e->create_sequence(), sb = e->create_sequence();
+  StepRow ra, rb;
+  ra.seq = sa;
+  ra.tokens = a;
+  ra.logits = true;
+  rb.seq = sb;
+  rb.tokens = b;
+  rb.sample = true;
+  EXPECT_NE(test::error_of([&] { e->end_step(); }).find("no step was begun"), std::string::npos);
+  const int64_t free0 = e->kv().free_blocks();
+  e->begin_step(Batch{{ra, rb}});
+  EXPECT_TRUE(e->step_in_flight());
+  EXPECT_EQ(e->sequence_length(sa), 20);
+  EXPECT_NE(test::error_of([&] { e->step(Batch{{ra}}); }).find("has not ended"), std::string::npos);
+  e->release_sequence(sb);
+  EXPECT_EQ(e->kv().free_blocks(), free0 - e->kv().blocks_for(20));
+  const StepOutput out = e->end_step();
+  EXPECT_FALSE(e->step_in_flight());
+  ASSERT_EQ(out.tokens.size(), 2u);
+  EXPECT_GE(out.tokens[1], 0);
+  EXPECT_LE(test::nmse(out.logits, row(reference(a), 19)), 1e-10);
+}
+
 TEST_F(EngineStep, AllLogitsRowsAndSamplingRowsMix) {
   auto e = engine();
   const auto a = test::random_ids(20, config_.vocab_size), b = test::random_ids(7, config_.vocab_size);
@@ -391,6 +420,15 @@ TEST_F(SchedulerTest, CancelFreesBlocksAndStopStringsCutTheText) {
   const auto cut = run(*e, {r}, o)[0];
   EXPECT_EQ(cut.finish_reason, "stop");
   EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+  // Its tokens end with the one whose text completed the stop string, although that text is
+  // rendered while the next step computes: the next step's token for it is dropped.
+  {
+    StreamingDetokenizer d(*model_->tokenizer);
+    std::string text;
+    size_t k = 0;
+    while (k < full.token_ids.size() && text.find(stop) == std::string::npos) text += d.push(full.token_ids[k++]);
+    EXPECT_EQ(cut.token_ids, std::vector<int32_t>(full.token_ids.begin(), full.token_ids.begin() + k));
+  }
   EXPECT_EQ(cut.stop_string, stop);  // what ended it (vLLM's stop_reason)
   EXPECT_FALSE(cut.stop_token_id.has_value());
   EXPECT_FALSE(full.stop_string.has_value());  // a "length" names no stop
