@@ -107,11 +107,14 @@ class Engine {
   // scheduler renders the previous step's text meanwhile): begin_step checks, reserves, launches
   // and advances the sequences; end_step waits for the step and returns its output. One step at a
   // time; the batch's token spans need not outlive begin_step. Sequences may be released in
-  // between (their blocks are reused only by a later step). Engines without a device queue compute
-  // the whole step in begin_step.
+  // between (their blocks are reused only by a later step). Engines without a device queue
+  // (queues_steps() false) compute the whole step in begin_step.
   void begin_step(const Batch& batch);
   StepOutput end_step();
   bool step_in_flight() const { return in_flight_; }
+  // Whether begin_step returns while the device still computes (so that host work between
+  // begin_step and end_step overlaps it). False: the whole step runs in begin_step.
+  virtual bool queues_steps() const { return false; }
 
   // Does now what the first steps of a long run would otherwise do on the way (the CUDA engine
   // times its linear layers' algorithms for every row count a step can reach). For engines that

@@ -484,8 +484,9 @@ bool Scheduler::step() {
     publish_stats();
     return true;
   }
-  // While the device computes: the previous step's text (detokenizing, stop strings, deliveries).
-  // A stop string found here ends its request, whose row in this step is then ignored.
+  // While the device computes (an engine that queues steps): the previous step's text
+  // (detokenizing, stop strings, deliveries). A stop string found here ends its request, whose row
+  // in this step is then ignored.
   const Clock::time_point render_began = Clock::now();
   render_due_text();
   const Clock::time_point render_ended = Clock::now();
@@ -511,6 +512,9 @@ bool Scheduler::step() {
     stats_.generated_tokens += generated;
     stats_.steps++;
   }
+  // An engine that computed the step in begin_step leaves nothing to overlap: the text now, so
+  // that it reaches the client without waiting for the next step.
+  if (!engine_.queues_steps()) render_due_text();
   std::erase_if(running_, [](const auto& a) { return a->done; });
   publish_stats();
   if (step_log_) log_step(batch, began, engine_began, engine_ended, render_ended - render_began);

@@ -178,7 +178,8 @@ class Scheduler {
   void preempt(Active& a);
   // The engine's token for a: its bookkeeping and the checks that need no text (end of generation,
   // stop ids, the length limit). Its text waits for render_text, which runs while the next step
-  // computes, except for a request that ends here or follows a grammar. True when it finished.
+  // computes where the engine queues steps (at the end of this step otherwise), except for a
+  // request that ends here or follows a grammar. True when it finished.
   bool accept_token(Active& a, int32_t token, const TokenLogprobs* logprobs);
   // The accepted token's text: detokenized, searched for stop strings (one ends the request) and
   // delivered except what a stop string may still claim (last: finish() delivers the rest).
