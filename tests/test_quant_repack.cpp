@@ -3,7 +3,7 @@
 // and the same 8-bit activations. The integer sums are the same; only the fp32 order of applying
 // scales differs, so the bound is 1e-10 NMSE (measured worst: see kBound). Groups of 8 (AVX2) and
 // 16 (AVX-512) rows, every ISA this CPU has, odd row counts, leftover rows, groups not filled,
-// Q4_0/Q8_0 rows that are not whole 256-element super-blocks, M = 1..9, bias, permuted rows.
+// Q4_0/Q4_1/Q8_0 rows that are not whole 256-element super-blocks, M = 1..9, bias, permuted rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,6 +45,7 @@ std::vector<uint8_t> random_blocks(GgmlType type, int64_t rows, int64_t cols) {
     } else {
       put16(b, u(test::rng()));
       if (type == GgmlType::Q4_K) put16(b + 2, u(test::rng()) - 0.5f);
+      if (type == GgmlType::Q4_1) put16(b + 2, -8.f * u(test::rng()));
     }
   }
   return w;
@@ -62,7 +63,7 @@ struct Case {
   int64_t cols;
 };
 const Case kCases[] = {{GgmlType::Q4_0, 32 * 19}, {GgmlType::Q8_0, 32 * 19}, {GgmlType::Q4_0, 32 * 8},
-                       {GgmlType::Q8_0, 32}, {GgmlType::Q4_K, 256 * 3}, {GgmlType::Q6_K, 256 * 3},
+                       {GgmlType::Q8_0, 32}, {GgmlType::Q4_1, 32 * 19}, {GgmlType::Q4_K, 256 * 3}, {GgmlType::Q6_K, 256 * 3},
                        {GgmlType::Q4_K, 256}, {GgmlType::Q6_K, 256}};
 
 class Repack : public ::testing::TestWithParam<Case> {};

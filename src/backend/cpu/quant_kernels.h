@@ -45,7 +45,7 @@ struct Kernels {
   // Rows per interleaved group these kernels read (8: AVX2's 8 int32 lanes; 16: AVX-512's);
   // 0: none (scalar), matrices stay in file order.
   int pack_rows;
-  GroupDot g_q4_0, g_q8_0, g_q4_k, g_q6_k;
+  GroupDot g_q4_0, g_q4_1, g_q8_0, g_q4_k, g_q6_k;
 };
 
 const Kernels& scalar_kernels();

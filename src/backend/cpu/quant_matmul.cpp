@@ -177,7 +177,7 @@ void q6k_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, int6
 
 const Kernels kScalarTable = {float_rows<0>, float_rows<1>, float_rows<2>, legacy_rows<0>, legacy_rows<1>,
                               legacy_rows<2>, q4k_rows,      q6k_rows,      quant_q8,       quant_q8k,
-                              0,             nullptr,       nullptr,       nullptr,        nullptr};
+                              0,             nullptr,       nullptr,       nullptr,        nullptr,       nullptr};
 
 }  // namespace
 
@@ -295,6 +295,7 @@ namespace {
 qk::GroupDot group_dot(const qk::Kernels& k, GgmlType type) {
   switch (type) {
     case GgmlType::Q4_0: return k.g_q4_0;
+    case GgmlType::Q4_1: return k.g_q4_1;
     case GgmlType::Q8_0: return k.g_q8_0;
     case GgmlType::Q4_K: return k.g_q4_k;
     case GgmlType::Q6_K: return k.g_q6_k;

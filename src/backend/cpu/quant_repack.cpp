@@ -56,6 +56,12 @@ void block_xfer(GgmlType type, int R, uint8_t* g, uint8_t* row, int r) {
       for (int p = 0; p < words; ++p) mv(g + 2 * R + (p * R + r) * 4, row + 2 + 4 * p, 4);
       break;
     }
+    case GgmlType::Q4_1: {
+      mv(g + 2 * r, row, 2);
+      mv(g + 2 * R + 2 * r, row + 2, 2);
+      for (int p = 0; p < 4; ++p) mv(g + 4 * R + (p * R + r) * 4, row + 4 + 4 * p, 4);
+      break;
+    }
     case GgmlType::Q4_K: {
       mv(g + 2 * r, row, 2);
       mv(g + 2 * R + 2 * r, row + 2, 2);
@@ -144,7 +150,7 @@ void drop_mapped(const uint8_t* p, size_t bytes) {
 }  // namespace
 
 bool repack_supported(GgmlType type) {
-  return type == GgmlType::Q4_0 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+  return type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K || type == GgmlType::Q6_K;
 }
 
 void pack_group(GgmlType type, int R, const uint8_t* const* rows, int64_t cols, uint8_t* dst) {

@@ -11,6 +11,7 @@
 // the file (no padding, no extra scale tables: the packed copy is exactly as large as the file's):
 //   Q4_0 (18 B/row)   d[R] fp16 | qs: for p < 4, r < R: the row's 4 bytes qs[4p .. 4p+3]
 //                     (low nibbles are elements 4p.., high nibbles 16 + 4p..: the file's pairing)
+//   Q4_1 (20 B/row)   d[R] fp16 | m[R] fp16 | qs as Q4_0's
 //   Q8_0 (34 B/row)   d[R] fp16 | qs: for p < 8, r < R: the row's 4 bytes qs[4p .. 4p+3]
 //   Q4_K (144 B/row)  d[R] | dmin[R] | scales: for word w < 3, r < R: bytes 4w..4w+3 of the row's 12
 //                     | qs: for group j < 8, p < 4, r < R, i < 4: one byte, the low nibble element
