@@ -68,6 +68,19 @@ void block_xfer(GgmlType type, int R, uint8_t* g, uint8_t* row, int r) {
       for (int w = 0; w < 3; ++w) mv(g + 4 * R + (w * R + r) * 4, row + 4 + 4 * w, 4);
       uint8_t* q = g + 16 * R;
       uint8_t* rq = row + 16;
+      if (Pack) {  // the common direction, at load: the 256 nibbles first, then their new order
+        uint8_t v[256];
+        for (int c = 0; c < 4; ++c)
+          for (int l = 0; l < 32; ++l) {
+            v[64 * c + l] = rq[32 * c + l] & 15;
+            v[64 * c + 32 + l] = rq[32 * c + l] >> 4;
+          }
+        for (int j = 0; j < 8; ++j)
+          for (int p = 0; p < 4; ++p)
+            for (int i = 0; i < 4; ++i)
+              q[((j * 4 + p) * R + r) * 4 + i] = static_cast<uint8_t>(v[32 * j + 4 * p + i] | (v[32 * j + 16 + 4 * p + i] << 4));
+        break;
+      }
       for (int j = 0; j < 8; ++j)
         for (int p = 0; p < 4; ++p)
           for (int i = 0; i < 4; ++i) {
@@ -85,12 +98,30 @@ void block_xfer(GgmlType type, int R, uint8_t* g, uint8_t* row, int r) {
     case GgmlType::Q6_K: {
       mv(g + 2 * r, row + 208, 2);
       for (int s = 0; s < 16; ++s) mv(g + 2 * R + s * R + r, row + 192 + s, 1);
-      uint8_t* ql = g + 18 * R;
-      uint8_t* qh = ql + 128 * R;
+      // Per group j of 32: its 4 ql words then its 2 qh words, 24 R bytes, read in order.
+      uint8_t* q = g + 18 * R;
+      if (Pack) {
+        uint8_t v[256];
+        for (int e = 0; e < 256; ++e) v[e] = static_cast<uint8_t>(q6k_get(row, e));
+        for (int j = 0; j < 8; ++j) {
+          uint8_t* qj = q + 24 * R * j;
+          for (int p = 0; p < 4; ++p)
+            for (int i = 0; i < 4; ++i)
+              qj[(p * R + r) * 4 + i] =
+                  static_cast<uint8_t>((v[32 * j + 4 * p + i] & 15) | ((v[32 * j + 16 + 4 * p + i] & 15) << 4));
+          for (int h = 0; h < 2; ++h)
+            for (int i = 0; i < 4; ++i) {
+              int b = 0;
+              for (int p = 0; p < 4; ++p) b |= (v[32 * j + 16 * h + 4 * p + i] >> 4) << (2 * p);
+              qj[16 * R + (h * R + r) * 4 + i] = static_cast<uint8_t>(b);
+            }
+        }
+        break;
+      }
       for (int j = 0; j < 8; ++j)
         for (int p = 0; p < 4; ++p)
           for (int i = 0; i < 4; ++i) {
-            uint8_t& b = ql[((j * 4 + p) * R + r) * 4 + i];
+            uint8_t& b = q[24 * R * j + (p * R + r) * 4 + i];
             const int e0 = 32 * j + 4 * p + i, e1 = e0 + 16;
             if (Pack) {
               b = static_cast<uint8_t>((q6k_get(row, e0) & 15) | ((q6k_get(row, e1) & 15) << 4));
@@ -103,7 +134,7 @@ void block_xfer(GgmlType type, int R, uint8_t* g, uint8_t* row, int r) {
       for (int j = 0; j < 8; ++j)
         for (int h = 0; h < 2; ++h)
           for (int i = 0; i < 4; ++i) {
-            uint8_t& b = qh[((j * 2 + h) * R + r) * 4 + i];
+            uint8_t& b = q[24 * R * j + 16 * R + (h * R + r) * 4 + i];
             if (Pack) b = 0;
             for (int p = 0; p < 4; ++p) {
               const int e = 32 * j + 16 * h + 4 * p + i;
