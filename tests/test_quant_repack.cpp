@@ -44,7 +44,7 @@ std::vector<uint8_t> random_blocks(GgmlType type, int64_t rows, int64_t cols) {
       put16(b + 208, u(test::rng()));
     } else {
       put16(b, u(test::rng()));
-      if (type == GgmlType::Q4_K) put16(b + 2, u(test::rng()) - 0.5f);
+      if (type == GgmlType::Q4_K || type == GgmlType::Q5_K) put16(b + 2, u(test::rng()) - 0.5f);
       if (type == GgmlType::Q4_1) put16(b + 2, -8.f * u(test::rng()));
     }
   }
@@ -63,7 +63,7 @@ struct Case {
   int64_t cols;
 };
 const Case kCases[] = {{GgmlType::Q4_0, 32 * 19}, {GgmlType::Q8_0, 32 * 19}, {GgmlType::Q4_0, 32 * 8},
-                       {GgmlType::Q8_0, 32}, {GgmlType::Q4_1, 32 * 19}, {GgmlType::Q4_K, 256 * 3}, {GgmlType::Q6_K, 256 * 3},
+                       {GgmlType::Q8_0, 32}, {GgmlType::Q4_1, 32 * 19}, {GgmlType::Q4_K, 256 * 3}, {GgmlType::Q5_K, 256 * 3}, {GgmlType::Q6_K, 256 * 3},
                        {GgmlType::Q4_K, 256}, {GgmlType::Q6_K, 256}};
 
 class Repack : public ::testing::TestWithParam<Case> {};

@@ -122,15 +122,18 @@ void legacy_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, i
   }
 }
 
-void q4k_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, int64_t k, float* out) {
+// Q5_K: Q4_K's block with a fifth bit per element (qh, bit j for group j) before the nibbles.
+template <bool Q5>
+void qk_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, int64_t k, float* out) {
   for (int i = 0; i < m; ++i) {
     const BlockQ8K* a = reinterpret_cast<const BlockQ8K*>(act + i * stride);
     float acc = 0.f;
     for (int64_t b = 0; b < k / kQKK; ++b) {
-      const uint8_t* wb = w + b * 144;
+      const uint8_t* wb = w + b * (Q5 ? 176 : 144);
       const float d = h2f(wb), dmin = h2f(wb + 2);
       const uint8_t* s = wb + 4;
-      const uint8_t* q = wb + 16;
+      const uint8_t* qh = wb + 16;
+      const uint8_t* q = wb + (Q5 ? 48 : 16);
       int sumi = 0, summ = 0;
       for (int j = 0; j < 8; ++j) {  // group j of 32: scale and min per ggml's get_scale_min_k4
         const int sc = j < 4 ? (s[j] & 63) : ((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
@@ -138,7 +141,8 @@ void q4k_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, int6
         const uint8_t* qj = q + 32 * (j / 2);
         const int shift = 4 * (j % 2);
         int g = 0;
-        for (int l = 0; l < 32; ++l) g += ((qj[l] >> shift) & 0x0F) * a[b].qs[32 * j + l];
+        for (int l = 0; l < 32; ++l)
+          g += (((qj[l] >> shift) & 0x0F) | (Q5 ? ((qh[l] >> j) & 1) << 4 : 0)) * a[b].qs[32 * j + l];
         sumi += sc * g;
         summ += mn * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
       }
@@ -176,8 +180,8 @@ void q6k_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, int6
 }
 
 const Kernels kScalarTable = {float_rows<0>, float_rows<1>, float_rows<2>, legacy_rows<0>, legacy_rows<1>,
-                              legacy_rows<2>, q4k_rows,      q6k_rows,      quant_q8,       quant_q8k,
-                              0,             nullptr,       nullptr,       nullptr,        nullptr,       nullptr};
+                              legacy_rows<2>, qk_rows<false>, qk_rows<true>, q6k_rows, quant_q8, quant_q8k,
+                              0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 
@@ -204,6 +208,7 @@ bool plan_for(const qk::Kernels& k, GgmlType type, Plan* p) {
     case GgmlType::Q4_1: *p = {k.q4_1, k.quant_q8, qk::kQK, sizeof(qk::BlockQ8)}; return true;
     case GgmlType::Q8_0: *p = {k.q8_0, k.quant_q8, qk::kQK, sizeof(qk::BlockQ8)}; return true;
     case GgmlType::Q4_K: *p = {k.q4_k, k.quant_q8k, qk::kQKK, sizeof(qk::BlockQ8K)}; return true;
+    case GgmlType::Q5_K: *p = {k.q5_k, k.quant_q8k, qk::kQKK, sizeof(qk::BlockQ8K)}; return true;
     case GgmlType::Q6_K: *p = {k.q6_k, k.quant_q8k, qk::kQKK, sizeof(qk::BlockQ8K)}; return true;
     default: return false;
   }
@@ -298,6 +303,7 @@ qk::GroupDot group_dot(const qk::Kernels& k, GgmlType type) {
     case GgmlType::Q4_1: return k.g_q4_1;
     case GgmlType::Q8_0: return k.g_q8_0;
     case GgmlType::Q4_K: return k.g_q4_k;
+    case GgmlType::Q5_K: return k.g_q5_k;
     case GgmlType::Q6_K: return k.g_q6_k;
     default: return nullptr;
   }

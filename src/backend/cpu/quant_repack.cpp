@@ -95,6 +95,36 @@ void block_xfer(GgmlType type, int R, uint8_t* g, uint8_t* row, int r) {
           }
       break;
     }
+    case GgmlType::Q5_K: {
+      mv(g + 2 * r, row, 2);
+      mv(g + 2 * R + 2 * r, row + 2, 2);
+      for (int w = 0; w < 3; ++w) mv(g + 4 * R + (w * R + r) * 4, row + 4 + 4 * w, 4);
+      uint8_t* q = g + 16 * R;
+      uint8_t* qh = row + 16;
+      uint8_t* ql = row + 48;
+      if (!Pack) std::memset(qh, 0, 32);
+      for (int j = 0; j < 8; ++j) {
+        uint8_t* qj = q + 20 * R * j;
+        for (int i = 0; i < 4; ++i) {
+          uint8_t& bits = qj[16 * R + r * 4 + i];
+          if (Pack) bits = 0;
+          for (int p = 0; p < 4; ++p) {
+            uint8_t& b = qj[(p * R + r) * 4 + i];
+            const int e0 = 32 * j + 4 * p + i, e1 = e0 + 16;
+            if (Pack) {
+              b = static_cast<uint8_t>(q4k_get(ql, e0) | (q4k_get(ql, e1) << 4));
+              bits = static_cast<uint8_t>(bits | (((qh[e0 % 32] >> j) & 1) << p) | (((qh[e1 % 32] >> j) & 1) << (4 + p)));
+            } else {
+              q4k_set(ql, e0, b & 15);
+              q4k_set(ql, e1, b >> 4);
+              qh[e0 % 32] = static_cast<uint8_t>(qh[e0 % 32] | (((bits >> p) & 1) << j));
+              qh[e1 % 32] = static_cast<uint8_t>(qh[e1 % 32] | (((bits >> (4 + p)) & 1) << j));
+            }
+          }
+        }
+      }
+      break;
+    }
     case GgmlType::Q6_K: {
       mv(g + 2 * r, row + 208, 2);
       for (int s = 0; s < 16; ++s) mv(g + 2 * R + s * R + r, row + 192 + s, 1);
@@ -181,7 +211,8 @@ void drop_mapped(const uint8_t* p, size_t bytes) {
 }  // namespace
 
 bool repack_supported(GgmlType type) {
-  return type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+  return type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K ||
+         type == GgmlType::Q5_K || type == GgmlType::Q6_K;
 }
 
 void pack_group(GgmlType type, int R, const uint8_t* const* rows, int64_t cols, uint8_t* dst) {

@@ -16,6 +16,9 @@
 //   Q4_K (144 B/row)  d[R] | dmin[R] | scales: for word w < 3, r < R: bytes 4w..4w+3 of the row's 12
 //                     | qs: for group j < 8, p < 4, r < R, i < 4: one byte, the low nibble element
 //                     32j + 4p + i, the high nibble element 32j + 16 + 4p + i
+//   Q5_K (176 B/row)  d[R] | dmin[R] | scales as Q4_K's | for group j < 8: its 4 nibble words as
+//                     Q4_K's, then one word per row: bit p of byte i is the fifth bit of element
+//                     32j + 4p + i, bit 4 + p of element 32j + 16 + 4p + i
 //   Q6_K (210 B/row)  d[R] | scales: for group s < 16, r < R: the int8 scale | for j < 8: ql_j,
 //                     group j of Q4_K's qs layout (the low 4 bits of the 6), then qh_j: for h < 2,
 //                     r < R, i < 4: one byte whose bits 2p, 2p+1 are the high 2 bits of element
