@@ -229,7 +229,7 @@ void unpack_group_row(GgmlType type, int R, const uint8_t* group, int r, int64_t
     block_xfer<false>(type, R, const_cast<uint8_t*>(group + b * bb * R), dst + b * bb, r);
 }
 
-StoredMatrix repack_matrix(const StoredMatrix& m, int R) {
+StoredMatrix repack_matrix(const StoredMatrix& m, int R, bool drop_source) {
   if (R <= 0 || m.empty() || m.packed_rows > 0 || !repack_supported(m.type)) return m;
   const int64_t groups = m.rows / R, tail = m.rows % R;
   const uint64_t rb = m.row_bytes;
@@ -240,18 +240,32 @@ StoredMatrix repack_matrix(const StoredMatrix& m, int R) {
   p.packed_rows = R;
   p.row_order = nullptr;
   const uint64_t group_bytes = rb * static_cast<uint64_t>(R);
-  const int64_t tasks = task_count(groups, 8);
-  const int64_t per = tasks > 0 ? (groups + tasks - 1) / tasks : 0;
-  parallel_for(tasks, [&](int64_t t) {
-    std::vector<const uint8_t*> rows(static_cast<size_t>(R));
-    for (int64_t g = t * per; g < std::min(groups, (t + 1) * per); ++g) {
-      for (int r = 0; r < R; ++r) rows[static_cast<size_t>(r)] = m.row(g * R + r);
-      pack_group(m.type, R, rows.data(), m.cols, data + static_cast<uint64_t>(g) * group_bytes);
+  // Chunks of ~4 MiB, each source range dropped once copied: the peak holds one chunk twice, not
+  // the matrix (a 30 MB tied embedding of the default model otherwise raised peak RSS by 30 MB).
+  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((4u << 20) / group_bytes));
+  for (int64_t c0 = 0; c0 < groups; c0 += chunk) {
+    const int64_t c1 = std::min(groups, c0 + chunk);
+    const int64_t tasks = task_count(c1 - c0, 8);
+    const int64_t per = (c1 - c0 + tasks - 1) / tasks;
+    parallel_for(tasks, [&](int64_t t) {
+      std::vector<const uint8_t*> rows(static_cast<size_t>(R));
+      for (int64_t g = c0 + t * per; g < std::min(c1, c0 + (t + 1) * per); ++g) {
+        for (int r = 0; r < R; ++r) rows[static_cast<size_t>(r)] = m.row(g * R + r);
+        pack_group(m.type, R, rows.data(), m.cols, data + static_cast<uint64_t>(g) * group_bytes);
+      }
+    });
+    if (drop_source) {
+      // The rows' span in the source (row_order permutes rows within a head: a small span).
+      const uint8_t* lo = m.row(c0 * R);
+      const uint8_t* hi = lo;
+      for (int64_t n = c0 * R; n < c1 * R; ++n) lo = std::min(lo, m.row(n)), hi = std::max(hi, m.row(n));
+      drop_mapped(lo, static_cast<size_t>(hi - lo) + rb);
     }
-  });
+  }
   for (int64_t r = 0; r < tail; ++r)
     std::memcpy(data + static_cast<uint64_t>(groups) * group_bytes + static_cast<uint64_t>(r) * rb,
                 m.row(groups * R + r), rb);
+  if (drop_source) drop_mapped(m.data, rb * static_cast<uint64_t>(m.rows));
   return p;
 }
 
@@ -278,10 +292,7 @@ void repack_weights(DecoderWeights& w, bool mapped) {
   auto one = [&](Weight& x) {
     StoredMatrix& m = x.stored;
     if (m.empty() || !repack_supported(m.type) || m.packed_rows > 0) return;
-    const uint8_t* src = m.data;
-    const size_t bytes = m.row_bytes * static_cast<uint64_t>(m.rows);
-    m = repack_matrix(m, R);
-    if (mapped) drop_mapped(src, bytes);
+    m = repack_matrix(m, R, mapped);
   };
   for (LayerWeights& l : w.layers) {
     for (Weight* x : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) one(*x);

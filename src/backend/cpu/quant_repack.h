@@ -43,7 +43,8 @@ void unpack_group_row(gguf::GgmlType type, int R, const uint8_t* group, int r, i
 
 // A packed copy of m (its row_order applied) with R rows per group, in its own anonymous memory
 // (transparent huge pages asked for). Returns m unchanged for a type without a layout or R <= 0.
-StoredMatrix repack_matrix(const StoredMatrix& m, int R);
+// drop_source: m's bytes are a read-only file mapping whose pages are dropped as they are copied.
+StoredMatrix repack_matrix(const StoredMatrix& m, int R, bool drop_source = false);
 
 // Row n of a matrix in either form, in file format (out: row_bytes bytes).
 void stored_row_bytes(const StoredMatrix& m, int64_t n, uint8_t* out);
