@@ -23,7 +23,7 @@
 //                     group j of Q4_K's qs layout (the low 4 bits of the 6), then qh_j: for h < 2,
 //                     r < R, i < 4: one byte whose bits 2p, 2p+1 are the high 2 bits of element
 //                     32j + 16h + 4p + i. (One stream in order: with ql and qh in two separate
-//                     regions, the kernel read 2.3x slower from DRAM than from cache.)
+//                     regions, the kernel read DRAM 2x slower than the file-order one.)
 #pragma once
 
 #include <cstdint>
