@@ -25,6 +25,11 @@ struct StoredMatrix {
   int64_t rows = 0, cols = 0;
   uint64_t row_bytes = 0;  // cols / block_elements(type) * block_bytes(type)
   std::shared_ptr<const std::vector<int32_t>> row_order;
+  // Set by the CPU backend at load (cpu::repack_weights): the bytes regrouped into its interleaved
+  // layout of `packed_rows` rows per group (backend/cpu/quant_repack.h), held by `packed`; data
+  // then points there and row() is not valid. 0: the stored rows as the file has them.
+  int packed_rows = 0;
+  std::shared_ptr<const void> packed;
 
   bool empty() const { return data == nullptr; }
   const uint8_t* row(int64_t n) const {

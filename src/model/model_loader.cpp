@@ -168,6 +168,7 @@ LoadedModel load_model(const std::string& path, const ProgressFn& progress, cons
   const ModelConfig& c = m.description.config;
   m.weights = load_gguf_weights(file, c, gguf_architecture(*file).gguf_tensor_specs(c), progress,
                                 options.weights == WeightForm::Stored ? options.stored_types : StoredTypeFilter{});
+  if (options.weights == WeightForm::Stored && options.prepare_stored) options.prepare_stored(m.weights, file->on_disk());
   return m;
 }
 

@@ -27,7 +27,8 @@ namespace fdpp::cpu {
 
 // Whether the fast path has kernels for this stored type (else the loader keeps an fp32 Tensor).
 bool stored_supported(gguf::GgmlType type);
-// How to load a model for the fast path: GGUF matrices of the types above stay in the mapped file.
+// How to load a model for the fast path: GGUF matrices of the types above stay in the mapped file,
+// and those with an interleaved layout are repacked for best_isa() (cpu::repack_weights).
 LoadOptions stored_load_options();
 
 enum class Isa { Auto, Scalar, Avx2, Avx512 };
@@ -35,6 +36,8 @@ const char* isa_name(Isa isa);
 // The best implementation this CPU runs (Auto resolved), and whether a given one runs here.
 Isa best_isa();
 bool isa_available(Isa isa);
+// Rows per interleaved group of that ISA's kernels (quant_repack.h); 0: it reads file order only.
+int pack_rows(Isa isa);
 
 // y[M, w.rows] = x[M, w.cols] W^T (+ bias). Throws fdpp::Error (one line) for a type without
 // kernels or a row length that is not whole blocks. isa Auto: best_isa().
