@@ -49,6 +49,12 @@ void block_xfer(GgmlType type, int R, uint8_t* g, uint8_t* row, int r) {
     if (Pack) std::memcpy(gp, rp, n);
     else std::memcpy(rp, gp, n);
   };
+  // Q4_K and Q5_K open alike: d, dmin (2 bytes each) and 12 bytes of scales, as 3 words.
+  auto k_header = [&] {
+    mv(g + 2 * r, row, 2);
+    mv(g + 2 * R + 2 * r, row + 2, 2);
+    for (int w = 0; w < 3; ++w) mv(g + 4 * R + (w * R + r) * 4, row + 4 + 4 * w, 4);
+  };
   switch (type) {
     case GgmlType::Q4_0:
     case GgmlType::Q8_0: {
@@ -64,9 +70,7 @@ void block_xfer(GgmlType type, int R, uint8_t* g, uint8_t* row, int r) {
       break;
     }
     case GgmlType::Q4_K: {
-      mv(g + 2 * r, row, 2);
-      mv(g + 2 * R + 2 * r, row + 2, 2);
-      for (int w = 0; w < 3; ++w) mv(g + 4 * R + (w * R + r) * 4, row + 4 + 4 * w, 4);
+      k_header();
       uint8_t* q = g + 16 * R;
       uint8_t* rq = row + 16;
       if (Pack) {  // the common direction, at load: the 256 nibbles first, then their new order
@@ -82,24 +86,18 @@ void block_xfer(GgmlType type, int R, uint8_t* g, uint8_t* row, int r) {
               q[((j * 4 + p) * R + r) * 4 + i] = static_cast<uint8_t>(v[32 * j + 4 * p + i] | (v[32 * j + 16 + 4 * p + i] << 4));
         break;
       }
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j)  // unpacking (tests, the tied embedding's rows)
         for (int p = 0; p < 4; ++p)
           for (int i = 0; i < 4; ++i) {
-            uint8_t& b = q[((j * 4 + p) * R + r) * 4 + i];
+            const uint8_t b = q[((j * 4 + p) * R + r) * 4 + i];
             const int e0 = 32 * j + 4 * p + i, e1 = e0 + 16;
-            if (Pack) {
-              b = static_cast<uint8_t>(q4k_get(rq, e0) | (q4k_get(rq, e1) << 4));
-            } else {
-              q4k_set(rq, e0, b & 15);
-              q4k_set(rq, e1, b >> 4);
-            }
+            q4k_set(rq, e0, b & 15);
+            q4k_set(rq, e1, b >> 4);
           }
       break;
     }
     case GgmlType::Q5_K: {
-      mv(g + 2 * r, row, 2);
-      mv(g + 2 * R + 2 * r, row + 2, 2);
-      for (int w = 0; w < 3; ++w) mv(g + 4 * R + (w * R + r) * 4, row + 4 + 4 * w, 4);
+      k_header();
       uint8_t* q = g + 16 * R;
       uint8_t* qh = row + 16;
       uint8_t* ql = row + 48;
