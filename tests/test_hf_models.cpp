@@ -12,6 +12,7 @@
 #include <map>
 
 #include "backend/cpu/cpu_runner.h"
+#include "backend/cpu/quant_matmul.h"
 #include "engine/sampler.h"
 #include "fdpp/error.h"
 #include "io/weight_source.h"
@@ -855,6 +856,57 @@ TEST(HfModels, CheckpointsThatContradictConfigJsonAreRejected) {
   }
 }
 
+// Expert configs and checkpoints that disagree are refused with one line naming the field or the
+// tensor; Qwen3-MoE's layer rule is transformers' own.
+TEST(HfModels, ExpertLayersFollowTheConfigAndMismatchesAreRefused) {
+  json q = tiny_llama_json();
+  q["architectures"] = {"Qwen3MoeForCausalLM"};
+  q["model_type"] = "qwen3_moe";
+  q["num_hidden_layers"] = 6;
+  q["num_experts"] = 4;
+  q["num_experts_per_tok"] = 2;
+  q["moe_intermediate_size"] = 16;
+  q["decoder_sparse_step"] = 2;
+  q["mlp_only_layers"] = {3};
+  const ModelConfig c = parse(q).config;
+  EXPECT_EQ(c.architecture, "qwen3moe");
+  EXPECT_FALSE(c.norm_topk_prob);  // Qwen3MoeConfig's default
+  std::vector<bool> moe;
+  for (int i = 0; i < c.n_layers; ++i) moe.push_back(c.is_moe_layer(i));
+  EXPECT_EQ(moe, (std::vector<bool>{false, true, false, false, false, true}));
+
+  json bad = q;
+  bad["num_experts_per_tok"] = 5;
+  EXPECT_ERROR(parse(bad), "num_experts_per_tok = 5 exceeds num_experts = 4");
+  bad = q;
+  bad["mlp_only_layers"] = {6};
+  EXPECT_ERROR(parse(bad), "mlp_only_layers holds 6, not a layer index in [0, 6)");
+  json m = tiny_llama_json();
+  m["architectures"] = {"MixtralForCausalLM"};
+  m["model_type"] = "mixtral";
+  m["num_local_experts"] = 0;
+  EXPECT_ERROR(parse(m), "num_local_experts");
+
+  // A checkpoint with one expert more than config.json says, or one missing.
+  m["num_local_experts"] = 3;
+  const HfConfig h = parse(m);
+  EXPECT_EQ(h.config.n_experts_used, 2);  // MixtralConfig's default
+  const auto specs = hf_tensor_specs(h.config, MemorySource());
+  {
+    MemorySource src("DIR");
+    fill(src, specs);
+    EXPECT_NO_THROW(describe_hf_model(h, src));
+    src.add("model.layers.0.block_sparse_moe.experts.3.w1.weight", {48, 32});
+    EXPECT_ERROR(describe_hf_model(h, src), "belongs to expert 3, but DIR/config.json says the model has 3 experts");
+  }
+  {
+    MemorySource src("DIR");
+    fill(src, specs);
+    src.remove("model.layers.1.block_sparse_moe.experts.2.w2.weight");
+    EXPECT_ERROR(describe_hf_model(h, src), "tensor 'model.layers.1.block_sparse_moe.experts.2.w2.weight' is missing");
+  }
+}
+
 // The whole path through real files: config.json + model.safetensors in a directory, read by
 // describe_model / load_model as `fdpp info` and `fdpp logits` do.
 TEST(HfModels, DirectoryWithSafetensorsLoadsLikeTheInMemorySource) {
@@ -952,6 +1004,29 @@ TEST(HfFixtures, LogitsAndGreedyDecodeMatchTransformers) {
       EXPECT_EQ(m.tokenizer->encode(rendered, false, true), chat["ids"].get<std::vector<int32_t>>()) << rendered;
     }
   }
+}
+
+// The GGUF variants once more through the CPU's stored-weight fast path (WeightForm::Stored: the
+// matrices, stacked experts included, read in place from the file with fp32 activations for
+// their 16-bit types), against transformers.
+TEST(HfFixtures, GgufVariantsThroughTheStoredPathMatchTransformers) {
+  int ran = 0;
+  for (const fs::path& dir : fixture_dirs()) {
+    std::ifstream f(dir / "reference.json");
+    const json ref = json::parse(f);
+    if (!ref.contains("model")) continue;
+    SCOPED_TRACE(dir.filename().string());
+    const LoadedModel m = load_model((dir / ref["model"].get<std::string>()).string(), {}, cpu::stored_load_options());
+    EXPECT_FALSE(m.weights.layers[0].wq.stored.empty());
+    const ModelConfig& c = m.config();
+    const auto ids = ref["ids"].get<std::vector<int32_t>>();
+    const auto expected = test::read_npy((dir / ref["logits"].get<std::string>()).string());
+    const double e = test::nmse(forward_all(c, m.weights, ids), expected.data);
+    std::printf("%-28s stored: logits NMSE %.3e\n", dir.filename().c_str(), e);
+    EXPECT_LE(e, 1e-6);
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "no GGUF fixtures in tests/fixtures/hf/";
 }
 
 }  // namespace

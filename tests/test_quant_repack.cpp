@@ -12,6 +12,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/ops.h"
 #include "backend/cpu/quant_matmul.h"
 #include "backend/cpu/quant_repack.h"
 #include "core/half.h"
@@ -157,6 +158,41 @@ TEST(RepackWeights, RepacksProjectionsAndTheTiedOutputMatrix) {
   cpu::embedding_row(w.tok_embeddings, 49, row.data());
   gguf::dequantize(GgmlType::Q8_0, e.data() + 49 * 34 * (K / 32), expect.data(), K);
   EXPECT_EQ(0, std::memcmp(row.data(), expect.data(), sizeof(float) * K));
+}
+
+// A layer's experts stacked in one stored tensor (a GGUF *_exps): packed as one matrix only when
+// every expert's rows are whole groups, and each expert read as its own matrix either way.
+TEST(RepackWeights, ExpertStacksStayAViewPerExpert) {
+  const cpu::Isa isa = cpu::best_isa();
+  const int R = cpu::pack_rows(isa);
+  if (R == 0) GTEST_SKIP() << "no interleaved kernels on this CPU";
+  const int64_t K = 256, experts = 3;
+  for (const int64_t N : {int64_t{2} * R, int64_t{R} + 4}) {
+    const auto bytes = random_blocks(GgmlType::Q8_0, experts * N, K);
+    DecoderWeights w;
+    w.layers.resize(1);
+    StoredMatrix& stack = w.layers[0].experts_up.stored;
+    stack = make_stored_view(GgmlType::Q8_0, bytes.data(), experts * N, K);
+    stack.matrices = experts;
+    cpu::repack_weights(w, /*mapped=*/false);
+    EXPECT_EQ(stack.packed_rows, N % R == 0 ? R : 0) << "N=" << N;
+    const auto x = test::random_vector(static_cast<size_t>(5 * K));
+    for (int e = 0; e < experts; ++e) {
+      const StoredMatrix one = make_stored_view(GgmlType::Q8_0, bytes.data() + e * N * 34 * (K / 32), N, K);
+      std::vector<float> ref(static_cast<size_t>(5 * N)), out(ref.size(), NAN);
+      cpu::stored_linear(x.data(), 5, one, nullptr, ref.data(), cpu::Isa::Scalar);
+      cpu::expert_linear(x.data(), 5, w.layers[0].experts_up, e, out.data());
+      EXPECT_LE(test::nmse(out, ref), kBound) << "N=" << N << " expert " << e;
+    }
+  }
+  // The fp32 form: expert e is block e of the [experts, N, K] tensor.
+  Weight f32 = Tensor({experts, 8, 32});
+  f32.data = test::random_vector(static_cast<size_t>(f32.numel()));
+  const auto x = test::random_vector(2 * 32);
+  std::vector<float> ref(2 * 8), out(ref.size(), NAN);
+  cpu::linear(x.data(), 2, 32, f32.ptr() + 2 * 8 * 32, 8, nullptr, ref.data());
+  cpu::expert_linear(x.data(), 2, f32, 2, out.data());
+  EXPECT_EQ(out, ref);
 }
 
 }  // namespace

@@ -71,6 +71,12 @@ Weight* weight_slot(DecoderWeights& w, WeightSlot s, int layer) {
       return &l.w_up;
     case WeightSlot::WDown:
       return &l.w_down;
+    case WeightSlot::ExpertsGate:
+      return &l.experts_gate;
+    case WeightSlot::ExpertsUp:
+      return &l.experts_up;
+    case WeightSlot::ExpertsDown:
+      return &l.experts_down;
     default:
       return nullptr;
   }
@@ -123,18 +129,22 @@ DecoderWeights load_gguf_weights(std::shared_ptr<const gguf::GgufFile> file, con
     return t;
   };
   // A weight matrix: a view into the mapping when asked for and the fast path has kernels for its
-  // type (nothing is read now: pages come in as the first forward touches them), else fp32.
+  // type (nothing is read now: pages come in as the first forward touches them), else fp32. A
+  // stack of experts' matrices [experts, rows, cols] is viewed as one of experts * rows rows.
   bool any_stored = false;
   auto load_matrix = [&](const GgufTensorSpec& spec) {
     Weight w;
     const auto* info = f.find_tensor(spec.name);
-    if (stored_types && info != nullptr && stored_types(info->type) && spec.shape.size() == 2) {
+    if (stored_types && info != nullptr && stored_types(info->type) &&
+        (spec.shape.size() == 2 || (spec.shape.size() == 3 && is_expert_slot(spec.slot)))) {
       find_gguf_tensor(f, spec);
       const auto bytes = f.tensor_bytes(*info);
-      w.stored = make_stored_view(info->type, bytes.data(), spec.shape[0], spec.shape[1]);
-      check(w.stored.row_bytes * static_cast<uint64_t>(spec.shape[0]) == bytes.size(),
+      const int64_t cols = spec.shape.back(), rows = Tensor::numel_of(spec.shape) / cols;
+      w.stored = make_stored_view(info->type, bytes.data(), rows, cols);
+      if (spec.shape.size() == 3) w.stored.matrices = spec.shape[0];
+      check(w.stored.row_bytes * static_cast<uint64_t>(rows) == bytes.size(),
             "{}: tensor '{}' holds {} bytes, expected {}", f.path(), spec.name, bytes.size(),
-            w.stored.row_bytes * static_cast<uint64_t>(spec.shape[0]));
+            w.stored.row_bytes * static_cast<uint64_t>(rows));
       any_stored = true;
       done += info->n_elements;
       if (progress) progress(static_cast<double>(done) / static_cast<double>(total));

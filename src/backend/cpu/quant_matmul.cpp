@@ -417,6 +417,25 @@ void linear(const float* x, int64_t M, const Weight& w, const float* bias, float
   cpu::linear(x, M, w.shape[1], w.ptr(), w.shape[0], bias, y);
 }
 
+void expert_linear(const float* x, int64_t M, const Weight& stack, int expert, float* y) {
+  if (!stack.stored.empty()) {
+    const StoredMatrix& s = stack.stored;
+    check(expert >= 0 && expert < s.matrices && s.row_order == nullptr, "expert {} of a stack of {}", expert,
+          s.matrices);
+    StoredMatrix one = s;
+    one.rows = s.rows / s.matrices;
+    one.matrices = 1;
+    // Whole groups when packed (repack_weights packs a stack only so), file rows otherwise.
+    one.data = s.data + static_cast<uint64_t>(expert) * static_cast<uint64_t>(one.rows) * s.row_bytes;
+    stored_linear(x, M, one, nullptr, y);
+    return;
+  }
+  check(stack.shape.size() == 3 && expert >= 0 && expert < stack.shape[0], "expert {} of a stack of shape {}",
+        expert, shape_string(stack.shape));
+  const int64_t N = stack.shape[1], K = stack.shape[2];
+  cpu::linear(x, M, K, stack.ptr() + expert * N * K, N, nullptr, y);
+}
+
 void embedding_row(const Weight& w, int64_t row, float* out) {
   if (!w.stored.empty()) {
     check(row >= 0 && row < w.stored.rows, "embedding row {} is out of range [0, {})", row, w.stored.rows);

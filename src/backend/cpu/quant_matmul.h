@@ -48,6 +48,10 @@ void stored_linear(const float* x, int64_t M, const StoredMatrix& w, const float
 // a stored view, else the fp32 reference cpu::linear(x, M, K, w.ptr(), N, bias, y).
 void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y);
 
+// The same for expert `expert` of a stacked weight (LayerWeights::experts_*: [n_experts, N, K] in
+// fp32, or a stored view of n_experts matrices), without a bias.
+void expert_linear(const float* x, int64_t M, const Weight& stack, int expert, float* y);
+
 // Row `row` of an embedding matrix in either form, as fp32 (out has cols floats).
 void embedding_row(const Weight& w, int64_t row, float* out);
 

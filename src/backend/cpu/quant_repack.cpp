@@ -292,11 +292,16 @@ void repack_weights(DecoderWeights& w, bool mapped) {
   auto one = [&](Weight& x) {
     StoredMatrix& m = x.stored;
     if (m.empty() || !repack_supported(m.type) || m.packed_rows > 0) return;
+    // A stack of experts is packed as one matrix only where each expert starts a group, so that
+    // an expert's rows stay a view of whole groups.
+    if (m.matrices > 1 && (m.rows / m.matrices) % R != 0) return;
     sources.emplace_back(m.data, m.row_bytes * static_cast<uint64_t>(m.rows));
     m = repack_matrix(m, R, mapped);
   };
   for (LayerWeights& l : w.layers) {
-    for (Weight* x : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) one(*x);
+    for (Weight* x : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.experts_gate, &l.experts_up,
+                      &l.experts_down})
+      one(*x);
   }
   // The output matrix: the embeddings themselves when tied (embedding_row unpacks its rows); an
   // untied embedding table stays mapped, read a row per token.
