@@ -18,7 +18,7 @@
 //   qwen3.cpp   Qwen3ForCausalLM (qwen3): Qwen3 dense                 qwen3
 //   gemma.cpp   Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM        -
 //               (gemma3_text): Gemma 2, Gemma 3 text
-//   phi3.cpp    Phi3ForCausalLM (phi3): Phi-3, Phi-3.5, Phi-4          -
+//   phi3.cpp    Phi3ForCausalLM (phi3): Phi-3, Phi-3.5, Phi-4          phi3
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
