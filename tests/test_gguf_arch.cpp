@@ -1,6 +1,7 @@
 // GGUF metadata -> ModelConfig for the architectures whose llama.cpp files carry more than the
-// Llama layout's keys (Phi-3), on metadata-only files written here: the rules the tiny converted
-// fixtures cannot reach and the one-line refusals. Whole converted models are checked against transformers
+// Llama layout's keys (Gemma 2 and 3, Phi-3), on metadata-only files written here: the rules the
+// tiny converted fixtures cannot reach (llama.cpp's 27B attention scale, soft-cap defaults, layer
+// patterns) and the one-line refusals. Whole converted models are checked against transformers
 // in test_hf_models.cpp (HfFixtures) and against their HF directories in test_weight_plan.cpp.
 #include <gtest/gtest.h>
 
@@ -50,6 +51,89 @@ std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
   std::vector<uint8_t> b(v.size() * 4);
   std::memcpy(b.data(), v.data(), b.size());
   return b;
+}
+
+TEST(GgufArch, Gemma2) {
+  const ModelConfig c = config_of("gemma2", 3, [](GgufWriter& w) { w.kv_u32("gemma2.attention.sliding_window", 8); });
+  EXPECT_EQ(c.architecture, "gemma2");
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.activation, Activation::GeGLU);
+  EXPECT_TRUE(c.sandwich_norm);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_FALSE(c.has_local_rope);
+  EXPECT_DOUBLE_EQ(c.embed_scale, 8.0);
+  EXPECT_DOUBLE_EQ(c.attention_scale(), 1.0 / std::sqrt(32.0));  // head_dim, not hidden / heads
+  EXPECT_EQ(c.layer_windows, (std::vector<int>{8, 0, 8}));       // every even layer is local
+  // llama.cpp's defaults when the converter's keys are absent: Gemma 2's released caps.
+  EXPECT_DOUBLE_EQ(c.attn_softcap, 50.0);
+  EXPECT_DOUBLE_EQ(c.final_softcap, 30.0);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 10000.0);
+
+  const ModelConfig capped = config_of("gemma2", 2, [](GgufWriter& w) {
+    w.kv_f32("gemma2.attn_logit_softcapping", 1.5f).kv_f32("gemma2.final_logit_softcapping", 2.0f);
+  });
+  EXPECT_DOUBLE_EQ(capped.attn_softcap, 1.5);
+  EXPECT_DOUBLE_EQ(capped.final_softcap, 2.0);
+  EXPECT_TRUE(capped.layer_windows.empty());  // no window key: every layer global
+
+  // Gemma 2 27B (46 layers) scales by hidden / heads: its query_pre_attn_scalar.
+  EXPECT_DOUBLE_EQ(config_of("gemma2", 46).attention_scale(), 1.0 / std::sqrt(16.0));
+}
+
+TEST(GgufArch, Gemma3) {
+  const ModelConfig c = config_of("gemma3", 7, [](GgufWriter& w) {
+    w.kv_u32("gemma3.attention.sliding_window", 4).kv_f32("gemma3.rope.freq_base", 1e6f);
+    w.kv_string("gemma3.rope.scaling.type", "linear").kv_f32("gemma3.rope.scaling.factor", 8.0f);
+  });
+  EXPECT_EQ(c.architecture, "gemma3");
+  EXPECT_TRUE(c.qk_norm && c.sandwich_norm && c.has_local_rope);
+  EXPECT_EQ(c.layer_windows, (std::vector<int>{4, 4, 4, 4, 4, 0, 4}));  // every 6th layer global
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e6);
+  EXPECT_EQ(c.rope.scaling, RopeScaling::Linear);
+  EXPECT_DOUBLE_EQ(c.rope.factor, 8.0);
+  EXPECT_DOUBLE_EQ(c.local_rope.theta, 10000.0);  // llama.cpp's local base without the key
+  EXPECT_EQ(c.local_rope.scaling, RopeScaling::None);
+  EXPECT_EQ(c.local_rope.rotary_dim, 32);
+  EXPECT_EQ(c.attn_softcap, 0.0);
+  EXPECT_EQ(c.final_softcap, 0.0);
+  EXPECT_DOUBLE_EQ(c.attention_scale(), 1.0 / std::sqrt(32.0));
+  EXPECT_DOUBLE_EQ(config_of("gemma3", 62).attention_scale(), 1.0 / std::sqrt(16.0));  // 27B
+  EXPECT_TRUE(config_of("gemma3", 6).layer_windows.empty());
+
+  const ModelConfig period = config_of("gemma3", 4, [](GgufWriter& w) {
+    w.kv_u32("gemma3.attention.sliding_window", 5).kv_u32("gemma3.attention.sliding_window_pattern", 2);
+    w.kv_f32("gemma3.rope.freq_base_swa", 100.f).kv_f32("gemma3.final_logit_softcapping", 30.f);
+  });
+  EXPECT_EQ(period.layer_windows, (std::vector<int>{5, 0, 5, 0}));
+  EXPECT_DOUBLE_EQ(period.local_rope.theta, 100.0);
+  EXPECT_DOUBLE_EQ(period.final_softcap, 30.0);
+
+  const ModelConfig flags = config_of("gemma3", 3, [](GgufWriter& w) {
+    w.kv_u32("gemma3.attention.sliding_window", 5);
+    w.kv_array("gemma3.attention.sliding_window_pattern", ValueType::BOOL, std::vector<int>{0, 1, 1});
+  });
+  EXPECT_EQ(flags.layer_windows, (std::vector<int>{0, 5, 5}));
+}
+
+TEST(GgufArch, GemmaRefusals) {
+  EXPECT_ONE_LINE_ERROR(
+      config_of("gemma3", 3,
+                [](GgufWriter& w) {
+                  w.kv_u32("gemma3.attention.sliding_window", 5);
+                  w.kv_array("gemma3.attention.sliding_window_pattern", ValueType::BOOL, std::vector<int>{1, 0});
+                }),
+      "gemma3.attention.sliding_window_pattern has 2 entries for block_count = 3 layers");
+  EXPECT_ONE_LINE_ERROR(
+      config_of("gemma3", 2,
+                [](GgufWriter& w) {
+                  w.kv_u32("gemma3.attention.sliding_window", 5);
+                  w.kv_array("gemma3.attention.sliding_window_pattern", ValueType::F32, std::vector<float>{1, 0});
+                }),
+      "must be a period or one BOOL per layer");
+  EXPECT_ONE_LINE_ERROR(config_of("gemma2", 2, [](GgufWriter& w) { w.kv_f32("gemma2.attn_logit_softcapping", -1.f); }),
+                        "soft-capping values must be positive");
+  EXPECT_ONE_LINE_ERROR(config_of("gemma3", 2, [](GgufWriter& w) { w.kv_f32("gemma3.rope.freq_base_swa", 0.f); }),
+                        "gemma3.rope.freq_base_swa = 0 must be positive");
 }
 
 // Phi-3 128K's shape: head_dim 16 here (hidden 64 / 4 heads) with a partial rotary of 12.

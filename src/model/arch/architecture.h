@@ -16,7 +16,7 @@
 //   chatglm.cpp ChatGLMModel (chatglm), ChatGLMForConditionalGeneration -
 //   qwen2.cpp   Qwen2ForCausalLM (qwen2): Qwen2, Qwen2.5              qwen2
 //   qwen3.cpp   Qwen3ForCausalLM (qwen3): Qwen3 dense                 qwen3
-//   gemma.cpp   Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM        -
+//   gemma.cpp   Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM        gemma2, gemma3
 //               (gemma3_text): Gemma 2, Gemma 3 text
 //   phi3.cpp    Phi3ForCausalLM (phi3): Phi-3, Phi-3.5, Phi-4          phi3
 #pragma once
