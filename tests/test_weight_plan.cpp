@@ -2,7 +2,8 @@
 // give exactly the fp32 weights of the CPU loaders (same slots, shapes and bits) for every HF
 // fixture (Llama, Mistral, OPT with its prefixes, ChatGLM2's fused q/k/v and gate/up split by
 // rows, safetensors and .bin, F32/F16/BF16), for a GGUF of every stored type (q/k rows permuted
-// back), for a Qwen2 GGUF (q/k rows as stored) and for Phi-3's fused tensors split by rows.
+// back), for a Qwen2 GGUF (q/k rows as stored), Phi-3 GGUFs (fused tensors split by rows) and Gemma
+// GGUFs (norms stored as 1 + w).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -130,6 +131,78 @@ TEST(WeightPlan, Qwen2GgufKeepsQAndKRowsInPlace) {
   expect_same_weights(materialize_plan(planned.plan, c), loaded.weights, c.n_layers);
   const LoadedModel hf = load_model(test::fixture("hf/qwen2_tied_gqa_bf16"));
   expect_same_weights(loaded.weights, hf.weights, c.n_layers);
+}
+
+// llama.cpp keeps Phi-3's q/k/v in one attn_qkv and gate/up in one ffn_up: each slot is a row
+// range of the file's tensor, in the plan (consecutive bytes of one tensor), in the fp32 load and
+// in the stored views; all give the weights of the directory the file was converted from, and the
+// description counts a fused tensor once.
+TEST(WeightPlan, Phi3GgufFusedTensorsSplitByRows) {
+  for (const auto& [gguf_name, hf_name] : {std::pair{"phi3_longrope_gqa_gguf", "phi3_longrope_gqa_bf16"},
+                                           std::pair{"phi3_partial_window_gguf", "phi3_partial_window_f16"}}) {
+    SCOPED_TRACE(gguf_name);
+    const fs::path dir = test::fixture("hf");
+    const std::string path = (dir / gguf_name / "model.gguf").string();
+    if (!fs::exists(path)) GTEST_SKIP() << "no Phi-3 GGUF fixture";
+    const std::string hf_dir = (dir / hf_name).string();
+    const LoadedModel loaded = load_model(path);
+    const PlannedModel planned = plan_model(path);
+    const ModelConfig& c = planned.config();
+    const int64_t row = static_cast<int64_t>(c.hidden) * 2;  // bytes of one row (F16 / BF16)
+    for (int l = 0; l < c.n_layers; ++l) {
+      const PlannedTensor* q = planned.plan.find(WeightSlot::Wq, l);
+      const PlannedTensor* k = planned.plan.find(WeightSlot::Wk, l);
+      const PlannedTensor* v = planned.plan.find(WeightSlot::Wv, l);
+      const PlannedTensor* gate = planned.plan.find(WeightSlot::WGate, l);
+      const PlannedTensor* up = planned.plan.find(WeightSlot::WUp, l);
+      ASSERT_TRUE(q && k && v && gate && up);
+      EXPECT_EQ(q->src.name, fmt::format("blk.{}.attn_qkv.weight", l));
+      EXPECT_EQ(v->src.name, q->src.name);
+      EXPECT_EQ(k->src.data, q->src.data + c.q_dim() * row);
+      EXPECT_EQ(v->src.file_offset, k->src.file_offset + static_cast<uint64_t>(c.kv_dim() * row));
+      EXPECT_EQ(v->src.n_bytes, static_cast<uint64_t>(c.kv_dim() * row));
+      EXPECT_EQ(up->src.name, gate->src.name);
+      EXPECT_EQ(up->src.data, gate->src.data + c.ffn_hidden * row);
+    }
+    expect_same_weights(materialize_plan(planned.plan, c), loaded.weights, c.n_layers);
+    const LoadedModel hf = load_model(hf_dir);
+    expect_same_weights(loaded.weights, hf.weights, c.n_layers);
+    // The stored views are the same rows: k's view starts q_dim rows into attn_qkv, on the bytes
+    // the plan names.
+    const LoadedModel stored =
+        load_model(path, {}, LoadOptions{WeightForm::Stored, [](gguf::GgmlType) { return true; }});
+    const StoredMatrix& wq = stored.weights.layers.at(1).wq.stored;
+    const StoredMatrix& wk = stored.weights.layers.at(1).wk.stored;
+    ASSERT_FALSE(wk.empty() || wq.empty());
+    EXPECT_EQ(wk.rows, c.kv_dim());
+    EXPECT_EQ(wk.row(0), wq.row(0) + c.q_dim() * row);
+    EXPECT_EQ(std::memcmp(wk.row(0), planned.plan.find(WeightSlot::Wk, 1)->src.data, wk.row_bytes * wk.rows), 0);
+    const ModelDescription gguf_description = describe_model(path), hf_description = describe_model(hf_dir);
+    EXPECT_EQ(gguf_description.n_params, hf_description.n_params);
+    EXPECT_EQ(gguf_description.tensors.size(), hf_description.tensors.size());
+  }
+}
+
+// Gemma's converter stores every norm weight as 1 + w: loaded as it is, it gives the HF directory's
+// weights (whose loader adds the 1) bit for bit, as the converter adds it in fp32 to a bf16 w.
+TEST(WeightPlan, GemmaGgufNormsHoldOnePlusW) {
+  for (const auto& [gguf_name, hf_name] : {std::pair{"gemma2_tied_gqa_gguf", "gemma2_tied_gqa_bf16"},
+                                           std::pair{"gemma3_tied_6layer_gguf", "gemma3_tied_6layer_bf16"}}) {
+    SCOPED_TRACE(gguf_name);
+    const fs::path dir = test::fixture("hf");
+    const std::string path = (dir / gguf_name / "model.gguf").string();
+    if (!fs::exists(path)) GTEST_SKIP() << "no Gemma GGUF fixture";
+    const LoadedModel loaded = load_model(path);
+    const PlannedModel planned = plan_model(path);
+    const ModelConfig& c = planned.config();
+    for (const PlannedTensor& p : planned.plan.tensors) {
+      EXPECT_EQ(p.permute_heads, 0) << p.src.name;
+      EXPECT_EQ(p.add, 0.f) << p.src.name;
+    }
+    expect_same_weights(materialize_plan(planned.plan, c), loaded.weights, c.n_layers);
+    expect_same_weights(loaded.weights, load_model((dir / hf_name).string()).weights, c.n_layers);
+    EXPECT_EQ(describe_model(path).n_params, describe_model((dir / hf_name).string()).n_params);
+  }
 }
 
 // Phi-3's fused tensors in quantized types (as llama.cpp's quantizer leaves them: whole rows of
