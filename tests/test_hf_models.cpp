@@ -3,8 +3,8 @@
 // in-memory WeightSource and over real files written here, and - when tests/fixtures/hf/ holds them
 // (made by tests/fixtures/hf/make_hf_fixtures.py) - logits of every position (NMSE <= 1e-6) and a
 // 16-token greedy continuation (identical ids) against HF transformers in fp32, for each directory
-// and for the GGUF files converted from them, with the text's ids and the chat template's
-// renderings where the fixture has them.
+// and for the GGUF files converted from them (fp32 weights and the CPU fast path's stored views),
+// with the text's ids and the chat template's renderings where the fixture has them.
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -961,31 +961,46 @@ TEST(HfFixtures, LogitsAndGreedyDecodeMatchTransformers) {
     std::ifstream f(dir / "reference.json");
     const json ref = json::parse(f);
     // A GGUF variant names its file; the others are the directory itself.
-    const LoadedModel m = load_model(ref.contains("model") ? (dir / ref["model"].get<std::string>()).string()
-                                                           : dir.string());
+    const bool gguf = ref.contains("model");
+    const std::string path = gguf ? (dir / ref["model"].get<std::string>()).string() : dir.string();
+    const LoadedModel m = load_model(path);
     const ModelConfig& c = m.config();
     const auto ids = ref["ids"].get<std::vector<int32_t>>();
     const auto expected = test::read_npy((dir / ref["logits"].get<std::string>()).string());
     ASSERT_EQ(expected.shape, (std::vector<int64_t>{static_cast<int64_t>(ids.size()), c.vocab_size}));
-    const auto logits = forward_all(c, m.weights, ids);
-    const double e = test::nmse(logits, expected.data);
-    std::printf("%-28s %-12s %s: logits NMSE %.3e\n", dir.filename().c_str(), m.description.format.c_str(),
-                c.architecture.c_str(), e);
-    EXPECT_LE(e, 1e-6);
-
-    // Greedy: prefill the prompt, then one token at a time through the KV cache.
     const auto prompt = ref["prompt"].get<std::vector<int32_t>>();
     const auto greedy = ref["greedy"].get<std::vector<int32_t>>();
-    CpuRunner runner(c, m.weights, static_cast<int>(prompt.size() + greedy.size()));
-    std::vector<float> last(c.vocab_size);
-    runner.forward(prompt, 0, false, last);
-    std::vector<int32_t> ours;
-    for (size_t i = 0; i < greedy.size(); ++i) {
-      ours.push_back(argmax(last));
-      if (i + 1 < greedy.size())
-        runner.forward(std::span<const int32_t>(&ours.back(), 1), static_cast<int>(prompt.size() + i), false, last);
+
+    // fp32 weights, and for a GGUF also the CPU fast path's stored views into the file (its
+    // F16/BF16 kernels accumulate in fp32 like the reference path).
+    std::vector<std::pair<const char*, const LoadedModel*>> forms{{"f32", &m}};
+    LoadedModel stored;
+    if (gguf) {
+      stored = load_model(path, {}, cpu::stored_load_options());
+      EXPECT_FALSE(stored.weights.layers.at(0).wq.stored.empty());
+      EXPECT_TRUE(stored.weights.layers.at(0).wq.empty());  // no fp32 copy
+      forms.emplace_back("stored", &stored);
     }
-    EXPECT_EQ(ours, greedy);
+    for (const auto& [form, model] : forms) {
+      SCOPED_TRACE(form);
+      const auto logits = forward_all(c, model->weights, ids);
+      const double e = test::nmse(logits, expected.data);
+      std::printf("%-28s %-12s %-7s %s: logits NMSE %.3e\n", dir.filename().c_str(), m.description.format.c_str(), form,
+                  c.architecture.c_str(), e);
+      EXPECT_LE(e, 1e-6);
+
+      // Greedy: prefill the prompt, then one token at a time through the KV cache.
+      CpuRunner runner(c, model->weights, static_cast<int>(prompt.size() + greedy.size()));
+      std::vector<float> last(c.vocab_size);
+      runner.forward(prompt, 0, false, last);
+      std::vector<int32_t> ours;
+      for (size_t i = 0; i < greedy.size(); ++i) {
+        ours.push_back(argmax(last));
+        if (i + 1 < greedy.size())
+          runner.forward(std::span<const int32_t>(&ours.back(), 1), static_cast<int>(prompt.size() + i), false, last);
+      }
+      EXPECT_EQ(ours, greedy);
+    }
 
     if (ref.contains("text")) {
       ASSERT_NE(m.tokenizer, nullptr);
@@ -1004,29 +1019,6 @@ TEST(HfFixtures, LogitsAndGreedyDecodeMatchTransformers) {
       EXPECT_EQ(m.tokenizer->encode(rendered, false, true), chat["ids"].get<std::vector<int32_t>>()) << rendered;
     }
   }
-}
-
-// The GGUF variants once more through the CPU's stored-weight fast path (WeightForm::Stored: the
-// matrices, stacked experts included, read in place from the file with fp32 activations for
-// their 16-bit types), against transformers.
-TEST(HfFixtures, GgufVariantsThroughTheStoredPathMatchTransformers) {
-  int ran = 0;
-  for (const fs::path& dir : fixture_dirs()) {
-    std::ifstream f(dir / "reference.json");
-    const json ref = json::parse(f);
-    if (!ref.contains("model")) continue;
-    SCOPED_TRACE(dir.filename().string());
-    const LoadedModel m = load_model((dir / ref["model"].get<std::string>()).string(), {}, cpu::stored_load_options());
-    EXPECT_FALSE(m.weights.layers[0].wq.stored.empty());
-    const ModelConfig& c = m.config();
-    const auto ids = ref["ids"].get<std::vector<int32_t>>();
-    const auto expected = test::read_npy((dir / ref["logits"].get<std::string>()).string());
-    const double e = test::nmse(forward_all(c, m.weights, ids), expected.data);
-    std::printf("%-28s stored: logits NMSE %.3e\n", dir.filename().c_str(), e);
-    EXPECT_LE(e, 1e-6);
-    ++ran;
-  }
-  if (ran == 0) GTEST_SKIP() << "no GGUF fixtures in tests/fixtures/hf/";
 }
 
 }  // namespace

@@ -18,9 +18,9 @@
 //   qwen2.cpp   Qwen2ForCausalLM (qwen2): Qwen2, Qwen2.5              qwen2
 //   qwen3.cpp   Qwen3ForCausalLM (qwen3): Qwen3 dense,                qwen3, qwen3moe
 //               Qwen3MoeForCausalLM (qwen3_moe): Qwen3-MoE
-//   gemma.cpp   Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM        -
+//   gemma.cpp   Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM        gemma2, gemma3
 //               (gemma3_text): Gemma 2, Gemma 3 text
-//   phi3.cpp    Phi3ForCausalLM (phi3): Phi-3, Phi-3.5, Phi-4          -
+//   phi3.cpp    Phi3ForCausalLM (phi3): Phi-3, Phi-3.5, Phi-4          phi3
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
