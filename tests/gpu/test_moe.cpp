@@ -1,0 +1,181 @@
+// The mixture-of-experts kernels (src/backend/cuda/moe.h) against the CPU reference
+// (cpu::route_experts, then each pick's expert as fp32 products of the same 16-bit inputs): the
+// routing pick for pick, and whole layers whose router logits are built so that the experts get
+// chosen counts of tokens: 0 (an idle expert), 1, 7, 8, 9 and 300 (around the 8-row tile), all
+// tokens to one expert, and exact ties. fp16 and bf16; outputs poisoned before each launch.
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/moe.h"
+#include "gpu/gpu_test_util.h"
+
+namespace fdpp::test {
+namespace {
+
+constexpr DType kTypes[] = {DType::F16, DType::BF16};
+
+// The routing buffers of moe.h for steps of up to max_tokens.
+struct Routing {
+  cuda::MoeRoutingSizes sizes;
+  DeviceBuffer<int32_t> pick_expert, pick_row, row_token, tile_expert;
+  DeviceBuffer<float> pick_weight;
+  cuda::MoeRouting r;
+
+  Routing(int max_tokens, int k, int experts)
+      : sizes(cuda::moe_routing_sizes(max_tokens, k, experts)), pick_expert(sizes.picks), pick_row(sizes.picks),
+        row_token(sizes.rows), tile_expert(sizes.tiles), pick_weight(sizes.picks) {
+    for (auto* b : {&pick_expert, &pick_row, &row_token, &tile_expert}) b->poison();
+    pick_weight.poison();
+    r = {pick_expert.get(), pick_weight.get(), pick_row.get(), row_token.get(), tile_expert.get()};
+  }
+};
+
+TEST_F(CudaKernels, MoeRouteMatchesTheCpuPicks) {
+  for (int experts : {4, 8, 64, 128, 200}) {
+    for (int k : {1, 2, 8}) {
+      if (k > experts) continue;
+      for (bool normalize : {false, true}) {
+        const int n = 37;
+        std::vector<float> logits = random_vector(static_cast<size_t>(n) * experts, 2.f);
+        // Token 0: every logit equal (ties everywhere); token 1: a tie for the last pick.
+        std::fill(logits.begin(), logits.begin() + experts, 0.5f);
+        for (int e = 0; e < experts; ++e) logits[experts + e] = e < k + 1 ? 3.f : -1.f;
+        std::vector<int32_t> ref_e(static_cast<size_t>(n) * k);
+        std::vector<float> ref_w(ref_e.size());
+        cpu::route_experts(logits.data(), n, experts, k, normalize, ref_e.data(), ref_w.data());
+        DeviceBuffer<float> d_logits(logits);
+        Routing rt(n, k, experts);
+        cuda::moe_route(d_logits.get(), n, experts, k, normalize, rt.r, nullptr);
+        sync("moe_route");
+        const std::string what = "moe_route E=" + std::to_string(experts) + " k=" + std::to_string(k) +
+                                 (normalize ? " normalized" : "");
+        EXPECT_EQ(rt.pick_expert.download(), ref_e) << what;
+        const auto w = rt.pick_weight.download();
+        for (size_t i = 0; i < w.size(); ++i) ASSERT_NEAR(w[i], ref_w[i], 1e-5f * std::max(1.f, ref_w[i])) << what;
+        // The ties went to the lowest experts, in order.
+        for (int j = 0; j < k; ++j) EXPECT_EQ(rt.pick_expert.download()[j], j) << what;
+      }
+    }
+  }
+}
+
+// Router logits that make token t pick exactly the experts of picks[t] (best first).
+std::vector<float> logits_for(const std::vector<std::vector<int>>& picks, int experts) {
+  std::vector<float> l(picks.size() * experts);
+  std::uniform_real_distribution<float> low(-1.f, 0.f);
+  for (size_t t = 0; t < picks.size(); ++t) {
+    for (int e = 0; e < experts; ++e) l[t * experts + e] = low(rng());
+    for (size_t j = 0; j < picks[t].size(); ++j) l[t * experts + picks[t][j]] = 4.f - 0.5f * float(j);
+  }
+  return l;
+}
+
+// A whole expert layer for these picks: GPU kernels against the fp32 reference.
+void check_layer(const std::vector<std::vector<int>>& picks, int experts, int H, int FE, bool normalize, DType t,
+                 const std::string& what) {
+  const int n = static_cast<int>(picks.size()), k = static_cast<int>(picks[0].size());
+  const int max_tokens = n + 3;  // buffers sized for a larger step, as a captured graph's are
+  const std::vector<float> logits = logits_for(picks, experts);
+  std::vector<float> x, wg, wu, wd;
+  const auto bx = random_bits(size_t(n) * H, t, x);
+  const auto bg = random_bits(size_t(experts) * FE * H, t, wg, 0.2f);
+  const auto bu = random_bits(size_t(experts) * FE * H, t, wu, 0.2f);
+  const auto bd = random_bits(size_t(experts) * H * FE, t, wd, 0.2f);
+
+  // Reference: every pick's expert in fp32 from the same rounded values.
+  std::vector<int32_t> re(size_t(n) * k);
+  std::vector<float> rw(re.size());
+  cpu::route_experts(logits.data(), n, experts, k, normalize, re.data(), rw.data());
+  for (int tok = 0; tok < n; ++tok)
+    for (int j = 0; j < k; ++j) ASSERT_EQ(re[size_t(tok) * k + j], picks[tok][j]) << what << ": logits_for is wrong";
+  std::vector<float> ref(size_t(n) * H, 0.f), g(FE), u(FE), y(H);
+  for (int tok = 0; tok < n; ++tok)
+    for (int j = 0; j < k; ++j) {
+      const int e = re[size_t(tok) * k + j];
+      cpu::linear(&x[size_t(tok) * H], 1, H, &wg[size_t(e) * FE * H], FE, nullptr, g.data());
+      cpu::linear(&x[size_t(tok) * H], 1, H, &wu[size_t(e) * FE * H], FE, nullptr, u.data());
+      cpu::silu_mul(g.data(), u.data(), FE, u.data());
+      cpu::linear(u.data(), 1, FE, &wd[size_t(e) * H * FE], H, nullptr, y.data());
+      for (int i = 0; i < H; ++i) ref[size_t(tok) * H + i] += rw[size_t(tok) * k + j] * y[i];
+    }
+
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<uint16_t> d_x(bx), d_g(bg), d_u(bu), d_d(bd);
+  Routing rt(max_tokens, k, experts);
+  DeviceBuffer<uint16_t> act(size_t(rt.sizes.rows) * FE), down(size_t(rt.sizes.rows) * H), out(size_t(n) * H);
+  act.poison();
+  down.poison();
+  out.poison();
+  cuda::moe_route(d_logits.get(), n, experts, k, normalize, rt.r, nullptr);
+  cuda::moe_align(n, k, experts, max_tokens, rt.r, nullptr);
+  cuda::moe_grouped_swiglu(d_x.get(), d_g.get(), d_u.get(), act.get(), H, FE, experts, max_tokens, k, rt.r, t,
+                           nullptr);
+  cuda::moe_grouped_linear(act.get(), d_d.get(), down.get(), FE, H, experts, max_tokens, k, rt.r, t, nullptr);
+  cuda::moe_combine(down.get(), n, k, H, rt.r, out.get(), t, nullptr);
+  sync("moe layer " + what);
+
+  // The tile schedule: each expert's picks in whole tiles of its own, nothing else.
+  std::vector<int> count(experts, 0);
+  for (const auto& p : picks)
+    for (int e : p) ++count[e];
+  const auto tiles = rt.tile_expert.download();
+  for (int e = 0; e < experts; ++e)
+    EXPECT_EQ(std::count(tiles.begin(), tiles.end(), e), (count[e] + cuda::kMoeTileRows - 1) / cuda::kMoeTileRows)
+        << what << " expert " << e;
+  const auto rows = rt.pick_row.download(), row_token = rt.row_token.download();
+  std::vector<int32_t> sorted_rows(rows.begin(), rows.end());
+  std::sort(sorted_rows.begin(), sorted_rows.end());
+  EXPECT_TRUE(std::adjacent_find(sorted_rows.begin(), sorted_rows.end()) == sorted_rows.end()) << what;
+  for (size_t p = 0; p < rows.size(); ++p) {
+    EXPECT_EQ(row_token[rows[p]], static_cast<int32_t>(p / k)) << what;
+    EXPECT_EQ(tiles[rows[p] / cuda::kMoeTileRows], re[p]) << what;
+  }
+
+  expect_close(from_bits(out.download(), t), ref, Tolerance{5e-4}, "moe_layer " + what);
+}
+
+TEST_F(CudaKernels, MoeLayerMatchesTheCpuForEveryTokenCount) {
+  // Expert e gets counts[e] tokens as first pick; the second pick cycles over the others.
+  const std::vector<int> counts{0, 1, 7, 8, 9, 300, 0, 2};
+  const int experts = static_cast<int>(counts.size());
+  for (DType t : kTypes) {
+    for (int k : {1, 2}) {
+      std::vector<std::vector<int>> picks;
+      for (int e = 0; e < experts; ++e)
+        for (int c = 0; c < counts[e]; ++c) {
+          std::vector<int> p{e};
+          if (k == 2) p.push_back((e + 1 + c % (experts - 1)) % experts);
+          picks.push_back(p);
+        }
+      std::shuffle(picks.begin(), picks.end(), rng());
+      for (bool normalize : {true, false})
+        check_layer(picks, experts, 64, 48, normalize, t,
+                    std::string(name(t)) + " k=" + std::to_string(k) + (normalize ? " normalized" : ""));
+    }
+  }
+}
+
+TEST_F(CudaKernels, MoeLayerAllTokensToOneExpertAndOddWidths) {
+  for (DType t : kTypes) {
+    // Every token to expert 5 (one expert's tiles only), hidden and expert widths off the 8-element
+    // vector path.
+    std::vector<std::vector<int>> one(37, std::vector<int>{5});
+    check_layer(one, 6, 60, 36, true, t, std::string(name(t)) + " all to one, scalar path");
+    // Qwen3-MoE's shape of routing, scaled down: 64 experts, 8 per token, decode-sized batches.
+    for (int n : {1, 3, 16}) {
+      std::vector<std::vector<int>> picks(n);
+      for (auto& p : picks) {
+        std::vector<int> all(64);
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng());
+        p.assign(all.begin(), all.begin() + 8);
+      }
+      check_layer(picks, 64, 64, 32, true, t, std::string(name(t)) + " 64 experts top 8, n=" + std::to_string(n));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fdpp::test
