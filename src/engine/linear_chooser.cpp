@@ -80,6 +80,7 @@ std::vector<LinearShape> model_linear_shapes(const ModelConfig& c, bool include_
     s.push_back({"project_in", H, c.embedding_dim()});
     s.push_back({"project_out", c.embedding_dim(), H});
   }
+  if (c.has_moe()) s.push_back({"router", c.n_experts, H});
   if (include_lm_head) s.push_back({"lm_head", c.vocab_size, c.embedding_dim()});
   return s;
 }

@@ -159,8 +159,12 @@ cuda::GpuMemoryNeed memory_need(const ModelConfig& c, const WeightPlan& plan, in
   need.weights = cuda::plan_device_bytes(plan);
   need.kv_tokens = kv_tokens;
   need.kv_cache = static_cast<uint64_t>(kv_tokens) * 2 * c.n_layers * static_cast<uint64_t>(c.kv_dim()) * 2;
-  const uint64_t per_token = (4 * static_cast<uint64_t>(c.hidden) + c.q_dim() + 2 * c.kv_dim() + 3 * c.ffn_hidden) * 2 +
-                             static_cast<uint64_t>(c.vocab_size) * 6;
+  uint64_t per_token = (4 * static_cast<uint64_t>(c.hidden) + c.q_dim() + 2 * c.kv_dim() + 3 * c.ffn_hidden) * 2 +
+                      static_cast<uint64_t>(c.vocab_size) * 6;
+  // Expert layers: router logits and each pick's rows (moe.h), padding aside.
+  if (c.has_moe())
+    per_token += static_cast<uint64_t>(c.n_experts) * 4 +
+                 static_cast<uint64_t>(c.n_experts_used) * (12 + 2 * (c.expert_ffn_hidden + c.hidden));
   need.activations = static_cast<uint64_t>(step_tokens) * per_token + (uint64_t{512} << 20);
   return need;
 }

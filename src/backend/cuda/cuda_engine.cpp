@@ -1,8 +1,11 @@
 #include "backend/cuda/cuda_engine.h"
 
+#include "backend/cuda/moe.h"
+
 #include "attention/unified_max.h"
 #include "backend/cuda/collectives.h"
 #include "backend/cuda/linear_tuning.h"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/per_device.h"
 #include "model/forward.h"
 
@@ -33,8 +36,7 @@ std::string cuda_model_problem(const ModelConfig& c) {
         c.embedding_dim(), c.hidden);
   if (c.head_dim != 64 && c.head_dim != 128)
     return fmt::format("the CUDA backend supports head_dim 64 and 128, not {}", c.head_dim);
-  // Gemma's and the experts' features the GPU path lacks so far (the CPU backend runs them; README,
-  // supported models).
+  // Gemma's features the GPU path lacks so far (the CPU backend runs them; README, supported models).
   const char* missing = c.sandwich_norm                     ? "sandwich norms"
                         : c.activation == Activation::GeGLU ? "GeGLU MLP"
                         : c.attn_softcap != 0               ? "attention-logit soft-capping"
@@ -42,7 +44,6 @@ std::string cuda_model_problem(const ModelConfig& c) {
                         : c.embed_scale != 1.0              ? "embedding scaling"
                         : c.has_local_rope                  ? "per-layer rope bases"
                                                             : nullptr;
-  if (missing == nullptr && c.has_moe()) missing = "mixture-of-experts layers";
   if (missing != nullptr) return fmt::format("the CUDA backend has no {} yet (the CPU backend runs this model)", missing);
   if (c.rope.attention_factor != 1.0 && c.rope.rotary_dim != c.head_dim)
     return fmt::format(
@@ -101,6 +102,17 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   o_ = DeviceBuffer(T * H * kElem);
   ffn_in_ = DeviceBuffer(T * (swiglu ? 2 : 1) * FF * kElem);
   ffn_act_ = DeviceBuffer(swiglu ? T * FF * kElem : 0);
+  if (c.has_moe()) {
+    const MoeRoutingSizes ms = moe_routing_sizes(static_cast<int>(T), c.n_experts_used, c.n_experts);
+    moe_logits_ = DeviceBuffer(T * c.n_experts * sizeof(float));
+    moe_pick_expert_ = DeviceBuffer(ms.picks * sizeof(int32_t));
+    moe_pick_weight_ = DeviceBuffer(ms.picks * sizeof(float));
+    moe_pick_row_ = DeviceBuffer(ms.picks * sizeof(int32_t));
+    moe_row_token_ = DeviceBuffer(ms.rows * sizeof(int32_t));
+    moe_tile_expert_ = DeviceBuffer(ms.tiles * sizeof(int32_t));
+    moe_act_ = DeviceBuffer(ms.rows * c.expert_ffn_hidden * kElem);
+    moe_down_ = DeviceBuffer(ms.rows * H * kElem);
+  }
   // Logits rows: a decode step's batch, or a chunk of an all-positions prefill.
   const int logit_rows = std::max(options.max_batch, std::min(options.max_prefill_tokens, 256));
   logit_capacity_ = logit_rows;
@@ -441,8 +453,21 @@ struct CudaEngine::Forward {
     e.layer_linear(mlp_act, L.w_down, L.s_down, L.b_down, e.o_.get(), n, H, FF, Epilogue::Store);
     e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
   }
-  // cuda_model_problem refuses expert layers before a model gets here.
-  void moe_mlp(int) { fail("the CUDA backend has no mixture-of-experts layers yet"); }
+  // The expert layer in five launches (moe.h), sized by this step's n: graph-capturable.
+  void moe_mlp(int layer) {
+    const DeviceLayer& L = m.layers[layer];
+    const int NE = c.n_experts, K = c.n_experts_used, FE = c.expert_ffn_hidden;
+    const MoeRouting r{e.moe_pick_expert_.as<int32_t>(), e.moe_pick_weight_.as<float>(), e.moe_pick_row_.as<int32_t>(),
+                       e.moe_row_token_.as<int32_t>(), e.moe_tile_expert_.as<int32_t>()};
+    e.linear(e.normed_.get(), L.router.get(), nullptr, e.moe_logits_.get(), n, NE, H, /*fp32_out=*/true);
+    moe_route(e.moe_logits_.as<float>(), n, NE, K, c.norm_topk_prob, r, st);
+    moe_align(n, K, NE, r, st);
+    moe_grouped_swiglu(e.normed_.get(), L.experts_gate.get(), L.experts_up.get(), e.moe_act_.get(), H, FE, NE, n, K,
+                       r, dt, st);
+    moe_grouped_linear(e.moe_act_.get(), L.experts_down.get(), e.moe_down_.get(), FE, H, NE, n, K, r, dt, st);
+    moe_combine(e.moe_down_.get(), n, K, H, r, e.o_.get(), dt, st);
+    e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
+  }
   // A mixed step's head rows are scattered (a chunk's last token): the final norm runs over every
   // token, then those rows are gathered into o_ (free by now). A decode step's are the last
   // logit_rows tokens: only they are normed.

@@ -82,9 +82,8 @@ struct MemoryReport {
 };
 
 // Why the CUDA engine cannot run a model of this config (its head size, embedding projection, or
-// Gemma's, LongRoPE's and expert layers' features it lacks so far), in the words the engine refuses
-// it with; "" when it can. Sliding windows are not in it: the runtime caps such a model's context
-// at its window.
+// Gemma's and LongRoPE's features it lacks so far), in the words the engine refuses it with; "" when
+// it can. Sliding windows are not in it: the runtime caps such a model's context at its window.
 std::string cuda_model_problem(const ModelConfig& c);
 
 class CudaEngine final : public Engine {
@@ -188,6 +187,10 @@ class CudaEngine final : public Engine {
 
   // Activations and step inputs (fixed addresses, so graphs can replay them).
   DeviceBuffer x_, normed_, qkv_, attn_, o_, ffn_in_, ffn_act_, logits_;
+  // Expert layers (moe.h): router logits [T, E] fp32, the routing, and the sorted rows' SwiGLU
+  // activations [rows, FE] and down products [rows, H]; empty for a dense model.
+  DeviceBuffer moe_logits_, moe_pick_expert_, moe_pick_weight_, moe_pick_row_, moe_row_token_, moe_tile_expert_;
+  DeviceBuffer moe_act_, moe_down_;
   DeviceBuffer shard_logits_, gathered_logits_;  // tensor parallelism: this rank's slice, every rank's
   int64_t vocab_rows_ = 0;                       // lm head rows this engine computes
   DeviceBuffer ids_, positions_, slots_, block_tables_;  // prefill and mixed-step inputs

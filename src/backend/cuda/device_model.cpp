@@ -69,6 +69,10 @@ DeviceModel::DeviceModel(const ModelConfig& c, const DecoderWeights& w, DType dt
     if (c.mlp_bias) d.b_in = swiglu ? upload({&L.b_gate, &L.b_up}) : upload({&L.b_up});
     d.w_down = upload({&L.w_down});
     d.b_down = upload({&L.b_down});
+    d.router = upload({&L.router});
+    d.experts_gate = upload({&L.experts_gate});
+    d.experts_up = upload({&L.experts_up});
+    d.experts_down = upload({&L.experts_down});
     layers.push_back(std::move(d));
   }
   final_norm = upload({&w.final_norm});
@@ -109,10 +113,18 @@ DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed,
     d.b_o = bias(c.out_bias && rank == 0, H);
     d.ffn_norm = norm_weight(H);
     d.ffn_norm_bias = bias(layer_norm && c.norm_bias, H);
-    d.w_in = matrix(swiglu ? 2 * FF : FF, H);
-    d.b_in = bias(c.mlp_bias, swiglu ? 2 * FF : FF);
-    d.w_down = matrix(H, FF);
-    d.b_down = bias(c.mlp_bias && rank == 0, H);
+    if (c.is_moe_layer(i)) {
+      const int64_t NE = c.n_experts, FE = c.expert_ffn_hidden;
+      d.router = matrix(NE, H);
+      d.experts_gate = matrix(NE * FE, H);
+      d.experts_up = matrix(NE * FE, H);
+      d.experts_down = matrix(NE * H, FE);
+    } else {
+      d.w_in = matrix(swiglu ? 2 * FF : FF, H);
+      d.b_in = bias(c.mlp_bias, swiglu ? 2 * FF : FF);
+      d.w_down = matrix(H, FF);
+      d.b_down = bias(c.mlp_bias && rank == 0, H);
+    }
     m.layers.push_back(std::move(d));
   }
   if (c.final_norm) {
@@ -151,14 +163,9 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
   std::vector<StreamJob> jobs;
   // A device buffer made of the planned slots present among `slots`, concatenated in that order
   // (as upload() concatenates the non-empty tensors it is given).
-  auto buffer = [&](std::initializer_list<WeightSlot> slots, int layer) {
-    std::vector<const PlannedTensor*> parts;
+  auto buffer_of = [&](const std::vector<const PlannedTensor*>& parts) {
     int64_t n = 0;
-    for (const WeightSlot s : slots)
-      if (const PlannedTensor* p = plan.find(s, layer); p != nullptr && p->numel() > 0) {
-        parts.push_back(p);
-        n += p->numel();
-      }
+    for (const PlannedTensor* p : parts) n += p->numel();
     if (n == 0) return DeviceBuffer();
     DeviceBuffer d(static_cast<size_t>(n) * sizeof(uint16_t));
     int64_t at = 0;
@@ -168,6 +175,23 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     }
     m.bytes_ += d.bytes();
     return d;
+  };
+  auto buffer = [&](std::initializer_list<WeightSlot> slots, int layer) {
+    std::vector<const PlannedTensor*> parts;
+    for (const WeightSlot s : slots)
+      if (const PlannedTensor* p = plan.find(s, layer); p != nullptr && p->numel() > 0) parts.push_back(p);
+    return buffer_of(parts);
+  };
+  // An expert slot: one stacked tensor (GGUF) or one part per expert (Hugging Face), in expert order.
+  auto experts = [&](WeightSlot slot, int layer) {
+    std::vector<const PlannedTensor*> parts;
+    for (const PlannedTensor& p : plan.tensors)
+      if (p.slot == slot && p.layer == layer && p.numel() > 0) parts.push_back(&p);
+    std::stable_sort(parts.begin(), parts.end(),
+                     [](const PlannedTensor* a, const PlannedTensor* b) { return a->expert < b->expert; });
+    check(parts.size() <= 1 || static_cast<int>(parts.size()) == c.n_experts,
+          "layer {}: {} parts of {} for {} experts", layer, parts.size(), slot_name(slot), c.n_experts);
+    return buffer_of(parts);
   };
   using S = WeightSlot;
   m.tok_embeddings = buffer({S::TokEmbeddings}, -1);
@@ -190,6 +214,10 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     if (c.mlp_bias) d.b_in = swiglu ? buffer({S::BGate, S::BUp}, i) : buffer({S::BUp}, i);
     d.w_down = buffer({S::WDown}, i);
     d.b_down = buffer({S::BDown}, i);
+    d.router = buffer({S::Router}, i);
+    d.experts_gate = experts(S::ExpertsGate, i);
+    d.experts_up = experts(S::ExpertsUp, i);
+    d.experts_down = experts(S::ExpertsDown, i);
     m.layers.push_back(std::move(d));
   }
   m.final_norm = buffer({S::FinalNorm}, -1);
@@ -217,6 +245,7 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
 void DeviceModel::quantize_fp8() {
   if (fp8_) return;
   const ModelConfig& c = config_;
+  check(!c.has_moe(), "--quantization fp8: expert layers are not quantized yet; run this model in 16 bits");
   const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
   const bool swiglu = c.activation == Activation::SwiGLU;
   auto quantize = [&](DeviceBuffer& w, DeviceBuffer& scale, int64_t rows, int64_t cols, const char* what) {

@@ -26,6 +26,11 @@ struct DeviceLayer {
   DeviceBuffer ffn_norm, ffn_norm_bias;
   DeviceBuffer w_in, b_in;    // SwiGLU: [2 FF, H] (gate rows, then up rows); ReLU: [FF, H]
   DeviceBuffer w_down, b_down;  // [H, FF]
+  // An expert layer (ModelConfig::is_moe_layer), in place of w_in / w_down: the router and the
+  // experts' matrices stacked as moe.h reads them.
+  DeviceBuffer router;                    // [E, H]
+  DeviceBuffer experts_gate, experts_up;  // [E, FE, H]
+  DeviceBuffer experts_down;              // [E, H, FE]
   // FP8 weights (DeviceModel::quantize_fp8): the four matrices above hold e4m3 bytes and these their
   // fp32 row scales (fp8.h); empty for 16-bit weights.
   DeviceBuffer s_qkv, s_o, s_in, s_down;

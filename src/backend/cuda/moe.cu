@@ -1,5 +1,6 @@
 // The mixture-of-experts kernels (moe.h): routing, the sort of picks into expert tiles, the grouped
 // products per tile, and the weighted combine.
+#include <algorithm>
 #include <climits>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -204,13 +205,13 @@ void check_routing(const MoeRouting& r, const char* what) {
 }
 
 template <bool kSwiglu, bool kGather>
-void launch_grouped(const void* x, const void* w0, const void* w1, void* y, int K, int N, int n_experts,
-                    int max_tokens, int k, const MoeRouting& r, DType dtype, cudaStream_t stream, const char* what) {
+void launch_grouped(const void* x, const void* w0, const void* w1, void* y, int K, int N, int n_experts, int n,
+                    int k, const MoeRouting& r, DType dtype, cudaStream_t stream, const char* what) {
   check(x != nullptr && w0 != nullptr && (!kSwiglu || w1 != nullptr) && y != nullptr, "{}: null pointer", what);
-  check(K > 0 && N > 0 && n_experts > 0 && max_tokens > 0 && k > 0, "{}: K = {}, N = {}, experts = {}, tokens = {}, "
-        "k = {} must be positive", what, K, N, n_experts, max_tokens, k);
+  check(K > 0 && N > 0 && n_experts > 0 && n > 0 && k > 0, "{}: K = {}, N = {}, experts = {}, tokens = {}, "
+        "k = {} must be positive", what, K, N, n_experts, n, k);
   check_routing(r, what);
-  const MoeRoutingSizes s = moe_routing_sizes(max_tokens, k, n_experts);
+  const MoeRoutingSizes s = moe_routing_sizes(n, k, n_experts);
   const bool vec = K % 8 == 0 && detail::aligned16(x) && detail::aligned16(w0) && (!kSwiglu || detail::aligned16(w1));
   const dim3 grid(static_cast<unsigned>(s.tiles), static_cast<unsigned>((N + kGroupedWarps - 1) / kGroupedWarps));
   detail::dispatch_dtype(dtype, [&](auto tag) {
@@ -225,12 +226,13 @@ void launch_grouped(const void* x, const void* w0, const void* w1, void* y, int 
 
 }  // namespace
 
-MoeRoutingSizes moe_routing_sizes(int max_tokens, int k, int n_experts) {
-  check(max_tokens > 0 && k > 0 && n_experts > 0, "moe_routing_sizes: tokens {}, k {}, experts {} must be positive",
-        max_tokens, k, n_experts);
+MoeRoutingSizes moe_routing_sizes(int tokens, int k, int n_experts) {
+  check(tokens > 0 && k > 0 && n_experts > 0, "moe_routing_sizes: tokens {}, k {}, experts {} must be positive", tokens,
+        k, n_experts);
   MoeRoutingSizes s;
-  s.picks = int64_t(max_tokens) * k;
-  s.rows = (s.picks + int64_t(n_experts) * (kMoeTileRows - 1) + kMoeTileRows - 1) / kMoeTileRows * kMoeTileRows;
+  s.picks = int64_t(tokens) * k;
+  const int64_t chosen = std::min<int64_t>(n_experts, s.picks);
+  s.rows = (s.picks + chosen * (kMoeTileRows - 1) + kMoeTileRows - 1) / kMoeTileRows * kMoeTileRows;
   s.tiles = s.rows / kMoeTileRows;
   return s;
 }
@@ -247,26 +249,25 @@ void moe_route(const float* logits, int n, int n_experts, int k, bool normalize,
   check_launch("moe_route");
 }
 
-void moe_align(int n, int k, int n_experts, int max_tokens, const MoeRouting& r, cudaStream_t stream) {
+void moe_align(int n, int k, int n_experts, const MoeRouting& r, cudaStream_t stream) {
   check_routing(r, "moe_align");
-  check(n > 0 && n <= max_tokens && n_experts > 0 && n_experts <= 1024 && k > 0,
-        "moe_align: n = {} (at most {}), experts = {} (at most 1024), k = {} out of range", n, max_tokens, n_experts, k);
-  const MoeRoutingSizes s = moe_routing_sizes(max_tokens, k, n_experts);
+  check(n > 0 && n_experts > 0 && n_experts <= 1024 && k > 0,
+        "moe_align: n = {}, experts = {} (at most 1024), k = {} out of range", n, n_experts, k);
+  const MoeRoutingSizes s = moe_routing_sizes(n, k, n_experts);
   const size_t smem = (3 * size_t(n_experts) + 1) * sizeof(int32_t);
   moe_align_kernel<<<1, kAlignThreads, smem, stream>>>(r.pick_expert, n * k, k, n_experts, s.rows, s.tiles,
                                                        r.pick_row, r.row_token, r.tile_expert);
   check_launch("moe_align");
 }
 
-void moe_grouped_swiglu(const void* x, const void* gate, const void* up, void* y, int K, int N, int n_experts,
-                        int max_tokens, int k, const MoeRouting& r, DType dtype, cudaStream_t stream) {
-  launch_grouped<true, true>(x, gate, up, y, K, N, n_experts, max_tokens, k, r, dtype, stream, "moe_grouped_swiglu");
+void moe_grouped_swiglu(const void* x, const void* gate, const void* up, void* y, int K, int N, int n_experts, int n,
+                        int k, const MoeRouting& r, DType dtype, cudaStream_t stream) {
+  launch_grouped<true, true>(x, gate, up, y, K, N, n_experts, n, k, r, dtype, stream, "moe_grouped_swiglu");
 }
 
-void moe_grouped_linear(const void* x, const void* w, void* y, int K, int N, int n_experts, int max_tokens, int k,
+void moe_grouped_linear(const void* x, const void* w, void* y, int K, int N, int n_experts, int n, int k,
                         const MoeRouting& r, DType dtype, cudaStream_t stream) {
-  launch_grouped<false, false>(x, w, nullptr, y, K, N, n_experts, max_tokens, k, r, dtype, stream,
-                               "moe_grouped_linear");
+  launch_grouped<false, false>(x, w, nullptr, y, K, N, n_experts, n, k, r, dtype, stream, "moe_grouped_linear");
 }
 
 void moe_combine(const void* y, int n, int k, int N, const MoeRouting& r, void* out, DType dtype,

@@ -30,14 +30,17 @@ namespace fdpp::cuda {
 
 constexpr int kMoeTileRows = 8;
 
-// Device buffers of one expert layer's routing for steps of up to max_tokens tokens (reused by
-// every layer: a layer's routing is dead once its combine ran).
+// The routing of a step of `tokens` tokens: its picks, and at most how many rows and tiles they
+// take once each chosen expert's rows are padded to whole tiles (at most min(E, picks) experts are
+// chosen, each padded by less than a tile). Device buffers are sized for the largest step
+// (reused by every layer: a layer's routing is dead once its combine ran); the grids of a step are
+// sized by its own token count, so a decode step launches a few tiles, not the prefill's thousands.
 struct MoeRoutingSizes {
-  int64_t picks;  // max_tokens * k
-  int64_t rows;   // picks with every expert's rows padded to whole tiles: picks + E * (tile - 1)
+  int64_t picks;  // tokens * k
+  int64_t rows;   // whole tiles covering picks + (tile - 1) * min(E, picks)
   int64_t tiles;  // rows / tile
 };
-MoeRoutingSizes moe_routing_sizes(int max_tokens, int k, int n_experts);
+MoeRoutingSizes moe_routing_sizes(int tokens, int k, int n_experts);
 
 struct MoeRouting {
   int32_t* pick_expert = nullptr;  // [picks] token t's j-th expert at t * k + j, best first
@@ -51,18 +54,19 @@ struct MoeRouting {
 void moe_route(const float* logits, int n, int n_experts, int k, bool normalize, const MoeRouting& r,
                cudaStream_t stream);
 
-// Fills pick_row, row_token and tile_expert from pick_expert for n tokens (max_tokens as sized).
-void moe_align(int n, int k, int n_experts, int max_tokens, const MoeRouting& r, cudaStream_t stream);
+// Fills pick_row, row_token and tile_expert (the rows and tiles of moe_routing_sizes(n, ...))
+// from pick_expert for n tokens.
+void moe_align(int n, int k, int n_experts, const MoeRouting& r, cudaStream_t stream);
 
 // y[row, :] = silu(x[row_token[row]] . Wg_e^T) * (x[row_token[row]] . Wu_e^T) for every row of every
-// tile, e = the tile's expert: x [n, K] 16-bit, gate/up [E, N, K], y [rows, N] 16-bit (padding rows
-// are left unwritten).
-void moe_grouped_swiglu(const void* x, const void* gate, const void* up, void* y, int K, int N, int n_experts,
-                        int max_tokens, int k, const MoeRouting& r, DType dtype, cudaStream_t stream);
+// tile of a step of n tokens, e = the tile's expert: x [n, K] 16-bit, gate/up [E, N, K], y [rows,
+// N] 16-bit (padding rows are left unwritten).
+void moe_grouped_swiglu(const void* x, const void* gate, const void* up, void* y, int K, int N, int n_experts, int n,
+                        int k, const MoeRouting& r, DType dtype, cudaStream_t stream);
 
 // y[row, :] = x[row] . W_e^T for every row of every tile: x [rows, K] (the sorted rows themselves,
 // as moe_grouped_swiglu wrote them), W [E, N, K], y [rows, N] 16-bit.
-void moe_grouped_linear(const void* x, const void* w, void* y, int K, int N, int n_experts, int max_tokens, int k,
+void moe_grouped_linear(const void* x, const void* w, void* y, int K, int N, int n_experts, int n, int k,
                         const MoeRouting& r, DType dtype, cudaStream_t stream);
 
 // out[t, :] = sum_j pick_weight[t * k + j] * y[pick_row[t * k + j], :], j = 0..k-1 in order; out
