@@ -968,8 +968,14 @@ void CudaEngine::warm_up() {
     };
     call(normed_.get(), L.w_qkv, L.s_qkv, L.b_qkv, qkv_.get(), Q + 2 * KV, H);
     call(attn_.get(), L.w_o, L.s_o, L.b_o, o_.get(), H, Q);
-    call(normed_.get(), L.w_in, L.s_in, L.b_in, ffn_in_.get(), swiglu ? 2 * FF : FF, H);
-    call(swiglu ? ffn_act_.get() : ffn_in_.get(), L.w_down, L.s_down, L.b_down, o_.get(), H, FF);
+    if (c.is_moe_layer(0)) {
+      // An expert layer: its router is the one cuBLAS product (the experts run moe.h's kernels).
+      if (linear_->choose(rows, c.n_experts, H) == LinearImpl::Cublas)
+        linear(normed_.get(), L.router.get(), nullptr, moe_logits_.get(), rows, c.n_experts, H, true);
+    } else {
+      call(normed_.get(), L.w_in, L.s_in, L.b_in, ffn_in_.get(), swiglu ? 2 * FF : FF, H);
+      call(swiglu ? ffn_act_.get() : ffn_in_.get(), L.w_down, L.s_down, L.b_down, o_.get(), H, FF);
+    }
     if (rows <= logit_capacity_ && c.embedding_dim() == H &&
         linear_->choose(rows, c.vocab_size, H) == LinearImpl::Cublas)
       lm_head(normed_.get(), rows);
