@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <iostream>
 #include <random>
@@ -172,6 +173,20 @@ int run_bench(const BenchArgs& a) {
     matmul_params = static_cast<double>(streamed_weights - fp8_bytes - scale_bytes) / 2 + static_cast<double>(fp8_bytes);
   }
 
+  // Expert layers: a step reads only the experts its tokens chose. The roofline counts those: at n
+  // tokens, E (1 - (1 - k/E)^n) distinct experts per layer in expectation (routing is uniform
+  // enough over random weights); the products of a token run k of the E experts.
+  uint64_t expert_bytes = 0;
+  if (model)
+    for (const cuda::DeviceLayer& L : model->layers)
+      expert_bytes += L.experts_gate.bytes() + L.experts_up.bytes() + L.experts_down.bytes();
+  const double expert_share = config.n_experts > 0 ? double(config.n_experts_used) / config.n_experts : 1.0;
+  auto step_weights = [&](int tokens) {
+    const double touched = 1.0 - std::pow(1.0 - expert_share, tokens);
+    return static_cast<double>(streamed_weights - expert_bytes) + static_cast<double>(expert_bytes) * touched;
+  };
+  matmul_params -= static_cast<double>(expert_bytes) / 2 * (1.0 - expert_share);
+
   nlohmann::json results = nlohmann::json::array();
   std::mt19937 rng(7);
   SamplingParams greedy;
@@ -200,8 +215,8 @@ int run_bench(const BenchArgs& a) {
                          2.0 * 2.0 * config.n_layers * config.q_dim() * (static_cast<double>(p) * (p + 1) / 2);
     results.push_back({{"test", fmt::format("pp{}", p)}, {"batch", 1}, {"n_tokens", p}, {"seconds", t},
                        {"tokens_per_second", p / t}, {"tflops", flops / t / 1e12},
-                       {"roofline_measured", streamed_weights / bandwidth / t},
-                       {"roofline_design", streamed_weights / kDesignReadBandwidth / t}});
+                       {"roofline_measured", step_weights(p) / bandwidth / t},
+                       {"roofline_design", step_weights(p) / kDesignReadBandwidth / t}});
   }
 
   // Decode steps of b sequences through Engine::step (the server's path: graph-replayed when every
@@ -256,7 +271,7 @@ int run_bench(const BenchArgs& a) {
       uint64_t rows = 0, fallback = 0;
       const double t = decode_steps(b, ctx, 0, &rows, &fallback);
       const double avg_ctx = ctx;
-      const double bytes = static_cast<double>(streamed_weights) + b * avg_ctx * kv_bytes_per_token;
+      const double bytes = step_weights(b) + b * avg_ctx * kv_bytes_per_token;
       // The collectives a decode step of b rows runs (2 all-reduces per layer, the logits'
       // all-gather), timed alone in a graph of the same calls.
       const double collective_ms = split ? split->time_collectives(b, 20) * 1e3 : 0.0;
