@@ -138,11 +138,19 @@ __global__ void __launch_bounds__(kGroupedWarps * 32)
 #pragma unroll
   for (int m = 0; m < kMoeTileRows; ++m) acc0[m] = 0.f, acc1[m] = 0.f;
   if constexpr (kVec) {
+    // The weights are the stream (decode: each active expert's bytes once per step): every lane
+    // issues kUnroll 16-byte loads of each weight row before the first use, as the GEMV does, so
+    // that enough bytes are in flight; x comes from L1/L2.
+    constexpr int kUnroll = 4;
     const int chunks = K / 8;
-    for (int c = lane; c < chunks; c += 32) {
+    const uint4* a4 = reinterpret_cast<const uint4*>(a);
+    const uint4* b4 = reinterpret_cast<const uint4*>(b);
+    auto apply = [&](const uint4& wa, const uint4& wb, int c) {
       float fa[8], fb[8];
-      detail::load8(a + int64_t(c) * 8, fa);
-      if constexpr (kSwiglu) detail::load8(b + int64_t(c) * 8, fb);
+      const T* ea = reinterpret_cast<const T*>(&wa);
+      const T* eb = reinterpret_cast<const T*>(&wb);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) fa[i] = to_float(ea[i]), fb[i] = kSwiglu ? to_float(eb[i]) : 0.f;
 #pragma unroll
       for (int m = 0; m < kMoeTileRows; ++m) {
         if (!live[m]) continue;
@@ -154,7 +162,19 @@ __global__ void __launch_bounds__(kGroupedWarps * 32)
           if constexpr (kSwiglu) acc1[m] = fmaf(fb[i], fx[i], acc1[m]);
         }
       }
+    };
+    int c = lane;
+    for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+      uint4 wa[kUnroll], wb[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        wa[u] = __ldg(a4 + c + 32 * u);
+        if constexpr (kSwiglu) wb[u] = __ldg(b4 + c + 32 * u);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) apply(wa[u], kSwiglu ? wb[u] : wa[u], c + 32 * u);
     }
+    for (; c < chunks; c += 32) apply(__ldg(a4 + c), kSwiglu ? __ldg(b4 + c) : __ldg(a4 + c), c);
   } else {
     for (int c = lane; c < K; c += 32) {
       const float fa = to_float(a[c]);
