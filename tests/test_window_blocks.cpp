@@ -104,7 +104,8 @@ TEST_F(WindowBlocks, LogitsAreBitIdenticalWithAndWithoutFreeingOverManyWindows) 
   auto keeping = engine(false);
   ASSERT_EQ(freeing->window_freeing(), kWindow);
   ASSERT_EQ(keeping->window_freeing(), 0);
-  // Three sequences, prefilled in uneven chunks, then decoding greedily together far past the window.
+  // Three sequences, prefilled in uneven chunks, then decoding random tokens together far past the
+  // window.
   const std::vector<std::vector<std::pair<int, int>>> prefill = {{{0, 7}, {7, 30}}, {{0, 1}, {1, 3}}, {{0, 40}}};
   std::vector<std::vector<int32_t>> tokens;
   for (const auto& p : prefill) tokens.push_back(test::random_ids(p.back().first + p.back().second, config_.vocab_size));
@@ -124,18 +125,22 @@ TEST_F(WindowBlocks, LogitsAreBitIdenticalWithAndWithoutFreeingOverManyWindows) 
       EXPECT_EQ(keeping->held_blocks(sk[i]), freeing->kv().blocks_for(len)) << "the keeping engine frees nothing";
     }
   };
+  // The same row for sequence i in both engines' batches.
+  auto add_row = [&](Batch& bf, Batch& bk, size_t i, std::span<const int32_t> row_tokens) {
+    StepRow r;
+    r.tokens = row_tokens;
+    r.logits = true;
+    r.seq = sf[i];
+    bf.rows.push_back(r);
+    r.seq = sk[i];
+    bk.rows.push_back(r);
+  };
   for (size_t piece = 0; piece < 2; ++piece) {
     Batch bf, bk;
     for (size_t i = 0; i < tokens.size(); ++i) {
       if (piece >= prefill[i].size()) continue;
       const auto [start, n] = prefill[i][piece];
-      StepRow r;
-      r.tokens = std::span<const int32_t>(tokens[i].data() + start, n);
-      r.logits = true;
-      r.seq = sf[i];
-      bf.rows.push_back(r);
-      r.seq = sk[i];
-      bk.rows.push_back(r);
+      add_row(bf, bk, i, std::span<const int32_t>(tokens[i].data() + start, n));
     }
     run_both(bf, bk);
   }
@@ -144,15 +149,7 @@ TEST_F(WindowBlocks, LogitsAreBitIdenticalWithAndWithoutFreeingOverManyWindows) 
     Batch bf, bk;
     std::vector<int32_t> next(tokens.size());
     for (size_t i = 0; i < tokens.size(); ++i) next[i] = test::random_ids(1, config_.vocab_size)[0];
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      StepRow r;
-      r.tokens = std::span<const int32_t>(&next[i], 1);
-      r.logits = true;
-      r.seq = sf[i];
-      bf.rows.push_back(r);
-      r.seq = sk[i];
-      bk.rows.push_back(r);
-    }
+    for (size_t i = 0; i < tokens.size(); ++i) add_row(bf, bk, i, std::span<const int32_t>(&next[i], 1));
     run_both(bf, bk);
     if (HasFatalFailure()) return;
   }
