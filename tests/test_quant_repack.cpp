@@ -9,14 +9,20 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quant_matmul.h"
 #include "backend/cpu/quant_repack.h"
 #include "core/half.h"
+#include "model/arch/architecture.h"
+#include "model/gguf_model.h"
+#include "model/model_loader.h"
 #include "test_util.h"
+#include "tiny_gguf.h"
 
 namespace fdpp {
 namespace {
@@ -193,6 +199,45 @@ TEST(RepackWeights, ExpertStacksStayAViewPerExpert) {
   cpu::linear(x.data(), 2, 32, f32.ptr() + 2 * 8 * 32, 8, nullptr, ref.data());
   cpu::expert_linear(x.data(), 2, f32, 2, out.data());
   EXPECT_EQ(out, ref);
+}
+
+// A whole expert layer from a GGUF file through the stored path (the stacks packed when each
+// expert's rows are whole groups, file order when not) against the same file dequantized to fp32.
+TEST(RepackWeights, QuantizedExpertStacksRunAWholeMoeModel) {
+  using G = GgmlType;
+  const auto dir = test::scratch_dir("repack_moe");
+  const std::vector<int32_t> ids{1, 7, 42, 99, 150, 201, 250, 299, 3, 77, 123, 180};
+  for (const auto& [ffn, types] : std::vector<std::pair<int64_t, std::vector<G>>>{
+           {256, {G::Q4_K, G::Q8_0, G::Q6_K}}, {40, {G::Q8_0, G::Q4_0, G::F16}}}) {
+    SCOPED_TRACE("expert width " + std::to_string(ffn));
+    const std::string path = (dir / ("moe" + std::to_string(ffn) + ".gguf")).string();
+    const auto bytes = test::tiny_moe_gguf(ffn, types);
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                static_cast<std::streamsize>(bytes.size()));
+    // As load_model takes a GGUF file, without the tokenizer the tiny file lacks.
+    const auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
+    const ModelConfig c = llama_config_from_gguf(*file);
+    const auto specs = llama_gguf_tensor_specs(c);
+    const DecoderWeights ref = load_gguf_weights(file, c, specs, {});
+    const LoadOptions options = cpu::stored_load_options();
+    DecoderWeights fast = load_gguf_weights(file, c, specs, {}, options.stored_types);
+    options.prepare_stored(fast, file->on_disk());
+    const StoredMatrix& gate = fast.layers[0].experts_gate.stored;
+    ASSERT_FALSE(gate.empty());
+    EXPECT_EQ(gate.matrices, 4);
+    const int R = cpu::pack_rows(cpu::best_isa());
+    EXPECT_EQ(gate.packed_rows, R > 0 && ffn % R == 0 ? R : 0);
+    const int vocab = c.vocab_size;
+    std::vector<float> a(ids.size() * vocab), b(ids.size() * vocab, NAN);
+    CpuRunner(c, ref, 16).forward(ids, 0, true, a);
+    CpuRunner(c, fast, 16).forward(ids, 0, true, b);
+    const double e = test::nmse(b, a);
+    std::printf("MoE GGUF, expert width %lld: stored vs fp32 logits NMSE %.3e\n", static_cast<long long>(ffn), e);
+    // 8-bit activations in the experts only, three products deep: measured 2.3e-4 to 2.9e-4 (width
+    // 256) and 5e-5 to 1e-4 (width 40) over 12 seeds; reading one expert's rows for another gave 0.5
+    // and 0.19.
+    EXPECT_LE(e, 1e-3);
+  }
 }
 
 }  // namespace
