@@ -191,9 +191,9 @@ struct Unmap {
 std::shared_ptr<const void> anon_buffer(size_t bytes, uint8_t** data) {
   void* p = ::mmap(nullptr, std::max<size_t>(bytes, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   check(p != MAP_FAILED, "could not allocate {} bytes for repacked weights", bytes);
-  // 2 MiB pages: a 7B decode streams ~4 GB per token, ~1M 4 KiB TLB entries otherwise (7B Q4_0 at
-  // one thread: 4.7-4.9 tok/s against 3.9-4.6 without). Their first touch is most of a 7B load's
-  // time when the kernel has no free huge pages at hand (docs/performance-log.md, issue 47 load).
+  // 2 MiB pages: a 7B decode streams ~4 GB per token, ~1M 4 KiB TLB entries otherwise; decode is
+  // faster with them, but their first touch is most of a 7B load when the kernel has none free at
+  // hand (docs/performance-log.md, "load time and peak RSS of the repacked weights").
 #ifdef MADV_HUGEPAGE
   ::madvise(p, bytes, MADV_HUGEPAGE);
 #endif
