@@ -58,6 +58,16 @@ inline std::vector<uint8_t> random_stored(gguf::GgmlType t, uint64_t n) {
   return out;
 }
 
+// An F32 vector of n values around offset (norm weights near 1, biases near 0).
+inline void add_f32_vector(gguftest::GgufWriter& w, const std::string& name, uint64_t n, float offset) {
+  std::vector<float> v(n);
+  std::normal_distribution<float> d(offset, 0.1f);
+  for (auto& x : v) x = d(rng());
+  std::vector<uint8_t> b(n * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  w.tensor(name, {n}, gguf::GgmlType::F32, std::move(b));
+}
+
 // The matrix types, in the order the tiny model's matrices take them.
 inline std::vector<gguf::GgmlType> tiny_gguf_matrix_types() {
   using G = gguf::GgmlType;
@@ -90,14 +100,7 @@ inline std::vector<uint8_t> tiny_llama_gguf() {
     const G t = types[k++ % types.size()];
     w.tensor(name, {cols, rows}, t, random_stored(t, rows * cols));
   };
-  auto vec = [&](const std::string& name, uint64_t n, float offset) {
-    std::vector<float> v(n);
-    std::normal_distribution<float> d(offset, 0.1f);
-    for (auto& x : v) x = d(rng());
-    std::vector<uint8_t> b(n * 4);
-    std::memcpy(b.data(), v.data(), b.size());
-    w.tensor(name, {n}, G::F32, std::move(b));
-  };
+  auto vec = [&](const std::string& name, uint64_t n, float offset) { add_f32_vector(w, name, n, offset); };
   matrix("token_embd.weight", V, H);
   for (int i = 0; i < 2; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
@@ -139,14 +142,7 @@ inline std::vector<uint8_t> tiny_moe_gguf(int64_t expert_ffn, const std::vector<
     for (uint64_t d : dims) n *= d;
     w.tensor(name, std::move(dims), t, random_stored(t, n));
   };
-  auto vec = [&](const std::string& name, uint64_t n, float offset) {
-    std::vector<float> v(n);
-    std::normal_distribution<float> d(offset, 0.1f);
-    for (auto& x : v) x = d(rng());
-    std::vector<uint8_t> b(n * 4);
-    std::memcpy(b.data(), v.data(), b.size());
-    w.tensor(name, {n}, G::F32, std::move(b));
-  };
+  auto vec = [&](const std::string& name, uint64_t n, float offset) { add_f32_vector(w, name, n, offset); };
   matrix("token_embd.weight", {H, V}, G::F16);
   vec("blk.0.attn_norm.weight", H, 1.f);
   matrix("blk.0.attn_q.weight", {H, Q}, G::F16);
