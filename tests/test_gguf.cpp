@@ -554,6 +554,24 @@ TEST(Gguf, TensorInfosAndDataOffsets) {
   }
 }
 
+// The loader frees the parsed metadata once read (and drops the description's pages of a mapped
+// file): no key is found afterwards, and the tensors read as before, from the file and from memory.
+TEST(Gguf, ReleasedMetadataKeepsTheTensors) {
+  for (uint32_t version : {2u, 3u}) {
+    GgufWriter w = small_valid_writer(version);
+    const std::vector<uint8_t> bytes = w.build();
+    GgufFile f = version == 2 ? open_bytes(bytes) : open_file(bytes);
+    ASSERT_NE(f.find("tokenizer.ggml.tokens"), nullptr);
+    f.release_metadata();
+    EXPECT_EQ(f.find("tokenizer.ggml.tokens"), nullptr);
+    EXPECT_EQ(f.find("general.architecture"), nullptr);
+    EXPECT_TRUE(f.keys().empty());
+    ASSERT_EQ(f.tensors().size(), 3u);
+    for (const TensorInfo& t : f.tensors())
+      EXPECT_EQ(std::memcmp(f.tensor_bytes(t).data(), bytes.data() + t.offset, t.n_bytes), 0) << t.name;
+  }
+}
+
 TEST(Gguf, MovedFilesKeepTheirBytes) {
   const std::vector<float> x = random_floats(8);
   GgufWriter w;

@@ -3,7 +3,8 @@
 // ends, when sequences share it in one step, after it was evicted, and when its first owner is
 // cancelled while another still maps it. The block table itself is fuzzed: random admissions,
 // shares, steps, cancellations and evictions, with the allocator's invariants and the content of
-// every mapped block checked after each operation.
+// every mapped block checked after each operation, with and without a sliding window that gives the
+// blocks behind it back.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,7 +29,9 @@ namespace {
 // prefix, or a shared block overwritten, shows at once.
 class RecordingEngine final : public Engine {
  public:
-  RecordingEngine(int64_t kv_tokens, int block_size) {
+  // window > 0: one sliding layer of that window (>= 2: a step reads the position before it), so
+  // that the engine gives back the blocks behind it.
+  RecordingEngine(int64_t kv_tokens, int block_size, int window = 0) {
     config_.n_layers = 1;
     config_.hidden = 8;
     config_.n_heads = 1;
@@ -36,6 +39,7 @@ class RecordingEngine final : public Engine {
     config_.head_dim = 8;
     config_.vocab_size = 50;
     config_.max_context = 4096;
+    if (window > 0) config_.layer_windows = {window};
     EngineLimits l;
     l.max_context = 4096;
     l.max_step_tokens = 4096;
@@ -86,7 +90,9 @@ TEST(PrefixCacheFuzz, RandomAdmitShareStepCancelEvictKeepsTheTableConsistent) {
   for (int round = 0; round < 20; ++round) {
     const int bs = 1 << pick(0, 3);  // 1, 2, 4, 8 tokens per block
     const int64_t pool_blocks = pick(6, 40);
-    RecordingEngine e(pool_blocks * bs, bs);
+    const int window = round % 2 ? pick(2, 3 * bs + 1) : 0;
+    RecordingEngine e(pool_blocks * bs, bs, window);
+    ASSERT_EQ(e.window_freeing(), window);
     // Few "documents" with a shared start, so that prompts share prefixes often.
     std::vector<std::vector<int32_t>> docs;
     for (int d = 0; d < 4; ++d) {
@@ -104,13 +110,20 @@ TEST(PrefixCacheFuzz, RandomAdmitShareStepCancelEvictKeepsTheTableConsistent) {
     auto check_all = [&](const char* after) {
       std::vector<int32_t> holders(static_cast<size_t>(e.kv().num_blocks()), 0);
       for (const Live& l : live)
-        for (int32_t b : e.blocks_of(l.seq)) ++holders[b];
+        for (int32_t b : e.blocks_of(l.seq))
+          if (b != KvBlockAllocator::kFreed) ++holders[b];
       ASSERT_NO_THROW(e.kv().check_invariants(holders)) << "after " << after;
-      // Every computed position of every live sequence holds its own prefix.
+      // Every position of every live sequence that its window still reads holds its own prefix;
+      // the blocks wholly before it are given back.
       for (const Live& l : live) {
         const auto want = RecordingEngine::expected(l.tokens);
-        for (int p = 0; p < e.sequence_length(l.seq); ++p)
+        const int len = e.sequence_length(l.seq);
+        const int first = window > 0 ? std::max(0, len - window + 1) : 0;
+        for (int p = first; p < len; ++p)
           ASSERT_EQ(e.slot(l.seq, p), want[p]) << "after " << after << ": sequence " << l.seq << " position " << p;
+        for (int i = 0; i < first / bs; ++i)
+          ASSERT_EQ(e.blocks_of(l.seq)[i], KvBlockAllocator::kFreed) << "after " << after << ": block " << i;
+        if (window > 0) ASSERT_LE(e.held_blocks(l.seq), e.window_blocks_bound(0)) << "after " << after;
       }
     };
     for (int op = 0; op < 1000; ++op) {
@@ -129,7 +142,9 @@ TEST(PrefixCacheFuzz, RandomAdmitShareStepCancelEvictKeepsTheTableConsistent) {
         ASSERT_EQ(l.cached, m.tokens);
         ASSERT_EQ(l.cached % bs, 0);
         ASSERT_LT(l.cached, static_cast<int>(l.tokens.size())) << "the last token is always computed";
-        ASSERT_EQ(e.kv().free_blocks(), free_before - m.idle_blocks);
+        // With a window, the mapped blocks behind it go back at once.
+        if (window == 0) ASSERT_EQ(e.kv().free_blocks(), free_before - m.idle_blocks);
+        else ASSERT_GE(e.kv().free_blocks(), free_before - m.idle_blocks);
         hits += static_cast<uint64_t>(l.cached);
         live.push_back(l);
         check_all("admit");

@@ -9,14 +9,21 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/quant_matmul.h"
 #include "backend/cpu/quant_repack.h"
 #include "core/half.h"
+#include "model/arch/architecture.h"
+#include "model/gguf_model.h"
+#include "model/model_loader.h"
 #include "test_util.h"
+#include "tiny_gguf.h"
 
 namespace fdpp {
 namespace {
@@ -83,6 +90,51 @@ TEST_P(Repack, PackingIsLossless) {
       ASSERT_EQ(0, std::memcmp(back.data(), rows[r], rb)) << gguf::type_name(c.type) << " R=" << R << " row " << r;
     }
   }
+}
+
+// The vector packers (quant_repack_simd.inc) against the scalar block_xfer, byte for byte: rows at
+// scattered, unaligned addresses; destinations poisoned differently, so a byte that one side never
+// writes shows. R = 4 runs the 128-bit step alone, 8 and 16 the wider ones.
+TEST_P(Repack, VectorPackersWriteTheScalarBytes) {
+  const Case c = GetParam();
+  int tested = 0;
+  for (cpu::Isa isa : {cpu::Isa::Avx2, cpu::Isa::Avx512}) {
+    if (!cpu::isa_available(isa)) continue;
+    const cpu::qk::Kernels* k = isa == cpu::Isa::Avx512 ? cpu::qk::avx512_kernels() : cpu::qk::avx2_kernels();
+    ASSERT_NE(k, nullptr);
+    ASSERT_NE(k->pack, nullptr) << cpu::isa_name(isa);
+    for (int R : {4, 8, 16}) {
+      const auto w = random_blocks(c.type, R, c.cols);
+      const uint64_t rb = w.size() / R;
+      // Row r at offset 1 + r * (rb + 7) of one buffer, in reverse order: unaligned, not contiguous.
+      std::vector<uint8_t> src(1 + R * (rb + 7));
+      std::vector<const uint8_t*> rows(R);
+      for (int r = 0; r < R; ++r) {
+        uint8_t* at = src.data() + 1 + (R - 1 - r) * (rb + 7);
+        std::memcpy(at, w.data() + r * rb, rb);
+        rows[r] = at;
+      }
+      std::vector<uint8_t> ref(w.size(), 0x5A), out(w.size(), 0xA5), via_api(w.size(), 0xA5);
+      cpu::pack_group(c.type, R, rows.data(), c.cols, ref.data(), cpu::Isa::Scalar);
+      const cpu::qk::PackType t = c.type == GgmlType::Q4_0   ? cpu::qk::PackType::Q4_0
+                                  : c.type == GgmlType::Q4_1 ? cpu::qk::PackType::Q4_1
+                                  : c.type == GgmlType::Q8_0 ? cpu::qk::PackType::Q8_0
+                                  : c.type == GgmlType::Q4_K ? cpu::qk::PackType::Q4_K
+                                  : c.type == GgmlType::Q5_K ? cpu::qk::PackType::Q5_K
+                                                             : cpu::qk::PackType::Q6_K;
+      const int64_t nblocks = c.cols / static_cast<int64_t>(gguf::block_elements(c.type));
+      ASSERT_TRUE(k->pack(t, R, rows.data(), nblocks, out.data()));
+      cpu::pack_group(c.type, R, rows.data(), c.cols, via_api.data(), isa);
+      for (size_t i = 0; i < ref.size(); ++i)
+        ASSERT_EQ(ref[i], out[i]) << gguf::type_name(c.type) << " " << cpu::isa_name(isa) << " R=" << R << " byte " << i;
+      EXPECT_EQ(0, std::memcmp(ref.data(), via_api.data(), ref.size()));
+      ++tested;
+    }
+    // A group size the vector step cannot take falls back to the scalar bytes.
+    const cpu::qk::PackType any = cpu::qk::PackType::Q8_0;
+    EXPECT_FALSE(k->pack(any, 6, nullptr, 1, nullptr));
+  }
+  if (tested == 0) GTEST_SKIP() << "no vector ISA on this CPU";
 }
 
 TEST_P(Repack, KernelsMatchTheFileOrderScalarReference) {
@@ -193,6 +245,45 @@ TEST(RepackWeights, ExpertStacksStayAViewPerExpert) {
   cpu::linear(x.data(), 2, 32, f32.ptr() + 2 * 8 * 32, 8, nullptr, ref.data());
   cpu::expert_linear(x.data(), 2, f32, 2, out.data());
   EXPECT_EQ(out, ref);
+}
+
+// A whole expert layer from a GGUF file through the stored path (the stacks packed when each
+// expert's rows are whole groups, file order when not) against the same file dequantized to fp32.
+TEST(RepackWeights, QuantizedExpertStacksRunAWholeMoeModel) {
+  using G = GgmlType;
+  const auto dir = test::scratch_dir("repack_moe");
+  const std::vector<int32_t> ids{1, 7, 42, 99, 150, 201, 250, 299, 3, 77, 123, 180};
+  for (const auto& [ffn, types] : std::vector<std::pair<int64_t, std::vector<G>>>{
+           {256, {G::Q4_K, G::Q8_0, G::Q6_K}}, {40, {G::Q8_0, G::Q4_0, G::F16}}}) {
+    SCOPED_TRACE("expert width " + std::to_string(ffn));
+    const std::string path = (dir / ("moe" + std::to_string(ffn) + ".gguf")).string();
+    const auto bytes = test::tiny_moe_gguf(ffn, types);
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                static_cast<std::streamsize>(bytes.size()));
+    // As load_model takes a GGUF file, without the tokenizer the tiny file lacks.
+    const auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
+    const ModelConfig c = llama_config_from_gguf(*file);
+    const auto specs = llama_gguf_tensor_specs(c);
+    const DecoderWeights ref = load_gguf_weights(file, c, specs, {});
+    const LoadOptions options = cpu::stored_load_options();
+    DecoderWeights fast = load_gguf_weights(file, c, specs, {}, options.stored_types);
+    options.prepare_stored(fast, file->on_disk());
+    const StoredMatrix& gate = fast.layers[0].experts_gate.stored;
+    ASSERT_FALSE(gate.empty());
+    EXPECT_EQ(gate.matrices, 4);
+    const int R = cpu::pack_rows(cpu::best_isa());
+    EXPECT_EQ(gate.packed_rows, R > 0 && ffn % R == 0 ? R : 0);
+    const int vocab = c.vocab_size;
+    std::vector<float> a(ids.size() * vocab), b(ids.size() * vocab, NAN);
+    CpuRunner(c, ref, 16).forward(ids, 0, true, a);
+    CpuRunner(c, fast, 16).forward(ids, 0, true, b);
+    const double e = test::nmse(b, a);
+    std::printf("MoE GGUF, expert width %lld: stored vs fp32 logits NMSE %.3e\n", static_cast<long long>(ffn), e);
+    // 8-bit activations in the experts only, three products deep: measured 2.3e-4 to 2.9e-4 (width
+    // 256) and 5e-5 to 1e-4 (width 40) over 12 seeds; reading one expert's rows for another gave 0.5
+    // and 0.19.
+    EXPECT_LE(e, 1e-3);
+  }
 }
 
 }  // namespace

@@ -58,6 +58,16 @@ inline std::vector<uint8_t> random_stored(gguf::GgmlType t, uint64_t n) {
   return out;
 }
 
+// An F32 vector of n values around offset (norm weights near 1, biases near 0).
+inline void add_f32_vector(gguftest::GgufWriter& w, const std::string& name, uint64_t n, float offset) {
+  std::vector<float> v(n);
+  std::normal_distribution<float> d(offset, 0.1f);
+  for (auto& x : v) x = d(rng());
+  std::vector<uint8_t> b(n * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  w.tensor(name, {n}, gguf::GgmlType::F32, std::move(b));
+}
+
 // The matrix types, in the order the tiny model's matrices take them.
 inline std::vector<gguf::GgmlType> tiny_gguf_matrix_types() {
   using G = gguf::GgmlType;
@@ -90,14 +100,7 @@ inline std::vector<uint8_t> tiny_llama_gguf() {
     const G t = types[k++ % types.size()];
     w.tensor(name, {cols, rows}, t, random_stored(t, rows * cols));
   };
-  auto vec = [&](const std::string& name, uint64_t n, float offset) {
-    std::vector<float> v(n);
-    std::normal_distribution<float> d(offset, 0.1f);
-    for (auto& x : v) x = d(rng());
-    std::vector<uint8_t> b(n * 4);
-    std::memcpy(b.data(), v.data(), b.size());
-    w.tensor(name, {n}, G::F32, std::move(b));
-  };
+  auto vec = [&](const std::string& name, uint64_t n, float offset) { add_f32_vector(w, name, n, offset); };
   matrix("token_embd.weight", V, H);
   for (int i = 0; i < 2; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
@@ -116,6 +119,50 @@ inline std::vector<uint8_t> tiny_llama_gguf() {
   }
   vec("output_norm.weight", H, 1.f);
   matrix("output.weight", V, H);
+  return w.build();
+}
+
+// A tiny Mixtral-shaped GGUF (general.architecture llama with experts): hidden 256, 4 heads of 64,
+// 2 KV heads, one layer of 4 experts of width `expert_ffn` with 2 per token, vocab 300, untied. The
+// experts' stacks are stored in expert_types (gate, up, down); every other matrix is F16, so that
+// on the CPU's stored path only the experts meet 8-bit activations (the router's input is then the
+// same up to fp32 summation order, and no token changes experts). Ids 0..299 route to every expert.
+inline std::vector<uint8_t> tiny_moe_gguf(int64_t expert_ffn, const std::vector<gguf::GgmlType>& expert_types) {
+  using G = gguf::GgmlType;
+  const uint64_t H = 256, Q = 256, KV = 128, E = 4, V = 300, FE = static_cast<uint64_t>(expert_ffn);
+  gguftest::GgufWriter w;
+  w.kv_string("general.architecture", "llama").kv_u32("llama.block_count", 1);
+  w.kv_u32("llama.embedding_length", H).kv_u32("llama.feed_forward_length", FE);
+  w.kv_u32("llama.attention.head_count", 4).kv_u32("llama.attention.head_count_kv", 2);
+  w.kv_u32("llama.context_length", 128).kv_u32("llama.vocab_size", V);
+  w.kv_u32("llama.expert_count", E).kv_u32("llama.expert_used_count", 2);
+  w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f).kv_f32("llama.rope.freq_base", 10000.0f);
+  auto matrix = [&](const std::string& name, std::vector<uint64_t> dims, G t) {
+    uint64_t n = 1;
+    for (uint64_t d : dims) n *= d;
+    w.tensor(name, std::move(dims), t, random_stored(t, n));
+  };
+  auto vec = [&](const std::string& name, uint64_t n, float offset) { add_f32_vector(w, name, n, offset); };
+  matrix("token_embd.weight", {H, V}, G::F16);
+  vec("blk.0.attn_norm.weight", H, 1.f);
+  matrix("blk.0.attn_q.weight", {H, Q}, G::F16);
+  matrix("blk.0.attn_k.weight", {H, KV}, G::F16);
+  matrix("blk.0.attn_v.weight", {H, KV}, G::F16);
+  // A zero attention output: the stream stays each token's own embedding, so that the router sends
+  // different tokens to different experts (mixing over positions would route them alike).
+  w.tensor("blk.0.attn_output.weight", {Q, H}, G::F16, std::vector<uint8_t>(Q * H * 2, 0));
+  vec("blk.0.ffn_norm.weight", H, 1.f);
+  // A router of scale 1, so that tokens spread over the experts with clear margins.
+  std::vector<float> router(E * H);
+  for (auto& x : router) x = std::normal_distribution<float>(0.f, 1.f)(rng());
+  std::vector<uint8_t> rb(router.size() * 4);
+  std::memcpy(rb.data(), router.data(), rb.size());
+  w.tensor("blk.0.ffn_gate_inp.weight", {H, E}, G::F32, std::move(rb));
+  matrix("blk.0.ffn_gate_exps.weight", {H, FE, E}, expert_types.at(0));
+  matrix("blk.0.ffn_up_exps.weight", {H, FE, E}, expert_types.at(1));
+  matrix("blk.0.ffn_down_exps.weight", {FE, H, E}, expert_types.at(2));
+  vec("output_norm.weight", H, 1.f);
+  matrix("output.weight", {H, V}, G::F16);
   return w.build();
 }
 

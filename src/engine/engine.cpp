@@ -26,6 +26,19 @@ void Engine::init_engine(const EngineLimits& limits) {
   const ModelConfig& c = config();
   const int32_t shape[] = {c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, c.max_context};
   salt_ = prefix_block_hash(0, 0, std::span<const int32_t>(shape));
+  // One full-attention layer reads every position, so only a model whose every layer slides frees.
+  window_ = 0;
+  if (limits.free_window_blocks && static_cast<int>(c.layer_windows.size()) == c.n_layers && c.n_layers > 0) {
+    window_ = *std::max_element(c.layer_windows.begin(), c.layer_windows.end());
+    if (*std::min_element(c.layer_windows.begin(), c.layer_windows.end()) <= 0) window_ = 0;
+  }
+}
+
+void Engine::free_out_of_window(Sequence& s) {
+  if (window_ <= 0) return;
+  // The next token, at position length, attends to (length - W, length]; later ones further on.
+  const int64_t first_read = std::max<int64_t>(0, static_cast<int64_t>(s.length) - window_ + 1);
+  kv_.release_leading(s.blocks, first_read / kv_.block_size());
 }
 
 const Engine::Sequence& Engine::sequence(int seq) const {
@@ -65,6 +78,14 @@ void Engine::truncate_sequence(int seq, int length) {
   check(!s.caching || length >= static_cast<int64_t>(s.hashes.size()) * kv_.block_size(),
         "truncate: sequence {} would rewrite its cached blocks (length {} < {})", seq, length,
         static_cast<int64_t>(s.hashes.size()) * kv_.block_size());
+  // The window at the new length must still be held (0 needs nothing).
+  if (length > 0 && window_ > 0) {
+    const int64_t first_read = std::max<int64_t>(0, static_cast<int64_t>(length) - window_ + 1);
+    for (int64_t i = first_read / kv_.block_size(); i < kv_.blocks_for(length); ++i)
+      check(s.blocks[static_cast<size_t>(i)] != KvBlockAllocator::kFreed,
+            "truncate: sequence {} gave back the blocks its window needs at length {} (sliding-window freeing)",
+            seq, length);
+  }
   if (s.caching) s.tokens.resize(static_cast<size_t>(length));
   s.length = length;
   kv_.shrink(s.blocks, length);
@@ -77,6 +98,7 @@ void Engine::advance_sequence(int seq, int n) {
   check(n >= 0 && static_cast<int64_t>(s.length) + n <= static_cast<int64_t>(s.blocks.size()) * kv_.block_size(),
         "internal: sequence {} advanced by {} past its {} reserved blocks", seq, n, s.blocks.size());
   s.length += n;
+  free_out_of_window(s);
 }
 
 int Engine::live_sequences() const {
@@ -181,6 +203,8 @@ void Engine::begin_step(const Batch& batch) {
       s.tokens.insert(s.tokens.end(), r.tokens.begin(), r.tokens.end());
       register_full_blocks(s);
     }
+    // After registering: a completed block is cached before it may be given back.
+    free_out_of_window(s);
   }
   in_flight_out_ = std::move(out);
   in_flight_ = true;
@@ -227,6 +251,7 @@ int Engine::map_cached_prefix(int seq, std::span<const int32_t> tokens) {
   s.tokens.assign(tokens.begin(), tokens.begin() + m.tokens);
   s.length = m.tokens;
   on_prefix_mapped(seq, tokens, m.tokens);
+  free_out_of_window(s);
   return m.tokens;
 }
 
@@ -240,6 +265,8 @@ void Engine::register_full_blocks(Sequence& s) {
     // Registered only under a registered parent of this same sequence (kv_blocks.h): a block whose
     // parent duplicated one computed by another sequence at the same time stays private.
     const int32_t parent = i == 0 ? -1 : s.blocks[i - 1];
+    // A parent already given back (a window shorter than a block) may be gone: the chain ends here.
+    if (i > 0 && parent == KvBlockAllocator::kFreed) continue;
     if (parent >= 0 && (!kv_.is_registered(parent) || kv_.registered(s.hashes[i - 1]) != parent)) continue;
     kv_.register_block(s.blocks[i], hash, parent, block);
   }

@@ -58,6 +58,9 @@ struct EngineLimits {
   int64_t kv_cache_tokens = 0; // the KV pool, in tokens
   int block_size = 16;         // tokens per KV block
   int max_logit_rows = 0;      // logits rows one step returns (0: as many as it has tokens)
+  // When every layer of the model slides (Engine::window_freeing), give each sequence's blocks back
+  // as they fall wholly before its window. False keeps every position (for comparison).
+  bool free_window_blocks = true;
 };
 
 class Engine {
@@ -82,6 +85,20 @@ class Engine {
   bool reserve(int seq, int length);
   bool can_reserve(int seq, int length) const;
   const KvBlockAllocator& kv() const { return kv_; }
+
+  // Sliding windows. When every layer slides and limits().free_window_blocks, a sequence of length
+  // L never reads positions before L - W + 1 again (W: the longest layer window), so after every
+  // step (and after mapping a cached prefix) the blocks wholly before that go back to the pool: a
+  // shared one only drops a reference, a cached one stays cached (kv_blocks.h). Returns W, or 0
+  // when nothing is freed (a full-attention layer reads every position; the CUDA backend has no
+  // windows).
+  int window_freeing() const { return window_; }
+  // Blocks a sequence holds (those given back not counted).
+  int64_t held_blocks(int seq) const { return KvBlockAllocator::held(sequence(seq).blocks); }
+  // The most blocks a sequence holds while a step appends n tokens to it, whatever its length: its
+  // window's W - 1 earlier positions and the n new ones, misaligned by at most one block. Only
+  // meaningful when window_freeing() > 0.
+  int64_t window_blocks_bound(int64_t n) const { return kv_.blocks_for(window_ - 1 + n) + 1; }
 
   // Prefix caching (kv_blocks.h). match_prefix: how much of `tokens` the cache holds as whole
   // blocks, at most tokens.size() - 1 tokens (the last token is always computed, so that there are
@@ -152,7 +169,9 @@ class Engine {
   // Waits for the step run_step queued and completes its output; nothing to do for an engine
   // that computed it in run_step.
   virtual void finish_step(StepOutput& /*out*/) {}
-  // Called when a sequence is released or truncated (the backend may drop storage).
+  // Called when a sequence is released or truncated (the backend may drop storage). A sequence's
+  // block list may begin with KvBlockAllocator::kFreed entries (window_freeing): positions there are
+  // never read again.
   virtual void on_sequence_resized(int /*seq*/, int /*length*/) {}
   // Called after map_cached_prefix mapped `cached` tokens of `tokens` into `seq` (the
   // tensor-parallel engine maps the same prefix on every rank).
@@ -166,11 +185,14 @@ class Engine {
  private:
   // Hashes and registers the full blocks of a caching sequence that its last step completed.
   void register_full_blocks(Sequence& s);
+  // Gives back the blocks of s that lie wholly before its window (window_freeing).
+  void free_out_of_window(Sequence& s);
 
   EngineLimits limits_;
   KvBlockAllocator kv_;
   std::vector<Sequence> sequences_;
   uint64_t salt_ = 0;  // prefix_block_hash's salt: the model's shapes
+  int window_ = 0;     // window_freeing()
   bool in_flight_ = false;  // begin_step ran, end_step not yet
   StepOutput in_flight_out_;
 };

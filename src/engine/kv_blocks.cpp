@@ -41,11 +41,15 @@ int32_t KvBlockAllocator::take_block() {
   if (!free_.empty()) {
     b = free_.back();
     free_.pop_back();
-  } else {
-    // Every idle cached block is an evictable leaf or an ancestor of one (register_block's rule), so
-    // free_blocks() > 0 means there is a leaf.
-    check(!evictable_.empty(), "internal: no KV block to evict ({} idle cached)", idle_cached_);
+  } else if (!evictable_.empty()) {
     b = evictable_.begin()->second;
+    evict(b);
+  } else {
+    // Only idle blocks whose descendants are held (a windowed sequence let go of its first blocks):
+    // the oldest goes, and what hangs below it can no longer be looked up.
+    check(!interior_.empty(), "internal: no KV block to evict ({} idle cached)", idle_cached_);
+    b = interior_.begin()->second;
+    cut_subtree(b);
     evict(b);
   }
   refs_[b] = 1;
@@ -58,14 +62,47 @@ void KvBlockAllocator::evict(int32_t b) {
   table_.erase(r.hash);
   if (r.parent >= 0) {
     Registration& p = hash_of_[r.parent];
-    if (--p.children == 0 && refs_[r.parent] == 0) make_evictable(r.parent);
+    const bool was_idle_interior = refs_[r.parent] == 0;
+    if (was_idle_interior) forget_idle(r.parent);
+    std::erase(p.children, b);
+    if (was_idle_interior) make_idle(r.parent);
   }
   r = Registration{};
   --idle_cached_;
   ++evictions_;
 }
 
-void KvBlockAllocator::make_evictable(int32_t b) { evictable_.insert({released_at_[b], b}); }
+void KvBlockAllocator::cut_subtree(int32_t b) {
+  std::vector<int32_t> stack = std::move(hash_of_[b].children);
+  hash_of_[b].children.clear();
+  if (refs_[b] == 0) {  // now a leaf
+    forget_idle(b);
+    make_idle(b);
+  }
+  while (!stack.empty()) {
+    const int32_t d = stack.back();
+    stack.pop_back();
+    Registration& r = hash_of_[d];
+    stack.insert(stack.end(), r.children.begin(), r.children.end());
+    table_.erase(r.hash);
+    if (refs_[d] == 0) {
+      forget_idle(d);
+      --idle_cached_;
+      ++evictions_;
+      free_.push_back(d);
+    }
+    r = Registration{};  // a held one stays with its holders, uncached
+  }
+}
+
+void KvBlockAllocator::make_idle(int32_t b) {
+  (hash_of_[b].children.empty() ? evictable_ : interior_).insert({released_at_[b], b});
+}
+
+void KvBlockAllocator::forget_idle(int32_t b) {
+  evictable_.erase({released_at_[b], b});
+  interior_.erase({released_at_[b], b});
+}
 
 bool KvBlockAllocator::grow(std::vector<int32_t>& blocks, int64_t new_length) {
   if (!can_grow(blocks, new_length)) return false;
@@ -82,15 +119,30 @@ void KvBlockAllocator::release(int32_t b) {
   }
   ++idle_cached_;
   released_at_[b] = ++tick_;
-  if (hash_of_[b].children == 0) make_evictable(b);
+  make_idle(b);
 }
 
 void KvBlockAllocator::shrink(std::vector<int32_t>& blocks, int64_t new_length) {
   const size_t keep = static_cast<size_t>(blocks_for(new_length));
   while (blocks.size() > keep) {
-    release(blocks.back());
+    if (blocks.back() != kFreed) release(blocks.back());
     blocks.pop_back();
   }
+}
+
+int64_t KvBlockAllocator::release_leading(std::vector<int32_t>& blocks, int64_t count) {
+  int64_t n = 0;
+  for (size_t i = 0; i < std::min(blocks.size(), static_cast<size_t>(std::max<int64_t>(0, count))); ++i) {
+    if (blocks[i] == kFreed) continue;
+    release(blocks[i]);
+    blocks[i] = kFreed;
+    ++n;
+  }
+  return n;
+}
+
+int64_t KvBlockAllocator::held(const std::vector<int32_t>& blocks) {
+  return static_cast<int64_t>(std::count_if(blocks.begin(), blocks.end(), [](int32_t b) { return b != kFreed; }));
 }
 
 int32_t KvBlockAllocator::registered(uint64_t hash) const {
@@ -109,7 +161,7 @@ void KvBlockAllocator::acquire(int32_t b, std::vector<int32_t>& blocks) {
   check(b >= 0 && b < num_blocks_ && hash_of_[b].has, "internal: KV block {} is not a cached block", b);
   if (refs_[b] == 0) {
     --idle_cached_;
-    evictable_.erase({released_at_[b], b});
+    forget_idle(b);
   }
   ++refs_[b];
   blocks.push_back(b);
@@ -123,9 +175,9 @@ bool KvBlockAllocator::register_block(int32_t b, uint64_t hash, int32_t parent, 
   if (hash_of_[b].has || table_.count(hash) != 0) return false;
   if (tokens_.empty()) tokens_.resize(static_cast<size_t>(num_blocks_) * block_size_);
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<size_t>(b) * block_size_);
-  hash_of_[b] = Registration{true, hash, parent, 0};
+  hash_of_[b] = Registration{true, hash, parent, {}};
   table_.emplace(hash, b);
-  if (parent >= 0) ++hash_of_[parent].children;
+  if (parent >= 0) hash_of_[parent].children.push_back(b);
   return true;
 }
 
@@ -154,25 +206,38 @@ void KvBlockAllocator::check_invariants(std::span<const int32_t> holders) const 
     check(it != table_.end() && it->second == static_cast<int32_t>(b), "invariant: block {} is not in the table", b);
     if (r.parent >= 0) {
       check(hash_of_[r.parent].has, "invariant: block {}'s parent {} is not cached", b, r.parent);
+      const std::vector<int32_t>& kids = hash_of_[r.parent].children;
+      check(std::count(kids.begin(), kids.end(), static_cast<int32_t>(b)) == 1,
+            "invariant: block {} is not listed once among its parent {}'s children", b, r.parent);
       ++children[r.parent];
-      if (refs_[b] > 0) check(refs_[r.parent] > 0, "invariant: held block {} has an idle parent {}", b, r.parent);
     }
     if (refs_[b] == 0) ++idle;
   }
   check(registered_count == static_cast<int64_t>(table_.size()), "invariant: {} registered blocks, {} table entries",
         registered_count, table_.size());
   check(idle == idle_cached_, "invariant: {} idle cached blocks counted as {}", idle, idle_cached_);
-  size_t leaves = 0;
+  size_t leaves = 0, inner = 0;
   for (size_t b = 0; b < n; ++b) {
     const Registration& r = hash_of_[b];
-    if (!r.has) continue;
-    check(children[b] == r.children, "invariant: block {} counts {} children, has {}", b, r.children, children[b]);
-    const bool leaf = refs_[b] == 0 && r.children == 0;
-    check(leaf == (evictable_.count({released_at_[b], static_cast<int32_t>(b)}) == 1),
-          "invariant: block {} is {} the eviction set", b, leaf ? "missing from" : "wrongly in");
+    if (!r.has) {
+      check(r.children.empty(), "invariant: uncached block {} lists children", b);
+      continue;
+    }
+    check(children[b] == static_cast<int32_t>(r.children.size()), "invariant: block {} lists {} children, has {}", b,
+          r.children.size(), children[b]);
+    const std::pair<uint64_t, int32_t> key{released_at_[b], static_cast<int32_t>(b)};
+    const bool leaf = refs_[b] == 0 && r.children.empty();
+    const bool interior = refs_[b] == 0 && !r.children.empty();
+    check(leaf == (evictable_.count(key) == 1), "invariant: block {} is {} the eviction set", b,
+          leaf ? "missing from" : "wrongly in");
+    check(interior == (interior_.count(key) == 1), "invariant: block {} is {} the interior set", b,
+          interior ? "missing from" : "wrongly in");
     leaves += leaf ? 1 : 0;
+    inner += interior ? 1 : 0;
   }
   check(leaves == evictable_.size(), "invariant: the eviction set has {} entries, {} leaves", evictable_.size(), leaves);
+  check(inner == interior_.size(), "invariant: the interior set has {} entries, {} idle interior blocks",
+        interior_.size(), inner);
 }
 
 }  // namespace fdpp

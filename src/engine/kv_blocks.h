@@ -13,6 +13,14 @@
 // left, least recently released first and only leaves (no cached child), so a chain is cut from its
 // end. A block in use is never evicted. Shared blocks are full, so nobody writes into them: a
 // sequence only writes past its mapped prefix.
+//
+// Sliding windows (Engine, when every layer slides): a sequence gives back the blocks that lie wholly
+// before its window (release_leading) and keeps kFreed in their places, so that its list still maps
+// position p to entry p / block_size. A cached block let go that way can be idle while a
+// descendant is still held (an idle interior block). It still counts as free: when no idle leaf is
+// left, the least recently released idle interior block is evicted with its whole subtree cut from
+// the cache (its held descendants stay with their holders, uncached; its idle ones are freed), so
+// no lookup can reach a block whose ancestors are gone.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +39,10 @@ uint64_t prefix_block_hash(uint64_t parent_hash, uint64_t salt, std::span<const 
 
 class KvBlockAllocator {
  public:
+  // A sequence's list entry for a block it gave back (release_leading): those positions are never
+  // read again.
+  static constexpr int32_t kFreed = -1;
+
   KvBlockAllocator() = default;
   KvBlockAllocator(int64_t num_blocks, int block_size);
 
@@ -53,6 +65,11 @@ class KvBlockAllocator {
   bool grow(std::vector<int32_t>& blocks, int64_t new_length);
   // Lets go of the blocks beyond what new_length tokens need (all of them for 0).
   void shrink(std::vector<int32_t>& blocks, int64_t new_length);
+  // Lets go of blocks[0, count) and marks them kFreed (those already kFreed are skipped); `blocks`
+  // keeps its size. Returns how many were let go.
+  int64_t release_leading(std::vector<int32_t>& blocks, int64_t count);
+  // Entries of a list that are blocks (not kFreed).
+  static int64_t held(const std::vector<int32_t>& blocks);
 
   // The registered block for `hash` whose parent is `parent` (-1: the first block) and whose tokens
   // are `tokens` (checked, so a hash collision is a miss, never a wrong hit); -1 when none.
@@ -62,8 +79,8 @@ class KvBlockAllocator {
   // Maps a looked-up block into a sequence's list (one more holder).
   void acquire(int32_t block, std::vector<int32_t>& blocks);
   // Registers a full block held by a sequence under `hash`, a child of `parent` (-1 for the first
-  // block; else a registered block held by the same sequence, so that a held block's ancestors are
-  // held too and every idle cached block can be evicted, leaves first). False when the hash is
+  // block; else a registered block held by the same sequence, so that a chain's ancestors stay held
+  // as long as its holders keep their whole lists; see above for lists with kFreed). False when the hash is
   // registered already (to another block, or this one): the block stays private and returns to the
   // pool when let go.
   bool register_block(int32_t block, uint64_t hash, int32_t parent, std::span<const int32_t> tokens);
@@ -74,7 +91,8 @@ class KvBlockAllocator {
   int32_t ref_count(int32_t block) const { return refs_[block]; }
   bool is_registered(int32_t block) const { return hash_of_[block].has; }
   // Checks the internal invariants (every block exactly once among free / evictable / held, the
-  // evictable set is the unreferenced registered leaves, child counts match); throws fdpp::Error.
+  // evictable set is the unreferenced registered leaves, the interior set the unreferenced registered
+  // blocks with children, child lists match the parents); throws fdpp::Error.
   // `holders[b]`, when given, is how many sequences map block b.
   void check_invariants(std::span<const int32_t> holders = {}) const;
 
@@ -83,12 +101,14 @@ class KvBlockAllocator {
     bool has = false;
     uint64_t hash = 0;
     int32_t parent = -1;
-    int32_t children = 0;  // registered blocks whose parent this is
+    std::vector<int32_t> children;  // registered blocks whose parent this is
   };
   void release(int32_t block);
-  void make_evictable(int32_t block);
+  void make_idle(int32_t block);    // into evictable_ (a leaf) or interior_
+  void forget_idle(int32_t block);  // out of whichever of them holds it
   int32_t take_block();  // a fresh block, ref 1; free_blocks() > 0
   void evict(int32_t block);
+  void cut_subtree(int32_t block);  // unregisters block's descendants (idle ones to free_)
 
   int64_t num_blocks_ = 0;
   int block_size_ = 16;
@@ -99,6 +119,7 @@ class KvBlockAllocator {
   std::vector<uint64_t> released_at_;  // the tick its last holder let go (LRU order)
   std::unordered_map<uint64_t, int32_t> table_;
   std::set<std::pair<uint64_t, int32_t>> evictable_;  // (released_at, block): unreferenced registered leaves
+  std::set<std::pair<uint64_t, int32_t>> interior_;   // (released_at, block): unreferenced, with children
   int64_t idle_cached_ = 0;  // registered blocks no sequence holds
   uint64_t tick_ = 0;
   uint64_t evictions_ = 0;

@@ -101,7 +101,11 @@ uint64_t Scheduler::submit(GenerationRequest request, GenerationCallbacks callba
   check(need <= engine_.max_context(),
         "the prompt ({} tokens) + max_tokens ({}) exceed the context size {}", request.prompt.size(),
         request.max_tokens, engine_.max_context());
-  check(engine_.kv().blocks_for(need) <= engine_.kv().num_blocks(),
+  // A sequence that gives back the blocks behind its window runs alone in a pool of its window.
+  const int64_t blocks = engine_.window_freeing() > 0
+                             ? std::min(engine_.kv().blocks_for(need), engine_.window_blocks_bound(1))
+                             : engine_.kv().blocks_for(need);
+  check(blocks <= engine_.kv().num_blocks(),
         "the prompt ({} tokens) + max_tokens ({}) exceed the whole KV cache ({} tokens)", request.prompt.size(),
         request.max_tokens, engine_.kv().capacity_tokens());
   check_sampling_params(request.sampling);
@@ -355,6 +359,10 @@ void Scheduler::admit_locked() {
   // keeping a small reserve so that running sequences can still grow a block.
   const int64_t reserve_blocks = std::max<int64_t>(1, engine_.kv().num_blocks() / 100);
   int64_t free_blocks = engine_.kv().free_blocks();
+  if (engine_.window_freeing() > 0)
+    // A running windowed sequence grows until it holds its window: that room is spoken for.
+    for (const auto& r : running_)
+      free_blocks -= std::max<int64_t>(0, engine_.window_blocks_bound(1) - engine_.held_blocks(r->seq));
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_num_seqs) {
     Active& a = *waiting_.front();
     // Cached blocks cost nothing, except those no one holds: mapping takes them off the free count.
@@ -363,9 +371,16 @@ void Scheduler::admit_locked() {
       cached = engine_.match_prefix(a.tokens);
       if (computing_prefix(a, cached.blocks)) break;  // admitted when those blocks are cached
     }
-    const int64_t need =
+    int64_t need =
         engine_.kv().blocks_for(static_cast<int64_t>(a.tokens.size()) + 1) - cached.blocks + cached.idle_blocks;
     const bool alone = running_.empty();  // a lone request may take the reserve too
+    if (engine_.window_freeing() > 0) {
+      // It never holds more than its window and a step's tokens (prefill chunks are cut to fit);
+      // alone, it progresses a token at a time in the least that submit() checked.
+      const int64_t chunk = std::min<int64_t>(static_cast<int64_t>(a.tokens.size()) - cached.tokens + 1,
+                                              options_.max_batched_tokens);
+      need = std::min(need, engine_.window_blocks_bound(alone ? 1 : chunk));
+    }
     if (need > free_blocks - (alone ? 0 : reserve_blocks)) break;
     free_blocks -= need;
     a.seq = engine_.create_sequence();
@@ -450,7 +465,14 @@ bool Scheduler::step() {
     if (remaining <= 1 && !(remaining == 1 && a.computed == 0)) continue;
     if (a.in_batch) continue;
     if (budget <= 0 || static_cast<int>(batch.rows.size()) >= options_.max_num_seqs) break;
-    const int n = std::min(remaining, budget);
+    int n = std::min(remaining, budget);
+    if (engine_.window_freeing() > 0) {
+      // Its blocks behind the window are given back as it goes: a chunk that fits the free blocks
+      // progresses (a sequence longer than the pool included) where a whole one would wait.
+      const KvBlockAllocator& kv = engine_.kv();
+      const int64_t fit = (kv.blocks_for(a.computed) + kv.free_blocks()) * kv.block_size() - a.computed;
+      n = static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(1, fit)));
+    }
     if (!engine_.reserve(a.seq, a.computed + n)) break;  // the next step, after decodes free or preempt
     StepRow r;
     r.seq = a.seq;
@@ -465,7 +487,12 @@ bool Scheduler::step() {
     a.in_batch = true;
     budget -= n;
   }
-  if (batch.rows.empty()) return true;  // only preemptions happened; the next step admits again
+  if (batch.rows.empty()) {
+    // Windowed sequences are admitted by their window's bound, not their length, so prefills alone
+    // can leave each other no block: the last admitted gives way, as a decode row would make it.
+    if (engine_.window_freeing() > 0 && running_.size() > 1) preempt_last();
+    return true;  // only preemptions happened; the next step admits again
+  }
 
   for (Active* a : row_owner) a->in_batch = false;
   StepOutput out;
@@ -548,6 +575,7 @@ void Scheduler::publish_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.running = static_cast<int>(running_.size());
   stats_.kv_blocks_used = engine_.kv().used_blocks();
+  stats_.kv_blocks_peak = std::max(stats_.kv_blocks_peak, stats_.kv_blocks_used);
   stats_.kv_blocks_free = engine_.kv().free_blocks();
   stats_.kv_blocks_cached = engine_.kv().cached_blocks();
   stats_.prefix_cache_evictions = engine_.kv().evictions();

@@ -2,7 +2,9 @@
 // it): requests join at the next step, prompts are prefilled in chunks within a token budget per
 // step, running sequences decode in every step (never starved by prefill), admission is by free KV
 // blocks, and when the cache runs out the most recently admitted running request is preempted and
-// later recomputed from its prompt and the tokens it had generated (never dropped).
+// later recomputed from its prompt and the tokens it had generated (never dropped). With a model
+// whose every layer slides (Engine::window_freeing), a sequence holds at most its window's blocks
+// and a step's, and admission, prefill chunks and submit()'s size check count that instead.
 //
 // The server, the Python package and `fdpp generate --file` all drive this class. submit(),
 // cancel() and stats() are thread-safe; step() / run() run on one engine thread, and every
@@ -122,6 +124,7 @@ struct SchedulerStats {
   int waiting = 0;
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_free = 0;
+  int64_t kv_blocks_peak = 0;     // the most kv_blocks_used seen between steps
   uint64_t prompt_tokens = 0;     // prefilled (recomputation after preemption included)
   uint64_t generated_tokens = 0;
   uint64_t preemptions = 0;

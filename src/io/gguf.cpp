@@ -4,6 +4,8 @@
 #include "io/gguf.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -568,6 +570,17 @@ std::vector<int64_t> GgufFile::get_int_array(std::string_view key) const {
 const TensorInfo* GgufFile::find_tensor(std::string_view name) const {
   auto it = tensor_index_.find(std::string(name));
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
+}
+
+void GgufFile::release_metadata() {
+  std::unordered_map<std::string, Value>().swap(metadata_);
+  std::vector<std::string>().swap(keys_);
+  if (!on_disk()) return;
+  // Clean file pages: anything that reads them again gets them back from the page cache.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(image_.bytes().data());  // a mapping starts on a page
+  const uintptr_t e = (b + std::min<uint64_t>(data_offset_, image_.bytes().size())) & ~(page - 1);
+  if (b % page == 0 && e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
 }
 
 std::span<const uint8_t> GgufFile::tensor_bytes(const TensorInfo& info) const {

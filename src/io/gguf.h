@@ -145,6 +145,11 @@ class GgufFile {
   std::span<const uint8_t> tensor_bytes(const TensorInfo& info) const;
   // Whether the file is on disk (open()), so that TensorInfo::offset can be read with pread.
   bool on_disk() const { return image_.on_disk(); }
+  // For a caller that has read all it needs from the description (the loader, once the tokenizer
+  // and the weights are built): frees the parsed metadata (a tokenizer's vocabulary and merges,
+  // 3.5 MB for the default model) and drops the description's pages of a mapped file, which would
+  // otherwise stay resident for the whole run. Afterwards no key is found; tensors stay readable.
+  void release_metadata();
   // Dequantizes a whole tensor to float32 into dst (dst.size() must equal n_elements).
   void read_f32(const TensorInfo& info, std::span<float> dst) const;
 

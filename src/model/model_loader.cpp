@@ -1,6 +1,9 @@
 #include "model/model_loader.h"
 
 #include <sys/stat.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <cstdlib>
 #include <memory>
@@ -164,11 +167,17 @@ LoadedModel load_model(const std::string& path, const ProgressFn& progress, cons
     m.weights = load_hf_decoder(*h.source, h.config.config, hf_tensor_specs(h.config.config, *h.source), progress);
     return m;
   }
-  const auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
+  const auto file = std::make_shared<gguf::GgufFile>(gguf::GgufFile::open(path));
   m.description = describe_gguf(*file);
   m.tokenizer = gguf_tokenizer(path, *file, m.description.config);
   const ModelConfig& c = m.description.config;
-  m.weights = load_gguf_weights(file, c, gguf_architecture(*file).gguf_tensor_specs(c), progress,
+  const std::vector<GgufTensorSpec> specs = gguf_architecture(*file).gguf_tensor_specs(c);
+  // All read: from here the file serves its tensors only, and the peak of the load comes below.
+  file->release_metadata();
+#ifdef __GLIBC__
+  ::malloc_trim(0);  // the freed metadata and the tokenizer's build-time copies, back to the system
+#endif
+  m.weights = load_gguf_weights(file, c, specs, progress,
                                 options.weights == WeightForm::Stored ? options.stored_types : StoredTypeFilter{});
   if (options.weights == WeightForm::Stored && options.prepare_stored) options.prepare_stored(m.weights, file->on_disk());
   return m;

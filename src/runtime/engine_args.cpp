@@ -157,6 +157,19 @@ std::vector<EngineOption> build_table() {
     o.value = [](const EngineArgs& a) { return bool_text(a.prefix_caching); };
     t.push_back(std::move(o));
   }
+  {
+    EngineOption o;
+    o.name = "free_window_blocks";
+    o.flags = "--no-free-window-blocks";
+    o.front_ends = kGenerate | kServe;
+    o.kind = OptionKind::Switch;
+    o.flag_value = false;
+    o.help = "keep every position in the KV cache of a model whose every layer slides (its blocks behind "
+             "the window are otherwise given back as sequences grow; the results are the same)";
+    o.assign = [](EngineArgs& a, const std::string& v) { a.free_window_blocks = v == "true"; };
+    o.value = [](const EngineArgs& a) { return bool_text(a.free_window_blocks); };
+    t.push_back(std::move(o));
+  }
   t.push_back(choice("attention", "--attention", kModelUsers,
                      "CUDA decode attention: async (unified max, FlashDecoding++) or sync (FlashDecoding)",
                      {"async", "sync"}, &EngineArgs::attention));
@@ -332,6 +345,7 @@ EngineLimits EngineArgs::engine_limits(Device d) const {
   l.max_step_rows = s.max_num_seqs;
   l.max_step_tokens = s.max_batched_tokens;
   l.kv_cache_tokens = kv_cache_tokens;
+  l.free_window_blocks = free_window_blocks;
   return l;
 }
 

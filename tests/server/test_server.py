@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FDPP, ORIGIN, start
+from conftest import FDPP, ORIGIN, ROOT, start
 
 N = 8  # tokens per request where the length does not matter
 
@@ -550,3 +550,26 @@ def test_multi_turn_chat_reuses_the_prefix_cache(server):
         assert "fdpp_prefix_cache_evictions_total" in m_on
     finally:
         off.stop()
+
+
+@pytest.mark.parametrize("model", ["hf/qwen3moe_tied_gguf/model.gguf", "hf/mixtral_gqa_bf16"])
+def test_mixture_of_experts_models_serve_like_any_other(model):
+    # A Qwen3-MoE GGUF and a Mixtral directory (tiny random checkpoints written by transformers, see
+    # tests/fixtures/hf): the greedy continuation of the fixture's prompt ids is transformers' own,
+    # through the OpenAI client, and a chat through the model's template streams.
+    fixture = os.path.join(ROOT, "tests", "fixtures", model)
+    ref_dir = os.path.dirname(fixture) if fixture.endswith(".gguf") else fixture
+    with open(os.path.join(ref_dir, "reference.json")) as f:
+        ref = json.load(f)
+    s = start("--model", fixture, "--ctx-size", "128")
+    try:
+        c = client(s)
+        r = c.completions.create(model=s.model_id, prompt=ref["prompt"], max_tokens=len(ref["greedy"]), temperature=0,
+                                 extra_body={"return_token_ids": True, "ignore_eos": True})
+        assert r.choices[0].token_ids == ref["greedy"]
+        chunks = list(c.chat.completions.create(model=s.model_id, messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=4, temperature=0, stream=True,
+                                                extra_body={"ignore_eos": True}))
+        assert chunks[-1].choices[0].finish_reason == "length"
+    finally:
+        s.stop()

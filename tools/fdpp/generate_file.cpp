@@ -144,9 +144,9 @@ int run_generate_file(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
   const SchedulerStats st = scheduler.stats();
   fmt::print(stderr,
              "{} prompts: {} prompt tokens ({} from the prefix cache), {} generated tokens in {:.2f} s ({:.1f} generated "
-             "tokens/s), {} steps, {} preemptions | seed {}\n",
+             "tokens/s), {} steps, {} preemptions, at most {} of {} KV blocks held | seed {}\n",
              entries.size(), prompt_tokens, cached_tokens, generated, seconds, seconds > 0 ? generated / seconds : 0.0, st.steps,
-             st.preemptions, a.sampling.seed);
+             st.preemptions, st.kv_blocks_peak, scheduler.engine().kv().num_blocks(), a.sampling.seed);
   check(failed == 0, "{} of {} requests failed (see the \"error\" field of their lines)", failed, entries.size());
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quant_matmul.h"
@@ -57,7 +58,11 @@ struct CpuEngine::Forward {
   std::span<const RowPlan> rows;
   const int64_t T, H, E, Q, KV, FF;
   std::vector<int32_t> positions;
-  std::vector<float> x, h, q, k, v, attn, o, up, gate, e;
+  std::vector<float> x, h, o, up, e;
+  // q, k, v and attn live from qkv to out_proj, the gate of a gated MLP only inside mlp_up_act: one
+  // buffer holds both (a 512-token prefill of the default model peaks 3 MB lower).
+  std::vector<float> scratch;
+  std::span<float> q, k, v, attn, gate;
   const float* input = nullptr;  // h, or x itself after stream_as_input / a write-back norm
   const float* up_act = nullptr;
   // The head: the last token of each row whose logits are wanted (or sampled from), every token of
@@ -69,7 +74,15 @@ struct CpuEngine::Forward {
   Forward(CpuEngine& eng, std::span<const RowPlan> step_rows, int64_t total_tokens)
       : engine(eng), c(eng.config_), w(eng.weights_), rows(step_rows), T(total_tokens), H(c.hidden),
         E(c.embedding_dim()), Q(c.q_dim()), KV(c.kv_dim()), FF(c.ffn_hidden), positions(T), x(T * H),
-        h(T * std::max(H, E)), q(T * Q), k(T * KV), v(T * KV), attn(T * Q), o(T * H), up(T * FF) {
+        h(T * std::max(H, E)), o(T * H), up(T * FF) {
+    const bool gated = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;
+    scratch.resize(static_cast<size_t>(T * std::max(2 * Q + 2 * KV, gated ? FF : 0)));
+    float* s = scratch.data();
+    q = {s, static_cast<size_t>(T * Q)};
+    k = {q.data() + q.size(), static_cast<size_t>(T * KV)};
+    v = {k.data() + k.size(), static_cast<size_t>(T * KV)};
+    attn = {v.data() + v.size(), static_cast<size_t>(T * Q)};
+    if (gated) gate = {s, static_cast<size_t>(T * FF)};
     for (const RowPlan& r : rows) {
       for (size_t t = 0; t < r.row->tokens.size(); ++t) positions[r.token_offset + t] = r.start + static_cast<int32_t>(t);
       const int64_t n = static_cast<int64_t>(r.row->tokens.size());
@@ -193,7 +206,6 @@ struct CpuEngine::Forward {
     const LayerWeights& L = w.layers[layer];
     cpu::linear(input, T, L.w_up, bias_or_null(L.b_up), up.data());
     if (activation == Activation::SwiGLU || activation == Activation::GeGLU) {
-      gate.resize(T * FF);
       cpu::linear(input, T, L.w_gate, bias_or_null(L.b_gate), gate.data());
       if (activation == Activation::SwiGLU) {
         cpu::silu_mul(gate.data(), up.data(), T * FF, up.data());

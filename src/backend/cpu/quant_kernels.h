@@ -39,6 +39,11 @@ using QuantRow = void (*)(const float* x, int64_t k, uint8_t* out);
 using GroupDot = void (*)(const uint8_t* g, const uint8_t* act, uint64_t stride, int m, int64_t k, float* out,
                           int64_t ldo);
 
+// Load-time packing (quant_repack.h): block b of rows[0..R) (file format) into the group block at
+// dst + b * R * block bytes, for b < nblocks. False where this table cannot pack R rows.
+enum class PackType { Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K };
+using PackBlocks = bool (*)(PackType type, int R, const uint8_t* const* rows, int64_t nblocks, uint8_t* dst);
+
 struct Kernels {
   RowDot f32, f16, bf16, q4_0, q4_1, q8_0, q4_k, q5_k, q6_k;
   QuantRow quant_q8, quant_q8k;
@@ -46,6 +51,7 @@ struct Kernels {
   // 0: none (scalar), matrices stay in file order.
   int pack_rows;
   GroupDot g_q4_0, g_q4_1, g_q8_0, g_q4_k, g_q5_k, g_q6_k;
+  PackBlocks pack;  // null: quant_repack.cpp's scalar reference packs
 };
 
 const Kernels& scalar_kernels();

@@ -181,7 +181,7 @@ void q6k_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, int6
 
 const Kernels kScalarTable = {float_rows<0>, float_rows<1>, float_rows<2>, legacy_rows<0>, legacy_rows<1>,
                               legacy_rows<2>, qk_rows<false>, qk_rows<true>, q6k_rows, quant_q8, quant_q8k,
-                              0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+                              0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/quant_matmul.h"
 #include "backend/cpu/thread_pool.h"
 #include "fdpp/error.h"
@@ -190,7 +191,9 @@ struct Unmap {
 std::shared_ptr<const void> anon_buffer(size_t bytes, uint8_t** data) {
   void* p = ::mmap(nullptr, std::max<size_t>(bytes, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   check(p != MAP_FAILED, "could not allocate {} bytes for repacked weights", bytes);
-  // 2 MiB pages: a 7B decode streams ~4 GB per token, ~1M 4 KiB TLB entries otherwise.
+  // 2 MiB pages: a 7B decode streams ~4 GB per token, ~1M 4 KiB TLB entries otherwise; decode is
+  // faster with them, but their first touch is most of a 7B load when the kernel has none free at
+  // hand (docs/performance-log.md, "load time and peak RSS of the repacked weights").
 #ifdef MADV_HUGEPAGE
   ::madvise(p, bytes, MADV_HUGEPAGE);
 #endif
@@ -207,6 +210,37 @@ void drop_mapped(const uint8_t* p, size_t bytes) {
   ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
 }
 
+qk::PackType pack_type(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_0: return qk::PackType::Q4_0;
+    case GgmlType::Q4_1: return qk::PackType::Q4_1;
+    case GgmlType::Q8_0: return qk::PackType::Q8_0;
+    case GgmlType::Q4_K: return qk::PackType::Q4_K;
+    case GgmlType::Q5_K: return qk::PackType::Q5_K;
+    case GgmlType::Q6_K: return qk::PackType::Q6_K;
+    default: check(false, "no interleaved layout for {}", gguf::type_name(type));
+  }
+  return qk::PackType::Q4_0;
+}
+
+// The vector packer of an ISA; null for Scalar (the reference) or an ISA this CPU lacks.
+qk::PackBlocks vector_packer(Isa isa) {
+  if (isa == Isa::Auto) isa = best_isa();
+  if (isa == Isa::Scalar || !isa_available(isa)) return nullptr;
+  const qk::Kernels* k = isa == Isa::Avx512 ? qk::avx512_kernels() : qk::avx2_kernels();
+  return k != nullptr ? k->pack : nullptr;
+}
+
+// drop_mapped for the pages wholly inside [p, p + bytes) only.
+void drop_mapped_inside(const uint8_t* p, size_t bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(page - 1);
+  if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
+constexpr int kMaxPackRows = 64;
+
 }  // namespace
 
 bool repack_supported(GgmlType type) {
@@ -214,8 +248,9 @@ bool repack_supported(GgmlType type) {
          type == GgmlType::Q5_K || type == GgmlType::Q6_K;
 }
 
-void pack_group(GgmlType type, int R, const uint8_t* const* rows, int64_t cols, uint8_t* dst) {
+void pack_group(GgmlType type, int R, const uint8_t* const* rows, int64_t cols, uint8_t* dst, Isa isa) {
   const int64_t be = static_cast<int64_t>(gguf::block_elements(type)), bb = static_cast<int64_t>(gguf::block_bytes(type));
+  if (const qk::PackBlocks simd = vector_packer(isa); simd != nullptr && simd(pack_type(type), R, rows, cols / be, dst)) return;
   for (int64_t b = 0; b < cols / be; ++b)
     for (int r = 0; r < R; ++r)
       block_xfer<true>(type, R, dst + b * bb * R, const_cast<uint8_t*>(rows[r] + b * bb), r);
@@ -239,28 +274,28 @@ StoredMatrix repack_matrix(const StoredMatrix& m, int R, bool drop_source) {
   p.packed_rows = R;
   p.row_order = nullptr;
   const uint64_t group_bytes = rb * static_cast<uint64_t>(R);
-  // Chunks of ~1 MiB, each source range dropped once copied: the peak holds one chunk twice, not
-  // the matrix (a 30 MB tied embedding of the default model otherwise raised peak RSS by 30 MB).
+  check(R <= kMaxPackRows, "{} rows per group: at most {}", R, kMaxPackRows);
+  // Tasks of ~1 MiB, handed out dynamically (no barrier per chunk), each dropping its source pages
+  // once copied: the peak holds one chunk per thread twice, not the matrix (a 30 MB tied embedding
+  // of the default model otherwise raised peak RSS by 30 MB). Pages a task shares with its
+  // neighbours stay until the whole source is dropped below, so no task drops what another reads.
   const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((1u << 20) / group_bytes));
-  for (int64_t c0 = 0; c0 < groups; c0 += chunk) {
-    const int64_t c1 = std::min(groups, c0 + chunk);
-    const int64_t tasks = task_count(c1 - c0, 8);
-    const int64_t per = (c1 - c0 + tasks - 1) / tasks;
-    parallel_for(tasks, [&](int64_t t) {
-      std::vector<const uint8_t*> rows(static_cast<size_t>(R));
-      for (int64_t g = c0 + t * per; g < std::min(c1, c0 + (t + 1) * per); ++g) {
-        for (int r = 0; r < R; ++r) rows[static_cast<size_t>(r)] = m.row(g * R + r);
-        pack_group(m.type, R, rows.data(), m.cols, data + static_cast<uint64_t>(g) * group_bytes);
-      }
-    });
+  const Isa isa = best_isa();
+  parallel_for((groups + chunk - 1) / chunk, [&](int64_t c) {
+    const int64_t g0 = c * chunk, g1 = std::min(groups, g0 + chunk);
+    const uint8_t* rows[kMaxPackRows];
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int r = 0; r < R; ++r) rows[r] = m.row(g * R + r);
+      pack_group(m.type, R, rows, m.cols, data + static_cast<uint64_t>(g) * group_bytes, isa);
+    }
     if (drop_source) {
       // The rows' span in the source (row_order permutes rows within a head: a small span).
-      const uint8_t* lo = m.row(c0 * R);
+      const uint8_t* lo = m.row(g0 * R);
       const uint8_t* hi = lo;
-      for (int64_t n = c0 * R; n < c1 * R; ++n) lo = std::min(lo, m.row(n)), hi = std::max(hi, m.row(n));
-      drop_mapped(lo, static_cast<size_t>(hi - lo) + rb);
+      for (int64_t n = g0 * R; n < g1 * R; ++n) lo = std::min(lo, m.row(n)), hi = std::max(hi, m.row(n));
+      drop_mapped_inside(lo, static_cast<size_t>(hi - lo) + rb);
     }
-  }
+  });
   for (int64_t r = 0; r < tail; ++r)
     std::memcpy(data + static_cast<uint64_t>(groups) * group_bytes + static_cast<uint64_t>(r) * rb,
                 m.row(groups * R + r), rb);

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 
+#include "backend/cpu/quant_matmul.h"
 #include "io/gguf.h"
 #include "model/decoder.h"
 
@@ -38,7 +39,10 @@ bool repack_supported(gguf::GgmlType type);
 
 // Packs rows[0..R) (each cols elements of `type`, file format) into one group at dst
 // (R * row_bytes bytes), and the inverse for row r of a group (dst: one file-format row).
-void pack_group(gguf::GgmlType type, int R, const uint8_t* const* rows, int64_t cols, uint8_t* dst);
+// isa: the packer's instructions (Auto: best_isa()); Scalar is the reference, and every ISA writes
+// the same bytes.
+void pack_group(gguf::GgmlType type, int R, const uint8_t* const* rows, int64_t cols, uint8_t* dst,
+                Isa isa = Isa::Auto);
 void unpack_group_row(gguf::GgmlType type, int R, const uint8_t* group, int r, int64_t cols, uint8_t* dst);
 
 // A packed copy of m (its row_order applied) with R rows per group, in its own anonymous memory
