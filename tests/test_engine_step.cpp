@@ -538,7 +538,9 @@ TEST_F(SchedulerTest, PromptLogprobsScoreEveryPromptTokenAsOneForwardDoes) {
   GenerationRequest plain = request(37, 5, 0.f, 1);
   GenerationRequest scored = plain;
   scored.prompt_logprobs = 2;
-  const auto results = run(e, {plain, scored}, o);
+  GenerationRequest other = request(20, 30, 0.f, 2);  // decode rows beside the scored chunks
+  auto results = run(e, {plain, other, scored}, o);
+  results.erase(results.begin() + 1);
   EXPECT_TRUE(results[0].prompt_logprobs.empty());
   EXPECT_EQ(results[1].token_ids, results[0].token_ids);
   const std::vector<TokenLogprobs>& got = results[1].prompt_logprobs;

@@ -484,7 +484,9 @@ bool Scheduler::step() {
   }
   // Prefill chunks with the rest of the budget, in admission order.
   const int logit_rows_cap = engine_.limits().max_logit_rows;  // 0: no limit
-  int logit_rows = 0;
+  // Logits rows of the step so far, counted as the engine that counts most does: one per row (the
+  // CUDA engine's head rows include every sampling row) and every position of a scored chunk.
+  int logit_rows = static_cast<int>(batch.rows.size());
   for (auto& owner : running_) {
     Active& a = *owner;
     const int remaining = static_cast<int>(a.tokens.size()) - a.computed;
@@ -502,7 +504,7 @@ bool Scheduler::step() {
     // Scoring the prompt: every position's logits, within what one step returns.
     const bool score = scores_prompt(a);
     if (score && logit_rows_cap > 0) {
-      if (logit_rows >= logit_rows_cap) continue;
+      if (logit_rows >= logit_rows_cap) continue;  // the next step, with fewer rows
       n = std::min(n, logit_rows_cap - logit_rows);
     }
     if (!engine_.reserve(a.seq, a.computed + n)) break;  // the next step, after decodes free or preempt
@@ -510,7 +512,7 @@ bool Scheduler::step() {
     r.seq = a.seq;
     r.tokens = std::span<const int32_t>(a.tokens.data() + a.computed, n);
     r.all_logits = score;
-    if (score) logit_rows += n;
+    logit_rows += score ? n : 1;
     r.sample = n == remaining;  // the last chunk draws the next token
     r.sampling = a.request.sampling;
     r.sample_index = a.generated.size();
