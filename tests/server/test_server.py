@@ -471,6 +471,14 @@ def test_echo_with_logprobs_scores_the_prompt(server):
     for i in range(n, n + 3):
         top = lp.top_logprobs[i]
         assert max(top, key=top.get) == lp.tokens[i]
+    # As the harness sends them: a batch of token-id prompts, each scored on its own.
+    body = {"model": server.model_id, "prompt": [scored_ids, prompt_ids], "temperature": 0, "max_tokens": 1,
+            "logprobs": 1, "seed": 1234, "echo": True}
+    out = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    first, second = sorted(out["choices"], key=lambda ch: ch["index"])
+    assert first["logprobs"]["token_logprobs"][:-1] == pytest.approx([None] + lp.token_logprobs[1:-1], abs=1e-5)
+    assert len(second["logprobs"]["token_logprobs"]) == n + 1
+    assert second["logprobs"]["token_logprobs"][1:n] == pytest.approx(lp.token_logprobs[1:n], abs=1e-5)
 
 
 def test_n_choices(server):
