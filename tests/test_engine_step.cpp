@@ -520,6 +520,45 @@ TEST_F(SchedulerTest, CancelFreesBlocksAndStopStringsCutTheText) {
 // Log probabilities follow the tokens (the deltas carry those of their tokens, the result all of
 // them and their sum), beside a request that asks for none; min_tokens holds a stop id back (vLLM's
 // meaning: nothing stops the request before it).
+// prompt_logprobs: each prompt token after the first gets the log probability its position's
+// logits give it, as one forward over the prompt computes them, though the prompt is prefilled in
+// chunks cut to the engine's logits rows and a request with the same beginning has filled the
+// prefix cache; the generated tokens do not change.
+TEST_F(SchedulerTest, PromptLogprobsScoreEveryPromptTokenAsOneForwardDoes) {
+  EngineLimits l;
+  l.max_context = config_->max_context;
+  l.max_step_rows = 4;
+  l.max_step_tokens = 64;
+  l.kv_cache_tokens = 2048;
+  l.max_logit_rows = 7;  // the 37-token prompt in chunks of at most 7 scored positions
+  CpuEngine e(*config_, *weights_, l);
+  SchedulerOptions o;
+  o.max_num_seqs = 4;
+  o.max_batched_tokens = 64;
+  GenerationRequest plain = request(37, 5, 0.f, 1);
+  GenerationRequest scored = plain;
+  scored.prompt_logprobs = 2;
+  GenerationRequest other = request(20, 30, 0.f, 2);  // decode rows beside the scored chunks
+  auto results = run(e, {plain, other, scored}, o);
+  results.erase(results.begin() + 1);
+  EXPECT_TRUE(results[0].prompt_logprobs.empty());
+  EXPECT_EQ(results[1].token_ids, results[0].token_ids);
+  const std::vector<TokenLogprobs>& got = results[1].prompt_logprobs;
+  ASSERT_EQ(got.size(), plain.prompt.size() - 1);
+  CpuRunner runner(*config_, *weights_, static_cast<int>(plain.prompt.size()));
+  const int vocab = config_->vocab_size;
+  std::vector<float> logits(plain.prompt.size() * vocab);
+  runner.forward(plain.prompt, 0, true, logits);
+  for (size_t t = 0; t + 1 < plain.prompt.size(); ++t) {
+    const TokenLogprobs want =
+        Sampler::logprobs(std::span<const float>(logits.data() + t * vocab, vocab), plain.prompt[t + 1], 2);
+    EXPECT_NEAR(got[t].logprob, want.logprob, 1e-4) << t;
+    EXPECT_EQ(got[t].rank, want.rank) << t;
+    ASSERT_EQ(got[t].top.size(), 2u);
+    EXPECT_EQ(got[t].top[0].id, want.top[0].id) << t;
+  }
+}
+
 TEST_F(SchedulerTest, LogprobsFollowTheTokensAndMinTokensHoldsStopsBack) {
   auto e = engine(4, 2048);
   SchedulerOptions o;

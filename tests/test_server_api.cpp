@@ -290,8 +290,9 @@ TEST(ServerApi, UnsupportedFieldsAreRejectedByName) {
            {"include_stop_str_in_output", "true"}, {"use_beam_search", "true"}, {"best_of", "1.0"},
            {"add_special_tokens", "1"}})
     EXPECT_EQ(error_of(C, "{\"prompt\": \"a\", \"" + field + "\": " + value + "}"), std::make_pair(400, field)) << field;
-  // echo with logprobs: the prompt's log probabilities are not computed; refused by name.
-  EXPECT_EQ(error_of(C, R"({"prompt": "a", "echo": true, "logprobs": 1})"), std::make_pair(400, std::string("echo")));
+  // echo with logprobs scores the prompt, but not when streaming: refused by name.
+  EXPECT_EQ(error_of(C, R"({"prompt": "a", "echo": true, "logprobs": 1, "stream": true})"),
+            std::make_pair(400, std::string("echo")));
   // top_logprobs without "logprobs": true.
   EXPECT_EQ(error_of(H, "{" + chat + R"(, "top_logprobs": 2, "logprobs": false})"),
             std::make_pair(400, std::string("top_logprobs")));

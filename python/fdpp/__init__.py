@@ -218,9 +218,14 @@ class SamplingParams:
             logits, before logit_bias, the penalties and the temperature: vLLM's default), so at
             temperature 0 without bias or penalties the sampled token is the top one.
 
+        prompt_logprobs: None, or k in [0, 20]: RequestOutput.prompt_logprobs gets, per prompt token,
+            None for the first and a dict {id: Logprob} of the k most likely tokens and the prompt's
+            own for every other (vLLM's shape). The prompt is then computed whole, not taken from
+            the prefix cache.
+
     vLLM's fields that fdpp does not implement are accepted at the value that leaves the output as
     it is, so that code written for vLLM runs unchanged, and refused otherwise (InvalidInputError
-    naming the field): prompt_logprobs (None), skip_special_tokens (True).
+    naming the field): skip_special_tokens (True).
 
     The ranges and the messages of a value out of them are those of the server and of the CLI's
     prompts files: one table in the engine (src/engine/request_limits.h), e.g.
@@ -246,6 +251,7 @@ class SamplingParams:
         "min_tokens",
         "logit_bias",
         "logprobs",
+        "prompt_logprobs",
         "structured_outputs",
     )
 
@@ -281,8 +287,7 @@ class SamplingParams:
         if so is not None and not isinstance(so, StructuredOutputsParams):
             raise _bad(f"structured_outputs: expected StructuredOutputsParams, got {type(so).__name__}")
         self.structured_outputs = so
-        for name, value, neutral in (("prompt_logprobs", prompt_logprobs, (None,)),
-                                     ("skip_special_tokens", skip_special_tokens, (True,))):
+        for name, value, neutral in (("skip_special_tokens", skip_special_tokens, (True,)),):
             # bool is an int: True must not pass as n = 1, nor False as a penalty of 0.
             if isinstance(value, bool) != isinstance(neutral[-1], bool) or value not in neutral:
                 raise _bad(f"{name}: {value!r} is not supported (fdpp takes only {' or '.join(map(repr, neutral))})")
@@ -304,6 +309,12 @@ class SamplingParams:
         self.presence_penalty = float(_check_param("presence_penalty", presence_penalty))
         self.frequency_penalty = float(_check_param("frequency_penalty", frequency_penalty))
         self.logprobs = None if logprobs is None else _check_param("logprobs", logprobs)
+        self.prompt_logprobs = None
+        if prompt_logprobs is not None:
+            # The range of logprobs, in a message that names this field.
+            if message := _core.request_param_problem("logprobs", prompt_logprobs):
+                raise _bad(message.replace('"logprobs"', '"prompt_logprobs"', 1))
+            self.prompt_logprobs = prompt_logprobs
         self.min_tokens = _check_param("min_tokens", min_tokens)
         bias = {} if logit_bias is None else logit_bias
         if not isinstance(bias, dict):
@@ -392,6 +403,7 @@ class SamplingParams:
         s.logit_bias = list(self.logit_bias.items())
         s.logprobs = -1 if self.logprobs is None else self.logprobs
         r.sampling = s
+        r.prompt_logprobs = -1 if self.prompt_logprobs is None else self.prompt_logprobs
         if self.structured_outputs is not None:
             r.set_grammar(self.structured_outputs._grammar)
         return r
@@ -480,6 +492,9 @@ class RequestOutput:
     error: Optional[str] = None
     #: prompt tokens taken from the prefix cache instead of computed (vLLM's num_cached_tokens)
     num_cached_tokens: Optional[int] = None
+    #: SamplingParams.prompt_logprobs = k: None for the first prompt token, then per token {id:
+    #: Logprob} of the k most likely and the prompt's own (vLLM's shape); None when not asked
+    prompt_logprobs: Optional[list[Optional[dict[int, "Logprob"]]]] = None
 
 
 def _refused(prompt: Optional[str], ids: list[int], message: str) -> RequestOutput:
@@ -490,29 +505,39 @@ def _refused(prompt: Optional[str], ids: list[int], message: str) -> RequestOutp
     )
 
 
+def _logprob_dicts(tokens, lps, token_text: Optional[Callable[[int], str]]) -> list[dict[int, "Logprob"]]:
+    """Per token, {id: Logprob} of the top alternatives and the token itself (vLLM's shape)."""
+    out = []
+    for tok, (lp, rank, top) in zip(tokens, lps):
+        entry = {tid: Logprob(v, i + 1, token_text(tid) if token_text else None) for i, (tid, v) in enumerate(top)}
+        if tok not in entry:
+            entry[tok] = Logprob(lp, rank, token_text(tok) if token_text else None)
+        out.append(entry)
+    return out
+
+
 def _completion(index: int, r: "_core.CoreResult", token_text: Optional[Callable[[int], str]],
                 want_logprobs: bool) -> CompletionOutput:
     logprobs = None
     cumulative = None
     if want_logprobs:
-        logprobs = []
-        for tok, (lp, rank, top) in zip(r.token_ids, r.logprobs):
-            entry = {tid: Logprob(v, i + 1, token_text(tid) if token_text else None) for i, (tid, v) in enumerate(top)}
-            if tok not in entry:
-                entry[tok] = Logprob(lp, rank, token_text(tok) if token_text else None)
-            logprobs.append(entry)
+        logprobs = _logprob_dicts(r.token_ids, r.logprobs, token_text)
         cumulative = r.cumulative_logprob
     return CompletionOutput(index, r.text, list(r.token_ids), r.finish_reason, stop_reason=r.stop_reason,
                             logprobs=logprobs, cumulative_logprob=cumulative)
 
 
 def _output(rs: "list[_core.CoreResult]", prompt: Optional[str],
-            token_text: Optional[Callable[[int], str]] = None, want_logprobs: bool = False) -> RequestOutput:
+            token_text: Optional[Callable[[int], str]] = None, want_logprobs: bool = False,
+            want_prompt_logprobs: bool = False) -> RequestOutput:
     for r in rs:
         if r.finish_reason == "error":
             raise EngineError(r.error)
     r = rs[0]
     outputs = [_completion(j, x, token_text, want_logprobs) for j, x in enumerate(rs)]
+    prompt_logprobs = None
+    if want_prompt_logprobs:
+        prompt_logprobs = [None] + _logprob_dicts(list(r.prompt)[1:], r.prompt_logprobs, token_text)
     return RequestOutput(
         request_id=str(r.id),
         prompt=prompt,
@@ -523,6 +548,7 @@ def _output(rs: "list[_core.CoreResult]", prompt: Optional[str],
         metrics=RequestMetrics(r.time_to_first_token, r.total_time, r.time_per_output_token, r.preemptions),
         outputs=outputs,
         num_cached_tokens=r.cached_tokens,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -1083,8 +1109,9 @@ class LLM:
         at = 0
         for k, count in zip(where, counts):
             sp = params[k]
-            token_text = self._token_text if sp.logprobs is not None else None
-            outputs[k] = _output(results[at:at + count], items[k][0], token_text, sp.logprobs is not None)
+            scored = sp.prompt_logprobs is not None
+            token_text = self._token_text if sp.logprobs is not None or scored else None
+            outputs[k] = _output(results[at:at + count], items[k][0], token_text, sp.logprobs is not None, scored)
             at += count
         return outputs  # type: ignore[return-value]
 

@@ -502,6 +502,18 @@ std::pair<std::string, std::vector<int32_t>> encode_chat(ModelState& st, const s
   });
 }
 
+// Log probabilities for Python: (logprob, rank, [(id, logprob), ...]) per token.
+std::vector<std::tuple<float, int32_t, std::vector<std::pair<int32_t, float>>>> logprob_tuples(
+    const std::vector<TokenLogprobs>& lps) {
+  std::vector<std::tuple<float, int32_t, std::vector<std::pair<int32_t, float>>>> out;
+  for (const TokenLogprobs& t : lps) {
+    std::vector<std::pair<int32_t, float>> top;
+    for (const TokenLogprob& e : t.top) top.emplace_back(e.id, e.logprob);
+    out.emplace_back(t.logprob, t.rank, std::move(top));
+  }
+  return out;
+}
+
 // llm.tokenizer: shares the model's state so that it stays valid after the LLM is dropped.
 struct TokenizerRef {
   std::shared_ptr<ModelState> st;
@@ -589,6 +601,7 @@ NB_MODULE(_core, m) {
       .def_rw("ignore_eos", &GenerationRequest::ignore_eos)
       .def_rw("stop", &GenerationRequest::stop)
       .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids)
+      .def_rw("prompt_logprobs", &GenerationRequest::prompt_logprobs)
       .def("set_grammar", [](GenerationRequest& r, const CoreGrammar& g) { r.grammar = g.g; }, "grammar"_a);
 
   nb::class_<CoreGrammar>(m, "CoreGrammar");
@@ -624,15 +637,10 @@ NB_MODULE(_core, m) {
                    })
       // Per generated token (when the request asked): (logprob, rank, [(id, logprob), ...]).
       .def_prop_ro("logprobs",
-                   [](const Result& r) {
-                     std::vector<std::tuple<float, int32_t, std::vector<std::pair<int32_t, float>>>> out;
-                     for (const TokenLogprobs& t : r.r.logprobs) {
-                       std::vector<std::pair<int32_t, float>> top;
-                       for (const TokenLogprob& e : t.top) top.emplace_back(e.id, e.logprob);
-                       out.emplace_back(t.logprob, t.rank, std::move(top));
-                     }
-                     return out;
-                   })
+                   [](const Result& r) { return logprob_tuples(r.r.logprobs); })
+      // Per prompt token from the second on (prompt_logprobs), as logprobs.
+      .def_prop_ro("prompt_logprobs",
+                   [](const Result& r) { return logprob_tuples(r.r.prompt_logprobs); })
       .def_prop_ro("cumulative_logprob", [](const Result& r) { return r.r.cumulative_logprob; })
       .def_prop_ro("preemptions", [](const Result& r) { return r.r.preemptions; })
       .def_prop_ro("cached_tokens", [](const Result& r) { return r.r.cached_tokens; })

@@ -49,6 +49,7 @@ struct Scheduler::Active {
   std::vector<int32_t> generated;
   std::vector<TokenLogprobs> logprobs;  // per generated token, when asked
   double cumulative_logprob = 0;
+  std::vector<TokenLogprobs> prompt_logprobs;  // prompt tokens 1.. so far (request.prompt_logprobs)
   int seq = -1;                   // the engine's sequence while admitted
   int computed = 0;               // tokens of `tokens` whose keys and values are in the cache
   std::string text;               // emitted so far
@@ -168,6 +169,26 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
+bool Scheduler::scores_prompt(const Active& a) const {
+  // Positions before the last prompt token whose successor has no log probability yet (a preempted
+  // request recomputes its prompt without scoring it twice).
+  return a.request.prompt_logprobs >= 0 &&
+         a.prompt_logprobs.size() + 1 < a.request.prompt.size() &&
+         static_cast<size_t>(a.computed) <= a.prompt_logprobs.size();
+}
+
+void Scheduler::score_prompt(Active& a, const StepOutput& out, int64_t first_logit_row, int n) {
+  const int vocab = engine_.config().vocab_size;
+  const std::vector<int32_t>& prompt = a.request.prompt;
+  for (int j = 0; j < n; ++j) {
+    // The logits at position t predict token t + 1.
+    const size_t t = static_cast<size_t>(a.computed + j);
+    if (t + 1 >= prompt.size() || t != a.prompt_logprobs.size()) continue;
+    const std::span<const float> row(out.logits.data() + (first_logit_row + j) * vocab, static_cast<size_t>(vocab));
+    a.prompt_logprobs.push_back(Sampler::logprobs(row, prompt[t + 1], a.request.prompt_logprobs));
+  }
+}
+
 void Scheduler::finish(Active& a, const std::string& reason) {
   if (a.done) return;
   a.done = true;
@@ -204,6 +225,7 @@ void Scheduler::finish(Active& a, const std::string& reason) {
   }
   r.logprobs = a.logprobs;
   r.cumulative_logprob = a.cumulative_logprob;
+  r.prompt_logprobs = a.prompt_logprobs;
   r.preemptions = a.preemptions;
   r.cached_tokens = std::max(0, a.cached_tokens);
   r.time_to_first_token = a.first_token_time < 0 ? 0 : a.first_token_time;
@@ -367,7 +389,9 @@ void Scheduler::admit_locked() {
     Active& a = *waiting_.front();
     // Cached blocks cost nothing, except those no one holds: mapping takes them off the free count.
     Engine::PrefixMatch cached;
-    if (options_.prefix_caching) {
+    // A request that scores its prompt computes every position's logits: nothing from the cache.
+    const bool use_cache = options_.prefix_caching && a.request.prompt_logprobs < 0;
+    if (use_cache) {
       cached = engine_.match_prefix(a.tokens);
       if (computing_prefix(a, cached.blocks)) break;  // admitted when those blocks are cached
     }
@@ -384,7 +408,7 @@ void Scheduler::admit_locked() {
     if (need > free_blocks - (alone ? 0 : reserve_blocks)) break;
     free_blocks -= need;
     a.seq = engine_.create_sequence();
-    if (options_.prefix_caching) {
+    if (use_cache) {
       a.computed = engine_.map_cached_prefix(a.seq, a.tokens);
       if (a.cached_tokens < 0) a.cached_tokens = a.computed;
       stats_.prefix_cache_queries += a.tokens.size();
@@ -459,6 +483,10 @@ bool Scheduler::step() {
     --budget;
   }
   // Prefill chunks with the rest of the budget, in admission order.
+  const int logit_rows_cap = engine_.limits().max_logit_rows;  // 0: no limit
+  // Logits rows of the step so far, counted as the engine that counts most does: one per row (the
+  // CUDA engine's head rows include every sampling row) and every position of a scored chunk.
+  int logit_rows = static_cast<int>(batch.rows.size());
   for (auto& owner : running_) {
     Active& a = *owner;
     const int remaining = static_cast<int>(a.tokens.size()) - a.computed;
@@ -473,10 +501,18 @@ bool Scheduler::step() {
       const int64_t fit = (kv.blocks_for(a.computed) + kv.free_blocks()) * kv.block_size() - a.computed;
       n = static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(1, fit)));
     }
+    // Scoring the prompt: every position's logits, within what one step returns.
+    const bool score = scores_prompt(a);
+    if (score && logit_rows_cap > 0) {
+      if (logit_rows >= logit_rows_cap) continue;  // the next step, with fewer rows
+      n = std::min(n, logit_rows_cap - logit_rows);
+    }
     if (!engine_.reserve(a.seq, a.computed + n)) break;  // the next step, after decodes free or preempt
     StepRow r;
     r.seq = a.seq;
     r.tokens = std::span<const int32_t>(a.tokens.data() + a.computed, n);
+    r.all_logits = score;
+    logit_rows += score ? n : 1;
     r.sample = n == remaining;  // the last chunk draws the next token
     r.sampling = a.request.sampling;
     r.sample_index = a.generated.size();
@@ -520,10 +556,14 @@ bool Scheduler::step() {
   out = engine_.end_step();
   const Clock::time_point engine_ended = Clock::now();
   uint64_t prefilled = 0, generated = 0;
+  int64_t logit_row = 0;  // the first logits row of batch row i (StepOutput::logits' order)
   for (size_t i = 0; i < batch.rows.size(); ++i) {
     Active& a = *row_owner[i];
-    if (a.done) continue;
     const int n = static_cast<int>(batch.rows[i].tokens.size());
+    const int64_t first_logit_row = logit_row;
+    if (batch.rows[i].all_logits) logit_row += n;
+    if (a.done) continue;
+    if (batch.rows[i].all_logits) score_prompt(a, out, first_logit_row, n);
     a.computed += n;
     if (n > 1 || a.generated.empty()) prefilled += static_cast<uint64_t>(n);
     if (!batch.rows[i].sample) continue;

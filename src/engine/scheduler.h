@@ -63,6 +63,10 @@ struct GenerationRequest {
   // token only where it may end, and the request finishes with "stop" where nothing may follow.
   // Null: unconstrained.
   std::shared_ptr<const grammar::Grammar> grammar;
+  // >= 0: the log probability of every prompt token after the first, with this many most likely
+  // alternatives (vLLM's prompt_logprobs; the server's echo with logprobs). The prompt is then
+  // prefilled with the logits of every position and not taken from the prefix cache.
+  int prompt_logprobs = -1;
 };
 
 struct GenerationResult {
@@ -80,6 +84,8 @@ struct GenerationResult {
   // cumulative_logprob; 0 otherwise).
   std::vector<TokenLogprobs> logprobs;
   double cumulative_logprob = 0;
+  // prompt_logprobs >= 0: one entry per prompt token from the second on (the first has no context).
+  std::vector<TokenLogprobs> prompt_logprobs;
   int preemptions = 0;
   // Prompt tokens whose keys and values came from the prefix cache when the request was first
   // admitted (OpenAI's usage.prompt_tokens_details.cached_tokens, vLLM's num_cached_tokens).
@@ -177,6 +183,10 @@ class Scheduler {
   // Whether a running request is still computing more whole blocks of a's beginning than the
   // prefix cache holds (`cached_blocks`).
   bool computing_prefix(const Active& a, int64_t cached_blocks) const;
+  // Whether a's next prefill chunk returns the logits of every position (prompt_logprobs), and
+  // the log probabilities of its prompt tokens from a step's logits rows.
+  bool scores_prompt(const Active& a) const;
+  void score_prompt(Active& a, const StepOutput& out, int64_t first_logit_row, int n);
   void finish(Active& a, const std::string& reason);
   void preempt(Active& a);
   // The engine's token for a: its bookkeeping and the checks that need no text (end of generation,

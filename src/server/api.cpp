@@ -506,11 +506,16 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
   } else {
     if (const auto k = opt_param(body, "logprobs")) s.logprobs = static_cast<int>(k->integer);
     r.echo = opt_bool(body, "echo").value_or(false);
-    if (r.echo && s.logprobs >= 0)
-      throw bad_request("echo",
-                "'echo' with 'logprobs' is not supported: the prompt's log probabilities need the logits of every "
-                "prompt position (echo alone, or logprobs alone, work)",
-                "unsupported_parameter");
+    // echo with logprobs scores the prompt too (lm-evaluation-harness's loglikelihood requests):
+    // every prompt token after the first gets its log probability and the top alternatives.
+    if (r.echo && s.logprobs >= 0) {
+      if (r.stream)
+        throw bad_request("echo",
+                          "'echo' with 'logprobs' is not supported when streaming (the prompt's log probabilities "
+                          "come with the whole response)",
+                          "unsupported_parameter");
+      r.generation.prompt_logprobs = s.logprobs;
+    }
   }
   r.logprobs = s.logprobs;
   r.n = n_choices;
@@ -784,7 +789,23 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
       choice["text"] = echo + result.text;
     }
     size_t offset = characters(echo);
-    choice["logprobs"] = ctx.logprobs >= 0 ? logprobs_json(ctx, result.token_ids, result.logprobs, offset) : json(nullptr);
+    if (ctx.logprobs >= 0 && !echo.empty() && result.prompt_logprobs.size() + 1 == result.prompt.size()) {
+      // echo with logprobs: the prompt's tokens first, the first without a log probability (null,
+      // as OpenAI gives it), then the generated ones.
+      std::vector<int32_t> tokens = result.prompt;
+      tokens.insert(tokens.end(), result.token_ids.begin(), result.token_ids.end());
+      std::vector<TokenLogprobs> lps(1);
+      lps.insert(lps.end(), result.prompt_logprobs.begin(), result.prompt_logprobs.end());
+      lps.insert(lps.end(), result.logprobs.begin(), result.logprobs.end());
+      offset = 0;
+      json lp = logprobs_json(ctx, tokens, lps, offset);
+      lp["token_logprobs"][0] = nullptr;
+      lp["top_logprobs"][0] = nullptr;
+      choice["logprobs"] = std::move(lp);
+    } else {
+      choice["logprobs"] =
+          ctx.logprobs >= 0 ? logprobs_json(ctx, result.token_ids, result.logprobs, offset) : json(nullptr);
+    }
     choice["finish_reason"] = finish_json(finish_reason);
     choice["stop_reason"] = stop_reason_json(result);
     if (ctx.return_token_ids) {

@@ -59,7 +59,7 @@ def test_unknown_keywords_are_type_errors(llm):
         ({"presence_penalty": 2.5}, '"presence_penalty" 2.5 must be in [-2, 2] (0 = off)'),
         ({"frequency_penalty": -3}, '"frequency_penalty" -3 must be in [-2, 2]'),
         ({"logprobs": -1}, '"logprobs" -1 must be in [0, 20]'),
-        ({"prompt_logprobs": 1}, "prompt_logprobs: 1 is not supported"),
+        ({"prompt_logprobs": 21}, '"prompt_logprobs" 21 must be in [0, 20]'),
         ({"stop_token_ids": 2}, "stop_token_ids: expected a list of token ids, got int"),
         ({"stop_token_ids": [2, -1]}, "stop_token_ids[1]: -1 is not in [0, "),
         ({"stop_token_ids": [1] * 65}, '"stop_token_ids" has 65 ids; at most 64 are supported'),

@@ -41,6 +41,23 @@ def test_logprobs_top_token_is_greedy_and_cumulative_is_their_sum(llm):
     assert plain.outputs[0].logprobs is None and plain.outputs[0].cumulative_logprob is None
 
 
+def test_prompt_logprobs_score_the_prompt_as_generation_scored_it(llm):
+    # vLLM's prompt_logprobs: None for the first token, then {id: Logprob} with the prompt's token;
+    # a greedy continuation given back as prompt scores as it did when it was generated.
+    gen = llm.generate(PROMPT, greedy(logprobs=1), use_tqdm=False)[0]
+    assert gen.prompt_logprobs is None
+    ids = gen.prompt_token_ids + gen.outputs[0].token_ids[:3]
+    scored = llm.generate({"prompt_token_ids": ids}, greedy(max_tokens=1, prompt_logprobs=2), use_tqdm=False)[0]
+    lps = scored.prompt_logprobs
+    assert len(lps) == len(ids) and lps[0] is None
+    for tok, entry in zip(ids[1:], lps[1:]):
+        assert tok in entry and len(entry) in (2, 3) and entry[tok].logprob <= 0
+    n = len(gen.prompt_token_ids)
+    for i, tok in enumerate(gen.outputs[0].token_ids[:3]):
+        assert lps[n + i][tok].logprob == pytest.approx(gen.outputs[0].logprobs[i][tok].logprob, abs=1e-4)
+        assert lps[n + i][tok].rank == 1  # greedy: the most likely token
+
+
 def test_logprobs_are_of_the_raw_distribution(llm):
     # With temperature the sampled token need not be the top one, and its logprob is its rank's; the
     # values do not depend on the temperature (the model's own distribution, vLLM's default).

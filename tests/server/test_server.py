@@ -203,7 +203,7 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "n": 65}, 400, "n"),
     ("/v1/completions", {"prompt": "hi", "best_of": 3}, 400, "best_of"),
     ("/v1/completions", {"prompt": "hi", "n": 2, "best_of": 3}, 400, "best_of"),
-    ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo"),
+    ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 1, "stream": True}, 400, "echo"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"1": 101}}, 400, "logit_bias"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"one": 5}}, 400, "logit_bias"),
@@ -446,6 +446,39 @@ def test_completion_logprobs_and_echo(server):
     pieces = [ch.choices[0].text for ch in c.completions.create(model=server.model_id, prompt=prompt, max_tokens=N,
                                                                 temperature=0, echo=True, stream=True) if ch.choices]
     assert pieces[0] == prompt and "".join(pieces) == prompt + text
+
+
+def test_echo_with_logprobs_scores_the_prompt(server):
+    # lm-evaluation-harness's loglikelihood request: the context and continuation as the prompt,
+    # echo, logprobs 1, max_tokens 1. Every prompt token after the first gets the log probability the
+    # model gives it; a greedy continuation's tokens score as they did when they were generated.
+    c = client(server)
+    prompt = "The capital of France is"
+    ids, _ = generate_reference(prompt, N)
+    gen = c.completions.create(model=server.model_id, prompt=prompt, max_tokens=N, temperature=0, logprobs=1,
+                               extra_body={"return_token_ids": True})
+    prompt_ids = gen.choices[0].prompt_token_ids
+    scored_ids = prompt_ids + ids[:3]
+    r = c.completions.create(model=server.model_id, prompt=scored_ids, max_tokens=1, temperature=0, logprobs=1,
+                             echo=True)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(scored_ids) + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(p <= 0 for p in lp.token_logprobs[1:])
+    n = len(prompt_ids)
+    assert lp.token_logprobs[n:n + 3] == pytest.approx(gen.choices[0].logprobs.token_logprobs[:3], abs=1e-4)
+    # The continuation is greedy: each of its tokens is its position's most likely one.
+    for i in range(n, n + 3):
+        top = lp.top_logprobs[i]
+        assert max(top, key=top.get) == lp.tokens[i]
+    # As the harness sends them: a batch of token-id prompts, each scored on its own.
+    body = {"model": server.model_id, "prompt": [scored_ids, prompt_ids], "temperature": 0, "max_tokens": 1,
+            "logprobs": 1, "seed": 1234, "echo": True}
+    out = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    first, second = sorted(out["choices"], key=lambda ch: ch["index"])
+    assert first["logprobs"]["token_logprobs"][:-1] == pytest.approx([None] + lp.token_logprobs[1:-1], abs=1e-5)
+    assert len(second["logprobs"]["token_logprobs"]) == n + 1
+    assert second["logprobs"]["token_logprobs"][1:n] == pytest.approx(lp.token_logprobs[1:n], abs=1e-5)
 
 
 def test_n_choices(server):
