@@ -131,9 +131,11 @@ void KvBlockAllocator::shrink(std::vector<int32_t>& blocks, int64_t new_length) 
 }
 
 int64_t KvBlockAllocator::release_leading(std::vector<int32_t>& blocks, int64_t count) {
+  // The entries already given back are a prefix of the list: walk back from count to it, so that
+  // a step's call costs the blocks it frees, not the sequence's length.
   int64_t n = 0;
-  for (size_t i = 0; i < std::min(blocks.size(), static_cast<size_t>(std::max<int64_t>(0, count))); ++i) {
-    if (blocks[i] == kFreed) continue;
+  for (size_t i = std::min(blocks.size(), static_cast<size_t>(std::max<int64_t>(0, count))); i-- > 0;) {
+    if (blocks[i] == kFreed) break;
     release(blocks[i]);
     blocks[i] = kFreed;
     ++n;

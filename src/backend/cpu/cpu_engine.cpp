@@ -224,6 +224,7 @@ struct CpuEngine::Forward {
   // at once; every token's outputs add up in expert order, as transformers accumulates them.
   std::vector<float> router_logits, route_weights, xe, ge, ue, ye;
   std::vector<int32_t> routes;
+  std::vector<int64_t> expert_begin, expert_next, picks;  // picks sorted by expert (counting sort), reused by layers
   void moe_mlp(int layer) {
     const LayerWeights& L = w.layers[layer];
     const int NE = c.n_experts, K = c.n_experts_used;
@@ -233,15 +234,20 @@ struct CpuEngine::Forward {
     routes.resize(T * K);
     route_weights.resize(T * K);
     cpu::route_experts(router_logits.data(), T, NE, K, c.norm_topk_prob, routes.data(), route_weights.data());
-    std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(NE));  // indices into routes
-    for (int64_t i = 0; i < T * K; ++i) by_expert[routes[i]].push_back(i);
+    // Indices into routes grouped by expert, in token order within each.
+    expert_begin.assign(static_cast<size_t>(NE) + 1, 0);
+    for (int64_t i = 0; i < T * K; ++i) ++expert_begin[routes[i] + 1];
+    for (int e = 0; e < NE; ++e) expert_begin[e + 1] += expert_begin[e];
+    picks.resize(T * K);
+    expert_next.assign(expert_begin.begin(), expert_begin.end() - 1);
+    for (int64_t i = 0; i < T * K; ++i) picks[expert_next[routes[i]]++] = i;
     std::fill(o.begin(), o.end(), 0.f);
     for (int e = 0; e < NE; ++e) {
-      const std::vector<int64_t>& picks = by_expert[e];
-      const int64_t n = static_cast<int64_t>(picks.size());
+      const int64_t* p = picks.data() + expert_begin[e];
+      const int64_t n = expert_begin[e + 1] - expert_begin[e];
       if (n == 0) continue;
       xe.resize(n * H);
-      for (int64_t r = 0; r < n; ++r) std::memcpy(&xe[r * H], input + (picks[r] / K) * H, H * sizeof(float));
+      for (int64_t r = 0; r < n; ++r) std::memcpy(&xe[r * H], input + (p[r] / K) * H, H * sizeof(float));
       ge.resize(n * FE);
       ue.resize(n * FE);
       ye.resize(n * H);
@@ -250,8 +256,8 @@ struct CpuEngine::Forward {
       cpu::silu_mul(ge.data(), ue.data(), n * FE, ue.data());
       cpu::expert_linear(ue.data(), n, L.experts_down, e, ye.data());
       for (int64_t r = 0; r < n; ++r) {
-        const float weight = route_weights[picks[r]];
-        float* out = &o[(picks[r] / K) * H];
+        const float weight = route_weights[p[r]];
+        float* out = &o[(p[r] / K) * H];
         for (int64_t j = 0; j < H; ++j) out[j] += weight * ye[r * H + j];
       }
     }
