@@ -89,8 +89,9 @@ ModelDescription describe_hf_model(const HfConfig& h, const WeightSource& source
   d.config = h.config;
   d.eos_token_ids = h.eos_token_ids;
   d.bos_token_id = h.bos_token_id;
+  d.quantization = h.quantization.describe();
   const auto specs = hf_tensor_specs(h.config, source);
-  check_hf_tensors(source, specs, h.config, h.config_path);
+  check_hf_tensors(source, specs, h.config, h.config_path, h.quantization);
   for (const HfTensorSpec& spec : specs) {
     const SourceTensor* t = source.find(spec.name);
     d.tensors.push_back({spec.name, t->shape, t->dtype, t->n_bytes});
@@ -103,7 +104,7 @@ ModelDescription describe_hf_model(const HfConfig& h, const WeightSource& source
 
 DecoderWeights load_hf_model_weights(const HfConfig& h, const WeightSource& source, const ProgressFn& progress) {
   const auto specs = hf_tensor_specs(h.config, source);
-  check_hf_tensors(source, specs, h.config, h.config_path);
+  check_hf_tensors(source, specs, h.config, h.config_path, h.quantization);
   return load_hf_decoder(source, h.config, specs, progress);
 }
 
