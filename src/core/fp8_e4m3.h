@@ -25,12 +25,12 @@ inline float fp8_e4m3_to_float(uint8_t bits) {
 }
 
 // e4m3 bits of v: round to nearest even, saturating to +-448 (never NaN for a finite v); NaN gives
-// S.1111.111; magnitudes up to 2^-10 give a (signed) zero.
+// 0x7F; magnitudes up to 2^-10 give a (signed) zero.
 inline uint8_t fp8_e4m3_from_float(float v) {
   uint32_t x;
   std::memcpy(&x, &v, sizeof x);
+  if (std::isnan(v)) return 0x7F;  // the canonical NaN, whatever the sign (as CUDA's)
   const auto sign = static_cast<uint8_t>((x >> 24) & 0x80u);
-  if (std::isnan(v)) return sign | 0x7F;
   const float a = std::fabs(v);
   // 464 is halfway from 448 to the next step (480, which e4m3 lacks); it rounds to even, 448.
   if (a > 464.f) return sign | 0x7E;

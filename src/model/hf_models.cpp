@@ -64,8 +64,8 @@ bool per_channel_shape(const std::vector<int64_t>& s, int64_t rows) {
 }
 
 // An F8_E4M3 spec tensor and its scale, without reading data.
-void check_fp8_tensor(const WeightSource& source, const HfTensorSpec& spec, const SourceTensor& t,
-                      const HfQuantization& q, const std::string& config_path) {
+void check_fp8_tensor(const WeightSource& source, const HfTensorSpec& spec, const HfQuantization& q,
+                      const std::string& config_path) {
   const std::string& origin = source.origin();
   check(q.fp8,
         "{}: tensor '{}' is stored F8_E4M3, but {} has no quantization_config saying how (fdpp loads quant_method "
@@ -185,7 +185,7 @@ void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec
     check(t->dtype != "F8_E5M2", "{}: tensor '{}' is stored F8_E5M2; fdpp loads FP8 weights in e4m3 (F8_E4M3) only",
           origin, spec.name);
     if (t->dtype == "F8_E4M3")
-      check_fp8_tensor(source, spec, *t, quantization, config_path);
+      check_fp8_tensor(source, spec, quantization, config_path);
     else
       check(readable_dtype(t->dtype),
             "{}: tensor '{}' has dtype {}, which fdpp cannot read (supported: F32, F16, BF16; F8_E4M3 in FP8 "
