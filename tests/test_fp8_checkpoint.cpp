@@ -21,6 +21,7 @@
 #include "model/hf_config.h"
 #include "model/hf_quantization.h"
 #include "model/model_loader.h"
+#include "model/tensor_parallel.h"
 #include "model/weight_plan.h"
 #include "test_util.h"
 
@@ -238,6 +239,14 @@ TEST(Fp8Checkpoint, PlanKeepsTheBytesAndScalesPerRow) {
         EXPECT_TRUE(same_bits(slot_tensor(planned, s, l), slot_tensor(loaded.weights, s, l)))
             << slot_name(s) << " " << l;
   }
+}
+
+TEST(Fp8Checkpoint, TensorParallelShardingRefusesFp8Tensors) {
+  // The sharded engine has no FP8 weights yet: slicing an FP8 plan is an error, never a plan that
+  // silently lost its scales (the runtime refuses earlier, naming --tensor-parallel).
+  const PlannedModel p = plan_model(fp8_fixture("llama_ct_channel").string());
+  const TensorParallelLayout t = plan_tensor_parallel(p.config(), 2);
+  EXPECT_ERROR(shard_plan(p.plan, p.config(), t, 1), "FP8 checkpoints do not run under tensor parallelism yet");
 }
 
 // ---- bad checkpoints ----------------------------------------------------------------------------
