@@ -146,7 +146,9 @@ TEST_F(Fp8CheckpointGpu, StepsMatchTheCpuEngineOnTheSameCheckpoint) {
       }
       const StepOutput co = cpu.step(cb), go = gpu->step(gb), qo = gpu_q->step(qb);
       ASSERT_EQ(co.logits.size(), go.logits.size());
-      EXPECT_EQ(go.logits, qo.logits) << "--quantization fp8 changed an FP8 checkpoint";
+      // The same weights (re-quantizing would differ by ~1e-3); the bound only allows for a kernel
+      // that sums in a nondeterministic order.
+      EXPECT_LE(nmse(qo.logits, go.logits), 1e-10) << "--quantization fp8 changed an FP8 checkpoint";
       const double bound = st == 0 ? 1e-2 : 2e-3;
       for (int r = 0; r < S; ++r) {
         std::span<const float> a(co.logits.data() + size_t(r) * c.vocab_size, c.vocab_size),
