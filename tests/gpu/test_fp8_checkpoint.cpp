@@ -61,6 +61,45 @@ TEST(Fp8HostConversion, MatchesCudasOwn) {
 
 class Fp8CheckpointGpu : public CudaKernels {};
 
+std::vector<uint8_t> bytes_of(const cuda::DeviceBuffer& b) {
+  std::vector<uint8_t> h(b.bytes());
+  if (!h.empty()) cuda_ok(cudaMemcpy(h.data(), b.get(), h.size(), cudaMemcpyDeviceToHost), "download");
+  return h;
+}
+
+// The e4m3 bytes land at byte offsets (the 16-bit tensors at 2-byte ones): staging buffers of an
+// odd size, far smaller than a matrix, split every tensor into many chunks, read by pread threads
+// or copied from the mapping; the device model must not change by a bit.
+TEST_F(Fp8CheckpointGpu, StreamingInSmallChunksGivesTheSameBytes) {
+  for (const char* name : {"llama_fp8_tensor", "llama_ct_channel"}) {
+    SCOPED_TRACE(name);
+    const PlannedModel p = plan_model(fixture(std::string("fp8/") + name));
+    const DType t = gpu_dtype("auto", &p.plan) == "bf16" ? DType::BF16 : DType::F16;
+    const cuda::DeviceModel whole = cuda::DeviceModel::from_plan(p.config(), p.plan, t);
+    for (const int threads : {0, 3}) {
+      cuda::StreamOptions so;
+      so.staging_bytes = 1001;
+      so.read_threads = threads;
+      const cuda::DeviceModel chunked = cuda::DeviceModel::from_plan(p.config(), p.plan, t, so);
+      EXPECT_EQ(chunked.bytes(), whole.bytes());
+      EXPECT_EQ(bytes_of(chunked.tok_embeddings), bytes_of(whole.tok_embeddings));
+      EXPECT_EQ(bytes_of(chunked.lm_head), bytes_of(whole.lm_head));
+      for (size_t l = 0; l < whole.layers.size(); ++l) {
+        const cuda::DeviceLayer &a = chunked.layers[l], &b = whole.layers[l];
+        for (auto m : {&cuda::DeviceLayer::w_qkv, &cuda::DeviceLayer::w_o, &cuda::DeviceLayer::w_in,
+                       &cuda::DeviceLayer::w_down, &cuda::DeviceLayer::s_qkv, &cuda::DeviceLayer::s_o,
+                       &cuda::DeviceLayer::s_in, &cuda::DeviceLayer::s_down, &cuda::DeviceLayer::attn_norm})
+          EXPECT_EQ(bytes_of(a.*m), bytes_of(b.*m)) << "layer " << l << ", read threads " << threads;
+      }
+      // And the bytes are the file's.
+      const PlannedTensor* down = p.plan.find(WeightSlot::WDown, 1);
+      const std::vector<uint8_t> d = bytes_of(chunked.layers[1].w_down);
+      ASSERT_EQ(d.size(), down->src.n_bytes);
+      EXPECT_EQ(std::memcmp(d.data(), down->src.data, d.size()), 0);
+    }
+  }
+}
+
 // fixture, the 16-bit type auto picks for it (f16 and bf16 checkpoints).
 struct Case {
   const char* name;
