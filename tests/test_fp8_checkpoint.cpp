@@ -54,7 +54,7 @@ TEST(Fp8E4M3, KnownValuesRoundingAndRoundTrip) {
   EXPECT_EQ(fp8_e4m3_from_float(464.f), 0x7E);   // halfway to 480: even
   EXPECT_EQ(fp8_e4m3_from_float(1000.f), 0x7E);  // saturates, never NaN
   EXPECT_EQ(fp8_e4m3_from_float(-INFINITY), 0xFE);
-  EXPECT_EQ(fp8_e4m3_from_float(-NAN), 0x7F);  // the canonical NaN, as CUDA gives it
+  EXPECT_EQ(fp8_e4m3_from_float(-NAN), 0x7F);                  // the canonical NaN, as CUDA gives it
   EXPECT_EQ(fp8_e4m3_from_float(1.0625f), 0x38);               // halfway between 1 and 1.125: even
   EXPECT_EQ(fp8_e4m3_from_float(1.1875f), 0x3A);               // halfway between 1.125 and 1.25: even
   EXPECT_EQ(fp8_e4m3_from_float(std::ldexp(1.f, -10)), 0x00);  // half the smallest subnormal: even
@@ -277,6 +277,19 @@ void edit_header(const fs::path& dir, const std::function<void(json&)>& edit) {
   out.write(bytes.data() + 8 + n, static_cast<std::streamsize>(bytes.size() - 8 - n));
 }
 
+// Overwrites the first bytes of a tensor's data.
+void patch_tensor(const fs::path& dir, const std::string& name, const void* data, size_t n) {
+  const fs::path p = dir / "model.safetensors";
+  std::fstream f(p, std::ios::binary | std::ios::in | std::ios::out);
+  uint64_t len;
+  f.read(reinterpret_cast<char*>(&len), 8);
+  std::string h(len, '\0');
+  f.read(h.data(), static_cast<std::streamsize>(len));
+  const uint64_t begin = json::parse(h)[name]["data_offsets"][0];
+  f.seekp(static_cast<std::streamoff>(8 + len + begin));
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+}
+
 void edit_config(const fs::path& dir, const std::function<void(json&)>& edit) {
   std::ifstream in(dir / "config.json");
   json c = json::parse(in);
@@ -292,6 +305,23 @@ TEST(Fp8Checkpoint, BadCheckpointsGetOneLine) {
     EXPECT_ERROR(describe_model(d.string()),
                  "FP8 tensor '" + k + ".weight' has no scale: tensor '" + k + ".weight_scale' is missing");
     EXPECT_ERROR(load_model(d.string()), "has no scale");
+  }
+  {
+    // DeepSeek's layout: the scale is named weight_scale_inv.
+    const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_scale_inv");
+    edit_header(d, [&](json& h) {
+      h[k + ".weight_scale_inv"] = h[k + ".weight_scale"];
+      h.erase(k + ".weight_scale");
+    });
+    EXPECT_ERROR(describe_model(d.string()), "has block-wise scales ('" + k + ".weight_scale_inv')");
+  }
+  {
+    // A scale that is not a number: found when the scales are read (load and plan), not by info.
+    const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_nan_scale");
+    const float nan = std::nanf("");
+    patch_tensor(d, k + ".weight_scale", &nan, sizeof nan);
+    EXPECT_ERROR(load_model(d.string()), "tensor '" + k + ".weight_scale' holds nan, not a finite scale");
+    EXPECT_ERROR(plan_model(d.string()), "not a finite scale");
   }
   {
     const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_block");

@@ -84,6 +84,11 @@ void check_fp8_tensor(const WeightSource& source, const HfTensorSpec& spec, cons
         origin, spec.name, config_path, module);
   const std::string scale_name = module + ".weight_scale";
   const SourceTensor* scale = source.find(scale_name);
+  // DeepSeek-style checkpoints name their block scales weight_scale_inv.
+  check(scale != nullptr || source.find(module + ".weight_scale_inv") == nullptr,
+        "{}: FP8 tensor '{}' has block-wise scales ('{}.weight_scale_inv'), which fdpp does not load (per-tensor or "
+        "per-channel weight_scale only)",
+        origin, spec.name, module);
   check(scale != nullptr, "{}: FP8 tensor '{}' has no scale: tensor '{}' is missing", origin, spec.name, scale_name);
   check(readable_dtype(scale->dtype),
         "{}: tensor '{}' has dtype {}, which fdpp cannot read (supported: F32, F16, BF16)", origin, scale_name,
