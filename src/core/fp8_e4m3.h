@@ -2,7 +2,7 @@
 // mantissa bits, no infinities, S.1111.111 is NaN, largest finite 448) <-> fp32 on the host. The
 // CPU dequantizes FP8 checkpoints with these, and the CUDA tests' references quantize with them;
 // both give the bits of CUDA's __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3) and
-// __nv_cvt_fp8_to_halfraw (tests/gpu/test_fp8.cpp compares them over many values).
+// __nv_cvt_fp8_to_halfraw (tests/gpu/test_fp8_checkpoint.cpp compares them over many values).
 #pragma once
 
 #include <cmath>
