@@ -5,9 +5,10 @@ fdpp.LLM): where the wall time of a run went, step by step.
     python3 bench/step_timeline.py STEPS.jsonl [--json OUT.json] [--plot OUT.png]
 
 Each line of the log is one step: start_ms (since the scheduler was made), schedule_ms (the host
-choosing rows and reserving cache before the engine runs), engine_ms (Engine::step: inputs, the
-launches and the wait for the sampled tokens), emit_ms (the host handing the tokens out:
-detokenizing, stop strings, callbacks), the step's rows and tokens, and graph_captures (the CUDA
+choosing rows and reserving cache before the engine runs), engine_ms (Engine::begin_step to
+end_step: inputs, the launches and the wait for the sampled tokens; render_ms of it is the host
+rendering the previous step's text while the device computes: detokenizing, stop strings,
+deliveries), emit_ms (the host taking the tokens in), the step's rows and tokens, and graph_captures (the CUDA
 graphs the engine has captured so far: a step that captures one also pays for it on the host).
 
 The engine holds the GPU from shortly after engine_ms begins until it returns (the step ends with
@@ -95,6 +96,7 @@ def summarize(steps):
         "decode_tokens": total("decode_rows"),
         "prefill_tokens": total("prefill_tokens"),
         "max_running": max(s["running"] for s in steps),
+        "render_ms": sum(s.get("render_ms", 0.0) for s in steps),
         "capture_steps": len(captures),
         "capture_steps_engine_ms": sum(s["engine_ms"] for s in captures),
         "kinds": kinds,
@@ -109,6 +111,8 @@ def print_summary(r):
     print(f"engine {r['engine_ms'] / 1000:.2f} s ({pct(r['engine_ms'])}), schedule {r['schedule_ms'] / 1000:.2f} s "
           f"({pct(r['schedule_ms'])}), emit {r['emit_ms'] / 1000:.2f} s ({pct(r['emit_ms'])}), between steps "
           f"{r['gap_ms'] / 1000:.2f} s ({pct(r['gap_ms'])})")
+    if r.get("render_ms"):
+        print(f"text rendered while the device computes (inside engine): {r['render_ms'] / 1000:.2f} s ({pct(r['render_ms'])})")
     if r.get("capture_steps"):
         print(f"{r['capture_steps']} steps captured a CUDA graph (their engine time {r['capture_steps_engine_ms'] / 1000:.2f} s)")
     f = r.get("mixed_step_fit")

@@ -1,5 +1,6 @@
 // CPU reference ops against straightforward fp64 implementations written here (NMSE <= 1e-8),
 // over odd sizes, GQA ratios 1..16, and length-1 cases.
+#include <cmath>
 #include <numbers>
 
 #include "backend/cpu/ops.h"
@@ -10,6 +11,36 @@ namespace {
 
 using test::nmse;
 using test::random_vector;
+
+// Softmax over the experts, the best n_used, ties to the lower index, renormalized or not.
+TEST(CpuOps, RouteExpertsTakesTheTopProbabilitiesWithTiesToTheLowerIndex) {
+  // Token 0: experts 2 and 3 tie for best; token 1: all equal; token 2: one clear best.
+  const std::vector<float> logits{0.f, 0.f, 1.f, 1.f, 0.5f, 0.5f, 0.5f, 0.5f, -1.f, 3.f, 0.f, 2.f};
+  std::vector<int32_t> experts(6);
+  std::vector<float> weights(6);
+  cpu::route_experts(logits.data(), 3, 4, 2, /*normalize=*/false, experts.data(), weights.data());
+  EXPECT_EQ(experts, (std::vector<int32_t>{2, 3, 0, 1, 1, 3}));
+  const double e = std::exp(1.0);
+  EXPECT_NEAR(weights[0], e / (2 + 2 * e), 1e-7);
+  EXPECT_NEAR(weights[1], e / (2 + 2 * e), 1e-7);
+  EXPECT_NEAR(weights[2], 0.25, 1e-7);
+  const double z = std::exp(-1.0) + std::exp(3.0) + 1.0 + std::exp(2.0);
+  EXPECT_NEAR(weights[4], std::exp(3.0) / z, 1e-6);
+  EXPECT_NEAR(weights[5], std::exp(2.0) / z, 1e-6);
+
+  cpu::route_experts(logits.data(), 3, 4, 2, /*normalize=*/true, experts.data(), weights.data());
+  EXPECT_NEAR(weights[0], 0.5, 1e-7);
+  EXPECT_NEAR(weights[3], 0.5, 1e-7);
+  EXPECT_NEAR(weights[4], std::exp(3.0) / (std::exp(3.0) + std::exp(2.0)), 1e-6);
+  EXPECT_NEAR(weights[4] + weights[5], 1.0, 1e-6);
+
+  // Every expert used: all of them, best first, normalized to the full softmax.
+  std::vector<int32_t> all(4);
+  std::vector<float> all_w(4);
+  cpu::route_experts(logits.data() + 8, 1, 4, 4, true, all.data(), all_w.data());
+  EXPECT_EQ(all, (std::vector<int32_t>{1, 3, 2, 0}));
+  EXPECT_NEAR(all_w[3], std::exp(-1.0) / z, 1e-6);
+}
 
 TEST(CpuOps, LinearMatchesFp64AcrossOddShapes) {
   for (auto [M, K, N] : {std::tuple{1, 1, 1}, {1, 577, 193}, {3, 64, 17}, {7, 1000, 33}, {16, 4096, 5}}) {

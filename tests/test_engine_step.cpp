@@ -139,6 +139,35 @@ TEST_F(EngineStep, MixedChunksAndDecodeRowsEqualEachSequenceAlone) {
   }
 }
 
+// step() in halves (what the scheduler does to render text while the device computes): one step
+// at a time, the sequences advanced at begin_step, a sequence released in between gives its blocks
+// back at once, and the other row's output is that of step().
+TEST_F(EngineStep, BeginAndEndStepAroundAReleasedSequence) {
+  auto e = engine();
+  const auto a = test::random_ids(20, config_.vocab_size), b = test::random_ids(12, config_.vocab_size);
+  const int sa = e->create_sequence(), sb = e->create_sequence();
+  StepRow ra, rb;
+  ra.seq = sa;
+  ra.tokens = a;
+  ra.logits = true;
+  rb.seq = sb;
+  rb.tokens = b;
+  rb.sample = true;
+  EXPECT_NE(test::error_of([&] { e->end_step(); }).find("no step was begun"), std::string::npos);
+  const int64_t free0 = e->kv().free_blocks();
+  e->begin_step(Batch{{ra, rb}});
+  EXPECT_TRUE(e->step_in_flight());
+  EXPECT_EQ(e->sequence_length(sa), 20);
+  EXPECT_NE(test::error_of([&] { e->step(Batch{{ra}}); }).find("has not ended"), std::string::npos);
+  e->release_sequence(sb);
+  EXPECT_EQ(e->kv().free_blocks(), free0 - e->kv().blocks_for(20));
+  const StepOutput out = e->end_step();
+  EXPECT_FALSE(e->step_in_flight());
+  ASSERT_EQ(out.tokens.size(), 2u);
+  EXPECT_GE(out.tokens[1], 0);
+  EXPECT_LE(test::nmse(out.logits, row(reference(a), 19)), 1e-10);
+}
+
 TEST_F(EngineStep, AllLogitsRowsAndSamplingRowsMix) {
   auto e = engine();
   const auto a = test::random_ids(20, config_.vocab_size), b = test::random_ids(7, config_.vocab_size);
@@ -289,6 +318,67 @@ LoadedModel* SchedulerTest::model_ = nullptr;
 ModelConfig* SchedulerTest::config_ = nullptr;
 DecoderWeights* SchedulerTest::weights_ = nullptr;
 
+// An engine without a model, for the scheduler's own logic: a sampling row's token is a hash of its
+// last token and position (so a request recomputed after preemption draws the same tokens), and it
+// reports its steps as queued (text rendered while the next step computes) or not.
+class ScriptedEngine final : public Engine {
+ public:
+  ScriptedEngine(const ModelConfig& c, int rows, int64_t kv_tokens, bool queued) : config_(c), queued_(queued) {
+    EngineLimits l;
+    l.max_context = c.max_context;
+    l.max_step_rows = rows;
+    l.max_step_tokens = 64;
+    l.kv_cache_tokens = kv_tokens;
+    init_engine(l);
+  }
+  const ModelConfig& config() const override { return config_; }
+  bool queues_steps() const override { return queued_; }
+
+ private:
+  void run_step(std::span<const RowPlan> rows, int64_t, StepOutput& out) override {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const StepRow& r = *rows[i].row;
+      if (!r.sample) continue;
+      const uint64_t h = (static_cast<uint64_t>(r.tokens.back()) + 1) * 0x9E3779B97F4A7C15ull ^
+                         static_cast<uint64_t>(rows[i].start + static_cast<int>(r.tokens.size()));
+      out.tokens[i] = static_cast<int32_t>((h >> 17) % static_cast<uint64_t>(config_.vocab_size));
+    }
+  }
+  ModelConfig config_;
+  bool queued_;
+};
+
+// Text rendered while a queued step computes (the GPU's way) equals text rendered at the end of
+// each step: the same text, tokens and finish reasons, stop strings found a step later included
+// (their request's row in that step is dropped), with and without preemption.
+TEST_F(SchedulerTest, TextRenderedWhileTheNextStepComputesIsTheSame) {
+  SchedulerOptions o;
+  o.max_num_seqs = 6;
+  o.max_batched_tokens = 64;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 10; ++i) reqs.push_back(request(20 + 3 * i, 30 + 2 * i, 0.f, static_cast<uint64_t>(i)));
+  ScriptedEngine first_engine(*config_, 6, 4096, false);
+  const auto first = run(first_engine, reqs, o);
+  for (size_t i = 0; i < reqs.size(); i += 2)
+    if (first[i].text.size() > 8) reqs[i].stop = {first[i].text.substr(first[i].text.size() / 2, 2)};
+  ScriptedEngine at_once(*config_, 6, 4096, false), queued(*config_, 6, 4096, true), squeezed(*config_, 6, 16 * 12, true);
+  const auto a = run(at_once, reqs, o), b = run(queued, reqs, o);
+  SchedulerStats st;
+  const auto c = run(squeezed, reqs, o, &st);
+  EXPECT_GT(st.preemptions, 0u);
+  int stopped = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    stopped += a[i].finish_reason == "stop";
+    for (const auto* other : {&b[i], &c[i]}) {
+      EXPECT_EQ(other->text, a[i].text) << "request " << i;
+      EXPECT_EQ(other->token_ids, a[i].token_ids) << "request " << i;
+      EXPECT_EQ(other->finish_reason, a[i].finish_reason) << "request " << i;
+      EXPECT_EQ(other->stop_string, a[i].stop_string) << "request " << i;
+    }
+  }
+  EXPECT_GT(stopped, 0) << "no stop string was met: the test checks less than it should";
+}
+
 TEST_F(SchedulerTest, BatchedRequestsGiveWhatEachGetsAlone) {
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 12; ++i) reqs.push_back(request(5 + 13 * i, 6 + (i % 5) * 4, i % 3 == 0 ? 0.f : 0.9f, 100 + i));
@@ -391,6 +481,15 @@ TEST_F(SchedulerTest, CancelFreesBlocksAndStopStringsCutTheText) {
   const auto cut = run(*e, {r}, o)[0];
   EXPECT_EQ(cut.finish_reason, "stop");
   EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+  // Its tokens end with the one whose text completed the stop string, although that text is
+  // rendered while the next step computes: the next step's token for it is dropped.
+  {
+    StreamingDetokenizer d(*model_->tokenizer);
+    std::string text;
+    size_t k = 0;
+    while (k < full.token_ids.size() && text.find(stop) == std::string::npos) text += d.push(full.token_ids[k++]);
+    EXPECT_EQ(cut.token_ids, std::vector<int32_t>(full.token_ids.begin(), full.token_ids.begin() + k));
+  }
   EXPECT_EQ(cut.stop_string, stop);  // what ended it (vLLM's stop_reason)
   EXPECT_FALSE(cut.stop_token_id.has_value());
   EXPECT_FALSE(full.stop_string.has_value());  // a "length" names no stop

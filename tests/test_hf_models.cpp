@@ -3,8 +3,8 @@
 // in-memory WeightSource and over real files written here, and - when tests/fixtures/hf/ holds them
 // (made by tests/fixtures/hf/make_hf_fixtures.py) - logits of every position (NMSE <= 1e-6) and a
 // 16-token greedy continuation (identical ids) against HF transformers in fp32, for each directory
-// and for the GGUF files converted from them, with the text's ids and the chat template's
-// renderings where the fixture has them.
+// and for the GGUF files converted from them (fp32 weights and the CPU fast path's stored views),
+// with the text's ids and the chat template's renderings where the fixture has them.
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -12,6 +12,7 @@
 #include <map>
 
 #include "backend/cpu/cpu_runner.h"
+#include "backend/cpu/quant_matmul.h"
 #include "engine/sampler.h"
 #include "fdpp/error.h"
 #include "io/weight_source.h"
@@ -855,6 +856,57 @@ TEST(HfModels, CheckpointsThatContradictConfigJsonAreRejected) {
   }
 }
 
+// Expert configs and checkpoints that disagree are refused with one line naming the field or the
+// tensor; Qwen3-MoE's layer rule is transformers' own.
+TEST(HfModels, ExpertLayersFollowTheConfigAndMismatchesAreRefused) {
+  json q = tiny_llama_json();
+  q["architectures"] = {"Qwen3MoeForCausalLM"};
+  q["model_type"] = "qwen3_moe";
+  q["num_hidden_layers"] = 6;
+  q["num_experts"] = 4;
+  q["num_experts_per_tok"] = 2;
+  q["moe_intermediate_size"] = 16;
+  q["decoder_sparse_step"] = 2;
+  q["mlp_only_layers"] = {3};
+  const ModelConfig c = parse(q).config;
+  EXPECT_EQ(c.architecture, "qwen3moe");
+  EXPECT_FALSE(c.norm_topk_prob);  // Qwen3MoeConfig's default
+  std::vector<bool> moe;
+  for (int i = 0; i < c.n_layers; ++i) moe.push_back(c.is_moe_layer(i));
+  EXPECT_EQ(moe, (std::vector<bool>{false, true, false, false, false, true}));
+
+  json bad = q;
+  bad["num_experts_per_tok"] = 5;
+  EXPECT_ERROR(parse(bad), "num_experts_per_tok = 5 exceeds num_experts = 4");
+  bad = q;
+  bad["mlp_only_layers"] = {6};
+  EXPECT_ERROR(parse(bad), "mlp_only_layers holds 6, not a layer index in [0, 6)");
+  json m = tiny_llama_json();
+  m["architectures"] = {"MixtralForCausalLM"};
+  m["model_type"] = "mixtral";
+  m["num_local_experts"] = 0;
+  EXPECT_ERROR(parse(m), "num_local_experts");
+
+  // A checkpoint with one expert more than config.json says, or one missing.
+  m["num_local_experts"] = 3;
+  const HfConfig h = parse(m);
+  EXPECT_EQ(h.config.n_experts_used, 2);  // MixtralConfig's default
+  const auto specs = hf_tensor_specs(h.config, MemorySource());
+  {
+    MemorySource src("DIR");
+    fill(src, specs);
+    EXPECT_NO_THROW(describe_hf_model(h, src));
+    src.add("model.layers.0.block_sparse_moe.experts.3.w1.weight", {48, 32});
+    EXPECT_ERROR(describe_hf_model(h, src), "belongs to expert 3, but DIR/config.json says the model has 3 experts");
+  }
+  {
+    MemorySource src("DIR");
+    fill(src, specs);
+    src.remove("model.layers.1.block_sparse_moe.experts.2.w2.weight");
+    EXPECT_ERROR(describe_hf_model(h, src), "tensor 'model.layers.1.block_sparse_moe.experts.2.w2.weight' is missing");
+  }
+}
+
 // The whole path through real files: config.json + model.safetensors in a directory, read by
 // describe_model / load_model as `fdpp info` and `fdpp logits` do.
 TEST(HfModels, DirectoryWithSafetensorsLoadsLikeTheInMemorySource) {
@@ -909,31 +961,46 @@ TEST(HfFixtures, LogitsAndGreedyDecodeMatchTransformers) {
     std::ifstream f(dir / "reference.json");
     const json ref = json::parse(f);
     // A GGUF variant names its file; the others are the directory itself.
-    const LoadedModel m = load_model(ref.contains("model") ? (dir / ref["model"].get<std::string>()).string()
-                                                           : dir.string());
+    const bool gguf = ref.contains("model");
+    const std::string path = gguf ? (dir / ref["model"].get<std::string>()).string() : dir.string();
+    const LoadedModel m = load_model(path);
     const ModelConfig& c = m.config();
     const auto ids = ref["ids"].get<std::vector<int32_t>>();
     const auto expected = test::read_npy((dir / ref["logits"].get<std::string>()).string());
     ASSERT_EQ(expected.shape, (std::vector<int64_t>{static_cast<int64_t>(ids.size()), c.vocab_size}));
-    const auto logits = forward_all(c, m.weights, ids);
-    const double e = test::nmse(logits, expected.data);
-    std::printf("%-28s %-12s %s: logits NMSE %.3e\n", dir.filename().c_str(), m.description.format.c_str(),
-                c.architecture.c_str(), e);
-    EXPECT_LE(e, 1e-6);
-
-    // Greedy: prefill the prompt, then one token at a time through the KV cache.
     const auto prompt = ref["prompt"].get<std::vector<int32_t>>();
     const auto greedy = ref["greedy"].get<std::vector<int32_t>>();
-    CpuRunner runner(c, m.weights, static_cast<int>(prompt.size() + greedy.size()));
-    std::vector<float> last(c.vocab_size);
-    runner.forward(prompt, 0, false, last);
-    std::vector<int32_t> ours;
-    for (size_t i = 0; i < greedy.size(); ++i) {
-      ours.push_back(argmax(last));
-      if (i + 1 < greedy.size())
-        runner.forward(std::span<const int32_t>(&ours.back(), 1), static_cast<int>(prompt.size() + i), false, last);
+
+    // fp32 weights, and for a GGUF also the CPU fast path's stored views into the file (its
+    // F16/BF16 kernels accumulate in fp32 like the reference path).
+    std::vector<std::pair<const char*, const LoadedModel*>> forms{{"f32", &m}};
+    LoadedModel stored;
+    if (gguf) {
+      stored = load_model(path, {}, cpu::stored_load_options());
+      EXPECT_FALSE(stored.weights.layers.at(0).wq.stored.empty());
+      EXPECT_TRUE(stored.weights.layers.at(0).wq.empty());  // no fp32 copy
+      forms.emplace_back("stored", &stored);
     }
-    EXPECT_EQ(ours, greedy);
+    for (const auto& [form, model] : forms) {
+      SCOPED_TRACE(form);
+      const auto logits = forward_all(c, model->weights, ids);
+      const double e = test::nmse(logits, expected.data);
+      std::printf("%-28s %-12s %-7s %s: logits NMSE %.3e\n", dir.filename().c_str(), m.description.format.c_str(), form,
+                  c.architecture.c_str(), e);
+      EXPECT_LE(e, 1e-6);
+
+      // Greedy: prefill the prompt, then one token at a time through the KV cache.
+      CpuRunner runner(c, model->weights, static_cast<int>(prompt.size() + greedy.size()));
+      std::vector<float> last(c.vocab_size);
+      runner.forward(prompt, 0, false, last);
+      std::vector<int32_t> ours;
+      for (size_t i = 0; i < greedy.size(); ++i) {
+        ours.push_back(argmax(last));
+        if (i + 1 < greedy.size())
+          runner.forward(std::span<const int32_t>(&ours.back(), 1), static_cast<int>(prompt.size() + i), false, last);
+      }
+      EXPECT_EQ(ours, greedy);
+    }
 
     if (ref.contains("text")) {
       ASSERT_NE(m.tokenizer, nullptr);

@@ -60,6 +60,7 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols) {
         put16(b + 2, random_half(-8.f, 0.f));
         break;
       case GgmlType::Q4_K:
+      case GgmlType::Q5_K:
         put16(b, random_half(0.5f, 1.5f));
         put16(b + 2, random_half(0.f, 1.f));
         break;
@@ -97,7 +98,7 @@ struct Format {
 const Format kFormats[] = {
     {GgmlType::F32, 77, 1e-10},   {GgmlType::F16, 77, 1e-10},   {GgmlType::BF16, 77, 1e-10},
     {GgmlType::Q4_0, 32 * 19, 2e-4}, {GgmlType::Q4_1, 32 * 19, 4e-4}, {GgmlType::Q8_0, 32 * 19, 2e-4},
-    {GgmlType::Q4_K, 256 * 3, 6e-4}, {GgmlType::Q6_K, 256 * 3, 3e-4},
+    {GgmlType::Q4_K, 256 * 3, 6e-4}, {GgmlType::Q5_K, 256 * 3, 6e-4}, {GgmlType::Q6_K, 256 * 3, 3e-4},
 };
 
 class QuantMatmul : public ::testing::TestWithParam<Format> {};

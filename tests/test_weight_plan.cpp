@@ -2,7 +2,8 @@
 // give exactly the fp32 weights of the CPU loaders (same slots, shapes and bits) for every HF
 // fixture (Llama, Mistral, OPT with its prefixes, ChatGLM2's fused q/k/v and gate/up split by
 // rows, safetensors and .bin, F32/F16/BF16), for a GGUF of every stored type (q/k rows permuted
-// back) and for a Qwen2 GGUF (q/k rows as stored).
+// back), for a Qwen2 GGUF (q/k rows as stored), Phi-3 GGUFs (fused tensors split by rows) and Gemma
+// GGUFs (norms stored as 1 + w).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,8 +11,11 @@
 #include <fstream>
 #include <set>
 
+#include "backend/cpu/quant_matmul.h"
+#include "backend/cpu/quant_repack.h"
 #include "io/gguf.h"
 #include "model/arch/architecture.h"
+#include "model/gguf_model.h"
 #include "model/model_loader.h"
 #include "model/weight_plan.h"
 #include "test_util.h"
@@ -127,6 +131,132 @@ TEST(WeightPlan, Qwen2GgufKeepsQAndKRowsInPlace) {
   expect_same_weights(materialize_plan(planned.plan, c), loaded.weights, c.n_layers);
   const LoadedModel hf = load_model(test::fixture("hf/qwen2_tied_gqa_bf16"));
   expect_same_weights(loaded.weights, hf.weights, c.n_layers);
+}
+
+// llama.cpp keeps Phi-3's q/k/v in one attn_qkv and gate/up in one ffn_up: each slot is a row
+// range of the file's tensor, in the plan (consecutive bytes of one tensor), in the fp32 load and
+// in the stored views; all give the weights of the directory the file was converted from, and the
+// description counts a fused tensor once.
+TEST(WeightPlan, Phi3GgufFusedTensorsSplitByRows) {
+  for (const auto& [gguf_name, hf_name] : {std::pair{"phi3_longrope_gqa_gguf", "phi3_longrope_gqa_bf16"},
+                                           std::pair{"phi3_partial_window_gguf", "phi3_partial_window_f16"}}) {
+    SCOPED_TRACE(gguf_name);
+    const fs::path dir = test::fixture("hf");
+    const std::string path = (dir / gguf_name / "model.gguf").string();
+    if (!fs::exists(path)) GTEST_SKIP() << "no Phi-3 GGUF fixture";
+    const std::string hf_dir = (dir / hf_name).string();
+    const LoadedModel loaded = load_model(path);
+    const PlannedModel planned = plan_model(path);
+    const ModelConfig& c = planned.config();
+    const int64_t row = static_cast<int64_t>(c.hidden) * 2;  // bytes of one row (F16 / BF16)
+    for (int l = 0; l < c.n_layers; ++l) {
+      const PlannedTensor* q = planned.plan.find(WeightSlot::Wq, l);
+      const PlannedTensor* k = planned.plan.find(WeightSlot::Wk, l);
+      const PlannedTensor* v = planned.plan.find(WeightSlot::Wv, l);
+      const PlannedTensor* gate = planned.plan.find(WeightSlot::WGate, l);
+      const PlannedTensor* up = planned.plan.find(WeightSlot::WUp, l);
+      ASSERT_TRUE(q && k && v && gate && up);
+      EXPECT_EQ(q->src.name, fmt::format("blk.{}.attn_qkv.weight", l));
+      EXPECT_EQ(v->src.name, q->src.name);
+      EXPECT_EQ(k->src.data, q->src.data + c.q_dim() * row);
+      EXPECT_EQ(v->src.file_offset, k->src.file_offset + static_cast<uint64_t>(c.kv_dim() * row));
+      EXPECT_EQ(v->src.n_bytes, static_cast<uint64_t>(c.kv_dim() * row));
+      EXPECT_EQ(up->src.name, gate->src.name);
+      EXPECT_EQ(up->src.data, gate->src.data + c.ffn_hidden * row);
+    }
+    expect_same_weights(materialize_plan(planned.plan, c), loaded.weights, c.n_layers);
+    const LoadedModel hf = load_model(hf_dir);
+    expect_same_weights(loaded.weights, hf.weights, c.n_layers);
+    // The stored views are the same rows: k's view starts q_dim rows into attn_qkv, on the bytes
+    // the plan names.
+    const LoadedModel stored =
+        load_model(path, {}, LoadOptions{WeightForm::Stored, [](gguf::GgmlType) { return true; }});
+    const StoredMatrix& wq = stored.weights.layers.at(1).wq.stored;
+    const StoredMatrix& wk = stored.weights.layers.at(1).wk.stored;
+    ASSERT_FALSE(wk.empty() || wq.empty());
+    EXPECT_EQ(wk.rows, c.kv_dim());
+    EXPECT_EQ(wk.row(0), wq.row(0) + c.q_dim() * row);
+    EXPECT_EQ(std::memcmp(wk.row(0), planned.plan.find(WeightSlot::Wk, 1)->src.data, wk.row_bytes * wk.rows), 0);
+    const ModelDescription gguf_description = describe_model(path), hf_description = describe_model(hf_dir);
+    EXPECT_EQ(gguf_description.n_params, hf_description.n_params);
+    EXPECT_EQ(gguf_description.tensors.size(), hf_description.tensors.size());
+  }
+}
+
+// Gemma's converter stores every norm weight as 1 + w: loaded as it is, it gives the HF directory's
+// weights (whose loader adds the 1) bit for bit, as the converter adds it in fp32 to a bf16 w.
+TEST(WeightPlan, GemmaGgufNormsHoldOnePlusW) {
+  for (const auto& [gguf_name, hf_name] : {std::pair{"gemma2_tied_gqa_gguf", "gemma2_tied_gqa_bf16"},
+                                           std::pair{"gemma3_tied_6layer_gguf", "gemma3_tied_6layer_bf16"}}) {
+    SCOPED_TRACE(gguf_name);
+    const fs::path dir = test::fixture("hf");
+    const std::string path = (dir / gguf_name / "model.gguf").string();
+    if (!fs::exists(path)) GTEST_SKIP() << "no Gemma GGUF fixture";
+    const LoadedModel loaded = load_model(path);
+    const PlannedModel planned = plan_model(path);
+    const ModelConfig& c = planned.config();
+    for (const PlannedTensor& p : planned.plan.tensors) {
+      EXPECT_EQ(p.permute_heads, 0) << p.src.name;
+      EXPECT_EQ(p.add, 0.f) << p.src.name;
+    }
+    expect_same_weights(materialize_plan(planned.plan, c), loaded.weights, c.n_layers);
+    expect_same_weights(loaded.weights, load_model((dir / hf_name).string()).weights, c.n_layers);
+    EXPECT_EQ(describe_model(path).n_params, describe_model((dir / hf_name).string()).n_params);
+  }
+}
+
+// Phi-3's fused tensors in quantized types (as llama.cpp's quantizer leaves them: whole rows of
+// blocks): every slot's rows, through the plan, the fp32 load and the CPU's stored views once
+// repacked into row groups, are the same bytes of the file's tensor.
+TEST(WeightPlan, QuantizedFusedTensorsSplitByRows) {
+  using G = gguf::GgmlType;
+  const uint64_t H = 256, Q = 256, KV = 128, FF = 164, V = 40;  // gate/up: leftover rows past the groups
+  gguftest::GgufWriter w;
+  w.kv_string("general.architecture", "phi3").kv_u32("phi3.block_count", 2);
+  w.kv_u32("phi3.embedding_length", H).kv_u32("phi3.feed_forward_length", FF);
+  w.kv_u32("phi3.attention.head_count", 4).kv_u32("phi3.attention.head_count_kv", 2);
+  w.kv_u32("phi3.context_length", 64).kv_u32("phi3.vocab_size", V);
+  auto put = [&](const std::string& name, uint64_t rows, uint64_t cols, G t) {
+    w.tensor(name, cols == 0 ? std::vector<uint64_t>{rows} : std::vector<uint64_t>{cols, rows}, t,
+             test::random_stored(t, rows * std::max<uint64_t>(cols, 1)));
+  };
+  put("token_embd.weight", V, H, G::Q8_0);
+  for (int i = 0; i < 2; ++i) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    put(b + "attn_norm.weight", H, 0, G::F32);
+    put(b + "attn_qkv.weight", Q + 2 * KV, H, i == 0 ? G::Q4_K : G::Q6_K);
+    put(b + "attn_output.weight", H, Q, G::Q8_0);
+    put(b + "ffn_norm.weight", H, 0, G::F32);
+    put(b + "ffn_up.weight", 2 * FF, H, i == 0 ? G::Q4_0 : G::Q5_K);
+    put(b + "ffn_down.weight", H, FF, G::F16);
+  }
+  put("output_norm.weight", H, 0, G::F32);
+  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::from_bytes("phi3.gguf", w.build()));
+  const Architecture& arch = phi3_architecture();
+  const ModelConfig c = arch.gguf_config(*file);
+  const auto specs = arch.gguf_tensor_specs(c);
+  const DecoderWeights f32 = load_gguf_weights(file, c, specs, {});
+  expect_same_weights(materialize_plan(plan_gguf_weights(file, specs), c), f32, c.n_layers);
+  DecoderWeights stored = load_gguf_weights(file, c, specs, {}, cpu::stored_supported);
+  cpu::repack_weights(stored, /*mapped=*/false);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights &a = f32.layers[l], &b = stored.layers[l];
+    for (auto [fp, st] :
+         {std::pair{&a.wq, &b.wq}, {&a.wk, &b.wk}, {&a.wv, &b.wv}, {&a.w_gate, &b.w_gate}, {&a.w_up, &b.w_up}}) {
+      const StoredMatrix& m = st->stored;
+      ASSERT_FALSE(m.empty());
+      ASSERT_EQ(m.rows, fp->shape[0]);
+      if (cpu::pack_rows(cpu::best_isa()) > 0 && cpu::repack_supported(m.type)) EXPECT_GT(m.packed_rows, 0);
+      std::vector<uint8_t> bytes(m.row_bytes);
+      std::vector<float> row(static_cast<size_t>(m.cols));
+      for (int64_t n = 0; n < m.rows; ++n) {
+        cpu::stored_row_bytes(m, n, bytes.data());
+        gguf::dequantize(m.type, bytes.data(), row.data(), static_cast<uint64_t>(m.cols));
+        ASSERT_EQ(std::memcmp(row.data(), fp->ptr() + n * m.cols, row.size() * sizeof(float)), 0)
+            << "layer " << l << " row " << n << " of " << gguf::type_name(m.type);
+      }
+    }
+  }
 }
 
 TEST(WeightPlan, GgufOfEveryTypeGivesTheFp32LoadersWeights) {

@@ -100,6 +100,18 @@ struct ModelConfig {
   // layers whose entry is nonzero; empty or 0 = full causal attention (the window never limits the
   // context). Indexed by layer; shorter than n_layers never (validate checks).
   std::vector<int> layer_windows;
+  // Mixture of experts (Mixtral, Qwen3-MoE). In a layer that is_moe_layer names, the MLP is
+  // n_experts SwiGLU experts of width expert_ffn_hidden: a router (LayerWeights::router) scores
+  // them, the softmax's n_experts_used highest run (ties: the lower index), and their outputs add up
+  // weighted by those probabilities, renormalized to sum 1 when norm_topk_prob. The other layers
+  // keep the dense MLP of ffn_hidden. n_experts 0: no expert layer.
+  int n_experts = 0;
+  int n_experts_used = 0;
+  int expert_ffn_hidden = 0;
+  bool norm_topk_prob = true;
+  // Which layers are expert layers (Qwen3-MoE's decoder_sparse_step and mlp_only_layers); empty:
+  // every layer, when n_experts > 0.
+  std::vector<bool> expert_layers;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
@@ -107,6 +119,14 @@ struct ModelConfig {
   int window(int layer) const { return layer_windows.empty() ? 0 : layer_windows[static_cast<size_t>(layer)]; }
   const RopeConfig& rope_of(int layer) const { return has_local_rope && window(layer) > 0 ? local_rope : rope; }
   double attention_scale() const { return attn_scale > 0 ? attn_scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+  bool is_moe_layer(int layer) const {
+    return n_experts > 0 && (expert_layers.empty() || expert_layers[static_cast<size_t>(layer)]);
+  }
+  bool has_moe() const {
+    for (int layer = 0; layer < n_layers; ++layer)
+      if (is_moe_layer(layer)) return true;
+    return false;
+  }
   bool has_sliding_window() const {
     for (int w : layer_windows)
       if (w > 0) return true;

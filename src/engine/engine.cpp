@@ -95,6 +95,19 @@ bool Engine::reserve(int seq, int length) {
 }
 
 StepOutput Engine::step(const Batch& batch) {
+  begin_step(batch);
+  return end_step();
+}
+
+StepOutput Engine::end_step() {
+  check(in_flight_, "end_step: no step was begun");
+  in_flight_ = false;
+  finish_step(in_flight_out_);
+  return std::move(in_flight_out_);
+}
+
+void Engine::begin_step(const Batch& batch) {
+  check(!in_flight_, "begin_step: the previous step has not ended (end_step)");
   const ModelConfig& c = config();
   const int rows = static_cast<int>(batch.rows.size());
   check(rows >= 1, "step: the batch is empty");
@@ -169,7 +182,8 @@ StepOutput Engine::step(const Batch& batch) {
       register_full_blocks(s);
     }
   }
-  return out;
+  in_flight_out_ = std::move(out);
+  in_flight_ = true;
 }
 
 Engine::PrefixMatch Engine::match_prefix(std::span<const int32_t> tokens) const {

@@ -103,6 +103,18 @@ class Engine {
   // in the KV cache) and throws fdpp::Error naming the problem before anything is computed or
   // reserved; then computes and advances each row's sequence.
   StepOutput step(const Batch& batch);
+  // step() in two halves, for a caller with host work to do while the device computes (the
+  // scheduler renders the previous step's text meanwhile): begin_step checks, reserves, launches
+  // and advances the sequences; end_step waits for the step and returns its output. One step at a
+  // time; the batch's token spans need not outlive begin_step. Sequences may be released in
+  // between (their blocks are reused only by a later step). Engines without a device queue
+  // (queues_steps() false) compute the whole step in begin_step.
+  void begin_step(const Batch& batch);
+  StepOutput end_step();
+  bool step_in_flight() const { return in_flight_; }
+  // Whether begin_step returns while the device still computes (so that host work between
+  // begin_step and end_step overlaps it). False: the whole step runs in begin_step.
+  virtual bool queues_steps() const { return false; }
 
   // Does now what the first steps of a long run would otherwise do on the way (the CUDA engine
   // times its linear layers' algorithms for every row count a step can reach). For engines that
@@ -133,8 +145,13 @@ class Engine {
   };
   void init_engine(const EngineLimits& limits);
   // Computes the step: writes out.tokens for sampling rows and out.logits (already sized) for
-  // rows with logits_index >= 0. The sequences' blocks already hold start + n tokens.
+  // rows with logits_index >= 0. The sequences' blocks already hold start + n tokens. An engine
+  // with a device queue may return once the step is queued, leaving out.tokens and out.logprobs to
+  // finish_step (out.logits are written by run_step). The rows do not outlive run_step.
   virtual void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) = 0;
+  // Waits for the step run_step queued and completes its output; nothing to do for an engine
+  // that computed it in run_step.
+  virtual void finish_step(StepOutput& /*out*/) {}
   // Called when a sequence is released or truncated (the backend may drop storage).
   virtual void on_sequence_resized(int /*seq*/, int /*length*/) {}
   // Called after map_cached_prefix mapped `cached` tokens of `tokens` into `seq` (the
@@ -154,6 +171,8 @@ class Engine {
   KvBlockAllocator kv_;
   std::vector<Sequence> sequences_;
   uint64_t salt_ = 0;  // prefix_block_hash's salt: the model's shapes
+  bool in_flight_ = false;  // begin_step ran, end_step not yet
+  StepOutput in_flight_out_;
 };
 
 }  // namespace fdpp

@@ -62,6 +62,9 @@ struct Scheduler::Active {
   std::optional<int32_t> stop_token_id;  // what ended a "stop" (GenerationResult)
   std::optional<std::string> stop_string;
   bool in_batch = false;          // has a row in the step being built
+  // Its newest token is accepted but its text not yet rendered (render_text, while the next step
+  // computes).
+  bool text_due = false;
   std::unique_ptr<grammar::GrammarMatcher> matcher;  // structured output, or null
 };
 
@@ -164,6 +167,10 @@ SchedulerStats Scheduler::stats() const {
 void Scheduler::finish(Active& a, const std::string& reason) {
   if (a.done) return;
   a.done = true;
+  if (a.text_due) {
+    a.text_due = false;
+    if (reason != "cancelled" && a.generated.back() < tokenizer_.vocab_size()) a.pending += a.detok.push(a.generated.back());
+  }
   if (reason != "cancelled" && !a.discard_rest) {
     // What was held back for a possible stop string, and the detokenizer's incomplete bytes.
     a.pending += a.detok.flush();
@@ -214,7 +221,7 @@ void Scheduler::deliver(Active& a, std::string_view text) {
   a.undelivered = 0;
 }
 
-bool Scheduler::emit_token(Active& a, int32_t token, const TokenLogprobs* logprobs) {
+bool Scheduler::accept_token(Active& a, int32_t token, const TokenLogprobs* logprobs) {
   if (logprobs != nullptr) {
     a.logprobs.push_back(*logprobs);
     a.cumulative_logprob += logprobs->logprob;
@@ -223,10 +230,6 @@ bool Scheduler::emit_token(Active& a, int32_t token, const TokenLogprobs* logpro
   a.tokens.push_back(token);
   a.undelivered++;
   if (a.first_token_time < 0) a.first_token_time = seconds_since(a.submitted);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.generated_tokens++;
-  }
   const std::vector<int32_t>& stop_ids = a.request.stop_token_ids;
   // vLLM's min_tokens: nothing stops the request before it (the sampler holds the ids back too).
   const bool may_stop = static_cast<int>(a.generated.size()) >= a.request.sampling.min_tokens;
@@ -239,9 +242,24 @@ bool Scheduler::emit_token(Active& a, int32_t token, const TokenLogprobs* logpro
     finish(a, "stop");
     return true;
   }
+  const bool at_limit = static_cast<int>(a.generated.size()) >= a.request.max_tokens ||
+                        static_cast<int>(a.tokens.size()) >= engine_.max_context();
+  a.text_due = true;
+  // The last token's text now (a stop string in it makes the finish "stop"); a grammar's request
+  // too, since its matcher may end it next.
+  if (at_limit || a.matcher) render_text(a, at_limit);
+  if (at_limit && !a.done) finish(a, "length");
+  return a.done;
+}
+
+void Scheduler::render_text(Active& a, bool last) {
+  if (!a.text_due) return;
+  a.text_due = false;
+  const int32_t token = a.generated.back();
   // A model may pad its vocabulary past the tokenizer's (OPT's 50272 rows for 50265 tokens): such
   // an id has no text.
   if (token < tokenizer_.vocab_size()) a.pending += a.detok.push(token);
+  const bool may_stop = static_cast<int>(a.generated.size()) >= a.request.sampling.min_tokens;
   const std::vector<std::string>& stops = a.request.stop;
   size_t cut = std::string::npos;
   const std::string* found = nullptr;
@@ -260,14 +278,9 @@ bool Scheduler::emit_token(Active& a, int32_t token, const TokenLogprobs* logpro
     deliver(a, a.pending);
     a.pending.clear();
     finish(a, "stop");
-    return true;
+    return;
   }
-  const bool at_limit = static_cast<int>(a.generated.size()) >= a.request.max_tokens ||
-                        static_cast<int>(a.tokens.size()) >= engine_.max_context();
-  if (at_limit) {
-    finish(a, "length");
-    return true;
-  }
+  if (last) return;  // finish() delivers the rest in one piece
   const size_t hold = stops.empty() ? 0 : held_back(a.pending, stops);
   if (a.pending.size() > hold || (a.pending.empty() && a.undelivered > 0 && hold == 0)) {
     std::string out = a.pending.substr(0, a.pending.size() - hold);
@@ -275,7 +288,11 @@ bool Scheduler::emit_token(Active& a, int32_t token, const TokenLogprobs* logpro
     a.text += out;
     deliver(a, out);
   }
-  return false;
+}
+
+void Scheduler::render_due_text() {
+  for (auto& a : running_)
+    if (a->text_due && !a->done) render_text(*a, false);
 }
 
 std::shared_ptr<const grammar::TokenVocabulary> Scheduler::grammar_vocabulary() {
@@ -454,7 +471,7 @@ bool Scheduler::step() {
   StepOutput out;
   const Clock::time_point engine_began = Clock::now();
   try {
-    out = engine_.step(batch);
+    engine_.begin_step(batch);
   } catch (const Error& e) {
     // The step checks everything before it computes, so the engine is as it was: the requests in
     // this batch end with the error and the others go on.
@@ -467,32 +484,45 @@ bool Scheduler::step() {
     publish_stats();
     return true;
   }
+  // While the device computes (an engine that queues steps): the previous step's text
+  // (detokenizing, stop strings, deliveries). A stop string found here ends its request, whose row
+  // in this step is then ignored.
+  const Clock::time_point render_began = Clock::now();
+  render_due_text();
+  const Clock::time_point render_ended = Clock::now();
+  out = engine_.end_step();
   const Clock::time_point engine_ended = Clock::now();
-  uint64_t prefilled = 0;
+  uint64_t prefilled = 0, generated = 0;
   for (size_t i = 0; i < batch.rows.size(); ++i) {
     Active& a = *row_owner[i];
+    if (a.done) continue;
     const int n = static_cast<int>(batch.rows[i].tokens.size());
     a.computed += n;
     if (n > 1 || a.generated.empty()) prefilled += static_cast<uint64_t>(n);
-    if (batch.rows[i].sample &&
-        !emit_token(a, out.tokens[i],
-                    out.logprobs.empty() || batch.rows[i].sampling.logprobs < 0 ? nullptr : &out.logprobs[i]) &&
+    if (!batch.rows[i].sample) continue;
+    ++generated;
+    if (!accept_token(a, out.tokens[i],
+                      out.logprobs.empty() || batch.rows[i].sampling.logprobs < 0 ? nullptr : &out.logprobs[i]) &&
         a.matcher)
       advance_grammar(a, out.tokens[i]);
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.prompt_tokens += prefilled;
+    stats_.generated_tokens += generated;
     stats_.steps++;
   }
+  // An engine that computed the step in begin_step leaves nothing to overlap: the text now, so
+  // that it reaches the client without waiting for the next step.
+  if (!engine_.queues_steps()) render_due_text();
   std::erase_if(running_, [](const auto& a) { return a->done; });
   publish_stats();
-  if (step_log_) log_step(batch, began, engine_began, engine_ended);
+  if (step_log_) log_step(batch, began, engine_began, engine_ended, render_ended - render_began);
   return true;
 }
 
 void Scheduler::log_step(const Batch& batch, Clock::time_point began, Clock::time_point engine_began,
-                         Clock::time_point engine_ended) {
+                         Clock::time_point engine_ended, Clock::duration render) {
   auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
   int decode_rows = 0, prefill_rows = 0;
   int64_t prefill_tokens = 0;
@@ -508,10 +538,10 @@ void Scheduler::log_step(const Batch& batch, Clock::time_point began, Clock::tim
   *step_log_ << fmt::format(
       "{{\"step\":{},\"start_ms\":{:.3f},\"schedule_ms\":{:.3f},\"engine_ms\":{:.3f},\"emit_ms\":{:.3f},"
       "\"decode_rows\":{},\"prefill_rows\":{},\"prefill_tokens\":{},\"running\":{},\"waiting\":{},"
-      "\"graph_captures\":{}}}\n",
+      "\"graph_captures\":{},\"render_ms\":{:.3f}}}\n",
       st.steps, ms(created_, began), ms(began, engine_began), ms(engine_began, engine_ended),
       ms(engine_ended, Clock::now()), decode_rows, prefill_rows, prefill_tokens, st.running, st.waiting,
-      engine_.graph_captures());
+      engine_.graph_captures(), std::chrono::duration<double, std::milli>(render).count());
 }
 
 void Scheduler::publish_stats() {

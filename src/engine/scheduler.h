@@ -104,8 +104,9 @@ struct SchedulerOptions {
   int max_batched_tokens = 2048; // tokens of one step, decode rows and prefill chunks together
   int max_waiting = 1024;        // queued requests; submit() beyond throws QueueFullError
   // "": none. Else a file that gets one JSON line per step (the per-step timeline that throughput
-  // work starts from): when it began, the host's scheduling, the engine's step and the token
-  // handling after it, in ms, and the step's rows and tokens. bench/step_timeline.py reads it.
+  // work starts from): when it began, the host's scheduling, the engine's step (with the previous
+  // step's text rendered while it computes, also given alone) and the token handling after it, in
+  // ms, and the step's rows and tokens. bench/step_timeline.py reads it.
   std::string step_log;
   // Automatic prefix caching (kv_blocks.h): an admitted request maps the cached blocks of its
   // beginning and prefills only the rest; its own full blocks stay cached after it for later ones.
@@ -175,13 +176,22 @@ class Scheduler {
   bool computing_prefix(const Active& a, int64_t cached_blocks) const;
   void finish(Active& a, const std::string& reason);
   void preempt(Active& a);
-  bool emit_token(Active& a, int32_t token, const TokenLogprobs* logprobs);  // true when the request finished
+  // The engine's token for a: its bookkeeping and the checks that need no text (end of generation,
+  // stop ids, the length limit). Its text waits for render_text, which runs while the next step
+  // computes where the engine queues steps (at the end of this step otherwise), except for a
+  // request that ends here or follows a grammar. True when it finished.
+  bool accept_token(Active& a, int32_t token, const TokenLogprobs* logprobs);
+  // The accepted token's text: detokenized, searched for stop strings (one ends the request) and
+  // delivered except what a stop string may still claim (last: finish() delivers the rest).
+  void render_text(Active& a, bool last);
+  void render_due_text();  // render_text for every running request with a token's text due
   void deliver(Active& a, std::string_view text);  // on_delta with the undelivered tokens
-  void advance_grammar(Active& a, int32_t token);  // after emit_token: may finish the request
+  void advance_grammar(Active& a, int32_t token);  // after accept_token: may finish the request
   std::shared_ptr<const grammar::TokenVocabulary> grammar_vocabulary();
   void publish_stats();
   void log_step(const Batch& batch, std::chrono::steady_clock::time_point began,
-                std::chrono::steady_clock::time_point engine_began, std::chrono::steady_clock::time_point engine_ended);
+                std::chrono::steady_clock::time_point engine_began, std::chrono::steady_clock::time_point engine_ended,
+                std::chrono::steady_clock::duration render);
 
   Engine& engine_;
   const Tokenizer& tokenizer_;

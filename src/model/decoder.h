@@ -25,6 +25,14 @@ struct StoredMatrix {
   int64_t rows = 0, cols = 0;
   uint64_t row_bytes = 0;  // cols / block_elements(type) * block_bytes(type)
   std::shared_ptr<const std::vector<int32_t>> row_order;
+  // Set by the CPU backend at load (cpu::repack_weights): the bytes regrouped into its interleaved
+  // layout of `packed_rows` rows per group (backend/cpu/quant_repack.h), held by `packed`; data
+  // then points there and row() is not valid. 0: the stored rows as the file has them.
+  int packed_rows = 0;
+  std::shared_ptr<const void> packed;
+  // A stack of this many matrices of rows / matrices rows each, one after another (a layer's
+  // experts); 1: one matrix.
+  int64_t matrices = 1;
 
   bool empty() const { return data == nullptr; }
   const uint8_t* row(int64_t n) const {
@@ -73,6 +81,11 @@ struct LayerWeights {
   Weight w_gate;                     // [ffn, hidden], SwiGLU only
   Weight w_up, w_down;               // [ffn, hidden], [hidden, ffn] (OPT fc1, fc2)
   Tensor b_gate, b_up, b_down;       // mlp_bias
+  // An expert layer (ModelConfig::is_moe_layer) in place of w_gate/w_up/w_down: the router and
+  // every expert's matrices stacked, expert e's [rows, cols] block at e * rows * cols.
+  Tensor router;                     // [n_experts, hidden]
+  Weight experts_gate, experts_up;   // [n_experts, expert_ffn, hidden]
+  Weight experts_down;               // [n_experts, hidden, expert_ffn]
 };
 
 struct DecoderWeights {

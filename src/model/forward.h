@@ -1,7 +1,7 @@
 // The forward pass of a decoder, written once for every architecture and both backends: which ops
 // run, in which order, for the variant a ModelConfig describes (pre- or post-norm, RoPE or learned
-// positions, SwiGLU or ReLU MLP, OPT-350m's embedding projections, a final norm or none). Each
-// backend implements the op set below over its own buffers (backend/cpu/cpu_engine.cpp in fp32,
+// positions, SwiGLU, ReLU or expert MLPs, OPT-350m's embedding projections, a final norm or none).
+// Each backend implements the op set below over its own buffers (backend/cpu/cpu_engine.cpp in fp32,
 // backend/cuda/cuda_engine.cpp in 16-bit with its fusions) and calls run_decoder once per step; an
 // architecture that combines these variants differently needs no backend change.
 //
@@ -44,6 +44,8 @@ concept DecoderOps = requires(Ops& ops, int layer, bool flag, EmbedRows rows, Bl
   ops.post_norm(layer, norm);  // delta = norm(delta) with the block's post norm (sandwich_norm)
   ops.mlp_up_act(layer, act);  // the MLP's up (and gate) projections of input, activated
   ops.mlp_down(layer);         // delta = down projection of the activation (+ bias)
+  ops.moe_mlp(layer);          // an expert layer's MLP: delta = the sum over each token's chosen
+                               // experts of their SwiGLU output of input, weighted by the router
   ops.final_norm(flag);        // head = the final norm of the head rows of stream (+ delta when flag)
   ops.head_rows(flag);         // head = the head rows of stream (+ delta when flag), no norm
   ops.project_out();           // head = project_out of head (back to the embedding width)
@@ -85,8 +87,12 @@ void run_decoder(const ModelConfig& c, Ops& ops) {
     } else {
       ops.add_norm(layer, BlockNorm::Attention, true, true);
     }
-    ops.mlp_up_act(layer, c.activation);
-    ops.mlp_down(layer);
+    if (c.is_moe_layer(layer)) {
+      ops.moe_mlp(layer);
+    } else {
+      ops.mlp_up_act(layer, c.activation);
+      ops.mlp_down(layer);
+    }
     if (c.sandwich_norm) ops.post_norm(layer, BlockNorm::Mlp);
     if (c.pre_norm) {
       pending = true;

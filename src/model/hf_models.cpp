@@ -18,18 +18,18 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The layer index k of a name containing "layers.k." (any prefix), or -1.
-int64_t layer_index(std::string_view name) {
+// The index k of a name containing "<part>.k." (any prefix; part "layers." or "experts."), or -1.
+int64_t part_index(std::string_view name, std::string_view part) {
   size_t pos = 0;
-  while ((pos = name.find("layers.", pos)) != std::string_view::npos) {
+  while ((pos = name.find(part, pos)) != std::string_view::npos) {
     if (pos == 0 || name[pos - 1] == '.') {
-      size_t i = pos + 7;
+      size_t i = pos + part.size();
       int64_t k = 0;
       size_t digits = 0;
       while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9) k = k * 10 + (name[i++] - '0'), ++digits;
       if (digits > 0 && i < name.size() && name[i] == '.') return k;
     }
-    pos += 7;
+    pos += part.size();
   }
   return -1;
 }
@@ -173,6 +173,20 @@ std::vector<Tensor> split_rows(const Tensor& t, const std::vector<int64_t>& rows
   return out;
 }
 
+HfTensorSpec hf_expert_spec(std::string name, std::vector<int64_t> shape, int layer, int expert, int n_experts,
+                            Weight LayerWeights::*member) {
+  check(shape.size() == 2 && expert >= 0 && expert < n_experts, "hf_expert_spec: '{}' is not an expert's matrix", name);
+  HfSlotPart part{slot_of(member), layer, 0, shape};
+  part.expert = expert;
+  auto assign = [layer, expert, n_experts, member, shape](DecoderWeights& w, Tensor&& t) {
+    Weight& stack = w.layers.at(layer).*member;
+    if (stack.empty()) stack = Tensor({n_experts, shape[0], shape[1]});
+    const int64_t block = shape[0] * shape[1];
+    std::copy(t.data.begin(), t.data.end(), stack.data.begin() + expert * block);
+  };
+  return {std::move(name), std::move(shape), std::move(assign), {std::move(part)}};
+}
+
 std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& config, const WeightSource& source) {
   const Architecture* a = find_architecture(config.architecture);
   check(a != nullptr, "{}: no Hugging Face tensor mapping for architecture '{}'", source.origin(), config.architecture);
@@ -212,9 +226,12 @@ void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec
             "enable_bias or add_qkv_bias)",
             origin, t.name, config_path);
     }
-    const int64_t layer = layer_index(t.name);
+    const int64_t layer = part_index(t.name, "layers.");
     check(layer < config.n_layers, "{}: tensor '{}' belongs to layer {}, but {} says the model has {} layers", origin,
           t.name, layer, config_path, config.n_layers);
+    const int64_t expert = part_index(t.name, "experts.");
+    check(expert < config.n_experts, "{}: tensor '{}' belongs to expert {}, but {} says the model has {} experts",
+          origin, t.name, expert, config_path, config.n_experts);
   }
 }
 
@@ -277,6 +294,7 @@ WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTenso
       p.layer = part.layer;
       p.shape = part.shape;
       p.add = part.add;
+      p.expert = part.expert;
       const int64_t n = p.numel();
       const uint64_t begin = static_cast<uint64_t>(part.row_begin * cols) * elem;
       check(part.row_begin * cols + n <= numel, "{}: tensor '{}': slot {} reaches past its end", source.origin(),

@@ -24,6 +24,7 @@ struct HfSlotPart {
   int64_t row_begin = 0;
   std::vector<int64_t> shape;  // the slot's
   float add = 0.f;             // added to every element once read (Gemma's (1 + w) norms)
+  int expert = -1;             // an expert slot's block (PlannedTensor::expert); -1: the whole slot
 };
 
 // One tensor of a checkpoint: its name there, the shape config.json implies, and where it goes:
@@ -84,5 +85,10 @@ HfTensorSpec hf_layer_spec(std::string name, std::vector<int64_t> shape, int lay
           [layer, member](DecoderWeights& w, Tensor&& t) { w.layers.at(layer).*member = std::move(t); },
           std::move(parts)};
 }
+
+// A spec for expert `expert` of n_experts, whose [rows, cols] matrix is that expert's block of the
+// stacked member of layer i (LayerWeights::experts_gate, experts_up, experts_down).
+HfTensorSpec hf_expert_spec(std::string name, std::vector<int64_t> shape, int layer, int expert, int n_experts,
+                            Weight LayerWeights::*member);
 
 }  // namespace fdpp

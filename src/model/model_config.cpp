@@ -33,6 +33,15 @@ void validate(const ModelConfig& c, const std::string& origin) {
   check(c.layer_windows.empty() || c.layer_windows.size() == static_cast<size_t>(c.n_layers),
         "{}: {} sliding-window entries for {} layers", origin, c.layer_windows.size(), c.n_layers);
   for (int w : c.layer_windows) check(w >= 0, "{}: sliding window = {} must be positive (or 0: none)", origin, w);
+  if (c.n_experts != 0) {
+    in_range("n_experts", c.n_experts, 1, 4096);
+    in_range("n_experts_used", c.n_experts_used, 1, c.n_experts);
+    in_range("expert_ffn_hidden", c.expert_ffn_hidden, 1, 1 << 20);
+    check(c.expert_layers.empty() || c.expert_layers.size() == static_cast<size_t>(c.n_layers),
+          "{}: {} expert-layer entries for {} layers", origin, c.expert_layers.size(), c.n_layers);
+  } else {
+    check(c.expert_layers.empty() && c.n_experts_used == 0, "{}: expert layers without experts", origin);
+  }
   if (c.rope.scaling != RopeScaling::None && c.rope.scaling != RopeScaling::LongRope)
     check(c.rope.factor >= 1, "{}: rope scaling factor = {} must be >= 1", origin, c.rope.factor);
   if (c.rope.scaling == RopeScaling::LongRope) {

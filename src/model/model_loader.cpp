@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <set>
 
 #include "core/cache_dir.h"
 #include "fdpp/error.h"
@@ -50,12 +51,13 @@ ModelDescription describe_gguf(const gguf::GgufFile& f) {
   d.format = "gguf";
   const Architecture& arch = gguf_architecture(f);
   d.config = arch.gguf_config(f);
+  std::set<std::string> seen;  // a fused tensor has a spec per slot and is listed once
   for (const GgufTensorSpec& spec : arch.gguf_tensor_specs(d.config)) {
     const gguf::TensorInfo* info = find_gguf_tensor(f, spec, "but the metadata implies");
-    if (info == nullptr) continue;
+    if (info == nullptr || !seen.insert(spec.name).second) continue;
     check(gguf::is_supported(info->type), "{}: tensor '{}' has type {}, which fdpp cannot dequantize yet", f.path(),
           spec.name, gguf::type_name(info->type));
-    d.tensors.push_back({spec.name, spec.shape, gguf::type_name(info->type), info->n_bytes});
+    d.tensors.push_back({spec.name, spec.stored_shape(), gguf::type_name(info->type), info->n_bytes});
     d.n_params += info->n_elements;
     d.stored_bytes += info->n_bytes;
     d.dtype_counts[gguf::type_name(info->type)]++;
@@ -169,6 +171,7 @@ LoadedModel load_model(const std::string& path, const ProgressFn& progress, cons
   const ModelConfig& c = m.description.config;
   m.weights = load_gguf_weights(file, c, gguf_architecture(*file).gguf_tensor_specs(c), progress,
                                 options.weights == WeightForm::Stored ? options.stored_types : StoredTypeFilter{});
+  if (options.weights == WeightForm::Stored && options.prepare_stored) options.prepare_stored(m.weights, file->on_disk());
   return m;
 }
 

@@ -71,6 +71,9 @@ struct LoadOptions {
   // With Stored: the types kept in place (the runtime passes the CPU backend's cpu::stored_supported);
   // required, since the model layer does not know which kernels a backend has.
   StoredTypeFilter stored_types;
+  // With Stored: run on the loaded weights (the CPU backend repacks its matrices into its own
+  // layouts). `mapped`: the views point into a read-only file mapping whose pages may be dropped.
+  std::function<void(DecoderWeights& weights, bool mapped)> prepare_stored;
 };
 
 // Loads weights and the tokenizer. progress(fraction) is called as tensors are read.

@@ -29,6 +29,7 @@ TensorParallelLayout plan_tensor_parallel(const ModelConfig& c, int ranks) {
         c.ffn_hidden, ranks);
   check(c.embedding_dim() == c.hidden, "--tensor-parallel: models with embedding projections (OPT-350m style) are not "
                                        "split; run them on one GPU");
+  check(!c.has_moe(), "--tensor-parallel: mixture-of-experts models are not split yet");
   t.local.n_heads = c.n_heads / ranks;
   t.local.n_kv_heads = c.n_kv_heads >= ranks ? c.n_kv_heads / ranks : 1;
   t.kv_replicas = c.n_kv_heads >= ranks ? 1 : ranks / c.n_kv_heads;

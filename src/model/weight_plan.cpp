@@ -12,7 +12,7 @@ namespace {
 constexpr const char* kSlotNames[kWeightSlots] = {
     "tok_embeddings", "pos_embeddings", "project_in", "project_out", "final_norm", "final_norm_bias", "lm_head",
     "attn_norm", "attn_norm_bias", "wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo", "ffn_norm", "ffn_norm_bias",
-    "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down", "q_norm", "k_norm", "attn_post_norm", "ffn_post_norm"};
+    "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down", "q_norm", "k_norm", "attn_post_norm", "ffn_post_norm", "router", "experts_gate", "experts_up", "experts_down"};
 
 template <class W, class L>
 auto* slot_ptr(W& w, WeightSlot s, int layer) {
@@ -55,6 +55,10 @@ auto* slot_ptr(W& w, WeightSlot s, int layer) {
     case WeightSlot::KNorm: return static_cast<T*>(&l.k_norm);
     case WeightSlot::AttnPostNorm: return static_cast<T*>(&l.attn_post_norm);
     case WeightSlot::FfnPostNorm: return static_cast<T*>(&l.ffn_post_norm);
+    case WeightSlot::Router: return static_cast<T*>(&l.router);
+    case WeightSlot::ExpertsGate: return static_cast<T*>(&l.experts_gate);
+    case WeightSlot::ExpertsUp: return static_cast<T*>(&l.experts_up);
+    case WeightSlot::ExpertsDown: return static_cast<T*>(&l.experts_down);
     default: break;
   }
   fail("weight slot {}: unknown", static_cast<int>(s));
@@ -162,7 +166,17 @@ DecoderWeights materialize_plan(const WeightPlan& plan, const ModelConfig& confi
     if (p.add != 0.f)
       for (float& x : stored.data) x += p.add;
     Tensor& dst = slot_tensor(w, p.slot, p.layer);
-    if (p.permute_heads > 0) {
+    if (p.expert >= 0) {
+      // One expert's block of a stacked slot, the stack sized by the model's expert count.
+      check(is_expert_slot(p.slot) && p.shape.size() == 2 && p.expert < config.n_experts,
+            "{}: expert {} of slot {} does not fit the model's {} experts", p.src.name, p.expert, slot_name(p.slot),
+            config.n_experts);
+      if (dst.empty()) dst = Tensor({config.n_experts, p.shape[0], p.shape[1]});
+      check(dst.shape == std::vector<int64_t>{config.n_experts, p.shape[0], p.shape[1]},
+            "{}: expert {} has shape {}, its stack {}", p.src.name, p.expert, shape_string(p.shape),
+            shape_string(dst.shape));
+      std::memcpy(dst.ptr() + p.expert * p.numel(), stored.ptr(), static_cast<size_t>(p.numel()) * sizeof(float));
+    } else if (p.permute_heads > 0) {
       Tensor out(p.shape);
       const int64_t rows = p.rows(), cols = p.cols();
       for (int64_t n = 0; n < rows; ++n)

@@ -26,9 +26,11 @@ enum class WeightSlot : uint8_t {
   TokEmbeddings, PosEmbeddings, ProjectIn, ProjectOut, FinalNorm, FinalNormBias, LmHead,
   // per layer, from here on
   AttnNorm, AttnNormBias, Wq, Wk, Wv, Bq, Bk, Bv, Wo, Bo, FfnNorm, FfnNormBias, WGate, WUp, WDown, BGate, BUp,
-  BDown, QNorm, KNorm, AttnPostNorm, FfnPostNorm,
+  BDown, QNorm, KNorm, AttnPostNorm, FfnPostNorm, Router, ExpertsGate, ExpertsUp, ExpertsDown,
 };
-inline constexpr int kWeightSlots = static_cast<int>(WeightSlot::FfnPostNorm) + 1;
+inline constexpr int kWeightSlots = static_cast<int>(WeightSlot::ExpertsDown) + 1;
+// The slots that stack one matrix per expert ([n_experts, rows, cols]).
+inline bool is_expert_slot(WeightSlot s) { return s >= WeightSlot::ExpertsGate; }
 inline bool is_layer_slot(WeightSlot s) { return s >= WeightSlot::AttnNorm; }
 const char* slot_name(WeightSlot s);  // "wq", "tok_embeddings", ...
 
@@ -88,6 +90,10 @@ struct PlannedTensor {
   // row (a per-tensor scale repeated); empty for every other tensor.
   std::vector<float> fp8_scales;
   bool fp8() const { return !fp8_scales.empty(); }
+  // An expert slot filled one expert at a time (Hugging Face stores each expert's matrix apart):
+  // this tensor is expert `expert`'s [rows, cols] block of the stacked slot. -1: the whole slot
+  // (a GGUF file stores the stack as one tensor).
+  int expert = -1;
 
   int64_t numel() const { return Tensor::numel_of(shape); }
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
@@ -104,7 +110,7 @@ struct WeightPlan {
   std::vector<PlannedTensor> tensors;
   std::shared_ptr<const void> storage;  // keeps the files mapped while the plan is used
 
-  const PlannedTensor* find(WeightSlot s, int layer) const;
+  const PlannedTensor* find(WeightSlot s, int layer) const;  // the first, for an expert slot filled by parts
   uint64_t stored_bytes() const;
   int64_t elements() const;
 };

@@ -299,6 +299,8 @@ ModelConfig cuda_attention_config(const ModelConfig& config) {
 
 std::unique_ptr<Engine> make_cuda_engine(const ModelConfig& config, const DecoderWeights& weights,
                                          const RunnerOptions& options, const EngineLimits& limits) {
+  // Refused before any weight is streamed to the GPU.
+  if (const std::string problem = cuda::cuda_model_problem(config); !problem.empty()) fail("{}", problem);
   if (options.tensor_parallel > 1) return tensor_parallel_engine(config, weights, options, limits);
   // The CUDA engine's sequences may use the model's whole context (limits.max_context is the CPU's
   // cache bound); admission by KV blocks bounds what they hold together.

@@ -213,6 +213,18 @@ int run_info(const InfoArgs& a) {
                       d.quantization.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.quantization)},
                      {"cpu_weight_bytes", weight_bytes},
                      {"cpu_kv_cache_bytes", kv_bytes}};
+    if (c.n_experts > 0) {
+      nlohmann::json layers = nlohmann::json::array();
+      for (int i = 0; i < c.n_layers; ++i)
+        if (c.is_moe_layer(i)) layers.push_back(i);
+      j["experts"] = {{"count", c.n_experts},
+                      {"used_per_token", c.n_experts_used},
+                      {"ffn_hidden_size", c.expert_ffn_hidden},
+                      {"norm_topk_prob", c.norm_topk_prob},
+                      {"layers", layers}};
+    } else {
+      j["experts"] = nullptr;
+    }
     if (cal) {
       j["calibration"] = {{"path", cal->path},
                           {"phi_min", cal->phi_min()},
@@ -239,6 +251,12 @@ int run_info(const InfoArgs& a) {
              c.max_context);
   fmt::print("attention:    {} heads, {} kv heads, head dim {}, rope theta {}{}\n", c.n_heads, c.n_kv_heads,
              c.head_dim, c.rope.theta, c.rope.freq_factors.empty() ? "" : " (with frequency factors)");
+  if (c.n_experts > 0) {
+    int moe_layers = 0;
+    for (int i = 0; i < c.n_layers; ++i) moe_layers += c.is_moe_layer(i) ? 1 : 0;
+    fmt::print("experts:      {} of width {}, {} per token{}, in {} of {} layers\n", c.n_experts, c.expert_ffn_hidden,
+               c.n_experts_used, c.norm_topk_prob ? " (weights renormalized)" : "", moe_layers, c.n_layers);
+  }
   fmt::print("embeddings:   {}\n", c.tied_embeddings ? "tied (lm head = token embeddings)" : "separate lm head");
   fmt::print("dtypes:       {}\n", dtypes);
   if (!d.quantization.empty()) fmt::print("quantized:    {}\n", d.quantization);

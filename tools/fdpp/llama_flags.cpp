@@ -109,7 +109,7 @@ const std::vector<ForeignFlag> kTable = {
     {"-dio", "--direct-io", V::None, A::Ignore, "weights are read through mmap or streamed to the GPU"},
     {"-ndio", "--no-direct-io", V::None, A::Ignore, "weights are read through mmap or streamed to the GPU"},
     {"-mmp", "--mmap", V::Required, A::Ignore, "weights are read through mmap or streamed to the GPU"},  // llama-bench
-    {"-nr", "--no-repack", V::None, A::Ignore, "the CPU uses GGUF blocks in place (--cpu-weights)"},
+    {"-nr", "--no-repack", V::None, A::Ignore, "the CPU repacks GGUF blocks at load without a second copy (--cpu-weights)"},
     {"-cram", "--cache-ram", V::Required, A::Ignore, "fdpp keeps no prompt cache in host memory"},
     {"-ctxcp", "--ctx-checkpoints", V::Required, A::Ignore, "fdpp keeps no context checkpoints"},
     {"-cms", "--checkpoint-min-step", V::Required, A::Ignore, "fdpp keeps no context checkpoints"},

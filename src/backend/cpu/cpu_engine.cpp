@@ -208,6 +208,42 @@ struct CpuEngine::Forward {
     const LayerWeights& L = w.layers[layer];
     cpu::linear(up.data(), T, L.w_down, bias_or_null(L.b_down), o.data());
   }
+  // Tokens go to their experts in expert order, each expert's rows through its three products
+  // at once; every token's outputs add up in expert order, as transformers accumulates them.
+  std::vector<float> router_logits, route_weights, xe, ge, ue, ye;
+  std::vector<int32_t> routes;
+  void moe_mlp(int layer) {
+    const LayerWeights& L = w.layers[layer];
+    const int NE = c.n_experts, K = c.n_experts_used;
+    const int64_t FE = c.expert_ffn_hidden;
+    router_logits.resize(T * NE);
+    cpu::linear(input, T, H, L.router.ptr(), NE, nullptr, router_logits.data());
+    routes.resize(T * K);
+    route_weights.resize(T * K);
+    cpu::route_experts(router_logits.data(), T, NE, K, c.norm_topk_prob, routes.data(), route_weights.data());
+    std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(NE));  // indices into routes
+    for (int64_t i = 0; i < T * K; ++i) by_expert[routes[i]].push_back(i);
+    std::fill(o.begin(), o.end(), 0.f);
+    for (int e = 0; e < NE; ++e) {
+      const std::vector<int64_t>& picks = by_expert[e];
+      const int64_t n = static_cast<int64_t>(picks.size());
+      if (n == 0) continue;
+      xe.resize(n * H);
+      for (int64_t r = 0; r < n; ++r) std::memcpy(&xe[r * H], input + (picks[r] / K) * H, H * sizeof(float));
+      ge.resize(n * FE);
+      ue.resize(n * FE);
+      ye.resize(n * H);
+      cpu::expert_linear(xe.data(), n, L.experts_gate, e, ge.data());
+      cpu::expert_linear(xe.data(), n, L.experts_up, e, ue.data());
+      cpu::silu_mul(ge.data(), ue.data(), n * FE, ue.data());
+      cpu::expert_linear(ue.data(), n, L.experts_down, e, ye.data());
+      for (int64_t r = 0; r < n; ++r) {
+        const float weight = route_weights[picks[r]];
+        float* out = &o[(picks[r] / K) * H];
+        for (int64_t j = 0; j < H; ++j) out[j] += weight * ye[r * H + j];
+      }
+    }
+  }
   void head_rows(bool add_delta) {
     if (head_tokens.empty()) return;
     if (add_delta) cpu::add_inplace(x.data(), o.data(), T * H);

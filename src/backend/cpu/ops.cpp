@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <numbers>
 #include <vector>
 
@@ -78,6 +79,28 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     out[i] = g / (1.f + std::exp(-g)) * up[i];
+  }
+}
+
+void route_experts(const float* logits, int64_t tokens, int n_experts, int n_used, bool normalize, int32_t* experts,
+                   float* weights) {
+  std::vector<float> p(static_cast<size_t>(n_experts));
+  std::vector<int32_t> order(static_cast<size_t>(n_experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* l = logits + t * n_experts;
+    const float mx = *std::max_element(l, l + n_experts);
+    float sum = 0.f;
+    for (int e = 0; e < n_experts; ++e) sum += p[e] = std::exp(l[e] - mx);
+    for (float& v : p) v /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    // Stable: equal probabilities keep index order, so a tie goes to the lower expert.
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+    float chosen = 0.f;
+    for (int k = 0; k < n_used; ++k) chosen += p[order[k]];
+    for (int k = 0; k < n_used; ++k) {
+      experts[t * n_used + k] = order[k];
+      weights[t * n_used + k] = normalize ? p[order[k]] / chosen : p[order[k]];
+    }
   }
 }
 

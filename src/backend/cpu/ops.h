@@ -36,6 +36,12 @@ void relu(float* x, int64_t n);
 // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
 void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out);
 
+// Mixture-of-experts routing: for each of `tokens` rows of router logits [tokens, n_experts], the
+// n_used experts of highest softmax probability, best first (ties: the lower index), and their
+// probabilities, divided by their sum when normalize. experts and weights: [tokens, n_used].
+void route_experts(const float* logits, int64_t tokens, int n_experts, int n_used, bool normalize, int32_t* experts,
+                   float* weights);
+
 // x[i] = cap * tanh(x[i] / cap): Gemma 2's logit soft-capping.
 void soft_cap(float* x, int64_t n, float cap);
 

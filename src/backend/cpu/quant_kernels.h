@@ -19,7 +19,7 @@ struct BlockQ8 {
 };
 static_assert(sizeof(BlockQ8) == 40);
 
-// Activations for Q4_K/Q6_K: x ~= d * qs; bsums[j] = sum(qs[16 j .. 16 j + 15]), the granularity
+// Activations for Q4_K/Q5_K/Q6_K: x ~= d * qs; bsums[j] = sum(qs[16 j .. 16 j + 15]), the granularity
 // of Q6_K's scales (Q4_K's groups of 32 add two).
 struct BlockQ8K {
   float d;
@@ -34,9 +34,18 @@ using RowDot = void (*)(const uint8_t* w, const uint8_t* act, uint64_t stride, i
 // Quantizes one fp32 row of k elements (whole blocks) into BlockQ8 / BlockQ8K blocks.
 using QuantRow = void (*)(const float* x, int64_t k, uint8_t* out);
 
+// The interleaved layouts (quant_repack.h): out[i * ldo + r] = dot(row r of the group at g,
+// activation row i) for r < the table's pack_rows and i < m (1 <= m <= 4).
+using GroupDot = void (*)(const uint8_t* g, const uint8_t* act, uint64_t stride, int m, int64_t k, float* out,
+                          int64_t ldo);
+
 struct Kernels {
-  RowDot f32, f16, bf16, q4_0, q4_1, q8_0, q4_k, q6_k;
+  RowDot f32, f16, bf16, q4_0, q4_1, q8_0, q4_k, q5_k, q6_k;
   QuantRow quant_q8, quant_q8k;
+  // Rows per interleaved group these kernels read (8: AVX2's 8 int32 lanes; 16: AVX-512's);
+  // 0: none (scalar), matrices stay in file order.
+  int pack_rows;
+  GroupDot g_q4_0, g_q4_1, g_q8_0, g_q4_k, g_q5_k, g_q6_k;
 };
 
 const Kernels& scalar_kernels();

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quant_kernels.h"
+#include "backend/cpu/quant_repack.h"
 #include "backend/cpu/thread_pool.h"
 #include "core/half.h"
 #include "fdpp/error.h"
@@ -121,15 +122,18 @@ void legacy_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, i
   }
 }
 
-void q4k_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, int64_t k, float* out) {
+// Q5_K: Q4_K's block with a fifth bit per element (qh, bit j for group j) before the nibbles.
+template <bool Q5>
+void qk_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, int64_t k, float* out) {
   for (int i = 0; i < m; ++i) {
     const BlockQ8K* a = reinterpret_cast<const BlockQ8K*>(act + i * stride);
     float acc = 0.f;
     for (int64_t b = 0; b < k / kQKK; ++b) {
-      const uint8_t* wb = w + b * 144;
+      const uint8_t* wb = w + b * (Q5 ? 176 : 144);
       const float d = h2f(wb), dmin = h2f(wb + 2);
       const uint8_t* s = wb + 4;
-      const uint8_t* q = wb + 16;
+      const uint8_t* qh = wb + 16;
+      const uint8_t* q = wb + (Q5 ? 48 : 16);
       int sumi = 0, summ = 0;
       for (int j = 0; j < 8; ++j) {  // group j of 32: scale and min per ggml's get_scale_min_k4
         const int sc = j < 4 ? (s[j] & 63) : ((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
@@ -137,7 +141,8 @@ void q4k_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, int6
         const uint8_t* qj = q + 32 * (j / 2);
         const int shift = 4 * (j % 2);
         int g = 0;
-        for (int l = 0; l < 32; ++l) g += ((qj[l] >> shift) & 0x0F) * a[b].qs[32 * j + l];
+        for (int l = 0; l < 32; ++l)
+          g += (((qj[l] >> shift) & 0x0F) | (Q5 ? ((qh[l] >> j) & 1) << 4 : 0)) * a[b].qs[32 * j + l];
         sumi += sc * g;
         summ += mn * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
       }
@@ -175,7 +180,8 @@ void q6k_rows(const uint8_t* w, const uint8_t* act, uint64_t stride, int m, int6
 }
 
 const Kernels kScalarTable = {float_rows<0>, float_rows<1>, float_rows<2>, legacy_rows<0>, legacy_rows<1>,
-                              legacy_rows<2>, q4k_rows,      q6k_rows,      quant_q8,       quant_q8k};
+                              legacy_rows<2>, qk_rows<false>, qk_rows<true>, q6k_rows, quant_q8, quant_q8k,
+                              0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 
@@ -202,6 +208,7 @@ bool plan_for(const qk::Kernels& k, GgmlType type, Plan* p) {
     case GgmlType::Q4_1: *p = {k.q4_1, k.quant_q8, qk::kQK, sizeof(qk::BlockQ8)}; return true;
     case GgmlType::Q8_0: *p = {k.q8_0, k.quant_q8, qk::kQK, sizeof(qk::BlockQ8)}; return true;
     case GgmlType::Q4_K: *p = {k.q4_k, k.quant_q8k, qk::kQKK, sizeof(qk::BlockQ8K)}; return true;
+    case GgmlType::Q5_K: *p = {k.q5_k, k.quant_q8k, qk::kQKK, sizeof(qk::BlockQ8K)}; return true;
     case GgmlType::Q6_K: *p = {k.q6_k, k.quant_q8k, qk::kQKK, sizeof(qk::BlockQ8K)}; return true;
     default: return false;
   }
@@ -254,6 +261,7 @@ LoadOptions stored_load_options() {
   LoadOptions o;
   o.weights = WeightForm::Stored;
   o.stored_types = stored_supported;
+  o.prepare_stored = repack_weights;
   return o;
 }
 
@@ -266,6 +274,8 @@ const char* isa_name(Isa isa) {
   }
   return "?";
 }
+
+int pack_rows(Isa isa) { return kernels(isa).pack_rows; }
 
 Isa best_isa() {
   static const Isa isa = detect_isa();
@@ -285,10 +295,27 @@ bool isa_available(Isa isa) {
 #endif
 }
 
+namespace {
+
+qk::GroupDot group_dot(const qk::Kernels& k, GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_0: return k.g_q4_0;
+    case GgmlType::Q4_1: return k.g_q4_1;
+    case GgmlType::Q8_0: return k.g_q8_0;
+    case GgmlType::Q4_K: return k.g_q4_k;
+    case GgmlType::Q5_K: return k.g_q5_k;
+    case GgmlType::Q6_K: return k.g_q6_k;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
 void stored_linear(const float* x, int64_t M, const StoredMatrix& w, const float* bias, float* y, Isa isa) {
   if (M <= 0 || w.rows <= 0) return;
+  const qk::Kernels& kern = kernels(isa);
   Plan plan;
-  check(plan_for(kernels(isa), w.type, &plan), "the CPU fast path has no kernel for {} weights",
+  check(plan_for(kern, w.type, &plan), "the CPU fast path has no kernel for {} weights",
         gguf::type_name(w.type));
   const int64_t N = w.rows, K = w.cols;
   check(K % plan.block == 0, "{} weights need rows of whole {}-element blocks, got {} columns",
@@ -311,6 +338,53 @@ void stored_linear(const float* x, int64_t M, const StoredMatrix& w, const float
     act = buf;
   }
 
+  const qk::GroupDot gdot = group_dot(kern, w.type);
+  if (w.packed_rows > 0 && w.packed_rows == kern.pack_rows && gdot != nullptr) {
+    // Interleaved groups of R rows, then the N % R leftover rows in file order. A task owns whole
+    // groups; within it each group meets the activation rows 4 at a time while its bytes (R rows
+    // of K: 36 KiB for Q4_K at K = 4096, R = 16) stay in L1/L2.
+    const int R = w.packed_rows;
+    const int64_t groups = N / R, tail = N % R;
+    const uint64_t group_bytes = w.row_bytes * static_cast<uint64_t>(R);
+    const uint8_t* tail_rows = w.data + static_cast<uint64_t>(groups) * group_bytes;
+    const int64_t min_groups =
+        std::max<int64_t>(1, kMinMacsPerTask / std::max<int64_t>(1, K * R * std::min<int64_t>(M, 4)));
+    const int64_t gtasks = task_count(groups + (tail > 0 ? 1 : 0), min_groups);
+    const int64_t per = (groups + (tail > 0 ? 1 : 0) + gtasks - 1) / gtasks;
+    const qk::RowDot dot = plan.dot;
+    parallel_for(gtasks, [&](int64_t t) {
+      const int64_t g_begin = t * per, g_end = std::min(groups + (tail > 0 ? 1 : 0), g_begin + per);
+      for (int64_t g = g_begin; g < g_end; ++g) {
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+          const int mm = static_cast<int>(std::min<int64_t>(4, M - m0));
+          const uint8_t* a = act + static_cast<uint64_t>(m0) * stride;
+          if (g < groups) {
+            float* out = y + m0 * N + g * R;
+            gdot(w.data + static_cast<uint64_t>(g) * group_bytes, a, stride, mm, K, out, N);
+            if (bias != nullptr)
+              for (int i = 0; i < mm; ++i)
+                for (int r = 0; r < R; ++r) out[i * N + r] += bias[g * R + r];
+          } else {
+            float o[4];
+            for (int64_t r = 0; r < tail; ++r) {
+              dot(tail_rows + static_cast<uint64_t>(r) * w.row_bytes, a, stride, mm, K, o);
+              const int64_t n = groups * R + r;
+              for (int i = 0; i < mm; ++i) y[(m0 + i) * N + n] = o[i] + (bias != nullptr ? bias[n] : 0.f);
+            }
+          }
+        }
+      }
+    });
+    return;
+  }
+  // A packed matrix met by kernels of another ISA (tests, a forced ISA): its rows unpacked to file
+  // order on the way, slowly.
+  const auto row_of = [&](int64_t n, uint8_t* buf) -> const uint8_t* {
+    if (w.packed_rows == 0) return w.row(n);
+    stored_row_bytes(w, n, buf);
+    return buf;
+  };
+
   const int64_t min_rows = std::max<int64_t>(1, kMinMacsPerTask / std::max<int64_t>(1, K * std::min<int64_t>(M, 4)));
   const int64_t tasks = task_count(N, min_rows);
   const int64_t per_task = (N + tasks - 1) / tasks;
@@ -318,13 +392,14 @@ void stored_linear(const float* x, int64_t M, const StoredMatrix& w, const float
   parallel_for(tasks, [&](int64_t t) {
     const int64_t n_begin = t * per_task, n_end = std::min(N, n_begin + per_task);
     float out[4];
+    std::vector<uint8_t> buf(w.packed_rows > 0 ? w.row_bytes : 0);
     for (int64_t n0 = n_begin; n0 < n_end; n0 += kTileRows) {
       const int64_t n1 = std::min(n_end, n0 + kTileRows);
       for (int64_t m0 = 0; m0 < M; m0 += 4) {
         const int mm = static_cast<int>(std::min<int64_t>(4, M - m0));
         const uint8_t* a = act + static_cast<uint64_t>(m0) * stride;
         for (int64_t n = n0; n < n1; ++n) {
-          dot(w.row(n), a, stride, mm, K, out);
+          dot(row_of(n, buf.data()), a, stride, mm, K, out);
           const float b = bias != nullptr ? bias[n] : 0.f;
           for (int i = 0; i < mm; ++i) y[(m0 + i) * N + n] = out[i] + b;
         }
@@ -342,9 +417,35 @@ void linear(const float* x, int64_t M, const Weight& w, const float* bias, float
   cpu::linear(x, M, w.shape[1], w.ptr(), w.shape[0], bias, y);
 }
 
+void expert_linear(const float* x, int64_t M, const Weight& stack, int expert, float* y) {
+  if (!stack.stored.empty()) {
+    const StoredMatrix& s = stack.stored;
+    check(expert >= 0 && expert < s.matrices && s.row_order == nullptr, "expert {} of a stack of {}", expert,
+          s.matrices);
+    StoredMatrix one = s;
+    one.rows = s.rows / s.matrices;
+    one.matrices = 1;
+    // Whole groups when packed (repack_weights packs a stack only so), file rows otherwise.
+    one.data = s.data + static_cast<uint64_t>(expert) * static_cast<uint64_t>(one.rows) * s.row_bytes;
+    stored_linear(x, M, one, nullptr, y);
+    return;
+  }
+  check(stack.shape.size() == 3 && expert >= 0 && expert < stack.shape[0], "expert {} of a stack of shape {}",
+        expert, shape_string(stack.shape));
+  const int64_t N = stack.shape[1], K = stack.shape[2];
+  cpu::linear(x, M, K, stack.ptr() + expert * N * K, N, nullptr, y);
+}
+
 void embedding_row(const Weight& w, int64_t row, float* out) {
   if (!w.stored.empty()) {
     check(row >= 0 && row < w.stored.rows, "embedding row {} is out of range [0, {})", row, w.stored.rows);
+    if (w.stored.packed_rows > 0) {
+      thread_local std::vector<uint8_t> buf;
+      buf.resize(w.stored.row_bytes);
+      stored_row_bytes(w.stored, row, buf.data());
+      gguf::dequantize(w.stored.type, buf.data(), out, static_cast<uint64_t>(w.stored.cols));
+      return;
+    }
     gguf::dequantize(w.stored.type, w.stored.row(row), out, static_cast<uint64_t>(w.stored.cols));
     return;
   }

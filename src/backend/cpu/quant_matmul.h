@@ -27,7 +27,8 @@ namespace fdpp::cpu {
 
 // Whether the fast path has kernels for this stored type (else the loader keeps an fp32 Tensor).
 bool stored_supported(gguf::GgmlType type);
-// How to load a model for the fast path: GGUF matrices of the types above stay in the mapped file.
+// How to load a model for the fast path: GGUF matrices of the types above stay in the mapped file,
+// and those with an interleaved layout are repacked for best_isa() (cpu::repack_weights).
 LoadOptions stored_load_options();
 
 enum class Isa { Auto, Scalar, Avx2, Avx512 };
@@ -35,6 +36,8 @@ const char* isa_name(Isa isa);
 // The best implementation this CPU runs (Auto resolved), and whether a given one runs here.
 Isa best_isa();
 bool isa_available(Isa isa);
+// Rows per interleaved group of that ISA's kernels (quant_repack.h); 0: it reads file order only.
+int pack_rows(Isa isa);
 
 // y[M, w.rows] = x[M, w.cols] W^T (+ bias). Throws fdpp::Error (one line) for a type without
 // kernels or a row length that is not whole blocks. isa Auto: best_isa().
@@ -44,6 +47,10 @@ void stored_linear(const float* x, int64_t M, const StoredMatrix& w, const float
 // The one entry point for every projection of the CPU runner: the stored-format kernel when w has
 // a stored view, else the fp32 reference cpu::linear(x, M, K, w.ptr(), N, bias, y).
 void linear(const float* x, int64_t M, const Weight& w, const float* bias, float* y);
+
+// The same for expert `expert` of a stacked weight (LayerWeights::experts_*: [n_experts, N, K] in
+// fp32, or a stored view of n_experts matrices), without a bias.
+void expert_linear(const float* x, int64_t M, const Weight& stack, int expert, float* y);
 
 // Row `row` of an embedding matrix in either form, as fp32 (out has cols floats).
 void embedding_row(const Weight& w, int64_t row, float* out);

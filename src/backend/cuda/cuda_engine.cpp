@@ -33,7 +33,8 @@ std::string cuda_model_problem(const ModelConfig& c) {
         c.embedding_dim(), c.hidden);
   if (c.head_dim != 64 && c.head_dim != 128)
     return fmt::format("the CUDA backend supports head_dim 64 and 128, not {}", c.head_dim);
-  // Gemma's features the GPU path lacks so far (the CPU backend runs them; README, supported models).
+  // Gemma's and the experts' features the GPU path lacks so far (the CPU backend runs them; README,
+  // supported models).
   const char* missing = c.sandwich_norm                     ? "sandwich norms"
                         : c.activation == Activation::GeGLU ? "GeGLU MLP"
                         : c.attn_softcap != 0               ? "attention-logit soft-capping"
@@ -41,6 +42,7 @@ std::string cuda_model_problem(const ModelConfig& c) {
                         : c.embed_scale != 1.0              ? "embedding scaling"
                         : c.has_local_rope                  ? "per-layer rope bases"
                                                             : nullptr;
+  if (missing == nullptr && c.has_moe()) missing = "mixture-of-experts layers";
   if (missing != nullptr) return fmt::format("the CUDA backend has no {} yet (the CPU backend runs this model)", missing);
   if (c.rope.attention_factor != 1.0 && c.rope.rotary_dim != c.head_dim)
     return fmt::format(
@@ -439,6 +441,8 @@ struct CudaEngine::Forward {
     e.layer_linear(mlp_act, L.w_down, L.s_down, L.b_down, e.o_.get(), n, H, FF, Epilogue::Store);
     e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
   }
+  // cuda_model_problem refuses expert layers before a model gets here.
+  void moe_mlp(int) { fail("the CUDA backend has no mixture-of-experts layers yet"); }
   // A mixed step's head rows are scattered (a chunk's last token): the final norm runs over every
   // token, then those rows are gathered into o_ (free by now). A decode step's are the last
   // logit_rows tokens: only they are normed.

@@ -82,8 +82,9 @@ struct MemoryReport {
 };
 
 // Why the CUDA engine cannot run a model of this config (its head size, embedding projection, or
-// Gemma's and LongRoPE's features it lacks so far), in the words the engine refuses it with; "" when
-// it can. Sliding windows are not in it: the runtime caps such a model's context at its window.
+// Gemma's, LongRoPE's and expert layers' features it lacks so far), in the words the engine refuses
+// it with; "" when it can. Sliding windows are not in it: the runtime caps such a model's context
+// at its window.
 std::string cuda_model_problem(const ModelConfig& c);
 
 class CudaEngine final : public Engine {

@@ -10,15 +10,17 @@
 // Adding an architecture: a file here that fills an Architecture, and one line in registry.cpp.
 //
 //   file        HF architectures (model_type)                       GGUF general.architecture
-//   llama.cpp   LlamaForCausalLM (llama), MistralForCausalLM        llama, mistral
-//               (mistral); SmolLM2 and other Llama-layout models
+//   llama.cpp   LlamaForCausalLM (llama), MistralForCausalLM        llama (Mixtral too), mistral
+//               (mistral), MixtralForCausalLM (mixtral); SmolLM2
+//               and other Llama-layout models
 //   opt.cpp     OPTForCausalLM (opt)                                -
 //   chatglm.cpp ChatGLMModel (chatglm), ChatGLMForConditionalGeneration -
 //   qwen2.cpp   Qwen2ForCausalLM (qwen2): Qwen2, Qwen2.5              qwen2
-//   qwen3.cpp   Qwen3ForCausalLM (qwen3): Qwen3 dense                 qwen3
-//   gemma.cpp   Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM        -
+//   qwen3.cpp   Qwen3ForCausalLM (qwen3): Qwen3 dense,                qwen3, qwen3moe
+//               Qwen3MoeForCausalLM (qwen3_moe): Qwen3-MoE
+//   gemma.cpp   Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM        gemma2, gemma3
 //               (gemma3_text): Gemma 2, Gemma 3 text
-//   phi3.cpp    Phi3ForCausalLM (phi3): Phi-3, Phi-3.5, Phi-4          -
+//   phi3.cpp    Phi3ForCausalLM (phi3): Phi-3, Phi-3.5, Phi-4          phi3
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -89,7 +91,19 @@ const Architecture& gemma_architecture();
 const Architecture& phi3_architecture();
 
 // What each file offers on its own (tests call these directly).
+// The Llama layout's tensors; an expert layer (ModelConfig::is_moe_layer) gets no MLP here: its
+// architecture adds the experts (append_hf_expert_specs).
 std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& config);
+// Hugging Face's per-expert names of an expert layer: model.layers.i.<block>.gate.weight (the
+// router) and model.layers.i.<block>.experts.E.<gate|up|down>.weight.
+struct HfExpertNames {
+  const char* block;  // "block_sparse_moe" (Mixtral), "mlp" (Qwen3-MoE)
+  const char* gate;
+  const char* up;
+  const char* down;
+};
+void append_hf_expert_specs(std::vector<HfTensorSpec>& specs, const ModelConfig& config, int layer,
+                            const HfExpertNames& names);
 // Layer i's model.layers.i.self_attn.{q,k,v,o}_proj weights, with the q/k/v biases (qkv_bias) and
 // the o bias (out_bias) where the config has them: the Llama layout's, which Gemma shares.
 void append_hf_attention_specs(std::vector<HfTensorSpec>& specs, const ModelConfig& config, int layer);

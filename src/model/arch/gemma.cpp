@@ -15,14 +15,32 @@
 //
 // Hugging Face: Gemma2ForCausalLM (model_type gemma2), Gemma3ForCausalLM (gemma3_text; the
 // text-only checkpoints; Gemma3ForConditionalGeneration's multimodal ones are not read).
-// No GGUF support yet.
+//
+// GGUF (general.architecture gemma2 / gemma3), as llama.cpp's converter writes and its loader
+// reads them:
+//   - the Llama layout's names and keys, q/k rows in Hugging Face's order (llama.cpp runs Gemma with
+//     NeoX-style RoPE), plus blk.N.post_attention_norm, blk.N.ffn_norm (the pre-feedforward norm),
+//     blk.N.post_ffw_norm and, Gemma 3, blk.N.attn_{q,k}_norm; no output.weight when tied (Gemma 2's
+//     converter never writes one);
+//   - every norm weight already holds 1 + w (the converter adds the 1), so it is loaded as stored;
+//   - query_pre_attn_scalar is not stored: llama.cpp scales q.k by head_dim^-1/2, except in the
+//     27B sizes (Gemma 2's 46 layers, Gemma 3's 62), where it uses hidden / heads: what those
+//     configs' query_pre_attn_scalar is;
+//   - attention.sliding_window (absent or 0: no local layer). Gemma 2: every even layer is local,
+//     attn_logit_softcapping and final_logit_softcapping (llama.cpp's defaults, 50 and 30, when
+//     absent). Gemma 3: attention.sliding_window_pattern, a period p (layer i local unless
+//     i % p == p - 1; default 6) or one flag per layer; rope.freq_base_swa for the local layers
+//     (default 10000, unscaled) while rope.freq_base and rope.scaling.{type,factor} are the global
+//     layers'; an optional final_logit_softcapping.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <variant>
 
 #include "fdpp/error.h"
+#include "io/gguf.h"
 #include "io/json_file.h"
 #include "model/arch/architecture.h"
 
@@ -136,6 +154,102 @@ std::vector<HfTensorSpec> hf_specs(const ModelConfig& c, const WeightSource&) {
   return s;
 }
 
+// ---- GGUF ----------------------------------------------------------------------------------------
+
+// llama.cpp's sizes whose attention scale is hidden / heads rather than head_dim (the 27B models).
+constexpr int kGemma2LayersOf27B = 46;
+constexpr int kGemma3LayersOf27B = 62;
+constexpr int kGemma3DefaultPeriod = 6;  // five local layers, then a global one
+constexpr double kGemma3DefaultLocalBase = 10000.0;
+
+// Gemma 3's attention.sliding_window_pattern: absent, a period, or a flag per layer -> whether
+// each layer is local.
+std::vector<bool> gemma3_local_layers(const gguf::GgufFile& f, int n_layers) {
+  const std::string key = "gemma3.attention.sliding_window_pattern";
+  std::vector<bool> out(static_cast<size_t>(n_layers));
+  const gguf::Value* v = f.find(key);
+  if (v != nullptr && v->type == gguf::ValueType::ARRAY) {
+    std::vector<bool> flags;
+    if (const auto* b = std::get_if<std::vector<bool>>(&v->data)) {
+      flags = *b;
+    } else {
+      check(v->element_type != gguf::ValueType::STRING && v->element_type != gguf::ValueType::ARRAY &&
+                v->element_type != gguf::ValueType::F32 && v->element_type != gguf::ValueType::F64,
+            "{}: metadata {} must be a period or one BOOL per layer", f.path(), key);
+      for (int64_t x : f.get_int_array(key)) flags.push_back(x != 0);
+    }
+    check(flags.size() == out.size(), "{}: metadata {} has {} entries for block_count = {} layers", f.path(), key,
+          flags.size(), n_layers);
+    return flags;
+  }
+  const uint64_t period = f.get_uint(key, kGemma3DefaultPeriod);
+  // llama.cpp's rule (set_swa_pattern): period 0 makes every layer local, 1 none.
+  for (int i = 0; i < n_layers; ++i)
+    out[static_cast<size_t>(i)] = period == 0 || static_cast<uint64_t>(i) % period < period - 1;
+  return out;
+}
+
+ModelConfig config_from_gguf(const gguf::GgufFile& f) {
+  const std::string a = f.get_string("general.architecture");
+  check(a == "gemma2" || a == "gemma3", "{}: unsupported architecture '{}' (supported: gemma2, gemma3)", f.path(), a);
+  const bool gemma3 = a == "gemma3";
+  ModelConfig c = llama_layout_config_from_gguf(f);
+  auto key = [&](const char* suffix) { return fmt::format("{}.{}", a, suffix); };
+  c.activation = Activation::GeGLU;
+  c.sandwich_norm = true;
+  c.embed_scale = std::sqrt(static_cast<double>(c.hidden));
+  const bool is_27b = c.n_layers == (gemma3 ? kGemma3LayersOf27B : kGemma2LayersOf27B);
+  c.attn_scale = 1.0 / std::sqrt(is_27b ? static_cast<double>(c.hidden) / c.n_heads : c.head_dim);
+  if (gemma3) {
+    c.final_softcap = f.get_float(key("final_logit_softcapping"), 0.0);
+  } else {
+    c.attn_softcap = f.get_float(key("attn_logit_softcapping"), 50.0);
+    c.final_softcap = f.get_float(key("final_logit_softcapping"), 30.0);
+  }
+  check(c.attn_softcap >= 0 && c.final_softcap >= 0, "{}: soft-capping values must be positive (or 0: none)", f.path());
+  c.qk_norm = gemma3;
+  if (gemma3) {
+    c.has_local_rope = true;
+    c.local_rope.theta = f.get_float(key("rope.freq_base_swa"), kGemma3DefaultLocalBase);
+    c.local_rope.rotary_dim = c.rope.rotary_dim;
+    check(c.local_rope.theta > 0, "{}: {} = {} must be positive", f.path(), key("rope.freq_base_swa"),
+          c.local_rope.theta);
+  }
+  const uint64_t window = f.get_uint(key("attention.sliding_window"), 0);
+  check(window <= (1u << 30), "{}: metadata {} = {} is out of range", f.path(), key("attention.sliding_window"),
+        window);
+  if (window > 0) {
+    std::vector<bool> local(static_cast<size_t>(c.n_layers));
+    if (gemma3)
+      local = gemma3_local_layers(f, c.n_layers);
+    else
+      for (int i = 0; i < c.n_layers; ++i) local[static_cast<size_t>(i)] = i % 2 == 0;
+    c.layer_windows.assign(static_cast<size_t>(c.n_layers), 0);
+    for (int i = 0; i < c.n_layers; ++i)
+      if (local[static_cast<size_t>(i)]) c.layer_windows[static_cast<size_t>(i)] = static_cast<int>(window);
+  }
+  c.architecture = a;
+  validate(c, f.path());
+  return c;
+}
+
+std::vector<GgufTensorSpec> gguf_specs(const ModelConfig& c) {
+  std::vector<GgufTensorSpec> s = llama_layout_gguf_tensor_specs(c, /*permuted_qk=*/false);
+  const int64_t h = c.hidden, hd = c.head_dim;
+  for (int i = 0; i < c.n_layers; ++i) {
+    auto add = [&](const char* suffix, int64_t n, WeightSlot slot) {
+      s.push_back({fmt::format("blk.{}.{}", i, suffix), {n}, slot, i});
+    };
+    add("post_attention_norm.weight", h, WeightSlot::AttnPostNorm);
+    add("post_ffw_norm.weight", h, WeightSlot::FfnPostNorm);
+    if (c.qk_norm) {
+      add("attn_q_norm.weight", hd, WeightSlot::QNorm);
+      add("attn_k_norm.weight", hd, WeightSlot::KNorm);
+    }
+  }
+  return s;
+}
+
 }  // namespace
 
 const Architecture& gemma_architecture() {
@@ -143,11 +257,11 @@ const Architecture& gemma_architecture() {
       .family = "gemma",
       .config_names = {"gemma2", "gemma3"},
       .hf_names = {{"Gemma2ForCausalLM", "gemma2"}, {"Gemma3ForCausalLM", "gemma3_text"}},
-      .gguf_names = {},
+      .gguf_names = {"gemma2", "gemma3"},
       .parse_hf_config = parse_hf,
       .hf_tensor_specs = hf_specs,
-      .gguf_config = nullptr,
-      .gguf_tensor_specs = nullptr,
+      .gguf_config = config_from_gguf,
+      .gguf_tensor_specs = gguf_specs,
   };
   return kGemma;
 }

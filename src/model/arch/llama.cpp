@@ -1,17 +1,23 @@
-// The Llama family: Llama 2/3, Mistral, SmolLM2 and other models in the Llama layout. RMSNorm,
-// rotary embeddings (rotate-half), grouped-query attention, SwiGLU MLP, optionally tied embeddings.
+// The Llama family: Llama 2/3, Mistral, Mixtral, SmolLM2 and other models in the Llama layout.
+// RMSNorm, rotary embeddings (rotate-half), grouped-query attention, SwiGLU MLP, optionally tied
+// embeddings. Mixtral is Mistral with an expert layer for every MLP (ModelConfig::n_experts).
 //
 // Hugging Face (LlamaForCausalLM, MistralForCausalLM):
 //   model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
 //   post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head
 // q/k/v/o biases with attention_bias, gate/up/down biases with mlp_bias; no lm_head.weight with
 // tie_word_embeddings (a copy that is present anyway, as torch.save writes it, is ignored). The
-// rows of q_proj/k_proj are already in rotate-half order: no permutation.
+// rows of q_proj/k_proj are already in rotate-half order: no permutation. Mixtral
+// (MixtralForCausalLM): model.layers.N.block_sparse_moe.{gate, experts.E.{w1, w3, w2}} (gate, up,
+// down) in place of mlp.
 //
 // GGUF (general.architecture llama or mistral), llama.cpp's names: token_embd, blk.N.{attn_norm,
 // attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down}, output_norm, output
 // (absent when tied). llama.cpp's converter permutes the rows of attn_q/attn_k within each head
 // for its RoPE, which rotates adjacent pairs; loading undoes it (GgufTensorSpec::permute_heads).
+// Mixtral is general.architecture llama with llama.expert_count and expert_used_count, and
+// blk.N.{ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps}: the router and the experts'
+// matrices stacked in one tensor each.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -40,14 +46,27 @@ int derived_head_dim(const JsonFields& f, int hidden, int heads, const char* hid
   return hidden / heads;
 }
 
+constexpr int kMixtralDefaultMaxPositions = 4096 * 32;  // MixtralConfig's default
+
 void parse_hf(const json& j, const std::string& hf_architecture, const std::string&, const std::string& origin,
               ModelConfig& c) {
-  const bool mistral = hf_architecture == "MistralForCausalLM";
+  const bool mixtral = hf_architecture == "MixtralForCausalLM";
+  const bool mistral = hf_architecture == "MistralForCausalLM" || mixtral;
   const JsonFields f(j, origin);
   parse_llama_layout_hf(j, origin, c);
-  c.architecture = mistral ? "mistral" : "llama";
+  c.architecture = mixtral ? "mixtral" : mistral ? "mistral" : "llama";
   c.qkv_bias = c.out_bias = f.boolean_or("attention_bias", false);
-  c.mlp_bias = f.boolean_or("mlp_bias", false);
+  c.mlp_bias = !mixtral && f.boolean_or("mlp_bias", false);
+  if (mixtral) {
+    if (!f.has("max_position_embeddings")) c.max_context = kMixtralDefaultMaxPositions;
+    // Every layer is an expert layer; the router's top-k probabilities are always renormalized.
+    c.n_experts = f.positive_or("num_local_experts", 8);
+    c.n_experts_used = f.positive_or("num_experts_per_tok", 2);
+    check(c.n_experts_used <= c.n_experts, "{}: num_experts_per_tok = {} exceeds num_local_experts = {}", origin,
+          c.n_experts_used, c.n_experts);
+    c.expert_ffn_hidden = c.ffn_hidden;
+    c.norm_topk_prob = true;
+  }
   if (mistral && f.has("sliding_window")) {
     // Every layer attends over the window (Mistral v0.1: 4096 of 32768); one at least as long as
     // the context is full attention.
@@ -165,6 +184,19 @@ void append_hf_attention_specs(std::vector<HfTensorSpec>& s, const ModelConfig& 
   if (c.out_bias) s.push_back(hf_layer_spec(n("o_proj.bias"), {h}, i, &L::bo));
 }
 
+void append_hf_expert_specs(std::vector<HfTensorSpec>& s, const ModelConfig& c, int i, const HfExpertNames& names) {
+  const int64_t h = c.hidden, ff = c.expert_ffn_hidden;
+  using L = LayerWeights;
+  const std::string layer = fmt::format("model.layers.{}.{}", i, names.block);
+  s.push_back(hf_layer_spec(layer + ".gate.weight", {c.n_experts, h}, i, &L::router));
+  for (int e = 0; e < c.n_experts; ++e) {
+    auto n = [&](const char* matrix) { return fmt::format("{}.experts.{}.{}.weight", layer, e, matrix); };
+    s.push_back(hf_expert_spec(n(names.gate), {ff, h}, i, e, c.n_experts, &L::experts_gate));
+    s.push_back(hf_expert_spec(n(names.up), {ff, h}, i, e, c.n_experts, &L::experts_up));
+    s.push_back(hf_expert_spec(n(names.down), {h, ff}, i, e, c.n_experts, &L::experts_down));
+  }
+}
+
 std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& c) {
   const int64_t h = c.hidden, ff = c.ffn_hidden, v = c.vocab_size;
   std::vector<HfTensorSpec> s;
@@ -175,6 +207,7 @@ std::vector<HfTensorSpec> hf_llama_tensor_specs(const ModelConfig& c) {
     s.push_back(hf_layer_spec(n("input_layernorm.weight"), {h}, i, &L::attn_norm));
     append_hf_attention_specs(s, c, i);
     s.push_back(hf_layer_spec(n("post_attention_layernorm.weight"), {h}, i, &L::ffn_norm));
+    if (c.is_moe_layer(i)) continue;  // the architecture's file adds its experts
     s.push_back(hf_layer_spec(n("mlp.gate_proj.weight"), {ff, h}, i, &L::w_gate));
     s.push_back(hf_layer_spec(n("mlp.up_proj.weight"), {ff, h}, i, &L::w_up));
     s.push_back(hf_layer_spec(n("mlp.down_proj.weight"), {h, ff}, i, &L::w_down));
@@ -245,6 +278,18 @@ ModelConfig llama_layout_config_from_gguf(const gguf::GgufFile& f) {
   } else if (const auto* emb = f.find_tensor("token_embd.weight"); emb != nullptr && emb->dims.size() == 2) {
     c.vocab_size = to_int(emb->dims[1], path, "token_embd.weight dims[1]");
   }
+  // Experts (Mixtral under llama, qwen3moe): llama.cpp stacks each layer's experts in one tensor
+  // and always renormalizes the router's top-k probabilities.
+  c.n_experts = get_int_or(key("expert_count"), 0);
+  if (c.n_experts > 0) {
+    c.n_experts_used = get_int(key("expert_used_count"));
+    c.expert_ffn_hidden = get_int_or(key("expert_feed_forward_length"), c.ffn_hidden);
+    c.norm_topk_prob = true;
+    check(f.find_tensor("blk.0.ffn_gate_exps.weight") != nullptr || f.find_tensor("blk.0.ffn_gate.0.weight") == nullptr,
+          "{}: the experts are stored one tensor each (blk.N.ffn_gate.E.weight), an old llama.cpp layout; convert "
+          "the model again with a current llama.cpp",
+          path);
+  }
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
   c.out_bias = f.find_tensor("blk.0.attn_output.bias") != nullptr;
@@ -279,6 +324,14 @@ std::vector<GgufTensorSpec> llama_layout_gguf_tensor_specs(const ModelConfig& c,
     }
     if (c.out_bias) add("attn_output.bias", {h}, S::Bo);
     add("ffn_norm.weight", {h}, S::FfnNorm);
+    if (c.is_moe_layer(i)) {
+      const int64_t e = c.n_experts, fe = c.expert_ffn_hidden;
+      add("ffn_gate_inp.weight", {e, h}, S::Router);
+      add("ffn_gate_exps.weight", {e, fe, h}, S::ExpertsGate);
+      add("ffn_up_exps.weight", {e, fe, h}, S::ExpertsUp);
+      add("ffn_down_exps.weight", {e, h, fe}, S::ExpertsDown);
+      continue;
+    }
     add("ffn_gate.weight", {ff, h}, S::WGate);
     add("ffn_up.weight", {ff, h}, S::WUp);
     add("ffn_down.weight", {h, ff}, S::WDown);
@@ -303,14 +356,27 @@ WeightPlan plan_llama_gguf(std::shared_ptr<const gguf::GgufFile> file, const Mod
   return plan_gguf_weights(std::move(file), llama_gguf_tensor_specs(c));
 }
 
+namespace {
+
+std::vector<HfTensorSpec> hf_specs(const ModelConfig& c, const WeightSource&) {
+  std::vector<HfTensorSpec> s = hf_llama_tensor_specs(c);
+  for (int i = 0; i < c.n_layers; ++i)
+    if (c.is_moe_layer(i)) append_hf_expert_specs(s, c, i, {"block_sparse_moe", "w1", "w3", "w2"});
+  return s;
+}
+
+}  // namespace
+
 const Architecture& llama_architecture() {
   static const Architecture kLlama{
       .family = "llama",
-      .config_names = {"llama", "mistral"},
-      .hf_names = {{"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}},
+      .config_names = {"llama", "mistral", "mixtral"},
+      .hf_names = {{"LlamaForCausalLM", "llama"},
+                   {"MistralForCausalLM", "mistral"},
+                   {"MixtralForCausalLM", "mixtral"}},
       .gguf_names = {"llama", "mistral"},
       .parse_hf_config = parse_hf,
-      .hf_tensor_specs = [](const ModelConfig& c, const WeightSource&) { return hf_llama_tensor_specs(c); },
+      .hf_tensor_specs = hf_specs,
       .gguf_config = llama_config_from_gguf,
       .gguf_tensor_specs = llama_gguf_tensor_specs,
   };

@@ -12,7 +12,15 @@
 // each forward's sequence length instead, so with a long context a prompt shorter than the
 // original length rotates differently than there.
 //
-// No GGUF support yet (llama.cpp keeps phi3's attn_qkv and gate/up fused in the file).
+// GGUF (general.architecture phi3), as llama.cpp's converter writes it: the Llama layout's keys
+// and names except that q, k and v stay fused in blk.N.attn_qkv and gate and up in blk.N.ffn_up
+// (gate rows first), split by rows at load (GgufTensorSpec::fused_shape; a stored view is a row
+// range of the file's tensor); rows in Hugging Face's order (NeoX-style RoPE, nothing permuted);
+// rope.dimension_count is the partial rotary dimension. LongRoPE: the tensors rope_factors_long
+// and rope_factors_short (rotary_dim / 2 each), rope.scaling.attn_factor and
+// rope.scaling.original_context_length; no rope.scaling.type is written. attention.sliding_window
+// (0: none) applies to every layer, as transformers applies it (llama.cpp reads it but runs Phi-3
+// without a window for now).
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +28,7 @@
 #include <cmath>
 
 #include "fdpp/error.h"
+#include "io/gguf.h"
 #include "io/json_file.h"
 #include "model/arch/architecture.h"
 
@@ -112,6 +121,77 @@ std::vector<HfTensorSpec> hf_specs(const ModelConfig& c, const WeightSource&) {
   return s;
 }
 
+// ---- GGUF ----------------------------------------------------------------------------------------
+
+// A LongRoPE factor tensor: rotary_dim / 2 positive numbers.
+std::vector<double> gguf_factors(const gguf::GgufFile& f, const gguf::TensorInfo& t, int half) {
+  check(t.n_elements == static_cast<uint64_t>(half), "{}: tensor '{}' has {} elements, expected rotary_dim / 2 = {}",
+        f.path(), t.name, t.n_elements, half);
+  std::vector<float> v(t.n_elements);
+  f.read_f32(t, v);
+  std::vector<double> out;
+  for (float x : v) {
+    check(std::isfinite(x) && x > 0, "{}: tensor '{}' holds {}, expected positive factors", f.path(), t.name, x);
+    out.push_back(x);
+  }
+  return out;
+}
+
+ModelConfig config_from_gguf(const gguf::GgufFile& f) {
+  const std::string a = f.get_string("general.architecture");
+  check(a == "phi3", "{}: unsupported architecture '{}' (supported: phi3)", f.path(), a);
+  ModelConfig c = llama_layout_config_from_gguf(f);
+  // Phi-3 has no biases; a file with some would otherwise run without them.
+  for (const char* t : {"blk.0.attn_qkv.bias", "blk.0.attn_output.bias", "blk.0.ffn_up.bias", "blk.0.ffn_down.bias"})
+    check(f.find_tensor(t) == nullptr, "{}: tensor '{}': Phi-3 biases are not supported", f.path(), t);
+  const gguf::TensorInfo* long_factors = f.find_tensor("rope_factors_long.weight");
+  const gguf::TensorInfo* short_factors = f.find_tensor("rope_factors_short.weight");
+  check((long_factors == nullptr) == (short_factors == nullptr),
+        "{}: LongRoPE needs both rope_factors_long.weight and rope_factors_short.weight (one is missing)", f.path());
+  if (long_factors != nullptr) {
+    check(c.rope.scaling == RopeScaling::None && c.rope.freq_factors.empty(),
+          "{}: rope_factors_long.weight cannot be combined with another rope scaling", f.path());
+    const int half = c.rope.rotary_dim / 2;
+    c.rope.scaling = RopeScaling::LongRope;
+    c.rope.long_factor = gguf_factors(f, *long_factors, half);
+    c.rope.short_factor = gguf_factors(f, *short_factors, half);
+    const uint64_t original = f.get_uint("phi3.rope.scaling.original_context_length", c.max_context);
+    check(original > 0 && original <= (1u << 30),
+          "{}: metadata phi3.rope.scaling.original_context_length = {} is out of range", f.path(), original);
+    c.rope.original_max_positions = static_cast<int>(original);
+    c.rope.attention_factor = f.get_float("phi3.rope.scaling.attn_factor", 1.0);
+    check(c.rope.attention_factor > 0 && std::isfinite(c.rope.attention_factor),
+          "{}: metadata phi3.rope.scaling.attn_factor = {} must be positive", f.path(), c.rope.attention_factor);
+  }
+  const uint64_t window = f.get_uint("phi3.attention.sliding_window", 0);
+  if (window > 0 && window < static_cast<uint64_t>(c.max_context))
+    c.layer_windows.assign(static_cast<size_t>(c.n_layers), static_cast<int>(window));
+  c.architecture = "phi3";
+  validate(c, f.path());
+  return c;
+}
+
+std::vector<GgufTensorSpec> gguf_specs(const ModelConfig& c) {
+  const int64_t h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), ff = c.ffn_hidden, v = c.vocab_size;
+  using S = WeightSlot;
+  std::vector<GgufTensorSpec> s;
+  s.push_back({"token_embd.weight", {v, h}, S::TokEmbeddings});
+  for (int i = 0; i < c.n_layers; ++i) {
+    auto name = [i](const char* suffix) { return fmt::format("blk.{}.{}", i, suffix); };
+    s.push_back({name("attn_norm.weight"), {h}, S::AttnNorm, i});
+    for (GgufTensorSpec& p : fused_gguf_rows(name("attn_qkv.weight"), h, i, {{S::Wq, q}, {S::Wk, kv}, {S::Wv, kv}}))
+      s.push_back(std::move(p));
+    s.push_back({name("attn_output.weight"), {h, q}, S::Wo, i});
+    s.push_back({name("ffn_norm.weight"), {h}, S::FfnNorm, i});
+    for (GgufTensorSpec& p : fused_gguf_rows(name("ffn_up.weight"), h, i, {{S::WGate, ff}, {S::WUp, ff}}))
+      s.push_back(std::move(p));
+    s.push_back({name("ffn_down.weight"), {h, ff}, S::WDown, i});
+  }
+  s.push_back({"output_norm.weight", {h}, S::FinalNorm});
+  if (!c.tied_embeddings) s.push_back({"output.weight", {v, h}, S::LmHead});
+  return s;
+}
+
 }  // namespace
 
 const Architecture& phi3_architecture() {
@@ -119,11 +199,11 @@ const Architecture& phi3_architecture() {
       .family = "phi3",
       .config_names = {"phi3"},
       .hf_names = {{"Phi3ForCausalLM", "phi3"}},
-      .gguf_names = {},
+      .gguf_names = {"phi3"},
       .parse_hf_config = parse_hf,
       .hf_tensor_specs = hf_specs,
-      .gguf_config = nullptr,
-      .gguf_tensor_specs = nullptr,
+      .gguf_config = config_from_gguf,
+      .gguf_tensor_specs = gguf_specs,
   };
   return kPhi3;
 }

@@ -1,0 +1,199 @@
+// The interleaved layouts of the CPU fast path (backend/cpu/quant_repack.h): packing is lossless,
+// and every repacked kernel equals the file-order scalar kernel (the reference) on the same blocks
+// and the same 8-bit activations. The integer sums are the same; only the fp32 order of applying
+// scales differs, so the bound is 1e-10 NMSE (measured worst: see kBound). Groups of 8 (AVX2) and
+// 16 (AVX-512) rows, every ISA this CPU has, odd row counts, leftover rows, groups not filled,
+// Q4_0/Q4_1/Q8_0 rows that are not whole 256-element super-blocks, M = 1..9, bias, permuted rows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cpu/quant_matmul.h"
+#include "backend/cpu/quant_repack.h"
+#include "core/half.h"
+#include "test_util.h"
+
+namespace fdpp {
+namespace {
+
+using gguf::GgmlType;
+
+// Worst NMSE of repacked vs file-order scalar over 5 runs of every case (2026-12-05): 1.6e-13
+// (fp32 rounding order); 1e-10 leaves room while any wrong byte, scale or sign costs >1e-3.
+constexpr double kBound = 1e-10;
+
+void put16(uint8_t* p, float f) {
+  const uint16_t h = f32_to_fp16(f);
+  std::memcpy(p, &h, 2);
+}
+
+std::vector<uint8_t> random_blocks(GgmlType type, int64_t rows, int64_t cols) {
+  const uint64_t be = gguf::block_elements(type), bb = gguf::block_bytes(type);
+  const uint64_t nblocks = static_cast<uint64_t>(rows * cols) / be;
+  std::vector<uint8_t> w(nblocks * bb);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);
+  for (auto& b : w) b = static_cast<uint8_t>(byte(test::rng()));
+  for (uint64_t i = 0; i < nblocks; ++i) {
+    uint8_t* b = w.data() + i * bb;
+    if (type == GgmlType::Q6_K) {
+      put16(b + 208, u(test::rng()));
+    } else {
+      put16(b, u(test::rng()));
+      if (type == GgmlType::Q4_K || type == GgmlType::Q5_K) put16(b + 2, u(test::rng()) - 0.5f);
+      if (type == GgmlType::Q4_1) put16(b + 2, -8.f * u(test::rng()));
+    }
+  }
+  return w;
+}
+
+std::vector<cpu::Isa> packing_isas() {
+  std::vector<cpu::Isa> v;
+  for (cpu::Isa i : {cpu::Isa::Avx2, cpu::Isa::Avx512})
+    if (cpu::isa_available(i) && cpu::pack_rows(i) > 0) v.push_back(i);
+  return v;
+}
+
+struct Case {
+  GgmlType type;
+  int64_t cols;
+};
+const Case kCases[] = {{GgmlType::Q4_0, 32 * 19}, {GgmlType::Q8_0, 32 * 19}, {GgmlType::Q4_0, 32 * 8},
+                       {GgmlType::Q8_0, 32}, {GgmlType::Q4_1, 32 * 19}, {GgmlType::Q4_K, 256 * 3}, {GgmlType::Q5_K, 256 * 3}, {GgmlType::Q6_K, 256 * 3},
+                       {GgmlType::Q4_K, 256}, {GgmlType::Q6_K, 256}};
+
+class Repack : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Repack, PackingIsLossless) {
+  const Case c = GetParam();
+  for (int R : {8, 16}) {
+    const auto w = random_blocks(c.type, R, c.cols);
+    const uint64_t rb = w.size() / R;
+    std::vector<const uint8_t*> rows(R);
+    for (int r = 0; r < R; ++r) rows[r] = w.data() + r * rb;
+    std::vector<uint8_t> g(w.size()), back(rb);
+    cpu::pack_group(c.type, R, rows.data(), c.cols, g.data());
+    for (int r = 0; r < R; ++r) {
+      cpu::unpack_group_row(c.type, R, g.data(), r, c.cols, back.data());
+      ASSERT_EQ(0, std::memcmp(back.data(), rows[r], rb)) << gguf::type_name(c.type) << " R=" << R << " row " << r;
+    }
+  }
+}
+
+TEST_P(Repack, KernelsMatchTheFileOrderScalarReference) {
+  const Case c = GetParam();
+  const auto isas = packing_isas();
+  if (isas.empty()) GTEST_SKIP() << "no ISA with interleaved kernels on this CPU";
+  for (cpu::Isa isa : isas) {
+    const int R = cpu::pack_rows(isa);
+    double worst = 0;
+    // Leftover rows after whole groups, an odd count; one group not filled; whole groups only.
+    for (int64_t N : {int64_t{3} * R + 5, int64_t{R} - 3, int64_t{2} * R}) {
+      const auto wbytes = random_blocks(c.type, N, c.cols);
+      StoredMatrix view = make_stored_view(c.type, wbytes.data(), N, c.cols);
+      // Rows permuted as the loader does for rotate-half q/k: the packed copy must follow it.
+      auto order = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(N));
+      std::iota(order->begin(), order->end(), 0);
+      std::shuffle(order->begin(), order->end(), test::rng());
+      view.row_order = order;
+      const StoredMatrix packed = cpu::repack_matrix(view, R);
+      ASSERT_EQ(packed.packed_rows, R);
+      const auto bias = test::random_vector(static_cast<size_t>(N));
+      for (int64_t M : {1, 2, 3, 4, 5, 9}) {
+        const auto x = test::random_vector(static_cast<size_t>(M * c.cols));
+        std::vector<float> ref(static_cast<size_t>(M * N)), out(ref.size(), NAN), file_order(ref.size(), NAN);
+        cpu::stored_linear(x.data(), M, view, bias.data(), ref.data(), cpu::Isa::Scalar);
+        cpu::stored_linear(x.data(), M, packed, bias.data(), out.data(), isa);
+        cpu::stored_linear(x.data(), M, view, bias.data(), file_order.data(), isa);
+        const double e = test::nmse(out, ref);
+        worst = std::max(worst, e);
+        EXPECT_LE(e, kBound) << gguf::type_name(c.type) << " " << cpu::isa_name(isa) << " N=" << N << " K=" << c.cols
+                             << " M=" << M;
+        EXPECT_LE(test::nmse(file_order, ref), 1e-10);
+        // The packed matrix through kernels without its layout (here scalar): unpacked on the way.
+        if (M == 2) {
+          std::vector<float> s(ref.size(), NAN);
+          cpu::stored_linear(x.data(), M, packed, bias.data(), s.data(), cpu::Isa::Scalar);
+          EXPECT_EQ(0, std::memcmp(s.data(), ref.data(), s.size() * sizeof(float)));
+        }
+      }
+      // Embedding rows read back from the packed copy, as a tied output matrix needs.
+      Weight wt;
+      wt.stored = packed;
+      std::vector<float> row(static_cast<size_t>(c.cols)), expect(row.size());
+      for (int64_t n : {int64_t{0}, N / 2, N - 1}) {
+        cpu::embedding_row(wt, n, row.data());
+        gguf::dequantize(c.type, view.row(n), expect.data(), static_cast<uint64_t>(c.cols));
+        EXPECT_EQ(0, std::memcmp(row.data(), expect.data(), row.size() * sizeof(float))) << "row " << n;
+      }
+    }
+    std::printf("%s %s R=%d: worst NMSE vs file-order scalar %.2e\n", std::string(gguf::type_name(c.type)).c_str(), cpu::isa_name(isa), R,
+                worst);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, Repack, ::testing::ValuesIn(kCases), [](const auto& info) {
+  return std::string(gguf::type_name(info.param.type)) + "_K" + std::to_string(info.param.cols);
+});
+
+TEST(RepackWeights, RepacksProjectionsAndTheTiedOutputMatrix) {
+  const cpu::Isa isa = cpu::best_isa();
+  if (cpu::pack_rows(isa) == 0) GTEST_SKIP() << "no interleaved kernels on this CPU";
+  const int64_t K = 256;
+  const auto a = random_blocks(GgmlType::Q4_K, 40, K), e = random_blocks(GgmlType::Q8_0, 50, K);
+  DecoderWeights w;
+  w.layers.resize(1);
+  w.layers[0].wq.stored = make_stored_view(GgmlType::Q4_K, a.data(), 40, K);
+  w.tok_embeddings.stored = make_stored_view(GgmlType::Q8_0, e.data(), 50, K);
+  cpu::repack_weights(w, /*mapped=*/false);
+  EXPECT_EQ(w.layers[0].wq.stored.packed_rows, cpu::pack_rows(isa));
+  EXPECT_EQ(w.tok_embeddings.stored.packed_rows, cpu::pack_rows(isa));  // tied: it is the lm head
+  EXPECT_TRUE(w.layers[0].wk.stored.empty());
+  std::vector<float> row(K), expect(K);
+  cpu::embedding_row(w.tok_embeddings, 49, row.data());
+  gguf::dequantize(GgmlType::Q8_0, e.data() + 49 * 34 * (K / 32), expect.data(), K);
+  EXPECT_EQ(0, std::memcmp(row.data(), expect.data(), sizeof(float) * K));
+}
+
+// A layer's experts stacked in one stored tensor (a GGUF *_exps): packed as one matrix only when
+// every expert's rows are whole groups, and each expert read as its own matrix either way.
+TEST(RepackWeights, ExpertStacksStayAViewPerExpert) {
+  const cpu::Isa isa = cpu::best_isa();
+  const int R = cpu::pack_rows(isa);
+  if (R == 0) GTEST_SKIP() << "no interleaved kernels on this CPU";
+  const int64_t K = 256, experts = 3;
+  for (const int64_t N : {int64_t{2} * R, int64_t{R} + 4}) {
+    const auto bytes = random_blocks(GgmlType::Q8_0, experts * N, K);
+    DecoderWeights w;
+    w.layers.resize(1);
+    StoredMatrix& stack = w.layers[0].experts_up.stored;
+    stack = make_stored_view(GgmlType::Q8_0, bytes.data(), experts * N, K);
+    stack.matrices = experts;
+    cpu::repack_weights(w, /*mapped=*/false);
+    EXPECT_EQ(stack.packed_rows, N % R == 0 ? R : 0) << "N=" << N;
+    const auto x = test::random_vector(static_cast<size_t>(5 * K));
+    for (int e = 0; e < experts; ++e) {
+      const StoredMatrix one = make_stored_view(GgmlType::Q8_0, bytes.data() + e * N * 34 * (K / 32), N, K);
+      std::vector<float> ref(static_cast<size_t>(5 * N)), out(ref.size(), NAN);
+      cpu::stored_linear(x.data(), 5, one, nullptr, ref.data(), cpu::Isa::Scalar);
+      cpu::expert_linear(x.data(), 5, w.layers[0].experts_up, e, out.data());
+      EXPECT_LE(test::nmse(out, ref), kBound) << "N=" << N << " expert " << e;
+    }
+  }
+  // The fp32 form: expert e is block e of the [experts, N, K] tensor.
+  Weight f32 = Tensor({experts, 8, 32});
+  f32.data = test::random_vector(static_cast<size_t>(f32.numel()));
+  const auto x = test::random_vector(2 * 32);
+  std::vector<float> ref(2 * 8), out(ref.size(), NAN);
+  cpu::linear(x.data(), 2, 32, f32.ptr() + 2 * 8 * 32, 8, nullptr, ref.data());
+  cpu::expert_linear(x.data(), 2, f32, 2, out.data());
+  EXPECT_EQ(out, ref);
+}
+
+}  // namespace
+}  // namespace fdpp
