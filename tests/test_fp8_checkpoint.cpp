@@ -23,6 +23,7 @@
 #include "model/model_loader.h"
 #include "model/tensor_parallel.h"
 #include "model/weight_plan.h"
+#include "checkpoint_edit.h"
 #include "test_util.h"
 
 namespace fdpp {
@@ -127,8 +128,8 @@ TEST(HfQuantization, RefusesWhatItCannotLoadInOneLine) {
   EXPECT_ERROR(parse_q({{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}}),
                "DIR/config.json: quantization_config.weight_block_size = [128,128] (block-wise FP8 scales) is not "
                "supported");
-  EXPECT_ERROR(parse_q({{"quant_method", "awq"}, {"bits", 4}}),
-               "quantization_config.quant_method 'awq' is not supported");
+  EXPECT_ERROR(parse_q({{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}}),
+               "quantization_config.quant_method 'bitsandbytes' is not supported");
   EXPECT_ERROR(parse_q({{"bits", 4}}), "quantization_config has no quant_method");
   EXPECT_ERROR(parse_q("fp8"), "quantization_config = \"fp8\" is not an object");
   EXPECT_ERROR(parse_q({{"quant_method", "fp8"}, {"activation_scheme", "sometimes"}}), "activation_scheme 'sometimes'");
@@ -251,57 +252,15 @@ TEST(Fp8Checkpoint, TensorParallelShardingRefusesFp8Tensors) {
 
 // ---- bad checkpoints ----------------------------------------------------------------------------
 
-// A copy of a fixture in a scratch directory.
 fs::path copy_fixture(const std::string& name, const std::string& as) {
-  const fs::path d = test::scratch_dir(as);
-  for (const auto& e : fs::directory_iterator(fp8_fixture(name))) fs::copy_file(e.path(), d / e.path().filename());
-  return d;
-}
-
-// Rewrites model.safetensors' header through edit (the data section stays as it is, so an edit must
-// keep every tensor's byte count).
-void edit_header(const fs::path& dir, const std::function<void(json&)>& edit) {
-  const fs::path p = dir / "model.safetensors";
-  std::ifstream in(p, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  uint64_t n;
-  std::memcpy(&n, bytes.data(), 8);
-  json header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(n));
-  edit(header);
-  std::string h = header.dump();
-  while (h.size() % 8 != 0) h += ' ';
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  const uint64_t m = h.size();
-  out.write(reinterpret_cast<const char*>(&m), 8);
-  out << h;
-  out.write(bytes.data() + 8 + n, static_cast<std::streamsize>(bytes.size() - 8 - n));
-}
-
-// Overwrites the first bytes of a tensor's data.
-void patch_tensor(const fs::path& dir, const std::string& name, const void* data, size_t n) {
-  const fs::path p = dir / "model.safetensors";
-  std::fstream f(p, std::ios::binary | std::ios::in | std::ios::out);
-  uint64_t len;
-  f.read(reinterpret_cast<char*>(&len), 8);
-  std::string h(len, '\0');
-  f.read(h.data(), static_cast<std::streamsize>(len));
-  const uint64_t begin = json::parse(h)[name]["data_offsets"][0];
-  f.seekp(static_cast<std::streamoff>(8 + len + begin));
-  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-}
-
-void edit_config(const fs::path& dir, const std::function<void(json&)>& edit) {
-  std::ifstream in(dir / "config.json");
-  json c = json::parse(in);
-  edit(c);
-  test::write_text(dir / "config.json", c.dump(2));
+  return test::copy_fixture(fp8_fixture(name), as);
 }
 
 TEST(Fp8Checkpoint, BadCheckpointsGetOneLine) {
   const std::string k = "model.layers.0.self_attn.k_proj";
   {
     const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_missing_scale");
-    edit_header(d, [&](json& h) { h.erase(k + ".weight_scale"); });
+    test::edit_header(d, [&](json& h) { h.erase(k + ".weight_scale"); });
     EXPECT_ERROR(describe_model(d.string()),
                  "FP8 tensor '" + k + ".weight' has no scale: tensor '" + k + ".weight_scale' is missing");
     EXPECT_ERROR(load_model(d.string()), "has no scale");
@@ -309,7 +268,7 @@ TEST(Fp8Checkpoint, BadCheckpointsGetOneLine) {
   {
     // DeepSeek's layout: the scale is named weight_scale_inv.
     const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_scale_inv");
-    edit_header(d, [&](json& h) {
+    test::edit_header(d, [&](json& h) {
       h[k + ".weight_scale_inv"] = h[k + ".weight_scale"];
       h.erase(k + ".weight_scale");
     });
@@ -319,36 +278,36 @@ TEST(Fp8Checkpoint, BadCheckpointsGetOneLine) {
     // A scale that is not a number: found when the scales are read (load and plan), not by info.
     const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_nan_scale");
     const float nan = std::nanf("");
-    patch_tensor(d, k + ".weight_scale", &nan, sizeof nan);
+    test::patch_tensor(d, k + ".weight_scale", &nan, sizeof nan);
     EXPECT_ERROR(load_model(d.string()), "tensor '" + k + ".weight_scale' holds nan, not a finite scale");
     EXPECT_ERROR(plan_model(d.string()), "not a finite scale");
   }
   {
     const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_block");
-    edit_config(d, [](json& c) { c["quantization_config"]["weight_block_size"] = {128, 128}; });
+    test::edit_config(d, [](json& c) { c["quantization_config"]["weight_block_size"] = {128, 128}; });
     EXPECT_ERROR(describe_model(d.string()), "quantization_config.weight_block_size = [128,128]");
   }
   {
     const fs::path d = copy_fixture("llama_ct_channel", "fp8_int4");
-    edit_config(d, [](json& c) {
+    test::edit_config(d, [](json& c) {
       c["quantization_config"]["format"] = "pack-quantized";
       c["quantization_config"]["config_groups"]["group_0"]["weights"] = {
           {"num_bits", 4}, {"type", "int"}, {"strategy", "group"}, {"group_size", 128}};
     });
     EXPECT_ERROR(describe_model(d.string()), "quantization_config.format 'pack-quantized'");
-    edit_config(d, [](json& c) { c["quantization_config"].erase("format"); });
+    test::edit_config(d, [](json& c) { c["quantization_config"].erase("format"); });
     EXPECT_ERROR(describe_model(d.string()), "int 4-bit (strategy group) weights are not supported");
   }
   {
     // [128, 1] per-channel scales of BF16 read as [64, 2]: the same bytes, the wrong shape.
     const fs::path d = copy_fixture("llama_ct_channel", "fp8_scale_shape");
-    edit_header(d, [&](json& h) { h[k + ".weight_scale"]["shape"] = {64, 2}; });
+    test::edit_header(d, [&](json& h) { h[k + ".weight_scale"]["shape"] = {64, 2}; });
     EXPECT_ERROR(describe_model(d.string()), "tensor '" + k + ".weight_scale' has shape [64, 2]; the FP8 weight");
   }
   {
     // Per-tensor scales where the config says channel.
     const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_strategy");
-    edit_config(d, [](json& c) {
+    test::edit_config(d, [](json& c) {
       json ct = {{"quant_method", "compressed-tensors"},
                  {"format", "float-quantized"},
                  {"config_groups", {{"g", {{"weights", float8("channel")}}}}}};
@@ -358,19 +317,19 @@ TEST(Fp8Checkpoint, BadCheckpointsGetOneLine) {
   }
   {
     const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_e5m2");
-    edit_header(d, [&](json& h) { h[k + ".weight"]["dtype"] = "F8_E5M2"; });
+    test::edit_header(d, [&](json& h) { h[k + ".weight"]["dtype"] = "F8_E5M2"; });
     EXPECT_ERROR(describe_model(d.string()),
                  "tensor '" + k + ".weight' is stored F8_E5M2; fdpp loads FP8 weights in e4m3");
   }
   {
     const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_no_config");
-    edit_config(d, [](json& c) { c.erase("quantization_config"); });
+    test::edit_config(d, [](json& c) { c.erase("quantization_config"); });
     EXPECT_ERROR(describe_model(d.string()), "is stored F8_E4M3, but");
     EXPECT_ERROR(describe_model(d.string()), "has no quantization_config");
   }
   {
     const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_ignored");
-    edit_config(d, [&](json& c) { c["quantization_config"]["ignored_layers"] = {"lm_head", k}; });
+    test::edit_config(d, [&](json& c) { c["quantization_config"]["ignored_layers"] = {"lm_head", k}; });
     EXPECT_ERROR(describe_model(d.string()), "lists '" + k + "' as ignored");
   }
 }
@@ -379,7 +338,7 @@ TEST(Fp8Checkpoint, OnlyProjectionsMayBeFp8) {
   // The lm head's first 512 x 64 bytes read as an e4m3 [512, 64] tensor (the rest of its F16 span
   // left unused): the right shape in FP8, which fdpp keeps 16-bit.
   const fs::path d = copy_fixture("llama_fp8_tensor", "fp8_lm_head");
-  edit_header(d, [](json& h) {
+  test::edit_header(d, [](json& h) {
     json& t = h["lm_head.weight"];
     const uint64_t begin = t["data_offsets"][0];
     t["dtype"] = "F8_E4M3";

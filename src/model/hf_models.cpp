@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "core/fp8_e4m3.h"
+#include "model/hf_packed_int.h"
 #include "fdpp/error.h"
 #include "model/arch/architecture.h"
 
@@ -54,6 +55,16 @@ bool fp8_slot(WeightSlot s) {
 // "X.weight" -> "X" (the module, as quantization configs name it).
 std::string module_of(const std::string& weight) {
   return ends_with(weight, ".weight") ? weight.substr(0, weight.size() - 7) : weight;
+}
+
+// Whether a (small) tensor holds only zeros: the placeholder biases AutoGPTQ writes.
+bool all_zero(const WeightSource& source, const SourceTensor& t) {
+  if (t.shape.size() != 1 || t.shape[0] > (int64_t{1} << 20)) return false;
+  std::vector<float> v(static_cast<size_t>(t.shape[0]));
+  source.read_f32(t, v);
+  for (const float x : v)
+    if (x != 0.f) return false;
+  return true;
 }
 
 bool per_tensor_shape(const std::vector<int64_t>& s) {
@@ -197,8 +208,19 @@ void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec
                       const std::string& config_path, const HfQuantization& quantization) {
   const std::string& origin = source.origin();
   std::unordered_set<std::string_view> used;
+  std::unordered_set<std::string> packed;  // the modules stored as packed integers
   for (const HfTensorSpec& spec : specs) {
     const SourceTensor* t = source.find(spec.name);
+    if (t == nullptr && spec.shape.size() == 2 && has_packed_int(source, module_of(spec.name))) {
+      const PackedIntTensors p =
+          find_packed_int(source, module_of(spec.name), spec.shape[0], spec.shape[1], quantization);
+      check(!quantization.ignored(p.module), "{}: '{}' is stored as packed integers, but {}'s quantization_config "
+            "lists it as not converted", origin, p.module, config_path);
+      for (const SourceTensor* x : {p.qweight, p.qzeros, p.scales, p.g_idx})
+        if (x != nullptr) used.insert(x->name);
+      packed.insert(p.module);
+      continue;
+    }
     check(t != nullptr, "{}: tensor '{}' is missing (the model {} describes needs it)", origin, spec.name,
           config_path);
     check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, but {} implies {}", origin, spec.name,
@@ -220,8 +242,10 @@ void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec
   for (const SourceTensor& t : source.tensors()) {
     if (used.count(t.name) != 0) continue;
     if (ends_with(t.name, ".bias")) {
-      const std::string weight = t.name.substr(0, t.name.size() - 5) + ".weight";
-      check(used.count(weight) == 0,
+      const std::string module = t.name.substr(0, t.name.size() - 5);
+      if (packed.count(module) != 0 && all_zero(source, t)) continue;
+      const std::string weight = module + ".weight";
+      check(used.count(weight) == 0 && packed.count(module) == 0,
             "{}: tensor '{}' is in the checkpoint, but {} does not call for that bias (attention_bias, mlp_bias, "
             "enable_bias or add_qkv_bias)",
             origin, t.name, config_path);
@@ -236,18 +260,25 @@ void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec
 }
 
 DecoderWeights load_hf_decoder(const WeightSource& source, const ModelConfig& config,
-                               const std::vector<HfTensorSpec>& specs, const ProgressFn& progress) {
+                               const std::vector<HfTensorSpec>& specs, const ProgressFn& progress,
+                               const HfQuantization& quantization) {
   uint64_t total = 0, done = 0;
   for (const HfTensorSpec& s : specs) total += static_cast<uint64_t>(Tensor::numel_of(s.shape));
   DecoderWeights w;
   w.layers.resize(config.n_layers);
   for (const HfTensorSpec& spec : specs) {
     const SourceTensor* t = source.find(spec.name);
-    check(t != nullptr, "{}: tensor '{}' is missing", source.origin(), spec.name);
-    check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", source.origin(), spec.name,
-          shape_string(t->shape), shape_string(spec.shape));
     Tensor tensor(spec.shape);
-    read_spec_f32(source, *t, tensor);
+    if (t == nullptr && spec.shape.size() == 2 && has_packed_int(source, module_of(spec.name))) {
+      const PackedIntTensors p =
+          find_packed_int(source, module_of(spec.name), spec.shape[0], spec.shape[1], quantization);
+      dequantize_packed_int(source, p, quantization, tensor);
+    } else {
+      check(t != nullptr, "{}: tensor '{}' is missing", source.origin(), spec.name);
+      check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", source.origin(), spec.name,
+            shape_string(t->shape), shape_string(spec.shape));
+      read_spec_f32(source, *t, tensor);
+    }
     done += static_cast<uint64_t>(tensor.numel());
     spec.assign(w, std::move(tensor));
     if (progress) progress(total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
@@ -274,6 +305,10 @@ WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTenso
   WeightPlan plan;
   for (const HfTensorSpec& spec : specs) {
     const SourceTensor* t = source.find(spec.name);
+    check(t != nullptr || !has_packed_int(source, module_of(spec.name)),
+          "{}: '{}' is stored as AWQ/GPTQ packed integers, which the GPU loader does not take yet; run this model "
+          "with --device cpu",
+          source.origin(), spec.name);
     check(t != nullptr, "{}: tensor '{}' is missing", source.origin(), spec.name);
     check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", source.origin(), spec.name,
           shape_string(t->shape), shape_string(spec.shape));

@@ -49,13 +49,19 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& config, const Weigh
 // FP8 checkpoints (quantization.fp8, model/hf_quantization.h): a projection (q/k/v/o, gate/up/down)
 // may be F8_E4M3, with "X.weight_scale" of a readable dtype and shape [] or [1] (per tensor) or [N]
 // or [N, 1] (per output channel, N its rows); every other tensor stays 16-bit or fp32.
+// AWQ / GPTQ checkpoints (quantization.packed_int): a matrix "X.weight" may instead be stored as
+// X.qweight, X.qzeros, X.scales (and GPTQ's X.g_idx) in the layout of model/hf_packed_int.h; a bias
+// beside it that the config does not call for is accepted when it is all zeros (AutoGPTQ writes
+// one for every module).
 void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec>& specs, const ModelConfig& config,
                       const std::string& config_path, const HfQuantization& quantization = {});
 
 // Reads every spec's tensor as fp32 into DecoderWeights (call check_hf_tensors first); an F8_E4M3
-// weight is dequantized, weight_scale x e4m3 value in fp32 (one rounding).
+// weight is dequantized, weight_scale x e4m3 value in fp32 (one rounding), and so is a packed
+// integer one, (q - zero) x scale.
 DecoderWeights load_hf_decoder(const WeightSource& source, const ModelConfig& config,
-                               const std::vector<HfTensorSpec>& specs, const ProgressFn& progress = {});
+                               const std::vector<HfTensorSpec>& specs, const ProgressFn& progress = {},
+                               const HfQuantization& quantization = {});
 
 // The same mapping as a plan for the GPU loader: where each slot's bytes lie in the checkpoint (call
 // check_hf_tensors first). A tensor the source cannot give in place (a strided .bin view) is read

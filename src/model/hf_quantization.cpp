@@ -15,8 +15,8 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kSupported =
-    "fdpp loads FP8 checkpoints: quant_method fp8, or compressed-tensors with float 8-bit weights and per-tensor or "
-    "per-channel scales";
+    "fdpp loads FP8 checkpoints (quant_method fp8, or compressed-tensors with float 8-bit weights and per-tensor or "
+    "per-channel scales) and AWQ (gemm, 4-bit) and GPTQ (4- or 8-bit) checkpoints";
 
 // A list of module names (or null): ignored_layers, modules_to_not_convert, ignore.
 void read_names(const json& q, const char* key, const std::string& where, std::vector<std::string>& out) {
@@ -110,6 +110,60 @@ void parse_compressed_tensors(const json& q, const std::string& where, HfQuantiz
   read_names(q, "ignore", where, h.ignore);
 }
 
+int int_field(const json& q, const char* key, const std::string& where, int fallback) {
+  const auto it = q.find(key);
+  if (it == q.end() || it->is_null()) return fallback;
+  check(it->is_number_integer(), "{}: quantization_config.{} = {} is not an integer", where, key, json_show(*it));
+  return static_cast<int>(it->get<int64_t>());
+}
+
+bool bool_field(const json& q, const char* key, const std::string& where, bool fallback) {
+  const auto it = q.find(key);
+  if (it == q.end() || it->is_null()) return fallback;
+  check(it->is_boolean(), "{}: quantization_config.{} = {} is not true or false", where, key, json_show(*it));
+  return it->get<bool>();
+}
+
+void parse_group_size(const json& q, const std::string& where, HfQuantization& h) {
+  h.group_size = int_field(q, "group_size", where, 128);
+  check(h.group_size == -1 || (h.group_size > 0 && h.group_size % 8 == 0),
+        "{}: quantization_config.group_size = {} is not supported (a positive multiple of 8, or -1)", where,
+        h.group_size);
+}
+
+void parse_awq(const json& q, const std::string& where, HfQuantization& h) {
+  h.bits = int_field(q, "bits", where, int_field(q, "w_bit", where, 4));
+  check(h.bits == 4, "{}: quantization_config.bits = {}: fdpp loads 4-bit AWQ checkpoints", where, h.bits);
+  const std::string version = string_field(q, "version", where, "quantization_config");
+  check(version.empty() || version == "gemm" || version == "GEMM",
+        "{}: quantization_config.version '{}' (AWQ) is not supported; fdpp loads AutoAWQ's gemm layout", where,
+        version);
+  check(bool_field(q, "zero_point", where, true),
+        "{}: quantization_config.zero_point is false; fdpp loads AWQ checkpoints with zero points", where);
+  if (q.contains("q_group_size") && !q.contains("group_size")) {
+    json g = q;
+    g["group_size"] = q["q_group_size"];
+    parse_group_size(g, where, h);
+  } else {
+    parse_group_size(q, where, h);
+  }
+  read_names(q, "modules_to_not_convert", where, h.ignore);
+}
+
+void parse_gptq(const json& q, const std::string& where, HfQuantization& h) {
+  h.bits = int_field(q, "bits", where, 4);
+  check(h.bits == 4 || h.bits == 8, "{}: quantization_config.bits = {}: fdpp loads 4- and 8-bit GPTQ checkpoints",
+        where, h.bits);
+  parse_group_size(q, where, h);
+  h.act_order = bool_field(q, "desc_act", where, false);
+  const std::string format = string_field(q, "checkpoint_format", where, "quantization_config");
+  check(format.empty() || format == "gptq" || format == "gptq_v2",
+        "{}: quantization_config.checkpoint_format '{}' is not supported (gptq or gptq_v2)", where, format);
+  h.zeros_minus_one = format != "gptq_v2";
+  h.quantized_lm_head = bool_field(q, "lm_head", where, false);
+  read_names(q, "modules_to_not_convert", where, h.ignore);
+}
+
 }  // namespace
 
 HfQuantization parse_hf_quantization(const json& config, const std::string& origin) {
@@ -125,10 +179,15 @@ HfQuantization parse_hf_quantization(const json& config, const std::string& orig
     parse_fp8(q, origin, h);
   } else if (method == "compressed-tensors") {
     parse_compressed_tensors(q, origin, h);
+  } else if (method == "awq") {
+    parse_awq(q, origin, h);
+  } else if (method == "gptq") {
+    parse_gptq(q, origin, h);
   } else {
     fail("{}: quantization_config.quant_method '{}' is not supported; {}", origin, method, kSupported);
   }
-  h.fp8 = true;
+  h.packed_int = method == "awq" || method == "gptq";
+  h.fp8 = !h.packed_int;
   // Every pattern is compiled once here, so that a bad one is an error at load, not at first use.
   for (const std::string& n : h.ignore) {
     if (!n.starts_with("re:")) continue;
@@ -142,6 +201,13 @@ HfQuantization parse_hf_quantization(const json& config, const std::string& orig
 }
 
 std::string HfQuantization::describe() const {
+  if (packed_int) {
+    std::string s = fmt::format("{} ({}-bit, ", quant_method, bits);
+    s += group_size > 0 ? fmt::format("group {}", group_size) : std::string("one group per matrix");
+    if (act_order) s += ", act-order";
+    if (quantized_lm_head) s += ", lm head quantized";
+    return s + ")";
+  }
   if (!fp8) return "";
   std::string s = "fp8 (" + (quant_method == "fp8" ? std::string("quant_method fp8") : quant_method);
   if (!format.empty()) s += " " + format;

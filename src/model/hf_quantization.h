@@ -12,6 +12,12 @@
 //     refused with one line naming what was found.
 // Static activation scales ("X.input_scale") are not used: fdpp quantizes activations per token at
 // run time where an FP8 tensor-core GEMM needs them (backend/cuda/fp8.h), as vLLM's dynamic scheme.
+//
+// And the weight-only integer checkpoints (model/hf_packed_int.h has their tensor layouts):
+//   quant_method "awq" (AutoAWQ, version gemm): 4-bit, zero points, group_size, modules_to_not_convert;
+//   quant_method "gptq" (AutoGPTQ / GPTQModel / optimum): 4- or 8-bit, group_size (-1: one group),
+//     desc_act (act-order: g_idx), sym, checkpoint_format gptq (zeros stored minus one) or gptq_v2.
+// Other versions and formats (AWQ gemv / marlin, GPTQ marlin, 2- and 3-bit) are refused with one line.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -23,15 +29,22 @@
 namespace fdpp {
 
 struct HfQuantization {
-  bool fp8 = false;                 // an FP8 checkpoint (the only quantized HF format fdpp loads yet)
-  std::string quant_method;         // "fp8" or "compressed-tensors" as written; "" without a config
+  bool fp8 = false;                 // an FP8 checkpoint
+  bool packed_int = false;          // an AWQ or GPTQ checkpoint: the fields below say how it packs
+  std::string quant_method;         // "fp8", "compressed-tensors", "awq" or "gptq" as written; "" without a config
   std::string format;               // compressed-tensors' format ("float-quantized", ...); "" for fp8
   std::string weight_strategy;      // "tensor" or "channel" (compressed-tensors); "" for fp8: the scale's shape says
   std::string activations;          // "dynamic", "static" or "none" (weight-only), as the config says
   std::vector<std::string> ignore;  // modules kept 16-bit: names ("lm_head") or "re:" patterns
+  int bits = 0;                     // packed_int: 4 (AWQ), 4 or 8 (GPTQ)
+  int group_size = 0;               // packed_int: input channels per scale; -1: one group per matrix
+  bool act_order = false;           // GPTQ desc_act: groups follow g_idx, not the channel order
+  bool zeros_minus_one = false;     // GPTQ checkpoint_format gptq: each stored zero is the zero - 1
+  bool quantized_lm_head = false;   // GPTQ lm_head: true (GPTQModel can quantize the lm head too)
 
   // One line for fdpp info and the load line: "fp8 (compressed-tensors float-quantized, per-channel
-  // weight scales)", "fp8 (quant_method fp8, static input scales unused)"; "" when not quantized.
+  // weight scales)", "fp8 (quant_method fp8, static input scales unused)", "gptq (4-bit, group 128,
+  // act-order)"; "" when not quantized.
   std::string describe() const;
   // Whether the module (a tensor name without ".weight") is in the ignore list.
   bool ignored(std::string_view module) const;

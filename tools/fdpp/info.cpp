@@ -68,6 +68,9 @@ RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
     if (stored == "F8_E4M3") {
       // An FP8 checkpoint's projections: e4m3 bytes as stored on the GPU, dequantized on the CPU.
       as = r.device == "cuda" ? "fp8 (e4m3, fp32 row scales)" : "f32 (dequantized)";
+    } else if (stored.starts_with("AWQ") || stored.starts_with("GPTQ")) {
+      // Packed integer matrices: dequantized on the CPU; the GPU loader refuses them for now.
+      as = r.device == "cuda" ? "not loaded on the GPU yet" : "f32 (dequantized)";
     } else if (r.device == "cuda") {
       // The GPU holds every weight as 16-bit floats, converted while streaming (--dtype).
       as = gpu;
