@@ -308,6 +308,26 @@ if [[ -d $HF ]]; then
   expect_ok "logits without a tokenizer" "$BIN" logits --device cpu --model "$HF" --token-ids 1,2,3 --out "$TMP/hf.npy"
 fi
 
+# FP8 checkpoints as published (tests/fixtures/fp8): info names the format, the CPU runs them
+# dequantized, and block-wise scales are refused in one line.
+FP8="$(dirname "${BASH_SOURCE[0]}")/fixtures/fp8/llama_fp8_tensor"
+if [[ -d $FP8 ]]; then
+  expect_ok "info on an FP8 checkpoint" "$BIN" info --model "$FP8" --device cpu
+  if grep -q '^quantized: *fp8 (quant_method fp8' "$TMP/out" && grep -q 'F8_E4M3 x14 -> f32 (dequantized)' "$TMP/out"; then
+    echo "ok   info shows the FP8 format"
+    pass=$((pass + 1))
+  else
+    echo "FAIL info on an FP8 checkpoint: $(head -c 600 "$TMP/out")"
+    fail=$((fail + 1))
+  fi
+  expect_ok "logits of an FP8 checkpoint on the CPU" "$BIN" logits --device cpu --model "$FP8" --token-ids 1,2,3 \
+    --out "$TMP/fp8.npy"
+  cp -r "$FP8" "$TMP/fp8_block"
+  sed -i 's/"quant_method": "fp8",/"quant_method": "fp8", "weight_block_size": [128, 128],/' "$TMP/fp8_block/config.json"
+  runtime "FP8 checkpoint with block-wise scales" "weight_block_size = \[128,128\] \(block-wise FP8 scales\) is not supported" \
+    "$BIN" logits --device cpu --model "$TMP/fp8_block" --token-ids 1,2,3 --out "$TMP/fp8_block.npy"
+fi
+
 # --chat-template-kwargs: a JSON object of the template's variables (enable_thinking), refused by name
 # otherwise; Qwen3's template writes the empty think block for enable_thinking false.
 Q3="$(dirname "$0")/fixtures/hf/qwen3_tied_gqa_bf16"

@@ -67,6 +67,7 @@ HfConfig parse_hf_config(const json& j, const json* generation, const std::strin
   ModelConfig& c = h.config;
   arch->parse_hf_config(j, h.hf_architecture, h.model_type, origin, c);
   h.dtype = f.string_or("dtype", f.string_or("torch_dtype", ""));
+  h.quantization = parse_hf_quantization(j, origin);
   c.name = f.string_or("_name_or_path", "");
   if (c.name.empty()) {
     std::string d = directory;

@@ -15,6 +15,7 @@
 
 #include "fdpp/model_config.h"
 #include "io/json_file.h"
+#include "model/hf_quantization.h"
 
 namespace fdpp {
 
@@ -29,6 +30,7 @@ struct HfConfig {
   // list in either), without repeats.
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;  // config.json / generation_config.json; -1 when absent
+  HfQuantization quantization;  // quantization_config (FP8 checkpoints); fp8 false when absent
 };
 
 // True when path is a directory holding config.json.

@@ -1,8 +1,11 @@
 #include "model/hf_models.h"
 
+#include <cmath>
 #include <cstring>
 #include <unordered_set>
 
+#include "core/fp8_e4m3.h"
+#include "model/hf_packed_int.h"
 #include "fdpp/error.h"
 #include "model/arch/architecture.h"
 
@@ -32,7 +35,135 @@ int64_t part_index(std::string_view name, std::string_view part) {
   return -1;
 }
 
+// The slots an FP8 checkpoint may store in e4m3: the linear layers' weights. Embeddings, norms and
+// the lm head stay 16-bit, as vLLM keeps them.
+bool fp8_slot(WeightSlot s) {
+  switch (s) {
+    case WeightSlot::Wq:
+    case WeightSlot::Wk:
+    case WeightSlot::Wv:
+    case WeightSlot::Wo:
+    case WeightSlot::WGate:
+    case WeightSlot::WUp:
+    case WeightSlot::WDown:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// "X.weight" -> "X" (the module, as quantization configs name it).
+std::string module_of(const std::string& weight) {
+  return ends_with(weight, ".weight") ? weight.substr(0, weight.size() - 7) : weight;
+}
+
+// Whether a (small) tensor holds only zeros: the placeholder biases AutoGPTQ writes.
+bool all_zero(const WeightSource& source, const SourceTensor& t) {
+  if (t.shape.size() != 1 || t.shape[0] > (int64_t{1} << 20)) return false;
+  std::vector<float> v(static_cast<size_t>(t.shape[0]));
+  source.read_f32(t, v);
+  for (const float x : v)
+    if (x != 0.f) return false;
+  return true;
+}
+
+bool per_tensor_shape(const std::vector<int64_t>& s) {
+  return s.empty() || (s.size() == 1 && s[0] == 1) || (s.size() == 2 && s[0] == 1 && s[1] == 1);
+}
+bool per_channel_shape(const std::vector<int64_t>& s, int64_t rows) {
+  return (s.size() == 1 && s[0] == rows) || (s.size() == 2 && s[0] == rows && s[1] == 1);
+}
+
+// An F8_E4M3 spec tensor and its scale, without reading data.
+void check_fp8_tensor(const WeightSource& source, const HfTensorSpec& spec, const HfQuantization& q,
+                      const std::string& config_path) {
+  const std::string& origin = source.origin();
+  check(q.fp8,
+        "{}: tensor '{}' is stored F8_E4M3, but {} has no quantization_config saying how (fdpp loads quant_method "
+        "fp8 and compressed-tensors float8 checkpoints)",
+        origin, spec.name, config_path);
+  bool projection = !spec.parts.empty();
+  for (const HfSlotPart& p : spec.parts) projection = projection && fp8_slot(p.slot);
+  check(projection,
+        "{}: tensor '{}' is stored F8_E4M3, but fdpp loads FP8 only for the q/k/v/o and MLP projections (embeddings, "
+        "norms and the lm head stay 16-bit)",
+        origin, spec.name);
+  check(spec.shape.size() == 2, "{}: FP8 tensor '{}' has shape {}, not a matrix", origin, spec.name,
+        shape_string(spec.shape));
+  const std::string module = module_of(spec.name);
+  check(!q.ignored(module), "{}: tensor '{}' is stored F8_E4M3, but {}'s quantization_config lists '{}' as ignored",
+        origin, spec.name, config_path, module);
+  const std::string scale_name = module + ".weight_scale";
+  const SourceTensor* scale = source.find(scale_name);
+  // DeepSeek-style checkpoints name their block scales weight_scale_inv.
+  check(scale != nullptr || source.find(module + ".weight_scale_inv") == nullptr,
+        "{}: FP8 tensor '{}' has block-wise scales ('{}.weight_scale_inv'), which fdpp does not load (per-tensor or "
+        "per-channel weight_scale only)",
+        origin, spec.name, module);
+  check(scale != nullptr, "{}: FP8 tensor '{}' has no scale: tensor '{}' is missing", origin, spec.name, scale_name);
+  check(readable_dtype(scale->dtype),
+        "{}: tensor '{}' has dtype {}, which fdpp cannot read (supported: F32, F16, BF16)", origin, scale_name,
+        scale->dtype);
+  const int64_t rows = spec.shape[0];
+  const bool tensor = per_tensor_shape(scale->shape), channel = per_channel_shape(scale->shape, rows);
+  check(tensor || channel,
+        "{}: tensor '{}' has shape {}; the FP8 weight '{}' of shape {} takes a per-tensor scale ([] or [1]) or a "
+        "per-channel one ([{}] or [{}, 1])",
+        origin, scale_name, shape_string(scale->shape), spec.name, shape_string(spec.shape), rows, rows);
+  check(!(q.weight_strategy == "tensor" && !tensor) && !(q.weight_strategy == "channel" && !channel),
+        "{}: tensor '{}' has shape {}, but {}'s quantization_config says weight strategy '{}'", origin, scale_name,
+        shape_string(scale->shape), config_path, q.weight_strategy);
+}
+
+// An F8_E4M3 tensor's bytes in place (the GPU streams them, the CPU dequantizes them).
+RawTensorBytes fp8_bytes(const WeightSource& source, const SourceTensor& t) {
+  const RawTensorBytes raw = source.raw_bytes(t);
+  check(raw.data != nullptr, "{}: FP8 tensor '{}' is not stored contiguously (fdpp reads FP8 weights in place)",
+        source.origin(), t.name);
+  check(raw.n_bytes == static_cast<uint64_t>(Tensor::numel_of(t.shape)),
+        "{}: FP8 tensor '{}' holds {} bytes, expected {}", source.origin(), t.name, raw.n_bytes,
+        Tensor::numel_of(t.shape));
+  return raw;
+}
+
+// A spec's tensor as fp32: read, or (F8_E4M3) dequantized with its row scales.
+void read_spec_f32(const WeightSource& source, const SourceTensor& t, Tensor& dst) {
+  if (t.dtype != "F8_E4M3") {
+    source.read_f32(t, dst.data);
+    return;
+  }
+  const RawTensorBytes raw = fp8_bytes(source, t);
+  const std::vector<float> scale = fp8_row_scales(source, t);
+  const int64_t rows = t.shape[0], cols = rows > 0 ? dst.numel() / rows : 0;
+  float value[256];  // every e4m3 value: a lookup per element rather than a conversion
+  for (int b = 0; b < 256; ++b) value[b] = fp8_e4m3_to_float(static_cast<uint8_t>(b));
+  float* out = dst.ptr();
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 16))
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      out[r * cols + c] = scale[static_cast<size_t>(r)] * value[raw.data[r * cols + c]];
+}
+
 }  // namespace
+
+std::vector<float> fp8_row_scales(const WeightSource& source, const SourceTensor& weight) {
+  check(weight.shape.size() == 2, "{}: FP8 tensor '{}' has shape {}, not a matrix", source.origin(), weight.name,
+        shape_string(weight.shape));
+  const std::string scale_name = module_of(weight.name) + ".weight_scale";
+  const SourceTensor* scale = source.find(scale_name);
+  check(scale != nullptr, "{}: FP8 tensor '{}' has no scale: tensor '{}' is missing", source.origin(), weight.name,
+        scale_name);
+  const int64_t rows = weight.shape[0];
+  check(per_tensor_shape(scale->shape) || per_channel_shape(scale->shape, rows),
+        "{}: tensor '{}' has shape {}, not a per-tensor or per-channel scale of '{}' ({} rows)", source.origin(),
+        scale_name, shape_string(scale->shape), weight.name, rows);
+  std::vector<float> s(static_cast<size_t>(Tensor::numel_of(scale->shape)));
+  source.read_f32(*scale, s);
+  for (const float v : s)
+    check(std::isfinite(v), "{}: tensor '{}' holds {}, not a finite scale", source.origin(), scale_name, v);
+  if (s.size() == 1) s.assign(static_cast<size_t>(rows), s[0]);
+  return s;
+}
 
 std::vector<Tensor> split_rows(const Tensor& t, const std::vector<int64_t>& rows) {
   const int64_t cols = t.shape.size() > 1 ? t.numel() / t.shape[0] : 1;
@@ -74,17 +205,35 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& config, const Weigh
 }
 
 void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec>& specs, const ModelConfig& config,
-                      const std::string& config_path) {
+                      const std::string& config_path, const HfQuantization& quantization) {
   const std::string& origin = source.origin();
   std::unordered_set<std::string_view> used;
+  std::unordered_set<std::string> packed;  // the modules stored as packed integers
   for (const HfTensorSpec& spec : specs) {
     const SourceTensor* t = source.find(spec.name);
+    if (t == nullptr && spec.shape.size() == 2 && has_packed_int(source, module_of(spec.name))) {
+      const PackedIntTensors p =
+          find_packed_int(source, module_of(spec.name), spec.shape[0], spec.shape[1], quantization);
+      check(!quantization.ignored(p.module), "{}: '{}' is stored as packed integers, but {}'s quantization_config "
+            "lists it as not converted", origin, p.module, config_path);
+      for (const SourceTensor* x : {p.qweight, p.qzeros, p.scales, p.g_idx})
+        if (x != nullptr) used.insert(x->name);
+      packed.insert(p.module);
+      continue;
+    }
     check(t != nullptr, "{}: tensor '{}' is missing (the model {} describes needs it)", origin, spec.name,
           config_path);
     check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, but {} implies {}", origin, spec.name,
           shape_string(t->shape), config_path, shape_string(spec.shape));
-    check(readable_dtype(t->dtype), "{}: tensor '{}' has dtype {}, which fdpp cannot read (supported: F32, F16, BF16)",
-          origin, spec.name, t->dtype);
+    check(t->dtype != "F8_E5M2", "{}: tensor '{}' is stored F8_E5M2; fdpp loads FP8 weights in e4m3 (F8_E4M3) only",
+          origin, spec.name);
+    if (t->dtype == "F8_E4M3")
+      check_fp8_tensor(source, spec, quantization, config_path);
+    else
+      check(readable_dtype(t->dtype),
+            "{}: tensor '{}' has dtype {}, which fdpp cannot read (supported: F32, F16, BF16; F8_E4M3 in FP8 "
+            "checkpoints)",
+            origin, spec.name, t->dtype);
     used.insert(spec.name);
   }
   // Tensors the mapping did not take: harmless buffers (rotary inv_freq, a tied lm_head copy) are
@@ -93,8 +242,10 @@ void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec
   for (const SourceTensor& t : source.tensors()) {
     if (used.count(t.name) != 0) continue;
     if (ends_with(t.name, ".bias")) {
-      const std::string weight = t.name.substr(0, t.name.size() - 5) + ".weight";
-      check(used.count(weight) == 0,
+      const std::string module = t.name.substr(0, t.name.size() - 5);
+      if (packed.count(module) != 0 && all_zero(source, t)) continue;
+      const std::string weight = module + ".weight";
+      check(used.count(weight) == 0 && packed.count(module) == 0,
             "{}: tensor '{}' is in the checkpoint, but {} does not call for that bias (attention_bias, mlp_bias, "
             "enable_bias or add_qkv_bias)",
             origin, t.name, config_path);
@@ -109,18 +260,25 @@ void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec
 }
 
 DecoderWeights load_hf_decoder(const WeightSource& source, const ModelConfig& config,
-                               const std::vector<HfTensorSpec>& specs, const ProgressFn& progress) {
+                               const std::vector<HfTensorSpec>& specs, const ProgressFn& progress,
+                               const HfQuantization& quantization) {
   uint64_t total = 0, done = 0;
   for (const HfTensorSpec& s : specs) total += static_cast<uint64_t>(Tensor::numel_of(s.shape));
   DecoderWeights w;
   w.layers.resize(config.n_layers);
   for (const HfTensorSpec& spec : specs) {
     const SourceTensor* t = source.find(spec.name);
-    check(t != nullptr, "{}: tensor '{}' is missing", source.origin(), spec.name);
-    check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", source.origin(), spec.name,
-          shape_string(t->shape), shape_string(spec.shape));
     Tensor tensor(spec.shape);
-    source.read_f32(*t, tensor.data);
+    if (t == nullptr && spec.shape.size() == 2 && has_packed_int(source, module_of(spec.name))) {
+      const PackedIntTensors p =
+          find_packed_int(source, module_of(spec.name), spec.shape[0], spec.shape[1], quantization);
+      dequantize_packed_int(source, p, quantization, tensor);
+    } else {
+      check(t != nullptr, "{}: tensor '{}' is missing", source.origin(), spec.name);
+      check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", source.origin(), spec.name,
+            shape_string(t->shape), shape_string(spec.shape));
+      read_spec_f32(source, *t, tensor);
+    }
     done += static_cast<uint64_t>(tensor.numel());
     spec.assign(w, std::move(tensor));
     if (progress) progress(total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
@@ -147,14 +305,21 @@ WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTenso
   WeightPlan plan;
   for (const HfTensorSpec& spec : specs) {
     const SourceTensor* t = source.find(spec.name);
+    check(t != nullptr || !has_packed_int(source, module_of(spec.name)),
+          "{}: '{}' is stored as AWQ/GPTQ packed integers, which the GPU loader does not take yet; run this model "
+          "with --device cpu",
+          source.origin(), spec.name);
     check(t != nullptr, "{}: tensor '{}' is missing", source.origin(), spec.name);
     check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", source.origin(), spec.name,
           shape_string(t->shape), shape_string(spec.shape));
-    const gguf::GgmlType type = stored_type(t->dtype);
+    const bool fp8 = t->dtype == "F8_E4M3";
+    // FP8: the e4m3 bytes, one per element (I8 only gives their size; fp8_scales says what they are).
+    const gguf::GgmlType type = fp8 ? gguf::GgmlType::I8 : stored_type(t->dtype);
     const uint64_t elem = gguf::block_bytes(type);
     const int64_t numel = Tensor::numel_of(t->shape);
     const int64_t cols = t->shape.empty() || t->shape[0] == 0 ? 1 : numel / t->shape[0];
-    const RawTensorBytes raw = source.raw_bytes(*t);
+    const RawTensorBytes raw = fp8 ? fp8_bytes(source, *t) : source.raw_bytes(*t);
+    const std::vector<float> row_scales = fp8 ? fp8_row_scales(source, *t) : std::vector<float>();
     if (raw.data != nullptr)
       check(raw.n_bytes == static_cast<uint64_t>(numel) * elem, "{}: tensor '{}' holds {} bytes, expected {}",
             source.origin(), spec.name, raw.n_bytes, static_cast<uint64_t>(numel) * elem);
@@ -169,6 +334,7 @@ WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTenso
       const uint64_t begin = static_cast<uint64_t>(part.row_begin * cols) * elem;
       check(part.row_begin * cols + n <= numel, "{}: tensor '{}': slot {} reaches past its end", source.origin(),
             spec.name, slot_name(part.slot));
+      if (fp8) p.fp8_scales.assign(row_scales.begin() + part.row_begin, row_scales.begin() + part.row_begin + p.rows());
       p.src.name = spec.name;
       p.src.type = type;
       p.src.n_bytes = static_cast<uint64_t>(n) * elem;

@@ -12,6 +12,7 @@
 
 #include "io/weight_source.h"
 #include "model/decoder.h"
+#include "model/hf_quantization.h"
 #include "model/weight_plan.h"
 
 namespace fdpp {
@@ -45,17 +46,32 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& config, const Weigh
 // F16, BF16), and that the checkpoint holds nothing that contradicts config.json (a bias the
 // config does not call for, layers beyond num_hidden_layers). Throws fdpp::Error naming the
 // directory, the tensor and config.json. Reads no tensor data.
+// FP8 checkpoints (quantization.fp8, model/hf_quantization.h): a projection (q/k/v/o, gate/up/down)
+// may be F8_E4M3, with "X.weight_scale" of a readable dtype and shape [] or [1] (per tensor) or [N]
+// or [N, 1] (per output channel, N its rows); every other tensor stays 16-bit or fp32.
+// AWQ / GPTQ checkpoints (quantization.packed_int): a matrix "X.weight" may instead be stored as
+// X.qweight, X.qzeros, X.scales (and GPTQ's X.g_idx) in the layout of model/hf_packed_int.h; a bias
+// beside it that the config does not call for is accepted when it is all zeros (AutoGPTQ writes
+// one for every module).
 void check_hf_tensors(const WeightSource& source, const std::vector<HfTensorSpec>& specs, const ModelConfig& config,
-                      const std::string& config_path);
+                      const std::string& config_path, const HfQuantization& quantization = {});
 
-// Reads every spec's tensor as fp32 into DecoderWeights (call check_hf_tensors first).
+// Reads every spec's tensor as fp32 into DecoderWeights (call check_hf_tensors first); an F8_E4M3
+// weight is dequantized, weight_scale x e4m3 value in fp32 (one rounding), and so is a packed
+// integer one, (q - zero) x scale.
 DecoderWeights load_hf_decoder(const WeightSource& source, const ModelConfig& config,
-                               const std::vector<HfTensorSpec>& specs, const ProgressFn& progress = {});
+                               const std::vector<HfTensorSpec>& specs, const ProgressFn& progress = {},
+                               const HfQuantization& quantization = {});
 
 // The same mapping as a plan for the GPU loader: where each slot's bytes lie in the checkpoint (call
 // check_hf_tensors first). A tensor the source cannot give in place (a strided .bin view) is read
-// through read_f32 instead.
+// through read_f32 instead. An F8_E4M3 weight's parts keep their e4m3 bytes in place and carry its
+// scales per row (PlannedTensor::fp8_scales; the scales are read here, a few floats per matrix).
 WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTensorSpec>& specs);
+
+// An F8_E4M3 weight's scale, one per row: its "X.weight_scale" read (a per-tensor scale repeated
+// over the rows). Throws for a missing or ill-shaped scale, or one that is not finite.
+std::vector<float> fp8_row_scales(const WeightSource& source, const SourceTensor& weight);
 
 // Splits a [sum(rows), cols] tensor by rows into parts (for fused projections).
 std::vector<Tensor> split_rows(const Tensor& t, const std::vector<int64_t>& rows);

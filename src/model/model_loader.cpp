@@ -17,6 +17,7 @@
 #include "model/gguf_model.h"
 #include "model/hf_config.h"
 #include "model/hf_models.h"
+#include "model/hf_packed_int.h"
 #include "tokenizer/hf_tokenizer.h"
 
 namespace fdpp {
@@ -94,22 +95,36 @@ ModelDescription describe_hf_model(const HfConfig& h, const WeightSource& source
   d.config = h.config;
   d.eos_token_ids = h.eos_token_ids;
   d.bos_token_id = h.bos_token_id;
+  d.quantization = h.quantization.describe();
   const auto specs = hf_tensor_specs(h.config, source);
-  check_hf_tensors(source, specs, h.config, h.config_path);
+  check_hf_tensors(source, specs, h.config, h.config_path, h.quantization);
   for (const HfTensorSpec& spec : specs) {
-    const SourceTensor* t = source.find(spec.name);
-    d.tensors.push_back({spec.name, t->shape, t->dtype, t->n_bytes});
-    d.n_params += static_cast<uint64_t>(Tensor::numel_of(t->shape));
-    d.stored_bytes += t->n_bytes;
-    d.dtype_counts[t->dtype]++;
+    if (const SourceTensor* t = source.find(spec.name); t != nullptr) {
+      d.tensors.push_back({spec.name, t->shape, t->dtype, t->n_bytes});
+      d.n_params += static_cast<uint64_t>(Tensor::numel_of(t->shape));
+      d.stored_bytes += t->n_bytes;
+      d.dtype_counts[t->dtype]++;
+      continue;
+    }
+    // AWQ / GPTQ: the matrix as its packed tensors (check_hf_tensors found them).
+    const std::string module = spec.name.substr(0, spec.name.rfind('.'));
+    const PackedIntTensors p = find_packed_int(source, module, spec.shape[0], spec.shape[1], h.quantization);
+    for (const SourceTensor* t : {p.qweight, p.qzeros, p.scales, p.g_idx})
+      if (t != nullptr) {
+        d.tensors.push_back({t->name, t->shape, t->dtype, t->n_bytes});
+        d.stored_bytes += t->n_bytes;
+      }
+    d.n_params += static_cast<uint64_t>(Tensor::numel_of(spec.shape));
+    d.dtype_counts[fmt::format("{}{}", h.quantization.quant_method == "awq" ? "AWQ" : "GPTQ",
+                               h.quantization.bits)]++;
   }
   return d;
 }
 
 DecoderWeights load_hf_model_weights(const HfConfig& h, const WeightSource& source, const ProgressFn& progress) {
   const auto specs = hf_tensor_specs(h.config, source);
-  check_hf_tensors(source, specs, h.config, h.config_path);
-  return load_hf_decoder(source, h.config, specs, progress);
+  check_hf_tensors(source, specs, h.config, h.config_path, h.quantization);
+  return load_hf_decoder(source, h.config, specs, progress, h.quantization);
 }
 
 ModelDescription describe_model(const std::string& path) {
@@ -164,7 +179,8 @@ LoadedModel load_model(const std::string& path, const ProgressFn& progress, cons
     OpenedHfModel h = open_hf_model(path);
     m.description = std::move(h.description);
     m.tokenizer = std::move(h.tokenizer);
-    m.weights = load_hf_decoder(*h.source, h.config.config, hf_tensor_specs(h.config.config, *h.source), progress);
+    m.weights = load_hf_decoder(*h.source, h.config.config, hf_tensor_specs(h.config.config, *h.source), progress,
+                                h.config.quantization);
     return m;
   }
   const auto file = std::make_shared<gguf::GgufFile>(gguf::GgufFile::open(path));

@@ -35,6 +35,9 @@ struct ModelDescription {
   uint64_t n_params = 0;
   uint64_t stored_bytes = 0;                // weights as stored in the file
   std::map<std::string, int> dtype_counts;  // stored dtype -> tensor count
+  // A quantized HF checkpoint's format, one line (HfQuantization::describe: "fp8 (compressed-tensors
+  // float-quantized, per-channel weight scales)"); empty otherwise.
+  std::string quantization;
   // HF directories: config.json's / generation_config.json's ids (what a checkpoint without
   // tokenizer files still knows: Tokenizer::ids_only); -1 / empty when absent, and for GGUF.
   std::vector<int32_t> eos_token_ids;

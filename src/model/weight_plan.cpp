@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/fp8_e4m3.h"
 #include "fdpp/error.h"
 
 namespace fdpp {
@@ -140,7 +141,16 @@ DecoderWeights materialize_plan(const WeightPlan& plan, const ModelConfig& confi
   w.layers.resize(static_cast<size_t>(config.n_layers));
   for (const PlannedTensor& p : plan.tensors) {
     Tensor stored(p.shape);
-    if (p.src.data != nullptr && p.stored_cols > 0) {
+    if (p.fp8()) {
+      check(p.src.data != nullptr && p.stored_cols == 0 && static_cast<int64_t>(p.fp8_scales.size()) == p.rows() &&
+                p.src.n_bytes == static_cast<uint64_t>(p.numel()),
+            "{}: FP8 tensor planned without its bytes in place or a scale per row", p.src.name);
+      const int64_t rows = p.rows(), cols = p.cols();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          stored.ptr()[r * cols + c] =
+              p.fp8_scales[static_cast<size_t>(r)] * fp8_e4m3_to_float(p.src.data[r * cols + c]);
+    } else if (p.src.data != nullptr && p.stored_cols > 0) {
       const int64_t rows = p.rows(), cols = p.cols();
       for (int64_t r = 0; r < rows; ++r)
         gguf::dequantize(p.src.type, p.src.data + r * p.stored_row_bytes() + p.col_byte_offset(),

@@ -85,6 +85,11 @@ struct PlannedTensor {
   int64_t col_offset = 0;
   // Added to every element once converted (Gemma's norms, stored as w for a (1 + w) scale).
   float add = 0.f;
+  // FP8 checkpoints (model/hf_quantization.h): src holds e4m3 bytes (src.type is I8, which only
+  // gives their size: one byte per element) and slot row r is fp8_scales[r] x e4m3. One scale per
+  // row (a per-tensor scale repeated); empty for every other tensor.
+  std::vector<float> fp8_scales;
+  bool fp8() const { return !fp8_scales.empty(); }
   // An expert slot filled one expert at a time (Hugging Face stores each expert's matrix apart):
   // this tensor is expert `expert`'s [rows, cols] block of the stacked slot. -1: the whole slot
   // (a GGUF file stores the stack as one tensor).
@@ -123,7 +128,8 @@ inline int64_t planned_source_row(int64_t n, int64_t rows, int permute_heads) {
 WeightPlan plan_from_weights(const DecoderWeights& weights, const ModelConfig& config);
 
 // Reads a plan into fp32 host tensors on the CPU (dequantizing and permuting as the GPU loader
-// does): tests compare it with the fp32 loaders, and it is the plan's reference semantics.
+// does; FP8 tensors as scale x e4m3 in fp32): tests compare it with the fp32 loaders, and it is the
+// plan's reference semantics.
 DecoderWeights materialize_plan(const WeightPlan& plan, const ModelConfig& config);
 
 }  // namespace fdpp

@@ -216,6 +216,10 @@ std::unique_ptr<Engine> tensor_parallel_engine(const ModelConfig& config, const 
   eo.max_prefill_tokens = limits.max_step_tokens;
   eo.block_size = limits.block_size;
   if (limits.kv_cache_tokens > 0) eo.kv_cache_tokens = limits.kv_cache_tokens;
+  if (options.plan != nullptr)
+    for (const PlannedTensor& t : options.plan->tensors)
+      check(!t.fp8(), "an FP8 checkpoint with --tensor-parallel {} is not supported yet (it runs on one GPU)",
+            options.tensor_parallel);
   cuda::ShardSource source;
   // Weights already in host memory (tests, formats without a plan) are sharded through a plan of
   // the same tensors, so every path splits the same way.

@@ -204,6 +204,11 @@ nlohmann::json LoadReport::stats(const OpenedModel& m) {
                    {"path", m.planned ? "stream" : m.dummy ? "dummy" : "host"},
                    {"stored_bytes", m.description.stored_bytes},
                    {"peak_rss_bytes", peak_rss_bytes()}};
+  // A checkpoint published in FP8 runs as FP8 on the GPU whatever --quantization says (as vLLM runs
+  // it), and dequantized to fp32 on the CPU: the load line says which.
+  if (!m.description.quantization.empty())
+    j["quantization"] =
+        m.description.quantization + (m.device == Device::Cuda ? ": runs as FP8" : ": dequantized to fp32 on the CPU");
   if (m.planned) {
     j["weights_seconds"] = bar_.seconds();
     j["weights_gb_per_second"] = bar_.seconds() > 0 ? bar_.bytes() / 1e9 / bar_.seconds() : 0.0;
@@ -217,6 +222,7 @@ std::string load_line(const nlohmann::json& s) {
   if (s.contains("weights_seconds"))
     line += fmt::format(", weights {:.2f} GB in {:.2f} s ({:.2f} GB/s)", s["stored_bytes"].get<uint64_t>() / 1e9,
                         s["weights_seconds"].get<double>(), s["weights_gb_per_second"].get<double>());
+  if (s.contains("quantization")) line += "; " + s["quantization"].get<std::string>();
   return line;
 }
 

@@ -65,7 +65,13 @@ RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
   std::string parts;
   for (const auto& [stored, n] : d.dtype_counts) {
     std::string as;
-    if (r.device == "cuda") {
+    if (stored == "F8_E4M3") {
+      // An FP8 checkpoint's projections: e4m3 bytes as stored on the GPU, dequantized on the CPU.
+      as = r.device == "cuda" ? "fp8 (e4m3, fp32 row scales)" : "f32 (dequantized)";
+    } else if (stored.starts_with("AWQ") || stored.starts_with("GPTQ")) {
+      // Packed integer matrices: dequantized on the CPU; the GPU loader refuses them for now.
+      as = r.device == "cuda" ? "not loaded on the GPU yet" : "f32 (dequantized)";
+    } else if (r.device == "cuda") {
       // The GPU holds every weight as 16-bit floats, converted while streaming (--dtype).
       as = gpu;
     } else {
@@ -206,6 +212,8 @@ int run_info(const InfoArgs& a) {
                      {"n_params", d.n_params},
                      {"stored_bytes", d.stored_bytes},
                      {"dtypes", d.dtype_counts},
+                     {"quantization",
+                      d.quantization.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.quantization)},
                      {"cpu_weight_bytes", weight_bytes},
                      {"cpu_kv_cache_bytes", kv_bytes}};
     if (c.n_experts > 0) {
@@ -254,6 +262,7 @@ int run_info(const InfoArgs& a) {
   }
   fmt::print("embeddings:   {}\n", c.tied_embeddings ? "tied (lm head = token embeddings)" : "separate lm head");
   fmt::print("dtypes:       {}\n", dtypes);
+  if (!d.quantization.empty()) fmt::print("quantized:    {}\n", d.quantization);
   fmt::print("parameters:   {} ({:.1f} M)\n", d.n_params, d.n_params / 1e6);
   fmt::print("stored:       {}\n", human_bytes(static_cast<double>(d.stored_bytes)));
   fmt::print("runs as:      {}\n", runs.summary);

@@ -142,7 +142,13 @@ DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed,
 
 namespace fdpp::cuda {
 
-uint64_t plan_device_bytes(const WeightPlan& plan) { return static_cast<uint64_t>(plan.elements()) * 2; }
+uint64_t plan_device_bytes(const WeightPlan& plan) {
+  uint64_t n = 0;
+  for (const PlannedTensor& t : plan.tensors)
+    n += t.fp8() ? static_cast<uint64_t>(t.numel()) + t.fp8_scales.size() * sizeof(float)
+                 : static_cast<uint64_t>(t.numel()) * 2;
+  return n;
+}
 
 void check_gpu_memory(const GpuMemoryNeed& need) {
   size_t free_b = 0, total_b = 0;
@@ -191,7 +197,51 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
                      [](const PlannedTensor* a, const PlannedTensor* b) { return a->expert < b->expert; });
     check(parts.size() <= 1 || static_cast<int>(parts.size()) == c.n_experts,
           "layer {}: {} parts of {} for {} experts", layer, parts.size(), slot_name(slot), c.n_experts);
+    for (const PlannedTensor* p : parts)
+      check(!p->fp8(), "layer {}: {} is stored in FP8; expert layers run in 16 bits only (dequantize the checkpoint)",
+            layer, p->src.name);
     return buffer_of(parts);
+  };
+  // A layer matrix: 16-bit as buffer() makes it or, when the checkpoint stores its parts in FP8
+  // (PlannedTensor::fp8), their e4m3 bytes as stored, with the parts' row scales concatenated into
+  // `scale`: per-tensor scales of q, k and v each cover their own rows of the fused matrix.
+  auto matrix = [&](std::initializer_list<WeightSlot> slots, int layer, DeviceBuffer& scale, const char* what) {
+    std::vector<const PlannedTensor*> parts;
+    size_t fp8_parts = 0;
+    for (const WeightSlot s : slots)
+      if (const PlannedTensor* p = plan.find(s, layer); p != nullptr && p->numel() > 0) {
+        parts.push_back(p);
+        fp8_parts += p->fp8() ? 1 : 0;
+      }
+    if (fp8_parts == 0) return buffer(slots, layer);
+    check(fp8_parts == parts.size(),
+          "layer {}: the {} weights mix FP8 and 16-bit matrices; fdpp fuses them into one matrix, so they must be "
+          "stored alike",
+          layer, what);
+    const int64_t cols = parts[0]->cols();
+    check(cols % 16 == 0,
+          "layer {}: the {} matrix's rows of {} elements are not a multiple of 16 (the FP8 kernels' granularity)",
+          layer, what, cols);
+    int64_t n = 0;
+    std::vector<float> scales;
+    for (const PlannedTensor* p : parts) {
+      check(p->cols() == cols && p->fp8_scales.size() == static_cast<size_t>(p->rows()),
+            "layer {}: FP8 part {} of the {} matrix has {} columns and {} scales for {} rows", layer, p->src.name, what,
+            p->cols(), p->fp8_scales.size(), p->rows());
+      n += p->numel();
+      scales.insert(scales.end(), p->fp8_scales.begin(), p->fp8_scales.end());
+    }
+    DeviceBuffer d(static_cast<size_t>(n));
+    int64_t at = 0;
+    for (const PlannedTensor* p : parts) {
+      jobs.push_back({p, d.as<uint8_t>() + at});
+      at += p->numel();
+    }
+    scale = DeviceBuffer(scales.size() * sizeof(float));
+    FDPP_CUDA_CHECK(cudaMemcpy(scale.get(), scales.data(), scale.bytes(), cudaMemcpyHostToDevice));
+    m.bytes_ += d.bytes() + scale.bytes();
+    m.fp8_ = true;
+    return d;
   };
   using S = WeightSlot;
   m.tok_embeddings = buffer({S::TokEmbeddings}, -1);
@@ -202,17 +252,17 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     DeviceLayer d;
     d.attn_norm = buffer({S::AttnNorm}, i);
     d.attn_norm_bias = buffer({S::AttnNormBias}, i);
-    d.w_qkv = buffer({S::Wq, S::Wk, S::Wv}, i);
+    d.w_qkv = matrix({S::Wq, S::Wk, S::Wv}, i, d.s_qkv, "q/k/v");
     if (c.qkv_bias) d.b_qkv = buffer({S::Bq, S::Bk, S::Bv}, i);
     d.q_norm = buffer({S::QNorm}, i);
     d.k_norm = buffer({S::KNorm}, i);
-    d.w_o = buffer({S::Wo}, i);
+    d.w_o = matrix({S::Wo}, i, d.s_o, "o");
     d.b_o = buffer({S::Bo}, i);
     d.ffn_norm = buffer({S::FfnNorm}, i);
     d.ffn_norm_bias = buffer({S::FfnNormBias}, i);
-    d.w_in = swiglu ? buffer({S::WGate, S::WUp}, i) : buffer({S::WUp}, i);
+    d.w_in = swiglu ? matrix({S::WGate, S::WUp}, i, d.s_in, "gate/up") : matrix({S::WUp}, i, d.s_in, "up");
     if (c.mlp_bias) d.b_in = swiglu ? buffer({S::BGate, S::BUp}, i) : buffer({S::BUp}, i);
-    d.w_down = buffer({S::WDown}, i);
+    d.w_down = matrix({S::WDown}, i, d.s_down, "down");
     d.b_down = buffer({S::BDown}, i);
     d.router = buffer({S::Router}, i);
     d.experts_gate = experts(S::ExpertsGate, i);

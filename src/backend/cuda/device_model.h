@@ -48,7 +48,7 @@ struct GpuMemoryNeed {
 // 0.80 GiB of activations = 16.28 GiB, but the GPU has 10.00 GiB free of 80.00 GiB") when the sum
 // exceeds the free memory of the current device.
 void check_gpu_memory(const GpuMemoryNeed& need);
-// Bytes of the device weights a plan fills (16-bit elements).
+// Bytes of the device weights a plan fills (16-bit elements; FP8 ones a byte each plus fp32 row scales).
 uint64_t plan_device_bytes(const WeightPlan& plan);
 
 class DeviceModel {
@@ -58,6 +58,9 @@ class DeviceModel {
   // Streamed from the checkpoint files through a pinned staging ring and converted on the GPU
   // (weight_streamer.h): the model is never held in host memory. The same layout and, for every
   // stored type, the same bits as the constructor above given the fp32 weights of the same files.
+  // An FP8 checkpoint's layer matrices (PlannedTensor::fp8) arrive as their e4m3 bytes with fp32
+  // row scales, as quantize_fp8 leaves them (fp8() is then true); a matrix the checkpoint keeps
+  // 16-bit (its ignore list) stays 16-bit.
   static DeviceModel from_plan(const ModelConfig& config, const WeightPlan& plan, DType dtype,
                                const StreamOptions& options = {}, StreamStats* stats = nullptr);
   // Random weights (uniform, scaled like a trained model's: ~1/sqrt(fan_in); norms ~1). For a
@@ -69,7 +72,8 @@ class DeviceModel {
 
   // --quantization fp8: each layer's four matrices to e4m3 with per-row scales (fp8.h), in place,
   // one matrix at a time (the 16-bit one is freed as its replacement is made). The embeddings,
-  // norms, biases and the lm head stay 16-bit, as vLLM keeps them.
+  // norms, biases and the lm head stay 16-bit, as vLLM keeps them. A model already FP8 (an FP8
+  // checkpoint) is kept as it is, as vLLM runs such a checkpoint whatever --quantization says.
   void quantize_fp8();
   bool fp8() const { return fp8_; }
 

@@ -1,4 +1,4 @@
-// FP8 weights: the per-row quantizer (fp8.h) and the host's e4m3 conversions. The GEMV over FP8
+// FP8 weights: the per-row quantizer (fp8.h). The GEMV over FP8
 // weights is gemv_ex's kernel (gemv.cu), the flat GEMM's is flat_gemm.cu's.
 #include <cuda_fp8.h>
 
@@ -68,13 +68,6 @@ void quantize_rows_fp8(const void* x, DType dtype, int64_t rows, int64_t K, uint
                                                                                   scale);
   });
   check_launch("quantize_rows_fp8");
-}
-
-uint8_t fp8_e4m3_from_float(float v) { return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); }
-
-float fp8_e4m3_to_float(uint8_t bits) {
-  const __half_raw h = __nv_cvt_fp8_to_halfraw(bits, __NV_E4M3);
-  return __half2float(__half(h));
 }
 
 }  // namespace fdpp::cuda

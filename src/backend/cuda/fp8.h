@@ -20,6 +20,7 @@
 
 #include "backend/cuda/flat_gemm.h"
 #include "backend/cuda/kernels.h"
+#include "core/fp8_e4m3.h"
 
 namespace fdpp::cuda {
 
@@ -45,9 +46,9 @@ void quantize_rows_fp8(const void* x, DType dtype, int64_t rows, int64_t K, uint
 void fp8_gemv(const void* x, const uint8_t* w8, const float* w_scale, const void* bias, void* y, int M, int N, int K,
               DType dtype, Epilogue epilogue, cudaStream_t stream);
 
-// The same on the host, for tests: e4m3 bits of v (round to nearest even, saturating to 448), and
-// the value of e4m3 bits.
-uint8_t fp8_e4m3_from_float(float v);
-float fp8_e4m3_to_float(uint8_t bits);
+// The same on the host (core/fp8_e4m3.h, shared with the CPU's FP8 checkpoint loader): e4m3 bits
+// of v (round to nearest even, saturating to 448), and the value of e4m3 bits.
+using fdpp::fp8_e4m3_from_float;
+using fdpp::fp8_e4m3_to_float;
 
 }  // namespace fdpp::cuda

@@ -20,7 +20,8 @@
 
 namespace fdpp::cuda {
 
-// One planned tensor and where its numel() 16-bit elements go on the device.
+// One planned tensor and where its numel() 16-bit elements go on the device (for an FP8 tensor,
+// PlannedTensor::fp8(), its numel() e4m3 bytes, copied as stored).
 struct StreamJob {
   const PlannedTensor* tensor;
   void* dst;

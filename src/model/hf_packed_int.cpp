@@ -1,0 +1,132 @@
+#include "model/hf_packed_int.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "fdpp/error.h"
+
+namespace fdpp {
+
+namespace {
+
+// AWQ's order: nibble i of word j holds output channel 8j + {0, 2, 4, 6, 1, 3, 5, 7}[i], so channel
+// 8j + t is in nibble kAwqNibble[t].
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+bool awq(const HfQuantization& q) { return q.quant_method == "awq"; }
+
+int64_t groups_of(int64_t in, const HfQuantization& q) {
+  return q.group_size > 0 ? (in + q.group_size - 1) / q.group_size : 1;
+}
+
+const SourceTensor* require(const WeightSource& source, const std::string& name, const char* dtype,
+                            const std::vector<int64_t>& shape, const std::string& why) {
+  const SourceTensor* t = source.find(name);
+  check(t != nullptr, "{}: tensor '{}' is missing ({})", source.origin(), name, why);
+  check(t->dtype == dtype, "{}: tensor '{}' has dtype {}, expected {} ({})", source.origin(), name, t->dtype, dtype,
+        why);
+  check(t->shape == shape, "{}: tensor '{}' has shape {}, expected {} ({})", source.origin(), name,
+        shape_string(t->shape), shape_string(shape), why);
+  return t;
+}
+
+// The int32 words of a tensor, in place.
+const int32_t* words(const WeightSource& source, const SourceTensor& t) {
+  const RawTensorBytes raw = source.raw_bytes(t);
+  check(raw.data != nullptr, "{}: tensor '{}' is not stored contiguously (fdpp reads packed integers in place)",
+        source.origin(), t.name);
+  check(raw.n_bytes == static_cast<uint64_t>(Tensor::numel_of(t.shape)) * 4, "{}: tensor '{}' holds {} bytes, not {}",
+        source.origin(), t.name, raw.n_bytes, Tensor::numel_of(t.shape) * 4);
+  check(reinterpret_cast<uintptr_t>(raw.data) % 4 == 0, "{}: tensor '{}' is not 4-byte aligned in its file",
+        source.origin(), t.name);
+  return reinterpret_cast<const int32_t*>(raw.data);
+}
+
+}  // namespace
+
+bool has_packed_int(const WeightSource& source, const std::string& module) {
+  return source.find(module + ".qweight") != nullptr;
+}
+
+PackedIntTensors find_packed_int(const WeightSource& source, const std::string& module, int64_t out, int64_t in,
+                                 const HfQuantization& q) {
+  check(q.packed_int, "{}: '{}' is stored as packed integers (qweight), but config.json has no AWQ or GPTQ "
+        "quantization_config", source.origin(), module);
+  const int per_word = 32 / q.bits;
+  const std::string why =
+      fmt::format("{} {}-bit, group size {}, for a [{}, {}] matrix", q.quant_method, q.bits, q.group_size, out, in);
+  check(out % per_word == 0 && in % per_word == 0, "{}: '{}' is a [{}, {}] matrix, which {} does not pack ({} values "
+        "per word)", source.origin(), module, out, in, q.quant_method, per_word);
+  const int64_t groups = groups_of(in, q);
+  PackedIntTensors t;
+  t.module = module;
+  if (awq(q)) {
+    t.qweight = require(source, module + ".qweight", "I32", {in, out / per_word}, why);
+  } else {
+    t.qweight = require(source, module + ".qweight", "I32", {in / per_word, out}, why);
+    if (source.find(module + ".g_idx") != nullptr) t.g_idx = require(source, module + ".g_idx", "I32", {in}, why);
+  }
+  t.qzeros = require(source, module + ".qzeros", "I32", {groups, out / per_word}, why);
+  t.scales = source.find(module + ".scales");
+  check(t.scales != nullptr, "{}: tensor '{}.scales' is missing ({})", source.origin(), module, why);
+  check(t.scales->dtype == "F16" || t.scales->dtype == "BF16" || t.scales->dtype == "F32",
+        "{}: tensor '{}' has dtype {}, expected F16 ({})", source.origin(), t.scales->name, t.scales->dtype, why);
+  check(t.scales->shape == std::vector<int64_t>({groups, out}), "{}: tensor '{}' has shape {}, expected {} ({})",
+        source.origin(), t.scales->name, shape_string(t.scales->shape), shape_string({groups, out}), why);
+  check(!q.act_order || q.group_size <= 0 || t.g_idx != nullptr || awq(q),
+        "{}: tensor '{}.g_idx' is missing (desc_act is true: the groups follow g_idx)", source.origin(), module);
+  return t;
+}
+
+void dequantize_packed_int(const WeightSource& source, const PackedIntTensors& t, const HfQuantization& q,
+                           Tensor& dst) {
+  check(dst.shape.size() == 2, "dequantize_packed_int: '{}' is not a matrix", t.module);
+  const int64_t out = dst.shape[0], in = dst.shape[1], groups = groups_of(in, q);
+  const int bits = q.bits, per_word = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1;
+  std::vector<float> scales(static_cast<size_t>(groups * out));
+  source.read_f32(*t.scales, scales);
+  for (const float s : scales)
+    check(std::isfinite(s), "{}: tensor '{}' holds {}, not a finite scale", source.origin(), t.scales->name, s);
+  // Each input channel's group.
+  std::vector<int32_t> group(static_cast<size_t>(in));
+  if (t.g_idx != nullptr) {
+    const int32_t* g = words(source, *t.g_idx);
+    for (int64_t k = 0; k < in; ++k) {
+      check(g[k] >= 0 && g[k] < groups, "{}: tensor '{}' gives input channel {} group {}, not in [0, {})",
+            source.origin(), t.g_idx->name, k, g[k], groups);
+      group[static_cast<size_t>(k)] = g[k];
+    }
+  } else {
+    for (int64_t k = 0; k < in; ++k) group[static_cast<size_t>(k)] = static_cast<int32_t>(q.group_size > 0 ? k / q.group_size : 0);
+  }
+  // The zero point of each (group, output channel), unpacked once.
+  const int32_t* zw = words(source, *t.qzeros);
+  std::vector<float> zero(static_cast<size_t>(groups * out));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t n = 0; n < out; ++n) {
+      const int64_t j = n / per_word, slot = n % per_word;
+      const int nibble = awq(q) ? kAwqNibble[slot] : static_cast<int>(slot);
+      uint32_t z = (static_cast<uint32_t>(zw[g * (out / per_word) + j]) >> (bits * nibble)) & mask;
+      if (!awq(q) && q.zeros_minus_one) z = (z + 1) & mask;
+      zero[static_cast<size_t>(g * out + n)] = static_cast<float>(z);
+    }
+  const int32_t* qw = words(source, *t.qweight);
+  float* w = dst.ptr();
+  // w[n][k] = (q - z) * s: one float32 product of exact small integers and the stored scale.
+#pragma omp parallel for schedule(static) if (out * in >= (int64_t{1} << 16))
+  for (int64_t n = 0; n < out; ++n) {
+    for (int64_t k = 0; k < in; ++k) {
+      uint32_t v;
+      if (awq(q)) {
+        v = (static_cast<uint32_t>(qw[k * (out / 8) + n / 8]) >> (4 * kAwqNibble[n % 8])) & 0xF;
+      } else {
+        v = (static_cast<uint32_t>(qw[(k / per_word) * out + n]) >> (bits * (k % per_word))) & mask;
+      }
+      const size_t gi = static_cast<size_t>(group[static_cast<size_t>(k)] * out + n);
+      w[n * in + k] = (static_cast<float>(v) - zero[gi]) * scales[gi];
+    }
+  }
+}
+
+}  // namespace fdpp
