@@ -221,6 +221,7 @@ CudaEngine::~CudaEngine() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);  // nothing in flight reads what is freed
   if (inputs_copied_ != nullptr) cudaEventDestroy(inputs_copied_);
   if (decode_in_host_ != nullptr) cudaFreeHost(decode_in_host_);
+  if (step_out_host_ != nullptr) cudaFreeHost(step_out_host_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -712,7 +713,8 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
 
   if (options_.shard.rank != 0) {
     // Tensor parallelism: rank 0 returns the step's logits and tokens; the others only compute.
-    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    pending_.rows.clear();
+    pending_.lp_heads.clear();
     return;
   }
   // Logits to the host before sampling (the penalty edits them in place on the device).
@@ -840,38 +842,67 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
       k = e;
     }
     // The sampled tokens' log probabilities and the top k on the device; 2 + 2k floats a row back.
+    // Both copies land in pinned memory, so that they stay asynchronous: finish_step waits.
     const int lp_stride = 2 + 2 * lp_k;
-    std::vector<float> lp_host(lp_rows.size() * static_cast<size_t>(lp_stride));
+    const size_t lp_floats = lp_rows.size() * static_cast<size_t>(lp_stride);
+    ensure_step_out_host(seeds.size() * sizeof(int32_t) + lp_floats * sizeof(float));
+    auto* ids_host = static_cast<int32_t*>(step_out_host_);
+    float* lp_host = reinterpret_cast<float*>(ids_host + seeds.size());
     if (!lp_rows.empty()) {
       ensure_bytes(logprob_rows_, lp_rows.size() * sizeof(int32_t));
-      ensure_bytes(logprob_out_, lp_host.size() * sizeof(float));
+      ensure_bytes(logprob_out_, lp_floats * sizeof(float));
       upload(logprob_rows_, lp_rows, stream_);
       token_logprobs(raw, static_cast<int>(V), logprob_rows_.as<int32_t>(), static_cast<int>(lp_rows.size()),
                      sample_ids_.as<int32_t>(), std::min<int>(lp_k, static_cast<int>(V)), logprob_out_.as<float>(),
                      lp_stride, stream_);
-      FDPP_CUDA_CHECK(cudaMemcpyAsync(lp_host.data(), logprob_out_.get(), lp_host.size() * sizeof(float),
-                                      cudaMemcpyDeviceToHost, stream_));
+      FDPP_CUDA_CHECK(cudaMemcpyAsync(lp_host, logprob_out_.get(), lp_floats * sizeof(float), cudaMemcpyDeviceToHost,
+                                      stream_));
     }
-    std::vector<int32_t> ids(seeds.size());
-    FDPP_CUDA_CHECK(cudaMemcpyAsync(ids.data(), sample_ids_.get(), ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+    FDPP_CUDA_CHECK(cudaMemcpyAsync(ids_host, sample_ids_.get(), seeds.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                     stream_));
-    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (int i : sampled) out.tokens[i] = ids[head_of(i)];
-    for (size_t j = 0; j < lp_rows.size(); ++j) {
-      const float* o = lp_host.data() + j * static_cast<size_t>(lp_stride);
-      for (int i : sampled) {
-        if (head_of(i) != lp_rows[j]) continue;
-        TokenLogprobs& t = out.logprobs[i];
-        t.logprob = o[0];
-        t.rank = static_cast<int32_t>(o[1]);
-        t.top.clear();
-        for (int e = 0; e < std::min(rows[i].row->sampling.logprobs, static_cast<int>(V)); ++e)
-          t.top.push_back({static_cast<int32_t>(o[2 + 2 * e]), o[3 + 2 * e]});
-      }
-    }
+    // What finish_step needs once the copies are done: each sampled row's head row, and for the
+    // logprob rows the rows they answer and how many top entries each asked for.
+    pending_.rows.clear();
+    for (int i : sampled) pending_.rows.push_back({i, head_of(i), rows[i].row->sampling.logprobs});
+    pending_.lp_heads = std::move(lp_rows);
+    pending_.lp_stride = lp_stride;
+    pending_.lp_offset = seeds.size();
   } else {
-    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    pending_.rows.clear();
+    pending_.lp_heads.clear();
   }
+}
+
+void CudaEngine::finish_step(StepOutput& out) {
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (pending_.rows.empty()) return;
+  const int V = config().vocab_size;
+  const auto* ids = static_cast<const int32_t*>(step_out_host_);
+  const float* lp_host = reinterpret_cast<const float*>(ids + pending_.lp_offset);
+  for (const PendingRow& p : pending_.rows) out.tokens[p.row] = ids[p.head];
+  for (size_t j = 0; j < pending_.lp_heads.size(); ++j) {
+    const float* o = lp_host + j * static_cast<size_t>(pending_.lp_stride);
+    for (const PendingRow& p : pending_.rows) {
+      if (p.head != pending_.lp_heads[j]) continue;
+      TokenLogprobs& t = out.logprobs[p.row];
+      t.logprob = o[0];
+      t.rank = static_cast<int32_t>(o[1]);
+      t.top.clear();
+      for (int e = 0; e < std::min(p.top_k, V); ++e) t.top.push_back({static_cast<int32_t>(o[2 + 2 * e]), o[3 + 2 * e]});
+    }
+  }
+  pending_.rows.clear();
+}
+
+void CudaEngine::ensure_step_out_host(size_t bytes) {
+  if (bytes <= step_out_host_bytes_) return;
+  // Grown between steps only: the previous step's copies into it are done (finish_step waited).
+  if (step_out_host_ != nullptr) FDPP_CUDA_CHECK(cudaFreeHost(step_out_host_));
+  step_out_host_ = nullptr;
+  step_out_host_bytes_ = 0;
+  const size_t grown = std::max<size_t>(bytes, 64 * 1024);
+  FDPP_CUDA_CHECK(cudaMallocHost(&step_out_host_, grown));
+  step_out_host_bytes_ = grown;
 }
 
 template <class HeadOf>

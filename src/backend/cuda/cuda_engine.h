@@ -107,6 +107,9 @@ class CudaEngine final : public Engine {
   // asynchronized softmax recomputed because their max logit left [phi + a, phi + b] (synchronizes).
   uint64_t attention_rows() const { return attention_rows_; }
   uint64_t graph_captures() const override { return graphs_captured_; }
+  // run_step returns once the step is queued (finish_step waits), except on tensor-parallel ranks,
+  // whose engine steps them together.
+  bool queues_steps() const override { return options_.shard.comm == nullptr; }
   uint64_t attention_fallback_rows() const;
   // Of the decode attention rows, those the unified-max kernels ran (async mode, several splits on
   // tensor cores; the others ran the synchronized kernels: DecodeAttentionLaunch::unified).
@@ -128,7 +131,11 @@ class CudaEngine final : public Engine {
 
  private:
   void ensure_capacity(int seq, int new_length);
+  // Queues the step (launches, sampling, the copies of its tokens into pinned memory) and returns;
+  // finish_step waits for it and writes out.tokens and out.logprobs.
   void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) override;
+  void finish_step(StepOutput& out) override;
+  void ensure_step_out_host(size_t bytes);
   // Uploads a decode step's inputs (rows' sequences already hold room for position length) and
   // runs it: replays the captured graph for (batch, attention launch) or captures one. Lengths unchanged.
   void launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens);
@@ -209,6 +216,19 @@ class CudaEngine final : public Engine {
   DeviceBuffer decode_in_;
   int32_t* decode_in_host_ = nullptr;  // cudaMallocHost
   cudaEvent_t inputs_copied_ = nullptr;  // the last copy out of decode_in_host_ is done
+  // A queued step's sampled ids, then its logprob rows' floats (cudaMallocHost), and what
+  // finish_step reads out of them.
+  void* step_out_host_ = nullptr;
+  size_t step_out_host_bytes_ = 0;
+  struct PendingRow {
+    int row, head, top_k;  // the batch row, its head row, the top log probabilities it asked for
+  };
+  struct PendingOutput {
+    std::vector<PendingRow> rows;
+    std::vector<int32_t> lp_heads;  // head rows whose logprobs came back, in order
+    int lp_stride = 0;
+    size_t lp_offset = 0;  // ints before the logprob floats
+  } pending_;
   DeviceBuffer attn_ws_;  // split-KV partials (sync), or partials, semaphores and fallback list (async)
   DeviceBuffer attn_counters_;  // async: semaphores and the fallback list's length
   int attn_counter_ints_ = 0;
