@@ -880,10 +880,14 @@ void CudaEngine::finish_step(StepOutput& out) {
   const auto* ids = static_cast<const int32_t*>(step_out_host_);
   const float* lp_host = reinterpret_cast<const float*>(ids + pending_.lp_offset);
   for (const PendingRow& p : pending_.rows) out.tokens[p.row] = ids[p.head];
-  for (size_t j = 0; j < pending_.lp_heads.size(); ++j) {
-    const float* o = lp_host + j * static_cast<size_t>(pending_.lp_stride);
+  if (!pending_.lp_heads.empty()) {
+    // Head row -> its place among the logprob rows (several batch rows may share one head).
+    lp_slot_of_head_.assign(pending_.lp_offset, -1);
+    for (size_t j = 0; j < pending_.lp_heads.size(); ++j) lp_slot_of_head_[pending_.lp_heads[j]] = static_cast<int>(j);
     for (const PendingRow& p : pending_.rows) {
-      if (p.head != pending_.lp_heads[j]) continue;
+      const int j = lp_slot_of_head_[p.head];
+      if (j < 0) continue;
+      const float* o = lp_host + static_cast<size_t>(j) * static_cast<size_t>(pending_.lp_stride);
       TokenLogprobs& t = out.logprobs[p.row];
       t.logprob = o[0];
       t.rank = static_cast<int32_t>(o[1]);

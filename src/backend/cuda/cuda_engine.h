@@ -229,6 +229,7 @@ class CudaEngine final : public Engine {
     int lp_stride = 0;
     size_t lp_offset = 0;  // ints before the logprob floats
   } pending_;
+  std::vector<int> lp_slot_of_head_;  // finish_step's scratch: head row -> logprob row, or -1
   DeviceBuffer attn_ws_;  // split-KV partials (sync), or partials, semaphores and fallback list (async)
   DeviceBuffer attn_counters_;  // async: semaphores and the fallback list's length
   int attn_counter_ints_ = 0;
