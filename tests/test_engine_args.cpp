@@ -206,20 +206,20 @@ TEST(EngineArgs, AutomaticStepSizesPerDeviceFitTheGivenOne) {
   EXPECT_EQ(served.step_sizes(Device::Cuda).max_batched_tokens, 2048);
   served.max_batched_tokens = 8192;
   EXPECT_EQ(served.step_sizes(Device::Cuda).max_batched_tokens, 8192);
-  const SchedulerOptions so = a.scheduler_options(Device::Cpu, 7, 1 << 20);
+  const SchedulerOptions so = a.scheduler_options(Device::Cpu, 7);
   EXPECT_EQ(so.max_num_seqs, 64);
   EXPECT_EQ(so.max_batched_tokens, 2048);
   EXPECT_EQ(so.max_waiting, 7);
-  // On the GPU the automatic batch is what the cache holds at 1024 tokens a sequence, in multiples
-  // of 8 between 8 and the engine's 512: Llama-3-8B's ~880K tokens on an H200 give 512, Llama-2-7B's
-  // ~240K give 232. A given value is kept whatever the cache.
-  EXPECT_EQ(a.scheduler_options(Device::Cuda, 7, 880000).max_num_seqs, 512);
-  EXPECT_EQ(a.scheduler_options(Device::Cuda, 7, 240000).max_num_seqs, 232);
-  EXPECT_EQ(a.scheduler_options(Device::Cuda, 7, 1000).max_num_seqs, 8);
-  EXPECT_EQ(a.scheduler_options(Device::Cuda, 7, 880000).max_batched_tokens, 8192);
+  // An automatic batch takes the engine's rows and lets the KV cache decide, with room kept for
+  // the outputs; a given value is a plain limit (vLLM's admission by the tokens so far).
+  EXPECT_EQ(a.scheduler_options(Device::Cuda, 7).max_num_seqs, 512);
+  EXPECT_TRUE(a.scheduler_options(Device::Cuda, 7).reserve_growth);
+  EXPECT_TRUE(so.reserve_growth);
+  EXPECT_EQ(a.scheduler_options(Device::Cuda, 7).max_batched_tokens, 8192);
   EngineArgs given;
   given.max_num_seqs = 100;
-  EXPECT_EQ(given.scheduler_options(Device::Cuda, 7, 1000).max_num_seqs, 100);
+  EXPECT_EQ(given.scheduler_options(Device::Cuda, 7).max_num_seqs, 100);
+  EXPECT_FALSE(given.scheduler_options(Device::Cuda, 7).reserve_growth);
   for (Device d : {Device::Cpu, Device::Cuda}) {
     for (int seqs : {0, 1, 100, 4096})
       for (int tokens : {0, 2, 50, 9000}) {

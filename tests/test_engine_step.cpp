@@ -379,6 +379,47 @@ TEST_F(SchedulerTest, TextRenderedWhileTheNextStepComputesIsTheSame) {
   EXPECT_GT(stopped, 0) << "no stop string was met: the test checks less than it should";
 }
 
+// Admission with room kept for the outputs (reserve_growth, the automatic batch): with the ratio
+// held at 1, requests whose outputs run to max_tokens never preempt on a cache that makes the plain
+// rule preempt, and give the same tokens; with the ratio falling (the default) a preemption puts it
+// back, and the tokens are still the same.
+TEST_F(SchedulerTest, AdmissionThatKeepsRoomForOutputsDoesNotPreempt) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 10; ++i) reqs.push_back(request(20 + 3 * i, 30 + 2 * i, 0.f, static_cast<uint64_t>(i)));
+  SchedulerOptions plain;
+  plain.max_num_seqs = 6;
+  plain.max_batched_tokens = 64;
+  const int64_t kv_tokens = 16 * 12;
+  ScriptedEngine roomy_engine(*config_, 6, 4096, true), plain_engine(*config_, 6, kv_tokens, true);
+  const auto roomy = run(roomy_engine, reqs, plain);
+  SchedulerStats st;
+  const auto squeezed = run(plain_engine, reqs, plain, &st);
+  EXPECT_GT(st.preemptions, 0u) << "the plain rule must preempt on this cache, or the test shows nothing";
+
+  SchedulerOptions held = plain;
+  held.reserve_growth = true;
+  held.growth_ratio_decay = 0;
+  ScriptedEngine held_engine(*config_, 6, kv_tokens, true);
+  const auto reserved = run(held_engine, reqs, held, &st);
+  EXPECT_EQ(st.preemptions, 0u);
+  EXPECT_EQ(st.requests_finished, reqs.size());
+
+  SchedulerOptions falling = plain;
+  falling.reserve_growth = true;
+  falling.growth_ratio_decay = 0.05;
+  falling.growth_ratio_floor = 0.0;
+  ScriptedEngine falling_engine(*config_, 6, kv_tokens, true);
+  const auto estimated = run(falling_engine, reqs, falling, &st);
+  EXPECT_EQ(st.requests_finished, reqs.size());
+  EXPECT_GT(st.preemptions, 0u) << "a ratio falling to 0 is the plain rule: it must preempt here";
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(roomy[i].token_ids, squeezed[i].token_ids) << i;
+    EXPECT_EQ(roomy[i].token_ids, reserved[i].token_ids) << i;
+    EXPECT_EQ(roomy[i].token_ids, estimated[i].token_ids) << i;
+    EXPECT_EQ(reserved[i].token_ids.size(), static_cast<size_t>(reqs[i].max_tokens)) << i;
+  }
+}
+
 TEST_F(SchedulerTest, BatchedRequestsGiveWhatEachGetsAlone) {
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 12; ++i) reqs.push_back(request(5 + 13 * i, 6 + (i % 5) * 4, i % 3 == 0 ? 0.f : 0.9f, 100 + i));

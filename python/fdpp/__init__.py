@@ -847,8 +847,8 @@ class LLM:
         kv_cache_tokens: KV cache size in tokens; None = sized by the engine (CUDA: from free memory).
         tensor_parallel: GPUs of this host to split the model over (Megatron-style, NCCL; CUDA only).
             vLLM's spelling tensor_parallel_size is accepted too.
-        max_num_seqs: sequences decoded together in one step (default: on the GPU as many as the KV
-            cache holds at 1,024 tokens each, at most 512; 64 on the CPU).
+        max_num_seqs: sequences decoded together in one step (default: as many as the KV cache
+            holds with room for their outputs, at most 512 on the GPU and 64 on the CPU).
         max_num_batched_tokens: tokens of one step (decode rows and prefill chunks together;
             default: 8192 on the GPU, 2048 on the CPU).
         step_log: a file that gets one JSON line per scheduler step (rows, tokens, host and engine

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "engine/sampler.h"
 
@@ -354,8 +355,20 @@ void Scheduler::preempt(Active& a) {
   a.seq = -1;
   a.computed = 0;
   a.preemptions++;
+  growth_ratio_ = 1.0;  // the estimate was too low: admit by whole remaining outputs again
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.preemptions++;
+}
+
+int64_t Scheduler::expected_new_tokens(const Active& a) const {
+  const int64_t remaining = std::max<int64_t>(0, a.request.max_tokens - static_cast<int64_t>(a.generated.size()));
+  return static_cast<int64_t>(std::ceil(static_cast<double>(std::min(remaining, SchedulerOptions::kGrowthClip)) *
+                                        growth_ratio_));
+}
+
+int64_t Scheduler::growth_blocks(const Active& a) const {
+  const int64_t final_blocks = engine_.kv().blocks_for(static_cast<int64_t>(a.tokens.size()) + expected_new_tokens(a));
+  return std::max<int64_t>(0, final_blocks - engine_.held_blocks(a.seq));
 }
 
 bool Scheduler::computing_prefix(const Active& a, int64_t cached_blocks) const {
@@ -385,6 +398,9 @@ void Scheduler::admit_locked() {
     // A running windowed sequence grows until it holds its window: that room is spoken for.
     for (const auto& r : running_)
       free_blocks -= std::max<int64_t>(0, engine_.window_blocks_bound(1) - engine_.held_blocks(r->seq));
+  const bool growth = options_.reserve_growth && engine_.window_freeing() == 0;
+  if (growth)
+    for (const auto& r : running_) free_blocks -= growth_blocks(*r);
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_num_seqs) {
     Active& a = *waiting_.front();
     // Cached blocks cost nothing, except those no one holds: mapping takes them off the free count.
@@ -398,6 +414,11 @@ void Scheduler::admit_locked() {
     int64_t need =
         engine_.kv().blocks_for(static_cast<int64_t>(a.tokens.size()) + 1) - cached.blocks + cached.idle_blocks;
     const bool alone = running_.empty();  // a lone request may take the reserve too
+    if (growth) {
+      const int64_t now = engine_.kv().blocks_for(static_cast<int64_t>(a.tokens.size()) + 1);
+      need += std::max<int64_t>(0, engine_.kv().blocks_for(static_cast<int64_t>(a.tokens.size()) +
+                                                            expected_new_tokens(a)) - now);
+    }
     if (engine_.window_freeing() > 0) {
       // It never holds more than its window and a step's tokens (prefill chunks are cut to fit);
       // alone, it progresses a token at a time in the least that submit() checked.
@@ -579,6 +600,7 @@ bool Scheduler::step() {
     stats_.generated_tokens += generated;
     stats_.steps++;
   }
+  growth_ratio_ = std::max(options_.growth_ratio_floor, growth_ratio_ - options_.growth_ratio_decay);
   // An engine that computed the step in begin_step leaves nothing to overlap: the text now, so
   // that it reaches the client without waiting for the next step.
   if (!engine_.queues_steps()) render_due_text();

@@ -119,6 +119,16 @@ struct SchedulerOptions {
   // Automatic prefix caching (kv_blocks.h): an admitted request maps the cached blocks of its
   // beginning and prefills only the rest; its own full blocks stay cached after it for later ones.
   bool prefix_caching = true;
+  // Admission also keeps room for what the running requests and the new one will still generate:
+  // growth_ratio of each one's remaining max_tokens (at most kGrowthClip tokens). The ratio starts
+  // at 1 (a batch whose outputs reach max_tokens never preempts), falls by growth_ratio_decay a
+  // step to growth_ratio_floor as requests finish early, and goes back to 1 at a preemption. This
+  // is SGLang's new-token ratio; it lets max_num_seqs be the engine's rows and the KV cache decide.
+  // Off (false): a request enters when its tokens so far fit (vLLM's rule).
+  bool reserve_growth = false;
+  double growth_ratio_floor = 0.3;
+  double growth_ratio_decay = 0.002;
+  static constexpr int64_t kGrowthClip = 4096;
 };
 
 // Why a step of max_batched_tokens cannot serve max_num_seqs running sequences ("" when it can):
@@ -189,6 +199,9 @@ class Scheduler {
   void score_prompt(Active& a, const StepOutput& out, int64_t first_logit_row, int n);
   void finish(Active& a, const std::string& reason);
   void preempt(Active& a);
+  // The KV blocks `a` will still take if it generates growth_ratio_ of its remaining max_tokens.
+  int64_t growth_blocks(const Active& a) const;
+  int64_t expected_new_tokens(const Active& a) const;  // growth_ratio_ of its remaining max_tokens
   // The engine's token for a: its bookkeeping and the checks that need no text (end of generation,
   // stop ids, the length limit). Its text waits for render_text, which runs while the next step
   // computes where the engine queues steps (at the end of this step otherwise), except for a
@@ -209,6 +222,7 @@ class Scheduler {
   Engine& engine_;
   const Tokenizer& tokenizer_;
   SchedulerOptions options_;
+  double growth_ratio_ = 1.0;  // reserve_growth: the share of remaining max_tokens reserved
   std::vector<int32_t> end_of_generation_ids_;  // what min_tokens holds back
 
   mutable std::mutex mutex_;        // guards waiting_, cancelled_, stopping_, next_id_, stats_

@@ -96,8 +96,8 @@ std::vector<EngineOption> build_table() {
   t.push_back(integer("kv_cache_tokens", "--kv-cache-tokens", kRunners,
                       "KV cache size in tokens (0: sized by the engine: on the GPU what memory leaves)", 0,
                       int64_t{1} << 30, &EngineArgs::kv_cache_tokens));
-  t.push_back(integer("max_num_seqs", "--max-num-seqs", kEngines, "sequences running at once (rows of a step; 0: on the GPU as many as the KV cache holds at 1024 tokens each, "
-                      "at most 512; 64 on the CPU)",
+  t.push_back(integer("max_num_seqs", "--max-num-seqs", kEngines, "sequences running at once (rows of a step; 0: as many as the KV cache holds with room for their outputs, "
+                      "at most 512 on the GPU and 64 on the CPU)",
                       0, 4096, &EngineArgs::max_num_seqs));
   t.push_back(integer("max_num_batched_tokens", "--max-batched-tokens,--max-num-batched-tokens", kEngines,
                       "tokens of one engine step, prefill chunks and decode rows together (0: on the GPU 8192, 2048 in serve; 2048 on the CPU)",
@@ -349,14 +349,13 @@ EngineLimits EngineArgs::engine_limits(Device d) const {
   return l;
 }
 
-SchedulerOptions EngineArgs::scheduler_options(Device d, int max_waiting, int64_t kv_tokens) const {
-  StepSizes s = step_sizes(d);
-  if (max_num_seqs == 0 && d == Device::Cuda) {
-    const int64_t fit = std::max<int64_t>(8, kv_tokens / kAutoSeqTokens / 8 * 8);
-    s.max_num_seqs = static_cast<int>(std::min<int64_t>(s.max_num_seqs, fit));
-  }
+SchedulerOptions EngineArgs::scheduler_options(Device d, int max_waiting) const {
+  const StepSizes s = step_sizes(d);
   SchedulerOptions o;
   o.max_num_seqs = s.max_num_seqs;
+  // An automatic batch runs as many of the engine's rows as the KV cache holds with room for
+  // their outputs (SchedulerOptions::reserve_growth).
+  o.reserve_growth = max_num_seqs == 0;
   o.max_batched_tokens = s.max_batched_tokens;
   o.max_waiting = max_waiting;
   o.step_log = step_log;

@@ -68,7 +68,7 @@ struct EngineArgs {
   // LMDeploy's servers on large GPUs), the CPU's for latency (64 rows, 2048 tokens). An automatic
   // value fits the given one (a step holds every running row plus one prefill token). On the GPU
   // this is what the engine is sized for; the scheduler then runs as many as its cache holds
-  // (scheduler_options).
+  // with room for their outputs (scheduler_options).
   struct StepSizes {
     int max_num_seqs = 0;
     int max_batched_tokens = 0;
@@ -79,15 +79,12 @@ struct EngineArgs {
   // and FP8 weights: the chat workload served at rate inf with ITL p99 58.7 ms instead of 200 and
   // the same output tokens/s).
   int auto_gpu_step_tokens = 8192;
-  // The KV cache an automatic GPU batch gives each running sequence, in tokens: a sequence of a
-  // chat (a few hundred tokens) leaves room for longer ones, so that a full batch seldom preempts.
-  static constexpr int64_t kAutoSeqTokens = 1024;
   StepSizes step_sizes(Device device) const;
   // The limits of an engine that serves many sequences (serve, Python, generate --file) on `device`.
   EngineLimits engine_limits(Device device) const;
-  // The scheduler over such an engine, whose KV cache holds kv_tokens: an automatic GPU batch is
-  // kv_tokens / kAutoSeqTokens rows (a multiple of 8, at least 8), at most the engine's.
-  SchedulerOptions scheduler_options(Device device, int max_waiting, int64_t kv_tokens) const;
+  // The scheduler over such an engine: an automatic batch takes up to the engine's rows, admitted
+  // while the KV cache holds them and room for their outputs (SchedulerOptions::reserve_growth).
+  SchedulerOptions scheduler_options(Device device, int max_waiting) const;
 };
 
 enum class OptionKind {

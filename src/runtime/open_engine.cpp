@@ -99,7 +99,7 @@ void start_engine(OpenedEngine& e, const EngineArgs& args, int max_waiting, cons
   e.engine->warm_up();
   if (e.model.tokenizer)
     e.scheduler =
-        std::make_unique<Scheduler>(*e.engine, *e.model.tokenizer, args.scheduler_options(e.model.device, max_waiting, e.engine->kv().capacity_tokens()));
+        std::make_unique<Scheduler>(*e.engine, *e.model.tokenizer, args.scheduler_options(e.model.device, max_waiting));
 }
 
 std::unique_ptr<OpenedEngine> open_engine(const EngineArgs& args, int max_waiting, const StreamProgressFn& progress) {

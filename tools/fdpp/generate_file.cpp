@@ -102,8 +102,7 @@ int run_generate_file(const GenerateArgs& a, const EngineArgs& e, bool quiet) {
   engine->warm_up();
   report.stats(m);  // ends the progress bar
   const SchedulerOptions so =
-      e.scheduler_options(m.device, static_cast<int>(std::max<size_t>(entries.size(), SchedulerOptions{}.max_waiting)),
-                          engine->kv().capacity_tokens());
+      e.scheduler_options(m.device, static_cast<int>(std::max<size_t>(entries.size(), SchedulerOptions{}.max_waiting)));
   Scheduler scheduler(*engine, *m.tokenizer, so);
 
   // Results are written in input order as soon as the ones before them are done (or, --unordered,
