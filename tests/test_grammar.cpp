@@ -536,6 +536,43 @@ TEST(GrammarFuzz, RandomRegexStreamsMatchStdRegex) {
   }
 }
 
+// Matchers of one schema share an automaton (GrammarAutomata): two requests that each compiled the
+// schema get the same one, their masks equal those of matchers with automata of their own, and a
+// matcher keeps its place when another one's walk makes the shared memo start over.
+TEST(Grammar, MatchersOfOneSchemaShareTheirAutomaton) {
+  const auto vocab = toy_vocab();
+  GrammarAutomata automata(vocab, 2);
+  const std::string schema = R"({"type":"object","properties":{"note":{"type":"string","maxLength":700}},
+      "required":["note"],"additionalProperties":false})";
+  const auto first = automata.get(compile_json_schema(schema));
+  EXPECT_EQ(automata.get(compile_json_schema(schema)), first);
+  EXPECT_NE(automata.get(compile_json_object()), first);
+  // Two more grammars push the schema's automaton out of a cache that keeps 2.
+  (void)automata.get(compile_json_value());
+  (void)automata.get(compile_regex("[a-z]+"));
+  const auto again = automata.get(compile_json_schema(schema));
+  EXPECT_NE(again, first);
+
+  const std::string note(690, 'a');
+  const std::string text = "{\"note\": \"" + note + "\"}";
+  GrammarMatcher waiting(again), walker(again), alone(compile_json_schema(schema), vocab);
+  ASSERT_TRUE(waiting.accept_bytes("{\"note\": \"ab"));
+  ASSERT_TRUE(alone.accept_bytes("{\"note\": \"ab"));
+  // The walker asks for a mask at every character: more masks than the memo keeps, so it starts over.
+  std::mt19937 rng(7);
+  EXPECT_TRUE(produce(walker, *vocab, text, rng));
+  EXPECT_GT(again->generation(), 0u) << "the shared memo never started over";
+  // The waiting matcher's masks still equal those of the matcher with an automaton of its own.
+  for (const char* more : {"c", "d\"", "}"}) {
+    EXPECT_EQ(waiting.allowed_tokens(), alone.allowed_tokens()) << more;
+    ASSERT_TRUE(waiting.accept_bytes(more));
+    ASSERT_TRUE(alone.accept_bytes(more));
+  }
+  EXPECT_TRUE(waiting.accepting());
+  EXPECT_TRUE(waiting.is_allowed(vocab->end_ids()[0]));
+}
+
+
 // The default model's real vocabulary (SmolLM2's byte-level BPE): the masks of a schema's states
 // hold exactly the tokens whose bytes the grammar allows, checked token by token.
 TEST(Grammar, DefaultModelVocabulary) {

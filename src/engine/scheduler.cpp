@@ -138,7 +138,7 @@ uint64_t Scheduler::submit(GenerationRequest request, GenerationCallbacks callba
   if (request.grammar) {
     // The first mask is computed here, on the caller's thread: a grammar that the vocabulary cannot
     // even start is refused now rather than failing in a step.
-    matcher = std::make_unique<grammar::GrammarMatcher>(request.grammar, grammar_vocabulary());
+    matcher = std::make_unique<grammar::GrammarMatcher>(grammar_automata().get(request.grammar));
     check(!matcher->dead_end(), "structured output: no token of the vocabulary can start the required format");
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -322,10 +322,12 @@ void Scheduler::render_due_text() {
     if (a->text_due && !a->done) render_text(*a, false);
 }
 
-std::shared_ptr<const grammar::TokenVocabulary> Scheduler::grammar_vocabulary() {
+grammar::GrammarAutomata& Scheduler::grammar_automata() {
   std::lock_guard<std::mutex> lock(vocab_mutex_);
-  if (!grammar_vocab_) grammar_vocab_ = std::make_shared<grammar::TokenVocabulary>(tokenizer_, engine_.config().vocab_size);
-  return grammar_vocab_;
+  if (!grammar_automata_)
+    grammar_automata_ = std::make_unique<grammar::GrammarAutomata>(
+        std::make_shared<grammar::TokenVocabulary>(tokenizer_, engine_.config().vocab_size));
+  return *grammar_automata_;
 }
 
 void Scheduler::advance_grammar(Active& a, int32_t token) {

@@ -213,7 +213,9 @@ class Scheduler {
   void render_due_text();  // render_text for every running request with a token's text due
   void deliver(Active& a, std::string_view text);  // on_delta with the undelivered tokens
   void advance_grammar(Active& a, int32_t token);  // after accept_token: may finish the request
-  std::shared_ptr<const grammar::TokenVocabulary> grammar_vocabulary();
+  // The automata of structured output's grammars over this model's vocabulary (built at first use):
+  // requests of one schema share one, so a state's mask is computed once for all of them.
+  grammar::GrammarAutomata& grammar_automata();
   void publish_stats();
   void log_step(const Batch& batch, std::chrono::steady_clock::time_point began,
                 std::chrono::steady_clock::time_point engine_began, std::chrono::steady_clock::time_point engine_ended,
@@ -236,8 +238,8 @@ class Scheduler {
 
   std::vector<std::unique_ptr<Active>> running_;  // engine thread only
   std::string current_error_;                      // the failed step's message (engine thread)
-  std::mutex vocab_mutex_;                         // builds grammar_vocab_ once
-  std::shared_ptr<const grammar::TokenVocabulary> grammar_vocab_;
+  std::mutex vocab_mutex_;  // builds grammar_automata_ once
+  std::unique_ptr<grammar::GrammarAutomata> grammar_automata_;
   std::unique_ptr<std::ofstream> step_log_;        // engine thread only
   std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
 };

@@ -259,30 +259,77 @@ constexpr size_t kMaxStates = 8192;
 constexpr size_t kMaxMasks = 512;
 }  // namespace
 
-GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocab)
+GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocab)
     : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
   check(grammar_ && grammar_->root() >= 0, "grammar: no root rule");
-  std::vector<int32_t> stacks;
-  bool accept = false;
-  for (int32_t alt : grammar_->alternatives(grammar_->root())) expand(alt, -1, stacks, accept, 0);
-  initial_stacks_ = stacks;
-  initial_accept_ = accept;
-  current_ = intern_state(std::move(stacks), accept);
+  check(vocab_ != nullptr, "grammar: no vocabulary");
+  for (int32_t alt : grammar_->alternatives(grammar_->root())) expand(alt, -1, initial_stacks_, initial_accept_, 0);
+  std::sort(initial_stacks_.begin(), initial_stacks_.end());
+  initial_stacks_.erase(std::unique(initial_stacks_.begin(), initial_stacks_.end()), initial_stacks_.end());
+  check(!initial_stacks_.empty() || initial_accept_, "grammar: the grammar matches no text at all");
 }
 
-void GrammarMatcher::reset() {
-  finished_ = false;
-  current_ = intern_state(initial_stacks_, initial_accept_);
+GrammarAutomaton::Cursor GrammarAutomaton::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Cursor c;
+  c.stacks = initial_stacks_;
+  c.accept = initial_accept_;
+  c.generation = generation_;
+  c.state = intern_state(c.stacks, c.accept);
+  return c;
 }
 
-int32_t GrammarMatcher::intern_stack(int32_t pos, int32_t parent) {
+void GrammarAutomaton::locate(Cursor& c) {
+  if (states_.size() > kMaxStates || masks_.size() > kMaxMasks) {
+    // Start the memo over (stacks stay: their ids are what states hold). Other cursors find
+    // their states again when they next come here.
+    states_.clear();
+    state_index_.clear();
+    masks_.clear();
+    ++generation_;
+  }
+  if (c.generation != generation_ || c.state < 0) {
+    c.state = intern_state(c.stacks, c.accept);
+    c.generation = generation_;
+  }
+}
+
+bool GrammarAutomaton::advance(Cursor& c, std::string_view bytes, bool commit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  locate(c);
+  int32_t s = c.state;
+  for (char b : bytes) {
+    s = step(s, static_cast<uint8_t>(b));
+    if (s < 0) return false;
+  }
+  if (commit) {
+    c.state = s;
+    c.stacks = states_[s].stacks;
+    c.accept = states_[s].accept;
+  }
+  return true;
+}
+
+std::shared_ptr<const GrammarAutomaton::Mask> GrammarAutomaton::mask(Cursor& c) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  locate(c);
+  if (states_[c.state].mask < 0) compute_mask(c.state);
+  return masks_[states_[c.state].mask];
+}
+
+uint64_t GrammarAutomaton::generation() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return generation_;
+}
+
+int32_t GrammarAutomaton::intern_stack(int32_t pos, int32_t parent) {
   const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(pos)) << 32) | static_cast<uint32_t>(parent);
   auto [it, fresh] = stack_index_.emplace(key, static_cast<int32_t>(stacks_.size()));
   if (fresh) stacks_.push_back({pos, parent});
   return it->second;
 }
 
-void GrammarMatcher::expand(int32_t pos, int32_t parent, std::vector<int32_t>& out, bool& accept, int depth) {
+void GrammarAutomaton::expand(int32_t pos, int32_t parent, std::vector<int32_t>& out, bool& accept, int depth) {
   check(depth < kMaxExpandDepth, "grammar: expansion deeper than {} rules (a left-recursive or runaway rule)",
         kMaxExpandDepth);
   for (;;) {
@@ -309,7 +356,7 @@ void GrammarMatcher::expand(int32_t pos, int32_t parent, std::vector<int32_t>& o
   }
 }
 
-int32_t GrammarMatcher::intern_state(std::vector<int32_t> stacks, bool accept) {
+int32_t GrammarAutomaton::intern_state(std::vector<int32_t> stacks, bool accept) {
   std::sort(stacks.begin(), stacks.end());
   stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
   if (stacks.empty() && !accept) return -1;
@@ -326,7 +373,7 @@ int32_t GrammarMatcher::intern_state(std::vector<int32_t> stacks, bool accept) {
   return it->second;
 }
 
-int32_t GrammarMatcher::step(int32_t state, uint8_t b) {
+int32_t GrammarAutomaton::step(int32_t state, uint8_t b) {
   int32_t cached = states_[state].next[b];
   if (cached != -2) return cached;
   std::vector<int32_t> out;
@@ -341,9 +388,9 @@ int32_t GrammarMatcher::step(int32_t state, uint8_t b) {
   return next;
 }
 
-void GrammarMatcher::compute_mask(int32_t state) {
+void GrammarAutomaton::compute_mask(int32_t state) {
   const TokenVocabulary& v = *vocab_;
-  std::vector<uint32_t> mask((static_cast<size_t>(v.size()) + 31) / 32, 0u);
+  auto mask = std::make_shared<Mask>((static_cast<size_t>(v.size()) + 31) / 32, 0u);
   const auto& nodes = v.nodes();
   const auto& tokens = v.tokens();
   // Depth-first over the trie, carrying the DFA state reached by each node's prefix.
@@ -357,35 +404,62 @@ void GrammarMatcher::compute_mask(int32_t state) {
       if (next < 0) continue;
       const TokenVocabulary::Node& cn = nodes[c];
       for (int32_t t = cn.first_token; t < cn.first_token + cn.token_count; ++t)
-        mask[tokens[t] >> 5] |= 1u << (tokens[t] & 31);
+        (*mask)[tokens[t] >> 5] |= 1u << (tokens[t] & 31);
       if (cn.child_count > 0) todo.emplace_back(c, next);
     }
   }
   if (states_[state].accept)
-    for (int32_t id : v.end_ids()) mask[id >> 5] |= 1u << (id & 31);
+    for (int32_t id : v.end_ids()) (*mask)[id >> 5] |= 1u << (id & 31);
   states_[state].mask = static_cast<int32_t>(masks_.size());
   masks_.push_back(std::move(mask));
 }
 
-void GrammarMatcher::trim_caches() {
-  if (states_.size() <= kMaxStates && masks_.size() <= kMaxMasks) return;
-  // Start the memo over from the current state (stacks stay: their ids are what states hold).
-  State cur = std::move(states_[current_]);
-  states_.clear();
-  state_index_.clear();
-  masks_.clear();
-  current_ = intern_state(std::move(cur.stacks), cur.accept);
+// ---- GrammarAutomata -----------------------------------------------------------------------------
+
+std::shared_ptr<GrammarAutomaton> GrammarAutomata::get(const std::shared_ptr<const Grammar>& grammar) {
+  check(grammar != nullptr, "grammar: none given");
+  // The grammar's text names it exactly (every rule, alternative and byte set), so two requests
+  // that compiled the same schema find one automaton.
+  std::string key = grammar->to_string();
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < recent_.size(); ++i)
+    if (recent_[i].first == key) {
+      auto found = std::move(recent_[i]);
+      recent_.erase(recent_.begin() + static_cast<std::ptrdiff_t>(i));
+      recent_.push_back(std::move(found));
+      return recent_.back().second;
+    }
+  auto automaton = std::make_shared<GrammarAutomaton>(grammar, vocab_);
+  if (kept_ == 0) return automaton;
+  if (recent_.size() >= kept_) recent_.erase(recent_.begin());
+  recent_.emplace_back(std::move(key), automaton);
+  return automaton;
+}
+
+// ---- GrammarMatcher ------------------------------------------------------------------------------
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocab)
+    : GrammarMatcher(std::make_shared<GrammarAutomaton>(std::move(grammar), std::move(vocab))) {}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<GrammarAutomaton> automaton) : automaton_(std::move(automaton)) {
+  check(automaton_ != nullptr, "grammar: no automaton");
+  cursor_ = automaton_->start();
+}
+
+void GrammarMatcher::reset() {
+  finished_ = false;
+  mask_.reset();
+  cursor_ = automaton_->start();
 }
 
 const std::vector<uint32_t>& GrammarMatcher::allowed_tokens() {
   check(!finished_, "grammar: the matcher has finished");
-  trim_caches();
-  if (states_[current_].mask < 0) compute_mask(current_);
-  return masks_[states_[current_].mask];
+  if (!mask_) mask_ = automaton_->mask(cursor_);
+  return *mask_;
 }
 
 bool GrammarMatcher::is_allowed(int32_t id) {
-  if (id < 0 || id >= vocab_->size()) return false;
+  if (id < 0 || id >= automaton_->vocab().size()) return false;
   const std::vector<uint32_t>& m = allowed_tokens();
   return (m[id >> 5] >> (id & 31)) & 1u;
 }
@@ -398,41 +472,33 @@ bool GrammarMatcher::dead_end() {
 }
 
 bool GrammarMatcher::accept_token(int32_t id) {
-  if (finished_ || id < 0 || id >= vocab_->size()) return false;
-  if (vocab_->is_end(id)) {
-    if (!states_[current_].accept) return false;
+  const TokenVocabulary& v = automaton_->vocab();
+  if (finished_ || id < 0 || id >= v.size()) return false;
+  if (v.is_end(id)) {
+    if (!cursor_.accept) return false;
     finished_ = true;
+    mask_.reset();
     return true;
   }
-  const std::string& b = vocab_->bytes(id);
+  const std::string& b = v.bytes(id);
   if (b.empty()) return false;
   return accept_bytes(b);
 }
 
 bool GrammarMatcher::accept_bytes(std::string_view bytes) {
   if (finished_) return false;
-  trim_caches();
-  int32_t s = current_;
-  for (char c : bytes) {
-    s = step(s, static_cast<uint8_t>(c));
-    if (s < 0) return false;
-  }
-  current_ = s;
+  if (!automaton_->advance(cursor_, bytes, /*commit=*/true)) return false;
+  mask_.reset();
   return true;
 }
 
 bool GrammarMatcher::can_accept_bytes(std::string_view bytes) {
   if (finished_) return false;
-  int32_t s = current_;
-  for (char c : bytes) {
-    s = step(s, static_cast<uint8_t>(c));
-    if (s < 0) return false;
-  }
-  return true;
+  return automaton_->advance(cursor_, bytes, /*commit=*/false);
 }
 
-bool GrammarMatcher::accepting() const { return !finished_ && states_[current_].accept; }
+bool GrammarMatcher::accepting() const { return !finished_ && cursor_.accept; }
 
-bool GrammarMatcher::can_continue() const { return !finished_ && !states_[current_].stacks.empty(); }
+bool GrammarMatcher::can_continue() const { return !finished_ && !cursor_.stacks.empty(); }
 
 }  // namespace fdpp::grammar

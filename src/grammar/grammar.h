@@ -21,6 +21,7 @@
 #include <bitset>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -110,10 +111,86 @@ class TokenVocabulary {
   std::vector<int32_t> tokens_;
 };
 
-// One request's position in its grammar. Not thread-safe; one per request.
+// The automaton of one grammar over one vocabulary: the interned parse stacks, the lazily built
+// DFA states with their byte transitions, and the token masks. Every matcher of the grammar shares
+// it (a server's requests of one schema pay for a state's mask once), from any thread: each call
+// locks it. Its memo tables are bounded; when they outgrow the bounds they start over (a new
+// generation), and each matcher finds its state again from the stacks its Cursor keeps.
+class GrammarAutomaton {
+ public:
+  GrammarAutomaton(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocab);
+  const TokenVocabulary& vocab() const { return *vocab_; }
+
+  using Mask = std::vector<uint32_t>;  // bit (id % 32) of word id / 32
+  // A matcher's place: its state in a generation of the memo, and that state's stacks.
+  struct Cursor {
+    int32_t state = -1;
+    uint64_t generation = 0;
+    std::vector<int32_t> stacks;  // sorted stack ids (stack ids survive a new generation)
+    bool accept = false;
+  };
+  Cursor start();
+  // The cursor after bytes, or false (cursor unchanged) when the grammar does not allow them.
+  bool advance(Cursor& cursor, std::string_view bytes, bool commit);
+  std::shared_ptr<const Mask> mask(Cursor& cursor);
+  uint64_t generation() const;  // how many times the memo started over (tests)
+
+ private:
+  struct Stack {
+    int32_t pos;     // the top: a position in the grammar's elements
+    int32_t parent;  // the stack below, or -1
+  };
+  struct State {
+    std::vector<int32_t> stacks;  // sorted stack ids, tops at byte sets
+    bool accept = false;
+    std::array<int32_t, 256> next;  // -2: not computed yet, -1: dead
+    int32_t mask = -1;              // index into masks_, -1: not computed
+  };
+  // The rest run with mutex_ held.
+  int32_t intern_stack(int32_t pos, int32_t parent);
+  // Expands (pos, parent) until every stack's top is a byte set; adds them to out.
+  void expand(int32_t pos, int32_t parent, std::vector<int32_t>& out, bool& accept, int depth);
+  int32_t intern_state(std::vector<int32_t> stacks, bool accept);
+  int32_t step(int32_t state, uint8_t b);
+  void compute_mask(int32_t state);
+  // Starts the memo over when it outgrew its bounds, then brings the cursor into this generation.
+  void locate(Cursor& cursor);
+
+  std::shared_ptr<const Grammar> grammar_;
+  std::shared_ptr<const TokenVocabulary> vocab_;
+  mutable std::mutex mutex_;
+  std::vector<Stack> stacks_;
+  std::unordered_map<uint64_t, int32_t> stack_index_;
+  std::vector<State> states_;
+  std::unordered_map<std::string, int32_t> state_index_;
+  std::vector<std::shared_ptr<const Mask>> masks_;
+  uint64_t generation_ = 0;
+  std::vector<int32_t> initial_stacks_;
+  bool initial_accept_ = false;
+};
+
+// The automata of the grammars in use, by the grammar's text: requests that compiled the same
+// schema share one. Keeps the last `kept` grammars' automata after their requests end. Thread-safe.
+class GrammarAutomata {
+ public:
+  explicit GrammarAutomata(std::shared_ptr<const TokenVocabulary> vocab, size_t kept = 8)
+      : vocab_(std::move(vocab)), kept_(kept) {}
+  std::shared_ptr<GrammarAutomaton> get(const std::shared_ptr<const Grammar>& grammar);
+
+ private:
+  std::shared_ptr<const TokenVocabulary> vocab_;
+  size_t kept_;
+  std::mutex mutex_;
+  std::vector<std::pair<std::string, std::shared_ptr<GrammarAutomaton>>> recent_;  // most recent last
+};
+
+// One request's position in its grammar. Not thread-safe; one per request (its automaton is).
 class GrammarMatcher {
  public:
+  // A matcher with an automaton of its own.
   GrammarMatcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocab);
+  // A matcher on a shared automaton (GrammarAutomata).
+  explicit GrammarMatcher(std::shared_ptr<GrammarAutomaton> automaton);
 
   // The tokens allowed now: bit (id % 32) of word id / 32. End-of-generation ids are set only
   // where the grammar may end. Valid until the next accept_*.
@@ -127,8 +204,7 @@ class GrammarMatcher {
   // Whether accept_bytes would succeed, without advancing.
   bool can_accept_bytes(std::string_view bytes);
 
-  // Back to the start of the grammar, keeping the memoized states and masks (a benchmark's warm
-  // pass; a server would share them between requests of one schema the same way).
+  // Back to the start of the grammar (the automaton keeps its memoized states and masks).
   void reset();
 
   bool accepting() const;     // the bytes so far are a complete sentence of the grammar
@@ -138,34 +214,9 @@ class GrammarMatcher {
   bool dead_end();
 
  private:
-  struct Stack {
-    int32_t pos;     // the top: a position in the grammar's elements
-    int32_t parent;  // the stack below, or -1
-  };
-  struct State {
-    std::vector<int32_t> stacks;  // sorted stack ids, tops at byte sets
-    bool accept = false;
-    std::array<int32_t, 256> next;  // -2: not computed yet, -1: dead
-    int32_t mask = -1;              // index into masks_, -1: not computed
-  };
-  int32_t intern_stack(int32_t pos, int32_t parent);
-  // Expands (pos, parent) until every stack's top is a byte set; adds them to out.
-  void expand(int32_t pos, int32_t parent, std::vector<int32_t>& out, bool& accept, int depth);
-  int32_t intern_state(std::vector<int32_t> stacks, bool accept);
-  int32_t step(int32_t state, uint8_t b);
-  void compute_mask(int32_t state);
-  void trim_caches();
-
-  std::shared_ptr<const Grammar> grammar_;
-  std::shared_ptr<const TokenVocabulary> vocab_;
-  std::vector<Stack> stacks_;
-  std::unordered_map<uint64_t, int32_t> stack_index_;
-  std::vector<State> states_;
-  std::unordered_map<std::string, int32_t> state_index_;
-  std::vector<std::vector<uint32_t>> masks_;
-  int32_t current_ = -1;
-  std::vector<int32_t> initial_stacks_;
-  bool initial_accept_ = false;
+  std::shared_ptr<GrammarAutomaton> automaton_;
+  GrammarAutomaton::Cursor cursor_;
+  std::shared_ptr<const GrammarAutomaton::Mask> mask_;  // the current state's, once asked for
   bool finished_ = false;
 };
 
