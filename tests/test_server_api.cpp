@@ -282,7 +282,7 @@ TEST(ServerApi, UnsupportedFieldsAreRejectedByName) {
            {"logit_bias", R"({"5": 101})"}, {"logit_bias", R"({"x": 1})"}, {"logit_bias", R"({"300": 1})"},
            {"logit_bias", "[1]"}, {"presence_penalty", "2.5"}, {"frequency_penalty", "-3"},
            {"audio", "{}"}, {"prompt", R"("x")"}, {"best_of", "2"}, {"min_tokens", "-1"},
-           {"skip_special_tokens", "0"}, {"add_special_tokens", "true"}, {"echo", "true"}, {"prompt_logprobs", "1"}})
+           {"skip_special_tokens", "0"}, {"add_special_tokens", "true"}, {"echo", "true"}, {"prompt_logprobs", "21"}})
     EXPECT_EQ(error_of(H, "{" + chat + ", \"" + field + "\": " + value + "}"), std::make_pair(400, field)) << field;
   for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
            {"n", "65"}, {"best_of", "2"}, {"logprobs", "21"}, {"logprobs", "true"}, {"suffix", R"("end")"},
@@ -466,6 +466,51 @@ TEST(ServerApi, LogprobsShapes) {
   EXPECT_EQ(offset, 6u);
   ctx.logprobs = -1;
   EXPECT_TRUE(completion_body(ctx, r)["choices"][0]["logprobs"].is_null());
+}
+
+// vLLM's prompt_logprobs: parsed for both endpoints (refused when streaming), the prompt scored with
+// the larger of it and echo's logprobs, and answered per completions choice or once beside chat's.
+TEST(ServerApi, PromptLogprobsInVllmShape) {
+  const auto C = Endpoint::Completions;
+  const auto H = Endpoint::Chat;
+  ParsedRequest p = parse(C, R"({"prompt": "ab", "prompt_logprobs": 2})");
+  EXPECT_EQ(p.prompt_logprobs, 2);
+  EXPECT_EQ(p.generation.prompt_logprobs, 2);
+  EXPECT_EQ(p.logprobs, -1);
+  p = parse(C, R"({"prompt": "ab", "prompt_logprobs": 1, "echo": true, "logprobs": 3})");
+  EXPECT_EQ(p.generation.prompt_logprobs, 3);
+  p = parse(H, R"({"messages": [{"role": "user", "content": "q"}], "prompt_logprobs": 0})");
+  EXPECT_EQ(p.generation.prompt_logprobs, 0);
+  EXPECT_EQ(parse(C, R"({"prompt": "ab", "prompt_logprobs": null})").generation.prompt_logprobs, -1);
+  EXPECT_EQ(error_of(C, R"({"prompt": "a", "prompt_logprobs": 1, "stream": true})"),
+            std::make_pair(400, std::string("prompt_logprobs")));
+
+  ResponseContext ctx;
+  ctx.endpoint = C;
+  ctx.prompt_logprobs = 1;
+  ctx.token_bytes = [](int32_t id) { return std::string(1, static_cast<char>('a' + id)); };
+  GenerationResult r;
+  r.prompt = {1, 2, 3};
+  r.token_ids = {4};
+  r.finish_reason = "length";
+  // Scored with k = 2 (another field asked more): each position shows its token and the top 1.
+  r.prompt_logprobs.resize(2);
+  r.prompt_logprobs[0] = {-0.5f, 1, {{2, -0.5f}, {7, -1.5f}}};
+  r.prompt_logprobs[1] = {-3.0f, 4, {{0, -0.1f}, {5, -2.0f}}};
+  const json expected = json::array(
+      {nullptr,
+       {{"2", {{"logprob", -0.5}, {"rank", 1}, {"decoded_token", "c"}}}},
+       {{"3", {{"logprob", -3.0}, {"rank", 4}, {"decoded_token", "d"}}},
+        {"0", {{"logprob", -0.1f}, {"rank", 1}, {"decoded_token", "a"}}}}});
+  json body = completion_body(ctx, r);
+  EXPECT_EQ(body["choices"][0]["prompt_logprobs"], expected) << body.dump();
+  EXPECT_FALSE(body.contains("prompt_logprobs"));
+  ctx.endpoint = H;
+  body = completion_body(ctx, r);
+  EXPECT_EQ(body["prompt_logprobs"], expected) << body.dump();
+  EXPECT_FALSE(body["choices"][0].contains("prompt_logprobs"));
+  ctx.prompt_logprobs = -1;
+  EXPECT_FALSE(completion_body(ctx, r).contains("prompt_logprobs"));
 }
 
 TEST(ServerApi, ResponseShapes) {

@@ -309,12 +309,7 @@ class SamplingParams:
         self.presence_penalty = float(_check_param("presence_penalty", presence_penalty))
         self.frequency_penalty = float(_check_param("frequency_penalty", frequency_penalty))
         self.logprobs = None if logprobs is None else _check_param("logprobs", logprobs)
-        self.prompt_logprobs = None
-        if prompt_logprobs is not None:
-            # The range of logprobs, in a message that names this field.
-            if message := _core.request_param_problem("logprobs", prompt_logprobs):
-                raise _bad(message.replace('"logprobs"', '"prompt_logprobs"', 1))
-            self.prompt_logprobs = prompt_logprobs
+        self.prompt_logprobs = None if prompt_logprobs is None else _check_param("prompt_logprobs", prompt_logprobs)
         self.min_tokens = _check_param("min_tokens", min_tokens)
         bias = {} if logit_bias is None else logit_bias
         if not isinstance(bias, dict):

@@ -33,8 +33,8 @@ RequestParam list(std::string_view name, size_t most, unsigned entrances) {
   return {name, "", ParamType::List, 0, static_cast<int64_t>(most), 0, 0, false, false, "", entrances};
 }
 
-const std::array<RequestParam, 20>& table() {
-  static const std::array<RequestParam, 20> t = {
+const std::array<RequestParam, 21>& table() {
+  static const std::array<RequestParam, 21> t = {
       integer("max_tokens", "max_completion_tokens", 1, k2p24, "", kRequest),
       integer("n_predict", "", 0, k2p24, "0 = the prompt only", kCli),
       real("temperature", "", 0, false, 100, "0 = greedy", kRequest | kCli | kSampler),
@@ -51,6 +51,7 @@ const std::array<RequestParam, 20>& table() {
       integer("min_tokens", "", 0, k2p24, "0 = off", kServer | kPython | kSampler),
       integer("logprobs", "", 0, kMaxLogprobs, "", kServer | kPython | kSampler),
       integer("top_logprobs", "", 0, kMaxLogprobs, "", kServer),
+      integer("prompt_logprobs", "", 0, kMaxLogprobs, "", kServer | kPython),
       list("logit_bias", kMaxLogitBias, kServer | kPython),
       // A logit_bias entry's bias, named "logit_bias[ID]" in the messages (no entrance of its own).
       real("logit_bias_value", "", -100, false, 100, "", 0),

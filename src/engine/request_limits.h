@@ -34,6 +34,7 @@
 //   min_tokens         [0, 2^24]      vLLM's: end-of-generation and stop ids held back until reached
 //   logprobs           [0, 20]        OpenAI's top_logprobs bound (vLLM's max_logprobs default); the
 //   top_logprobs                      chat endpoint's logprobs is a boolean, top_logprobs the count
+//   prompt_logprobs    [0, 20]        vLLM's: per prompt token, its log probability and the top k
 //   logit_bias         <= 300 entries OpenAI's; each bias (the entry logit_bias_value) in [-100, 100]
 //   stop               <= kMaxStopStrings strings of 1..kMaxStopBytes bytes of valid UTF-8
 //   stop_token_ids     <= kMaxStopTokenIds ids (each < the vocabulary, checked against the model)

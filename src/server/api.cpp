@@ -431,8 +431,6 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
                           "best_of must equal n",
                           best_of->integer, n_choices),
               "unsupported_parameter");
-  require_off(body, "prompt_logprobs", [](const json&) { return false; },
-              "prompt log probabilities need the logits of every prompt position");
   require_off(body, "spaces_between_special_tokens", is_true, "special tokens are left out of the text");
   require_off(body, "include_stop_str_in_output", is_false, "the text ends before a stop string");
   require_off(body, "use_beam_search", is_false, "no beam search");
@@ -516,6 +514,16 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
                           "unsupported_parameter");
       r.generation.prompt_logprobs = s.logprobs;
     }
+  }
+  // vLLM's prompt_logprobs: each prompt token after the first gets its log probability and the top
+  // k alternatives, in the response's "prompt_logprobs" (the choice's, or chat's body's).
+  if (const auto k = opt_param(body, "prompt_logprobs")) {
+    if (r.stream)
+      throw bad_request("prompt_logprobs",
+                        "'prompt_logprobs' is not supported when streaming (they come with the whole response)",
+                        "unsupported_parameter");
+    r.prompt_logprobs = static_cast<int>(k->integer);
+    r.generation.prompt_logprobs = std::max(r.generation.prompt_logprobs, r.prompt_logprobs);
   }
   r.logprobs = s.logprobs;
   r.n = n_choices;
@@ -768,6 +776,32 @@ json logprobs_json(const ResponseContext& ctx, std::span<const int32_t> tokens, 
               {"text_offset", std::move(offsets)}};
 }
 
+// vLLM's prompt_logprobs: null for the first prompt token, then per token an object keyed by token
+// id holding the prompt token's entry and its top ctx.prompt_logprobs alternatives, each
+// {logprob, rank, decoded_token}.
+json prompt_logprobs_json(const ResponseContext& ctx, const GenerationResult& result) {
+  json out = json::array();
+  if (result.prompt.empty()) return out;
+  out.push_back(nullptr);
+  const size_t n = std::min(result.prompt_logprobs.size(), result.prompt.size() - 1);
+  const auto entry = [&](int32_t id, float logprob, int64_t rank) {
+    return json{{"logprob", finite_logprob(logprob)}, {"rank", rank}, {"decoded_token", token_string(ctx, id)}};
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const TokenLogprobs& lp = result.prompt_logprobs[i];
+    const int32_t id = result.prompt[i + 1];
+    json position = json::object();
+    position[std::to_string(id)] = entry(id, lp.logprob, lp.rank);
+    const size_t k = std::min(lp.top.size(), static_cast<size_t>(std::max(ctx.prompt_logprobs, 0)));
+    for (size_t e = 0; e < k; ++e) {
+      const std::string key = std::to_string(lp.top[e].id);
+      if (!position.contains(key)) position[key] = entry(lp.top[e].id, lp.top[e].logprob, static_cast<int64_t>(e) + 1);
+    }
+    out.push_back(std::move(position));
+  }
+  return out;
+}
+
 json completion_body(const ResponseContext& ctx, std::span<const GenerationResult> results) {
   json body = envelope(ctx, false);
   json choices = json::array();
@@ -796,6 +830,9 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
       tokens.insert(tokens.end(), result.token_ids.begin(), result.token_ids.end());
       std::vector<TokenLogprobs> lps(1);
       lps.insert(lps.end(), result.prompt_logprobs.begin(), result.prompt_logprobs.end());
+      // The prompt was scored with the larger of logprobs and prompt_logprobs: echo shows logprobs' k.
+      for (TokenLogprobs& lp : lps)
+        if (lp.top.size() > static_cast<size_t>(ctx.logprobs)) lp.top.resize(static_cast<size_t>(ctx.logprobs));
       lps.insert(lps.end(), result.logprobs.begin(), result.logprobs.end());
       offset = 0;
       json lp = logprobs_json(ctx, tokens, lps, offset);
@@ -806,6 +843,8 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
       choice["logprobs"] =
           ctx.logprobs >= 0 ? logprobs_json(ctx, result.token_ids, result.logprobs, offset) : json(nullptr);
     }
+    if (ctx.prompt_logprobs >= 0 && ctx.endpoint != Endpoint::Chat)
+      choice["prompt_logprobs"] = prompt_logprobs_json(ctx, result);
     choice["finish_reason"] = finish_json(finish_reason);
     choice["stop_reason"] = stop_reason_json(result);
     if (ctx.return_token_ids) {
@@ -821,6 +860,9 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
     completion_tokens += result.token_ids.size();
   }
   body["choices"] = std::move(choices);
+  // Chat has one prompt: vLLM gives its log probabilities once, beside the choices.
+  if (ctx.prompt_logprobs >= 0 && ctx.endpoint == Endpoint::Chat && !results.empty())
+    body["prompt_logprobs"] = prompt_logprobs_json(ctx, results[0]);
   body["usage"] = usage_json(prompt_tokens, completion_tokens, cached_tokens);
   return body;
 }

@@ -110,6 +110,7 @@ struct ParsedRequest {
   std::vector<GenerationRequest> batch;
   int n = 1;                     // choices per prompt
   int logprobs = -1;             // the requests' sampling.logprobs (-1: none)
+  int prompt_logprobs = -1;      // vLLM's prompt_logprobs (-1: none)
   bool echo = false;             // completions: the prompt's text in front of each choice
   std::vector<std::string> echo_texts;  // per prompt, when echo
   bool stream = false;
@@ -154,6 +155,7 @@ struct ResponseContext {
   bool return_token_ids = false;
   int n = 1;                            // choices per prompt: usage counts each prompt once
   int logprobs = -1;                    // >= 0: choices carry logprobs in the endpoint's shape
+  int prompt_logprobs = -1;             // >= 0: vLLM's prompt_logprobs, with the top k of each
   std::vector<std::string> echo_texts;  // completions' echo: per prompt, in front of its choices' text
   std::function<std::string(int32_t)> token_bytes;  // logprobs' token text (PromptCodec::token_bytes)
   // Chat with tools: each choice's text becomes content and tool_calls (finish_reason "tool_calls"

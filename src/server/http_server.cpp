@@ -456,6 +456,7 @@ void HttpServer::handle_generate(Endpoint endpoint, const httplib::Request& req,
   ctx.return_token_ids = p.return_token_ids;
   ctx.n = p.n;
   ctx.logprobs = p.logprobs;
+  ctx.prompt_logprobs = p.prompt_logprobs;
   ctx.echo_texts = p.echo_texts;
   ctx.token_bytes = codec_.token_bytes;
   ctx.tools = p.tools;

@@ -210,7 +210,7 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"999999": 5}}, 400, "logit_bias"),
     ("/v1/completions", {"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("/v1/completions", {"prompt": "hi", "frequency_penalty": "high"}, 400, "frequency_penalty"),
-    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 1}, 400, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
      400, "top_logprobs"),
@@ -479,6 +479,36 @@ def test_echo_with_logprobs_scores_the_prompt(server):
     assert first["logprobs"]["token_logprobs"][:-1] == pytest.approx([None] + lp.token_logprobs[1:-1], abs=1e-5)
     assert len(second["logprobs"]["token_logprobs"]) == n + 1
     assert second["logprobs"]["token_logprobs"][1:n] == pytest.approx(lp.token_logprobs[1:n], abs=1e-5)
+
+
+def test_vllm_prompt_logprobs(server):
+    # vLLM's prompt_logprobs field: per prompt token after the first, {id: {logprob, rank,
+    # decoded_token}} with the top k beside it; the same scores as echo with logprobs. Chat answers
+    # it once beside the choices.
+    c = client(server)
+    ids = [int(i) for i in httpx.post(server.url + "/tokenize", json={"model": server.model_id,
+                                      "prompt": "The capital of France is"}, timeout=60).json()["tokens"]]
+    echo = c.completions.create(model=server.model_id, prompt=ids, max_tokens=1, temperature=0, logprobs=2,
+                                echo=True).choices[0].logprobs
+    r = c.completions.create(model=server.model_id, prompt=ids, max_tokens=1, temperature=0,
+                             extra_body={"prompt_logprobs": 2})
+    plp = r.choices[0].model_extra["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None
+    for i in range(1, len(ids)):
+        own = plp[i][str(ids[i])]
+        assert own["logprob"] == pytest.approx(echo.token_logprobs[i], abs=1e-5)
+        assert own["rank"] >= 1 and isinstance(own["decoded_token"], str)
+        ranks = sorted(v["rank"] for k, v in plp[i].items() if k != str(ids[i]) or v["rank"] <= 2)
+        assert set(range(1, 3)) <= set(ranks) | {own["rank"]}, plp[i]
+        assert 2 <= len(plp[i]) <= 3
+    chat = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+        "prompt_logprobs": 0}).json()
+    assert chat["prompt_logprobs"][0] is None and len(chat["prompt_logprobs"]) > 2, chat
+    assert all(len(p) == 1 for p in chat["prompt_logprobs"][1:])
+    streamed = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "model": server.model_id, "prompt": "a", "prompt_logprobs": 1, "stream": True})
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"
 
 
 def test_n_choices(server):
