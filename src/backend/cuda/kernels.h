@@ -162,15 +162,6 @@ struct DecodeAttentionParams {
   int max_context_len = 0;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  // Sliding window and soft-capping (Gemma 2/3, Mistral; 0: off). window > 0: row b attends to its
-  // last `window` keys only (positions context_lens[b] - window ..); the table's entries before
-  // the window's first block are never read (KvBlockAllocator::kFreed there is fine). softcap > 0:
-  // each logit x = scale q.k becomes softcap * tanh(x / softcap) before the softmax; in the async
-  // mode the unified max and its guard apply to the capped logits (see decode_attention_async).
-  // Either one runs separate kernel instantiations (tensor cores only); off, the kernels are those
-  // of a model without them.
-  int window = 0;
-  float softcap = 0.f;
   // decode_attention_async only: the unified max and its safe range; counters:
   // decode_attention_async_counters(...) ints, zeroed ONCE before the first call and left at zero
   // (graphs may replay them; a buffer sized for the largest batch serves every smaller one), the
@@ -180,6 +171,15 @@ struct DecodeAttentionParams {
   int* counters = nullptr;
   int counter_ints = 0;
   unsigned long long* fallback_rows = nullptr;
+  // Sliding window and soft-capping (Gemma 2/3, Mistral; 0: off). window > 0: row b attends to its
+  // last `window` keys only (positions context_lens[b] - window ..); the table's entries before
+  // the window's first block are never read (KvBlockAllocator::kFreed there is fine). softcap > 0:
+  // each logit x = scale q.k becomes softcap * tanh(x / softcap) before the softmax; in the async
+  // mode the unified max and its guard apply to the capped logits (see decode_attention_async).
+  // Either one runs separate kernel instantiations (tensor cores only); off, the kernels are those
+  // of a model without them.
+  int window = 0;
+  float softcap = 0.f;
 };
 
 // The synchronized softmax (FlashDecoding's reduction where p.splits > 1: a second kernel merges
