@@ -142,6 +142,11 @@ class CudaEngine final : public Engine {
   // How decode attention runs for decode_rows rows of at most max_len keys (the split plan, then
   // what the kernels launch with it), planned once per step.
   DecodeAttentionLaunch plan_decode_attention(int decode_rows, int max_len) const;
+  // Whether every layer's attention runs the masked kernels (a window shorter than the context, or
+  // soft-capped logits): then the plan above is theirs. A model that mixes masked and plain layers
+  // (Gemma 3's global layers) is planned as plain; its masked layers' launches follow from the same
+  // rows, lengths and splits, so the graph key still tells its steps apart where their plans differ.
+  bool masked_attention() const;
   // Adds a step's decode rows to attention_rows_ (and attention_unified_rows_ where they unify).
   void count_attention_rows(int decode_rows, const DecodeAttentionLaunch& attention);
   // Samples head rows [first, first + count) of the last step's logits with one parameter set;
