@@ -316,13 +316,15 @@ struct Cta {
             for (int j = 0; j < kBK / 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * hf], s[mt][j][2 * hf + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 threads (t = 0..3)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float m_new = fmaxf(m[mt][hf], mx);
+            const float m_new = fmaxf(m[mt][hf], mx);
             // A window can hide a whole tile from some rows: their max stays -inf until their first
-            // visible key, and -inf - -inf would make alpha NaN. As 0 there: alpha = 2^-inf = 0 on
-            // zero accumulators, P = 2^-inf = 0. (Without a window key 0 is visible to every row.)
-            if constexpr (kMasked) m_new = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = fast_exp2((m[mt][hf] - m_new) * sl2);
-            const float ms = m_new * sl2;
+            // visible key, and -inf - -inf would make alpha NaN. The exponents then take 0 as their
+            // reference (alpha = 2^-inf = 0 on zero accumulators, P = 2^-inf = 0) while m stays -inf,
+            // so that the row's first visible tile sets its true max. (Without a window key 0 is
+            // visible to every row.)
+            const float m_ref = kMasked && m_new == -INFINITY ? 0.f : m_new;
+            const float alpha = fast_exp2((m[mt][hf] - m_ref) * sl2);
+            const float ms = m_ref * sl2;
             m[mt][hf] = m_new;
             l[mt][hf] *= alpha;
 #pragma unroll
