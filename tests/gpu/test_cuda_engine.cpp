@@ -132,7 +132,13 @@ INSTANTIATE_TEST_SUITE_P(
                       RecipeCase{"llama", 128, cuda::DType::BF16}, RecipeCase{"llama-tied", 64, cuda::DType::F16},
                       RecipeCase{"opt", 64, cuda::DType::F16}, RecipeCase{"opt", 128, cuda::DType::BF16},
                       RecipeCase{"chatglm", 128, cuda::DType::F16}, RecipeCase{"chatglm", 64, cuda::DType::BF16},
-                      RecipeCase{"opt-postln", 64, cuda::DType::F16}, RecipeCase{"opt-postln", 128, cuda::DType::BF16}),
+                      RecipeCase{"opt-postln", 64, cuda::DType::F16}, RecipeCase{"opt-postln", 128, cuda::DType::BF16},
+                      // Gemma's features and sliding windows (windows of 7 and 9 keys under prompts of
+                      // 37; mistral-window slides in every layer, so blocks behind it are given back).
+                      RecipeCase{"gemma2", 256, cuda::DType::BF16}, RecipeCase{"gemma2", 64, cuda::DType::F16},
+                      RecipeCase{"gemma3", 256, cuda::DType::F16}, RecipeCase{"gemma3", 128, cuda::DType::BF16},
+                      RecipeCase{"mistral-window", 128, cuda::DType::F16},
+                      RecipeCase{"mistral-window", 64, cuda::DType::BF16}),
     [](const auto& info) {
       std::string n = info.param.recipe + "_hd" + std::to_string(info.param.head_dim) +
                       (info.param.dtype == cuda::DType::F16 ? "_f16" : "_bf16");
