@@ -306,12 +306,10 @@ std::unique_ptr<Engine> make_cuda_engine(const ModelConfig& config, const Decode
   // Refused before any weight is streamed to the GPU.
   if (const std::string problem = cuda::cuda_model_problem(config); !problem.empty()) fail("{}", problem);
   if (options.tensor_parallel > 1) {
-    check(!config.sandwich_norm && config.activation != Activation::GeGLU && config.attn_softcap == 0 &&
-              config.final_softcap == 0 && config.embed_scale == 1.0 && !config.has_local_rope,
-          "--tensor-parallel {}: tensor parallelism runs no Gemma model yet (sandwich norms, GeGLU, soft-capping); "
-          "run it on one GPU",
-          options.tensor_parallel);
-    return tensor_parallel_engine(cuda_attention_config(config), weights, options, limits);
+    const ModelConfig capped = cuda_attention_config(config);
+    if (const std::string problem = cuda::tensor_parallel_model_problem(capped); !problem.empty())
+      fail("--tensor-parallel {}: {}", options.tensor_parallel, problem);
+    return tensor_parallel_engine(capped, weights, options, limits);
   }
   // The CUDA engine's sequences may use the model's whole context (limits.max_context is the CPU's
   // cache bound); admission by KV blocks bounds what they hold together.

@@ -51,6 +51,18 @@ std::string cuda_model_problem(const ModelConfig& c) {
   return "";
 }
 
+std::string tensor_parallel_model_problem(const ModelConfig& c) {
+  if (c.sandwich_norm || c.activation == Activation::GeGLU || c.attn_softcap > 0 || c.final_softcap > 0 ||
+      c.embed_scale != 1.0 || c.has_local_rope)
+    return "tensor parallelism runs no Gemma model yet (sandwich norms, GeGLU, soft-capping, local rope): run it on "
+           "one GPU";
+  for (int w : c.layer_windows)
+    if (w > 0 && w < c.max_context)
+      return fmt::format("tensor parallelism runs no sliding window yet (a window of {} in a context of {})", w,
+                         c.max_context);
+  return "";
+}
+
 CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOptions& options)
     : model_(std::move(model)), options_(options) {
   const ModelConfig& c = model_->config();

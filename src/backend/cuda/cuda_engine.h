@@ -82,9 +82,11 @@ struct MemoryReport {
 };
 
 // Why the CUDA engine cannot run a model of this config (its head size, embedding projection, or
-// Gemma's and LongRoPE's features it lacks so far), in the words the engine refuses it with; "" when
-// it can. Sliding windows are not in it: the runtime caps such a model's context at its window.
+// LongRoPE's features it lacks so far), in the words the engine refuses it with; "" when it can.
 std::string cuda_model_problem(const ModelConfig& c);
+// What tensor parallelism refuses beyond that (Gemma's features; sliding windows shorter than the
+// context, which the runtime removes by capping the context at the shortest window); "" if none.
+std::string tensor_parallel_model_problem(const ModelConfig& c);
 
 class CudaEngine final : public Engine {
  public:
