@@ -635,8 +635,8 @@ DecodeAttentionLaunch CudaEngine::plan_decode_attention(int decode_rows, int max
   const ModelConfig& c = config();
   const bool async = options_.attention == AttentionMode::Async;
   const int splits = plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, max_len, multiprocessors_);
-  // The launch of the step's layers: a model with windows or soft-capping runs the masked kernels in
-  // every layer (decode_plan.h: describe_launch), so one plan serves them all.
+  // The launch of the step's layers: where every layer runs the masked kernels (masked_attention),
+  // theirs (decode_plan.h: describe_launch); else the plain layers'.
   return decode_attention_launch(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, splits, max_len, async,
                                  multiprocessors_, masked_attention());
 }
