@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 
 #include "backend/cpu/cpu_engine.h"
+#include "backend/cpu/cpu_runner.h"
 #include "engine/kv_blocks.h"
 #include "engine/scheduler.h"
 #include "model/model_loader.h"
@@ -323,6 +325,31 @@ TEST_F(WindowScheduler, OutputsEqualAKeepingEngineInAPoolSmallerThanOneRequest) 
   EXPECT_GT(st_small.prefix_cache_hits, 0u);
   EXPECT_LE(peak_small, small->kv().num_blocks());
   EXPECT_GT(peak_roomy, small->kv().num_blocks()) << "without freeing the same requests need more than the small pool";
+}
+
+}  // namespace
+}  // namespace fdpp
+
+namespace fdpp {
+namespace {
+
+// The tiny recipes the GPU suite compares with the CPU engine (tests/gpu/test_cuda_engine.cpp,
+// CudaRecipes): Gemma 2 and 3 and a model whose every layer slides are valid and run on the CPU.
+TEST(TinyRecipes, GemmaAndSlidingWindowRecipesRunOnTheCpu) {
+  for (const char* recipe : {"gemma2", "gemma3", "mistral-window"})
+    for (int head_dim : {64, 256}) {
+      const ModelConfig c = test::tiny(recipe, head_dim);
+      EXPECT_TRUE(c.has_sliding_window()) << recipe;
+      const DecoderWeights w = test::random_weights(c);
+      const auto ids = test::random_ids(20, c.vocab_size);
+      CpuRunner r(c, w, static_cast<int>(ids.size()));
+      std::vector<float> logits(ids.size() * c.vocab_size, NAN);
+      r.forward(ids, 0, true, logits);
+      EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); })) << recipe;
+      if (c.final_softcap > 0)
+        EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [&](float x) { return std::fabs(x) <= c.final_softcap; }))
+            << recipe;
+    }
 }
 
 }  // namespace

@@ -50,9 +50,17 @@ inline DecoderWeights random_weights(const ModelConfig& c) {
     L.bo = vec(c.out_bias, H);
     L.ffn_norm = vec(true, H, 0.1f, 1.0f);
     L.ffn_norm_bias = vec(ln && c.norm_bias, H);
-    if (c.activation == Activation::SwiGLU) L.w_gate = mat(FF, H);
+    if (c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU) L.w_gate = mat(FF, H);
     L.w_up = mat(FF, H);
     L.w_down = mat(H, FF);
+    if (c.qk_norm) {
+      L.q_norm = vec(true, c.head_dim, 0.1f, 1.0f);
+      L.k_norm = vec(true, c.head_dim, 0.1f, 1.0f);
+    }
+    if (c.sandwich_norm) {
+      L.attn_post_norm = vec(true, H, 0.1f, 1.0f);
+      L.ffn_post_norm = vec(true, H, 0.1f, 1.0f);
+    }
     if (c.mlp_bias) {
       if (c.activation == Activation::SwiGLU) L.b_gate = vec(true, FF);
       L.b_up = vec(true, FF);
@@ -98,6 +106,29 @@ inline ModelConfig tiny(const std::string& recipe, int head_dim) {
     c.rope.rotary_dim = head_dim / 2;
     c.rope_style = RopeStyle::Interleaved;
     c.qkv_bias = true;
+  } else if (recipe == "gemma2" || recipe == "gemma3") {
+    // Gemma's features at strengths that matter in a tiny model: windows shorter than the tests'
+    // prompts, soft-caps near the logits' size (Gemma 2), local layers with their own rope (Gemma 3).
+    c.activation = Activation::GeGLU;
+    c.sandwich_norm = true;
+    c.embed_scale = std::sqrt(static_cast<double>(c.hidden));
+    c.attn_scale = 1.0 / std::sqrt(2.0 * head_dim);
+    c.tied_embeddings = true;
+    c.layer_windows.assign(static_cast<size_t>(c.n_layers), 0);
+    if (recipe == "gemma2") {
+      c.attn_softcap = 2.0;
+      c.final_softcap = 3.0;
+      for (int i = 0; i < c.n_layers; i += 2) c.layer_windows[static_cast<size_t>(i)] = 9;
+    } else {
+      c.qk_norm = true;
+      c.rope.theta = 1e6;
+      c.has_local_rope = true;
+      c.local_rope.theta = 10000;
+      c.local_rope.rotary_dim = head_dim;
+      for (int i = 0; i + 1 < c.n_layers; ++i) c.layer_windows[static_cast<size_t>(i)] = 7;
+    }
+  } else if (recipe == "mistral-window") {  // every layer slides: the engine gives back blocks behind the window
+    c.layer_windows.assign(static_cast<size_t>(c.n_layers), 9);
   } else {
     c.tied_embeddings = recipe == "llama-tied";
   }

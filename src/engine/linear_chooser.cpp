@@ -71,7 +71,7 @@ LinearImpl forced_choice(LinearImpl wanted, int M, const LinearLimits& limits) {
 
 std::vector<LinearShape> model_linear_shapes(const ModelConfig& c, bool include_lm_head) {
   const int H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
-  const bool swiglu = c.activation == Activation::SwiGLU;
+  const bool swiglu = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;  // gated: one gate/up
   std::vector<LinearShape> s{{"qkv", Q + 2 * KV, H},
                              {"o", H, Q},
                              {swiglu ? "gate_up" : "fc1", swiglu ? 2 * FF : FF, H},

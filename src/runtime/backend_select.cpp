@@ -282,7 +282,7 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeig
     return std::make_unique<CpuEngine>(config, weights, limits);
   }
 #ifdef FDPP_HAVE_CUDA
-  return make_cuda_engine(cuda_attention_config(config), weights, options, limits);
+  return make_cuda_engine(config, weights, options, limits);
 #else
   fail("unreachable: CUDA engine requested in a CPU-only build");
 #endif
@@ -290,9 +290,9 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeig
 
 #ifdef FDPP_HAVE_CUDA
 namespace {
-// The CUDA attention kernels have no sliding window yet. A window at least as long as the context
-// drops no key, so full attention is exact there: the GPU runs such a model with its context
-// capped at the shortest window (README, supported models).
+// Tensor parallelism runs no sliding window yet. A window at least as long as the context drops no
+// key, so full attention is exact there: the GPUs run such a model with its context capped at the
+// shortest window (README, supported models). One GPU runs the windows.
 ModelConfig cuda_attention_config(const ModelConfig& config) {
   ModelConfig c = config;
   for (int w : config.layer_windows)
@@ -305,7 +305,12 @@ std::unique_ptr<Engine> make_cuda_engine(const ModelConfig& config, const Decode
                                          const RunnerOptions& options, const EngineLimits& limits) {
   // Refused before any weight is streamed to the GPU.
   if (const std::string problem = cuda::cuda_model_problem(config); !problem.empty()) fail("{}", problem);
-  if (options.tensor_parallel > 1) return tensor_parallel_engine(config, weights, options, limits);
+  if (options.tensor_parallel > 1) {
+    const ModelConfig capped = cuda_attention_config(config);
+    if (const std::string problem = cuda::tensor_parallel_model_problem(capped); !problem.empty())
+      fail("--tensor-parallel {}: {}", options.tensor_parallel, problem);
+    return tensor_parallel_engine(capped, weights, options, limits);
+  }
   // The CUDA engine's sequences may use the model's whole context (limits.max_context is the CPU's
   // cache bound); admission by KV blocks bounds what they hold together.
   cuda::EngineOptions eo = engine_options(config, options);

@@ -132,7 +132,13 @@ INSTANTIATE_TEST_SUITE_P(
                       RecipeCase{"llama", 128, cuda::DType::BF16}, RecipeCase{"llama-tied", 64, cuda::DType::F16},
                       RecipeCase{"opt", 64, cuda::DType::F16}, RecipeCase{"opt", 128, cuda::DType::BF16},
                       RecipeCase{"chatglm", 128, cuda::DType::F16}, RecipeCase{"chatglm", 64, cuda::DType::BF16},
-                      RecipeCase{"opt-postln", 64, cuda::DType::F16}, RecipeCase{"opt-postln", 128, cuda::DType::BF16}),
+                      RecipeCase{"opt-postln", 64, cuda::DType::F16}, RecipeCase{"opt-postln", 128, cuda::DType::BF16},
+                      // Gemma's features and sliding windows (windows of 7 and 9 keys under prompts of
+                      // 37; mistral-window slides in every layer, so blocks behind it are given back).
+                      RecipeCase{"gemma2", 256, cuda::DType::BF16}, RecipeCase{"gemma2", 64, cuda::DType::F16},
+                      RecipeCase{"gemma3", 256, cuda::DType::F16}, RecipeCase{"gemma3", 128, cuda::DType::BF16},
+                      RecipeCase{"mistral-window", 128, cuda::DType::F16},
+                      RecipeCase{"mistral-window", 64, cuda::DType::BF16}),
     [](const auto& info) {
       std::string n = info.param.recipe + "_hd" + std::to_string(info.param.head_dim) +
                       (info.param.dtype == cuda::DType::F16 ? "_f16" : "_bf16");
@@ -433,9 +439,12 @@ TEST(CudaEngine, BatchedDecodeOfMixedLengthsEqualsOneByOne) {
 // One async engine through steps whose batch and split count change (graphs of several (batch,
 // splits) keys sharing one workspace and one set of counters), against a sync engine doing the
 // same steps: every step's logits agree.
+// gemma2: the masked kernels (soft-cap in every layer, windows in every other), graphs included.
 TEST(CudaEngine, AsyncEngineVaryingBatchesAndSplitsEqualsSync) {
   REQUIRE_GPU();
-  ModelConfig c = tiny("llama", 128);
+  for (const char* recipe : {"llama", "gemma2"}) {
+  SCOPED_TRACE(recipe);
+  ModelConfig c = tiny(recipe, 128);
   c.max_context = 4096;
   const DecoderWeights w = random_weights(c);
   auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
@@ -462,10 +471,11 @@ TEST(CudaEngine, AsyncEngineVaryingBatchesAndSplitsEqualsSync) {
         }
         logits[mode].push_back(decode(e, ss, toks));
       }
-    if (mode == 1) EXPECT_EQ(e.attention_fallback_rows(), 0u);
+    if (mode == 1 && std::string(recipe) == "llama") EXPECT_EQ(e.attention_fallback_rows(), 0u);
   }
   ASSERT_EQ(logits[0].size(), logits[1].size());
   for (size_t i = 0; i < logits[0].size(); ++i) EXPECT_LE(test::nmse(logits[1][i], logits[0][i]), 5e-4) << "step " << i;
+  }
 }
 
 // warm_up times the linear layers for every row bucket up to the step's tokens; an engine after it
@@ -523,14 +533,21 @@ TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
 // Graph-replayed decode steps run at the batch's bucket (decode_graph_rows) with padding rows: the
 // real rows' logits match an eager engine's at the exact batch, steps of 9, 11 and 13 rows share the
 // graph of 16, and the padding writes nothing into the cache (later steps still agree).
+// mistral-window: every layer slides, so row 0's first blocks have been given back (kFreed) when the
+// padding rows copy its table.
 TEST(CudaEngine, PaddedGraphBatchesEqualEagerSteps) {
   REQUIRE_GPU();
-  ModelConfig c = tiny("llama", 64);
+  for (const char* recipe : {"llama", "mistral-window"}) {
+  SCOPED_TRACE(recipe);
+  ModelConfig c = tiny(recipe, 64);
   c.max_context = 512;
   const DecoderWeights w = random_weights(c);
   auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
   std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 13; ++i) prompts.push_back(random_ids(5 + 7 * i, c.vocab_size));
+  // (The longest first under mistral-window: row 0, whose table the padding rows copy, then holds
+  // kFreed entries.)
+  const bool windowed = c.has_sliding_window();
+  for (int i = 0; i < 13; ++i) prompts.push_back(random_ids(5 + 7 * (windowed ? 12 - i : i), c.vocab_size));
   const std::vector<int> batches{11, 9, 13, 11, 3, 13};
   std::vector<std::vector<float>> logits[2];
   for (int graphs = 0; graphs < 2; ++graphs) {
@@ -552,6 +569,7 @@ TEST(CudaEngine, PaddedGraphBatchesEqualEagerSteps) {
   for (size_t i = 0; i < logits[0].size(); ++i) {
     ASSERT_EQ(logits[0][i].size(), logits[1][i].size());
     EXPECT_LE(test::nmse(logits[1][i], logits[0][i]), 5e-4) << "step " << i;
+  }
   }
 }
 
@@ -680,8 +698,9 @@ namespace fdpp {
 namespace {
 
 // Every HF fixture checkpoint (tests/fixtures/hf/*, made by transformers) on the GPU against
-// HF's fp32 logits. Models the CUDA backend refuses (cuda_model_problem) or whose head_dim it
-// does not run (16, 32) are reported and skipped by name.
+// HF's fp32 logits, sliding windows shorter than the ids and soft-capping included (Gemma 2/3,
+// Mistral, Phi-3, Qwen3 with windows). Models the CUDA backend refuses (cuda_model_problem: head
+// dims 16 and 32, expert layers) are reported and skipped by name.
 TEST(CudaHfFixtures, LogitsMatchTransformers) {
   REQUIRE_GPU();
   namespace fs = std::filesystem;
@@ -701,19 +720,14 @@ TEST(CudaHfFixtures, LogitsMatchTransformers) {
       std::printf("%-28s skipped: %s\n", dir.filename().c_str(), problem.c_str());
       continue;
     }
-    if (c.head_dim != 64 && c.head_dim != 128) {
-      std::printf("%-28s skipped: head_dim %d (the CUDA backend runs 64 and 128)\n", dir.filename().c_str(), c.head_dim);
-      continue;
-    }
     const auto ids = ref["ids"].get<std::vector<int32_t>>();
-    // The CUDA attention has no sliding window (runtime caps such a model's context at its window).
-    bool window_shorter = false;
-    for (int w : c.layer_windows) window_shorter |= w > 0 && w < static_cast<int>(ids.size());
-    if (window_shorter) {
-      std::printf("%-28s skipped: sliding window shorter than the ids (no CUDA sliding window)\n",
-                  dir.filename().c_str());
-      continue;
-    }
+    // What the masked attention kernels meet here: windows shorter than the ids, soft-capping.
+    int shortest = 0;
+    for (int w : c.layer_windows)
+      if (w > 0 && w < static_cast<int>(ids.size()) && (shortest == 0 || w < shortest)) shortest = w;
+    if (shortest > 0 || c.attn_softcap > 0 || c.final_softcap > 0)
+      std::printf("%-28s window %d of %zu ids, attention softcap %g, final softcap %g\n", dir.filename().c_str(),
+                  shortest, ids.size(), c.attn_softcap, c.final_softcap);
     const auto expected = test::read_npy((dir / ref["logits"].get<std::string>()).string());
     for (auto dt : {cuda::DType::F16, cuda::DType::BF16}) {
       auto model = std::make_shared<const cuda::DeviceModel>(c, m.weights, dt);
@@ -724,6 +738,22 @@ TEST(CudaHfFixtures, LogitsMatchTransformers) {
       std::printf("%-28s %s on GPU: logits NMSE vs transformers %.3e\n", dir.filename().c_str(),
                   dt == cuda::DType::F16 ? "f16 " : "bf16", e);
       EXPECT_LE(e, dt == cuda::DType::F16 ? 5e-4 : 5e-3) << dir.filename();
+      if (shortest > 0 || c.attn_softcap > 0) {
+        // The same ids as a prompt of 8 and then one decode step each: decode attention with the
+        // window (past it, where every layer slides, the blocks behind it given back) and the cap.
+        auto d = gpu_runner(model, static_cast<int>(ids.size()), cuda::EngineOptions{});
+        std::vector<float> step_logits(ids.size() * c.vocab_size, NAN);
+        const size_t prompt = std::min<size_t>(8, ids.size());
+        const std::span<const int32_t> all(ids);
+        d->forward(all.first(prompt), 0, true, std::span<float>(step_logits).first(prompt * c.vocab_size));
+        for (size_t t = prompt; t < ids.size(); ++t)
+          d->forward(all.subspan(t, 1), static_cast<int>(t), true,
+                     std::span<float>(step_logits).subspan(t * c.vocab_size, c.vocab_size));
+        const double ed = test::nmse(step_logits, expected.data);
+        std::printf("%-28s %s on GPU, decode steps: logits NMSE vs transformers %.3e\n", dir.filename().c_str(),
+                    dt == cuda::DType::F16 ? "f16 " : "bf16", ed);
+        EXPECT_LE(ed, dt == cuda::DType::F16 ? 5e-4 : 5e-3) << dir.filename() << " (decode steps)";
+      }
     }
     ++ran;
   }

@@ -203,7 +203,8 @@ TEST(TensorParallelFiles, HfFixturesSplitMatchOneGpu) {
     if (!e.is_directory() || !fs::exists(e.path() / "config.json")) continue;
     const PlannedModel m = plan_model(e.path().string());
     const ModelConfig& c = m.config();
-    if (!c.pre_norm || c.embedding_dim() != c.hidden || !cuda::cuda_model_problem(c).empty() || c.n_heads % 2 != 0 ||
+    if (!c.pre_norm || c.embedding_dim() != c.hidden || !cuda::cuda_model_problem(c).empty() ||
+        !cuda::tensor_parallel_model_problem(c).empty() || c.n_heads % 2 != 0 ||
         c.ffn_hidden % 2 != 0 || c.has_moe())  // tensor parallelism does not split experts
       continue;
     SCOPED_TRACE(e.path().filename().string());

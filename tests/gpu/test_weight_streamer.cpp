@@ -75,6 +75,8 @@ void expect_same_model(const cuda::DeviceModel& a, const cuda::DeviceModel& b) {
     expect_same_buffer(x.b_in, y.b_in, l + "b_in");
     expect_same_buffer(x.w_down, y.w_down, l + "w_down");
     expect_same_buffer(x.b_down, y.b_down, l + "b_down");
+    expect_same_buffer(x.attn_post_norm, y.attn_post_norm, l + "attn_post_norm");
+    expect_same_buffer(x.ffn_post_norm, y.ffn_post_norm, l + "ffn_post_norm");
   }
 }
 
@@ -116,7 +118,11 @@ TEST_F(WeightStreamer, HfFixturesStreamToTheHostPathsBits) {
     const LoadedModel host = load_model(dir.string());
     const PlannedModel planned = plan_model(dir.string());
     const ModelConfig& c = host.config();
-    if (!cuda::cuda_model_problem(c).empty()) continue;  // a model the GPU refuses (Gemma) streams no slots of its own
+    if (!cuda::cuda_model_problem(c).empty()) continue;  // a model the GPU refuses streams no slots of its own
+    // Gemma's (1 + w) norms are rounded twice when streamed (the stored w to 16 bits, then 1 + w:
+    // DeviceModel::from_plan) but once on the host path, so they may differ in the last bit; their
+    // logits are checked against transformers instead (CudaHfFixtures).
+    if (c.sandwich_norm) continue;
     for (const cuda::DType dtype : {cuda::DType::F16, cuda::DType::BF16}) {
       const auto reference = std::make_shared<const cuda::DeviceModel>(c, host.weights, dtype);
       for (const cuda::StreamOptions& o : staging_variants()) {

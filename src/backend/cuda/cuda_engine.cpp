@@ -34,21 +34,32 @@ std::string cuda_model_problem(const ModelConfig& c) {
     return fmt::format(
         "the CUDA backend runs embedding projections of at most the hidden size ({} > {}) in rows of 16 bytes",
         c.embedding_dim(), c.hidden);
-  if (c.head_dim != 64 && c.head_dim != 128)
-    return fmt::format("the CUDA backend supports head_dim 64 and 128, not {}", c.head_dim);
-  // Gemma's features the GPU path lacks so far (the CPU backend runs them; README, supported models).
-  const char* missing = c.sandwich_norm                     ? "sandwich norms"
-                        : c.activation == Activation::GeGLU ? "GeGLU MLP"
-                        : c.attn_softcap != 0               ? "attention-logit soft-capping"
-                        : c.final_softcap != 0              ? "final-logit soft-capping"
-                        : c.embed_scale != 1.0              ? "embedding scaling"
-                        : c.has_local_rope                  ? "per-layer rope bases"
-                                                            : nullptr;
-  if (missing != nullptr) return fmt::format("the CUDA backend has no {} yet (the CPU backend runs this model)", missing);
-  if (c.rope.attention_factor != 1.0 && c.rope.rotary_dim != c.head_dim)
-    return fmt::format(
-        "the CUDA backend has no LongRope attention factor with a partial rotary embedding (rotary_dim {} of {})",
-        c.rope.rotary_dim, c.head_dim);
+  // Prefill attention runs 64, 128 and 256 (decode attention 80 and 96 too).
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
+    return fmt::format("the CUDA backend supports head_dim 64, 128 and 256, not {}", c.head_dim);
+  for (const RopeConfig* r : {&c.rope, &c.local_rope}) {
+    if (r == &c.local_rope && !c.has_local_rope) continue;
+    if (r->attention_factor != 1.0 && r->rotary_dim != c.head_dim)
+      return fmt::format(
+          "the CUDA backend has no LongRope attention factor with a partial rotary embedding (rotary_dim {} of {})",
+          r->rotary_dim, c.head_dim);
+  }
+  // A layer's rope: the global one's rotary dims, and the local one's the same (one buffer size).
+  if (c.has_local_rope && c.local_rope.rotary_dim != c.rope.rotary_dim)
+    return fmt::format("the CUDA backend has no local rope of {} rotary dims beside a global one of {}",
+                       c.local_rope.rotary_dim, c.rope.rotary_dim);
+  return "";
+}
+
+std::string tensor_parallel_model_problem(const ModelConfig& c) {
+  if (c.sandwich_norm || c.activation == Activation::GeGLU || c.attn_softcap > 0 || c.final_softcap > 0 ||
+      c.embed_scale != 1.0 || c.has_local_rope)
+    return "tensor parallelism runs no Gemma model yet (sandwich norms, GeGLU, soft-capping, local rope): run it on "
+           "one GPU";
+  for (int w : c.layer_windows)
+    if (w > 0 && w < c.max_context)
+      return fmt::format("tensor parallelism runs no sliding window yet (a window of {} in a context of {})", w,
+                         c.max_context);
   return "";
 }
 
@@ -56,14 +67,12 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
     : model_(std::move(model)), options_(options) {
   const ModelConfig& c = model_->config();
   if (const std::string problem = cuda_model_problem(c); !problem.empty()) fail("{}", problem);
-  check(!c.has_sliding_window(), "the CUDA backend has no sliding-window attention (layer windows shorter than the "
-                                 "context); the runtime caps such a model's context at its window");
   check(options.max_batch >= 1 && options.max_batch <= 1024, "max batch {} out of range [1, 1024]", options.max_batch);
   check(options.block_size >= 1 && (options.block_size & (options.block_size - 1)) == 0,
         "KV block size {} must be a power of two", options.block_size);
 
   const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden, V = c.vocab_size;
-  const bool swiglu = c.activation == Activation::SwiGLU;
+  const bool swiglu = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;  // gated
   // Every linear layer goes through the dispatcher (heuristic dataflow: the tuned table for this
   // GPU, else the fallback rule; --linear forces one implementation).
   DispatchSelectOptions dispatch;
@@ -351,7 +360,7 @@ struct CudaEngine::Forward {
     const bool tokens = from == EmbedRows::Tokens;
     embedding(tokens ? m.tok_embeddings.get() : e.o_.get(), learned_positions ? m.pos_embeddings.get() : nullptr,
               c.learned_position_offset, dt, tokens ? in.ids : e.row_index_.as<int32_t>(), in.positions, n, H,
-              e.x_.as<float>(), st);
+              e.x_.as<float>(), st, static_cast<float>(c.embed_scale));
   }
   void stream_as_input() {
     convert_stored_type(0 /* F32 */, e.x_.get(), static_cast<int64_t>(n) * H, H, 0, e.normed_.get(), dt, st);
@@ -374,7 +383,9 @@ struct CudaEngine::Forward {
                   dt, st);
   }
   void rope_and_write_cache(int layer) {
-    rope_qk_cache(e.qkv_.get(), in.positions, m.inv_freq.as<float>(), c.rope.rotary_dim / 2, in.slots, n, c.n_heads,
+    // The layer's rope (Gemma 3: the local layers' own base).
+    rope_qk_cache(e.qkv_.get(), in.positions, m.inv_freq_of(layer), c.rope_of(layer).rotary_dim / 2, in.slots, n,
+                  c.n_heads,
                   c.n_kv_heads, c.head_dim, e.options_.block_size, c.rope_style, e.layer_k(layer), e.layer_v(layer),
                   dt, st);
   }
@@ -385,8 +396,12 @@ struct CudaEngine::Forward {
   void attention(int layer) {
     // LongRope's attention factor scales the rotated q and k (the whole head: checked at
     // construction), so each logit by its square.
-    const float scale = static_cast<float>(c.attention_scale() * c.rope.attention_factor * c.rope.attention_factor);
+    const double factor = c.position == PositionEncoding::Rope ? c.rope_of(layer).attention_factor : 1.0;
+    const float scale = static_cast<float>(c.attention_scale() * factor * factor);
     const bool async = e.options_.attention == AttentionMode::Async;
+    // Sliding window (a window as long as the context limits nothing: left off) and soft-capping.
+    const int window = c.window(layer) > 0 && c.window(layer) < c.max_context ? c.window(layer) : 0;
+    const float softcap = static_cast<float>(c.attn_softcap);
     if (decode_rows > 0) {
       if (async) {
         decode_attention_async({.qkv = e.qkv_.get(), .k_cache = e.layer_k(layer), .v_cache = e.layer_v(layer),
@@ -398,7 +413,8 @@ struct CudaEngine::Forward {
                                 .workspace = e.attn_ws_.get(), .workspace_bytes = e.attn_ws_.bytes(),
                                 .range = e.unified_max_[layer], .counters = e.attn_counters_.as<int>(),
                                 .counter_ints = e.attn_counter_ints_,
-                                .fallback_rows = e.fallback_rows_.as<unsigned long long>()},
+                                .fallback_rows = e.fallback_rows_.as<unsigned long long>(), .window = window,
+                                .softcap = softcap},
                                st);
       } else {
         decode_attention({.qkv = e.qkv_.get(), .k_cache = e.layer_k(layer), .v_cache = e.layer_v(layer),
@@ -407,7 +423,8 @@ struct CudaEngine::Forward {
                           .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim,
                           .block_size = e.options_.block_size, .scale = scale, .dtype = dt,
                           .splits = attention_splits, .max_context_len = attention_max_len,
-                          .workspace = e.attn_ws_.get(), .workspace_bytes = e.attn_ws_.bytes()},
+                          .workspace = e.attn_ws_.get(), .workspace_bytes = e.attn_ws_.bytes(), .window = window,
+                          .softcap = softcap},
                          st);
       }
     }
@@ -422,7 +439,7 @@ struct CudaEngine::Forward {
                                static_cast<int>(chunks.size()), n, max_chunk, c.n_heads, c.n_kv_heads, c.head_dim,
                                e.options_.block_size, scale, async ? &e.unified_max_[layer] : nullptr,
                                e.fallback_rows_.as<unsigned long long>() + 1, e.attn_.get(), dt, st,
-                               prefill_config_for(e.options_.prefill_attention_config, max_chunk));
+                               prefill_config_for(e.options_.prefill_attention_config, max_chunk), window, softcap);
     }
   }
   void out_proj(int layer) {
@@ -430,7 +447,13 @@ struct CudaEngine::Forward {
     e.layer_linear(e.attn_.get(), L.w_o, L.s_o, L.b_o, e.o_.get(), n, H, Q, Epilogue::Store);
     e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
   }
-  void post_norm(int, BlockNorm) { fail("the CUDA backend has no sandwich norms"); }  // refused at construction
+  // Gemma's sandwich norms: RMSNorm of the block's 16-bit output rows in place (fp32 sums), before
+  // the next add_norm adds them to the stream.
+  void post_norm(int layer, BlockNorm which) {
+    const DeviceLayer& L = m.layers[layer];
+    const DeviceBuffer& w = which == BlockNorm::Attention ? L.attn_post_norm : L.ffn_post_norm;
+    head_rms_norm(e.o_.get(), n, 1, 0, H, w.get(), nullptr, c.norm_eps, dt, st);
+  }
   void mlp_up_act(int layer, Activation activation) {
     const DeviceLayer& L = m.layers[layer];
     if (activation == Activation::SwiGLU &&
@@ -442,6 +465,11 @@ struct CudaEngine::Forward {
     } else if (activation == Activation::SwiGLU) {
       e.linear(e.normed_.get(), L.w_in.get(), L.b_in.get(), e.ffn_in_.get(), n, 2 * FF, H, false);
       silu_mul(e.ffn_in_.get(), e.ffn_act_.get(), n, FF, dt, st);
+      mlp_act = e.ffn_act_.get();
+    } else if (activation == Activation::GeGLU) {
+      // Gemma: the fused gate/up GEMM (FP8 too), then gelu_tanh(gate) * up (no GEMM epilogue has it).
+      e.layer_linear(e.normed_.get(), L.w_in, L.s_in, L.b_in, e.ffn_in_.get(), n, 2 * FF, H, Epilogue::Store);
+      silu_mul(e.ffn_in_.get(), e.ffn_act_.get(), n, FF, dt, st, /*gelu=*/true);
       mlp_act = e.ffn_act_.get();
     } else {
       e.layer_linear(e.normed_.get(), L.w_in, L.s_in, L.b_in, e.ffn_in_.get(), n, FF, H, Epilogue::Store);
@@ -505,7 +533,13 @@ struct CudaEngine::Forward {
     e.linear(head, m.project_out.get(), nullptr, projected, logit_rows, E, H, false);
     head = projected;
   }
-  void lm_head() { e.lm_head(head, logit_rows); }
+  void lm_head() {
+    e.lm_head(head, logit_rows);
+    // Gemma 2's final-logit soft-capping, before the logits are returned or sampled from.
+    if (c.final_softcap > 0)
+      soft_cap(e.logits_.as<float>(), static_cast<int64_t>(logit_rows) * c.vocab_size, static_cast<float>(c.final_softcap),
+               st);
+  }
 
   static const char* at(const DeviceBuffer& b, size_t byte_offset) {
     return static_cast<const char*>(b.get()) + byte_offset;
@@ -546,12 +580,16 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
   }
   // A padding row writes no cache (slot -1) and attends to the first token of row 0's blocks (written
   // before this step or by it), so that its values stay finite; its logits are never read.
+  // Under window freeing row 0's first entry may have been given back (kFreed): a padding row's
+  // key 0 is then read from the block row 0 writes this step instead.
+  const int32_t pad_block = tables[0] >= 0 ? tables[0] : static_cast<int32_t>(slots[0] / options_.block_size);
   for (int i = b; i < rows; ++i) {
     ids[i] = 0;
     pos[i] = 0;
     slots[i] = -1;
     lens[i] = 1;
     std::copy(tables, tables + max_blocks_per_seq_, tables + static_cast<size_t>(i) * max_blocks_per_seq_);
+    tables[static_cast<size_t>(i) * max_blocks_per_seq_] = pad_block;
   }
   const size_t bytes = (4 * static_cast<size_t>(mb) + static_cast<size_t>(rows) * max_blocks_per_seq_) * sizeof(int32_t);
   FDPP_CUDA_CHECK(cudaMemcpyAsync(decode_in_.get(), decode_in_host_, bytes, cudaMemcpyHostToDevice, stream_));
@@ -597,8 +635,18 @@ DecodeAttentionLaunch CudaEngine::plan_decode_attention(int decode_rows, int max
   const ModelConfig& c = config();
   const bool async = options_.attention == AttentionMode::Async;
   const int splits = plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, max_len, multiprocessors_);
+  // The launch of the step's layers: where every layer runs the masked kernels (masked_attention),
+  // theirs (decode_plan.h: describe_launch); else the plain layers'.
   return decode_attention_launch(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, splits, max_len, async,
-                                 multiprocessors_);
+                                 multiprocessors_, masked_attention());
+}
+
+bool CudaEngine::masked_attention() const {
+  const ModelConfig& c = config();
+  if (c.attn_softcap > 0) return true;
+  for (int layer = 0; layer < c.n_layers; ++layer)
+    if (c.window(layer) <= 0 || c.window(layer) >= c.max_context) return false;
+  return c.n_layers > 0;
 }
 
 void CudaEngine::count_attention_rows(int decode_rows, const DecodeAttentionLaunch& attention) {
@@ -986,7 +1034,7 @@ void CudaEngine::warm_up() {
   const ModelConfig& c = config();
   const DeviceLayer& L = model_->layers.at(0);
   const int H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
-  const bool swiglu = c.activation == Activation::SwiGLU;
+  const bool swiglu = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;  // gated
   // Zeros in, so that no candidate's timing meets denormals or NaNs of uninitialized memory.
   for (DeviceBuffer* b : {&normed_, &attn_, &ffn_act_, &ffn_in_})
     if (b->bytes() > 0) FDPP_CUDA_CHECK(cudaMemsetAsync(b->get(), 0, b->bytes(), stream_));

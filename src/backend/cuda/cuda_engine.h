@@ -82,9 +82,11 @@ struct MemoryReport {
 };
 
 // Why the CUDA engine cannot run a model of this config (its head size, embedding projection, or
-// Gemma's and LongRoPE's features it lacks so far), in the words the engine refuses it with; "" when
-// it can. Sliding windows are not in it: the runtime caps such a model's context at its window.
+// LongRoPE's features it lacks so far), in the words the engine refuses it with; "" when it can.
 std::string cuda_model_problem(const ModelConfig& c);
+// What tensor parallelism refuses beyond that (Gemma's features; sliding windows shorter than the
+// context, which the runtime removes by capping the context at the shortest window); "" if none.
+std::string tensor_parallel_model_problem(const ModelConfig& c);
 
 class CudaEngine final : public Engine {
  public:
@@ -142,6 +144,11 @@ class CudaEngine final : public Engine {
   // How decode attention runs for decode_rows rows of at most max_len keys (the split plan, then
   // what the kernels launch with it), planned once per step.
   DecodeAttentionLaunch plan_decode_attention(int decode_rows, int max_len) const;
+  // Whether every layer's attention runs the masked kernels (a window shorter than the context, or
+  // soft-capped logits): then the plan above is theirs. A model that mixes masked and plain layers
+  // (Gemma 3's global layers) is planned as plain; its masked layers' launches follow from the same
+  // rows, lengths and splits, so the graph key still tells its steps apart where their plans differ.
+  bool masked_attention() const;
   // Adds a step's decode rows to attention_rows_ (and attention_unified_rows_ where they unify).
   void count_attention_rows(int decode_rows, const DecodeAttentionLaunch& attention);
   // Samples head rows [first, first + count) of the last step's logits with one parameter set;

@@ -26,12 +26,12 @@ namespace {
 
 using decode::with_head_dim;
 
-template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine>
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine, bool kMasked = false>
 void launch_decode(const DecodeArgs& a, bool dependent, cudaStream_t stream) {
   using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
   constexpr size_t smem = Shape::kSmem + kFlagBytes;
   static_assert(Shape::kSmem % 16 == 0 && smem <= 227 * 1024, "shared memory layout");
-  auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync, kMma, W, kKernelCombine>;
+  auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync, kMma, W, kKernelCombine, kMasked>;
   // Once per (instantiation, device), before any graph capture uses it: the attribute belongs to
   // the current device, and one process drives several under tensor parallelism.
   once_per_device(reinterpret_cast<const void*>(kernel), [&] {
@@ -80,6 +80,22 @@ void launch_decode_g(const DecodeAttentionLaunch& c, const DecodeArgs& a, bool d
   }
 }
 
+// A masked call (window or soft-cap): the tensor-core loop at the head dim's default warps only
+// (describe_launch's masked plan).
+template <class T, int D, bool kAsync>
+void launch_decode_masked(const DecodeAttentionLaunch& c, const DecodeArgs& a, bool dependent, cudaStream_t stream) {
+  constexpr int W = default_warps<D>();
+  check(c.tensor_cores && c.warps == W, "decode attention: a masked call planned on {} with {} warps",
+        c.tensor_cores ? "tensor cores" : "CUDA cores", c.warps);
+  if constexpr (kAsync) {
+    if (c.combine_in_kernel) return launch_decode<T, D, 16, true, true, W, true, true>(a, dependent, stream);
+  }
+  return launch_decode<T, D, 16, kAsync, true, W, false, true>(a, dependent, stream);
+}
+
+// Masked calls (DecodeAttentionParams::window or softcap) take their own kernels.
+bool masked(const DecodeArgs& a) { return a.window > 0 || a.softcap > 0.f; }
+
 // A call: the kernel's arguments and how it launches.
 struct Call {
   DecodeArgs args;
@@ -104,6 +120,9 @@ Call make_call(const DecodeAttentionParams& p, bool async_mode) {
   check(head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256,
         "decode_attention: head_dim = {} is not supported (64, 80, 96, 128, 256)", head_dim);
   check(std::isfinite(p.scale), "decode_attention: scale = {} is not finite", p.scale);
+  check(p.window >= 0 && std::isfinite(p.softcap) && p.softcap >= 0.f &&
+            (p.softcap == 0.f || (p.scale > 0.f && std::isfinite(p.softcap / p.scale))),
+        "decode_attention: window = {}, softcap = {} (scale {}) out of range", p.window, p.softcap, p.scale);
   check(aligned16(p.k_cache) && aligned16(p.v_cache), "decode_attention: k/v cache pointers must be 16-byte aligned");
   check(p.dtype == DType::F16 || p.dtype == DType::BF16, "decode_attention: unknown dtype {}",
         static_cast<int>(p.dtype));
@@ -128,8 +147,11 @@ Call make_call(const DecodeAttentionParams& p, bool async_mode) {
   a.scale_log2 = p.scale * detail::kLog2e;
   a.out = p.out;
   a.splits = splits;
+  a.window = p.window;
+  a.softcap = p.softcap;
+  a.scale = p.scale;
   return {a, decode::describe_launch(g, batch, n_heads, n_kv_heads, head_dim, splits, p.max_context_len, async_mode,
-                                     multiprocessors)};
+                                     multiprocessors, masked(a))};
 }
 
 // Calls f(Shape{}) with the CombineShape of the launch describe_launch chose.
@@ -154,7 +176,11 @@ void launch_synchronized(const DecodeArgs& a, const DecodeAttentionLaunch& c, in
     const bool pdl = programmatic_launch_enabled();
     with_head_dim(head_dim, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
-      launch_decode_g<T, D, false>(c, a, pdl, stream);
+      if (masked(a)) {
+        launch_decode_masked<T, D, false>(c, a, pdl, stream);
+      } else {
+        launch_decode_g<T, D, false>(c, a, pdl, stream);
+      }
       if (splits == 1) return;
       with_combine_shape(c.combine, [&](auto shape) {
         using Shape = decltype(shape);
@@ -219,7 +245,11 @@ void decode_attention_async(const DecodeAttentionParams& p, cudaStream_t stream)
     const bool pdl = programmatic_launch_enabled();
     with_head_dim(p.head_dim, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
-      launch_decode_g<T, D, true>(c, a, pdl, stream);
+      if (masked(a)) {
+        launch_decode_masked<T, D, true>(c, a, pdl, stream);
+      } else {
+        launch_decode_g<T, D, true>(c, a, pdl, stream);
+      }
       if (c.combine_in_kernel) return;
       with_combine_shape(c.combine, [&](auto shape) {
         using Shape = decltype(shape);

@@ -249,11 +249,15 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);
   const int32_t* btab = a.block_tables + int64_t(b) * a.max_blocks_per_seq;
+  // A window: keys from its first (those before may have been given back); a soft-cap: on the
+  // logits in log2 units (q_s holds q scale log2 e), cap log2 e tanh(s / (cap log2 e)).
+  const int lo = window_begin(L, a.window);
+  const float cap2 = a.softcap * detail::kLog2e;
   __syncthreads();
   float m = -INFINITY, den = 0.f, o[VPT];
 #pragma unroll
   for (int v = 0; v < VPT; ++v) o[v] = 0.f;
-  for (int j0 = 0; j0 < L; j0 += NT) {
+  for (int j0 = lo; j0 < L; j0 += NT) {
     const int j = j0 + tid;
     float s = -INFINITY;
     if (j < L) {
@@ -268,7 +272,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
 #pragma unroll
         for (int i = 0; i < 8; ++i) dot += q_s[c * 8 + i] * to_float(e[i]);
       }
-      s = dot;
+      s = cap2 > 0.f ? cap2 * tanhf(dot / cap2) : dot;
     }
     const float m_new = fmaxf(m, block_reduce(s, true));  // finite: the step has a valid key
     const float alpha = exp2f(m - m_new);                  // m = -inf on the first step: 0

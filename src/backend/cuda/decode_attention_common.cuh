@@ -57,7 +57,23 @@ struct DecodeArgs {
   // fallback list's count; the interface's sizing keeps them.)
   int* counters;
   unsigned long long* fallback_rows;  // cumulative count of rows recomputed (nullable)
+  // Masked calls (the kMasked kernels; the combine's recomputation reads them at run time): a row
+  // of L keys attends to keys [L - window, L) when window > 0 (RowSlice::lo); softcap > 0 caps
+  // every logit x = scale q.k to softcap * tanh(x / softcap) before the softmax. 0: off.
+  int window;
+  float softcap;
+  float scale;  // (the raw logits' multiplier, for the cap of raw q.k)
 };
+
+// The first key a row of L keys attends to (0 without a window).
+__device__ __forceinline__ int window_begin(int L, int window) { return window > 0 && L > window ? L - window : 0; }
+
+// A raw logit q.k capped as its scaled value scale q.k would be: cap / scale * tanh(q.k scale / cap),
+// so that the loops' later multiplication by scale log2(e) gives cap tanh(x / cap) in log2 units.
+// (tanhf, not the approximate instruction: the result must match the reference to rounding.)
+__device__ __forceinline__ float cap_raw_logit(float s, float scale, float cap) {
+  return cap / scale * tanhf(s * scale / cap);
+}
 
 // ---- shared memory layouts ---------------------------------------------------------------------
 // Both loops start with the per-warp merge inputs m [W][GMAX], d [W][GMAX] (fp32); the loop's own
@@ -115,6 +131,7 @@ __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wai
 struct RowSlice {
   int b, kvh, head0, gc;  // sequence, kv head, first query head, query heads of this CTA
   int L;                  // keys of the row
+  int lo;                 // its first key (window_begin; 0 in unmasked kernels)
   int tile_begin, tile_end;  // this CTA's key tiles (of the loop's tile size)
 };
 

@@ -31,7 +31,9 @@ namespace {
 // kKernelCombine (async only): the group's last CTA adds the splits' partials (DecodeAttentionLaunch::
 // combine_in_kernel); without it the CTA ends after its partial and the kernel holds no reduction and
 // no synchronized recomputation (half the code).
-template <class T, int D, int GMAX, bool kAsync, bool kMma, int kW, bool kKernelCombine = false>
+// kMasked: a window and/or soft-capped logits (DecodeArgs::window, softcap): the tiles start at the
+// window's first key and the loop masks and caps (tensor-core loop only).
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int kW, bool kKernelCombine = false, bool kMasked = false>
 __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head_mask, int split,
                              unsigned char* smem_raw, int& mask_s) {
   using Shape = typename ShapeOf<D, GMAX, kMma, kW>::type;
@@ -56,10 +58,13 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
   const int64_t capacity = int64_t(a.max_blocks_per_seq) << a.kv.block_shift;
   if (L > capacity) L = static_cast<int>(capacity);
   r.L = L;
-  // This CTA's slice of the key tiles (all of them when there is one split).
+  r.lo = kMasked ? window_begin(L, a.window) : 0;
+  // This CTA's slice of the key tiles (all of them when there is one split); with a window, of the
+  // tiles from the one holding its first key: every tile walked holds a key of the window.
   const int n_tiles = L > 0 ? (L + KT - 1) / KT : 0;
-  const int tiles_per_split = (n_tiles + a.splits - 1) / a.splits;
-  r.tile_begin = split * tiles_per_split;
+  const int first_tile = kMasked ? r.lo / KT : 0;
+  const int tiles_per_split = (n_tiles - first_tile + a.splits - 1) / a.splits;
+  r.tile_begin = first_tile + split * tiles_per_split;
   r.tile_end = min(n_tiles, r.tile_begin + tiles_per_split);
   float* partial = a.splits > 1 ? a.partials + ((int64_t(r.b) * H + r.head0) * a.splits + split) * (D + 2) : nullptr;
   // Everything below reads q or writes global memory after the previous kernel (pdl_wait), except
@@ -79,9 +84,10 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
 
   float* o_s;
   if constexpr (kMma) {
-    o_s = mma_loop<T, D, kAsync, kW>(a, r, body, m_s, d_s);
+    o_s = mma_loop<T, D, kAsync, kW, kMasked>(a, r, body, m_s, d_s);
   } else {
     static_assert(!kAsync, "the async mode runs the synchronized kernels on the CUDA-core loop");
+    static_assert(!kMasked, "masked calls run the tensor-core loop");
     o_s = core_loop<T, D, GMAX, kW>(a, r, body, m_s, d_s);
   }
 
@@ -177,7 +183,7 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
       DecodeArgs f = a;
       f.splits = 1;
       f.partials = nullptr;
-      attend_group<T, D, GMAX, false, kMma, kW>(f, group_index, mask, 0, smem_raw, mask_s);
+      attend_group<T, D, GMAX, false, kMma, kW, false, kMasked>(f, group_index, mask, 0, smem_raw, mask_s);
     }
   } else {
     for (int i = tid; i < gc * NQ; i += NTH) {
@@ -224,7 +230,7 @@ constexpr int min_ctas_per_sm() {
   return W == kDefaultWarps ? 1 : n < kMaxMinCtasPerSm ? n : kMaxMinCtasPerSm;
 }
 
-template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine>
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine, bool kMasked>
 __global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
     decode_attention_kernel(DecodeArgs a) {
   // No static __shared__ here: it would come first and move the dynamic buffer's start off a 128-byte
@@ -239,7 +245,8 @@ __global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
   // retire. attend_group waits for the previous kernel (rope: qkv and the cache's last key) once it
   // has issued the copies of older keys. See kernels.h, programmatic launch.
   detail::pdl_trigger();
-  attend_group<T, D, GMAX, kAsync, kMma, W, kKernelCombine>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw, mask_s);
+  attend_group<T, D, GMAX, kAsync, kMma, W, kKernelCombine, kMasked>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw,
+                                                                     mask_s);
 }
 
 }  // namespace

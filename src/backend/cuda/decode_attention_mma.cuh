@@ -46,7 +46,9 @@ constexpr float kRescaleSlack = 8.f;
 // Fragment layouts (PTX ISA, mma.m16n8k16): lane l holds C/D elements (row l/4, cols 2(l%4), +1)
 // in c0, c1 and row l/4 + 8 in c2, c3; A (16 x 16) a0: (row l/4, k 2(l%4), +1), a1: row + 8,
 // a2: k + 8, a3: both; B (16 x 8) b0: (k 2(l%4), +1, col l/4), b1: k + 8.
-template <class T, int D, bool kAsync, int kW>
+// kMasked: keys before r.lo (the window's first) are neither copied (their blocks may have been given
+// back: kFreed entries of the table) nor weighted, and DecodeArgs::softcap caps the logits.
+template <class T, int D, bool kAsync, int kW, bool kMasked = false>
 __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& r, unsigned char* body, float* m_s,
                                            float* d_s) {
   using S = MmaShape<D, kW>;
@@ -65,7 +67,7 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   float* o_s = reinterpret_cast<float*>(stage);  // [W][16][S::kOStride] (after the loop)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int L = r.L, tile_end = r.tile_end;
+  const int L = r.L, lo = r.lo, tile_end = r.tile_end;
   const int H = a.n_heads, KVH = a.n_kv_heads;
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);
@@ -120,14 +122,15 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
         // Rows past the end stay inside the block (it holds 16 or more): valid addresses, zero-filled.
 #pragma unroll
         for (int h = 0; h < KH; ++h) {
-          const int32_t entry = __shfl_sync(0xffffffffu, bt[h], n & 31);
+          int32_t entry = __shfl_sync(0xffffffffu, bt[h], n & 31);
+          if constexpr (kMasked) entry = entry < 0 ? 0 : entry;  // a half before the window: no row is read
           const int64_t base = a.kv.row(entry, (j0 + 16 * h) & in_block_mask, 0) + lane_src;  // lane_src: the head
           const T* kp = k_cache + base;
           const T* vp = v_cache + base;
 #pragma unroll
           for (int step = h * kSteps / KH; step < (h + 1) * kSteps / KH; ++step) {
             const int row = lane_row + step * kRowsPerStep;
-            const bool ok = row < n_valid;
+            const bool ok = row < n_valid && (!kMasked || j0 + row >= lo);
             const int at = staged<D>(row, lane_chunk);
             kv_copy16_zfill(kd + at, kp, ok);
             kv_copy16_zfill(vd + at, vp, ok);
@@ -137,12 +140,12 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
         }
       } else {
         int64_t row = 0;
-        if (lane < n_valid) row = cache_row(a, btab, j0 + lane, r.kvh);
+        if (lane < n_valid && (!kMasked || j0 + lane >= lo)) row = cache_row(a, btab, j0 + lane, r.kvh);
 #pragma unroll
         for (int step = 0; step < kSteps; ++step) {
           const int i = step * 32 + lane, rr = i / CH, c = i - rr * CH;
           const int64_t src = __shfl_sync(0xffffffffu, row, rr);
-          const bool ok = rr < n_valid;
+          const bool ok = rr < n_valid && (!kMasked || j0 + rr >= lo);
           const int64_t at = ok ? src + c * 8 : 0;
           kv_copy16_zfill(kd + staged<D>(rr, c), k_cache + at, ok);
           kv_copy16_zfill(vd + staged<D>(rr, c), v_cache + at, ok);
@@ -222,9 +225,31 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
         }
       }
     }
+    if constexpr (kMasked) {
+      // Soft-capping, before the mask (a masked logit stays -inf) and before the max (the guard and
+      // the unified max see the capped logits, as the reference's softmax does).
+      if (a.softcap > 0.f) {
+#pragma unroll
+        for (int nt = 0; nt < NK; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] = cap_raw_logit(s[nt][e], a.scale, a.softcap);
+      }
+      // Keys outside [lo, L) -inf: the window's first tile and the row's last (each tile walked has
+      // a key of the window).
+      const int jm = tile * KT + 2 * (lane & 3);
+      if (tile * KT + KT > L || tile * KT < lo) {
+#pragma unroll
+        for (int nt = 0; nt < NK; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = jm + nt * 8 + (e & 1);
+            s[nt][e] = key < L && key >= lo ? s[nt][e] : -INFINITY;
+          }
+      }
+    }
     // Keys past the end -inf (only the row's last tile can hold any; it has at least one valid key).
     const int j0 = tile * KT + 2 * (lane & 3);
-    if (tile * KT + KT > L) {
+    if (!kMasked && tile * KT + KT > L) {
 #pragma unroll
       for (int nt = 0; nt < NK; ++nt)
 #pragma unroll

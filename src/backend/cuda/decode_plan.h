@@ -263,10 +263,15 @@ inline bool combine_in_kernel(int batch, int splits, int max_context_len) {
                         (batch == 1 && splits <= kAsyncKernelCombineMaxSplits));
 }
 
+// masked: a sliding window or soft-capped logits (DecodeAttentionParams::window, softcap); those
+// calls run only the tensor-core loop at the head dim's default warps (their kernels are separate
+// instantiations, kept to one shape each).
 inline DecodeAttentionLaunch describe_launch(const GroupPlan& g, int batch, int n_heads, int n_kv_heads,
                                              int head_dim, int splits, int max_context_len, bool async_mode,
-                                             int multiprocessors) {
-  const LoopChoice loop = choose_loop(batch, n_heads, n_kv_heads, head_dim, g.gmax, max_context_len, multiprocessors);
+                                             int multiprocessors, bool masked = false) {
+  const LoopChoice loop =
+      masked ? LoopChoice{true, head_dim > 128 ? 4 : kDefaultWarps}
+             : choose_loop(batch, n_heads, n_kv_heads, head_dim, g.gmax, max_context_len, multiprocessors);
   DecodeAttentionLaunch c;
   c.splits = splits;
   c.tensor_cores = loop.tensor_cores;
@@ -443,13 +448,15 @@ inline int decode_attention_async_counters(int batch, int n_heads, int n_kv_head
 }
 
 inline DecodeAttentionLaunch decode_attention_launch(int batch, int n_heads, int n_kv_heads, int head_dim, int splits,
-                                                     int max_context_len, bool async_mode, int multiprocessors) {
+                                                     int max_context_len, bool async_mode, int multiprocessors,
+                                                     bool masked = false) {
   check(batch > 0 && n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && splits >= 1 &&
             multiprocessors > 0,
         "decode_attention_launch: batch {}, heads {}/{}, splits {}, {} multiprocessors", batch, n_heads, n_kv_heads,
         splits, multiprocessors);
   return decode::describe_launch(decode::plan_groups(batch, n_heads, n_kv_heads, splits, multiprocessors), batch,
-                                 n_heads, n_kv_heads, head_dim, splits, max_context_len, async_mode, multiprocessors);
+                                 n_heads, n_kv_heads, head_dim, splits, max_context_len, async_mode, multiprocessors,
+                                 masked);
 }
 
 // The split count for a decode step (decode::plan_splits). Both modes plan alike.

@@ -45,10 +45,18 @@ void DeviceModel::upload_inv_freq() {
   std::vector<float> f(inv.begin(), inv.end());
   inv_freq = DeviceBuffer(f.size() * sizeof(float));
   FDPP_CUDA_CHECK(cudaMemcpy(inv_freq.get(), f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice));
+  if (config_.has_local_rope) {
+    // As the CPU engine: the local rope's own frequencies, never scaled for the context.
+    const std::vector<double> local = cpu::rope_inv_freq(config_.local_rope);
+    std::vector<float> lf(local.begin(), local.end());
+    local_inv_freq = DeviceBuffer(lf.size() * sizeof(float));
+    FDPP_CUDA_CHECK(
+        cudaMemcpy(local_inv_freq.get(), lf.data(), lf.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
 }
 
 DeviceModel::DeviceModel(const ModelConfig& c, const DecoderWeights& w, DType dtype) : config_(c), dtype_(dtype) {
-  const bool swiglu = c.activation == Activation::SwiGLU;
+  const bool swiglu = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;  // gated
   tok_embeddings = upload({&w.tok_embeddings});
   pos_embeddings = upload({&w.pos_embeddings});
   project_in = upload({&w.project_in});
@@ -69,6 +77,8 @@ DeviceModel::DeviceModel(const ModelConfig& c, const DecoderWeights& w, DType dt
     if (c.mlp_bias) d.b_in = swiglu ? upload({&L.b_gate, &L.b_up}) : upload({&L.b_up});
     d.w_down = upload({&L.w_down});
     d.b_down = upload({&L.b_down});
+    d.attn_post_norm = upload({&L.attn_post_norm});
+    d.ffn_post_norm = upload({&L.ffn_post_norm});
     d.router = upload({&L.router});
     d.experts_gate = upload({&L.experts_gate});
     d.experts_up = upload({&L.experts_up});
@@ -85,7 +95,7 @@ DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed,
   DeviceModel m(c, dtype);
   const int64_t H = c.hidden, E = c.embedding_dim(), Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden,
                 V = c.vocab_size;
-  const bool swiglu = c.activation == Activation::SwiGLU;
+  const bool swiglu = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;  // gated
   const bool layer_norm = c.norm == NormType::LayerNorm;
   uint64_t s = seed;
   auto matrix = [&](int64_t rows, int64_t cols) { return m.random(rows * cols, 1.0f / std::sqrt(float(cols)), 0.f, ++s); };
@@ -113,6 +123,10 @@ DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed,
     d.b_o = bias(c.out_bias && rank == 0, H);
     d.ffn_norm = norm_weight(H);
     d.ffn_norm_bias = bias(layer_norm && c.norm_bias, H);
+    if (c.sandwich_norm) {
+      d.attn_post_norm = norm_weight(H);
+      d.ffn_post_norm = norm_weight(H);
+    }
     if (c.is_moe_layer(i)) {
       const int64_t NE = c.n_experts, FE = c.expert_ffn_hidden;
       d.router = matrix(NE, H);
@@ -165,7 +179,7 @@ void check_gpu_memory(const GpuMemoryNeed& need) {
 DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan, DType dtype,
                                    const StreamOptions& options, StreamStats* stats) {
   DeviceModel m(c, dtype);
-  const bool swiglu = c.activation == Activation::SwiGLU;
+  const bool swiglu = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;  // gated
   std::vector<StreamJob> jobs;
   // A device buffer made of the planned slots present among `slots`, concatenated in that order
   // (as upload() concatenates the non-empty tensors it is given).
@@ -264,6 +278,8 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     if (c.mlp_bias) d.b_in = swiglu ? buffer({S::BGate, S::BUp}, i) : buffer({S::BUp}, i);
     d.w_down = matrix({S::WDown}, i, d.s_down, "down");
     d.b_down = buffer({S::BDown}, i);
+    d.attn_post_norm = buffer({S::AttnPostNorm}, i);
+    d.ffn_post_norm = buffer({S::FfnPostNorm}, i);
     d.router = buffer({S::Router}, i);
     d.experts_gate = experts(S::ExpertsGate, i);
     d.experts_up = experts(S::ExpertsUp, i);
@@ -297,7 +313,7 @@ void DeviceModel::quantize_fp8() {
   const ModelConfig& c = config_;
   check(!c.has_moe(), "--quantization fp8: expert layers are not quantized yet; run this model in 16 bits");
   const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
-  const bool swiglu = c.activation == Activation::SwiGLU;
+  const bool swiglu = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;  // gated
   auto quantize = [&](DeviceBuffer& w, DeviceBuffer& scale, int64_t rows, int64_t cols, const char* what) {
     check(w.bytes() == static_cast<size_t>(rows * cols) * 2, "quantize_fp8: {} holds {} bytes, not [{}, {}] 16-bit",
           what, w.bytes(), rows, cols);

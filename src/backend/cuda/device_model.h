@@ -24,8 +24,9 @@ struct DeviceLayer {
   DeviceBuffer w_o, b_o;      // [H, Q]
   DeviceBuffer q_norm, k_norm;  // [head_dim] each, qk_norm
   DeviceBuffer ffn_norm, ffn_norm_bias;
-  DeviceBuffer w_in, b_in;    // SwiGLU: [2 FF, H] (gate rows, then up rows); ReLU: [FF, H]
+  DeviceBuffer w_in, b_in;    // SwiGLU, GeGLU: [2 FF, H] (gate rows, then up rows); ReLU: [FF, H]
   DeviceBuffer w_down, b_down;  // [H, FF]
+  DeviceBuffer attn_post_norm, ffn_post_norm;  // [H] each, sandwich_norm (Gemma)
   // An expert layer (ModelConfig::is_moe_layer), in place of w_in / w_down: the router and the
   // experts' matrices stacked as moe.h reads them.
   DeviceBuffer router;                    // [E, H]
@@ -86,6 +87,10 @@ class DeviceModel {
   DeviceBuffer final_norm, final_norm_bias;
   DeviceBuffer lm_head;  // empty when tied
   DeviceBuffer inv_freq;  // fp32 [rotary_dim / 2], RoPE models
+  DeviceBuffer local_inv_freq;  // fp32, the sliding-window layers' (has_local_rope: Gemma 3)
+  const float* inv_freq_of(int layer) const {
+    return config_.has_local_rope && config_.window(layer) > 0 ? local_inv_freq.as<float>() : inv_freq.as<float>();
+  }
 
   const void* output_matrix() const { return lm_head.empty() ? tok_embeddings.get() : lm_head.get(); }
   uint64_t output_matrix_bytes() const { return lm_head.empty() ? tok_embeddings.bytes() : lm_head.bytes(); }

@@ -1,6 +1,8 @@
 // Element-wise kernels on 16-bit activations: bias add, SiLU-gated product, ReLU. Memory bound:
 // grid-stride loops over 8-element (16-byte) units when the row length is a multiple of 8 and the
 // pointers are 16-byte aligned, single elements otherwise. Math in fp32, one rounding at the store.
+#include <cmath>
+
 #include "backend/cuda/cuda_common.cuh"
 
 namespace fdpp::cuda {
@@ -41,8 +43,21 @@ __global__ void add_bias_kernel(T* __restrict__ x, const T* __restrict__ bias, i
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+// PyTorch's tanh GELU (gelu_pytorch_tanh), as cpu::gelu_tanh_mul computes it.
+__device__ __forceinline__ float gelu_tanh(float g) {
+  constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * g * (1.f + tanhf(k * (g + 0.044715f * g * g * g)));
+}
+template <bool kGelu>
+__device__ __forceinline__ float gate_act(float g) {
+  if constexpr (kGelu) {
+    return gelu_tanh(g);
+  } else {
+    return silu(g);
+  }
+}
 
-template <class T, bool kVec>
+template <class T, bool kVec, bool kGelu = false>
 __global__ void silu_mul_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int n) {
   if constexpr (kVec) {
     const int units_per_row = n / 8;
@@ -55,7 +70,7 @@ __global__ void silu_mul_kernel(const T* __restrict__ gate_up, T* __restrict__ o
       load8(g, a);
       load8(g + n, b);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) a[i] = silu(a[i]) * b[i];
+      for (int i = 0; i < 8; ++i) a[i] = gate_act<kGelu>(a[i]) * b[i];
       store8(out + r * n + col, a);
     }
   } else {
@@ -64,7 +79,7 @@ __global__ void silu_mul_kernel(const T* __restrict__ gate_up, T* __restrict__ o
       const int64_t r = i / n;
       const int64_t col = i - r * n;
       const T* g = gate_up + r * 2 * n + col;
-      out[i] = from_float<T>(silu(to_float(g[0])) * to_float(g[n]));
+      out[i] = from_float<T>(gate_act<kGelu>(to_float(g[0])) * to_float(g[n]));
     }
   }
 }
@@ -120,14 +135,15 @@ void add_bias(void* x, const void* bias, int rows, int n, DType dtype, cudaStrea
   check_launch("add_bias");
 }
 
-void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cudaStream_t stream) {
+void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cudaStream_t stream, bool gelu) {
   check(gate_up != nullptr && out != nullptr, "silu_mul: null pointer (gate_up {}, out {})", gate_up, out);
   check(rows > 0 && n > 0, "silu_mul: rows = {} and n = {} must be positive", rows, n);
   const bool vec = n % 8 == 0 && aligned16(gate_up) && aligned16(out);
   const int64_t items = int64_t(rows) * n / (vec ? 8 : 1);
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    auto* kernel = vec ? silu_mul_kernel<T, true> : silu_mul_kernel<T, false>;
+    auto* kernel = gelu ? (vec ? silu_mul_kernel<T, true, true> : silu_mul_kernel<T, false, true>)
+                        : (vec ? silu_mul_kernel<T, true> : silu_mul_kernel<T, false>);
     kernel<<<grid_for(items, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(gate_up), static_cast<T*>(out),
                                                                rows, n);
   });
@@ -149,6 +165,20 @@ void add_scalar(void* x, int64_t n, float value, DType dtype, cudaStream_t strea
     add_scalar_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(x), n, value);
   });
   check_launch("add_scalar");
+}
+
+namespace {
+__global__ void soft_cap_kernel(float* __restrict__ x, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = cap * tanhf(x[i] / cap);
+}
+}  // namespace
+
+void soft_cap(float* x, int64_t n, float cap, cudaStream_t stream) {
+  check(x != nullptr && n > 0, "soft_cap: null pointer or n = {}", n);
+  check(std::isfinite(cap) && cap > 0.f, "soft_cap: cap = {} must be finite and positive", cap);
+  soft_cap_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, cap);
+  check_launch("soft_cap");
 }
 
 void relu(void* x, int rows, int n, DType dtype, cudaStream_t stream) {

@@ -40,7 +40,7 @@ __device__ float block_sum(float v, float* scratch) {
 template <class T, bool kVec>
 __global__ void embedding_kernel(const T* __restrict__ table, const T* __restrict__ pos_table, int pos_offset,
                                  const int32_t* __restrict__ ids, const int32_t* __restrict__ positions, int dim,
-                                 float* __restrict__ x) {
+                                 float* __restrict__ x, float scale) {
   const int t = blockIdx.x;
   const int32_t id = ids[t];
   float* xr = x + static_cast<int64_t>(t) * dim;
@@ -54,6 +54,8 @@ __global__ void embedding_kernel(const T* __restrict__ table, const T* __restric
     for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) {
       float a[8];
       load8(row + c * 8, a);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] *= scale;  // (1: exact)
       if (prow != nullptr) {
         float b[8];
         load8(prow + c * 8, b);
@@ -66,7 +68,7 @@ __global__ void embedding_kernel(const T* __restrict__ table, const T* __restric
     }
   } else {
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-      float a = to_float(row[i]);
+      float a = to_float(row[i]) * scale;
       if (prow != nullptr) a += to_float(prow[i]);
       xr[i] = a;
     }
@@ -233,8 +235,9 @@ __global__ void head_rms_norm_kernel(T* __restrict__ qkv, int64_t rows, int row_
 
 void head_rms_norm(void* qkv, int n_tokens, int n_heads, int n_kv_heads, int head_dim, const void* q_weight,
                    const void* k_weight, double eps, DType dtype, cudaStream_t stream) {
-  check(qkv != nullptr && q_weight != nullptr && k_weight != nullptr, "head_rms_norm: null pointer");
-  check(n_tokens > 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0,
+  check(qkv != nullptr && q_weight != nullptr && (k_weight != nullptr || n_kv_heads == 0),
+        "head_rms_norm: null pointer");
+  check(n_tokens > 0 && n_heads > 0 && n_kv_heads >= 0 && head_dim > 0,
         "head_rms_norm: tokens = {}, heads = {}/{}, head_dim = {} must be positive", n_tokens, n_heads, n_kv_heads,
         head_dim);
   check(eps >= 0 && std::isfinite(eps), "head_rms_norm: eps = {} must be finite and non-negative", eps);
@@ -252,19 +255,20 @@ void head_rms_norm(void* qkv, int n_tokens, int n_heads, int n_kv_heads, int hea
 }
 
 void embedding(const void* table, const void* pos_table, int pos_offset, DType dtype, const int32_t* ids,
-               const int32_t* positions, int n_tokens, int dim, float* x, cudaStream_t stream) {
+               const int32_t* positions, int n_tokens, int dim, float* x, cudaStream_t stream, float scale) {
   check(table != nullptr && ids != nullptr && x != nullptr, "embedding: null pointer (table {}, ids {}, x {})",
         table, static_cast<const void*>(ids), static_cast<const void*>(x));
   check(n_tokens > 0 && dim > 0, "embedding: n_tokens = {} and dim = {} must be positive", n_tokens, dim);
   check(pos_table == nullptr || positions != nullptr, "embedding: pos_table given without positions");
   check(pos_offset >= 0, "embedding: pos_offset = {} is negative", pos_offset);
+  check(std::isfinite(scale), "embedding: scale = {} is not finite", scale);
   const bool vec = dim % 8 == 0 && aligned16(table) && (pos_table == nullptr || aligned16(pos_table)) && aligned16(x);
   const int threads = row_threads(vec ? dim / 8 : dim);
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     auto* kernel = vec ? embedding_kernel<T, true> : embedding_kernel<T, false>;
     kernel<<<n_tokens, threads, 0, stream>>>(static_cast<const T*>(table), static_cast<const T*>(pos_table),
-                                             pos_offset, ids, positions, dim, x);
+                                             pos_offset, ids, positions, dim, x, scale);
   });
   check_launch("embedding");
 }

@@ -33,11 +33,12 @@ bool linear_programmatic_launch_enabled();
 void fill_random(void* dst, int64_t n, DType dtype, float scale, float offset, uint64_t seed, cudaStream_t stream);
 
 // ---- embedding ------------------------------------------------------------------------------
-// x[t, :] = table[ids[t], :] (+ pos_table[positions[t] + pos_offset, :] when pos_table != null),
-// written to the fp32 residual stream. table: [vocab, dim] 16-bit.
+// x[t, :] = table[ids[t], :] * scale (+ pos_table[positions[t] + pos_offset, :] when pos_table !=
+// null), written to the fp32 residual stream. table: [vocab, dim] 16-bit. scale: Gemma's
+// sqrt(hidden) (ModelConfig::embed_scale), applied in fp32; 1 leaves the rows as stored.
 // (ids are not range-checked on the device: the caller validates them; a negative id gives zeros.)
 void embedding(const void* table, const void* pos_table, int pos_offset, DType dtype, const int32_t* ids,
-               const int32_t* positions, int n_tokens, int dim, float* x, cudaStream_t stream);
+               const int32_t* positions, int n_tokens, int dim, float* x, cudaStream_t stream, float scale = 1.f);
 
 // ---- residual + norm ------------------------------------------------------------------------
 // For each row r of [rows, dim]:
@@ -53,7 +54,8 @@ void residual_norm(float* x, const void* delta, const void* delta_bias, const vo
 // RMSNorm over each head of q and k in place (Qwen3's q_norm / k_norm, before RoPE): qkv is the
 // fused projection [n_tokens, (n_heads + 2 n_kv_heads) * head_dim] (q heads, k heads, v heads);
 // q heads are scaled by q_weight [head_dim], k heads by k_weight; v is untouched. 16-bit in and
-// out, fp32 sums.
+// out, fp32 sums. n_kv_heads 0 (k_weight may then be null) norms rows of [n_tokens, n_heads *
+// head_dim] head by head: with n_heads 1, whole rows (Gemma's sandwich norms on a block's output).
 void head_rms_norm(void* qkv, int n_tokens, int n_heads, int n_kv_heads, int head_dim, const void* q_weight,
                    const void* k_weight, double eps, DType dtype, cudaStream_t stream);
 
@@ -61,8 +63,11 @@ void head_rms_norm(void* qkv, int n_tokens, int n_heads, int n_kv_heads, int hea
 // x[r, :] += bias (16-bit, in place). rows x n.
 void add_bias(void* x, const void* bias, int rows, int n, DType dtype, cudaStream_t stream);
 // gate_up: [rows, 2 * n] with gate in [:, :n] and up in [:, n:] (the fused gate/up projection's
-// output) -> out[rows, n] = silu(gate) * up.
-void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cudaStream_t stream);
+// output) -> out[rows, n] = silu(gate) * up, or with gelu gelu_tanh(gate) * up (GeGLU: PyTorch's
+// tanh approximation, as cpu::gelu_tanh_mul).
+void silu_mul(const void* gate_up, void* out, int rows, int n, DType dtype, cudaStream_t stream, bool gelu = false);
+// x = cap * tanh(x / cap) in place, n fp32 elements (Gemma 2's final-logit soft-capping).
+void soft_cap(float* x, int64_t n, float cap, cudaStream_t stream);
 // x += value in place, n elements (a load-time transform: Gemma's (1 + w) norms).
 void add_scalar(void* x, int64_t n, float value, DType dtype, cudaStream_t stream);
 // x = max(x, 0) in place, rows x n.
@@ -166,6 +171,15 @@ struct DecodeAttentionParams {
   int* counters = nullptr;
   int counter_ints = 0;
   unsigned long long* fallback_rows = nullptr;
+  // Sliding window and soft-capping (Gemma 2/3, Mistral; 0: off). window > 0: row b attends to its
+  // last `window` keys only (positions context_lens[b] - window ..); the table's entries before
+  // the window's first block are never read (KvBlockAllocator::kFreed there is fine). softcap > 0:
+  // each logit x = scale q.k becomes softcap * tanh(x / softcap) before the softmax; in the async
+  // mode the unified max and its guard apply to the capped logits (see decode_attention_async).
+  // Either one runs separate kernel instantiations (tensor cores only); off, the kernels are those
+  // of a model without them.
+  int window = 0;
+  float softcap = 0.f;
 };
 
 // The synchronized softmax (FlashDecoding's reduction where p.splits > 1: a second kernel merges
@@ -180,7 +194,10 @@ void decode_attention(const DecodeAttentionParams& p, cudaStream_t stream);
 // (the last CTA in split order, the launch by groups of lanes: bitwise the same on every run). A row
 // whose max logit x_max has x_max - phi outside [a, b] (or is NaN) is recomputed exactly with the
 // synchronized softmax over all the row's keys (by the reduction, in the kernel or the launch); no
-// other launch is made. With one split there is nothing to unify, and on the CUDA-core loop
+// other launch is made. Soft-capped logits (p.softcap) go through all of this as capped: phi, the
+// range and the guard are in units of the capped logit, which lies in [-softcap, softcap], so a
+// row's max can never overflow a phi at or above softcap - b; nothing else changes, and any row
+// the range does not cover is recomputed exactly as before. With one split there is nothing to unify, and on the CUDA-core loop
 // (one query head per CTA) the synchronized kernels measured faster: there decode_attention runs
 // (exact for any logits; no row is recomputed; decode_attention_launch says which). The
 // result always equals the stable softmax to 16-bit rounding.
@@ -190,7 +207,13 @@ void decode_attention_async(const DecodeAttentionParams& p, cudaStream_t stream)
 
 // Prefill attention on tensor cores (prefill_attention.cu; tile plan in prefill_plan.h), causal
 // over the paged KV cache (layout as decode_attention), GQA/MQA (any n_heads / n_kv_heads),
-// head_dim 64 or 128, block_size a power of two; qkv, out and the caches 16-byte aligned.
+// head_dim 64, 128 or 256 (at 256 only the configurations prefill::config_fits allows; others run
+// the default), block_size a power of two; qkv, out and the caches 16-byte aligned.
+// window > 0: a row at position p attends to positions p - window + 1 .. p only, and no key below
+// the lowest window of a chunk is read (block-table entries there may be KvBlockAllocator::kFreed).
+// softcap > 0: logits x = scale q.k -> softcap * tanh(x / softcap) before the softmax (the unified
+// max and its guard see the capped logits, as in decode_attention_async). Either runs separate
+// kernel instantiations; off (0), the kernels are the plain causal ones.
 //
 // Variable-length batch of chunks (the mixed step's prefill part): chunk c owns the query rows
 // q_begin[c] .. q_begin[c + 1] - 1 of qkv [tokens, (H + 2 KVH) * D] (after rope), at positions
@@ -214,7 +237,7 @@ void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* 
                               int total_q_tokens, int max_chunk_tokens, int n_heads, int n_kv_heads, int head_dim,
                               int block_size, float scale, const UnifiedMaxRange* unified_max,
                               unsigned long long* fallback_rows, void* out, DType dtype, cudaStream_t stream,
-                              int config = 0);
+                              int config = 0, int window = 0, float softcap = 0.f);
 
 // Tile configurations of the prefill kernel (prefill_plan.h: kConfigs, what each changes): `config`
 // of the two launchers is an index 0 .. prefill_attention_configs() - 1; 0 is the default. Names
@@ -235,7 +258,7 @@ void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache
                        int start_pos, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size,
                        float scale, void* out, DType dtype, cudaStream_t stream,
                        const UnifiedMaxRange* unified_max = nullptr, unsigned long long* fallback_rows = nullptr,
-                       int config = 0);
+                       int config = 0, int window = 0, float softcap = 0.f);
 
 // ---- sampling --------------------------------------------------------------------------------
 // Per row of logits [rows, vocab] (fp32, modified in place): repetition penalty over that row's

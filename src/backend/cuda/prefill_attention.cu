@@ -70,6 +70,10 @@ struct PrefillArgs {
   float phi2, lo2, hi2;  // unified max and its effective range, log2 units
   unsigned long long* fallback_rows;
   void* out;
+  // Masked kernels (kMasked): a sliding window of `window` keys per row, soft-capped logits
+  // (softcap * tanh(x / softcap) of x = scale q.k); 0: off. scale: the raw logits' multiplier.
+  int window;
+  float softcap, scale;
 };
 
 using detail::fast_exp2;
@@ -99,16 +103,21 @@ struct Cfg {
 
 // ---- the CTA's walk over its key tiles -----------------------------------------------------------
 
-template <class T, int D, class C>
+// kMasked: the walk of a sliding window and/or soft-capped logits (PrefillArgs::window, softcap):
+// it starts at the window's first key tile, never reads a key below TileWork::key_begin, caps S
+// before the masks and masks per row on both sides. Without it the walk is the plain causal one.
+template <class T, int D, class C, bool kMasked = false>
 struct Cta {
   static constexpr int CH = D / 8;  // 16-byte chunks per row
   static constexpr int kBK = C::kBK, kMT = C::kMT, kThreads = C::kThreads;
+  static constexpr bool kQRegs = C::kQRegs && D <= 128;  // (at 256: prefill::config_fits)
   const T* k_cache;
   const T* v_cache;
   const int32_t* table;
   int start, kvh, tid, warp, lane;
   KvCacheLayout kv;
   float sl2;  // scale * log2(e)
+  float softcap, scale;  // kMasked
   prefill::TileWork w;
   T* q_s;
   T* k_s;  // [stages][kBK][D]
@@ -127,7 +136,7 @@ struct Cta {
       const int key = kt * kBK + r;
       T* kd = k_s + buf * kBK * D + swz<D>(r, cc);
       T* vd = v_s + buf * kBK * D + swz<D>(r, cc);
-      if (key < w.key_end) {
+      if (key < w.key_end && (!kMasked || key >= w.key_begin)) {
         const int64_t off = kv.row(table[key >> kv.block_shift], key & mask, kvh) + cc * 8;
         cp_async16(kd, k_cache + off);
         cp_async16(vd, v_cache + off);
@@ -150,7 +159,7 @@ struct Cta {
   // thread's O fragments, unnormalized. Row (mt, hf) of the thread: warp * kWarpRows + 16 mt + g + 8 hf.
   // Logits stay raw (unscaled) until the exponent: 2^(x sl2 - c) is one FFMA + one MUFU per element.
   template <bool kAsync>
-  __device__ __forceinline__ void walk(uint32_t (&qf)[kMT][C::kQRegs ? D / 16 : 1][4], bool load_q, float phi2,
+  __device__ __forceinline__ void walk(uint32_t (&qf)[kMT][kQRegs ? D / 16 : 1][4], bool load_q, float phi2,
                                        float (&o)[kMT][D / 8][4], float (&l)[kMT][2], float (&m)[kMT][2]) const {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -171,20 +180,29 @@ struct Cta {
     // for it (with 128-row tiles: half the diagonal tile's keys for the first warps).
     const bool warp_active = wr0 < w.rows;
     const int warp_lim = prefill::row_key_limit(start, w, wr0 + C::kWarpRows - 1);
+    // kMasked: the keys each row's window hides (key <= low: -inf; -1 without a window), and the
+    // warp's first visible key (a tile wholly below it is all masked for the warp).
+    int low[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) low[mt][hf] = w.window > 0 ? lim[mt][hf] - w.window : -1;
+    const int warp_first = w.window > 0 ? prefill::row_key_limit(start, w, wr0) - w.window + 1 : 0;
+    const int kt0 = kMasked ? w.first_key_tile : 0;
 
-    // Prologue: tiles 0 .. kStages - 2 in flight (one commit group each, empty past the end, so
-    // that wait_group counts stay uniform). Q (issued by the caller) joins tile 0's group.
+    // Prologue: tiles kt0 .. kt0 + kStages - 2 in flight (one commit group each, empty past the end,
+    // so that wait_group counts stay uniform). Q (issued by the caller) joins the first tile's group.
 #pragma unroll
     for (int st = 0; st < C::kStages - 1; ++st) {
-      if (st < w.n_key_tiles) load_kv(st, st);
+      if (kt0 + st < w.n_key_tiles) load_kv(kt0 + st, st);
       cp_async_commit();
     }
-    int buf = 0;  // kt % kStages
-    for (int kt = 0; kt < w.n_key_tiles; ++kt) {
+    int buf = 0;  // (kt - kt0) % kStages
+    for (int kt = kt0; kt < w.n_key_tiles; ++kt) {
       cp_async_wait_group<C::kStages - 2>();
       __syncthreads();  // tile kt (and Q) visible; everyone is done with tile kt - 1
-      if constexpr (C::kQRegs) {
-        if (load_q && kt == 0) {
+      if constexpr (kQRegs) {
+        if (load_q && kt == kt0) {
 #pragma unroll
           for (int ks = 0; ks < D / 16; ++ks) load_q_frag(qf[0][ks], 0, ks);
         }
@@ -201,6 +219,7 @@ struct Cta {
       const T* vb = v_s + buf * kBK * D;
       if (++buf == C::kStages) buf = 0;
       if (!warp_active || kt * kBK > warp_lim) continue;  // warp-uniform; barriers stay matched
+      if (kMasked && kt * kBK + kBK <= warp_first) continue;  // (the same, below the warp's windows)
 
       // S = Q K^T: n-tiles of 8 keys; one ldmatrix.x4 gives the B fragments of keys n0..n0+15 at
       // k-step ks (lanes 0-7: keys n0+0..7 chunk 2ks; 8-15: same keys chunk 2ks+1; 16-31: keys
@@ -213,7 +232,7 @@ struct Cta {
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         uint32_t qa[kMT][4];
-        if constexpr (!C::kQRegs) {
+        if constexpr (!kQRegs) {
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) load_q_frag(qa[mt], mt, ks);
         }
@@ -224,7 +243,7 @@ struct Cta {
           ldmatrix_x4(b, smem_addr(kb + swz<D>(key_row, 2 * ks + ((lane >> 3) & 1))));
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            if constexpr (C::kQRegs) {
+            if constexpr (kQRegs) {
               mma16816<T>(s[mt][2 * np], qf[mt][ks], b[0], b[1]);
               mma16816<T>(s[mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
             } else {
@@ -235,9 +254,34 @@ struct Cta {
         }
       }
 
+      if constexpr (kMasked) {
+        // Soft-capping of the raw logits, before the masks (a masked key stays -inf) and before any
+        // max: the softmax, the unified max and its guard all see the capped logits.
+        if (softcap > 0.f) {
+          const float cap_in = scale / softcap, cap_out = softcap / scale;
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int j = 0; j < kBK / 8; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) s[mt][j][e] = cap_out * tanhf(s[mt][j][e] * cap_in);
+        }
+        // Both sides per row, in tiles that reach a row's causal limit or lie below a row's window.
+        if (kt >= w.first_masked_tile || kt * kBK < w.window_mask_end) {
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int j = 0; j < kBK / 8; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int key = kt * kBK + 8 * j + 2 * t + (e & 1);
+                if (key > lim[mt][e >> 1] || key <= low[mt][e >> 1]) s[mt][j][e] = -INFINITY;
+              }
+        }
+      }
       // Causal mask (raw logits -> -inf), only in tiles that reach past the tile's first query
       // position. Element e of n-tile j: row half e >> 1, key kt * kBK + 8j + 2t + (e & 1).
-      if (kt >= w.first_masked_tile) {
+      if (!kMasked && kt >= w.first_masked_tile) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -273,8 +317,14 @@ struct Cta {
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 threads (t = 0..3)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m[mt][hf], mx);
-            const float alpha = fast_exp2((m[mt][hf] - m_new) * sl2);
-            const float ms = m_new * sl2;
+            // A window can hide a whole tile from some rows: their max stays -inf until their first
+            // visible key, and -inf - -inf would make alpha NaN. The exponents then take 0 as their
+            // reference (alpha = 2^-inf = 0 on zero accumulators, P = 2^-inf = 0) while m stays -inf,
+            // so that the row's first visible tile sets its true max. (Without a window key 0 is
+            // visible to every row.)
+            const float m_ref = kMasked && m_new == -INFINITY ? 0.f : m_new;
+            const float alpha = fast_exp2((m[mt][hf] - m_ref) * sl2);
+            const float ms = m_ref * sl2;
             m[mt][hf] = m_new;
             l[mt][hf] *= alpha;
 #pragma unroll
@@ -322,10 +372,11 @@ struct Cta {
   }
 };
 
-template <class T, int D, int I>
+template <class T, int D, int I, bool kMasked>
 __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_attention_kernel(PrefillArgs a) {
-  static_assert(D == 64 || D == 128, "head_dim");
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim");
   using C = Cfg<I>;
+  using Walk = Cta<T, D, C, kMasked>;
   constexpr int CH = D / 8;
   constexpr int kMT = C::kMT;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -342,11 +393,14 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
     n = a.single_n;
     start = a.single_start;
   }
-  Cta<T, D, C> c;
+  Walk c;
   c.w = prefill::tile_work(start, n, blockIdx.y, C::kBQ, C::kBK);
   if (c.w.rows <= 0) return;  // uniform over the CTA: before any barrier
+  if constexpr (kMasked) prefill::apply_window(start, a.window, C::kBK, c.w);
   c.kv = a.kv;
   c.sl2 = a.scale_log2;
+  c.softcap = a.softcap;
+  c.scale = a.scale;
   c.k_cache = static_cast<const T*>(a.k_cache);
   c.v_cache = static_cast<const T*>(a.v_cache);
   c.table = a.block_tables + int64_t(chunk) * a.max_blocks_per_seq;
@@ -378,7 +432,7 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
     }
   }
 
-  uint32_t qf[kMT][C::kQRegs ? D / 16 : 1][4];
+  uint32_t qf[kMT][Walk::kQRegs ? D / 16 : 1][4];
   float o[kMT][D / 8][4], l[kMT][2], m[kMT][2];
   const int g = c.lane >> 2, t = c.lane & 3;
   const int wr0 = c.warp * C::kWarpRows;
@@ -452,14 +506,14 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
   }
 }
 
-template <class T, int D, int I>
+template <class T, int D, int I, bool kMasked>
 void launch_prefill(const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream, const char* what) {
   using C = Cfg<I>;
   const prefill::Grid g = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads, C::kBQ);
   check(g.y <= 65535 && g.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what, g.y,
         C::kBQ);
   const size_t smem = prefill::smem_bytes(D, C::kBQ, C::kBK, C::kStages);
-  auto* kernel = prefill_attention_kernel<T, D, I>;
+  auto* kernel = prefill_attention_kernel<T, D, I, kMasked>;
   // Once per (instantiation, device): the attribute belongs to the current device.
   once_per_device(reinterpret_cast<const void*>(kernel), [&] {
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
@@ -468,10 +522,25 @@ void launch_prefill(const PrefillArgs& a, int chunks, int max_chunk_tokens, cuda
   kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a);
 }
 
+// Configuration `config` at head dim D (one prefill::config_fits; launch() picks one), masked or not.
+template <class T, int D, int I>
+void launch_one(int config, const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream,
+                const char* what) {
+  if constexpr (prefill::config_fits(prefill::kConfigs[I], D)) {
+    if (config != I) return;
+    const bool masked = a.window > 0 || a.softcap > 0.f;
+    if (masked) {
+      launch_prefill<T, D, I, true>(a, chunks, max_chunk_tokens, stream, what);
+    } else {
+      launch_prefill<T, D, I, false>(a, chunks, max_chunk_tokens, stream, what);
+    }
+  }
+}
+
 template <class T, int D, int... I>
 void launch_config(int config, const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream,
                    const char* what, std::integer_sequence<int, I...>) {
-  ((config == I ? launch_prefill<T, D, I>(a, chunks, max_chunk_tokens, stream, what) : void()), ...);
+  (launch_one<T, D, I>(config, a, chunks, max_chunk_tokens, stream, what), ...);
 }
 
 void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int block_size, float scale,
@@ -485,8 +554,15 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   check(a.n_heads > 0 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0,
         "{}: n_heads = {} must be a positive multiple of n_kv_heads = {}", what, a.n_heads, a.n_kv_heads);
   check(a.n_heads <= 0x7fffffff / 4, "{}: n_heads = {} is out of range", what, a.n_heads);
-  check(head_dim == 64 || head_dim == 128, "{}: head_dim = {} is not supported (64, 128)", what, head_dim);
+  check(head_dim == 64 || head_dim == 128 || head_dim == 256, "{}: head_dim = {} is not supported (64, 128, 256)",
+        what, head_dim);
   check(std::isfinite(scale) && scale > 0.f, "{}: scale = {} must be finite and positive", what, scale);
+  check(a.window >= 0 && std::isfinite(a.softcap) && a.softcap >= 0.f && std::isfinite(a.softcap / scale),
+        "{}: window = {}, softcap = {} out of range", what, a.window, a.softcap);
+  a.scale = scale;
+  // A configuration that does not run at this head dim (its shared memory, its registers) gives way
+  // to the default, which runs at every one.
+  if (!prefill::config_fits(prefill::kConfigs[config], head_dim)) config = 0;
   check(aligned16(a.qkv) && aligned16(a.k_cache) && aligned16(a.v_cache) && aligned16(a.out),
         "{}: qkv, out and the k/v cache pointers must be 16-byte aligned", what);
   check(dtype == DType::F16 || dtype == DType::BF16, "{}: unknown dtype {}", what, static_cast<int>(dtype));
@@ -512,8 +588,10 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
     constexpr auto all = std::make_integer_sequence<int, prefill::kNumConfigs>{};
     if (head_dim == 64) {
       launch_config<T, 64>(config, a, chunks, max_chunk_tokens, stream, what, all);
-    } else {
+    } else if (head_dim == 128) {
       launch_config<T, 128>(config, a, chunks, max_chunk_tokens, stream, what, all);
+    } else {
+      launch_config<T, 256>(config, a, chunks, max_chunk_tokens, stream, what, all);
     }
   });
   check_launch(what);
@@ -544,7 +622,7 @@ void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* 
                               int total_q_tokens, int max_chunk_tokens, int n_heads, int n_kv_heads, int head_dim,
                               int block_size, float scale, const UnifiedMaxRange* unified_max,
                               unsigned long long* fallback_rows, void* out, DType dtype, cudaStream_t stream,
-                              int config) {
+                              int config, int window, float softcap) {
   check(q_begin != nullptr && starts != nullptr, "prefill_attention_varlen: null q_begin or starts");
   check(max_blocks_per_seq >= 1, "prefill_attention_varlen: max_blocks_per_seq = {} must be positive",
         max_blocks_per_seq);
@@ -563,6 +641,8 @@ void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* 
   a.n_kv_heads = n_kv_heads;
   a.fallback_rows = fallback_rows;
   a.out = out;
+  a.window = window;
+  a.softcap = softcap;
   launch(a, chunks, max_chunk_tokens, head_dim, block_size, scale, unified_max, dtype, config, stream,
          "prefill_attention_varlen");
 }
@@ -570,7 +650,7 @@ void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* 
 void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_table,
                        int start_pos, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size,
                        float scale, void* out, DType dtype, cudaStream_t stream, const UnifiedMaxRange* unified_max,
-                       unsigned long long* fallback_rows, int config) {
+                       unsigned long long* fallback_rows, int config, int window, float softcap) {
   check(n_tokens > 0, "prefill_attention: n_tokens = {} must be positive", n_tokens);
   check(start_pos >= 0 && int64_t(start_pos) + n_tokens <= 0x7fffffff,
         "prefill_attention: start_pos = {} with {} tokens is out of range", start_pos, n_tokens);
@@ -586,6 +666,8 @@ void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache
   a.n_kv_heads = n_kv_heads;
   a.fallback_rows = fallback_rows;
   a.out = out;
+  a.window = window;
+  a.softcap = softcap;
   launch(a, 1, n_tokens, head_dim, block_size, scale, unified_max, dtype, config, stream, "prefill_attention");
 }
 

@@ -65,6 +65,14 @@ inline constexpr size_t smem_bytes(int head_dim, int bq = kBQ, int bk = kBK, int
   return size_t(bq + 2 * stages * bk) * head_dim * 2;
 }
 
+// Whether a configuration runs at a head dim: its shared memory within the 227 KB of an SM, and at
+// head_dim 256 one 16-row block per warp (two would hold 256 fp32 accumulators of O per thread).
+// At 256 Q is re-read from shared memory per k-step (its fragments would take 64 more registers):
+// m64n64 (160 KB) and m128n64w8 (192 KB) run there, the others fall back to m64n64.
+inline constexpr bool config_fits(const TileConfig& c, int head_dim) {
+  return smem_bytes(head_dim, config_bq(c), c.bk, c.stages) <= 227 * 1024 && (head_dim <= 128 || c.m_tiles == 1);
+}
+
 // Grid: x = query head, y = query tile counted from each chunk's heaviest (y = 0 is the chunk's
 // last tile, the one that sees the most keys, so the long CTAs start first), z = chunk. Depends on
 // host-known bounds only (graph-capturable); a CTA whose tile lies past its chunk's length exits.
@@ -86,6 +94,13 @@ struct TileWork {
   int key_end = 0;            // keys [0, key_end) are visible to some row; keys >= key_end are zero-filled
   int n_key_tiles = 0;        // ceil(key_end / bk)
   int first_masked_tile = 0;  // tiles below it are visible to every row of the tile (no mask)
+  // Sliding window (apply_window; the masked kernels only): keys below key_begin are visible to no
+  // row (zero-filled, never read: their blocks may have been given back), the walk starts at tile
+  // first_key_tile, and keys below window_mask_end are hidden from some row (masked per row).
+  int window = 0;
+  int key_begin = 0;
+  int first_key_tile = 0;
+  int window_mask_end = 0;
 };
 
 // Worked example: start = 100, n = 150 (positions 100..249), kBQ = kBK = 64: 3 query tiles.
@@ -119,8 +134,21 @@ FDPP_PREFILL_HD int row_key_limit(int start, const TileWork& w, int r) {
 // keys for which this is false, and only in tiles kt >= first_masked_tile (in earlier tiles every
 // key is visible to every row, so the check is skipped there).
 FDPP_PREFILL_HD bool key_visible(int start, const TileWork& w, int kt, int key, int r) {
+  if (w.window > 0 && key <= row_key_limit(start, w, r) - w.window) return false;
   if (kt < w.first_masked_tile) return true;
   return key <= row_key_limit(start, w, r);
+}
+
+// A sliding window of `window` keys (0: none): row r sees keys (limit - window, limit] with limit
+// its row_key_limit. The tile's first row sees the lowest keys, its last row the highest first key.
+FDPP_PREFILL_HD void apply_window(int start, int window, int bk, TileWork& w) {
+  if (window <= 0 || w.rows <= 0) return;
+  w.window = window;
+  const int first = row_key_limit(start, w, 0) - window + 1;
+  w.key_begin = first > 0 ? first : 0;
+  w.first_key_tile = w.key_begin / bk;
+  const int last = row_key_limit(start, w, w.rows - 1) - window + 1;
+  w.window_mask_end = last > 0 ? last : 0;
 }
 
 // The unified-max range the kernel applies, in natural-log units of (row max logit - phi): the

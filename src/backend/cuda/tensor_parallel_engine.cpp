@@ -112,6 +112,7 @@ class MinBarrier {
 TensorParallelEngine::TensorParallelEngine(const ModelConfig& config, int ranks, const ShardSource& source,
                                            const EngineOptions& options)
     : config_(config), layout_(plan_tensor_parallel(config, ranks)) {
+  if (const std::string problem = tensor_parallel_model_problem(config); !problem.empty()) fail("{}", problem);
   int count = 0;
   FDPP_CUDA_CHECK(cudaGetDeviceCount(&count));
   check(ranks <= count, "--tensor-parallel {}: this machine has {} GPU{}", ranks, count, count == 1 ? "" : "s");
