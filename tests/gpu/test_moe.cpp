@@ -124,7 +124,10 @@ void check_layer(const std::vector<std::vector<int>>& picks, int experts, int H,
   for (int e = 0; e < experts; ++e)
     EXPECT_EQ(std::count(tiles.begin(), tiles.end(), e), (count[e] + cuda::kMoeTileRows - 1) / cuda::kMoeTileRows)
         << what << " expert " << e;
-  const auto rows = rt.pick_row.download(), row_token = rt.row_token.download();
+  // The buffers hold max_tokens' picks; the step's are the first n * k.
+  auto rows = rt.pick_row.download();
+  rows.resize(size_t(n) * k);
+  const auto row_token = rt.row_token.download();
   std::vector<int32_t> sorted_rows(rows.begin(), rows.end());
   std::sort(sorted_rows.begin(), sorted_rows.end());
   EXPECT_TRUE(std::adjacent_find(sorted_rows.begin(), sorted_rows.end()) == sorted_rows.end()) << what;
