@@ -33,11 +33,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using test::error_of;
 
-#define EXPECT_ERROR(stmt, fragment)                                                    \
-  do {                                                                                  \
-    const std::string msg_ = error_of([&] { stmt; });                                   \
-    EXPECT_NE(msg_.find(fragment), std::string::npos) << "error was: '" << msg_ << "'"; \
-  } while (0)
 
 // The FP8 fixtures (make_fp8_fixtures.py says what each is).
 const char* const kFixtures[] = {"llama_fp8_tensor", "llama_ct_channel", "phi3_ct_tensor"};

@@ -31,12 +31,6 @@ using nlohmann::json;
 
 // ---- helpers ----------------------------------------------------------------------------------
 
-#define EXPECT_ERROR(stmt, fragment)                                               \
-  do {                                                                             \
-    const std::string msg_ = error_of([&] { stmt; });                              \
-    EXPECT_NE(msg_.find(fragment), std::string::npos) << "error was: '" << msg_ << "'"; \
-    EXPECT_EQ(msg_.find('\n'), std::string::npos) << msg_;                         \
-  } while (0)
 
 // A WeightSource held in memory (F32, or any dtype name for the checks that reject it).
 class MemorySource final : public WeightSource {

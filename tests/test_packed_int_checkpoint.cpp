@@ -25,11 +25,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using test::error_of;
 
-#define EXPECT_ERROR(stmt, fragment)                                                    \
-  do {                                                                                  \
-    const std::string msg_ = error_of([&] { stmt; });                                   \
-    EXPECT_NE(msg_.find(fragment), std::string::npos) << "error was: '" << msg_ << "'"; \
-  } while (0)
 
 const char* const kFixtures[] = {"llama_awq_g32", "llama_gptq_actorder", "qwen3moe_gptq8_nogroup"};
 

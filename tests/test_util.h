@@ -54,6 +54,13 @@ std::string error_of(F&& f) {
   return "";
 }
 
+// stmt throws an fdpp::Error of one line that contains fragment.
+#define EXPECT_ERROR(stmt, fragment)                                                               \
+  do {                                                                                             \
+    const std::string msg_ = ::fdpp::test::error_of([&] { stmt; });                                \
+    EXPECT_NE(msg_.find(fragment), std::string::npos) << "error was: '" << msg_ << "'";            \
+  } while (0)
+
 // The scratch directories this process made, removed when it exits normally (a crash leaves them
 // for inspection).
 struct ScratchDirs {
