@@ -235,6 +235,39 @@ TEST_F(EngineStep, BadBatchesThrowBeforeAnythingChanges) {
   EXPECT_NO_THROW(e->step(Batch{{other}}));
 }
 
+// max_logit_rows bounds the rows of logits a step computes, head_rows's count: a sampling row takes
+// one though its logits are not returned, as on the GPU, whose head buffers it sizes.
+TEST_F(EngineStep, LogitRowsCountSamplingRows) {
+  EngineLimits l;
+  l.max_context = 256;
+  l.max_step_rows = 8;
+  l.max_step_tokens = 512;
+  l.max_logit_rows = 4;
+  CpuEngine e(config_, weights_, l);
+  const auto ids = test::random_ids(3, config_.vocab_size);
+  std::vector<StepRow> rows(3);
+  for (StepRow& r : rows) {
+    r.seq = e.create_sequence();
+    r.tokens = ids;
+    r.sample = true;
+    r.sampling.temperature = 0;
+  }
+  rows[2].sample = false;
+  rows[2].all_logits = true;  // 3 rows of logits, and 2 sampled: 5 > 4
+  const std::string msg = test::error_of([&] { e.step(Batch{rows}); });
+  EXPECT_NE(msg.find("5 rows of logits"), std::string::npos) << msg;
+  EXPECT_EQ(head_rows(rows[0]), 1);
+  EXPECT_EQ(head_rows(rows[2]), 3);
+  rows[2].all_logits = false;
+  rows[2].logits = true;  // 1 + 2 = 3
+  StepOutput out;
+  ASSERT_NO_THROW(out = e.step(Batch{rows}));
+  EXPECT_EQ(out.logits.size(), static_cast<size_t>(config_.vocab_size));
+  StepRow idle = rows[0];
+  idle.sample = false;
+  EXPECT_EQ(head_rows(idle), 0);
+}
+
 // The scheduler needs a tokenizer: the default model's, with a tiny random model of its vocabulary.
 class SchedulerTest : public ::testing::Test {
  protected:

@@ -142,7 +142,8 @@ void Engine::begin_step(const Batch& batch) {
   // Every check before anything changes, so a bad batch leaves the engine as it was.
   std::vector<RowPlan> plan(rows);
   int64_t extra_blocks = 0;
-  int logits_rows = 0;
+  int logits_rows = 0;    // returned (StepOutput::logits)
+  int computed_rows = 0;  // head_rows: returned or sampled from
   int64_t offset = 0;
   bool want_logprobs = false;
   std::vector<char> in_batch(sequences_.size(), 0);  // not a pairwise check: a step may hold 1,024 rows
@@ -177,11 +178,13 @@ void Engine::begin_step(const Batch& batch) {
       logits_index = logits_rows;
       logits_rows += r.all_logits ? static_cast<int>(r.tokens.size()) : 1;
     }
+    computed_rows += head_rows(r);
     plan[i] = RowPlan{&r, s.length, &s, offset, logits_index};
     offset += static_cast<int64_t>(r.tokens.size());
   }
-  check(limits_.max_logit_rows == 0 || logits_rows <= limits_.max_logit_rows,
-        "step: {} logits rows, the engine returns at most {} per step", logits_rows, limits_.max_logit_rows);
+  check(limits_.max_logit_rows == 0 || computed_rows <= limits_.max_logit_rows,
+        "step: {} rows of logits (returned or sampled from), the engine computes at most {} per step", computed_rows,
+        limits_.max_logit_rows);
   if (extra_blocks > kv_.free_blocks())
     fail("KV cache full: the step needs {} more blocks of {} tokens, {} of {} are free (the cache holds {} tokens): "
          "admit fewer sequences or raise --kv-cache-tokens",

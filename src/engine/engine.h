@@ -38,6 +38,12 @@ struct StepRow {
   std::span<const uint32_t> allowed_tokens;
 };
 
+// The rows of logits a step row has computed: every token's with all_logits, else one when it
+// returns or samples from them (the engines' head rows; EngineLimits::max_logit_rows bounds their sum).
+inline int head_rows(const StepRow& r) {
+  return r.all_logits ? static_cast<int>(r.tokens.size()) : (r.logits || r.sample) ? 1 : 0;
+}
+
 struct Batch {
   std::vector<StepRow> rows;
   int64_t total_tokens() const;
@@ -57,7 +63,9 @@ struct EngineLimits {
   int max_step_rows = 64;      // rows (sequences) in one step
   int64_t kv_cache_tokens = 0; // the KV pool, in tokens
   int block_size = 16;         // tokens per KV block
-  int max_logit_rows = 0;      // logits rows one step returns (0: as many as it has tokens)
+  // Rows of logits one step computes (0: as many as it has tokens), counted by head_rows: a
+  // sampling row takes one even when its logits are not returned.
+  int max_logit_rows = 0;
   // When every layer of the model slides (Engine::window_freeing), give each sequence's blocks back
   // as they fall wholly before its window. False keeps every position (for comparison).
   bool free_window_blocks = true;
