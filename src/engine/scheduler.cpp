@@ -394,6 +394,8 @@ bool Scheduler::computing_prefix(const Active& a, int64_t cached_blocks) const {
 void Scheduler::admit_locked() {
   // Admission by free KV blocks: a request enters when its tokens so far (and the next one) fit,
   // keeping a small reserve so that running sequences can still grow a block.
+  // Nothing to admit (most steps at saturation): no pass over the running requests.
+  if (waiting_.empty() || static_cast<int>(running_.size()) >= options_.max_num_seqs) return;
   const int64_t reserve_blocks = std::max<int64_t>(1, engine_.kv().num_blocks() / 100);
   int64_t free_blocks = engine_.kv().free_blocks();
   if (engine_.window_freeing() > 0)
