@@ -547,6 +547,12 @@ TEST(Grammar, MatchersOfOneSchemaShareTheirAutomaton) {
   const auto first = automata.get(compile_json_schema(schema));
   EXPECT_EQ(automata.get(compile_json_schema(schema)), first);
   EXPECT_NE(automata.get(compile_json_object()), first);
+  // Grammars that differ in one byte set (same rules otherwise) get automata of their own.
+  const auto letters = compile_regex("[a-z]+"), fewer = compile_regex("[a-y]+");
+  EXPECT_FALSE(letters->same_as(*fewer));
+  EXPECT_NE(letters->fingerprint(), fewer->fingerprint());
+  EXPECT_TRUE(letters->same_as(*compile_regex("[a-z]+")));
+  EXPECT_EQ(letters->fingerprint(), compile_regex("[a-z]+")->fingerprint());
   // Two more grammars push the schema's automaton out of a cache that keeps 2.
   (void)automata.get(compile_json_value());
   (void)automata.get(compile_regex("[a-z]+"));

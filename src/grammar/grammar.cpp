@@ -88,6 +88,34 @@ void Grammar::set_root(int rule) {
     }
   }
   root_ = rule;
+  fingerprint_ = compute_fingerprint();
+}
+
+uint64_t Grammar::compute_fingerprint() const {
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  auto mix = [&h](uint64_t v) {  // splitmix64's finalizer over the running value
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+  };
+  mix(static_cast<uint64_t>(root_));
+  mix(elements_.size());
+  for (const Element& e : elements_) mix((uint64_t{e.kind} << 32) | static_cast<uint32_t>(e.value));
+  mix(rule_alts_.size());
+  for (const auto& alts : rule_alts_) {
+    mix(alts.size());
+    for (int32_t a : alts) mix(static_cast<uint64_t>(a));
+  }
+  mix(sets_.size());
+  for (const ByteSet& set : sets_)
+    for (int w = 0; w < 4; ++w) mix(((set >> (64 * w)) & ByteSet(~uint64_t{0})).to_ullong());
+  return h;
+}
+
+bool Grammar::same_as(const Grammar& other) const {
+  return root_ == other.root_ && elements_ == other.elements_ && rule_alts_ == other.rule_alts_ &&
+         sets_ == other.sets_;
 }
 
 Element Grammar::bytes(const ByteSet& set) {
@@ -418,21 +446,21 @@ void GrammarAutomaton::compute_mask(int32_t state) {
 
 std::shared_ptr<GrammarAutomaton> GrammarAutomata::get(const std::shared_ptr<const Grammar>& grammar) {
   check(grammar != nullptr, "grammar: none given");
-  // The grammar's text names it exactly (every rule, alternative and byte set), so two requests
-  // that compiled the same schema find one automaton.
-  std::string key = grammar->to_string();
+  // Two requests that compiled the same schema have equal rules, alternatives and byte sets: the
+  // fingerprint picks the candidate, the full comparison makes the match exact.
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t i = 0; i < recent_.size(); ++i)
-    if (recent_[i].first == key) {
+    if (recent_[i].grammar == grammar ||
+        (recent_[i].grammar->fingerprint() == grammar->fingerprint() && recent_[i].grammar->same_as(*grammar))) {
       auto found = std::move(recent_[i]);
       recent_.erase(recent_.begin() + static_cast<std::ptrdiff_t>(i));
       recent_.push_back(std::move(found));
-      return recent_.back().second;
+      return recent_.back().automaton;
     }
   auto automaton = std::make_shared<GrammarAutomaton>(grammar, vocab_);
   if (kept_ == 0) return automaton;
   if (recent_.size() >= kept_) recent_.erase(recent_.begin());
-  recent_.emplace_back(std::move(key), automaton);
+  recent_.push_back({grammar, automaton});
   return automaton;
 }
 

@@ -38,6 +38,7 @@ struct Element {
   enum Kind : uint8_t { kBytes, kRule, kEnd };
   Kind kind = kEnd;
   int32_t value = 0;  // kBytes: index of the byte set; kRule: the rule id
+  bool operator==(const Element&) const = default;
 };
 
 using ByteSet = std::bitset<256>;
@@ -71,13 +72,20 @@ class Grammar {
   const ByteSet& byte_set(int32_t i) const { return sets_[i]; }
   // A readable dump (tests, debugging): one line per rule.
   std::string to_string() const;
+  // A hash of every rule, alternative and byte set, taken by set_root: with same_as, how
+  // GrammarAutomata finds the automaton of a grammar compiled before without building a key.
+  uint64_t fingerprint() const { return fingerprint_; }
+  bool same_as(const Grammar& other) const;
 
  private:
   std::vector<Element> elements_;               // every alternative, each ending with kEnd
   std::vector<std::vector<int32_t>> rule_alts_; // rule -> the positions where its alternatives start
   std::vector<ByteSet> sets_;
   std::unordered_map<std::string, int32_t> set_index_;
+  uint64_t compute_fingerprint() const;
+
   int root_ = -1;
+  uint64_t fingerprint_ = 0;
 };
 
 // The vocabulary as the matcher sees it: each token's bytes (empty for those never allowed:
@@ -169,7 +177,7 @@ class GrammarAutomaton {
   bool initial_accept_ = false;
 };
 
-// The automata of the grammars in use, by the grammar's text: requests that compiled the same
+// The automata of the grammars in use, by the grammar's rules: requests that compiled the same
 // schema share one. Keeps the last `kept` grammars' automata after their requests end. Thread-safe.
 class GrammarAutomata {
  public:
@@ -181,7 +189,11 @@ class GrammarAutomata {
   std::shared_ptr<const TokenVocabulary> vocab_;
   size_t kept_;
   std::mutex mutex_;
-  std::vector<std::pair<std::string, std::shared_ptr<GrammarAutomaton>>> recent_;  // most recent last
+  struct Entry {
+    std::shared_ptr<const Grammar> grammar;
+    std::shared_ptr<GrammarAutomaton> automaton;
+  };
+  std::vector<Entry> recent_;  // most recent last
 };
 
 // One request's position in its grammar. Not thread-safe; one per request (its automaton is).
