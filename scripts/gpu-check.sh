@@ -11,6 +11,8 @@
 # attention grid with its peers), is what one call's 10 minutes hold; the summary gives each
 # stage's wall time. The rest go in further calls, e.g. "prefill ttft linear dataflow", "bench
 # peers", "load python"; tp needs two GPUs (nvidia-h200-x2).
+# The GPU suite alone outgrew 300 s on an H100: split it over calls with googletest's own sharding
+# (GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=0, then 1), or pick tests with GTEST_FILTER.
 # Only a few files come back from the device call: everything is written under $OUT/full and
 # packed into $OUT/full.tar.gz at the end, beside summary.md.
 set -uo pipefail

@@ -406,11 +406,13 @@ class SamplingParams:
     def _requests(self, prompt_ids: list[int], max_model_len: int,
                   seeds: Optional[random.Random] = None) -> "list[_core.CoreRequest]":
         """n requests: completion j > 0 draws from _core.derived_seed(seed, j) (fdpp serve's rule)
-        or, without a seed, from a fresh one."""
+        or, without a seed, from a fresh one. Only the first scores the prompt (prompt_logprobs):
+        the output takes the scores from it, and the others may reuse its cached prefix."""
         first = self._request(prompt_ids, max_model_len, seeds)
         out = [first]
         for j in range(1, self.n):
             r = self._request(prompt_ids, max_model_len, seeds)
+            r.prompt_logprobs = -1
             if self.seed is not None:
                 s = r.sampling
                 s.seed = _core.derived_seed(self.seed, j)

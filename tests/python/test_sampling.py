@@ -56,6 +56,13 @@ def test_prompt_logprobs_score_the_prompt_as_generation_scored_it(llm):
     for i, tok in enumerate(gen.outputs[0].token_ids[:3]):
         assert lps[n + i][tok].logprob == pytest.approx(gen.outputs[0].logprobs[i][tok].logprob, abs=1e-4)
         assert lps[n + i][tok].rank == 1  # greedy: the most likely token
+    # n = 2 scores the prompt once (the first completion) and gives the same scores.
+    two = llm.generate({"prompt_token_ids": ids}, fdpp.SamplingParams(n=2, temperature=1.0, seed=4, max_tokens=1,
+                                                                      prompt_logprobs=2), use_tqdm=False)[0]
+    assert len(two.outputs) == 2 and len(two.prompt_logprobs) == len(ids)
+    for mine, ref in zip(two.prompt_logprobs[1:], lps[1:]):
+        assert set(mine) == set(ref)
+        assert [mine[t].logprob for t in ref] == pytest.approx([v.logprob for v in ref.values()], abs=1e-4)
 
 
 def test_logprobs_are_of_the_raw_distribution(llm):

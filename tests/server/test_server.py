@@ -501,6 +501,13 @@ def test_vllm_prompt_logprobs(server):
         ranks = sorted(v["rank"] for k, v in plp[i].items() if k != str(ids[i]) or v["rank"] <= 2)
         assert set(range(1, 3)) <= set(ranks) | {own["rank"]}, plp[i]
         assert 2 <= len(plp[i]) <= 3
+    # n = 2: the prompt is scored once and each choice carries the scores; so does echo's.
+    two = c.completions.create(model=server.model_id, prompt=ids, max_tokens=2, temperature=1.0, n=2, seed=5,
+                               logprobs=2, echo=True, extra_body={"prompt_logprobs": 2})
+    assert len(two.choices) == 2
+    for choice in two.choices:
+        assert choice.model_extra["prompt_logprobs"] == plp
+        assert choice.logprobs.token_logprobs[1:len(ids)] == pytest.approx(echo.token_logprobs[1:len(ids)], abs=1e-5)
     chat = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
         "model": server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
         "prompt_logprobs": 0}).json()
