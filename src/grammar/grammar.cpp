@@ -330,7 +330,7 @@ bool GrammarAutomaton::advance(Cursor& c, std::string_view bytes, bool commit) {
     s = step(s, static_cast<uint8_t>(b));
     if (s < 0) return false;
   }
-  if (commit) {
+  if (commit && s != c.state) {  // the same state has the same stacks
     c.state = s;
     c.stacks = states_[s].stacks;
     c.accept = states_[s].accept;

@@ -609,7 +609,12 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ModelInfo
       // from the request's, so that a seeded request is reproducible and its choices differ.
       for (int j = 0; j < r.n; ++j) {
         GenerationRequest c = g;
-        if (j > 0) c.sampling.seed = derived_seed(g.sampling.seed, static_cast<uint64_t>(j));
+        if (j > 0) {
+          c.sampling.seed = derived_seed(g.sampling.seed, static_cast<uint64_t>(j));
+          // The prompt's scores (prompt_logprobs, echo with logprobs) come from choice 0
+          // (completion_body): the others skip that work and may reuse the cached prefix.
+          c.prompt_logprobs = -1;
+        }
         r.batch.push_back(std::move(c));
       }
     } else {
@@ -810,6 +815,7 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
     const GenerationResult& result = results[i];
     json choice = {{"index", i}};
     const size_t prompt_index = i / static_cast<size_t>(std::max(ctx.n, 1));
+    const GenerationResult& scored = results[prompt_index * static_cast<size_t>(std::max(ctx.n, 1))];  // choice 0
     const std::string echo = prompt_index < ctx.echo_texts.size() ? ctx.echo_texts[prompt_index] : std::string();
     std::string finish_reason = result.finish_reason;
     if (ctx.endpoint == Endpoint::Chat && ctx.tools.active()) {
@@ -823,13 +829,13 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
       choice["text"] = echo + result.text;
     }
     size_t offset = characters(echo);
-    if (ctx.logprobs >= 0 && !echo.empty() && result.prompt_logprobs.size() + 1 == result.prompt.size()) {
+    if (ctx.logprobs >= 0 && !echo.empty() && scored.prompt_logprobs.size() + 1 == result.prompt.size()) {
       // echo with logprobs: the prompt's tokens first, the first without a log probability (null,
       // as OpenAI gives it), then the generated ones.
       std::vector<int32_t> tokens = result.prompt;
       tokens.insert(tokens.end(), result.token_ids.begin(), result.token_ids.end());
       std::vector<TokenLogprobs> lps(1);
-      lps.insert(lps.end(), result.prompt_logprobs.begin(), result.prompt_logprobs.end());
+      lps.insert(lps.end(), scored.prompt_logprobs.begin(), scored.prompt_logprobs.end());
       // The prompt was scored with the larger of logprobs and prompt_logprobs: echo shows logprobs' k.
       for (TokenLogprobs& lp : lps)
         if (lp.top.size() > static_cast<size_t>(ctx.logprobs)) lp.top.resize(static_cast<size_t>(ctx.logprobs));
@@ -844,7 +850,7 @@ json completion_body(const ResponseContext& ctx, std::span<const GenerationResul
           ctx.logprobs >= 0 ? logprobs_json(ctx, result.token_ids, result.logprobs, offset) : json(nullptr);
     }
     if (ctx.prompt_logprobs >= 0 && ctx.endpoint != Endpoint::Chat)
-      choice["prompt_logprobs"] = prompt_logprobs_json(ctx, result);
+      choice["prompt_logprobs"] = prompt_logprobs_json(ctx, scored);
     choice["finish_reason"] = finish_json(finish_reason);
     choice["stop_reason"] = stop_reason_json(result);
     if (ctx.return_token_ids) {

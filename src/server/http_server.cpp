@@ -650,9 +650,6 @@ void HttpServer::submit_all(std::vector<GenerationRequest> requests, bool seed_g
   const bool batch = requests.size() > static_cast<size_t>(std::max(n, 1));  // several prompts
   for (size_t i = 0; i < requests.size(); ++i) {
     if (!seed_given) requests[i].sampling.seed = next_seed();  // OpenAI: unseeded requests differ
-    // A prompt's first choice scores it (prompt_logprobs, echo with logprobs); reply_whole copies
-    // the scores to its other choices, which skip that work and may reuse the cached prefix.
-    if (n > 1 && i % static_cast<size_t>(n) != 0) requests[i].prompt_logprobs = -1;
     channels.push_back(std::make_shared<Channel>(signal));
     try {
       ids.push_back(submit(std::move(requests[i]), channels.back(),
@@ -676,9 +673,6 @@ void HttpServer::reply_whole(const std::vector<std::shared_ptr<Channel>>& channe
     results.push_back(std::move(ch->result));
   }
   in_flight_done();
-  const size_t n = static_cast<size_t>(std::max(ctx.n, 1));
-  for (size_t i = 0; i < results.size(); ++i)
-    if (i % n != 0) results[i].prompt_logprobs = results[i - i % n].prompt_logprobs;  // scored once (submit_all)
   for (const GenerationResult& r : results) {
     if (r.finish_reason == "error")
       return reply_error(res, ApiError(500, fmt::format("generation failed: {}", r.error)));
