@@ -47,6 +47,10 @@ for stage in $stages; do
       read -r ms _ < <(tg "$OUT/bench_b1.json" 1)
       tpot=$(field "$OUT/serve_c1.json" "r['tpot_ms']['p50']")
       echo "c1: server TPOT p50 $tpot ms vs fdpp bench tg1@576 $ms ms/token: $(python3 -c "print(f'{$tpot/$ms*100-100:+.1f}%')")"
+      # Issue 40's other half at concurrency 1: TTFT of the 512-token prompts against fdpp bench's pp512.
+      pp_ms=$(python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1]))['results'] if x['test']=='pp512']; print(f\"{r[0]['seconds']*1e3:.3f}\" if r else 'nan')" "$OUT/bench_b1.json")
+      ttft=$(field "$OUT/serve_c1.json" "r['ttft_ms']['p50']")
+      echo "c1: server TTFT p50 $ttft ms vs fdpp bench pp512 $pp_ms ms: $(python3 -c "print(f'{$ttft/$pp_ms*100-100:+.1f}%')")"
       ;;
     saturation)
       "${bench[@]}" --num-prompts 256 --request-rate inf --result-json "$OUT/serve_sat.json" >"$OUT/serve_sat.log" 2>&1
