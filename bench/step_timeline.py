@@ -14,8 +14,12 @@ graphs the engine has captured so far: a step that captures one also pays for it
 The engine holds the GPU from shortly after engine_ms begins until it returns (the step ends with
 the wait for its tokens); schedule_ms, emit_ms and the gaps between steps are time the GPU has no
 work from this scheduler. So engine share = sum(engine_ms) / wall is an upper bound of the GPU's
-busy fraction, and the rest is host time that overlapping steps would hide. Standard library only
-(the plot needs matplotlib).
+busy fraction, and the rest is host time that overlapping steps would hide. Logs of overlapped
+steps (the CUDA engine's default: "overlapped" true where a step was scheduled and launched while
+the previous one computed) split engine_ms into launch_ms (begin_step) and wait_ms (end_step: the
+host waiting for the device); there the host's schedule, emit and render time runs beside the
+device, the intervals of consecutive steps interleave, and the GPU's busy time is measured with
+bench/gpu_busy.py instead. Standard library only (the plot needs matplotlib).
 """
 import argparse
 import json
@@ -97,6 +101,9 @@ def summarize(steps):
         "prefill_tokens": total("prefill_tokens"),
         "max_running": max(s["running"] for s in steps),
         "render_ms": sum(s.get("render_ms", 0.0) for s in steps),
+        "overlapped_steps": sum(1 for s in steps if s.get("overlapped")),
+        "launch_ms": sum(s.get("launch_ms", 0.0) for s in steps),
+        "wait_ms": sum(s.get("wait_ms", 0.0) for s in steps),
         "capture_steps": len(captures),
         "capture_steps_engine_ms": sum(s["engine_ms"] for s in captures),
         "kinds": kinds,
@@ -111,6 +118,10 @@ def print_summary(r):
     print(f"engine {r['engine_ms'] / 1000:.2f} s ({pct(r['engine_ms'])}), schedule {r['schedule_ms'] / 1000:.2f} s "
           f"({pct(r['schedule_ms'])}), emit {r['emit_ms'] / 1000:.2f} s ({pct(r['emit_ms'])}), between steps "
           f"{r['gap_ms'] / 1000:.2f} s ({pct(r['gap_ms'])})")
+    if r.get("overlapped_steps"):
+        print(f"{r['overlapped_steps']} steps scheduled and launched while the previous one computed; launches "
+              f"{r['launch_ms'] / 1000:.2f} s ({pct(r['launch_ms'])}), waiting for the device {r['wait_ms'] / 1000:.2f} s "
+              f"({pct(r['wait_ms'])}); schedule, emit and between-steps time overlap the device there")
     if r.get("render_ms"):
         print(f"text rendered while the device computes (inside engine): {r['render_ms'] / 1000:.2f} s ({pct(r['render_ms'])})")
     if r.get("capture_steps"):

@@ -12,16 +12,26 @@ nothing: every request gets a fresh matcher, as in the server). The masks are co
 host, so the slowdown at batch 64 is the host's mask work per step against the GPU's step. The
 modes' answers differ in length (a grammar ends a request when its format is complete), so the
 median time per output token of the requests is printed beside the throughput.
+
+    python bench/structured_output_bench.py --launch "fdpp serve --load-format dummy --config
+        configs/llama-3-8b.json --dtype bf16 --max-num-seqs 64 --port 8093" --base-url
+        http://127.0.0.1:8093 --batch 64 --max-tokens 128
+
+measures the same through a server instead (the GPU machine has no Python package): --batch
+concurrent /v1/completions requests per mode, response_format json_object and json_schema against
+none; the engine's step is then the server's. Standard library only in this mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import shlex
+import subprocess
 import time
-
-import fdpp
-from fdpp import StructuredOutputsParams
+import urllib.error
+import urllib.request
 
 SCHEMA = {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 64}
 
@@ -33,7 +43,84 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--base-url", default=None, help="measure through this server's /v1/completions instead")
+    ap.add_argument("--launch", default=None, help="command that starts the server (stopped at the end)")
+    ap.add_argument("--launch-timeout", type=float, default=600)
     a = ap.parse_args()
+    if a.base_url:
+        results = run_served(a)
+    else:
+        results = run_in_process(a)
+    base = results["unconstrained"]["tokens_per_s"]
+    for name, r in results.items():
+        r["slowdown"] = 1 - r["tokens_per_s"] / base
+        print(f"{name:14s} batch {a.batch:3d}: {r['tokens']:6d} tokens in {r['seconds']:7.2f} s = "
+              f"{r['tokens_per_s']:8.1f} tokens/s  ({100 * r['slowdown']:+.1f}% slower than unconstrained), "
+              f"median time per output token {r['tpot_ms_median']:.2f} ms")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": "server" if a.base_url else a.device, "batch": a.batch, "max_tokens": a.max_tokens,
+                       "results": results}, f, indent=1)
+    return 0
+
+
+def run_served(a):
+    """Each mode twice (the second counts) as --batch concurrent completions; per request, its
+    latency over its tokens (the median is printed)."""
+    base = a.base_url.rstrip("/")
+    proc = subprocess.Popen(shlex.split(a.launch)) if a.launch else None
+    try:
+        deadline = time.time() + a.launch_timeout
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if proc is not None and proc.poll() is not None:
+                raise SystemExit(f"the server exited with {proc.returncode} before it was healthy")
+            if time.time() > deadline:
+                raise SystemExit(f"{base}/health: no answer within {a.launch_timeout} s")
+            time.sleep(1)
+        with urllib.request.urlopen(base + "/v1/models", timeout=30) as r:
+            model = json.load(r)["data"][0]["id"]
+        modes = {"unconstrained": {}, "json_object": {"response_format": {"type": "json_object"}},
+                 "json_schema": {"response_format": {"type": "json_schema",
+                                                     "json_schema": {"name": "words", "schema": SCHEMA}}}}
+
+        def post(body):
+            req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(req, timeout=600) as r:
+                out = json.load(r)
+            return out["usage"]["completion_tokens"], time.perf_counter() - t0
+
+        results = {}
+        with concurrent.futures.ThreadPoolExecutor(a.batch) as pool:
+            for name, extra in modes.items():
+                for rep in range(2):
+                    bodies = [{"model": model, "prompt": f"List some words about topic number {i}, as JSON.",
+                               "max_tokens": a.max_tokens, "temperature": 1.0, "seed": i, **extra}
+                              for i in range(a.batch)]
+                    t0 = time.perf_counter()
+                    outs = list(pool.map(post, bodies))
+                    dt = time.perf_counter() - t0
+                tokens = sum(n for n, _ in outs)
+                per_token = sorted(t / n for n, t in outs if n > 1)
+                results[name] = {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
+                                 "tpot_ms_median": 1000 * per_token[len(per_token) // 2] if per_token else 0.0}
+        return results
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def run_in_process(a):
+    import fdpp
+    from fdpp import StructuredOutputsParams
     llm = fdpp.LLM(a.model or fdpp.default_model_path(), device=a.device, max_model_len=512,
                    max_num_seqs=a.batch, kv_cache_tokens=a.batch * 512)
     prompts = [[{"role": "user", "content": f"List some words about topic number {i}, as JSON."}]
@@ -52,16 +139,7 @@ def main() -> int:
         tpot = sorted(o.metrics.time_per_output_token for o in outs if len(o.outputs[0].token_ids) > 1)
         results[name] = {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
                          "tpot_ms_median": 1000 * tpot[len(tpot) // 2] if tpot else 0.0}
-    base = results["unconstrained"]["tokens_per_s"]
-    for name, r in results.items():
-        r["slowdown"] = 1 - r["tokens_per_s"] / base
-        print(f"{name:14s} batch {a.batch:3d}: {r['tokens']:6d} tokens in {r['seconds']:7.2f} s = "
-              f"{r['tokens_per_s']:8.1f} tokens/s  ({100 * r['slowdown']:+.1f}% slower than unconstrained), "
-              f"median time per output token {r['tpot_ms_median']:.2f} ms")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": a.device, "batch": a.batch, "max_tokens": a.max_tokens, "results": results}, f, indent=1)
-    return 0
+    return results
 
 
 if __name__ == "__main__":

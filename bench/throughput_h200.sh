@@ -101,7 +101,7 @@ PY
       # batch 256 and the job's mean context (512 + 64).
       "$B/fdpp" bench --load-format dummy --config "$l2" -b 256 -c 576 -p 512 -r 2 --json >"$OUT/job7b_static.json" \
         2>"$OUT/job7b_static.err"
-      python3 - "$OUT/job7b_static.json" "$OUT/job7b_served.json" <<'PY'
+      python3 - "$OUT/job7b_static.json" "$OUT/job7b${FDPP_THROUGHPUT_TAG:+_$FDPP_THROUGHPUT_TAG}_served.json" <<'PY'
 import json, sys
 try:
     r = {x["test"]: x for x in json.load(open(sys.argv[1]))["results"]}

@@ -352,11 +352,14 @@ ModelConfig* SchedulerTest::config_ = nullptr;
 DecoderWeights* SchedulerTest::weights_ = nullptr;
 
 // An engine without a model, for the scheduler's own logic: a sampling row's token is a hash of its
-// last token and position (so a request recomputed after preemption draws the same tokens), and it
-// reports its steps as queued (text rendered while the next step computes) or not.
+// last token and position (so a request recomputed after preemption draws the same tokens), the
+// first its mask allows from there on. It reports its steps as computed at once, queued (text
+// rendered while the next step computes) or overlapped (the next step begun while one is in
+// flight, continuing with the tokens it draws, as the CUDA engine does on the device).
+enum class StepMode { AtOnce, Queued, Overlapped };
 class ScriptedEngine final : public Engine {
  public:
-  ScriptedEngine(const ModelConfig& c, int rows, int64_t kv_tokens, bool queued) : config_(c), queued_(queued) {
+  ScriptedEngine(const ModelConfig& c, int rows, int64_t kv_tokens, StepMode mode) : config_(c), mode_(mode) {
     EngineLimits l;
     l.max_context = c.max_context;
     l.max_step_rows = rows;
@@ -364,21 +367,47 @@ class ScriptedEngine final : public Engine {
     l.kv_cache_tokens = kv_tokens;
     init_engine(l);
   }
+  ScriptedEngine(const ModelConfig& c, int rows, int64_t kv_tokens, bool queued)
+      : ScriptedEngine(c, rows, kv_tokens, queued ? StepMode::Queued : StepMode::AtOnce) {}
   const ModelConfig& config() const override { return config_; }
-  bool queues_steps() const override { return queued_; }
+  bool queues_steps() const override { return mode_ != StepMode::AtOnce; }
+  bool overlaps_steps() const override { return mode_ == StepMode::Overlapped; }
+  int pending_rows = 0;  // rows that continued with a token still being drawn
 
  private:
   void run_step(std::span<const RowPlan> rows, int64_t, StepOutput& out) override {
+    std::vector<std::pair<int, int32_t>> drawn;
     for (size_t i = 0; i < rows.size(); ++i) {
       const StepRow& r = *rows[i].row;
+      int32_t last = r.tokens.back();
+      if (last == kPendingToken) {
+        last = last_drawn_.at(static_cast<size_t>(r.seq));
+        ++pending_rows;
+      }
       if (!r.sample) continue;
-      const uint64_t h = (static_cast<uint64_t>(r.tokens.back()) + 1) * 0x9E3779B97F4A7C15ull ^
+      const uint64_t h = (static_cast<uint64_t>(last) + 1) * 0x9E3779B97F4A7C15ull ^
                          static_cast<uint64_t>(rows[i].start + static_cast<int>(r.tokens.size()));
-      out.tokens[i] = static_cast<int32_t>((h >> 17) % static_cast<uint64_t>(config_.vocab_size));
+      int32_t t = static_cast<int32_t>((h >> 17) % static_cast<uint64_t>(config_.vocab_size));
+      if (!r.allowed_tokens.empty())
+        for (int k = 0; k < config_.vocab_size; ++k) {
+          const int32_t id = (t + k) % config_.vocab_size;
+          if (r.allowed_tokens[static_cast<size_t>(id) / 32] >> (id % 32) & 1u) {
+            t = id;
+            break;
+          }
+        }
+      out.tokens[i] = t;
+      drawn.emplace_back(r.seq, t);
+    }
+    // Read by the next step's pending rows only after this step's own rows have read theirs.
+    for (const auto& [seq, t] : drawn) {
+      if (static_cast<size_t>(seq) >= last_drawn_.size()) last_drawn_.resize(static_cast<size_t>(seq) + 1, -1);
+      last_drawn_[static_cast<size_t>(seq)] = t;
     }
   }
   ModelConfig config_;
-  bool queued_;
+  StepMode mode_;
+  std::vector<int32_t> last_drawn_;
 };
 
 // Text rendered while a queued step computes (the GPU's way) equals text rendered at the end of
@@ -410,6 +439,135 @@ TEST_F(SchedulerTest, TextRenderedWhileTheNextStepComputesIsTheSame) {
     }
   }
   EXPECT_GT(stopped, 0) << "no stop string was met: the test checks less than it should";
+}
+
+// Steps overlapped (the next one scheduled and begun while one is in flight, its decode rows
+// continuing with tokens still being drawn) give what steps one at a time give: the same tokens,
+// text, finish reasons and stop strings, with stop strings and end tokens found a step late (the
+// row of the step already begun is dropped), prefixes shared through the cache, requests that
+// must wait for their tokens on the host (a grammar, a penalty) beside them, and preemption (which
+// waits for the step in flight).
+TEST_F(SchedulerTest, OverlappedStepsGiveWhatStepsOneAtATimeGive) {
+  SchedulerOptions o;
+  o.max_num_seqs = 6;
+  o.max_batched_tokens = 64;
+  std::vector<GenerationRequest> reqs;
+  const std::vector<int32_t> shared = test::random_ids(40, config_->vocab_size);
+  for (int i = 0; i < 12; ++i) {
+    GenerationRequest r = request(20 + 3 * i, 30 + 2 * i, 0.f, static_cast<uint64_t>(i));
+    r.sampling.repeat_penalty = 1.0f;
+    if (i % 4 == 1) r.prompt.insert(r.prompt.begin(), shared.begin(), shared.end());  // a shared beginning
+    if (i % 4 == 3) r.ignore_eos = false;
+    reqs.push_back(std::move(r));
+  }
+  reqs[5].sampling.repeat_penalty = 1.1f;  // its rows wait for their tokens on the host
+  reqs[6].grammar = grammar::compile_regex("[0-9]{2}-[a-z]{2,3}");
+  reqs[6].ignore_eos = false;
+  ScriptedEngine first_engine(*config_, 6, 4096, StepMode::AtOnce);
+  const auto first = run(first_engine, reqs, o);
+  for (size_t i = 0; i < reqs.size(); i += 2)
+    if (i != 6 && first[i].text.size() > 8) reqs[i].stop = {first[i].text.substr(first[i].text.size() / 2, 2)};
+  ScriptedEngine at_once(*config_, 6, 4096, StepMode::AtOnce), overlapped(*config_, 6, 4096, StepMode::Overlapped),
+      squeezed(*config_, 6, 16 * 12, StepMode::Overlapped);
+  const auto a = run(at_once, reqs, o);
+  SchedulerStats roomy_stats, squeezed_stats;
+  const auto b = run(overlapped, reqs, o, &roomy_stats);
+  const auto c = run(squeezed, reqs, o, &squeezed_stats);
+  EXPECT_GT(overlapped.pending_rows, 40) << "the steps did not overlap: the test checks less than it should";
+  EXPECT_GT(squeezed.pending_rows, 0);
+  EXPECT_GT(squeezed_stats.preemptions, 0u);
+  EXPECT_GT(roomy_stats.prefix_cache_hits, 0u) << "no prefix was shared: the test checks less than it should";
+  int stopped = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    stopped += a[i].finish_reason == "stop";
+    for (const auto* other : {&b[i], &c[i]}) {
+      EXPECT_EQ(other->text, a[i].text) << "request " << i;
+      EXPECT_EQ(other->token_ids, a[i].token_ids) << "request " << i;
+      EXPECT_EQ(other->finish_reason, a[i].finish_reason) << "request " << i;
+      EXPECT_EQ(other->stop_string, a[i].stop_string) << "request " << i;
+    }
+  }
+  EXPECT_GT(stopped, 1) << "too few stop strings were met: the test checks less than it should";
+  EXPECT_TRUE(std::regex_match(a[6].text, std::regex("[0-9]{2}-[a-z]{2,3}"))) << a[6].text;
+}
+
+// A request cancelled while its rows are in flight ends "cancelled", its blocks come back, and the
+// others run on unchanged.
+TEST_F(SchedulerTest, CancelWhileAStepIsInFlight) {
+  SchedulerOptions o;
+  o.max_num_seqs = 4;
+  o.max_batched_tokens = 64;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    reqs.push_back(request(10 + i, 40, 0.f, static_cast<uint64_t>(i)));
+    reqs.back().sampling.repeat_penalty = 1.0f;
+  }
+  ScriptedEngine alone(*config_, 4, 4096, StepMode::AtOnce);
+  const auto expected = run(alone, reqs, o);
+  ScriptedEngine e(*config_, 4, 4096, StepMode::Overlapped);
+  Scheduler s(e, *model_->tokenizer, o);
+  std::map<uint64_t, GenerationResult> done;
+  std::vector<uint64_t> ids;
+  for (const auto& r : reqs) {
+    GenerationCallbacks cb;
+    cb.on_finish = [&](const GenerationResult& g) { done[g.id] = g; };
+    ids.push_back(s.submit(r, cb));
+  }
+  for (int i = 0; i < 8; ++i) s.step();
+  EXPECT_TRUE(e.step_in_flight());
+  s.cancel(ids[1]);
+  s.run_until_idle();
+  EXPECT_FALSE(e.step_in_flight());
+  EXPECT_EQ(done[ids[1]].finish_reason, "cancelled");
+  EXPECT_LT(done[ids[1]].token_ids.size(), 40u);
+  for (size_t i : {0u, 2u, 3u}) EXPECT_EQ(done[ids[i]].token_ids, expected[i].token_ids) << i;
+  EXPECT_EQ(e.kv().used_blocks(), 0);
+  EXPECT_GT(e.pending_rows, 0);
+}
+
+// The engine's side of overlapped steps: a second step only where the engine overlaps them, a
+// pending token only for a sequence the step in flight draws for, and a caching sequence's block
+// registered in the prefix cache once its drawn token is known.
+TEST_F(SchedulerTest, EngineOverlapChecksAndDeferredPrefixBlocks) {
+  static constexpr int32_t kPending[1] = {kPendingToken};
+  ScriptedEngine queued(*config_, 4, 4096, StepMode::Queued);
+  const int q = queued.create_sequence();
+  const std::vector<int32_t> prompt = test::random_ids(20, config_->vocab_size);
+  Batch first;
+  first.rows.push_back(StepRow{q, prompt, false, false, true});
+  queued.begin_step(first);
+  Batch next;
+  next.rows.push_back(StepRow{q, kPending, false, false, true});
+  EXPECT_THROW(queued.begin_step(next), Error) << "a queued engine that does not overlap takes one step at a time";
+  queued.end_step();
+  EXPECT_THROW(queued.step(next), Error) << "no step in flight draws the pending token";
+
+  ScriptedEngine e(*config_, 4, 4096, StepMode::Overlapped);
+  const int bs = e.kv().block_size();
+  // 2 blocks less one token: the drawn token completes the second block.
+  std::vector<int32_t> tokens = test::random_ids(2 * bs - 1, config_->vocab_size);
+  const int a = e.create_sequence(), other = e.create_sequence();
+  e.map_cached_prefix(a, tokens);
+  Batch b1;
+  b1.rows.push_back(StepRow{a, tokens, false, false, true});
+  b1.rows.push_back(StepRow{other, std::span<const int32_t>(tokens).first(3), false, false, false});
+  e.begin_step(b1);
+  Batch b2;
+  b2.rows.push_back(StepRow{other, kPending, false, false, true});
+  EXPECT_THROW(e.begin_step(b2), Error) << "the step in flight draws nothing for `other`";
+  b2.rows[0].seq = a;
+  e.begin_step(b2);
+  EXPECT_EQ(e.steps_in_flight(), 2);
+  EXPECT_THROW(e.step(b2), Error);
+  EXPECT_EQ(e.kv().cached_blocks(), 1) << "the block with the pending token is not cached yet";
+  const StepOutput o1 = e.end_step();
+  EXPECT_EQ(e.kv().cached_blocks(), 2) << "cached once its token is drawn";
+  std::vector<int32_t> known = tokens;
+  known.push_back(o1.tokens[0]);
+  known.push_back(0);  // match_prefix leaves the last token to compute
+  EXPECT_EQ(e.match_prefix(known).blocks, 2) << "under the hash of the drawn token";
+  e.end_step();
+  EXPECT_FALSE(e.step_in_flight());
 }
 
 // Admission with room kept for the outputs (reserve_growth, the automatic batch): with the ratio

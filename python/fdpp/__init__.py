@@ -886,6 +886,9 @@ class LLM:
             beginning that an earlier request computed is taken from the KV cache (whole blocks of
             16 tokens; the logits are the same); False computes every prompt from its first token.
             RequestOutput.num_cached_tokens says how many prompt tokens came from the cache.
+        async_scheduling: on the GPU each step is scheduled and launched while the previous one
+            computes (None or True, the default); False waits for its tokens first. The outputs
+            are the same either way.
         swap_space, kv_cache_dtype and vLLM's other engine keywords: accepted with one warning
             naming them; they change nothing here.
     """
@@ -916,6 +919,7 @@ class LLM:
         gpu_memory_utilization: Optional[float] = None,
         enforce_eager: Optional[bool] = None,
         enable_prefix_caching: Optional[bool] = None,
+        async_scheduling: Optional[bool] = None,
         seed: Optional[int] = None,
         tokenizer: Optional[Union[str, os.PathLike]] = None,
         trust_remote_code: bool = False,
@@ -950,7 +954,7 @@ class LLM:
             attention=attention, linear=linear, cuda_graphs=cuda_graphs, threads=threads, cpu_weights=cpu_weights,
             load_format=load_format, pdl=pdl, decode_path=decode_path,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-            enable_prefix_caching=enable_prefix_caching, quantization=quantization,
+            enable_prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling, quantization=quantization,
         )
         self._m = _core.CoreModel.load(options)
         self._tokenizer: Optional[Tokenizer] = None

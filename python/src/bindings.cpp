@@ -145,6 +145,7 @@ void cancel_and_drain(Scheduler& s, const std::vector<uint64_t>& ids, const std:
   while (!all_done()) {
     if (!s.step()) break;
   }
+  s.settle();
 }
 
 // ---- generation ---------------------------------------------------------------------------------
@@ -233,6 +234,7 @@ std::vector<Result> generate(ModelState& st, std::vector<GenerationRequest> requ
             break;
           }
         }
+        s.settle();  // the engine free for logits() between calls
       }
     } catch (const Error& e) {
       engine_error = e.what();

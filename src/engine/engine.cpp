@@ -117,19 +117,32 @@ bool Engine::reserve(int seq, int length) {
 }
 
 StepOutput Engine::step(const Batch& batch) {
+  check(in_flight_.empty(), "step: the previous step has not ended (end_step)");
   begin_step(batch);
   return end_step();
 }
 
 StepOutput Engine::end_step() {
-  check(in_flight_, "end_step: no step was begun");
-  in_flight_ = false;
-  finish_step(in_flight_out_);
-  return std::move(in_flight_out_);
+  check(!in_flight_.empty(), "end_step: no step was begun");
+  InFlight done = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  finish_step(done.out);
+  // The tokens this step drew, into the token lists of caching sequences whose next step already
+  // took them as kPendingToken: their blocks can now be hashed and registered.
+  for (const InFlight::Draw& d : done.draws) {
+    if (!is_live(d.seq)) continue;
+    Sequence& s = sequences_[static_cast<size_t>(d.seq)];
+    if (s.pending_at != d.position) continue;
+    s.tokens[static_cast<size_t>(d.position)] = done.out.tokens[static_cast<size_t>(d.row)];
+    s.pending_at = -1;
+    register_full_blocks(s);
+  }
+  return std::move(done.out);
 }
 
 void Engine::begin_step(const Batch& batch) {
-  check(!in_flight_, "begin_step: the previous step has not ended (end_step)");
+  check(in_flight_.empty() || (overlaps_steps() && in_flight_.size() == 1),
+        "begin_step: the previous step has not ended (end_step)");
   const ModelConfig& c = config();
   const int rows = static_cast<int>(batch.rows.size());
   check(rows >= 1, "step: the batch is empty");
@@ -153,7 +166,14 @@ void Engine::begin_step(const Batch& batch) {
     check(!in_batch[static_cast<size_t>(r.seq)], "step: sequence {} appears twice", r.seq);
     in_batch[static_cast<size_t>(r.seq)] = 1;
     check(!r.tokens.empty(), "step: row {} (sequence {}) has no tokens", i, r.seq);
-    for (int32_t id : r.tokens) check(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+    if (r.tokens.size() == 1 && r.tokens[0] == kPendingToken) {
+      // The token the step in flight draws for this sequence: that step must have a sampling row of it.
+      check(!in_flight_.empty() && s.sampled_in_step == in_flight_.back().serial,
+            "step: row {} (sequence {}) continues with a token no step in flight draws for it", i, r.seq);
+    } else {
+      for (int32_t id : r.tokens)
+        check(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+    }
     const int64_t end = s.length + static_cast<int64_t>(r.tokens.size());
     check(end <= limits_.max_context, "sequence {}: {} + {} tokens exceed the context size {}", r.seq, s.length,
           r.tokens.size(), limits_.max_context);
@@ -194,23 +214,32 @@ void Engine::begin_step(const Batch& batch) {
     check(ok, "internal: KV reservation failed after the check");
   }
 
-  StepOutput out;
+  InFlight step;
+  step.serial = ++steps_begun_;
+  StepOutput& out = step.out;
   out.tokens.assign(rows, -1);
   out.logits.assign(static_cast<size_t>(logits_rows) * c.vocab_size, 0.f);
   if (want_logprobs) out.logprobs.resize(rows);
   run_step(plan, total, out);
-  for (const StepRow& r : batch.rows) {
+  for (int i = 0; i < rows; ++i) {
+    const StepRow& r = batch.rows[static_cast<size_t>(i)];
     Sequence& s = sequences_[r.seq];
-    s.length += static_cast<int>(r.tokens.size());
     if (s.caching) {
+      // A pending token stays a placeholder (and its block unregistered) until end_step of the
+      // step that draws it.
+      if (r.tokens[0] == kPendingToken && r.tokens.size() == 1) s.pending_at = s.length;
       s.tokens.insert(s.tokens.end(), r.tokens.begin(), r.tokens.end());
       register_full_blocks(s);
+    }
+    s.length += static_cast<int>(r.tokens.size());
+    if (r.sample) {
+      s.sampled_in_step = step.serial;
+      if (s.caching) step.draws.push_back({i, r.seq, s.length});
     }
     // After registering: a completed block is cached before it may be given back.
     free_out_of_window(s);
   }
-  in_flight_out_ = std::move(out);
-  in_flight_ = true;
+  in_flight_.push_back(std::move(step));
 }
 
 Engine::PrefixMatch Engine::match_prefix(std::span<const int32_t> tokens) const {
@@ -260,7 +289,10 @@ int Engine::map_cached_prefix(int seq, std::span<const int32_t> tokens) {
 
 void Engine::register_full_blocks(Sequence& s) {
   const int64_t bs = kv_.block_size();
-  while (static_cast<int64_t>(s.hashes.size() + 1) * bs <= s.length) {
+  const int64_t known = static_cast<int64_t>(s.tokens.size());  // called before or after length grows
+  while (static_cast<int64_t>(s.hashes.size() + 1) * bs <= known) {
+    // A block holding a token not drawn yet waits for end_step.
+    if (s.pending_at >= 0 && s.pending_at < static_cast<int64_t>(s.hashes.size() + 1) * bs) break;
     const size_t i = s.hashes.size();
     const std::span<const int32_t> block(s.tokens.data() + i * bs, static_cast<size_t>(bs));
     const uint64_t hash = prefix_block_hash(i == 0 ? 0 : s.hashes.back(), salt_, block);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <vector>
 
@@ -18,9 +19,14 @@
 
 namespace fdpp {
 
+// A decode row's token that the step in flight is still drawing (Engine::overlaps_steps): the
+// row continues its sequence with the token that sequence's sampling row of that step draws, which
+// the backend takes from where the device left it.
+inline constexpr int32_t kPendingToken = -1;
+
 // One row of a step: `tokens` are appended to sequence `seq` at positions
 // [sequence_length(seq), sequence_length(seq) + tokens.size()) and attend to the sequence's cache
-// up to their own position. A prefill chunk has many tokens, a decode row one.
+// up to their own position. A prefill chunk has many tokens, a decode row one (or kPendingToken).
 struct StepRow {
   int seq = -1;
   std::span<const int32_t> tokens;
@@ -130,16 +136,22 @@ class Engine {
   StepOutput step(const Batch& batch);
   // step() in two halves, for a caller with host work to do while the device computes (the
   // scheduler renders the previous step's text meanwhile): begin_step checks, reserves, launches
-  // and advances the sequences; end_step waits for the step and returns its output. One step at a
-  // time; the batch's token spans need not outlive begin_step. Sequences may be released in
-  // between (their blocks are reused only by a later step). Engines without a device queue
-  // (queues_steps() false) compute the whole step in begin_step.
+  // and advances the sequences; end_step waits for the oldest step begun and returns its output.
+  // The batch's token spans need not outlive begin_step. Sequences may be released in between
+  // (their blocks are reused only by a later step). Engines without a device queue (queues_steps()
+  // false) compute the whole step in begin_step. One step at a time, except where overlaps_steps():
+  // then a second step may begin while one is in flight, its decode rows continuing sequences
+  // with the tokens the first draws (kPendingToken), so that the host schedules and launches step
+  // N + 1 while the device computes step N (SGLang's overlap scheduler, vLLM's async scheduling).
   void begin_step(const Batch& batch);
   StepOutput end_step();
-  bool step_in_flight() const { return in_flight_; }
+  bool step_in_flight() const { return !in_flight_.empty(); }
+  int steps_in_flight() const { return static_cast<int>(in_flight_.size()); }
   // Whether begin_step returns while the device still computes (so that host work between
   // begin_step and end_step overlaps it). False: the whole step runs in begin_step.
   virtual bool queues_steps() const { return false; }
+  // Whether begin_step takes a second step while one is in flight, with kPendingToken rows.
+  virtual bool overlaps_steps() const { return false; }
 
   // Does now what the first steps of a long run would otherwise do on the way (the CUDA engine
   // times its linear layers' algorithms for every row count a step can reach). For engines that
@@ -159,6 +171,10 @@ class Engine {
     bool caching = false;
     std::vector<int32_t> tokens;
     std::vector<uint64_t> hashes;
+    // The newest step begun whose row of this sequence draws a token (kPendingToken rows continue
+    // from it), and where a caching sequence's tokens hold kPendingToken until that token is known.
+    uint64_t sampled_in_step = 0;
+    int pending_at = -1;
   };
   // A row as the backend sees it: its sequence's cache state before the step.
   struct RowPlan {
@@ -172,7 +188,9 @@ class Engine {
   // Computes the step: writes out.tokens for sampling rows and out.logits (already sized) for
   // rows with logits_index >= 0. The sequences' blocks already hold start + n tokens. An engine
   // with a device queue may return once the step is queued, leaving out.tokens and out.logprobs to
-  // finish_step (out.logits are written by run_step). The rows do not outlive run_step.
+  // finish_step (out.logits are written by run_step). The rows do not outlive run_step. Where
+  // overlaps_steps(), a row's token may be kPendingToken: the token its sequence's sampling row of
+  // the previous step draws (finish_step is called in the order the steps were run).
   virtual void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) = 0;
   // Waits for the step run_step queued and completes its output; nothing to do for an engine
   // that computed it in run_step.
@@ -201,8 +219,18 @@ class Engine {
   std::vector<Sequence> sequences_;
   uint64_t salt_ = 0;  // prefix_block_hash's salt: the model's shapes
   int window_ = 0;     // window_freeing()
-  bool in_flight_ = false;  // begin_step ran, end_step not yet
-  StepOutput in_flight_out_;
+  // Steps begun and not yet ended, oldest first (at most two, and two only where overlaps_steps()):
+  // each one's output, and where its sampling rows' tokens go in caching sequences' token lists.
+  struct InFlight {
+    StepOutput out;
+    uint64_t serial = 0;
+    struct Draw {
+      int row, seq, position;
+    };
+    std::vector<Draw> draws;
+  };
+  std::deque<InFlight> in_flight_;
+  uint64_t steps_begun_ = 0;
 };
 
 }  // namespace fdpp

@@ -64,6 +64,10 @@ struct Scheduler::Active {
   std::optional<int32_t> stop_token_id;  // what ended a "stop" (GenerationResult)
   std::optional<std::string> stop_string;
   bool in_batch = false;          // has a row in the step being built
+  // Tokens of its rows in steps begun and not yet ended (added to `computed` as each ends), and
+  // its sampling rows among them (their tokens are not in `tokens` yet).
+  int tokens_in_flight = 0;
+  int draws_in_flight = 0;
   // Its newest token is accepted but its text not yet rendered (render_text, while the next step
   // computes).
   bool text_due = false;
@@ -89,6 +93,11 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, const Scheduler
 }
 
 Scheduler::~Scheduler() {
+  try {
+    while (engine_.step_in_flight()) engine_.end_step();
+  } catch (const std::exception&) {
+    // The engine's error is the step's; the sequences are released below all the same.
+  }
   for (auto& a : running_)
     if (a->seq >= 0) engine_.release_sequence(a->seq);
 }
@@ -160,7 +169,7 @@ void Scheduler::cancel(uint64_t id) {
 
 bool Scheduler::idle() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return waiting_.empty() && running_.empty();
+  return waiting_.empty() && running_.empty() && in_flight_.empty();
 }
 
 SchedulerStats Scheduler::stats() const {
@@ -444,9 +453,124 @@ void Scheduler::admit_locked() {
   }
 }
 
+void Scheduler::retire_done() {
+  for (auto& a : running_)
+    if (a->done && a->tokens_in_flight > 0) retired_.push_back(std::move(a));
+  std::erase_if(running_, [](const auto& a) { return !a || a->done; });
+  std::erase_if(retired_, [](const auto& a) { return a->tokens_in_flight == 0; });
+}
+
+bool Scheduler::can_overlap() const {
+  if (!options_.overlap_steps || !engine_.overlaps_steps() || in_flight_.size() != 1) return false;
+  // A row whose inputs need the pending token on the host: a grammar's mask, a penalty's history,
+  // or a prompt scored position by position.
+  for (const auto& a : running_) {
+    if (a->done || a->tokens_in_flight == 0) continue;
+    const SamplingParams& p = a->request.sampling;
+    if (a->matcher || p.repeat_penalty != 1.0f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f ||
+        a->request.prompt_logprobs >= 0)
+      return false;
+  }
+  return true;
+}
+
+bool Scheduler::build_batch(Batch& batch, std::vector<Active*>& owners, bool overlap) {
+  static constexpr int32_t kPending[1] = {kPendingToken};
+  int budget = options_.max_batched_tokens;
+  auto preempt_last = [&]() {
+    std::unique_ptr<Active> victim = std::move(running_.back());
+    running_.pop_back();
+    preempt(*victim);
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.push_front(std::move(victim));
+  };
+  auto abandon = [&]() {
+    for (Active* a : owners) a->in_batch = false;
+    return false;
+  };
+  // Decode rows first (never starved), each needing one more slot of cache; when the cache is
+  // full the most recently admitted request is preempted until the rest fit. A request whose
+  // token is still being drawn in the step in flight continues with it (kPendingToken), unless
+  // that token is its last (max_tokens or the context reached).
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Active& a = *running_[i];
+    if (a.done) continue;
+    const int known = static_cast<int>(a.tokens.size()) + a.draws_in_flight;
+    const int computed = a.computed + a.tokens_in_flight;
+    if (known - computed != 1) continue;
+    const bool pending = a.draws_in_flight > 0;
+    const int generated = static_cast<int>(a.generated.size()) + a.draws_in_flight;
+    if (pending && (generated >= a.request.max_tokens || known >= engine_.max_context())) continue;
+    while (!engine_.reserve(a.seq, computed + 1)) {
+      if (overlap) return abandon();  // preemption only between steps
+      const bool self = running_.back().get() == &a;
+      preempt_last();
+      if (self) break;
+    }
+    if (a.seq < 0) break;  // it was the victim (the last one): no later rows remain
+    StepRow r;
+    r.seq = a.seq;
+    r.tokens = pending ? std::span<const int32_t>(kPending) : std::span<const int32_t>(a.tokens.data() + computed, 1);
+    r.sample = true;
+    r.sampling = a.request.sampling;
+    r.sample_index = static_cast<uint64_t>(generated);
+    r.history = a.tokens;
+    if (a.matcher) r.allowed_tokens = a.matcher->allowed_tokens();
+    batch.rows.push_back(r);
+    owners.push_back(&a);
+    a.in_batch = true;
+    --budget;
+  }
+  // Prefill chunks with the rest of the budget, in admission order.
+  const int logit_rows_cap = engine_.limits().max_logit_rows;  // 0: no limit
+  // Logits rows of the step so far, counted as the engine that counts most does: one per row (the
+  // CUDA engine's head rows include every sampling row) and every position of a scored chunk.
+  int logit_rows = static_cast<int>(batch.rows.size());
+  for (auto& owner : running_) {
+    Active& a = *owner;
+    if (a.done || a.in_batch || a.draws_in_flight > 0) continue;
+    const int computed = a.computed + a.tokens_in_flight;
+    const int remaining = static_cast<int>(a.tokens.size()) - computed;
+    if (remaining <= 1 && !(remaining == 1 && computed == 0)) continue;
+    if (budget <= 0 || static_cast<int>(batch.rows.size()) >= options_.max_num_seqs) break;
+    int n = std::min(remaining, budget);
+    if (engine_.window_freeing() > 0) {
+      // Its blocks behind the window are given back as it goes: a chunk that fits the free blocks
+      // progresses (a sequence longer than the pool included) where a whole one would wait.
+      const KvBlockAllocator& kv = engine_.kv();
+      const int64_t fit = (kv.blocks_for(computed) + kv.free_blocks()) * kv.block_size() - computed;
+      n = static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(1, fit)));
+    }
+    // Scoring the prompt: every position's logits, within what one step returns.
+    const bool score = scores_prompt(a);
+    if (score && logit_rows_cap > 0) {
+      if (logit_rows >= logit_rows_cap) continue;  // the next step, with fewer rows
+      n = std::min(n, logit_rows_cap - logit_rows);
+    }
+    if (!engine_.reserve(a.seq, computed + n)) break;  // the next step, after decodes free or preempt
+    StepRow r;
+    r.seq = a.seq;
+    r.tokens = std::span<const int32_t>(a.tokens.data() + computed, n);
+    r.all_logits = score;
+    logit_rows += score ? n : 1;
+    r.sample = n == remaining;  // the last chunk draws the next token
+    r.sampling = a.request.sampling;
+    r.sample_index = a.generated.size();
+    r.history = a.tokens;
+    if (a.matcher && r.sample) r.allowed_tokens = a.matcher->allowed_tokens();
+    batch.rows.push_back(r);
+    owners.push_back(&a);
+    a.in_batch = true;
+    budget -= n;
+  }
+  for (Active* a : owners) a->in_batch = false;
+  return true;
+}
+
 bool Scheduler::step() {
   const Clock::time_point began = Clock::now();
-  // Cancellations first, so their blocks are free for this step's admissions.
+  // Cancellations first, so their blocks are free for this step's admissions. A cancelled
+  // request's rows in a step in flight are dropped when it ends.
   std::vector<uint64_t> cancelled;
   std::vector<std::unique_ptr<Active>> cancelled_waiting;
   {
@@ -464,100 +588,60 @@ bool Scheduler::step() {
   for (uint64_t id : cancelled)
     for (auto& a : running_)
       if (a->id == id) finish(*a, "cancelled");
-  std::erase_if(running_, [](const auto& a) { return a->done; });
+  retire_done();
 
   {
     std::lock_guard<std::mutex> lock(mutex_);
     admit_locked();
   }
   publish_stats();
-  if (running_.empty()) return !cancelled.empty();
+  if (running_.empty()) {
+    if (in_flight_.empty()) return !cancelled.empty();
+    complete_step();  // the last step's rows, all of finished requests by now or soon
+    retire_done();
+    publish_stats();
+    return true;
+  }
 
-  // Decode rows first (never starved), each needing one more slot of cache; when the cache is
-  // full the most recently admitted request is preempted until the rest fit.
+  // Overlap: build the next step while the one in flight computes; else take its tokens first.
+  bool overlap = can_overlap();
+  if (!in_flight_.empty() && !overlap) {
+    complete_step();
+    retire_done();
+  }
   Batch batch;
   std::vector<Active*> row_owner;
-  int budget = options_.max_batched_tokens;
-  auto preempt_last = [&]() {
-    std::unique_ptr<Active> victim = std::move(running_.back());
-    running_.pop_back();
-    preempt(*victim);
-    std::lock_guard<std::mutex> lock(mutex_);
-    waiting_.push_front(std::move(victim));
-  };
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Active& a = *running_[i];
-    if (static_cast<int>(a.tokens.size()) - a.computed != 1) continue;
-    while (!engine_.reserve(a.seq, a.computed + 1)) {
-      const bool self = running_.back().get() == &a;
-      preempt_last();
-      if (self) break;
-    }
-    if (a.seq < 0) break;  // it was the victim (the last one): no later rows remain
-    StepRow r;
-    r.seq = a.seq;
-    r.tokens = std::span<const int32_t>(a.tokens.data() + a.computed, 1);
-    r.sample = true;
-    r.sampling = a.request.sampling;
-    r.sample_index = a.generated.size();
-    r.history = a.tokens;
-    if (a.matcher) r.allowed_tokens = a.matcher->allowed_tokens();
-    batch.rows.push_back(r);
-    row_owner.push_back(&a);
-    a.in_batch = true;
-    --budget;
-  }
-  // Prefill chunks with the rest of the budget, in admission order.
-  const int logit_rows_cap = engine_.limits().max_logit_rows;  // 0: no limit
-  // Logits rows of the step so far, counted as the engine that counts most does: one per row (the
-  // CUDA engine's head rows include every sampling row) and every position of a scored chunk.
-  int logit_rows = static_cast<int>(batch.rows.size());
-  for (auto& owner : running_) {
-    Active& a = *owner;
-    const int remaining = static_cast<int>(a.tokens.size()) - a.computed;
-    if (remaining <= 1 && !(remaining == 1 && a.computed == 0)) continue;
-    if (a.in_batch) continue;
-    if (budget <= 0 || static_cast<int>(batch.rows.size()) >= options_.max_num_seqs) break;
-    int n = std::min(remaining, budget);
-    if (engine_.window_freeing() > 0) {
-      // Its blocks behind the window are given back as it goes: a chunk that fits the free blocks
-      // progresses (a sequence longer than the pool included) where a whole one would wait.
-      const KvBlockAllocator& kv = engine_.kv();
-      const int64_t fit = (kv.blocks_for(a.computed) + kv.free_blocks()) * kv.block_size() - a.computed;
-      n = static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(1, fit)));
-    }
-    // Scoring the prompt: every position's logits, within what one step returns.
-    const bool score = scores_prompt(a);
-    if (score && logit_rows_cap > 0) {
-      if (logit_rows >= logit_rows_cap) continue;  // the next step, with fewer rows
-      n = std::min(n, logit_rows_cap - logit_rows);
-    }
-    if (!engine_.reserve(a.seq, a.computed + n)) break;  // the next step, after decodes free or preempt
-    StepRow r;
-    r.seq = a.seq;
-    r.tokens = std::span<const int32_t>(a.tokens.data() + a.computed, n);
-    r.all_logits = score;
-    logit_rows += score ? n : 1;
-    r.sample = n == remaining;  // the last chunk draws the next token
-    r.sampling = a.request.sampling;
-    r.sample_index = a.generated.size();
-    r.history = a.tokens;
-    if (a.matcher && r.sample) r.allowed_tokens = a.matcher->allowed_tokens();
-    batch.rows.push_back(r);
-    row_owner.push_back(&a);
-    a.in_batch = true;
-    budget -= n;
+  if (!build_batch(batch, row_owner, overlap)) {
+    // The cache is full: preemption waits until the step in flight has ended.
+    complete_step();
+    retire_done();
+    overlap = false;
+    batch.rows.clear();
+    row_owner.clear();
+    build_batch(batch, row_owner, false);
   }
   if (batch.rows.empty()) {
+    if (!in_flight_.empty()) {
+      complete_step();  // every request with a row in it ends there
+      retire_done();
+    }
     // Windowed sequences are admitted by their window's bound, not their length, so prefills alone
     // can leave each other no block: the last admitted gives way, as a decode row would make it.
-    if (engine_.window_freeing() > 0 && running_.size() > 1) preempt_last();
-    return true;  // only preemptions happened; the next step admits again
+    else if (engine_.window_freeing() > 0 && running_.size() > 1) {
+      std::unique_ptr<Active> victim = std::move(running_.back());
+      running_.pop_back();
+      preempt(*victim);
+      std::lock_guard<std::mutex> lock(mutex_);
+      waiting_.push_front(std::move(victim));
+    }
+    publish_stats();
+    return true;  // only preemptions or endings happened; the next step admits again
   }
 
-  for (Active* a : row_owner) a->in_batch = false;
-  StepOutput out;
-  const Clock::time_point engine_began = Clock::now();
+  StepInFlight st;
+  st.began = began;
+  st.overlapped = overlap;
+  st.engine_began = Clock::now();
   try {
     engine_.begin_step(batch);
   } catch (const Error& e) {
@@ -568,33 +652,68 @@ bool Scheduler::step() {
       a->pending.clear();
       finish(*a, "error");
     }
-    std::erase_if(running_, [](const auto& a) { return a->done; });
+    while (!in_flight_.empty()) complete_step();
+    retire_done();
     publish_stats();
     return true;
   }
-  // While the device computes (an engine that queues steps): the previous step's text
-  // (detokenizing, stop strings, deliveries). A stop string found here ends its request, whose row
-  // in this step is then ignored.
-  const Clock::time_point render_began = Clock::now();
-  render_due_text();
-  const Clock::time_point render_ended = Clock::now();
-  out = engine_.end_step();
-  const Clock::time_point engine_ended = Clock::now();
+  st.launched = Clock::now();
+  for (size_t i = 0; i < batch.rows.size(); ++i) {
+    const StepRow& r = batch.rows[i];
+    Active& a = *row_owner[i];
+    const int n = static_cast<int>(r.tokens.size());
+    st.rows.push_back({&a, n, r.sample, r.all_logits, r.sample && r.sampling.logprobs >= 0});
+    a.tokens_in_flight += n;
+    if (r.sample) a.draws_in_flight++;
+    if (n == 1 && r.sample) {
+      ++st.decode_rows;
+    } else {
+      ++st.prefill_rows;
+      st.prefill_tokens += n;
+    }
+  }
+  in_flight_.push_back(std::move(st));
+  if (options_.overlap_steps && engine_.overlaps_steps()) {
+    // The new step stays in flight: while it computes, the previous one (if any) ends here, and
+    // the text of the tokens taken in renders (detokenizing, stop strings, deliveries).
+    if (in_flight_.size() > 1) complete_step();
+    timed_render();
+  } else {
+    // While the device computes (an engine that queues steps): the previous step's text. A stop
+    // string found here ends its request, whose row in this step is then ignored.
+    timed_render();
+    complete_step();
+    // An engine that computed the step in begin_step leaves nothing to overlap: the text now, so
+    // that it reaches the client without waiting for the next step.
+    if (!engine_.queues_steps()) render_due_text();
+  }
+  retire_done();
+  publish_stats();
+  return true;
+}
+
+void Scheduler::complete_step() {
+  StepInFlight st = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  const Clock::time_point wait_began = Clock::now();
+  const StepOutput out = engine_.end_step();
+  const Clock::time_point ended = Clock::now();
   uint64_t prefilled = 0, generated = 0;
   int64_t logit_row = 0;  // the first logits row of batch row i (StepOutput::logits' order)
-  for (size_t i = 0; i < batch.rows.size(); ++i) {
-    Active& a = *row_owner[i];
-    const int n = static_cast<int>(batch.rows[i].tokens.size());
+  for (size_t i = 0; i < st.rows.size(); ++i) {
+    const StepInFlight::Row& row = st.rows[i];
+    Active& a = *row.owner;
+    a.tokens_in_flight -= row.n;
+    if (row.sample) a.draws_in_flight--;
     const int64_t first_logit_row = logit_row;
-    if (batch.rows[i].all_logits) logit_row += n;
+    if (row.all_logits) logit_row += row.n;
     if (a.done) continue;
-    if (batch.rows[i].all_logits) score_prompt(a, out, first_logit_row, n);
-    a.computed += n;
-    if (n > 1 || a.generated.empty()) prefilled += static_cast<uint64_t>(n);
-    if (!batch.rows[i].sample) continue;
+    if (row.all_logits) score_prompt(a, out, first_logit_row, row.n);
+    a.computed += row.n;
+    if (row.n > 1 || a.generated.empty()) prefilled += static_cast<uint64_t>(row.n);
+    if (!row.sample) continue;
     ++generated;
-    if (!accept_token(a, out.tokens[i],
-                      out.logprobs.empty() || batch.rows[i].sampling.logprobs < 0 ? nullptr : &out.logprobs[i]) &&
+    if (!accept_token(a, out.tokens[i], out.logprobs.empty() || !row.logprobs ? nullptr : &out.logprobs[i]) &&
         a.matcher)
       advance_grammar(a, out.tokens[i]);
   }
@@ -605,36 +724,31 @@ bool Scheduler::step() {
     stats_.steps++;
   }
   growth_ratio_ = std::max(options_.growth_ratio_floor, growth_ratio_ - options_.growth_ratio_decay);
-  // An engine that computed the step in begin_step leaves nothing to overlap: the text now, so
-  // that it reaches the client without waiting for the next step.
-  if (!engine_.queues_steps()) render_due_text();
-  std::erase_if(running_, [](const auto& a) { return a->done; });
-  publish_stats();
-  if (step_log_) log_step(batch, began, engine_began, engine_ended, render_ended - render_began);
-  return true;
+  if (step_log_) {
+    log_step(st, ended - wait_began, ended, rendered_);
+    rendered_ = Clock::duration::zero();
+  }
 }
 
-void Scheduler::log_step(const Batch& batch, Clock::time_point began, Clock::time_point engine_began,
-                         Clock::time_point engine_ended, Clock::duration render) {
+void Scheduler::timed_render() {
+  const Clock::time_point t0 = Clock::now();
+  render_due_text();
+  rendered_ += Clock::now() - t0;
+}
+
+void Scheduler::log_step(const StepInFlight& step, Clock::duration wait, Clock::time_point ended,
+                         Clock::duration render) {
   auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-  int decode_rows = 0, prefill_rows = 0;
-  int64_t prefill_tokens = 0;
-  for (const StepRow& r : batch.rows) {
-    if (r.tokens.size() == 1 && r.sample) {
-      ++decode_rows;
-    } else {
-      ++prefill_rows;
-      prefill_tokens += static_cast<int64_t>(r.tokens.size());
-    }
-  }
+  auto dur = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
   const SchedulerStats st = stats();
   *step_log_ << fmt::format(
       "{{\"step\":{},\"start_ms\":{:.3f},\"schedule_ms\":{:.3f},\"engine_ms\":{:.3f},\"emit_ms\":{:.3f},"
       "\"decode_rows\":{},\"prefill_rows\":{},\"prefill_tokens\":{},\"running\":{},\"waiting\":{},"
-      "\"graph_captures\":{},\"render_ms\":{:.3f}}}\n",
-      st.steps, ms(created_, began), ms(began, engine_began), ms(engine_began, engine_ended),
-      ms(engine_ended, Clock::now()), decode_rows, prefill_rows, prefill_tokens, st.running, st.waiting,
-      engine_.graph_captures(), std::chrono::duration<double, std::milli>(render).count());
+      "\"graph_captures\":{},\"render_ms\":{:.3f},\"launch_ms\":{:.3f},\"wait_ms\":{:.3f},\"overlapped\":{}}}\n",
+      st.steps, ms(created_, step.began), ms(step.began, step.engine_began),
+      ms(step.engine_began, step.launched) + dur(wait), ms(ended, Clock::now()), step.decode_rows, step.prefill_rows,
+      step.prefill_tokens, st.running, st.waiting, engine_.graph_captures(), dur(render), ms(step.engine_began, step.launched),
+      dur(wait), step.overlapped);
 }
 
 void Scheduler::publish_stats() {
@@ -651,16 +765,24 @@ void Scheduler::run_until_idle() {
   while (!idle()) step();
 }
 
+void Scheduler::settle() {
+  while (!in_flight_.empty()) complete_step();
+  retire_done();
+  publish_stats();
+}
+
 void Scheduler::run() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running_.empty() || !cancelled_.empty(); });
+      wake_.wait(lock, [&] {
+        return stopping_ || !waiting_.empty() || !running_.empty() || !cancelled_.empty() || !in_flight_.empty();
+      });
       if (stopping_ && !draining_) {
         for (auto& a : waiting_) cancelled_.push_back(a->id);
         for (auto& a : running_) cancelled_.push_back(a->id);
       }
-      if (stopping_ && waiting_.empty() && running_.empty() && cancelled_.empty()) return;
+      if (stopping_ && waiting_.empty() && running_.empty() && cancelled_.empty() && in_flight_.empty()) return;
     }
     step();
   }

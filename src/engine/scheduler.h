@@ -126,6 +126,12 @@ struct SchedulerOptions {
   // is SGLang's new-token ratio; it lets max_num_seqs be the engine's rows and the KV cache decide.
   // Off (false): a request enters when its tokens so far fit (vLLM's rule).
   bool reserve_growth = false;
+  // Where the engine overlaps steps (Engine::overlaps_steps: the CUDA engine), the next step is
+  // scheduled and launched while the device computes the current one, its decode rows continuing
+  // with the tokens still being drawn; the finished requests' rows of it are dropped. Steps with a
+  // structured-output request, a repetition, presence or frequency penalty, or prompt scoring wait
+  // for the tokens first (their inputs need them). The tokens are the same either way.
+  bool overlap_steps = true;
   double growth_ratio_floor = 0.3;
   double growth_ratio_decay = 0.002;
   static constexpr int64_t kGrowthClip = 4096;
@@ -175,13 +181,16 @@ class Scheduler {
   bool step();
   // Steps until every submitted request has finished.
   void run_until_idle();
+  // Ends the steps still in flight (overlap_steps leaves the last one begun, with the rows of
+  // requests that had already finished), so that the engine is free for direct use.
+  void settle();
   // The engine thread's loop: steps while there is work, sleeps until submit() otherwise, returns
   // after stop(). With drain, requests already submitted finish first; submit() is refused after
   // stop().
   void run();
   void stop(bool drain);
 
-  bool idle() const;
+  bool idle() const;  // nothing waits, runs or is in flight (the last: engine thread only)
   SchedulerStats stats() const;
   const SchedulerOptions& options() const { return options_; }
   Engine& engine() { return engine_; }
@@ -189,7 +198,31 @@ class Scheduler {
 
  private:
   struct Active;
+  // A step begun and not yet ended: its rows' owners and what the token handling needs of them.
+  struct StepInFlight {
+    struct Row {
+      Active* owner;
+      int n;
+      bool sample, all_logits, logprobs;
+    };
+    std::vector<Row> rows;
+    bool overlapped = false;  // built while the previous step computed
+    std::chrono::steady_clock::time_point began, engine_began, launched;
+    int decode_rows = 0, prefill_rows = 0;
+    int64_t prefill_tokens = 0;
+  };
   void admit_locked();
+  // The next step's rows: decode rows first, then prefill chunks in the budget. With `overlap` a
+  // step is in flight and the rows continue from it (its tokens still pending); returns false,
+  // with the batch to be discarded, where that would need a preemption (the caller ends the step
+  // in flight and builds again without overlap).
+  bool build_batch(Batch& batch, std::vector<Active*>& owners, bool overlap);
+  // Whether the next step may be built while the one in flight computes (SchedulerOptions::overlap_steps).
+  bool can_overlap() const;
+  // Ends the oldest step in flight and takes its tokens in (accept_token, grammar, prompt scores).
+  void complete_step();
+  // Drops finished requests from running_; those with rows still in flight wait in retired_.
+  void retire_done();
   // Whether a running request is still computing more whole blocks of a's beginning than the
   // prefix cache holds (`cached_blocks`).
   bool computing_prefix(const Active& a, int64_t cached_blocks) const;
@@ -211,15 +244,15 @@ class Scheduler {
   // delivered except what a stop string may still claim (last: finish() delivers the rest).
   void render_text(Active& a, bool last);
   void render_due_text();  // render_text for every running request with a token's text due
+  void timed_render();     // render_due_text, its time counted for the step log (rendered_)
   void deliver(Active& a, std::string_view text);  // on_delta with the undelivered tokens
   void advance_grammar(Active& a, int32_t token);  // after accept_token: may finish the request
   // The automata of structured output's grammars over this model's vocabulary (built at first use):
   // requests of one schema share one, so a state's mask is computed once for all of them.
   grammar::GrammarAutomata& grammar_automata();
   void publish_stats();
-  void log_step(const Batch& batch, std::chrono::steady_clock::time_point began,
-                std::chrono::steady_clock::time_point engine_began, std::chrono::steady_clock::time_point engine_ended,
-                std::chrono::steady_clock::duration render);
+  void log_step(const StepInFlight& step, std::chrono::steady_clock::duration wait,
+                std::chrono::steady_clock::time_point ended, std::chrono::steady_clock::duration render);
 
   Engine& engine_;
   const Tokenizer& tokenizer_;
@@ -237,10 +270,13 @@ class Scheduler {
   SchedulerStats stats_;
 
   std::vector<std::unique_ptr<Active>> running_;  // engine thread only
+  std::vector<std::unique_ptr<Active>> retired_;  // finished, with rows in a step in flight
+  std::deque<StepInFlight> in_flight_;            // engine thread only, oldest first
   std::string current_error_;                      // the failed step's message (engine thread)
   std::mutex vocab_mutex_;  // builds grammar_automata_ once
   std::unique_ptr<grammar::GrammarAutomata> grammar_automata_;
   std::unique_ptr<std::ofstream> step_log_;        // engine thread only
+  std::chrono::steady_clock::duration rendered_{};  // text rendered since the last step logged
   std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
 };
 

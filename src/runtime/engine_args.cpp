@@ -144,6 +144,20 @@ std::vector<EngineOption> build_table() {
     t.push_back(std::move(o));
   }
   {
+    // vLLM's keyword (async_scheduling); SGLang's --disable-overlap-schedule is a second spelling.
+    EngineOption o;
+    o.name = "async_scheduling";
+    o.flags = "--no-async-scheduling,--disable-overlap-schedule";
+    o.front_ends = kEngines;
+    o.kind = OptionKind::Switch;
+    o.flag_value = false;
+    o.help = "schedule and launch each step after the previous one's tokens are back, instead of while "
+             "it computes (the GPU's default; the results are the same, the host's work is then exposed)";
+    o.assign = [](EngineArgs& a, const std::string& v) { a.overlap_steps = v == "true"; };
+    o.value = [](const EngineArgs& a) { return bool_text(a.overlap_steps); };
+    t.push_back(std::move(o));
+  }
+  {
     // vLLM's keyword; its CLI's --no-enable-prefix-caching is accepted as a second spelling.
     EngineOption o;
     o.name = "enable_prefix_caching";
@@ -360,6 +374,7 @@ SchedulerOptions EngineArgs::scheduler_options(Device d, int max_waiting) const 
   o.max_waiting = max_waiting;
   o.step_log = step_log;
   o.prefix_caching = prefix_caching;
+  o.overlap_steps = overlap_steps;
   return o;
 }
 

@@ -39,6 +39,7 @@ struct EngineArgs {
   int max_model_len = 0;             // context per sequence; 0: the model's
   bool cuda_graphs = true;
   bool prefix_caching = true;        // automatic prefix caching (serve, Python, generate --file)
+  bool overlap_steps = true;         // SchedulerOptions::overlap_steps (async_scheduling)
   bool free_window_blocks = true;    // give back KV blocks behind every layer's window (Engine)
   // CUDA: the share of the GPU memory left free by the weights that the KV cache takes when
   // kv_cache_tokens does not size it (vLLM's gpu_memory_utilization; vLLM counts the weights in).

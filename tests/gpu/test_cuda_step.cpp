@@ -186,6 +186,88 @@ TEST(CudaStepSampling, ARowDrawsTheSameTokensInAnySlotBesideAnyRequests) {
   if (alone4.tokens.at(4) == batch.tokens.at(4)) EXPECT_LE(test::nmse(alone4.logits.at(4), batch.logits.at(4)), 5e-4);
 }
 
+// Overlapped steps (Engine::overlaps_steps): step N + 1 begun before step N has ended, its rows
+// continuing with the tokens N draws (kPendingToken, read on the device). The same batches run one
+// step at a time with the drawn tokens given explicitly produce identical tokens and logits: through
+// the graph-replayed decode step and through a mixed step (the pinned staging of its inputs), with
+// greedy and seeded rows, in both attention modes.
+TEST(CudaStepOverlap, PendingTokensAreTheDrawnOnes) {
+  REQUIRE_GPU();
+  for (const bool async : {true, false}) {
+    ModelConfig c = test::tiny("llama", 128);
+    const DecoderWeights w = test::random_weights(c);
+    cuda::EngineOptions eo;
+    eo.max_batch = 8;
+    eo.max_prefill_tokens = 256;
+    eo.kv_cache_tokens = 4096;
+    eo.attention = async ? cuda::AttentionMode::Async : cuda::AttentionMode::Sync;
+    auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+    cuda::CudaEngine one_at_a_time(model, eo), overlapped(model, eo);
+    ASSERT_TRUE(overlapped.overlaps_steps());
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 5; ++i) prompts.push_back(test::random_ids(9 + 7 * i, c.vocab_size));
+    auto sampling = [](int i) {
+      SamplingParams s;
+      s.temperature = i % 2 ? 0.8f : 0.f;
+      s.seed = 77 + i;
+      return s;
+    };
+    // Step 1: prompts 0-3 prefill and draw; step 2: their decode rows (graph-replayed); step 3:
+    // their decode rows beside prompt 4's prefill (a mixed step). `drawn` gives the previous
+    // step's tokens, or null for kPendingToken.
+    static constexpr int32_t kPending[1] = {kPendingToken};
+    auto batch = [&](int step, const std::vector<int>& seqs, const std::vector<int32_t>* drawn,
+                     std::vector<int32_t>& held) {
+      Batch b;
+      if (drawn) held = *drawn;
+      for (int i = 0; i < 4; ++i) {
+        StepRow r;
+        r.seq = seqs[static_cast<size_t>(i)];
+        if (step == 1) {
+          r.tokens = prompts[static_cast<size_t>(i)];
+        } else {
+          r.tokens = drawn ? std::span<const int32_t>(&held[static_cast<size_t>(i)], 1) : std::span<const int32_t>(kPending);
+        }
+        r.sample = true;
+        r.logits = i == 1;
+        r.sampling = sampling(i);
+        r.sample_index = static_cast<uint64_t>(step - 1);
+        b.rows.push_back(r);
+      }
+      if (step == 3) {
+        StepRow r;
+        r.seq = seqs[4];
+        r.tokens = prompts[4];
+        r.sample = true;
+        r.sampling = sampling(4);
+        b.rows.push_back(r);
+      }
+      return b;
+    };
+    std::vector<int> sa, sb;
+    for (int i = 0; i < 5; ++i) {
+      sa.push_back(one_at_a_time.create_sequence());
+      sb.push_back(overlapped.create_sequence());
+    }
+    std::vector<int32_t> held_a, held_b;
+    const StepOutput a1 = one_at_a_time.step(batch(1, sa, nullptr, held_a));
+    const StepOutput a2 = one_at_a_time.step(batch(2, sa, &a1.tokens, held_a));
+    const StepOutput a3 = one_at_a_time.step(batch(3, sa, &a2.tokens, held_a));
+    overlapped.begin_step(batch(1, sb, nullptr, held_b));
+    overlapped.begin_step(batch(2, sb, nullptr, held_b));
+    const StepOutput b1 = overlapped.end_step();
+    overlapped.begin_step(batch(3, sb, nullptr, held_b));
+    const StepOutput b2 = overlapped.end_step();
+    const StepOutput b3 = overlapped.end_step();
+    EXPECT_EQ(b1.tokens, a1.tokens) << (async ? "async" : "sync");
+    EXPECT_EQ(b2.tokens, a2.tokens) << (async ? "async" : "sync");
+    EXPECT_EQ(b3.tokens, a3.tokens) << (async ? "async" : "sync");
+    EXPECT_EQ(b2.logits, a2.logits) << "the decode step's logits, bit for bit";
+    EXPECT_EQ(b3.logits, a3.logits) << "the mixed step's logits, bit for bit";
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(overlapped.sequence_length(sb[i]), one_at_a_time.sequence_length(sa[i]));
+  }
+}
+
 // The engine's sampling with log probabilities, logit_bias, min_tokens and the presence and
 // frequency penalties: each row's token and log probabilities equal the CPU Sampler's on the
 // step's own logits (returned beside the draw, before the in-place adjustments), rows mixing

@@ -221,8 +221,16 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   // Last, so that no check above can throw after them (the destructor would not run).
   FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FDPP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&decode_in_host_), decode_in_.bytes()));
+  // A mixed step's inputs: ids, positions, slots [T], context lengths [max_batch], chunk metadata
+  // [2 max_batch + 1], head rows [logit rows] and block tables [max_batch][max_blocks_per_seq].
+  mixed_in_ints_ = 3 * static_cast<size_t>(T) + 3 * static_cast<size_t>(options.max_batch) + 2 +
+                   static_cast<size_t>(logit_rows) +
+                   static_cast<size_t>(options.max_batch) * static_cast<size_t>(max_blocks_per_seq_);
+  for (int32_t*& p : mixed_in_host_)
+    FDPP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p), mixed_in_ints_ * sizeof(int32_t)));
   FDPP_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_copied_, cudaEventDisableTiming));
   FDPP_CUDA_CHECK(cudaEventRecord(inputs_copied_, stream_));
+  for (cudaEvent_t& e : step_done_) FDPP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 CudaEngine::~CudaEngine() {
@@ -230,7 +238,12 @@ CudaEngine::~CudaEngine() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);  // nothing in flight reads what is freed
   if (inputs_copied_ != nullptr) cudaEventDestroy(inputs_copied_);
   if (decode_in_host_ != nullptr) cudaFreeHost(decode_in_host_);
-  if (step_out_host_ != nullptr) cudaFreeHost(step_out_host_);
+  for (int32_t* p : mixed_in_host_)
+    if (p != nullptr) cudaFreeHost(p);
+  for (void* p : step_out_host_)
+    if (p != nullptr) cudaFreeHost(p);
+  for (cudaEvent_t e : step_done_)
+    if (e != nullptr) cudaEventDestroy(e);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -555,7 +568,7 @@ void CudaEngine::forward(const StepInputs& in, int n, int decode_rows, std::span
   run_decoder(c, f);
 }
 
-void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens) {
+void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens, bool drawn) {
   const int b = static_cast<int>(seqs.size());
   const int mb = options_.max_batch;
   // With graphs the step runs at the batch's bucket: rows past b are padding, so that a server whose
@@ -594,6 +607,7 @@ void CudaEngine::launch_decode(std::span<const int> seqs, std::span<const int32_
   const size_t bytes = (4 * static_cast<size_t>(mb) + static_cast<size_t>(rows) * max_blocks_per_seq_) * sizeof(int32_t);
   FDPP_CUDA_CHECK(cudaMemcpyAsync(decode_in_.get(), decode_in_host_, bytes, cudaMemcpyHostToDevice, stream_));
   FDPP_CUDA_CHECK(cudaEventRecord(inputs_copied_, stream_));
+  if (drawn) resolve_drawn_tokens(decode_in_.as<int32_t>(), b, sample_ids_.as<int32_t>(), stream_);
   const int32_t* d = decode_in_.as<int32_t>();
   const StepInputs in{d, d + mb, d + 2 * mb, d + 4 * mb, d + 3 * mb, nullptr, nullptr, nullptr, nullptr};
 
@@ -657,7 +671,25 @@ void CudaEngine::count_attention_rows(int decode_rows, const DecodeAttentionLaun
 }
 
 void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) {
+  const int slot = run_slot_;
+  queue_step(rows, total_tokens, out, slot);
+  FDPP_CUDA_CHECK(cudaEventRecord(step_done_[slot], stream_));
+  run_slot_ ^= 1;
+}
+
+void CudaEngine::queue_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out, int slot) {
   const KernelOptionsScope kernels(options_.kernels);
+  PendingOutput& pending = pending_[slot];
+  // A pending token (kPendingToken: the previous step draws it) goes to the device encoded with the
+  // head row its sequence's sampling row had there; resolve_drawn_tokens reads it from sample_ids_.
+  bool drawn = false;
+  auto input_token = [&](const StepRow& r, size_t j) {
+    if (r.tokens[j] != kPendingToken) return r.tokens[j];
+    check(r.seq < static_cast<int>(draw_head_.size()) && draw_head_[static_cast<size_t>(r.seq)] >= 0,
+          "internal: sequence {} continues with a token the previous step did not draw", r.seq);
+    drawn = true;
+    return encode_drawn_token(draw_head_[static_cast<size_t>(r.seq)]);
+  };
   const ModelConfig& c = config();
   const int V = c.vocab_size;
   const int n_rows = static_cast<int>(rows.size());
@@ -687,10 +719,10 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
     std::vector<int32_t> tokens(n_rows);
     for (int i = 0; i < n_rows; ++i) {
       seqs[i] = rows[i].row->seq;
-      tokens[i] = rows[i].row->tokens[0];
+      tokens[i] = input_token(*rows[i].row, 0);
       head_first[i] = i;
     }
-    launch_decode(seqs, tokens);
+    launch_decode(seqs, tokens, drawn);
   } else {
     const int T = static_cast<int>(total_tokens);
     const int bs = options_.block_size;
@@ -703,7 +735,7 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
       const StepRow& r = *rp.row;
       const int n = static_cast<int>(r.tokens.size());
       for (int j = 0; j < n; ++j) {
-        ids[t + j] = r.tokens[j];
+        ids[t + j] = input_token(r, static_cast<size_t>(j));
         pos[t + j] = rp.start + j;
         slots[t + j] = rp.sequence->blocks[pos[t + j] / bs] * bs + pos[t + j] % bs;
       }
@@ -725,11 +757,22 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
       }
       t += n;
     }
-    upload(ids_, ids, stream_);
-    upload(positions_, pos, stream_);
-    upload(slots_, slots, stream_);
-    upload(block_tables_, tables, stream_);
-    if (decode_rows > 0) upload(context_lens_, lens, stream_);
+    // The inputs go through this slot's pinned staging: copies from pageable memory may wait for
+    // the step in flight, and this one is queued behind it.
+    size_t staged = 0;
+    auto stage = [&](DeviceBuffer& dst, const std::vector<int32_t>& src) {
+      check(staged + src.size() <= mixed_in_ints_, "internal: a step's inputs exceed their staging");
+      int32_t* at = mixed_in_host_[slot] + staged;
+      std::copy(src.begin(), src.end(), at);
+      staged += src.size();
+      FDPP_CUDA_CHECK(cudaMemcpyAsync(dst.get(), at, src.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    };
+    stage(ids_, ids);
+    if (drawn) resolve_drawn_tokens(ids_.as<int32_t>(), T, sample_ids_.as<int32_t>(), stream_);
+    stage(positions_, pos);
+    stage(slots_, slots);
+    stage(block_tables_, tables);
+    if (decode_rows > 0) stage(context_lens_, lens);
     std::vector<int32_t> meta(2 * chunks.size() + 1);
     for (size_t k = 0; k < chunks.size(); ++k) {
       meta[k] = chunks[k].q_offset;
@@ -737,9 +780,9 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
     }
     if (!chunks.empty()) {
       meta[chunks.size()] = chunks.back().q_offset + chunks.back().n;
-      upload(chunk_meta_, meta, stream_);
+      stage(chunk_meta_, meta);
     }
-    if (head_rows > 0) upload(head_index_, head, stream_);
+    if (head_rows > 0) stage(head_index_, head);
     const int32_t* tab = block_tables_.as<int32_t>();
     const StepInputs in{ids_.as<int32_t>(), positions_.as<int32_t>(), slots_.as<int32_t>(), tab,
                         context_lens_.as<int32_t>(),
@@ -752,8 +795,7 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
       forward(in, T, decode_rows, chunks, head_rows, splits, max_len);
     } else {
       // No row wants logits (middle chunks only): the head runs on one row, never read.
-      std::vector<int32_t> one{T - 1};
-      upload(head_index_, one, stream_);
+      stage(head_index_, std::vector<int32_t>{T - 1});
       forward(in, T, decode_rows, chunks, 1, splits, max_len);
     }
     if (decode_rows > 0) count_attention_rows(decode_rows, attention);
@@ -761,8 +803,8 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
 
   if (options_.shard.rank != 0) {
     // Tensor parallelism: rank 0 returns the step's logits and tokens; the others only compute.
-    pending_.rows.clear();
-    pending_.lp_heads.clear();
+    pending.rows.clear();
+    pending.lp_heads.clear();
     return;
   }
   // Logits to the host before sampling (the penalty edits them in place on the device).
@@ -893,8 +935,8 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
     // Both copies land in pinned memory, so that they stay asynchronous: finish_step waits.
     const int lp_stride = 2 + 2 * lp_k;
     const size_t lp_floats = lp_rows.size() * static_cast<size_t>(lp_stride);
-    ensure_step_out_host(seeds.size() * sizeof(int32_t) + lp_floats * sizeof(float));
-    auto* ids_host = static_cast<int32_t*>(step_out_host_);
+    ensure_step_out_host(slot, seeds.size() * sizeof(int32_t) + lp_floats * sizeof(float));
+    auto* ids_host = static_cast<int32_t*>(step_out_host_[slot]);
     float* lp_host = reinterpret_cast<float*>(ids_host + seeds.size());
     if (!lp_rows.empty()) {
       ensure_bytes(logprob_rows_, lp_rows.size() * sizeof(int32_t));
@@ -910,32 +952,41 @@ void CudaEngine::run_step(std::span<const RowPlan> rows, int64_t total_tokens, S
                                     stream_));
     // What finish_step needs once the copies are done: each sampled row's head row, and for the
     // logprob rows the rows they answer and how many top entries each asked for.
-    pending_.rows.clear();
-    for (int i : sampled) pending_.rows.push_back({i, head_of(i), rows[i].row->sampling.logprobs});
-    pending_.lp_heads = std::move(lp_rows);
-    pending_.lp_stride = lp_stride;
-    pending_.lp_offset = seeds.size();
+    pending.rows.clear();
+    for (int i : sampled) pending.rows.push_back({i, head_of(i), rows[i].row->sampling.logprobs});
+    for (int i : sampled) {
+      const size_t seq = static_cast<size_t>(rows[i].row->seq);
+      if (seq >= draw_head_.size()) draw_head_.resize(seq + 1, -1);
+      draw_head_[seq] = head_of(i);
+    }
+    pending.lp_heads = std::move(lp_rows);
+    pending.lp_stride = lp_stride;
+    pending.lp_offset = seeds.size();
   } else {
-    pending_.rows.clear();
-    pending_.lp_heads.clear();
+    pending.rows.clear();
+    pending.lp_heads.clear();
   }
 }
 
 void CudaEngine::finish_step(StepOutput& out) {
-  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (pending_.rows.empty()) return;
+  // Steps end in the order they ran: this one's slot, and its event (a step queued behind it runs on).
+  const int slot = finish_slot_;
+  finish_slot_ ^= 1;
+  FDPP_CUDA_CHECK(cudaEventSynchronize(step_done_[slot]));
+  PendingOutput& pending = pending_[slot];
+  if (pending.rows.empty()) return;
   const int V = config().vocab_size;
-  const auto* ids = static_cast<const int32_t*>(step_out_host_);
-  const float* lp_host = reinterpret_cast<const float*>(ids + pending_.lp_offset);
-  for (const PendingRow& p : pending_.rows) out.tokens[p.row] = ids[p.head];
-  if (!pending_.lp_heads.empty()) {
+  const auto* ids = static_cast<const int32_t*>(step_out_host_[slot]);
+  const float* lp_host = reinterpret_cast<const float*>(ids + pending.lp_offset);
+  for (const PendingRow& p : pending.rows) out.tokens[p.row] = ids[p.head];
+  if (!pending.lp_heads.empty()) {
     // Head row -> its place among the logprob rows (several batch rows may share one head).
-    lp_slot_of_head_.assign(pending_.lp_offset, -1);
-    for (size_t j = 0; j < pending_.lp_heads.size(); ++j) lp_slot_of_head_[pending_.lp_heads[j]] = static_cast<int>(j);
-    for (const PendingRow& p : pending_.rows) {
+    lp_slot_of_head_.assign(pending.lp_offset, -1);
+    for (size_t j = 0; j < pending.lp_heads.size(); ++j) lp_slot_of_head_[pending.lp_heads[j]] = static_cast<int>(j);
+    for (const PendingRow& p : pending.rows) {
       const int j = lp_slot_of_head_[p.head];
       if (j < 0) continue;
-      const float* o = lp_host + static_cast<size_t>(j) * static_cast<size_t>(pending_.lp_stride);
+      const float* o = lp_host + static_cast<size_t>(j) * static_cast<size_t>(pending.lp_stride);
       TokenLogprobs& t = out.logprobs[p.row];
       t.logprob = o[0];
       t.rank = static_cast<int32_t>(o[1]);
@@ -943,18 +994,18 @@ void CudaEngine::finish_step(StepOutput& out) {
       for (int e = 0; e < std::min(p.top_k, V); ++e) t.top.push_back({static_cast<int32_t>(o[2 + 2 * e]), o[3 + 2 * e]});
     }
   }
-  pending_.rows.clear();
+  pending.rows.clear();
 }
 
-void CudaEngine::ensure_step_out_host(size_t bytes) {
-  if (bytes <= step_out_host_bytes_) return;
-  // Grown between steps only: the previous step's copies into it are done (finish_step waited).
-  if (step_out_host_ != nullptr) FDPP_CUDA_CHECK(cudaFreeHost(step_out_host_));
-  step_out_host_ = nullptr;
-  step_out_host_bytes_ = 0;
+void CudaEngine::ensure_step_out_host(int slot, size_t bytes) {
+  if (bytes <= step_out_host_bytes_[slot]) return;
+  // Grown only when the slot's last step has ended (finish_step waited for it before this step ran).
+  if (step_out_host_[slot] != nullptr) FDPP_CUDA_CHECK(cudaFreeHost(step_out_host_[slot]));
+  step_out_host_[slot] = nullptr;
+  step_out_host_bytes_[slot] = 0;
   const size_t grown = std::max<size_t>(bytes, 64 * 1024);
-  FDPP_CUDA_CHECK(cudaMallocHost(&step_out_host_, grown));
-  step_out_host_bytes_ = grown;
+  FDPP_CUDA_CHECK(cudaMallocHost(&step_out_host_[slot], grown));
+  step_out_host_bytes_[slot] = grown;
 }
 
 template <class HeadOf>

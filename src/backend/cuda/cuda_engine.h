@@ -112,6 +112,9 @@ class CudaEngine final : public Engine {
   // run_step returns once the step is queued (finish_step waits), except on tensor-parallel ranks,
   // whose engine steps them together.
   bool queues_steps() const override { return options_.shard.comm == nullptr; }
+  // A step may be queued behind the one in flight, its pending tokens read on the device from where
+  // the previous step's sampling left them (not on tensor-parallel ranks).
+  bool overlaps_steps() const override { return queues_steps(); }
   uint64_t attention_fallback_rows() const;
   // Of the decode attention rows, those the unified-max kernels ran (async mode, several splits on
   // tensor cores; the others ran the synchronized kernels: DecodeAttentionLaunch::unified).
@@ -137,10 +140,13 @@ class CudaEngine final : public Engine {
   // finish_step waits for it and writes out.tokens and out.logprobs.
   void run_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out) override;
   void finish_step(StepOutput& out) override;
-  void ensure_step_out_host(size_t bytes);
+  // run_step's work: queues the step, its outputs' copies into step_out_host_[slot], pending_[slot].
+  void queue_step(std::span<const RowPlan> rows, int64_t total_tokens, StepOutput& out, int slot);
+  void ensure_step_out_host(int slot, size_t bytes);
   // Uploads a decode step's inputs (rows' sequences already hold room for position length) and
-  // runs it: replays the captured graph for (batch, attention launch) or captures one. Lengths unchanged.
-  void launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens);
+  // runs it: replays the captured graph for (batch, attention launch) or captures one. Lengths
+  // unchanged. Tokens below -1 are drawn ones (encode_drawn_token), resolved on the device first.
+  void launch_decode(std::span<const int> seqs, std::span<const int32_t> tokens, bool drawn);
   // How decode attention runs for decode_rows rows of at most max_len keys (the split plan, then
   // what the kernels launch with it), planned once per step.
   DecodeAttentionLaunch plan_decode_attention(int decode_rows, int max_len) const;
@@ -223,10 +229,20 @@ class CudaEngine final : public Engine {
   DeviceBuffer decode_in_;
   int32_t* decode_in_host_ = nullptr;  // cudaMallocHost
   cudaEvent_t inputs_copied_ = nullptr;  // the last copy out of decode_in_host_ is done
+  // A mixed step's inputs staged in pinned memory, one buffer per output slot (the slot's last step
+  // has ended before a step takes it, so its copies are done).
+  int32_t* mixed_in_host_[2] = {nullptr, nullptr};
+  size_t mixed_in_ints_ = 0;
   // A queued step's sampled ids, then its logprob rows' floats (cudaMallocHost), and what
-  // finish_step reads out of them.
-  void* step_out_host_ = nullptr;
-  size_t step_out_host_bytes_ = 0;
+  // finish_step reads out of them; two of each, for a step queued behind the one in flight
+  // (slots taken in turn by run_step and by finish_step, each step's done event beside them).
+  void* step_out_host_[2] = {nullptr, nullptr};
+  size_t step_out_host_bytes_[2] = {0, 0};
+  cudaEvent_t step_done_[2] = {nullptr, nullptr};
+  int run_slot_ = 0, finish_slot_ = 0;
+  // Per sequence, the head row of its sampling row in the last step run: where a pending token of
+  // the next step is read from (sample_ids_).
+  std::vector<int32_t> draw_head_;
   struct PendingRow {
     int row, head, top_k;  // the batch row, its head row, the top log probabilities it asked for
   };
@@ -235,7 +251,7 @@ class CudaEngine final : public Engine {
     std::vector<int32_t> lp_heads;  // head rows whose logprobs came back, in order
     int lp_stride = 0;
     size_t lp_offset = 0;  // ints before the logprob floats
-  } pending_;
+  } pending_[2];
   std::vector<int> lp_slot_of_head_;  // finish_step's scratch: head row -> logprob row, or -1
   DeviceBuffer attn_ws_;  // split-KV partials (sync), or partials, semaphores and fallback list (async)
   DeviceBuffer attn_counters_;  // async: semaphores and the fallback list's length

@@ -312,4 +312,11 @@ void token_logprobs(const float* logits, int vocab, const int32_t* rows, int cou
 void apply_token_masks(float* logits, int vocab, const uint32_t* masks, int words, const int32_t* head_rows, int count,
                        cudaStream_t stream);
 
+// Overlapped steps (Engine::overlaps_steps): a step's input ids whose token the previous step drew
+// are written on the host as -(2 + h), h that step's head row; ids[i] = drawn[h] for those, in
+// place, before the step reads them (drawn: the previous step's sampled ids, still on the device).
+void resolve_drawn_tokens(int32_t* ids, int n, const int32_t* drawn, cudaStream_t stream);
+// The host's encoding of such an id, and the head row it names (resolve_drawn_tokens' inverse).
+constexpr int32_t encode_drawn_token(int head_row) { return -2 - head_row; }
+
 }  // namespace fdpp::cuda

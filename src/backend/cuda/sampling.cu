@@ -885,6 +885,22 @@ __global__ void token_mask_kernel(float* logits, int vocab, const uint32_t* mask
 }
 }  // namespace
 
+namespace {
+__global__ void resolve_drawn_tokens_kernel(int32_t* ids, int n, const int32_t* drawn) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int32_t v = ids[i];
+    if (v <= -2) ids[i] = drawn[-2 - v];
+  }
+}
+}  // namespace
+
+void resolve_drawn_tokens(int32_t* ids, int n, const int32_t* drawn, cudaStream_t stream) {
+  if (n <= 0) return;
+  const int threads = 256;
+  resolve_drawn_tokens_kernel<<<std::min((n + threads - 1) / threads, 32), threads, 0, stream>>>(ids, n, drawn);
+  check_launch("sample/resolve_drawn_tokens");
+}
+
 void apply_token_masks(float* logits, int vocab, const uint32_t* masks, int words, const int32_t* head_rows, int count,
                        cudaStream_t stream) {
   if (count <= 0) return;
