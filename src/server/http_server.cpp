@@ -265,6 +265,10 @@ void HttpServer::start(std::function<void()> on_listen_exit) {
   const int threads = options_.http_threads;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_payload_max_length(static_cast<size_t>(options_.limits.max_body_bytes));
+  // Streamed tokens are small writes: with Nagle's algorithm a chunk waits until the client has
+  // acknowledged the previous write, which a delayed ACK holds for up to 40 ms (the first token's
+  // chunk after the response headers). Accepted connections inherit the option.
+  http_->set_tcp_nodelay(true);
   // The listening socket, to raise its backlog below.
   int listen_socket = -1;
   http_->set_socket_options([&listen_socket](socket_t sock) {
