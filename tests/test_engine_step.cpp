@@ -329,6 +329,23 @@ class SchedulerTest : public ::testing::Test {
     EXPECT_EQ(e.kv().used_blocks(), 0) << "every block is free when the scheduler is idle";
     return out;
   }
+  // Expects every run's text, tokens, finish reasons and stop strings to be the reference's;
+  // returns how many of the reference's requests ended with "stop".
+  static int expect_same_results(const std::vector<GenerationResult>& reference,
+                                 std::initializer_list<const std::vector<GenerationResult>*> runs) {
+    int stopped = 0;
+    for (size_t i = 0; i < reference.size(); ++i) {
+      stopped += reference[i].finish_reason == "stop";
+      for (const auto* run : runs) {
+        const GenerationResult& r = (*run)[i];
+        EXPECT_EQ(r.text, reference[i].text) << "request " << i;
+        EXPECT_EQ(r.token_ids, reference[i].token_ids) << "request " << i;
+        EXPECT_EQ(r.finish_reason, reference[i].finish_reason) << "request " << i;
+        EXPECT_EQ(r.stop_string, reference[i].stop_string) << "request " << i;
+      }
+    }
+    return stopped;
+  }
   // The requests twice, 6 rows and 64 tokens a step: on a cache of kv_tokens that must preempt
   // (asserted), and on a roomy one. Returns {squeezed, roomy} outputs.
   static std::pair<std::vector<GenerationResult>, std::vector<GenerationResult>> squeezed_and_roomy(
@@ -428,16 +445,7 @@ TEST_F(SchedulerTest, TextRenderedWhileTheNextStepComputesIsTheSame) {
   SchedulerStats st;
   const auto c = run(squeezed, reqs, o, &st);
   EXPECT_GT(st.preemptions, 0u);
-  int stopped = 0;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    stopped += a[i].finish_reason == "stop";
-    for (const auto* other : {&b[i], &c[i]}) {
-      EXPECT_EQ(other->text, a[i].text) << "request " << i;
-      EXPECT_EQ(other->token_ids, a[i].token_ids) << "request " << i;
-      EXPECT_EQ(other->finish_reason, a[i].finish_reason) << "request " << i;
-      EXPECT_EQ(other->stop_string, a[i].stop_string) << "request " << i;
-    }
-  }
+  const int stopped = expect_same_results(a, {&b, &c});
   EXPECT_GT(stopped, 0) << "no stop string was met: the test checks less than it should";
 }
 
@@ -477,16 +485,7 @@ TEST_F(SchedulerTest, OverlappedStepsGiveWhatStepsOneAtATimeGive) {
   EXPECT_GT(squeezed.pending_rows, 0);
   EXPECT_GT(squeezed_stats.preemptions, 0u);
   EXPECT_GT(roomy_stats.prefix_cache_hits, 0u) << "no prefix was shared: the test checks less than it should";
-  int stopped = 0;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    stopped += a[i].finish_reason == "stop";
-    for (const auto* other : {&b[i], &c[i]}) {
-      EXPECT_EQ(other->text, a[i].text) << "request " << i;
-      EXPECT_EQ(other->token_ids, a[i].token_ids) << "request " << i;
-      EXPECT_EQ(other->finish_reason, a[i].finish_reason) << "request " << i;
-      EXPECT_EQ(other->stop_string, a[i].stop_string) << "request " << i;
-    }
-  }
+  const int stopped = expect_same_results(a, {&b, &c});
   EXPECT_GT(stopped, 1) << "too few stop strings were met: the test checks less than it should";
   EXPECT_TRUE(std::regex_match(a[6].text, std::regex("[0-9]{2}-[a-z]{2,3}"))) << a[6].text;
 }
