@@ -93,6 +93,7 @@ def test_vllm_keywords(default_model, device):
         ({"seed": -2}, fdpp.InvalidInputError, '"seed" -2'),
         ({"enable_prefix_cachin": True}, TypeError, "enable_prefix_cachin"),
         ({"enable_prefix_caching": "yes"}, fdpp.InvalidInputError, "enable_prefix_caching"),
+        ({"async_scheduling": "yes"}, fdpp.InvalidInputError, "async_scheduling"),
     ],
 )
 def test_vllm_keywords_refused_with_their_name(default_model, device, kwargs, error, words):
@@ -346,3 +347,24 @@ def test_enable_prefix_caching_reuses_a_shared_beginning(default_model, device):
     assert n > 16 and n % 16 == 0 and n < len(on[1].prompt_token_ids)
     common = next(i for i, (a, b) in enumerate(zip(*(o.prompt_token_ids for o in on))) if a != b)
     assert n == common // 16 * 16  # every whole block of the shared beginning
+
+
+def test_async_scheduling_changes_no_output(default_model, device):
+    # async_scheduling (the GPU's overlapped steps; the CPU engine never overlaps) gives the same
+    # tokens as steps run one at a time, stop strings and seeded sampling included, and leaves the
+    # engine free for logits() between calls.
+    prompts = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
+    params = [fdpp.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+              fdpp.SamplingParams(temperature=0.8, seed=7, max_tokens=12, ignore_eos=True),
+              fdpp.SamplingParams(temperature=0, max_tokens=12, stop=[" 8"])]
+    outs = {}
+    for overlap in (True, False):
+        llm = fdpp.LLM(default_model, device=device, max_model_len=256, max_num_seqs=4, kv_cache_tokens=1024,
+                       async_scheduling=overlap)
+        outs[overlap] = llm.generate(prompts, params, use_tqdm=False)
+        ids = outs[overlap][0].prompt_token_ids
+        assert llm.logits(ids).shape == (len(ids), llm.vocab_size)
+    for a, b in zip(outs[True], outs[False]):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].text == b.outputs[0].text
+        assert a.outputs[0].finish_reason == b.outputs[0].finish_reason
