@@ -12,6 +12,8 @@
 
 #include "backend/cpu/cpu_engine.h"
 #include "backend/cpu/cpu_runner.h"
+#include "backend/cpu/ops.h"
+#include "core/half.h"
 #include "engine/generate.h"
 #include "engine/kv_blocks.h"
 #include "engine/sampler.h"
@@ -73,13 +75,13 @@ class EngineStep : public ::testing::Test {
     config_ = test::tiny("llama", 16);
     weights_ = test::random_weights(config_);
   }
-  std::unique_ptr<CpuEngine> engine(int rows = 8, int64_t kv_tokens = 0, int max_context = 256) {
+  std::unique_ptr<CpuEngine> engine(int rows = 8, int64_t kv_tokens = 0, int max_context = 256, bool f16_cache = false) {
     EngineLimits l;
     l.max_context = max_context;
     l.max_step_rows = rows;
     l.max_step_tokens = 512;
     l.kv_cache_tokens = kv_tokens;
-    return std::make_unique<CpuEngine>(config_, weights_, l);
+    return std::make_unique<CpuEngine>(config_, weights_, l, f16_cache);
   }
   // Logits of every position of `ids`, computed in one pass by a fresh runner.
   std::vector<float> reference(const std::vector<int32_t>& ids) {
@@ -94,6 +96,45 @@ class EngineStep : public ::testing::Test {
   ModelConfig config_;
   DecoderWeights weights_;
 };
+
+// The f16 KV cache (--kv-cache-dtype f16): rows convert to fp16 and back exactly as the scalar
+// conversions do (round to nearest even, subnormals, infinities), and a prefill chunk plus decode
+// rows give logits close to the fp32 cache's: only K and V are rounded.
+TEST_F(EngineStep, F16CacheStaysCloseToTheFp32Cache) {
+  std::vector<float> x = test::random_vector(1000, 3.0f);
+  x[3] = 1e-6f;  // a subnormal half
+  x[5] = 7e4f;   // beyond fp16: infinity
+  x[7] = -0.f;
+  std::vector<uint16_t> h(x.size());
+  cpu::f32_to_fp16_row(x.data(), h.data(), static_cast<int64_t>(x.size()));
+  std::vector<float> back(x.size());
+  cpu::fp16_to_f32_row(h.data(), back.data(), static_cast<int64_t>(h.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(h[i], f32_to_fp16(x[i])) << i;
+    ASSERT_EQ(back[i], fp16_to_f32(h[i])) << i;
+  }
+  const auto a = test::random_ids(40, config_.vocab_size);
+  auto run = [&](bool f16) {
+    auto e = engine(4, 0, 256, f16);
+    EXPECT_EQ(e->f16_cache(), f16);
+    const int s = e->create_sequence();
+    StepRow r;
+    r.seq = s;
+    r.tokens = a;
+    r.logits = true;
+    std::vector<float> logits = e->step(Batch{{r}}).logits;
+    for (int t = 0; t < 6; ++t) {
+      const int32_t next[] = {static_cast<int32_t>(7 + 11 * t)};
+      r.tokens = next;
+      const std::vector<float> l = e->step(Batch{{r}}).logits;
+      logits.insert(logits.end(), l.begin(), l.end());
+    }
+    return logits;
+  };
+  const auto f32 = run(false), f16 = run(true);
+  EXPECT_NE(f32, f16) << "the f16 cache rounds K and V";
+  EXPECT_LE(test::nmse(f16, f32), 1e-5);
+}
 
 TEST_F(EngineStep, MixedChunksAndDecodeRowsEqualEachSequenceAlone) {
   auto e = engine();

@@ -782,7 +782,7 @@ PromptType = Union[str, Sequence[int]]
 # vLLM's engine keywords that have no meaning in fdpp (yet): LLM(...) accepts them with one warning
 # naming them, so that vLLM code runs; any other unknown keyword is a TypeError, as a typo should be.
 _VLLM_IGNORED = frozenset({
-    "swap_space", "cpu_offload_gb", "block_size", "kv_cache_dtype",
+    "swap_space", "cpu_offload_gb", "block_size",
     "max_seq_len_to_capture", "disable_custom_all_reduce", "disable_log_stats", "disable_log_requests",
     "tokenizer_mode", "skip_tokenizer_init", "revision", "tokenizer_revision", "code_revision",
     "download_dir", "hf_token", "hf_overrides", "max_logprobs", "enable_chunked_prefill",
@@ -889,8 +889,10 @@ class LLM:
         async_scheduling: on the GPU each step is scheduled and launched while the previous one
             computes (None or True, the default); False waits for its tokens first. The outputs
             are the same either way.
-        swap_space, kv_cache_dtype and vLLM's other engine keywords: accepted with one warning
-            naming them; they change nothing here.
+        kv_cache_dtype: "auto" (the default: fp32 on the CPU, the model's 16-bit dtype on the GPU),
+            "f32" or "f16" (the CPU's; half the cache memory). vLLM's "fp8" is refused: not built.
+        swap_space and vLLM's other engine keywords: accepted with one warning naming them; they
+            change nothing here.
     """
 
     def __init__(
@@ -920,6 +922,7 @@ class LLM:
         enforce_eager: Optional[bool] = None,
         enable_prefix_caching: Optional[bool] = None,
         async_scheduling: Optional[bool] = None,
+        kv_cache_dtype: Optional[str] = None,
         seed: Optional[int] = None,
         tokenizer: Optional[Union[str, os.PathLike]] = None,
         trust_remote_code: bool = False,
@@ -955,6 +958,7 @@ class LLM:
             load_format=load_format, pdl=pdl, decode_path=decode_path,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling, quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
         )
         self._m = _core.CoreModel.load(options)
         self._tokenizer: Optional[Tokenizer] = None

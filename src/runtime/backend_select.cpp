@@ -239,6 +239,15 @@ std::unique_ptr<Engine> tensor_parallel_engine(const ModelConfig& config, const 
 }  // namespace
 #endif
 
+namespace {
+void check_kv_cache_dtype_cuda(const RunnerOptions& options) {
+  check(options.kv_cache_dtype == "auto",
+        "--kv-cache-dtype {}: the CUDA backend's KV cache holds the model's 16-bit dtype (auto); f32 and f16 are "
+        "the CPU backend's choices",
+        options.kv_cache_dtype);
+}
+}  // namespace
+
 std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeights& weights, int max_context,
                                     const RunnerOptions& options) {
   check_dtype(options);
@@ -249,8 +258,9 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
           "tensor parallelism over {} GPUs needs the CUDA backend (the CPU backend runs a model whole)",
           options.tensor_parallel);
     prepare_cpu(config, options);
-    return std::make_unique<CpuRunner>(config, weights, max_context);
+    return std::make_unique<CpuRunner>(config, weights, max_context, options.kv_cache_dtype == "f16");
   }
+  check_kv_cache_dtype_cuda(options);
   // One sequence on an engine of its own: the runner's forward passes are its steps.
   EngineLimits limits;
   limits.max_context = max_context;
@@ -279,8 +289,9 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeig
           options.tensor_parallel);
     check(!options.dummy_weights, "--load-format dummy builds random weights on the GPU; it has no CPU form");
     prepare_cpu(config, options);
-    return std::make_unique<CpuEngine>(config, weights, limits);
+    return std::make_unique<CpuEngine>(config, weights, limits, options.kv_cache_dtype == "f16");
   }
+  check_kv_cache_dtype_cuda(options);
 #ifdef FDPP_HAVE_CUDA
   return make_cuda_engine(config, weights, options, limits);
 #else

@@ -34,6 +34,9 @@ struct RunnerOptions {
   // per-row scales: cuda/fp8.h).
   std::string quantization = "none";
   int64_t kv_cache_tokens = 0;
+  // The KV cache's element type: "auto" (CPU: fp32, the reference; CUDA: the model's 16-bit dtype),
+  // "f32" or "f16" (the CPU backend's; half the memory).
+  std::string kv_cache_dtype = "auto";
   bool cuda_graphs = true;
   // CUDA: the share of the free memory after the weights that a KV cache sized by the engine
   // (kv_cache_tokens 0) takes (EngineOptions::memory_fraction).

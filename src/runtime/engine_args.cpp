@@ -96,6 +96,10 @@ std::vector<EngineOption> build_table() {
   t.push_back(integer("kv_cache_tokens", "--kv-cache-tokens", kRunners,
                       "KV cache size in tokens (0: sized by the engine: on the GPU what memory leaves)", 0,
                       int64_t{1} << 30, &EngineArgs::kv_cache_tokens));
+  t.push_back(choice("kv_cache_dtype", "--kv-cache-dtype", kRunners,
+                     "KV cache element type: auto (CPU: fp32, the reference; CUDA: the model's 16-bit dtype), "
+                     "f32, or f16 (CPU: half the cache memory, as llama.cpp's default)",
+                     {"auto", "f32", "f16"}, &EngineArgs::kv_cache_dtype));
   t.push_back(integer("max_num_seqs", "--max-num-seqs", kEngines, "sequences running at once (rows of a step; 0: as many as the KV cache holds with room for their outputs, "
                       "at most 512 on the GPU and 64 on the CPU)",
                       0, 4096, &EngineArgs::max_num_seqs));
@@ -329,6 +333,7 @@ RunnerOptions EngineArgs::runner_options(const std::string& model_path, const En
   o.dtype = dtype;
   o.quantization = quantization;
   o.kv_cache_tokens = kv_cache_tokens;
+  o.kv_cache_dtype = kv_cache_dtype;
   o.cuda_graphs = cuda_graphs;
   o.memory_fraction = gpu_memory_utilization;
   o.attention = attention;

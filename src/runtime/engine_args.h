@@ -34,6 +34,7 @@ struct EngineArgs {
   std::string dtype = "auto";        // CUDA weights: auto, f16, bf16
   std::string quantization = "none";  // CUDA: none or fp8 (e4m3 weights quantized at load)
   int64_t kv_cache_tokens = 0;       // 0: sized by the engine
+  std::string kv_cache_dtype = "auto";  // RunnerOptions::kv_cache_dtype
   int max_num_seqs = 0;              // sequences in one step; 0: auto (step_sizes)
   int max_batched_tokens = 0;        // tokens in one step; 0: auto (step_sizes)
   int max_model_len = 0;             // context per sequence; 0: the model's

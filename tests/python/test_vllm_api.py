@@ -94,6 +94,7 @@ def test_vllm_keywords(default_model, device):
         ({"enable_prefix_cachin": True}, TypeError, "enable_prefix_cachin"),
         ({"enable_prefix_caching": "yes"}, fdpp.InvalidInputError, "enable_prefix_caching"),
         ({"async_scheduling": "yes"}, fdpp.InvalidInputError, "async_scheduling"),
+        ({"kv_cache_dtype": "fp8"}, fdpp.InvalidInputError, "kv_cache_dtype"),
     ],
 )
 def test_vllm_keywords_refused_with_their_name(default_model, device, kwargs, error, words):
@@ -368,3 +369,11 @@ def test_async_scheduling_changes_no_output(default_model, device):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].text == b.outputs[0].text
         assert a.outputs[0].finish_reason == b.outputs[0].finish_reason
+
+
+def test_kv_cache_dtype_f16_on_the_cpu(default_model):
+    # The CPU's f16 KV cache: the same model generates, close to the fp32 cache's logits.
+    greedy = fdpp.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    out = fdpp.LLM(default_model, device="cpu", max_model_len=128, max_num_seqs=2, kv_cache_tokens=256,
+                   kv_cache_dtype="f16").generate("The capital of France is", greedy, use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 8

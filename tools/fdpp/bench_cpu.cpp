@@ -89,6 +89,9 @@ void add_bench_cpu_options(CLI::App* bench, BenchCpuArgs& a) {
   bench->add_option("--cpu-weights", a.cpu_weights, "CPU: stored (GGUF blocks in place) or f32 (the reference)")
       ->capture_default_str()
       ->check(CLI::IsMember({"stored", "f32"}));
+  bench->add_option("--kv-cache-dtype", a.kv_cache_dtype, "CPU: the KV cache's type: auto (f32) or f16 (llama-bench's default)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "f32", "f16"}));
 }
 
 CLI::App* register_bench_cpu(CLI::App& app, BenchCpuArgs& a) {
@@ -128,6 +131,7 @@ int run_bench_cpu(const BenchCpuArgs& a) {
     RunnerOptions ro;
     ro.device = Device::Cpu;
     ro.threads = t;
+    ro.kv_cache_dtype = a.kv_cache_dtype;
     auto runner = make_runner(c, m.weights, max_len, ro);
     auto one = [&](const std::string& test, int n, bool prefill) {
       std::vector<double> tps;

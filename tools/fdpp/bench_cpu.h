@@ -18,6 +18,7 @@ struct BenchCpuArgs {
   std::vector<int> threads;       // empty: the physical cores (llama-bench -t)
   int repetitions = 5;            // llama-bench -r
   std::string cpu_weights = "stored";
+  std::string kv_cache_dtype = "auto";  // llama-bench -ctk/-ctv: f32 (auto) or f16
   bool json = false;
 };
 

@@ -21,14 +21,14 @@ const float* bias_or_null(const Tensor& b) { return b.empty() ? nullptr : b.ptr(
 constexpr double kDefaultCpuCacheBytes = 4.0 * 1073741824.0;
 }  // namespace
 
-CpuEngine::CpuEngine(const ModelConfig& config, const DecoderWeights& weights, EngineLimits limits)
-    : config_(config), weights_(weights) {
+CpuEngine::CpuEngine(const ModelConfig& config, const DecoderWeights& weights, EngineLimits limits, bool f16_cache)
+    : config_(config), weights_(weights), f16_cache_(f16_cache) {
   if (limits.max_context == 0) limits.max_context = config.max_context;
   check(limits.max_context > 0, "context size {} must be positive", limits.max_context);
   check(limits.max_context <= config.max_context, "context size {} exceeds the model's context length {}",
         limits.max_context, config.max_context);
   if (limits.kv_cache_tokens == 0) {
-    const double per_token = 2.0 * config.n_layers * config.kv_dim() * sizeof(float);
+    const double per_token = 2.0 * config.n_layers * config.kv_dim() * (f16_cache ? sizeof(uint16_t) : sizeof(float));
     const double cap = std::max(1.0, std::floor(kDefaultCpuCacheBytes / per_token));
     limits.kv_cache_tokens = static_cast<int64_t>(
         std::min(cap, static_cast<double>(limits.max_step_rows) * static_cast<double>(limits.max_context)));
@@ -36,7 +36,10 @@ CpuEngine::CpuEngine(const ModelConfig& config, const DecoderWeights& weights, E
   }
   init_engine(limits);
   pool_layer_floats_ = static_cast<size_t>(kv().num_blocks()) * kv().block_size() * config.kv_dim();
-  pool_.reset(new float[2 * static_cast<size_t>(config.n_layers) * pool_layer_floats_]);
+  if (f16_cache)
+    pool16_.reset(new uint16_t[2 * static_cast<size_t>(config.n_layers) * pool_layer_floats_]);
+  else
+    pool_.reset(new float[2 * static_cast<size_t>(config.n_layers) * pool_layer_floats_]);
   if (config.position == PositionEncoding::Rope) inv_freq_ = cpu::rope_inv_freq(config.rope.for_context(limits.max_context));
   if (config.has_local_rope) local_inv_freq_ = cpu::rope_inv_freq(config.local_rope);
 }
@@ -154,15 +157,21 @@ struct CpuEngine::Forward {
   }
   void write_cache(int layer) {
     const int64_t bs = engine.kv().block_size();
-    float* kp = engine.k_pool(layer);
-    float* vp = engine.v_pool(layer);
+    const bool half = engine.f16_cache_;
     for (const RowPlan& r : rows) {
       const int64_t n = static_cast<int64_t>(r.row->tokens.size());
       for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = r.start + t;
         const int64_t slot = static_cast<int64_t>(r.sequence->blocks[pos / bs]) * bs + pos % bs;
-        std::memcpy(kp + slot * KV, &k[(r.token_offset + t) * KV], KV * sizeof(float));
-        std::memcpy(vp + slot * KV, &v[(r.token_offset + t) * KV], KV * sizeof(float));
+        const float* kt = &k[(r.token_offset + t) * KV];
+        const float* vt = &v[(r.token_offset + t) * KV];
+        if (half) {
+          cpu::f32_to_fp16_row(kt, engine.k_pool16(layer) + slot * KV, KV);
+          cpu::f32_to_fp16_row(vt, engine.v_pool16(layer) + slot * KV, KV);
+        } else {
+          std::memcpy(engine.k_pool(layer) + slot * KV, kt, KV * sizeof(float));
+          std::memcpy(engine.v_pool(layer) + slot * KV, vt, KV * sizeof(float));
+        }
       }
     }
   }
@@ -174,8 +183,13 @@ struct CpuEngine::Forward {
     gathered_v.resize(len * KV);
     for (int64_t pos = 0; pos < len; ++pos) {
       const int64_t slot = static_cast<int64_t>(r.sequence->blocks[pos / bs]) * bs + pos % bs;
-      std::memcpy(&gathered_k[pos * KV], engine.k_pool(layer) + slot * KV, KV * sizeof(float));
-      std::memcpy(&gathered_v[pos * KV], engine.v_pool(layer) + slot * KV, KV * sizeof(float));
+      if (engine.f16_cache_) {
+        cpu::fp16_to_f32_row(engine.k_pool16(layer) + slot * KV, &gathered_k[pos * KV], KV);
+        cpu::fp16_to_f32_row(engine.v_pool16(layer) + slot * KV, &gathered_v[pos * KV], KV);
+      } else {
+        std::memcpy(&gathered_k[pos * KV], engine.k_pool(layer) + slot * KV, KV * sizeof(float));
+        std::memcpy(&gathered_v[pos * KV], engine.v_pool(layer) + slot * KV, KV * sizeof(float));
+      }
     }
   }
   void attention(int layer) {
@@ -188,9 +202,14 @@ struct CpuEngine::Forward {
         engine.observer_(AttentionObservation{layer, qr, gathered_k.data(), gathered_v.data(), n, r.start, c.n_heads,
                                               c.n_kv_heads, c.head_dim, scale});
       }
-      cpu::attention_paged(qr, engine.k_pool(layer), engine.v_pool(layer), r.sequence->blocks, engine.kv().block_size(),
-                           n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale, &attn[r.token_offset * Q],
-                           c.window(layer), static_cast<float>(c.attn_softcap));
+      if (engine.f16_cache_)
+        cpu::attention_paged(qr, engine.k_pool16(layer), engine.v_pool16(layer), r.sequence->blocks,
+                             engine.kv().block_size(), n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale,
+                             &attn[r.token_offset * Q], c.window(layer), static_cast<float>(c.attn_softcap));
+      else
+        cpu::attention_paged(qr, engine.k_pool(layer), engine.v_pool(layer), r.sequence->blocks,
+                             engine.kv().block_size(), n, r.start, c.n_heads, c.n_kv_heads, c.head_dim, scale,
+                             &attn[r.token_offset * Q], c.window(layer), static_cast<float>(c.attn_softcap));
     }
   }
   void out_proj(int layer) {

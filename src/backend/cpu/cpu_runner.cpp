@@ -15,7 +15,7 @@ EngineLimits one_sequence(int max_context) {
 }
 }  // namespace
 
-CpuRunner::CpuRunner(const ModelConfig& config, const DecoderWeights& weights, int max_context)
-    : EngineRunner(std::make_unique<CpuEngine>(config, weights, one_sequence(max_context)), max_context) {}
+CpuRunner::CpuRunner(const ModelConfig& config, const DecoderWeights& weights, int max_context, bool f16_cache)
+    : EngineRunner(std::make_unique<CpuEngine>(config, weights, one_sequence(max_context), f16_cache), max_context) {}
 
 }  // namespace fdpp

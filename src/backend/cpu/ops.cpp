@@ -6,7 +6,12 @@
 #include <numbers>
 #include <vector>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #include "backend/cpu/thread_pool.h"
+#include "core/half.h"
 #include "fdpp/error.h"
 
 namespace fdpp::cpu {
@@ -180,8 +185,15 @@ namespace {
 // row(j): the cache row of position j (j itself for a contiguous cache). window > 0: each query
 // sees only the last `window` positions up to its own; softcap > 0: scores become
 // softcap * tanh(score / softcap) (Gemma 2).
-template <typename Row>
-void attention_rows(const float* q, const float* k, const float* v, Row row, int64_t n_q, int64_t start_pos,
+// A cached K or V row as fp32: the row itself for an fp32 cache, else converted into `scratch`.
+inline const float* kv_row(const float* base, int64_t offset, int64_t, float*) { return base + offset; }
+inline const float* kv_row(const uint16_t* base, int64_t offset, int64_t n, float* scratch) {
+  fp16_to_f32_row(base + offset, scratch, n);
+  return scratch;
+}
+
+template <typename Row, typename KV>
+void attention_rows(const float* q, const KV* k, const KV* v, Row row, int64_t n_q, int64_t start_pos,
                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out, int64_t window,
                     float softcap) {
   const int64_t group = n_heads / n_kv_heads;
@@ -190,18 +202,20 @@ void attention_rows(const float* q, const float* k, const float* v, Row row, int
   // One task per (query token, head) on the fast path's pool (thread_pool.h), not OpenMP: a decode
   // step runs this once per layer, and OpenMP's waits collapse when another process holds a core.
   parallel_for(n_q * n_heads, [&](int64_t task) {
-    thread_local std::vector<float> scores, acc;
+    thread_local std::vector<float> scores, acc, row_scratch;
     const int64_t t = task / n_heads, h = task % n_heads;
     const int64_t end = start_pos + t + 1;  // causal: keys first .. own position
     const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
     const int64_t len = end - first;
     if (static_cast<int64_t>(scores.size()) < len) scores.resize(static_cast<size_t>(len));
     acc.assign(static_cast<size_t>(head_dim), 0.f);
+    if (static_cast<int64_t>(row_scratch.size()) < head_dim) row_scratch.resize(static_cast<size_t>(head_dim));
+    float* scratch = row_scratch.data();
     const float* qh = q + t * q_stride + h * head_dim;
     const int64_t kvh = h / group;
     float max_score = -INFINITY;
     for (int64_t j = 0; j < len; ++j) {
-      scores[j] = dot(qh, k + row(first + j) * kv_stride + kvh * head_dim, head_dim) * scale;
+      scores[j] = dot(qh, kv_row(k, row(first + j) * kv_stride + kvh * head_dim, head_dim, scratch), head_dim) * scale;
       if (softcap > 0.f) scores[j] = softcap * std::tanh(scores[j] / softcap);
       max_score = std::max(max_score, scores[j]);
     }
@@ -213,7 +227,7 @@ void attention_rows(const float* q, const float* k, const float* v, Row row, int
     float* a = acc.data();
     for (int64_t j = 0; j < len; ++j) {
       const float p = scores[j];
-      const float* vj = v + row(first + j) * kv_stride + kvh * head_dim;
+      const float* vj = kv_row(v, row(first + j) * kv_stride + kvh * head_dim, head_dim, scratch);
 #pragma omp simd
       for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vj[d];
     }
@@ -238,6 +252,34 @@ void attention_paged(const float* q, const float* k, const float* v, std::span<c
         "attention: {} blocks of {} tokens hold fewer than {} positions", blocks.size(), block_size, start_pos + n_q);
   const auto row = [&](int64_t j) { return static_cast<int64_t>(blocks[j / block_size]) * block_size + j % block_size; };
   attention_rows(q, k, v, row, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out, window, softcap);
+}
+
+void attention_paged(const float* q, const uint16_t* k, const uint16_t* v, std::span<const int32_t> blocks,
+                     int64_t block_size, int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads,
+                     int64_t head_dim, float scale, float* out, int64_t window, float softcap) {
+  check(static_cast<int64_t>(blocks.size()) * block_size >= start_pos + n_q,
+        "attention: {} blocks of {} tokens hold fewer than {} positions", blocks.size(), block_size, start_pos + n_q);
+  const auto row = [&](int64_t j) { return static_cast<int64_t>(blocks[j / block_size]) * block_size + j % block_size; };
+  attention_rows(q, k, v, row, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out, window, softcap);
+}
+
+void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) y[i] = f32_to_fp16(x[i]);
+}
+
+void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+#endif
+  for (; i < n; ++i) y[i] = fp16_to_f32(x[i]);
 }
 
 float attention_dot(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
