@@ -237,6 +237,17 @@ void attention_rows(const float* q, const KV* k, const KV* v, Row row, int64_t n
   });
 }
 
+// attention_rows over a paged cache: position j's row is blocks[j / block_size] * block_size + j % block_size.
+template <typename KV>
+void paged_rows(const float* q, const KV* k, const KV* v, std::span<const int32_t> blocks, int64_t block_size,
+                int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                float* out, int64_t window, float softcap) {
+  check(static_cast<int64_t>(blocks.size()) * block_size >= start_pos + n_q,
+        "attention: {} blocks of {} tokens hold fewer than {} positions", blocks.size(), block_size, start_pos + n_q);
+  const auto row = [&](int64_t j) { return static_cast<int64_t>(blocks[j / block_size]) * block_size + j % block_size; };
+  attention_rows(q, k, v, row, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out, window, softcap);
+}
+
 }  // namespace
 
 void attention(const float* q, const float* k, const float* v, int64_t n_q, int64_t start_pos, int64_t n_heads,
@@ -248,19 +259,13 @@ void attention(const float* q, const float* k, const float* v, int64_t n_q, int6
 void attention_paged(const float* q, const float* k, const float* v, std::span<const int32_t> blocks,
                      int64_t block_size, int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads,
                      int64_t head_dim, float scale, float* out, int64_t window, float softcap) {
-  check(static_cast<int64_t>(blocks.size()) * block_size >= start_pos + n_q,
-        "attention: {} blocks of {} tokens hold fewer than {} positions", blocks.size(), block_size, start_pos + n_q);
-  const auto row = [&](int64_t j) { return static_cast<int64_t>(blocks[j / block_size]) * block_size + j % block_size; };
-  attention_rows(q, k, v, row, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out, window, softcap);
+  paged_rows(q, k, v, blocks, block_size, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out, window, softcap);
 }
 
 void attention_paged(const float* q, const uint16_t* k, const uint16_t* v, std::span<const int32_t> blocks,
                      int64_t block_size, int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads,
                      int64_t head_dim, float scale, float* out, int64_t window, float softcap) {
-  check(static_cast<int64_t>(blocks.size()) * block_size >= start_pos + n_q,
-        "attention: {} blocks of {} tokens hold fewer than {} positions", blocks.size(), block_size, start_pos + n_q);
-  const auto row = [&](int64_t j) { return static_cast<int64_t>(blocks[j / block_size]) * block_size + j % block_size; };
-  attention_rows(q, k, v, row, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out, window, softcap);
+  paged_rows(q, k, v, blocks, block_size, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out, window, softcap);
 }
 
 void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n) {
