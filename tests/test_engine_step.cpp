@@ -106,9 +106,9 @@ TEST_F(EngineStep, F16CacheStaysCloseToTheFp32Cache) {
   x[5] = 7e4f;   // beyond fp16: infinity
   x[7] = -0.f;
   std::vector<uint16_t> h(x.size());
-  cpu::f32_to_fp16_row(x.data(), h.data(), static_cast<int64_t>(x.size()));
+  f32_to_fp16_row(x.data(), h.data(), static_cast<int64_t>(x.size()));
   std::vector<float> back(x.size());
-  cpu::fp16_to_f32_row(h.data(), back.data(), static_cast<int64_t>(h.size()));
+  fp16_to_f32_row(h.data(), back.data(), static_cast<int64_t>(h.size()));
   for (size_t i = 0; i < x.size(); ++i) {
     ASSERT_EQ(h[i], f32_to_fp16(x[i])) << i;
     ASSERT_EQ(back[i], fp16_to_f32(h[i])) << i;

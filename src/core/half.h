@@ -4,6 +4,9 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 namespace fdpp {
 
@@ -71,6 +74,27 @@ inline uint16_t f32_to_bf16(float f) {
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
   const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+// Rows of them: vcvtph2ps / vcvtps2ph where the build targets F16C (exact, and round to nearest
+// even, as the scalar functions), 8 elements per instruction; the scalar functions elsewhere.
+inline void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+#endif
+  for (; i < n; ++i) y[i] = fp16_to_f32(x[i]);
+}
+
+inline void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) y[i] = f32_to_fp16(x[i]);
 }
 
 }  // namespace fdpp

@@ -6,6 +6,7 @@
 #include <span>
 
 #include "backend/cpu/ops.h"
+#include "core/half.h"
 #include "backend/cpu/quant_matmul.h"
 #include "engine/sampler.h"
 #include "fdpp/error.h"
@@ -166,8 +167,8 @@ struct CpuEngine::Forward {
         const float* kt = &k[(r.token_offset + t) * KV];
         const float* vt = &v[(r.token_offset + t) * KV];
         if (half) {
-          cpu::f32_to_fp16_row(kt, engine.k_pool16(layer) + slot * KV, KV);
-          cpu::f32_to_fp16_row(vt, engine.v_pool16(layer) + slot * KV, KV);
+          f32_to_fp16_row(kt, engine.k_pool16(layer) + slot * KV, KV);
+          f32_to_fp16_row(vt, engine.v_pool16(layer) + slot * KV, KV);
         } else {
           std::memcpy(engine.k_pool(layer) + slot * KV, kt, KV * sizeof(float));
           std::memcpy(engine.v_pool(layer) + slot * KV, vt, KV * sizeof(float));
@@ -184,8 +185,8 @@ struct CpuEngine::Forward {
     for (int64_t pos = 0; pos < len; ++pos) {
       const int64_t slot = static_cast<int64_t>(r.sequence->blocks[pos / bs]) * bs + pos % bs;
       if (engine.f16_cache_) {
-        cpu::fp16_to_f32_row(engine.k_pool16(layer) + slot * KV, &gathered_k[pos * KV], KV);
-        cpu::fp16_to_f32_row(engine.v_pool16(layer) + slot * KV, &gathered_v[pos * KV], KV);
+        fp16_to_f32_row(engine.k_pool16(layer) + slot * KV, &gathered_k[pos * KV], KV);
+        fp16_to_f32_row(engine.v_pool16(layer) + slot * KV, &gathered_v[pos * KV], KV);
       } else {
         std::memcpy(&gathered_k[pos * KV], engine.k_pool(layer) + slot * KV, KV * sizeof(float));
         std::memcpy(&gathered_v[pos * KV], engine.v_pool(layer) + slot * KV, KV * sizeof(float));

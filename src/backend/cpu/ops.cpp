@@ -6,10 +6,6 @@
 #include <numbers>
 #include <vector>
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
 #include "backend/cpu/thread_pool.h"
 #include "core/half.h"
 #include "fdpp/error.h"
@@ -266,25 +262,6 @@ void attention_paged(const float* q, const uint16_t* k, const uint16_t* v, std::
                      int64_t block_size, int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads,
                      int64_t head_dim, float scale, float* out, int64_t window, float softcap) {
   paged_rows(q, k, v, blocks, block_size, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out, window, softcap);
-}
-
-void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#endif
-  for (; i < n; ++i) y[i] = f32_to_fp16(x[i]);
-}
-
-void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
-#endif
-  for (; i < n; ++i) y[i] = fp16_to_f32(x[i]);
 }
 
 float attention_dot(const float* a, const float* b, int64_t n) { return dot(a, b, n); }

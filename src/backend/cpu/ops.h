@@ -81,9 +81,6 @@ void attention_paged(const float* q, const float* k, const float* v, std::span<c
 void attention_paged(const float* q, const uint16_t* k, const uint16_t* v, std::span<const int32_t> blocks,
                      int64_t block_size, int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads,
                      int64_t head_dim, float scale, float* out, int64_t window = 0, float softcap = 0.f);
-// fp32 <-> IEEE fp16 rows (round to nearest even; F16C where the build targets it).
-void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n);
-void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 
 // The dot product attention() computes its logits with (the same code, so the same fp32 result):
 // for references that must see exactly the logits attention() sees.
