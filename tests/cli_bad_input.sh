@@ -103,6 +103,8 @@ usage "-tp 2 with --device cpu" "--tensor-parallel 2 splits a model over GPUs; .
 usage "dtype garbage (also on the CPU)" "^fdpp: error: --dtype: 'garbage' is not one of" "$BIN" generate --prompt hi --dtype garbage --device cpu
 usage "quantization garbage" "^fdpp: error: --quantization: 'int3' is not one of none, fp8" "$BIN" generate --prompt hi --quantization int3
 usage "fp8 on the CPU" "^fdpp: error: --quantization fp8 runs on the CUDA backend; it cannot be combined with --device cpu" "$BIN" generate --prompt hi --quantization fp8 --device cpu
+usage "fp8 KV cache on the CPU" "^fdpp: error: --kv-cache-dtype fp8 \(an e4m3 KV cache\) runs on the CUDA backend; it cannot be combined with --device cpu" "$BIN" generate --prompt hi --kv-cache-dtype fp8_e4m3 --device cpu
+usage "fp8_e5m2 KV cache" "^fdpp: error: --kv-cache-dtype: fp8_e5m2 is not supported: the fp8 KV cache is e4m3" "$BIN" generate --prompt hi --kv-cache-dtype fp8_e5m2
 usage "attention garbage" "^fdpp: error: --attention: 'x' is not one of" "$BIN" generate --prompt hi --attention x
 # serve takes the engine options from the same table: the same ranges and words.
 usage "serve max-num-seqs 5000" "^fdpp: error: --max-num-seqs: 5000 must be in \[0, 4096\]" "$BIN" serve --max-num-seqs 5000

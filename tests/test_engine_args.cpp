@@ -73,6 +73,9 @@ const std::vector<BadValue>& bad_values() {
       {"gpu_memory_utilization", "most", "'most' is not a number"},
       {"gpu_memory_utilization", "nan", "'nan' is not a number"},
       {"decode_path", "simd", "'simd' is not one of auto, mma, core"},
+      {"kv_cache_dtype", "int8", "'int8' is not one of auto, f32, f16, fp8, fp8_e4m3"},
+      // vLLM's other fp8 is named in its refusal, not listed as unknown.
+      {"kv_cache_dtype", "fp8_e5m2", "fp8_e5m2 is not supported: the fp8 KV cache is e4m3 (fp8, fp8_e4m3)"},
   };
   return v;
 }
@@ -186,6 +189,43 @@ TEST(EngineArgs, CrossOptionRulesNameBothOptions) {
   EXPECT_EQ(n.requested_device(), Device::Cpu);  // llama.cpp's -ngl 0
   n.device = "cuda";
   EXPECT_NE(test::error_of([&] { n.check(); }), "");
+}
+
+// --kv-cache-dtype fp8 (vLLM's kv_cache_dtype="fp8", alias fp8_e4m3): every front end with a device
+// takes it, bench too (the same table); it reaches the runner options as "fp8"; the CPU refuses it
+// naming the option, as a flag and as a keyword.
+TEST(EngineArgs, KvCacheDtypeFp8IsTheGpusAndNamedWhereRefused) {
+  for (const FrontEnd fe : {kGenerate, kLogits, kServe, kBench})
+    for (const std::string spelling : {"fp8", "fp8_e4m3"}) {
+      EngineArgs a;
+      ASSERT_EQ(cli_error(fe, {"--kv-cache-dtype", spelling}, &a), "") << fe << " " << spelling;
+      EXPECT_EQ(a.kv_cache_dtype, "fp8");
+      EXPECT_EQ(a.runner_options("").kv_cache_dtype, "fp8");
+      EXPECT_NO_THROW(a.check());  // device auto: the backend decides
+    }
+  EngineArgs p;
+  set_engine_option(p, *find_engine_option("kv_cache_dtype"), "fp8_e4m3", "kv_cache_dtype");
+  EXPECT_EQ(p.kv_cache_dtype, "fp8");
+  p.device = "cpu";
+  const std::string keyword = test::error_of([&] { p.check(true); });
+  EXPECT_NE(keyword.find("kv_cache_dtype=fp8"), std::string::npos) << keyword;
+  EXPECT_NE(keyword.find("runs on the CUDA backend"), std::string::npos) << keyword;
+  EXPECT_NE(keyword.find("device=cpu"), std::string::npos) << keyword;
+  const std::string flag = test::error_of([&] { p.check(); });
+  EXPECT_NE(flag.find("--kv-cache-dtype fp8"), std::string::npos) << flag;
+  EXPECT_NE(flag.find("--device cpu"), std::string::npos) << flag;
+  EngineArgs ngl;
+  ngl.kv_cache_dtype = "fp8";
+  ngl.n_gpu_layers = 0;
+  EXPECT_NE(test::error_of([&] { ngl.check(); }).find("-ngl/--n-gpu-layers 0"), std::string::npos);
+  // The CUDA backend's reading: auto and fp8; the CPU's types are refused by name.
+  EXPECT_FALSE(cuda_kv_cache_fp8("auto"));
+  EXPECT_TRUE(cuda_kv_cache_fp8("fp8"));
+  for (const char* cpu_only : {"f32", "f16"}) {
+    const std::string e = test::error_of([&] { cuda_kv_cache_fp8(cpu_only); });
+    EXPECT_NE(e.find(std::string("--kv-cache-dtype ") + cpu_only), std::string::npos) << e;
+    EXPECT_NE(e.find("CPU backend's"), std::string::npos) << e;
+  }
 }
 
 // Step sizes left automatic (0) are the backend's: large on the GPU, small on the CPU, and an automatic

@@ -19,6 +19,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "model/model_loader.h"
+#include "runtime/backend_select.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -134,6 +135,27 @@ TEST_F(EngineStep, F16CacheStaysCloseToTheFp32Cache) {
   const auto f32 = run(false), f16 = run(true);
   EXPECT_NE(f32, f16) << "the f16 cache rounds K and V";
   EXPECT_LE(test::nmse(f16, f32), 1e-5);
+}
+
+// --kv-cache-dtype fp8 is the CUDA backend's e4m3 cache: the CPU backend refuses it naming the
+// option (reached with --device auto on a machine without a GPU; --device cpu fails earlier, in
+// EngineArgs::check), for the engine and the one-sequence runner alike.
+TEST_F(EngineStep, Fp8CacheIsRefusedByTheCpuBackendNamingTheOption) {
+  RunnerOptions o;
+  o.device = Device::Cpu;
+  o.kv_cache_dtype = "fp8";
+  EngineLimits l;
+  l.max_context = 128;
+  l.max_step_rows = 2;
+  l.max_step_tokens = 64;
+  for (const std::string& e : {test::error_of([&] { make_engine(config_, weights_, o, l); }),
+                               test::error_of([&] { make_runner(config_, weights_, 128, o); })}) {
+    EXPECT_NE(e.find("--kv-cache-dtype fp8"), std::string::npos) << e;
+    EXPECT_NE(e.find("CPU backend"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  o.kv_cache_dtype = "f16";  // the CPU's own half-size cache still runs
+  EXPECT_NO_THROW(make_engine(config_, weights_, o, l));
 }
 
 TEST_F(EngineStep, MixedChunksAndDecodeRowsEqualEachSequenceAlone) {

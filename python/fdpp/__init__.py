@@ -890,7 +890,9 @@ class LLM:
             computes (None or True, the default); False waits for its tokens first. The outputs
             are the same either way.
         kv_cache_dtype: "auto" (the default: fp32 on the CPU, the model's 16-bit dtype on the GPU),
-            "f32" or "f16" (the CPU's; half the cache memory). vLLM's "fp8" is refused: not built.
+            "f32" or "f16" (the CPU's; half the cache memory), or "fp8" (also "fp8_e4m3"; the GPU's:
+            e4m3 with scale 1 as vLLM's uncalibrated fp8, twice the tokens in the same memory; the
+            CPU refuses it). "fp8_e5m2" is refused.
         swap_space and vLLM's other engine keywords: accepted with one warning naming them; they
             change nothing here.
     """

@@ -152,13 +152,15 @@ namespace {
 constexpr uint64_t kDummySeed = 1234;  // fdpp bench --load-format dummy's
 
 // What the GPU needs beyond the weights, before any of it is allocated: the KV cache of kv_tokens
-// (16-bit K and V of every layer) and an estimate of a step of step_tokens (activations of 16 bits,
-// fp32 logits for every token) plus the 512 MiB the engine keeps as headroom.
-cuda::GpuMemoryNeed memory_need(const ModelConfig& c, const WeightPlan& plan, int64_t kv_tokens, int64_t step_tokens) {
+// (K and V of every layer, kv_elem_bytes each: 2, or 1 with an fp8 cache) and an estimate of a step
+// of step_tokens (activations of 16 bits, fp32 logits for every token) plus the 512 MiB the engine
+// keeps as headroom.
+cuda::GpuMemoryNeed memory_need(const ModelConfig& c, const WeightPlan& plan, int64_t kv_tokens, int64_t step_tokens,
+                                size_t kv_elem_bytes) {
   cuda::GpuMemoryNeed need;
   need.weights = cuda::plan_device_bytes(plan);
   need.kv_tokens = kv_tokens;
-  need.kv_cache = static_cast<uint64_t>(kv_tokens) * 2 * c.n_layers * static_cast<uint64_t>(c.kv_dim()) * 2;
+  need.kv_cache = static_cast<uint64_t>(kv_tokens) * 2 * c.n_layers * static_cast<uint64_t>(c.kv_dim()) * kv_elem_bytes;
   uint64_t per_token = (4 * static_cast<uint64_t>(c.hidden) + c.q_dim() + 2 * c.kv_dim() + 3 * c.ffn_hidden) * 2 +
                       static_cast<uint64_t>(c.vocab_size) * 6;
   // Expert layers: router logits and each pick's rows (moe.h), padding aside.
@@ -182,7 +184,9 @@ std::shared_ptr<const cuda::DeviceModel> device_model(const ModelConfig& config,
   if (options.dummy_weights) return quantized(cuda::DeviceModel::dummy(config, dtype, kDummySeed));
   if (options.plan == nullptr) return quantized(cuda::DeviceModel(config, weights, dtype));
   // fp8 quantizes after the 16-bit load, one matrix at a time: the 16-bit need is the peak.
-  cuda::check_gpu_memory(memory_need(config, *options.plan, kv_tokens, step_tokens));
+  const cuda::KvDType kv_dtype = cuda_kv_cache_fp8(options.kv_cache_dtype) ? cuda::KvDType::Fp8E4M3 : cuda::KvDType::Model;
+  cuda::check_gpu_memory(
+      memory_need(config, *options.plan, kv_tokens, step_tokens, cuda::kv_element_bytes(kv_dtype)));
   cuda::StreamOptions so;
   if (options.load_progress)
     so.progress = [&options](const cuda::StreamProgress& p) {
@@ -206,6 +210,8 @@ cuda::EngineOptions engine_options(const ModelConfig& config, const RunnerOption
   eo.dispatch_table = options.dispatch_table;
   eo.gemv_max_m = options.gemv_max_m;
   eo.kernels = options.kernels;
+  // Scales 1 (vLLM's fp8 without calibration): the checkpoints' k_scale / v_scale are not read yet.
+  if (cuda_kv_cache_fp8(options.kv_cache_dtype)) eo.kv_quant.dtype = cuda::KvDType::Fp8E4M3;
   return eo;
 }
 
@@ -239,11 +245,21 @@ std::unique_ptr<Engine> tensor_parallel_engine(const ModelConfig& config, const 
 }  // namespace
 #endif
 
+bool cuda_kv_cache_fp8(const std::string& kv_cache_dtype) {
+  check(kv_cache_dtype == "auto" || kv_cache_dtype == "fp8",
+        "--kv-cache-dtype {}: the CUDA backend's KV cache holds the model's 16-bit dtype (auto) or e4m3 (fp8); f32 "
+        "and f16 are the CPU backend's choices",
+        kv_cache_dtype);
+  return kv_cache_dtype == "fp8";
+}
+
 namespace {
-void check_kv_cache_dtype_cuda(const RunnerOptions& options) {
-  check(options.kv_cache_dtype == "auto",
-        "--kv-cache-dtype {}: the CUDA backend's KV cache holds the model's 16-bit dtype (auto); f32 and f16 are "
-        "the CPU backend's choices",
+void check_kv_cache_dtype_cuda(const RunnerOptions& options) { cuda_kv_cache_fp8(options.kv_cache_dtype); }
+// The CPU backend's caches are fp32 and f16 (CpuEngine); reached with --device auto on a machine
+// without a GPU (an explicit --device cpu is refused earlier, by EngineArgs::check).
+void check_kv_cache_dtype_cpu(const RunnerOptions& options) {
+  check(options.kv_cache_dtype == "auto" || options.kv_cache_dtype == "f32" || options.kv_cache_dtype == "f16",
+        "--kv-cache-dtype {} runs on the CUDA backend; the CPU backend's KV cache takes auto, f32 or f16",
         options.kv_cache_dtype);
 }
 }  // namespace
@@ -257,6 +273,7 @@ std::unique_ptr<Runner> make_runner(const ModelConfig& config, const DecoderWeig
     check(options.tensor_parallel == 1,
           "tensor parallelism over {} GPUs needs the CUDA backend (the CPU backend runs a model whole)",
           options.tensor_parallel);
+    check_kv_cache_dtype_cpu(options);
     prepare_cpu(config, options);
     return std::make_unique<CpuRunner>(config, weights, max_context, options.kv_cache_dtype == "f16");
   }
@@ -288,6 +305,7 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& config, const DecoderWeig
           "tensor parallelism over {} GPUs needs the CUDA backend (the CPU backend runs a model whole)",
           options.tensor_parallel);
     check(!options.dummy_weights, "--load-format dummy builds random weights on the GPU; it has no CPU form");
+    check_kv_cache_dtype_cpu(options);
     prepare_cpu(config, options);
     return std::make_unique<CpuEngine>(config, weights, limits, options.kv_cache_dtype == "f16");
   }

@@ -35,7 +35,8 @@ struct RunnerOptions {
   std::string quantization = "none";
   int64_t kv_cache_tokens = 0;
   // The KV cache's element type: "auto" (CPU: fp32, the reference; CUDA: the model's 16-bit dtype),
-  // "f32" or "f16" (the CPU backend's; half the memory).
+  // "f32" or "f16" (the CPU backend's; half the memory), or "fp8" (the CUDA backend's: e4m3 with
+  // scale 1, half the 16-bit cache's bytes).
   std::string kv_cache_dtype = "auto";
   bool cuda_graphs = true;
   // CUDA: the share of the free memory after the weights that a KV cache sized by the engine
@@ -84,6 +85,10 @@ int physical_cpu_cores();
 // The per-layer unified max phi for options: options.unified_max_phi when set, else from the
 // calibration file (named or looked up); empty when there is none.
 std::vector<float> resolve_unified_max_phi(const ModelConfig& config, const RunnerOptions& options);
+
+// The CUDA backend's reading of --kv-cache-dtype: true for fp8 (an e4m3 cache), false for auto (the
+// model's 16-bit dtype); f32, f16 (the CPU backend's) and anything else throw one line.
+bool cuda_kv_cache_fp8(const std::string& kv_cache_dtype);
 
 // The weights must outlive the runner (the CPU backend reads them in place; the CUDA backend
 // copies them to the device and no longer needs them after this returns).

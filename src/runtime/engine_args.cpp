@@ -96,10 +96,17 @@ std::vector<EngineOption> build_table() {
   t.push_back(integer("kv_cache_tokens", "--kv-cache-tokens", kRunners,
                       "KV cache size in tokens (0: sized by the engine: on the GPU what memory leaves)", 0,
                       int64_t{1} << 30, &EngineArgs::kv_cache_tokens));
-  t.push_back(choice("kv_cache_dtype", "--kv-cache-dtype", kRunners,
-                     "KV cache element type: auto (CPU: fp32, the reference; CUDA: the model's 16-bit dtype), "
-                     "f32, or f16 (CPU: half the cache memory, as llama.cpp's default)",
-                     {"auto", "f32", "f16"}, &EngineArgs::kv_cache_dtype));
+  {
+    EngineOption o = choice("kv_cache_dtype", "--kv-cache-dtype", kRunners | kBench,
+                            "KV cache element type: auto (CPU: fp32, the reference; CUDA: the model's 16-bit "
+                            "dtype), f32 or f16 (CPU: half the cache memory, as llama.cpp's default), or fp8 "
+                            "(CUDA: e4m3 with scale 1, as vLLM's uncalibrated fp8: twice the tokens in the same "
+                            "memory; fp8_e4m3 too)",
+                            {"auto", "f32", "f16", "fp8", "fp8_e4m3"}, &EngineArgs::kv_cache_dtype);
+    o.refused = {{"fp8_e5m2", "fp8_e5m2 is not supported: the fp8 KV cache is e4m3 (fp8, fp8_e4m3)"}};
+    o.assign = [](EngineArgs& a, const std::string& v) { a.kv_cache_dtype = v == "fp8_e4m3" ? "fp8" : v; };
+    t.push_back(std::move(o));
+  }
   t.push_back(integer("max_num_seqs", "--max-num-seqs", kEngines, "sequences running at once (rows of a step; 0: as many as the KV cache holds with room for their outputs, "
                       "at most 512 on the GPU and 64 on the CPU)",
                       0, 4096, &EngineArgs::max_num_seqs));
@@ -263,6 +270,8 @@ std::string option_problem(const EngineOption& o, const std::string& value) {
       return "";
     case OptionKind::Choice: {
       if (std::find(o.choices.begin(), o.choices.end(), value) != o.choices.end()) return "";
+      for (const auto& [name, why] : o.refused)
+        if (name == value) return why;
       std::string list;
       for (const std::string& c : o.choices) list += (list.empty() ? "" : ", ") + c;
       return fmt::format("'{}' is not one of {}", value, list);
@@ -313,6 +322,11 @@ void EngineArgs::check(bool python) const {
   fdpp::check(quantization == "none" || (device != "cpu" && n_gpu_layers != 0),
               "{} runs on the CUDA backend; it cannot be combined with {}",
               given("quantization", "--quantization", quantization),
+              n_gpu_layers == 0 ? std::string("-ngl/--n-gpu-layers 0") : given("device", "--device", "cpu"));
+  fdpp::check(kv_cache_dtype != "fp8" || (device != "cpu" && n_gpu_layers != 0),
+              "{} (an e4m3 KV cache) runs on the CUDA backend; it cannot be combined with {} (the CPU's KV cache "
+              "takes auto, f32 or f16)",
+              given("kv_cache_dtype", "--kv-cache-dtype", kv_cache_dtype),
               n_gpu_layers == 0 ? std::string("-ngl/--n-gpu-layers 0") : given("device", "--device", "cpu"));
   fdpp::check(quantization == "none" || tensor_parallel == 1, "{} with {} is not supported yet",
               given("quantization", "--quantization", quantization),

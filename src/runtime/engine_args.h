@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/scheduler.h"
@@ -34,7 +35,7 @@ struct EngineArgs {
   std::string dtype = "auto";        // CUDA weights: auto, f16, bf16
   std::string quantization = "none";  // CUDA: none or fp8 (e4m3 weights quantized at load)
   int64_t kv_cache_tokens = 0;       // 0: sized by the engine
-  std::string kv_cache_dtype = "auto";  // RunnerOptions::kv_cache_dtype
+  std::string kv_cache_dtype = "auto";  // RunnerOptions::kv_cache_dtype (fp8_e4m3 stored as fp8)
   int max_num_seqs = 0;              // sequences in one step; 0: auto (step_sizes)
   int max_batched_tokens = 0;        // tokens in one step; 0: auto (step_sizes)
   int max_model_len = 0;             // context per sequence; 0: the model's
@@ -104,6 +105,8 @@ struct EngineOption {
   uint32_t front_ends = 0;
   OptionKind kind = OptionKind::Text;
   std::vector<std::string> choices;  // Choice: the accepted spellings
+  // Choice: spellings refused with their own reason (one line) instead of "is not one of".
+  std::vector<std::pair<std::string, std::string>> refused;
   int64_t lo = 0, hi = 0;            // Integer: the closed range
   double real_lo = 0, real_hi = 1;   // Real: the range, open below (a fraction of nothing is no option)
   bool flag_value = true;            // Switch: what the CLI flag sets

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 
@@ -758,6 +759,216 @@ TEST(CudaHfFixtures, LogitsMatchTransformers) {
     ++ran;
   }
   EXPECT_GT(ran, 0);
+}
+
+// ---- the fp8 (e4m3) KV cache (--kv-cache-dtype fp8) ----
+
+cuda::EngineOptions fp8_cache(cuda::EngineOptions eo = {}) {
+  eo.kv_quant.dtype = cuda::KvDType::Fp8E4M3;  // scales 1, as the runtime passes them
+  return eo;
+}
+
+// The share of rows of vocab logits whose argmax is the same in a and b.
+double argmax_agreement(const std::vector<float>& a, const std::vector<float>& b, int vocab) {
+  const size_t rows = a.size() / vocab;
+  size_t same = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const auto ra = a.begin() + r * vocab, rb = b.begin() + r * vocab;
+    same += std::max_element(ra, ra + vocab) - ra == std::max_element(rb, rb + vocab) - rb;
+  }
+  return rows == 0 ? 1.0 : double(same) / rows;
+}
+
+class CudaFp8KvCache : public ::testing::TestWithParam<RecipeCase> {};
+
+// The same engine with an e4m3 cache against the 16-bit one: K and V keep 3 mantissa bits (an error
+// up to 2^-4 relative, about 2.5% rms over the tiny models' ~N(0, 1) keys and values; e4m3 -> 16 bits
+// is exact, so nothing else differs), read back by prefill and by decode attention. Bound: the
+// logits' NMSE over a 37-token prefill (every position) and 5 decode steps at most 5e-3 (the CPU's f16
+// cache test bounds 2^-11 roundings by 1e-5; this is that bound scaled by the squared rounding, with
+// room), never 0, and the greedy token the same at 3 positions of 4 or more. Every fp8 head dim, both
+// dtypes, MQA with interleaved rope, soft-capping and sliding windows.
+TEST_P(CudaFp8KvCache, LogitsStayCloseToThe16BitCache) {
+  REQUIRE_GPU();
+  const auto& p = GetParam();
+  const ModelConfig c = tiny(p.recipe, p.head_dim);
+  const DecoderWeights w = random_weights(c);
+  const int T = 37, steps = 5;
+  const auto ids = random_ids(T + steps, c.vocab_size);
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, p.dtype);
+  std::vector<float> logits[2];  // 16-bit cache, fp8 cache: T prefill rows, then one row per step
+  for (int fp8 = 0; fp8 < 2; ++fp8) {
+    auto r = gpu_runner(model, T + steps, fp8 == 1 ? fp8_cache() : cuda::EngineOptions{});
+    std::vector<float> rows(size_t(T) * c.vocab_size, NAN), step(c.vocab_size, NAN);
+    r->forward(std::span(ids.data(), T), 0, true, rows);
+    for (int s = 0; s < steps; ++s) {
+      r->forward(std::span(&ids[T + s], 1), T + s, false, step);
+      rows.insert(rows.end(), step.begin(), step.end());
+    }
+    logits[fp8] = std::move(rows);
+  }
+  const double e = test::nmse(logits[1], logits[0]);
+  const double same = argmax_agreement(logits[1], logits[0], c.vocab_size);
+  std::printf("%s hd%d %s: fp8 KV cache against the 16-bit one: logits NMSE %.3e, greedy tokens %.0f%% the same\n",
+              p.recipe.c_str(), p.head_dim, p.dtype == cuda::DType::F16 ? "f16" : "bf16", e, 100 * same);
+  EXPECT_LE(e, 5e-3);
+  EXPECT_GT(e, 0.0) << "the e4m3 cache rounds K and V: the logits cannot be the 16-bit cache's";
+  EXPECT_GE(same, 0.75);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, CudaFp8KvCache,
+    ::testing::Values(RecipeCase{"llama", 64, cuda::DType::F16}, RecipeCase{"llama", 128, cuda::DType::BF16},
+                      RecipeCase{"chatglm", 128, cuda::DType::F16}, RecipeCase{"opt", 64, cuda::DType::BF16},
+                      RecipeCase{"gemma2", 256, cuda::DType::BF16}, RecipeCase{"gemma3", 128, cuda::DType::F16},
+                      RecipeCase{"mistral-window", 64, cuda::DType::BF16}),
+    [](const auto& info) {
+      std::string n = info.param.recipe + "_hd" + std::to_string(info.param.head_dim) +
+                      (info.param.dtype == cuda::DType::F16 ? "_f16" : "_bf16");
+      for (auto& ch : n)
+        if (ch == '-') ch = '_';
+      return n;
+    });
+
+// CUDA graphs replay what eager launches compute on an fp8 cache, bit for bit (one sequence, the
+// first steps eager and later ones replayed), in both softmax modes.
+TEST(CudaFp8KvCacheEngine, GraphReplayEqualsEagerLaunches) {
+  REQUIRE_GPU();
+  for (const bool async : {true, false}) {
+    const ModelConfig c = tiny("llama", 128);
+    const DecoderWeights w = random_weights(c);
+    auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::BF16);
+    const auto prompt = random_ids(20, c.vocab_size);
+    const auto steps = random_ids(6, c.vocab_size);
+    std::vector<std::vector<float>> out[2];
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      cuda::EngineOptions eo = fp8_cache();
+      eo.cuda_graphs = graphs == 1;
+      eo.attention = async ? cuda::AttentionMode::Async : cuda::AttentionMode::Sync;
+      auto r = gpu_runner(model, 64, eo);
+      std::vector<float> l(c.vocab_size);
+      r->forward(prompt, 0, false, l);
+      for (size_t s = 0; s < steps.size(); ++s) {
+        r->forward(std::span(&steps[s], 1), 20 + static_cast<int>(s), false, l);
+        out[graphs].push_back(l);
+      }
+    }
+    for (size_t s = 0; s < steps.size(); ++s)
+      EXPECT_EQ(out[0][s], out[1][s]) << "step " << s << (async ? " async" : " sync");
+  }
+}
+
+// Padded graph batches (decode_graph_rows) on an fp8 cache: the real rows agree with an eager
+// engine's steps at the exact batch, and the padding rows write nothing into the cache (later steps
+// still agree); mistral-window gives blocks behind the window back.
+TEST(CudaFp8KvCacheEngine, PaddedGraphBatchesEqualEagerSteps) {
+  REQUIRE_GPU();
+  for (const char* recipe : {"llama", "mistral-window"}) {
+    SCOPED_TRACE(recipe);
+    ModelConfig c = tiny(recipe, 64);
+    c.max_context = 512;
+    const DecoderWeights w = random_weights(c);
+    auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+    std::vector<std::vector<int32_t>> prompts;
+    const bool windowed = c.has_sliding_window();
+    for (int i = 0; i < 13; ++i) prompts.push_back(random_ids(5 + 7 * (windowed ? 12 - i : i), c.vocab_size));
+    const std::vector<int> batches{11, 9, 13, 11, 3, 13};
+    std::vector<std::vector<float>> logits[2];
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      cuda::EngineOptions eo = fp8_cache();
+      eo.max_batch = 16;
+      eo.kv_cache_tokens = 4096;
+      eo.cuda_graphs = graphs == 1;
+      cuda::CudaEngine e(model, eo);
+      const std::vector<int> seqs = prefilled_sequences(e, prompts);
+      int t = 0;
+      for (int b : batches) {
+        std::vector<int> ss(seqs.begin(), seqs.begin() + b);
+        std::vector<int32_t> toks;
+        for (int i = 0; i < b; ++i) toks.push_back((5 * t++ + 3 * i) % c.vocab_size);
+        logits[graphs].push_back(decode(e, ss, toks));
+      }
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+      ASSERT_EQ(logits[0][i].size(), logits[1][i].size());
+      EXPECT_LE(test::nmse(logits[1][i], logits[0][i]), 5e-4) << "step " << i;
+    }
+  }
+}
+
+// memory(): at the same memory fraction the e4m3 cache holds about twice the tokens of the 16-bit
+// one (one byte an element instead of two; the free memory both see differs only by what the first
+// engine left behind, such as cuBLAS's handles), and each holds exactly its tokens' bytes. A cache
+// sized in tokens holds those tokens either way, in half the bytes.
+TEST(CudaFp8KvCacheEngine, HoldsTwiceTheTokensInTheSameMemory) {
+  REQUIRE_GPU();
+  const ModelConfig c = tiny("llama", 128);
+  const DecoderWeights w = random_weights(c);
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+  const uint64_t elements_per_token = 2 * uint64_t(c.n_layers) * c.kv_dim();  // K and V of every layer
+  cuda::MemoryReport by_fraction[2], by_tokens[2];
+  for (int fp8 = 0; fp8 < 2; ++fp8) {
+    cuda::EngineOptions eo = fp8 == 1 ? fp8_cache() : cuda::EngineOptions{};
+    eo.memory_fraction = 0.25;
+    {
+      cuda::CudaEngine e(model, eo);
+      by_fraction[fp8] = e.memory();
+    }
+    eo.kv_cache_tokens = 4096;
+    cuda::CudaEngine e(model, eo);
+    by_tokens[fp8] = e.memory();
+    EXPECT_EQ(by_fraction[fp8].kv_cache, uint64_t(by_fraction[fp8].kv_tokens) * elements_per_token * (2 - fp8));
+  }
+  const double ratio = double(by_fraction[1].kv_tokens) / double(by_fraction[0].kv_tokens);
+  std::printf("KV tokens at memory fraction 0.25: %lld (16-bit), %lld (fp8): %.3fx\n",
+              static_cast<long long>(by_fraction[0].kv_tokens), static_cast<long long>(by_fraction[1].kv_tokens), ratio);
+  EXPECT_NEAR(ratio, 2.0, 0.1);
+  EXPECT_EQ(by_tokens[0].kv_tokens, 4096);
+  EXPECT_EQ(by_tokens[1].kv_tokens, 4096);
+  EXPECT_EQ(by_tokens[1].kv_cache * 2, by_tokens[0].kv_cache);
+}
+
+// randomize_kv_cache (fdpp bench's setup) fills an fp8 cache with e4m3 bytes of small values, never
+// the NaN codes 0x7F and 0xFF: a decode step over a context of nearly the whole randomized cache
+// gives finite logits, in both softmax modes.
+TEST(CudaFp8KvCacheEngine, RandomizedCacheDecodesToFiniteLogits) {
+  REQUIRE_GPU();
+  for (const bool async : {true, false}) {
+    const ModelConfig c = tiny("llama", 64);
+    const DecoderWeights w = random_weights(c);
+    auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+    cuda::EngineOptions eo = fp8_cache();
+    eo.max_batch = 2;
+    eo.kv_cache_tokens = 512;
+    eo.attention = async ? cuda::AttentionMode::Async : cuda::AttentionMode::Sync;
+    cuda::CudaEngine e(model, eo);
+    const int seqs[] = {e.create_sequence(), e.create_sequence()};
+    e.reserve_for_benchmark(seqs[0], 400);
+    e.reserve_for_benchmark(seqs[1], 100);
+    e.randomize_kv_cache(99);
+    const int32_t toks[] = {5, 6};
+    const std::vector<float> l = decode(e, seqs, toks);
+    EXPECT_TRUE(std::all_of(l.begin(), l.end(), [](float x) { return std::isfinite(x); }))
+        << (async ? "async" : "sync") << ": a NaN byte in the randomized cache was read";
+  }
+}
+
+// The engine refuses fp8 scales that are not positive and finite, naming the option.
+TEST(CudaFp8KvCacheEngine, RefusesBadScales) {
+  REQUIRE_GPU();
+  const ModelConfig c = tiny("llama", 64);
+  const DecoderWeights w = random_weights(c);
+  auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+  cuda::EngineOptions eo = fp8_cache();
+  eo.kv_cache_tokens = 256;
+  eo.kv_quant.v_scale = 0.f;
+  try {
+    cuda::CudaEngine e(model, eo);
+    FAIL() << "expected an error";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("--kv-cache-dtype fp8"), std::string::npos) << err.what();
+  }
 }
 
 }  // namespace

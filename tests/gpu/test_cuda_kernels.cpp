@@ -16,6 +16,7 @@
 
 #include "attention/unified_max.h"
 #include "backend/cpu/ops.h"
+#include "core/fp8_e4m3.h"
 #include "engine/sampler.h"
 #include "fdpp/error.h"
 #include "gpu/gpu_test_util.h"
@@ -402,22 +403,200 @@ TEST_F(CudaKernels, KvCacheWriteCopiesToScrambledSlotsOnly) {
     }
 }
 
+// ---- the fp8 (e4m3) cache: --kv-cache-dtype fp8 ----
+// A value x of the model's 16-bit type is stored as e4m3(x / scale), saturating at +-448 (kernels.h:
+// KvQuant); the expected bytes come from the host conversion (core/fp8_e4m3.h), bit-exact with
+// CUDA's SATFINITE one.
+
+// The tests' fp8 scales: far from 1 and from each other, so that a k_scale or v_scale applied in the
+// wrong place, or not at all, shows.
+constexpr cuda::KvQuant kFp8Kv{cuda::KvDType::Fp8E4M3, 0.03f, 2.f};
+constexpr cuda::KvQuant kFp8Unscaled{cuda::KvDType::Fp8E4M3, 1.f, 1.f};
+bool is_fp8(const cuda::KvQuant& q) { return q.dtype == cuda::KvDType::Fp8E4M3; }
+
+// The byte an fp8 cache holds for the 16-bit value `bits`.
+uint8_t fp8_of(uint16_t bits, DType t, float scale) { return fp8_e4m3_from_float(from_bits(bits, t) / scale); }
+
+// Random values for an e4m3 cache of scale `scale`, in four kinds by index: ordinary, past +-448 x
+// scale about a third of the time (saturating), e4m3 subnormals and zeros (below 2^-6 x scale), and
+// around the top of the range; the first few are the edges themselves (448, the tie 464, 2^-10).
+std::vector<float> fp8_test_values(size_t n, float scale) {
+  std::vector<float> v = random_vector(n, 1.f);
+  for (size_t i = 0; i < n; ++i) {
+    switch (i % 4) {
+      case 0: v[i] *= scale; break;
+      case 1: v[i] *= 448.f * scale; break;
+      case 2: v[i] *= 0x1p-7f * scale; break;
+      case 3: v[i] *= 60.f * scale; break;
+    }
+  }
+  const float edges[] = {448.f, -464.f, 464.f, 0x1p-10f, -0x1p-9f, 0.f, -0.f, 1e4f};
+  for (size_t i = 0; i < std::size(edges) && i < n; ++i) v[i] = edges[i] * scale;
+  return v;
+}
+
+TEST_F(CudaKernels, KvCacheWriteFp8QuantizesIntoScrambledSlotsOnly) {
+  struct Case {
+    int head_dim, n_heads, n_kv_heads, n_tokens, misalign;  // misalign: elements of qkv, bytes of the caches
+  };
+  const Case cases[] = {{64, 4, 4, 1, 0}, {128, 32, 8, 13, 0}, {256, 4, 2, 5, 0}, {128, 8, 2, 3, 1}, {64, 6, 3, 9, 1}};
+  const cuda::KvQuant quants[] = {kFp8Kv, kFp8Unscaled, {cuda::KvDType::Fp8E4M3, 0.37f, 5.f}};
+  for (DType t : kTypes)
+    for (const cuda::KvQuant& quant : quants)
+      for (const bool head_major : {true, false})
+        for (const auto& c : cases) {
+          cuda::KernelOptions options;
+          options.kv_head_major = head_major;
+          const cuda::KernelOptionsScope scope(options);
+          const int D = c.head_dim, H = c.n_heads, KVH = c.n_kv_heads, T = c.n_tokens;
+          const int width = (H + 2 * KVH) * D, block_size = 16, num_blocks = 4;
+          const int n_slots = num_blocks * block_size;
+          // k heads sized for k_scale, v heads for v_scale (q heads are not read).
+          std::vector<float> values(size_t(T) * width + c.misalign);
+          const auto kv = fp8_test_values(values.size(), quant.k_scale), vv = fp8_test_values(values.size(), quant.v_scale);
+          for (size_t i = 0; i < values.size(); ++i)
+            values[i] = (i + width - c.misalign) % width >= size_t(H + KVH) * D ? vv[i] : kv[i];
+          const auto qkv = to_bits(values, t);
+          const auto perm = permutation(n_slots);
+          std::vector<int32_t> slots(perm.begin(), perm.begin() + T);
+          if (T > 2) slots[1] = -1;  // padding token: skipped
+          DeviceBuffer<uint16_t> d_qkv(qkv);
+          DeviceBuffer<uint8_t> d_k(size_t(n_slots) * KVH * D + c.misalign), d_v(size_t(n_slots) * KVH * D + c.misalign);
+          DeviceBuffer<int32_t> d_slots(slots);
+          d_k.poison();  // 0xFF: e4m3 NaN
+          d_v.poison();
+          cuda::kv_cache_write(d_qkv.get() + c.misalign, d_slots.get(), T, H, KVH, D, block_size,
+                               d_k.get() + c.misalign, d_v.get() + c.misalign, t, nullptr, quant);
+          sync("kv_cache_write (fp8)");
+          const auto k = d_k.download(), v = d_v.download();
+          std::vector<uint8_t> want_k(k.size(), 0xFF), want_v(v.size(), 0xFF);
+          auto row = [&](int slot, int h) {  // written out for both layouts, as the 16-bit test does
+            const size_t block = slot / block_size, key = slot % block_size;
+            return head_major ? ((block * KVH + h) * block_size + key) * D : (size_t(slot) * KVH + h) * D;
+          };
+          size_t saturated = 0, subnormal = 0;
+          for (int i = 0; i < T; ++i) {
+            if (slots[i] < 0) continue;
+            for (int h = 0; h < KVH; ++h)
+              for (int d = 0; d < D; ++d) {
+                const size_t dst = c.misalign + row(slots[i], h) + d;
+                const size_t src = c.misalign + size_t(i) * width + size_t(H + h) * D + d;
+                want_k[dst] = fp8_of(qkv[src], t, quant.k_scale);
+                want_v[dst] = fp8_of(qkv[src + size_t(KVH) * D], t, quant.v_scale);
+                saturated += (want_k[dst] & 0x7F) == 0x7E;
+                subnormal += (want_k[dst] & 0x78) == 0;
+              }
+          }
+          size_t bad_k = 0, bad_v = 0;
+          std::ostringstream first;
+          for (size_t i = 0; i < k.size(); ++i) {
+            if ((k[i] != want_k[i] || v[i] != want_v[i]) && bad_k + bad_v < 4)
+              first << " [" << i << "] k " << int(k[i]) << " want " << int(want_k[i]) << ", v " << int(v[i])
+                    << " want " << int(want_v[i]) << ";";
+            bad_k += k[i] != want_k[i];
+            bad_v += v[i] != want_v[i];
+          }
+          EXPECT_EQ(bad_k + bad_v, 0u) << "kv_cache_write fp8 " << name(t) << " k_scale " << quant.k_scale
+                                       << " v_scale " << quant.v_scale << (head_major ? " head-major" : " token-major")
+                                       << " D " << D << " H " << H << " KVH " << KVH << " T " << T << " misalign "
+                                       << c.misalign << ": " << bad_k << " k and " << bad_v
+                                       << " v bytes differ (written or untouched):" << first.str();
+          EXPECT_GT(saturated, 0u) << "no value past 448: the case does not test saturation";
+          EXPECT_GT(subnormal, 0u) << "no e4m3 subnormal or zero: the case does not test them";
+        }
+}
+
+// rope_qk_cache into an fp8 cache writes the bytes of rope_qk then kv_cache_write (bit for bit:
+// the rotated k is rounded to the 16-bit type, then quantized), which are the host's quantization of
+// rope_qk's output; q is rotated in place as rope_qk does; both styles, partial rotary, every fp8 head
+// dim, both layouts, a skipped slot, untouched bytes left as they were.
+TEST_F(CudaKernels, RopeQkCacheFp8EqualsRopeThenCacheWriteBitForBit) {
+  for (DType t : kTypes)
+    for (RopeStyle style : {RopeStyle::RotateHalf, RopeStyle::Interleaved})
+      for (int D : {64, 128, 256})
+        for (int n_freq : {D / 2, D / 8})
+          for (const cuda::KvQuant& quant : {kFp8Kv, kFp8Unscaled})
+            for (const bool head_major : {true, false}) {
+              cuda::KernelOptions options;
+              options.kv_head_major = head_major;
+              const cuda::KernelOptionsScope scope(options);
+              const int T = 7, H = 6, KVH = 2, block_size = 8, n_slots = 40;
+              const int width = (H + 2 * KVH) * D;
+              std::vector<float> values(size_t(T) * width);
+              const auto kv = fp8_test_values(values.size(), quant.k_scale), vv = fp8_test_values(values.size(), quant.v_scale);
+              for (size_t i = 0; i < values.size(); ++i) values[i] = i % width >= size_t(H + KVH) * D ? vv[i] : kv[i];
+              const auto qkv = to_bits(values, t);
+              const std::vector<int32_t> positions{0, 3, 100, 4095, 7, 131071, 9}, slots{5, 0, 39, -1, 17, 18, 2};
+              std::vector<float> inv(n_freq);
+              for (int i = 0; i < n_freq; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / (2 * n_freq));
+              DeviceBuffer<uint16_t> q1(qkv), q2(qkv);
+              DeviceBuffer<int32_t> d_pos(positions), d_slots(slots);
+              DeviceBuffer<float> d_inv(inv);
+              const size_t cache = size_t(n_slots) * KVH * D;
+              DeviceBuffer<uint8_t> k1(cache), v1(cache), k2(cache), v2(cache);
+              for (auto* b : {&k1, &v1, &k2, &v2}) b->poison();
+              cuda::rope_qk(q1.get(), d_pos.get(), d_inv.get(), n_freq, T, H, KVH, D, style, t, nullptr);
+              cuda::kv_cache_write(q1.get(), d_slots.get(), T, H, KVH, D, block_size, k1.get(), v1.get(), t, nullptr,
+                                   quant);
+              cuda::rope_qk_cache(q2.get(), d_pos.get(), d_inv.get(), n_freq, d_slots.get(), T, H, KVH, D, block_size,
+                                  style, k2.get(), v2.get(), t, nullptr, quant);
+              sync("rope_qk_cache (fp8)");
+              std::ostringstream what;
+              what << "rope_qk_cache fp8 " << name(t) << (style == RopeStyle::RotateHalf ? " rotate-half" : " interleaved")
+                   << " D " << D << " n_freq " << n_freq << " k_scale " << quant.k_scale
+                   << (head_major ? " head-major" : " token-major");
+              const auto rotated = q1.download(), fused_q = q2.download();
+              const auto k_sep = k1.download(), v_sep = v1.download(), k_fused = k2.download(), v_fused = v2.download();
+              EXPECT_TRUE(k_sep == k_fused) << what.str() << ": k bytes differ from rope_qk + kv_cache_write";
+              EXPECT_TRUE(v_sep == v_fused) << what.str() << ": v bytes differ from rope_qk + kv_cache_write";
+              size_t q_bad = 0;
+              for (int i = 0; i < T; ++i)
+                for (int j = 0; j < H * D; ++j) q_bad += rotated[size_t(i) * width + j] != fused_q[size_t(i) * width + j];
+              EXPECT_EQ(q_bad, 0u) << what.str() << ": q differs from rope_qk's";
+              // The host's quantization of rope_qk's rotated k and its v.
+              auto row = [&](int slot, int h) {  // written out for both layouts, as the 16-bit test does
+                const size_t block = slot / block_size, key = slot % block_size;
+                return head_major ? ((block * KVH + h) * block_size + key) * D : (size_t(slot) * KVH + h) * D;
+              };
+              std::vector<uint8_t> want_k(cache, 0xFF), want_v(cache, 0xFF);
+              for (int i = 0; i < T; ++i) {
+                if (slots[i] < 0) continue;
+                for (int h = 0; h < KVH; ++h)
+                  for (int d = 0; d < D; ++d) {
+                    const size_t src = size_t(i) * width + size_t(H + h) * D + d;
+                    const size_t dst = row(slots[i], h) + d;
+                    want_k[dst] = fp8_of(rotated[src], t, quant.k_scale);
+                    want_v[dst] = fp8_of(rotated[src + size_t(KVH) * D], t, quant.v_scale);
+                  }
+              }
+              size_t bad = 0;
+              for (size_t i = 0; i < cache; ++i) bad += (k_fused[i] != want_k[i]) + (v_fused[i] != want_v[i]);
+              EXPECT_EQ(bad, 0u) << what.str() << ": bytes differ from the host's e4m3 of the rotated values";
+            }
+}
+
+
 // ================================================================================================
 // attention
 // ================================================================================================
 
 // A paged cache for a set of sequences: block ids handed out from a random permutation (non-
 // contiguous, non-monotonic, shared pool), every slot not holding a valid position is NaN so that
-// any read of it poisons the result, table entries past a sequence's blocks are -1.
+// any read of it poisons the result, table entries past a sequence's blocks are -1. With an fp8
+// quant the cache holds e4m3 bytes of x / scale (k8, v8; 0xFF = NaN where unused) and the reference
+// rows kf, vf the values they stand for, float(e4m3) x scale.
 struct PagedCache {
   DType t;
   int D, KVH, block_size, max_blocks = 1, num_blocks = 0;
+  cuda::KvQuant quant;
   std::vector<int32_t> tables;         // [n_seq, max_blocks]
-  std::vector<uint16_t> k, v;          // [num_blocks * block_size, KVH, D]
+  std::vector<uint16_t> k, v;          // [num_blocks * block_size, KVH, D]; empty with fp8
+  std::vector<uint8_t> k8, v8;         // the same, e4m3 (fp8 only)
   std::vector<std::vector<float>> kf, vf;  // per sequence, contiguous [len, KVH * D] (the CPU layout)
 
-  PagedCache(DType t_, int D_, int KVH_, int block_size_, const std::vector<int>& lens, float k_scale = 1.f)
-      : t(t_), D(D_), KVH(KVH_), block_size(block_size_) {
+  PagedCache(DType t_, int D_, int KVH_, int block_size_, const std::vector<int>& lens, float k_scale = 1.f,
+             const cuda::KvQuant& quant_ = {})
+      : t(t_), D(D_), KVH(KVH_), block_size(block_size_), quant(quant_) {
     std::vector<int> n_blocks;
     for (int len : lens) {
       n_blocks.push_back((len + block_size - 1) / block_size);
@@ -430,29 +609,51 @@ struct PagedCache {
     size_t next = 0;
     for (size_t s = 0; s < lens.size(); ++s)
       for (int i = 0; i < n_blocks[s]; ++i) tables[s * max_blocks + i] = perm[next++];
-    const size_t row = size_t(KVH) * D;
-    k.assign(size_t(num_blocks) * block_size * row, 0xFFFF);
-    v.assign(k.size(), 0xFFFF);
+    const size_t row = size_t(KVH) * D, elements = size_t(num_blocks) * block_size * row;
+    if (fp8()) {
+      k8.assign(elements, 0xFF);
+      v8.assign(elements, 0xFF);
+    } else {
+      k.assign(elements, 0xFFFF);
+      v.assign(elements, 0xFFFF);
+    }
     for (size_t s = 0; s < lens.size(); ++s) {
       std::vector<float> ks, vs;
       const auto kb = random_bits(size_t(lens[s]) * row, t, ks, k_scale);
       const auto vb = random_bits(size_t(lens[s]) * row, t, vs);
       for (int j = 0; j < lens[s]; ++j) {
         const size_t slot = size_t(tables[s * max_blocks + j / block_size]) * block_size + j % block_size;
-        std::copy_n(&kb[j * row], row, &k[slot * row]);
-        std::copy_n(&vb[j * row], row, &v[slot * row]);
+        if (!fp8()) {
+          std::copy_n(&kb[j * row], row, &k[slot * row]);
+          std::copy_n(&vb[j * row], row, &v[slot * row]);
+          continue;
+        }
+        for (size_t i = 0; i < row; ++i) {
+          k8[slot * row + i] = fp8_of(kb[j * row + i], t, quant.k_scale);
+          v8[slot * row + i] = fp8_of(vb[j * row + i], t, quant.v_scale);
+          ks[j * row + i] = fp8_e4m3_to_float(k8[slot * row + i]) * quant.k_scale;
+          vs[j * row + i] = fp8_e4m3_to_float(v8[slot * row + i]) * quant.v_scale;
+        }
       }
       kf.push_back(std::move(ks));
       vf.push_back(std::move(vs));
     }
   }
-  // Rewrites sequence s's key j (cache and reference) from floats.
+  bool fp8() const { return is_fp8(quant); }
+  // Rewrites sequence s's key j (cache and reference) from floats (rounded to the 16-bit type first,
+  // as the cache writers see them).
   void set_key(size_t s, int j, const std::vector<float>& row_values) {
     const size_t row = size_t(KVH) * D;
     const size_t slot = size_t(tables[s * max_blocks + j / block_size]) * block_size + j % block_size;
     for (size_t i = 0; i < row; ++i) {
-      k[slot * row + i] = to_bits(row_values[i], t);
-      kf[s][j * row + i] = from_bits(k[slot * row + i], t);
+      const uint16_t bits = to_bits(row_values[i], t);
+      if (fp8()) {
+        k8[slot * row + i] = fp8_of(bits, t, quant.k_scale);
+        kf[s][j * row + i] = fp8_e4m3_to_float(k8[slot * row + i]) * quant.k_scale;
+      } else {
+        k[slot * row + i] = bits;
+        kf[s][j * row + i] = from_bits(bits, t);
+      }
     }
   }
 };
@@ -512,11 +713,24 @@ struct DecodeCase {
   // KernelOptions::kv_head_major: the cache is uploaded head-major, [block][kv head][key][D] (the
   // engine's), or token-major [block][key][kv head][D] (kv_cache_layout.h).
   bool head_major = true;
+  // The cache's element type: the 16-bit dtype, or e4m3 with its scales (with_fp8).
+  cuda::KvQuant kv = {};
+  // Sliding window and soft-capping (DecodeAttentionParams; 0: off): the masked kernels.
+  int window = 0;
+  float softcap = 0.f;
 };
 
-// A token-major cache [blocks * block_size][KVH][D] rearranged head-major [blocks][KVH][block_size][D].
-std::vector<uint16_t> to_head_major(const std::vector<uint16_t>& k, int KVH, int D, int block_size) {
-  std::vector<uint16_t> out(k.size());
+// The case on an fp8 (e4m3) cache with the tests' scales (kFp8Kv).
+DecodeCase with_fp8(DecodeCase c, const cuda::KvQuant& quant = kFp8Kv) {
+  c.kv = quant;
+  return c;
+}
+
+// A token-major cache [blocks * block_size][KVH][D] rearranged head-major [blocks][KVH][block_size][D]
+// (16-bit or e4m3 elements).
+template <class E>
+std::vector<E> to_head_major(const std::vector<E>& k, int KVH, int D, int block_size) {
+  std::vector<E> out(k.size());
   const size_t block = size_t(block_size) * KVH * D, blocks = k.size() / block;
   for (size_t b = 0; b < blocks; ++b)
     for (int j = 0; j < block_size; ++j)
@@ -549,6 +763,9 @@ struct DecodeInputs {
   int D, H, KVH, block_size;
   std::vector<int> lens;
   Adversarial adv;
+  cuda::KvQuant kv;
+  int window;
+  float softcap;
   PagedCache cache;
   std::vector<uint16_t> qkv;
   std::vector<float> qkv_f;
@@ -563,14 +780,15 @@ struct DecodeInputs {
 
   bool same_inputs(const DecodeCase& c) const {
     return c.t == t && c.D == D && c.H == H && c.KVH == KVH && c.block_size == block_size && c.lens == lens &&
-           c.adv == adv;
+           c.adv == adv && c.kv.dtype == kv.dtype && c.kv.k_scale == kv.k_scale && c.kv.v_scale == kv.v_scale &&
+           c.window == window && c.softcap == softcap;
   }
   int width() const { return (H + 2 * KVH) * D; }
   float scale() const { return 1.f / std::sqrt(float(D)); }
 
   explicit DecodeInputs(const DecodeCase& c)
-      : t(c.t), D(c.D), H(c.H), KVH(c.KVH), block_size(c.block_size), lens(c.lens), adv(c.adv),
-        cache(c.t, c.D, c.KVH, c.block_size, c.lens) {
+      : t(c.t), D(c.D), H(c.H), KVH(c.KVH), block_size(c.block_size), lens(c.lens), adv(c.adv), kv(c.kv),
+        window(c.window), softcap(c.softcap), cache(c.t, c.D, c.KVH, c.block_size, c.lens, 1.f, c.kv) {
     const int B = int(lens.size()), G = H / KVH, w = width();
     qkv = random_bits(size_t(B) * w, t, qkv_f);
     // Adversarial inputs, per sequence (q heads of the sequence's row; keys in the cache).
@@ -606,7 +824,7 @@ struct DecodeInputs {
       if (lens[s] <= 0) continue;
       ref[s].resize(size_t(H) * D);
       cpu::attention(&qkv_f[size_t(s) * w], cache.kf[s].data(), cache.vf[s].data(), 1, lens[s] - 1, H, KVH, D,
-                     scale(), ref[s].data());
+                     scale(), ref[s].data(), window, softcap);
     }
   }
 
@@ -619,11 +837,13 @@ struct DecodeInputs {
       for (int h = 0; h < H; ++h) {
         if (lens[s] <= 0) continue;
         double mx = -INFINITY;
-        for (int j = 0; j < lens[s]; ++j) {
+        // The keys the row reads (its window) and its logits as the softmax sees them (capped).
+        for (int j = window > 0 ? std::max(0, lens[s] - window) : 0; j < lens[s]; ++j) {
           double dot = 0;
           for (int d = 0; d < D; ++d)
             dot += double(qkv_f[size_t(s) * w + size_t(h) * D + d]) * cache.kf[s][size_t(j) * KVH * D + size_t(h / G) * D + d];
-          mx = std::max(mx, dot * scale());
+          const double x = dot * scale();
+          mx = std::max(mx, softcap > 0 ? softcap * std::tanh(x / softcap) : x);
         }
         const double rel = mx - phi;
         if (rel < bounds.a || rel > bounds.b) ++g.out_of_range;
@@ -660,20 +880,27 @@ void run_decode(const DecodeCase& c) {
   cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
   const int splits = c.splits != 0 ? c.splits : cuda::plan_decode_splits(B, H, KVH, D, max_len, sms);
   // What the launch runs (the same choice as inside the call).
+  const bool masked = c.window > 0 || c.softcap > 0;
+  const bool fp8 = is_fp8(c.kv);
+  // An fp8 cache, like the masked kernels, runs on tensor cores only: the launch the plan describes
+  // with `masked` set (what decode_attention asks it for).
   const cuda::DecodeAttentionLaunch launch =
-      cuda::decode_attention_launch(B, H, KVH, D, splits, max_len, c.async, sms);
+      cuda::decode_attention_launch(B, H, KVH, D, splits, max_len, c.async, sms, masked || fp8);
   // The tensor-core loop rounds P to 16 bits before P V (as FlashAttention does; the sums stay
   // fp32): weights off by up to half a unit roundoff, so outputs by about u x rms; the element
   // bound is 16 u x rms there (an indexing error is O(rms)). (A GQA group split into single heads
   // runs the CUDA-core loop; the looser bound covers it too.)
-  const bool maybe_mma = launch.tensor_cores || G >= 2;
+  const bool maybe_mma = launch.tensor_cores || G >= 2 || fp8;
   DecodeInputs& in = decode_inputs(c);
   const PagedCache& cache = in.cache;
   const float scale = in.scale();
 
   DeviceBuffer<uint16_t> d_qkv(in.qkv), d_out(size_t(B) * H * D);
-  DeviceBuffer<uint16_t> d_k(c.head_major ? to_head_major(cache.k, KVH, D, c.block_size) : cache.k);
-  DeviceBuffer<uint16_t> d_v(c.head_major ? to_head_major(cache.v, KVH, D, c.block_size) : cache.v);
+  auto laid_out = [&](const auto& host) { return c.head_major ? to_head_major(host, KVH, D, c.block_size) : host; };
+  DeviceBuffer<uint16_t> d_k(laid_out(cache.k)), d_v(laid_out(cache.v));      // empty with fp8
+  DeviceBuffer<uint8_t> d_k8(laid_out(cache.k8)), d_v8(laid_out(cache.v8));  // fp8 only
+  const void* k_cache = fp8 ? static_cast<const void*>(d_k8.get()) : d_k.get();
+  const void* v_cache = fp8 ? static_cast<const void*>(d_v8.get()) : d_v.get();
   DeviceBuffer<int32_t> d_tables(cache.tables), d_lens(std::vector<int32_t>(c.lens.begin(), c.lens.end()));
   d_out.poison();
   const auto bounds = derive_unified_max_bounds(c.phi, 131072);
@@ -683,12 +910,13 @@ void run_decode(const DecodeCase& c) {
     // is written by the main kernel first).
     const size_t ws_bytes = cuda::decode_attention_workspace_bytes(B, H, D, splits);
     DeviceBuffer<uint8_t> ws(std::vector<uint8_t>(std::max<size_t>(ws_bytes, 1), 0xFF));
-    cuda::decode_attention({.qkv = d_qkv.get(), .k_cache = d_k.get(), .v_cache = d_v.get(),
+    cuda::decode_attention({.qkv = d_qkv.get(), .k_cache = k_cache, .v_cache = v_cache,
                             .block_tables = d_tables.get(), .max_blocks_per_seq = cache.max_blocks,
                             .context_lens = d_lens.get(), .out = d_out.get(), .batch = B, .n_heads = H,
                             .n_kv_heads = KVH, .head_dim = D, .block_size = c.block_size, .scale = scale, .dtype = c.t,
                             .splits = splits, .max_context_len = max_len,
-                            .workspace = splits > 1 ? ws.get() : nullptr, .workspace_bytes = ws_bytes},
+                            .workspace = splits > 1 ? ws.get() : nullptr, .workspace_bytes = ws_bytes,
+                            .window = c.window, .softcap = c.softcap, .kv_quant = c.kv},
                            nullptr);
     sync("decode_attention");
   } else {
@@ -709,11 +937,12 @@ void run_decode(const DecodeCase& c) {
     for (int rep = 0; rep < 2; ++rep) {
       d_out.poison();
       cuda::decode_attention_async(
-          {.qkv = d_qkv.get(), .k_cache = d_k.get(), .v_cache = d_v.get(), .block_tables = d_tables.get(),
+          {.qkv = d_qkv.get(), .k_cache = k_cache, .v_cache = v_cache, .block_tables = d_tables.get(),
            .max_blocks_per_seq = cache.max_blocks, .context_lens = d_lens.get(), .out = d_out.get(), .batch = B,
            .n_heads = H, .n_kv_heads = KVH, .head_dim = D, .block_size = c.block_size, .scale = scale, .dtype = c.t,
            .splits = splits, .max_context_len = max_len, .workspace = ws.get(), .workspace_bytes = ws_bytes,
-           .range = range, .counters = counters.get(), .counter_ints = n_counters, .fallback_rows = fallback.get()},
+           .range = range, .counters = counters.get(), .counter_ints = n_counters, .fallback_rows = fallback.get(),
+           .window = c.window, .softcap = c.softcap, .kv_quant = c.kv},
           nullptr);
       sync("decode_attention_async");
       if (rep == 0) first = d_out.download();
@@ -739,7 +968,9 @@ void run_decode(const DecodeCase& c) {
     what << label(c.async ? "decode_attention_async" : "decode_attention", c.t) << " splits " << c.splits << " D " << D << " H " << H << " KVH " << KVH << " block " << c.block_size
          << " seq " << s << " len " << len << " " << adversarial_name(c.adv) << " path "
          << (c.path != nullptr ? c.path : "auto") << " warps " << c.warps << " combine "
-         << (c.combine != nullptr ? c.combine : "auto");
+         << (c.combine != nullptr ? c.combine : "auto") << (c.head_major ? "" : " token-major");
+    if (fp8) what << " fp8 k_scale " << c.kv.k_scale << " v_scale " << c.kv.v_scale;
+    if (masked) what << " window " << c.window << " softcap " << c.softcap;
     if (len <= 0) {
       EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return x == 0.f; }))
           << what.str() << ": an empty context must give zeros";
@@ -1162,6 +1393,119 @@ TEST_F(CudaKernels, DecodeWarpsPlannedSplitsLongRows) {
     run_decode({DType::BF16, 64, 32, 2, 16, {16384}, Adversarial::Mixed, true, 0, 0.f, nullptr, warps, "kernel"});
   for (int warps : {4, 8})
     run_decode({DType::F16, 128, 32, 32, 16, {16384}, Adversarial::None, false, 1, 0.f, nullptr, warps});
+}
+
+// ---- decode attention on an fp8 (e4m3) cache (--kv-cache-dtype fp8) ----
+// The cache holds e4m3(x / scale) and the reference reads float(e4m3) x scale: exactly the values the
+// kernels convert (e4m3 -> f16 and -> bf16 are exact), so the 16-bit cache's tolerances hold. Scales
+// k 0.03 and v 2 (kFp8Kv), so that one folded into the wrong place shows; unused bytes are 0xFF (NaN).
+// An fp8 cache runs the tensor-core loop whatever the plan would pick for a 16-bit one (run_decode
+// plans the launch as decode_attention does); some cases force that loop, others leave the choice.
+
+// Few and short: these run under compute-sanitizer (scripts/gpu-check.sh filters on "Small").
+TEST_F(CudaKernels, DecodeAttentionFp8CacheSmallCases) {
+  for (DType t : kTypes)
+    for (int D : {64, 128, 256}) {
+      run_decode(with_fp8({t, D, 8, 2, 16, {0, 1, 17, 40}}));
+      // MHA where the 16-bit cache takes the CUDA-core loop (short rows at small batch).
+      run_decode(with_fp8({t, D, 4, 4, 16, {600, 0, 3}, Adversarial::OneHugeLogit}));
+      run_decode(with_fp8({t, D, 3, 3, 8, {70, 33}, Adversarial::None, false, 3}));
+      for (int splits : {1, 3}) {
+        run_decode(with_fp8({t, D, 8, 2, 16, {0, 1, 17, 40}, Adversarial::None, true, splits, 0.f, "mma"}));
+        run_decode(with_fp8({t, D, 8, 2, 16, {1, 300}, Adversarial::Mixed, true, splits, 0.f, "mma"}));
+      }
+    }
+  // Scale 1 (the engine's today).
+  run_decode(with_fp8({DType::F16, 128, 8, 2, 16, {1, 17, 300}}, kFp8Unscaled));
+  run_decode(with_fp8({DType::BF16, 64, 8, 2, 16, {1, 17, 300}, Adversarial::None, true, 3, 0.f, "mma"}, kFp8Unscaled));
+}
+
+// GQA groups 1 (MHA), 4, 8 (and one KV head) and 20 (a group over two CTAs), every fp8 head dim,
+// lengths around the 16- and 32-key tiles, sync and async, one split, the plan's and five.
+TEST_F(CudaKernels, DecodeAttentionFp8CacheAllHeadDimsAndGroups) {
+  const std::vector<int> lens{1, 15, 16, 17, 31, 32, 33, 129, 1000, 4097};
+  const std::pair<int, int> heads[] = {{4, 4}, {8, 2}, {16, 2}, {8, 1}, {40, 2}};
+  for (DType t : kTypes)
+    for (int D : {64, 128, 256})
+      for (auto [H, KVH] : heads)
+        for (int splits : {1, 0, 5}) {
+          run_decode(with_fp8({t, D, H, KVH, 16, lens, Adversarial::None, false, splits}));
+          run_decode(with_fp8({t, D, H, KVH, 16, lens, Adversarial::None, true, splits}));
+        }
+}
+
+// Block sizes (1 and 8: rows looked up one by one; 32, 256: whole tiles), the token-major layout,
+// 4 and 8 warps, both async reductions.
+TEST_F(CudaKernels, DecodeAttentionFp8CacheBlocksLayoutsWarpsAndCombines) {
+  for (DType t : kTypes)
+    for (int bs : {1, 8, 32, 256}) {
+      run_decode(with_fp8({t, 128, 8, 2, bs, {0, 1, 33, 300}}));
+      run_decode(with_fp8({t, 64, 16, 2, bs, {0, 1, 31, 32, 33, 300}, Adversarial::None, true, 3, 0.f, "mma"}));
+      run_decode(with_fp8({t, 256, 16, 2, bs, {0, 1, 33, 300}, Adversarial::Mixed, true, 3, 0.f, "mma"}));
+    }
+  for (DType t : kTypes)
+    for (int D : {64, 128, 256})
+      for (int bs : {8, 16}) {
+        DecodeCase c = with_fp8({t, D, 8, 2, bs, {0, 1, 15, 16, 17, 40, 300}});
+        c.head_major = false;
+        run_decode(c);
+        c.async = true;
+        c.splits = 3;
+        c.adv = Adversarial::Mixed;
+        c.path = "mma";
+        run_decode(c);
+      }
+  for (DType t : kTypes)
+    for (int warps : {4, 8})
+      for (const char* combine : {"kernel", "launch"}) {
+        run_decode(with_fp8({t, 128, 8, 2, 16, {0, 1, 17, 300}, Adversarial::Mixed, true, 3, 0.f, "mma", warps, combine}));
+        run_decode(with_fp8({t, 64, 4, 4, 16, {0, 1, 17, 300}, Adversarial::OneHugeLogit, true, 3, 0.f, "mma", warps,
+                             combine}));
+      }
+  run_decode(with_fp8({DType::BF16, 128, 32, 8, 16, {65536, 1000}, Adversarial::None, true, 0, 0.f, "mma"}));
+}
+
+// Rows outside the unified max's range recompute exactly from the e4m3 bytes (in the kernel, in the
+// group's last CTA and in the combine launch), with the host's count; the synchronized kernel stays
+// finite and exact on the same inputs.
+TEST_F(CudaKernels, DecodeAsyncFp8CacheAdversarialFallsBackExactly) {
+  for (DType t : kTypes)
+    for (int D : {64, 128, 256})
+      for (Adversarial adv : {Adversarial::HugeLogits, Adversarial::OneHugeLogit, Adversarial::ZeroQuery,
+                              Adversarial::IdenticalKeys, Adversarial::Mixed})
+        for (int splits : {1, 4}) {
+          run_decode(with_fp8({t, D, 8, 2, 16, {1, 17, 1000}, adv, true, splits, 0.f, "mma"}));
+          run_decode(with_fp8({t, D, 32, 2, 16, {300, 2}, adv, true, splits, 0.f, "mma"}));
+        }
+  for (float phi : {200.f, -200.f})
+    for (const char* combine : {"kernel", "launch"})
+      run_decode(with_fp8({DType::F16, 128, 32, 8, 16, {1, 64, 999}, Adversarial::None, true, 6, phi, "mma", 0, combine}));
+  for (DType t : kTypes)
+    for (Adversarial adv : {Adversarial::HugeLogits, Adversarial::OneHugeLogit, Adversarial::IdenticalKeys})
+      run_decode(with_fp8({t, 128, 16, 1, 16, {300, 2}, adv}));
+}
+
+// The masked kernels (sliding window, soft-capping, both) on an fp8 cache: the cap applies to the
+// logits with k_scale folded in, the window to the keys read; the guard counts the capped logits.
+TEST_F(CudaKernels, DecodeAttentionFp8CacheWindowAndSoftcap) {
+  for (DType t : kTypes)
+    for (int D : {64, 128, 256})
+      for (auto [window, cap] : {std::pair{0, 3.f}, std::pair{40, 0.f}, std::pair{100, 2.f}}) {
+        DecodeCase c = with_fp8({t, D, 8, 2, 16, {1, 17, 100, 101, 1000}});
+        c.window = window;
+        c.softcap = cap;
+        run_decode(c);
+        c.splits = 3;
+        run_decode(c);
+        c.async = true;
+        c.path = "mma";
+        for (int splits : {1, 4}) {
+          c.splits = splits;
+          run_decode(c);
+        }
+        c.adv = Adversarial::Mixed;
+        run_decode(c);
+      }
 }
 
 struct PrefillCase {
@@ -1706,6 +2050,42 @@ TEST_F(CudaKernels, LaunchersRejectBadArguments) {
   expect_error_naming([&] { cuda::sample(f32.get(), 1, 100, nullptr, nullptr, 0, params(1.f, 0, 0.9f, 0.f), offs.get(),
                                          ints.get(), p, 16, nullptr); },
                       "too small");
+  sync("(no launch expected)");
+}
+
+// An fp8 cache takes head dims 64, 128 and 256 and positive finite scales: anything else is one clear
+// error from each writer (before any launch).
+TEST_F(CudaKernels, Fp8CacheWritersRejectOtherHeadDimsAndBadScales) {
+  DeviceBuffer<uint16_t> buf(1 << 16);
+  DeviceBuffer<int32_t> ints(256);
+  DeviceBuffer<float> f32(256);
+  void* p = buf.get();
+  const int32_t* ip = ints.get();
+  for (int D : {80, 96, 32}) {
+    const std::string needle = "head_dim 64, 128 or 256, not " + std::to_string(D);
+    expect_error_naming([&] { cuda::kv_cache_write(p, ip, 1, 2, 1, D, 16, p, p, DType::F16, nullptr, kFp8Kv); },
+                        needle);
+    expect_error_naming([&] { cuda::rope_qk_cache(p, ip, f32.get(), 8, ip, 1, 2, 1, D, 16, RopeStyle::RotateHalf, p, p,
+                                                  DType::BF16, nullptr, kFp8Kv); },
+                        needle);
+  }
+  for (float bad : {0.f, -1.f, INFINITY, NAN}) {
+    expect_error_naming([&] { cuda::kv_cache_write(p, ip, 1, 2, 1, 64, 16, p, p, DType::F16, nullptr,
+                                                   {cuda::KvDType::Fp8E4M3, bad, 1.f}); },
+                        "scales must be positive and finite");
+    expect_error_naming([&] { cuda::rope_qk_cache(p, ip, f32.get(), 8, ip, 1, 2, 1, 128, 16, RopeStyle::RotateHalf, p,
+                                                  p, DType::F16, nullptr, {cuda::KvDType::Fp8E4M3, 1.f, bad}); },
+                        "scales must be positive and finite");
+  }
+  // Decode attention (kernels.h: head dims 64, 128 and 256 on an fp8 cache): 80 and 96 run on a
+  // 16-bit cache only, and are refused naming the head dim.
+  for (int D : {80, 96}) {
+    cuda::DecodeAttentionParams q{.qkv = p, .k_cache = p, .v_cache = p, .block_tables = ip, .max_blocks_per_seq = 4,
+                                  .context_lens = ip, .out = p, .batch = 1, .n_heads = 8, .n_kv_heads = 2,
+                                  .head_dim = D, .block_size = 16, .scale = 0.1f, .dtype = DType::F16,
+                                  .kv_quant = kFp8Kv};
+    expect_error_naming([&] { cuda::decode_attention(q, nullptr); }, std::to_string(D));
+  }
   sync("(no launch expected)");
 }
 

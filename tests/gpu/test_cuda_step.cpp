@@ -25,6 +25,7 @@ struct StepCase {
   cuda::DType dtype;
   bool async;
   int prefill_config = -1;  // -1: chosen per step (the engine's default)
+  bool fp8_cache = false;   // --kv-cache-dtype fp8: e4m3 K and V (scale 1)
 };
 
 class CudaStep : public ::testing::TestWithParam<StepCase> {};
@@ -45,6 +46,7 @@ TEST_P(CudaStep, MixedStepsMatchTheCpuEngine) {
   eo.kv_cache_tokens = 4096;
   eo.attention = p.async ? cuda::AttentionMode::Async : cuda::AttentionMode::Sync;
   eo.prefill_attention_config = p.prefill_config;
+  if (p.fp8_cache) eo.kv_quant.dtype = cuda::KvDType::Fp8E4M3;
   cuda::CudaEngine gpu(std::make_shared<const cuda::DeviceModel>(c, w, p.dtype), eo);
 
   const int S = 6;
@@ -56,7 +58,9 @@ TEST_P(CudaStep, MixedStepsMatchTheCpuEngine) {
     gs.push_back(gpu.create_sequence());
   }
   std::vector<int> len(S, 0);
-  const double bound = p.dtype == cuda::DType::F16 ? 5e-4 : 5e-3;  // bf16 keeps 8 mantissa bits
+  // bf16 keeps 8 mantissa bits; an e4m3 cache 3 for K and V (per row; test_cuda_engine.cpp bounds the
+  // whole model's logits against the 16-bit cache by 5e-3).
+  const double bound = p.fp8_cache ? 1e-2 : p.dtype == cuda::DType::F16 ? 5e-4 : 5e-3;
   // Steps: a mix of chunk lengths (1, odd, > 64) and decode rows, sequences joining late, then
   // decode-only steps (the graph path) and a last mixed one.
   const std::vector<std::vector<int>> plan = {
@@ -96,13 +100,17 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaStep,
                                            StepCase{"llama-tied", 64, cuda::DType::F16, false, 0},
                                            StepCase{"opt-postln", 64, cuda::DType::F16, true},
                                            StepCase{"opt-postln", 128, cuda::DType::BF16, false},
-                                           StepCase{"llama", 128, cuda::DType::F16, true, 0}),
+                                           StepCase{"llama", 128, cuda::DType::F16, true, 0},
+                                           StepCase{"llama", 128, cuda::DType::F16, true, -1, true},
+                                           StepCase{"llama", 64, cuda::DType::BF16, false, -1, true},
+                                           StepCase{"chatglm", 128, cuda::DType::BF16, true, -1, true}),
                          [](const auto& info) {
                            std::string n = info.param.recipe + "_hd" + std::to_string(info.param.head_dim) +
                                            (info.param.dtype == cuda::DType::F16 ? "_f16" : "_bf16") +
                                            (info.param.async ? "_async" : "_sync") +
                                            (info.param.prefill_config < 0 ? std::string()
-                                                                          : "_pc" + std::to_string(info.param.prefill_config));
+                                                                          : "_pc" + std::to_string(info.param.prefill_config)) +
+                                           (info.param.fp8_cache ? "_fp8" : "");
                            for (auto& ch : n)
                              if (ch == '-') ch = '_';
                            return n;
@@ -432,6 +440,66 @@ TEST(CudaPrefixCache, CachedPrefixMatchesRecompute) {
       go = two(gpu, sa, sb, t1, t2);
       co = two(cpu, ta, tb, t1, t2);
       EXPECT_LE(test::nmse(go, co), 5e-4) << "decode step " << step;
+    }
+  }
+}
+
+// Prefix caching over an fp8 cache: a sequence that maps another's cached e4m3 blocks and prefills
+// the rest gets, bit for bit, the logits of a sequence that computed the same prefix itself with the
+// same launches (the owner's whole prompt in one chunk, cut back to the mapped length) and then the
+// same rest; the decode steps after it too. The mapped blocks hold the bytes the owner wrote, wherever
+// they sit in the pool. Both softmax modes; shared prefixes shorter than, equal to and inside the
+// owner's prompt.
+TEST(CudaPrefixCache, Fp8CachedPrefixEqualsRecomputeBitForBit) {
+  REQUIRE_GPU();
+  for (const bool async : {true, false}) {
+    ModelConfig c = test::tiny("llama", 128);
+    const DecoderWeights w = test::random_weights(c);
+    cuda::EngineOptions eo;
+    eo.max_batch = 8;
+    eo.max_prefill_tokens = 512;
+    eo.kv_cache_tokens = 4096;
+    eo.attention = async ? cuda::AttentionMode::Async : cuda::AttentionMode::Sync;
+    eo.kv_quant.dtype = cuda::KvDType::Fp8E4M3;
+    auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::BF16);
+    cuda::CudaEngine gpu(model, eo);
+    cuda::CudaEngine fresh(model, eo);  // computes every prefix itself
+    const auto base = test::random_ids(150, c.vocab_size);
+    auto with_tail = [&](int shared, int tail) {
+      std::vector<int32_t> p(base.begin(), base.begin() + shared);
+      const auto t = test::random_ids(tail, c.vocab_size);
+      p.insert(p.end(), t.begin(), t.end());
+      return p;
+    };
+    auto step = [](Engine& e, int seq, std::span<const int32_t> tokens) {
+      StepRow r;
+      r.seq = seq;
+      r.tokens = tokens;
+      r.logits = true;
+      return e.step(Batch{{r}}).logits;
+    };
+    const int owner = gpu.create_sequence();
+    EXPECT_EQ(gpu.map_cached_prefix(owner, base), 0);  // a caching sequence: its blocks get registered
+    step(gpu, owner, base);
+    for (const auto& [shared, tail] : std::vector<std::pair<int, int>>{{100, 40}, {96, 1}, {150, 0}, {40, 90}}) {
+      const std::string what = "shared " + std::to_string(shared) + (async ? " async" : " sync");
+      const auto p = with_tail(shared, tail);
+      const int s = gpu.create_sequence();
+      const int cached = gpu.map_cached_prefix(s, p);
+      ASSERT_GT(cached, 0) << what;
+      const auto rest = std::span<const int32_t>(p).subspan(static_cast<size_t>(cached));
+      const auto g = step(gpu, s, rest);
+      const int f = fresh.create_sequence();
+      step(fresh, f, base);
+      fresh.truncate_sequence(f, cached);
+      const auto r = step(fresh, f, rest);
+      EXPECT_EQ(g, r) << what << ": the mapped prefix's logits differ from the recomputed one's";
+      for (int k = 0; k < 3; ++k) {
+        const int32_t t[] = {static_cast<int32_t>(11 + 5 * k)};
+        EXPECT_EQ(step(gpu, s, t), step(fresh, f, t)) << what << ", decode step " << k;
+      }
+      gpu.release_sequence(s);
+      fresh.release_sequence(f);
     }
   }
 }

@@ -5,7 +5,9 @@
 // sizes 16 and 32, lengths 1..32K, in the synchronized and the unified-max mode, every tile
 // configuration (prefill_plan.h kConfigs) on the same inputs; adversarial rows
 // (logits far above or below phi) must come out exact and be counted exactly as the CPU counts
-// rows outside the range.
+// rows outside the range. The same runs over an e4m3 (fp8) cache with k_scale, v_scale != 1 against
+// the CPU given exactly the cache's values (e4m3 * scale), head dims 64, 128 and 256, windows and
+// soft-capping included.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -18,6 +20,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/kv_cache_layout.h"
 #include "backend/cuda/prefill_plan.h"
+#include "core/fp8_e4m3.h"
 #include "gpu_test_util.h"
 
 namespace fdpp::test {
@@ -89,6 +92,25 @@ TEST(PrefillPlan, ConfigurationsByNameAndIndex) {
   EXPECT_EQ(cuda::prefill_attention_config_name(pf::kNumConfigs), nullptr);
 }
 
+// An e4m3 cache halves the K/V buffers (Q stays 16-bit); the 16-bit cache's choices are unchanged.
+TEST(PrefillPlan, Fp8CacheSharedMemory) {
+  for (const pf::TileConfig& c : pf::kConfigs)
+    for (int D : {64, 128, 256}) {
+      const int bq = pf::config_bq(c);
+      EXPECT_EQ(pf::smem_bytes(D, bq, c.bk, c.stages, 1), size_t(bq + c.stages * c.bk) * D * 2) << c.name;
+      EXPECT_EQ(pf::config_fits(c, D), pf::config_fits(c, D, 2)) << c.name;
+      if (pf::config_fits(c, D)) EXPECT_TRUE(pf::config_fits(c, D, 1)) << c.name << " D " << D;
+      if (pf::config_fits(c, D, 1))
+        EXPECT_LE(pf::smem_bytes(D, bq, c.bk, c.stages, 1), size_t(227) * 1024) << c.name << " D " << D;
+    }
+  // m128n64w8s3 (256 KB of 16-bit Q/K/V at head_dim 256) fits with e4m3 K/V (160 KB).
+  const int s3 = cuda::prefill_attention_config_index("m128n64w8s3");
+  if (s3 >= 0) {
+    EXPECT_FALSE(pf::config_fits(pf::kConfigs[s3], 256));
+    EXPECT_TRUE(pf::config_fits(pf::kConfigs[s3], 256, 1));
+  }
+}
+
 TEST(PrefillPlan, EffectiveRangeOfSixteenBitP) {
   const auto b = derive_unified_max_bounds(0.f, 131072);
   const cuda::UnifiedMaxRange r{1.5f, b.a, b.b};
@@ -118,7 +140,45 @@ struct VarlenCase {
   float phi = -1.f;         // unified max of the async run (logits of random data are ~N(0, 1))
   int check_rows = 1 << 30;  // per chunk; more rows than this: a sample (first, last, random)
   bool wrapper = false;      // through prefill_attention (one chunk, host start)
+  // An e4m3 cache (KvDType::Fp8E4M3) of the values x / scale; the reference reads e4m3 * scale.
+  bool fp8 = false;
+  float k_scale = 1.f, v_scale = 1.f;
+  // The masked kernels: a sliding window, soft-capped logits (q scaled by q_scale so the cap bites).
+  int window = 0;
+  float softcap = 0.f, q_scale = 1.f;
 };
+
+// An e4m3 case of `c`, with scales that show a mis-folded k_scale or a missing v_scale.
+VarlenCase fp8_case(VarlenCase c, float k_scale = 0.03f, float v_scale = 2.f) {
+  c.fp8 = true;
+  c.k_scale = k_scale;
+  c.v_scale = v_scale;
+  return c;
+}
+
+// The CPU engine's attention of one query row over keys 0 .. len - 1 ([len][D]) with a sliding
+// window and soft-capping (cpu::attention's definition); returns the row's max visible logit.
+float masked_attention_row(const float* q, const float* k, const float* v, int len, int D, float scale, int window,
+                           float softcap, float* out) {
+  const int first = window > 0 ? std::max(0, len - window) : 0;
+  std::vector<float> s(len);
+  float mx = -INFINITY;
+  for (int j = first; j < len; ++j) {
+    float x = cpu::attention_dot(q, k + size_t(j) * D, D) * scale;
+    if (softcap > 0.f) x = softcap * std::tanh(x / softcap);
+    s[j] = x;
+    mx = std::max(mx, x);
+  }
+  std::vector<double> acc(D, 0.0);
+  double sum = 0;
+  for (int j = first; j < len; ++j) {
+    const double p = std::exp(double(s[j]) - mx);
+    sum += p;
+    for (int d = 0; d < D; ++d) acc[d] += p * v[size_t(j) * D + d];
+  }
+  for (int d = 0; d < D; ++d) out[d] = static_cast<float>(acc[d] / sum);
+  return mx;
+}
 
 void run_varlen(const VarlenCase& c) {
   const int D = c.D, H = c.H, KVH = c.KVH, G = H / KVH, C = static_cast<int>(c.chunks.size());
@@ -136,7 +196,10 @@ void run_varlen(const VarlenCase& c) {
   // Keys and values per chunk on the host as [kvh][pos][D] (contiguous rows for the reference).
   // Adversarial rows: K gets +2 on every element, so a query of all +4 (all -4) has logits near
   // +4 * 2 * D * scale = +90 (-90) for D = 128 (+-64 for D = 64): far above or below any range.
+  // An e4m3 cache holds e = e4m3(x / scale) of the 16-bit x (cache byte per element, same layout):
+  // kf / vf become e * scale, exactly what the kernel reads.
   std::vector<std::vector<float>> kf(C), vf(C);
+  std::vector<std::vector<uint8_t>> ke(C), ve(C);
   for (int i = 0; i < C; ++i) {
     const int L = c.chunks[i].start + c.chunks[i].n;
     std::vector<float> tmp;
@@ -145,9 +208,20 @@ void run_varlen(const VarlenCase& c) {
       for (auto& x : tmp) x += 2.f;
     kf[i] = from_bits(to_bits(tmp, c.t), c.t);
     random_bits(size_t(KVH) * L * D, c.t, vf[i]);
+    if (c.fp8) {
+      auto quantize = [](std::vector<float>& x, std::vector<uint8_t>& e, float scale) {
+        e.resize(x.size());
+        for (size_t j = 0; j < x.size(); ++j) {
+          e[j] = fp8_e4m3_from_float(x[j] / scale);
+          x[j] = fp8_e4m3_to_float(e[j]) * scale;
+        }
+      };
+      quantize(kf[i], ke[i], c.k_scale);
+      quantize(vf[i], ve[i], c.v_scale);
+    }
   }
   std::vector<float> qkv_f;
-  auto qkv = random_bits(size_t(T) * width, c.t, qkv_f);
+  auto qkv = random_bits(size_t(T) * width, c.t, qkv_f, c.q_scale);
   if (c.rows == Rows::Adversarial) {
     // About a quarter of the (row, head) pairs: 1 in 8 high, 1 in 8 low.
     for (int r = 0; r < T; ++r)
@@ -163,8 +237,9 @@ void run_varlen(const VarlenCase& c) {
   }
 
   // Paged cache in the engine's layout (kv_cache_layout.h): blocks handed out in random order from a
-  // pool with spare blocks; every slot the kernel must not read holds NaN (0xFFFF), every unused
-  // table entry -1.
+  // pool with spare blocks; every slot the kernel must not read holds NaN (0xFFFF; e4m3 0xFF), every
+  // unused table entry -1. With a window the blocks wholly before the chunk's first row's window are
+  // given back, as the engine does (-1 in the table, NaN slots).
   const cuda::KvCacheLayout layout = cuda::kv_cache_layout(c.block_size, KVH, D);
   int max_blocks = 1, used_blocks = 0;
   for (const auto& ch : c.chunks) {
@@ -177,21 +252,38 @@ void run_varlen(const VarlenCase& c) {
   const auto perm = permutation(pool);
   std::vector<int32_t> tables(size_t(C) * max_blocks, -1);
   const size_t slot_elems = size_t(KVH) * D;
-  std::vector<uint16_t> kc(size_t(pool) * c.block_size * slot_elems, 0xFFFF), vc(kc.size(), 0xFFFF);
+  const size_t cache_elems = size_t(pool) * c.block_size * slot_elems;
+  std::vector<uint16_t> kc(c.fp8 ? 0 : cache_elems, 0xFFFF), vc(kc.size(), 0xFFFF);
+  std::vector<uint8_t> kc8(c.fp8 ? cache_elems : 0, 0xFF), vc8(kc8.size(), 0xFF);
   for (int i = 0, next = 0; i < C; ++i) {
     const int L = c.chunks[i].start + c.chunks[i].n;
-    for (int b = 0; b * c.block_size < L; ++b) tables[size_t(i) * max_blocks + b] = perm[next++];
-    for (int p = 0; p < L; ++p) {
+    const int first_block = c.window > 0 ? std::max(0, c.chunks[i].start - c.window + 1) / c.block_size : 0;
+    for (int b = 0; b * c.block_size < L; ++b) {
+      const int32_t blk = perm[next++];
+      tables[size_t(i) * max_blocks + b] = b < first_block ? -1 : blk;
+    }
+    for (int p = first_block * c.block_size; p < L; ++p) {
       const int64_t slot = int64_t(tables[size_t(i) * max_blocks + p / c.block_size]) * c.block_size + p % c.block_size;
       for (int kh = 0; kh < KVH; ++kh)
         for (int d = 0; d < D; ++d) {
-          kc[layout.slot_row(slot, kh) + d] = to_bits(kf[i][(size_t(kh) * L + p) * D + d], c.t);
-          vc[layout.slot_row(slot, kh) + d] = to_bits(vf[i][(size_t(kh) * L + p) * D + d], c.t);
+          const size_t at = layout.slot_row(slot, kh) + d, src = (size_t(kh) * L + p) * D + d;
+          if (c.fp8) {
+            kc8[at] = ke[i][src];
+            vc8[at] = ve[i][src];
+          } else {
+            kc[at] = to_bits(kf[i][src], c.t);
+            vc[at] = to_bits(vf[i][src], c.t);
+          }
         }
     }
   }
+  cuda::KvQuant kv_quant;
+  if (c.fp8) kv_quant = {cuda::KvDType::Fp8E4M3, c.k_scale, c.v_scale};
 
   DeviceBuffer<uint16_t> d_qkv(qkv), d_k(kc), d_v(vc), d_out(size_t(T) * H * D);
+  DeviceBuffer<uint8_t> d_k8(kc8), d_v8(vc8);
+  const void* k_cache = c.fp8 ? static_cast<const void*>(d_k8.get()) : d_k.get();
+  const void* v_cache = c.fp8 ? static_cast<const void*>(d_v8.get()) : d_v.get();
   DeviceBuffer<int32_t> d_tables(tables), d_q_begin(q_begin), d_starts(starts);
   DeviceBuffer<unsigned long long> d_fallback(1);
   const auto b = derive_unified_max_bounds(c.phi, 32768);
@@ -200,7 +292,10 @@ void run_varlen(const VarlenCase& c) {
 
   std::ostringstream what0;
   what0 << "prefill_varlen " << name(c.t) << " D " << D << " H " << H << " KVH " << KVH << " block " << c.block_size
-        << (c.rows == Rows::Adversarial ? " adversarial" : "") << (c.wrapper ? " (one-chunk API)" : "") << " chunks";
+        << (c.rows == Rows::Adversarial ? " adversarial" : "") << (c.wrapper ? " (one-chunk API)" : "");
+  if (c.fp8) what0 << " fp8 cache k_scale " << c.k_scale << " v_scale " << c.v_scale;
+  if (c.window > 0 || c.softcap > 0.f) what0 << " window " << c.window << " softcap " << c.softcap;
+  what0 << " chunks";
   for (const auto& ch : c.chunks) what0 << " " << ch.start << "+" << ch.n;
 
   // Rows to check, and the reference: the stable softmax; the row max for the fallback count.
@@ -227,9 +322,13 @@ void run_varlen(const VarlenCase& c) {
       const float* q = &qkv_f[size_t(q_begin[i] + r) * width + size_t(h) * D];
       const float* kk = &kf[i][size_t(h / G) * L * D];
       const float* vv = &vf[i][size_t(h / G) * L * D];
-      stable_attention_row(q, kk, vv, len, D, D, scale, &ref[(k * H + h) * D]);
       float mx = -INFINITY;
-      for (int j = 0; j < len; ++j) mx = std::max(mx, cpu::attention_dot(q, kk + size_t(j) * D, D) * scale);
+      if (c.window > 0 || c.softcap > 0.f) {
+        mx = masked_attention_row(q, kk, vv, len, D, scale, c.window, c.softcap, &ref[(k * H + h) * D]);
+      } else {
+        stable_attention_row(q, kk, vv, len, D, D, scale, &ref[(k * H + h) * D]);
+        for (int j = 0; j < len; ++j) mx = std::max(mx, cpu::attention_dot(q, kk + size_t(j) * D, D) * scale);
+      }
       const float rel = mx - eff.phi;
       if (!(rel >= eff.a && rel <= eff.b)) ++expect_fallback;
       // The GPU's logits differ from these by fp32 rounding: a row this close to a bound may go
@@ -244,12 +343,14 @@ void run_varlen(const VarlenCase& c) {
       cuda_ok(cudaMemset(d_fallback.get(), 0, sizeof(unsigned long long)), "cudaMemset");
       const cuda::UnifiedMaxRange* um = async ? &range : nullptr;
       if (c.wrapper) {
-        cuda::prefill_attention(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), c.chunks[0].start, c.chunks[0].n, H,
-                                KVH, D, c.block_size, scale, d_out.get(), c.t, nullptr, um, d_fallback.get(), config);
+        cuda::prefill_attention(d_qkv.get(), k_cache, v_cache, d_tables.get(), c.chunks[0].start, c.chunks[0].n, H, KVH,
+                                D, c.block_size, scale, d_out.get(), c.t, nullptr, um, d_fallback.get(), config,
+                                c.window, c.softcap, kv_quant);
       } else {
-        cuda::prefill_attention_varlen(d_qkv.get(), d_k.get(), d_v.get(), d_tables.get(), max_blocks, d_q_begin.get(),
+        cuda::prefill_attention_varlen(d_qkv.get(), k_cache, v_cache, d_tables.get(), max_blocks, d_q_begin.get(),
                                        d_starts.get(), C, T, max_n, H, KVH, D, c.block_size, scale, um,
-                                       d_fallback.get(), d_out.get(), c.t, nullptr, config);
+                                       d_fallback.get(), d_out.get(), c.t, nullptr, config, c.window, c.softcap,
+                                       kv_quant);
       }
       sync("prefill_attention_varlen");
       const auto out = from_bits(d_out.download(), c.t);
@@ -321,6 +422,58 @@ TEST_F(CudaKernels, PrefillPhiOutOfRangeRecomputesEveryRow) {
     for (DType t : kTypes) run_varlen({t, 128, 4, 2, 16, {{5, 100}, {0, 70}}, Rows::Normal, phi});
 }
 
+// ---- an e4m3 (fp8) cache ------------------------------------------------------------------------
+// k_scale 0.03 and v_scale 2: a k_scale left out of the logit scale (or applied twice) and a v_scale
+// left out of the output are far outside the tolerance.
+
+TEST_F(CudaKernels, PrefillFp8CacheVarlenChunks) {
+  const std::vector<Chunk> chunks = {{0, 1}, {37, 100}, {500, 333}, {1, 64}, {63, 65}, {0, 200}, {129, 2}};
+  int k = 0;
+  for (DType t : kTypes)
+    for (int D : {64, 128, 256})
+      for (auto [H, KVH] : {std::pair{8, 8}, std::pair{8, 2}, std::pair{16, 1}})  // MHA, GQA 4, GQA 16
+        run_varlen(fp8_case({t, D, H, KVH, (k++ % 2) ? 32 : 16, chunks}));
+}
+
+TEST_F(CudaKernels, PrefillFp8CacheOneChunkApiAndScales) {
+  for (DType t : kTypes) {
+    run_varlen(fp8_case({t, 128, 8, 2, 16, {{77, 190}}, Rows::Normal, -1.f, 1 << 30, true}));
+    run_varlen(fp8_case({t, 64, 4, 4, 32, {{0, 1}}, Rows::Normal, -1.f, 1 << 30, true}));
+    run_varlen(fp8_case({t, 256, 4, 1, 16, {{0, 1}, {0, 1}, {3, 1}}}));  // decode-like chunks
+    // Scale 1 (uncalibrated: small values subnormal in e4m3) and scales the other way round.
+    run_varlen(fp8_case({t, 128, 8, 2, 16, {{5, 150}, {0, 64}}}, 1.f, 1.f));
+    run_varlen(fp8_case({t, 64, 8, 2, 32, {{5, 150}, {0, 64}}}, 4.f, 0.01f));
+  }
+  run_varlen(fp8_case({DType::BF16, 128, 4, 2, 16, {{1000, 2500}}, Rows::Normal, -1.f, 40}));
+}
+
+// Rows far above or below phi with an e4m3 cache: the guard sees the true (k_scale-folded) logits,
+// so exactly the rows the CPU finds out of range fall back, and come out exact.
+TEST_F(CudaKernels, PrefillFp8CacheAdversarialRowsFallBack) {
+  for (DType t : kTypes)
+    for (int D : {64, 128, 256}) {
+      run_varlen(fp8_case({t, D, 8, 2, 16, {{0, 130}, {17, 300}, {200, 5}}, Rows::Adversarial, 0.f}));
+      run_varlen(fp8_case({t, D, 4, 4, 32, {{0, 64}, {64, 64}}, Rows::Adversarial, 0.f}));
+    }
+  for (float phi : {200.f, -200.f, 3.f})
+    for (DType t : kTypes) run_varlen(fp8_case({t, 128, 4, 2, 16, {{5, 100}, {0, 70}}, Rows::Normal, phi}));
+}
+
+// The masked kernels over an e4m3 cache: windows (blocks before every row's window given back) and
+// a soft cap that bites (its multiplier is the k_scale-folded logit scale).
+TEST_F(CudaKernels, PrefillFp8CacheWindowAndSoftcap) {
+  const std::vector<Chunk> chunks = {{0, 130}, {300, 77}, {40, 1}};
+  for (DType t : kTypes)
+    for (int D : {64, 128, 256})
+      for (auto [window, cap] : {std::pair{45, 0.f}, std::pair{0, 3.f}, std::pair{100, 2.f}}) {
+        VarlenCase c = fp8_case({t, D, 8, 2, 16, chunks, Rows::Normal, 0.f});
+        c.window = window;
+        c.softcap = cap;
+        c.q_scale = cap > 0.f ? 3.f : 1.f;
+        run_varlen(c);
+      }
+}
+
 TEST_F(CudaKernels, PrefillVarlenRejectsBadArguments) {
   const void* p = reinterpret_cast<const void*>(uintptr_t(256));
   const int32_t* ip = reinterpret_cast<const int32_t*>(uintptr_t(256));
@@ -340,6 +493,15 @@ TEST_F(CudaKernels, PrefillVarlenRejectsBadArguments) {
                                              DType::F16, nullptr, cuda::prefill_attention_configs());
             }).find("tile configuration"),
             std::string::npos);
+  auto fp8_call = [&](int D, float k_scale, float v_scale) {
+    cuda::prefill_attention_varlen(p, p, p, ip, 4, ip, ip, 1, 64, 64, 8, 2, D, 16, 0.1f, nullptr, nullptr, o,
+                                   DType::F16, nullptr, 0, 0, 0.f, {cuda::KvDType::Fp8E4M3, k_scale, v_scale});
+  };
+  const std::string bad_dim = error_of([&] { fp8_call(96, 1.f, 1.f); });
+  EXPECT_NE(bad_dim.find("head_dim"), std::string::npos) << bad_dim;
+  EXPECT_NE(bad_dim.find("fp8"), std::string::npos) << bad_dim;
+  EXPECT_NE(error_of([&] { fp8_call(128, 0.f, 1.f); }).find("k_scale"), std::string::npos);
+  EXPECT_NE(error_of([&] { fp8_call(128, 1.f, NAN); }).find("v_scale"), std::string::npos);
 }
 
 }  // namespace

@@ -94,7 +94,10 @@ def test_vllm_keywords(default_model, device):
         ({"enable_prefix_cachin": True}, TypeError, "enable_prefix_cachin"),
         ({"enable_prefix_caching": "yes"}, fdpp.InvalidInputError, "enable_prefix_caching"),
         ({"async_scheduling": "yes"}, fdpp.InvalidInputError, "async_scheduling"),
-        ({"kv_cache_dtype": "fp8"}, fdpp.InvalidInputError, "kv_cache_dtype"),
+        ({"kv_cache_dtype": "fp8_e5m2"}, fdpp.InvalidInputError,
+         "kv_cache_dtype: fp8_e5m2 is not supported: the fp8 KV cache is e4m3"),
+        ({"kv_cache_dtype": "int8"}, fdpp.InvalidInputError,
+         "kv_cache_dtype: 'int8' is not one of auto, f32, f16, fp8, fp8_e4m3"),
     ],
 )
 def test_vllm_keywords_refused_with_their_name(default_model, device, kwargs, error, words):
@@ -369,6 +372,30 @@ def test_async_scheduling_changes_no_output(default_model, device):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].text == b.outputs[0].text
         assert a.outputs[0].finish_reason == b.outputs[0].finish_reason
+
+
+@pytest.mark.parametrize("spelling", ["fp8", "fp8_e4m3"])
+def test_kv_cache_dtype_fp8_needs_the_gpu(default_model, spelling):
+    # The e4m3 KV cache is the CUDA backend's: on the CPU it is refused by its keyword, before loading.
+    with pytest.raises(fdpp.InvalidInputError) as e:
+        fdpp.LLM(default_model, device="cpu", max_model_len=128, kv_cache_tokens=256, kv_cache_dtype=spelling)
+    message = str(e.value)
+    assert "kv_cache_dtype=fp8" in message and "runs on the CUDA backend" in message and "device=cpu" in message
+    assert "\n" not in message
+
+
+def test_kv_cache_dtype_fp8_on_the_gpu(default_model, device):
+    # vLLM's kv_cache_dtype="fp8" passes through to the CUDA engine: it generates, and greedy tokens
+    # mostly follow the 16-bit cache's (e4m3 keeps 3 mantissa bits; the GPU tests bound the logits).
+    if device != "cuda":
+        pytest.skip("the fp8 KV cache is the CUDA backend's (FDPP_TEST_DEVICE=cuda)")
+    greedy = fdpp.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    kw = dict(device="cuda", max_model_len=128, max_num_seqs=2, kv_cache_tokens=256)
+    fp8 = fdpp.LLM(default_model, kv_cache_dtype="fp8", **kw).generate("The capital of France is", greedy,
+                                                                       use_tqdm=False)[0]
+    auto = fdpp.LLM(default_model, **kw).generate("The capital of France is", greedy, use_tqdm=False)[0]
+    assert len(fp8.outputs[0].token_ids) == 8
+    assert fp8.outputs[0].token_ids[0] == auto.outputs[0].token_ids[0]
 
 
 def test_kv_cache_dtype_f16_on_the_cpu(default_model):

@@ -109,6 +109,7 @@ int run_bench(const BenchArgs& a) {
   eo.kv_cache_tokens = std::max<int64_t>(int64_t{max_batch} * per_seq + (a.mixed_chunk + 15) / 16 * 16,
                                          max_prompt + 16);
   eo.cuda_graphs = a.engine.cuda_graphs;
+  if (cuda_kv_cache_fp8(a.engine.kv_cache_dtype)) eo.kv_quant.dtype = cuda::KvDType::Fp8E4M3;
   eo.attention = a.engine.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
   if (a.engine.load_format != "dummy" && (eo.attention == cuda::AttentionMode::Async || !a.engine.calibration.empty())) {
     RunnerOptions ro;  // the rule every front end follows (backend_select.h): named file, else looked up
@@ -162,7 +163,8 @@ int run_bench(const BenchArgs& a) {
       model->bytes() - model->pos_embeddings.bytes() - (config.tied_embeddings && tp == 1 ? 0 : emb_bytes);
   // Per GPU: a rank reads its shard of the weights and its KV heads (the roofline is per GPU).
   const ModelConfig& local = rank0.config();
-  const double kv_bytes_per_token = 2.0 * local.n_layers * local.kv_dim() * 2;
+  const double kv_bytes_per_token =
+      2.0 * local.n_layers * local.kv_dim() * static_cast<double>(cuda::kv_element_bytes(eo.kv_quant.dtype));
   double matmul_params = static_cast<double>(streamed_weights) / 2 * tp;
   if (model && model->fp8()) {  // the layers' matrices hold one byte per weight, plus their row scales
     uint64_t fp8_bytes = 0, scale_bytes = 0;
@@ -303,12 +305,14 @@ int run_bench(const BenchArgs& a) {
   }
 
   const cuda::MemoryReport mem = rank0.memory();
+  const std::string kv_dtype_name = eo.kv_quant.dtype == cuda::KvDType::Fp8E4M3 ? "fp8" : "auto";
   const double accounted = static_cast<double>(mem.weights + mem.kv_cache + mem.activations + mem.workspace);
   const double used = static_cast<double>(free0 - free1);
   nlohmann::json out{{"model", model_name},
                      {"gpu", gpus[0].name},
                      {"dtype", dtype == cuda::DType::BF16 ? "bf16" : "f16"},
                      {"quantization", a.engine.quantization},
+                     {"kv_cache_dtype", kv_dtype_name},
                      {"params", matmul_params + static_cast<double>(config.tied_embeddings ? 0 : emb_bytes / 2)},
                      {"cuda_graphs", a.engine.cuda_graphs},
                      {"attention", a.engine.attention},
@@ -340,9 +344,10 @@ int run_bench(const BenchArgs& a) {
              fmt::format("{}{}", dtype == cuda::DType::BF16 ? "bf16" : "f16",
                          a.engine.quantization == "none" ? "" : " weights " + a.engine.quantization),
              a.engine.cuda_graphs ? "on" : "off", a.engine.attention, bandwidth / 1e12);
-  fmt::print("memory: weights {:.2f} GiB + KV cache {:.2f} GiB ({} tokens) + activations {:.2f} GiB + workspace {:.2f} "
+  fmt::print("memory: weights {:.2f} GiB + KV cache {:.2f} GiB ({} tokens{}) + activations {:.2f} GiB + workspace {:.2f} "
              "GiB = {:.2f} GiB; the engine took {:.2f} GiB of device memory ({:+.1f}%)\n\n",
-             mem.weights / 1073741824.0, mem.kv_cache / 1073741824.0, mem.kv_tokens, mem.activations / 1073741824.0,
+             mem.weights / 1073741824.0, mem.kv_cache / 1073741824.0, mem.kv_tokens,
+             eo.kv_quant.dtype == cuda::KvDType::Fp8E4M3 ? ", fp8 e4m3" : "", mem.activations / 1073741824.0,
              mem.workspace / 1073741824.0, accounted / 1073741824.0, used / 1073741824.0,
              100.0 * (used - accounted) / accounted);
   if (tp > 1)
@@ -402,6 +407,7 @@ Subcommand register_bench(CLI::App& app) {
             check_engine_flags(b.engine);
             if (bench_device != "cpu") return run_bench(b);
             bc.model = b.engine.model;
+            bc.kv_cache_dtype = b.engine.kv_cache_dtype;  // the table's flag (the CPU refuses fp8)
             bc.repetitions = b.repetitions;
             bc.json = b.json;
             if (bench->count("-p") > 0) bc.prompts = b.prompts;

@@ -12,7 +12,8 @@
 // --decode-warps 0|4|8 (else FDPP_DECODE_WARPS; "decode_warps") the warps per CTA at head dims 64
 // and 128 (the split plan follows), --async-combine auto|kernel|launch (else FDPP_ASYNC_COMBINE;
 // "async_combine") where async adds the splits' partials, --kv-layout head-major|token-major (else
-// FDPP_KV_LAYOUT; "kv_layout") the KV cache's layout.
+// FDPP_KV_LAYOUT; "kv_layout") the KV cache's layout, --kv-cache-dtype auto|fp8 ("kv_cache_dtype") its
+// element type (fp8: e4m3 bytes, half the bytes a call reads).
 #include "bench_attention.h"
 
 #include "subcommands.h"
@@ -57,7 +58,42 @@ std::vector<cuda::GpuInfo> checked_gpus(const BenchAttentionArgs& a) {
   check(a.head_dim == 64 || a.head_dim == 80 || a.head_dim == 96 || a.head_dim == 128 || a.head_dim == 256,
         "--head-dim {} is not one of 64, 80, 96, 128, 256", a.head_dim);
   check(a.dtype == "f16" || a.dtype == "bf16", "--dtype '{}' is not one of f16, bf16", a.dtype);
+  check(a.kv_cache_dtype == "auto" || a.kv_cache_dtype == "fp8", "--kv-cache-dtype '{}' is not one of auto, fp8",
+        a.kv_cache_dtype);
   return gpus;
+}
+
+cuda::KvQuant kv_quant_of(const BenchAttentionArgs& a) {
+  cuda::KvQuant q;
+  if (a.kv_cache_dtype == "fp8") q.dtype = cuda::KvDType::Fp8E4M3;
+  return q;
+}
+
+// Fills a paged K/V pool of `tokens` slots with values uniform in [-1, 1) (like activations after a
+// norm): 16-bit ones directly, an e4m3 pool through the cache writer (random bytes would hold the NaN
+// codes 0x7F and 0xFF), quantized as the engine's are. The calling thread's layout applies.
+void fill_kv_pool(void* k, void* v, int64_t tokens, int kv_heads, int head_dim, int block_size, cuda::DType dtype,
+                  const cuda::KvQuant& quant, uint64_t seed, cudaStream_t stream) {
+  if (quant.dtype == cuda::KvDType::Model) {
+    const int64_t elems = tokens * kv_heads * head_dim;
+    cuda::fill_random(k, elems, dtype, 1.f, 0.f, seed, stream);
+    cuda::fill_random(v, elems, dtype, 1.f, 0.f, seed + 1, stream);
+    return;
+  }
+  const int64_t row = int64_t(1 + 2 * kv_heads) * head_dim;  // one q head (not read), then the k and v heads
+  const int64_t chunk = std::clamp<int64_t>((int64_t{64} << 20) / (row * 2), 1, tokens);  // 64 MiB of rows
+  cuda::DeviceBuffer qkv(chunk * row * 2), slots(chunk * sizeof(int32_t));
+  std::vector<int32_t> ids(static_cast<size_t>(chunk));
+  for (int64_t first = 0; first < tokens; first += chunk) {
+    const int n = static_cast<int>(std::min(chunk, tokens - first));
+    cuda::fill_random(qkv.get(), n * row, dtype, 1.f, 0.f, seed + 2 + static_cast<uint64_t>(first / chunk), stream);
+    std::iota(ids.begin(), ids.begin() + n, static_cast<int32_t>(first));
+    // Pageable source: the call returns once `ids` is staged, so the next chunk may refill it.
+    FDPP_CUDA_CHECK(cudaMemcpyAsync(slots.get(), ids.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    cuda::kv_cache_write(qkv.get(), slots.as<int32_t>(), n, 1, kv_heads, head_dim, block_size, k, v, dtype, stream,
+                         quant);
+  }
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 }  // namespace
 
@@ -77,7 +113,9 @@ int run_bench_attention(const BenchAttentionArgs& a) {
   for (int s : a.splits) check(s >= 0 && s <= 1024, "--splits: {} is not 0 (the plan) or a count in [1, 1024]", s);
   const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
   const int H = a.heads, KVH = a.kv_heads, D = a.head_dim;
-  const double token_bytes = 2.0 * KVH * D * 2;  // K and V of one position, all kv heads
+  const cuda::KvQuant kv_quant = kv_quant_of(a);
+  const size_t kv_elem = cuda::kv_element_bytes(kv_quant.dtype);
+  const double token_bytes = 2.0 * KVH * D * kv_elem;  // K and V of one position, all kv heads
 
   // One pool for every point: the largest B x L, and at least 3 x L2 so that calls can rotate.
   int64_t max_tokens = 0;
@@ -87,17 +125,16 @@ int run_bench_attention(const BenchAttentionArgs& a) {
   const int64_t pool_blocks = (pool_tokens + block - 1) / block;
   size_t free_b = 0, total_b = 0;
   FDPP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const double need = 2.0 * pool_blocks * block * KVH * D * 2;
+  const double need = 2.0 * pool_blocks * block * KVH * D * kv_elem;
   check(need < 0.9 * free_b, "bench-attention: the KV pool needs {:.1f} GiB, {:.1f} GiB are free", need / 1073741824.0,
         free_b / 1073741824.0);
   cudaStream_t stream = nullptr;
   FDPP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int64_t pool_elems = pool_blocks * block * KVH * D;
-  cuda::DeviceBuffer k(pool_elems * 2), v(pool_elems * 2);
+  cuda::DeviceBuffer k(pool_elems * kv_elem), v(pool_elems * kv_elem);
   // Keys and values uniform in [-1, 1) like activations after a norm; q likewise: logits stay
   // within a few units, the regime of real models (no fallback rows).
-  cuda::fill_random(k.get(), pool_elems, dtype, 1.f, 0.f, 11, stream);
-  cuda::fill_random(v.get(), pool_elems, dtype, 1.f, 0.f, 12, stream);
+  fill_kv_pool(k.get(), v.get(), pool_blocks * block, KVH, D, block, dtype, kv_quant, 11, stream);
   const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
   const int64_t qkv_elems = int64_t(max_b) * (H + 2 * KVH) * D;
   cuda::DeviceBuffer qkv(qkv_elems * 2), out(int64_t(max_b) * H * D * 2);
@@ -154,14 +191,16 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                  .batch = B, .n_heads = H, .n_kv_heads = KVH, .head_dim = D, .block_size = block, .scale = scale,
                  .dtype = dtype, .splits = splits, .max_context_len = L, .workspace = ws.get(),
                  .workspace_bytes = ws.bytes(), .range = range, .counters = counters.as<int>(),
-                 .counter_ints = n_counters, .fallback_rows = fallback.as<unsigned long long>()},
+                 .counter_ints = n_counters, .fallback_rows = fallback.as<unsigned long long>(),
+                 .kv_quant = kv_quant},
                 stream);
           } else {
             cuda::decode_attention({.qkv = qkv.get(), .k_cache = k.get(), .v_cache = v.get(), .block_tables = t,
                                     .max_blocks_per_seq = blocks_per_seq, .context_lens = lens.as<int32_t>(),
                                     .out = out.get(), .batch = B, .n_heads = H, .n_kv_heads = KVH, .head_dim = D,
                                     .block_size = block, .scale = scale, .dtype = dtype, .splits = splits,
-                                    .max_context_len = L, .workspace = ws.get(), .workspace_bytes = ws.bytes()},
+                                    .max_context_len = L, .workspace = ws.get(), .workspace_bytes = ws.bytes(),
+                                    .kv_quant = kv_quant},
                                    stream);
           }
         };
@@ -174,6 +213,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                            {"decode_warps", kernels.decode_warps},
                            {"async_combine", cuda::async_combine_name(kernels.async_combine)},
                            {"block_size", block}, {"kv_layout", kv_layout}, {"block_order", a.block_order},
+                           {"kv_cache_dtype", a.kv_cache_dtype},
                            {"pdl", kernels.programmatic_launch}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D}, {"batch", B},
                            {"context", L}, {"splits", splits}, {"planned_splits", planned_splits}, {"us", us}, {"bytes", bytes},
                            {"pct_design_bw", bytes / (us * 1e-6) / kDesignReadBandwidth},
@@ -196,8 +236,8 @@ int run_bench_attention(const BenchAttentionArgs& a) {
     std::cout << doc.dump(1) << "\n";
     return 0;
   }
-  fmt::print("decode attention | GPU: {} | {} | heads {}/{} x {} | graph-timed, L2 rotated\n\n", gpus[0].name, a.dtype,
-             H, KVH, D);
+  fmt::print("decode attention | GPU: {} | {}{} | heads {}/{} x {} | graph-timed, L2 rotated\n\n", gpus[0].name,
+             a.dtype, a.kv_cache_dtype == "fp8" ? ", fp8 (e4m3) KV cache" : "", H, KVH, D);
   fmt::print("| mode | batch | context | splits | us | % of 4.46 TB/s | fallback rows |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (const auto& r : results)
     fmt::print("| {} | {} | {} | {} | {:.2f} | {:.1f} | {} |\n", r["mode"].get<std::string>(), r["batch"].get<int>(),
@@ -253,6 +293,8 @@ int run_bench_prefill_attention(const BenchAttentionArgs& a) {
   check(!configs.empty(), "bench-attention --prefill: give --prefill-config");
   const cuda::DType dtype = a.dtype == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
   const int H = a.heads, KVH = a.kv_heads, D = a.head_dim;
+  const cuda::KvQuant kv_quant = kv_quant_of(a);
+  const size_t kv_elem = cuda::kv_element_bytes(kv_quant.dtype);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const UnifiedMaxBounds bounds = default_unified_max_bounds(131072);
   const cuda::UnifiedMaxRange range{bounds.phi, bounds.a, bounds.b};
@@ -267,10 +309,9 @@ int run_bench_prefill_attention(const BenchAttentionArgs& a) {
     const int64_t blocks = int64_t(B) * blocks_per_seq;
     const int64_t kv_elems = blocks * kPrefillBlock * KVH * D;
     const int64_t qkv_elems = tokens * (H + 2 * KVH) * D;
-    cuda::DeviceBuffer k(kv_elems * 2), v(kv_elems * 2), qkv(qkv_elems * 2), out(tokens * H * D * 2);
+    cuda::DeviceBuffer k(kv_elems * kv_elem), v(kv_elems * kv_elem), qkv(qkv_elems * 2), out(tokens * H * D * 2);
     // Uniform [-1, 1) like activations after a norm: logits ~ N(0, 1/3), no fallback rows.
-    cuda::fill_random(k.get(), kv_elems, dtype, 1.f, 0.f, 21, stream);
-    cuda::fill_random(v.get(), kv_elems, dtype, 1.f, 0.f, 22, stream);
+    fill_kv_pool(k.get(), v.get(), blocks * kPrefillBlock, KVH, D, kPrefillBlock, dtype, kv_quant, 21, stream);
     cuda::fill_random(qkv.get(), qkv_elems, dtype, 1.f, 0.f, 23, stream);
     std::vector<int32_t> table(blocks);
     std::iota(table.begin(), table.end(), 0);
@@ -293,13 +334,15 @@ int run_bench_prefill_attention(const BenchAttentionArgs& a) {
           cuda::prefill_attention_varlen(qkv.get(), k.get(), v.get(), d_table.as<int32_t>(), blocks_per_seq,
                                          d_q_begin.as<int32_t>(), d_starts.as<int32_t>(), B, static_cast<int>(tokens),
                                          L, H, KVH, D, kPrefillBlock, scale, async ? &range : nullptr,
-                                         fallback.as<unsigned long long>(), out.get(), dtype, stream, config);
+                                         fallback.as<unsigned long long>(), out.get(), dtype, stream, config, 0, 0.f,
+                                         kv_quant);
         };
         const auto timing = cuda::time_graph(stream, reps, a.replays, launch);
         unsigned long long fb = 0;
         FDPP_CUDA_CHECK(cudaMemcpy(&fb, fallback.get(), sizeof(fb), cudaMemcpyDeviceToHost));
         const double tflops = flops / (timing.us * 1e-6) / 1e12;
-        results.push_back({{"config", cname}, {"mode", mode}, {"heads", H}, {"kv_heads", KVH}, {"head_dim", D},
+        results.push_back({{"config", cname}, {"mode", mode}, {"kv_cache_dtype", a.kv_cache_dtype}, {"heads", H},
+                           {"kv_heads", KVH}, {"head_dim", D},
                            {"batch", B}, {"tokens", L}, {"us", timing.us}, {"spread", timing.spread}, {"flops", flops},
                            {"tflops", tflops}, {"fallback_rows", fb}, {"reps", reps}});
         if (!a.json)
@@ -361,6 +404,11 @@ Subcommand register_bench_attention(CLI::App& app) {
                    "KV cache layout, head-major (the engine's: a kv head's rows of a block adjacent) or "
                    "token-major (a token's kv heads adjacent) (default: $FDPP_KV_LAYOUT, else head-major)")
       ->check(CLI::IsMember({"token-major", "head-major"}));
+  bench_attn->add_option("--kv-cache-dtype", ba.kv_cache_dtype,
+                         "the KV cache's element type: auto (the 16-bit --dtype) or fp8 (e4m3, scale 1; head dims 64, "
+                         "128, 256)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "fp8"}));
   bench_attn->add_option("--block-order", ba.block_order,
                          "decode: order of a sequence's KV blocks in memory, shuffled (a fragmented cache) or "
                          "sequential")

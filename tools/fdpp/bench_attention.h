@@ -35,6 +35,9 @@ struct BenchAttentionArgs {
   // A list measures the plan against its alternatives (the "splits" and "planned_splits" fields).
   std::vector<int> splits{0};
   KernelFlags kernels;  // --pdl, --decode-path (else FDPP_PDL, FDPP_DECODE_PATH)
+  // The KV cache's element type: "auto" (the 16-bit dtype) or "fp8" (e4m3, scale 1: the engine's
+  // --kv-cache-dtype fp8).
+  std::string kv_cache_dtype = "auto";
 };
 
 int run_bench_prefill_attention(const BenchAttentionArgs& args);

@@ -89,9 +89,6 @@ void add_bench_cpu_options(CLI::App* bench, BenchCpuArgs& a) {
   bench->add_option("--cpu-weights", a.cpu_weights, "CPU: stored (GGUF blocks in place) or f32 (the reference)")
       ->capture_default_str()
       ->check(CLI::IsMember({"stored", "f32"}));
-  bench->add_option("--kv-cache-dtype", a.kv_cache_dtype, "CPU: the KV cache's type: auto (f32) or f16 (llama-bench's default)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "f32", "f16"}));
 }
 
 CLI::App* register_bench_cpu(CLI::App& app, BenchCpuArgs& a) {
@@ -103,6 +100,10 @@ CLI::App* register_bench_cpu(CLI::App& app, BenchCpuArgs& a) {
                     "cpu (the only device of a CPU-only build)");
   bench->add_flag("--json", a.json, "print JSON");
   add_bench_cpu_options(bench, a);
+  // The CUDA build's bench takes --kv-cache-dtype from the engine option table instead.
+  bench->add_option("--kv-cache-dtype", a.kv_cache_dtype, "the KV cache's type: auto (f32) or f16 (llama-bench's default)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "f32", "f16"}));
   return bench;
 }
 

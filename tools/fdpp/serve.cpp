@@ -181,9 +181,11 @@ int run_serve() {
           die(fmt::format("engine: {}", e.what()));
         }
       });
-      fmt::print(stderr, "fdpp serve: ready: model '{}' on {}, context {}, {} KV blocks of {} tokens, max-num-seqs {}\n",
+      fmt::print(stderr, "fdpp serve: ready: model '{}' on {}, context {}, {} KV blocks of {} tokens{}, max-num-seqs {}\n",
                  info.id, device_description(loaded->model.device, a.engine.tensor_parallel), info.max_context, loaded->engine->kv().num_blocks(),
-                 loaded->engine->kv().block_size(), loaded->scheduler->options().max_num_seqs);
+                 loaded->engine->kv().block_size(),
+                 a.engine.kv_cache_dtype == "auto" ? std::string() : " in " + a.engine.kv_cache_dtype,
+                 loaded->scheduler->options().max_num_seqs);
     } catch (const std::exception& e) {
       die(e.what());
     }

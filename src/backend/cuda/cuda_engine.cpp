@@ -70,6 +70,17 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   check(options.max_batch >= 1 && options.max_batch <= 1024, "max batch {} out of range [1, 1024]", options.max_batch);
   check(options.block_size >= 1 && (options.block_size & (options.block_size - 1)) == 0,
         "KV block size {} must be a power of two", options.block_size);
+  const KvQuant& kvq = options.kv_quant;
+  check(kvq.dtype == KvDType::Model || kvq.dtype == KvDType::Fp8E4M3, "unknown KV cache dtype {}",
+        static_cast<int>(kvq.dtype));
+  if (kvq.dtype == KvDType::Fp8E4M3) {
+    check(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256,
+          "--kv-cache-dtype fp8: the e4m3 KV cache supports head_dim 64, 128 and 256, not {}", c.head_dim);
+    check(std::isfinite(kvq.k_scale) && kvq.k_scale > 0.f && std::isfinite(kvq.v_scale) && kvq.v_scale > 0.f,
+          "--kv-cache-dtype fp8: scales must be positive and finite (k_scale {}, v_scale {})", kvq.k_scale,
+          kvq.v_scale);
+  }
+  kv_elem_bytes_ = kv_element_bytes(kvq.dtype);
 
   const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden, V = c.vocab_size;
   const bool swiglu = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;  // gated
@@ -189,7 +200,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   // memory would waste gigabytes on a 141 GB card (0.98 of 126 GiB leaves 2.5 GiB unused, and
   // `fdpp bench -b 64 -c 4000` on Llama-2-7B needs all but 0.3 GiB of it).
   constexpr double kHeadroomBytes = 512.0 * 1048576.0;
-  block_bytes_ = static_cast<size_t>(options.block_size) * KV * kElem;
+  block_bytes_ = static_cast<size_t>(options.block_size) * KV * kv_elem_bytes_;
   const size_t per_block_all_layers = block_bytes_ * 2 * c.n_layers;
   size_t free_b = 0, total_b = 0;
   FDPP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -270,7 +281,7 @@ void CudaEngine::ensure_capacity(int seq, int new_length) {
   if (reserve(seq, new_length)) return;
   const int length = sequence_length(seq);
   const int64_t more = kv().blocks_for(new_length) - kv().blocks_for(length);
-  const double per_token = 2.0 * config().n_layers * config().kv_dim() * kElem;
+  const double per_token = 2.0 * config().n_layers * config().kv_dim() * static_cast<double>(kv_elem_bytes_);
   fail("KV cache full: {} more tokens need {} blocks ({:.1f} MiB), {} of {} blocks are free; the cache holds {} "
        "tokens ({:.2f} GiB): shorten the request or raise --kv-cache-tokens",
        new_length - length, more, more * options_.block_size * per_token / 1048576.0, kv().free_blocks(), num_blocks_,
@@ -400,11 +411,11 @@ struct CudaEngine::Forward {
     rope_qk_cache(e.qkv_.get(), in.positions, m.inv_freq_of(layer), c.rope_of(layer).rotary_dim / 2, in.slots, n,
                   c.n_heads,
                   c.n_kv_heads, c.head_dim, e.options_.block_size, c.rope_style, e.layer_k(layer), e.layer_v(layer),
-                  dt, st);
+                  dt, st, e.options_.kv_quant);
   }
   void write_cache(int layer) {
     kv_cache_write(e.qkv_.get(), in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, e.options_.block_size,
-                   e.layer_k(layer), e.layer_v(layer), dt, st);
+                   e.layer_k(layer), e.layer_v(layer), dt, st, e.options_.kv_quant);
   }
   void attention(int layer) {
     // LongRope's attention factor scales the rotated q and k (the whole head: checked at
@@ -427,7 +438,7 @@ struct CudaEngine::Forward {
                                 .range = e.unified_max_[layer], .counters = e.attn_counters_.as<int>(),
                                 .counter_ints = e.attn_counter_ints_,
                                 .fallback_rows = e.fallback_rows_.as<unsigned long long>(), .window = window,
-                                .softcap = softcap},
+                                .softcap = softcap, .kv_quant = e.options_.kv_quant},
                                st);
       } else {
         decode_attention({.qkv = e.qkv_.get(), .k_cache = e.layer_k(layer), .v_cache = e.layer_v(layer),
@@ -437,7 +448,7 @@ struct CudaEngine::Forward {
                           .block_size = e.options_.block_size, .scale = scale, .dtype = dt,
                           .splits = attention_splits, .max_context_len = attention_max_len,
                           .workspace = e.attn_ws_.get(), .workspace_bytes = e.attn_ws_.bytes(), .window = window,
-                          .softcap = softcap},
+                          .softcap = softcap, .kv_quant = e.options_.kv_quant},
                          st);
       }
     }
@@ -452,7 +463,8 @@ struct CudaEngine::Forward {
                                static_cast<int>(chunks.size()), n, max_chunk, c.n_heads, c.n_kv_heads, c.head_dim,
                                e.options_.block_size, scale, async ? &e.unified_max_[layer] : nullptr,
                                e.fallback_rows_.as<unsigned long long>() + 1, e.attn_.get(), dt, st,
-                               prefill_config_for(e.options_.prefill_attention_config, max_chunk), window, softcap);
+                               prefill_config_for(e.options_.prefill_attention_config, max_chunk), window, softcap,
+                               e.options_.kv_quant);
     }
   }
   void out_proj(int layer) {
@@ -651,8 +663,10 @@ DecodeAttentionLaunch CudaEngine::plan_decode_attention(int decode_rows, int max
   const int splits = plan_decode_splits(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, max_len, multiprocessors_);
   // The launch of the step's layers: where every layer runs the masked kernels (masked_attention),
   // theirs (decode_plan.h: describe_launch); else the plain layers'.
+  // An e4m3 cache runs the tensor-core loop only, as the masked kernels do: the launch decode_attention
+  // describes for it is the masked one's.
   return decode_attention_launch(decode_rows, c.n_heads, c.n_kv_heads, c.head_dim, splits, max_len, async,
-                                 multiprocessors_, masked_attention());
+                                 multiprocessors_, masked_attention() || options_.kv_quant.dtype == KvDType::Fp8E4M3);
 }
 
 bool CudaEngine::masked_attention() const {
@@ -1125,7 +1139,29 @@ void CudaEngine::reserve_for_benchmark(int seq, int length) {
 void CudaEngine::randomize_kv_cache(uint64_t seed) {
   const KernelOptionsScope kernels(options_.kernels);
   // Values in [-0.5, 0.5): finite in fp16 and bf16, so attention over them stays well-defined.
-  fill_random(kv_.get(), static_cast<int64_t>(kv_.bytes() / kElem), model_->dtype(), 0.5f, 0.f, seed, stream_);
+  if (options_.kv_quant.dtype == KvDType::Model) {
+    fill_random(kv_.get(), static_cast<int64_t>(kv_.bytes() / kElem), model_->dtype(), 0.5f, 0.f, seed, stream_);
+    FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  // e4m3 bytes: random 16-bit bytes would hold NaNs (0x7F, 0xFF). The same values go through the
+  // cache writer instead, a step's worth of slots at a time (qkv_ and slots_ as scratch).
+  const ModelConfig& c = config();
+  const int64_t slots_total = num_blocks_ * options_.block_size;
+  const int64_t row = static_cast<int64_t>(c.q_dim()) + 2 * c.kv_dim();
+  std::vector<int32_t> slots(static_cast<size_t>(max_tokens_));
+  uint64_t chunk_seed = seed;
+  for (int layer = 0; layer < c.n_layers; ++layer)
+    for (int64_t first = 0; first < slots_total; first += max_tokens_) {
+      const int n = static_cast<int>(std::min<int64_t>(max_tokens_, slots_total - first));
+      fill_random(qkv_.get(), n * row, model_->dtype(), 0.5f, 0.f, chunk_seed++, stream_);
+      std::iota(slots.begin(), slots.begin() + n, static_cast<int32_t>(first));
+      // Pageable source: the call returns once the bytes are staged, so `slots` may be refilled.
+      FDPP_CUDA_CHECK(
+          cudaMemcpyAsync(slots_.get(), slots.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+      kv_cache_write(qkv_.get(), slots_.as<int32_t>(), n, c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size,
+                     layer_k(layer), layer_v(layer), model_->dtype(), stream_, options_.kv_quant);
+    }
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

@@ -47,6 +47,10 @@ struct EngineOptions {
   // Prefill attention's tile configuration (kernels.h: prefill_attention_configs()); -1: chosen
   // per step by the longest chunk (cuda_engine.cpp: prefill_config_for).
   int prefill_attention_config = -1;
+  // The KV cache's element type (kernels.h: KvQuant): the model's 16-bit dtype, or e4m3 bytes
+  // (--kv-cache-dtype fp8: half the bytes per token; head dims 64, 128, 256), with one k_scale and
+  // one v_scale for every layer (1: vLLM's fp8 without calibration).
+  KvQuant kv_quant;
   // The unified max phi per layer (natural-log units of q.k / sqrt(d)), from the model's
   // calibration file; empty: the conservative default phi = 0 for every layer. Either way rows
   // outside the safe range are recomputed, so results do not depend on phi, only speed does.
@@ -128,7 +132,8 @@ class CudaEngine final : public Engine {
 
   // Benchmarks: gives the sequence `length` positions of (unwritten) cache without computing them.
   void reserve_for_benchmark(int seq, int length);
-  // Fills the whole KV cache with small random values (so that benchmark reads see real data).
+  // Fills the whole KV cache with small random values (so that benchmark reads see real data; an
+  // fp8 cache gets their e4m3 bytes, never NaN).
   void randomize_kv_cache(uint64_t seed);
   // Engine::warm_up: every linear layer's call once per cuBLASLt row bucket up to the step's tokens
   // (linear_tuning.h), so that cuBLASLt times its candidates before the first request, not in it.
@@ -201,7 +206,8 @@ class CudaEngine final : public Engine {
   int max_tokens_ = 0;  // per forward
   int max_blocks_per_seq_ = 0;
   int64_t num_blocks_ = 0;
-  size_t block_bytes_ = 0;  // one layer's k (or v) block
+  size_t kv_elem_bytes_ = 2;  // bytes of one cached K or V element (kv_element_bytes)
+  size_t block_bytes_ = 0;     // one layer's k (or v) block
   DeviceBuffer kv_;         // [layers][2][num_blocks][block_size][kv_dim]
   int logit_capacity_ = 0;  // rows of logits_
 

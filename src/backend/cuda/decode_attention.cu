@@ -26,12 +26,17 @@ namespace {
 
 using decode::with_head_dim;
 
-template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine, bool kMasked = false>
+// The head dims with e4m3-cache kernels.
+template <int D>
+constexpr bool kFp8HeadDim = D == 64 || D == 128 || D == 256;
+
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine, bool kMasked = false,
+          bool kFp8 = false>
 void launch_decode(const DecodeArgs& a, bool dependent, cudaStream_t stream) {
-  using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
+  using Shape = typename ShapeOf<D, GMAX, kMma, W, kFp8>::type;
   constexpr size_t smem = Shape::kSmem + kFlagBytes;
   static_assert(Shape::kSmem % 16 == 0 && smem <= 227 * 1024, "shared memory layout");
-  auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync, kMma, W, kKernelCombine, kMasked>;
+  auto* kernel = decode_attention_kernel<T, D, GMAX, kAsync, kMma, W, kKernelCombine, kMasked, kFp8>;
   // Once per (instantiation, device), before any graph capture uses it: the attribute belongs to
   // the current device, and one process drives several under tensor parallelism.
   once_per_device(reinterpret_cast<const void*>(kernel), [&] {
@@ -40,7 +45,7 @@ void launch_decode(const DecodeArgs& a, bool dependent, cudaStream_t stream) {
                  "cudaFuncSetAttribute(decode_attention_kernel, max dynamic shared memory)");
     // Several CTAs per SM need the whole shared-memory carveout (the driver may otherwise pick a
     // smaller one and fit fewer CTAs).
-    if (min_ctas_per_sm<D, GMAX, kMma, W>() > 1)
+    if (min_ctas_per_sm<D, GMAX, kMma, W, kFp8>() > 1)
       cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                       cudaSharedmemCarveoutMaxShared),
                  "cudaFuncSetAttribute(decode_attention_kernel, shared memory carveout)");
@@ -80,21 +85,37 @@ void launch_decode_g(const DecodeAttentionLaunch& c, const DecodeArgs& a, bool d
   }
 }
 
-// A masked call (window or soft-cap): the tensor-core loop at the head dim's default warps only
-// (describe_launch's masked plan).
-template <class T, int D, bool kAsync>
-void launch_decode_masked(const DecodeAttentionLaunch& c, const DecodeArgs& a, bool dependent, cudaStream_t stream) {
+// A masked call (window or soft-cap) or one over an e4m3 cache: the tensor-core loop at the head
+// dim's default warps only (describe_launch's tensor-core-only plan), one instantiation each.
+template <class T, int D, bool kAsync, bool kMasked, bool kFp8>
+void launch_decode_tc(const DecodeAttentionLaunch& c, const DecodeArgs& a, bool dependent, cudaStream_t stream) {
   constexpr int W = default_warps<D>();
-  check(c.tensor_cores && c.warps == W, "decode attention: a masked call planned on {} with {} warps",
-        c.tensor_cores ? "tensor cores" : "CUDA cores", c.warps);
-  if constexpr (kAsync) {
-    if (c.combine_in_kernel) return launch_decode<T, D, 16, true, true, W, true, true>(a, dependent, stream);
+  check(c.tensor_cores && c.warps == W, "decode attention: a {} call planned on {} with {} warps",
+        kFp8 ? "e4m3-cache" : "masked", c.tensor_cores ? "tensor cores" : "CUDA cores", c.warps);
+  if constexpr (kFp8 && !kFp8HeadDim<D>) {
+    check(false, "decode attention: no e4m3-cache kernel at head_dim {}", D);
+  } else {
+    if constexpr (kAsync) {
+      if (c.combine_in_kernel) return launch_decode<T, D, 16, true, true, W, true, kMasked, kFp8>(a, dependent, stream);
+    }
+    return launch_decode<T, D, 16, kAsync, true, W, false, kMasked, kFp8>(a, dependent, stream);
   }
-  return launch_decode<T, D, 16, kAsync, true, W, false, true>(a, dependent, stream);
 }
 
 // Masked calls (DecodeAttentionParams::window or softcap) take their own kernels.
 bool masked(const DecodeArgs& a) { return a.window > 0 || a.softcap > 0.f; }
+
+// The main kernels of a call: by mask and cache type.
+template <class T, int D, bool kAsync>
+void launch_decode_main(const DecodeAttentionLaunch& c, const DecodeArgs& a, bool fp8, bool dependent,
+                        cudaStream_t stream) {
+  if (fp8) {
+    if (masked(a)) return launch_decode_tc<T, D, kAsync, true, true>(c, a, dependent, stream);
+    return launch_decode_tc<T, D, kAsync, false, true>(c, a, dependent, stream);
+  }
+  if (masked(a)) return launch_decode_tc<T, D, kAsync, true, false>(c, a, dependent, stream);
+  return launch_decode_g<T, D, kAsync>(c, a, dependent, stream);
+}
 
 // A call: the kernel's arguments and how it launches.
 struct Call {
@@ -126,6 +147,15 @@ Call make_call(const DecodeAttentionParams& p, bool async_mode) {
   check(aligned16(p.k_cache) && aligned16(p.v_cache), "decode_attention: k/v cache pointers must be 16-byte aligned");
   check(p.dtype == DType::F16 || p.dtype == DType::BF16, "decode_attention: unknown dtype {}",
         static_cast<int>(p.dtype));
+  const bool fp8 = p.kv_quant.dtype == KvDType::Fp8E4M3;
+  check(p.kv_quant.dtype == KvDType::Model || fp8, "decode_attention: unknown KV cache dtype {}",
+        static_cast<int>(p.kv_quant.dtype));
+  check(!fp8 || head_dim == 64 || head_dim == 128 || head_dim == 256,
+        "decode_attention: head_dim = {} has no e4m3-cache kernel (64, 128, 256)", head_dim);
+  check(!fp8 || (std::isfinite(p.kv_quant.k_scale) && p.kv_quant.k_scale > 0.f && std::isfinite(p.kv_quant.v_scale) &&
+                 p.kv_quant.v_scale > 0.f),
+        "decode_attention: KV cache scales k {} and v {} must be positive and finite", p.kv_quant.k_scale,
+        p.kv_quant.v_scale);
   const int multiprocessors = multiprocessors_of_current_device();
   const decode::GroupPlan g = decode::plan_groups(batch, n_heads, n_kv_heads, splits, multiprocessors);
   check(g.n_groups <= 0x7fffffff, "decode_attention: {} CTAs exceed the grid limit", g.n_groups);
@@ -143,15 +173,19 @@ Call make_call(const DecodeAttentionParams& p, bool async_mode) {
   a.n_sub = g.n_sub;
   a.gmax = g.gmax;
   a.n_groups = static_cast<int>(g.n_groups);
-  a.kv = kv_cache_layout(p.block_size, n_kv_heads, head_dim, "decode_attention");
-  a.scale_log2 = p.scale * detail::kLog2e;
+  // An e4m3 row of head_dim bytes is addressed as head_dim / 2 16-bit units (MmaShape::kStagedDim),
+  // and K's scale multiplies every logit.
+  const float scale = fp8 ? p.scale * p.kv_quant.k_scale : p.scale;
+  a.kv = kv_cache_layout(p.block_size, n_kv_heads, fp8 ? head_dim / 2 : head_dim, "decode_attention");
+  a.scale_log2 = scale * detail::kLog2e;
   a.out = p.out;
   a.splits = splits;
   a.window = p.window;
   a.softcap = p.softcap;
-  a.scale = p.scale;
+  a.scale = scale;
+  a.v_scale = fp8 ? p.kv_quant.v_scale : 1.f;
   return {a, decode::describe_launch(g, batch, n_heads, n_kv_heads, head_dim, splits, p.max_context_len, async_mode,
-                                     multiprocessors, masked(a))};
+                                     multiprocessors, masked(a) || fp8)};
 }
 
 // Calls f(Shape{}) with the CombineShape of the launch describe_launch chose.
@@ -168,7 +202,7 @@ void with_combine_shape(CombineLaunch combine, F&& f) {
 
 // The synchronized kernels (and their combine when a.splits > 1) for arguments make_call filled;
 // a.partials holds decode_attention_workspace_bytes when there are several splits.
-void launch_synchronized(const DecodeArgs& a, const DecodeAttentionLaunch& c, int head_dim, DType dtype,
+void launch_synchronized(const DecodeArgs& a, const DecodeAttentionLaunch& c, int head_dim, DType dtype, bool fp8,
                          cudaStream_t stream) {
   const int splits = a.splits;
   detail::dispatch_dtype(dtype, [&](auto tag) {
@@ -176,11 +210,7 @@ void launch_synchronized(const DecodeArgs& a, const DecodeAttentionLaunch& c, in
     const bool pdl = programmatic_launch_enabled();
     with_head_dim(head_dim, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
-      if (masked(a)) {
-        launch_decode_masked<T, D, false>(c, a, pdl, stream);
-      } else {
-        launch_decode_g<T, D, false>(c, a, pdl, stream);
-      }
+      launch_decode_main<T, D, false>(c, a, fp8, pdl, stream);
       if (splits == 1) return;
       with_combine_shape(c.combine, [&](auto shape) {
         using Shape = decltype(shape);
@@ -202,7 +232,7 @@ void decode_attention(const DecodeAttentionParams& p, cudaStream_t stream) {
   check(p.splits == 1 || (p.workspace != nullptr && p.workspace_bytes >= need),
         "decode_attention: {} splits need {} bytes of workspace, got {}", p.splits, need, p.workspace_bytes);
   call.args.partials = static_cast<float*>(p.workspace);
-  launch_synchronized(call.args, call.launch, p.head_dim, p.dtype, stream);
+  launch_synchronized(call.args, call.launch, p.head_dim, p.dtype, p.kv_quant.dtype == KvDType::Fp8E4M3, stream);
 }
 
 void decode_attention_async(const DecodeAttentionParams& p, cudaStream_t stream) {
@@ -210,6 +240,7 @@ void decode_attention_async(const DecodeAttentionParams& p, cudaStream_t stream)
   DecodeArgs& a = call.args;
   const DecodeAttentionLaunch& c = call.launch;
   const UnifiedMaxRange& range = p.range;
+  const bool fp8 = p.kv_quant.dtype == KvDType::Fp8E4M3;
   check(std::isfinite(range.phi) && std::isfinite(range.a) && std::isfinite(range.b) && range.a < range.b,
         "decode_attention_async: unified max phi = {}, range [{}, {}] is not a finite, non-empty interval", range.phi,
         range.a, range.b);
@@ -230,7 +261,7 @@ void decode_attention_async(const DecodeAttentionParams& p, cudaStream_t stream)
     // (CTAs of one query head: MHA, and GQA rows split into single heads at small batch): the async
     // kernel's compiled loop streams slower than the sync kernel's from the same source, and its
     // combine saves less than that. On the tensor-core loop async is the faster.
-    launch_synchronized(a, c, p.head_dim, p.dtype, stream);
+    launch_synchronized(a, c, p.head_dim, p.dtype, fp8, stream);
     return;
   }
   a.counters = p.counters;
@@ -245,17 +276,20 @@ void decode_attention_async(const DecodeAttentionParams& p, cudaStream_t stream)
     const bool pdl = programmatic_launch_enabled();
     with_head_dim(p.head_dim, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
-      if (masked(a)) {
-        launch_decode_masked<T, D, true>(c, a, pdl, stream);
-      } else {
-        launch_decode_g<T, D, true>(c, a, pdl, stream);
-      }
+      launch_decode_main<T, D, true>(c, a, fp8, pdl, stream);
       if (c.combine_in_kernel) return;
       with_combine_shape(c.combine, [&](auto shape) {
         using Shape = decltype(shape);
         const detail::LaunchConfig config(dim3(batch * n_heads), dim3(Shape::kThreads), 0, stream, pdl);
-        cuda_check(cudaLaunchKernelEx(config.get(), decode_async_combine_kernel<T, D, Shape>, a),
-                   "cudaLaunchKernelEx(decode_async_combine_kernel)");
+        if (fp8) {
+          if constexpr (kFp8HeadDim<D>) {
+            cuda_check(cudaLaunchKernelEx(config.get(), decode_async_combine_kernel<T, D, Shape, true>, a),
+                       "cudaLaunchKernelEx(decode_async_combine_kernel)");
+          }
+        } else {
+          cuda_check(cudaLaunchKernelEx(config.get(), decode_async_combine_kernel<T, D, Shape>, a),
+                     "cudaLaunchKernelEx(decode_async_combine_kernel)");
+        }
       });
     });
   });

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "backend/cuda/decode_attention_common.cuh"
+#include "backend/cuda/mma_fragments.cuh"
 #include "backend/cuda/softmax_state.cuh"
 
 namespace fdpp::cuda {
@@ -182,7 +183,8 @@ __device__ __forceinline__ float combine_block_reduce(float v, bool is_max, floa
 // splits (docs/kernels/decode_attention.md, async combine). Spreading it with red.global.add.f32
 // would make outputs change in the last bits from run to run; this launch costs what sync's
 // combine costs and stays bitwise reproducible.
-template <class T, int D, class Shape>
+// kFp8: the cache holds e4m3 bytes (DecodeArgs: kv in 16-bit units, K's scale in scale_log2, V's v_scale).
+template <class T, int D, class Shape, bool kFp8 = false>
 __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_async_combine_kernel(DecodeArgs a) {
   detail::pdl_trigger();
   using Layout = CombineLayout<D, Shape>;
@@ -263,14 +265,24 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
     if (j < L) {
       const int64_t row = cache_row(a, btab, j, kvh);
       row_s[tid] = row;
-      const T* kr = k_cache + row;
+      const T* kr = k_cache + row;  // (kFp8: D bytes at the same 16-bit offset)
       float dot = 0.f;
+      if constexpr (kFp8) {
 #pragma unroll
-      for (int c = 0; c < D / 8; ++c) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(kr + c * 8);
-        const T* e = reinterpret_cast<const T*>(&raw);
+        for (int c = 0; c < D / 8; ++c) {
+          const uint4 e = detail::fp8x8_to<__half>(*reinterpret_cast<const uint2*>(reinterpret_cast<const uint8_t*>(kr) + c * 8));
+          const __half* h = reinterpret_cast<const __half*>(&e);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) dot += q_s[c * 8 + i] * to_float(e[i]);
+          for (int i = 0; i < 8; ++i) dot += q_s[c * 8 + i] * __half2float(h[i]);
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(kr + c * 8);
+          const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) dot += q_s[c * 8 + i] * to_float(e[i]);
+        }
       }
       s = cap2 > 0.f ? cap2 * tanhf(dot / cap2) : dot;
     }
@@ -285,7 +297,12 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
       const int d = tid + v * NT;
       if (d < D) {
         float acc = 0.f;
-        for (int jj = 0; jj < n; ++jj) acc += p_s[jj] * to_float(v_cache[row_s[jj] + d]);
+        if constexpr (kFp8) {
+          const uint8_t* vb = reinterpret_cast<const uint8_t*>(v_cache);
+          for (int jj = 0; jj < n; ++jj) acc += p_s[jj] * detail::fp8_to_float(vb[2 * row_s[jj] + d]);
+        } else {
+          for (int jj = 0; jj < n; ++jj) acc += p_s[jj] * to_float(v_cache[row_s[jj] + d]);
+        }
         o[v] = o[v] * alpha + acc;
       }
     }
@@ -295,7 +312,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm) decode_
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
     const int d = tid + v * NT;
-    if (d < D) out[d] = from_float<T>(o[v] / den);
+    if (d < D) out[d] = from_float<T>((kFp8 ? a.v_scale : 1.f) * (o[v] / den));
   }
 }
 

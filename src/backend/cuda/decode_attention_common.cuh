@@ -63,6 +63,9 @@ struct DecodeArgs {
   int window;
   float softcap;
   float scale;  // (the raw logits' multiplier, for the cap of raw q.k)
+  // An e4m3 cache (the kFp8 kernels): `kv` counts 16-bit units (a row of D bytes is D / 2 of them),
+  // K's scale is folded into scale and scale_log2, and V's multiplies the loop's sums.
+  float v_scale;
 };
 
 // The first key a row of L keys attends to (0 without a window).
@@ -89,13 +92,14 @@ __device__ __forceinline__ int staged(int r, int c) {
   return r * kStagedRow<D> + (kSwizzledRows<D> ? c ^ (r & 7) : c) * 8;
 }
 
-template <int D, int GMAX, bool kMma, int W>
+template <int D, int GMAX, bool kMma, int W, bool kFp8 = false>
 struct ShapeOf {
+  static_assert(!kFp8, "an e4m3 cache runs the tensor-core loop");
   using type = CoreShape<D, GMAX, W>;
 };
-template <int D, int GMAX, int W>
-struct ShapeOf<D, GMAX, true, W> {
-  using type = MmaShape<D, W>;
+template <int D, int GMAX, int W, bool kFp8>
+struct ShapeOf<D, GMAX, true, W, kFp8> {
+  using type = MmaShape<D, W, kFp8>;
 };
 
 // 4 or 2 consecutive 16-bit values -> floats (8- or 4-byte load).

@@ -33,10 +33,12 @@ namespace {
 // no synchronized recomputation (half the code).
 // kMasked: a window and/or soft-capped logits (DecodeArgs::window, softcap): the tiles start at the
 // window's first key and the loop masks and caps (tensor-core loop only).
-template <class T, int D, int GMAX, bool kAsync, bool kMma, int kW, bool kKernelCombine = false, bool kMasked = false>
+// kFp8: an e4m3 cache (tensor-core loop only; DecodeArgs::v_scale).
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int kW, bool kKernelCombine = false, bool kMasked = false,
+          bool kFp8 = false>
 __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head_mask, int split,
                              unsigned char* smem_raw, int& mask_s) {
-  using Shape = typename ShapeOf<D, GMAX, kMma, kW>::type;
+  using Shape = typename ShapeOf<D, GMAX, kMma, kW, kFp8>::type;
   constexpr int W = Shape::kWarps, NTH = W * 32, KT = Shape::kKeys;
   float* m_s = reinterpret_cast<float*>(smem_raw);  // [W][GMAX]
   float* d_s = m_s + W * GMAX;                      // [W][GMAX]
@@ -84,7 +86,7 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
 
   float* o_s;
   if constexpr (kMma) {
-    o_s = mma_loop<T, D, kAsync, kW, kMasked>(a, r, body, m_s, d_s);
+    o_s = mma_loop<T, D, kAsync, kW, kMasked, kFp8>(a, r, body, m_s, d_s);
   } else {
     static_assert(!kAsync, "the async mode runs the synchronized kernels on the CUDA-core loop");
     static_assert(!kMasked, "masked calls run the tensor-core loop");
@@ -183,7 +185,7 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
       DecodeArgs f = a;
       f.splits = 1;
       f.partials = nullptr;
-      attend_group<T, D, GMAX, false, kMma, kW, false, kMasked>(f, group_index, mask, 0, smem_raw, mask_s);
+      attend_group<T, D, GMAX, false, kMma, kW, false, kMasked, kFp8>(f, group_index, mask, 0, smem_raw, mask_s);
     }
   } else {
     for (int i = tid; i < gc * NQ; i += NTH) {
@@ -223,15 +225,15 @@ __device__ void attend_group(const DecodeArgs& a, int group_index, unsigned head
 // registers at 64K / (threads x CTAs): 168 per thread at 3 x 128 threads (uncapped, the CUDA-core
 // loop spilled at head_dim 64: docs/kernels/decode_attention.md, loop and warps).
 constexpr int kMaxMinCtasPerSm = 3;
-template <int D, int GMAX, bool kMma, int W>
+template <int D, int GMAX, bool kMma, int W, bool kFp8 = false>
 constexpr int min_ctas_per_sm() {
-  using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
+  using Shape = typename ShapeOf<D, GMAX, kMma, W, kFp8>::type;
   const int n = resident_ctas(W * 32, Shape::kSmem + kFlagBytes);
   return W == kDefaultWarps ? 1 : n < kMaxMinCtasPerSm ? n : kMaxMinCtasPerSm;
 }
 
-template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine, bool kMasked>
-__global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
+template <class T, int D, int GMAX, bool kAsync, bool kMma, int W, bool kKernelCombine, bool kMasked, bool kFp8>
+__global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W, kFp8>()))
     decode_attention_kernel(DecodeArgs a) {
   // No static __shared__ here: it would come first and move the dynamic buffer's start off a 128-byte
   // line, and with it every staged K/V row (each warp's copies would then straddle one more line per
@@ -239,14 +241,14 @@ __global__ void __launch_bounds__(W * 32, (min_ctas_per_sm<D, GMAX, kMma, W>()))
   // elsewhere) lives after the dynamic layout instead (kFlagBytes; a static flag made the kernel
   // that holds the reduction twice as slow: docs/kernels/decode_attention.md, staged rows).
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  using Shape = typename ShapeOf<D, GMAX, kMma, W>::type;
+  using Shape = typename ShapeOf<D, GMAX, kMma, W, kFp8>::type;
   int& mask_s = *reinterpret_cast<int*>(smem_raw + Shape::kSmem);
   // The next launch (the O projection) may be scheduled now: its CTAs take SMs as this grid's
   // retire. attend_group waits for the previous kernel (rope: qkv and the cache's last key) once it
   // has issued the copies of older keys. See kernels.h, programmatic launch.
   detail::pdl_trigger();
-  attend_group<T, D, GMAX, kAsync, kMma, W, kKernelCombine, kMasked>(a, blockIdx.x, 0xffffffffu, blockIdx.y, smem_raw,
-                                                                     mask_s);
+  attend_group<T, D, GMAX, kAsync, kMma, W, kKernelCombine, kMasked, kFp8>(a, blockIdx.x, 0xffffffffu, blockIdx.y,
+                                                                           smem_raw, mask_s);
 }
 
 }  // namespace

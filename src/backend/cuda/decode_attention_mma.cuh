@@ -25,6 +25,11 @@
 //     the warp's sums to phi once at the end (o, d times 2^(m_w - phi)), so P stays <= 2^8 and fp16
 //     P keeps the full [a, b] range of the guard (a P of e^(x - phi) up to e^13.7 would overflow
 //     fp16). What the unified max saves, the exchange of maxima between splits, is unchanged.
+//   * kFp8 (an e4m3 cache): rows of D bytes are copied as 16-bit rows of D / 2 elements would be,
+//     32 keys a tile, and converted in registers after ldmatrix: K by fp8_k_fragment (Q staged with
+//     its columns in the matching order), V by fp8_v_fragment, whose n-tiles hold the even and the
+//     odd dims of 16 (put back in order where o is stored). K's scale is in scale_log2, V's
+//     multiplies o at the end.
 #pragma once
 
 #include <cmath>
@@ -48,20 +53,22 @@ constexpr float kRescaleSlack = 8.f;
 // a2: k + 8, a3: both; B (16 x 8) b0: (k 2(l%4), +1, col l/4), b1: k + 8.
 // kMasked: keys before r.lo (the window's first) are neither copied (their blocks may have been given
 // back: kFreed entries of the table) nor weighted, and DecodeArgs::softcap caps the logits.
-template <class T, int D, bool kAsync, int kW, bool kMasked = false>
+template <class T, int D, bool kAsync, int kW, bool kMasked = false, bool kFp8 = false>
 __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& r, unsigned char* body, float* m_s,
                                            float* d_s) {
-  using S = MmaShape<D, kW>;
+  using S = MmaShape<D, kW, kFp8>;
   constexpr int W = S::kWarps, NS = S::kStages, KT = S::kKeys, KS = S::kStride;
-  constexpr int CH = D / 8;       // 16-byte chunks per row
+  constexpr int DS = S::kStagedDim;  // 16-bit elements of a staged row (D / 2 for e4m3)
+  constexpr int CH = DS / 8;         // 16-byte chunks per row
   constexpr int KSTEPS = D / 16;  // k-steps of Q K^T; also 16-dim pairs of n-tiles of P V
   constexpr int NT = D / 8;       // n-tiles of the output
   constexpr bool kQRegs = D <= 128;  // Q fragments kept in registers (at 256 they would cost 64)
   static_assert(D % 16 == 0 && (KT == 16 || KT == 32), "tile shape");
+  static_assert(!kFp8 || D % 32 == 0, "e4m3 tiles go 32 dims per ldmatrix.x4");
   constexpr int KH = KT / 16;  // 16-key halves of a tile (each within one block)
   constexpr int NK = KT / 8;   // 8-key n-tiles of S
 
-  constexpr int SR = kStagedRow<D>;     // staged rows (staged())
+  constexpr int SR = kStagedRow<DS>;    // staged rows (staged())
   T* q_s = reinterpret_cast<T*>(body);    // [16][KS]
   T* stage = q_s + 16 * KS;               // [W][NS] x (K [16][SR], V [16][SR])
   float* o_s = reinterpret_cast<float*>(stage);  // [W][16][S::kOStride] (after the loop)
@@ -131,7 +138,7 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
           for (int step = h * kSteps / KH; step < (h + 1) * kSteps / KH; ++step) {
             const int row = lane_row + step * kRowsPerStep;
             const bool ok = row < n_valid && (!kMasked || j0 + row >= lo);
-            const int at = staged<D>(row, lane_chunk);
+            const int at = staged<DS>(row, lane_chunk);
             kv_copy16_zfill(kd + at, kp, ok);
             kv_copy16_zfill(vd + at, vp, ok);
             kp += step_src;
@@ -147,8 +154,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
           const int64_t src = __shfl_sync(0xffffffffu, row, rr);
           const bool ok = rr < n_valid && (!kMasked || j0 + rr >= lo);
           const int64_t at = ok ? src + c * 8 : 0;
-          kv_copy16_zfill(kd + staged<D>(rr, c), k_cache + at, ok);
-          kv_copy16_zfill(vd + staged<D>(rr, c), v_cache + at, ok);
+          kv_copy16_zfill(kd + staged<DS>(rr, c), k_cache + at, ok);
+          kv_copy16_zfill(vd + staged<DS>(rr, c), v_cache + at, ok);
         }
       }
     }
@@ -174,7 +181,8 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
   const T* q = static_cast<const T*>(a.qkv) + int64_t(r.b) * (H + 2 * KVH) * D + int64_t(r.head0) * D;
   for (int i = tid; i < 16 * D; i += W * 32) {
     const int row = i / D, col = i - row * D;
-    q_s[row * KS + col] = row < r.gc ? q[i] : from_float<T>(0.f);
+    const int src = kFp8 ? row * D + detail::q_fp8_k_order(col) : i;  // (fp8_k_fragment's k order)
+    q_s[row * KS + col] = row < r.gc ? q[src] : from_float<T>(0.f);
   }
   __syncthreads();
   auto q_frag = [&](uint32_t(&f)[4], int ks) {
@@ -207,21 +215,47 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
     float s[NK][4];
 #pragma unroll
     for (int nt = 0; nt < NK; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    if constexpr (kFp8) {
+      // One ldmatrix.x4 per 16-key half and 32 dims: matrices (keys 0-7, dims 0-15), (keys 8-15,
+      // dims 0-15), (keys 0-7, dims 16-31), (keys 8-15, dims 16-31); each is one k-step of one n-tile.
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) {
+      for (int ks = 0; ks < KSTEPS; ks += 2) {
 #pragma unroll
-      for (int h = 0; h < KH; ++h) {
-        uint32_t kf[4];
-        detail::ldmatrix_x4(kf, detail::smem_addr(kb + staged<D>(16 * h + (lane & 7) + ((lane >> 4) << 3),
-                                                                 2 * ks + ((lane >> 3) & 1))));
-        if constexpr (kQRegs) {
-          detail::mma16816<T>(s[2 * h], qf[ks], kf[0], kf[1]);
-          detail::mma16816<T>(s[2 * h + 1], qf[ks], kf[2], kf[3]);
-        } else {
-          uint32_t qa[4];
-          q_frag(qa, ks);
-          detail::mma16816<T>(s[2 * h], qa, kf[0], kf[1]);
-          detail::mma16816<T>(s[2 * h + 1], qa, kf[2], kf[3]);
+        for (int h = 0; h < KH; ++h) {
+          uint32_t kf[4];
+          detail::ldmatrix_x4(kf, detail::smem_addr(kb + staged<DS>(16 * h + (lane & 15), ks + (lane >> 4))));
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            uint32_t b0, b1;
+            detail::fp8_k_fragment<T>(kf[m], b0, b1);
+            const int k_step = ks + (m >> 1);
+            if constexpr (kQRegs) {
+              detail::mma16816<T>(s[2 * h + (m & 1)], qf[k_step], b0, b1);
+            } else {
+              uint32_t qa[4];
+              q_frag(qa, k_step);
+              detail::mma16816<T>(s[2 * h + (m & 1)], qa, b0, b1);
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+#pragma unroll
+        for (int h = 0; h < KH; ++h) {
+          uint32_t kf[4];
+          detail::ldmatrix_x4(kf, detail::smem_addr(kb + staged<D>(16 * h + (lane & 7) + ((lane >> 4) << 3),
+                                                                   2 * ks + ((lane >> 3) & 1))));
+          if constexpr (kQRegs) {
+            detail::mma16816<T>(s[2 * h], qf[ks], kf[0], kf[1]);
+            detail::mma16816<T>(s[2 * h + 1], qf[ks], kf[2], kf[3]);
+          } else {
+            uint32_t qa[4];
+            q_frag(qa, ks);
+            detail::mma16816<T>(s[2 * h], qa, kf[0], kf[1]);
+            detail::mma16816<T>(s[2 * h + 1], qa, kf[2], kf[3]);
+          }
         }
       }
     }
@@ -311,12 +345,31 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
       const uint32_t pa[4] = {detail::pack2<T>(p[2 * h][0], p[2 * h][1]), detail::pack2<T>(p[2 * h][2], p[2 * h][3]),
                               detail::pack2<T>(p[2 * h + 1][0], p[2 * h + 1][1]),
                               detail::pack2<T>(p[2 * h + 1][2], p[2 * h + 1][3])};
+      if constexpr (kFp8) {
+        // One ldmatrix.x4.trans per 32 dims: matrices (keys 0-7, dims 0-15), (keys 8-15, dims 0-15),
+        // (keys 0-7, dims 16-31), (keys 8-15, dims 16-31); o[2 g] and o[2 g + 1] take the even and
+        // the odd dims of 16-dim group g.
 #pragma unroll
-      for (int dp = 0; dp < KSTEPS; ++dp) {
-        uint32_t vf[4];
-        detail::ldmatrix_x4_trans(vf, detail::smem_addr(vb + staged<D>(16 * h + (lane & 15), 2 * dp + (lane >> 4))));
-        detail::mma16816<T>(o[2 * dp], pa, vf[0], vf[1]);
-        detail::mma16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+        for (int dq = 0; dq < D / 32; ++dq) {
+          uint32_t vf[4];
+          detail::ldmatrix_x4_trans(vf, detail::smem_addr(vb + staged<DS>(16 * h + (lane & 15), 2 * dq + (lane >> 4))));
+#pragma unroll
+          for (int g = 0; g < 2; ++g) {
+            uint32_t even0, odd0, even1, odd1;
+            detail::fp8_v_fragment<T>(vf[2 * g], even0, odd0);      // keys 0-7
+            detail::fp8_v_fragment<T>(vf[2 * g + 1], even1, odd1);  // keys 8-15
+            detail::mma16816<T>(o[4 * dq + 2 * g], pa, even0, even1);
+            detail::mma16816<T>(o[4 * dq + 2 * g + 1], pa, odd0, odd1);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int dp = 0; dp < KSTEPS; ++dp) {
+          uint32_t vf[4];
+          detail::ldmatrix_x4_trans(vf, detail::smem_addr(vb + staged<D>(16 * h + (lane & 15), 2 * dp + (lane >> 4))));
+          detail::mma16816<T>(o[2 * dp], pa, vf[0], vf[1]);
+          detail::mma16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+        }
       }
     }
   }
@@ -353,12 +406,26 @@ __device__ __forceinline__ float* mma_loop(const DecodeArgs& a, const RowSlice& 
     d_s[warp * 16 + r0] = d0;
     d_s[warp * 16 + r1] = d1;
   }
-  float* o0 = o_s + (warp * 16 + r0) * S::kOStride + c0;
-  float* o1 = o_s + (warp * 16 + r1) * S::kOStride + c0;
+  if constexpr (kFp8) {
+    // Dims 4t .. 4t + 3 of each 16 (t = lane % 4) are (even c0, odd c0, even c1, odd c1); V's scale here.
+    const float vs = a.v_scale;
+    float* o0 = o_s + (warp * 16 + r0) * S::kOStride + 2 * c0;
+    float* o1 = o_s + (warp * 16 + r1) * S::kOStride + 2 * c0;
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    *reinterpret_cast<float2*>(o0 + nt * 8) = make_float2(o[nt][0], o[nt][1]);
-    *reinterpret_cast<float2*>(o1 + nt * 8) = make_float2(o[nt][2], o[nt][3]);
+    for (int g = 0; g < D / 16; ++g) {
+      const float(&e)[4] = o[2 * g];
+      const float(&od)[4] = o[2 * g + 1];
+      *reinterpret_cast<float4*>(o0 + 16 * g) = make_float4(vs * e[0], vs * od[0], vs * e[1], vs * od[1]);
+      *reinterpret_cast<float4*>(o1 + 16 * g) = make_float4(vs * e[2], vs * od[2], vs * e[3], vs * od[3]);
+    }
+  } else {
+    float* o0 = o_s + (warp * 16 + r0) * S::kOStride + c0;
+    float* o1 = o_s + (warp * 16 + r1) * S::kOStride + c0;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      *reinterpret_cast<float2*>(o0 + nt * 8) = make_float2(o[nt][0], o[nt][1]);
+      *reinterpret_cast<float2*>(o1 + nt * 8) = make_float2(o[nt][2], o[nt][3]);
+    }
   }
   __syncthreads();
   return o_s;

@@ -104,16 +104,19 @@ struct CoreShape {
 // Tensor-core loop (GMAX is always 16: the M of the mma). 3 stages of one tile per warp, so that
 // two tiles per warp are in flight while the third is computed; W warps (8 by default, 4 at
 // head_dim 256, where 8 x 3 stages would not fit in 227 KB; 4 at 64 and 128 with decode_warps 4).
-template <int D, int W>
+// kFp8: an e4m3 cache (KvDType::Fp8E4M3). A row of D bytes is staged as a 16-bit row of D / 2
+// elements (chunks, swizzle, padding), and tiles hold 32 keys: the bytes of a 16-bit 16-key tile.
+template <int D, int W, bool kFp8 = false>
 struct MmaShape {
   static constexpr int kWarps = W;
   static constexpr int kStages = 3;
   // Keys per tile: 16, or 32 at head_dim 64 with 8 warps (8 KB of K and V, like a 16-key tile at
   // 128: the fixed work of an iteration is shared by twice the bytes; docs/kernels/
-  // decode_attention.md, tile size).
-  static constexpr int kKeys = D == 64 && W == 8 ? 32 : 16;
+  // decode_attention.md, tile size), and 32 on an e4m3 cache.
+  static constexpr int kKeys = kFp8 || (D == 64 && W == 8) ? 32 : 16;
+  static constexpr int kStagedDim = kFp8 ? D / 2 : D;  // 16-bit elements a staged row stands for
   static constexpr int kStride = D + 8;  // 16-bit elements per row of q (16-byte pad)
-  static constexpr size_t kTileBytes = sizeof(uint16_t) * 2 * kKeys * kStagedRow<D>;  // K and V of a tile
+  static constexpr size_t kTileBytes = sizeof(uint16_t) * 2 * kKeys * kStagedRow<kStagedDim>;  // K and V of a tile
   static constexpr size_t kStageBytes = size_t(kWarps) * kStages * kTileBytes;
   // Floats per row of o after the loop: D + 8 puts the 4 rows a half-warp stores 8 banks apart
   // (D floats apart they hit the same 8 banks; docs/kernels/decode_attention.md, end of the CTA).

@@ -51,6 +51,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/flat_gemm.h"
+#include "backend/cuda/mma_fragments.cuh"
 #include "backend/cuda/per_device.h"
 
 namespace fdpp::cuda {
@@ -58,6 +59,7 @@ namespace fdpp::cuda {
 namespace {
 
 using detail::check_launch;
+using detail::fp8x8_to;
 using detail::from_float;
 using detail::to_float;
 
@@ -162,25 +164,6 @@ __device__ __forceinline__ unsigned swz(int r, int c) { return unsigned((r * kCh
 // the span of one 16-bit chunk of x); 16-byte chunk j of row r sits at j ^ 2 * (r & 3), so that
 // the 4 rows of a half-warp's 64-bit loads land in 4 different 32-byte bank groups.
 __device__ __forceinline__ unsigned swz8(int r, int j) { return unsigned(r * 128 + ((j ^ ((r & 3) << 1)) * 16)); }
-
-// 8 e4m3 weights (8 bytes) as 8 T values in mma register order (element 0 in the low half of .x).
-template <class T>
-__device__ __forceinline__ uint4 fp8x8_to(uint2 v) {
-  unsigned out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(((i < 2 ? v.x : v.y) >> (16 * (i & 1))) & 0xFFFFu);
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-    if constexpr (std::is_same_v<T, __half>) {
-      out[i] = unsigned(h.x) | (unsigned(h.y) << 16);
-    } else {  // e4m3 -> f16 is exact, f16 -> f32 -> bf16 too (e4m3 has 3 mantissa bits)
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-      const __nv_bfloat162 b = __float22bfloat162_rn(f);
-      out[i] = *reinterpret_cast<const unsigned*>(&b);
-    }
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 

@@ -19,6 +19,20 @@ namespace fdpp::cuda {
 
 enum class DType { F16, BF16 };
 
+// The paged KV cache's element type. Model: the model's 16-bit DType. Fp8E4M3 (`--kv-cache-dtype
+// fp8`): one e4m3 byte per element, half the bytes a decode step reads and twice the tokens a pool
+// holds; a value x is stored as e4m3(x / scale) (saturating at +-448 after x is rounded to the
+// model's DType, so a fused launch writes what the separate ones do) and read as e4m3 * scale,
+// one scale for K and one for V per layer (1 without calibration, as vLLM's fp8). Head dims 64,
+// 128 and 256.
+enum class KvDType { Model, Fp8E4M3 };
+struct KvQuant {
+  KvDType dtype = KvDType::Model;
+  float k_scale = 1.f;
+  float v_scale = 1.f;
+};
+inline size_t kv_element_bytes(KvDType t) { return t == KvDType::Fp8E4M3 ? 1 : 2; }
+
 // Programmatic dependent launch for the kernels of a decode step (residual_norm, rope_qk_cache,
 // decode attention, gemv, flat GEMM without split-K): each may start while the previous kernel
 // drains and waits for it on the device (cuda_common.cuh: pdl_wait). What the calling thread's
@@ -99,14 +113,15 @@ void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_f
 // Copies the k and v heads of qkv (layout as above) for each token t into slot slots[t]
 // (slot = block * block_size + offset). Tokens with a negative slot are skipped (padding).
 void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_heads, int n_kv_heads, int head_dim,
-                    int block_size, void* k_cache, void* v_cache, DType dtype, cudaStream_t stream);
+                    int block_size, void* k_cache, void* v_cache, DType dtype, cudaStream_t stream,
+                    const KvQuant& kv_quant = {});
 
 // rope_qk and kv_cache_write in one launch: q rotated in place, k (rotated) and v written into the
 // cache at slots[t] (skipped for negative slots), bit for bit what the two launches give; the k
 // heads in qkv are left unrotated.
 void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, const int32_t* slots,
                    int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, RopeStyle style,
-                   void* k_cache, void* v_cache, DType dtype, cudaStream_t stream);
+                   void* k_cache, void* v_cache, DType dtype, cudaStream_t stream, const KvQuant& kv_quant = {});
 
 // ---- attention -------------------------------------------------------------------------------
 // Decode: one query token per sequence. q is read from qkv [batch, (H + 2 KVH) * D] (after rope).
@@ -180,6 +195,8 @@ struct DecodeAttentionParams {
   // of a model without them.
   int window = 0;
   float softcap = 0.f;
+  // The cache's element type (KvQuant): e4m3 caches run the tensor-core loop only.
+  KvQuant kv_quant = {};
 };
 
 // The synchronized softmax (FlashDecoding's reduction where p.splits > 1: a second kernel merges
@@ -237,7 +254,7 @@ void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* 
                               int total_q_tokens, int max_chunk_tokens, int n_heads, int n_kv_heads, int head_dim,
                               int block_size, float scale, const UnifiedMaxRange* unified_max,
                               unsigned long long* fallback_rows, void* out, DType dtype, cudaStream_t stream,
-                              int config = 0, int window = 0, float softcap = 0.f);
+                              int config = 0, int window = 0, float softcap = 0.f, const KvQuant& kv_quant = {});
 
 // Tile configurations of the prefill kernel (prefill_plan.h: kConfigs, what each changes): `config`
 // of the two launchers is an index 0 .. prefill_attention_configs() - 1; 0 is the default. Names
@@ -258,7 +275,7 @@ void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache
                        int start_pos, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size,
                        float scale, void* out, DType dtype, cudaStream_t stream,
                        const UnifiedMaxRange* unified_max = nullptr, unsigned long long* fallback_rows = nullptr,
-                       int config = 0, int window = 0, float softcap = 0.f);
+                       int config = 0, int window = 0, float softcap = 0.f, const KvQuant& kv_quant = {});
 
 // ---- sampling --------------------------------------------------------------------------------
 // Per row of logits [rows, vocab] (fp32, modified in place): repetition penalty over that row's

@@ -6,8 +6,10 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace fdpp::cuda::detail {
 
@@ -84,5 +86,69 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+
+// ---- e4m3 operands (the FP8 KV cache, FP8 weights) -------------------------------------------------
+// Two e4m3 values (the low 16 bits of `pair`, element 0 lowest) as two T in one register, exactly:
+// e4m3 -> f16 is exact, and f16 -> f32 -> bf16 too (e4m3 has 3 mantissa bits).
+template <class T>
+__device__ __forceinline__ uint32_t fp8x2_to(uint32_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
+  if constexpr (std::is_same_v<T, __half>) {
+    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+  } else {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    const __nv_bfloat162 b = __float22bfloat162_rn(f);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+// One e4m3 value as a float (exact).
+__device__ __forceinline__ float fp8_to_float(uint8_t e) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(e), __NV_E4M3);
+  return __half2float(*reinterpret_cast<const __half*>(&h));
+}
+
+// 8 e4m3 values (8 bytes) as 8 T in register order (element 0 in the low half of .x).
+template <class T>
+__device__ __forceinline__ uint4 fp8x8_to(uint2 v) {
+  return make_uint4(fp8x2_to<T>(v.x), fp8x2_to<T>(v.x >> 16), fp8x2_to<T>(v.y), fp8x2_to<T>(v.y >> 16));
+}
+
+// An e4m3 K tile as the B operand of S = Q K^T (keys the n dimension, dims the k dimension), with no
+// shuffle: ldmatrix (b16) on rows of e4m3 bytes hands lane l the 4 bytes of dims 4t .. 4t + 3 of key
+// g (t = l % 4, g = l / 4) of each 8-key x 16-dim matrix. Those are b0 = (k 2t, 2t + 1) and
+// b1 = (k 2t + 8, 2t + 9) once the k order of each 16 dims is permuted: logical k pair w holds the
+// physical dims of pair kFp8KPair[w]. The dot product does not care about the order, so Q (the A
+// operand) is staged in the same permuted order: q_fp8_k_order gives the physical column of a
+// logical one.
+template <class T>
+__device__ __forceinline__ void fp8_k_fragment(uint32_t reg, uint32_t& b0, uint32_t& b1) {
+  b0 = fp8x2_to<T>(reg);
+  b1 = fp8x2_to<T>(reg >> 16);
+}
+// The physical dim (within the row) of logical column `col` of Q when K is e4m3 (fp8_k_fragment):
+// within each 16 dims, logical pair w (0..7) is physical pair {0, 2, 4, 6, 1, 3, 5, 7}[w].
+__host__ __device__ __forceinline__ constexpr int q_fp8_k_order(int col) {
+  const int group = col & ~15, pair = (col >> 1) & 7, e = col & 1;
+  const int phys_pair = pair < 4 ? 2 * pair : 2 * (pair - 4) + 1;
+  return group + 2 * phys_pair + e;
+}
+
+// An e4m3 V tile as the B operand of O = P V (keys the k dimension, dims the n dimension):
+// ldmatrix.trans (b16) on rows of e4m3 bytes hands lane l, of each 8-key x 16-dim matrix, the bytes
+// (key 2t: dims 2g, 2g + 1; key 2t + 1: dims 2g, 2g + 1). One byte permute splits them into the
+// (key 2t, 2t + 1) pairs of dim 2g (`even`) and of dim 2g + 1 (`odd`): the B fragments' b0 (or b1,
+// for the matrix of keys 8..15) of two n-tiles, E (the even dims of the 16) and O (the odd ones).
+// Their accumulators come out with E's columns 2t, 2t + 1 = dims 4t, 4t + 2 and O's = dims 4t + 1,
+// 4t + 3 of the 16: fp8_v_dims says where each accumulator goes.
+template <class T>
+__device__ __forceinline__ void fp8_v_fragment(uint32_t reg, uint32_t& even, uint32_t& odd) {
+  const uint32_t split = __byte_perm(reg, 0u, 0x3120);  // bytes (k2t d2g, k2t+1 d2g, k2t d2g+1, k2t+1 d2g+1)
+  even = fp8x2_to<T>(split);
+  odd = fp8x2_to<T>(split >> 16);
+}
+// Accumulator element e (0, 1: row g; 2, 3: row g + 8; c = e & 1 the column 2t + c) of the E (odd =
+// false) or O tile of a 16-dim group: its dim within the 16.
+__device__ __forceinline__ int fp8_v_dim(int lane, bool odd, int e) { return 4 * (lane & 3) + 2 * (e & 1) + (odd ? 1 : 0); }
 
 }  // namespace fdpp::cuda::detail

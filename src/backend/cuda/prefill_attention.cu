@@ -26,9 +26,18 @@
 // Shared memory rows (D 16-bit elements = 8 or 16 chunks of 16 bytes) are XOR-swizzled: chunk c of
 // row r lives at chunk c ^ (r & 7), so the 8 rows an ldmatrix reads at one logical chunk hit 8
 // different 4-bank groups (rows are 128 or 256 bytes: without the swizzle all 8 share one group).
+//
+// An e4m3 cache (KvQuant, kernels.h) is walked by the same kernel with KV = __nv_fp8_e4m3: K/V
+// tiles hold the cache's bytes (rows of D bytes, cp.async as before) and become 16-bit B fragments
+// in registers between ldmatrix and mma (mma_fragments.cuh: fp8_k_fragment, fp8_v_fragment). K's
+// fragments come out with the dims of each 16 permuted, so Q is staged with its columns permuted
+// the same way (q_fp8_k_order); V's give the output accumulators of each 16 dims as an even-dim and
+// an odd-dim tile, put back in order where O is written. k_scale folds into the logit scale (so
+// the softcap, the unified max and its guard see the true logits), v_scale into 1 / l.
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -71,18 +80,32 @@ struct PrefillArgs {
   unsigned long long* fallback_rows;
   void* out;
   // Masked kernels (kMasked): a sliding window of `window` keys per row, soft-capped logits
-  // (softcap * tanh(x / softcap) of x = scale q.k); 0: off. scale: the raw logits' multiplier.
+  // (softcap * tanh(x / softcap) of x = scale q.k); 0: off. scale: the raw logits' multiplier
+  // (times k_scale with an e4m3 cache).
   int window;
   float softcap, scale;
+  float v_scale;  // the output's multiplier: 1, or the e4m3 cache's v_scale
 };
 
 using detail::fast_exp2;
 
-// Element offset of 16-byte chunk c of row r in a swizzled [rows][D] shared tile.
-template <int D>
+// Element offset of 16-byte chunk c of row r in a swizzled [rows][D] shared tile of E elements.
+// Rows of 8 or more chunks: chunk c ^ (r & 7). Rows of 4 (D = 64 e4m3, 64 bytes, two rows per
+// 128-byte line): chunk c ^ ((r >> 1) & 3), so 8 consecutive rows at one logical chunk still hit
+// 8 different 4-bank groups (4 (r & 1) + chunk).
+template <class E, int D>
 __device__ __forceinline__ int swz(int r, int c) {
-  return r * D + ((c ^ (r & 7)) << 3);
+  constexpr int kShift = sizeof(E) == 1 ? 4 : 3;  // log2 of the elements per chunk
+  constexpr int CH = D >> kShift;
+  static_assert(sizeof(E) <= 2 && (CH >= 8 || CH == 4), "swizzle: rows of 4 or at least 8 chunks");
+  if constexpr (CH >= 8) {
+    return r * D + ((c ^ (r & 7)) << kShift);
+  } else {
+    return r * D + ((c ^ ((r >> 1) & 3)) << kShift);
+  }
 }
+
+using Fp8 = __nv_fp8_e4m3;  // the cache element of an e4m3 KV cache
 
 
 // Compile-time view of one prefill::kConfigs entry.
@@ -106,38 +129,43 @@ struct Cfg {
 // kMasked: the walk of a sliding window and/or soft-capped logits (PrefillArgs::window, softcap):
 // it starts at the window's first key tile, never reads a key below TileWork::key_begin, caps S
 // before the masks and masks per row on both sides. Without it the walk is the plain causal one.
-template <class T, int D, class C, bool kMasked = false>
+// KV: the cache's element, T or Fp8 (e4m3 bytes, turned into T in registers before each mma).
+template <class T, class KV, int D, class C, bool kMasked = false>
 struct Cta {
-  static constexpr int CH = D / 8;  // 16-byte chunks per row
+  static constexpr bool kFp8 = std::is_same_v<KV, Fp8>;
+  static_assert(kFp8 || std::is_same_v<KV, T>, "cache element: T or e4m3");
+  static constexpr int kKvEpc = 16 / int(sizeof(KV));  // cache elements per 16-byte chunk
+  static constexpr int KCH = D / kKvEpc;               // 16-byte chunks per K/V row
   static constexpr int kBK = C::kBK, kMT = C::kMT, kThreads = C::kThreads;
   static constexpr bool kQRegs = C::kQRegs && D <= 128;  // (at 256: prefill::config_fits)
-  const T* k_cache;
-  const T* v_cache;
+  static_assert(!kFp8 || kBK % 32 == 0, "e4m3 K: one ldmatrix.x4 covers 32 keys");
+  const KV* k_cache;
+  const KV* v_cache;
   const int32_t* table;
   int start, kvh, tid, warp, lane;
   KvCacheLayout kv;
   float sl2;  // scale * log2(e)
   float softcap, scale;  // kMasked
   prefill::TileWork w;
-  T* q_s;
-  T* k_s;  // [stages][kBK][D]
-  T* v_s;  // [stages][kBK][D]
+  T* q_s;   // [bq][D]; with an e4m3 cache its columns are permuted (q_fp8_k_order)
+  KV* k_s;  // [stages][kBK][D]
+  KV* v_s;  // [stages][kBK][D]
 
   // Keys kt * kBK .. + kBK - 1 into buffer `buf`: each thread copies chunks tid + i * kThreads,
-  // i.e. chunk column (tid % CH) of rows tid / CH + i * (kThreads / CH): one table lookup per row.
+  // i.e. chunk column (tid % KCH) of rows tid / KCH + i * (kThreads / KCH): one table lookup per row.
   __device__ __forceinline__ void load_kv(int kt, int buf) const {
-    constexpr int kRowsPerPass = kThreads / CH;  // D = 128, 128 threads: 8 rows per pass
-    static_assert(kBK % kRowsPerPass == 0, "tile rows per load pass");
-    const int cc = tid % CH;
+    constexpr int kRowsPerPass = kThreads / KCH;  // D = 128, 128 threads: 8 rows per pass (16 if e4m3)
+    static_assert(kThreads % KCH == 0 && kBK % kRowsPerPass == 0, "tile rows per load pass");
+    const int cc = tid % KCH;
     const int mask = (1 << kv.block_shift) - 1;
 #pragma unroll
     for (int i = 0; i < kBK / kRowsPerPass; ++i) {
-      const int r = tid / CH + i * kRowsPerPass;
+      const int r = tid / KCH + i * kRowsPerPass;
       const int key = kt * kBK + r;
-      T* kd = k_s + buf * kBK * D + swz<D>(r, cc);
-      T* vd = v_s + buf * kBK * D + swz<D>(r, cc);
+      KV* kd = k_s + buf * kBK * D + swz<KV, D>(r, cc);
+      KV* vd = v_s + buf * kBK * D + swz<KV, D>(r, cc);
       if (key < w.key_end && (!kMasked || key >= w.key_begin)) {
-        const int64_t off = kv.row(table[key >> kv.block_shift], key & mask, kvh) + cc * 8;
+        const int64_t off = kv.row(table[key >> kv.block_shift], key & mask, kvh) + cc * kKvEpc;
         cp_async16(kd, k_cache + off);
         cp_async16(vd, v_cache + off);
       } else {
@@ -150,7 +178,7 @@ struct Cta {
   // Q A fragments of m-tile mt at k-step ks: lanes 0-15 address rows 0-15 at chunk 2ks, lanes
   // 16-31 the same rows at chunk 2ks + 1 (registers: rows 0-7 / 8-15 x cols 0-7 / 8-15).
   __device__ __forceinline__ void load_q_frag(uint32_t (&qa)[4], int mt, int ks) const {
-    ldmatrix_x4(qa, smem_addr(q_s + swz<D>(warp * C::kWarpRows + mt * 16 + (lane & 15), 2 * ks + (lane >> 4))));
+    ldmatrix_x4(qa, smem_addr(q_s + swz<T, D>(warp * C::kWarpRows + mt * 16 + (lane & 15), 2 * ks + (lane >> 4))));
   }
 
   // One walk over all key tiles. kAsync: unified max (m[] returns each thread's max of its own raw
@@ -215,8 +243,8 @@ struct Cta {
         if (nt < w.n_key_tiles) load_kv(nt, nb);
         cp_async_commit();
       }
-      const T* kb = k_s + buf * kBK * D;
-      const T* vb = v_s + buf * kBK * D;
+      const KV* kb = k_s + buf * kBK * D;
+      const KV* vb = v_s + buf * kBK * D;
       if (++buf == C::kStages) buf = 0;
       if (!warp_active || kt * kBK > warp_lim) continue;  // warp-uniform; barriers stay matched
       if (kMasked && kt * kBK + kBK <= warp_first) continue;  // (the same, below the warp's windows)
@@ -236,19 +264,43 @@ struct Cta {
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) load_q_frag(qa[mt], mt, ks);
         }
+        if constexpr (kFp8) {
+          // e4m3 rows: one 8 x 16-byte matrix is 8 keys x the 16 dims of k-step ks, so one x4 gives
+          // n-tiles 4nq .. 4nq + 3 (lanes 8i .. 8i + 7 address keys 32nq + 8i + 0..7 at chunk ks);
+          // fp8_k_fragment turns each into b0/b1 with the dims in Q's staged order.
 #pragma unroll
-        for (int np = 0; np < kBK / 16; ++np) {
-          uint32_t b[4];
-          const int key_row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(b, smem_addr(kb + swz<D>(key_row, 2 * ks + ((lane >> 3) & 1))));
+          for (int nq = 0; nq < kBK / 32; ++nq) {
+            uint32_t b[4];
+            ldmatrix_x4(b, smem_addr(kb + swz<KV, D>(nq * 32 + lane, ks)));
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            if constexpr (kQRegs) {
-              mma16816<T>(s[mt][2 * np], qf[mt][ks], b[0], b[1]);
-              mma16816<T>(s[mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
-            } else {
-              mma16816<T>(s[mt][2 * np], qa[mt], b[0], b[1]);
-              mma16816<T>(s[mt][2 * np + 1], qa[mt], b[2], b[3]);
+            for (int i = 0; i < 4; ++i) {
+              uint32_t b0, b1;
+              detail::fp8_k_fragment<T>(b[i], b0, b1);
+#pragma unroll
+              for (int mt = 0; mt < kMT; ++mt) {
+                if constexpr (kQRegs) {
+                  mma16816<T>(s[mt][4 * nq + i], qf[mt][ks], b0, b1);
+                } else {
+                  mma16816<T>(s[mt][4 * nq + i], qa[mt], b0, b1);
+                }
+              }
+            }
+          }
+        } else {
+#pragma unroll
+          for (int np = 0; np < kBK / 16; ++np) {
+            uint32_t b[4];
+            const int key_row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+            ldmatrix_x4(b, smem_addr(kb + swz<KV, D>(key_row, 2 * ks + ((lane >> 3) & 1))));
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              if constexpr (kQRegs) {
+                mma16816<T>(s[mt][2 * np], qf[mt][ks], b[0], b[1]);
+                mma16816<T>(s[mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
+              } else {
+                mma16816<T>(s[mt][2 * np], qa[mt], b[0], b[1]);
+                mma16816<T>(s[mt][2 * np + 1], qa[mt], b[2], b[3]);
+              }
             }
           }
         }
@@ -356,14 +408,38 @@ struct Cta {
           pa[mt][2] = pack2<T>(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
           pa[mt][3] = pack2<T>(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
         }
+        if constexpr (kFp8) {
+          // e4m3 rows: a matrix is 8 keys x 16 dims, so the same lane addresses (chunks 2dp, 2dp + 1
+          // now of 16 dims each) give 32 dims: per 16-dim group gi, b[2h] (keys 0-7) and b[2h + 1]
+          // (keys 8-15) split into the B fragments of its even-dim tile o[2gi] and odd-dim tile
+          // o[2gi + 1] (fp8_v_fragment; the output store puts the dims back in order).
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, smem_addr(vb + swz<D>(ks * 16 + (lane & 15), 2 * dp + (lane >> 4))));
+          for (int dp = 0; dp < D / 32; ++dp) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, smem_addr(vb + swz<KV, D>(ks * 16 + (lane & 15), 2 * dp + (lane >> 4))));
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            mma16816<T>(o[mt][2 * dp], pa[mt], b[0], b[1]);
-            mma16816<T>(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+            for (int h = 0; h < 2; ++h) {
+              const int gi = 2 * dp + h;
+              uint32_t even0, odd0, even1, odd1;
+              detail::fp8_v_fragment<T>(b[2 * h], even0, odd0);
+              detail::fp8_v_fragment<T>(b[2 * h + 1], even1, odd1);
+#pragma unroll
+              for (int mt = 0; mt < kMT; ++mt) {
+                mma16816<T>(o[mt][2 * gi], pa[mt], even0, even1);
+                mma16816<T>(o[mt][2 * gi + 1], pa[mt], odd0, odd1);
+              }
+            }
+          }
+        } else {
+#pragma unroll
+          for (int dp = 0; dp < D / 16; ++dp) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, smem_addr(vb + swz<KV, D>(ks * 16 + (lane & 15), 2 * dp + (lane >> 4))));
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              mma16816<T>(o[mt][2 * dp], pa[mt], b[0], b[1]);
+              mma16816<T>(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+            }
           }
         }
       }
@@ -372,11 +448,12 @@ struct Cta {
   }
 };
 
-template <class T, int D, int I, bool kMasked>
+template <class T, class KV, int D, int I, bool kMasked>
 __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_attention_kernel(PrefillArgs a) {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim");
   using C = Cfg<I>;
-  using Walk = Cta<T, D, C, kMasked>;
+  using Walk = Cta<T, KV, D, C, kMasked>;
+  constexpr bool kFp8 = Walk::kFp8;
   constexpr int CH = D / 8;
   constexpr int kMT = C::kMT;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -401,8 +478,8 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
   c.sl2 = a.scale_log2;
   c.softcap = a.softcap;
   c.scale = a.scale;
-  c.k_cache = static_cast<const T*>(a.k_cache);
-  c.v_cache = static_cast<const T*>(a.v_cache);
+  c.k_cache = static_cast<const KV*>(a.k_cache);
+  c.v_cache = static_cast<const KV*>(a.v_cache);
   c.table = a.block_tables + int64_t(chunk) * a.max_blocks_per_seq;
   c.start = start;
   const int h = blockIdx.x;
@@ -411,23 +488,43 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
   c.warp = threadIdx.x >> 5;
   c.lane = threadIdx.x & 31;
   c.q_s = reinterpret_cast<T*>(smem_raw);
-  c.k_s = c.q_s + C::kBQ * D;
+  c.k_s = reinterpret_cast<KV*>(c.q_s + C::kBQ * D);
   c.v_s = c.k_s + C::kStages * C::kBK * D;
   if (threadIdx.x == 0) fail_rows = 0;  // read after the walk's barriers
 
   const int H = a.n_heads;
   const int64_t qkv_row = int64_t(H + 2 * a.n_kv_heads) * D;
   // Q tile -> shared (rows past the chunk zero-filled); committed with the walk's first K/V group.
+  // With an e4m3 cache Q's columns are permuted as K's fragments come out (q_fp8_k_order): a thread
+  // loads the 8 words (dim pairs) of a 16-dim group and stores pairs 0, 2, 4, 6 as the group's
+  // first chunk and 1, 3, 5, 7 as its second; plain loads, seen after the walk's first barrier.
   {
     const T* q = static_cast<const T*>(a.qkv) + int64_t(h) * D;
+    if constexpr (kFp8) {
+      static_assert(detail::q_fp8_k_order(2) == 4 && detail::q_fp8_k_order(8) == 2, "Q staging order");
+      constexpr int kGroups = D / 16;
 #pragma unroll
-    for (int i = threadIdx.x; i < C::kBQ * CH; i += C::kThreads) {
-      const int r = i / CH, cc = i % CH;
-      T* dst = c.q_s + swz<D>(r, cc);
-      if (r < c.w.rows) {
-        cp_async16(dst, q + int64_t(q_row0 + c.w.q0 + r) * qkv_row + cc * 8);
-      } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      for (int i = threadIdx.x; i < C::kBQ * kGroups; i += C::kThreads) {
+        const int r = i / kGroups, gi = i % kGroups;
+        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;  // physical dims 16gi + 0..7, + 8..15
+        if (r < c.w.rows) {
+          const uint4* src = reinterpret_cast<const uint4*>(q + int64_t(q_row0 + c.w.q0 + r) * qkv_row + gi * 16);
+          lo = src[0];
+          hi = src[1];
+        }
+        *reinterpret_cast<uint4*>(c.q_s + swz<T, D>(r, 2 * gi)) = make_uint4(lo.x, lo.z, hi.x, hi.z);
+        *reinterpret_cast<uint4*>(c.q_s + swz<T, D>(r, 2 * gi + 1)) = make_uint4(lo.y, lo.w, hi.y, hi.w);
+      }
+    } else {
+#pragma unroll
+      for (int i = threadIdx.x; i < C::kBQ * CH; i += C::kThreads) {
+        const int r = i / CH, cc = i % CH;
+        T* dst = c.q_s + swz<T, D>(r, cc);
+        if (r < c.w.rows) {
+          cp_async16(dst, q + int64_t(q_row0 + c.w.q0 + r) * qkv_row + cc * 8);
+        } else {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
       }
     }
   }
@@ -479,19 +576,37 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
       }
   }
 
-  // O / l -> the warp's own rows of the Q buffer (only this warp ever read them) -> global. The
-  // barrier orders the lanes' last ldmatrix reads of those rows before the writes (without it
-  // compute-sanitizer's racecheck reports a possible hazard there).
+  // O * v_scale / l -> the warp's own rows of the Q buffer (only this warp ever read them) ->
+  // global. The barrier orders the lanes' last ldmatrix reads of those rows before the writes
+  // (without it compute-sanitizer's racecheck reports a possible hazard there).
   __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
-    const float inv0 = 1.f / l[mt][0], inv1 = 1.f / l[mt][1];
+    const float v_scale = kFp8 ? a.v_scale : 1.f;  // (1.f / l as before for a 16-bit cache)
+    const float inv0 = v_scale / l[mt][0], inv1 = v_scale / l[mt][1];
     const int r0 = wr0 + 16 * mt + g;
+    if constexpr (kFp8) {
+      // 16-dim group gi: tiles o[2gi] (even dims) and o[2gi + 1] (odd dims) hold, for row g, dims
+      // 16gi + 4t .. 4t + 3 as (even e0, odd e0, even e1, odd e1) (fp8_v_dim), for row g + 8 the
+      // same with e2, e3: 8 bytes in order, inside one 16-byte chunk.
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(c.q_s + swz<D>(r0, j) + 2 * t) = pack2<T>(o[mt][j][0] * inv0, o[mt][j][1] * inv0);
-      *reinterpret_cast<uint32_t*>(c.q_s + swz<D>(r0 + 8, j) + 2 * t) =
-          pack2<T>(o[mt][j][2] * inv1, o[mt][j][3] * inv1);
+      for (int gi = 0; gi < D / 16; ++gi) {
+        const float(&ev)[4] = o[mt][2 * gi];
+        const float(&od)[4] = o[mt][2 * gi + 1];
+        const int col = 16 * gi + 4 * t;
+        *reinterpret_cast<uint2*>(c.q_s + swz<T, D>(r0, col >> 3) + (col & 7)) =
+            make_uint2(pack2<T>(ev[0] * inv0, od[0] * inv0), pack2<T>(ev[1] * inv0, od[1] * inv0));
+        *reinterpret_cast<uint2*>(c.q_s + swz<T, D>(r0 + 8, col >> 3) + (col & 7)) =
+            make_uint2(pack2<T>(ev[2] * inv1, od[2] * inv1), pack2<T>(ev[3] * inv1, od[3] * inv1));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(c.q_s + swz<T, D>(r0, j) + 2 * t) =
+            pack2<T>(o[mt][j][0] * inv0, o[mt][j][1] * inv0);
+        *reinterpret_cast<uint32_t*>(c.q_s + swz<T, D>(r0 + 8, j) + 2 * t) =
+            pack2<T>(o[mt][j][2] * inv1, o[mt][j][3] * inv1);
+      }
     }
   }
   __syncwarp();
@@ -501,19 +616,19 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
     const int r = wr0 + i / CH, cc = i % CH;
     if (r < c.w.rows) {
       *reinterpret_cast<uint4*>(out + int64_t(q_row0 + c.w.q0 + r) * H * D + int64_t(h) * D + cc * 8) =
-          *reinterpret_cast<const uint4*>(c.q_s + swz<D>(r, cc));
+          *reinterpret_cast<const uint4*>(c.q_s + swz<T, D>(r, cc));
     }
   }
 }
 
-template <class T, int D, int I, bool kMasked>
+template <class T, class KV, int D, int I, bool kMasked>
 void launch_prefill(const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream, const char* what) {
   using C = Cfg<I>;
   const prefill::Grid g = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads, C::kBQ);
   check(g.y <= 65535 && g.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what, g.y,
         C::kBQ);
-  const size_t smem = prefill::smem_bytes(D, C::kBQ, C::kBK, C::kStages);
-  auto* kernel = prefill_attention_kernel<T, D, I, kMasked>;
+  const size_t smem = prefill::smem_bytes(D, C::kBQ, C::kBK, C::kStages, int(sizeof(KV)));
+  auto* kernel = prefill_attention_kernel<T, KV, D, I, kMasked>;
   // Once per (instantiation, device): the attribute belongs to the current device.
   once_per_device(reinterpret_cast<const void*>(kernel), [&] {
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
@@ -523,28 +638,42 @@ void launch_prefill(const PrefillArgs& a, int chunks, int max_chunk_tokens, cuda
 }
 
 // Configuration `config` at head dim D (one prefill::config_fits; launch() picks one), masked or not.
-template <class T, int D, int I>
+template <class T, class KV, int D, int I>
 void launch_one(int config, const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream,
                 const char* what) {
-  if constexpr (prefill::config_fits(prefill::kConfigs[I], D)) {
+  if constexpr (prefill::config_fits(prefill::kConfigs[I], D, int(sizeof(KV)))) {
     if (config != I) return;
     const bool masked = a.window > 0 || a.softcap > 0.f;
     if (masked) {
-      launch_prefill<T, D, I, true>(a, chunks, max_chunk_tokens, stream, what);
+      launch_prefill<T, KV, D, I, true>(a, chunks, max_chunk_tokens, stream, what);
     } else {
-      launch_prefill<T, D, I, false>(a, chunks, max_chunk_tokens, stream, what);
+      launch_prefill<T, KV, D, I, false>(a, chunks, max_chunk_tokens, stream, what);
     }
   }
 }
 
-template <class T, int D, int... I>
+template <class T, class KV, int D, int... I>
 void launch_config(int config, const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream,
                    const char* what, std::integer_sequence<int, I...>) {
-  (launch_one<T, D, I>(config, a, chunks, max_chunk_tokens, stream, what), ...);
+  (launch_one<T, KV, D, I>(config, a, chunks, max_chunk_tokens, stream, what), ...);
+}
+
+template <class T, class KV>
+void launch_head_dim(int head_dim, int config, const PrefillArgs& a, int chunks, int max_chunk_tokens,
+                     cudaStream_t stream, const char* what) {
+  constexpr auto all = std::make_integer_sequence<int, prefill::kNumConfigs>{};
+  if (head_dim == 64) {
+    launch_config<T, KV, 64>(config, a, chunks, max_chunk_tokens, stream, what, all);
+  } else if (head_dim == 128) {
+    launch_config<T, KV, 128>(config, a, chunks, max_chunk_tokens, stream, what, all);
+  } else {
+    launch_config<T, KV, 256>(config, a, chunks, max_chunk_tokens, stream, what, all);
+  }
 }
 
 void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int block_size, float scale,
-            const UnifiedMaxRange* unified_max, DType dtype, int config, cudaStream_t stream, const char* what) {
+            const UnifiedMaxRange* unified_max, DType dtype, int config, const KvQuant& kv_quant, cudaStream_t stream,
+            const char* what) {
   check(config >= 0 && config < prefill::kNumConfigs, "{}: tile configuration {} is not one of 0..{}", what, config,
         prefill::kNumConfigs - 1);
   check(a.qkv != nullptr && a.k_cache != nullptr && a.v_cache != nullptr && a.block_tables != nullptr &&
@@ -554,15 +683,31 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   check(a.n_heads > 0 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0,
         "{}: n_heads = {} must be a positive multiple of n_kv_heads = {}", what, a.n_heads, a.n_kv_heads);
   check(a.n_heads <= 0x7fffffff / 4, "{}: n_heads = {} is out of range", what, a.n_heads);
-  check(head_dim == 64 || head_dim == 128 || head_dim == 256, "{}: head_dim = {} is not supported (64, 128, 256)",
-        what, head_dim);
+  check(kv_quant.dtype == KvDType::Model || kv_quant.dtype == KvDType::Fp8E4M3, "{}: unknown kv cache dtype {}",
+        what, static_cast<int>(kv_quant.dtype));
+  const bool fp8 = kv_quant.dtype == KvDType::Fp8E4M3;
+  check(head_dim == 64 || head_dim == 128 || head_dim == 256, "{}: head_dim = {} is not supported{} (64, 128, 256)",
+        what, head_dim, fp8 ? " with an fp8 kv cache" : "");
   check(std::isfinite(scale) && scale > 0.f, "{}: scale = {} must be finite and positive", what, scale);
-  check(a.window >= 0 && std::isfinite(a.softcap) && a.softcap >= 0.f && std::isfinite(a.softcap / scale),
+  if (fp8) {
+    check(std::isfinite(kv_quant.k_scale) && kv_quant.k_scale > 0.f && std::isfinite(kv_quant.v_scale) &&
+              kv_quant.v_scale > 0.f,
+          "{}: fp8 kv cache scales k_scale = {}, v_scale = {} must be finite and positive", what, kv_quant.k_scale,
+          kv_quant.v_scale);
+  }
+  // The kernel's logits are q . k of the stored values: k_scale joins the logit scale (the softcap
+  // and the unified max see the true logits), v_scale multiplies the output.
+  const float logit_scale = fp8 ? scale * kv_quant.k_scale : scale;
+  a.v_scale = fp8 ? kv_quant.v_scale : 1.f;
+  check(std::isfinite(logit_scale) && logit_scale > 0.f, "{}: scale = {} times k_scale = {} is out of range", what,
+        scale, kv_quant.k_scale);
+  check(a.window >= 0 && std::isfinite(a.softcap) && a.softcap >= 0.f && std::isfinite(a.softcap / logit_scale),
         "{}: window = {}, softcap = {} out of range", what, a.window, a.softcap);
-  a.scale = scale;
+  a.scale = logit_scale;
   // A configuration that does not run at this head dim (its shared memory, its registers) gives way
   // to the default, which runs at every one.
-  if (!prefill::config_fits(prefill::kConfigs[config], head_dim)) config = 0;
+  const int kv_bytes = static_cast<int>(kv_element_bytes(kv_quant.dtype));
+  if (!prefill::config_fits(prefill::kConfigs[config], head_dim, kv_bytes)) config = 0;
   check(aligned16(a.qkv) && aligned16(a.k_cache) && aligned16(a.v_cache) && aligned16(a.out),
         "{}: qkv, out and the k/v cache pointers must be 16-byte aligned", what);
   check(dtype == DType::F16 || dtype == DType::BF16, "{}: unknown dtype {}", what, static_cast<int>(dtype));
@@ -570,7 +715,7 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   check(max_chunk_tokens >= 1, "{}: max_chunk_tokens = {} must be positive", what, max_chunk_tokens);
   a.group = a.n_heads / a.n_kv_heads;
   a.kv = kv_cache_layout(block_size, a.n_kv_heads, head_dim, what);
-  a.scale_log2 = scale * detail::kLog2e;
+  a.scale_log2 = logit_scale * detail::kLog2e;
   a.async = unified_max != nullptr;
   if (a.async) {
     check(std::isfinite(unified_max->phi) && std::isfinite(unified_max->a) && std::isfinite(unified_max->b) &&
@@ -585,13 +730,10 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   }
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    constexpr auto all = std::make_integer_sequence<int, prefill::kNumConfigs>{};
-    if (head_dim == 64) {
-      launch_config<T, 64>(config, a, chunks, max_chunk_tokens, stream, what, all);
-    } else if (head_dim == 128) {
-      launch_config<T, 128>(config, a, chunks, max_chunk_tokens, stream, what, all);
+    if (fp8) {
+      launch_head_dim<T, Fp8>(head_dim, config, a, chunks, max_chunk_tokens, stream, what);
     } else {
-      launch_config<T, 256>(config, a, chunks, max_chunk_tokens, stream, what, all);
+      launch_head_dim<T, T>(head_dim, config, a, chunks, max_chunk_tokens, stream, what);
     }
   });
   check_launch(what);
@@ -622,7 +764,7 @@ void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* 
                               int total_q_tokens, int max_chunk_tokens, int n_heads, int n_kv_heads, int head_dim,
                               int block_size, float scale, const UnifiedMaxRange* unified_max,
                               unsigned long long* fallback_rows, void* out, DType dtype, cudaStream_t stream,
-                              int config, int window, float softcap) {
+                              int config, int window, float softcap, const KvQuant& kv_quant) {
   check(q_begin != nullptr && starts != nullptr, "prefill_attention_varlen: null q_begin or starts");
   check(max_blocks_per_seq >= 1, "prefill_attention_varlen: max_blocks_per_seq = {} must be positive",
         max_blocks_per_seq);
@@ -643,14 +785,15 @@ void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* 
   a.out = out;
   a.window = window;
   a.softcap = softcap;
-  launch(a, chunks, max_chunk_tokens, head_dim, block_size, scale, unified_max, dtype, config, stream,
+  launch(a, chunks, max_chunk_tokens, head_dim, block_size, scale, unified_max, dtype, config, kv_quant, stream,
          "prefill_attention_varlen");
 }
 
 void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_table,
                        int start_pos, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size,
                        float scale, void* out, DType dtype, cudaStream_t stream, const UnifiedMaxRange* unified_max,
-                       unsigned long long* fallback_rows, int config, int window, float softcap) {
+                       unsigned long long* fallback_rows, int config, int window, float softcap,
+                       const KvQuant& kv_quant) {
   check(n_tokens > 0, "prefill_attention: n_tokens = {} must be positive", n_tokens);
   check(start_pos >= 0 && int64_t(start_pos) + n_tokens <= 0x7fffffff,
         "prefill_attention: start_pos = {} with {} tokens is out of range", start_pos, n_tokens);
@@ -668,7 +811,8 @@ void prefill_attention(const void* qkv, const void* k_cache, const void* v_cache
   a.out = out;
   a.window = window;
   a.softcap = softcap;
-  launch(a, 1, n_tokens, head_dim, block_size, scale, unified_max, dtype, config, stream, "prefill_attention");
+  launch(a, 1, n_tokens, head_dim, block_size, scale, unified_max, dtype, config, kv_quant, stream,
+         "prefill_attention");
 }
 
 }  // namespace fdpp::cuda

@@ -60,17 +60,20 @@ constexpr int kBQ = 16 * kWarps;  // query rows per CTA
 constexpr int kBK = 64;           // keys per tile
 static_assert(kConfigs[0].warps == kWarps && config_bq(kConfigs[0]) == kBQ && kConfigs[0].bk == kBK);
 
-// Shared memory of one CTA: Q [bq][D], K [stages][bk][D], V [stages][bk][D], 16-bit.
-inline constexpr size_t smem_bytes(int head_dim, int bq = kBQ, int bk = kBK, int stages = 2) {
-  return size_t(bq + 2 * stages * bk) * head_dim * 2;
+// Shared memory of one CTA: Q [bq][D] 16-bit, K [stages][bk][D] and V [stages][bk][D] of the
+// cache's element (kv_bytes: 2, or 1 for an e4m3 cache).
+inline constexpr size_t smem_bytes(int head_dim, int bq = kBQ, int bk = kBK, int stages = 2, int kv_bytes = 2) {
+  return size_t(bq) * head_dim * 2 + size_t(2 * stages * bk) * head_dim * kv_bytes;
 }
 
 // Whether a configuration runs at a head dim: its shared memory within the 227 KB of an SM, and at
 // head_dim 256 one 16-row block per warp (two would hold 256 fp32 accumulators of O per thread).
 // At 256 Q is re-read from shared memory per k-step (its fragments would take 64 more registers):
-// m64n64 (160 KB) and m128n64w8 (192 KB) run there, the others fall back to m64n64.
-inline constexpr bool config_fits(const TileConfig& c, int head_dim) {
-  return smem_bytes(head_dim, config_bq(c), c.bk, c.stages) <= 227 * 1024 && (head_dim <= 128 || c.m_tiles == 1);
+// m64n64 (160 KB) and m128n64w8 (192 KB) run there, the others fall back to m64n64. An e4m3 cache
+// (kv_bytes 1) halves the K/V buffers: m128n64w8s3 (160 KB) runs at 256 too.
+inline constexpr bool config_fits(const TileConfig& c, int head_dim, int kv_bytes = 2) {
+  return smem_bytes(head_dim, config_bq(c), c.bk, c.stages, kv_bytes) <= 227 * 1024 &&
+         (head_dim <= 128 || c.m_tiles == 1);
 }
 
 // Grid: x = query head, y = query tile counted from each chunk's heaviest (y = 0 is the chunk's

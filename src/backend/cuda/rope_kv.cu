@@ -5,9 +5,15 @@
 // whose error grows with the argument: positions reach 128K, angles 1e5 rad), exactly how HF and
 // the CPU reference compute them. V heads are not touched.
 //
-// kv_cache_write: one thread per (token, kv head, 8-element chunk): two 16-byte copies (k and v).
-// Tokens whose slot is negative are skipped (padding rows of a fixed-size batch). Both writers place
-// rows where kv_cache_layout.h says (the calling thread's KernelOptions::kv_head_major).
+// kv_cache_write: one thread per (token, kv head, 8-element chunk): two 16-byte copies (k and v),
+// or with an fp8 cache two 8-byte stores of e4m3(x / scale). Tokens whose slot is negative are
+// skipped (padding rows of a fixed-size batch). Both writers place rows where kv_cache_layout.h says
+// (the calling thread's KernelOptions::kv_head_major).
+#include <cuda_fp8.h>
+
+#include <cmath>
+#include <type_traits>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kv_cache_layout.h"
 
@@ -76,17 +82,82 @@ __global__ void kv_cache_write_kernel(const uint16_t* __restrict__ qkv, const in
   }
 }
 
+// e4m3 bits of x / scale, saturating at +-448 (NaN stays NaN). The division is IEEE (not x * 1/scale)
+// so that host references (core/fp8_e4m3.h) reproduce every byte.
+__device__ __forceinline__ uint8_t to_fp8(float x, float scale) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3));
+}
+__device__ __forceinline__ uint32_t to_fp8x2(float a, float b, float scale) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(a, scale), __fdiv_rn(b, scale)), __NV_SATFINITE,
+                                  __NV_E4M3);
+}
+// Eight T (a uint4) -> eight e4m3 bytes (a uint2) in the same order.
+template <class T>
+__device__ __forceinline__ uint2 to_fp8x8(const uint4& src, float scale) {
+  float f[8];
+  detail::load8(reinterpret_cast<const T*>(&src), f);
+  return make_uint2(to_fp8x2(f[0], f[1], scale) | (to_fp8x2(f[2], f[3], scale) << 16),
+                    to_fp8x2(f[4], f[5], scale) | (to_fp8x2(f[6], f[7], scale) << 16));
+}
+
+// kv_cache_write into an e4m3 cache: the same walk, quantizing each T value (so it needs T).
+template <class T, bool kVec>
+__global__ void kv_cache_write_fp8_kernel(const T* __restrict__ qkv, const int32_t* __restrict__ slots, int n_tokens,
+                                          int n_heads, int n_kv_heads, int head_dim, KvCacheLayout layout,
+                                          uint8_t* __restrict__ k_cache, uint8_t* __restrict__ v_cache, float k_scale,
+                                          float v_scale) {
+  const int chunks = kVec ? head_dim / 8 : head_dim;  // per head
+  const int64_t row_stride = int64_t(n_heads + 2 * n_kv_heads) * head_dim;
+  const int64_t total = int64_t(n_tokens) * n_kv_heads * chunks;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(idx % chunks);
+    const int64_t rest = idx / chunks;
+    const int kvh = static_cast<int>(rest % n_kv_heads);
+    const int64_t t = rest / n_kv_heads;
+    const int32_t slot = slots[t];
+    if (slot < 0) continue;
+    const int64_t elem = kVec ? int64_t(c) * 8 : c;
+    const T* src_k = qkv + t * row_stride + int64_t(n_heads + kvh) * head_dim + elem;
+    const T* src_v = src_k + int64_t(n_kv_heads) * head_dim;
+    const int64_t dst = layout.slot_row(slot, kvh) + elem;  // elements = bytes
+    if constexpr (kVec) {
+      // elem is a multiple of 8 and rows are too: the 8-byte stores are aligned.
+      *reinterpret_cast<uint2*>(k_cache + dst) = to_fp8x8<T>(*reinterpret_cast<const uint4*>(src_k), k_scale);
+      *reinterpret_cast<uint2*>(v_cache + dst) = to_fp8x8<T>(*reinterpret_cast<const uint4*>(src_v), v_scale);
+    } else {
+      k_cache[dst] = to_fp8(to_float(*src_k), k_scale);
+      v_cache[dst] = to_fp8(to_float(*src_v), v_scale);
+    }
+  }
+}
+
+// The launchers' check of an fp8 cache's head dim and scales (`what` names the caller).
+void check_kv_quant(const KvQuant& q, int head_dim, const char* what) {
+  if (q.dtype == KvDType::Model) return;
+  check(q.dtype == KvDType::Fp8E4M3, "{}: unknown KV cache dtype {}", what, static_cast<int>(q.dtype));
+  check(head_dim == 64 || head_dim == 128 || head_dim == 256,
+        "{}: an fp8 KV cache supports head_dim 64, 128 or 256, not {}", what, head_dim);
+  check(std::isfinite(q.k_scale) && q.k_scale > 0.f && std::isfinite(q.v_scale) && q.v_scale > 0.f,
+        "{}: fp8 KV cache scales must be positive and finite (k_scale {}, v_scale {})", what, q.k_scale, q.v_scale);
+}
+
+// The cache's element as a kernel template argument: T itself, or an e4m3 byte.
+struct Fp8Cache {};
+
 // rope_qk + kv_cache_write in one launch (one per layer instead of two): one thread per (token,
 // head of q, k or v, pair of dims). Pairs below n_freq rotate (q and k heads); the others pass
 // through. Rotated k and v go to the cache at the token's slot (skipped when the slot is
 // negative); q is rotated in place for the attention kernels, k stays unrotated in qkv (nothing
 // reads it there). The cache receives the values of rope_qk followed by kv_cache_write, bit for
-// bit (same math, same rounding).
-template <class T, bool kInterleaved>
+// bit (same math, same rounding; an fp8 cache quantizes the T-rounded values, as kv_cache_write).
+// KV: T, or Fp8Cache for e4m3 bytes.
+template <class T, class KV, bool kInterleaved>
 __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
                                      const float* __restrict__ inv_freq, int n_freq, const int32_t* __restrict__ slots,
                                      int n_tokens, int n_heads, int n_kv_heads, int head_dim, KvCacheLayout layout,
-                                     T* __restrict__ k_cache, T* __restrict__ v_cache) {
+                                     void* __restrict__ k_cache, void* __restrict__ v_cache, float k_scale,
+                                     float v_scale) {
   detail::pdl_trigger();
   detail::pdl_wait();  // qkv is the previous kernel's (programmatic launch: see kernels.h)
   const int pairs = head_dim / 2;
@@ -123,9 +194,16 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
     const int32_t slot = slots[t];
     if (slot < 0) continue;
     const int kvh = is_k ? h - n_heads : h - n_heads - n_kv_heads;
-    T* dst = (is_k ? k_cache : v_cache) + layout.slot_row(slot, kvh);
-    dst[ia] = a;
-    dst[ib] = b;
+    if constexpr (std::is_same_v<KV, Fp8Cache>) {
+      uint8_t* dst = static_cast<uint8_t*>(is_k ? k_cache : v_cache) + layout.slot_row(slot, kvh);
+      const float scale = is_k ? k_scale : v_scale;
+      dst[ia] = to_fp8(to_float(a), scale);
+      dst[ib] = to_fp8(to_float(b), scale);
+    } else {
+      T* dst = static_cast<T*>(is_k ? k_cache : v_cache) + layout.slot_row(slot, kvh);
+      dst[ia] = a;
+      dst[ib] = b;
+    }
   }
 }
 
@@ -133,7 +211,7 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
 
 void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, const int32_t* slots,
                    int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, RopeStyle style,
-                   void* k_cache, void* v_cache, DType dtype, cudaStream_t stream) {
+                   void* k_cache, void* v_cache, DType dtype, cudaStream_t stream, const KvQuant& kv_quant) {
   check(qkv != nullptr && positions != nullptr && inv_freq != nullptr && slots != nullptr && k_cache != nullptr &&
             v_cache != nullptr,
         "rope_qk_cache: null pointer (qkv {}, positions {}, inv_freq {}, slots {}, k_cache {}, v_cache {})", qkv,
@@ -146,17 +224,21 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
         head_dim / 2);
   check(style == RopeStyle::RotateHalf || style == RopeStyle::Interleaved, "rope_qk_cache: unknown rope style {}",
         static_cast<int>(style));
+  check_kv_quant(kv_quant, head_dim, "rope_qk_cache");
   const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim, "rope_qk_cache");
   const int64_t total = int64_t(n_tokens) * (n_heads + 2 * n_kv_heads) * (head_dim / 2);
+  const bool fp8 = kv_quant.dtype == KvDType::Fp8E4M3;
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    auto* kernel = style == RopeStyle::Interleaved ? rope_qk_cache_kernel<T, true> : rope_qk_cache_kernel<T, false>;
+    const bool interleaved = style == RopeStyle::Interleaved;
+    auto* kernel = fp8 ? (interleaved ? rope_qk_cache_kernel<T, Fp8Cache, true> : rope_qk_cache_kernel<T, Fp8Cache, false>)
+                       : (interleaved ? rope_qk_cache_kernel<T, T, true> : rope_qk_cache_kernel<T, T, false>);
     const detail::LaunchConfig config(dim3(grid_for(total, kThreads)), dim3(kThreads), 0, stream,
                                       programmatic_launch_enabled());
-    detail::cuda_check(
-        cudaLaunchKernelEx(config.get(), kernel, static_cast<T*>(qkv), positions, inv_freq, n_freq, slots, n_tokens,
-                           n_heads, n_kv_heads, head_dim, layout, static_cast<T*>(k_cache), static_cast<T*>(v_cache)),
-        "cudaLaunchKernelEx(rope_qk_cache)");
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<T*>(qkv), positions, inv_freq, n_freq,
+                                          slots, n_tokens, n_heads, n_kv_heads, head_dim, layout, k_cache, v_cache,
+                                          kv_quant.k_scale, kv_quant.v_scale),
+                       "cudaLaunchKernelEx(rope_qk_cache)");
   });
   check_launch("rope_qk_cache");
 }
@@ -186,7 +268,8 @@ void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_f
 }
 
 void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_heads, int n_kv_heads, int head_dim,
-                    int block_size, void* k_cache, void* v_cache, DType dtype, cudaStream_t stream) {
+                    int block_size, void* k_cache, void* v_cache, DType dtype, cudaStream_t stream,
+                    const KvQuant& kv_quant) {
   check(qkv != nullptr && slots != nullptr && k_cache != nullptr && v_cache != nullptr,
         "kv_cache_write: null pointer (qkv {}, slots {}, k_cache {}, v_cache {})", qkv,
         static_cast<const void*>(slots), k_cache, v_cache);
@@ -194,9 +277,21 @@ void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_h
         "kv_cache_write: n_tokens = {}, n_heads = {}, n_kv_heads = {}, head_dim = {} must be positive", n_tokens,
         n_heads, n_kv_heads, head_dim);
   check(dtype == DType::F16 || dtype == DType::BF16, "kv_cache_write: unknown dtype {}", static_cast<int>(dtype));
+  check_kv_quant(kv_quant, head_dim, "kv_cache_write");
   const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim, "kv_cache_write");
   const bool vec = head_dim % 8 == 0 && aligned16(qkv) && aligned16(k_cache) && aligned16(v_cache);
   const int64_t total = int64_t(n_tokens) * n_kv_heads * (vec ? head_dim / 8 : head_dim);
+  if (kv_quant.dtype == KvDType::Fp8E4M3) {
+    detail::dispatch_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      auto* kernel = vec ? kv_cache_write_fp8_kernel<T, true> : kv_cache_write_fp8_kernel<T, false>;
+      kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+          static_cast<const T*>(qkv), slots, n_tokens, n_heads, n_kv_heads, head_dim, layout,
+          static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache), kv_quant.k_scale, kv_quant.v_scale);
+    });
+    check_launch("kv_cache_write");
+    return;
+  }
   auto* kernel = vec ? kv_cache_write_kernel<true> : kv_cache_write_kernel<false>;
   kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
       static_cast<const uint16_t*>(qkv), slots, n_tokens, n_heads, n_kv_heads, head_dim, layout,

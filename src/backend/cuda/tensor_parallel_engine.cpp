@@ -132,7 +132,9 @@ TensorParallelEngine::TensorParallelEngine(const ModelConfig& config, int ranks,
         GpuMemoryNeed need;
         need.weights = plan_device_bytes(shard);
         need.kv_tokens = source.kv_tokens;
-        need.kv_cache = static_cast<uint64_t>(source.kv_tokens) * 4 * t.local.n_layers * t.local.kv_dim();
+        // K and V of every local layer, 2 bytes an element (1 with an fp8 cache).
+        need.kv_cache = static_cast<uint64_t>(source.kv_tokens) * 2 * kv_element_bytes(options.kv_quant.dtype) *
+                        t.local.n_layers * t.local.kv_dim();
         need.activations = uint64_t{512} << 20;
         check_gpu_memory(need);
         StreamOptions so = source.stream;
