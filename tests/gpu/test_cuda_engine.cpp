@@ -940,7 +940,7 @@ TEST(CudaFp8KvCacheEngine, RandomizedCacheDecodesToFiniteLogits) {
     auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
     cuda::EngineOptions eo = fp8_cache();
     eo.max_batch = 2;
-    eo.kv_cache_tokens = 512;
+    eo.kv_cache_tokens = 1024;  // 400 + 100 tokens and the step's next block
     eo.attention = async ? cuda::AttentionMode::Async : cuda::AttentionMode::Sync;
     cuda::CudaEngine e(model, eo);
     const int seqs[] = {e.create_sequence(), e.create_sequence()};
