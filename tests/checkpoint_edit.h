@@ -55,6 +55,29 @@ inline void patch_tensor(const std::filesystem::path& dir, const std::string& na
   f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
 }
 
+// Adds a tensor to model.safetensors: its bytes appended to the data section, its entry to the
+// header (a scale a checkpoint publishes beside the fixture's weights).
+inline void add_tensor(const std::filesystem::path& dir, const std::string& name, const std::string& dtype,
+                       const std::vector<int64_t>& shape, const void* data, size_t n) {
+  const std::filesystem::path p = dir / "model.safetensors";
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  uint64_t len;
+  std::memcpy(&len, bytes.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(len));
+  const uint64_t begin = bytes.size() - 8 - len;
+  header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, begin + n}}};
+  std::string h = header.dump();
+  while (h.size() % 8 != 0) h += ' ';
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  const uint64_t m = h.size();
+  out.write(reinterpret_cast<const char*>(&m), 8);
+  out << h;
+  out.write(bytes.data() + 8 + len, static_cast<std::streamsize>(bytes.size() - 8 - len));
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+}
+
 inline void edit_config(const std::filesystem::path& dir, const std::function<void(nlohmann::json&)>& edit) {
   std::ifstream in(dir / "config.json");
   nlohmann::json c = nlohmann::json::parse(in);

@@ -17,6 +17,7 @@
 
 #include "backend/cpu/cpu_runner.h"
 #include "core/fp8_e4m3.h"
+#include "core/half.h"
 #include "fdpp/error.h"
 #include "model/hf_config.h"
 #include "model/hf_quantization.h"
@@ -342,6 +343,141 @@ TEST(Fp8Checkpoint, OnlyProjectionsMayBeFp8) {
   EXPECT_ERROR(
       describe_model(d.string()),
       "tensor 'lm_head.weight' is stored F8_E4M3, but fdpp loads FP8 only for the q/k/v/o and MLP projections");
+}
+
+// ---- KV cache scales ----------------------------------------------------------------------------
+
+// A scale as a checkpoint stores it: one number of dtype F32, F16 or BF16.
+void add_scale(const fs::path& dir, const std::string& name, float value, const std::string& dtype = "F32",
+               const std::vector<int64_t>& shape = {}) {
+  if (dtype == "F32") return test::add_tensor(dir, name, dtype, shape, &value, sizeof value);
+  const uint16_t h = dtype == "F16" ? f32_to_fp16(value) : f32_to_bf16(value);
+  test::add_tensor(dir, name, dtype, shape, &h, sizeof h);
+}
+
+std::vector<std::pair<float, float>> scales_of(const ModelConfig& c) {
+  std::vector<std::pair<float, float>> out;
+  for (const KvCacheScales& s : c.kv_cache_scales) out.emplace_back(s.k, s.v);
+  return out;
+}
+
+// Each naming vLLM reads (maybe_remap_kv_scale_name, get_cache_scale), per layer, through every
+// path from a checkpoint (info's description, the CPU load, the GPU's plan). Values exact in 16 bits.
+TEST(Fp8KvCacheScales, ReadPerLayerByEveryPublishedName) {
+  struct Naming {
+    const char* what;
+    const char* fixture;
+    std::string k, v;  // v empty: one kv_scale for both
+    const char* dtype;
+    std::vector<int64_t> shape;
+  };
+  const Naming namings[] = {
+      {"k_scale", "llama_fp8_tensor", ".k_scale", ".v_scale", "F32", {}},
+      {"output_scale", "llama_ct_channel", ".k_proj.output_scale", ".v_proj.output_scale", "BF16", {1}},
+      {"modelopt", "llama_fp8_tensor", ".k_proj.k_scale", ".v_proj.v_scale", "F16", {1}},
+      {"kv_scale", "llama_fp8_tensor", ".kv_scale", "", "F32", {1}},
+  };
+  const float k[] = {0.25f, 1.5f}, v[] = {0.625f, 3.f};
+  for (const Naming& n : namings) {
+    SCOPED_TRACE(n.what);
+    const fs::path d = copy_fixture(n.fixture, std::string("kv_scales_") + n.what);
+    if (std::string(n.fixture) == "llama_ct_channel")
+      test::edit_config(d, [](json& c) { c["quantization_config"]["kv_cache_scheme"] = float8("tensor"); });
+    std::vector<std::pair<float, float>> expected;
+    for (int l = 0; l < 2; ++l) {
+      const std::string prefix = "model.layers." + std::to_string(l) + ".self_attn";
+      add_scale(d, prefix + n.k, k[l], n.dtype, n.shape);
+      if (!n.v.empty()) add_scale(d, prefix + n.v, v[l], n.dtype, n.shape);
+      expected.emplace_back(k[l], n.v.empty() ? k[l] : v[l]);
+    }
+    EXPECT_EQ(scales_of(describe_model(d.string()).config), expected);
+    EXPECT_EQ(scales_of(load_model(d.string()).config()), expected);
+    EXPECT_EQ(scales_of(plan_model(d.string()).config()), expected);
+  }
+  // None published: none read (every scale 1 in the engine).
+  EXPECT_TRUE(describe_model(fp8_fixture("llama_fp8_tensor").string()).config.kv_cache_scales.empty());
+  EXPECT_TRUE(plan_model(fp8_fixture("phi3_ct_tensor").string()).config().kv_cache_scales.empty());
+}
+
+TEST(Fp8KvCacheScales, BadScalesGetOneLine) {
+  const std::string a0 = "model.layers.0.self_attn", a1 = "model.layers.1.self_attn";
+  {
+    // Layer 1 has none: its cache would silently run with 1.
+    const fs::path d = copy_fixture("llama_fp8_tensor", "kv_scales_missing_layer");
+    add_scale(d, a0 + ".k_scale", 0.5f);
+    add_scale(d, a0 + ".v_scale", 0.5f);
+    EXPECT_ERROR(describe_model(d.string()), "tensor '" + a1 + ".k_scale' is missing: the checkpoint publishes KV "
+                                             "cache scales for other layers ('" + a0 + ".k_scale')");
+    EXPECT_ERROR(plan_model(d.string()), "tensor '" + a1 + ".k_scale' is missing");
+  }
+  {
+    // K everywhere, V nowhere: the V tensor named after the layer's K.
+    const fs::path d = copy_fixture("llama_ct_channel", "kv_scales_no_v");
+    add_scale(d, a0 + ".k_proj.output_scale", 0.5f);
+    add_scale(d, a1 + ".k_proj.output_scale", 0.5f);
+    EXPECT_ERROR(load_model(d.string()), "tensor '" + a0 + ".v_proj.output_scale' is missing");
+  }
+  {
+    const fs::path d = copy_fixture("llama_fp8_tensor", "kv_scales_zero");
+    for (const std::string& a : {a0, a1}) {
+      add_scale(d, a + ".k_scale", 0.5f);
+      add_scale(d, a + ".v_scale", a == a1 ? 0.f : 0.5f);
+    }
+    EXPECT_ERROR(describe_model(d.string()), "tensor '" + a1 + ".v_scale' holds 0, not a positive finite KV cache scale");
+  }
+  {
+    const fs::path d = copy_fixture("llama_fp8_tensor", "kv_scales_negative_inf");
+    add_scale(d, a0 + ".kv_scale", -0.5f);
+    add_scale(d, a1 + ".kv_scale", INFINITY);
+    EXPECT_ERROR(plan_model(d.string()), "tensor '" + a0 + ".kv_scale' holds -0.5, not a positive finite");
+  }
+  {
+    const fs::path d = copy_fixture("llama_fp8_tensor", "kv_scales_inf");
+    add_scale(d, a0 + ".kv_scale", 1.f);
+    add_scale(d, a1 + ".kv_scale", INFINITY);
+    EXPECT_ERROR(plan_model(d.string()), "tensor '" + a1 + ".kv_scale' holds inf, not a positive finite");
+  }
+  {
+    // Per-head scales (kv_cache_scheme strategy attn_head) are not one number.
+    const fs::path d = copy_fixture("llama_fp8_tensor", "kv_scales_per_head");
+    const float two[] = {0.5f, 0.5f};
+    for (const std::string& a : {a0, a1}) {
+      test::add_tensor(d, a + ".k_scale", "F32", {2}, two, sizeof two);
+      test::add_tensor(d, a + ".v_scale", "F32", {2}, two, sizeof two);
+    }
+    EXPECT_ERROR(describe_model(d.string()),
+                 "tensor '" + a0 + ".k_scale' has shape [2]; a KV cache scale is one number ([] or [1])");
+  }
+  {
+    // Two names for one scale: which one vLLM would keep depends on the order it meets them.
+    const fs::path d = copy_fixture("llama_fp8_tensor", "kv_scales_twice");
+    for (const std::string& a : {a0, a1}) add_scale(d, a + ".kv_scale", 0.5f);
+    add_scale(d, a1 + ".k_scale", 0.5f);
+    EXPECT_ERROR(describe_model(d.string()), "both give layer 1's K cache scale");
+  }
+  {
+    const fs::path d = copy_fixture("llama_fp8_tensor", "kv_scales_dtype");
+    const uint8_t e4m3 = fp8_e4m3_from_float(0.5f);
+    for (const std::string& a : {a0, a1}) {
+      test::add_tensor(d, a + ".k_scale", "F8_E4M3", {}, &e4m3, 1);
+      test::add_tensor(d, a + ".v_scale", "F8_E4M3", {}, &e4m3, 1);
+    }
+    EXPECT_ERROR(describe_model(d.string()), "tensor '" + a0 + ".k_scale' has dtype F8_E4M3, which fdpp cannot read");
+  }
+}
+
+// compressed-tensors' kv_cache_scheme: float 8-bit per-tensor scales, as vLLM takes them.
+TEST(Fp8KvCacheScales, KvCacheSchemeIsFloat8PerTensor) {
+  json ok = ct_group(float8("channel"));
+  ok["kv_cache_scheme"] = float8("tensor");
+  EXPECT_TRUE(parse_q(ok).fp8);
+  json int8 = ok;
+  int8["kv_cache_scheme"] = {{"num_bits", 8}, {"type", "int"}, {"strategy", "tensor"}};
+  EXPECT_ERROR(parse_q(int8),
+               "quantization_config.kv_cache_scheme: int 8-bit (strategy tensor) KV cache quantization is not supported");
+  json per_head = ok;
+  per_head["kv_cache_scheme"] = float8("attn_head");
+  EXPECT_ERROR(parse_q(per_head), "quantization_config.kv_cache_scheme: strategy 'attn_head' is not supported");
 }
 
 }  // namespace

@@ -54,6 +54,14 @@ struct RopeConfig {
   }
 };
 
+// One layer's calibrated FP8 KV cache scales, from the checkpoint (model/hf_models.h:
+// read_kv_cache_scales): with --kv-cache-dtype fp8 a key element x is cached as e4m3(x / k) and
+// read as e4m3 * k, a value element with v. A 16-bit cache ignores them, as vLLM does.
+struct KvCacheScales {
+  float k = 1.f;
+  float v = 1.f;
+};
+
 struct ModelConfig {
   std::string architecture;  // "llama" (Llama 2/3, SmolLM2), "mistral", "qwen2", "qwen3", "gemma2", "gemma3",
                              // "phi3", "opt", "chatglm"
@@ -112,6 +120,9 @@ struct ModelConfig {
   // Which layers are expert layers (Qwen3-MoE's decoder_sparse_step and mlp_only_layers); empty:
   // every layer, when n_experts > 0.
   std::vector<bool> expert_layers;
+  // The FP8 KV cache's scales of each layer, as an FP8 checkpoint publishes them (k_scale /
+  // v_scale); empty: none published, every scale 1 (vLLM's uncalibrated fp8).
+  std::vector<KvCacheScales> kv_cache_scales;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }

@@ -891,8 +891,8 @@ class LLM:
             are the same either way.
         kv_cache_dtype: "auto" (the default: fp32 on the CPU, the model's 16-bit dtype on the GPU),
             "f32" or "f16" (the CPU's; half the cache memory), or "fp8" (also "fp8_e4m3"; the GPU's:
-            e4m3 with scale 1 as vLLM's uncalibrated fp8, twice the tokens in the same memory; the
-            CPU refuses it). "fp8_e5m2" is refused.
+            e4m3 with the checkpoint's per-layer k/v scales, else 1 as vLLM's uncalibrated fp8,
+            twice the tokens in the same memory; the CPU refuses it). "fp8_e5m2" is refused.
         swap_space and vLLM's other engine keywords: accepted with one warning naming them; they
             change nothing here.
     """

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <unordered_set>
 
 #include "core/fp8_e4m3.h"
@@ -144,7 +145,103 @@ void read_spec_f32(const WeightSource& source, const SourceTensor& t, Tensor& ds
       out[r * cols + c] = scale[static_cast<size_t>(r)] * value[raw.data[r * cols + c]];
 }
 
+// The names of the KV cache scale tensors, by their end (read_kv_cache_scales); the more specific
+// first, since ".k_proj.k_scale" also ends in ".k_scale". k == v: one tensor for both.
+struct KvScaleSuffixes {
+  std::string_view k, v;
+};
+constexpr KvScaleSuffixes kKvScaleSuffixes[] = {
+    {".k_proj.output_scale", ".v_proj.output_scale"},
+    {".k_proj.k_scale", ".v_proj.v_scale"},
+    {".k_scale", ".v_scale"},
+    {".kv_scale", ".kv_scale"},
+};
+
+// Which cache scales the tensor gives (K, V or both), and its suffix pair; null when none.
+const KvScaleSuffixes* kv_scale_suffixes(std::string_view name, bool& k, bool& v) {
+  for (const KvScaleSuffixes& s : kKvScaleSuffixes) {
+    k = ends_with(name, s.k);
+    v = ends_with(name, s.v);
+    if (k || v) return &s;
+  }
+  return nullptr;
+}
+
+// The name with its "layers.N." index replaced by layer.
+std::string with_layer(const std::string& name, int64_t from, int64_t layer) {
+  const std::string old_part = fmt::format("layers.{}.", from);
+  const size_t pos = name.find(old_part);
+  if (pos == std::string::npos) return name;
+  return name.substr(0, pos) + fmt::format("layers.{}.", layer) + name.substr(pos + old_part.size());
+}
+
+// One KV cache scale: a single positive, finite number.
+float read_kv_scale(const WeightSource& source, const SourceTensor& t) {
+  check(readable_dtype(t.dtype), "{}: tensor '{}' has dtype {}, which fdpp cannot read (supported: F32, F16, BF16)",
+        source.origin(), t.name, t.dtype);
+  check(Tensor::numel_of(t.shape) == 1, "{}: tensor '{}' has shape {}; a KV cache scale is one number ([] or [1])",
+        source.origin(), t.name, shape_string(t.shape));
+  float value = 0.f;
+  source.read_f32(t, std::span<float>(&value, 1));
+  check(std::isfinite(value) && value > 0.f, "{}: tensor '{}' holds {}, not a positive finite KV cache scale",
+        source.origin(), t.name, value);
+  return value;
+}
+
 }  // namespace
+
+std::vector<KvCacheScales> read_kv_cache_scales(const WeightSource& source, const ModelConfig& config) {
+  const std::string& origin = source.origin();
+  struct LayerTensors {
+    const SourceTensor* k = nullptr;
+    const SourceTensor* v = nullptr;
+  };
+  std::vector<LayerTensors> found(static_cast<size_t>(config.n_layers));
+  const SourceTensor* first_k = nullptr;  // the names a missing scale is told by
+  const SourceTensor* first_v = nullptr;
+  for (const SourceTensor& t : source.tensors()) {
+    bool k = false, v = false;
+    if (kv_scale_suffixes(t.name, k, v) == nullptr) continue;
+    const int64_t layer = part_index(t.name, "layers.");
+    if (layer < 0) continue;  // not an attention layer's
+    check(layer < config.n_layers, "{}: tensor '{}' belongs to layer {}, but the model has {} layers", origin, t.name,
+          layer, config.n_layers);
+    LayerTensors& l = found[static_cast<size_t>(layer)];
+    auto take = [&](const SourceTensor*& slot, const SourceTensor*& first, const char* which) {
+      if (slot != nullptr)
+        fail("{}: tensors '{}' and '{}' both give layer {}'s {} cache scale", origin, slot->name, t.name, layer, which);
+      slot = &t;
+      if (first == nullptr) first = &t;
+    };
+    if (k) take(l.k, first_k, "K");
+    if (v) take(l.v, first_v, "V");
+  }
+  if (first_k == nullptr && first_v == nullptr) return {};
+  // Published for some layers: every layer must have both, or its cache would silently use 1.
+  auto missing = [&](int64_t layer, const SourceTensor* same_kind, const SourceTensor* other_kind, bool want_k) {
+    std::string name;
+    if (same_kind != nullptr) {
+      name = with_layer(same_kind->name, part_index(same_kind->name, "layers."), layer);
+    } else {
+      // No layer has this kind: the counterpart of the layer's other scale.
+      bool k = false, v = false;
+      const KvScaleSuffixes* s = kv_scale_suffixes(other_kind->name, k, v);
+      const std::string_view from = want_k ? s->v : s->k, to = want_k ? s->k : s->v;
+      const std::string base = with_layer(other_kind->name, part_index(other_kind->name, "layers."), layer);
+      name = base.substr(0, base.size() - from.size()) + std::string(to);
+    }
+    fail("{}: tensor '{}' is missing: the checkpoint publishes KV cache scales for other layers ('{}')", origin, name,
+         (same_kind != nullptr ? same_kind : other_kind)->name);
+  };
+  std::vector<KvCacheScales> scales(static_cast<size_t>(config.n_layers));
+  for (int64_t layer = 0; layer < config.n_layers; ++layer) {
+    const LayerTensors& l = found[static_cast<size_t>(layer)];
+    if (l.k == nullptr) missing(layer, first_k, l.v != nullptr ? l.v : first_v, true);
+    if (l.v == nullptr) missing(layer, first_v, l.k, false);
+    scales[static_cast<size_t>(layer)] = {read_kv_scale(source, *l.k), read_kv_scale(source, *l.v)};
+  }
+  return scales;
+}
 
 std::vector<float> fp8_row_scales(const WeightSource& source, const SourceTensor& weight) {
   check(weight.shape.size() == 2, "{}: FP8 tensor '{}' has shape {}, not a matrix", source.origin(), weight.name,

@@ -73,6 +73,17 @@ WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTenso
 // over the rows). Throws for a missing or ill-shaped scale, or one that is not finite.
 std::vector<float> fp8_row_scales(const WeightSource& source, const SourceTensor& weight);
 
+// The FP8 KV cache scales a checkpoint publishes, one K and one V scale per layer (empty when it
+// publishes none), found by name as vLLM finds them (maybe_remap_kv_scale_name, the quantization
+// configs' get_cache_scale): "<attention>.k_scale" / ".v_scale" (compressed-tensors, quant_method
+// fp8), "<attention>.k_proj.output_scale" / ".v_proj.output_scale" (compressed-tensors
+// kv_cache_scheme, older), "<attention>.k_proj.k_scale" / ".v_proj.v_scale" (ModelOpt), or one
+// "<attention>.kv_scale" for both (older AutoFP8), where <attention> is inside "layers.N.". Each is
+// one F32/F16/BF16 number ([] or [1]). Throws one line naming the tensor for a layer left without
+// its scale while others have theirs, two tensors giving the same scale, or a scale that is not
+// positive and finite.
+std::vector<KvCacheScales> read_kv_cache_scales(const WeightSource& source, const ModelConfig& config);
+
 // Splits a [sum(rows), cols] tensor by rows into parts (for fused projections).
 std::vector<Tensor> split_rows(const Tensor& t, const std::vector<int64_t>& rows);
 

@@ -107,6 +107,17 @@ void parse_compressed_tensors(const json& q, const std::string& where, HfQuantiz
     }
     h.activations = h.activations.empty() || h.activations == acts ? acts : "mixed";
   }
+  // The KV cache's scales (model/hf_models.h: read_kv_cache_scales): one K and one V number per
+  // layer, float 8-bit, as vLLM takes them (strategy attn_head's per-head scales are refused).
+  if (const auto kv = q.find("kv_cache_scheme"); kv != q.end() && !kv->is_null()) {
+    check(is_float8(*kv), "{}: quantization_config.kv_cache_scheme: {} KV cache quantization is not supported (fdpp "
+          "takes float 8-bit K/V scales)", where, args_text(*kv));
+    const std::string strategy = string_field(*kv, "strategy", where, "quantization_config.kv_cache_scheme");
+    check(strategy == "tensor",
+          "{}: quantization_config.kv_cache_scheme: strategy '{}' is not supported (fdpp reads one K and one V scale "
+          "per layer: strategy tensor)",
+          where, strategy);
+  }
   read_names(q, "ignore", where, h.ignore);
 }
 

@@ -10,6 +10,9 @@
 //     strategy "tensor" or "channel" (format float-quantized or naive-quantized), with an ignore
 //     list; every other scheme (int4 pack-quantized, int8, group/block strategies, sparsity) is
 //     refused with one line naming what was found.
+// compressed-tensors' kv_cache_scheme must be float 8-bit with strategy tensor: one K and one V scale
+// per layer, which --kv-cache-dtype fp8 uses (model/hf_models.h: read_kv_cache_scales reads them,
+// whatever the config says, as vLLM does).
 // Static activation scales ("X.input_scale") are not used: fdpp quantizes activations per token at
 // run time where an FP8 tensor-core GEMM needs them (backend/cuda/fp8.h), as vLLM's dynamic scheme.
 //

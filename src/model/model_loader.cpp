@@ -98,6 +98,8 @@ ModelDescription describe_hf_model(const HfConfig& h, const WeightSource& source
   d.quantization = h.quantization.describe();
   const auto specs = hf_tensor_specs(h.config, source);
   check_hf_tensors(source, specs, h.config, h.config_path, h.quantization);
+  // A few numbers read here, so that every path from the description (load, plan, info) has them.
+  d.config.kv_cache_scales = read_kv_cache_scales(source, h.config);
   for (const HfTensorSpec& spec : specs) {
     if (const SourceTensor* t = source.find(spec.name); t != nullptr) {
       d.tensors.push_back({spec.name, t->shape, t->dtype, t->n_bytes});

@@ -95,8 +95,8 @@ PlannedModel plan_model(const std::string& path);
 struct HfConfig;
 class WeightSource;
 // The HF-directory steps on their own, over any WeightSource (tests pass an in-memory one):
-// validates the tensors against config.json (names, shapes, dtypes) without reading data, and
-// loads the weights (no tokenizer).
+// validates the tensors against config.json (names, shapes, dtypes) reading no weight data (only
+// the KV cache scales, ModelConfig::kv_cache_scales), and loads the weights (no tokenizer).
 ModelDescription describe_hf_model(const HfConfig& config, const WeightSource& source);
 DecoderWeights load_hf_model_weights(const HfConfig& config, const WeightSource& source,
                                      const ProgressFn& progress = {});

@@ -210,7 +210,7 @@ cuda::EngineOptions engine_options(const ModelConfig& config, const RunnerOption
   eo.dispatch_table = options.dispatch_table;
   eo.gemv_max_m = options.gemv_max_m;
   eo.kernels = options.kernels;
-  // Scales 1 (vLLM's fp8 without calibration): the checkpoints' k_scale / v_scale are not read yet.
+  // The scales come with the model (ModelConfig::kv_cache_scales, 1 where the checkpoint has none).
   if (cuda_kv_cache_fp8(options.kv_cache_dtype)) eo.kv_quant.dtype = cuda::KvDType::Fp8E4M3;
   return eo;
 }

@@ -36,7 +36,7 @@ struct RunnerOptions {
   int64_t kv_cache_tokens = 0;
   // The KV cache's element type: "auto" (CPU: fp32, the reference; CUDA: the model's 16-bit dtype),
   // "f32" or "f16" (the CPU backend's; half the memory), or "fp8" (the CUDA backend's: e4m3 with
-  // scale 1, half the 16-bit cache's bytes).
+  // the checkpoint's per-layer scales, else 1; half the 16-bit cache's bytes).
   std::string kv_cache_dtype = "auto";
   bool cuda_graphs = true;
   // CUDA: the share of the free memory after the weights that a KV cache sized by the engine

@@ -100,8 +100,8 @@ std::vector<EngineOption> build_table() {
     EngineOption o = choice("kv_cache_dtype", "--kv-cache-dtype", kRunners | kBench,
                             "KV cache element type: auto (CPU: fp32, the reference; CUDA: the model's 16-bit "
                             "dtype), f32 or f16 (CPU: half the cache memory, as llama.cpp's default), or fp8 "
-                            "(CUDA: e4m3 with scale 1, as vLLM's uncalibrated fp8: twice the tokens in the same "
-                            "memory; fp8_e4m3 too)",
+                            "(CUDA: e4m3 with the checkpoint's per-layer scales, else 1 as vLLM's uncalibrated fp8: "
+                            "twice the tokens in the same memory; fp8_e4m3 too)",
                             {"auto", "f32", "f16", "fp8", "fp8_e4m3"}, &EngineArgs::kv_cache_dtype);
     o.refused = {{"fp8_e5m2", "fp8_e5m2 is not supported: the fp8 KV cache is e4m3 (fp8, fp8_e4m3)"}};
     o.assign = [](EngineArgs& a, const std::string& v) { a.kv_cache_dtype = v == "fp8_e4m3" ? "fp8" : v; };

@@ -971,5 +971,86 @@ TEST(CudaFp8KvCacheEngine, RefusesBadScales) {
   }
 }
 
+// ---- the checkpoint's KV cache scales (ModelConfig::kv_cache_scales) ----
+
+// Per-layer scales as an FP8 checkpoint publishes them: none a power of two (which would round
+// every value as scale 1 does, so the runs below could not tell them from 1), and none so large
+// that ~N(0, 1) keys and values fall into e4m3's subnormals.
+ModelConfig with_checkpoint_scales(ModelConfig c) {
+  const float k[] = {0.37f, 0.81f, 1.43f}, v[] = {1.29f, 0.53f, 0.91f};
+  for (int l = 0; l < c.n_layers; ++l) c.kv_cache_scales.push_back({k[l % 3], v[l % 3]});
+  return c;
+}
+
+// A 37-token prefill (every position's logits) and then 5 decode steps, on a runner of its own.
+std::vector<float> prefill_then_decode(std::shared_ptr<const cuda::DeviceModel> model, const std::vector<int32_t>& ids,
+                                       int prompt, const cuda::EngineOptions& eo) {
+  const int vocab = model->config().vocab_size;
+  auto r = gpu_runner(std::move(model), static_cast<int>(ids.size()), eo);
+  std::vector<float> rows(size_t(prompt) * vocab, NAN), step(vocab, NAN);
+  r->forward(std::span(ids.data(), prompt), 0, true, rows);
+  for (size_t t = prompt; t < ids.size(); ++t) {
+    r->forward(std::span(&ids[t], 1), static_cast<int>(t), false, step);
+    rows.insert(rows.end(), step.begin(), step.end());
+  }
+  return rows;
+}
+
+// An e4m3 cache with each layer's scales from the model's config: every cache write and attention
+// call of a layer uses that layer's, so the logits stay as close to the 16-bit cache's as with
+// scales 1 (the same bound as LogitsStayCloseToThe16BitCache; a layer written with its scale and
+// read with another would be far off), and differ from the run with scales 1 (so the scales reach
+// the kernels). A 16-bit cache ignores the scales, bit for bit.
+TEST(CudaFp8KvCacheEngine, UsesTheCheckpointsScalesPerLayer) {
+  REQUIRE_GPU();
+  for (const RecipeCase& p : {RecipeCase{"llama", 128, cuda::DType::BF16}, RecipeCase{"chatglm", 128, cuda::DType::F16},
+                              RecipeCase{"mistral-window", 64, cuda::DType::BF16}}) {
+    SCOPED_TRACE(p.recipe);
+    const ModelConfig plain = tiny(p.recipe, p.head_dim);
+    const ModelConfig scaled = with_checkpoint_scales(plain);
+    const DecoderWeights w = random_weights(plain);
+    auto model = std::make_shared<const cuda::DeviceModel>(plain, w, p.dtype);
+    auto scaled_model = std::make_shared<const cuda::DeviceModel>(scaled, w, p.dtype);
+    const int T = 37;
+    const auto ids = random_ids(T + 5, plain.vocab_size);
+    const std::vector<float> ref16 = prefill_then_decode(model, ids, T, cuda::EngineOptions{});
+    const std::vector<float> ones = prefill_then_decode(model, ids, T, fp8_cache());
+    const std::vector<float> per_layer = prefill_then_decode(scaled_model, ids, T, fp8_cache());
+    const double e = test::nmse(per_layer, ref16), e_ones = test::nmse(ones, ref16);
+    const double from_ones = test::nmse(per_layer, ones);
+    std::printf("%s hd%d %s: fp8 KV cache with per-layer scales against the 16-bit one: logits NMSE %.3e (scales 1: "
+                "%.3e; against scales 1: %.3e)\n",
+                p.recipe.c_str(), p.head_dim, p.dtype == cuda::DType::F16 ? "f16" : "bf16", e, e_ones, from_ones);
+    EXPECT_LE(e, 5e-3);
+    EXPECT_GE(argmax_agreement(per_layer, ref16, plain.vocab_size), 0.75);
+    EXPECT_GT(from_ones, 0.0) << "the per-layer scales round K and V differently from scale 1";
+    EXPECT_EQ(prefill_then_decode(scaled_model, ids, T, cuda::EngineOptions{}), ref16)
+        << "a 16-bit cache must ignore the checkpoint's scales";
+  }
+}
+
+// The engine refuses per-layer scales that do not fit the model or are not positive and finite
+// (the loader refuses them first; a config built in code reaches the engine as it is).
+TEST(CudaFp8KvCacheEngine, RefusesBadPerLayerScales) {
+  REQUIRE_GPU();
+  const ModelConfig plain = tiny("llama", 64);
+  const DecoderWeights w = random_weights(plain);
+  cuda::EngineOptions eo = fp8_cache();
+  eo.kv_cache_tokens = 256;
+  ModelConfig zero = with_checkpoint_scales(plain);
+  zero.kv_cache_scales[1].v = 0.f;
+  ModelConfig short_list = with_checkpoint_scales(plain);
+  short_list.kv_cache_scales.pop_back();
+  for (const auto& [c, fragment] : {std::pair{zero, "layer 1: k_scale 0.81, v_scale 0"},
+                                    std::pair{short_list, "2 layers of KV cache scales for a model of 3 layers"}}) {
+    auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+    EXPECT_ERROR(cuda::CudaEngine e(model, eo), fragment);
+    // A 16-bit cache has no scales to refuse.
+    cuda::EngineOptions sixteen;
+    sixteen.kv_cache_tokens = 256;
+    EXPECT_NO_THROW({ cuda::CudaEngine e(model, sixteen); });
+  }
+}
+
 }  // namespace
 }  // namespace fdpp

@@ -4,6 +4,8 @@
 
 #include "cli_common.h"
 #include "subcommands.h"
+#include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <optional>
 
@@ -228,6 +230,13 @@ int run_info(const InfoArgs& a) {
     } else {
       j["experts"] = nullptr;
     }
+    if (!c.kv_cache_scales.empty()) {
+      nlohmann::json scales = nlohmann::json::array();
+      for (const KvCacheScales& s : c.kv_cache_scales) scales.push_back({{"k", s.k}, {"v", s.v}});
+      j["kv_cache_scales"] = scales;
+    } else {
+      j["kv_cache_scales"] = nullptr;
+    }
     if (cal) {
       j["calibration"] = {{"path", cal->path},
                           {"phi_min", cal->phi_min()},
@@ -263,6 +272,12 @@ int run_info(const InfoArgs& a) {
   fmt::print("embeddings:   {}\n", c.tied_embeddings ? "tied (lm head = token embeddings)" : "separate lm head");
   fmt::print("dtypes:       {}\n", dtypes);
   if (!d.quantization.empty()) fmt::print("quantized:    {}\n", d.quantization);
+  if (!c.kv_cache_scales.empty()) {
+    // Used by --kv-cache-dtype fp8 only; a 16-bit cache ignores them.
+    float lo = INFINITY, hi = 0.f;
+    for (const KvCacheScales& s : c.kv_cache_scales) lo = std::min({lo, s.k, s.v}), hi = std::max({hi, s.k, s.v});
+    fmt::print("kv scales:    per layer (from the checkpoint), in [{:.4g}, {:.4g}], for --kv-cache-dtype fp8\n", lo, hi);
+  }
   fmt::print("parameters:   {} ({:.1f} M)\n", d.n_params, d.n_params / 1e6);
   fmt::print("stored:       {}\n", human_bytes(static_cast<double>(d.stored_bytes)));
   fmt::print("runs as:      {}\n", runs.summary);

@@ -73,12 +73,24 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   const KvQuant& kvq = options.kv_quant;
   check(kvq.dtype == KvDType::Model || kvq.dtype == KvDType::Fp8E4M3, "unknown KV cache dtype {}",
         static_cast<int>(kvq.dtype));
+  // A 16-bit cache passes the options as they are (the model's scales are an e4m3 cache's alone).
+  layer_kv_quant_.assign(static_cast<size_t>(c.n_layers), kvq);
   if (kvq.dtype == KvDType::Fp8E4M3) {
     check(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256,
           "--kv-cache-dtype fp8: the e4m3 KV cache supports head_dim 64, 128 and 256, not {}", c.head_dim);
-    check(std::isfinite(kvq.k_scale) && kvq.k_scale > 0.f && std::isfinite(kvq.v_scale) && kvq.v_scale > 0.f,
-          "--kv-cache-dtype fp8: scales must be positive and finite (k_scale {}, v_scale {})", kvq.k_scale,
-          kvq.v_scale);
+    check(c.kv_cache_scales.empty() || c.kv_cache_scales.size() == static_cast<size_t>(c.n_layers),
+          "--kv-cache-dtype fp8: {} layers of KV cache scales for a model of {} layers", c.kv_cache_scales.size(),
+          c.n_layers);
+    for (int layer = 0; layer < c.n_layers; ++layer) {
+      KvQuant& q = layer_kv_quant_[static_cast<size_t>(layer)];
+      if (!c.kv_cache_scales.empty()) {
+        q.k_scale = c.kv_cache_scales[static_cast<size_t>(layer)].k;
+        q.v_scale = c.kv_cache_scales[static_cast<size_t>(layer)].v;
+      }
+      check(std::isfinite(q.k_scale) && q.k_scale > 0.f && std::isfinite(q.v_scale) && q.v_scale > 0.f,
+            "--kv-cache-dtype fp8: scales must be positive and finite (layer {}: k_scale {}, v_scale {})", layer,
+            q.k_scale, q.v_scale);
+    }
   }
   kv_elem_bytes_ = kv_element_bytes(kvq.dtype);
 
@@ -411,11 +423,11 @@ struct CudaEngine::Forward {
     rope_qk_cache(e.qkv_.get(), in.positions, m.inv_freq_of(layer), c.rope_of(layer).rotary_dim / 2, in.slots, n,
                   c.n_heads,
                   c.n_kv_heads, c.head_dim, e.options_.block_size, c.rope_style, e.layer_k(layer), e.layer_v(layer),
-                  dt, st, e.options_.kv_quant);
+                  dt, st, e.layer_kv_quant(layer));
   }
   void write_cache(int layer) {
     kv_cache_write(e.qkv_.get(), in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, e.options_.block_size,
-                   e.layer_k(layer), e.layer_v(layer), dt, st, e.options_.kv_quant);
+                   e.layer_k(layer), e.layer_v(layer), dt, st, e.layer_kv_quant(layer));
   }
   void attention(int layer) {
     // LongRope's attention factor scales the rotated q and k (the whole head: checked at
@@ -438,7 +450,7 @@ struct CudaEngine::Forward {
                                 .range = e.unified_max_[layer], .counters = e.attn_counters_.as<int>(),
                                 .counter_ints = e.attn_counter_ints_,
                                 .fallback_rows = e.fallback_rows_.as<unsigned long long>(), .window = window,
-                                .softcap = softcap, .kv_quant = e.options_.kv_quant},
+                                .softcap = softcap, .kv_quant = e.layer_kv_quant(layer)},
                                st);
       } else {
         decode_attention({.qkv = e.qkv_.get(), .k_cache = e.layer_k(layer), .v_cache = e.layer_v(layer),
@@ -448,7 +460,7 @@ struct CudaEngine::Forward {
                           .block_size = e.options_.block_size, .scale = scale, .dtype = dt,
                           .splits = attention_splits, .max_context_len = attention_max_len,
                           .workspace = e.attn_ws_.get(), .workspace_bytes = e.attn_ws_.bytes(), .window = window,
-                          .softcap = softcap, .kv_quant = e.options_.kv_quant},
+                          .softcap = softcap, .kv_quant = e.layer_kv_quant(layer)},
                          st);
       }
     }
@@ -464,7 +476,7 @@ struct CudaEngine::Forward {
                                e.options_.block_size, scale, async ? &e.unified_max_[layer] : nullptr,
                                e.fallback_rows_.as<unsigned long long>() + 1, e.attn_.get(), dt, st,
                                prefill_config_for(e.options_.prefill_attention_config, max_chunk), window, softcap,
-                               e.options_.kv_quant);
+                               e.layer_kv_quant(layer));
     }
   }
   void out_proj(int layer) {
@@ -1160,7 +1172,7 @@ void CudaEngine::randomize_kv_cache(uint64_t seed) {
       FDPP_CUDA_CHECK(
           cudaMemcpyAsync(slots_.get(), slots.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
       kv_cache_write(qkv_.get(), slots_.as<int32_t>(), n, c.n_heads, c.n_kv_heads, c.head_dim, options_.block_size,
-                     layer_k(layer), layer_v(layer), model_->dtype(), stream_, options_.kv_quant);
+                     layer_k(layer), layer_v(layer), model_->dtype(), stream_, layer_kv_quant(layer));
     }
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

@@ -48,8 +48,10 @@ struct EngineOptions {
   // per step by the longest chunk (cuda_engine.cpp: prefill_config_for).
   int prefill_attention_config = -1;
   // The KV cache's element type (kernels.h: KvQuant): the model's 16-bit dtype, or e4m3 bytes
-  // (--kv-cache-dtype fp8: half the bytes per token; head dims 64, 128, 256), with one k_scale and
-  // one v_scale for every layer (1: vLLM's fp8 without calibration).
+  // (--kv-cache-dtype fp8: half the bytes per token; head dims 64, 128, 256). An e4m3 cache takes
+  // each layer's scales from the model (ModelConfig::kv_cache_scales, the checkpoint's k_scale /
+  // v_scale); a model without them takes this k_scale and v_scale for every layer (1: vLLM's fp8
+  // without calibration). A 16-bit cache has no scales.
   KvQuant kv_quant;
   // The unified max phi per layer (natural-log units of q.k / sqrt(d)), from the model's
   // calibration file; empty: the conservative default phi = 0 for every layer. Either way rows
@@ -198,6 +200,8 @@ class CudaEngine final : public Engine {
   void lm_head(const void* x, int rows);
   void* layer_k(int layer) const;
   void* layer_v(int layer) const;
+  // What a layer's cache writes and attention calls quantize with (its scales on an e4m3 cache).
+  const KvQuant& layer_kv_quant(int layer) const { return layer_kv_quant_[static_cast<size_t>(layer)]; }
 
   std::shared_ptr<const DeviceModel> model_;
   EngineOptions options_;
@@ -207,6 +211,7 @@ class CudaEngine final : public Engine {
   int max_blocks_per_seq_ = 0;
   int64_t num_blocks_ = 0;
   size_t kv_elem_bytes_ = 2;  // bytes of one cached K or V element (kv_element_bytes)
+  std::vector<KvQuant> layer_kv_quant_;  // per layer: options_.kv_quant with the layer's scales
   size_t block_bytes_ = 0;     // one layer's k (or v) block
   DeviceBuffer kv_;         // [layers][2][num_blocks][block_size][kv_dim]
   int logit_capacity_ = 0;  // rows of logits_

@@ -23,7 +23,7 @@ enum class DType { F16, BF16 };
 // fp8`): one e4m3 byte per element, half the bytes a decode step reads and twice the tokens a pool
 // holds; a value x is stored as e4m3(x / scale) (saturating at +-448 after x is rounded to the
 // model's DType, so a fused launch writes what the separate ones do) and read as e4m3 * scale,
-// one scale for K and one for V per layer (1 without calibration, as vLLM's fp8). Head dims 64,
+// one scale for K and one for V per layer (the checkpoint's, else 1 as vLLM's fp8). Head dims 64,
 // 128 and 256.
 enum class KvDType { Model, Fp8E4M3 };
 struct KvQuant {
