@@ -542,8 +542,13 @@ TEST(GrammarFuzz, RandomRegexStreamsMatchStdRegex) {
 TEST(Grammar, MatchersOfOneSchemaShareTheirAutomaton) {
   const auto vocab = toy_vocab();
   GrammarAutomata automata(vocab, 2);
-  const std::string schema = R"({"type":"object","properties":{"note":{"type":"string","maxLength":700}},
-      "required":["note"],"additionalProperties":false})";
+  // A note of 690 random letters, spelled out by the pattern: nearly every position has a mask of
+  // its own (positions of a plain maxLength would share theirs), more than the memo keeps.
+  std::mt19937 letter_rng(3);
+  std::string note;
+  for (int i = 0; i < 690; ++i) note += static_cast<char>('a' + letter_rng() % 26);
+  const std::string schema = R"({"type":"object","properties":{"note":{"type":"string","pattern":")" + note +
+                             R"("}},"required":["note"],"additionalProperties":false})";
   const auto first = automata.get(compile_json_schema(schema));
   EXPECT_EQ(automata.get(compile_json_schema(schema)), first);
   EXPECT_NE(automata.get(compile_json_object()), first);
@@ -559,17 +564,16 @@ TEST(Grammar, MatchersOfOneSchemaShareTheirAutomaton) {
   const auto again = automata.get(compile_json_schema(schema));
   EXPECT_NE(again, first);
 
-  const std::string note(690, 'a');
   const std::string text = "{\"note\": \"" + note + "\"}";
   GrammarMatcher waiting(again), walker(again), alone(compile_json_schema(schema), vocab);
-  ASSERT_TRUE(waiting.accept_bytes("{\"note\": \"ab"));
-  ASSERT_TRUE(alone.accept_bytes("{\"note\": \"ab"));
+  ASSERT_TRUE(waiting.accept_bytes("{\"note\": \"" + note.substr(0, 2)));
+  ASSERT_TRUE(alone.accept_bytes("{\"note\": \"" + note.substr(0, 2)));
   // The walker asks for a mask at every character: more masks than the memo keeps, so it starts over.
   std::mt19937 rng(7);
   EXPECT_TRUE(produce(walker, *vocab, text, rng));
   EXPECT_GT(again->generation(), 0u) << "the shared memo never started over";
   // The waiting matcher's masks still equal those of the matcher with an automaton of its own.
-  for (const char* more : {"c", "d\"", "}"}) {
+  for (const std::string& more : {note.substr(2, 1), note.substr(3) + "\"", std::string("}")}) {
     EXPECT_EQ(waiting.allowed_tokens(), alone.allowed_tokens()) << more;
     ASSERT_TRUE(waiting.accept_bytes(more));
     ASSERT_TRUE(alone.accept_bytes(more));
@@ -578,6 +582,52 @@ TEST(Grammar, MatchersOfOneSchemaShareTheirAutomaton) {
   EXPECT_TRUE(waiting.is_allowed(vocab->end_ids()[0]));
 }
 
+
+// The positions of a long counted repetition are states of their own, but their masks are one:
+// walking a string of minLength (or maxLength) 1,500 computes a few masks, not one per position,
+// and every shared mask holds exactly the tokens the grammar allows there, checked token by token.
+TEST(Grammar, StatesThatDifferBeyondTheLongestTokenShareAMask) {
+  const auto vocab = toy_vocab();
+  for (const char* bound : {"minLength", "maxLength"}) {
+    SCOPED_TRACE(bound);
+    const auto automaton = std::make_shared<GrammarAutomaton>(
+        compile_json_schema(fmt::format(R"({{"type":"object","properties":{{"text":{{"type":"string","{}":1500}}}},
+            "required":["text"],"additionalProperties":false}})", bound)),
+        vocab);
+    GrammarMatcher walker(automaton);
+    const std::string text = "{\"text\": \"" + std::string(1490, 'a') + "\\u00e9" + std::string(9, 'b') + "\"}";
+    size_t at = 0;
+    while (at < text.size()) {
+      const std::vector<uint32_t> mask = walker.allowed_tokens();
+      for (int32_t id = 0; id < vocab->size(); ++id) {
+        const std::string& b = vocab->bytes(id);
+        const bool allowed = (mask[id >> 5] >> (id & 31)) & 1u;
+        const bool expected = vocab->is_end(id) ? walker.accepting() : !b.empty() && walker.can_accept_bytes(b);
+        ASSERT_EQ(allowed, expected) << "token '" << b << "' at byte " << at;
+      }
+      // The longest piece of the text that is one token.
+      int32_t pick = -1;
+      for (int32_t id = 0; id < vocab->size(); ++id) {
+        const std::string& b = vocab->bytes(id);
+        if (!b.empty() && text.compare(at, b.size(), b) == 0 && (pick < 0 || b.size() > vocab->bytes(pick).size()))
+          pick = id;
+      }
+      ASSERT_GE(pick, 0);
+      ASSERT_TRUE(walker.accept_token(pick)) << at;
+      at += vocab->bytes(pick).size();
+    }
+    EXPECT_TRUE(walker.accepting());
+    // One walk of the vocabulary per distinct mask: the structure around the string and the
+    // positions where its bound comes within a token's reach (before: one per position).
+    EXPECT_LT(automaton->masks_computed(), 40u);
+    // The bound itself still holds.
+    GrammarMatcher edge(automaton);
+    ASSERT_TRUE(edge.accept_bytes("{\"text\": \"" + std::string(1499, 'a')));
+    EXPECT_EQ(edge.can_accept_bytes("\""), std::string_view(bound) == "maxLength");
+    EXPECT_TRUE(edge.can_accept_bytes("a\""));
+    EXPECT_EQ(edge.can_accept_bytes("aa"), std::string_view(bound) == "minLength");
+  }
+}
 
 // The default model's real vocabulary (SmolLM2's byte-level BPE): the masks of a schema's states
 // hold exactly the tokens whose bytes the grammar allows, checked token by token.

@@ -295,6 +295,26 @@ GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> grammar, std::
   std::sort(initial_stacks_.begin(), initial_stacks_.end());
   initial_stacks_.erase(std::unique(initial_stacks_.begin(), initial_stacks_.end()), initial_stacks_.end());
   check(!initial_stacks_.empty() || initial_accept_, "grammar: the grammar matches no text at all");
+  // The fewest bytes of each rule: a fixed point from "unbounded" (recursive rules converge).
+  constexpr int64_t kUnbounded = int64_t{1} << 40;
+  rule_min_bytes_.assign(static_cast<size_t>(grammar_->rule_count()), kUnbounded);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (int rule = 0; rule < grammar_->rule_count(); ++rule) {
+      int64_t best = kUnbounded;
+      for (int32_t pos : grammar_->alternatives(rule)) {
+        int64_t n = 0;
+        for (; grammar_->at(pos).kind != Element::kEnd; ++pos) {
+          const Element& e = grammar_->at(pos);
+          n = std::min(kUnbounded, n + (e.kind == Element::kBytes ? 1 : rule_min_bytes_[e.value]));
+        }
+        best = std::min(best, n);
+      }
+      if (best < rule_min_bytes_[rule]) rule_min_bytes_[rule] = best, changed = true;
+    }
+  }
+  for (int32_t id = 0; id < vocab_->size(); ++id)
+    max_token_bytes_ = std::max<int64_t>(max_token_bytes_, static_cast<int64_t>(vocab_->bytes(id).size()));
 }
 
 GrammarAutomaton::Cursor GrammarAutomaton::start() {
@@ -314,6 +334,7 @@ void GrammarAutomaton::locate(Cursor& c) {
     states_.clear();
     state_index_.clear();
     masks_.clear();
+    mask_by_key_.clear();
     ++generation_;
   }
   if (c.generation != generation_ || c.state < 0) {
@@ -343,6 +364,11 @@ std::shared_ptr<const GrammarAutomaton::Mask> GrammarAutomaton::mask(Cursor& c) 
   locate(c);
   if (states_[c.state].mask < 0) compute_mask(c.state);
   return masks_[states_[c.state].mask];
+}
+
+uint64_t GrammarAutomaton::masks_computed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return masks_computed_;
 }
 
 uint64_t GrammarAutomaton::generation() const {
@@ -416,7 +442,87 @@ int32_t GrammarAutomaton::step(int32_t state, uint8_t b) {
   return next;
 }
 
+int32_t GrammarAutomaton::rule_shape(int32_t rule, int64_t budget, int depth) {
+  if (budget < 0) return 0;  // out of every token's reach: what it holds does not matter
+  // Deep nesting (or a recursion that consumes no byte) keeps the rule's own identity: exact.
+  constexpr int kMaxShapeDepth = 64;
+  const uint64_t memo_key = (static_cast<uint64_t>(static_cast<uint32_t>(rule)) << 32) | static_cast<uint32_t>(budget);
+  if (const auto it = rule_shape_memo_.find(memo_key); it != rule_shape_memo_.end()) return it->second;
+  std::string shape;
+  auto put = [&shape](int32_t x) { shape.append(reinterpret_cast<const char*>(&x), sizeof(x)); };
+  if (depth >= kMaxShapeDepth) {
+    put(-1);
+    put(rule);
+  } else {
+    for (int32_t pos : grammar_->alternatives(rule)) {
+      int64_t need = 0;
+      for (;; ++pos) {
+        const Element& e = grammar_->at(pos);
+        if (e.kind == Element::kEnd) {
+          put(-2);
+          break;
+        }
+        if (need > budget) {
+          put(-3);  // the rest is out of reach
+          break;
+        }
+        put(e.kind == Element::kBytes ? e.value : -4 - rule_shape(e.value, budget - need, depth + 1));
+        need += e.kind == Element::kBytes ? 1 : rule_min_bytes_[e.value];
+      }
+    }
+  }
+  const auto [it, fresh] = shape_ids_.emplace(std::move(shape), static_cast<int32_t>(shape_ids_.size()) + 1);
+  rule_shape_memo_.emplace(memo_key, it->second);
+  return it->second;
+}
+
+std::string GrammarAutomaton::mask_key(int32_t state) {
+  // Per stack: its elements (kind, value) from the top, through the continuations it returns to,
+  // until they need more bytes than the longest token (no token reaches past them) or the grammar
+  // ends. Equal element sequences accept equal byte strings up to that length. Sorted, so that
+  // the order of the stack ids does not matter.
+  std::vector<std::string> walks;
+  walks.reserve(states_[state].stacks.size());
+  for (int32_t s : states_[state].stacks) {
+    std::string w;
+    auto put = [&w](int32_t x) { w.append(reinterpret_cast<const char*>(&x), sizeof(x)); };
+    int32_t pos = stacks_[s].pos, parent = stacks_[s].parent;
+    int64_t need = 0;
+    for (;;) {
+      const Element& e = grammar_->at(pos);
+      if (e.kind == Element::kEnd) {
+        put(-1 - static_cast<int32_t>(parent < 0));  // -1: a return, -2: the grammar's end
+        if (parent < 0) break;
+        pos = stacks_[parent].pos;
+        parent = stacks_[parent].parent;
+        continue;
+      }
+      put(e.kind == Element::kBytes ? e.value : -3 - rule_shape(e.value, max_token_bytes_ - need, 0));
+      need += e.kind == Element::kBytes ? 1 : rule_min_bytes_[e.value];
+      if (need > max_token_bytes_) break;
+      ++pos;
+    }
+    walks.push_back(std::move(w));
+  }
+  std::sort(walks.begin(), walks.end());
+  std::string key;
+  key.push_back(states_[state].accept ? 'a' : 'n');
+  for (const std::string& w : walks) {
+    const auto n = static_cast<uint32_t>(w.size());
+    key.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    key.append(w);
+  }
+  return key;
+}
+
 void GrammarAutomaton::compute_mask(int32_t state) {
+  std::string key = mask_key(state);
+  if (const auto it = mask_by_key_.find(key); it != mask_by_key_.end()) {
+    states_[state].mask = it->second;
+    return;
+  }
+  mask_by_key_.emplace(std::move(key), static_cast<int32_t>(masks_.size()));
+  ++masks_computed_;
   const TokenVocabulary& v = *vocab_;
   auto mask = std::make_shared<Mask>((static_cast<size_t>(v.size()) + 31) / 32, 0u);
   const auto& nodes = v.nodes();

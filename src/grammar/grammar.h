@@ -11,7 +11,11 @@
 //    so after the first few tokens advancing a state by a byte is one array lookup;
 //  - the allowed-token mask walks a trie of the vocabulary's token bytes against that DFA (a shared
 //    prefix is walked once, a dead prefix prunes its whole subtree), and the mask is cached per
-//    state, so a state met again (inside a string, between array items) costs nothing.
+//    state, so a state met again (inside a string, between array items) costs nothing;
+//  - states that differ only beyond the longest token share one mask: a mask depends on the bytes
+//    a state accepts up to that length, which its stacks' next elements (through their returns,
+//    until they must consume more bytes than any token holds) determine. Each position of a long
+//    counted repetition (a string's minLength of 2,000) is its own state, but they share a mask.
 // XGrammar goes further (it splits tokens into context-independent ones precomputed per grammar
 // position and context-dependent ones checked at run time); see docs/PERFORMANCE.md for what this
 // simpler design costs per token.
@@ -141,7 +145,8 @@ class GrammarAutomaton {
   // The cursor after bytes, or false (cursor unchanged) when the grammar does not allow them.
   bool advance(Cursor& cursor, std::string_view bytes, bool commit);
   std::shared_ptr<const Mask> mask(Cursor& cursor);
-  uint64_t generation() const;  // how many times the memo started over (tests)
+  uint64_t generation() const;     // how many times the memo started over (tests)
+  uint64_t masks_computed() const;  // vocabulary walks so far, over every generation (tests)
 
  private:
   struct Stack {
@@ -161,6 +166,12 @@ class GrammarAutomaton {
   int32_t intern_state(std::vector<int32_t> stacks, bool accept);
   int32_t step(int32_t state, uint8_t b);
   void compute_mask(int32_t state);
+  // The key of what a state accepts up to max_token_bytes_ bytes (its stacks' elements up to that
+  // many bytes of minimum length, and whether it may end there): equal keys, equal masks.
+  std::string mask_key(int32_t state);
+  // An id of what `rule` accepts within `budget` bytes: rules of one shape that differ only beyond
+  // the budget (the nested optionals of a maxLength) get the same id.
+  int32_t rule_shape(int32_t rule, int64_t budget, int depth);
   // Starts the memo over when it outgrew its bounds, then brings the cursor into this generation.
   void locate(Cursor& cursor);
 
@@ -172,6 +183,12 @@ class GrammarAutomaton {
   std::vector<State> states_;
   std::unordered_map<std::string, int32_t> state_index_;
   std::vector<std::shared_ptr<const Mask>> masks_;
+  std::unordered_map<std::string, int32_t> mask_by_key_;  // mask_key -> index into masks_
+  std::unordered_map<uint64_t, int32_t> rule_shape_memo_;  // (rule, budget) -> rule_shape
+  std::unordered_map<std::string, int32_t> shape_ids_;     // a shape's elements -> its id
+  std::vector<int64_t> rule_min_bytes_;                   // the fewest bytes each rule matches
+  int64_t max_token_bytes_ = 0;
+  uint64_t masks_computed_ = 0;
   uint64_t generation_ = 0;
   std::vector<int32_t> initial_stacks_;
   bool initial_accept_ = false;
