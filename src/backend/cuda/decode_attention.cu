@@ -147,15 +147,8 @@ Call make_call(const DecodeAttentionParams& p, bool async_mode) {
   check(aligned16(p.k_cache) && aligned16(p.v_cache), "decode_attention: k/v cache pointers must be 16-byte aligned");
   check(p.dtype == DType::F16 || p.dtype == DType::BF16, "decode_attention: unknown dtype {}",
         static_cast<int>(p.dtype));
+  check_kv_quant(p.kv_quant, head_dim, "decode_attention");
   const bool fp8 = p.kv_quant.dtype == KvDType::Fp8E4M3;
-  check(p.kv_quant.dtype == KvDType::Model || fp8, "decode_attention: unknown KV cache dtype {}",
-        static_cast<int>(p.kv_quant.dtype));
-  check(!fp8 || head_dim == 64 || head_dim == 128 || head_dim == 256,
-        "decode_attention: head_dim = {} has no e4m3-cache kernel (64, 128, 256)", head_dim);
-  check(!fp8 || (std::isfinite(p.kv_quant.k_scale) && p.kv_quant.k_scale > 0.f && std::isfinite(p.kv_quant.v_scale) &&
-                 p.kv_quant.v_scale > 0.f),
-        "decode_attention: KV cache scales k {} and v {} must be positive and finite", p.kv_quant.k_scale,
-        p.kv_quant.v_scale);
   const int multiprocessors = multiprocessors_of_current_device();
   const decode::GroupPlan g = decode::plan_groups(batch, n_heads, n_kv_heads, splits, multiprocessors);
   check(g.n_groups <= 0x7fffffff, "decode_attention: {} CTAs exceed the grid limit", g.n_groups);

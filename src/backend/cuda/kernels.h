@@ -32,6 +32,9 @@ struct KvQuant {
   float v_scale = 1.f;
 };
 inline size_t kv_element_bytes(KvDType t) { return t == KvDType::Fp8E4M3 ? 1 : 2; }
+// Every launcher that reads or writes the cache checks its KvQuant here (`what` names the caller):
+// a known dtype; with e4m3, head dim 64, 128 or 256 and positive, finite scales.
+void check_kv_quant(const KvQuant& kv_quant, int head_dim, const char* what);
 
 // Programmatic dependent launch for the kernels of a decode step (residual_norm, rope_qk_cache,
 // decode attention, gemv, flat GEMM without split-K): each may start while the previous kernel

@@ -683,18 +683,11 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   check(a.n_heads > 0 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0,
         "{}: n_heads = {} must be a positive multiple of n_kv_heads = {}", what, a.n_heads, a.n_kv_heads);
   check(a.n_heads <= 0x7fffffff / 4, "{}: n_heads = {} is out of range", what, a.n_heads);
-  check(kv_quant.dtype == KvDType::Model || kv_quant.dtype == KvDType::Fp8E4M3, "{}: unknown kv cache dtype {}",
-        what, static_cast<int>(kv_quant.dtype));
+  check_kv_quant(kv_quant, head_dim, what);
   const bool fp8 = kv_quant.dtype == KvDType::Fp8E4M3;
-  check(head_dim == 64 || head_dim == 128 || head_dim == 256, "{}: head_dim = {} is not supported{} (64, 128, 256)",
-        what, head_dim, fp8 ? " with an fp8 kv cache" : "");
+  check(head_dim == 64 || head_dim == 128 || head_dim == 256, "{}: head_dim = {} is not supported (64, 128, 256)",
+        what, head_dim);
   check(std::isfinite(scale) && scale > 0.f, "{}: scale = {} must be finite and positive", what, scale);
-  if (fp8) {
-    check(std::isfinite(kv_quant.k_scale) && kv_quant.k_scale > 0.f && std::isfinite(kv_quant.v_scale) &&
-              kv_quant.v_scale > 0.f,
-          "{}: fp8 kv cache scales k_scale = {}, v_scale = {} must be finite and positive", what, kv_quant.k_scale,
-          kv_quant.v_scale);
-  }
   // The kernel's logits are q . k of the stored values: k_scale joins the logit scale (the softcap
   // and the unified max see the true logits), v_scale multiplies the output.
   const float logit_scale = fp8 ? scale * kv_quant.k_scale : scale;

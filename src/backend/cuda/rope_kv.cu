@@ -52,36 +52,6 @@ __global__ void rope_qk_kernel(T* __restrict__ qkv, const int32_t* __restrict__ 
   }
 }
 
-// Element type only matters for its size: the copy moves bits.
-template <bool kVec>
-__global__ void kv_cache_write_kernel(const uint16_t* __restrict__ qkv, const int32_t* __restrict__ slots, int n_tokens,
-                                      int n_heads, int n_kv_heads, int head_dim, KvCacheLayout layout,
-                                      uint16_t* __restrict__ k_cache, uint16_t* __restrict__ v_cache) {
-  const int chunks = kVec ? head_dim / 8 : head_dim;  // per head
-  const int64_t row_stride = int64_t(n_heads + 2 * n_kv_heads) * head_dim;
-  const int64_t total = int64_t(n_tokens) * n_kv_heads * chunks;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(idx % chunks);
-    const int64_t rest = idx / chunks;
-    const int kvh = static_cast<int>(rest % n_kv_heads);
-    const int64_t t = rest / n_kv_heads;
-    const int32_t slot = slots[t];
-    if (slot < 0) continue;
-    const int64_t elem = kVec ? int64_t(c) * 8 : c;
-    const uint16_t* src_k = qkv + t * row_stride + int64_t(n_heads + kvh) * head_dim + elem;
-    const uint16_t* src_v = src_k + int64_t(n_kv_heads) * head_dim;
-    const int64_t dst = layout.slot_row(slot, kvh) + elem;
-    if constexpr (kVec) {
-      *reinterpret_cast<uint4*>(k_cache + dst) = *reinterpret_cast<const uint4*>(src_k);
-      *reinterpret_cast<uint4*>(v_cache + dst) = *reinterpret_cast<const uint4*>(src_v);
-    } else {
-      k_cache[dst] = *src_k;
-      v_cache[dst] = *src_v;
-    }
-  }
-}
-
 // e4m3 bits of x / scale, saturating at +-448 (NaN stays NaN). The division is IEEE (not x * 1/scale)
 // so that host references (core/fp8_e4m3.h) reproduce every byte.
 __device__ __forceinline__ uint8_t to_fp8(float x, float scale) {
@@ -100,12 +70,15 @@ __device__ __forceinline__ uint2 to_fp8x8(const uint4& src, float scale) {
                     to_fp8x2(f[4], f[5], scale) | (to_fp8x2(f[6], f[7], scale) << 16));
 }
 
-// kv_cache_write into an e4m3 cache: the same walk, quantizing each T value (so it needs T).
-template <class T, bool kVec>
-__global__ void kv_cache_write_fp8_kernel(const T* __restrict__ qkv, const int32_t* __restrict__ slots, int n_tokens,
-                                          int n_heads, int n_kv_heads, int head_dim, KvCacheLayout layout,
-                                          uint8_t* __restrict__ k_cache, uint8_t* __restrict__ v_cache, float k_scale,
-                                          float v_scale) {
+// One thread per (token, kv head, 8-element chunk, or element where rows are not 16-byte aligned).
+// Src = Dst = uint16_t: the 16-bit cache, where the element type only matters for its size (the
+// copy moves bits). Src = T, Dst = uint8_t: an e4m3 cache, each T value quantized.
+template <class Src, class Dst, bool kVec>
+__global__ void kv_cache_write_kernel(const Src* __restrict__ qkv, const int32_t* __restrict__ slots, int n_tokens,
+                                      int n_heads, int n_kv_heads, int head_dim, KvCacheLayout layout,
+                                      Dst* __restrict__ k_cache, Dst* __restrict__ v_cache, float k_scale,
+                                      float v_scale) {
+  constexpr bool kFp8 = sizeof(Dst) == 1;
   const int chunks = kVec ? head_dim / 8 : head_dim;  // per head
   const int64_t row_stride = int64_t(n_heads + 2 * n_kv_heads) * head_dim;
   const int64_t total = int64_t(n_tokens) * n_kv_heads * chunks;
@@ -118,28 +91,24 @@ __global__ void kv_cache_write_fp8_kernel(const T* __restrict__ qkv, const int32
     const int32_t slot = slots[t];
     if (slot < 0) continue;
     const int64_t elem = kVec ? int64_t(c) * 8 : c;
-    const T* src_k = qkv + t * row_stride + int64_t(n_heads + kvh) * head_dim + elem;
-    const T* src_v = src_k + int64_t(n_kv_heads) * head_dim;
-    const int64_t dst = layout.slot_row(slot, kvh) + elem;  // elements = bytes
-    if constexpr (kVec) {
+    const Src* src_k = qkv + t * row_stride + int64_t(n_heads + kvh) * head_dim + elem;
+    const Src* src_v = src_k + int64_t(n_kv_heads) * head_dim;
+    const int64_t dst = layout.slot_row(slot, kvh) + elem;  // (e4m3: elements = bytes)
+    if constexpr (kFp8 && kVec) {
       // elem is a multiple of 8 and rows are too: the 8-byte stores are aligned.
-      *reinterpret_cast<uint2*>(k_cache + dst) = to_fp8x8<T>(*reinterpret_cast<const uint4*>(src_k), k_scale);
-      *reinterpret_cast<uint2*>(v_cache + dst) = to_fp8x8<T>(*reinterpret_cast<const uint4*>(src_v), v_scale);
-    } else {
+      *reinterpret_cast<uint2*>(k_cache + dst) = to_fp8x8<Src>(*reinterpret_cast<const uint4*>(src_k), k_scale);
+      *reinterpret_cast<uint2*>(v_cache + dst) = to_fp8x8<Src>(*reinterpret_cast<const uint4*>(src_v), v_scale);
+    } else if constexpr (kFp8) {
       k_cache[dst] = to_fp8(to_float(*src_k), k_scale);
       v_cache[dst] = to_fp8(to_float(*src_v), v_scale);
+    } else if constexpr (kVec) {
+      *reinterpret_cast<uint4*>(k_cache + dst) = *reinterpret_cast<const uint4*>(src_k);
+      *reinterpret_cast<uint4*>(v_cache + dst) = *reinterpret_cast<const uint4*>(src_v);
+    } else {
+      k_cache[dst] = *src_k;
+      v_cache[dst] = *src_v;
     }
   }
-}
-
-// The launchers' check of an fp8 cache's head dim and scales (`what` names the caller).
-void check_kv_quant(const KvQuant& q, int head_dim, const char* what) {
-  if (q.dtype == KvDType::Model) return;
-  check(q.dtype == KvDType::Fp8E4M3, "{}: unknown KV cache dtype {}", what, static_cast<int>(q.dtype));
-  check(head_dim == 64 || head_dim == 128 || head_dim == 256,
-        "{}: an fp8 KV cache supports head_dim 64, 128 or 256, not {}", what, head_dim);
-  check(std::isfinite(q.k_scale) && q.k_scale > 0.f && std::isfinite(q.v_scale) && q.v_scale > 0.f,
-        "{}: fp8 KV cache scales must be positive and finite (k_scale {}, v_scale {})", what, q.k_scale, q.v_scale);
 }
 
 // The cache's element as a kernel template argument: T itself, or an e4m3 byte.
@@ -208,6 +177,16 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
 }
 
 }  // namespace
+
+void check_kv_quant(const KvQuant& q, int head_dim, const char* what) {
+  if (q.dtype == KvDType::Model) return;
+  check(q.dtype == KvDType::Fp8E4M3, "{}: unknown KV cache dtype {}", what, static_cast<int>(q.dtype));
+  check(head_dim == 64 || head_dim == 128 || head_dim == 256,
+        "{}: an fp8 KV cache supports head_dim 64, 128 or 256, not {}", what, head_dim);
+  check(std::isfinite(q.k_scale) && q.k_scale > 0.f && std::isfinite(q.v_scale) && q.v_scale > 0.f,
+        "{}: fp8 KV cache scales must be positive and finite (k_scale {}, v_scale {})", what, q.k_scale, q.v_scale);
+}
+
 
 void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, const int32_t* slots,
                    int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, RopeStyle style,
@@ -281,21 +260,20 @@ void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_h
   const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim, "kv_cache_write");
   const bool vec = head_dim % 8 == 0 && aligned16(qkv) && aligned16(k_cache) && aligned16(v_cache);
   const int64_t total = int64_t(n_tokens) * n_kv_heads * (vec ? head_dim / 8 : head_dim);
+  auto launch = [&](auto* kernel, const auto* src, auto* k, auto* v) {
+    kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(src, slots, n_tokens, n_heads, n_kv_heads, head_dim,
+                                                               layout, k, v, kv_quant.k_scale, kv_quant.v_scale);
+  };
   if (kv_quant.dtype == KvDType::Fp8E4M3) {
     detail::dispatch_dtype(dtype, [&](auto tag) {
       using T = decltype(tag);
-      auto* kernel = vec ? kv_cache_write_fp8_kernel<T, true> : kv_cache_write_fp8_kernel<T, false>;
-      kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-          static_cast<const T*>(qkv), slots, n_tokens, n_heads, n_kv_heads, head_dim, layout,
-          static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache), kv_quant.k_scale, kv_quant.v_scale);
+      launch(vec ? kv_cache_write_kernel<T, uint8_t, true> : kv_cache_write_kernel<T, uint8_t, false>,
+             static_cast<const T*>(qkv), static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache));
     });
-    check_launch("kv_cache_write");
-    return;
+  } else {
+    launch(vec ? kv_cache_write_kernel<uint16_t, uint16_t, true> : kv_cache_write_kernel<uint16_t, uint16_t, false>,
+           static_cast<const uint16_t*>(qkv), static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache));
   }
-  auto* kernel = vec ? kv_cache_write_kernel<true> : kv_cache_write_kernel<false>;
-  kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-      static_cast<const uint16_t*>(qkv), slots, n_tokens, n_heads, n_kv_heads, head_dim, layout,
-      static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache));
   check_launch("kv_cache_write");
 }
 
