@@ -23,23 +23,32 @@ inline std::filesystem::path copy_fixture(const std::filesystem::path& src, cons
   return d;
 }
 
-// Rewrites model.safetensors' header through edit (the data section stays as it is, so an edit must
-// keep every tensor's byte count).
-inline void edit_header(const std::filesystem::path& dir, const std::function<void(nlohmann::json&)>& edit) {
+// Rewrites model.safetensors: its header through edit (with the data section's size before the
+// append), then the data section as it was, then `append` (n bytes) after it.
+inline void rewrite_safetensors(const std::filesystem::path& dir, const std::function<void(nlohmann::json&, uint64_t)>& edit,
+                                const void* append = nullptr, size_t n = 0) {
   const std::filesystem::path p = dir / "model.safetensors";
   std::ifstream in(p, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  uint64_t n;
-  std::memcpy(&n, bytes.data(), 8);
-  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(n));
-  edit(header);
+  in.close();
+  uint64_t len;
+  std::memcpy(&len, bytes.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(len));
+  edit(header, bytes.size() - 8 - len);
   std::string h = header.dump();
   while (h.size() % 8 != 0) h += ' ';
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   const uint64_t m = h.size();
   out.write(reinterpret_cast<const char*>(&m), 8);
   out << h;
-  out.write(bytes.data() + 8 + n, static_cast<std::streamsize>(bytes.size() - 8 - n));
+  out.write(bytes.data() + 8 + len, static_cast<std::streamsize>(bytes.size() - 8 - len));
+  if (n > 0) out.write(static_cast<const char*>(append), static_cast<std::streamsize>(n));
+}
+
+// Rewrites model.safetensors' header through edit (the data section stays as it is, so an edit must
+// keep every tensor's byte count).
+inline void edit_header(const std::filesystem::path& dir, const std::function<void(nlohmann::json&)>& edit) {
+  rewrite_safetensors(dir, [&](nlohmann::json& header, uint64_t) { edit(header); });
 }
 
 // Overwrites the first bytes of a tensor's data.
@@ -59,23 +68,12 @@ inline void patch_tensor(const std::filesystem::path& dir, const std::string& na
 // header (a scale a checkpoint publishes beside the fixture's weights).
 inline void add_tensor(const std::filesystem::path& dir, const std::string& name, const std::string& dtype,
                        const std::vector<int64_t>& shape, const void* data, size_t n) {
-  const std::filesystem::path p = dir / "model.safetensors";
-  std::ifstream in(p, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  in.close();
-  uint64_t len;
-  std::memcpy(&len, bytes.data(), 8);
-  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(len));
-  const uint64_t begin = bytes.size() - 8 - len;
-  header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, begin + n}}};
-  std::string h = header.dump();
-  while (h.size() % 8 != 0) h += ' ';
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  const uint64_t m = h.size();
-  out.write(reinterpret_cast<const char*>(&m), 8);
-  out << h;
-  out.write(bytes.data() + 8 + len, static_cast<std::streamsize>(bytes.size() - 8 - len));
-  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+  rewrite_safetensors(
+      dir,
+      [&](nlohmann::json& header, uint64_t data_bytes) {
+        header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {data_bytes, data_bytes + n}}};
+      },
+      data, n);
 }
 
 inline void edit_config(const std::filesystem::path& dir, const std::function<void(nlohmann::json&)>& edit) {
