@@ -536,42 +536,47 @@ TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
 // graph of 16, and the padding writes nothing into the cache (later steps still agree).
 // mistral-window: every layer slides, so row 0's first blocks have been given back (kFreed) when the
 // padding rows copy its table.
-TEST(CudaEngine, PaddedGraphBatchesEqualEagerSteps) {
-  REQUIRE_GPU();
+// Padded graph batches against eager steps (the tests below), for an engine built from `base`.
+void expect_padded_graph_batches_equal_eager_steps(const cuda::EngineOptions& base) {
   for (const char* recipe : {"llama", "mistral-window"}) {
-  SCOPED_TRACE(recipe);
-  ModelConfig c = tiny(recipe, 64);
-  c.max_context = 512;
-  const DecoderWeights w = random_weights(c);
-  auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
-  std::vector<std::vector<int32_t>> prompts;
-  // (The longest first under mistral-window: row 0, whose table the padding rows copy, then holds
-  // kFreed entries.)
-  const bool windowed = c.has_sliding_window();
-  for (int i = 0; i < 13; ++i) prompts.push_back(random_ids(5 + 7 * (windowed ? 12 - i : i), c.vocab_size));
-  const std::vector<int> batches{11, 9, 13, 11, 3, 13};
-  std::vector<std::vector<float>> logits[2];
-  for (int graphs = 0; graphs < 2; ++graphs) {
-    cuda::EngineOptions eo;
-    eo.max_batch = 16;
-    eo.kv_cache_tokens = 4096;
-    eo.cuda_graphs = graphs == 1;
-    cuda::CudaEngine e(model, eo);
-    const std::vector<int> seqs = prefilled_sequences(e, prompts);
-    int t = 0;
-    for (int b : batches) {
-      std::vector<int> ss(seqs.begin(), seqs.begin() + b);
-      std::vector<int32_t> toks;
-      for (int i = 0; i < b; ++i) toks.push_back((5 * t++ + 3 * i) % c.vocab_size);
-      logits[graphs].push_back(decode(e, ss, toks));
+    SCOPED_TRACE(recipe);
+    ModelConfig c = tiny(recipe, 64);
+    c.max_context = 512;
+    const DecoderWeights w = random_weights(c);
+    auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
+    std::vector<std::vector<int32_t>> prompts;
+    // (The longest first under mistral-window: row 0, whose table the padding rows copy, then holds
+    // kFreed entries.)
+    const bool windowed = c.has_sliding_window();
+    for (int i = 0; i < 13; ++i) prompts.push_back(random_ids(5 + 7 * (windowed ? 12 - i : i), c.vocab_size));
+    const std::vector<int> batches{11, 9, 13, 11, 3, 13};
+    std::vector<std::vector<float>> logits[2];
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      cuda::EngineOptions eo = base;
+      eo.max_batch = 16;
+      eo.kv_cache_tokens = 4096;
+      eo.cuda_graphs = graphs == 1;
+      cuda::CudaEngine e(model, eo);
+      const std::vector<int> seqs = prefilled_sequences(e, prompts);
+      int t = 0;
+      for (int b : batches) {
+        std::vector<int> ss(seqs.begin(), seqs.begin() + b);
+        std::vector<int32_t> toks;
+        for (int i = 0; i < b; ++i) toks.push_back((5 * t++ + 3 * i) % c.vocab_size);
+        logits[graphs].push_back(decode(e, ss, toks));
+      }
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+      ASSERT_EQ(logits[0][i].size(), logits[1][i].size());
+      EXPECT_LE(test::nmse(logits[1][i], logits[0][i]), 5e-4) << "step " << i;
     }
   }
-  ASSERT_EQ(logits[0].size(), logits[1].size());
-  for (size_t i = 0; i < logits[0].size(); ++i) {
-    ASSERT_EQ(logits[0][i].size(), logits[1][i].size());
-    EXPECT_LE(test::nmse(logits[1][i], logits[0][i]), 5e-4) << "step " << i;
-  }
-  }
+}
+
+TEST(CudaEngine, PaddedGraphBatchesEqualEagerSteps) {
+  REQUIRE_GPU();
+  expect_padded_graph_batches_equal_eager_steps(cuda::EngineOptions{});
 }
 
 TEST(CudaEngine, DeviceGreedySamplingEqualsHostArgmax) {
@@ -863,38 +868,7 @@ TEST(CudaFp8KvCacheEngine, GraphReplayEqualsEagerLaunches) {
 // still agree); mistral-window gives blocks behind the window back.
 TEST(CudaFp8KvCacheEngine, PaddedGraphBatchesEqualEagerSteps) {
   REQUIRE_GPU();
-  for (const char* recipe : {"llama", "mistral-window"}) {
-    SCOPED_TRACE(recipe);
-    ModelConfig c = tiny(recipe, 64);
-    c.max_context = 512;
-    const DecoderWeights w = random_weights(c);
-    auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
-    std::vector<std::vector<int32_t>> prompts;
-    const bool windowed = c.has_sliding_window();
-    for (int i = 0; i < 13; ++i) prompts.push_back(random_ids(5 + 7 * (windowed ? 12 - i : i), c.vocab_size));
-    const std::vector<int> batches{11, 9, 13, 11, 3, 13};
-    std::vector<std::vector<float>> logits[2];
-    for (int graphs = 0; graphs < 2; ++graphs) {
-      cuda::EngineOptions eo = fp8_cache();
-      eo.max_batch = 16;
-      eo.kv_cache_tokens = 4096;
-      eo.cuda_graphs = graphs == 1;
-      cuda::CudaEngine e(model, eo);
-      const std::vector<int> seqs = prefilled_sequences(e, prompts);
-      int t = 0;
-      for (int b : batches) {
-        std::vector<int> ss(seqs.begin(), seqs.begin() + b);
-        std::vector<int32_t> toks;
-        for (int i = 0; i < b; ++i) toks.push_back((5 * t++ + 3 * i) % c.vocab_size);
-        logits[graphs].push_back(decode(e, ss, toks));
-      }
-    }
-    ASSERT_EQ(logits[0].size(), logits[1].size());
-    for (size_t i = 0; i < logits[0].size(); ++i) {
-      ASSERT_EQ(logits[0][i].size(), logits[1][i].size());
-      EXPECT_LE(test::nmse(logits[1][i], logits[0][i]), 5e-4) << "step " << i;
-    }
-  }
+  expect_padded_graph_batches_equal_eager_steps(fp8_cache());
 }
 
 // memory(): at the same memory fraction the e4m3 cache holds about twice the tokens of the 16-bit

@@ -1,7 +1,5 @@
 #include "backend/cuda/cuda_engine.h"
 
-#include "backend/cuda/moe.h"
-
 #include "attention/unified_max.h"
 #include "backend/cuda/collectives.h"
 #include "backend/cuda/linear_tuning.h"
@@ -76,8 +74,6 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   // A 16-bit cache passes the options as they are (the model's scales are an e4m3 cache's alone).
   layer_kv_quant_.assign(static_cast<size_t>(c.n_layers), kvq);
   if (kvq.dtype == KvDType::Fp8E4M3) {
-    check(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256,
-          "--kv-cache-dtype fp8: the e4m3 KV cache supports head_dim 64, 128 and 256, not {}", c.head_dim);
     check(c.kv_cache_scales.empty() || c.kv_cache_scales.size() == static_cast<size_t>(c.n_layers),
           "--kv-cache-dtype fp8: {} layers of KV cache scales for a model of {} layers", c.kv_cache_scales.size(),
           c.n_layers);
@@ -87,9 +83,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
         q.k_scale = c.kv_cache_scales[static_cast<size_t>(layer)].k;
         q.v_scale = c.kv_cache_scales[static_cast<size_t>(layer)].v;
       }
-      check(std::isfinite(q.k_scale) && q.k_scale > 0.f && std::isfinite(q.v_scale) && q.v_scale > 0.f,
-            "--kv-cache-dtype fp8: scales must be positive and finite (layer {}: k_scale {}, v_scale {})", layer,
-            q.k_scale, q.v_scale);
+      check_kv_quant(q, c.head_dim, fmt::format("--kv-cache-dtype fp8 (layer {})", layer).c_str());
     }
   }
   kv_elem_bytes_ = kv_element_bytes(kvq.dtype);
