@@ -54,12 +54,21 @@ def main() -> int:
         results = run_served(a)
     else:
         results = run_in_process(a)
-    base = results["unconstrained"]["tokens_per_s"]
+    plain = results["unconstrained"]
+
+    def change(x, base):
+        return f"{100 * (x / base - 1):+.1f}%" if base > 0 else "n/a"
+
     for name, r in results.items():
-        r["slowdown"] = 1 - r["tokens_per_s"] / base
-        print(f"{name:14s} batch {a.batch:3d}: {r['tokens']:6d} tokens in {r['seconds']:7.2f} s = "
-              f"{r['tokens_per_s']:8.1f} tokens/s  ({100 * r['slowdown']:+.1f}% slower than unconstrained), "
-              f"median time per output token {r['tpot_ms_median']:.2f} ms")
+        r["slowdown"] = 1 - r["tokens_per_s"] / plain["tokens_per_s"]
+        line = (f"{name:14s} batch {a.batch:3d}: {r['tokens']:6d} tokens in {r['seconds']:7.2f} s = "
+                f"{r['tokens_per_s']:8.1f} tokens/s  ({100 * r['slowdown']:+.1f}% slower than unconstrained), "
+                f"median time per output token {r['tpot_ms_median']:.2f} ms "
+                f"({change(r['tpot_ms_median'], plain['tpot_ms_median'])})")
+        if "itl_ms_median" in r:
+            line += (f", median gap between tokens {r['itl_ms_median']:.2f} ms "
+                     f"({change(r['itl_ms_median'], plain['itl_ms_median'])})")
+        print(line)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": "server" if a.base_url else a.device, "batch": a.batch, "max_tokens": a.max_tokens,
@@ -98,12 +107,13 @@ def run_served(a):
                  "regex_long": {"guided_regex": "[a-z ]{2000}"}}
 
         def post(body):
-            """Streamed: (tokens, seconds from the first token to the last)."""
+            """Streamed: (tokens, seconds from the first token to the last, the gaps between text chunks)."""
             body = dict(body, stream=True, stream_options={"include_usage": True})
             req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
             first = last = None
             tokens = 0
+            gaps = []
             with urllib.request.urlopen(req, timeout=600) as r:
                 for raw in r:
                     line = raw.decode().strip()
@@ -113,9 +123,12 @@ def run_served(a):
                     if j.get("usage"):
                         tokens = j["usage"]["completion_tokens"]
                     if j.get("choices") and j["choices"][0].get("text"):
-                        last = time.perf_counter()
+                        now = time.perf_counter()
+                        if last is not None:
+                            gaps.append(now - last)
+                        last = now
                         first = first or last
-            return tokens, (last - first) if first is not None else 0.0
+            return tokens, (last - first) if first is not None else 0.0, gaps
 
         results = {}
         with concurrent.futures.ThreadPoolExecutor(a.batch) as pool:
@@ -127,12 +140,16 @@ def run_served(a):
                     t0 = time.perf_counter()
                     outs = list(pool.map(post, bodies))
                     dt = time.perf_counter() - t0
-                tokens = sum(n for n, _ in outs)
+                tokens = sum(n for n, _, _ in outs)
                 # Time per output token after the first (TPOT): the answers' lengths differ by mode,
-                # and the first token carries the prompt's prefill.
-                per_token = sorted(t / (n - 1) for n, t in outs if n > 2)
+                # and the first token carries the prompt's prefill. A short answer's TPOT also
+                # carries the steps that still prefill other requests' prompts, so the median gap
+                # between tokens (ITL, every request's gaps pooled) is printed beside it: the step.
+                per_token = sorted(t / (n - 1) for n, t, _ in outs if n > 2)
+                gaps = sorted(g for _, _, gs in outs for g in gs)
                 results[name] = {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
-                                 "tpot_ms_median": 1000 * per_token[len(per_token) // 2] if per_token else 0.0}
+                                 "tpot_ms_median": 1000 * per_token[len(per_token) // 2] if per_token else 0.0,
+                                 "itl_ms_median": 1000 * gaps[len(gaps) // 2] if gaps else 0.0}
         return results
     finally:
         if proc is not None:
