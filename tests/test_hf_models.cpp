@@ -651,7 +651,7 @@ TEST(HfConfig, FilesOnDisk) {
   fs::remove_all(d);
 }
 
-// The published config.json files under configs/ (Llama 2/3, OPT-6.7B, ChatGLM2-6B, Qwen2.5-7B).
+// The published config.json files under configs/ (every family there).
 TEST(HfConfig, PresetConfigsOfThePaperModels) {
   const std::string dir = std::string(FDPP_TEST_DIR) + "/../configs/";
   if (!fs::exists(dir + "chatglm2-6b.json")) GTEST_SKIP() << "configs/ not present";
@@ -727,6 +727,15 @@ TEST(HfConfig, PresetConfigsOfThePaperModels) {
   EXPECT_EQ(p4.rope.theta, 250000.0);
   EXPECT_EQ(p4.rope.scaling, RopeScaling::None);
   EXPECT_TRUE(p4.layer_windows.empty());
+  // Phi-3-mini-4k: MHA at head_dim 96, a window of 2047 in every layer of its 4096 positions.
+  const ModelConfig p3 = load("phi-3-mini-4k.json").config;
+  EXPECT_EQ(p3.architecture, "phi3");
+  EXPECT_EQ(p3.head_dim, 96);
+  EXPECT_EQ(p3.n_kv_heads, 32);
+  EXPECT_EQ(p3.vocab_size, 32064);
+  EXPECT_EQ(p3.window(0), 2047);
+  EXPECT_EQ(p3.window(31), 2047);
+  EXPECT_EQ(p3.max_context, 4096);
 }
 
 // ---- tensor mappings --------------------------------------------------------------------------
