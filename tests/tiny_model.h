@@ -129,6 +129,18 @@ inline ModelConfig tiny(const std::string& recipe, int head_dim) {
     }
   } else if (recipe == "mistral-window") {  // every layer slides: the engine gives back blocks behind the window
     c.layer_windows.assign(static_cast<size_t>(c.n_layers), 9);
+  } else if (recipe == "phi3-longrope") {
+    // Phi-3 / Phi-4-mini: LongRoPE past its original length (the long factors and the attention
+    // factor on the rotated dims), a partial rotary embedding (3/4 of each head), a sliding window.
+    c.rope.rotary_dim = head_dim * 3 / 4;
+    c.rope.scaling = RopeScaling::LongRope;
+    c.rope.original_max_positions = 16;
+    for (int i = 0; i < c.rope.rotary_dim / 2; ++i) {
+      c.rope.short_factor.push_back(1.0 + 0.05 * i);
+      c.rope.long_factor.push_back(1.5 + 0.25 * i);
+    }
+    c.rope.attention_factor = 1.19;
+    c.layer_windows.assign(static_cast<size_t>(c.n_layers), 20);
   } else {
     c.tied_embeddings = recipe == "llama-tied";
   }

@@ -254,7 +254,7 @@ constexpr DType kTypes[] = {DType::F16, DType::BF16};
 TEST_F(CudaKernels, PrefillSlidingWindow) {
   const std::vector<Seq> seqs = {{0, 200}, {37, 100}, {500, 70}, {3, 1}, {129, 65}};
   for (DType t : kTypes)
-    for (int D : {64, 128, 256})
+    for (int D : {64, 96, 128, 256})
       for (int window : {1, 16, 45, 100, 4096}) run_prefill(t, D, 8, 2, window, 0.f, seqs);
 }
 
@@ -272,7 +272,7 @@ TEST_F(CudaKernels, PrefillSoftCap) {
 TEST_F(CudaKernels, DecodeSlidingWindowAndSoftCap) {
   const std::vector<int> lens = {1, 17, 100, 333, 1000, 2049};
   for (DType t : kTypes)
-    for (int D : {64, 128, 256})
+    for (int D : {64, 96, 128, 256})
       for (auto [window, cap] : {std::pair{0, 3.f}, std::pair{1, 0.f}, std::pair{40, 0.f}, std::pair{500, 2.f},
                                  std::pair{5000, 0.f}}) {
         // Every head dim with GQA, one split and several, both softmax modes; MHA and one KV head

@@ -139,7 +139,11 @@ INSTANTIATE_TEST_SUITE_P(
                       RecipeCase{"gemma2", 256, cuda::DType::BF16}, RecipeCase{"gemma2", 64, cuda::DType::F16},
                       RecipeCase{"gemma3", 256, cuda::DType::F16}, RecipeCase{"gemma3", 128, cuda::DType::BF16},
                       RecipeCase{"mistral-window", 128, cuda::DType::F16},
-                      RecipeCase{"mistral-window", 64, cuda::DType::BF16}),
+                      RecipeCase{"mistral-window", 64, cuda::DType::BF16},
+                      // LongRoPE's attention factor with a partial rotary embedding and a window;
+                      // head_dim 96 is Phi-3-mini's.
+                      RecipeCase{"phi3-longrope", 96, cuda::DType::F16},
+                      RecipeCase{"phi3-longrope", 128, cuda::DType::BF16}),
     [](const auto& info) {
       std::string n = info.param.recipe + "_hd" + std::to_string(info.param.head_dim) +
                       (info.param.dtype == cuda::DType::F16 ? "_f16" : "_bf16");
@@ -315,11 +319,12 @@ TEST(CudaSplitPlan, FollowsTheMeasuredOptimaWithinTheWorkspaceBound) {
 }
 
 // The fused rope + KV-cache write equals the two separate launches bit for bit (q in qkv, k and v
-// in the cache), for both styles, partial rotary, odd token counts and a skipped (-1) slot.
+// in the cache), for both styles, partial rotary, odd token counts and a skipped (-1) slot, with
+// and without a rotary_scale (LongRoPE's attention factor).
 TEST(CudaFusedRope, RopeQkCacheEqualsRopeThenCacheWrite) {
   REQUIRE_GPU();
   for (auto style : {RopeStyle::RotateHalf, RopeStyle::Interleaved}) {
-    for (int n_freq : {64, 32, 16}) {
+    for (auto [n_freq, rotary_scale] : {std::pair{64, 1.f}, {32, 1.f}, {16, 1.f}, {48, 1.19f}}) {
       const int T = 7, H = 6, KVH = 2, D = 128, slots_total = 40;
       const size_t row = size_t(H + 2 * KVH) * D;
       std::vector<uint16_t> qkv(T * row);
@@ -338,12 +343,13 @@ TEST(CudaFusedRope, RopeQkCacheEqualsRopeThenCacheWrite) {
       const size_t cache_bytes = size_t(slots_total) * KVH * D * 2;
       cuda::DeviceBuffer k1(cache_bytes), v1(cache_bytes), k2(cache_bytes), v2(cache_bytes);
       for (auto* b : {&k1, &v1, &k2, &v2}) FDPP_CUDA_CHECK(cudaMemset(b->get(), 0x3c, cache_bytes));
-      cuda::rope_qk(q1.get(), p_d.as<int32_t>(), f_d.as<float>(), n_freq, T, H, KVH, D, style, cuda::DType::F16, nullptr);
+      cuda::rope_qk(q1.get(), p_d.as<int32_t>(), f_d.as<float>(), n_freq, T, H, KVH, D, style, cuda::DType::F16, nullptr,
+                    rotary_scale);
       const int block_size = 8;  // 5 blocks of slots_total
       cuda::kv_cache_write(q1.get(), s_d.as<int32_t>(), T, H, KVH, D, block_size, k1.get(), v1.get(), cuda::DType::F16,
                            nullptr);
       cuda::rope_qk_cache(q2.get(), p_d.as<int32_t>(), f_d.as<float>(), n_freq, s_d.as<int32_t>(), T, H, KVH, D,
-                          block_size, style, k2.get(), v2.get(), cuda::DType::F16, nullptr);
+                          block_size, style, k2.get(), v2.get(), cuda::DType::F16, nullptr, {}, rotary_scale);
       FDPP_CUDA_CHECK(cudaDeviceSynchronize());
       auto host = [](const cuda::DeviceBuffer& b) {
         std::vector<uint16_t> h(b.bytes() / 2);

@@ -280,12 +280,15 @@ TEST_F(CudaKernels, HeadRmsNormAndAddScalar) {
 // rope
 // ================================================================================================
 
+// rotary_scale (LongRoPE's attention factor) scales the rotated dims only: the last two cases, a
+// whole head and Phi-4-mini's partial rotary shape at head_dim 96.
 TEST_F(CudaKernels, RopeMatchesCpuBothStylesPartialRotaryLongPositions) {
   struct Case {
     int head_dim, n_freq, n_heads, n_kv_heads, n_tokens;
+    float rotary_scale = 1.f;
   };
-  const Case cases[] = {{64, 32, 4, 4, 1}, {128, 64, 8, 2, 7}, {128, 32, 16, 1, 5}, {80, 16, 6, 3, 3},
-                        {64, 1, 2, 1, 2}};
+  const Case cases[] = {{64, 32, 4, 4, 1},  {128, 64, 8, 2, 7},        {128, 32, 16, 1, 5}, {80, 16, 6, 3, 3},
+                        {64, 1, 2, 1, 2},   {128, 64, 4, 2, 3, 1.19f}, {96, 36, 6, 2, 4, 1.19f}};
   for (DType t : kTypes) {
     for (RopeStyle style : {RopeStyle::RotateHalf, RopeStyle::Interleaved}) {
       for (const auto& c : cases) {
@@ -305,7 +308,8 @@ TEST_F(CudaKernels, RopeMatchesCpuBothStylesPartialRotaryLongPositions) {
         DeviceBuffer<uint16_t> d_qkv(qkv);
         DeviceBuffer<int32_t> d_pos(positions);
         DeviceBuffer<float> d_inv(inv_f);
-        cuda::rope_qk(d_qkv.get(), d_pos.get(), d_inv.get(), c.n_freq, T, H, KVH, D, style, t, nullptr);
+        cuda::rope_qk(d_qkv.get(), d_pos.get(), d_inv.get(), c.n_freq, T, H, KVH, D, style, t, nullptr,
+                      c.rotary_scale);
         sync("rope_qk");
         const auto got_bits = d_qkv.download();
 
@@ -327,15 +331,16 @@ TEST_F(CudaKernels, RopeMatchesCpuBothStylesPartialRotaryLongPositions) {
               untouched_bad += got_bits[at] != qkv[at];  // v heads and the pass-through dims: bit-exact
             } else if (j < H * D) {
               got_q.push_back(from_bits(got_bits[at], t));
-              ref_q.push_back(q[size_t(i) * H * D + j]);
+              ref_q.push_back(q[size_t(i) * H * D + j] * c.rotary_scale);
             } else {
               got_k.push_back(from_bits(got_bits[at], t));
-              ref_k.push_back(k[size_t(i) * KVH * D + j - H * D]);
+              ref_k.push_back(k[size_t(i) * KVH * D + j - H * D] * c.rotary_scale);
             }
           }
         std::ostringstream what;
         what << label("rope_qk", t) << (style == RopeStyle::RotateHalf ? " rotate-half" : " interleaved") << " D "
-             << D << " n_freq " << c.n_freq << " H " << H << " KVH " << KVH << " T " << T;
+             << D << " n_freq " << c.n_freq << " H " << H << " KVH " << KVH << " T " << T << " rotary_scale "
+             << c.rotary_scale;
         EXPECT_EQ(untouched_bad, 0u) << what.str() << ": elements outside the rotary dims changed";
         expect_close(got_q, ref_q, rounding_tolerance(t), what.str() + " [q]");
         expect_close(got_k, ref_k, rounding_tolerance(t), what.str() + " [k]");

@@ -1,7 +1,7 @@
 // Tensor-core prefill attention (prefill_attention.cu): the tile plan checked on the CPU (every
 // query row owned once, every row sees exactly keys 0 .. its position), then the kernel against the
 // CPU's stable softmax (NMSE <= 5e-4, outputs poisoned first, NaN never passes) over variable-length
-// batches of chunks with start offsets anywhere, GQA groups 1..16, head_dim 64 and 128, block
+// batches of chunks with start offsets anywhere, GQA groups 1..16, head_dim 64, 96 and 128, block
 // sizes 16 and 32, lengths 1..32K, in the synchronized and the unified-max mode, every tile
 // configuration (prefill_plan.h kConfigs) on the same inputs; adversarial rows
 // (logits far above or below phi) must come out exact and be counted exactly as the CPU counts
@@ -380,12 +380,12 @@ void run_varlen(const VarlenCase& c) {
 constexpr DType kTypes[] = {DType::F16, DType::BF16};
 
 // Several chunks of different lengths in one launch, start offsets on no tile boundary; every
-// group size 1..16, both head dims, block sizes 16 and 32.
+// group size 1..16, head dims 64, 96 and 128, block sizes 16 and 32.
 TEST_F(CudaKernels, PrefillVarlenChunksEveryGroup) {
   const std::vector<Chunk> chunks = {{0, 1}, {37, 100}, {500, 333}, {1, 64}, {63, 65}, {0, 200}, {129, 2}};
   int k = 0;
   for (DType t : kTypes)
-    for (int D : {64, 128})
+    for (int D : {64, 96, 128})
       for (int G : {1, 2, 4, 8, 16}) {
         const int KVH = G == 16 ? 1 : 2;
         run_varlen({t, D, G * KVH, KVH, (k++ % 2) ? 32 : 16, chunks});
@@ -409,7 +409,7 @@ TEST_F(CudaKernels, PrefillLongSequences) {
 
 TEST_F(CudaKernels, PrefillAdversarialRowsFallBackExactlyAndAreCounted) {
   for (DType t : kTypes)
-    for (int D : {64, 128}) {
+    for (int D : {64, 96, 128}) {
       run_varlen({t, D, 8, 2, 16, {{0, 130}, {17, 300}, {200, 5}}, Rows::Adversarial, 0.f});
       run_varlen({t, D, 4, 4, 32, {{0, 64}, {64, 64}}, Rows::Adversarial, 0.f});
     }
@@ -483,7 +483,7 @@ TEST_F(CudaKernels, PrefillVarlenRejectsBadArguments) {
                                    nullptr, o, DType::F16, nullptr);
   };
   EXPECT_NE(error_of([&] { call(1, 64, 8, 3, 128, 16, ip); }).find("prefill_attention_varlen"), std::string::npos);
-  EXPECT_NE(error_of([&] { call(1, 64, 8, 2, 96, 16, ip); }).find("head_dim"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(1, 64, 8, 2, 80, 16, ip); }).find("head_dim"), std::string::npos);
   EXPECT_NE(error_of([&] { call(1, 64, 8, 2, 128, 24, ip); }).find("block_size"), std::string::npos);
   EXPECT_NE(error_of([&] { call(0, 64, 8, 2, 128, 16, ip); }).find("chunks"), std::string::npos);
   EXPECT_NE(error_of([&] { call(1, 65, 8, 2, 128, 16, ip); }).find("max_chunk_tokens"), std::string::npos);

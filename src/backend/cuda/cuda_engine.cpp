@@ -32,16 +32,9 @@ std::string cuda_model_problem(const ModelConfig& c) {
     return fmt::format(
         "the CUDA backend runs embedding projections of at most the hidden size ({} > {}) in rows of 16 bytes",
         c.embedding_dim(), c.hidden);
-  // Prefill attention runs 64, 128 and 256 (decode attention 80 and 96 too).
-  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
-    return fmt::format("the CUDA backend supports head_dim 64, 128 and 256, not {}", c.head_dim);
-  for (const RopeConfig* r : {&c.rope, &c.local_rope}) {
-    if (r == &c.local_rope && !c.has_local_rope) continue;
-    if (r->attention_factor != 1.0 && r->rotary_dim != c.head_dim)
-      return fmt::format(
-          "the CUDA backend has no LongRope attention factor with a partial rotary embedding (rotary_dim {} of {})",
-          r->rotary_dim, c.head_dim);
-  }
+  // Prefill attention runs 64, 96, 128 and 256 (decode attention 80 too).
+  if (c.head_dim != 64 && c.head_dim != 96 && c.head_dim != 128 && c.head_dim != 256)
+    return fmt::format("the CUDA backend supports head_dim 64, 96, 128 and 256, not {}", c.head_dim);
   // A layer's rope: the global one's rotary dims, and the local one's the same (one buffer size).
   if (c.has_local_rope && c.local_rope.rotary_dim != c.rope.rotary_dim)
     return fmt::format("the CUDA backend has no local rope of {} rotary dims beside a global one of {}",
@@ -413,21 +406,19 @@ struct CudaEngine::Forward {
                   dt, st);
   }
   void rope_and_write_cache(int layer) {
-    // The layer's rope (Gemma 3: the local layers' own base).
-    rope_qk_cache(e.qkv_.get(), in.positions, m.inv_freq_of(layer), c.rope_of(layer).rotary_dim / 2, in.slots, n,
-                  c.n_heads,
+    // The layer's rope (Gemma 3: the local layers' own base), LongRope's attention factor on the
+    // rotated dims of q and k.
+    const RopeConfig& rope = c.rope_of(layer);
+    rope_qk_cache(e.qkv_.get(), in.positions, m.inv_freq_of(layer), rope.rotary_dim / 2, in.slots, n, c.n_heads,
                   c.n_kv_heads, c.head_dim, e.options_.block_size, c.rope_style, e.layer_k(layer), e.layer_v(layer),
-                  dt, st, e.layer_kv_quant(layer));
+                  dt, st, e.layer_kv_quant(layer), static_cast<float>(rope.attention_factor));
   }
   void write_cache(int layer) {
     kv_cache_write(e.qkv_.get(), in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, e.options_.block_size,
                    e.layer_k(layer), e.layer_v(layer), dt, st, e.layer_kv_quant(layer));
   }
   void attention(int layer) {
-    // LongRope's attention factor scales the rotated q and k (the whole head: checked at
-    // construction), so each logit by its square.
-    const double factor = c.position == PositionEncoding::Rope ? c.rope_of(layer).attention_factor : 1.0;
-    const float scale = static_cast<float>(c.attention_scale() * factor * factor);
+    const float scale = static_cast<float>(c.attention_scale());
     const bool async = e.options_.attention == AttentionMode::Async;
     // Sliding window (a window as long as the context limits nothing: left off) and soft-capping.
     const int window = c.window(layer) > 0 && c.window(layer) < c.max_context ? c.window(layer) : 0;

@@ -106,8 +106,11 @@ void gemv(const void* x, const void* w, const void* bias, void* y, int M, int N,
 // In place on qkv [n_tokens, (n_heads + 2 * n_kv_heads) * head_dim] (the fused projection's
 // output: q heads, then k heads, then v heads): rotates the first 2 * n_freq dims of each q and k
 // head at positions[t] in the given style (see cpu::rope). inv_freq: device [n_freq] fp32.
+// rotary_scale multiplies cos and sin (LongRoPE's attention factor: the rotated dims of q and k
+// scaled, the others not, as transformers applies it); 1 is plain rope.
 void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, int n_tokens, int n_heads,
-             int n_kv_heads, int head_dim, RopeStyle style, DType dtype, cudaStream_t stream);
+             int n_kv_heads, int head_dim, RopeStyle style, DType dtype, cudaStream_t stream,
+             float rotary_scale = 1.f);
 
 // ---- paged KV cache --------------------------------------------------------------------------
 // Cache layout per layer: k and v each num_blocks blocks of block_size x n_kv_heads rows of
@@ -124,7 +127,8 @@ void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_h
 // heads in qkv are left unrotated.
 void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, const int32_t* slots,
                    int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, RopeStyle style,
-                   void* k_cache, void* v_cache, DType dtype, cudaStream_t stream, const KvQuant& kv_quant = {});
+                   void* k_cache, void* v_cache, DType dtype, cudaStream_t stream, const KvQuant& kv_quant = {},
+                   float rotary_scale = 1.f);
 
 // ---- attention -------------------------------------------------------------------------------
 // Decode: one query token per sequence. q is read from qkv [batch, (H + 2 KVH) * D] (after rope).

@@ -90,18 +90,23 @@ struct PrefillArgs {
 using detail::fast_exp2;
 
 // Element offset of 16-byte chunk c of row r in a swizzled [rows][D] shared tile of E elements.
-// Rows of 8 or more chunks: chunk c ^ (r & 7). Rows of 4 (D = 64 e4m3, 64 bytes, two rows per
+// Rows of 8 or 16 chunks: chunk c ^ (r & 7). Rows of 4 (D = 64 e4m3, 64 bytes, two rows per
 // 128-byte line): chunk c ^ ((r >> 1) & 3), so 8 consecutive rows at one logical chunk still hit
-// 8 different 4-bank groups (4 (r & 1) + chunk).
+// 8 different 4-bank groups (4 (r & 1) + chunk). Rows of 12 (D = 96, 192 bytes: row r starts at
+// bank group 4 (r & 1)): chunks 0-7 as rows of 8; chunks 8-11 as rows of 4, 8 + ((c - 8) ^
+// ((r >> 1) & 3)). Either way 8 consecutive rows at one chunk hit 8 different bank groups.
 template <class E, int D>
 __device__ __forceinline__ int swz(int r, int c) {
   constexpr int kShift = sizeof(E) == 1 ? 4 : 3;  // log2 of the elements per chunk
   constexpr int CH = D >> kShift;
-  static_assert(sizeof(E) <= 2 && (CH >= 8 || CH == 4), "swizzle: rows of 4 or at least 8 chunks");
-  if constexpr (CH >= 8) {
+  static_assert(sizeof(E) <= 2 && (CH % 8 == 0 || CH == 4 || CH == 12), "swizzle: rows of 4, 12 or 8k chunks");
+  if constexpr (CH % 8 == 0) {
     return r * D + ((c ^ (r & 7)) << kShift);
-  } else {
+  } else if constexpr (CH == 4) {
     return r * D + ((c ^ ((r >> 1) & 3)) << kShift);
+  } else {
+    const int pc = c < 8 ? c ^ (r & 7) : 8 + ((c - 8) ^ ((r >> 1) & 3));
+    return r * D + (pc << kShift);
   }
 }
 
@@ -152,15 +157,12 @@ struct Cta {
   KV* v_s;  // [stages][kBK][D]
 
   // Keys kt * kBK .. + kBK - 1 into buffer `buf`: each thread copies chunks tid + i * kThreads,
-  // i.e. chunk column (tid % KCH) of rows tid / KCH + i * (kThreads / KCH): one table lookup per row.
+  // i.e. where KCH divides the threads chunk column (tid % KCH) of rows tid / KCH + i * (kThreads /
+  // KCH): one table lookup per row.
   __device__ __forceinline__ void load_kv(int kt, int buf) const {
-    constexpr int kRowsPerPass = kThreads / KCH;  // D = 128, 128 threads: 8 rows per pass (16 if e4m3)
-    static_assert(kThreads % KCH == 0 && kBK % kRowsPerPass == 0, "tile rows per load pass");
-    const int cc = tid % KCH;
     const int mask = (1 << kv.block_shift) - 1;
-#pragma unroll
-    for (int i = 0; i < kBK / kRowsPerPass; ++i) {
-      const int r = tid / KCH + i * kRowsPerPass;
+    // One chunk of key row r: its copy, or zeros past the keys this tile may read.
+    auto chunk = [&](int r, int cc) {
       const int key = kt * kBK + r;
       KV* kd = k_s + buf * kBK * D + swz<KV, D>(r, cc);
       KV* vd = v_s + buf * kBK * D + swz<KV, D>(r, cc);
@@ -172,6 +174,17 @@ struct Cta {
         *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
         *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
       }
+    };
+    if constexpr (kThreads % KCH == 0) {
+      constexpr int kRowsPerPass = kThreads / KCH;  // D = 128, 128 threads: 8 rows per pass (16 if e4m3)
+      static_assert(kBK % kRowsPerPass == 0, "tile rows per load pass");
+#pragma unroll
+      for (int i = 0; i < kBK / kRowsPerPass; ++i) chunk(tid / KCH + i * kRowsPerPass, tid % KCH);
+    } else {
+      // Rows of 12 chunks (D = 96): a thread's chunks fall in different columns from pass to pass.
+      static_assert((kBK * KCH) % kThreads == 0, "tile chunks per load pass");
+#pragma unroll
+      for (int i = tid; i < kBK * KCH; i += kThreads) chunk(i / KCH, i % KCH);
     }
   }
 
@@ -450,7 +463,7 @@ struct Cta {
 
 template <class T, class KV, int D, int I, bool kMasked>
 __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_attention_kernel(PrefillArgs a) {
-  static_assert(D == 64 || D == 128 || D == 256, "head_dim");
+  static_assert(D == 64 || D == 96 || D == 128 || D == 256, "head_dim");
   using C = Cfg<I>;
   using Walk = Cta<T, KV, D, C, kMasked>;
   constexpr bool kFp8 = Walk::kFp8;
@@ -664,6 +677,9 @@ void launch_head_dim(int head_dim, int config, const PrefillArgs& a, int chunks,
   constexpr auto all = std::make_integer_sequence<int, prefill::kNumConfigs>{};
   if (head_dim == 64) {
     launch_config<T, KV, 64>(config, a, chunks, max_chunk_tokens, stream, what, all);
+  } else if (head_dim == 96) {
+    // (16-bit caches only: check_kv_quant refuses e4m3 at 96.)
+    if constexpr (std::is_same_v<KV, T>) launch_config<T, KV, 96>(config, a, chunks, max_chunk_tokens, stream, what, all);
   } else if (head_dim == 128) {
     launch_config<T, KV, 128>(config, a, chunks, max_chunk_tokens, stream, what, all);
   } else {
@@ -685,8 +701,8 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   check(a.n_heads <= 0x7fffffff / 4, "{}: n_heads = {} is out of range", what, a.n_heads);
   check_kv_quant(kv_quant, head_dim, what);
   const bool fp8 = kv_quant.dtype == KvDType::Fp8E4M3;
-  check(head_dim == 64 || head_dim == 128 || head_dim == 256, "{}: head_dim = {} is not supported (64, 128, 256)",
-        what, head_dim);
+  check(head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256,
+        "{}: head_dim = {} is not supported (64, 96, 128, 256)", what, head_dim);
   check(std::isfinite(scale) && scale > 0.f, "{}: scale = {} must be finite and positive", what, scale);
   // The kernel's logits are q . k of the stored values: k_scale joins the logit scale (the softcap
   // and the unified max see the true logits), v_scale multiplies the output.

@@ -29,10 +29,18 @@ using detail::to_float;
 
 constexpr int kThreads = 256;
 
+// One rotated pair (a0, b0) by the angle whose cosine and sine are c and s, times `scale`
+// (LongRoPE's attention factor; x 1 is exact). Explicit roundings, so that both rope kernels give
+// the same bits whatever the compiler would contract into FMAs in each.
+__device__ __forceinline__ void rotate_pair(float a0, float b0, float c, float s, float scale, float& a, float& b) {
+  a = __fmul_rn(__fmaf_rn(a0, c, -__fmul_rn(b0, s)), scale);
+  b = __fmul_rn(__fmaf_rn(b0, c, __fmul_rn(a0, s)), scale);
+}
+
 template <class T, bool kInterleaved>
 __global__ void rope_qk_kernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
                                const float* __restrict__ inv_freq, int n_freq, int n_tokens, int n_rot_heads,
-                               int head_dim, int64_t row_stride) {
+                               int head_dim, int64_t row_stride, float rotary_scale) {
   const int64_t total = int64_t(n_tokens) * n_rot_heads * n_freq;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -46,9 +54,10 @@ __global__ void rope_qk_kernel(T* __restrict__ qkv, const int32_t* __restrict__ 
     T* head = qkv + t * row_stride + int64_t(h) * head_dim;
     const int ia = kInterleaved ? 2 * i : i;
     const int ib = kInterleaved ? 2 * i + 1 : i + n_freq;
-    const float a0 = to_float(head[ia]), b0 = to_float(head[ib]);
-    head[ia] = from_float<T>(a0 * c - b0 * s);
-    head[ib] = from_float<T>(b0 * c + a0 * s);
+    float a, b;
+    rotate_pair(to_float(head[ia]), to_float(head[ib]), c, s, rotary_scale, a, b);
+    head[ia] = from_float<T>(a);
+    head[ib] = from_float<T>(b);
   }
 }
 
@@ -126,7 +135,7 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
                                      const float* __restrict__ inv_freq, int n_freq, const int32_t* __restrict__ slots,
                                      int n_tokens, int n_heads, int n_kv_heads, int head_dim, KvCacheLayout layout,
                                      void* __restrict__ k_cache, void* __restrict__ v_cache, float k_scale,
-                                     float v_scale) {
+                                     float v_scale, float rotary_scale) {
   detail::pdl_trigger();
   detail::pdl_wait();  // qkv is the previous kernel's (programmatic launch: see kernels.h)
   const int pairs = head_dim / 2;
@@ -151,9 +160,10 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
       const float angle = static_cast<float>(positions[t]) * inv_freq[p];
       float sn, cs;
       sincosf(angle, &sn, &cs);
-      const float a0 = to_float(a), b0 = to_float(b);
-      a = from_float<T>(a0 * cs - b0 * sn);
-      b = from_float<T>(b0 * cs + a0 * sn);
+      float ra, rb;
+      rotate_pair(to_float(a), to_float(b), cs, sn, rotary_scale, ra, rb);
+      a = from_float<T>(ra);
+      b = from_float<T>(rb);
       if (is_q) {
         head[ia] = a;
         head[ib] = b;
@@ -190,7 +200,8 @@ void check_kv_quant(const KvQuant& q, int head_dim, const char* what) {
 
 void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, const int32_t* slots,
                    int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, RopeStyle style,
-                   void* k_cache, void* v_cache, DType dtype, cudaStream_t stream, const KvQuant& kv_quant) {
+                   void* k_cache, void* v_cache, DType dtype, cudaStream_t stream, const KvQuant& kv_quant,
+                   float rotary_scale) {
   check(qkv != nullptr && positions != nullptr && inv_freq != nullptr && slots != nullptr && k_cache != nullptr &&
             v_cache != nullptr,
         "rope_qk_cache: null pointer (qkv {}, positions {}, inv_freq {}, slots {}, k_cache {}, v_cache {})", qkv,
@@ -204,6 +215,8 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
   check(style == RopeStyle::RotateHalf || style == RopeStyle::Interleaved, "rope_qk_cache: unknown rope style {}",
         static_cast<int>(style));
   check_kv_quant(kv_quant, head_dim, "rope_qk_cache");
+  check(std::isfinite(rotary_scale) && rotary_scale > 0.f, "rope_qk_cache: rotary_scale = {} must be positive",
+        rotary_scale);
   const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim, "rope_qk_cache");
   const int64_t total = int64_t(n_tokens) * (n_heads + 2 * n_kv_heads) * (head_dim / 2);
   const bool fp8 = kv_quant.dtype == KvDType::Fp8E4M3;
@@ -216,14 +229,14 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
                                       programmatic_launch_enabled());
     detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<T*>(qkv), positions, inv_freq, n_freq,
                                           slots, n_tokens, n_heads, n_kv_heads, head_dim, layout, k_cache, v_cache,
-                                          kv_quant.k_scale, kv_quant.v_scale),
+                                          kv_quant.k_scale, kv_quant.v_scale, rotary_scale),
                        "cudaLaunchKernelEx(rope_qk_cache)");
   });
   check_launch("rope_qk_cache");
 }
 
 void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, int n_tokens, int n_heads,
-             int n_kv_heads, int head_dim, RopeStyle style, DType dtype, cudaStream_t stream) {
+             int n_kv_heads, int head_dim, RopeStyle style, DType dtype, cudaStream_t stream, float rotary_scale) {
   check(qkv != nullptr && positions != nullptr && inv_freq != nullptr,
         "rope_qk: null pointer (qkv {}, positions {}, inv_freq {})", qkv, static_cast<const void*>(positions),
         static_cast<const void*>(inv_freq));
@@ -234,6 +247,8 @@ void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_f
         head_dim / 2);
   check(style == RopeStyle::RotateHalf || style == RopeStyle::Interleaved, "rope_qk: unknown rope style {}",
         static_cast<int>(style));
+  check(std::isfinite(rotary_scale) && rotary_scale > 0.f, "rope_qk: rotary_scale = {} must be positive",
+        rotary_scale);
   const int64_t row_stride = int64_t(n_heads + 2 * n_kv_heads) * head_dim;
   const int n_rot_heads = n_heads + n_kv_heads;
   const int64_t total = int64_t(n_tokens) * n_rot_heads * n_freq;
@@ -241,7 +256,8 @@ void rope_qk(void* qkv, const int32_t* positions, const float* inv_freq, int n_f
     using T = decltype(tag);
     auto* kernel = style == RopeStyle::Interleaved ? rope_qk_kernel<T, true> : rope_qk_kernel<T, false>;
     kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<T*>(qkv), positions, inv_freq, n_freq,
-                                                               n_tokens, n_rot_heads, head_dim, row_stride);
+                                                               n_tokens, n_rot_heads, head_dim, row_stride,
+                                                               rotary_scale);
   });
   check_launch("rope_qk");
 }
