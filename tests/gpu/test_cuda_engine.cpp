@@ -1021,7 +1021,7 @@ TEST(CudaFp8KvCacheEngine, RefusesBadPerLayerScales) {
   zero.kv_cache_scales[1].v = 0.f;
   ModelConfig short_list = with_checkpoint_scales(plain);
   short_list.kv_cache_scales.pop_back();
-  for (const auto& [c, fragment] : {std::pair{zero, "layer 1: k_scale 0.81, v_scale 0"},
+  for (const auto& [c, fragment] : {std::pair{zero, "(layer 1): fp8 KV cache scales must be positive and finite (k_scale 0.81, v_scale 0)"},
                                     std::pair{short_list, "2 layers of KV cache scales for a model of 3 layers"}}) {
     auto model = std::make_shared<const cuda::DeviceModel>(c, w, cuda::DType::F16);
     EXPECT_ERROR(cuda::CudaEngine e(model, eo), fragment);

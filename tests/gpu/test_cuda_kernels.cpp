@@ -237,10 +237,12 @@ TEST_F(CudaKernels, AddBiasSiluMulRelu) {
 }
 
 // head_rms_norm (Qwen3's q/k norms) on the fused qkv rows against cpu::rms_norm over the q and k
-// heads, v untouched bit for bit; add_scalar (a load-time transform) with one rounding.
+// heads, v untouched bit for bit, and on whole rows (one head, no k heads: Gemma's sandwich norms,
+// a block per row); add_scalar (a load-time transform) with one rounding.
 TEST_F(CudaKernels, HeadRmsNormAndAddScalar) {
   for (DType t : kTypes) {
-    for (auto [tokens, heads, kv_heads, hd] : {std::tuple{1, 1, 1, 64}, {3, 4, 2, 128}, {5, 6, 1, 96}, {2, 3, 3, 37}}) {
+    for (auto [tokens, heads, kv_heads, hd] : {std::tuple{1, 1, 1, 64}, {3, 4, 2, 128}, {5, 6, 1, 96}, {2, 3, 3, 37},
+                                               {1, 1, 0, 3584}, {4, 1, 0, 3584}, {3, 1, 0, 1001}}) {
       const int row = (heads + 2 * kv_heads) * hd;
       std::vector<float> x_f, qw_f, kw_f;
       const auto x = random_bits(size_t(tokens) * row, t, x_f, 3.f);

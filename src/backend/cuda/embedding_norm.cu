@@ -231,6 +231,44 @@ __global__ void head_rms_norm_kernel(T* __restrict__ qkv, int64_t rows, int row_
   for (int i = lane; i < head_dim; i += 32) x[i] = from_float<T>(to_float(x[i]) * inv * to_float(w[i]));
 }
 
+// Whole rows (head_rms_norm with one head and no k heads: Gemma's sandwich norms on a block's
+// output): one block per row, as residual_norm, where a warp per row would walk a hidden size of
+// thousands alone. Launched programmatically like the decode step's other kernels.
+template <class T, bool kVec>
+__global__ void row_rms_norm_kernel(T* __restrict__ x, int dim, const T* __restrict__ weight, float eps) {
+  __shared__ float scratch[32];
+  detail::pdl_trigger();
+  detail::pdl_wait();  // x is the previous kernel's
+  T* row = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float ss = 0.f;
+  if constexpr (kVec) {
+    for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) {
+      float v[8];
+      load8(row + c * 8, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+    }
+  } else {
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+      const float v = to_float(row[i]);
+      ss += v * v;
+    }
+  }
+  const float inv = static_cast<float>(1.0 / sqrt(static_cast<double>(block_sum(ss, scratch)) / dim + eps));
+  if constexpr (kVec) {
+    for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) {
+      float v[8], w[8];
+      load8(row + c * 8, v);
+      load8(weight + c * 8, w);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = v[i] * inv * w[i];
+      store8(row + c * 8, v);
+    }
+  } else {
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) row[i] = from_float<T>(to_float(row[i]) * inv * to_float(weight[i]));
+  }
+}
+
 }  // namespace
 
 void head_rms_norm(void* qkv, int n_tokens, int n_heads, int n_kv_heads, int head_dim, const void* q_weight,
@@ -241,6 +279,20 @@ void head_rms_norm(void* qkv, int n_tokens, int n_heads, int n_kv_heads, int hea
         "head_rms_norm: tokens = {}, heads = {}/{}, head_dim = {} must be positive", n_tokens, n_heads, n_kv_heads,
         head_dim);
   check(eps >= 0 && std::isfinite(eps), "head_rms_norm: eps = {} must be finite and non-negative", eps);
+  if (n_heads == 1 && n_kv_heads == 0) {
+    const bool vec = head_dim % 8 == 0 && aligned16(qkv) && aligned16(q_weight);
+    const detail::LaunchConfig config(dim3(n_tokens), dim3(row_threads(vec ? head_dim / 8 : head_dim)), 0, stream,
+                                      programmatic_launch_enabled());
+    detail::dispatch_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      auto* kernel = vec ? row_rms_norm_kernel<T, true> : row_rms_norm_kernel<T, false>;
+      detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<T*>(qkv), head_dim,
+                                            static_cast<const T*>(q_weight), static_cast<float>(eps)),
+                         "cudaLaunchKernelEx(head_rms_norm, whole rows)");
+    });
+    check_launch("head_rms_norm");
+    return;
+  }
   const int64_t rows = static_cast<int64_t>(n_tokens) * (n_heads + n_kv_heads);
   constexpr int kThreads = 256;  // 8 heads per block
   const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;
