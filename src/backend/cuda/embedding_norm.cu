@@ -265,7 +265,9 @@ __global__ void row_rms_norm_kernel(T* __restrict__ x, int dim, const T* __restr
       store8(row + c * 8, v);
     }
   } else {
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) row[i] = from_float<T>(to_float(row[i]) * inv * to_float(weight[i]));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+      row[i] = from_float<T>(to_float(row[i]) * inv * to_float(weight[i]));
+    }
   }
 }
 

@@ -679,7 +679,9 @@ void launch_head_dim(int head_dim, int config, const PrefillArgs& a, int chunks,
     launch_config<T, KV, 64>(config, a, chunks, max_chunk_tokens, stream, what, all);
   } else if (head_dim == 96) {
     // (16-bit caches only: check_kv_quant refuses e4m3 at 96.)
-    if constexpr (std::is_same_v<KV, T>) launch_config<T, KV, 96>(config, a, chunks, max_chunk_tokens, stream, what, all);
+    if constexpr (std::is_same_v<KV, T>) {
+      launch_config<T, KV, 96>(config, a, chunks, max_chunk_tokens, stream, what, all);
+    }
   } else if (head_dim == 128) {
     launch_config<T, KV, 128>(config, a, chunks, max_chunk_tokens, stream, what, all);
   } else {
