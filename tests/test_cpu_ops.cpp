@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "backend/cpu/ops.h"
+#include "core/half.h"
 #include "test_util.h"
 
 namespace fdpp {
@@ -239,6 +240,38 @@ TEST(CpuOps, SlidingWindowAttentionMatchesFp64) {
       if (L > window) EXPECT_GT(nmse(out, attention_ref(q, k, v, n_q, start, H, KVH, D)), 1e-4) << window;
     }
   }
+}
+
+// An fp16 paged cache gives exactly what the fp32 paged cache of the same (converted) values gives:
+// decode rows (converted as read) and prefill chunks (each kv head's rows converted once), with
+// scattered blocks, GQA, windows and soft-capping.
+TEST(CpuOps, F16PagedAttentionEqualsFp32OfTheSameValues) {
+  const int KVH = 2, H = 6, D = 32, block_size = 4;
+  for (auto [n_q, start] : {std::pair{1, 0}, {1, 13}, {7, 0}, {9, 10}})
+    for (int window : {0, 5})
+      for (float softcap : {0.f, 2.f}) {
+        const int L = start + n_q, n_blocks = (L + block_size - 1) / block_size + 2;
+        std::vector<int32_t> blocks(n_blocks);
+        for (int i = 0; i < n_blocks; ++i) blocks[i] = (5 * i + 3) % n_blocks;  // scattered, all distinct
+        const auto q = random_vector(size_t(n_q) * H * D);
+        const auto kf = random_vector(size_t(n_blocks) * block_size * KVH * D),
+                   vf = random_vector(size_t(n_blocks) * block_size * KVH * D);
+        std::vector<uint16_t> k16(kf.size()), v16(vf.size());
+        std::vector<float> k32(kf.size()), v32(vf.size());
+        for (size_t i = 0; i < kf.size(); ++i) {
+          k16[i] = f32_to_fp16(kf[i]);
+          v16[i] = f32_to_fp16(vf[i]);
+          k32[i] = fp16_to_f32(k16[i]);
+          v32[i] = fp16_to_f32(v16[i]);
+        }
+        std::vector<float> got(q.size(), NAN), want(q.size(), NAN);
+        const float scale = 1.0f / std::sqrt(float(D));
+        cpu::attention_paged(q.data(), k16.data(), v16.data(), blocks, block_size, n_q, start, H, KVH, D, scale,
+                             got.data(), window, softcap);
+        cpu::attention_paged(q.data(), k32.data(), v32.data(), blocks, block_size, n_q, start, H, KVH, D, scale,
+                             want.data(), window, softcap);
+        EXPECT_EQ(got, want) << "n_q " << n_q << " start " << start << " window " << window << " softcap " << softcap;
+      }
 }
 
 TEST(CpuOps, AttentionIsStableForHugeLogits) {

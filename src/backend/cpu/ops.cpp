@@ -188,13 +188,15 @@ inline const float* kv_row(const uint16_t* base, int64_t offset, int64_t n, floa
   return scratch;
 }
 
+// q_stride / kv_stride: elements between consecutive tokens of q and out / of the cache (0: the
+// packed n_heads * head_dim / n_kv_heads * head_dim), so that one kv head's query heads can run alone.
 template <typename Row, typename KV>
 void attention_rows(const float* q, const KV* k, const KV* v, Row row, int64_t n_q, int64_t start_pos,
                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out, int64_t window,
-                    float softcap) {
+                    float softcap, int64_t q_stride = 0, int64_t kv_stride = 0) {
   const int64_t group = n_heads / n_kv_heads;
-  const int64_t q_stride = n_heads * head_dim;
-  const int64_t kv_stride = n_kv_heads * head_dim;
+  if (q_stride == 0) q_stride = n_heads * head_dim;
+  if (kv_stride == 0) kv_stride = n_kv_heads * head_dim;
   // One task per (query token, head) on the fast path's pool (thread_pool.h), not OpenMP: a decode
   // step runs this once per layer, and OpenMP's waits collapse when another process holds a core.
   parallel_for(n_q * n_heads, [&](int64_t task) {
@@ -261,7 +263,31 @@ void attention_paged(const float* q, const float* k, const float* v, std::span<c
 void attention_paged(const float* q, const uint16_t* k, const uint16_t* v, std::span<const int32_t> blocks,
                      int64_t block_size, int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads,
                      int64_t head_dim, float scale, float* out, int64_t window, float softcap) {
-  paged_rows(q, k, v, blocks, block_size, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out, window, softcap);
+  if (n_q == 1) {  // decode: each row is read once per query head, converted as it is read
+    paged_rows(q, k, v, blocks, block_size, n_q, start_pos, n_heads, n_kv_heads, head_dim, scale, out, window,
+               softcap);
+    return;
+  }
+  // Prefill: every query token of the chunk and every head of a group reads the same rows, so each
+  // kv head's visible rows are converted once into fp32 and its query heads run over them (the same
+  // arithmetic on the same values: equal to the decode path's results).
+  check(static_cast<int64_t>(blocks.size()) * block_size >= start_pos + n_q,
+        "attention: {} blocks of {} tokens hold fewer than {} positions", blocks.size(), block_size, start_pos + n_q);
+  const int64_t end = start_pos + n_q;
+  const int64_t first = window > 0 ? std::max<int64_t>(0, start_pos + 1 - window) : 0;
+  const int64_t group = n_heads / n_kv_heads, kv_stride = n_kv_heads * head_dim;
+  std::vector<float> k32(static_cast<size_t>((end - first) * head_dim)), v32(k32.size());
+  for (int64_t kvh = 0; kvh < n_kv_heads; ++kvh) {
+    for (int64_t j = first; j < end; ++j) {
+      const int64_t at = (static_cast<int64_t>(blocks[j / block_size]) * block_size + j % block_size) * kv_stride +
+                         kvh * head_dim;
+      fp16_to_f32_row(k + at, &k32[(j - first) * head_dim], head_dim);
+      fp16_to_f32_row(v + at, &v32[(j - first) * head_dim], head_dim);
+    }
+    attention_rows(q + kvh * group * head_dim, k32.data(), v32.data(), [first](int64_t j) { return j - first; }, n_q,
+                   start_pos, group, 1, head_dim, scale, out + kvh * group * head_dim, window, softcap,
+                   n_heads * head_dim, head_dim);
+  }
 }
 
 float attention_dot(const float* a, const float* b, int64_t n) { return dot(a, b, n); }

@@ -77,7 +77,8 @@ void attention_paged(const float* q, const float* k, const float* v, std::span<c
                      int64_t head_dim, float scale, float* out, int64_t window = 0, float softcap = 0.f);
 
 // The same over an fp16 cache (CpuEngine with an f16 KV cache): each K and V row is converted to
-// fp32 before the same arithmetic.
+// fp32 before the same arithmetic (in a prefill chunk once per kv head, not per query token and
+// head), so the result equals attention_paged over the converted values bit for bit.
 void attention_paged(const float* q, const uint16_t* k, const uint16_t* v, std::span<const int32_t> blocks,
                      int64_t block_size, int64_t n_q, int64_t start_pos, int64_t n_heads, int64_t n_kv_heads,
                      int64_t head_dim, float scale, float* out, int64_t window = 0, float softcap = 0.f);
