@@ -276,15 +276,29 @@ void attention_paged(const float* q, const uint16_t* k, const uint16_t* v, std::
   const int64_t end = start_pos + n_q;
   const int64_t first = window > 0 ? std::max<int64_t>(0, start_pos + 1 - window) : 0;
   const int64_t group = n_heads / n_kv_heads, kv_stride = n_kv_heads * head_dim;
-  std::vector<float> k32(static_cast<size_t>((end - first) * head_dim)), v32(k32.size());
+  // Kept between calls (each layer of each prefill step needs them): grown, never shrunk.
+  thread_local std::vector<float> k32, v32;
+  const auto rows = static_cast<size_t>((end - first) * head_dim);
+  if (k32.size() < rows) {
+    k32.resize(rows);
+    v32.resize(rows);
+  }
+  // (Pointers, not the names: inside the tasks a thread_local name would be the worker's own.)
+  float* const k_rows = k32.data();
+  float* const v_rows = v32.data();
+  const int64_t n_rows = end - first, n_tasks = task_count(n_rows, 64);
   for (int64_t kvh = 0; kvh < n_kv_heads; ++kvh) {
-    for (int64_t j = first; j < end; ++j) {
-      const int64_t at = (static_cast<int64_t>(blocks[j / block_size]) * block_size + j % block_size) * kv_stride +
-                         kvh * head_dim;
-      fp16_to_f32_row(k + at, &k32[(j - first) * head_dim], head_dim);
-      fp16_to_f32_row(v + at, &v32[(j - first) * head_dim], head_dim);
-    }
-    attention_rows(q + kvh * group * head_dim, k32.data(), v32.data(), [first](int64_t j) { return j - first; }, n_q,
+    // Converted on the pool (rows split among its threads), then read by every task below.
+    parallel_for(n_tasks, [&](int64_t task) {
+      for (int64_t i = n_rows * task / n_tasks; i < n_rows * (task + 1) / n_tasks; ++i) {
+        const int64_t j = first + i;
+        const int64_t at =
+            (static_cast<int64_t>(blocks[j / block_size]) * block_size + j % block_size) * kv_stride + kvh * head_dim;
+        fp16_to_f32_row(k + at, k_rows + i * head_dim, head_dim);
+        fp16_to_f32_row(v + at, v_rows + i * head_dim, head_dim);
+      }
+    });
+    attention_rows(q + kvh * group * head_dim, k_rows, v_rows, [first](int64_t j) { return j - first; }, n_q,
                    start_pos, group, 1, head_dim, scale, out + kvh * group * head_dim, window, softcap,
                    n_heads * head_dim, head_dim);
   }
