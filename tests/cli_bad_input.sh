@@ -101,7 +101,7 @@ usage "device tpu" "^fdpp: error: --device: 'tpu' is not one of auto, cpu, cuda"
 usage "-tp 0" "^fdpp: error: --tensor-parallel: .*0" "$BIN" generate --prompt hi -tp 0
 usage "-tp 2 with --device cpu" "--tensor-parallel 2 splits a model over GPUs; .*--device cpu" "$BIN" generate --prompt hi -tp 2 --device cpu
 usage "dtype garbage (also on the CPU)" "^fdpp: error: --dtype: 'garbage' is not one of" "$BIN" generate --prompt hi --dtype garbage --device cpu
-usage "quantization garbage" "^fdpp: error: --quantization: 'int3' is not one of none, fp8" "$BIN" generate --prompt hi --quantization int3
+usage "quantization garbage" "^fdpp: error: --quantization: 'int3' is not one of none, fp8, int4" "$BIN" generate --prompt hi --quantization int3
 usage "fp8 on the CPU" "^fdpp: error: --quantization fp8 runs on the CUDA backend; it cannot be combined with --device cpu" "$BIN" generate --prompt hi --quantization fp8 --device cpu
 usage "fp8 KV cache on the CPU" "^fdpp: error: --kv-cache-dtype fp8 \(an e4m3 KV cache\) runs on the CUDA backend; it cannot be combined with --device cpu" "$BIN" generate --prompt hi --kv-cache-dtype fp8_e4m3 --device cpu
 usage "fp8_e5m2 KV cache" "^fdpp: error: --kv-cache-dtype: fp8_e5m2 is not supported: the fp8 KV cache is e4m3" "$BIN" generate --prompt hi --kv-cache-dtype fp8_e5m2

@@ -3,7 +3,8 @@
 // v1 zeros and placeholder biases; GPTQ 8-bit, one group, v2 zeros, experts quantized) against their
 // "_ref" twins, which hold the same weights dequantized to F32 by numpy. The CPU dequantizes at load
 // with the same single rounding, so weights and logits are bit-identical. Bad checkpoints (edited
-// configs, headers and bytes) each give one line, and the GPU loader refuses these formats by name.
+// configs, headers and bytes) each give one line. Their plans (the GPU loader's input) materialize to
+// the same weights.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -15,6 +16,7 @@
 #include "fdpp/error.h"
 #include "model/hf_quantization.h"
 #include "model/model_loader.h"
+#include "model/tensor_parallel.h"
 #include "model/weight_plan.h"
 #include "test_util.h"
 
@@ -102,10 +104,39 @@ TEST(PackedIntCheckpoint, DescribedWithItsFormatAndCounts) {
   EXPECT_EQ(moe.dtype_counts.at("GPTQ8"), 2 * (4 + 3 * 8));  // attention + every expert's three matrices
 }
 
-TEST(PackedIntCheckpoint, TheGpuLoaderRefusesThemByName) {
-  EXPECT_ERROR(plan_model(int4_fixture("llama_gptq_actorder").string()),
-               "is stored as AWQ/GPTQ packed integers, which the GPU loader does not take yet; run this model with "
-               "--device cpu");
+TEST(PackedIntCheckpoint, PlansKeepThePackedMatricesAndMaterializeToTheCpuWeights) {
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    const PlannedModel p = plan_model(int4_fixture(name).string());
+    const ModelConfig& c = p.config();
+    int packed = 0;
+    for (const PlannedTensor& t : p.plan.tensors)
+      if (t.packed()) {
+        ++packed;
+        EXPECT_EQ(t.src.n_bytes, 0u);  // nothing streamed: the loader unpacks them
+        EXPECT_EQ(t.packed_int->in, t.cols());
+      }
+    EXPECT_GT(packed, 0);
+    // The plan's reference semantics (what the GPU is given) equal the CPU's load, bit for bit.
+    const DecoderWeights planned = materialize_plan(p.plan, c);
+    const LoadedModel loaded = load_model(int4_fixture(name).string());
+    for (int s = 0; s < kWeightSlots; ++s)
+      for (int l = 0; l < c.n_layers; ++l) {
+        const WeightSlot slot = WeightSlot(s);
+        if (!is_layer_slot(slot)) continue;
+        const Tensor& a = slot_tensor(planned, slot, l);
+        const Tensor& b = slot_tensor(loaded.weights, slot, l);
+        ASSERT_EQ(a.shape, b.shape) << slot_name(slot) << " " << l;
+        EXPECT_EQ(std::memcmp(a.ptr(), b.ptr(), static_cast<size_t>(a.numel()) * sizeof(float)), 0)
+            << slot_name(slot) << " " << l;
+      }
+  }
+}
+
+TEST(PackedIntCheckpoint, TensorParallelShardingRefusesThem) {
+  const PlannedModel p = plan_model(int4_fixture("llama_awq_g32").string());
+  const TensorParallelLayout t = plan_tensor_parallel(p.config(), 2);
+  EXPECT_ERROR(shard_plan(p.plan, p.config(), t, 1), "AWQ and GPTQ checkpoints do not run under tensor parallelism");
 }
 
 TEST(PackedIntCheckpoint, BadCheckpointsGetOneLine) {

@@ -875,10 +875,11 @@ class LLM:
         tokenizer: None, or the model's own path or folder (fdpp reads the tokenizer from the
             model); anything else is refused.
         trust_remote_code: accepted; fdpp never runs code from a model folder.
-        quantization: None (the weights as stored: GGUF blocks, 16-bit checkpoints, FP8
-            checkpoints) or "fp8" (CUDA: the layers' weights quantized to e4m3 at load, a scale per
-            output row, as `--quantization fp8`; a checkpoint published in FP8 runs as FP8 either
-            way, and dequantized on the CPU); other methods are refused.
+        quantization: None (the weights as stored: GGUF blocks, 16-bit checkpoints, FP8, AWQ and
+            GPTQ checkpoints), "fp8" (CUDA: the layers' weights quantized to e4m3 at load, a scale
+            per output row, as `--quantization fp8`) or "int4" (CUDA: 4 bits in groups of 128, as
+            `--quantization int4`); a checkpoint published in FP8, AWQ or GPTQ runs as stored
+            either way, and dequantized on the CPU; other methods are refused.
         generation_config: "auto" (the default, as vLLM's): the sampling defaults of the model
             folder's generation_config.json become get_default_sampling_params(), used when a call
             has no SamplingParams; "vllm" or None: vLLM's defaults only; a folder: its file.

@@ -398,14 +398,36 @@ gguf::GgmlType stored_type(const std::string& dtype) {
 
 }  // namespace
 
-WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTensorSpec>& specs) {
+WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTensorSpec>& specs,
+                           const HfQuantization& quantization) {
   WeightPlan plan;
   for (const HfTensorSpec& spec : specs) {
     const SourceTensor* t = source.find(spec.name);
-    check(t != nullptr || !has_packed_int(source, module_of(spec.name)),
-          "{}: '{}' is stored as AWQ/GPTQ packed integers, which the GPU loader does not take yet; run this model "
-          "with --device cpu",
-          source.origin(), spec.name);
+    if (t == nullptr && spec.shape.size() == 2 && has_packed_int(source, module_of(spec.name))) {
+      auto packed = std::make_shared<PackedIntPart>();
+      packed->source = &source;
+      packed->tensors = find_packed_int(source, module_of(spec.name), spec.shape[0], spec.shape[1], quantization);
+      packed->quantization = quantization;
+      packed->out = spec.shape[0];
+      packed->in = spec.shape[1];
+      for (const HfSlotPart& part : spec.parts) {
+        check(part.add == 0.f && part.row_begin + Tensor::numel_of(part.shape) / spec.shape[1] <= spec.shape[0],
+              "{}: '{}' is stored as packed integers, which its slot {} cannot take", source.origin(), spec.name,
+              slot_name(part.slot));
+        PlannedTensor p;
+        p.slot = part.slot;
+        p.layer = part.layer;
+        p.shape = part.shape;
+        p.expert = part.expert;
+        p.src.name = packed->tensors.module;
+        p.src.type = gguf::GgmlType::I8;
+        auto row_part = std::make_shared<PackedIntPart>(*packed);
+        row_part->row_begin = part.row_begin;
+        p.packed_int = std::move(row_part);
+        plan.tensors.push_back(std::move(p));
+      }
+      continue;
+    }
     check(t != nullptr, "{}: tensor '{}' is missing", source.origin(), spec.name);
     check(t->shape == spec.shape, "{}: tensor '{}' has shape {}, expected {}", source.origin(), spec.name,
           shape_string(t->shape), shape_string(spec.shape));

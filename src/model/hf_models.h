@@ -66,8 +66,11 @@ DecoderWeights load_hf_decoder(const WeightSource& source, const ModelConfig& co
 // The same mapping as a plan for the GPU loader: where each slot's bytes lie in the checkpoint (call
 // check_hf_tensors first). A tensor the source cannot give in place (a strided .bin view) is read
 // through read_f32 instead. An F8_E4M3 weight's parts keep their e4m3 bytes in place and carry its
-// scales per row (PlannedTensor::fp8_scales; the scales are read here, a few floats per matrix).
-WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTensorSpec>& specs);
+// scales per row (PlannedTensor::fp8_scales; the scales are read here, a few floats per matrix). An
+// AWQ / GPTQ matrix's parts point at its packed tensors (PlannedTensor::packed_int), read when the
+// loader unpacks them.
+WeightPlan plan_hf_weights(const WeightSource& source, const std::vector<HfTensorSpec>& specs,
+                           const HfQuantization& quantization = {});
 
 // An F8_E4M3 weight's scale, one per row: its "X.weight_scale" read (a per-tensor scale repeated
 // over the rows). Throws for a missing or ill-shaped scale, or one that is not finite.

@@ -78,10 +78,15 @@ PackedIntTensors find_packed_int(const WeightSource& source, const std::string& 
   return t;
 }
 
-void dequantize_packed_int(const WeightSource& source, const PackedIntTensors& t, const HfQuantization& q,
-                           Tensor& dst) {
-  check(dst.shape.size() == 2, "dequantize_packed_int: '{}' is not a matrix", t.module);
-  const int64_t out = dst.shape[0], in = dst.shape[1], groups = groups_of(in, q);
+UnpackedInt unpack_packed_int(const WeightSource& source, const PackedIntTensors& t, const HfQuantization& q,
+                              int64_t out, int64_t in, int64_t row_begin, int64_t rows) {
+  check(row_begin >= 0 && rows >= 0 && row_begin + rows <= out, "unpack_packed_int: rows [{}, {}) of '{}' ({} rows)",
+        row_begin, row_begin + rows, t.module, out);
+  UnpackedInt u;
+  u.rows = rows;
+  u.cols = in;
+  u.groups = groups_of(in, q);
+  const int64_t groups = u.groups;
   const int bits = q.bits, per_word = 32 / bits;
   const uint32_t mask = (1u << bits) - 1;
   std::vector<float> scales(static_cast<size_t>(groups * out));
@@ -89,33 +94,36 @@ void dequantize_packed_int(const WeightSource& source, const PackedIntTensors& t
   for (const float s : scales)
     check(std::isfinite(s), "{}: tensor '{}' holds {}, not a finite scale", source.origin(), t.scales->name, s);
   // Each input channel's group.
-  std::vector<int32_t> group(static_cast<size_t>(in));
+  u.group.resize(static_cast<size_t>(in));
   if (t.g_idx != nullptr) {
     const int32_t* g = words(source, *t.g_idx);
     for (int64_t k = 0; k < in; ++k) {
       check(g[k] >= 0 && g[k] < groups, "{}: tensor '{}' gives input channel {} group {}, not in [0, {})",
             source.origin(), t.g_idx->name, k, g[k], groups);
-      group[static_cast<size_t>(k)] = g[k];
+      u.group[static_cast<size_t>(k)] = g[k];
     }
   } else {
-    for (int64_t k = 0; k < in; ++k) group[static_cast<size_t>(k)] = static_cast<int32_t>(q.group_size > 0 ? k / q.group_size : 0);
+    for (int64_t k = 0; k < in; ++k)
+      u.group[static_cast<size_t>(k)] = static_cast<int32_t>(q.group_size > 0 ? k / q.group_size : 0);
   }
-  // The zero point of each (group, output channel), unpacked once.
+  // The zero point and scale of each (output channel, group).
   const int32_t* zw = words(source, *t.qzeros);
-  std::vector<float> zero(static_cast<size_t>(groups * out));
+  u.zero.resize(static_cast<size_t>(rows * groups));
+  u.scale.resize(static_cast<size_t>(rows * groups));
   for (int64_t g = 0; g < groups; ++g)
-    for (int64_t n = 0; n < out; ++n) {
-      const int64_t j = n / per_word, slot = n % per_word;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = row_begin + r, j = n / per_word, slot = n % per_word;
       const int nibble = awq(q) ? kAwqNibble[slot] : static_cast<int>(slot);
       uint32_t z = (static_cast<uint32_t>(zw[g * (out / per_word) + j]) >> (bits * nibble)) & mask;
       if (!awq(q) && q.zeros_minus_one) z = (z + 1) & mask;
-      zero[static_cast<size_t>(g * out + n)] = static_cast<float>(z);
+      u.zero[static_cast<size_t>(r * groups + g)] = static_cast<uint8_t>(z);
+      u.scale[static_cast<size_t>(r * groups + g)] = scales[static_cast<size_t>(g * out + n)];
     }
   const int32_t* qw = words(source, *t.qweight);
-  float* w = dst.ptr();
-  // w[n][k] = (q - z) * s: one float32 product of exact small integers and the stored scale.
-#pragma omp parallel for schedule(static) if (out * in >= (int64_t{1} << 16))
-  for (int64_t n = 0; n < out; ++n) {
+  u.q.resize(static_cast<size_t>(rows * in));
+#pragma omp parallel for schedule(static) if (rows * in >= (int64_t{1} << 16))
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = row_begin + r;
     for (int64_t k = 0; k < in; ++k) {
       uint32_t v;
       if (awq(q)) {
@@ -123,10 +131,27 @@ void dequantize_packed_int(const WeightSource& source, const PackedIntTensors& t
       } else {
         v = (static_cast<uint32_t>(qw[(k / per_word) * out + n]) >> (bits * (k % per_word))) & mask;
       }
-      const size_t gi = static_cast<size_t>(group[static_cast<size_t>(k)] * out + n);
-      w[n * in + k] = (static_cast<float>(v) - zero[gi]) * scales[gi];
+      u.q[static_cast<size_t>(r * in + k)] = static_cast<uint8_t>(v);
     }
   }
+  return u;
+}
+
+void UnpackedInt::dequantize(float* w) const {
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 16))
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t k = 0; k < cols; ++k) {
+      const size_t gi = static_cast<size_t>(n * groups + group[static_cast<size_t>(k)]);
+      w[n * cols + k] = (static_cast<float>(q[static_cast<size_t>(n * cols + k)]) - static_cast<float>(zero[gi])) *
+                        scale[gi];
+    }
+}
+
+void dequantize_packed_int(const WeightSource& source, const PackedIntTensors& t, const HfQuantization& q,
+                           Tensor& dst) {
+  check(dst.shape.size() == 2, "dequantize_packed_int: '{}' is not a matrix", t.module);
+  const int64_t out = dst.shape[0], in = dst.shape[1];
+  unpack_packed_int(source, t, q, out, in, 0, out).dequantize(dst.ptr());
 }
 
 }  // namespace fdpp

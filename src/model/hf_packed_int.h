@@ -1,6 +1,7 @@
 // AWQ and GPTQ weight-only integer checkpoints (model/hf_quantization.h says which load): where a
-// linear module "X" of out x in weights keeps its integers, and their dequantization to fp32, the
-// CPU's reference (the GPU's int4 kernels are not built yet: plans refuse these checkpoints).
+// linear module "X" of out x in weights keeps its integers, their unpacking (the GPU's loader repacks
+// 4-bit matrices into backend/cuda/int4.h's layout from it) and their dequantization to fp32, the
+// CPU's reference.
 //
 //   AWQ (AutoAWQ gemm):  X.qweight  I32 [in, out / 8]      eight 4-bit values per word, output
 //                                                            channels 8j + {0, 2, 4, 6, 1, 3, 5, 7}
@@ -47,8 +48,25 @@ bool has_packed_int(const WeightSource& source, const std::string& module);
 PackedIntTensors find_packed_int(const WeightSource& source, const std::string& module, int64_t out, int64_t in,
                                  const HfQuantization& q);
 
-// The [out, in] fp32 weights (dst's shape) of checked packed tensors. Reads g_idx and the zeros in
-// full (checking each group index), the weights row by row.
+// Rows [row_begin, row_begin + rows) of a checked [out, in] packed matrix, unpacked:
+//   w[n][k] = (q[n][k] - zero[n][group[k]]) * scale[n][group[k]]
+// (n relative to row_begin), with group[k] from g_idx or k / group_size. Checks every group index
+// and scale.
+struct UnpackedInt {
+  int64_t rows = 0, cols = 0, groups = 0;
+  std::vector<uint8_t> q;      // [rows, cols], 0 .. 2^bits - 1
+  std::vector<uint8_t> zero;   // [rows, groups]
+  std::vector<float> scale;    // [rows, groups]
+  std::vector<int32_t> group;  // [cols]
+
+  // w [rows, cols] in fp32: one float32 product of exact small integers and the stored scale.
+  void dequantize(float* w) const;
+};
+UnpackedInt unpack_packed_int(const WeightSource& source, const PackedIntTensors& t, const HfQuantization& q,
+                              int64_t out, int64_t in, int64_t row_begin, int64_t rows);
+
+// The [out, in] fp32 weights (dst's shape) of checked packed tensors: unpack_packed_int's formula, one
+// float32 product of exact small integers and the stored scale.
 void dequantize_packed_int(const WeightSource& source, const PackedIntTensors& t, const HfQuantization& q,
                            Tensor& dst);
 

@@ -208,7 +208,7 @@ PlannedModel plan_model(const std::string& path) {
     OpenedHfModel h = open_hf_model(path);
     m.description = std::move(h.description);
     m.tokenizer = std::move(h.tokenizer);
-    m.plan = plan_hf_weights(*h.source, hf_tensor_specs(h.config.config, *h.source));
+    m.plan = plan_hf_weights(*h.source, hf_tensor_specs(h.config.config, *h.source), h.config.quantization);
     m.plan.storage = std::move(h.source);  // the mappings and the read_f32 fallbacks point into it
     return m;
   }

@@ -43,7 +43,8 @@ namespace {
 // stored bytes.
 PlannedTensor row_slice(const PlannedTensor& p, int64_t first, int64_t count) {
   // The sharded engine has no FP8 weights yet (backend_select refuses it first, in one line).
-  check(!p.fp8(), "{}: FP8 checkpoints do not run under tensor parallelism yet", p.src.name);
+  check(!p.fp8() && !p.packed(), "{}: {} checkpoints do not run under tensor parallelism yet", p.src.name,
+        p.fp8() ? "FP8" : "AWQ and GPTQ");
   check(p.stored_cols == 0, "{}: cannot slice rows of a column slice", p.src.name);
   check(first >= 0 && count >= 0 && first + count <= p.rows(), "{}: rows [{}, {}) out of its {}", p.src.name, first,
         first + count, p.rows());
@@ -73,7 +74,8 @@ PlannedTensor row_slice(const PlannedTensor& p, int64_t first, int64_t count) {
 
 // Columns [first, first + count) of every row of a 2-D planned tensor.
 PlannedTensor column_slice(const PlannedTensor& p, int64_t first, int64_t count) {
-  check(!p.fp8(), "{}: FP8 checkpoints do not run under tensor parallelism yet", p.src.name);
+  check(!p.fp8() && !p.packed(), "{}: {} checkpoints do not run under tensor parallelism yet", p.src.name,
+        p.fp8() ? "FP8" : "AWQ and GPTQ");
   check(p.stored_cols == 0 && p.permute_heads == 0 && p.shape.size() == 2, "{}: cannot slice its columns", p.src.name);
   const int64_t rows = p.rows(), cols = p.cols();
   check(first >= 0 && count >= 0 && first + count <= cols, "{}: columns [{}, {}) out of its {}", p.src.name, first,

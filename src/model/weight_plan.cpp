@@ -141,7 +141,11 @@ DecoderWeights materialize_plan(const WeightPlan& plan, const ModelConfig& confi
   w.layers.resize(static_cast<size_t>(config.n_layers));
   for (const PlannedTensor& p : plan.tensors) {
     Tensor stored(p.shape);
-    if (p.fp8()) {
+    if (p.packed()) {
+      check(p.shape.size() == 2, "{}: packed integers planned for a slot of shape {}", p.src.name,
+            shape_string(p.shape));
+      p.packed_int->unpack(p.rows()).dequantize(stored.ptr());
+    } else if (p.fp8()) {
       check(p.src.data != nullptr && p.stored_cols == 0 && static_cast<int64_t>(p.fp8_scales.size()) == p.rows() &&
                 p.src.n_bytes == static_cast<uint64_t>(p.numel()),
             "{}: FP8 tensor planned without its bytes in place or a scale per row", p.src.name);

@@ -18,6 +18,7 @@
 
 #include "io/gguf.h"
 #include "model/decoder.h"
+#include "model/hf_packed_int.h"
 
 namespace fdpp {
 
@@ -68,6 +69,19 @@ struct StoredTensorRef {
   std::function<void(std::span<float>)> read_f32;  // only when data is null
 };
 
+// AWQ / GPTQ checkpoints: a slot's rows as rows [row_begin, row_begin + slot rows) of a module
+// stored as packed integers (model/hf_packed_int.h). The source is the plan's storage.
+struct PackedIntPart {
+  const WeightSource* source = nullptr;
+  PackedIntTensors tensors;
+  HfQuantization quantization;
+  int64_t out = 0, in = 0, row_begin = 0;
+
+  UnpackedInt unpack(int64_t rows) const {
+    return unpack_packed_int(*source, tensors, quantization, out, in, row_begin, rows);
+  }
+};
+
 // One slot filled from one stored tensor (or row range of one).
 struct PlannedTensor {
   WeightSlot slot;
@@ -90,6 +104,10 @@ struct PlannedTensor {
   // row (a per-tensor scale repeated); empty for every other tensor.
   std::vector<float> fp8_scales;
   bool fp8() const { return !fp8_scales.empty(); }
+  // AWQ / GPTQ checkpoints: the slot's integers and their groups; src then holds no bytes (its name
+  // is the module's). Null for every other tensor.
+  std::shared_ptr<const PackedIntPart> packed_int;
+  bool packed() const { return packed_int != nullptr; }
   // An expert slot filled one expert at a time (Hugging Face stores each expert's matrix apart):
   // this tensor is expert `expert`'s [rows, cols] block of the stacked slot. -1: the whole slot
   // (a GGUF file stores the stack as one tensor).

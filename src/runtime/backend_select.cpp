@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -124,11 +125,11 @@ namespace {
 void check_dtype(const RunnerOptions& options) {
   check(options.dtype == "f16" || options.dtype == "bf16" || options.dtype == "auto",
         "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
-  check(options.quantization == "none" || options.quantization == "fp8", "--quantization '{}' is not one of none, fp8",
-        options.quantization);
+  check(options.quantization == "none" || options.quantization == "fp8" || options.quantization == "int4",
+        "--quantization '{}' is not one of none, fp8, int4", options.quantization);
 }
 
-// --quantization fp8 is a CUDA feature of one GPU so far.
+// --quantization fp8 and int4 are CUDA features of one GPU so far.
 void check_quantization_device(const RunnerOptions& options, Device device) {
   if (options.quantization == "none") return;
   check(device == Device::Cuda,
@@ -168,6 +169,13 @@ cuda::GpuMemoryNeed memory_need(const ModelConfig& c, const WeightPlan& plan, in
     per_token += static_cast<uint64_t>(c.n_experts) * 4 +
                  static_cast<uint64_t>(c.n_experts_used) * (12 + 2 * (c.expert_ffn_hidden + c.hidden));
   need.activations = static_cast<uint64_t>(step_tokens) * per_token + (uint64_t{512} << 20);
+  // 4-bit layers above the flat GEMM's rows: the largest matrix dequantized to 16 bits (int4.h).
+  const bool packed = std::any_of(plan.tensors.begin(), plan.tensors.end(),
+                                  [](const PlannedTensor& t) { return t.packed(); });
+  if (packed) {
+    const uint64_t H = c.hidden, gated = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;
+    need.activations += 2 * std::max({H * (c.q_dim() + 2 * c.kv_dim()), H * c.q_dim(), (1 + gated) * H * c.ffn_hidden});
+  }
   return need;
 }
 
@@ -178,7 +186,9 @@ std::shared_ptr<const cuda::DeviceModel> device_model(const ModelConfig& config,
   check(chosen == "f16" || chosen == "bf16", "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
   const cuda::DType dtype = chosen == "bf16" ? cuda::DType::BF16 : cuda::DType::F16;
   auto quantized = [&](cuda::DeviceModel m) {
-    if (options.quantization == "fp8") m.quantize_fp8();
+    // A checkpoint stored in FP8 or 4 bits runs as stored (vLLM does the same).
+    if (options.quantization == "fp8" && !m.int4()) m.quantize_fp8();
+    if (options.quantization == "int4" && !m.fp8()) m.quantize_int4();
     return std::make_shared<const cuda::DeviceModel>(std::move(m));
   };
   if (options.dummy_weights) return quantized(cuda::DeviceModel::dummy(config, dtype, kDummySeed));
@@ -224,8 +234,9 @@ std::unique_ptr<Engine> tensor_parallel_engine(const ModelConfig& config, const 
   if (limits.kv_cache_tokens > 0) eo.kv_cache_tokens = limits.kv_cache_tokens;
   if (options.plan != nullptr)
     for (const PlannedTensor& t : options.plan->tensors)
-      check(!t.fp8(), "an FP8 checkpoint with --tensor-parallel {} is not supported yet (it runs on one GPU)",
-            options.tensor_parallel);
+      check(!t.fp8() && !t.packed(),
+            "an {} checkpoint with --tensor-parallel {} is not supported yet (it runs on one GPU)",
+            t.fp8() ? "FP8" : "AWQ/GPTQ", options.tensor_parallel);
   cuda::ShardSource source;
   // Weights already in host memory (tests, formats without a plan) are sharded through a plan of
   // the same tensors, so every path splits the same way.

@@ -89,10 +89,11 @@ std::vector<EngineOption> build_table() {
     t.push_back(std::move(o));
   }
   t.push_back(choice("quantization", "--quantization", kModelUsers,
-                     "CUDA: none, or fp8 (the layers' weights in e4m3 with a scale per output row, quantized at "
-                     "load; activations quantized per token where FP8 tensor cores run; embeddings and lm head "
-                     "stay 16-bit)",
-                     {"none", "fp8"}, &EngineArgs::quantization));
+                     "CUDA: none; fp8 (the layers' weights in e4m3 with a scale per output row, quantized at "
+                     "load; activations quantized per token where FP8 tensor cores run); or int4 (the layers' "
+                     "weights in 4 bits, groups of 128 with a zero point, rounded to nearest at load). Embeddings "
+                     "and lm head stay 16-bit. AWQ, GPTQ and FP8 checkpoints run as stored whatever this says",
+                     {"none", "fp8", "int4"}, &EngineArgs::quantization));
   t.push_back(integer("kv_cache_tokens", "--kv-cache-tokens", kRunners,
                       "KV cache size in tokens (0: sized by the engine: on the GPU what memory leaves)", 0,
                       int64_t{1} << 30, &EngineArgs::kv_cache_tokens));

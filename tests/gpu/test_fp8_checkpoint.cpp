@@ -190,8 +190,10 @@ TEST_F(Fp8CheckpointGpu, StepsMatchTheCpuEngineOnTheSameCheckpoint) {
       EXPECT_LE(nmse(qo.logits, go.logits), 1e-10) << "--quantization fp8 changed an FP8 checkpoint";
       // Looser than test_fp8.cpp's (1e-2, 2e-3): on an H100 (2026-12-05) these fixtures' prefill
       // rows reached 1.1e-2 (llama_ct_channel) and their decode rows 2.0e-3 to 3.7e-3, carried in
-      // the KV cache from the prefill's per-token quantized activations; a wrong scale gives O(1).
-      const double bound = st == 0 ? 2e-2 : 6e-3;
+      // the KV cache from the prefill's per-token quantized activations; with other random tokens
+      // (the suite run without the tests before it, 2026-12-06) a decode row reached 7.4e-3. A
+      // wrong scale gives O(1).
+      const double bound = st == 0 ? 2e-2 : 1e-2;
       for (int r = 0; r < S; ++r) {
         std::span<const float> a(co.logits.data() + size_t(r) * c.vocab_size, c.vocab_size),
             b(go.logits.data() + size_t(r) * c.vocab_size, c.vocab_size);

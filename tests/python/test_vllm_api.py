@@ -87,7 +87,7 @@ def test_vllm_keywords(default_model, device):
         ({"gpu_memory_utilization": 0}, fdpp.InvalidInputError, "gpu_memory_utilization: 0 must be in (0, 1]"),
         ({"gpu_memory_utilization": 1.5}, fdpp.InvalidInputError, "gpu_memory_utilization: 1.5 must be in (0, 1]"),
         ({"gpu_memory_utilization": "most"}, fdpp.InvalidInputError, "gpu_memory_utilization: expected a number"),
-        ({"quantization": "awq"}, fdpp.InvalidInputError, "quantization: 'awq' is not one of none, fp8"),
+        ({"quantization": "awq"}, fdpp.InvalidInputError, "quantization: 'awq' is not one of none, fp8, int4"),
         ({"tokenizer": "/elsewhere/tokenizer"}, fdpp.InvalidInputError, "tokenizer: '/elsewhere/tokenizer' is not the model's"),
         ({"enforce_eager": True, "cuda_graphs": True}, fdpp.InvalidInputError, "contradict"),
         ({"seed": -2}, fdpp.InvalidInputError, '"seed" -2'),

@@ -97,7 +97,8 @@ int run_bench(const BenchArgs& a) {
   if (tp == 1) {
     cuda::DeviceModel m = a.engine.load_format == "dummy" ? cuda::DeviceModel::dummy(config, dtype, 1234)
                                                           : cuda::DeviceModel::from_plan(config, loaded.plan, dtype);
-    if (a.engine.quantization == "fp8") m.quantize_fp8();
+    if (a.engine.quantization == "fp8" && !m.int4()) m.quantize_fp8();
+    if (a.engine.quantization == "int4" && !m.fp8()) m.quantize_int4();
     model = std::make_shared<const cuda::DeviceModel>(std::move(m));
   }
   cuda::EngineOptions eo;
@@ -166,13 +167,17 @@ int run_bench(const BenchArgs& a) {
   const double kv_bytes_per_token =
       2.0 * local.n_layers * local.kv_dim() * static_cast<double>(cuda::kv_element_bytes(eo.kv_quant.dtype));
   double matmul_params = static_cast<double>(streamed_weights) / 2 * tp;
-  if (model && model->fp8()) {  // the layers' matrices hold one byte per weight, plus their row scales
-    uint64_t fp8_bytes = 0, scale_bytes = 0;
+  if (model && (model->fp8() || model->int4())) {
+    // The layers' matrices hold one byte (FP8) or half a byte (4-bit) per weight, plus their scales.
+    uint64_t packed_bytes = 0, scale_bytes = 0;
     for (const cuda::DeviceLayer& L : model->layers) {
-      fp8_bytes += L.w_qkv.bytes() + L.w_o.bytes() + L.w_in.bytes() + L.w_down.bytes();
+      packed_bytes += L.w_qkv.bytes() + L.w_o.bytes() + L.w_in.bytes() + L.w_down.bytes();
       scale_bytes += L.s_qkv.bytes() + L.s_o.bytes() + L.s_in.bytes() + L.s_down.bytes();
+      for (const cuda::DeviceInt4* m : {&L.i_qkv, &L.i_o, &L.i_in, &L.i_down})
+        scale_bytes += m->zs.bytes() + m->perm.bytes();
     }
-    matmul_params = static_cast<double>(streamed_weights - fp8_bytes - scale_bytes) / 2 + static_cast<double>(fp8_bytes);
+    matmul_params = static_cast<double>(streamed_weights - packed_bytes - scale_bytes) / 2 +
+                    static_cast<double>(packed_bytes) * (model->int4() ? 2 : 1);
   }
 
   // Expert layers: a step reads only the experts its tokens chose. The roofline counts those: at n

@@ -204,11 +204,14 @@ nlohmann::json LoadReport::stats(const OpenedModel& m) {
                    {"path", m.planned ? "stream" : m.dummy ? "dummy" : "host"},
                    {"stored_bytes", m.description.stored_bytes},
                    {"peak_rss_bytes", peak_rss_bytes()}};
-  // A checkpoint published in FP8 runs as FP8 on the GPU whatever --quantization says (as vLLM runs
-  // it), and dequantized to fp32 on the CPU: the load line says which.
-  if (!m.description.quantization.empty())
-    j["quantization"] =
-        m.description.quantization + (m.device == Device::Cuda ? ": runs as FP8" : ": dequantized to fp32 on the CPU");
+  // A checkpoint published in FP8 or 4 bits (AWQ, GPTQ) runs as stored on the GPU whatever
+  // --quantization says (as vLLM runs it), and dequantized to fp32 on the CPU: the load line says which.
+  if (!m.description.quantization.empty()) {
+    const bool packed = m.description.quantization.starts_with("awq") || m.description.quantization.starts_with("gptq");
+    j["quantization"] = m.description.quantization + (m.device != Device::Cuda ? ": dequantized to fp32 on the CPU"
+                                                      : packed                 ? ": runs in 4 bits"
+                                                                               : ": runs as FP8");
+  }
   if (m.planned) {
     j["weights_seconds"] = bar_.seconds();
     j["weights_gb_per_second"] = bar_.seconds() > 0 ? bar_.bytes() / 1e9 / bar_.seconds() : 0.0;

@@ -71,8 +71,11 @@ RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
       // An FP8 checkpoint's projections: e4m3 bytes as stored on the GPU, dequantized on the CPU.
       as = r.device == "cuda" ? "fp8 (e4m3, fp32 row scales)" : "f32 (dequantized)";
     } else if (stored.starts_with("AWQ") || stored.starts_with("GPTQ")) {
-      // Packed integer matrices: dequantized on the CPU; the GPU loader refuses them for now.
-      as = r.device == "cuda" ? "not loaded on the GPU yet" : "f32 (dequantized)";
+      // Packed integer matrices: dequantized on the CPU; 4-bit ones stay 4-bit on the GPU
+      // (backend/cuda/int4.h), which refuses 8-bit ones.
+      as = r.device != "cuda"       ? "f32 (dequantized)"
+           : stored.ends_with("4") ? fmt::format("int4 ({} group scales and zeros)", gpu)
+                                   : "not loaded on the GPU (8-bit: run it with --device cpu)";
     } else if (r.device == "cuda") {
       // The GPU holds every weight as 16-bit floats, converted while streaming (--dtype).
       as = gpu;

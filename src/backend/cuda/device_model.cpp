@@ -156,11 +156,114 @@ DeviceModel DeviceModel::dummy(const ModelConfig& c, DType dtype, uint64_t seed,
 
 namespace fdpp::cuda {
 
+namespace {
+
+// GPTQ act-order: the columns sorted by group (stable), so that each group's columns are contiguous
+// again; empty when they already are (g_idx absent, or k / group_size). Every group must then hold
+// group_size columns, as GPTQ assigns them.
+std::vector<int32_t> act_order_permutation(const std::vector<int32_t>& group, int group_size, const std::string& what) {
+  const int64_t K = static_cast<int64_t>(group.size());
+  bool identity = true;
+  for (int64_t k = 0; k < K && identity; ++k) identity = group[k] == (group_size > 0 ? k / group_size : 0);
+  if (identity) return {};
+  std::vector<int32_t> perm(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) perm[k] = static_cast<int32_t>(k);
+  std::stable_sort(perm.begin(), perm.end(), [&](int32_t a, int32_t b) { return group[a] < group[b]; });
+  for (int64_t k = 0; k < K; ++k)
+    check(group_size > 0 && group[perm[k]] == k / group_size,
+          "{}: g_idx gives groups of unequal size (group {} at sorted column {}, expected {}); the GPU kernels need "
+          "{} columns per group",
+          what, group[perm[k]], k, group_size > 0 ? k / group_size : 0, group_size);
+  return perm;
+}
+
+uint64_t packed_device_bytes(const PlannedTensor& t) {
+  const HfQuantization& q = t.packed_int->quantization;
+  const int stride = int4_zs_stride(t.cols(), q.group_size > 0 ? q.group_size : 0);
+  return static_cast<uint64_t>(t.numel()) / 2 + static_cast<uint64_t>(t.rows()) * stride * 4 +
+         (q.act_order ? static_cast<uint64_t>(t.cols()) * 4 : 0);
+}
+
+// A layer matrix whose parts (q/k/v or gate/up, fused in slot order) are 4-bit AWQ / GPTQ: each part
+// unpacked on the host (model/hf_packed_int.h), repacked into int4.h's q4 and zs words and uploaded,
+// one part at a time. Returns the q4 words; int4 gets the rest.
+DeviceBuffer upload_int4(const std::vector<const PlannedTensor*>& parts, DType dtype, DeviceInt4& int4,
+                         const std::string& what) {
+  const HfQuantization& q = parts[0]->packed_int->quantization;
+  check(q.bits == 4, "{}: the weights are {}-bit GPTQ; the GPU runs 4-bit AWQ and GPTQ weights (run this model with "
+        "--device cpu)", what, q.bits);
+  const int64_t K = parts[0]->cols();
+  int64_t N = 0;
+  for (const PlannedTensor* p : parts) {
+    check(p->cols() == K, "{}: its parts have rows of {} and {} weights", what, K, p->cols());
+    N += p->rows();
+  }
+  const int gs = q.group_size > 0 ? q.group_size : 0;
+  if (const char* why = int4_group_problem(K, gs))
+    fail("{}: group size {} with rows of {} weights: {}", what, q.group_size, K, why);
+  const int stride = int4_zs_stride(K, gs);
+  DeviceBuffer words(static_cast<size_t>(N * K / 2));
+  int4.zs = DeviceBuffer(static_cast<size_t>(N) * stride * 4);
+  int4.group_size = gs;
+  int4.zs_stride = stride;
+  std::vector<int32_t> groups, perm;
+  int64_t row_at = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const PlannedTensor& p = *parts[i];
+    const UnpackedInt u = p.packed_int->unpack(p.rows());
+    if (i == 0) {
+      groups = u.group;
+      perm = act_order_permutation(u.group, gs, what);
+    } else {
+      check(u.group == groups,
+            "{}: {} has other act-order groups (g_idx) than {}; fdpp fuses them into one matrix, so they must agree "
+            "(GPTQ gives matrices that read the same input the same g_idx)",
+            what, p.src.name, parts[0]->src.name);
+    }
+    const int64_t rows = p.rows();
+    std::vector<uint32_t> q4(static_cast<size_t>(rows * K / 8)), zs(static_cast<size_t>(rows * stride), 0u);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* row = u.q.data() + r * K;
+      for (int64_t j = 0; j < K / 8; ++j) {
+        uint32_t word = 0;
+        for (int e = 0; e < 8; ++e) {
+          const int64_t k = 8 * j + e;
+          const uint32_t v = row[perm.empty() ? k : perm[static_cast<size_t>(k)]];
+          word |= v << (4 * (e >> 1) + 16 * (e & 1));  // k 8j + 2i in nibble i, 8j + 2i + 1 in nibble i + 4
+        }
+        q4[static_cast<size_t>(r * (K / 8) + j)] = word;
+      }
+      for (int64_t g = 0; g < u.groups; ++g) {
+        const size_t gi = static_cast<size_t>(r * u.groups + g);
+        const uint16_t scale = dtype == DType::F16 ? f32_to_fp16(u.scale[gi]) : f32_to_bf16(u.scale[gi]);
+        zs[static_cast<size_t>(r * stride + g)] = scale | (uint32_t(int4_zero_bits(u.zero[gi], dtype)) << 16);
+      }
+    }
+    for (const float s : u.scale)
+      check(std::isfinite(dtype == DType::F16 ? fp16_to_f32(f32_to_fp16(s)) : s),
+            "{}: scale {} of {} overflows f16 (load this model with --dtype bf16)", what, s, p.src.name);
+    FDPP_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(words.get()) + row_at * K / 2, q4.data(), q4.size() * 4,
+                               cudaMemcpyHostToDevice));
+    FDPP_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(int4.zs.get()) + row_at * stride * 4, zs.data(), zs.size() * 4,
+                               cudaMemcpyHostToDevice));
+    row_at += rows;
+  }
+  if (!perm.empty()) {
+    int4.perm = DeviceBuffer(perm.size() * sizeof(int32_t));
+    FDPP_CUDA_CHECK(cudaMemcpy(int4.perm.get(), perm.data(), int4.perm.bytes(), cudaMemcpyHostToDevice));
+  }
+  return words;
+}
+
+}  // namespace
+
 uint64_t plan_device_bytes(const WeightPlan& plan) {
   uint64_t n = 0;
   for (const PlannedTensor& t : plan.tensors)
-    n += t.fp8() ? static_cast<uint64_t>(t.numel()) + t.fp8_scales.size() * sizeof(float)
-                 : static_cast<uint64_t>(t.numel()) * 2;
+    n += t.packed() ? packed_device_bytes(t)
+         : t.fp8()  ? static_cast<uint64_t>(t.numel()) + t.fp8_scales.size() * sizeof(float)
+                    : static_cast<uint64_t>(t.numel()) * 2;
   return n;
 }
 
@@ -185,7 +288,11 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
   // (as upload() concatenates the non-empty tensors it is given).
   auto buffer_of = [&](const std::vector<const PlannedTensor*>& parts) {
     int64_t n = 0;
-    for (const PlannedTensor* p : parts) n += p->numel();
+    for (const PlannedTensor* p : parts) {
+      check(!p->packed(), "{}: stored as AWQ/GPTQ packed integers, which the GPU takes in the layers' projections "
+            "only", p->src.name);
+      n += p->numel();
+    }
     if (n == 0) return DeviceBuffer();
     DeviceBuffer d(static_cast<size_t>(n) * sizeof(uint16_t));
     int64_t at = 0;
@@ -212,21 +319,35 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     check(parts.size() <= 1 || static_cast<int>(parts.size()) == c.n_experts,
           "layer {}: {} parts of {} for {} experts", layer, parts.size(), slot_name(slot), c.n_experts);
     for (const PlannedTensor* p : parts)
-      check(!p->fp8(), "layer {}: {} is stored in FP8; expert layers run in 16 bits only (dequantize the checkpoint)",
-            layer, p->src.name);
+      check(!p->fp8() && !p->packed(),
+            "layer {}: {} is stored in {}; the GPU runs expert layers in 16 bits only (run this model with --device "
+            "cpu, or dequantize the checkpoint)",
+            layer, p->src.name, p->fp8() ? "FP8" : "packed integers");
     return buffer_of(parts);
   };
   // A layer matrix: 16-bit as buffer() makes it or, when the checkpoint stores its parts in FP8
   // (PlannedTensor::fp8), their e4m3 bytes as stored, with the parts' row scales concatenated into
   // `scale`: per-tensor scales of q, k and v each cover their own rows of the fused matrix.
-  auto matrix = [&](std::initializer_list<WeightSlot> slots, int layer, DeviceBuffer& scale, const char* what) {
+  auto matrix = [&](std::initializer_list<WeightSlot> slots, int layer, DeviceBuffer& scale, DeviceInt4& int4,
+                    const char* what) {
     std::vector<const PlannedTensor*> parts;
-    size_t fp8_parts = 0;
+    size_t fp8_parts = 0, packed_parts = 0;
     for (const WeightSlot s : slots)
       if (const PlannedTensor* p = plan.find(s, layer); p != nullptr && p->numel() > 0) {
         parts.push_back(p);
         fp8_parts += p->fp8() ? 1 : 0;
+        packed_parts += p->packed() ? 1 : 0;
       }
+    if (packed_parts > 0) {
+      check(packed_parts == parts.size(),
+            "layer {}: the {} weights mix packed integers and 16-bit matrices; fdpp fuses them into one matrix, so "
+            "they must be stored alike",
+            layer, what);
+      DeviceBuffer d = upload_int4(parts, dtype, int4, fmt::format("layer {}: the {} weights", layer, what));
+      m.bytes_ += d.bytes() + int4.zs.bytes() + int4.perm.bytes();
+      m.int4_ = true;
+      return d;
+    }
     if (fp8_parts == 0) return buffer(slots, layer);
     check(fp8_parts == parts.size(),
           "layer {}: the {} weights mix FP8 and 16-bit matrices; fdpp fuses them into one matrix, so they must be "
@@ -266,17 +387,18 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     DeviceLayer d;
     d.attn_norm = buffer({S::AttnNorm}, i);
     d.attn_norm_bias = buffer({S::AttnNormBias}, i);
-    d.w_qkv = matrix({S::Wq, S::Wk, S::Wv}, i, d.s_qkv, "q/k/v");
+    d.w_qkv = matrix({S::Wq, S::Wk, S::Wv}, i, d.s_qkv, d.i_qkv, "q/k/v");
     if (c.qkv_bias) d.b_qkv = buffer({S::Bq, S::Bk, S::Bv}, i);
     d.q_norm = buffer({S::QNorm}, i);
     d.k_norm = buffer({S::KNorm}, i);
-    d.w_o = matrix({S::Wo}, i, d.s_o, "o");
+    d.w_o = matrix({S::Wo}, i, d.s_o, d.i_o, "o");
     d.b_o = buffer({S::Bo}, i);
     d.ffn_norm = buffer({S::FfnNorm}, i);
     d.ffn_norm_bias = buffer({S::FfnNormBias}, i);
-    d.w_in = swiglu ? matrix({S::WGate, S::WUp}, i, d.s_in, "gate/up") : matrix({S::WUp}, i, d.s_in, "up");
+    d.w_in = swiglu ? matrix({S::WGate, S::WUp}, i, d.s_in, d.i_in, "gate/up")
+                    : matrix({S::WUp}, i, d.s_in, d.i_in, "up");
     if (c.mlp_bias) d.b_in = swiglu ? buffer({S::BGate, S::BUp}, i) : buffer({S::BUp}, i);
-    d.w_down = matrix({S::WDown}, i, d.s_down, "down");
+    d.w_down = matrix({S::WDown}, i, d.s_down, d.i_down, "down");
     d.b_down = buffer({S::BDown}, i);
     d.attn_post_norm = buffer({S::AttnPostNorm}, i);
     d.ffn_post_norm = buffer({S::FfnPostNorm}, i);
@@ -310,6 +432,7 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
 
 void DeviceModel::quantize_fp8() {
   if (fp8_) return;
+  check(!int4_, "--quantization fp8: the model's weights are already 4-bit (an AWQ or GPTQ checkpoint)");
   const ModelConfig& c = config_;
   check(!c.has_moe(), "--quantization fp8: expert layers are not quantized yet; run this model in 16 bits");
   const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
@@ -333,6 +456,38 @@ void DeviceModel::quantize_fp8() {
     quantize(L.w_down, L.s_down, H, FF, "down");
   }
   fp8_ = true;
+}
+
+void DeviceModel::quantize_int4() {
+  if (int4_) return;
+  check(!fp8_, "--quantization int4: the model's weights are already FP8 (an FP8 checkpoint)");
+  const ModelConfig& c = config_;
+  check(!c.has_moe(), "--quantization int4: expert layers are not quantized yet; run this model in 16 bits");
+  const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
+  const bool swiglu = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;  // gated
+  auto quantize = [&](DeviceBuffer& w, DeviceInt4& int4, int64_t rows, int64_t cols, const char* what) {
+    check(w.bytes() == static_cast<size_t>(rows * cols) * 2, "quantize_int4: {} holds {} bytes, not [{}, {}] 16-bit",
+          what, w.bytes(), rows, cols);
+    check(cols % 128 == 0, "--quantization int4: the {} matrix's rows of {} elements are not a multiple of 128", what,
+          cols);
+    DeviceBuffer q(static_cast<size_t>(rows * cols / 2));
+    int4.group_size = 128;
+    int4.zs_stride = int4_zs_stride(cols, 128);
+    int4.zs = DeviceBuffer(static_cast<size_t>(rows) * int4.zs_stride * 4);
+    FDPP_CUDA_CHECK(cudaMemset(int4.zs.get(), 0, int4.zs.bytes()));
+    cuda::quantize_int4(w.get(), static_cast<int>(rows), static_cast<int>(cols), dtype_, q.as<uint32_t>(),
+                        int4.zs.as<uint32_t>(), nullptr);
+    FDPP_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    bytes_ = bytes_ - w.bytes() + q.bytes() + int4.zs.bytes();
+    w = std::move(q);
+  };
+  for (DeviceLayer& L : layers) {
+    quantize(L.w_qkv, L.i_qkv, Q + 2 * KV, H, "q/k/v");
+    quantize(L.w_o, L.i_o, H, Q, "o");
+    quantize(L.w_in, L.i_in, swiglu ? 2 * FF : FF, H, "gate/up");
+    quantize(L.w_down, L.i_down, H, FF, "down");
+  }
+  int4_ = true;
 }
 
 }  // namespace fdpp::cuda

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/int4.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/weight_convert.h"
 #include "model/decoder.h"
@@ -17,6 +18,19 @@ struct WeightPlan;
 }
 
 namespace fdpp::cuda {
+
+// A 4-bit matrix's parts besides its q4 words, which the matrix's own buffer holds (int4.h).
+struct DeviceInt4 {
+  DeviceBuffer zs;
+  DeviceBuffer perm;  // GPTQ act-order: int32 [K], the stored column of each column; empty otherwise
+  int group_size = 0;
+  int zs_stride = 0;
+
+  bool empty() const { return zs.empty(); }
+  Int4Matrix view() const {
+    return {zs.as<uint32_t>(), perm.empty() ? nullptr : perm.as<int32_t>(), group_size, zs_stride};
+  }
+};
 
 struct DeviceLayer {
   DeviceBuffer attn_norm, attn_norm_bias;
@@ -35,6 +49,9 @@ struct DeviceLayer {
   // FP8 weights (DeviceModel::quantize_fp8): the four matrices above hold e4m3 bytes and these their
   // fp32 row scales (fp8.h); empty for 16-bit weights.
   DeviceBuffer s_qkv, s_o, s_in, s_down;
+  // 4-bit weights (AWQ / GPTQ checkpoints, DeviceModel::quantize_int4): the four matrices hold q4
+  // words and these the rest; empty otherwise.
+  DeviceInt4 i_qkv, i_o, i_in, i_down;
 };
 
 // What a model needs on the GPU besides what is already there, for the check before anything is
@@ -49,7 +66,8 @@ struct GpuMemoryNeed {
 // 0.80 GiB of activations = 16.28 GiB, but the GPU has 10.00 GiB free of 80.00 GiB") when the sum
 // exceeds the free memory of the current device.
 void check_gpu_memory(const GpuMemoryNeed& need);
-// Bytes of the device weights a plan fills (16-bit elements; FP8 ones a byte each plus fp32 row scales).
+// Bytes of the device weights a plan fills (16-bit elements; FP8 ones a byte each plus fp32 row
+// scales; 4-bit ones half a byte plus their zs words and act-order permutation).
 uint64_t plan_device_bytes(const WeightPlan& plan);
 
 class DeviceModel {
@@ -61,7 +79,9 @@ class DeviceModel {
   // stored type, the same bits as the constructor above given the fp32 weights of the same files.
   // An FP8 checkpoint's layer matrices (PlannedTensor::fp8) arrive as their e4m3 bytes with fp32
   // row scales, as quantize_fp8 leaves them (fp8() is then true); a matrix the checkpoint keeps
-  // 16-bit (its ignore list) stays 16-bit.
+  // 16-bit (its ignore list) stays 16-bit. An AWQ / GPTQ checkpoint's 4-bit matrices
+  // (PlannedTensor::packed_int) are unpacked on the host one matrix at a time and repacked into
+  // int4.h's layout (int4() is then true); 8-bit GPTQ is refused.
   static DeviceModel from_plan(const ModelConfig& config, const WeightPlan& plan, DType dtype,
                                const StreamOptions& options = {}, StreamStats* stats = nullptr);
   // Random weights (uniform, scaled like a trained model's: ~1/sqrt(fan_in); norms ~1). For a
@@ -77,6 +97,11 @@ class DeviceModel {
   // checkpoint) is kept as it is, as vLLM runs such a checkpoint whatever --quantization says.
   void quantize_fp8();
   bool fp8() const { return fp8_; }
+  // --quantization int4: each layer's four matrices to 4 bits, groups of 128 with zero points
+  // (int4.h's quantize_int4), in place, one matrix at a time. The rest stays 16-bit. A model
+  // already 4-bit (an AWQ / GPTQ checkpoint) is kept as it is.
+  void quantize_int4();
+  bool int4() const { return int4_; }
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
@@ -105,6 +130,7 @@ class DeviceModel {
   DType dtype_;
   uint64_t bytes_ = 0;
   bool fp8_ = false;
+  bool int4_ = false;
 };
 
 }  // namespace fdpp::cuda

@@ -87,9 +87,10 @@ struct WarpLayout<8> {
   static constexpr int WN = 2, WK = 4;
 };
 
-constexpr int default_stages(int mt, bool fp8 = false) {
-  // FP8 weights: half the bytes per stage, so deeper pipelines fit (6 at mt = 1, 4 at mt = 2, 4).
-  if (fp8) return mt == 1 ? 6 : mt == 8 ? 3 : 4;
+constexpr int default_stages(int mt, WeightFormat format = WeightFormat::Bits16) {
+  // FP8 and 4-bit weights: a half or a quarter of the bytes per stage, so deeper pipelines fit (6 at
+  // mt = 1, 4 at mt = 2, 4).
+  if (format != WeightFormat::Bits16) return mt == 1 ? 6 : mt == 8 ? 3 : 4;
   // smem per stage: 16 KB of W + mt * 2 KB of x. 4 stages at mt = 1 (72 KB: 3 CTAs per SM),
   // 3 at mt = 2, 4 (60, 72 KB: 3 CTAs), 3 at mt = 8 (96 KB: 2 CTAs). Two or three stages in flight
   // per CTA, 2-3 CTAs per SM: 64-144 KB of loads in flight per SM, far above the ~35 KB that
@@ -97,14 +98,25 @@ constexpr int default_stages(int mt, bool fp8 = false) {
   return mt == 1 ? 4 : 3;
 }
 
-size_t stage_bytes(int mt, bool fp8) {
-  return size_t(kBlockN) * kBlockK * (fp8 ? 1 : 2) + size_t(mt) * 8 * kBlockK * 2;
+// 4-bit weights: a stage holds 64 rows x 64 bytes of q4 words, then each row's zs words for the
+// stage's 128 k (one to four groups) in 16 bytes.
+constexpr unsigned kInt4WBytes = kBlockN * kBlockK / 2;
+constexpr unsigned kInt4ZsRowBytes = 16;
+
+constexpr unsigned weight_stage_bytes(WeightFormat format) {
+  return format == WeightFormat::Int4  ? kInt4WBytes + kBlockN * kInt4ZsRowBytes
+         : format == WeightFormat::Fp8 ? kBlockN * kBlockK
+                                       : kBlockN * kBlockK * 2;
 }
 
-size_t smem_bytes_for(int mt, int stages, bool fp8) {
+size_t stage_bytes(int mt, WeightFormat format) {
+  return weight_stage_bytes(format) + size_t(mt) * 8 * kBlockK * 2;
+}
+
+size_t smem_bytes_for(int mt, int stages, WeightFormat format) {
   const int wk = mt == 8 ? WarpLayout<8>::WK : WarpLayout<1>::WK;
   const size_t red = size_t(wk) * mt * 8 * kRedStride * 4;
-  return std::max(stage_bytes(mt, fp8) * stages, red);
+  return std::max(stage_bytes(mt, format) * stages, red);
 }
 
 __device__ __forceinline__ uint64_t evict_first_policy() {
@@ -119,6 +131,11 @@ __device__ __forceinline__ void cp_async16_policy(unsigned dst, const void* src,
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0), "l"(policy)
                : "memory");
+}
+// 4, 8 or 16 bytes through L1 (the zs words: every CTA of a row tile reads them).
+template <int Bytes>
+__device__ __forceinline__ void cp_async_ca(unsigned dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(Bytes) : "memory");
 }
 __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
@@ -165,6 +182,11 @@ __device__ __forceinline__ unsigned swz(int r, int c) { return unsigned((r * kCh
 // the 4 rows of a half-warp's 64-bit loads land in 4 different 32-byte bank groups.
 __device__ __forceinline__ unsigned swz8(int r, int j) { return unsigned(r * 128 + ((j ^ ((r & 3) << 1)) * 16)); }
 
+// 4-bit weight tiles: a row is 64 bytes (4 16-byte chunks of 32 k); lanes read one 4-byte word (8
+// k). Chunk j of row r sits at j ^ ((r >> 1) & 3), so that the 8 rows x 4 words of a warp's loads
+// fall in 32 different banks.
+__device__ __forceinline__ unsigned swz4(int r, int j) { return unsigned(r * 64 + ((j ^ ((r >> 1) & 3)) * 16)); }
+
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
 struct Args {
@@ -178,21 +200,26 @@ struct Args {
   float* partials;
   unsigned* semaphores;
   const float* w_scale;  // FP8 weights: per-row scales, applied in the epilogue
+  const uint32_t* zs;    // 4-bit weights (int4.h): per-group scale and zero words
+  int group_size, zs_stride;
 };
 
-// W8: the weights are e4m3 bytes (fp8.h) with per-row scales; the tiles hold them as stored and each
-// lane converts its pieces to T in registers before the MMA.
-template <class T, int MT, int STAGES, bool W8>
+// FP8: the weights are e4m3 bytes (fp8.h) with per-row scales; Int4: q4 words with per-group zs
+// words (int4.h). The tiles hold them as stored and each lane converts its pieces to T in registers
+// before the MMA (FP8's row scale in the epilogue, 4-bit's group scale with the conversion).
+template <class T, int MT, int STAGES, WeightFormat WF>
 __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(const Args a) {
+  constexpr bool W8 = WF == WeightFormat::Fp8, W4 = WF == WeightFormat::Int4;
   using WL = WarpLayout<MT>;
   constexpr int WN = WL::WN, WK = WL::WK;
   constexpr int RT = kBlockN / 16 / WN;      // 16-row tiles per warp
   constexpr int KG = kBlockK / 32 / WK;      // 32-wide k groups per warp per stage
   constexpr int XR = MT * 8;                 // token rows in smem (padded)
-  constexpr unsigned kWBytes = kBlockN * kBlockK * (W8 ? 1 : 2);
+  constexpr unsigned kWBytes = weight_stage_bytes(WF);
   constexpr unsigned kStageBytes = kWBytes + XR * kBlockK * 2;
-  constexpr int kWChunks = W8 ? kBlockK / 16 : kChunksK;  // 16-byte chunks per weight row per stage
-  constexpr int kWLoads = kBlockN * kWChunks / kThreads;  // 4 (2 for FP8)
+  // 16-byte chunks per weight row per stage
+  constexpr int kWChunks = W4 ? kBlockK / 32 : W8 ? kBlockK / 16 : kChunksK;
+  constexpr int kWLoads = kBlockN * kWChunks / kThreads;  // 4 (2 for FP8, 1 for 4-bit)
   constexpr int kXChunks = XR * kChunksK;                  // 128 .. 1024
   constexpr int kXLoads = (kXChunks + kThreads - 1) / kThreads;
 
@@ -205,7 +232,8 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   const bool swiglu = a.epilogue == Epilogue::SwiGLU;
   const int F = N / 2;
   const T* __restrict__ x = static_cast<const T*>(a.x);
-  const unsigned char* __restrict__ w = static_cast<const unsigned char*>(a.w);  // row r at r * K * (W8 ? 1 : 2)
+  // row r at r * K * 2, r * K (FP8) or r * K / 2 (4-bit) bytes
+  const unsigned char* __restrict__ w = static_cast<const unsigned char*>(a.w);
 
   // Weight row of local row r (clamped into the matrix: rows past the end load real data whose
   // results are never stored).
@@ -222,16 +250,25 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   const int ld_c = (tid % kChunksK) * 8;
   const unsigned ld_dst = swz(tid / kChunksK, tid % kChunksK);
   constexpr unsigned kRowsPerPass = kThreads / kChunksK;  // 16
-  // FP8: chunk q = tid + 256 i -> row q / 8, chunk q % 8 (16 k each), 32 rows per pass.
+  // FP8: chunk q = tid + 256 i -> row q / 8, chunk q % 8 (16 k each), 32 rows per pass; 4-bit: row
+  // tid / 4, chunk tid % 4 (32 k each), the whole tile in one pass.
   constexpr unsigned kWRowsPerPass = kThreads / kWChunks;
-  const int w_ld_c = W8 ? (tid % kWChunks) * 16 : ld_c;  // k of the thread's chunk
+  const int w_ld_c = W4 ? (tid % kWChunks) * 32 : W8 ? (tid % kWChunks) * 16 : ld_c;  // k of the thread's chunk
   int w_rows[kWLoads];
 #pragma unroll
   for (int i = 0; i < kWLoads; ++i) w_rows[i] = w_row(tid / kWChunks + kWRowsPerPass * i);
+  // Token rows past M (the padding of the last n8 tile) are zero-filled without a read: at M = 1 the
+  // other seven rows would otherwise fetch row 0 again from L2 every stage.
   int x_rows[kXLoads];
+  bool x_real[kXLoads];
 #pragma unroll
-  for (int i = 0; i < kXLoads; ++i) x_rows[i] = min(tid / kChunksK + int(kRowsPerPass) * i, M - 1);
+  for (int i = 0; i < kXLoads; ++i) {
+    const int r = tid / kChunksK + int(kRowsPerPass) * i;
+    x_rows[i] = min(r, M - 1);
+    x_real[i] = r < M;
+  }
   const uint64_t policy = evict_first_policy();
+  const uint32_t* zs_row = W4 && tid < kBlockN ? a.zs + int64_t(w_row(tid)) * a.zs_stride : nullptr;
 
   const int kt_begin = int(int64_t(split) * a.k_tiles / a.splits);
   const int kt_end = int(int64_t(split + 1) * a.k_tiles / a.splits);
@@ -243,12 +280,27 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
     const unsigned stage_base = smem_base + unsigned(stage) * kStageBytes;
 #pragma unroll
     for (int i = 0; i < kWLoads; ++i) {
-      if constexpr (W8) {
+      if constexpr (W4) {
+        const int r = tid / kWChunks;
+        cp_async16_policy(stage_base + swz4(r, tid % kWChunks), w + int64_t(w_rows[i]) * (K / 2) + (ok ? k / 2 : 0),
+                          ok, policy);
+      } else if constexpr (W8) {
         const int r = tid / kWChunks + int(kWRowsPerPass) * i;
         cp_async16_policy(stage_base + swz8(r, tid % kWChunks), w + int64_t(w_rows[i]) * K + (ok ? k : 0), ok, policy);
       } else {
         cp_async16_policy(stage_base + ld_dst + i * kRowsPerPass * kChunksK * 16,
                           w + (int64_t(w_rows[i]) * K + (ok ? k : 0)) * 2, ok, policy);
+      }
+    }
+    if constexpr (W4) {
+      // Row tid's zs words for this stage: 4 groups of 32, 2 of 64, or the one group holding it.
+      if (tid < kBlockN) {
+        const unsigned dst = stage_base + kInt4WBytes + unsigned(tid) * kInt4ZsRowBytes;
+        const int gs = a.group_size;
+        const uint32_t* src = zs_row + (gs > 0 ? kt * kBlockK / gs : 0);
+        if (gs == 32) cp_async_ca<16>(dst, src);
+        else if (gs == 64) cp_async_ca<8>(dst, src);
+        else cp_async_ca<4>(dst, src);
       }
     }
   };
@@ -260,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
     for (int i = 0; i < kXLoads; ++i) {
       if (kXChunks % kThreads == 0 || tid + kThreads * i < kXChunks)
         cp_async16_zfill(base + kWBytes + i * kRowsPerPass * kChunksK * 16, x + int64_t(x_rows[i]) * K + (ok ? k : 0),
-                         ok);
+                         ok && x_real[i]);
     }
   };
 
@@ -306,7 +358,16 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt) {
         const int r0 = (wn * RT + rt) * 16 + g;
-        if constexpr (W8) {  // the 8-byte piece c (k 8c .. 8c + 7) of rows r0 and r0 + 8
+        if constexpr (W4) {  // the word c (k 8c .. 8c + 7) of rows r0 and r0 + 8, with their groups' zs
+          const int gs = a.group_size;
+          const unsigned lg = gs == 32 ? unsigned(c >> 2) : gs == 64 ? unsigned(c >> 3) : 0u;
+          const unsigned word = unsigned(c & 3) * 4, zs_at = base + kInt4WBytes + lg * 4;
+          const uint32_t w_lo = *reinterpret_cast<const uint32_t*>(smem + base + swz4(r0, c >> 2) + word);
+          const uint32_t w_hi = *reinterpret_cast<const uint32_t*>(smem + base + swz4(r0 + 8, c >> 2) + word);
+          lo[rt] = detail::int4x8_to<T>(w_lo, *reinterpret_cast<const uint32_t*>(smem + zs_at + r0 * kInt4ZsRowBytes));
+          hi[rt] = detail::int4x8_to<T>(w_hi,
+                                        *reinterpret_cast<const uint32_t*>(smem + zs_at + (r0 + 8) * kInt4ZsRowBytes));
+        } else if constexpr (W8) {  // the 8-byte piece c (k 8c .. 8c + 7) of rows r0 and r0 + 8
           const unsigned piece = unsigned(c & 1) * 8;
           lo[rt] = fp8x8_to<T>(*reinterpret_cast<const uint2*>(smem + base + swz8(r0, c >> 1) + piece));
           hi[rt] = fp8x8_to<T>(*reinterpret_cast<const uint2*>(smem + base + swz8(r0 + 8, c >> 1) + piece));
@@ -409,16 +470,16 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   }
 }
 
-template <class T, int MT, int S, bool W8>
+template <class T, int MT, int S, WeightFormat WF>
 void launch_kernel(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
-  auto* kernel = flat_gemm_kernel<T, MT, S, W8>;
+  auto* kernel = flat_gemm_kernel<T, MT, S, WF>;
   // Raising the dynamic shared-memory limit is a per-kernel attribute of the current device: done
   // once per instantiation and device (per_device.h), not per launch, so launches stay capturable
   // in CUDA graphs. The carveout preference asks for the largest shared-memory share of L1
   // (228 KB), which the 2-3 resident CTAs per SM of the plan assume.
   once_per_device(reinterpret_cast<const void*>(kernel), [&] {
     detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem_bytes_for(MT, S, W8))),
+                                            static_cast<int>(smem_bytes_for(MT, S, WF))),
                        "flat_gemm: cudaFuncSetAttribute");
     detail::cuda_check(
         cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)),
@@ -433,26 +494,26 @@ void launch_kernel(const FlatGemmPlan& p, const Args& args, cudaStream_t stream)
   detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, args), "cudaLaunchKernelEx(flat_gemm)");
 }
 
-template <class T, int MT, bool W8>
+template <class T, int MT, WeightFormat WF>
 void launch_mt(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
   if constexpr (MT == 8) {
-    launch_kernel<T, MT, 3, W8>(p, args, stream);  // 3 stages only: see flat_gemm_plan
+    launch_kernel<T, MT, 3, WF>(p, args, stream);  // 3 stages only: see flat_gemm_plan
   } else {
     switch (p.stages) {
-      case 3: return launch_kernel<T, MT, 3, W8>(p, args, stream);
-      case 4: return launch_kernel<T, MT, 4, W8>(p, args, stream);
-      default: return launch_kernel<T, MT, 6, W8>(p, args, stream);
+      case 3: return launch_kernel<T, MT, 3, WF>(p, args, stream);
+      case 4: return launch_kernel<T, MT, 4, WF>(p, args, stream);
+      default: return launch_kernel<T, MT, 6, WF>(p, args, stream);
     }
   }
 }
 
-template <class T, bool W8>
+template <class T, WeightFormat WF>
 void launch_weights(const FlatGemmPlan& p, const Args& args, cudaStream_t stream) {
   switch (p.m_tiles) {
-    case 1: return launch_mt<T, 1, W8>(p, args, stream);
-    case 2: return launch_mt<T, 2, W8>(p, args, stream);
-    case 4: return launch_mt<T, 4, W8>(p, args, stream);
-    default: return launch_mt<T, 8, W8>(p, args, stream);
+    case 1: return launch_mt<T, 1, WF>(p, args, stream);
+    case 2: return launch_mt<T, 2, WF>(p, args, stream);
+    case 4: return launch_mt<T, 4, WF>(p, args, stream);
+    default: return launch_mt<T, 8, WF>(p, args, stream);
   }
 }
 
@@ -479,14 +540,14 @@ bool linear_programmatic_launch_enabled() { return current_kernel_options().line
 //   Llama-3 QKV [6144, 4096]: 96 tiles: s = 4 (cap 396 / 96) -> 1.00 * 1.00 * 0.96 = 0.96 (s = 3: 0.94).
 //   [16, 4096] (one tile): s = 8 (the k-tile cap 32 / 4): 8 CTAs instead of 1.
 //   QKV [12288, 4096] (192 tiles), gate+up [22016, 4096] (344): >= 132 tiles, no split.
-FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits, int stages, bool fp8) {
+FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits, int stages, WeightFormat format) {
   check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
   check(N >= 1 && K >= 1, "flat_gemm: N = {}, K = {} must be positive", N, K);
   check(multiprocessors >= 1, "flat_gemm: multiprocessors = {} must be positive", multiprocessors);
   constexpr int kMinKTiles = 4;
   FlatGemmPlan p;
   p.m_tiles = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
-  p.stages = stages > 0 ? stages : default_stages(p.m_tiles, fp8);
+  p.stages = stages > 0 ? stages : default_stages(p.m_tiles, format);
   check(p.stages == 3 || p.stages == 4 || p.stages == 6, "flat_gemm: stages = {} (compiled: 3, 4, 6)", p.stages);
   // m_tiles 8 is compiled with 3 stages only: its 4-stage build (128 registers with a small spill
   // under __launch_bounds__(256, 2)) stopped with "illegal instruction" on the H200 (run 2 of
@@ -497,16 +558,19 @@ FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits
   p.block_k = kBlockK;
   p.tiles_n = (N + kBlockN - 1) / kBlockN;
   p.k_tiles = (K + kBlockK - 1) / kBlockK;
-  p.smem_bytes = smem_bytes_for(p.m_tiles, p.stages, fp8);
+  p.smem_bytes = smem_bytes_for(p.m_tiles, p.stages, format);
   p.ctas_per_sm = std::max<int>(1, int(std::min<size_t>(8, kSmemPerSm / (p.smem_bytes + kSmemReservedPerCta))));
+  // 4-bit weights stream a quarter of the bytes per stage, so one CTA keeps a quarter of the bytes in
+  // flight: their plans aim at four CTAs per SM, not two.
+  const double ctas_wanted = format == WeightFormat::Int4 ? 4.0 : 2.0;
   if (splits > 0) {
     p.splits = std::clamp(splits, 1, p.k_tiles);
-  } else if (p.tiles_n < multiprocessors) {
+  } else if (p.tiles_n < ctas_wanted / 2 * multiprocessors) {
     const int slots = multiprocessors * p.ctas_per_sm;
     const int cap = std::max(1, std::min(slots / p.tiles_n, p.k_tiles / kMinKTiles));
     double best = -1;
     for (int s = 1; s <= cap; ++s) {
-      const double par = std::min(1.0, double(p.tiles_n) * s / (2.0 * multiprocessors));
+      const double par = std::min(1.0, double(p.tiles_n) * s / (ctas_wanted * multiprocessors));
       const double bal = (double(p.k_tiles) / s) / ((p.k_tiles + s - 1) / s);
       const double score = par * bal * (1.0 - 0.01 * s);
       if (score > best) {
@@ -523,20 +587,29 @@ FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits
   return p;
 }
 
-size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors, bool fp8) {
-  return flat_gemm_plan(M, N, K, multiprocessors, 0, 0, fp8).workspace_bytes;
+size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors, WeightFormat format) {
+  return flat_gemm_plan(M, N, K, multiprocessors, 0, 0, format).workspace_bytes;
 }
 
 namespace {
-void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const float* w_scale, const void* bias,
+// The weights' extra parts by format: FP8's row scales, 4-bit's zs words and group size.
+struct WeightParts {
+  WeightFormat format = WeightFormat::Bits16;
+  const float* w_scale = nullptr;
+  const uint32_t* zs = nullptr;
+  int group_size = 0, zs_stride = 0;
+};
+
+void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const WeightParts& parts, const void* bias,
                    void* y, int M, int N, int K, DType dtype, Epilogue epilogue, void* workspace,
                    size_t workspace_bytes, cudaStream_t stream) {
   check(x != nullptr && w != nullptr && y != nullptr, "flat_gemm: null pointer (x {}, w {}, y {})", x, w, y);
   check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
   check(N >= 1 && K >= 1, "flat_gemm: N = {}, K = {} must be positive", N, K);
-  const bool fp8 = w_scale != nullptr;
-  check(K % (fp8 ? 16 : 8) == 0, "flat_gemm: K = {} is not a multiple of {} (rows are streamed in 16-byte chunks)", K,
-        fp8 ? 16 : 8);
+  const WeightFormat format = parts.format;
+  const int k_multiple = format == WeightFormat::Int4 ? 32 : format == WeightFormat::Fp8 ? 16 : 8;
+  check(K % k_multiple == 0, "flat_gemm: K = {} is not a multiple of {} (rows are streamed in 16-byte chunks)", K,
+        k_multiple);
   check(detail::aligned16(x) && detail::aligned16(w), "flat_gemm: x ({}) and w ({}) must be 16-byte aligned", x, w);
   check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "flat_gemm: SwiGLU needs an even N ([gate; up]), got N = {}", N);
   check(dtype == DType::F16 || dtype == DType::BF16, "flat_gemm: unknown dtype {}", static_cast<int>(dtype));
@@ -545,9 +618,11 @@ void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const
             plan.tiles_n == (N + kBlockN - 1) / kBlockN && plan.splits >= 1 && plan.splits <= plan.k_tiles,
         "flat_gemm: plan (m_tiles {}, tiles_n {}, k_tiles {}, splits {}) does not fit M = {}, N = {}, K = {}",
         plan.m_tiles, plan.tiles_n, plan.k_tiles, plan.splits, M, N, K);
-  check(plan.smem_bytes == smem_bytes_for(plan.m_tiles, plan.stages, fp8),
-        "flat_gemm: the plan was made for {} weights", fp8 ? "16-bit" : "FP8");
-  Args args{x, w, bias, y, M, N, K, plan.tiles_n, plan.splits, plan.k_tiles, epilogue, nullptr, nullptr, w_scale};
+  check(plan.smem_bytes == smem_bytes_for(plan.m_tiles, plan.stages, format),
+        "flat_gemm: the plan was made for other weights than these");
+  Args args{x,           w,        bias,          y,       M,          N,
+            K,           plan.tiles_n, plan.splits, plan.k_tiles, epilogue, nullptr,
+            nullptr,     parts.w_scale, parts.zs,  parts.group_size, parts.zs_stride};
   if (plan.splits > 1) {
     check(workspace != nullptr && workspace_bytes >= plan.workspace_bytes,
           "flat_gemm: split-K ({} splits) needs {} bytes of zeroed workspace, got {} at {}", plan.splits,
@@ -558,8 +633,11 @@ void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const
   }
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (fp8) launch_weights<T, true>(plan, args, stream);
-    else launch_weights<T, false>(plan, args, stream);
+    switch (format) {
+      case WeightFormat::Fp8: return launch_weights<T, WeightFormat::Fp8>(plan, args, stream);
+      case WeightFormat::Int4: return launch_weights<T, WeightFormat::Int4>(plan, args, stream);
+      default: return launch_weights<T, WeightFormat::Bits16>(plan, args, stream);
+    }
   });
   check_launch("flat_gemm");
 }
@@ -567,7 +645,7 @@ void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const
 
 void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
                DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  run_flat_gemm(plan, x, w, nullptr, bias, y, M, N, K, dtype, epilogue, workspace, workspace_bytes, stream);
+  run_flat_gemm(plan, x, w, WeightParts{}, bias, y, M, N, K, dtype, epilogue, workspace, workspace_bytes, stream);
 }
 
 void flat_gemm_fp8(const void* x, const uint8_t* w8, const float* w_scale, const void* bias, void* y, int M, int N,
@@ -576,8 +654,30 @@ void flat_gemm_fp8(const void* x, const uint8_t* w8, const float* w_scale, const
   check(w_scale != nullptr, "flat_gemm_fp8: no row scales");
   check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm_fp8: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
   check(K % 16 == 0, "flat_gemm_fp8: K = {} is not a multiple of 16", K);
-  const FlatGemmPlan plan = flat_gemm_plan(M, N, K, multiprocessors_of_current_device(), 0, 0, /*fp8=*/true);
-  run_flat_gemm(plan, x, w8, w_scale, bias, y, M, N, K, dtype, epilogue, workspace, workspace_bytes, stream);
+  const FlatGemmPlan plan = flat_gemm_plan(M, N, K, multiprocessors_of_current_device(), 0, 0, WeightFormat::Fp8);
+  WeightParts parts;
+  parts.format = WeightFormat::Fp8;
+  parts.w_scale = w_scale;
+  run_flat_gemm(plan, x, w8, parts, bias, y, M, N, K, dtype, epilogue, workspace, workspace_bytes, stream);
+}
+
+void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int group_size, int zs_stride,
+                    const void* bias, void* y, int M, int N, int K, DType dtype, Epilogue epilogue, void* workspace,
+                    size_t workspace_bytes, cudaStream_t stream) {
+  check(zs != nullptr, "flat_gemm_int4: no zs words");
+  check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm_int4: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
+  check(K % 32 == 0, "flat_gemm_int4: K = {} is not a multiple of 32", K);
+  check(group_size == 0 || group_size == 32 || group_size == 64 || (group_size > 0 && group_size % 128 == 0),
+        "flat_gemm_int4: group size {} (32, 64, a multiple of 128, or 0 for one group per row)", group_size);
+  const int groups = group_size > 0 ? (K + group_size - 1) / group_size : 1;
+  check(zs_stride >= groups && zs_stride % 4 == 0, "flat_gemm_int4: zs stride {} for {} groups", zs_stride, groups);
+  const FlatGemmPlan plan = flat_gemm_plan(M, N, K, multiprocessors_of_current_device(), 0, 0, WeightFormat::Int4);
+  WeightParts parts;
+  parts.format = WeightFormat::Int4;
+  parts.zs = zs;
+  parts.group_size = group_size;
+  parts.zs_stride = zs_stride;
+  run_flat_gemm(plan, x, q4, parts, bias, y, M, N, K, dtype, epilogue, workspace, workspace_bytes, stream);
 }
 
 void flat_gemm(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,

@@ -23,6 +23,10 @@ namespace fdpp::cuda {
 
 enum class Epilogue { Store, StoreF32, AddF32, SwiGLU };
 
+// How the flat GEMM's weights are stored: 16-bit, e4m3 with row scales (fp8.h), or 4-bit words with
+// group scales and zeros (int4.h). The plan's stage sizes depend on it.
+enum class WeightFormat { Bits16, Fp8, Int4 };
+
 // ImplB: flat GEMM on tensor cores, M padded to 8 (not 64), K streamed through shared memory by a
 // cp.async pipeline 3 to 6 stages deep (flat_gemm_plan), split-K where N alone cannot fill the GPU.
 // M in [1, kFlatGemmMaxM].
@@ -31,7 +35,8 @@ constexpr int kFlatGemmMaxM = 64;
 // semaphores; 0 when the plan needs none). The workspace must be zeroed once before first use
 // (the kernels leave the semaphores zeroed again when they finish), so one buffer sized for the
 // largest shape serves every call on a stream.
-size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors, bool fp8 = false);
+size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors,
+                                 WeightFormat format = WeightFormat::Bits16);
 void flat_gemm(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
                Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
@@ -52,7 +57,7 @@ struct FlatGemmPlan {
 // splits > 0 forces the split count (clamped to [1, k_tiles]); stages > 0 forces the depth (the
 // compiled ones: 3, 4, 6; m_tiles 8 only 3).
 FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits = 0, int stages = 0,
-                            bool fp8 = false);
+                            WeightFormat format = WeightFormat::Bits16);
 void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
                DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
@@ -65,10 +70,18 @@ void flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const voi
 // kernels.h). M in [1, kGemvMaxM].
 // The flat GEMM over FP8 weights (fp8.h): w8 [N, K] e4m3 with per-row w_scale [N] fp32; x stays
 // 16-bit, each e4m3 piece is converted to `dtype` in registers before the MMA and the row scale is
-// applied in the epilogue. K a multiple of 16; the workspace as flat_gemm_workspace_bytes(..., true).
+// applied in the epilogue. K a multiple of 16; the workspace as flat_gemm_workspace_bytes(..., Fp8).
 void flat_gemm_fp8(const void* x, const uint8_t* w8, const float* w_scale, const void* bias, void* y, int M, int N,
                    int K, DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes,
                    cudaStream_t stream);
+// The flat GEMM over 4-bit weights (int4.h): q4 [N, K / 8] words, zs [N, zs_stride] scale and zero
+// words per group; each word is converted to 8 `dtype` values in registers before the MMA. K a
+// multiple of 32; group_size 32, 64, a multiple of 128, or 0 (one group per row); the workspace as
+// flat_gemm_workspace_bytes(..., Int4). x in the matrix's column order (an act-order matrix's x is
+// gathered first: gather_columns).
+void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int group_size, int zs_stride,
+                    const void* bias, void* y, int M, int N, int K, DType dtype, Epilogue epilogue, void* workspace,
+                    size_t workspace_bytes, cudaStream_t stream);
 
 void gemv_ex(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
              Epilogue epilogue, cudaStream_t stream);

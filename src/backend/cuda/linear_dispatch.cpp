@@ -113,7 +113,7 @@ void LinearDispatcher::reserve_fp8(int max_m, std::span<const LinearShape> shape
   size_t ws = 0;  // the flat GEMM's FP8 plans (their split-K differs from the 16-bit ones)
   for (const LinearShape& s : shapes)
     for (int m = 1; m <= std::min(max_m, kFlatGemmMaxM); ++m)
-      ws = std::max(ws, flat_gemm_workspace_bytes(m, s.n, s.k, gpu_.sm_count, /*fp8=*/true));
+      ws = std::max(ws, flat_gemm_workspace_bytes(m, s.n, s.k, gpu_.sm_count, WeightFormat::Fp8));
   ensure_flat_workspace(ws, stream);
   if (sc > 0) scratch(sc, stream);
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -135,7 +135,7 @@ void LinearDispatcher::run_fp8(const void* x, const uint8_t* w8, const float* w_
     const int64_t out_bytes = epilogue == Epilogue::StoreF32 || epilogue == Epilogue::AddF32 ? 4 : 2;
     for (int r = 0; r < M; r += kFlatGemmMaxM) {
       const int rows = std::min(kFlatGemmMaxM, M - r);
-      ensure_flat_workspace(flat_gemm_workspace_bytes(rows, N, K, gpu_.sm_count, /*fp8=*/true), stream);
+      ensure_flat_workspace(flat_gemm_workspace_bytes(rows, N, K, gpu_.sm_count, WeightFormat::Fp8), stream);
       flat_gemm_fp8(static_cast<const char*>(x) + int64_t(r) * K * 2, w8, w_scale, bias,
                     static_cast<char*>(y) + int64_t(r) * columns * out_bytes, rows, N, K, dtype, epilogue,
                     flat_ws_.get(), flat_ws_.bytes(), stream);
@@ -173,6 +173,55 @@ void LinearDispatcher::run_fp8(const void* x, const uint8_t* w8, const float* w_
     cublas_unsupported_.insert({M, N, K, static_cast<int>(epilogue) + 100, bias != nullptr});
     run_fp8(x, w8, w_scale, bias, y, M, N, K, dtype, epilogue, stream);
   }
+}
+
+LinearImpl LinearDispatcher::int4_choice(int M) const {
+  return M <= kFlatGemmMaxM && chooser_.mode() != LinearMode::Cublas ? LinearImpl::Flat : LinearImpl::Cublas;
+}
+
+void LinearDispatcher::reserve_int4(int max_m, std::span<const LinearShape> shapes, bool act_order,
+                                    cudaStream_t stream) {
+  check(max_m >= 1, "linear dispatch: reserve_int4 for M = {}", max_m);
+  size_t ws = 0, w_bytes = 0, x_bytes = 0, sc = 0;
+  for (const LinearShape& s : shapes) {
+    for (int m = 1; m <= std::min(max_m, kFlatGemmMaxM); ++m)
+      ws = std::max(ws, flat_gemm_workspace_bytes(m, s.n, s.k, gpu_.sm_count, WeightFormat::Int4));
+    if (int4_choice(max_m) == LinearImpl::Cublas) {
+      w_bytes = std::max(w_bytes, static_cast<size_t>(s.n) * static_cast<size_t>(s.k) * 2);
+      sc = std::max(sc, static_cast<size_t>(max_m) * static_cast<size_t>(s.n) * 2);  // SwiGLU's gate and up
+    }
+    if (act_order) x_bytes = std::max(x_bytes, static_cast<size_t>(max_m) * static_cast<size_t>(s.k) * 2);
+  }
+  ensure_flat_workspace(ws, stream);
+  if (w_bytes > int4_w_.bytes()) grow_outside_capture(int4_w_, w_bytes, stream, "the 4-bit weights' scratch");
+  if (x_bytes > int4_x_.bytes()) grow_outside_capture(int4_x_, x_bytes, stream, "the act-order activations' scratch");
+  if (sc > 0) scratch(sc, stream);
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void LinearDispatcher::run_int4(const void* x, const uint32_t* q4, const Int4Matrix& m, const void* bias, void* y,
+                                int M, int N, int K, DType dtype, Epilogue epilogue, cudaStream_t stream) {
+  check(dtype == dtype_, "linear dispatch: a {} call on a dispatcher for {}", dtype_name(dtype), dtype_name(dtype_));
+  check(M >= 1 && N >= 1 && K >= 1, "linear: bad shape M={} N={} K={}", M, N, K);
+  check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "linear: the SwiGLU epilogue needs an even N (gate; up), not {}",
+        N);
+  if (m.perm != nullptr) {
+    const size_t x_bytes = static_cast<size_t>(M) * static_cast<size_t>(K) * 2;
+    if (x_bytes > int4_x_.bytes()) grow_outside_capture(int4_x_, x_bytes, stream, "the act-order activations' scratch");
+    gather_columns(x, m.perm, M, K, int4_x_.get(), stream);
+    x = int4_x_.get();
+  }
+  if (int4_choice(M) == LinearImpl::Flat) {
+    ensure_flat_workspace(flat_gemm_workspace_bytes(M, N, K, gpu_.sm_count, WeightFormat::Int4), stream);
+    flat_gemm_int4(x, q4, m.zs, m.group_size, m.zs_stride, bias, y, M, N, K, dtype, epilogue, flat_ws_.get(),
+                   flat_ws_.bytes(), stream);
+    return;
+  }
+  const size_t w_bytes = static_cast<size_t>(N) * static_cast<size_t>(K) * 2;
+  if (w_bytes > int4_w_.bytes()) grow_outside_capture(int4_w_, w_bytes, stream, "the 4-bit weights' scratch");
+  int4_dequantize(q4, m, N, K, dtype, int4_w_.get(), stream);
+  // cuBLASLt, or the flat GEMM over the dequantized weights where it has no algorithm (run_impl).
+  run_impl(LinearImpl::Cublas, x, int4_w_.get(), bias, y, M, N, K, dtype, epilogue, stream);
 }
 
 void LinearDispatcher::run(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,

@@ -30,6 +30,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/flat_gemm.h"
 #include "backend/cuda/fp8.h"
+#include "backend/cuda/int4.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/linear.h"
 #include "engine/linear_chooser.h"
@@ -92,6 +93,20 @@ class LinearDispatcher {
   // flat GEMM computes it, kFlatGemmMaxM rows at a time.
   LinearImpl fp8_choice(int M, int N, int K, Epilogue epilogue, bool bias) const;
 
+  // 4-bit weights (int4.h): q4 [N, K / 8] words with m's zs words (and act-order permutation); the
+  // rest as run(). Up to kFlatGemmMaxM rows the flat GEMM converts the words in registers (unless
+  // --linear cublas); above, the matrix is dequantized into the dispatcher's weight scratch and
+  // cuBLASLt multiplies it (prefill: the dequantization is a small part of its time). An act-order
+  // matrix's x is gathered into the matrix's column order first.
+  void run_int4(const void* x, const uint32_t* q4, const Int4Matrix& m, const void* bias, void* y, int M, int N, int K,
+                DType dtype, Epilogue epilogue, cudaStream_t stream);
+  // Workspaces for run_int4 up to max_m rows of these shapes: the flat GEMM's 4-bit plans, the
+  // dequantized weights and cuBLAS's epilogue scratch when max_m > kFlatGemmMaxM, the gathered x
+  // when act_order. Call before capturing graphs.
+  void reserve_int4(int max_m, std::span<const LinearShape> shapes, bool act_order, cudaStream_t stream);
+  // The kernel of a 4-bit call (Flat or Cublas).
+  LinearImpl int4_choice(int M) const;
+
   // The same with the implementation given (no choice, no fallback): M must be within its limit.
   void run_impl(LinearImpl impl, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
                 DType dtype, Epilogue epilogue, cudaStream_t stream);
@@ -104,7 +119,10 @@ class LinearDispatcher {
   const GpuIdentity& gpu() const { return gpu_; }
   CublasLtLinear& cublas() { return cublas_; }
   // Device memory held: flat workspace + scratch + cuBLASLt workspace.
-  size_t workspace_bytes() const { return flat_ws_.bytes() + scratch_.bytes() + cublas_.workspace_bytes(); }
+  size_t workspace_bytes() const {
+    return flat_ws_.bytes() + scratch_.bytes() + cublas_.workspace_bytes() + fp8_x_.bytes() + int4_x_.bytes() +
+           int4_w_.bytes();
+  }
 
  private:
   void ensure_flat_workspace(size_t bytes, cudaStream_t stream);
@@ -122,6 +140,8 @@ class LinearDispatcher {
   DeviceBuffer flat_ws_;  // zeroed when allocated; the kernels leave it zeroed
   DeviceBuffer scratch_;
   DeviceBuffer fp8_x_;  // run_fp8's quantized x: [M, K] e4m3, then [M] fp32 scales
+  DeviceBuffer int4_x_;  // run_int4's gathered x (act-order): [M, K] 16-bit
+  DeviceBuffer int4_w_;  // run_int4's dequantized weights above kFlatGemmMaxM rows: [N, K] 16-bit
   // (M, N, K, epilogue, bias) cuBLASLt found no algorithm for: computed by the flat GEMM.
   std::set<std::tuple<int, int, int, int, bool>> cublas_unsupported_;
 };

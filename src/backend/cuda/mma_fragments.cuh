@@ -114,6 +114,30 @@ __device__ __forceinline__ uint4 fp8x8_to(uint2 v) {
   return make_uint4(fp8x2_to<T>(v.x), fp8x2_to<T>(v.x >> 16), fp8x2_to<T>(v.y), fp8x2_to<T>(v.y >> 16));
 }
 
+// ---- 4-bit weights (int4.h) ---------------------------------------------------------------------
+// The magic exponent of int4.h: 1024 (f16) or 128 (bf16) in both halves of a register.
+template <class T>
+__device__ __forceinline__ constexpr uint32_t int4_magic2() {
+  return std::is_same_v<T, __half> ? 0x64006400u : 0x43004300u;
+}
+// One 32-bit word of int4.h's q4 layout (8 k) as 8 T in register order (k 0 in the low half of
+// .x), with its group's zs word (scale low, magic + zero high): ((magic + q) - (magic + z)) * scale,
+// the subtraction exact and the product rounded once.
+template <class T>
+__device__ __forceinline__ uint4 int4x8_to(uint32_t word, uint32_t zs) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const uint32_t s_bits = __byte_perm(zs, 0, 0x1010), z_bits = __byte_perm(zs, 0, 0x3232);
+  const T2 s = *reinterpret_cast<const T2*>(&s_bits), z = *reinterpret_cast<const T2*>(&z_bits);
+  uint32_t r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t u = ((word >> (4 * i)) & 0x000F000Fu) | int4_magic2<T>();
+    const T2 v = __hmul2(__hsub2(*reinterpret_cast<const T2*>(&u), z), s);
+    r[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
 // An e4m3 K tile as the B operand of S = Q K^T (keys the n dimension, dims the k dimension), with no
 // shuffle: ldmatrix (b16) on rows of e4m3 bytes hands lane l the 4 bytes of dims 4t .. 4t + 3 of key
 // g (t = l % 4, g = l / 4) of each 8-key x 16-dim matrix. Those are b0 = (k 2t, 2t + 1) and
