@@ -1,5 +1,9 @@
 #include "model/hf_packed_int.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 
@@ -30,16 +34,34 @@ const SourceTensor* require(const WeightSource& source, const std::string& name,
   return t;
 }
 
-// The int32 words of a tensor, in place.
-const int32_t* words(const WeightSource& source, const SourceTensor& t) {
+// The int32 words of a tensor, read with pread where the source names its file, so that a load does
+// not map the whole checkpoint into memory (the page cache keeps it, but not the process's RSS).
+std::vector<int32_t> words(const WeightSource& source, const SourceTensor& t) {
   const RawTensorBytes raw = source.raw_bytes(t);
   check(raw.data != nullptr, "{}: tensor '{}' is not stored contiguously (fdpp reads packed integers in place)",
         source.origin(), t.name);
   check(raw.n_bytes == static_cast<uint64_t>(Tensor::numel_of(t.shape)) * 4, "{}: tensor '{}' holds {} bytes, not {}",
         source.origin(), t.name, raw.n_bytes, Tensor::numel_of(t.shape) * 4);
-  check(reinterpret_cast<uintptr_t>(raw.data) % 4 == 0, "{}: tensor '{}' is not 4-byte aligned in its file",
-        source.origin(), t.name);
-  return reinterpret_cast<const int32_t*>(raw.data);
+  std::vector<int32_t> w(static_cast<size_t>(raw.n_bytes / 4));
+  if (raw.file.empty()) {
+    std::memcpy(w.data(), raw.data, raw.n_bytes);
+    return w;
+  }
+  const int fd = ::open(raw.file.c_str(), O_RDONLY | O_CLOEXEC);
+  check(fd >= 0, "{}: cannot open {} ({})", source.origin(), raw.file, std::strerror(errno));
+  auto* dst = reinterpret_cast<uint8_t*>(w.data());
+  for (uint64_t at = 0; at < raw.n_bytes;) {
+    const ssize_t got = ::pread(fd, dst + at, raw.n_bytes - at, static_cast<off_t>(raw.file_offset + at));
+    if (got <= 0) {
+      const int err = errno;
+      ::close(fd);
+      fail("{}: reading tensor '{}' from {}: {}", source.origin(), t.name, raw.file,
+           got == 0 ? "unexpected end of file" : std::strerror(err));
+    }
+    at += static_cast<uint64_t>(got);
+  }
+  ::close(fd);
+  return w;
 }
 
 }  // namespace
@@ -96,7 +118,7 @@ UnpackedInt unpack_packed_int(const WeightSource& source, const PackedIntTensors
   // Each input channel's group.
   u.group.resize(static_cast<size_t>(in));
   if (t.g_idx != nullptr) {
-    const int32_t* g = words(source, *t.g_idx);
+    const std::vector<int32_t> g = words(source, *t.g_idx);
     for (int64_t k = 0; k < in; ++k) {
       check(g[k] >= 0 && g[k] < groups, "{}: tensor '{}' gives input channel {} group {}, not in [0, {})",
             source.origin(), t.g_idx->name, k, g[k], groups);
@@ -107,7 +129,7 @@ UnpackedInt unpack_packed_int(const WeightSource& source, const PackedIntTensors
       u.group[static_cast<size_t>(k)] = static_cast<int32_t>(q.group_size > 0 ? k / q.group_size : 0);
   }
   // The zero point and scale of each (output channel, group).
-  const int32_t* zw = words(source, *t.qzeros);
+  const std::vector<int32_t> zw = words(source, *t.qzeros);
   u.zero.resize(static_cast<size_t>(rows * groups));
   u.scale.resize(static_cast<size_t>(rows * groups));
   for (int64_t g = 0; g < groups; ++g)
@@ -119,7 +141,7 @@ UnpackedInt unpack_packed_int(const WeightSource& source, const PackedIntTensors
       u.zero[static_cast<size_t>(r * groups + g)] = static_cast<uint8_t>(z);
       u.scale[static_cast<size_t>(r * groups + g)] = scales[static_cast<size_t>(g * out + n)];
     }
-  const int32_t* qw = words(source, *t.qweight);
+  const std::vector<int32_t> qw = words(source, *t.qweight);
   u.q.resize(static_cast<size_t>(rows * in));
 #pragma omp parallel for schedule(static) if (rows * in >= (int64_t{1} << 16))
   for (int64_t r = 0; r < rows; ++r) {

@@ -227,6 +227,7 @@ TEST_F(Int4Gpu, RefusesGroupSizesTheKernelsDoNotTake) {
   EXPECT_EQ(cuda::int4_group_problem(4096, 128), nullptr);
   EXPECT_EQ(cuda::int4_group_problem(4096, 0), nullptr);
   EXPECT_NE(cuda::int4_group_problem(4096, 96), nullptr);
+  EXPECT_NE(cuda::int4_group_problem(4096, 384), nullptr);  // would straddle a 256-k stage
   EXPECT_NE(cuda::int4_group_problem(4016, 128), nullptr);  // rows not a multiple of 32
 }
 

@@ -51,6 +51,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/flat_gemm.h"
+#include "backend/cuda/int4.h"
 #include "backend/cuda/mma_fragments.cuh"
 #include "backend/cuda/per_device.h"
 
@@ -66,7 +67,9 @@ using detail::to_float;
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kBlockN = 64;
 constexpr int kBlockK = 128;
-constexpr int kChunksK = kBlockK / 8;            // 16-byte chunks per row per stage
+// 4-bit weights at up to 16 tokens: 256 k per stage (8 KB of words for 64 rows), so that a stage
+// and its barrier carry half the bytes of a 16-bit one, not an eighth (their x tiles stay small).
+constexpr int kBlockKInt4 = 256;
 constexpr int kSemaphores = 4096;                // fixed semaphore slots at the workspace's start
 constexpr size_t kSemaphoreBytes = kSemaphores * 4;
 constexpr int kRedStride = kBlockN + 4;          // fp32 reduction rows, padded (bank spread)
@@ -90,6 +93,7 @@ struct WarpLayout<8> {
 constexpr int default_stages(int mt, WeightFormat format = WeightFormat::Bits16) {
   // FP8 and 4-bit weights: a half or a quarter of the bytes per stage, so deeper pipelines fit (6 at
   // mt = 1, 4 at mt = 2, 4).
+  if (format == WeightFormat::Int4) return mt == 8 ? 3 : 4;  // 256-k stages at mt 1, 2: 14 and 18 KB
   if (format != WeightFormat::Bits16) return mt == 1 ? 6 : mt == 8 ? 3 : 4;
   // smem per stage: 16 KB of W + mt * 2 KB of x. 4 stages at mt = 1 (72 KB: 3 CTAs per SM),
   // 3 at mt = 2, 4 (60, 72 KB: 3 CTAs), 3 at mt = 8 (96 KB: 2 CTAs). Two or three stages in flight
@@ -98,19 +102,25 @@ constexpr int default_stages(int mt, WeightFormat format = WeightFormat::Bits16)
   return mt == 1 ? 4 : 3;
 }
 
-// 4-bit weights: a stage holds 64 rows x 64 bytes of q4 words, then each row's zs words for the
-// stage's 128 k (one to four groups) in 16 bytes.
-constexpr unsigned kInt4WBytes = kBlockN * kBlockK / 2;
-constexpr unsigned kInt4ZsRowBytes = 16;
+// K per stage: kBlockK, or kBlockKInt4 for 4-bit weights at m_tiles 1 and 2.
+constexpr int block_k_for(WeightFormat format, int mt) {
+  return format == WeightFormat::Int4 && mt <= 2 ? kBlockKInt4 : kBlockK;
+}
 
-constexpr unsigned weight_stage_bytes(WeightFormat format) {
-  return format == WeightFormat::Int4  ? kInt4WBytes + kBlockN * kInt4ZsRowBytes
-         : format == WeightFormat::Fp8 ? kBlockN * kBlockK
-                                       : kBlockN * kBlockK * 2;
+// 4-bit weights: a stage holds 64 rows x bk / 2 bytes of q4 words, then each row's zs words for the
+// stage's bk weights (one per 32, at most) in bk / 8 bytes.
+constexpr unsigned int4_w_bytes(int bk) { return unsigned(kBlockN * bk / 2); }
+constexpr unsigned int4_zs_row_bytes(int bk) { return unsigned(bk / 8); }
+
+constexpr unsigned weight_stage_bytes(WeightFormat format, int bk) {
+  return format == WeightFormat::Int4  ? int4_w_bytes(bk) + kBlockN * int4_zs_row_bytes(bk)
+         : format == WeightFormat::Fp8 ? kBlockN * bk
+                                       : kBlockN * bk * 2;
 }
 
 size_t stage_bytes(int mt, WeightFormat format) {
-  return weight_stage_bytes(format) + size_t(mt) * 8 * kBlockK * 2;
+  const int bk = block_k_for(format, mt);
+  return weight_stage_bytes(format, bk) + size_t(mt) * 8 * bk * 2;
 }
 
 size_t smem_bytes_for(int mt, int stages, WeightFormat format) {
@@ -174,18 +184,26 @@ __device__ __forceinline__ void mma16816(float (&d)[4], unsigned a0, unsigned a1
   }
 }
 
-// Shared-memory offset (bytes) of 16-byte chunk c of row r in a [rows][kChunksK] tile.
-__device__ __forceinline__ unsigned swz(int r, int c) { return unsigned((r * kChunksK + (c ^ ((r & 1) << 2))) * 16); }
+// Shared-memory offset (bytes) of 16-byte chunk c of row r in a [rows][CK] tile (CK chunks per row, a
+// multiple of 8).
+template <int CK>
+__device__ __forceinline__ unsigned swz(int r, int c) {
+  return unsigned((r * CK + (c ^ ((r & 1) << 2))) * 16);
+}
 
 // FP8 weight tiles: a row is 128 bytes (8 16-byte chunks of 16 k). Lanes read 8-byte pieces (8 k,
 // the span of one 16-bit chunk of x); 16-byte chunk j of row r sits at j ^ 2 * (r & 3), so that
 // the 4 rows of a half-warp's 64-bit loads land in 4 different 32-byte bank groups.
 __device__ __forceinline__ unsigned swz8(int r, int j) { return unsigned(r * 128 + ((j ^ ((r & 3) << 1)) * 16)); }
 
-// 4-bit weight tiles: a row is 64 bytes (4 16-byte chunks of 32 k); lanes read one 4-byte word (8
-// k). Chunk j of row r sits at j ^ ((r >> 1) & 3), so that the 8 rows x 4 words of a warp's loads
-// fall in 32 different banks.
-__device__ __forceinline__ unsigned swz4(int r, int j) { return unsigned(r * 64 + ((j ^ ((r >> 1) & 3)) * 16)); }
+// 4-bit weight tiles: a row is BK / 2 bytes (BK / 32 16-byte chunks of 32 k); lanes read one 4-byte
+// word (8 k). Chunk j of row r sits at j ^ (r & 7) in rows of 8 chunks, j ^ ((r >> 1) & 3) in rows
+// of 4, so that the 8 rows x 4 words of a warp's loads fall in 32 different banks.
+template <int BK>
+__device__ __forceinline__ unsigned swz4(int r, int j) {
+  if constexpr (BK == 256) return unsigned(r * 128 + ((j ^ (r & 7)) * 16));
+  else return unsigned(r * 64 + ((j ^ ((r >> 1) & 3)) * 16));
+}
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
@@ -210,17 +228,21 @@ struct Args {
 template <class T, int MT, int STAGES, WeightFormat WF>
 __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(const Args a) {
   constexpr bool W8 = WF == WeightFormat::Fp8, W4 = WF == WeightFormat::Int4;
+  constexpr int BK = block_k_for(WF, MT);  // K per stage
+  constexpr int CK = BK / 8;               // 16-byte chunks per 16-bit row of the stage (x, 16-bit W)
+  static_assert(!W4 || BK == 128 || BK == 256, "4-bit tiles are laid out for 128 or 256 k per stage");
   using WL = WarpLayout<MT>;
   constexpr int WN = WL::WN, WK = WL::WK;
   constexpr int RT = kBlockN / 16 / WN;      // 16-row tiles per warp
-  constexpr int KG = kBlockK / 32 / WK;      // 32-wide k groups per warp per stage
+  constexpr int KG = BK / 32 / WK;           // 32-wide k groups per warp per stage
   constexpr int XR = MT * 8;                 // token rows in smem (padded)
-  constexpr unsigned kWBytes = weight_stage_bytes(WF);
-  constexpr unsigned kStageBytes = kWBytes + XR * kBlockK * 2;
+  constexpr unsigned kWBytes = weight_stage_bytes(WF, BK);
+  constexpr unsigned kStageBytes = kWBytes + XR * BK * 2;
+  constexpr unsigned kZsBytes = int4_zs_row_bytes(BK);  // a row's zs words per stage (4-bit)
   // 16-byte chunks per weight row per stage
-  constexpr int kWChunks = W4 ? kBlockK / 32 : W8 ? kBlockK / 16 : kChunksK;
+  constexpr int kWChunks = W4 ? BK / 32 : W8 ? BK / 16 : CK;
   constexpr int kWLoads = kBlockN * kWChunks / kThreads;  // 4 (2 for FP8, 1 for 4-bit)
-  constexpr int kXChunks = XR * kChunksK;                  // 128 .. 1024
+  constexpr int kXChunks = XR * CK;                        // 128 .. 1024
   constexpr int kXLoads = (kXChunks + kThreads - 1) / kThreads;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -247,9 +269,9 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   // Per-thread load assignments (fixed over the K loop): W chunk q = tid + 256 i -> row q / 16,
   // chunk q % 16 (16 consecutive threads read 256 contiguous bytes of one row). The chunk and the
   // swizzle are the same for every i (256 is a multiple of 16 and of 2 rows), only the row moves.
-  const int ld_c = (tid % kChunksK) * 8;
-  const unsigned ld_dst = swz(tid / kChunksK, tid % kChunksK);
-  constexpr unsigned kRowsPerPass = kThreads / kChunksK;  // 16
+  const int ld_c = (tid % CK) * 8;
+  const unsigned ld_dst = swz<CK>(tid / CK, tid % CK);
+  constexpr unsigned kRowsPerPass = kThreads / CK;  // 16 (8 for 256-k stages)
   // FP8: chunk q = tid + 256 i -> row q / 8, chunk q % 8 (16 k each), 32 rows per pass; 4-bit: row
   // tid / 4, chunk tid % 4 (32 k each), the whole tile in one pass.
   constexpr unsigned kWRowsPerPass = kThreads / kWChunks;
@@ -263,68 +285,86 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   bool x_real[kXLoads];
 #pragma unroll
   for (int i = 0; i < kXLoads; ++i) {
-    const int r = tid / kChunksK + int(kRowsPerPass) * i;
+    const int r = tid / CK + int(kRowsPerPass) * i;
     x_rows[i] = min(r, M - 1);
     x_real[i] = r < M;
   }
   const uint64_t policy = evict_first_policy();
   const uint32_t* zs_row = W4 && tid < kBlockN ? a.zs + int64_t(w_row(tid)) * a.zs_stride : nullptr;
+  // 4-bit groups: log2 of the group size when it is a power of two (every size int4.h takes below
+  // 256 is), so that a lane finds its group with shifts, not divisions; many_groups: a stage spans
+  // more than one group.
+  const int gs = a.group_size;
+  const int gs_log2 = gs > 0 && (gs & (gs - 1)) == 0 ? __ffs(gs) - 1 : -1;
+  const bool many_groups = gs > 0 && gs < BK;
 
   const int kt_begin = int(int64_t(split) * a.k_tiles / a.splits);
   const int kt_end = int(int64_t(split + 1) * a.k_tiles / a.splits);
   const int nk = kt_end - kt_begin;
 
   auto load_w = [&](int stage, int kt) {
-    const int k = kt * kBlockK + w_ld_c;
+    const int k = kt * BK + w_ld_c;
     const bool ok = k < K;  // K tail: zero-filled chunks (K is a multiple of 8, of 16 for FP8)
     const unsigned stage_base = smem_base + unsigned(stage) * kStageBytes;
 #pragma unroll
     for (int i = 0; i < kWLoads; ++i) {
       if constexpr (W4) {
-        const int r = tid / kWChunks;
-        cp_async16_policy(stage_base + swz4(r, tid % kWChunks), w + int64_t(w_rows[i]) * (K / 2) + (ok ? k / 2 : 0),
-                          ok, policy);
+        const int r = tid / kWChunks + int(kWRowsPerPass) * i;
+        cp_async16_policy(stage_base + swz4<BK>(r, tid % kWChunks),
+                          w + int64_t(w_rows[i]) * (K / 2) + (ok ? k / 2 : 0), ok, policy);
       } else if constexpr (W8) {
         const int r = tid / kWChunks + int(kWRowsPerPass) * i;
         cp_async16_policy(stage_base + swz8(r, tid % kWChunks), w + int64_t(w_rows[i]) * K + (ok ? k : 0), ok, policy);
       } else {
-        cp_async16_policy(stage_base + ld_dst + i * kRowsPerPass * kChunksK * 16,
+        cp_async16_policy(stage_base + ld_dst + i * kRowsPerPass * CK * 16,
                           w + (int64_t(w_rows[i]) * K + (ok ? k : 0)) * 2, ok, policy);
       }
     }
     if constexpr (W4) {
-      // Row tid's zs words for this stage: 4 groups of 32, 2 of 64, or the one group holding it.
+      // Row tid's zs words for this stage: BK / gs of them for groups of 32, 64 and 128 below BK,
+      // else the one group holding the stage (int4_group_problem allows no group straddling it).
       if (tid < kBlockN) {
-        const unsigned dst = stage_base + kInt4WBytes + unsigned(tid) * kInt4ZsRowBytes;
-        const int gs = a.group_size;
-        const uint32_t* src = zs_row + (gs > 0 ? kt * kBlockK / gs : 0);
-        if (gs == 32) cp_async_ca<16>(dst, src);
-        else if (gs == 64) cp_async_ca<8>(dst, src);
-        else cp_async_ca<4>(dst, src);
+        const unsigned dst = stage_base + int4_w_bytes(BK) + unsigned(tid) * kZsBytes;
+        const int words = many_groups ? BK >> gs_log2 : 1;
+        const int first = gs <= 0 ? 0 : gs_log2 >= 0 ? (kt * BK) >> gs_log2 : kt * BK / gs;
+        const uint32_t* src = zs_row + first;
+        if (words >= 4) {
+          for (int q = 0; q < words; q += 4) cp_async_ca<16>(dst + q * 4, src + q);
+        } else if (words == 2) {
+          cp_async_ca<8>(dst, src);
+        } else {
+          cp_async_ca<4>(dst, src);
+        }
       }
     }
   };
   auto load_x = [&](int stage, int kt) {
-    const int k = kt * kBlockK + ld_c;
+    const int k = kt * BK + ld_c;
     const bool ok = k < K;
     const unsigned base = smem_base + unsigned(stage) * kStageBytes + ld_dst;
 #pragma unroll
     for (int i = 0; i < kXLoads; ++i) {
       if (kXChunks % kThreads == 0 || tid + kThreads * i < kXChunks)
-        cp_async16_zfill(base + kWBytes + i * kRowsPerPass * kChunksK * 16, x + int64_t(x_rows[i]) * K + (ok ? k : 0),
+        cp_async16_zfill(base + kWBytes + i * kRowsPerPass * CK * 16, x + int64_t(x_rows[i]) * K + (ok ? k : 0),
                          ok && x_real[i]);
     }
   };
 
   const int g = lane >> 2, t = lane & 3;
   const int wn = warp % WN, wk = warp / WN;
-  float acc[RT][MT][4];
+  // 4-bit weights at up to 16 tokens: two accumulator sets, for even and odd k groups, so that a
+  // stage's MMAs form two dependent chains instead of one (their dequantization leaves the MMAs
+  // fewer warps to hide behind); added before the reduction.
+  constexpr int KA = W4 && MT <= 2 ? 2 : 1;
+  float acc[KA][RT][MT][4];
 #pragma unroll
-  for (int rt = 0; rt < RT; ++rt)
+  for (int ka = 0; ka < KA; ++ka)
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[rt][mt][i] = 0.f;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[ka][rt][mt][i] = 0.f;
 
   // Prologue: the weights of the first STAGES - 1 stages, then (after the previous kernel is done:
   // PDL) their x, all in one cp.async group followed by empty groups, so that the main loop's
@@ -359,36 +399,43 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
       for (int rt = 0; rt < RT; ++rt) {
         const int r0 = (wn * RT + rt) * 16 + g;
         if constexpr (W4) {  // the word c (k 8c .. 8c + 7) of rows r0 and r0 + 8, with their groups' zs
-          const int gs = a.group_size;
-          const unsigned lg = gs == 32 ? unsigned(c >> 2) : gs == 64 ? unsigned(c >> 3) : 0u;
-          const unsigned word = unsigned(c & 3) * 4, zs_at = base + kInt4WBytes + lg * 4;
-          const uint32_t w_lo = *reinterpret_cast<const uint32_t*>(smem + base + swz4(r0, c >> 2) + word);
-          const uint32_t w_hi = *reinterpret_cast<const uint32_t*>(smem + base + swz4(r0 + 8, c >> 2) + word);
-          lo[rt] = detail::int4x8_to<T>(w_lo, *reinterpret_cast<const uint32_t*>(smem + zs_at + r0 * kInt4ZsRowBytes));
-          hi[rt] = detail::int4x8_to<T>(w_hi,
-                                        *reinterpret_cast<const uint32_t*>(smem + zs_at + (r0 + 8) * kInt4ZsRowBytes));
+          // The group of this 32-k chunk (c >> 2) among the stage's zs words (gs 32, 64 or 128).
+          const unsigned lg = many_groups ? unsigned((c >> 2) >> (gs_log2 - 5)) : 0u;
+          const unsigned word = unsigned(c & 3) * 4, zs_at = base + int4_w_bytes(BK) + lg * 4;
+          const uint32_t w_lo = *reinterpret_cast<const uint32_t*>(smem + base + swz4<BK>(r0, c >> 2) + word);
+          const uint32_t w_hi = *reinterpret_cast<const uint32_t*>(smem + base + swz4<BK>(r0 + 8, c >> 2) + word);
+          lo[rt] = detail::int4x8_to<T>(w_lo, *reinterpret_cast<const uint32_t*>(smem + zs_at + r0 * kZsBytes));
+          hi[rt] = detail::int4x8_to<T>(w_hi, *reinterpret_cast<const uint32_t*>(smem + zs_at + (r0 + 8) * kZsBytes));
         } else if constexpr (W8) {  // the 8-byte piece c (k 8c .. 8c + 7) of rows r0 and r0 + 8
           const unsigned piece = unsigned(c & 1) * 8;
           lo[rt] = fp8x8_to<T>(*reinterpret_cast<const uint2*>(smem + base + swz8(r0, c >> 1) + piece));
           hi[rt] = fp8x8_to<T>(*reinterpret_cast<const uint2*>(smem + base + swz8(r0 + 8, c >> 1) + piece));
         } else {
-          lo[rt] = lds128(smem, base + swz(r0, c));
-          hi[rt] = lds128(smem, base + swz(r0 + 8, c));
+          lo[rt] = lds128(smem, base + swz<CK>(r0, c));
+          hi[rt] = lds128(smem, base + swz<CK>(r0 + 8, c));
         }
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        const uint4 b = lds128(smem, base + kWBytes + swz(mt * 8 + g, c));  // token row g of tile mt
+        const uint4 b = lds128(smem, base + kWBytes + swz<CK>(mt * 8 + g, c));  // token row g of tile mt
 #pragma unroll
         for (int rt = 0; rt < RT; ++rt) {
-          mma16816<T>(acc[rt][mt], lo[rt].x, hi[rt].x, lo[rt].y, hi[rt].y, b.x, b.y);
-          mma16816<T>(acc[rt][mt], lo[rt].z, hi[rt].z, lo[rt].w, hi[rt].w, b.z, b.w);
+          mma16816<T>(acc[kg % KA][rt][mt], lo[rt].x, hi[rt].x, lo[rt].y, hi[rt].y, b.x, b.y);
+          mma16816<T>(acc[kg % KA][rt][mt], lo[rt].z, hi[rt].z, lo[rt].w, hi[rt].w, b.z, b.w);
         }
       }
     }
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the pipeline buffers: they become the reduction area
+#pragma unroll
+  for (int ka = 1; ka < KA; ++ka)
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][rt][mt][i] += acc[ka][rt][mt][i];
 
   // acc[rt][mt] = {(row g, token 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)} of its 16 x 8 tile.
   float* red = reinterpret_cast<float*>(smem);  // [WK][XR][kRedStride]
@@ -398,10 +445,10 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       float* p = red + (wk * XR + mt * 8 + 2 * t) * kRedStride + r0;
-      p[0] = acc[rt][mt][0];
-      p[kRedStride] = acc[rt][mt][1];
-      p[8] = acc[rt][mt][2];
-      p[kRedStride + 8] = acc[rt][mt][3];
+      p[0] = acc[0][rt][mt][0];
+      p[kRedStride] = acc[0][rt][mt][1];
+      p[8] = acc[0][rt][mt][2];
+      p[kRedStride + 8] = acc[0][rt][mt][3];
     }
   }
   __syncthreads();
@@ -555,22 +602,19 @@ FlatGemmPlan flat_gemm_plan(int M, int N, int K, int multiprocessors, int splits
   check(p.m_tiles != 8 || p.stages == 3, "flat_gemm: M = {} (m_tiles 8) is compiled with 3 stages only, not {}", M,
         p.stages);
   p.block_n = kBlockN;
-  p.block_k = kBlockK;
+  p.block_k = block_k_for(format, p.m_tiles);
   p.tiles_n = (N + kBlockN - 1) / kBlockN;
-  p.k_tiles = (K + kBlockK - 1) / kBlockK;
+  p.k_tiles = (K + p.block_k - 1) / p.block_k;
   p.smem_bytes = smem_bytes_for(p.m_tiles, p.stages, format);
   p.ctas_per_sm = std::max<int>(1, int(std::min<size_t>(8, kSmemPerSm / (p.smem_bytes + kSmemReservedPerCta))));
-  // 4-bit weights stream a quarter of the bytes per stage, so one CTA keeps a quarter of the bytes in
-  // flight: their plans aim at four CTAs per SM, not two.
-  const double ctas_wanted = format == WeightFormat::Int4 ? 4.0 : 2.0;
   if (splits > 0) {
     p.splits = std::clamp(splits, 1, p.k_tiles);
-  } else if (p.tiles_n < ctas_wanted / 2 * multiprocessors) {
+  } else if (p.tiles_n < multiprocessors) {
     const int slots = multiprocessors * p.ctas_per_sm;
     const int cap = std::max(1, std::min(slots / p.tiles_n, p.k_tiles / kMinKTiles));
     double best = -1;
     for (int s = 1; s <= cap; ++s) {
-      const double par = std::min(1.0, double(p.tiles_n) * s / (ctas_wanted * multiprocessors));
+      const double par = std::min(1.0, double(p.tiles_n) * s / (2.0 * multiprocessors));
       const double bal = (double(p.k_tiles) / s) / ((p.k_tiles + s - 1) / s);
       const double score = par * bal * (1.0 - 0.01 * s);
       if (score > best) {
@@ -614,7 +658,8 @@ void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const
   check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "flat_gemm: SwiGLU needs an even N ([gate; up]), got N = {}", N);
   check(dtype == DType::F16 || dtype == DType::BF16, "flat_gemm: unknown dtype {}", static_cast<int>(dtype));
   const int need_mt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
-  check(plan.m_tiles == need_mt && plan.k_tiles == (K + kBlockK - 1) / kBlockK &&
+  check(plan.m_tiles == need_mt && plan.block_k == block_k_for(format, plan.m_tiles) &&
+            plan.k_tiles == (K + plan.block_k - 1) / plan.block_k &&
             plan.tiles_n == (N + kBlockN - 1) / kBlockN && plan.splits >= 1 && plan.splits <= plan.k_tiles,
         "flat_gemm: plan (m_tiles {}, tiles_n {}, k_tiles {}, splits {}) does not fit M = {}, N = {}, K = {}",
         plan.m_tiles, plan.tiles_n, plan.k_tiles, plan.splits, M, N, K);
@@ -667,10 +712,10 @@ void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int g
   check(zs != nullptr, "flat_gemm_int4: no zs words");
   check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm_int4: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
   check(K % 32 == 0, "flat_gemm_int4: K = {} is not a multiple of 32", K);
-  check(group_size == 0 || group_size == 32 || group_size == 64 || (group_size > 0 && group_size % 128 == 0),
-        "flat_gemm_int4: group size {} (32, 64, a multiple of 128, or 0 for one group per row)", group_size);
-  const int groups = group_size > 0 ? (K + group_size - 1) / group_size : 1;
-  check(zs_stride >= groups && zs_stride % 4 == 0, "flat_gemm_int4: zs stride {} for {} groups", zs_stride, groups);
+  check(int4_group_problem(K, group_size) == nullptr, "flat_gemm_int4: group size {} with K = {}: {}", group_size, K,
+        int4_group_problem(K, group_size));
+  check(zs_stride == int4_zs_stride(K, group_size), "flat_gemm_int4: zs stride {} (int4.h's is {})", zs_stride,
+        int4_zs_stride(K, group_size));
   const FlatGemmPlan plan = flat_gemm_plan(M, N, K, multiprocessors_of_current_device(), 0, 0, WeightFormat::Int4);
   WeightParts parts;
   parts.format = WeightFormat::Int4;

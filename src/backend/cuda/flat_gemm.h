@@ -76,7 +76,7 @@ void flat_gemm_fp8(const void* x, const uint8_t* w8, const float* w_scale, const
                    cudaStream_t stream);
 // The flat GEMM over 4-bit weights (int4.h): q4 [N, K / 8] words, zs [N, zs_stride] scale and zero
 // words per group; each word is converted to 8 `dtype` values in registers before the MMA. K a
-// multiple of 32; group_size 32, 64, a multiple of 128, or 0 (one group per row); the workspace as
+// multiple of 32; group_size and zs_stride as int4.h says; the workspace as
 // flat_gemm_workspace_bytes(..., Int4). x in the matrix's column order (an act-order matrix's x is
 // gathered first: gather_columns).
 void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int group_size, int zs_stride,

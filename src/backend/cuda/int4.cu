@@ -96,14 +96,14 @@ int blocks_for(int64_t threads) {
 
 int int4_zs_stride(int64_t K, int group_size) {
   const int64_t groups = group_size > 0 ? (K + group_size - 1) / group_size : 1;
-  return int((groups + 3) / 4 * 4);
+  return int((groups + 7) / 8 * 8);
 }
 
 const char* int4_group_problem(int64_t K, int group_size) {
   if (K % 32 != 0) return "rows of a 4-bit matrix must hold a multiple of 32 weights";
-  if (group_size == 0 || group_size == 32 || group_size == 64) return nullptr;
-  if (group_size > 0 && group_size % 128 == 0) return nullptr;
-  return "the 4-bit kernels take groups of 32, 64 or a multiple of 128 weights, or one group per row";
+  if (group_size == 0 || group_size == 32 || group_size == 64 || group_size == 128) return nullptr;
+  if (group_size > 0 && group_size % 256 == 0) return nullptr;
+  return "the 4-bit kernels take groups of 32, 64, 128 or a multiple of 256 weights, or one group per row";
 }
 
 uint16_t int4_zero_bits(int zero, DType dtype) {

@@ -9,9 +9,11 @@
 //   zs  [N, zs_stride] 32-bit words, one per (row, group): the group's scale in the low 16 bits and
 //       magic + zero in the high 16 bits, both in the model's 16-bit type (magic: 1024 for f16, 128
 //       for bf16, where the spacing of that type is 1, so 0..15 added to it is exact). zs_stride is
-//       the group count rounded up to 4 (16-byte rows; the padding is zero).
+//       the group count rounded up to 8 (32-byte rows: a flat GEMM stage reads up to 8 words of a
+//       row; the padding is zero).
 //   w[n][k] = ((magic + q) - (magic + z)) * scale: the difference is exact, the product one rounding.
-// group_size 32, 64 or a multiple of 128; 0 is one group per row (GPTQ's group_size -1).
+// group_size 32, 64, 128 or a multiple of 256 (no group straddles a flat GEMM stage); 0 is one
+// group per row (GPTQ's group_size -1).
 //
 // GPTQ's act-order (desc_act) assigns input channels to groups by g_idx. The loader sorts the
 // columns by group (a stable sort: perm[k'] is the stored column of column k'), so groups are
@@ -36,7 +38,7 @@ struct Int4Matrix {
   int zs_stride = 0;              // words per row of zs
 };
 
-// The words of zs per row for K columns and this group size (groups rounded up to 4).
+// The words of zs per row for K columns and this group size (groups rounded up to 8).
 int int4_zs_stride(int64_t K, int group_size);
 // Whether the kernels take this group size for K columns (the message says why not).
 const char* int4_group_problem(int64_t K, int group_size);

@@ -131,7 +131,9 @@ __device__ __forceinline__ uint4 int4x8_to(uint32_t word, uint32_t zs) {
   uint32_t r[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t u = ((word >> (4 * i)) & 0x000F000Fu) | int4_magic2<T>();
+    // One LOP3 for the mask and the exponent ((a & b) | c: 0xea), which the compiler emits as two.
+    uint32_t u;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(u) : "r"(word >> (4 * i)), "n"(0x000F000F), "r"(int4_magic2<T>()));
     const T2 v = __hmul2(__hsub2(*reinterpret_cast<const T2*>(&u), z), s);
     r[i] = *reinterpret_cast<const uint32_t*>(&v);
   }
