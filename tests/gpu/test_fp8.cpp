@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/linear_dispatch.h"
+#include "gpu/engine_steps.h"
 #include "gpu/gpu_test_util.h"
 #include "tiny_model.h"
 
@@ -235,42 +236,19 @@ TEST_F(Fp8Gpu, QuantizedModelStepsMatchTheCpuOverDequantizedWeights) {
     eo.max_prefill_tokens = 256;
     eo.kv_cache_tokens = 2048;
     cuda::CudaEngine gpu(std::make_shared<const cuda::DeviceModel>(std::move(dm)), eo);
-    const int S = 3;
-    std::vector<std::vector<int32_t>> text;
-    std::vector<int> cs, gs, len(S, 0);
-    for (int i = 0; i < S; ++i) {
-      text.push_back(random_ids(100, c.vocab_size));
-      cs.push_back(cpu.create_sequence());
-      gs.push_back(gpu.create_sequence());
-    }
     // A prefill step (tensor-core path, x quantized per token: the CPU does not quantize x), then
     // decode steps of three rows (the GEMV, x kept 16-bit, but over the prefill's K/V, which carry
     // its quantization). Measured on the H200 (2026-12-05): prefill rows 1.7e-3 to 2.8e-3, decode
     // rows 2.5e-4 to 7.4e-4, in f16 and bf16 alike.
-    const std::vector<int> chunks = {40, 1, 1, 1, 1};
-    for (size_t st = 0; st < chunks.size(); ++st) {
-      Batch cb, gb;
-      for (int i = 0; i < S; ++i) {
-        StepRow r;
-        r.tokens = std::span<const int32_t>(text[i].data() + len[i], chunks[st] + i * (st == 0));
-        r.logits = true;
-        r.seq = cs[i];
-        cb.rows.push_back(r);
-        r.seq = gs[i];
-        gb.rows.push_back(r);
-        len[i] += static_cast<int>(r.tokens.size());
-      }
-      const StepOutput co = cpu.step(cb), go = gpu.step(gb);
-      ASSERT_EQ(co.logits.size(), go.logits.size());
+    step_engines_alike({&cpu, &gpu}, c.vocab_size, 3, 100, {40, 1, 1, 1, 1},
+                       [&](size_t st, const std::vector<StepOutput>& o) {
       const double bound = st == 0 ? 1e-2 : 2e-3;
-      for (int k = 0; k < S; ++k) {
-        std::span<const float> a(co.logits.data() + size_t(k) * c.vocab_size, c.vocab_size),
-            b(go.logits.data() + size_t(k) * c.vocab_size, c.vocab_size);
-        const double e = nmse(b, a);
+      for (int k = 0; k < 3; ++k) {
+        const double e = nmse(row_logits(o[1], k, c.vocab_size), row_logits(o[0], k, c.vocab_size));
         EXPECT_LE(e, bound) << name(t) << " step " << st << " row " << k;
         std::printf("fp8 model %s step %zu row %d: NMSE %.3e (bound %.0e)\n", name(t), st, k, e, bound);
       }
-    }
+    });
   }
 }
 

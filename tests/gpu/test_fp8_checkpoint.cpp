@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_engine.h"
 #include "backend/cuda/device_model.h"
 #include "core/fp8_e4m3.h"
+#include "gpu/engine_steps.h"
 #include "gpu/gpu_test_util.h"
 #include "model/model_loader.h"
 #include "runtime/backend_select.h"
@@ -156,52 +157,26 @@ TEST_F(Fp8CheckpointGpu, StepsMatchTheCpuEngineOnTheSameCheckpoint) {
     o.quantization = "fp8";
     std::unique_ptr<Engine> gpu_q = make_engine(c, DecoderWeights{}, o, l);
 
-    const int S = 3;
-    std::vector<std::vector<int32_t>> text;
-    std::vector<int> cs, gs, qs, len(S, 0);
-    for (int i = 0; i < S; ++i) {
-      text.push_back(random_ids(60, c.vocab_size));
-      cs.push_back(cpu.create_sequence());
-      gs.push_back(gpu->create_sequence());
-      qs.push_back(gpu_q->create_sequence());
-    }
     // A prefill step (cuBLASLt's FP8 GEMM, x quantized per token, which the CPU does not do), then
     // decode steps of three rows (GEMV and flat GEMM, x kept 16-bit). Bounds as test_fp8.cpp's
     // model test, whose CPU reference also runs the very weights the GPU holds.
-    const std::vector<int> chunks = {40, 1, 1, 1, 1};
-    for (size_t st = 0; st < chunks.size(); ++st) {
-      Batch cb, gb, qb;
-      for (int i = 0; i < S; ++i) {
-        StepRow r;
-        r.tokens = std::span<const int32_t>(text[i].data() + len[i], chunks[st] + i * (st == 0));
-        r.logits = true;
-        r.seq = cs[i];
-        cb.rows.push_back(r);
-        r.seq = gs[i];
-        gb.rows.push_back(r);
-        r.seq = qs[i];
-        qb.rows.push_back(r);
-        len[i] += static_cast<int>(r.tokens.size());
-      }
-      const StepOutput co = cpu.step(cb), go = gpu->step(gb), qo = gpu_q->step(qb);
-      ASSERT_EQ(co.logits.size(), go.logits.size());
+    step_engines_alike({&cpu, gpu.get(), gpu_q.get()}, c.vocab_size, 3, 60, {40, 1, 1, 1, 1},
+                       [&](size_t st, const std::vector<StepOutput>& o) {
       // The same weights (re-quantizing would differ by ~1e-3); the bound only allows for a kernel
       // that sums in a nondeterministic order.
-      EXPECT_LE(nmse(qo.logits, go.logits), 1e-10) << "--quantization fp8 changed an FP8 checkpoint";
+      EXPECT_LE(nmse(o[2].logits, o[1].logits), 1e-10) << "--quantization fp8 changed an FP8 checkpoint";
       // Looser than test_fp8.cpp's (1e-2, 2e-3): on an H100 (2026-12-05) these fixtures' prefill
       // rows reached 1.1e-2 (llama_ct_channel) and their decode rows 2.0e-3 to 3.7e-3, carried in
       // the KV cache from the prefill's per-token quantized activations; with other random tokens
       // (the suite run without the tests before it, 2026-12-06) a decode row reached 7.4e-3. A
       // wrong scale gives O(1).
       const double bound = st == 0 ? 2e-2 : 1e-2;
-      for (int r = 0; r < S; ++r) {
-        std::span<const float> a(co.logits.data() + size_t(r) * c.vocab_size, c.vocab_size),
-            b(go.logits.data() + size_t(r) * c.vocab_size, c.vocab_size);
-        const double e = nmse(b, a);
+      for (int r = 0; r < 3; ++r) {
+        const double e = nmse(row_logits(o[1], r, c.vocab_size), row_logits(o[0], r, c.vocab_size));
         EXPECT_LE(e, bound) << "step " << st << " row " << r;
         std::printf("fp8 checkpoint %s step %zu row %d: NMSE %.3e (bound %.0e)\n", k.name, st, r, e, bound);
       }
-    }
+    });
   }
 }
 

@@ -13,6 +13,7 @@
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/int4.h"
 #include "backend/cuda/linear_dispatch.h"
+#include "gpu/engine_steps.h"
 #include "gpu/gpu_test_util.h"
 #include "model/model_loader.h"
 #include "runtime/backend_select.h"
@@ -252,41 +253,18 @@ TEST_F(Int4Gpu, CheckpointStepsMatchTheCpuEngine) {
     o.plan = &p.plan;
     o.cuda_graphs = false;
     std::unique_ptr<Engine> gpu = make_engine(c, DecoderWeights{}, o, l);
-    const int S = 3;
-    std::vector<std::vector<int32_t>> text;
-    std::vector<int> cs, gs, len(S, 0);
-    for (int i = 0; i < S; ++i) {
-      text.push_back(random_ids(120, c.vocab_size));
-      cs.push_back(cpu.create_sequence());
-      gs.push_back(gpu->create_sequence());
-    }
     // A prefill step of 80+ tokens a row (above 64 rows: dequantized for cuBLASLt), then decode
     // steps of three rows (the flat GEMM over the words).
-    const std::vector<int> chunks = {80, 1, 1, 1};
-    for (size_t st = 0; st < chunks.size(); ++st) {
-      Batch cb, gb;
-      for (int i = 0; i < S; ++i) {
-        StepRow r;
-        r.tokens = std::span<const int32_t>(text[i].data() + len[i], chunks[st] + i * (st == 0));
-        r.logits = true;
-        r.seq = cs[i];
-        cb.rows.push_back(r);
-        r.seq = gs[i];
-        gb.rows.push_back(r);
-        len[i] += static_cast<int>(r.tokens.size());
-      }
-      const StepOutput co = cpu.step(cb), go = gpu->step(gb);
-      ASSERT_EQ(co.logits.size(), go.logits.size());
-      for (int r = 0; r < S; ++r) {
-        std::span<const float> a(co.logits.data() + size_t(r) * c.vocab_size, c.vocab_size),
-            b(go.logits.data() + size_t(r) * c.vocab_size, c.vocab_size);
-        const double e = nmse(b, a);
+    step_engines_alike({&cpu, gpu.get()}, c.vocab_size, 3, 120, {80, 1, 1, 1},
+                       [&](size_t st, const std::vector<StepOutput>& o) {
+      for (int r = 0; r < 3; ++r) {
+        const double e = nmse(row_logits(o[1], r, c.vocab_size), row_logits(o[0], r, c.vocab_size));
         // 16-bit weights (one rounding of the CPU's fp32 ones) and activations: the HF fixtures'
         // 16-bit bounds; a wrong nibble order, zero or permutation gives O(1).
         EXPECT_LE(e, 2e-3) << "step " << st << " row " << r;
         std::printf("int4 checkpoint %s step %zu row %d: NMSE %.3e\n", name, st, r, e);
       }
-    }
+    });
   }
 }
 
@@ -321,30 +299,10 @@ TEST_F(Int4Gpu, QuantizedModelStepsMatchTheCpuOverDequantizedWeights) {
     eo.max_prefill_tokens = 256;
     eo.kv_cache_tokens = 2048;
     cuda::CudaEngine gpu(std::make_shared<const cuda::DeviceModel>(std::move(dm)), eo);
-    const int S = 3;
-    std::vector<std::vector<int32_t>> text;
-    std::vector<int> cs, gs, len(S, 0);
-    for (int i = 0; i < S; ++i) {
-      text.push_back(random_ids(120, c.vocab_size));
-      cs.push_back(cpu.create_sequence());
-      gs.push_back(gpu.create_sequence());
-    }
-    for (const int chunk : {70, 1, 1}) {
-      Batch cb, gb;
-      for (int i = 0; i < S; ++i) {
-        StepRow r;
-        r.tokens = std::span<const int32_t>(text[i].data() + len[i], chunk);
-        r.logits = true;
-        r.seq = cs[i];
-        cb.rows.push_back(r);
-        r.seq = gs[i];
-        gb.rows.push_back(r);
-        len[i] += chunk;
-      }
-      const StepOutput co = cpu.step(cb), go = gpu.step(gb);
-      ASSERT_EQ(co.logits.size(), go.logits.size());
-      EXPECT_LE(nmse(go.logits, co.logits), 2e-3) << name(t) << " chunk " << chunk;
-    }
+    step_engines_alike({&cpu, &gpu}, c.vocab_size, 3, 120, {70, 1, 1},
+                       [&](size_t st, const std::vector<StepOutput>& o) {
+      EXPECT_LE(nmse(o[1].logits, o[0].logits), 2e-3) << name(t) << " step " << st;
+    });
   }
 }
 
