@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/thread_pool.h"
 #include "engine/engine_runner.h"
+#include "runtime/engine_args.h"
 #include "runtime/environment_fallback.h"
 #include "engine/linear_chooser.h"
 #include "fdpp/error.h"
@@ -125,13 +126,14 @@ namespace {
 void check_dtype(const RunnerOptions& options) {
   check(options.dtype == "f16" || options.dtype == "bf16" || options.dtype == "auto",
         "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
-  check(options.quantization == "none" || options.quantization == "fp8" || options.quantization == "int4",
-        "--quantization '{}' is not one of none, fp8, int4", options.quantization);
+  check(options.quantization == "none" || quantizes_at_load(options.quantization) ||
+            names_checkpoint_method(options.quantization),
+        "--quantization '{}' is not one of none, fp8, int4, awq, gptq", options.quantization);
 }
 
 // --quantization fp8 and int4 are CUDA features of one GPU so far.
 void check_quantization_device(const RunnerOptions& options, Device device) {
-  if (options.quantization == "none") return;
+  if (!quantizes_at_load(options.quantization)) return;
   check(device == Device::Cuda,
         "--quantization {} runs on the CUDA backend (the CPU runs GGUF files in their stored blocks instead)",
         options.quantization);

@@ -88,12 +88,21 @@ std::vector<EngineOption> build_table() {
     };
     t.push_back(std::move(o));
   }
-  t.push_back(choice("quantization", "--quantization", kModelUsers,
-                     "CUDA: none; fp8 (the layers' weights in e4m3 with a scale per output row, quantized at "
-                     "load; activations quantized per token where FP8 tensor cores run); or int4 (the layers' "
-                     "weights in 4 bits, groups of 128 with a zero point, rounded to nearest at load). Embeddings "
-                     "and lm head stay 16-bit. AWQ, GPTQ and FP8 checkpoints run as stored whatever this says",
-                     {"none", "fp8", "int4"}, &EngineArgs::quantization));
+  {
+    EngineOption o = choice("quantization", "--quantization", kModelUsers,
+                            "none; fp8 (CUDA: the layers' weights in e4m3 with a scale per output row, quantized at "
+                            "load; activations quantized per token where FP8 tensor cores run); int4 (CUDA: the "
+                            "layers' weights in 4 bits, groups of 128 with a zero point, rounded to nearest at load); "
+                            "or awq / gptq (also awq_marlin, gptq_marlin, as vLLM spells them): the checkpoint's own "
+                            "method, checked against it. Embeddings and lm head stay 16-bit. AWQ, GPTQ and FP8 "
+                            "checkpoints run as stored whatever this says",
+                            {"none", "fp8", "int4", "awq", "gptq", "awq_marlin", "gptq_marlin"},
+                            &EngineArgs::quantization);
+    o.assign = [](EngineArgs& a, const std::string& v) {
+      a.quantization = v == "awq_marlin" ? "awq" : v == "gptq_marlin" ? "gptq" : v;
+    };
+    t.push_back(std::move(o));
+  }
   t.push_back(integer("kv_cache_tokens", "--kv-cache-tokens", kRunners,
                       "KV cache size in tokens (0: sized by the engine: on the GPU what memory leaves)", 0,
                       int64_t{1} << 30, &EngineArgs::kv_cache_tokens));
@@ -320,7 +329,7 @@ void EngineArgs::check(bool python) const {
               "-ngl/--n-gpu-layers 0 asks for no GPU layers but --device cuda for the GPU; give one of them");
   fdpp::check(!(tensor_parallel > 1 && device == "cpu"), "{} splits a model over GPUs; it cannot be combined with {}",
               given("tensor_parallel", "--tensor-parallel", tensor_parallel), given("device", "--device", "cpu"));
-  fdpp::check(quantization == "none" || (device != "cpu" && n_gpu_layers != 0),
+  fdpp::check(!quantizes_at_load(quantization) || (device != "cpu" && n_gpu_layers != 0),
               "{} runs on the CUDA backend; it cannot be combined with {}",
               given("quantization", "--quantization", quantization),
               n_gpu_layers == 0 ? std::string("-ngl/--n-gpu-layers 0") : given("device", "--device", "cpu"));
@@ -329,13 +338,16 @@ void EngineArgs::check(bool python) const {
               "takes auto, f32 or f16)",
               given("kv_cache_dtype", "--kv-cache-dtype", kv_cache_dtype),
               n_gpu_layers == 0 ? std::string("-ngl/--n-gpu-layers 0") : given("device", "--device", "cpu"));
-  fdpp::check(quantization == "none" || tensor_parallel == 1, "{} with {} is not supported yet",
+  fdpp::check(!quantizes_at_load(quantization) || tensor_parallel == 1, "{} with {} is not supported yet",
               given("quantization", "--quantization", quantization),
               given("tensor_parallel", "--tensor-parallel", tensor_parallel));
   fdpp::check(load_format != "dummy" || !config.empty(), "{} dummy needs {} FILE.json (see configs/)",
               name("load_format", "--load-format"), name("config", "--config"));
   fdpp::check(load_format != "dummy" || device != "cpu",
               "{} dummy builds random weights on the GPU; it has no CPU form", name("load_format", "--load-format"));
+  fdpp::check(load_format != "dummy" || !names_checkpoint_method(quantization),
+              "{} names a checkpoint's method, and {} dummy has no checkpoint (int4 quantizes random weights)",
+              given("quantization", "--quantization", quantization), name("load_format", "--load-format"));
   if (max_num_seqs == 0 || max_batched_tokens == 0) return;  // the automatic one is chosen to fit
   if (const std::string p = step_size_problem(max_num_seqs, max_batched_tokens); !p.empty())
     fail("{} with {}: {}", given("max_num_seqs", "--max-num-seqs", max_num_seqs),

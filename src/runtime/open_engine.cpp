@@ -67,6 +67,14 @@ OpenedModel open_model(const EngineArgs& args, const std::function<void(double)>
     m.weights = std::move(l.weights);
     m.tokenizer = std::move(l.tokenizer);
   }
+  // vLLM's quantization="awq" / "gptq" names the checkpoint's method: a model of another one is an
+  // error, as in vLLM, rather than a silent difference.
+  if (names_checkpoint_method(args.quantization))
+    check(m.description.quantization.starts_with(args.quantization), "--quantization {}: {} is not {} checkpoint ({})",
+          args.quantization, m.path, args.quantization == "awq" ? "an AWQ" : "a GPTQ",
+          !m.description.quantization.empty() ? m.description.quantization
+          : m.description.format == "gguf"    ? std::string("a GGUF file")
+                                              : std::string("no quantization_config"));
   return m;
 }
 
