@@ -209,8 +209,9 @@ TEST_F(Int4Gpu, RunInt4MatchesTheReferenceForEveryEpilogueAndGroupSize) {
           for (int r = 0; r < M; ++r)
             for (int j = 0; j < cols; ++j) {
               const float a = float(dot[size_t(r) * N + j] + (with_bias ? bf[j] : 0.f));
-              const float u =
-                  ep == Epilogue::SwiGLU ? float(dot[size_t(r) * N + cols + j] + (with_bias ? bf[cols + j] : 0.f)) : 0.f;
+              const float u = ep != Epilogue::SwiGLU
+                                  ? 0.f
+                                  : float(dot[size_t(r) * N + cols + j] + (with_bias ? bf[cols + j] : 0.f));
               ref[size_t(r) * cols + j] = ep == Epilogue::SwiGLU   ? a / (1.f + std::exp(-a)) * u
                                           : ep == Epilogue::AddF32 ? init[size_t(r) * cols + j] + a
                                                                    : a;

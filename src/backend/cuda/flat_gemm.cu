@@ -91,9 +91,9 @@ struct WarpLayout<8> {
 };
 
 constexpr int default_stages(int mt, WeightFormat format = WeightFormat::Bits16) {
-  // FP8 and 4-bit weights: a half or a quarter of the bytes per stage, so deeper pipelines fit (6 at
-  // mt = 1, 4 at mt = 2, 4).
-  if (format == WeightFormat::Int4) return mt == 8 ? 3 : 4;  // 256-k stages at mt 1, 2: 14 and 18 KB
+  // 4-bit weights: 4 stages of 256 k at mt 1, 2 (14 and 18 KB each) and of 128 k at mt 4.
+  if (format == WeightFormat::Int4) return mt == 8 ? 3 : 4;
+  // FP8 weights: half the bytes per stage, so deeper pipelines fit (6 at mt = 1, 4 at mt = 2, 4).
   if (format != WeightFormat::Bits16) return mt == 1 ? 6 : mt == 8 ? 3 : 4;
   // smem per stage: 16 KB of W + mt * 2 KB of x. 4 stages at mt = 1 (72 KB: 3 CTAs per SM),
   // 3 at mt = 2, 4 (60, 72 KB: 3 CTAs), 3 at mt = 8 (96 KB: 2 CTAs). Two or three stages in flight
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   constexpr unsigned kZsBytes = int4_zs_row_bytes(BK);  // a row's zs words per stage (4-bit)
   // 16-byte chunks per weight row per stage
   constexpr int kWChunks = W4 ? BK / 32 : W8 ? BK / 16 : CK;
-  constexpr int kWLoads = kBlockN * kWChunks / kThreads;  // 4 (2 for FP8, 1 for 4-bit)
+  constexpr int kWLoads = kBlockN * kWChunks / kThreads;  // 4 (2 for FP8, 2 or 1 for 4-bit)
   constexpr int kXChunks = XR * CK;                        // 128 .. 1024
   constexpr int kXLoads = (kXChunks + kThreads - 1) / kThreads;
 
@@ -272,8 +272,8 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   const int ld_c = (tid % CK) * 8;
   const unsigned ld_dst = swz<CK>(tid / CK, tid % CK);
   constexpr unsigned kRowsPerPass = kThreads / CK;  // 16 (8 for 256-k stages)
-  // FP8: chunk q = tid + 256 i -> row q / 8, chunk q % 8 (16 k each), 32 rows per pass; 4-bit: row
-  // tid / 4, chunk tid % 4 (32 k each), the whole tile in one pass.
+  // FP8: chunk q = tid + 256 i -> row q / 8, chunk q % 8 (16 k each), 32 rows per pass; 4-bit: chunk
+  // q -> row q / (BK / 32), chunk q % (BK / 32) (32 k each), 32 or 64 rows per pass.
   constexpr unsigned kWRowsPerPass = kThreads / kWChunks;
   const int w_ld_c = W4 ? (tid % kWChunks) * 32 : W8 ? (tid % kWChunks) * 16 : ld_c;  // k of the thread's chunk
   int w_rows[kWLoads];
@@ -404,8 +404,10 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
           const unsigned word = unsigned(c & 3) * 4, zs_at = base + int4_w_bytes(BK) + lg * 4;
           const uint32_t w_lo = *reinterpret_cast<const uint32_t*>(smem + base + swz4<BK>(r0, c >> 2) + word);
           const uint32_t w_hi = *reinterpret_cast<const uint32_t*>(smem + base + swz4<BK>(r0 + 8, c >> 2) + word);
-          lo[rt] = detail::int4x8_to<T>(w_lo, *reinterpret_cast<const uint32_t*>(smem + zs_at + r0 * kZsBytes));
-          hi[rt] = detail::int4x8_to<T>(w_hi, *reinterpret_cast<const uint32_t*>(smem + zs_at + (r0 + 8) * kZsBytes));
+          const uint32_t zs_lo = *reinterpret_cast<const uint32_t*>(smem + zs_at + r0 * kZsBytes);
+          const uint32_t zs_hi = *reinterpret_cast<const uint32_t*>(smem + zs_at + (r0 + 8) * kZsBytes);
+          lo[rt] = detail::int4x8_to<T>(w_lo, zs_lo);
+          hi[rt] = detail::int4x8_to<T>(w_hi, zs_hi);
         } else if constexpr (W8) {  // the 8-byte piece c (k 8c .. 8c + 7) of rows r0 and r0 + 8
           const unsigned piece = unsigned(c & 1) * 8;
           lo[rt] = fp8x8_to<T>(*reinterpret_cast<const uint2*>(smem + base + swz8(r0, c >> 1) + piece));
