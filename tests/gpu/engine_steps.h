@@ -10,10 +10,43 @@
 #include <span>
 #include <vector>
 
+#include "backend/cuda/cuda_engine.h"
 #include "engine/engine.h"
+#include "model/weight_plan.h"
+#include "runtime/backend_select.h"
 #include "tiny_model.h"
 
 namespace fdpp::test {
+
+// The small steps these tests take (8 rows, 256 tokens), for the CPU engine and, as make_engine
+// reads them, the GPU's; kv_cache_tokens 0: the engine's own size.
+inline EngineLimits small_step_limits(const ModelConfig& c, int64_t kv_cache_tokens = 0) {
+  EngineLimits l;
+  l.max_context = c.max_context;
+  l.max_step_rows = 8;
+  l.max_step_tokens = 256;
+  l.kv_cache_tokens = kv_cache_tokens;
+  return l;
+}
+// The same for a CudaEngine built directly on a DeviceModel.
+inline cuda::EngineOptions small_step_cuda_options() {
+  cuda::EngineOptions eo;
+  eo.max_batch = 8;
+  eo.max_prefill_tokens = 256;
+  eo.kv_cache_tokens = 2048;
+  return eo;
+}
+// A checkpoint's GPU engine the runtime's way (open_engine's): its plan streamed by make_engine,
+// without CUDA graphs, with --quantization `quantization`.
+inline std::unique_ptr<Engine> plan_gpu_engine(const ModelConfig& c, const WeightPlan& plan, const EngineLimits& l,
+                                               const std::string& quantization = "none") {
+  RunnerOptions o;
+  o.device = Device::Cuda;
+  o.plan = &plan;
+  o.cuda_graphs = false;
+  o.quantization = quantization;
+  return make_engine(c, DecoderWeights{}, o, l);
+}
 
 // Row r's logits in a step output of rows of `vocab` logits.
 inline std::span<const float> row_logits(const StepOutput& out, int r, int vocab) {

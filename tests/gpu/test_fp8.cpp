@@ -223,19 +223,11 @@ TEST_F(Fp8Gpu, QuantizedModelStepsMatchTheCpuOverDequantizedWeights) {
     c.ffn_hidden = 3 * c.hidden + 16;  // fp8 rows are multiples of 16 elements
     const DecoderWeights w = random_weights(c);
     const DecoderWeights wd = dequantized_weights(c, w, t);
-    EngineLimits l;
-    l.max_context = c.max_context;
-    l.max_step_rows = 8;
-    l.max_step_tokens = 256;
-    CpuEngine cpu(c, wd, l);
+    CpuEngine cpu(c, wd, small_step_limits(c));
     cuda::DeviceModel dm(c, w, t);
     dm.quantize_fp8();
     ASSERT_TRUE(dm.fp8());
-    cuda::EngineOptions eo;
-    eo.max_batch = 8;
-    eo.max_prefill_tokens = 256;
-    eo.kv_cache_tokens = 2048;
-    cuda::CudaEngine gpu(std::make_shared<const cuda::DeviceModel>(std::move(dm)), eo);
+    cuda::CudaEngine gpu(std::make_shared<const cuda::DeviceModel>(std::move(dm)), small_step_cuda_options());
     // A prefill step (tensor-core path, x quantized per token: the CPU does not quantize x), then
     // decode steps of three rows (the GEMV, x kept 16-bit, but over the prefill's K/V, which carry
     // its quantization). Measured on the H200 (2026-12-05): prefill rows 1.7e-3 to 2.8e-3, decode

@@ -141,21 +141,11 @@ TEST_F(Fp8CheckpointGpu, StepsMatchTheCpuEngineOnTheSameCheckpoint) {
     }
 
     const LoadedModel cpu_model = load_model(dir);
-    EngineLimits l;
-    l.max_context = c.max_context;
-    l.max_step_rows = 8;
-    l.max_step_tokens = 256;
-    l.kv_cache_tokens = 1024;
+    const EngineLimits l = small_step_limits(c, 1024);
     CpuEngine cpu(c, cpu_model.weights, l);
-    // The runtime's path (open_engine's): the plan streamed by make_engine. --quantization fp8 on an
-    // FP8 checkpoint keeps it as it is: the same logits as none.
-    RunnerOptions o;
-    o.device = Device::Cuda;
-    o.plan = &p.plan;
-    o.cuda_graphs = false;
-    std::unique_ptr<Engine> gpu = make_engine(c, DecoderWeights{}, o, l);
-    o.quantization = "fp8";
-    std::unique_ptr<Engine> gpu_q = make_engine(c, DecoderWeights{}, o, l);
+    // --quantization fp8 on an FP8 checkpoint keeps it as it is: the same logits as none.
+    std::unique_ptr<Engine> gpu = plan_gpu_engine(c, p.plan, l);
+    std::unique_ptr<Engine> gpu_q = plan_gpu_engine(c, p.plan, l, "fp8");
 
     // A prefill step (cuBLASLt's FP8 GEMM, x quantized per token, which the CPU does not do), then
     // decode steps of three rows (GEMV and flat GEMM, x kept 16-bit). Bounds as test_fp8.cpp's

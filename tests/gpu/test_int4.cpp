@@ -243,17 +243,9 @@ TEST_F(Int4Gpu, CheckpointStepsMatchTheCpuEngine) {
     const PlannedModel p = plan_model(dir);
     const ModelConfig& c = p.config();
     const LoadedModel cpu_model = load_model(dir);
-    EngineLimits l;
-    l.max_context = c.max_context;
-    l.max_step_rows = 8;
-    l.max_step_tokens = 256;
-    l.kv_cache_tokens = 1024;
+    const EngineLimits l = small_step_limits(c, 1024);
     CpuEngine cpu(c, cpu_model.weights, l);
-    RunnerOptions o;
-    o.device = Device::Cuda;
-    o.plan = &p.plan;
-    o.cuda_graphs = false;
-    std::unique_ptr<Engine> gpu = make_engine(c, DecoderWeights{}, o, l);
+    std::unique_ptr<Engine> gpu = plan_gpu_engine(c, p.plan, l);
     // A prefill step of 80+ tokens a row (above 64 rows: dequantized for cuBLASLt), then decode
     // steps of three rows (the flat GEMM over the words).
     step_engines_alike({&cpu, gpu.get()}, c.vocab_size, 3, 120, {80, 1, 1, 1},
@@ -286,20 +278,12 @@ TEST_F(Int4Gpu, QuantizedModelStepsMatchTheCpuOverDequantizedWeights) {
         const HostInt4 h = quantize_host(v, rows, K, t);
         std::copy(h.w.begin(), h.w.end(), m->data.begin());
       }
-    EngineLimits l;
-    l.max_context = c.max_context;
-    l.max_step_rows = 8;
-    l.max_step_tokens = 256;
-    CpuEngine cpu(c, wd, l);
+    CpuEngine cpu(c, wd, small_step_limits(c));
     cuda::DeviceModel dm(c, w, t);
     dm.quantize_int4();
     ASSERT_TRUE(dm.int4());
     EXPECT_ERROR(dm.quantize_fp8(), "already 4-bit");
-    cuda::EngineOptions eo;
-    eo.max_batch = 8;
-    eo.max_prefill_tokens = 256;
-    eo.kv_cache_tokens = 2048;
-    cuda::CudaEngine gpu(std::make_shared<const cuda::DeviceModel>(std::move(dm)), eo);
+    cuda::CudaEngine gpu(std::make_shared<const cuda::DeviceModel>(std::move(dm)), small_step_cuda_options());
     step_engines_alike({&cpu, &gpu}, c.vocab_size, 3, 120, {70, 1, 1},
                        [&](size_t st, const std::vector<StepOutput>& o) {
       EXPECT_LE(nmse(o[1].logits, o[0].logits), 2e-3) << name(t) << " step " << st;
