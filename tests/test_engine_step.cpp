@@ -503,7 +503,7 @@ TEST_F(SchedulerTest, TextRenderedWhileTheNextStepComputesIsTheSame) {
   const auto first = run(first_engine, reqs, o);
   for (size_t i = 0; i < reqs.size(); i += 2)
     if (first[i].text.size() > 8) reqs[i].stop = {first[i].text.substr(first[i].text.size() / 2, 2)};
-  ScriptedEngine at_once(*config_, 6, 4096, false), queued(*config_, 6, 4096, true), squeezed(*config_, 6, 16 * 12, true);
+  ScriptedEngine at_once(*config_, 6, 4096, false), queued(*config_, 6, 4096, true), squeezed(*config_, 6, 16 * 8, true);
   const auto a = run(at_once, reqs, o), b = run(queued, reqs, o);
   SchedulerStats st;
   const auto c = run(squeezed, reqs, o, &st);
