@@ -144,8 +144,9 @@ TEST_P(Repack, KernelsMatchTheFileOrderScalarReference) {
   for (cpu::Isa isa : isas) {
     const int R = cpu::pack_rows(isa);
     double worst = 0;
-    // Leftover rows after whole groups, an odd count; one group not filled; whole groups only.
-    for (int64_t N : {int64_t{3} * R + 5, int64_t{R} - 3, int64_t{2} * R}) {
+    // Leftover rows after whole groups, an odd count (at M = 1 the 7 groups go through the kernels
+    // that read 4, 2 and 1 groups side by side); one group not filled; whole groups only.
+    for (int64_t N : {int64_t{7} * R + 5, int64_t{R} - 3, int64_t{2} * R}) {
       const auto wbytes = random_blocks(c.type, N, c.cols);
       StoredMatrix view = make_stored_view(c.type, wbytes.data(), N, c.cols);
       // Rows permuted as the loader does for rotate-half q/k: the packed copy must follow it.

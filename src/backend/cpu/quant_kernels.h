@@ -34,10 +34,11 @@ using RowDot = void (*)(const uint8_t* w, const uint8_t* act, uint64_t stride, i
 // Quantizes one fp32 row of k elements (whole blocks) into BlockQ8 / BlockQ8K blocks.
 using QuantRow = void (*)(const float* x, int64_t k, uint8_t* out);
 
-// The interleaved layouts (quant_repack.h): out[i * ldo + r] = dot(row r of the group at g,
-// activation row i) for r < the table's pack_rows and i < m (1 <= m <= 4).
-using GroupDot = void (*)(const uint8_t* g, const uint8_t* act, uint64_t stride, int m, int64_t k, float* out,
-                          int64_t ldo);
+// The interleaved layouts (quant_repack.h): out[i * ldo + gi * R + r] = dot(row r of group gi,
+// activation row i) for `groups` consecutive groups at g (gi < groups), r < R = the table's
+// pack_rows and i < m (1 <= m <= 4).
+using GroupDot = void (*)(const uint8_t* g, int groups, const uint8_t* act, uint64_t stride, int m, int64_t k,
+                          float* out, int64_t ldo);
 
 // Load-time packing (quant_repack.h): block b of rows[0..R) (file format) into the group block at
 // dst + b * R * block bytes, for b < nblocks. False where this table cannot pack R rows.

@@ -341,7 +341,8 @@ void stored_linear(const float* x, int64_t M, const StoredMatrix& w, const float
   const qk::GroupDot gdot = group_dot(kern, w.type);
   if (w.packed_rows > 0 && w.packed_rows == kern.pack_rows && gdot != nullptr) {
     // Interleaved groups of R rows, then the N % R leftover rows in file order. A task owns whole
-    // groups; within it each group meets the activation rows 4 at a time while its bytes (R rows
+    // groups. One activation row (decode) goes through the task's groups in one call, which reads
+    // several groups side by side; more rows meet each group 4 at a time while its bytes (R rows
     // of K: 36 KiB for Q4_K at K = 4096, R = 16) stay in L1/L2.
     const int R = w.packed_rows;
     const int64_t groups = N / R, tail = N % R;
@@ -354,23 +355,28 @@ void stored_linear(const float* x, int64_t M, const StoredMatrix& w, const float
     const qk::RowDot dot = plan.dot;
     parallel_for(gtasks, [&](int64_t t) {
       const int64_t g_begin = t * per, g_end = std::min(groups + (tail > 0 ? 1 : 0), g_begin + per);
-      for (int64_t g = g_begin; g < g_end; ++g) {
+      const int64_t whole_end = std::min(g_end, groups);
+      if (M == 1 && whole_end > g_begin) {
+        gdot(w.data + static_cast<uint64_t>(g_begin) * group_bytes, static_cast<int>(whole_end - g_begin), act,
+             stride, 1, K, y + g_begin * R, N);
+      } else {
+        for (int64_t g = g_begin; g < whole_end; ++g)
+          for (int64_t m0 = 0; m0 < M; m0 += 4)
+            gdot(w.data + static_cast<uint64_t>(g) * group_bytes, 1, act + static_cast<uint64_t>(m0) * stride,
+                 stride, static_cast<int>(std::min<int64_t>(4, M - m0)), K, y + m0 * N + g * R, N);
+      }
+      if (bias != nullptr)
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = g_begin * R; n < whole_end * R; ++n) y[m * N + n] += bias[n];
+      if (g_end > groups) {
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
           const int mm = static_cast<int>(std::min<int64_t>(4, M - m0));
-          const uint8_t* a = act + static_cast<uint64_t>(m0) * stride;
-          if (g < groups) {
-            float* out = y + m0 * N + g * R;
-            gdot(w.data + static_cast<uint64_t>(g) * group_bytes, a, stride, mm, K, out, N);
-            if (bias != nullptr)
-              for (int i = 0; i < mm; ++i)
-                for (int r = 0; r < R; ++r) out[i * N + r] += bias[g * R + r];
-          } else {
-            float o[4];
-            for (int64_t r = 0; r < tail; ++r) {
-              dot(tail_rows + static_cast<uint64_t>(r) * w.row_bytes, a, stride, mm, K, o);
-              const int64_t n = groups * R + r;
-              for (int i = 0; i < mm; ++i) y[(m0 + i) * N + n] = o[i] + (bias != nullptr ? bias[n] : 0.f);
-            }
+          float o[4];
+          for (int64_t r = 0; r < tail; ++r) {
+            dot(tail_rows + static_cast<uint64_t>(r) * w.row_bytes, act + static_cast<uint64_t>(m0) * stride, stride,
+                mm, K, o);
+            const int64_t n = groups * R + r;
+            for (int i = 0; i < mm; ++i) y[(m0 + i) * N + n] = o[i] + (bias != nullptr ? bias[n] : 0.f);
           }
         }
       }
