@@ -46,9 +46,10 @@ ForeignDecision main_gpu(std::string_view v) {
 ForeignDecision kv_cache_type(std::string_view v) {
   const std::string l = lower(v);
   if (l == "f16" || l == "bf16" || l == "f32")
-    return {ForeignAction::Ignore, "the KV cache takes the weights' dtype on the GPU and fp32 on the CPU"};
+    return {ForeignAction::Ignore,
+            "the KV cache takes the weights' dtype on the GPU and fp32 on the CPU (--kv-cache-dtype f16 for f16)"};
   return {ForeignAction::Refuse,
-          "quantized KV caches are not supported (the cache is f16/bf16 on the GPU, f32 on the CPU; "
+          "quantized KV caches are not supported (the cache is f16/bf16 on the GPU, f32 or f16 on the CPU; "
           "--kv-cache-dtype fp8 gives an e4m3 cache on the GPU)"};
 }
 
