@@ -133,6 +133,21 @@ TEST(EnvironmentFallback, DecodeWarpsAndAsyncCombine) {
             "--async-combine 'both' is not one of auto, kernel, launch");
 }
 
+// The expert kernels of mixture-of-experts layers (a measurement switch, variable only).
+TEST(EnvironmentFallback, MoePath) {
+  FakeEnv env;
+  EXPECT_EQ(resolve_kernel_options({}, env.lookup()).moe_path, cuda::MoePath::Auto);
+  env.vars = {{"FDPP_MOE_PATH", "mma"}};
+  EXPECT_EQ(resolve_kernel_options({}, env.lookup()).moe_path, cuda::MoePath::Mma);
+  env.vars = {{"FDPP_MOE_PATH", "core"}};
+  const KernelOptions o = resolve_kernel_options({}, env.lookup());
+  EXPECT_EQ(o.moe_path, cuda::MoePath::Core);
+  EXPECT_STREQ(cuda::moe_path_name(o.moe_path), "core");
+  env.vars = {{"FDPP_MOE_PATH", "tensor"}};
+  EXPECT_EQ(test::error_of([&] { resolve_kernel_options({}, env.lookup()); }),
+            "FDPP_MOE_PATH 'tensor' is not one of auto, mma, core");
+}
+
 // The KV cache layout (a measurement switch of bench-attention and, through the variable, of the
 // engine's front ends): flag over variable over the default (head-major).
 TEST(EnvironmentFallback, KvLayout) {

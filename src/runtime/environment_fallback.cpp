@@ -33,6 +33,13 @@ cuda::DecodePath parse_decode_path(const std::string& value, const std::string& 
   fail("{} '{}' is not one of auto, mma, core", origin, value);
 }
 
+cuda::MoePath parse_moe_path(const std::string& value, const std::string& origin) {
+  if (value == "auto") return cuda::MoePath::Auto;
+  if (value == "mma") return cuda::MoePath::Mma;
+  if (value == "core") return cuda::MoePath::Core;
+  fail("{} '{}' is not one of auto, mma, core", origin, value);
+}
+
 int parse_decode_warps(const std::string& value, const std::string& origin) {
   if (value == "0") return 0;
   if (value == "4") return 4;
@@ -77,6 +84,7 @@ cuda::KernelOptions resolve_kernel_options(const KernelFlags& flags, const Envir
     o.kv_head_major = parse_kv_head_major(flags.kv_layout, "--kv-layout");
   else if (const std::string e = variable(env, "FDPP_KV_LAYOUT"); !e.empty())
     o.kv_head_major = parse_kv_head_major(e, "FDPP_KV_LAYOUT");
+  if (const std::string e = variable(env, "FDPP_MOE_PATH"); !e.empty()) o.moe_path = parse_moe_path(e, "FDPP_MOE_PATH");
   return o;
 }
 

@@ -15,6 +15,7 @@
 //                                              bench-attention)
 //   FDPP_KV_LAYOUT        --kv-layout          KernelOptions::kv_head_major (head-major|token-major;
 //                                              bench-attention)
+//   FDPP_MOE_PATH         (none)               KernelOptions::moe_path (auto|mma|core)
 //   FDPP_LINEAR           --linear             DispatchSelectOptions::mode
 //   FDPP_DISPATCH_TABLE   --dispatch-table     DispatchSelectOptions::table_path
 //   FDPP_GEMV_MAX_M       (none)               DispatchSelectOptions::gemv_max_m
@@ -65,6 +66,7 @@ DispatchSelectOptions resolve_linear_flags(const std::string& mode, const std::s
 bool parse_switch(const std::string& value, const std::string& origin);
 cuda::DecodePath parse_decode_path(const std::string& value, const std::string& origin);
 int parse_decode_warps(const std::string& value, const std::string& origin);
+cuda::MoePath parse_moe_path(const std::string& value, const std::string& origin);
 cuda::AsyncCombine parse_async_combine(const std::string& value, const std::string& origin);
 // true for head-major, false for token-major.
 bool parse_kv_head_major(const std::string& value, const std::string& origin);

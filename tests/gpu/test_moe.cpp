@@ -1,13 +1,16 @@
 // The mixture-of-experts kernels (src/backend/cuda/moe.h) against the CPU reference
 // (cpu::route_experts, then each pick's expert as fp32 products of the same 16-bit inputs): the
 // routing pick for pick, and whole layers whose router logits are built so that the experts get
-// chosen counts of tokens: 0 (an idle expert), 1, 7, 8, 9 and 300 (around the 8-row tile), all
-// tokens to one expert, and exact ties. fp16 and bf16; outputs poisoned before each launch.
+// chosen counts of tokens: 0 (an idle expert), 1, 7, 8, 9 and 300 (around the 8-row tile and the
+// 64-row tensor-core block), all tokens to one expert, and exact ties. Every layer runs through both
+// expert kernels (CUDA cores and tensor cores, KernelOptions::moe_path) and the automatic choice.
+// fp16 and bf16; outputs poisoned before each launch.
 #include <algorithm>
 #include <numeric>
 #include <random>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/kernel_options.h"
 #include "backend/cuda/moe.h"
 #include "gpu/gpu_test_util.h"
 
@@ -19,16 +22,21 @@ constexpr DType kTypes[] = {DType::F16, DType::BF16};
 // The routing buffers of moe.h for steps of up to max_tokens.
 struct Routing {
   cuda::MoeRoutingSizes sizes;
-  DeviceBuffer<int32_t> pick_expert, pick_row, row_token, tile_expert;
+  DeviceBuffer<int32_t> pick_expert, pick_row, row_token, tile_expert, block_tile;
   DeviceBuffer<float> pick_weight;
   cuda::MoeRouting r;
 
   Routing(int max_tokens, int k, int experts)
-      : sizes(cuda::moe_routing_sizes(max_tokens, k, experts)), pick_expert(sizes.picks), pick_row(sizes.picks),
-        row_token(sizes.rows), tile_expert(sizes.tiles), pick_weight(sizes.picks) {
-    for (auto* b : {&pick_expert, &pick_row, &row_token, &tile_expert}) b->poison();
+      : sizes(cuda::moe_routing_sizes(max_tokens, k, experts)),
+        pick_expert(sizes.picks),
+        pick_row(sizes.picks),
+        row_token(sizes.rows),
+        tile_expert(sizes.tiles),
+        block_tile(sizes.blocks),
+        pick_weight(sizes.picks) {
+    for (auto* b : {&pick_expert, &pick_row, &row_token, &tile_expert, &block_tile}) b->poison();
     pick_weight.poison();
-    r = {pick_expert.get(), pick_weight.get(), pick_row.get(), row_token.get(), tile_expert.get()};
+    r = {pick_expert.get(), pick_weight.get(), pick_row.get(), row_token.get(), tile_expert.get(), block_tile.get()};
   }
 };
 
@@ -49,8 +57,8 @@ TEST_F(CudaKernels, MoeRouteMatchesTheCpuPicks) {
         Routing rt(n, k, experts);
         cuda::moe_route(d_logits.get(), n, experts, k, normalize, rt.r, nullptr);
         sync("moe_route");
-        const std::string what = "moe_route E=" + std::to_string(experts) + " k=" + std::to_string(k) +
-                                 (normalize ? " normalized" : "");
+        const std::string what =
+            "moe_route E=" + std::to_string(experts) + " k=" + std::to_string(k) + (normalize ? " normalized" : "");
         EXPECT_EQ(rt.pick_expert.download(), ref_e) << what;
         const auto w = rt.pick_weight.download();
         for (size_t i = 0; i < w.size(); ++i) ASSERT_NEAR(w[i], ref_w[i], 1e-5f * std::max(1.f, ref_w[i])) << what;
@@ -74,7 +82,8 @@ std::vector<float> logits_for(const std::vector<std::vector<int>>& picks, int ex
 
 // A whole expert layer for these picks: GPU kernels against the fp32 reference.
 void check_layer(const std::vector<std::vector<int>>& picks, int experts, int H, int FE, bool normalize, DType t,
-                 const std::string& what) {
+                 const std::string& what_layer) {
+  const std::string& what = what_layer;
   const int n = static_cast<int>(picks.size()), k = static_cast<int>(picks[0].size());
   const int max_tokens = n + 3;  // buffers sized for a larger step, as a captured graph's are
   const std::vector<float> logits = logits_for(picks, experts);
@@ -103,40 +112,72 @@ void check_layer(const std::vector<std::vector<int>>& picks, int experts, int H,
 
   DeviceBuffer<float> d_logits(logits);
   DeviceBuffer<uint16_t> d_x(bx), d_g(bg), d_u(bu), d_d(bd);
-  Routing rt(max_tokens, k, experts);
-  DeviceBuffer<uint16_t> act(size_t(rt.sizes.rows) * FE), down(size_t(rt.sizes.rows) * H), out(size_t(n) * H);
-  act.poison();
-  down.poison();
-  out.poison();
-  cuda::moe_route(d_logits.get(), n, experts, k, normalize, rt.r, nullptr);
-  cuda::moe_align(n, k, experts, rt.r, nullptr);
-  cuda::moe_grouped_swiglu(d_x.get(), d_g.get(), d_u.get(), act.get(), H, FE, experts, n, k, rt.r, t, nullptr);
-  cuda::moe_grouped_linear(act.get(), d_d.get(), down.get(), FE, H, experts, n, k, rt.r, t, nullptr);
-  cuda::moe_combine(down.get(), n, k, H, rt.r, out.get(), t, nullptr);
-  sync("moe layer " + what);
+  for (cuda::MoePath path : {cuda::MoePath::Core, cuda::MoePath::Mma, cuda::MoePath::Auto}) {
+    cuda::KernelOptions options;
+    options.moe_path = path;
+    const cuda::KernelOptionsScope scope(options);
+    const std::string what = what_layer + " " + cuda::moe_path_name(path);
+    Routing rt(max_tokens, k, experts);
+    DeviceBuffer<uint16_t> act(size_t(rt.sizes.rows) * FE), down(size_t(rt.sizes.rows) * H), out(size_t(n) * H);
+    act.poison();
+    down.poison();
+    out.poison();
+    cuda::moe_route(d_logits.get(), n, experts, k, normalize, rt.r, nullptr);
+    cuda::moe_align(n, k, experts, rt.r, nullptr);
+    cuda::moe_grouped_swiglu(d_x.get(), d_g.get(), d_u.get(), act.get(), H, FE, experts, n, k, rt.r, t, nullptr);
+    cuda::moe_grouped_linear(act.get(), d_d.get(), down.get(), FE, H, experts, n, k, rt.r, t, nullptr);
+    cuda::moe_combine(down.get(), n, k, H, rt.r, out.get(), t, nullptr);
+    sync("moe layer " + what);
 
-  // The tile schedule: each expert's picks in whole tiles of its own, nothing else.
-  std::vector<int> count(experts, 0);
-  for (const auto& p : picks)
-    for (int e : p) ++count[e];
-  auto tiles = rt.tile_expert.download();
-  tiles.resize(cuda::moe_routing_sizes(n, k, experts).tiles);  // the step's tiles; the rest are not its
-  for (int e = 0; e < experts; ++e)
-    EXPECT_EQ(std::count(tiles.begin(), tiles.end(), e), (count[e] + cuda::kMoeTileRows - 1) / cuda::kMoeTileRows)
-        << what << " expert " << e;
-  // The buffers hold max_tokens' picks; the step's are the first n * k.
-  auto rows = rt.pick_row.download();
-  rows.resize(size_t(n) * k);
-  const auto row_token = rt.row_token.download();
-  std::vector<int32_t> sorted_rows(rows.begin(), rows.end());
-  std::sort(sorted_rows.begin(), sorted_rows.end());
-  EXPECT_TRUE(std::adjacent_find(sorted_rows.begin(), sorted_rows.end()) == sorted_rows.end()) << what;
-  for (size_t p = 0; p < rows.size(); ++p) {
-    EXPECT_EQ(row_token[rows[p]], static_cast<int32_t>(p / k)) << what;
-    EXPECT_EQ(tiles[rows[p] / cuda::kMoeTileRows], re[p]) << what;
+    // The tile schedule: each expert's picks in whole tiles of its own, nothing else.
+    std::vector<int> count(experts, 0);
+    for (const auto& p : picks)
+      for (int e : p) ++count[e];
+    auto tiles = rt.tile_expert.download();
+    tiles.resize(cuda::moe_routing_sizes(n, k, experts).tiles);  // the step's tiles; the rest are not its
+    for (int e = 0; e < experts; ++e)
+      EXPECT_EQ(std::count(tiles.begin(), tiles.end(), e), (count[e] + cuda::kMoeTileRows - 1) / cuda::kMoeTileRows)
+          << what << " expert " << e;
+    // The buffers hold max_tokens' picks; the step's are the first n * k.
+    auto rows = rt.pick_row.download();
+    rows.resize(size_t(n) * k);
+    const auto row_token = rt.row_token.download();
+    std::vector<int32_t> sorted_rows(rows.begin(), rows.end());
+    std::sort(sorted_rows.begin(), sorted_rows.end());
+    EXPECT_TRUE(std::adjacent_find(sorted_rows.begin(), sorted_rows.end()) == sorted_rows.end()) << what;
+    for (size_t p = 0; p < rows.size(); ++p) {
+      EXPECT_EQ(row_token[rows[p]], static_cast<int32_t>(p / k)) << what;
+      EXPECT_EQ(tiles[rows[p] / cuda::kMoeTileRows], re[p]) << what;
+    }
+    // The tensor-core blocks: each expert's tiles in runs of kMoeBlockTiles from its first tile, every
+    // tile of the step in exactly one block of its own expert; the rest of the step's blocks -1.
+    auto blocks = rt.block_tile.download();
+    blocks.resize(cuda::moe_routing_sizes(n, k, experts).blocks);
+    std::vector<int> covered(tiles.size(), 0);
+    int64_t expected_blocks = 0;
+    for (int e = 0; e < experts; ++e)
+      expected_blocks +=
+          ((count[e] + cuda::kMoeTileRows - 1) / cuda::kMoeTileRows + cuda::kMoeBlockTiles - 1) / cuda::kMoeBlockTiles;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      if (static_cast<int64_t>(b) >= expected_blocks) {
+        EXPECT_EQ(blocks[b], -1) << what << " block " << b;
+        continue;
+      }
+      ASSERT_GE(blocks[b], 0) << what << " block " << b;
+      ASSERT_LT(blocks[b], static_cast<int32_t>(tiles.size())) << what << " block " << b;
+      const int e = tiles[blocks[b]];
+      EXPECT_TRUE(blocks[b] == 0 || tiles[blocks[b] - 1] != e ||
+                  (blocks[b] >= cuda::kMoeBlockTiles && tiles[blocks[b] - cuda::kMoeBlockTiles] == e))
+          << what << ": block " << b << " does not start a run of its expert";
+      for (int j = 0;
+           j < cuda::kMoeBlockTiles && blocks[b] + j < static_cast<int32_t>(tiles.size()) && tiles[blocks[b] + j] == e;
+           ++j)
+        ++covered[blocks[b] + j];
+    }
+    for (size_t i = 0; i < tiles.size(); ++i) EXPECT_EQ(covered[i], tiles[i] >= 0 ? 1 : 0) << what << " tile " << i;
+
+    expect_close(from_bits(out.download(), t), ref, Tolerance{5e-4}, "moe_layer " + what);
   }
-
-  expect_close(from_bits(out.download(), t), ref, Tolerance{5e-4}, "moe_layer " + what);
 }
 
 TEST_F(CudaKernels, MoeLayerMatchesTheCpuForEveryTokenCount) {

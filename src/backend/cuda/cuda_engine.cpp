@@ -133,6 +133,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
     moe_pick_row_ = DeviceBuffer(ms.picks * sizeof(int32_t));
     moe_row_token_ = DeviceBuffer(ms.rows * sizeof(int32_t));
     moe_tile_expert_ = DeviceBuffer(ms.tiles * sizeof(int32_t));
+    moe_block_tile_ = DeviceBuffer(ms.blocks * sizeof(int32_t));
     moe_act_ = DeviceBuffer(ms.rows * c.expert_ffn_hidden * kElem);
     moe_down_ = DeviceBuffer(ms.rows * H * kElem);
   }
@@ -519,7 +520,8 @@ struct CudaEngine::Forward {
     const DeviceLayer& L = m.layers[layer];
     const int NE = c.n_experts, K = c.n_experts_used, FE = c.expert_ffn_hidden;
     const MoeRouting r{e.moe_pick_expert_.as<int32_t>(), e.moe_pick_weight_.as<float>(), e.moe_pick_row_.as<int32_t>(),
-                       e.moe_row_token_.as<int32_t>(), e.moe_tile_expert_.as<int32_t>()};
+                       e.moe_row_token_.as<int32_t>(), e.moe_tile_expert_.as<int32_t>(),
+                       e.moe_block_tile_.as<int32_t>()};
     e.linear(e.normed_.get(), L.router.get(), nullptr, e.moe_logits_.get(), n, NE, H, /*fp32_out=*/true);
     moe_route(e.moe_logits_.as<float>(), n, NE, K, c.norm_topk_prob, r, st);
     moe_align(n, K, NE, r, st);

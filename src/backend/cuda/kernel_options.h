@@ -39,6 +39,12 @@ inline const char* async_combine_name(AsyncCombine c) {
   return c == AsyncCombine::Kernel ? "kernel" : c == AsyncCombine::Launch ? "launch" : "auto";
 }
 
+// Which kernels compute the experts of a mixture-of-experts layer (moe.h): Auto chooses by the
+// step's rows per chosen expert (moe.h: moe_use_tensor_cores), Mma forces the tensor-core grouped
+// GEMM, Core the CUDA-core grouped GEMV. A measurement switch (FDPP_MOE_PATH).
+enum class MoePath { Auto, Mma, Core };
+inline const char* moe_path_name(MoePath p) { return p == MoePath::Mma ? "mma" : p == MoePath::Core ? "core" : "auto"; }
+
 struct KernelOptions {
   // Programmatic dependent launch for the kernels of a decode step (residual_norm, rope_qk_cache,
   // decode attention, and the linear kernels unless linear_programmatic_launch says otherwise):
@@ -69,6 +75,7 @@ struct KernelOptions {
   // adjacent), false = token-major [block][token][kv head][D] (a token's heads adjacent; a
   // measurement switch: bench-attention --kv-layout token-major).
   bool kv_head_major = true;
+  MoePath moe_path = MoePath::Auto;
 
   bool linear_programmatic() const { return linear_programmatic_launch.value_or(programmatic_launch); }
 };

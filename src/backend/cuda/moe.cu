@@ -4,7 +4,10 @@
 #include <climits>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernel_options.h"
+#include "backend/cuda/mma_fragments.cuh"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/per_device.h"
 
 namespace fdpp::cuda {
 
@@ -19,13 +22,20 @@ using detail::warp_sum;
 constexpr int kRouteWarps = 4;
 constexpr int kGroupedWarps = 8;
 constexpr int kAlignThreads = 1024;
-constexpr int kCombineThreads = 256;
+constexpr int kCombineThreads = 64;
+
+// Programmatic dependent launch (cuda_common.cuh): every kernel here may be scheduled while the
+// previous one drains and waits for it (pdl_wait) before it reads anything; the weights' addresses
+// depend on the routing, so no load goes before the wait. The launch gaps of a decode step's five
+// expert kernels overlap their predecessors' tails.
 
 // One warp per token. Lane l owns experts l, l + 32, ...; the k picks are k rounds of a warp arg-max
 // over the probabilities not yet taken, ties to the lower expert (cpu::route_experts' order).
 __global__ void __launch_bounds__(kRouteWarps * 32)
     moe_route_kernel(const float* __restrict__ logits, int n, int E, int k, bool normalize,
                      int32_t* __restrict__ pick_expert, float* __restrict__ pick_weight) {
+  detail::pdl_trigger();
+  detail::pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = blockIdx.x * kRouteWarps + warp;
   if (t >= n) return;
@@ -64,40 +74,84 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   }
 }
 
-// One CTA: counts per expert, each expert's rows padded to whole tiles, the tiles' experts, and a
-// row for every pick (the order within an expert is the atomics' order: each row is computed
-// alone and the combine reads by pick, so the output does not depend on it).
+// Exclusive prefix sums over E values, in place of value(e) into out[0..E] (out[E] the total), by
+// warp 0 of the CTA in rounds of 32 (the other threads pass through; the caller syncs after).
+template <class F>
+__device__ void warp0_exclusive_scan(int E, F value, int32_t* out) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  int carry = 0;
+  for (int base = 0; base < E; base += 32) {
+    const int e = base + lane;
+    const int v = e < E ? value(e) : 0;
+    int incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int up = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += up;
+    }
+    if (e < E) out[e] = carry + incl - v;
+    carry += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  if (lane == 0) out[E] = carry;
+}
+
+// The last index i in [0, n) with first[i] <= v (first non-decreasing, first[0] <= v).
+__device__ __forceinline__ int last_at_or_below(const int32_t* first, int n, int64_t v) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first[mid] <= v) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// One CTA: counts per expert, each expert's rows padded to whole tiles, the tiles' experts, the
+// tensor-core blocks' first tiles, and a row for every pick (the order within an expert is the
+// atomics' order: each row is computed alone and the combine reads by pick, so the output does not
+// depend on it).
 __global__ void __launch_bounds__(kAlignThreads)
     moe_align_kernel(const int32_t* __restrict__ pick_expert, int picks, int k, int E, int64_t rows_cap,
-                     int64_t tiles_cap, int32_t* __restrict__ pick_row, int32_t* __restrict__ row_token,
-                     int32_t* __restrict__ tile_expert) {
+                     int64_t tiles_cap, int64_t blocks_cap, int32_t* __restrict__ pick_row,
+                     int32_t* __restrict__ row_token, int32_t* __restrict__ tile_expert,
+                     int32_t* __restrict__ block_tile) {
   extern __shared__ int32_t smem[];
-  int32_t* count = smem;            // [E]
-  int32_t* offset = smem + E;       // [E + 1], multiples of the tile
-  int32_t* cursor = offset + E + 1;  // [E]
+  int32_t* count = smem;                 // [E]
+  int32_t* offset = smem + E;            // [E + 1] first row of each expert, multiples of the tile
+  int32_t* cursor = offset + E + 1;      // [E]
+  int32_t* first_block = cursor + E;     // [E + 1] first tensor-core block of each expert
+  detail::pdl_trigger();
+  detail::pdl_wait();
   for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0, cursor[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < picks; p += blockDim.x) atomicAdd(&count[pick_expert[p]], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    offset[0] = 0;
-    for (int e = 0; e < E; ++e) offset[e + 1] = offset[e] + (count[e] + kMoeTileRows - 1) / kMoeTileRows * kMoeTileRows;
-  }
+  warp0_exclusive_scan(
+      E, [&](int e) { return (count[e] + kMoeTileRows - 1) / kMoeTileRows * kMoeTileRows; }, offset);
+  __syncthreads();
+  warp0_exclusive_scan(
+      E,
+      [&](int e) {
+        const int tiles = (offset[e + 1] - offset[e]) / kMoeTileRows;
+        return (tiles + kMoeBlockTiles - 1) / kMoeBlockTiles;
+      },
+      first_block);
   __syncthreads();
   for (int64_t r = threadIdx.x; r < rows_cap; r += blockDim.x) row_token[r] = -1;
+  // Empty experts share their offsets: the owner of a row (a block) is the last expert whose first
+  // row (block) is at or below it.
   for (int64_t tile = threadIdx.x; tile < tiles_cap; tile += blockDim.x) {
     const int64_t row = tile * kMoeTileRows;
-    int e = -1;
-    if (row < offset[E]) {
-      int lo = 0, hi = E - 1;  // the last expert whose offset <= row (empty experts share offsets)
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (offset[mid] <= row) lo = mid;
-        else hi = mid - 1;
-      }
-      e = lo;
+    tile_expert[tile] = row < offset[E] ? last_at_or_below(offset, E, row) : -1;
+  }
+  for (int64_t b = threadIdx.x; b < blocks_cap; b += blockDim.x) {
+    int32_t first_tile = -1;
+    if (b < first_block[E]) {
+      const int e = last_at_or_below(first_block, E, b);
+      first_tile = offset[e] / kMoeTileRows + int32_t(b - first_block[e]) * kMoeBlockTiles;
     }
-    tile_expert[tile] = e;
+    block_tile[b] = first_tile;
   }
   __syncthreads();  // the -1 of padding rows lands before the picks' tokens
   for (int p = threadIdx.x; p < picks; p += blockDim.x) {
@@ -117,6 +171,8 @@ __global__ void __launch_bounds__(kGroupedWarps * 32)
     moe_grouped_kernel(const T* __restrict__ x, const T* __restrict__ w0, const T* __restrict__ w1,
                        T* __restrict__ y, int K, int N, const int32_t* __restrict__ tile_expert,
                        const int32_t* __restrict__ row_token) {
+  detail::pdl_trigger();
+  detail::pdl_wait();
   const int tile = blockIdx.x;
   const int e = tile_expert[tile];
   if (e < 0) return;  // past the last tile of this step: the grid is sized for the largest step
@@ -140,8 +196,9 @@ __global__ void __launch_bounds__(kGroupedWarps * 32)
   if constexpr (kVec) {
     // The weights are the stream (decode: each active expert's bytes once per step): every lane
     // issues kUnroll 16-byte loads of each weight row before the first use, as the GEMV does, so
-    // that enough bytes are in flight; x comes from L1/L2.
-    constexpr int kUnroll = 4;
+    // that enough bytes are in flight; the last pass is predicated rather than a scalar tail (an
+    // expert's down row of 768 is 3 chunks a lane: all in one pass). x comes from L1/L2.
+    constexpr int kUnroll = kSwiglu ? 4 : 8;
     const int chunks = K / 8;
     const uint4* a4 = reinterpret_cast<const uint4*>(a);
     const uint4* b4 = reinterpret_cast<const uint4*>(b);
@@ -163,18 +220,21 @@ __global__ void __launch_bounds__(kGroupedWarps * 32)
         }
       }
     };
-    int c = lane;
-    for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int base = lane; base < chunks; base += 32 * kUnroll) {
       uint4 wa[kUnroll], wb[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        wa[u] = __ldg(a4 + c + 32 * u);
-        if constexpr (kSwiglu) wb[u] = __ldg(b4 + c + 32 * u);
+        const int c = base + 32 * u;
+        wa[u] = c < chunks ? __ldcs(a4 + c) : zero;
+        if constexpr (kSwiglu) wb[u] = c < chunks ? __ldcs(b4 + c) : zero;
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) apply(wa[u], kSwiglu ? wb[u] : wa[u], c + 32 * u);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = base + 32 * u;
+        if (c < chunks) apply(wa[u], kSwiglu ? wb[u] : wa[u], c);
+      }
     }
-    for (; c < chunks; c += 32) apply(__ldg(a4 + c), kSwiglu ? __ldg(b4 + c) : __ldg(a4 + c), c);
   } else {
     for (int c = lane; c < K; c += 32) {
       const float fa = to_float(a[c]);
@@ -203,24 +263,187 @@ __global__ void __launch_bounds__(kGroupedWarps * 32)
   }
 }
 
-template <class T>
+// ---- the tensor-core grouped GEMM ------------------------------------------------------------
+// One CTA per (block of up to kMoeBlockTiles tiles of one expert, slice of outputs): C[w, r] =
+// W_e[w, :] . X[r, :] with mma.sync m16n8k16, the weights as the 16-row A operand and the block's
+// 64 token rows as B (flat_gemm.cu's orientation: a block with one tile fills one n8 column of the
+// mma and skips the rest). 4 warps; each owns two m16 weight tiles against all 64 rows: SwiGLU
+// puts a feature's gate row in the first and its up row in the second, so silu(g) * u is formed in
+// registers; the plain product takes 32 consecutive rows. K streams through shared memory in
+// slices of kMmaBK, kMmaStages deep (cp.async), rows of 128 bytes with 16-byte chunks XOR-swizzled
+// by the row so that ldmatrix's eight row addresses hit eight different bank groups.
+constexpr int kMmaThreads = 128;
+constexpr int kMmaRows = kMoeTileRows * kMoeBlockTiles;  // 64 token rows
+constexpr int kMmaWRows = 128;                           // weight rows per CTA (SwiGLU: 64 gate + 64 up)
+constexpr int kMmaBK = 64;
+constexpr int kMmaStages = 3;
+constexpr unsigned kMmaWBytes = kMmaWRows * kMmaBK * 2;  // 16 KB
+constexpr unsigned kMmaXBytes = kMmaRows * kMmaBK * 2;   // 8 KB
+constexpr unsigned kMmaStageBytes = kMmaWBytes + kMmaXBytes;
+constexpr size_t kMmaSmemBytes = size_t(kMmaStages) * kMmaStageBytes;  // 72 KB
+
+// Byte offset of 16-byte chunk c (0..7) of row r in a tile of 128-byte rows.
+__device__ __forceinline__ unsigned mma_swizzle(int r, int c) { return unsigned(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+template <class T, bool kSwiglu, bool kGather>
+__global__ void __launch_bounds__(kMmaThreads)
+    moe_grouped_mma_kernel(const T* __restrict__ x, const T* __restrict__ w0, const T* __restrict__ w1,
+                           T* __restrict__ y, int K, int N, int tiles, const int32_t* __restrict__ tile_expert,
+                           const int32_t* __restrict__ row_token, const int32_t* __restrict__ block_tile) {
+  extern __shared__ __align__(128) unsigned char mma_smem[];
+  const int t0 = block_tile[blockIdx.x];
+  if (t0 < 0) return;  // past the step's last block
+  const int e = tile_expert[t0];
+  int block_tiles = 1;
+  while (block_tiles < kMoeBlockTiles && t0 + block_tiles < tiles && tile_expert[t0 + block_tiles] == e) ++block_tiles;
+  const int rows = block_tiles * kMoeTileRows;
+  const int64_t row0 = int64_t(t0) * kMoeTileRows;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // SwiGLU: N features, this CTA's 64 from f0; plain: N output rows, this CTA's 128 from f0.
+  const int f0 = blockIdx.y * (kSwiglu ? kMmaWRows / 2 : kMmaWRows);
+
+  // Loads: thread tid copies chunk tid % 8 of weight rows tid / 8 + 16 i (i < 8) and of token rows
+  // tid / 8 + 16 i (i < 4) every stage.
+  const int ld_chunk = tid & 7, ld_row = tid >> 3;
+  const T* w_src[kMmaWRows / 16];
+#pragma unroll
+  for (int i = 0; i < kMmaWRows / 16; ++i) {
+    const int r = ld_row + 16 * i;
+    if constexpr (kSwiglu) {
+      const int f = min(f0 + (r & 63), N - 1);  // features past N load real rows, never stored
+      w_src[i] = (r < 64 ? w0 : w1) + (int64_t(e) * N + f) * K;
+    } else {
+      w_src[i] = w0 + (int64_t(e) * N + min(f0 + r, N - 1)) * K;
+    }
+  }
+  const T* x_src[kMmaRows / 16];
+  bool x_live[kMmaRows / 16];
+#pragma unroll
+  for (int i = 0; i < kMmaRows / 16; ++i) {
+    const int r = ld_row + 16 * i;
+    const int tok = r < rows ? row_token[row0 + r] : -1;
+    x_live[i] = tok >= 0;  // padding rows are zero-filled without a read
+    x_src[i] = x + (kGather ? int64_t(tok < 0 ? 0 : tok) : row0 + r) * K;
+  }
+  const int k_tiles = (K + kMmaBK - 1) / kMmaBK;
+  auto load = [&](int stage, int kt) {
+    unsigned char* w_tile = mma_smem + stage * kMmaStageBytes;
+    unsigned char* x_tile = w_tile + kMmaWBytes;
+    const int k = kt * kMmaBK + ld_chunk * 8;
+    const bool in_k = k < K;  // K is a multiple of 8: a chunk is wholly in or out
+#pragma unroll
+    for (int i = 0; i < kMmaWRows / 16; ++i)
+      detail::cp_async16_zfill(w_tile + mma_swizzle(ld_row + 16 * i, ld_chunk), w_src[i] + (in_k ? k : 0), in_k);
+#pragma unroll
+    for (int i = 0; i < kMmaRows / 16; ++i)
+      detail::cp_async16_zfill(x_tile + mma_swizzle(ld_row + 16 * i, ld_chunk), x_src[i] + (in_k ? k : 0),
+                               in_k && x_live[i]);
+  };
+
+  float acc[2][kMmaRows / 8][4] = {};
+  // The first weight row of each of this warp's two m16 tiles within the CTA's 128.
+  const int a_row[2] = {kSwiglu ? 16 * warp : 32 * warp, kSwiglu ? 64 + 16 * warp : 32 * warp + 16};
+  const int n_pairs = (rows + 15) / 16;  // pairs of n8 tiles holding rows (the rest are skipped)
+
+#pragma unroll
+  for (int s = 0; s < kMmaStages - 1; ++s) {
+    if (s < k_tiles) load(s, s);
+    detail::cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    detail::cp_async_wait_group<kMmaStages - 2>();
+    __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free for the next load
+    if (kt + kMmaStages - 1 < k_tiles) load((kt + kMmaStages - 1) % kMmaStages, kt + kMmaStages - 1);
+    detail::cp_async_commit();
+    const unsigned char* w_tile = mma_smem + (kt % kMmaStages) * kMmaStageBytes;
+    const unsigned char* x_tile = w_tile + kMmaWBytes;
+#pragma unroll
+    for (int kk = 0; kk < kMmaBK / 16; ++kk) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        detail::ldmatrix_x4(a[i], detail::smem_addr(w_tile + mma_swizzle(a_row[i] + (lane & 15), 2 * kk + (lane >> 4))));
+#pragma unroll
+      for (int p = 0; p < kMmaRows / 16; ++p) {
+        if (p >= n_pairs) break;
+        uint32_t b[4];  // n8 tiles 2p (b[0], b[1]) and 2p + 1 (b[2], b[3])
+        detail::ldmatrix_x4(
+            b, detail::smem_addr(x_tile + mma_swizzle(16 * p + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1))));
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          detail::mma16816<T>(acc[i][2 * p], a[i], b[0], b[1]);
+          detail::mma16816<T>(acc[i][2 * p + 1], a[i], b[2], b[3]);
+        }
+      }
+    }
+  }
+  detail::cp_async_wait_group<0>();
+
+  // acc[i][nt][c]: weight row a_row[i] + g (+ 8 for c >= 2), token row 8 nt + 2 q (+ 1 for odd c).
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kMmaRows / 8; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int r = 8 * nt + 2 * q + (c & 1);
+      if (r >= rows) continue;
+      T* out = y + (row0 + r) * N;
+      if constexpr (kSwiglu) {
+        const int f = f0 + 16 * warp + g + (c >> 1) * 8;
+        const float gate = acc[0][nt][c], up = acc[1][nt][c];
+        if (f < N) out[f] = from_float<T>(gate / (1.f + expf(-gate)) * up);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int n = f0 + a_row[i] + g + (c >> 1) * 8;
+          if (n < N) out[n] = from_float<T>(acc[i][nt][c]);
+        }
+      }
+    }
+  }
+}
+
+// out[t] = sum_j weight_j y[row_j]: a CTA of kCombineThreads per slice of 8 * kCombineThreads columns
+// (kVec: 8 columns a thread, 16-byte loads; else one) of one token, so that a decode step's few
+// tokens still spread over several SMs and every thread's k loads are in flight together.
+template <class T, bool kVec>
 __global__ void __launch_bounds__(kCombineThreads)
     moe_combine_kernel(const T* __restrict__ y, int k, int N, const int32_t* __restrict__ pick_row,
                        const float* __restrict__ pick_weight, T* __restrict__ out) {
-  const int t = blockIdx.x;
-  for (int i = threadIdx.x; i < N; i += blockDim.x) {
-    float acc = 0.f;
-    for (int j = 0; j < k; ++j) {
-      const int64_t p = int64_t(t) * k + j;
-      acc = fmaf(pick_weight[p], to_float(y[int64_t(pick_row[p]) * N + i]), acc);
+  detail::pdl_trigger();
+  detail::pdl_wait();
+  const int t = blockIdx.y;
+  constexpr int kPer = kVec ? 8 : 1;
+  const int i = (blockIdx.x * kCombineThreads + threadIdx.x) * kPer;
+  if (i >= N) return;
+  const int64_t p0 = int64_t(t) * k;
+  float acc[kPer] = {};
+  for (int j = 0; j < k; ++j) {
+    const float w = pick_weight[p0 + j];
+    const T* src = y + int64_t(pick_row[p0 + j]) * N + i;
+    if constexpr (kVec) {
+      float v[8];
+      detail::load8(src, v);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) acc[q] = fmaf(w, v[q], acc[q]);
+    } else {
+      acc[0] = fmaf(w, to_float(*src), acc[0]);
     }
-    out[int64_t(t) * N + i] = from_float<T>(acc);
+  }
+  if constexpr (kVec) {
+    uint4 packed;
+    T* e = reinterpret_cast<T*>(&packed);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) e[q] = from_float<T>(acc[q]);
+    *reinterpret_cast<uint4*>(out + int64_t(t) * N + i) = packed;
+  } else {
+    out[int64_t(t) * N + i] = from_float<T>(acc[0]);
   }
 }
 
 void check_routing(const MoeRouting& r, const char* what) {
   check(r.pick_expert != nullptr && r.pick_weight != nullptr && r.pick_row != nullptr && r.row_token != nullptr &&
-            r.tile_expert != nullptr,
+            r.tile_expert != nullptr && r.block_tile != nullptr,
         "{}: a routing buffer is null", what);
 }
 
@@ -232,14 +455,35 @@ void launch_grouped(const void* x, const void* w0, const void* w1, void* y, int 
         "k = {} must be positive", what, K, N, n_experts, n, k);
   check_routing(r, what);
   const MoeRoutingSizes s = moe_routing_sizes(n, k, n_experts);
-  const bool vec = K % 8 == 0 && detail::aligned16(x) && detail::aligned16(w0) && (!kSwiglu || detail::aligned16(w1));
+  const bool aligned = K % 8 == 0 && detail::aligned16(x) && detail::aligned16(w0) && (!kSwiglu || detail::aligned16(w1));
+  if (aligned && moe_use_tensor_cores(n, k, n_experts)) {
+    const int per_cta = kSwiglu ? kMmaWRows / 2 : kMmaWRows;
+    const dim3 grid(static_cast<unsigned>(s.blocks), static_cast<unsigned>((N + per_cta - 1) / per_cta));
+    detail::dispatch_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      auto* kernel = moe_grouped_mma_kernel<T, kSwiglu, kGather>;
+      once_per_device(reinterpret_cast<const void*>(kernel), [&] {
+        detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(kMmaSmemBytes)),
+                           "moe_grouped: cudaFuncSetAttribute");
+      });
+      kernel<<<grid, kMmaThreads, kMmaSmemBytes, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(w0), static_cast<const T*>(w1), static_cast<T*>(y), K, N,
+          static_cast<int>(s.tiles), r.tile_expert, r.row_token, r.block_tile);
+    });
+    check_launch(what);
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(s.tiles), static_cast<unsigned>((N + kGroupedWarps - 1) / kGroupedWarps));
+  const detail::LaunchConfig config(grid, dim3(kGroupedWarps * 32), 0, stream, programmatic_launch_enabled());
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    auto* kernel = vec ? moe_grouped_kernel<T, kSwiglu, kGather, true> : moe_grouped_kernel<T, kSwiglu, kGather, false>;
-    kernel<<<grid, kGroupedWarps * 32, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(w0),
-                                                     static_cast<const T*>(w1), static_cast<T*>(y), K, N,
-                                                     r.tile_expert, r.row_token);
+    auto* kernel = aligned ? moe_grouped_kernel<T, kSwiglu, kGather, true> : moe_grouped_kernel<T, kSwiglu, kGather, false>;
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const T*>(x), static_cast<const T*>(w0),
+                                          static_cast<const T*>(w1), static_cast<T*>(y), K, N,
+                                          static_cast<const int32_t*>(r.tile_expert),
+                                          static_cast<const int32_t*>(r.row_token)),
+                       "cudaLaunchKernelEx(moe_grouped)");
   });
   check_launch(what);
 }
@@ -254,7 +498,20 @@ MoeRoutingSizes moe_routing_sizes(int tokens, int k, int n_experts) {
   const int64_t chosen = std::min<int64_t>(n_experts, s.picks);
   s.rows = (s.picks + chosen * (kMoeTileRows - 1) + kMoeTileRows - 1) / kMoeTileRows * kMoeTileRows;
   s.tiles = s.rows / kMoeTileRows;
+  s.blocks = s.tiles / kMoeBlockTiles + chosen;
   return s;
+}
+
+bool moe_use_tensor_cores(int n, int k, int n_experts) {
+  (void)k, (void)n_experts;
+  switch (current_kernel_options().moe_path) {
+    case MoePath::Mma: return true;
+    case MoePath::Core: return false;
+    case MoePath::Auto: break;
+  }
+  // Qwen3-30B-A3B on an H100 (docs/performance-log.md, MoE: the tensor-core grouped GEMM): the
+  // CUDA cores led by 2% at one token, the tensor cores by 3% at 8 and 1.6x at 64.
+  return n >= 2;
 }
 
 void moe_route(const float* logits, int n, int n_experts, int k, bool normalize, const MoeRouting& r,
@@ -264,8 +521,11 @@ void moe_route(const float* logits, int n, int n_experts, int k, bool normalize,
   check(n > 0 && n_experts > 0 && n_experts <= 1024 && k > 0 && k <= 32 && k <= n_experts,
         "moe_route: n = {}, experts = {} (at most 1024), k = {} (at most 32 and the experts) out of range", n,
         n_experts, k);
-  moe_route_kernel<<<(n + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, 0, stream>>>(
-      logits, n, n_experts, k, normalize, r.pick_expert, r.pick_weight);
+  const detail::LaunchConfig config(dim3((n + kRouteWarps - 1) / kRouteWarps), dim3(kRouteWarps * 32), 0, stream,
+                                    programmatic_launch_enabled());
+  detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_route_kernel, logits, n, n_experts, k, normalize,
+                                        r.pick_expert, r.pick_weight),
+                     "cudaLaunchKernelEx(moe_route)");
   check_launch("moe_route");
 }
 
@@ -274,9 +534,12 @@ void moe_align(int n, int k, int n_experts, const MoeRouting& r, cudaStream_t st
   check(n > 0 && n_experts > 0 && n_experts <= 1024 && k > 0,
         "moe_align: n = {}, experts = {} (at most 1024), k = {} out of range", n, n_experts, k);
   const MoeRoutingSizes s = moe_routing_sizes(n, k, n_experts);
-  const size_t smem = (3 * size_t(n_experts) + 1) * sizeof(int32_t);
-  moe_align_kernel<<<1, kAlignThreads, smem, stream>>>(r.pick_expert, n * k, k, n_experts, s.rows, s.tiles,
-                                                       r.pick_row, r.row_token, r.tile_expert);
+  const size_t smem = (4 * size_t(n_experts) + 2) * sizeof(int32_t);
+  const detail::LaunchConfig config(dim3(1), dim3(kAlignThreads), smem, stream, programmatic_launch_enabled());
+  detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_align_kernel, static_cast<const int32_t*>(r.pick_expert),
+                                        n * k, k, n_experts, s.rows, s.tiles, s.blocks, r.pick_row, r.row_token,
+                                        r.tile_expert, r.block_tile),
+                     "cudaLaunchKernelEx(moe_align)");
   check_launch("moe_align");
 }
 
@@ -295,10 +558,17 @@ void moe_combine(const void* y, int n, int k, int N, const MoeRouting& r, void* 
   check(y != nullptr && out != nullptr, "moe_combine: null pointer");
   check_routing(r, "moe_combine");
   check(n > 0 && k > 0 && N > 0, "moe_combine: n = {}, k = {}, N = {} must be positive", n, k, N);
+  const bool vec = N % 8 == 0 && detail::aligned16(y) && detail::aligned16(out);
+  const int per_cta = kCombineThreads * (vec ? 8 : 1);
+  const detail::LaunchConfig config(dim3(static_cast<unsigned>((N + per_cta - 1) / per_cta), static_cast<unsigned>(n)),
+                                    dim3(kCombineThreads), 0, stream, programmatic_launch_enabled());
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    moe_combine_kernel<T><<<n, kCombineThreads, 0, stream>>>(static_cast<const T*>(y), k, N, r.pick_row,
-                                                             r.pick_weight, static_cast<T*>(out));
+    auto* kernel = vec ? moe_combine_kernel<T, true> : moe_combine_kernel<T, false>;
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const T*>(y), k, N,
+                                          static_cast<const int32_t*>(r.pick_row),
+                                          static_cast<const float*>(r.pick_weight), static_cast<T*>(out)),
+                       "cudaLaunchKernelEx(moe_combine)");
   });
   check_launch("moe_combine");
 }

@@ -6,15 +6,18 @@
 //                    fp32, ties to the lower index, renormalized when asked: cpu::route_experts)
 //   moe_align        the picks sorted by expert into rows, each expert's rows padded to whole
 //                    tiles of kMoeTileRows, and the expert of every tile (-1 past the last)
-//   moe_grouped_*    per tile, one expert's matrices times its rows: FlashDecoding++'s flat GEMM per
-//                    expert, the rows padded to 8 (not 64), the weights of an expert read once per
-//                    tile of up to 8 rows, so at decode each active expert's bytes once per step;
-//                    an expert no token chose costs an early exit
+//   moe_grouped_*    one expert's matrices times its rows, in one of two kernels:
+//                    - CUDA cores, per tile (the GEMV's shape with the rows gathered by index):
+//                      FlashDecoding++'s flat GEMM per expert, the rows padded to 8 (not 64), each
+//                      active expert's bytes read once per tile, so once per decode step; an expert
+//                      no token chose costs an early exit. Memory-bound: decode, where a tile holds
+//                      the few tokens an expert gets.
+//                    - tensor cores (mma.sync), per block of up to kMoeBlockTiles tiles (64 rows) of
+//                      one expert: the grouped GEMM of prefill chunks and large batches, where an
+//                      expert gets tens to thousands of rows and the CUDA cores would be
+//                      compute-bound. The same weights are read once per block.
+//                    moe_use_tensor_cores chooses (KernelOptions::moe_path overrides).
 //   moe_combine      each token's output: the sum over its picks of weight x expert row
-//
-// The grouped products run on CUDA cores (the GEMV's kernel shape with the rows gathered by
-// index): memory-bound at decode, where a tile holds the few tokens an expert gets. A prefill chunk
-// with hundreds of rows per expert is compute-bound there; a tensor-core path is the next step.
 //
 // Weights are the stacked form of LayerWeights::experts_*: [E, N, K] 16-bit, expert e's matrix at
 // e * N * K.
@@ -29,6 +32,8 @@
 namespace fdpp::cuda {
 
 constexpr int kMoeTileRows = 8;
+// Tiles of one expert per tensor-core block: 64 rows, the tokens (n) side of its mma tiles.
+constexpr int kMoeBlockTiles = 8;
 
 // The routing of a step of `tokens` tokens: its picks, and at most how many rows and tiles they
 // take once each chosen expert's rows are padded to whole tiles (at most min(E, picks) experts are
@@ -36,9 +41,10 @@ constexpr int kMoeTileRows = 8;
 // (reused by every layer: a layer's routing is dead once its combine ran); the grids of a step are
 // sized by its own token count, so a decode step launches a few tiles, not the prefill's thousands.
 struct MoeRoutingSizes {
-  int64_t picks;  // tokens * k
-  int64_t rows;   // whole tiles covering picks + (tile - 1) * min(E, picks)
-  int64_t tiles;  // rows / tile
+  int64_t picks;   // tokens * k
+  int64_t rows;    // whole tiles covering picks + (tile - 1) * min(E, picks)
+  int64_t tiles;   // rows / tile
+  int64_t blocks;  // tiles / kMoeBlockTiles + min(E, picks): each chosen expert ends a partial block
 };
 MoeRoutingSizes moe_routing_sizes(int tokens, int k, int n_experts);
 
@@ -48,19 +54,25 @@ struct MoeRouting {
   int32_t* pick_row = nullptr;     // [picks] the sorted row that computes pick t * k + j
   int32_t* row_token = nullptr;    // [rows] the token a sorted row reads; -1: padding
   int32_t* tile_expert = nullptr;  // [tiles] the expert of each tile of kMoeTileRows rows; -1: none
+  int32_t* block_tile = nullptr;   // [blocks] the first tile of each tensor-core block; -1: none
 };
+
+// Whether a step of n tokens runs the tensor-core products: KernelOptions::moe_path, else from
+// two tokens on (their pipelined weight stream beats the CUDA cores' there, measured; at one token
+// the CUDA cores spread the few experts' rows over more SMs).
+bool moe_use_tensor_cores(int n, int k, int n_experts);
 
 // logits: [n, E] fp32. k <= 32, E <= 1024.
 void moe_route(const float* logits, int n, int n_experts, int k, bool normalize, const MoeRouting& r,
                cudaStream_t stream);
 
-// Fills pick_row, row_token and tile_expert (the rows and tiles of moe_routing_sizes(n, ...))
-// from pick_expert for n tokens.
+// Fills pick_row, row_token, tile_expert and block_tile (the rows, tiles and blocks of
+// moe_routing_sizes(n, ...)) from pick_expert for n tokens. Rows of padding get token -1.
 void moe_align(int n, int k, int n_experts, const MoeRouting& r, cudaStream_t stream);
 
 // y[row, :] = silu(x[row_token[row]] . Wg_e^T) * (x[row_token[row]] . Wu_e^T) for every row of every
 // tile of a step of n tokens, e = the tile's expert: x [n, K] 16-bit, gate/up [E, N, K], y [rows,
-// N] 16-bit (padding rows are left unwritten).
+// N] 16-bit (padding rows are left unwritten by the CUDA cores, zero from the tensor cores).
 void moe_grouped_swiglu(const void* x, const void* gate, const void* up, void* y, int K, int N, int n_experts, int n,
                         int k, const MoeRouting& r, DType dtype, cudaStream_t stream);
 
