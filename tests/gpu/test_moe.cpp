@@ -125,8 +125,7 @@ void check_layer(const std::vector<std::vector<int>>& picks, int experts, int H,
     cuda::moe_route(d_logits.get(), n, experts, k, normalize, rt.r, nullptr);
     cuda::moe_align(n, k, experts, rt.r, nullptr);
     cuda::moe_grouped_swiglu(d_x.get(), d_g.get(), d_u.get(), act.get(), H, FE, experts, n, k, rt.r, t, nullptr);
-    cuda::moe_grouped_linear(act.get(), d_d.get(), down.get(), FE, H, experts, n, k, rt.r, t, nullptr);
-    cuda::moe_combine(down.get(), n, k, H, rt.r, out.get(), t, nullptr);
+    cuda::moe_down_combine(act.get(), d_d.get(), down.get(), out.get(), FE, H, experts, n, k, rt.r, t, nullptr);
     sync("moe layer " + what);
 
     // The tile schedule: each expert's picks in whole tiles of its own, nothing else.
@@ -218,6 +217,10 @@ TEST_F(CudaKernels, MoeLayerAllTokensToOneExpertAndOddWidths) {
       }
       check_layer(picks, 64, 64, 32, true, t, std::string(name(t)) + " 64 experts top 8, n=" + std::to_string(n));
     }
+    // One token with more picks than the fused one-token down kernel takes in one pass (8).
+    std::vector<std::vector<int>> ten(1);
+    for (int e = 15; e >= 6; --e) ten[0].push_back(e);
+    check_layer(ten, 16, 64, 40, false, t, std::string(name(t)) + " one token, top 10 of 16");
   }
 }
 

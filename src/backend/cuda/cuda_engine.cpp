@@ -515,7 +515,8 @@ struct CudaEngine::Forward {
     e.layer_linear(mlp_act, L.w_down, L.s_down, L.i_down, L.b_down, e.o_.get(), n, H, FF, Epilogue::Store);
     e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
   }
-  // The expert layer in five launches (moe.h), sized by this step's n: graph-capturable.
+  // The expert layer in five launches (moe.h; three for one token), sized by this step's n:
+  // graph-capturable.
   void moe_mlp(int layer) {
     const DeviceLayer& L = m.layers[layer];
     const int NE = c.n_experts, K = c.n_experts_used, FE = c.expert_ffn_hidden;
@@ -527,8 +528,8 @@ struct CudaEngine::Forward {
     moe_align(n, K, NE, r, st);
     moe_grouped_swiglu(e.normed_.get(), L.experts_gate.get(), L.experts_up.get(), e.moe_act_.get(), H, FE, NE, n, K,
                        r, dt, st);
-    moe_grouped_linear(e.moe_act_.get(), L.experts_down.get(), e.moe_down_.get(), FE, H, NE, n, K, r, dt, st);
-    moe_combine(e.moe_down_.get(), n, K, H, r, e.o_.get(), dt, st);
+    moe_down_combine(e.moe_act_.get(), L.experts_down.get(), e.moe_down_.get(), e.o_.get(), FE, H, NE, n, K, r, dt,
+                     st);
     e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
   }
   // A mixed step's head rows are scattered (a chunk's last token): the final norm runs over every

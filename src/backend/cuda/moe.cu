@@ -26,14 +26,17 @@ constexpr int kCombineThreads = 64;
 
 // Programmatic dependent launch (cuda_common.cuh): every kernel here may be scheduled while the
 // previous one drains and waits for it (pdl_wait) before it reads anything; the weights' addresses
-// depend on the routing, so no load goes before the wait. The launch gaps of a decode step's five
+// depend on the routing, so no load goes before the wait. The launch gaps of a decode step's
 // expert kernels overlap their predecessors' tails.
 
 // One warp per token. Lane l owns experts l, l + 32, ...; the k picks are k rounds of a warp arg-max
-// over the probabilities not yet taken, ties to the lower expert (cpu::route_experts' order).
+// over the probabilities not yet taken, ties to the lower expert (cpu::route_experts' order). A
+// step of one token is also aligned here (its launch of moe_align_kernel saved).
 __global__ void __launch_bounds__(kRouteWarps * 32)
     moe_route_kernel(const float* __restrict__ logits, int n, int E, int k, bool normalize,
-                     int32_t* __restrict__ pick_expert, float* __restrict__ pick_weight) {
+                     int32_t* __restrict__ pick_expert, float* __restrict__ pick_weight, int32_t* __restrict__ pick_row,
+                     int32_t* __restrict__ row_token, int32_t* __restrict__ tile_expert,
+                     int32_t* __restrict__ block_tile, int64_t blocks_cap) {
   detail::pdl_trigger();
   detail::pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -71,6 +74,17 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   if (lane < k) {
     pick_expert[int64_t(t) * k + lane] = my_expert;
     pick_weight[int64_t(t) * k + lane] = normalize ? my_p / chosen : my_p;
+  }
+  if (n == 1) {
+    // One token's k picks are k different experts: a tile and a block each, in pick order (the
+    // alignment moe_align would compute up to the order of the experts, which nothing reads).
+    if (lane < k) {
+      pick_row[lane] = lane * kMoeTileRows;
+      tile_expert[lane] = my_expert;
+#pragma unroll
+      for (int m = 0; m < kMoeTileRows; ++m) row_token[lane * kMoeTileRows + m] = m == 0 ? 0 : -1;
+    }
+    for (int64_t b = lane; b < blocks_cap; b += 32) block_tile[b] = b < k ? int32_t(b) : -1;
   }
 }
 
@@ -441,6 +455,57 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
+// One token on the CUDA cores: out[0, c] = sum_j weight_j (act[pick_row[j]] . W_{e_j}[c]), the down
+// products and the combine in one launch. A warp per output column; each pass of its lanes loads
+// chunk c of the column's row of up to kDownPicks experts at once, so a decode step's 8 rows of
+// 1.5 KB (Qwen3-30B-A3B) are in flight together rather than one after the other.
+constexpr int kDownPicks = 8;
+template <class T>
+__global__ void __launch_bounds__(kGroupedWarps * 32)
+    moe_down_combine_one_kernel(const T* __restrict__ act, const T* __restrict__ w, T* __restrict__ out, int K, int N,
+                                int k, const int32_t* __restrict__ pick_expert, const float* __restrict__ pick_weight,
+                                const int32_t* __restrict__ pick_row) {
+  detail::pdl_trigger();
+  detail::pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n = blockIdx.x * kGroupedWarps + warp;
+  if (n >= N) return;
+  const int chunks = K / 8;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  float total = 0.f;  // this lane's share of sum_j weight_j (x_j . w_j)
+  for (int j0 = 0; j0 < k; j0 += kDownPicks) {
+    const uint4* wr[kDownPicks];
+    const T* xr[kDownPicks];
+    float acc[kDownPicks];
+#pragma unroll
+    for (int jj = 0; jj < kDownPicks; ++jj) {
+      const int j = min(j0 + jj, k - 1);  // past k: a real row, its loads predicated off
+      wr[jj] = reinterpret_cast<const uint4*>(w + (int64_t(pick_expert[j]) * N + n) * K);
+      xr[jj] = act + int64_t(pick_row[j]) * K;
+      acc[jj] = 0.f;
+    }
+    for (int c = lane; c < chunks; c += 32) {
+      uint4 wv[kDownPicks];
+#pragma unroll
+      for (int jj = 0; jj < kDownPicks; ++jj) wv[jj] = j0 + jj < k ? __ldcs(wr[jj] + c) : zero;
+#pragma unroll
+      for (int jj = 0; jj < kDownPicks; ++jj) {
+        if (j0 + jj >= k) break;
+        float fx[8];
+        detail::load8(xr[jj] + int64_t(c) * 8, fx);
+        const T* ew = reinterpret_cast<const T*>(&wv[jj]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[jj] = fmaf(to_float(ew[i]), fx[i], acc[jj]);
+      }
+    }
+#pragma unroll
+    for (int jj = 0; jj < kDownPicks; ++jj)
+      if (j0 + jj < k) total = fmaf(pick_weight[j0 + jj], acc[jj], total);
+  }
+  total = warp_sum(total);
+  if (lane == 0) out[n] = from_float<T>(total);
+}
+
 void check_routing(const MoeRouting& r, const char* what) {
   check(r.pick_expert != nullptr && r.pick_weight != nullptr && r.pick_row != nullptr && r.row_token != nullptr &&
             r.tile_expert != nullptr && r.block_tile != nullptr,
@@ -524,7 +589,8 @@ void moe_route(const float* logits, int n, int n_experts, int k, bool normalize,
   const detail::LaunchConfig config(dim3((n + kRouteWarps - 1) / kRouteWarps), dim3(kRouteWarps * 32), 0, stream,
                                     programmatic_launch_enabled());
   detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_route_kernel, logits, n, n_experts, k, normalize,
-                                        r.pick_expert, r.pick_weight),
+                                        r.pick_expert, r.pick_weight, r.pick_row, r.row_token, r.tile_expert,
+                                        r.block_tile, moe_routing_sizes(n, k, n_experts).blocks),
                      "cudaLaunchKernelEx(moe_route)");
   check_launch("moe_route");
 }
@@ -533,6 +599,7 @@ void moe_align(int n, int k, int n_experts, const MoeRouting& r, cudaStream_t st
   check_routing(r, "moe_align");
   check(n > 0 && n_experts > 0 && n_experts <= 1024 && k > 0,
         "moe_align: n = {}, experts = {} (at most 1024), k = {} out of range", n, n_experts, k);
+  if (n == 1) return;  // moe_route aligned the one token's picks
   const MoeRoutingSizes s = moe_routing_sizes(n, k, n_experts);
   const size_t smem = (4 * size_t(n_experts) + 2) * sizeof(int32_t);
   const detail::LaunchConfig config(dim3(1), dim3(kAlignThreads), smem, stream, programmatic_launch_enabled());
@@ -571,6 +638,31 @@ void moe_combine(const void* y, int n, int k, int N, const MoeRouting& r, void* 
                        "cudaLaunchKernelEx(moe_combine)");
   });
   check_launch("moe_combine");
+}
+
+void moe_down_combine(const void* act, const void* w, void* down, void* out, int K, int N, int n_experts, int n,
+                      int k, const MoeRouting& r, DType dtype, cudaStream_t stream) {
+  const bool fused = n == 1 && !moe_use_tensor_cores(n, k, n_experts) && K % 8 == 0 && detail::aligned16(act) &&
+                     detail::aligned16(w);
+  if (!fused) {
+    moe_grouped_linear(act, w, down, K, N, n_experts, n, k, r, dtype, stream);
+    moe_combine(down, n, k, N, r, out, dtype, stream);
+    return;
+  }
+  check(out != nullptr && K > 0 && N > 0 && k > 0, "moe_down_combine: null output or K = {}, N = {}, k = {}", K, N, k);
+  check_routing(r, "moe_down_combine");
+  const detail::LaunchConfig config(dim3(static_cast<unsigned>((N + kGroupedWarps - 1) / kGroupedWarps)),
+                                    dim3(kGroupedWarps * 32), 0, stream, programmatic_launch_enabled());
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_down_combine_one_kernel<T>, static_cast<const T*>(act),
+                                          static_cast<const T*>(w), static_cast<T*>(out), K, N, k,
+                                          static_cast<const int32_t*>(r.pick_expert),
+                                          static_cast<const float*>(r.pick_weight),
+                                          static_cast<const int32_t*>(r.pick_row)),
+                       "cudaLaunchKernelEx(moe_down_combine)");
+  });
+  check_launch("moe_down_combine");
 }
 
 }  // namespace fdpp::cuda

@@ -3,7 +3,8 @@
 // graph: every grid is sized by the step's token count, never by how the router chose.
 //
 //   moe_route        router logits [n, E] -> each token's top-k experts and weights (softmax in
-//                    fp32, ties to the lower index, renormalized when asked: cpu::route_experts)
+//                    fp32, ties to the lower index, renormalized when asked: cpu::route_experts);
+//                    for one token also its alignment (moe_align has nothing left to do)
 //   moe_align        the picks sorted by expert into rows, each expert's rows padded to whole
 //                    tiles of kMoeTileRows, and the expert of every tile (-1 past the last)
 //   moe_grouped_*    one expert's matrices times its rows, in one of two kernels:
@@ -67,7 +68,8 @@ void moe_route(const float* logits, int n, int n_experts, int k, bool normalize,
                cudaStream_t stream);
 
 // Fills pick_row, row_token, tile_expert and block_tile (the rows, tiles and blocks of
-// moe_routing_sizes(n, ...)) from pick_expert for n tokens. Rows of padding get token -1.
+// moe_routing_sizes(n, ...)) from pick_expert for n tokens. Rows of padding get token -1. A step
+// of one token needs no launch: moe_route aligns its picks (a tile each, in pick order).
 void moe_align(int n, int k, int n_experts, const MoeRouting& r, cudaStream_t stream);
 
 // y[row, :] = silu(x[row_token[row]] . Wg_e^T) * (x[row_token[row]] . Wu_e^T) for every row of every
@@ -85,5 +87,11 @@ void moe_grouped_linear(const void* x, const void* w, void* y, int K, int N, int
 // [n, N] 16-bit.
 void moe_combine(const void* y, int n, int k, int N, const MoeRouting& r, void* out, DType dtype,
                  cudaStream_t stream);
+
+// The layer's last two steps: moe_grouped_linear into down [rows, N], then moe_combine into out; a
+// one-token step on the CUDA cores does both in one kernel (the picks' rows summed in registers,
+// down left unwritten).
+void moe_down_combine(const void* act, const void* w, void* down, void* out, int K, int N, int n_experts, int n,
+                      int k, const MoeRouting& r, DType dtype, cudaStream_t stream);
 
 }  // namespace fdpp::cuda
