@@ -521,7 +521,7 @@ void launch_grouped(const void* x, const void* w0, const void* w1, void* y, int 
   check_routing(r, what);
   const MoeRoutingSizes s = moe_routing_sizes(n, k, n_experts);
   const bool aligned = K % 8 == 0 && detail::aligned16(x) && detail::aligned16(w0) && (!kSwiglu || detail::aligned16(w1));
-  if (aligned && moe_use_tensor_cores(n, k, n_experts)) {
+  if (aligned && moe_use_tensor_cores(n)) {
     const int per_cta = kSwiglu ? kMmaWRows / 2 : kMmaWRows;
     const dim3 grid(static_cast<unsigned>(s.blocks), static_cast<unsigned>((N + per_cta - 1) / per_cta));
     detail::dispatch_dtype(dtype, [&](auto tag) {
@@ -567,8 +567,7 @@ MoeRoutingSizes moe_routing_sizes(int tokens, int k, int n_experts) {
   return s;
 }
 
-bool moe_use_tensor_cores(int n, int k, int n_experts) {
-  (void)k, (void)n_experts;
+bool moe_use_tensor_cores(int n) {
   switch (current_kernel_options().moe_path) {
     case MoePath::Mma: return true;
     case MoePath::Core: return false;
@@ -642,7 +641,7 @@ void moe_combine(const void* y, int n, int k, int N, const MoeRouting& r, void* 
 
 void moe_down_combine(const void* act, const void* w, void* down, void* out, int K, int N, int n_experts, int n,
                       int k, const MoeRouting& r, DType dtype, cudaStream_t stream) {
-  const bool fused = n == 1 && !moe_use_tensor_cores(n, k, n_experts) && K % 8 == 0 && detail::aligned16(act) &&
+  const bool fused = n == 1 && !moe_use_tensor_cores(n) && K % 8 == 0 && detail::aligned16(act) &&
                      detail::aligned16(w);
   if (!fused) {
     moe_grouped_linear(act, w, down, K, N, n_experts, n, k, r, dtype, stream);

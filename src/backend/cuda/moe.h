@@ -61,7 +61,7 @@ struct MoeRouting {
 // Whether a step of n tokens runs the tensor-core products: KernelOptions::moe_path, else from
 // two tokens on (their pipelined weight stream beats the CUDA cores' there, measured; at one token
 // the CUDA cores spread the few experts' rows over more SMs).
-bool moe_use_tensor_cores(int n, int k, int n_experts);
+bool moe_use_tensor_cores(int n);
 
 // logits: [n, E] fp32. k <= 32, E <= 1024.
 void moe_route(const float* logits, int n, int n_experts, int k, bool normalize, const MoeRouting& r,
