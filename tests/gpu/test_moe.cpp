@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/kernel_options.h"
@@ -75,7 +76,9 @@ std::vector<float> logits_for(const std::vector<std::vector<int>>& picks, int ex
   std::uniform_real_distribution<float> low(-1.f, 0.f);
   for (size_t t = 0; t < picks.size(); ++t) {
     for (int e = 0; e < experts; ++e) l[t * experts + e] = low(rng());
-    for (size_t j = 0; j < picks[t].size(); ++j) l[t * experts + picks[t][j]] = 4.f - 0.5f * float(j);
+    // Above every other logit (which are at most 0), falling by 0.5 a pick.
+    const size_t k = picks[t].size();
+    for (size_t j = 0; j < k; ++j) l[t * experts + picks[t][j]] = 1.f + 0.5f * float(k - j);
   }
   return l;
 }
@@ -221,6 +224,58 @@ TEST_F(CudaKernels, MoeLayerAllTokensToOneExpertAndOddWidths) {
     std::vector<std::vector<int>> ten(1);
     for (int e = 15; e >= 6; --e) ten[0].push_back(e);
     check_layer(ten, 16, 64, 40, false, t, std::string(name(t)) + " one token, top 10 of 16");
+    // One token with rows longer than a pass of the one-token kernels: the gate/up rows (2,056 wide,
+    // past 256 16-byte chunks a warp), and the down rows (800 wide for 8 picks a pass, 3,080 for 2).
+    auto one_token = [](int experts, int k) {
+      std::vector<int> all(experts);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng());
+      return std::vector<std::vector<int>>{std::vector<int>(all.begin(), all.begin() + k)};
+    };
+    check_layer(one_token(10, 8), 10, 2056, 40, true, t, std::string(name(t)) + " one token, H 2056");
+    check_layer(one_token(10, 8), 10, 64, 800, true, t, std::string(name(t)) + " one token, FE 800");
+    check_layer(one_token(4, 2), 4, 64, 3080, false, t, std::string(name(t)) + " one token top 2, FE 3080");
+  }
+}
+
+// moe_route_one: the router product and the routing of one token in one launch. Its logits against
+// the CPU's product of the same 16-bit values, and its routing against moe_route's from those
+// logits, buffer for buffer; each case launches twice (the CTA counter must be back at zero).
+TEST_F(CudaKernels, MoeRouteOneMatchesRouterThenRoute) {
+  DeviceBuffer<uint32_t> arrivals(std::vector<uint32_t>{0u});
+  for (DType t : kTypes) {
+    for (const auto [experts, H, k] : {std::tuple{8, 4096, 2}, std::tuple{128, 2048, 8}, std::tuple{60, 2056, 4},
+                                        std::tuple{1000, 64, 32}, std::tuple{3, 8, 1}}) {
+      for (bool normalize : {false, true}) {
+        const std::string what = std::string(name(t)) + " E=" + std::to_string(experts) + " H=" + std::to_string(H) +
+                                 " k=" + std::to_string(k) + (normalize ? " normalized" : "");
+        std::vector<float> x, w;
+        const auto bx = random_bits(size_t(H), t, x);
+        const auto bw = random_bits(size_t(experts) * H, t, w, 0.2f);
+        std::vector<float> ref(experts);
+        cpu::linear(x.data(), 1, H, w.data(), experts, nullptr, ref.data());
+        DeviceBuffer<uint16_t> d_x(bx), d_w(bw);
+        ASSERT_TRUE(cuda::moe_route_one_fits(d_x.get(), d_w.get(), H)) << what;
+        for (int launch = 0; launch < 2; ++launch) {
+          DeviceBuffer<float> logits(static_cast<size_t>(experts));
+          logits.poison();
+          Routing fused(1, k, experts), plain(1, k, experts);
+          cuda::moe_route_one(d_x.get(), d_w.get(), logits.get(), arrivals.get(), H, experts, k, normalize, fused.r, t,
+                              nullptr);
+          sync("moe_route_one " + what);
+          expect_close(logits.download(), ref, Tolerance{1e-5}, "moe_route_one logits " + what);
+          cuda::moe_route(logits.get(), 1, experts, k, normalize, plain.r, nullptr);
+          sync("moe_route " + what);
+          EXPECT_EQ(arrivals.download()[0], 0u) << what;
+          EXPECT_EQ(fused.pick_expert.download(), plain.pick_expert.download()) << what;
+          EXPECT_EQ(fused.pick_weight.download(), plain.pick_weight.download()) << what;
+          EXPECT_EQ(fused.pick_row.download(), plain.pick_row.download()) << what;
+          EXPECT_EQ(fused.row_token.download(), plain.row_token.download()) << what;
+          EXPECT_EQ(fused.tile_expert.download(), plain.tile_expert.download()) << what;
+          EXPECT_EQ(fused.block_tile.download(), plain.block_tile.download()) << what;
+        }
+      }
+    }
   }
 }
 

@@ -134,6 +134,8 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
     moe_row_token_ = DeviceBuffer(ms.rows * sizeof(int32_t));
     moe_tile_expert_ = DeviceBuffer(ms.tiles * sizeof(int32_t));
     moe_block_tile_ = DeviceBuffer(ms.blocks * sizeof(int32_t));
+    moe_arrivals_ = DeviceBuffer(sizeof(unsigned));
+    FDPP_CUDA_CHECK(cudaMemset(moe_arrivals_.get(), 0, sizeof(unsigned)));
     moe_act_ = DeviceBuffer(ms.rows * c.expert_ffn_hidden * kElem);
     moe_down_ = DeviceBuffer(ms.rows * H * kElem);
   }
@@ -515,17 +517,22 @@ struct CudaEngine::Forward {
     e.layer_linear(mlp_act, L.w_down, L.s_down, L.i_down, L.b_down, e.o_.get(), n, H, FF, Epilogue::Store);
     e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
   }
-  // The expert layer in five launches (moe.h; three for one token), sized by this step's n:
-  // graph-capturable.
+  // The expert layer in six launches (moe.h; three for one token: the router product and the
+  // routing are one), sized by this step's n: graph-capturable.
   void moe_mlp(int layer) {
     const DeviceLayer& L = m.layers[layer];
     const int NE = c.n_experts, K = c.n_experts_used, FE = c.expert_ffn_hidden;
     const MoeRouting r{e.moe_pick_expert_.as<int32_t>(), e.moe_pick_weight_.as<float>(), e.moe_pick_row_.as<int32_t>(),
                        e.moe_row_token_.as<int32_t>(), e.moe_tile_expert_.as<int32_t>(),
                        e.moe_block_tile_.as<int32_t>()};
-    e.linear(e.normed_.get(), L.router.get(), nullptr, e.moe_logits_.get(), n, NE, H, /*fp32_out=*/true);
-    moe_route(e.moe_logits_.as<float>(), n, NE, K, c.norm_topk_prob, r, st);
-    moe_align(n, K, NE, r, st);
+    if (n == 1 && moe_route_one_fits(e.normed_.get(), L.router.get(), H)) {
+      moe_route_one(e.normed_.get(), L.router.get(), e.moe_logits_.as<float>(), e.moe_arrivals_.as<unsigned>(), H, NE,
+                    K, c.norm_topk_prob, r, dt, st);
+    } else {
+      e.linear(e.normed_.get(), L.router.get(), nullptr, e.moe_logits_.get(), n, NE, H, /*fp32_out=*/true);
+      moe_route(e.moe_logits_.as<float>(), n, NE, K, c.norm_topk_prob, r, st);
+      moe_align(n, K, NE, r, st);
+    }
     moe_grouped_swiglu(e.normed_.get(), L.experts_gate.get(), L.experts_up.get(), e.moe_act_.get(), H, FE, NE, n, K,
                        r, dt, st);
     moe_down_combine(e.moe_act_.get(), L.experts_down.get(), e.moe_down_.get(), e.o_.get(), FE, H, NE, n, K, r, dt,

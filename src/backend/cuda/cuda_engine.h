@@ -220,9 +220,10 @@ class CudaEngine final : public Engine {
   // Activations and step inputs (fixed addresses, so graphs can replay them).
   DeviceBuffer x_, normed_, qkv_, attn_, o_, ffn_in_, ffn_act_, logits_;
   // Expert layers (moe.h): router logits [T, E] fp32, the routing, and the sorted rows' SwiGLU
-  // activations [rows, FE] and down products [rows, H]; empty for a dense model.
+  // activations [rows, FE] and down products [rows, H]; empty for a dense model. moe_arrivals_:
+  // moe_route_one's CTA counter (one unsigned, zero between launches).
   DeviceBuffer moe_logits_, moe_pick_expert_, moe_pick_weight_, moe_pick_row_, moe_row_token_, moe_tile_expert_,
-      moe_block_tile_;
+      moe_block_tile_, moe_arrivals_;
   DeviceBuffer moe_act_, moe_down_;
   DeviceBuffer shard_logits_, gathered_logits_;  // tensor parallelism: this rank's slice, every rank's
   int64_t vocab_rows_ = 0;                       // lm head rows this engine computes

@@ -29,63 +29,151 @@ constexpr int kCombineThreads = 64;
 // depend on the routing, so no load goes before the wait. The launch gaps of a decode step's
 // expert kernels overlap their predecessors' tails.
 
-// One warp per token. Lane l owns experts l, l + 32, ...; the k picks are k rounds of a warp arg-max
-// over the probabilities not yet taken, ties to the lower expert (cpu::route_experts' order). A
-// step of one token is also aligned here (its launch of moe_align_kernel saved).
-__global__ void __launch_bounds__(kRouteWarps * 32)
-    moe_route_kernel(const float* __restrict__ logits, int n, int E, int k, bool normalize,
-                     int32_t* __restrict__ pick_expert, float* __restrict__ pick_weight, int32_t* __restrict__ pick_row,
-                     int32_t* __restrict__ row_token, int32_t* __restrict__ tile_expert,
-                     int32_t* __restrict__ block_tile, int64_t blocks_cap) {
-  detail::pdl_trigger();
-  detail::pdl_wait();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kRouteWarps + warp;
-  if (t >= n) return;
-  const float* l = logits + int64_t(t) * E;
+// One token's routing by one warp: the softmax of its E logits (l: global or shared memory), the
+// top k by k rounds of a warp arg-max, ties to the lower expert (cpu::route_experts' order), and
+// its picks written at t * k. Lane l holds the probabilities of experts l, l + 32, ... in
+// registers and keeps its own best untaken one, so a round is one shuffle reduction. A step of one
+// token (one_token) is also aligned here: its k picks are k different experts, a tile and a block
+// each, in pick order (moe_align's result up to the order of the experts, which nothing reads).
+constexpr int kRouteMaxPerLane = 32;  // E <= 1024
+template <bool kGlobal>
+__device__ void route_token(const float* l, int E, int k, bool normalize, int64_t t, const MoeRouting& r,
+                            bool one_token, int64_t blocks_cap) {
+  const int lane = threadIdx.x & 31;
+  float p[kRouteMaxPerLane];
   float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+#pragma unroll
+  for (int i = 0; i < kRouteMaxPerLane; ++i) {
+    const int e = lane + 32 * i;
+    p[i] = e < E ? (kGlobal ? __ldcg(l + e) : l[e]) : -INFINITY;
+    mx = fmaxf(mx, p[i]);
+  }
   mx = warp_max(mx);
   float sum = 0.f;
-  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+#pragma unroll
+  for (int i = 0; i < kRouteMaxPerLane; ++i) {
+    p[i] = lane + 32 * i < E ? expf(p[i] - mx) : -1.f;  // -1: no expert, or taken
+    sum += fmaxf(p[i], 0.f);
+  }
   sum = warp_sum(sum);
-  uint32_t taken = 0;  // bit i: expert lane + 32 i is picked
+#pragma unroll
+  for (int i = 0; i < kRouteMaxPerLane; ++i) p[i] = p[i] >= 0.f ? p[i] / sum : -1.f;
+  // This lane's best untaken probability and its slot (the first of equals: the lower expert).
+  auto lane_best = [&](float& best, int& slot) {
+    best = -1.f, slot = 0;
+#pragma unroll
+    for (int i = 0; i < kRouteMaxPerLane; ++i)
+      if (p[i] > best) best = p[i], slot = i;
+  };
+  float best;
+  int slot;
+  lane_best(best, slot);
   int my_expert = -1;
   float my_p = 0.f, chosen = 0.f;
   for (int j = 0; j < k; ++j) {
-    float best = -1.f;
-    int best_e = INT_MAX;
-    int i = 0;
-    for (int e = lane; e < E; e += 32, ++i) {
-      if ((taken >> i) & 1u) continue;
-      const float p = expf(l[e] - mx) / sum;
-      if (p > best) best = p, best_e = e;  // e rises along the loop: a tie keeps the lower one
-    }
+    float b = best;
+    int be = lane + 32 * slot;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-      if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
+      const float ob = __shfl_xor_sync(0xffffffffu, b, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      if (ob > b || (ob == b && oe < be)) b = ob, be = oe;
     }
-    if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
-    if (lane == j) my_expert = best_e, my_p = best;
-    chosen += best;
+    if ((be & 31) == lane) {
+#pragma unroll
+      for (int i = 0; i < kRouteMaxPerLane; ++i)
+        if (i == (be >> 5)) p[i] = -1.f;
+      lane_best(best, slot);
+    }
+    if (lane == j) my_expert = be, my_p = b;
+    chosen += b;
   }
   if (lane < k) {
-    pick_expert[int64_t(t) * k + lane] = my_expert;
-    pick_weight[int64_t(t) * k + lane] = normalize ? my_p / chosen : my_p;
+    r.pick_expert[t * k + lane] = my_expert;
+    r.pick_weight[t * k + lane] = normalize ? my_p / chosen : my_p;
   }
-  if (n == 1) {
-    // One token's k picks are k different experts: a tile and a block each, in pick order (the
-    // alignment moe_align would compute up to the order of the experts, which nothing reads).
+  if (one_token) {
     if (lane < k) {
-      pick_row[lane] = lane * kMoeTileRows;
-      tile_expert[lane] = my_expert;
+      r.pick_row[lane] = lane * kMoeTileRows;
+      r.tile_expert[lane] = my_expert;
 #pragma unroll
-      for (int m = 0; m < kMoeTileRows; ++m) row_token[lane * kMoeTileRows + m] = m == 0 ? 0 : -1;
+      for (int m = 0; m < kMoeTileRows; ++m) r.row_token[lane * kMoeTileRows + m] = m == 0 ? 0 : -1;
     }
-    for (int64_t b = lane; b < blocks_cap; b += 32) block_tile[b] = b < k ? int32_t(b) : -1;
+    for (int64_t b = lane; b < blocks_cap; b += 32) r.block_tile[b] = b < k ? int32_t(b) : -1;
   }
+}
+
+// One warp per token (route_token).
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    moe_route_kernel(const float* __restrict__ logits, int n, int E, int k, bool normalize, MoeRouting r,
+                     int64_t blocks_cap) {
+  detail::pdl_trigger();
+  detail::pdl_wait();
+  const int t = blockIdx.x * kRouteWarps + (threadIdx.x >> 5);
+  if (t >= n) return;
+  route_token<false>(logits + int64_t(t) * E, E, k, normalize, t, r, n == 1, blocks_cap);
+}
+
+// One token's router product and routing in one launch. A warp per expert row: its weights are
+// loaded before the wait for the previous kernel (they do not depend on it), as the GEMV does;
+// every warp stores its logit, and the last CTA to arrive (a counter in global memory, reset by
+// that CTA for the next launch) routes the token from them.
+constexpr int kRouterWarps = 4;
+constexpr int kRouterUnroll = 8;  // 16-byte chunks a lane loads per pass: a 2,048-wide row in one
+template <class T>
+__global__ void __launch_bounds__(kRouterWarps * 32)
+    moe_route_one_kernel(const T* __restrict__ x, const T* __restrict__ w, int H, int E, int k, bool normalize,
+                         float* __restrict__ logits, unsigned* __restrict__ arrivals, MoeRouting r,
+                         int64_t blocks_cap) {
+  detail::pdl_trigger();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int e = blockIdx.x * kRouterWarps + warp;
+  bool waited = false;
+  if (e < E) {
+    const int chunks = H / 8;
+    const uint4* w4 = reinterpret_cast<const uint4*>(w + int64_t(e) * H);
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);
+    float acc = 0.f;
+    for (int base = lane; base < chunks; base += 32 * kRouterUnroll) {
+      uint4 wv[kRouterUnroll];
+#pragma unroll
+      for (int u = 0; u < kRouterUnroll; ++u) {
+        const int c = base + 32 * u;
+        wv[u] = c < chunks ? __ldcs(w4 + c) : make_uint4(0, 0, 0, 0);
+      }
+      if (!waited) {  // x is the previous kernel's
+        detail::pdl_wait();
+        waited = true;
+      }
+#pragma unroll
+      for (int u = 0; u < kRouterUnroll; ++u) {
+        const int c = base + 32 * u;
+        if (c >= chunks) break;
+        float fx[8];
+        detail::load8(reinterpret_cast<const T*>(x4 + c), fx);
+        const T* ew = reinterpret_cast<const T*>(&wv[u]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc = fmaf(to_float(ew[i]), fx[i], acc);
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      logits[e] = acc;
+      __threadfence();
+    }
+  }
+  if (!waited) detail::pdl_wait();  // the chain of waits stays transitive (cuda_common.cuh)
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last || warp != 0) return;
+  __threadfence();
+  if (lane == 0) *arrivals = 0u;
+  route_token<true>(logits, E, k, normalize, 0, r, true, blocks_cap);
 }
 
 // Exclusive prefix sums over E values, in place of value(e) into out[0..E] (out[E] the total), by
@@ -455,51 +543,112 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
-// One token on the CUDA cores: out[0, c] = sum_j weight_j (act[pick_row[j]] . W_{e_j}[c]), the down
-// products and the combine in one launch. A warp per output column; each pass of its lanes loads
-// chunk c of the column's row of up to kDownPicks experts at once, so a decode step's 8 rows of
-// 1.5 KB (Qwen3-30B-A3B) are in flight together rather than one after the other.
-constexpr int kDownPicks = 8;
+// One token on the CUDA cores: act[pick_row[j], f] = silu(gate_e[f] . x) * (up_e[f] . x), e the
+// token's j-th expert. A warp per (feature, pick), gemv_ex's shape at one row of x: each pass has
+// kOneUnroll 16-byte loads of both weight rows in flight per lane (a 2,048-wide row in one pass),
+// so that the k experts' bytes stream as one GEMV's would rather than tile by tile.
+constexpr int kOneWarps = 4;
+constexpr int kOneUnroll = 8;
 template <class T>
-__global__ void __launch_bounds__(kGroupedWarps * 32)
-    moe_down_combine_one_kernel(const T* __restrict__ act, const T* __restrict__ w, T* __restrict__ out, int K, int N,
-                                int k, const int32_t* __restrict__ pick_expert, const float* __restrict__ pick_weight,
-                                const int32_t* __restrict__ pick_row) {
+__global__ void __launch_bounds__(kOneWarps * 32)
+    moe_swiglu_one_kernel(const T* __restrict__ x, const T* __restrict__ gate, const T* __restrict__ up,
+                          T* __restrict__ y, int K, int N, const int32_t* __restrict__ pick_expert,
+                          const int32_t* __restrict__ pick_row) {
   detail::pdl_trigger();
   detail::pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n = blockIdx.x * kGroupedWarps + warp;
+  const int f = blockIdx.x * kOneWarps + warp, j = blockIdx.y;
+  if (f >= N) return;
+  const int64_t row = int64_t(pick_expert[j]) * N + f;
+  const uint4* g4 = reinterpret_cast<const uint4*>(gate + row * K);
+  const uint4* u4 = reinterpret_cast<const uint4*>(up + row * K);
+  const int chunks = K / 8;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  float g = 0.f, u = 0.f;
+  for (int base = lane; base < chunks; base += 32 * kOneUnroll) {
+    uint4 wg[kOneUnroll], wu[kOneUnroll];
+#pragma unroll
+    for (int i = 0; i < kOneUnroll; ++i) {
+      const int c = base + 32 * i;
+      wg[i] = c < chunks ? __ldcs(g4 + c) : zero;
+      wu[i] = c < chunks ? __ldcs(u4 + c) : zero;
+    }
+#pragma unroll
+    for (int i = 0; i < kOneUnroll; ++i) {
+      const int c = base + 32 * i;
+      if (c >= chunks) break;
+      float fx[8];
+      detail::load8(x + int64_t(c) * 8, fx);
+      const T* eg = reinterpret_cast<const T*>(&wg[i]);
+      const T* eu = reinterpret_cast<const T*>(&wu[i]);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        g = fmaf(to_float(eg[q]), fx[q], g);
+        u = fmaf(to_float(eu[q]), fx[q], u);
+      }
+    }
+  }
+  g = warp_sum(g);
+  u = warp_sum(u);
+  if (lane == 0) y[int64_t(pick_row[j]) * N + f] = from_float<T>(g / (1.f + expf(-g)) * u);
+}
+
+// One token on the CUDA cores: out[0, c] = sum_j weight_j (act[pick_row[j]] . W_{e_j}[c]), the down
+// products and the combine in one launch. A warp per output column; each pass has U 16-byte chunks
+// of the column's row of P experts in flight per lane (P x U = 24), so that a decode step's 8 rows
+// of 1.5 KB (Qwen3-30B-A3B) are loaded at once rather than one after the other.
+constexpr int kDownLoads = 24;
+template <class T, int P>
+__global__ void __launch_bounds__(kOneWarps * 32)
+    moe_down_combine_one_kernel(const T* __restrict__ act, const T* __restrict__ w, T* __restrict__ out, int K, int N,
+                                int k, const int32_t* __restrict__ pick_expert, const float* __restrict__ pick_weight,
+                                const int32_t* __restrict__ pick_row) {
+  constexpr int U = kDownLoads / P;
+  detail::pdl_trigger();
+  detail::pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n = blockIdx.x * kOneWarps + warp;
   if (n >= N) return;
   const int chunks = K / 8;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float total = 0.f;  // this lane's share of sum_j weight_j (x_j . w_j)
-  for (int j0 = 0; j0 < k; j0 += kDownPicks) {
-    const uint4* wr[kDownPicks];
-    const T* xr[kDownPicks];
-    float acc[kDownPicks];
+  for (int j0 = 0; j0 < k; j0 += P) {
+    const uint4* wr[P];
+    const T* xr[P];
+    float acc[P];
 #pragma unroll
-    for (int jj = 0; jj < kDownPicks; ++jj) {
+    for (int jj = 0; jj < P; ++jj) {
       const int j = min(j0 + jj, k - 1);  // past k: a real row, its loads predicated off
       wr[jj] = reinterpret_cast<const uint4*>(w + (int64_t(pick_expert[j]) * N + n) * K);
       xr[jj] = act + int64_t(pick_row[j]) * K;
       acc[jj] = 0.f;
     }
-    for (int c = lane; c < chunks; c += 32) {
-      uint4 wv[kDownPicks];
+    for (int base = lane; base < chunks; base += 32 * U) {
+      uint4 wv[P][U];
 #pragma unroll
-      for (int jj = 0; jj < kDownPicks; ++jj) wv[jj] = j0 + jj < k ? __ldcs(wr[jj] + c) : zero;
+      for (int jj = 0; jj < P; ++jj)
 #pragma unroll
-      for (int jj = 0; jj < kDownPicks; ++jj) {
+        for (int i = 0; i < U; ++i) {
+          const int c = base + 32 * i;
+          wv[jj][i] = j0 + jj < k && c < chunks ? __ldcs(wr[jj] + c) : zero;
+        }
+#pragma unroll
+      for (int jj = 0; jj < P; ++jj) {
         if (j0 + jj >= k) break;
-        float fx[8];
-        detail::load8(xr[jj] + int64_t(c) * 8, fx);
-        const T* ew = reinterpret_cast<const T*>(&wv[jj]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[jj] = fmaf(to_float(ew[i]), fx[i], acc[jj]);
+        for (int i = 0; i < U; ++i) {
+          const int c = base + 32 * i;
+          if (c >= chunks) break;
+          float fx[8];
+          detail::load8(xr[jj] + int64_t(c) * 8, fx);
+          const T* ew = reinterpret_cast<const T*>(&wv[jj][i]);
+#pragma unroll
+          for (int q = 0; q < 8; ++q) acc[jj] = fmaf(to_float(ew[q]), fx[q], acc[jj]);
+        }
       }
     }
 #pragma unroll
-    for (int jj = 0; jj < kDownPicks; ++jj)
+    for (int jj = 0; jj < P; ++jj)
       if (j0 + jj < k) total = fmaf(pick_weight[j0 + jj], acc[jj], total);
   }
   total = warp_sum(total);
@@ -535,6 +684,20 @@ void launch_grouped(const void* x, const void* w0, const void* w1, void* y, int 
       kernel<<<grid, kMmaThreads, kMmaSmemBytes, stream>>>(
           static_cast<const T*>(x), static_cast<const T*>(w0), static_cast<const T*>(w1), static_cast<T*>(y), K, N,
           static_cast<int>(s.tiles), r.tile_expert, r.row_token, r.block_tile);
+    });
+    check_launch(what);
+    return;
+  }
+  if (kSwiglu && kGather && aligned && n == 1) {
+    const dim3 grid(static_cast<unsigned>((N + kOneWarps - 1) / kOneWarps), static_cast<unsigned>(k));
+    const detail::LaunchConfig config(grid, dim3(kOneWarps * 32), 0, stream, programmatic_launch_enabled());
+    detail::dispatch_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_swiglu_one_kernel<T>, static_cast<const T*>(x),
+                                            static_cast<const T*>(w0), static_cast<const T*>(w1), static_cast<T*>(y),
+                                            K, N, static_cast<const int32_t*>(r.pick_expert),
+                                            static_cast<const int32_t*>(r.pick_row)),
+                         "cudaLaunchKernelEx(moe_swiglu_one)");
     });
     check_launch(what);
     return;
@@ -587,11 +750,33 @@ void moe_route(const float* logits, int n, int n_experts, int k, bool normalize,
         n_experts, k);
   const detail::LaunchConfig config(dim3((n + kRouteWarps - 1) / kRouteWarps), dim3(kRouteWarps * 32), 0, stream,
                                     programmatic_launch_enabled());
-  detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_route_kernel, logits, n, n_experts, k, normalize,
-                                        r.pick_expert, r.pick_weight, r.pick_row, r.row_token, r.tile_expert,
-                                        r.block_tile, moe_routing_sizes(n, k, n_experts).blocks),
+  detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_route_kernel, logits, n, n_experts, k, normalize, r,
+                                        moe_routing_sizes(n, k, n_experts).blocks),
                      "cudaLaunchKernelEx(moe_route)");
   check_launch("moe_route");
+}
+
+bool moe_route_one_fits(const void* x, const void* router, int H) {
+  return H % 8 == 0 && detail::aligned16(x) && detail::aligned16(router);
+}
+
+void moe_route_one(const void* x, const void* router, float* logits, unsigned* arrivals, int H, int n_experts, int k,
+                   bool normalize, const MoeRouting& r, DType dtype, cudaStream_t stream) {
+  check(x != nullptr && router != nullptr && logits != nullptr && arrivals != nullptr, "moe_route_one: null pointer");
+  check_routing(r, "moe_route_one");
+  check(n_experts > 0 && n_experts <= 1024 && k > 0 && k <= 32 && k <= n_experts,
+        "moe_route_one: experts = {} (at most 1024), k = {} (at most 32 and the experts) out of range", n_experts, k);
+  check(moe_route_one_fits(x, router, H), "moe_route_one: H = {} must be a multiple of 8 with 16-byte aligned rows", H);
+  const detail::LaunchConfig config(dim3((n_experts + kRouterWarps - 1) / kRouterWarps), dim3(kRouterWarps * 32), 0,
+                                    stream, programmatic_launch_enabled());
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_route_one_kernel<T>, static_cast<const T*>(x),
+                                          static_cast<const T*>(router), H, n_experts, k, normalize, logits, arrivals,
+                                          r, moe_routing_sizes(1, k, n_experts).blocks),
+                       "cudaLaunchKernelEx(moe_route_one)");
+  });
+  check_launch("moe_route_one");
 }
 
 void moe_align(int n, int k, int n_experts, const MoeRouting& r, cudaStream_t stream) {
@@ -650,13 +835,16 @@ void moe_down_combine(const void* act, const void* w, void* down, void* out, int
   }
   check(out != nullptr && K > 0 && N > 0 && k > 0, "moe_down_combine: null output or K = {}, N = {}, k = {}", K, N, k);
   check_routing(r, "moe_down_combine");
-  const detail::LaunchConfig config(dim3(static_cast<unsigned>((N + kGroupedWarps - 1) / kGroupedWarps)),
-                                    dim3(kGroupedWarps * 32), 0, stream, programmatic_launch_enabled());
+  const detail::LaunchConfig config(dim3(static_cast<unsigned>((N + kOneWarps - 1) / kOneWarps)),
+                                    dim3(kOneWarps * 32), 0, stream, programmatic_launch_enabled());
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_down_combine_one_kernel<T>, static_cast<const T*>(act),
-                                          static_cast<const T*>(w), static_cast<T*>(out), K, N, k,
-                                          static_cast<const int32_t*>(r.pick_expert),
+    // As many picks a pass as k needs (up to 8), the rest of the 24 loads a lane along K.
+    auto* kernel = k <= 2 ? moe_down_combine_one_kernel<T, 2>
+                 : k <= 4 ? moe_down_combine_one_kernel<T, 4>
+                          : moe_down_combine_one_kernel<T, 8>;
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const T*>(act), static_cast<const T*>(w),
+                                          static_cast<T*>(out), K, N, k, static_cast<const int32_t*>(r.pick_expert),
                                           static_cast<const float*>(r.pick_weight),
                                           static_cast<const int32_t*>(r.pick_row)),
                        "cudaLaunchKernelEx(moe_down_combine)");

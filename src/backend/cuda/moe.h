@@ -4,7 +4,8 @@
 //
 //   moe_route        router logits [n, E] -> each token's top-k experts and weights (softmax in
 //                    fp32, ties to the lower index, renormalized when asked: cpu::route_experts);
-//                    for one token also its alignment (moe_align has nothing left to do)
+//                    for one token also its alignment (moe_align has nothing left to do);
+//                    moe_route_one also computes that token's router product, in the same launch
 //   moe_align        the picks sorted by expert into rows, each expert's rows padded to whole
 //                    tiles of kMoeTileRows, and the expert of every tile (-1 past the last)
 //   moe_grouped_*    one expert's matrices times its rows, in one of two kernels:
@@ -17,7 +18,10 @@
 //                      one expert: the grouped GEMM of prefill chunks and large batches, where an
 //                      expert gets tens to thousands of rows and the CUDA cores would be
 //                      compute-bound. The same weights are read once per block.
-//                    moe_use_tensor_cores chooses (KernelOptions::moe_path overrides).
+//                    moe_use_tensor_cores chooses (KernelOptions::moe_path overrides). A step of
+//                    one token on the CUDA cores runs a warp per (feature, pick) instead of per
+//                    tile, the GEMV's shape, and moe_down_combine does the down products and the
+//                    combine in one launch.
 //   moe_combine      each token's output: the sum over its picks of weight x expert row
 //
 // Weights are the stacked form of LayerWeights::experts_*: [E, N, K] 16-bit, expert e's matrix at
@@ -66,6 +70,14 @@ bool moe_use_tensor_cores(int n);
 // logits: [n, E] fp32. k <= 32, E <= 1024.
 void moe_route(const float* logits, int n, int n_experts, int k, bool normalize, const MoeRouting& r,
                cudaStream_t stream);
+
+// The router product and moe_route for a step of one token, in one launch: logits = router . x
+// (x [H] 16-bit, router [E, H] 16-bit; logits [E] fp32 are written as moe_route reads them), then the
+// same picks and alignment. arrivals: one unsigned, zero before the first launch; the kernel's CTAs
+// count themselves there (the last one routes) and leave it zero. Needs moe_route_one_fits.
+bool moe_route_one_fits(const void* x, const void* router, int H);
+void moe_route_one(const void* x, const void* router, float* logits, unsigned* arrivals, int H, int n_experts, int k,
+                   bool normalize, const MoeRouting& r, DType dtype, cudaStream_t stream);
 
 // Fills pick_row, row_token, tile_expert and block_tile (the rows, tiles and blocks of
 // moe_routing_sizes(n, ...)) from pick_expert for n tokens. Rows of padding get token -1. A step
