@@ -2100,41 +2100,6 @@ TEST_F(CudaKernels, Fp8CacheWritersRejectOtherHeadDimsAndBadScales) {
 // benchmarks (FDPP_GPU_BENCH=1; skipped otherwise)
 // ================================================================================================
 
-namespace bench {
-
-bool enabled() {
-  const char* e = std::getenv("FDPP_GPU_BENCH");
-  return e != nullptr && std::string(e) == "1";
-}
-
-// Median time (us) of `reps` launches of f(rep), each timed by its own pair of events.
-template <class F>
-double median_us(int reps, F&& f) {
-  for (int i = 0; i < 3; ++i) f(i);
-  sync("bench warm-up");
-  std::vector<cudaEvent_t> ev(2 * reps);
-  for (auto& e : ev) cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < reps; ++i) {
-    cuda_ok(cudaEventRecord(ev[2 * i]), "cudaEventRecord");
-    f(i);
-    cuda_ok(cudaEventRecord(ev[2 * i + 1]), "cudaEventRecord");
-  }
-  sync("bench");
-  std::vector<double> t(reps);
-  for (int i = 0; i < reps; ++i) {
-    float ms = 0;
-    cuda_ok(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
-    t[i] = ms * 1e3;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(t.begin(), t.end());
-  return t[reps / 2];
-}
-
-constexpr double kReadBandwidth = 4.46e12;  // DESIGN.md: measured H200 streaming read
-
-}  // namespace bench
-
 TEST_F(CudaKernels, BenchDecodeAttention) {
   if (!bench::enabled()) GTEST_SKIP() << "set FDPP_GPU_BENCH=1";
   struct Case {

@@ -6,12 +6,14 @@
 // expert kernels (CUDA cores and tensor cores, KernelOptions::moe_path) and the automatic choice.
 // fp16 and bf16; outputs poisoned before each launch.
 #include <algorithm>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <tuple>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/kernel_options.h"
+#include "backend/cuda/linear_dispatch.h"
 #include "backend/cuda/moe.h"
 #include "gpu/gpu_test_util.h"
 
@@ -275,6 +277,95 @@ TEST_F(CudaKernels, MoeRouteOneMatchesRouterThenRoute) {
           EXPECT_EQ(fused.block_tile.download(), plain.block_tile.download()) << what;
         }
       }
+    }
+  }
+}
+
+// FDPP_GPU_BENCH=1: one expert layer, from the router's logits to the combined output, of
+// Qwen3-30B-A3B and Mixtral 8x7B in bf16 at several token counts: fdpp's kernels (the automatic
+// choice) against the second peer, the dense path called once per chosen expert
+// (LinearDispatcher::run with gate and up fused by the SwiGLU epilogue, then down, then
+// moe_combine). The peer gets its routing and its tokens' rows sorted by expert for free (made on
+// the host before timing), so its times are a lower bound on a real per-expert loop, which would
+// also wait for the routing on the host. Eight routings take turns, so that the experts read
+// change from run to run as they do from layer to layer.
+TEST_F(CudaKernels, BenchMoeLayer) {
+  if (!bench::enabled()) GTEST_SKIP() << "set FDPP_GPU_BENCH=1";
+  struct Shape {
+    const char* name;
+    int E, k, H, FE;
+    bool normalize;
+  };
+  const Shape shapes[] = {{"qwen3-30b-a3b", 128, 8, 2048, 768, true}, {"mixtral-8x7b", 8, 2, 4096, 14336, false}};
+  const DType t = DType::BF16;
+  constexpr int kRoutings = 8;
+  auto fill = [](DeviceBuffer<uint16_t>& b) { cuda_ok(cudaMemset(b.get(), 0x3c, b.size() * 2), "cudaMemset"); };
+  for (const Shape& s : shapes) {
+    const size_t per_matrix = size_t(s.E) * s.FE * s.H;
+    DeviceBuffer<uint16_t> gate(per_matrix), up(per_matrix), down(per_matrix), gate_up(2 * per_matrix);
+    for (auto* b : {&gate, &up, &down, &gate_up}) fill(*b);
+    cuda::LinearDispatcher dispatcher(t);
+    for (int n : {1, 8, 64, 256}) {
+      const int picks = n * s.k;
+      DeviceBuffer<uint16_t> x(size_t(n) * s.H);
+      fill(x);
+      const cuda::MoeRoutingSizes sizes = cuda::moe_routing_sizes(n, s.k, s.E);
+      DeviceBuffer<uint16_t> act(size_t(sizes.rows) * s.FE), dn(size_t(sizes.rows) * s.H), out(size_t(n) * s.H);
+      DeviceBuffer<uint16_t> peer_x(size_t(picks) * s.H), peer_act(size_t(picks) * s.FE),
+          peer_dn(size_t(picks) * s.H), peer_out(size_t(n) * s.H);
+      fill(peer_x);
+      struct Run {
+        int expert, first, count;
+      };
+      std::vector<DeviceBuffer<float>> logits;
+      std::vector<std::unique_ptr<Routing>> ours, peer;
+      std::vector<std::vector<Run>> runs(kRoutings);
+      double touched = 0;
+      for (int i = 0; i < kRoutings; ++i) {
+        const std::vector<float> l = random_vector(size_t(n) * s.E, 2.f);
+        logits.emplace_back(l);
+        ours.push_back(std::make_unique<Routing>(n, s.k, s.E));
+        std::vector<int32_t> e(picks);
+        std::vector<float> w(picks);
+        cpu::route_experts(l.data(), n, s.E, s.k, s.normalize, e.data(), w.data());
+        // The peer's rows: the picks sorted by expert, one run of rows per chosen expert.
+        std::vector<int32_t> order(picks), row(picks);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return e[a] < e[b]; });
+        for (int r = 0; r < picks; ++r) {
+          row[order[r]] = r;
+          if (r == 0 || e[order[r]] != e[order[r - 1]]) runs[i].push_back({e[order[r]], r, 0});
+          ++runs[i].back().count;
+        }
+        touched += double(runs[i].size()) * 3 * s.FE * s.H * 2 / kRoutings;
+        peer.push_back(std::make_unique<Routing>(n, s.k, s.E));
+        peer.back()->pick_row.upload(row);
+        peer.back()->pick_weight.upload(w);
+      }
+      const double fdpp_us = bench::median_us(30, [&](int i) {
+        const cuda::MoeRouting& r = ours[i % kRoutings]->r;
+        cuda::moe_route(logits[i % kRoutings].get(), n, s.E, s.k, s.normalize, r, nullptr);
+        cuda::moe_align(n, s.k, s.E, r, nullptr);
+        cuda::moe_grouped_swiglu(x.get(), gate.get(), up.get(), act.get(), s.H, s.FE, s.E, n, s.k, r, t, nullptr);
+        cuda::moe_down_combine(act.get(), down.get(), dn.get(), out.get(), s.FE, s.H, s.E, n, s.k, r, t, nullptr);
+      });
+      size_t calls = 0;
+      const double peer_us = bench::median_us(30, [&](int i) {
+        for (const Run& run : runs[i % kRoutings]) {
+          dispatcher.run(peer_x.get() + size_t(run.first) * s.H, gate_up.get() + size_t(run.expert) * 2 * s.FE * s.H,
+                         nullptr, peer_act.get() + size_t(run.first) * s.FE, run.count, 2 * s.FE, s.H, t,
+                         cuda::Epilogue::SwiGLU, nullptr);
+          dispatcher.run(peer_act.get() + size_t(run.first) * s.FE, down.get() + size_t(run.expert) * s.H * s.FE,
+                         nullptr, peer_dn.get() + size_t(run.first) * s.H, run.count, s.H, s.FE, t,
+                         cuda::Epilogue::Store, nullptr);
+        }
+        cuda::moe_combine(peer_dn.get(), n, s.k, s.H, peer[i % kRoutings]->r, peer_out.get(), t, nullptr);
+        calls = 2 * runs[i % kRoutings].size() + 1;
+      });
+      std::printf("[perf] moe_layer %s bf16 tokens %d: fdpp %.1f us (%.1f%% of 4.46 TB/s), dense per expert %.1f us "
+                  "(%zu launches), %.1f MB of experts read, fdpp %.2fx\n",
+                  s.name, n, fdpp_us, 100 * touched / (fdpp_us * 1e-6) / bench::kReadBandwidth, peer_us, calls,
+                  touched / 1e6, peer_us / fdpp_us);
     }
   }
 }
