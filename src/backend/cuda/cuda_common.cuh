@@ -73,13 +73,18 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// 8 consecutive 16-bit elements <-> 8 floats through one 16-byte access. p must be 16-byte aligned.
+// The 8 16-bit elements of a 16-byte chunk as floats.
 template <class T>
-__device__ __forceinline__ void load8(const T* p, float (&f)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   const T* e = reinterpret_cast<const T*>(&u);
 #pragma unroll
   for (int i = 0; i < 8; ++i) f[i] = to_float(e[i]);
+}
+
+// 8 consecutive 16-bit elements <-> 8 floats through one 16-byte access. p must be 16-byte aligned.
+template <class T>
+__device__ __forceinline__ void load8(const T* p, float (&f)[8]) {
+  unpack8<T>(*reinterpret_cast<const uint4*>(p), f);
 }
 
 template <class T>

@@ -37,16 +37,10 @@ using detail::aligned16;
 using detail::check_launch;
 using detail::from_float;
 using detail::to_float;
+using detail::unpack8;
 using detail::warp_sum;
 
 constexpr int kWarpsPerCta = 8;
-
-template <class T>
-__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
-  const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) f[i] = to_float(e[i]);
-}
 
 // acc[m] += W chunk (8 elements at chunk index c) . x[m] chunk c
 template <class T, int M>
