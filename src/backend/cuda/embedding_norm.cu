@@ -208,11 +208,14 @@ int row_threads(int units) {
 }
 
 // head_rms_norm: one warp per (token, head); the head's elements are strided over the lanes. Row r
-// of the grid is token r / heads_total, head r % heads_total, q heads first, then k heads.
+// of the grid is token r / heads_total, head r % heads_total, q heads first, then k heads. Launched
+// programmatically (Qwen3's q/k norms sit between the q/k/v product and the rotary kernel).
 template <class T>
 __global__ void head_rms_norm_kernel(T* __restrict__ qkv, int64_t rows, int row_stride, int n_heads, int n_kv_heads,
                                      int head_dim, const T* __restrict__ q_weight, const T* __restrict__ k_weight,
                                      float eps) {
+  detail::pdl_trigger();
+  detail::pdl_wait();  // qkv is the previous kernel's
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;  // whole warps leave together: rows are warp-uniform
@@ -299,11 +302,14 @@ void head_rms_norm(void* qkv, int n_tokens, int n_heads, int n_kv_heads, int hea
   constexpr int kThreads = 256;  // 8 heads per block
   const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;
   const int row_stride = (n_heads + 2 * n_kv_heads) * head_dim;
+  const detail::LaunchConfig config(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                                    programmatic_launch_enabled());
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    head_rms_norm_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        static_cast<T*>(qkv), rows, row_stride, n_heads, n_kv_heads, head_dim, static_cast<const T*>(q_weight),
-        static_cast<const T*>(k_weight), static_cast<float>(eps));
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), head_rms_norm_kernel<T>, static_cast<T*>(qkv), rows,
+                                          row_stride, n_heads, n_kv_heads, head_dim, static_cast<const T*>(q_weight),
+                                          static_cast<const T*>(k_weight), static_cast<float>(eps)),
+                       "cudaLaunchKernelEx(head_rms_norm)");
   });
   check_launch("head_rms_norm");
 }
