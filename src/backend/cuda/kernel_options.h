@@ -40,8 +40,8 @@ inline const char* async_combine_name(AsyncCombine c) {
 }
 
 // Which kernels compute the experts of a mixture-of-experts layer (moe.h): Auto chooses by the
-// step's rows per chosen expert (moe.h: moe_use_tensor_cores), Mma forces the tensor-core grouped
-// GEMM, Core the CUDA-core grouped GEMV. A measurement switch (FDPP_MOE_PATH).
+// step's token count (moe.h: moe_use_tensor_cores), Mma forces the tensor-core grouped GEMM, Core
+// the CUDA-core grouped GEMV. A measurement switch (FDPP_MOE_PATH).
 enum class MoePath { Auto, Mma, Core };
 inline const char* moe_path_name(MoePath p) { return p == MoePath::Mma ? "mma" : p == MoePath::Core ? "core" : "auto"; }
 
