@@ -19,6 +19,7 @@ using detail::to_float;
 using detail::warp_max;
 using detail::warp_sum;
 
+constexpr int kRouteWarps = 4;
 constexpr int kGroupedWarps = 8;
 constexpr int kAlignThreads = 1024;
 constexpr int kCombineThreads = 64;
@@ -28,82 +29,88 @@ constexpr int kCombineThreads = 64;
 // depend on the routing, so no load goes before the wait. The launch gaps of a decode step's
 // expert kernels overlap their predecessors' tails.
 
-// One token's routing by one CTA of kRouteThreads: the softmax of its E logits (l: global memory
-// written by this kernel's other CTAs when kFromOtherCtas, read past L1), its top k, ties to the
-// lower expert (cpu::route_experts' order), written at t * k. Every thread ranks its experts against
-// all E probabilities in shared memory (the number above, plus the equal ones of lower index): no
-// chain of k dependent reductions. A step of one token (one_token) is also aligned here: its k picks
-// are k different experts, a tile and a block each, in pick order (moe_align's result up to the order
-// of the experts, which nothing reads). Both moe_route and moe_route_one route through here, so
-// their picks and weights agree bit for bit.
-constexpr int kRouteThreads = 128;
-constexpr int kRouteMaxExperts = 1024;
-constexpr int kRouteMaxPicks = 32;
-template <bool kFromOtherCtas>
+// One token's routing by one warp: the softmax of its E logits (l: global or shared memory), the
+// top k by k rounds of a warp arg-max, ties to the lower expert (cpu::route_experts' order), and
+// its picks written at t * k. Lane l holds the probabilities of experts l, l + 32, ... in
+// registers and keeps its own best untaken one, so a round is one shuffle reduction. A step of one
+// token (one_token) is also aligned here: its k picks are k different experts, a tile and a block
+// each, in pick order (moe_align's result up to the order of the experts, which nothing reads).
+constexpr int kRouteMaxPerLane = 32;  // E <= 1024
+template <bool kGlobal>
 __device__ void route_token(const float* l, int E, int k, bool normalize, int64_t t, const MoeRouting& r,
                             bool one_token, int64_t blocks_cap) {
-  __shared__ float prob[kRouteMaxExperts];
-  __shared__ float partial[kRouteThreads / 32];
-  __shared__ int pick_e[kRouteMaxPicks];
-  __shared__ float pick_p[kRouteMaxPicks];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  constexpr int kWarps = kRouteThreads / 32;
-  // The CTA's reductions: each warp's, then the warps' in order (deterministic).
-  auto block_reduce = [&](float v, bool is_max) {
-    v = is_max ? warp_max(v) : warp_sum(v);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    float all = partial[0];
-    for (int w = 1; w < kWarps; ++w) all = is_max ? fmaxf(all, partial[w]) : all + partial[w];
-    __syncthreads();  // partial is reused
-    return all;
-  };
+  const int lane = threadIdx.x & 31;
+  float p[kRouteMaxPerLane];
   float mx = -INFINITY;
-  for (int e = tid; e < E; e += kRouteThreads) {
-    prob[e] = kFromOtherCtas ? __ldcg(l + e) : l[e];
-    mx = fmaxf(mx, prob[e]);
+#pragma unroll
+  for (int i = 0; i < kRouteMaxPerLane; ++i) {
+    const int e = lane + 32 * i;
+    p[i] = e < E ? (kGlobal ? __ldcg(l + e) : l[e]) : -INFINITY;
+    mx = fmaxf(mx, p[i]);
   }
-  mx = block_reduce(mx, true);
+  mx = warp_max(mx);
   float sum = 0.f;
-  for (int e = tid; e < E; e += kRouteThreads) sum += prob[e] = expf(prob[e] - mx);
-  sum = block_reduce(sum, false);
-  // NaN (a broken model's logits) ranks below every probability, so that the ranks stay a
-  // permutation and every pick a real expert.
-  for (int e = tid; e < E; e += kRouteThreads) prob[e] = isnan(prob[e] / sum) ? -1.f : prob[e] / sum;
-  __syncthreads();
-  for (int e = tid; e < E; e += kRouteThreads) {
-    const float p = prob[e];
-    int rank = 0;
-    for (int o = 0; o < E && rank < k; ++o) {
-      const float q = prob[o];
-      rank += q > p || (q == p && o < e);
-    }
-    if (rank < k) pick_e[rank] = e, pick_p[rank] = p;
+#pragma unroll
+  for (int i = 0; i < kRouteMaxPerLane; ++i) {
+    p[i] = lane + 32 * i < E ? expf(p[i] - mx) : -1.f;  // -1: no expert, or taken
+    sum += fmaxf(p[i], 0.f);
   }
-  __syncthreads();
-  if (tid < k) {
-    float chosen = 0.f;  // in pick order, as the CPU sums it
-    for (int j = 0; j < k; ++j) chosen += pick_p[j];
-    r.pick_expert[t * k + tid] = pick_e[tid];
-    r.pick_weight[t * k + tid] = normalize ? pick_p[tid] / chosen : pick_p[tid];
+  sum = warp_sum(sum);
+#pragma unroll
+  for (int i = 0; i < kRouteMaxPerLane; ++i) p[i] = p[i] >= 0.f ? p[i] / sum : -1.f;
+  // This lane's best untaken probability and its slot (the first of equals: the lower expert).
+  auto lane_best = [&](float& best, int& slot) {
+    best = -1.f, slot = 0;
+#pragma unroll
+    for (int i = 0; i < kRouteMaxPerLane; ++i)
+      if (p[i] > best) best = p[i], slot = i;
+  };
+  float best;
+  int slot;
+  lane_best(best, slot);
+  int my_expert = -1;
+  float my_p = 0.f, chosen = 0.f;
+  for (int j = 0; j < k; ++j) {
+    float b = best;
+    int be = lane + 32 * slot;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, b, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      if (ob > b || (ob == b && oe < be)) b = ob, be = oe;
+    }
+    if ((be & 31) == lane) {
+#pragma unroll
+      for (int i = 0; i < kRouteMaxPerLane; ++i)
+        if (i == (be >> 5)) p[i] = -1.f;
+      lane_best(best, slot);
+    }
+    if (lane == j) my_expert = be, my_p = b;
+    chosen += b;
+  }
+  if (lane < k) {
+    r.pick_expert[t * k + lane] = my_expert;
+    r.pick_weight[t * k + lane] = normalize ? my_p / chosen : my_p;
   }
   if (one_token) {
-    if (tid < k) {
-      r.pick_row[tid] = tid * kMoeTileRows;
-      r.tile_expert[tid] = pick_e[tid];
+    if (lane < k) {
+      r.pick_row[lane] = lane * kMoeTileRows;
+      r.tile_expert[lane] = my_expert;
+#pragma unroll
+      for (int m = 0; m < kMoeTileRows; ++m) r.row_token[lane * kMoeTileRows + m] = m == 0 ? 0 : -1;
     }
-    for (int i = tid; i < k * kMoeTileRows; i += kRouteThreads) r.row_token[i] = i % kMoeTileRows == 0 ? 0 : -1;
-    for (int64_t b = tid; b < blocks_cap; b += kRouteThreads) r.block_tile[b] = b < k ? int32_t(b) : -1;
+    for (int64_t b = lane; b < blocks_cap; b += 32) r.block_tile[b] = b < k ? int32_t(b) : -1;
   }
 }
 
-// One CTA per token (route_token).
-__global__ void __launch_bounds__(kRouteThreads)
+// One warp per token (route_token).
+__global__ void __launch_bounds__(kRouteWarps * 32)
     moe_route_kernel(const float* __restrict__ logits, int n, int E, int k, bool normalize, MoeRouting r,
                      int64_t blocks_cap) {
   detail::pdl_trigger();
   detail::pdl_wait();
-  const int t = blockIdx.x;
+  const int t = blockIdx.x * kRouteWarps + (threadIdx.x >> 5);
+  if (t >= n) return;
   route_token<false>(logits + int64_t(t) * E, E, k, normalize, t, r, n == 1, blocks_cap);
 }
 
@@ -111,7 +118,7 @@ __global__ void __launch_bounds__(kRouteThreads)
 // loaded before the wait for the previous kernel (they do not depend on it), as the GEMV does;
 // every warp stores its logit, and the last CTA to arrive (a counter in global memory, reset by
 // that CTA for the next launch) routes the token from them.
-constexpr int kRouterWarps = kRouteThreads / 32;  // the last CTA routes with all its threads
+constexpr int kRouterWarps = 4;
 constexpr int kRouterUnroll = 8;  // 16-byte chunks a lane loads per pass: a 2,048-wide row in one
 template <class T>
 __global__ void __launch_bounds__(kRouterWarps * 32)
@@ -163,9 +170,9 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!last) return;
+  if (!last || warp != 0) return;
   __threadfence();
-  if (threadIdx.x == 0) *arrivals = 0u;
+  if (lane == 0) *arrivals = 0u;
   route_token<true>(logits, E, k, normalize, 0, r, true, blocks_cap);
 }
 
@@ -539,31 +546,26 @@ __global__ void __launch_bounds__(kCombineThreads)
 // One token on the CUDA cores: act[pick_row[j], f] = silu(gate_e[f] . x) * (up_e[f] . x), e the
 // token's j-th expert. A warp per (feature, pick), gemv_ex's shape at one row of x: each pass has
 // kOneUnroll 16-byte loads of both weight rows in flight per lane (a 2,048-wide row in one pass),
-// so that the k experts' bytes stream as one GEMV's would rather than tile by tile. The CTA copies
-// x into shared memory while its first weights are in flight: the products then wait on one load
-// of x, not on one per chunk.
+// so that the k experts' bytes stream as one GEMV's would rather than tile by tile.
 constexpr int kOneWarps = 4;
 constexpr int kOneUnroll = 8;
-constexpr size_t kOneMaxSmem = 96 << 10;  // x (gate/up) or the k activation rows (down) in shared memory
 template <class T>
 __global__ void __launch_bounds__(kOneWarps * 32)
     moe_swiglu_one_kernel(const T* __restrict__ x, const T* __restrict__ gate, const T* __restrict__ up,
                           T* __restrict__ y, int K, int N, const int32_t* __restrict__ pick_expert,
                           const int32_t* __restrict__ pick_row) {
-  extern __shared__ uint4 one_x[];  // [K / 8]
   detail::pdl_trigger();
   detail::pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int f = blockIdx.x * kOneWarps + warp, j = blockIdx.y;
-  // A warp past N loads a real row and stores nothing: every warp reaches the barrier.
-  const int64_t row = int64_t(pick_expert[j]) * N + min(f, N - 1);
+  if (f >= N) return;
+  const int64_t row = int64_t(pick_expert[j]) * N + f;
   const uint4* g4 = reinterpret_cast<const uint4*>(gate + row * K);
   const uint4* u4 = reinterpret_cast<const uint4*>(up + row * K);
-  const int chunks = K / 8, passes = (chunks + 32 * kOneUnroll - 1) / (32 * kOneUnroll);
+  const int chunks = K / 8;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float g = 0.f, u = 0.f;
-  for (int pass = 0; pass < passes; ++pass) {
-    const int base = pass * 32 * kOneUnroll + lane;
+  for (int base = lane; base < chunks; base += 32 * kOneUnroll) {
     uint4 wg[kOneUnroll], wu[kOneUnroll];
 #pragma unroll
     for (int i = 0; i < kOneUnroll; ++i) {
@@ -571,110 +573,75 @@ __global__ void __launch_bounds__(kOneWarps * 32)
       wg[i] = c < chunks ? __ldcs(g4 + c) : zero;
       wu[i] = c < chunks ? __ldcs(u4 + c) : zero;
     }
-    if (pass == 0) {
-      for (int c = threadIdx.x; c < chunks; c += kOneWarps * 32) one_x[c] = reinterpret_cast<const uint4*>(x)[c];
-      __syncthreads();
-    }
 #pragma unroll
     for (int i = 0; i < kOneUnroll; ++i) {
       const int c = base + 32 * i;
       if (c >= chunks) break;
-      float fx[8], fg[8], fu[8];
-      detail::unpack8<T>(one_x[c], fx);
-      detail::unpack8<T>(wg[i], fg);
-      detail::unpack8<T>(wu[i], fu);
+      float fx[8];
+      detail::load8(x + int64_t(c) * 8, fx);
+      const T* eg = reinterpret_cast<const T*>(&wg[i]);
+      const T* eu = reinterpret_cast<const T*>(&wu[i]);
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        g = fmaf(fg[q], fx[q], g);
-        u = fmaf(fu[q], fx[q], u);
+        g = fmaf(to_float(eg[q]), fx[q], g);
+        u = fmaf(to_float(eu[q]), fx[q], u);
       }
     }
   }
   g = warp_sum(g);
   u = warp_sum(u);
-  if (lane == 0 && f < N) y[int64_t(pick_row[j]) * N + f] = from_float<T>(g / (1.f + expf(-g)) * u);
+  if (lane == 0) y[int64_t(pick_row[j]) * N + f] = from_float<T>(g / (1.f + expf(-g)) * u);
 }
 
 // One token on the CUDA cores: out[0, c] = sum_j weight_j (act[pick_row[j]] . W_{e_j}[c]), the down
-// products and the combine in one launch. A warp per output column; each pass has U 16-byte chunks
-// of the column's row of P experts in flight per lane (P x U = 24), so that a decode step's 8 rows
-// of 1.5 KB (Qwen3-30B-A3B) are loaded at once rather than one after the other. The CTA copies the
-// token's k activation rows into shared memory during its first weight loads, as above.
-constexpr int kDownLoads = 24;
-template <class T, int P>
-__global__ void __launch_bounds__(kOneWarps * 32)
+// products and the combine in one launch. A warp per output column; each pass of its lanes loads
+// chunk c of the column's row of up to kDownPicks experts at once, so a decode step's 8 rows of
+// 1.5 KB (Qwen3-30B-A3B) are in flight together rather than one after the other.
+constexpr int kDownPicks = 8;
+template <class T>
+__global__ void __launch_bounds__(kGroupedWarps * 32)
     moe_down_combine_one_kernel(const T* __restrict__ act, const T* __restrict__ w, T* __restrict__ out, int K, int N,
                                 int k, const int32_t* __restrict__ pick_expert, const float* __restrict__ pick_weight,
                                 const int32_t* __restrict__ pick_row) {
-  constexpr int U = kDownLoads / P;
-  extern __shared__ uint4 one_act[];  // [k][K / 8]
   detail::pdl_trigger();
   detail::pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n = blockIdx.x * kOneWarps + warp;
-  const int col = min(n, N - 1);  // past N: a real column, not stored (every warp reaches the barrier)
-  const int chunks = K / 8, passes = (chunks + 32 * U - 1) / (32 * U);
+  const int n = blockIdx.x * kGroupedWarps + warp;
+  if (n >= N) return;
+  const int chunks = K / 8;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float total = 0.f;  // this lane's share of sum_j weight_j (x_j . w_j)
-  bool staged = false;
-  for (int j0 = 0; j0 < k; j0 += P) {
-    const uint4* wr[P];
-    float acc[P];
+  for (int j0 = 0; j0 < k; j0 += kDownPicks) {
+    const uint4* wr[kDownPicks];
+    const T* xr[kDownPicks];
+    float acc[kDownPicks];
 #pragma unroll
-    for (int jj = 0; jj < P; ++jj) {
+    for (int jj = 0; jj < kDownPicks; ++jj) {
       const int j = min(j0 + jj, k - 1);  // past k: a real row, its loads predicated off
-      wr[jj] = reinterpret_cast<const uint4*>(w + (int64_t(pick_expert[j]) * N + col) * K);
+      wr[jj] = reinterpret_cast<const uint4*>(w + (int64_t(pick_expert[j]) * N + n) * K);
+      xr[jj] = act + int64_t(pick_row[j]) * K;
       acc[jj] = 0.f;
     }
-    for (int pass = 0; pass < passes; ++pass) {
-      const int base = pass * 32 * U + lane;
-      uint4 wv[P][U];
+    for (int c = lane; c < chunks; c += 32) {
+      uint4 wv[kDownPicks];
 #pragma unroll
-      for (int jj = 0; jj < P; ++jj)
+      for (int jj = 0; jj < kDownPicks; ++jj) wv[jj] = j0 + jj < k ? __ldcs(wr[jj] + c) : zero;
 #pragma unroll
-        for (int i = 0; i < U; ++i) {
-          const int c = base + 32 * i;
-          wv[jj][i] = j0 + jj < k && c < chunks ? __ldcs(wr[jj] + c) : zero;
-        }
-      if (!staged) {
-        for (int i = threadIdx.x; i < k * chunks; i += kOneWarps * 32) {
-          const int j = i / chunks;
-          one_act[i] = reinterpret_cast<const uint4*>(act + int64_t(pick_row[j]) * K)[i - j * chunks];
-        }
-        __syncthreads();
-        staged = true;
-      }
-#pragma unroll
-      for (int jj = 0; jj < P; ++jj) {
+      for (int jj = 0; jj < kDownPicks; ++jj) {
         if (j0 + jj >= k) break;
+        float fx[8];
+        detail::load8(xr[jj] + int64_t(c) * 8, fx);
+        const T* ew = reinterpret_cast<const T*>(&wv[jj]);
 #pragma unroll
-        for (int i = 0; i < U; ++i) {
-          const int c = base + 32 * i;
-          if (c >= chunks) break;
-          float fx[8], fw[8];
-          detail::unpack8<T>(one_act[(j0 + jj) * chunks + c], fx);
-          detail::unpack8<T>(wv[jj][i], fw);
-#pragma unroll
-          for (int q = 0; q < 8; ++q) acc[jj] = fmaf(fw[q], fx[q], acc[jj]);
-        }
+        for (int i = 0; i < 8; ++i) acc[jj] = fmaf(to_float(ew[i]), fx[i], acc[jj]);
       }
     }
 #pragma unroll
-    for (int jj = 0; jj < P; ++jj)
+    for (int jj = 0; jj < kDownPicks; ++jj)
       if (j0 + jj < k) total = fmaf(pick_weight[j0 + jj], acc[jj], total);
   }
   total = warp_sum(total);
-  if (lane == 0 && n < N) out[n] = from_float<T>(total);
-}
-
-// The one-token kernels' shared memory may pass the 48 KB a launch gets without asking.
-template <class Kernel>
-void allow_one_smem(Kernel* kernel) {
-  once_per_device(reinterpret_cast<const void*>(kernel), [&] {
-    detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kOneMaxSmem)),
-                       "moe one-token kernel: cudaFuncSetAttribute");
-  });
+  if (lane == 0) out[n] = from_float<T>(total);
 }
 
 void check_routing(const MoeRouting& r, const char* what) {
@@ -710,13 +677,11 @@ void launch_grouped(const void* x, const void* w0, const void* w1, void* y, int 
     check_launch(what);
     return;
   }
-  const size_t one_smem = size_t(K) * 2;
-  if (kSwiglu && kGather && aligned && n == 1 && one_smem <= kOneMaxSmem) {
+  if (kSwiglu && kGather && aligned && n == 1) {
     const dim3 grid(static_cast<unsigned>((N + kOneWarps - 1) / kOneWarps), static_cast<unsigned>(k));
-    const detail::LaunchConfig config(grid, dim3(kOneWarps * 32), one_smem, stream, programmatic_launch_enabled());
+    const detail::LaunchConfig config(grid, dim3(kOneWarps * 32), 0, stream, programmatic_launch_enabled());
     detail::dispatch_dtype(dtype, [&](auto tag) {
       using T = decltype(tag);
-      allow_one_smem(moe_swiglu_one_kernel<T>);
       detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_swiglu_one_kernel<T>, static_cast<const T*>(x),
                                             static_cast<const T*>(w0), static_cast<const T*>(w1), static_cast<T*>(y),
                                             K, N, static_cast<const int32_t*>(r.pick_expert),
@@ -772,7 +737,7 @@ void moe_route(const float* logits, int n, int n_experts, int k, bool normalize,
   check(n > 0 && n_experts > 0 && n_experts <= 1024 && k > 0 && k <= 32 && k <= n_experts,
         "moe_route: n = {}, experts = {} (at most 1024), k = {} (at most 32 and the experts) out of range", n,
         n_experts, k);
-  const detail::LaunchConfig config(dim3(static_cast<unsigned>(n)), dim3(kRouteThreads), 0, stream,
+  const detail::LaunchConfig config(dim3((n + kRouteWarps - 1) / kRouteWarps), dim3(kRouteWarps * 32), 0, stream,
                                     programmatic_launch_enabled());
   detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_route_kernel, logits, n, n_experts, k, normalize, r,
                                         moe_routing_sizes(n, k, n_experts).blocks),
@@ -850,9 +815,8 @@ void moe_combine(const void* y, int n, int k, int N, const MoeRouting& r, void* 
 
 void moe_down_combine(const void* act, const void* w, void* down, void* out, int K, int N, int n_experts, int n,
                       int k, const MoeRouting& r, DType dtype, cudaStream_t stream) {
-  const size_t smem = size_t(k) * K * 2;
   const bool fused = n == 1 && !moe_use_tensor_cores(n) && K % 8 == 0 && detail::aligned16(act) &&
-                     detail::aligned16(w) && smem <= kOneMaxSmem;
+                     detail::aligned16(w);
   if (!fused) {
     moe_grouped_linear(act, w, down, K, N, n_experts, n, k, r, dtype, stream);
     moe_combine(down, n, k, N, r, out, dtype, stream);
@@ -860,17 +824,13 @@ void moe_down_combine(const void* act, const void* w, void* down, void* out, int
   }
   check(out != nullptr && K > 0 && N > 0 && k > 0, "moe_down_combine: null output or K = {}, N = {}, k = {}", K, N, k);
   check_routing(r, "moe_down_combine");
-  const detail::LaunchConfig config(dim3(static_cast<unsigned>((N + kOneWarps - 1) / kOneWarps)),
-                                    dim3(kOneWarps * 32), smem, stream, programmatic_launch_enabled());
+  const detail::LaunchConfig config(dim3(static_cast<unsigned>((N + kGroupedWarps - 1) / kGroupedWarps)),
+                                    dim3(kGroupedWarps * 32), 0, stream, programmatic_launch_enabled());
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    // As many picks a pass as k needs (up to 8), the rest of the 24 loads a lane along K.
-    auto* kernel = k <= 2 ? moe_down_combine_one_kernel<T, 2>
-                 : k <= 4 ? moe_down_combine_one_kernel<T, 4>
-                          : moe_down_combine_one_kernel<T, 8>;
-    allow_one_smem(kernel);
-    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const T*>(act), static_cast<const T*>(w),
-                                          static_cast<T*>(out), K, N, k, static_cast<const int32_t*>(r.pick_expert),
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_down_combine_one_kernel<T>, static_cast<const T*>(act),
+                                          static_cast<const T*>(w), static_cast<T*>(out), K, N, k,
+                                          static_cast<const int32_t*>(r.pick_expert),
                                           static_cast<const float*>(r.pick_weight),
                                           static_cast<const int32_t*>(r.pick_row)),
                        "cudaLaunchKernelEx(moe_down_combine)");
