@@ -226,8 +226,8 @@ TEST_F(CudaKernels, MoeLayerAllTokensToOneExpertAndOddWidths) {
     std::vector<std::vector<int>> ten(1);
     for (int e = 15; e >= 6; --e) ten[0].push_back(e);
     check_layer(ten, 16, 64, 40, false, t, std::string(name(t)) + " one token, top 10 of 16");
-    // One token with rows longer than a pass of the one-token kernels: the gate/up rows (2,056 wide,
-    // past 256 16-byte chunks a warp), and the down rows (800 wide for 8 picks a pass, 3,080 for 2).
+    // One token with long rows: gate/up rows 2,056 wide (past the 256 16-byte chunks a warp loads in
+    // one pass), down rows 800 and 3,080 wide (several chunks a lane, 8 picks and 2).
     auto one_token = [](int experts, int k) {
       std::vector<int> all(experts);
       std::iota(all.begin(), all.end(), 0);
