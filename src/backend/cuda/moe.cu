@@ -594,50 +594,61 @@ __global__ void __launch_bounds__(kOneWarps * 32)
 }
 
 // One token on the CUDA cores: out[0, c] = sum_j weight_j (act[pick_row[j]] . W_{e_j}[c]), the down
-// products and the combine in one launch. A warp per output column; each pass of its lanes loads
-// chunk c of the column's row of up to kDownPicks experts at once, so a decode step's 8 rows of
-// 1.5 KB (Qwen3-30B-A3B) are in flight together rather than one after the other.
-constexpr int kDownPicks = 8;
-template <class T>
-__global__ void __launch_bounds__(kGroupedWarps * 32)
+// products and the combine in one launch. A warp per output column; each pass has U 16-byte chunks
+// of the column's row of P experts in flight per lane (P x U = 24), so that a decode step's 8 rows
+// of 1.5 KB (Qwen3-30B-A3B) are loaded at once rather than one after the other.
+constexpr int kDownLoads = 24;
+template <class T, int P>
+__global__ void __launch_bounds__(kOneWarps * 32)
     moe_down_combine_one_kernel(const T* __restrict__ act, const T* __restrict__ w, T* __restrict__ out, int K, int N,
                                 int k, const int32_t* __restrict__ pick_expert, const float* __restrict__ pick_weight,
                                 const int32_t* __restrict__ pick_row) {
+  constexpr int U = kDownLoads / P;
   detail::pdl_trigger();
   detail::pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n = blockIdx.x * kGroupedWarps + warp;
+  const int n = blockIdx.x * kOneWarps + warp;
   if (n >= N) return;
   const int chunks = K / 8;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float total = 0.f;  // this lane's share of sum_j weight_j (x_j . w_j)
-  for (int j0 = 0; j0 < k; j0 += kDownPicks) {
-    const uint4* wr[kDownPicks];
-    const T* xr[kDownPicks];
-    float acc[kDownPicks];
+  for (int j0 = 0; j0 < k; j0 += P) {
+    const uint4* wr[P];
+    const T* xr[P];
+    float acc[P];
 #pragma unroll
-    for (int jj = 0; jj < kDownPicks; ++jj) {
+    for (int jj = 0; jj < P; ++jj) {
       const int j = min(j0 + jj, k - 1);  // past k: a real row, its loads predicated off
       wr[jj] = reinterpret_cast<const uint4*>(w + (int64_t(pick_expert[j]) * N + n) * K);
       xr[jj] = act + int64_t(pick_row[j]) * K;
       acc[jj] = 0.f;
     }
-    for (int c = lane; c < chunks; c += 32) {
-      uint4 wv[kDownPicks];
+    for (int base = lane; base < chunks; base += 32 * U) {
+      uint4 wv[P][U];
 #pragma unroll
-      for (int jj = 0; jj < kDownPicks; ++jj) wv[jj] = j0 + jj < k ? __ldcs(wr[jj] + c) : zero;
+      for (int jj = 0; jj < P; ++jj)
 #pragma unroll
-      for (int jj = 0; jj < kDownPicks; ++jj) {
+        for (int i = 0; i < U; ++i) {
+          const int c = base + 32 * i;
+          wv[jj][i] = j0 + jj < k && c < chunks ? __ldcs(wr[jj] + c) : zero;
+        }
+#pragma unroll
+      for (int jj = 0; jj < P; ++jj) {
         if (j0 + jj >= k) break;
-        float fx[8];
-        detail::load8(xr[jj] + int64_t(c) * 8, fx);
-        const T* ew = reinterpret_cast<const T*>(&wv[jj]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[jj] = fmaf(to_float(ew[i]), fx[i], acc[jj]);
+        for (int i = 0; i < U; ++i) {
+          const int c = base + 32 * i;
+          if (c >= chunks) break;
+          float fx[8];
+          detail::load8(xr[jj] + int64_t(c) * 8, fx);
+          const T* ew = reinterpret_cast<const T*>(&wv[jj][i]);
+#pragma unroll
+          for (int q = 0; q < 8; ++q) acc[jj] = fmaf(to_float(ew[q]), fx[q], acc[jj]);
+        }
       }
     }
 #pragma unroll
-    for (int jj = 0; jj < kDownPicks; ++jj)
+    for (int jj = 0; jj < P; ++jj)
       if (j0 + jj < k) total = fmaf(pick_weight[j0 + jj], acc[jj], total);
   }
   total = warp_sum(total);
@@ -824,13 +835,16 @@ void moe_down_combine(const void* act, const void* w, void* down, void* out, int
   }
   check(out != nullptr && K > 0 && N > 0 && k > 0, "moe_down_combine: null output or K = {}, N = {}, k = {}", K, N, k);
   check_routing(r, "moe_down_combine");
-  const detail::LaunchConfig config(dim3(static_cast<unsigned>((N + kGroupedWarps - 1) / kGroupedWarps)),
-                                    dim3(kGroupedWarps * 32), 0, stream, programmatic_launch_enabled());
+  const detail::LaunchConfig config(dim3(static_cast<unsigned>((N + kOneWarps - 1) / kOneWarps)),
+                                    dim3(kOneWarps * 32), 0, stream, programmatic_launch_enabled());
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_down_combine_one_kernel<T>, static_cast<const T*>(act),
-                                          static_cast<const T*>(w), static_cast<T*>(out), K, N, k,
-                                          static_cast<const int32_t*>(r.pick_expert),
+    // As many picks a pass as k needs (up to 8), the rest of the 24 loads a lane along K.
+    auto* kernel = k <= 2 ? moe_down_combine_one_kernel<T, 2>
+                 : k <= 4 ? moe_down_combine_one_kernel<T, 4>
+                          : moe_down_combine_one_kernel<T, 8>;
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<const T*>(act), static_cast<const T*>(w),
+                                          static_cast<T*>(out), K, N, k, static_cast<const int32_t*>(r.pick_expert),
                                           static_cast<const float*>(r.pick_weight),
                                           static_cast<const int32_t*>(r.pick_row)),
                        "cudaLaunchKernelEx(moe_down_combine)");
