@@ -1,6 +1,7 @@
-// The mixture-of-experts layer on the GPU (Mixtral, Qwen3-MoE: ModelConfig::n_experts), in four
-// launches that never wait for the host, so that a decode step with expert layers stays one CUDA
-// graph: every grid is sized by the step's token count, never by how the router chose.
+// The mixture-of-experts layer on the GPU (Mixtral, Qwen3-MoE: ModelConfig::n_experts), in launches
+// that never wait for the host, so that a decode step with expert layers stays one CUDA graph:
+// every grid is sized by the step's token count, never by how the router chose. Design and
+// measurements: docs/kernels/moe.md.
 //
 //   moe_route        router logits [n, E] -> each token's top-k experts and weights (softmax in
 //                    fp32, ties to the lower index, renormalized when asked: cpu::route_experts);
