@@ -159,9 +159,9 @@ constexpr uint64_t kDummySeed = 1234;  // fdpp bench --load-format dummy's
 // of step_tokens (activations of 16 bits, fp32 logits for every token) plus the 512 MiB the engine
 // keeps as headroom.
 cuda::GpuMemoryNeed memory_need(const ModelConfig& c, const WeightPlan& plan, int64_t kv_tokens, int64_t step_tokens,
-                                size_t kv_elem_bytes) {
+                                size_t kv_elem_bytes, bool gguf_blocks) {
   cuda::GpuMemoryNeed need;
-  need.weights = cuda::plan_device_bytes(plan);
+  need.weights = cuda::plan_device_bytes(plan, gguf_blocks);
   need.kv_tokens = kv_tokens;
   need.kv_cache = static_cast<uint64_t>(kv_tokens) * 2 * c.n_layers * static_cast<uint64_t>(c.kv_dim()) * kv_elem_bytes;
   uint64_t per_token = (4 * static_cast<uint64_t>(c.hidden) + c.q_dim() + 2 * c.kv_dim() + 3 * c.ffn_hidden) * 2 +
@@ -171,9 +171,11 @@ cuda::GpuMemoryNeed memory_need(const ModelConfig& c, const WeightPlan& plan, in
     per_token += static_cast<uint64_t>(c.n_experts) * 4 +
                  static_cast<uint64_t>(c.n_experts_used) * (12 + 2 * (c.expert_ffn_hidden + c.hidden));
   need.activations = static_cast<uint64_t>(step_tokens) * per_token + (uint64_t{512} << 20);
-  // 4-bit layers above the flat GEMM's rows: the largest matrix dequantized to 16 bits (int4.h).
-  const bool packed = std::any_of(plan.tensors.begin(), plan.tensors.end(),
-                                  [](const PlannedTensor& t) { return t.packed(); });
+  // 4-bit layers above the flat GEMM's rows, and GGUF blocks above the block GEMV's: the largest
+  // matrix dequantized to 16 bits (int4.h, gguf_blocks.h).
+  const bool packed = std::any_of(plan.tensors.begin(), plan.tensors.end(), [&](const PlannedTensor& t) {
+    return t.packed() || (gguf_blocks && t.layer >= 0 && cuda::gguf_gpu_type(static_cast<uint32_t>(t.src.type)));
+  });
   if (packed) {
     const uint64_t H = c.hidden, gated = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;
     need.activations += 2 * std::max({H * (c.q_dim() + 2 * c.kv_dim()), H * c.q_dim(), (1 + gated) * H * c.ffn_hidden});
@@ -197,14 +199,16 @@ std::shared_ptr<const cuda::DeviceModel> device_model(const ModelConfig& config,
   if (options.plan == nullptr) return quantized(cuda::DeviceModel(config, weights, dtype));
   // fp8 quantizes after the 16-bit load, one matrix at a time: the 16-bit need is the peak.
   const cuda::KvDType kv_dtype = cuda_kv_cache_fp8(options.kv_cache_dtype) ? cuda::KvDType::Fp8E4M3 : cuda::KvDType::Model;
+  // A GGUF file's layer matrices stay in their blocks unless they are to be quantized otherwise.
+  const bool gguf_blocks = !quantizes_at_load(options.quantization);
   cuda::check_gpu_memory(
-      memory_need(config, *options.plan, kv_tokens, step_tokens, cuda::kv_element_bytes(kv_dtype)));
+      memory_need(config, *options.plan, kv_tokens, step_tokens, cuda::kv_element_bytes(kv_dtype), gguf_blocks));
   cuda::StreamOptions so;
   if (options.load_progress)
     so.progress = [&options](const cuda::StreamProgress& p) {
       options.load_progress(p.tensors_done, p.tensors_total, p.bytes_done, p.bytes_total, p.seconds);
     };
-  return quantized(cuda::DeviceModel::from_plan(config, *options.plan, dtype, so));
+  return quantized(cuda::DeviceModel::from_plan(config, *options.plan, dtype, so, nullptr, gguf_blocks));
 }
 
 cuda::EngineOptions engine_options(const ModelConfig& config, const RunnerOptions& options) {

@@ -188,7 +188,7 @@ TEST_F(WeightStreamer, GgufOfEveryTypeStreamsToTheHostPathsBits) {
 
 TEST_F(WeightStreamer, ConvertKernelsMatchTheHostDequantizer) {
   using G = gguf::GgmlType;
-  for (const G t : {G::F32, G::F16, G::BF16, G::Q8_0, G::Q4_0, G::Q4_1, G::Q4_K, G::Q6_K}) {
+  for (const G t : {G::F32, G::F16, G::BF16, G::Q8_0, G::Q4_0, G::Q4_1, G::Q4_K, G::Q5_K, G::Q6_K}) {
     ASSERT_TRUE(cuda::gpu_converts(t));
     for (const int64_t head_dim : {int64_t{0}, int64_t{4}}) {
       SCOPED_TRACE(fmt::format("{} head_dim {}", gguf::type_name(t), head_dim));

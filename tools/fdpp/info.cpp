@@ -76,8 +76,13 @@ RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
       as = r.device != "cuda"       ? "f32 (dequantized)"
            : stored.ends_with("4") ? fmt::format("int4 ({} group scales and zeros)", gpu)
                                    : "not loaded on the GPU (8-bit: run it with --device cpu)";
+    } else if (r.device == "cuda" && (stored == "Q4_0" || stored == "Q4_1" || stored == "Q8_0" || stored == "Q4_K" ||
+                                       stored == "Q5_K" || stored == "Q6_K")) {
+      // GGUF blocks the GPU computes on (backend/cuda/gguf_blocks.h): the layer matrices stay in
+      // them; embeddings, the lm head and expert stacks are converted like the rest.
+      as = fmt::format("{} in place (layer matrices; the rest {})", stored, gpu);
     } else if (r.device == "cuda") {
-      // The GPU holds every weight as 16-bit floats, converted while streaming (--dtype).
+      // The GPU holds the other weights as 16-bit floats, converted while streaming (--dtype).
       as = gpu;
     } else {
       // The rest, and every HF checkpoint, becomes fp32.

@@ -108,7 +108,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   for (LinearShape& s : shapes)
     if (s.name == "lm_head") s.n = static_cast<int>(vocab_rows_);
   linear_->reserve(max_tokens_, shapes, /*cublas_epilogues=*/false, nullptr);
-  if (model_->fp8() || model_->int4()) {
+  if (model_->fp8() || model_->int4() || model_->gguf()) {
     std::vector<LinearShape> layer_shapes;  // the lm head stays 16-bit
     for (const LinearShape& s : shapes)
       if (s.name != "lm_head") layer_shapes.push_back(s);
@@ -117,6 +117,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
     for (const DeviceLayer& L : model_->layers)
       for (const DeviceInt4* m : {&L.i_qkv, &L.i_o, &L.i_in, &L.i_down}) act_order = act_order || !m->perm.empty();
     if (model_->int4()) linear_->reserve_int4(max_tokens_, layer_shapes, act_order, nullptr);
+    if (model_->gguf()) linear_->reserve_gguf(max_tokens_, layer_shapes, nullptr);
   }
   x_ = DeviceBuffer(T * H * sizeof(float));
   normed_ = DeviceBuffer(T * H * kElem);
@@ -298,16 +299,18 @@ void CudaEngine::linear(const void* x, const void* w, const void* bias, void* y,
   linear_->run(x, w, bias, y, M, N, K, model_->dtype(), fp32_out ? Epilogue::StoreF32 : Epilogue::Store, stream_);
 }
 
-void CudaEngine::layer_linear(const void* x, const DeviceBuffer& w, const DeviceBuffer& w_scale,
-                              const DeviceInt4& int4, const DeviceBuffer& bias, void* y, int M, int N, int K,
-                              Epilogue epilogue) {
-  if (!int4.empty())
-    linear_->run_int4(x, w.as<uint32_t>(), int4.view(), bias.get(), y, M, N, K, model_->dtype(), epilogue, stream_);
-  else if (!w_scale.empty())
-    linear_->run_fp8(x, w.as<uint8_t>(), w_scale.as<float>(), bias.get(), y, M, N, K, model_->dtype(), epilogue,
+void CudaEngine::layer_linear(const void* x, const LayerMatrix& w, const DeviceBuffer& bias, void* y, int M, int N,
+                              int K, Epilogue epilogue) {
+  if (!w.gguf.empty())
+    linear_->run_gguf(x, w.gguf, bias.get(), y, M, N, K, model_->dtype(), epilogue, stream_);
+  else if (!w.int4.empty())
+    linear_->run_int4(x, w.w.as<uint32_t>(), w.int4.view(), bias.get(), y, M, N, K, model_->dtype(), epilogue,
+                      stream_);
+  else if (!w.scale.empty())
+    linear_->run_fp8(x, w.w.as<uint8_t>(), w.scale.as<float>(), bias.get(), y, M, N, K, model_->dtype(), epilogue,
                      stream_);
   else
-    linear_->run(x, w.get(), bias.get(), y, M, N, K, model_->dtype(), epilogue, stream_);
+    linear_->run(x, w.w.get(), bias.get(), y, M, N, K, model_->dtype(), epilogue, stream_);
 }
 
 uint64_t CudaEngine::attention_fallback_rows() const {
@@ -408,7 +411,7 @@ struct CudaEngine::Forward {
   }
   void qkv(int layer) {
     const DeviceLayer& L = m.layers[layer];
-    e.layer_linear(e.normed_.get(), L.w_qkv, L.s_qkv, L.i_qkv, L.b_qkv, e.qkv_.get(), n, Q + 2 * KV, H,
+    e.layer_linear(e.normed_.get(), L.qkv(), L.b_qkv, e.qkv_.get(), n, Q + 2 * KV, H,
                    Epilogue::Store);
   }
   void qk_norm(int layer) {
@@ -477,7 +480,7 @@ struct CudaEngine::Forward {
   }
   void out_proj(int layer) {
     const DeviceLayer& L = m.layers[layer];
-    e.layer_linear(e.attn_.get(), L.w_o, L.s_o, L.i_o, L.b_o, e.o_.get(), n, H, Q, Epilogue::Store);
+    e.layer_linear(e.attn_.get(), L.o(), L.b_o, e.o_.get(), n, H, Q, Epilogue::Store);
     e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
   }
   // Gemma's sandwich norms: RMSNorm of the block's 16-bit output rows in place (fp32 sums), before
@@ -490,11 +493,11 @@ struct CudaEngine::Forward {
   void mlp_up_act(int layer, Activation activation) {
     const DeviceLayer& L = m.layers[layer];
     if (activation == Activation::SwiGLU &&
-        (!L.s_in.empty() || !L.i_in.empty() ||
+        (!L.s_in.empty() || !L.i_in.empty() || !L.g_in.empty() ||
          LinearDispatcher::fuses(e.linear_->choose(n, 2 * FF, H), Epilogue::SwiGLU))) {
       // Gate/up with SwiGLU in the GEMM's epilogue: one pass, no [n, 2 FF] intermediate (fp8 and
       // 4-bit: in their kernel's epilogue, or after cuBLASLt in the dispatcher's scratch).
-      e.layer_linear(e.normed_.get(), L.w_in, L.s_in, L.i_in, L.b_in, e.ffn_act_.get(), n, 2 * FF, H,
+      e.layer_linear(e.normed_.get(), L.in(), L.b_in, e.ffn_act_.get(), n, 2 * FF, H,
                      Epilogue::SwiGLU);
       mlp_act = e.ffn_act_.get();
     } else if (activation == Activation::SwiGLU) {
@@ -503,18 +506,18 @@ struct CudaEngine::Forward {
       mlp_act = e.ffn_act_.get();
     } else if (activation == Activation::GeGLU) {
       // Gemma: the fused gate/up GEMM (FP8 too), then gelu_tanh(gate) * up (no GEMM epilogue has it).
-      e.layer_linear(e.normed_.get(), L.w_in, L.s_in, L.i_in, L.b_in, e.ffn_in_.get(), n, 2 * FF, H, Epilogue::Store);
+      e.layer_linear(e.normed_.get(), L.in(), L.b_in, e.ffn_in_.get(), n, 2 * FF, H, Epilogue::Store);
       silu_mul(e.ffn_in_.get(), e.ffn_act_.get(), n, FF, dt, st, /*gelu=*/true);
       mlp_act = e.ffn_act_.get();
     } else {
-      e.layer_linear(e.normed_.get(), L.w_in, L.s_in, L.i_in, L.b_in, e.ffn_in_.get(), n, FF, H, Epilogue::Store);
+      e.layer_linear(e.normed_.get(), L.in(), L.b_in, e.ffn_in_.get(), n, FF, H, Epilogue::Store);
       relu(e.ffn_in_.get(), n, FF, dt, st);
       mlp_act = e.ffn_in_.get();
     }
   }
   void mlp_down(int layer) {
     const DeviceLayer& L = m.layers[layer];
-    e.layer_linear(mlp_act, L.w_down, L.s_down, L.i_down, L.b_down, e.o_.get(), n, H, FF, Epilogue::Store);
+    e.layer_linear(mlp_act, L.down(), L.b_down, e.o_.get(), n, H, FF, Epilogue::Store);
     e.reduce_partial(e.o_.get(), static_cast<int64_t>(n) * H);
   }
   // The expert layer in six launches (moe.h; three for one token: the router product and the
@@ -1124,22 +1127,22 @@ void CudaEngine::warm_up() {
     const int rows = std::min(cuda::tuning_rows(m), max_tokens_);
     // The forward's calls (Forward in this file) at `rows` rows, each where the dispatcher picks
     // cuBLASLt; the GEMV and flat GEMM need no timing.
-    auto call = [&](const void* x, const DeviceBuffer& w, const DeviceBuffer& scale, const DeviceInt4& int4,
-                    const DeviceBuffer& bias, void* y, int n, int k) {
-      const LinearImpl impl = !int4.empty()   ? linear_->int4_choice(rows)
-                              : scale.empty() ? linear_->choose(rows, n, k)
-                                              : linear_->fp8_choice(rows, n, k, Epilogue::Store, !bias.empty());
-      if (impl == LinearImpl::Cublas) layer_linear(x, w, scale, int4, bias, y, rows, n, k, Epilogue::Store);
+    auto call = [&](const void* x, const LayerMatrix& w, const DeviceBuffer& bias, void* y, int n, int k) {
+      const LinearImpl impl = !w.gguf.empty()   ? linear_->gguf_choice(rows)
+                              : !w.int4.empty() ? linear_->int4_choice(rows)
+                              : w.scale.empty() ? linear_->choose(rows, n, k)
+                                                : linear_->fp8_choice(rows, n, k, Epilogue::Store, !bias.empty());
+      if (impl == LinearImpl::Cublas) layer_linear(x, w, bias, y, rows, n, k, Epilogue::Store);
     };
-    call(normed_.get(), L.w_qkv, L.s_qkv, L.i_qkv, L.b_qkv, qkv_.get(), Q + 2 * KV, H);
-    call(attn_.get(), L.w_o, L.s_o, L.i_o, L.b_o, o_.get(), H, Q);
+    call(normed_.get(), L.qkv(), L.b_qkv, qkv_.get(), Q + 2 * KV, H);
+    call(attn_.get(), L.o(), L.b_o, o_.get(), H, Q);
     if (c.is_moe_layer(0)) {
       // An expert layer: its router is the one cuBLAS product (the experts run moe.h's kernels).
       if (linear_->choose(rows, c.n_experts, H) == LinearImpl::Cublas)
         linear(normed_.get(), L.router.get(), nullptr, moe_logits_.get(), rows, c.n_experts, H, true);
     } else {
-      call(normed_.get(), L.w_in, L.s_in, L.i_in, L.b_in, ffn_in_.get(), swiglu ? 2 * FF : FF, H);
-      call(swiglu ? ffn_act_.get() : ffn_in_.get(), L.w_down, L.s_down, L.i_down, L.b_down, o_.get(), H, FF);
+      call(normed_.get(), L.in(), L.b_in, ffn_in_.get(), swiglu ? 2 * FF : FF, H);
+      call(swiglu ? ffn_act_.get() : ffn_in_.get(), L.down(), L.b_down, o_.get(), H, FF);
     }
     if (rows <= logit_capacity_ && c.embedding_dim() == H &&
         linear_->choose(rows, c.vocab_size, H) == LinearImpl::Cublas)

@@ -191,10 +191,10 @@ class CudaEngine final : public Engine {
                int attention_splits = 1, int attention_max_len = 0);
   // A linear layer through the dispatcher (GEMV / flat GEMM / cuBLASLt by the tuned table).
   void linear(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, bool fp32_out);
-  // A layer's matrix w (with its fp8 row scales, or its 4-bit groups, when the model is quantized:
+  // A layer's matrix in its form (16-bit, fp8 with row scales, 4-bit groups or GGUF blocks:
   // DeviceLayer).
-  void layer_linear(const void* x, const DeviceBuffer& w, const DeviceBuffer& w_scale, const DeviceInt4& int4,
-                    const DeviceBuffer& bias, void* y, int M, int N, int K, Epilogue epilogue);
+  void layer_linear(const void* x, const LayerMatrix& w, const DeviceBuffer& bias, void* y, int M, int N, int K,
+                    Epilogue epilogue);
   // Tensor parallelism: sums the ranks' partial outputs of a row-parallel layer (o, down) in place.
   void reduce_partial(void* y, int64_t elements);
   // logits_[0..rows) = the lm head over x [rows, H] (the ranks' vocabulary slices gathered).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "backend/cpu/ops.h"
 #include "core/half.h"
@@ -256,14 +257,53 @@ DeviceBuffer upload_int4(const std::vector<const PlannedTensor*>& parts, DType d
   return words;
 }
 
+// Whether the parts of one layer matrix (fused in this order) stay in their GGUF blocks: every part
+// a GGUF block type the GPU computes on, unsliced, with rows of one length the kernels take.
+bool keeps_gguf_blocks(const std::vector<const PlannedTensor*>& parts) {
+  if (parts.empty() || static_cast<int>(parts.size()) > GgufMatrix::kMaxSegments) return false;
+  for (const PlannedTensor* p : parts) {
+    const auto type = static_cast<uint32_t>(p->src.type);
+    if (p->src.data == nullptr || p->fp8() || p->packed() || p->stored_cols > 0 || p->add != 0.f ||
+        p->expert >= 0 || p->cols() != parts[0]->cols() || gguf_shape_problem(type, p->cols()) != nullptr)
+      return false;
+  }
+  return true;
+}
+
+// The layer matrices from_plan fuses: q/k/v, o, gate/up (or up alone), down.
+const std::vector<std::vector<WeightSlot>>& layer_matrix_slots() {
+  using S = WeightSlot;
+  static const std::vector<std::vector<WeightSlot>> groups = {
+      {S::Wq, S::Wk, S::Wv}, {S::Wo}, {S::WGate, S::WUp}, {S::WDown}};
+  return groups;
+}
+
+std::vector<const PlannedTensor*> present_parts(const WeightPlan& plan, const std::vector<WeightSlot>& slots,
+                                                int layer) {
+  std::vector<const PlannedTensor*> parts;
+  for (const WeightSlot s : slots)
+    if (const PlannedTensor* p = plan.find(s, layer); p != nullptr && p->numel() > 0) parts.push_back(p);
+  return parts;
+}
+
 }  // namespace
 
-uint64_t plan_device_bytes(const WeightPlan& plan) {
+uint64_t plan_device_bytes(const WeightPlan& plan, bool gguf_blocks) {
+  std::set<const PlannedTensor*> in_blocks;
+  if (gguf_blocks) {
+    int layers = 0;
+    for (const PlannedTensor& t : plan.tensors) layers = std::max(layers, t.layer + 1);
+    for (int layer = 0; layer < layers; ++layer)
+      for (const auto& slots : layer_matrix_slots())
+        if (const auto parts = present_parts(plan, slots, layer); keeps_gguf_blocks(parts))
+          in_blocks.insert(parts.begin(), parts.end());
+  }
   uint64_t n = 0;
   for (const PlannedTensor& t : plan.tensors)
-    n += t.packed() ? packed_device_bytes(t)
-         : t.fp8()  ? static_cast<uint64_t>(t.numel()) + t.fp8_scales.size() * sizeof(float)
-                    : static_cast<uint64_t>(t.numel()) * 2;
+    n += in_blocks.count(&t) > 0 ? t.bytes_of(t.numel())
+         : t.packed()            ? packed_device_bytes(t)
+         : t.fp8()               ? static_cast<uint64_t>(t.numel()) + t.fp8_scales.size() * sizeof(float)
+                                 : static_cast<uint64_t>(t.numel()) * 2;
   return n;
 }
 
@@ -280,7 +320,7 @@ void check_gpu_memory(const GpuMemoryNeed& need) {
 }
 
 DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan, DType dtype,
-                                   const StreamOptions& options, StreamStats* stats) {
+                                   const StreamOptions& options, StreamStats* stats, bool gguf_blocks) {
   DeviceModel m(c, dtype);
   const bool swiglu = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;  // gated
   std::vector<StreamJob> jobs;
@@ -328,8 +368,35 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
   // A layer matrix: 16-bit as buffer() makes it or, when the checkpoint stores its parts in FP8
   // (PlannedTensor::fp8), their e4m3 bytes as stored, with the parts' row scales concatenated into
   // `scale`: per-tensor scales of q, k and v each cover their own rows of the fused matrix.
+  // GGUF blocks as stored: runs of parts of one type become the matrix's segments, each starting
+  // 16-byte aligned in one buffer.
+  auto blocks = [&](const std::vector<const PlannedTensor*>& parts, GgufMatrix& g) {
+    const int64_t K = parts[0]->cols();
+    std::vector<uint64_t> part_at;
+    uint64_t bytes = 0;
+    g = GgufMatrix();
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const auto type = static_cast<uint32_t>(parts[i]->src.type);
+      if (i == 0 || type != g.segments[g.count - 1].type) {
+        bytes = (bytes + 15) / 16 * 16;
+        g.segments[g.count++] = {type, 0, reinterpret_cast<const void*>(bytes)};  // an offset until allocated
+      }
+      part_at.push_back(bytes);
+      g.segments[g.count - 1].rows += static_cast<int>(parts[i]->rows());
+      bytes += static_cast<uint64_t>(parts[i]->rows()) * gguf_row_bytes(type, K);
+    }
+    DeviceBuffer d(static_cast<size_t>(bytes));
+    for (int i = 0; i < g.count; ++i)
+      g.segments[i].blocks = d.as<uint8_t>() + reinterpret_cast<uintptr_t>(g.segments[i].blocks);
+    for (size_t i = 0; i < parts.size(); ++i) jobs.push_back({parts[i], d.as<uint8_t>() + part_at[i], true});
+    m.bytes_ += d.bytes();
+    m.gguf_ = true;
+    return d;
+  };
   auto matrix = [&](std::initializer_list<WeightSlot> slots, int layer, DeviceBuffer& scale, DeviceInt4& int4,
-                    const char* what) {
+                    GgufMatrix& g, const char* what) {
+    if (gguf_blocks)
+      if (const auto parts = present_parts(plan, slots, layer); keeps_gguf_blocks(parts)) return blocks(parts, g);
     std::vector<const PlannedTensor*> parts;
     size_t fp8_parts = 0, packed_parts = 0;
     for (const WeightSlot s : slots)
@@ -387,18 +454,18 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     DeviceLayer d;
     d.attn_norm = buffer({S::AttnNorm}, i);
     d.attn_norm_bias = buffer({S::AttnNormBias}, i);
-    d.w_qkv = matrix({S::Wq, S::Wk, S::Wv}, i, d.s_qkv, d.i_qkv, "q/k/v");
+    d.w_qkv = matrix({S::Wq, S::Wk, S::Wv}, i, d.s_qkv, d.i_qkv, d.g_qkv, "q/k/v");
     if (c.qkv_bias) d.b_qkv = buffer({S::Bq, S::Bk, S::Bv}, i);
     d.q_norm = buffer({S::QNorm}, i);
     d.k_norm = buffer({S::KNorm}, i);
-    d.w_o = matrix({S::Wo}, i, d.s_o, d.i_o, "o");
+    d.w_o = matrix({S::Wo}, i, d.s_o, d.i_o, d.g_o, "o");
     d.b_o = buffer({S::Bo}, i);
     d.ffn_norm = buffer({S::FfnNorm}, i);
     d.ffn_norm_bias = buffer({S::FfnNormBias}, i);
-    d.w_in = swiglu ? matrix({S::WGate, S::WUp}, i, d.s_in, d.i_in, "gate/up")
-                    : matrix({S::WUp}, i, d.s_in, d.i_in, "up");
+    d.w_in = swiglu ? matrix({S::WGate, S::WUp}, i, d.s_in, d.i_in, d.g_in, "gate/up")
+                    : matrix({S::WUp}, i, d.s_in, d.i_in, d.g_in, "up");
     if (c.mlp_bias) d.b_in = swiglu ? buffer({S::BGate, S::BUp}, i) : buffer({S::BUp}, i);
-    d.w_down = matrix({S::WDown}, i, d.s_down, d.i_down, "down");
+    d.w_down = matrix({S::WDown}, i, d.s_down, d.i_down, d.g_down, "down");
     d.b_down = buffer({S::BDown}, i);
     d.attn_post_norm = buffer({S::AttnPostNorm}, i);
     d.ffn_post_norm = buffer({S::FfnPostNorm}, i);
@@ -433,6 +500,7 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
 void DeviceModel::quantize_fp8() {
   if (fp8_) return;
   check(!int4_, "--quantization fp8: the model's weights are already 4-bit (an AWQ or GPTQ checkpoint)");
+  check(!gguf_, "--quantization fp8: the layers were loaded as GGUF blocks (load them in 16 bits first)");
   const ModelConfig& c = config_;
   check(!c.has_moe(), "--quantization fp8: expert layers are not quantized yet; run this model in 16 bits");
   const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;
@@ -461,6 +529,7 @@ void DeviceModel::quantize_fp8() {
 void DeviceModel::quantize_int4() {
   if (int4_) return;
   check(!fp8_, "--quantization int4: the model's weights are already FP8 (an FP8 checkpoint)");
+  check(!gguf_, "--quantization int4: the layers were loaded as GGUF blocks (load them in 16 bits first)");
   const ModelConfig& c = config_;
   check(!c.has_moe(), "--quantization int4: expert layers are not quantized yet; run this model in 16 bits");
   const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), FF = c.ffn_hidden;

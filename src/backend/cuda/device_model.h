@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/gguf_blocks.h"
 #include "backend/cuda/int4.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/weight_convert.h"
@@ -32,6 +33,15 @@ struct DeviceInt4 {
   }
 };
 
+// One layer matrix in whichever form the model holds it: w with its fp8 row scales, its 4-bit groups
+// or its GGUF segments (the ones that apply are non-empty).
+struct LayerMatrix {
+  const DeviceBuffer& w;
+  const DeviceBuffer& scale;
+  const DeviceInt4& int4;
+  const GgufMatrix& gguf;
+};
+
 struct DeviceLayer {
   DeviceBuffer attn_norm, attn_norm_bias;
   DeviceBuffer w_qkv, b_qkv;  // [Q + 2 KV, H], [Q + 2 KV]
@@ -52,6 +62,14 @@ struct DeviceLayer {
   // 4-bit weights (AWQ / GPTQ checkpoints, DeviceModel::quantize_int4): the four matrices hold q4
   // words and these the rest; empty otherwise.
   DeviceInt4 i_qkv, i_o, i_in, i_down;
+  // GGUF blocks kept as stored (DeviceModel::from_plan with gguf_blocks): the four matrices hold the
+  // blocks and these their segments, pointing into them; empty otherwise.
+  GgufMatrix g_qkv, g_o, g_in, g_down;
+
+  LayerMatrix qkv() const { return {w_qkv, s_qkv, i_qkv, g_qkv}; }
+  LayerMatrix o() const { return {w_o, s_o, i_o, g_o}; }
+  LayerMatrix in() const { return {w_in, s_in, i_in, g_in}; }
+  LayerMatrix down() const { return {w_down, s_down, i_down, g_down}; }
 };
 
 // What a model needs on the GPU besides what is already there, for the check before anything is
@@ -67,8 +85,9 @@ struct GpuMemoryNeed {
 // exceeds the free memory of the current device.
 void check_gpu_memory(const GpuMemoryNeed& need);
 // Bytes of the device weights a plan fills (16-bit elements; FP8 ones a byte each plus fp32 row
-// scales; 4-bit ones half a byte plus their zs words and act-order permutation).
-uint64_t plan_device_bytes(const WeightPlan& plan);
+// scales; 4-bit ones half a byte plus their zs words and act-order permutation; with gguf_blocks,
+// the layer matrices from_plan keeps in their GGUF blocks as stored).
+uint64_t plan_device_bytes(const WeightPlan& plan, bool gguf_blocks = false);
 
 class DeviceModel {
  public:
@@ -82,8 +101,12 @@ class DeviceModel {
   // 16-bit (its ignore list) stays 16-bit. An AWQ / GPTQ checkpoint's 4-bit matrices
   // (PlannedTensor::packed_int) are unpacked on the host one matrix at a time and repacked into
   // int4.h's layout (int4() is then true); 8-bit GPTQ is refused.
+  // gguf_blocks: a layer matrix whose parts are all GGUF blocks the GPU computes on (gguf_blocks.h:
+  // Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) stays in them, as stored (gguf() is then true); the others,
+  // the embeddings and the lm head are converted to dtype.
   static DeviceModel from_plan(const ModelConfig& config, const WeightPlan& plan, DType dtype,
-                               const StreamOptions& options = {}, StreamStats* stats = nullptr);
+                               const StreamOptions& options = {}, StreamStats* stats = nullptr,
+                               bool gguf_blocks = false);
   // Random weights (uniform, scaled like a trained model's: ~1/sqrt(fan_in); norms ~1). For a
   // tensor-parallel rank (model/tensor_parallel.h) config has the rank's shapes, lm_head_rows > 0
   // is its vocabulary slice (an lm head of that many rows, tied or not), and ranks > 0 hold no
@@ -102,6 +125,8 @@ class DeviceModel {
   // already 4-bit (an AWQ / GPTQ checkpoint) is kept as it is.
   void quantize_int4();
   bool int4() const { return int4_; }
+  // Some layer matrices are GGUF blocks (from_plan's gguf_blocks).
+  bool gguf() const { return gguf_; }
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
@@ -131,6 +156,7 @@ class DeviceModel {
   uint64_t bytes_ = 0;
   bool fp8_ = false;
   bool int4_ = false;
+  bool gguf_ = false;
 };
 
 }  // namespace fdpp::cuda

@@ -193,7 +193,7 @@ void LinearDispatcher::reserve_int4(int max_m, std::span<const LinearShape> shap
     if (act_order) x_bytes = std::max(x_bytes, static_cast<size_t>(max_m) * static_cast<size_t>(s.k) * 2);
   }
   ensure_flat_workspace(ws, stream);
-  if (w_bytes > int4_w_.bytes()) grow_outside_capture(int4_w_, w_bytes, stream, "the 4-bit weights' scratch");
+  if (w_bytes > w16_.bytes()) grow_outside_capture(w16_, w_bytes, stream, "the 4-bit weights' scratch");
   if (x_bytes > int4_x_.bytes()) grow_outside_capture(int4_x_, x_bytes, stream, "the act-order activations' scratch");
   if (sc > 0) scratch(sc, stream);
   FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -218,10 +218,75 @@ void LinearDispatcher::run_int4(const void* x, const uint32_t* q4, const Int4Mat
     return;
   }
   const size_t w_bytes = static_cast<size_t>(N) * static_cast<size_t>(K) * 2;
-  if (w_bytes > int4_w_.bytes()) grow_outside_capture(int4_w_, w_bytes, stream, "the 4-bit weights' scratch");
-  int4_dequantize(q4, m, N, K, dtype, int4_w_.get(), stream);
+  if (w_bytes > w16_.bytes()) grow_outside_capture(w16_, w_bytes, stream, "the 4-bit weights' scratch");
+  int4_dequantize(q4, m, N, K, dtype, w16_.get(), stream);
   // cuBLASLt, or the flat GEMM over the dequantized weights where it has no algorithm (run_impl).
-  run_impl(LinearImpl::Cublas, x, int4_w_.get(), bias, y, M, N, K, dtype, epilogue, stream);
+  run_impl(LinearImpl::Cublas, x, w16_.get(), bias, y, M, N, K, dtype, epilogue, stream);
+}
+
+LinearImpl LinearDispatcher::gguf_choice(int M) const {
+  if (chooser_.mode() == LinearMode::Cublas) return LinearImpl::Cublas;
+  if (chooser_.mode() == LinearMode::Auto && M > kFlatGemmMaxM) return LinearImpl::Cublas;
+  return LinearImpl::Gemv;
+}
+
+void LinearDispatcher::reserve_gguf(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream) {
+  check(max_m >= 1, "linear dispatch: reserve_gguf for M = {}", max_m);
+  size_t x_bytes = 0, w_bytes = 0, sc = 0;
+  for (const LinearShape& s : shapes) {
+    // The block GEMV's 8-bit x up to its rows, and a SwiGLU over two segment types' scratch.
+    const int gemv_rows = gguf_choice(max_m) == LinearImpl::Gemv ? max_m : std::min(max_m, kFlatGemmMaxM);
+    if (gguf_choice(gemv_rows) == LinearImpl::Gemv) {
+      x_bytes = std::max(x_bytes, gguf_act_bytes(gemv_rows, s.k));
+      sc = std::max(sc, static_cast<size_t>(gemv_rows) * static_cast<size_t>(s.n) * 2);
+    }
+    if (gguf_choice(max_m) == LinearImpl::Cublas) {
+      w_bytes = std::max(w_bytes, static_cast<size_t>(s.n) * static_cast<size_t>(s.k) * 2);
+      sc = std::max(sc, static_cast<size_t>(max_m) * static_cast<size_t>(s.n) * 2);  // SwiGLU's gate and up
+    }
+  }
+  if (x_bytes > gguf_x_.bytes()) grow_outside_capture(gguf_x_, x_bytes, stream, "the GGUF products' 8-bit x");
+  if (w_bytes > w16_.bytes()) grow_outside_capture(w16_, w_bytes, stream, "the dequantized weights' scratch");
+  if (sc > 0) scratch(sc, stream);
+  FDPP_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void LinearDispatcher::run_gguf(const void* x, const GgufMatrix& m, const void* bias, void* y, int M, int N, int K,
+                                DType dtype, Epilogue epilogue, cudaStream_t stream) {
+  check(dtype == dtype_, "linear dispatch: a {} call on a dispatcher for {}", dtype_name(dtype), dtype_name(dtype_));
+  check(M >= 1 && N >= 1 && K >= 1, "linear: bad shape M={} N={} K={}", M, N, K);
+  check(!m.empty() && m.rows() == N, "linear: a GGUF matrix of {} rows for N = {}", m.rows(), N);
+  check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "linear: the SwiGLU epilogue needs an even N (gate; up), not {}",
+        N);
+  const size_t elem = 2;  // bytes of a 16-bit value of x, y and bias
+  if (gguf_choice(M) == LinearImpl::Cublas) {
+    const size_t w_bytes = static_cast<size_t>(N) * static_cast<size_t>(K) * elem;
+    if (w_bytes > w16_.bytes()) grow_outside_capture(w16_, w_bytes, stream, "the dequantized weights' scratch");
+    size_t row = 0;
+    for (int i = 0; i < m.count; ++i) {
+      gguf_dequantize(m.segments[i], K, dtype, w16_.as<uint8_t>() + row * K * elem, stream);
+      row += static_cast<size_t>(m.segments[i].rows);
+    }
+    run_impl(LinearImpl::Cublas, x, w16_.get(), bias, y, M, N, K, dtype, epilogue, stream);
+    return;
+  }
+  const size_t x_bytes = gguf_act_bytes(M, K);
+  if (x_bytes > gguf_x_.bytes()) grow_outside_capture(gguf_x_, x_bytes, stream, "the GGUF products' 8-bit x");
+  gguf_quantize_x(x, M, K, dtype, m.has_legacy(), m.has_k_quants(), gguf_x_.get(), stream);
+  // SwiGLU over two segments (gate and up of different types): each into the scratch, then silu_mul.
+  const bool split_swiglu = epilogue == Epilogue::SwiGLU && m.count > 1;
+  void* out = split_swiglu ? scratch(static_cast<size_t>(M) * static_cast<size_t>(N) * elem, stream) : y;
+  const Epilogue ep = split_swiglu ? Epilogue::Store : epilogue;
+  for (int r0 = 0; r0 < M; r0 += kGgufGemvMaxRows) {
+    const int rows = std::min(kGgufGemvMaxRows, M - r0);
+    int col = 0;
+    for (int i = 0; i < m.count; ++i) {
+      const void* b = bias == nullptr ? nullptr : static_cast<const uint8_t*>(bias) + static_cast<size_t>(col) * elem;
+      gguf_gemv(m.segments[i], gguf_x_.get(), M, r0, rows, K, b, out, N, col, dtype, ep, stream);
+      col += m.segments[i].rows;
+    }
+  }
+  if (split_swiglu) silu_mul(out, y, M, N / 2, dtype, stream);
 }
 
 void LinearDispatcher::run(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,

@@ -30,6 +30,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/flat_gemm.h"
 #include "backend/cuda/fp8.h"
+#include "backend/cuda/gguf_blocks.h"
 #include "backend/cuda/int4.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/linear.h"
@@ -107,6 +108,18 @@ class LinearDispatcher {
   // The kernel of a 4-bit call (Flat or Cublas).
   LinearImpl int4_choice(int M) const;
 
+  // GGUF blocks (gguf_blocks.h): m's segments hold [N, K] in row order. Up to kFlatGemmMaxM rows x
+  // is quantized to 8 bits into the dispatcher's scratch and each segment's block GEMV runs (8 rows
+  // of x a launch; a SwiGLU over segments of two types goes through the scratch and silu_mul), as
+  // the CPU computes blocks; above, the segments are dequantized into the weight scratch and
+  // cuBLASLt multiplies them (unless --linear forces the other way where its limit allows).
+  void run_gguf(const void* x, const GgufMatrix& m, const void* bias, void* y, int M, int N, int K, DType dtype,
+                Epilogue epilogue, cudaStream_t stream);
+  // Workspaces for run_gguf up to max_m rows of these shapes. Call before capturing graphs.
+  void reserve_gguf(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream);
+  // The kernel of a GGUF call: Gemv (the block GEMV) or Cublas (dequantized).
+  LinearImpl gguf_choice(int M) const;
+
   // The same with the implementation given (no choice, no fallback): M must be within its limit.
   void run_impl(LinearImpl impl, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
                 DType dtype, Epilogue epilogue, cudaStream_t stream);
@@ -121,7 +134,7 @@ class LinearDispatcher {
   // Device memory held: flat workspace + scratch + cuBLASLt workspace.
   size_t workspace_bytes() const {
     return flat_ws_.bytes() + scratch_.bytes() + cublas_.workspace_bytes() + fp8_x_.bytes() + int4_x_.bytes() +
-           int4_w_.bytes();
+           w16_.bytes() + gguf_x_.bytes();
   }
 
  private:
@@ -141,7 +154,8 @@ class LinearDispatcher {
   DeviceBuffer scratch_;
   DeviceBuffer fp8_x_;  // run_fp8's quantized x: [M, K] e4m3, then [M] fp32 scales
   DeviceBuffer int4_x_;  // run_int4's gathered x (act-order): [M, K] 16-bit
-  DeviceBuffer int4_w_;  // run_int4's dequantized weights above kFlatGemmMaxM rows: [N, K] 16-bit
+  DeviceBuffer w16_;  // run_int4's and run_gguf's dequantized weights above kFlatGemmMaxM rows: [N, K] 16-bit
+  DeviceBuffer gguf_x_;  // run_gguf's 8-bit x (gguf_quantize_x)
   // (M, N, K, epilogue, bias) cuBLASLt found no algorithm for: computed by the flat GEMM.
   std::set<std::tuple<int, int, int, int, bool>> cublas_unsupported_;
 };

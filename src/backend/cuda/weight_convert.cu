@@ -17,7 +17,7 @@ namespace fdpp::cuda {
 namespace {
 
 // ggml's type numbers (io/gguf.h's GgmlType; that header is C++20 and .cu files are C++17).
-enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30 };
+enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
 
 __device__ __forceinline__ uint16_t u16_at(const uint8_t* p) { return uint16_t(p[0]) | uint16_t(p[1]) << 8; }
 
@@ -78,8 +78,9 @@ __device__ __forceinline__ float stored_value(const uint8_t* src, int64_t i) {
     const int j = int(i % 32);
     const int q = j < 16 ? (b[4 + j] & 0x0F) : (b[4 + j - 16] >> 4);
     return __fadd_rn(__fmul_rn(float(q), half_at(b)), half_at(b + 2));
-  } else if constexpr (T == GgmlType::Q4_K) {
-    const uint8_t* b = src + (i / 256) * 144;
+  } else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    constexpr bool Q5 = T == GgmlType::Q5_K;
+    const uint8_t* b = src + (i / 256) * (Q5 ? 176 : 144);
     const int e = int(i % 256), p = e / 64, r = e % 64, high = r >= 32 ? 1 : 0, l = r % 32;
     const int j = 2 * p + high;
     const uint8_t* s = b + 4;
@@ -92,8 +93,9 @@ __device__ __forceinline__ float stored_value(const uint8_t* src, int64_t i) {
       m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
     const float d1 = __fmul_rn(half_at(b), float(sc)), m1 = __fmul_rn(half_at(b + 2), float(m));
-    const uint8_t qb = b[16 + 32 * p + l];
-    const int q = high ? (qb >> 4) : (qb & 0x0F);
+    const uint8_t qb = b[(Q5 ? 48 : 16) + 32 * p + l];
+    // Q5_K: the fifth bit of group j is bit j of qh[l] (qh: the 32 bytes after the scales).
+    const int q = (high ? (qb >> 4) : (qb & 0x0F)) | (Q5 ? ((b[16 + l] >> j) & 1) << 4 : 0);
     return __fsub_rn(__fmul_rn(d1, float(q)), m1);
   } else if constexpr (T == GgmlType::Q6_K) {
     const uint8_t* b = src + (i / 256) * 210;
@@ -135,12 +137,35 @@ void launch(const void* src, int64_t n, int64_t cols, int64_t head_dim, void* ds
   else convert_kernel<T, false><<<blocks, threads, 0, stream>>>(s, n, cols, head_dim, d);
 }
 
+// GGUF blocks kept as stored (gguf_blocks.h): dst row r of each head = stored row planned_source_row(r)
+// (weight_plan.h), whole rows of row_bytes; one thread per byte.
+__global__ void permute_rows_kernel(const uint8_t* __restrict__ src, int64_t rows, uint64_t row_bytes,
+                                    int64_t head_dim, uint8_t* __restrict__ dst) {
+  const int64_t n = rows * int64_t(row_bytes);
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = e / int64_t(row_bytes), c = e % int64_t(row_bytes), half = head_dim / 2;
+    const int64_t hd = row / head_dim, rr = row % head_dim, j = rr / half, ii = rr % half;
+    dst[e] = src[(hd * head_dim + 2 * ii + j) * int64_t(row_bytes) + c];
+  }
+}
+
 }  // namespace
+
+void permute_stored_rows(const void* src, int64_t rows, uint64_t row_bytes, int64_t head_dim, void* dst,
+                         cudaStream_t stream) {
+  const int64_t n = rows * static_cast<int64_t>(row_bytes);
+  if (n == 0) return;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 4096);
+  permute_rows_kernel<<<blocks, threads, 0, stream>>>(static_cast<const uint8_t*>(src), rows, row_bytes, head_dim,
+                                                      static_cast<uint8_t*>(dst));
+  FDPP_CUDA_CHECK(cudaGetLastError());
+}
 
 bool gpu_converts_type(uint32_t type) {
   switch (static_cast<GgmlType>(type)) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
-    case GgmlType::Q4_1: case GgmlType::Q4_K: case GgmlType::Q6_K: return true;
+    case GgmlType::Q4_1: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: return true;
     default: return false;
   }
 }
@@ -156,6 +181,7 @@ void convert_stored_type(uint32_t type, const void* src, int64_t n, int64_t cols
     case GgmlType::Q4_0: launch<GgmlType::Q4_0>(src, n, cols, permute_head_dim, dst, dtype, stream); break;
     case GgmlType::Q4_1: launch<GgmlType::Q4_1>(src, n, cols, permute_head_dim, dst, dtype, stream); break;
     case GgmlType::Q4_K: launch<GgmlType::Q4_K>(src, n, cols, permute_head_dim, dst, dtype, stream); break;
+    case GgmlType::Q5_K: launch<GgmlType::Q5_K>(src, n, cols, permute_head_dim, dst, dtype, stream); break;
     case GgmlType::Q6_K: launch<GgmlType::Q6_K>(src, n, cols, permute_head_dim, dst, dtype, stream); break;
     default: fail("convert_stored: ggml type {} is not converted on the GPU", type);
   }

@@ -37,5 +37,9 @@ struct StreamStats {
 bool gpu_converts_type(uint32_t ggml_type);
 void convert_stored_type(uint32_t ggml_type, const void* src, int64_t n, int64_t cols, int64_t permute_head_dim,
                          void* dst, DType dtype, cudaStream_t stream);
+// dst = `rows` stored rows of row_bytes (whole heads of head_dim rows), each head's rows in the order
+// planned_source_row gives (GGUF q/k kept in their blocks).
+void permute_stored_rows(const void* src, int64_t rows, uint64_t row_bytes, int64_t head_dim, void* dst,
+                         cudaStream_t stream);
 
 }  // namespace fdpp::cuda

@@ -129,8 +129,10 @@ StreamStats stream_weights(const std::vector<StreamJob>& jobs, DType dtype, cons
     const gguf::GgmlType t = p.src.data == nullptr ? gguf::GgmlType::F32 : p.src.type;
     check(!p.fp8() || (p.src.data != nullptr && p.stored_cols == 0 && p.permute_heads == 0 && p.add == 0.f),
           "{}: an FP8 tensor streams as its bytes in place, unsliced", p.src.name);
+    check(!j.blocks || (p.src.data != nullptr && p.stored_cols == 0 && p.add == 0.f && !p.fp8() && gpu_converts(t)),
+          "{}: only an unsliced GGUF tensor of a block type streams as its blocks", p.src.name);
     // FP8 bytes go to the device as they are; the engine reads e4m3 (DeviceModel::from_plan).
-    const bool host = !p.fp8() && !gpu_converts(t);
+    const bool host = !p.fp8() && !j.blocks && !gpu_converts(t);
     const int64_t be = static_cast<int64_t>(gguf::block_elements(t));
     int64_t elems = be;
     if (p.permute_heads > 0) {
@@ -179,10 +181,16 @@ StreamStats stream_weights(const std::vector<StreamJob>& jobs, DType dtype, cons
     const uint64_t bb = gguf::block_bytes(stored);
     const int64_t units_per_chunk = std::max<int64_t>(1, static_cast<int64_t>(buf_bytes / u.staged_bytes));
     const int64_t chunk_elems = units_per_chunk * u.elems;
-    const bool direct = p.fp8() || (!u.host_dequant && stored == engine_type && p.permute_heads == 0);
-    // Bytes per element at the destination: e4m3 bytes, else the engine's 16-bit type.
+    const bool blocks = jobs[ji].blocks;
+    const bool direct =
+        p.fp8() || (blocks && p.permute_heads == 0) || (!u.host_dequant && stored == engine_type && p.permute_heads == 0);
+    // Bytes per element at the destination: e4m3 bytes, else the engine's 16-bit type (blocks: the
+    // offset of element e0, whole blocks, is e0 / be blocks).
     const int64_t dst_elem = p.fp8() ? 1 : 2;
-    auto* dst = static_cast<uint8_t*>(jobs[ji].dst);
+    auto dst_at = [&](int64_t e0) {
+      return static_cast<uint8_t*>(jobs[ji].dst) +
+             (blocks ? static_cast<int64_t>(e0 / be * static_cast<int64_t>(bb)) : e0 * dst_elem);
+    };
     for (int64_t e0 = 0; e0 < p.numel(); e0 += chunk_elems) {
       const int64_t n = std::min(chunk_elems, p.numel() - e0);
       const uint64_t src_off = static_cast<uint64_t>(e0 / be) * bb, src_len = static_cast<uint64_t>(n / be) * bb;
@@ -213,11 +221,15 @@ StreamStats stream_weights(const std::vector<StreamJob>& jobs, DType dtype, cons
         parallel_copy(base + src_off, host, src_len, std::max(1, o.read_threads));
       }
       if (direct) {
-        FDPP_CUDA_CHECK(cudaMemcpyAsync(dst + e0 * dst_elem, host, staged, cudaMemcpyHostToDevice, stream));
+        FDPP_CUDA_CHECK(cudaMemcpyAsync(dst_at(e0), host, staged, cudaMemcpyHostToDevice, stream));
+      } else if (blocks) {  // q/k rows in llama.cpp's order: whole heads per chunk, permuted on the GPU
+        FDPP_CUDA_CHECK(cudaMemcpyAsync(raw[slot].get(), host, staged, cudaMemcpyHostToDevice, stream));
+        permute_stored_rows(raw[slot].get(), n / p.cols(), p.bytes_of(p.cols()), p.rows() / p.permute_heads,
+                            dst_at(e0), stream);
       } else {
         FDPP_CUDA_CHECK(cudaMemcpyAsync(raw[slot].get(), host, staged, cudaMemcpyHostToDevice, stream));
         convert_stored(u.host_dequant ? gguf::GgmlType::F32 : stored, raw[slot].get(), n, p.cols(),
-                       p.permute_heads > 0 ? p.rows() / p.permute_heads : 0, dst + e0 * dst_elem, dtype, stream);
+                       p.permute_heads > 0 ? p.rows() / p.permute_heads : 0, dst_at(e0), dtype, stream);
       }
       FDPP_CUDA_CHECK(cudaEventRecord(done[slot]->get(), stream));
       used[slot] = true;

@@ -2,7 +2,7 @@
 // memory: each tensor is read in its stored type (pread from the file by several threads, or copied
 // from the mapping for in-memory images) into a small ring of pinned staging buffers, copied to the
 // device with cudaMemcpyAsync while the next chunk is read, and converted there to the engine's
-// 16-bit type by convert_stored (F32/F16/BF16 and the GGUF blocks Q8_0, Q4_0, Q4_1, Q4_K, Q6_K on
+// 16-bit type by convert_stored (F32/F16/BF16 and the GGUF blocks Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K on
 // the GPU; other GGUF types are dequantized on the CPU chunk by chunk into the staging buffer).
 // Host memory: staging_buffers x staging_bytes pinned, whatever the model's size.
 //
@@ -21,10 +21,12 @@
 namespace fdpp::cuda {
 
 // One planned tensor and where its numel() 16-bit elements go on the device (for an FP8 tensor,
-// PlannedTensor::fp8(), its numel() e4m3 bytes, copied as stored).
+// PlannedTensor::fp8(), its numel() e4m3 bytes, copied as stored; with `blocks`, its GGUF blocks as
+// stored, rows permuted where the plan says: gguf_blocks.h).
 struct StreamJob {
   const PlannedTensor* tensor;
   void* dst;
+  bool blocks = false;
 };
 
 // Runs every job on `stream` and waits for the last. Throws fdpp::Error naming the file and tensor

@@ -1,0 +1,500 @@
+// GGUF blocks on the GPU (gguf_blocks.h): x's 8-bit quantization, the block GEMV and the
+// dequantization for large products.
+//
+// The GEMV: a warp owns R = 2 weight rows; lane l takes the row's tasks l, l + 32, ... (a task is
+// one 32-element block of Q4_0/Q4_1/Q8_0, or 64 elements of a K-quant super-block: Q4_K/Q5_K's
+// groups 2p and 2p + 1, which share their bytes' low and high nibbles, and Q6_K's elements 32 kk +
+// l and 32 (kk + 2) + l of one half, likewise), U = 2 tasks per pass, all of a pass's weight bytes
+// loaded before the first use. Blocks are read where they lie: Q4_K and Q5_K (144 and 176 bytes)
+// with 16-byte loads, Q4_1 (20) with 4-byte ones and Q4_0, Q8_0 and Q6_K (18, 34 and 210 bytes,
+// 2-byte aligned) with 2-byte ones; the L1 turns the warp's strided loads into whole lines. The
+// integer sums are the CPU's (cpu/quant_matmul.cpp's scalar kernels); only the fp32 order of the
+// per-block terms differs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/gguf_blocks.h"
+#include "backend/cuda/weight_convert.h"
+
+namespace fdpp::cuda {
+
+namespace {
+
+using detail::check_launch;
+using detail::from_float;
+using detail::to_float;
+
+// ggml's type numbers (io/gguf.h's GgmlType).
+constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+
+constexpr int kWarps = 8;  // per CTA
+constexpr int kRows = 2;   // weight rows per warp (a gate row and its up row for SwiGLU)
+constexpr int kTasksPerPass = 2;
+
+struct BlockShape {
+  int elems, bytes;
+};
+__host__ __device__ constexpr BlockShape block_shape(uint32_t t) {
+  return t == kQ4_0   ? BlockShape{32, 18}
+         : t == kQ4_1 ? BlockShape{32, 20}
+         : t == kQ8_0 ? BlockShape{32, 34}
+         : t == kQ4_K ? BlockShape{256, 144}
+         : t == kQ5_K ? BlockShape{256, 176}
+         : t == kQ6_K ? BlockShape{256, 210}
+                      : BlockShape{0, 0};
+}
+__host__ __device__ constexpr bool is_k_quant(uint32_t t) { return t == kQ4_K || t == kQ5_K || t == kQ6_K; }
+// Elements of one lane task.
+__host__ __device__ constexpr int task_elems(uint32_t t) { return is_k_quant(t) ? 64 : 32; }
+
+// ---- the quantized-x layout (gguf_act_bytes) --------------------------------------------------
+
+constexpr size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+
+// Offsets of the six arrays for Mt rows of K elements.
+struct ActLayout {
+  size_t qs32, d32, s32, qs256, d256, bsum, total;
+  __host__ __device__ ActLayout(int Mt, int K) {
+    const size_t m = size_t(Mt), k = size_t(K);
+    qs32 = 0;
+    d32 = qs32 + round16(m * k);
+    s32 = d32 + round16(m * (k / 32) * 4);
+    qs256 = s32 + round16(m * (k / 32) * 4);
+    d256 = qs256 + round16(m * k);
+    bsum = d256 + round16(m * (k / 256) * 4);
+    total = bsum + round16(m * (k / 16) * 2);
+  }
+};
+
+// ---- x -> 8 bits --------------------------------------------------------------------------------
+
+// One warp per block of B elements (32 or 256): lane l holds elements l * B / 32 .. (l + 1) * B / 32 - 1.
+template <class T, int B>
+__global__ void __launch_bounds__(kWarps * 32) quantize_x_kernel(const T* __restrict__ x, int M, int K,
+                                                                  uint8_t* __restrict__ act, ActLayout L) {
+  constexpr int E = B / 32;  // elements per lane
+  detail::pdl_trigger();
+  detail::pdl_wait();  // x is the previous kernel's
+  const int lane = threadIdx.x & 31;
+  const int64_t block = (blockIdx.x * int64_t(kWarps)) + (threadIdx.x >> 5);
+  const int per_row = K / B;
+  if (block >= int64_t(M) * per_row) return;
+  const int m = int(block / per_row), b = int(block % per_row);
+  const T* src = x + int64_t(m) * K + int64_t(b) * B + lane * E;
+  float v[E], amax = 0.f, bad = 0.f;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    v[i] = to_float(src[i]);
+    amax = fmaxf(amax, fabsf(v[i]));
+    bad += v[i] * 0.f;  // NaN when an element is NaN or infinite
+  }
+  amax = detail::warp_max(amax);
+  bad = detail::warp_sum(bad);
+  const float d = bad == 0.f ? amax / 127.f : __int_as_float(0x7fc00000);
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  const bool finite = isfinite(d);
+  int8_t q[E];
+  int sum = 0;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    q[i] = finite ? int8_t(__float2int_rn(v[i] * id)) : int8_t(0);
+    sum += q[i];
+  }
+  const size_t row_elems = size_t(m) * K + size_t(b) * B + size_t(lane) * E;
+  int8_t* qs = reinterpret_cast<int8_t*>(act + (B == 32 ? L.qs32 : L.qs256)) + row_elems;
+#pragma unroll
+  for (int i = 0; i < E; ++i) qs[i] = q[i];
+  if constexpr (B == 32) {
+    sum = __reduce_add_sync(0xffffffffu, sum);
+    if (lane == 0) {
+      reinterpret_cast<float*>(act + L.d32)[block] = d;
+      reinterpret_cast<float*>(act + L.s32)[block] = d * float(sum);
+    }
+  } else {
+    // Sums per 16 elements: lanes 2g and 2g + 1.
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if ((lane & 1) == 0) reinterpret_cast<int16_t*>(act + L.bsum)[block * 16 + lane / 2] = int16_t(sum);
+    if (lane == 0) reinterpret_cast<float*>(act + L.d256)[block] = d;
+  }
+}
+
+// ---- weight loads -------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+// 4 bytes at a 2-byte aligned address.
+__device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t* p) {
+  return __byte_perm(ld_u16(p), ld_u16(p + 2), 0x5410);
+}
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ float half_bits(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
+
+// One task's weight bytes, as loaded (before the activations are known).
+struct TaskWeights {
+  uint32_t q[8];   // quant bytes: a block's 32 (Q8_0) / 16 (Q4_0, Q4_1) bytes, the 32 nibble bytes of a K pair
+  uint32_t h[8];   // Q5_K: the 32 qh bytes; Q6_K: the 32 qh bytes of the half
+  uint32_t dm;     // d (low 16 bits) and dmin / m (high 16 bits); Q6_K: d
+  uint32_t sc[3];  // Q4_K/Q5_K: the 12 scale bytes; Q6_K: sc[0] = the two scales of kk, sc[1] those of kk + 2
+};
+
+// Task t of a row (row: the row's first byte).
+template <uint32_t Q>
+__device__ __forceinline__ void load_task(const uint8_t* __restrict__ row, int t, TaskWeights& w) {
+  if constexpr (Q == kQ4_0) {
+    const uint8_t* b = row + size_t(t) * 18;
+    w.dm = ld_u16(b);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w.q[i] = ld_u32_a2(b + 2 + 4 * i);
+  } else if constexpr (Q == kQ4_1) {
+    const uint8_t* b = row + size_t(t) * 20;
+    w.dm = ld_u32(b);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w.q[i] = ld_u32(b + 4 + 4 * i);
+  } else if constexpr (Q == kQ8_0) {
+    const uint8_t* b = row + size_t(t) * 34;
+    w.dm = ld_u16(b);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w.q[i] = ld_u32_a2(b + 2 + 4 * i);
+  } else if constexpr (Q == kQ4_K || Q == kQ5_K) {
+    const int p = t & 3;
+    const uint8_t* b = row + size_t(t >> 2) * (Q == kQ4_K ? 144 : 176);
+    const uint4 head = __ldcs(reinterpret_cast<const uint4*>(b));  // d, dmin, 12 scale bytes
+    w.dm = head.x;
+    w.sc[0] = head.y;
+    w.sc[1] = head.z;
+    w.sc[2] = head.w;
+    const uint4* qs = reinterpret_cast<const uint4*>(b + (Q == kQ4_K ? 16 : 48) + 32 * p);
+    const uint4 q0 = __ldcs(qs), q1 = __ldcs(qs + 1);
+    w.q[0] = q0.x, w.q[1] = q0.y, w.q[2] = q0.z, w.q[3] = q0.w;
+    w.q[4] = q1.x, w.q[5] = q1.y, w.q[6] = q1.z, w.q[7] = q1.w;
+    if constexpr (Q == kQ5_K) {
+      const uint4* qh = reinterpret_cast<const uint4*>(b + 16);
+      const uint4 h0 = __ldg(qh), h1 = __ldg(qh + 1);  // shared by the block's four tasks
+      w.h[0] = h0.x, w.h[1] = h0.y, w.h[2] = h0.z, w.h[3] = h0.w;
+      w.h[4] = h1.x, w.h[5] = h1.y, w.h[6] = h1.z, w.h[7] = h1.w;
+    }
+  } else {  // Q6_K: task (h, kk0) = t & 3 as 2 h + kk0
+    const int h = (t >> 1) & 1, kk0 = t & 1;
+    const uint8_t* b = row + size_t(t >> 2) * 210;
+    const uint8_t* ql = b + 64 * h + 32 * kk0;
+    const uint8_t* qh = b + 128 + 32 * h;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      w.q[i] = ld_u32_a2(ql + 4 * i);
+      w.h[i] = ld_u32_a2(qh + 4 * i);
+    }
+    w.sc[0] = ld_u16(b + 192 + 8 * h + 2 * kk0);
+    w.sc[1] = ld_u16(b + 192 + 8 * h + 2 * kk0 + 4);
+    w.dm = ld_u16(b + 208);
+  }
+}
+
+// ggml's get_scale_min_k4: group j's 6-bit scale and min from the 12 scale bytes.
+__device__ __forceinline__ void scale_min_k4(int j, const uint32_t (&sc)[3], int& s, int& m) {
+  auto byte = [&](int i) { return int((sc[i >> 2] >> (8 * (i & 3))) & 0xFF); };
+  if (j < 4) {
+    s = byte(j) & 63;
+    m = byte(j + 4) & 63;
+  } else {
+    s = (byte(j + 4) & 0x0F) | ((byte(j - 4) >> 6) << 4);
+    m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+  }
+}
+
+__device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a(int(a), int(b), c); }
+
+// The task's contribution to one row of x (its 8-bit activations at act for row m).
+template <uint32_t Q>
+__device__ __forceinline__ float task_dot(const TaskWeights& w, int t, const uint8_t* __restrict__ act,
+                                          const ActLayout& L, int m, int K) {
+  if constexpr (Q == kQ4_0 || Q == kQ4_1 || Q == kQ8_0) {
+    const int64_t block = int64_t(m) * (K / 32) + t;
+    const uint4* xq = reinterpret_cast<const uint4*>(act + L.qs32 + size_t(block) * 32);
+    const uint4 x0 = __ldg(xq), x1 = __ldg(xq + 1);
+    const uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    const float dx = __ldg(reinterpret_cast<const float*>(act + L.d32) + block);
+    int sumi = 0;
+    if constexpr (Q == kQ8_0) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sumi = dp4a(w.q[i], xs[i], sumi);
+      return half_bits(w.dm) * dx * float(sumi);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        sumi = dp4a(w.q[i] & 0x0F0F0F0Fu, xs[i], sumi);
+        sumi = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, xs[i + 4], sumi);
+      }
+      const float d = half_bits(w.dm & 0xFFFF);
+      const float sx = __ldg(reinterpret_cast<const float*>(act + L.s32) + block);
+      const float mn = Q == kQ4_1 ? half_bits(w.dm >> 16) : -8.f * d;
+      return d * dx * float(sumi) + mn * sx;
+    }
+  } else {
+    const int sb = t >> 2;  // super-block of the row
+    const int64_t xblock = int64_t(m) * (K / 256) + sb;
+    const float dx = __ldg(reinterpret_cast<const float*>(act + L.d256) + xblock);
+    const uint8_t* xq = act + L.qs256 + size_t(xblock) * 256;
+    const int16_t* bsum = reinterpret_cast<const int16_t*>(act + L.bsum) + xblock * 16;
+    if constexpr (Q == kQ4_K || Q == kQ5_K) {
+      const int p = t & 3;
+      const uint4* x4 = reinterpret_cast<const uint4*>(xq + 64 * p);
+      const uint4 a0 = __ldg(x4), a1 = __ldg(x4 + 1), b0 = __ldg(x4 + 2), b1 = __ldg(x4 + 3);
+      const uint32_t lo_x[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const uint32_t hi_x[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+      int g_lo = 0, g_hi = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        uint32_t lo = w.q[i] & 0x0F0F0F0Fu, hi = (w.q[i] >> 4) & 0x0F0F0F0Fu;
+        if constexpr (Q == kQ5_K) {
+          lo |= ((w.h[i] >> (2 * p)) & 0x01010101u) << 4;
+          hi |= ((w.h[i] >> (2 * p + 1)) & 0x01010101u) << 4;
+        }
+        g_lo = dp4a(lo, lo_x[i], g_lo);
+        g_hi = dp4a(hi, hi_x[i], g_hi);
+      }
+      int s_lo, m_lo, s_hi, m_hi;
+      scale_min_k4(2 * p, w.sc, s_lo, m_lo);
+      scale_min_k4(2 * p + 1, w.sc, s_hi, m_hi);
+      const int sumi = s_lo * g_lo + s_hi * g_hi;
+      const int summ = m_lo * (bsum[4 * p] + bsum[4 * p + 1]) + m_hi * (bsum[4 * p + 2] + bsum[4 * p + 3]);
+      return half_bits(w.dm & 0xFFFF) * dx * float(sumi) - half_bits(w.dm >> 16) * dx * float(summ);
+    } else {  // Q6_K
+      const int h = (t >> 1) & 1, kk0 = t & 1;
+      const int e_lo = 128 * h + 32 * kk0, e_hi = e_lo + 64;  // kk0 and kk0 + 2
+      const uint4* xl = reinterpret_cast<const uint4*>(xq + e_lo);
+      const uint4* xh = reinterpret_cast<const uint4*>(xq + e_hi);
+      const uint4 a0 = __ldg(xl), a1 = __ldg(xl + 1), b0 = __ldg(xh), b1 = __ldg(xh + 1);
+      const uint32_t lo_x[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const uint32_t hi_x[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+      int run[4] = {0, 0, 0, 0};  // sums of 16: (kk0, l < 16), (kk0, l >= 16), (kk0 + 2, ...), (...)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t lo = (w.q[i] & 0x0F0F0F0Fu) | (((w.h[i] >> (2 * kk0)) & 0x03030303u) << 4);
+        const uint32_t hi = ((w.q[i] >> 4) & 0x0F0F0F0Fu) | (((w.h[i] >> (2 * kk0 + 4)) & 0x03030303u) << 4);
+        run[i / 4] = dp4a(lo, lo_x[i], run[i / 4]);
+        run[2 + i / 4] = dp4a(hi, hi_x[i], run[2 + i / 4]);
+      }
+      // q - 32: subtract 32 x the run's activation sum (bsums index = the scale's index).
+      const int g = e_lo / 16;  // 8 h + 2 kk0
+      const int sc0 = int(int8_t(w.sc[0] & 0xFF)), sc1 = int(int8_t(w.sc[0] >> 8));
+      const int sc2 = int(int8_t(w.sc[1] & 0xFF)), sc3 = int(int8_t(w.sc[1] >> 8));
+      const int sumi = sc0 * (run[0] - 32 * bsum[g]) + sc1 * (run[1] - 32 * bsum[g + 1]) +
+                       sc2 * (run[2] - 32 * bsum[g + 4]) + sc3 * (run[3] - 32 * bsum[g + 5]);
+      return half_bits(w.dm) * dx * float(sumi);
+    }
+  }
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+template <class T, uint32_t Q, int M>
+__global__ void __launch_bounds__(kWarps * 32)
+    gguf_gemv_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int N, int K, const uint8_t* __restrict__ act,
+                     ActLayout L, int row0, const T* __restrict__ bias, void* __restrict__ y, int ldy, int col0,
+                     Epilogue epilogue) {
+  constexpr int R = kRows, U = kTasksPerPass, P = R / 2;
+  detail::pdl_trigger();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int unit = blockIdx.x * kWarps + warp;
+  const bool swiglu = epilogue == Epilogue::SwiGLU;
+  const int F = N / 2;
+  int rows[R];
+  bool valid[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (swiglu) {
+      const int f = unit * P + (r % P);
+      valid[r] = f < F;
+      rows[r] = (r < P ? 0 : F) + min(f, F - 1);
+    } else {
+      const int n = unit * R + r;
+      valid[r] = n < N;
+      rows[r] = min(n, N - 1);
+    }
+  }
+  if (!valid[0]) {  // whole warps: no shuffle below runs with missing lanes
+    detail::pdl_wait();
+    return;
+  }
+  const int tasks = K / task_elems(Q);
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+  bool waited = false;
+  for (int base = lane; base < tasks; base += 32 * U) {
+    TaskWeights tw[R][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int t = base + 32 * u;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (t < tasks) load_task<Q>(w + size_t(rows[r]) * row_bytes, t, tw[r][u]);
+    }
+    if (!waited) {  // act, bias and y may be the previous kernels': wait after the first weights
+      detail::pdl_wait();
+      waited = true;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int t = base + 32 * u;
+      if (t >= tasks) break;
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][m] += task_dot<Q>(tw[r][u], t, act, L, row0 + m, K);
+    }
+  }
+  if (!waited) detail::pdl_wait();
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = detail::warp_sum(acc[r][m]);
+
+  if (swiglu) {
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        if (lane != (p * M + m) % 32 || !valid[p]) continue;
+        const int f = rows[p];
+        float g = acc[p][m], u = acc[P + p][m];
+        if (bias != nullptr) {
+          g += to_float(bias[f]);
+          u += to_float(bias[F + f]);
+        }
+        static_cast<T*>(y)[int64_t(row0 + m) * F + f] = from_float<T>(silu(g) * u);
+      }
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (lane != (r * M + m) % 32 || !valid[r]) continue;
+      const int n = rows[r];
+      float v = acc[r][m];
+      if (bias != nullptr) v += to_float(bias[n]);
+      const int64_t o = int64_t(row0 + m) * ldy + col0 + n;
+      switch (epilogue) {
+        case Epilogue::Store: static_cast<T*>(y)[o] = from_float<T>(v); break;
+        case Epilogue::StoreF32: static_cast<float*>(y)[o] = v; break;
+        default: static_cast<float*>(y)[o] += v; break;  // AddF32
+      }
+    }
+}
+
+template <class T, uint32_t Q>
+void launch_type(const GgufSegment& seg, const uint8_t* act, const ActLayout& L, int row0, int M, int K,
+                 const void* bias, void* y, int ldy, int col0, Epilogue ep, cudaStream_t stream) {
+  const int N = seg.rows;
+  const int units = ep == Epilogue::SwiGLU ? (N / 2 + kRows / 2 - 1) / (kRows / 2) : (N + kRows - 1) / kRows;
+  const detail::LaunchConfig config(dim3(unsigned((units + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0, stream,
+                                    linear_programmatic_launch_enabled());
+  const auto* w = static_cast<const uint8_t*>(seg.blocks);
+  const uint64_t rb = gguf_row_bytes(Q, K);
+  const auto* b = static_cast<const T*>(bias);
+  auto go = [&](auto kernel) {
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, w, rb, N, K, act, L, row0, b, y, ldy, col0, ep),
+                       "cudaLaunchKernelEx(gguf_gemv)");
+  };
+  switch (M) {
+    case 1: return go(gguf_gemv_kernel<T, Q, 1>);
+    case 2: return go(gguf_gemv_kernel<T, Q, 2>);
+    case 3: return go(gguf_gemv_kernel<T, Q, 3>);
+    case 4: return go(gguf_gemv_kernel<T, Q, 4>);
+    case 5: return go(gguf_gemv_kernel<T, Q, 5>);
+    case 6: return go(gguf_gemv_kernel<T, Q, 6>);
+    case 7: return go(gguf_gemv_kernel<T, Q, 7>);
+    default: return go(gguf_gemv_kernel<T, Q, 8>);
+  }
+}
+
+}  // namespace
+
+bool gguf_gpu_type(uint32_t t) { return block_shape(t).elems > 0; }
+
+bool gguf_k_quant(uint32_t t) { return is_k_quant(t); }
+
+uint64_t gguf_row_bytes(uint32_t t, int64_t K) {
+  const BlockShape s = block_shape(t);
+  return s.elems == 0 ? 0 : uint64_t(K / s.elems) * uint64_t(s.bytes);
+}
+
+const char* gguf_shape_problem(uint32_t t, int64_t K) {
+  if (!gguf_gpu_type(t)) return "the GPU keeps only Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K blocks";
+  if (K <= 0 || K % block_shape(t).elems != 0) return "rows are not whole blocks";
+  if (K > (int64_t(1) << 24)) return "rows longer than 2^24 elements";
+  return nullptr;
+}
+
+bool GgufMatrix::has_k_quants() const {
+  for (int i = 0; i < count; ++i)
+    if (is_k_quant(segments[i].type)) return true;
+  return false;
+}
+bool GgufMatrix::has_legacy() const {
+  for (int i = 0; i < count; ++i)
+    if (!is_k_quant(segments[i].type)) return true;
+  return false;
+}
+
+size_t gguf_act_bytes(int M, int K) { return ActLayout(M, K).total; }
+
+void gguf_quantize_x(const void* x, int M, int K, DType dtype, bool legacy, bool k_quants, void* act,
+                     cudaStream_t stream) {
+  check(x != nullptr && act != nullptr, "gguf_quantize_x: null pointer");
+  check(M >= 1 && K >= 32 && K % 32 == 0 && (!k_quants || K % 256 == 0),
+        "gguf_quantize_x: M = {}, K = {} (K whole blocks)", M, K);
+  const ActLayout L(M, K);
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto kernel, int B) {
+      const int64_t warps = int64_t(M) * (K / B);
+      const detail::LaunchConfig config(dim3(unsigned((warps + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0, stream,
+                                        programmatic_launch_enabled());
+      detail::cuda_check(
+          cudaLaunchKernelEx(config.get(), kernel, static_cast<const T*>(x), M, K, static_cast<uint8_t*>(act), L),
+          "cudaLaunchKernelEx(gguf_quantize_x)");
+    };
+    if (legacy) launch(quantize_x_kernel<T, 32>, 32);
+    if (k_quants) launch(quantize_x_kernel<T, 256>, 256);
+  });
+  check_launch("gguf_quantize_x");
+}
+
+void gguf_gemv(const GgufSegment& seg, const void* act, int act_rows, int row0, int M, int K, const void* bias,
+               void* y, int ldy, int col0, DType dtype, Epilogue epilogue, cudaStream_t stream) {
+  check(seg.blocks != nullptr && act != nullptr && y != nullptr, "gguf_gemv: null pointer");
+  check(M >= 1 && M <= kGgufGemvMaxRows && row0 >= 0 && row0 + M <= act_rows,
+        "gguf_gemv: rows [{}, {}) of {} quantized (at most {} a launch)", row0, row0 + M, act_rows, kGgufGemvMaxRows);
+  check(seg.rows >= 1, "gguf_gemv: a segment of {} rows", seg.rows);
+  if (const char* why = gguf_shape_problem(seg.type, K)) fail("gguf_gemv: type {}, K = {}: {}", seg.type, K, why);
+  check(detail::aligned16(seg.blocks) && detail::aligned16(act), "gguf_gemv: blocks and act must be 16-byte aligned");
+  check(epilogue != Epilogue::SwiGLU || seg.rows % 2 == 0, "gguf_gemv: SwiGLU needs an even number of rows");
+  const ActLayout L(act_rows, K);
+  const auto* a = static_cast<const uint8_t*>(act);
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    switch (seg.type) {
+      case kQ4_0: return launch_type<T, kQ4_0>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
+      case kQ4_1: return launch_type<T, kQ4_1>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
+      case kQ8_0: return launch_type<T, kQ8_0>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
+      case kQ4_K: return launch_type<T, kQ4_K>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
+      case kQ5_K: return launch_type<T, kQ5_K>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
+      default: return launch_type<T, kQ6_K>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
+    }
+  });
+  check_launch("gguf_gemv");
+}
+
+void gguf_dequantize(const GgufSegment& seg, int K, DType dtype, void* w16, cudaStream_t stream) {
+  check(seg.blocks != nullptr && w16 != nullptr, "gguf_dequantize: null pointer");
+  if (const char* why = gguf_shape_problem(seg.type, K)) fail("gguf_dequantize: type {}, K = {}: {}", seg.type, K, why);
+  convert_stored_type(seg.type, seg.blocks, int64_t(seg.rows) * K, K, 0, w16, dtype, stream);
+}
+
+}  // namespace fdpp::cuda

@@ -1,0 +1,257 @@
+// GGUF blocks on the GPU (backend/cuda/gguf_blocks.h): the block GEMV of every type against the CPU's
+// stored path (the same 8-bit activations and integer sums: only the fp32 order differs); the
+// dispatcher's segments, epilogues and dequantized cuBLASLt path against fp64 over the dequantized
+// weights; NaN in x; and a GGUF model whose layers stay in their blocks against the CPU engine on the
+// same file. Skipped without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "backend/cpu/cpu_engine.h"
+#include "backend/cpu/quant_matmul.h"
+#include "backend/cuda/device_model.h"
+#include "backend/cuda/gguf_blocks.h"
+#include "backend/cuda/linear_dispatch.h"
+#include "gpu/engine_steps.h"
+#include "gpu/gpu_test_util.h"
+#include "io/gguf.h"
+#include "model/model_loader.h"
+#include "tiny_gguf.h"
+
+namespace fdpp::test {
+namespace {
+
+namespace fs = std::filesystem;
+using cuda::Epilogue;
+using gguf::GgmlType;
+
+class GgufBlocksGpu : public CudaKernels {};
+
+const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0,
+                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+uint32_t u32(GgmlType t) { return static_cast<uint32_t>(t); }
+
+// y [M, N] = x . W^T by the CPU's scalar stored-format kernels (8-bit activations).
+std::vector<float> cpu_stored(GgmlType t, const std::vector<uint8_t>& w, int N, int K, const std::vector<float>& x,
+                              int M) {
+  StoredMatrix s;
+  s.type = t;
+  s.data = w.data();
+  s.rows = N;
+  s.cols = K;
+  s.row_bytes = gguf::block_bytes(t) * static_cast<uint64_t>(K) / gguf::block_elements(t);
+  std::vector<float> y(size_t(M) * N);
+  cpu::stored_linear(x.data(), M, s, nullptr, y.data(), cpu::Isa::Scalar);
+  return y;
+}
+
+TEST_F(GgufBlocksGpu, GemvOfEveryTypeMatchesTheCpuStoredPath) {
+  for (const GgmlType t : kTypes) {
+    const bool kq = cuda::gguf_k_quant(u32(t));
+    for (const int K : kq ? std::vector<int>{256, 2816} : std::vector<int>{32, 2080}) {
+      const int N = 37;  // odd: the last warp's second row is past the end
+      const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
+      ASSERT_EQ(w.size(), cuda::gguf_row_bytes(u32(t), K) * N);
+      cuda::DeviceBuffer blocks(w.size());
+      cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
+      const cuda::GgufSegment seg{u32(t), N, blocks.get()};
+      for (const DType dt : {DType::F16, DType::BF16})
+        for (const int M : {1, 3, 8}) {
+          const std::string what = fmt::format("gguf_gemv {} {} K={} M={}", gguf::type_name(t), name(dt), K, M);
+          std::vector<float> xf;
+          DeviceBuffer<uint16_t> x(random_bits(size_t(M) * K, dt, xf));
+          cuda::DeviceBuffer act(cuda::gguf_act_bytes(M, K));
+          DeviceBuffer<float> y(size_t(M) * N);
+          y.poison();
+          cuda::gguf_quantize_x(x.get(), M, K, dt, !kq, kq, act.get(), nullptr);
+          cuda::gguf_gemv(seg, act.get(), M, 0, M, K, nullptr, y.get(), N, 0, dt, Epilogue::StoreF32, nullptr);
+          sync(what);
+          const std::vector<float> got = y.download(), want = cpu_stored(t, w, N, K, xf, M);
+          // The same integers; the fp32 sums of the per-block terms in another order.
+          const double e = nmse(got, want);
+          EXPECT_LE(e, 1e-9) << what;
+          std::printf("%s: NMSE %.2e against the CPU\n", what.c_str(), e);
+        }
+    }
+  }
+}
+
+TEST_F(GgufBlocksGpu, NanInARowOfXReachesOnlyThatRow) {
+  const int N = 16, K = 512, M = 3;
+  for (const GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K}) {
+    const bool kq = cuda::gguf_k_quant(u32(t));
+    const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
+    cuda::DeviceBuffer blocks(w.size());
+    cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
+    std::vector<float> xf;
+    std::vector<uint16_t> xb = random_bits(size_t(M) * K, DType::F16, xf);
+    xb[size_t(K) + 7] = 0x7e00;  // NaN in row 1
+    DeviceBuffer<uint16_t> x(xb);
+    cuda::DeviceBuffer act(cuda::gguf_act_bytes(M, K));
+    DeviceBuffer<float> y(size_t(M) * N);
+    cuda::gguf_quantize_x(x.get(), M, K, DType::F16, !kq, kq, act.get(), nullptr);
+    cuda::gguf_gemv({u32(t), N, blocks.get()}, act.get(), M, 0, M, K, nullptr, y.get(), N, 0, DType::F16,
+                    Epilogue::StoreF32, nullptr);
+    sync("gguf_gemv NaN");
+    const std::vector<float> got = y.download();
+    for (int r = 0; r < M; ++r)
+      for (int n = 0; n < N; ++n)
+        EXPECT_EQ(std::isnan(got[size_t(r) * N + n]), r == 1) << gguf::type_name(t) << " row " << r << " col " << n;
+  }
+}
+
+// run_gguf over a matrix of three segments (q/k/v of a Q4_K_M file: two types, and a third), a
+// gate/up of one segment and of two: every epilogue, M across the GEMV's 8-row launches and past
+// kFlatGemmMaxM (dequantized for cuBLASLt), against fp64 over the dequantized weights.
+TEST_F(GgufBlocksGpu, RunGgufMatchesTheReferenceForSegmentsEpiloguesAndRows) {
+  const int K = 768;
+  struct Part {
+    GgmlType t;
+    int rows;
+  };
+  const std::vector<std::vector<Part>> matrices = {
+      {{GgmlType::Q4_K, 40}, {GgmlType::Q6_K, 24}, {GgmlType::Q8_0, 64}},
+      {{GgmlType::Q5_K, 96}},                        // one segment: SwiGLU fused in the GEMV
+      {{GgmlType::Q4_K, 48}, {GgmlType::Q6_K, 48}},  // SwiGLU over two types: through silu_mul
+  };
+  for (const DType dt : {DType::F16, DType::BF16}) {
+    LinearChooser chooser;
+    cuda::LinearDispatcher dispatcher(dt, chooser);
+    for (const auto& parts : matrices) {
+      int N = 0;
+      std::vector<std::vector<uint8_t>> stored;
+      std::vector<float> wf;  // [N, K] dequantized
+      size_t bytes = 0;
+      for (const Part& p : parts) {
+        stored.push_back(random_stored(p.t, uint64_t(p.rows) * K));
+        std::vector<float> f(size_t(p.rows) * K);
+        gguf::dequantize(p.t, stored.back().data(), f.data(), f.size());
+        wf.insert(wf.end(), f.begin(), f.end());
+        N += p.rows;
+        bytes += (stored.back().size() + 15) / 16 * 16;
+      }
+      cuda::DeviceBuffer blocks(bytes);
+      cuda::GgufMatrix m;
+      size_t at = 0;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        cuda_ok(cudaMemcpy(blocks.as<uint8_t>() + at, stored[i].data(), stored[i].size(), cudaMemcpyHostToDevice),
+                "upload");
+        m.segments[m.count++] = {u32(parts[i].t), parts[i].rows, blocks.as<uint8_t>() + at};
+        at += (stored[i].size() + 15) / 16 * 16;
+      }
+      std::vector<float> bf;
+      DeviceBuffer<uint16_t> bias(random_bits(size_t(N), dt, bf, 0.1f));
+      for (const int M : {1, 5, 12, 70}) {
+        std::vector<float> xf;
+        DeviceBuffer<uint16_t> x(random_bits(size_t(M) * K, dt, xf));
+        std::vector<double> dot(size_t(M) * N);
+        for (int r = 0; r < M; ++r)
+          for (int n = 0; n < N; ++n) {
+            double s = 0;
+            for (int k = 0; k < K; ++k) s += double(xf[size_t(r) * K + k]) * wf[size_t(n) * K + k];
+            dot[size_t(r) * N + n] = s + bf[n];
+          }
+        for (const Epilogue ep : {Epilogue::Store, Epilogue::AddF32, Epilogue::SwiGLU}) {
+          const int cols = ep == Epilogue::SwiGLU ? N / 2 : N;
+          const std::string what = fmt::format("run_gguf {} {} segments M={} {}", name(dt), parts.size(), M,
+                                               epilogue_name(ep));
+          std::vector<float> init(size_t(M) * cols, 0.f), out;
+          if (ep == Epilogue::AddF32) {
+            init = random_vector(init.size());
+            DeviceBuffer<float> y(init);
+            dispatcher.run_gguf(x.get(), m, bias.get(), y.get(), M, N, K, dt, ep, nullptr);
+            sync(what);
+            out = y.download();
+          } else {
+            DeviceBuffer<uint16_t> y(init.size());
+            y.poison();
+            dispatcher.run_gguf(x.get(), m, bias.get(), y.get(), M, N, K, dt, ep, nullptr);
+            sync(what);
+            out = from_bits(y.download(), dt);
+          }
+          std::vector<float> ref(init.size());
+          for (int r = 0; r < M; ++r)
+            for (int j = 0; j < cols; ++j) {
+              const float a = float(dot[size_t(r) * N + j]);
+              const float u = ep == Epilogue::SwiGLU ? float(dot[size_t(r) * N + cols + j]) : 0.f;
+              ref[size_t(r) * cols + j] = ep == Epilogue::SwiGLU   ? a / (1.f + std::exp(-a)) * u
+                                          : ep == Epilogue::AddF32 ? init[size_t(r) * cols + j] + a
+                                                                   : a;
+            }
+          // Up to 64 rows: x in 8 bits per block (the CPU's stored path: NMSE ~1e-5 of the output);
+          // above: the weights rounded to 16 bits for cuBLASLt. A wrong nibble, scale or segment
+          // offset gives O(1).
+          expect_close(out, ref, {dt == DType::F16 ? 1e-4 : 2e-4, 0, 0}, what);
+        }
+      }
+    }
+  }
+}
+
+// A GGUF of every stored type (tests/tiny_gguf.h; q/k of different types, llama.cpp's row order)
+// on the GPU with its layer matrices in their blocks, against the CPU engine on the same file
+// (which computes the same blocks with 8-bit activations, and keeps the types it has no kernels
+// for in fp32). The layers of types the GPU keeps are checked to be blocks.
+TEST_F(GgufBlocksGpu, TinyGgufInItsBlocksStepsLikeTheCpuEngine) {
+  const auto dir = scratch_dir("gguf_blocks_gpu");
+  const std::string path = (dir / "tiny.gguf").string();
+  write_tiny_llama_gguf(path);
+  const PlannedModel p = plan_model(path);
+  const ModelConfig& c = p.config();
+  const LoadedModel cpu_model = load_model(path, {}, cpu::stored_load_options());
+  const cuda::DeviceModel dm = cuda::DeviceModel::from_plan(c, p.plan, DType::F16, {}, nullptr, true);
+  ASSERT_TRUE(dm.gguf());
+  // Layer 0: q/k/v are Q6_K, Q8_0, Q4_0 (three segments), o Q4_1; gate/up F16/BF16 stay 16-bit.
+  EXPECT_EQ(dm.layers[0].g_qkv.count, 3);
+  EXPECT_EQ(dm.layers[0].g_o.count, 1);
+  EXPECT_TRUE(dm.layers[0].g_in.empty());
+  const EngineLimits l = small_step_limits(c, 1024);
+  CpuEngine cpu(c, cpu_model.weights, l);
+  std::unique_ptr<Engine> gpu = plan_gpu_engine(c, p.plan, l);
+  // Decode steps of three rows (the block GEMV) after a prefill of 70+ tokens a row (dequantized
+  // for cuBLASLt).
+  step_engines_alike({&cpu, gpu.get()}, c.vocab_size, 3, 100, {70, 1, 1, 1},
+                     [&](size_t st, const std::vector<StepOutput>& o) {
+    for (int r = 0; r < 3; ++r) {
+      const auto a = row_logits(o[1], r, c.vocab_size), b = row_logits(o[0], r, c.vocab_size);
+      if (!std::all_of(b.begin(), b.end(), [](float v) { return std::isfinite(v); })) continue;  // random bytes
+      const double e = nmse(a, b);
+      // 16-bit activations and weights of the 16-bit layers on the GPU; the blocks' products agree.
+      EXPECT_LE(e, 2e-3) << "step " << st << " row " << r;
+      std::printf("tiny GGUF in blocks step %zu row %d: NMSE %.3e\n", st, r, e);
+    }
+  });
+  fs::remove_all(dir);
+}
+
+// The default model's GGUF (SmolLM2-135M, Q4_1 and Q8_0 blocks) on the GPU in its blocks against the
+// CPU engine on the same file: logits and teacher-forced greedy tokens. Skipped where the model is
+// not fetched (scripts/fetch-default-model.sh; gpu-check.sh carries it in parts).
+TEST_F(GgufBlocksGpu, DefaultModelInItsBlocksMatchesTheCpuEngine) {
+  const std::string path = default_model_or_empty();
+  if (path.empty()) GTEST_SKIP() << "default model not present";
+  const PlannedModel p = plan_model(path);
+  const ModelConfig& c = p.config();
+  const LoadedModel cpu_model = load_model(path, {}, cpu::stored_load_options());
+  const EngineLimits l = small_step_limits(c, 1024);
+  CpuEngine cpu(c, cpu_model.weights, l);
+  std::unique_ptr<Engine> gpu = plan_gpu_engine(c, p.plan, l);
+  int same = 0, total = 0;
+  step_engines_alike({&cpu, gpu.get()}, c.vocab_size, 3, 200, {100, 1, 1, 1, 1, 1, 1, 1},
+                     [&](size_t st, const std::vector<StepOutput>& o) {
+    for (int r = 0; r < 3; ++r) {
+      const auto a = row_logits(o[1], r, c.vocab_size), b = row_logits(o[0], r, c.vocab_size);
+      const double e = nmse(a, b);
+      EXPECT_LE(e, 5e-3) << "step " << st << " row " << r;
+      same += std::max_element(a.begin(), a.end()) - a.begin() == std::max_element(b.begin(), b.end()) - b.begin();
+      ++total;
+      std::printf("default model in blocks step %zu row %d: NMSE %.3e\n", st, r, e);
+    }
+  });
+  std::printf("default model in blocks: greedy token equal to the CPU's in %d of %d rows\n", same, total);
+  EXPECT_GE(same, total - 1);
+}
+
+}  // namespace
+}  // namespace fdpp::test
