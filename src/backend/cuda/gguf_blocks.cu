@@ -4,7 +4,7 @@
 // The GEMV: a warp owns R = 2 weight rows; lane l takes the row's tasks l, l + 32, ... (a task is
 // one 32-element block of Q4_0/Q4_1/Q8_0, or 64 elements of a K-quant super-block: Q4_K/Q5_K's
 // groups 2p and 2p + 1, which share their bytes' low and high nibbles, and Q6_K's elements 32 kk +
-// l and 32 (kk + 2) + l of one half, likewise), U = 2 tasks per pass, all of a pass's weight bytes
+// l and 32 (kk + 2) + l of one half, likewise), U tasks per pass (tasks_per_pass), all of a pass's weight bytes
 // loaded before the first use. Blocks are read where they lie: Q4_K and Q5_K (144 and 176 bytes)
 // with 16-byte loads, Q4_1 (20) with 4-byte ones and Q4_0, Q8_0 and Q6_K (18, 34 and 210 bytes,
 // 2-byte aligned) with 2-byte ones; the L1 turns the warp's strided loads into whole lines. The
@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gguf_blocks.h"
@@ -32,7 +33,6 @@ constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_
 
 constexpr int kWarps = 8;  // per CTA
 constexpr int kRows = 2;   // weight rows per warp (a gate row and its up row for SwiGLU)
-constexpr int kTasksPerPass = 2;
 
 struct BlockShape {
   int elems, bytes;
@@ -49,39 +49,39 @@ __host__ __device__ constexpr BlockShape block_shape(uint32_t t) {
 __host__ __device__ constexpr bool is_k_quant(uint32_t t) { return t == kQ4_K || t == kQ5_K || t == kQ6_K; }
 // Elements of one lane task.
 __host__ __device__ constexpr int task_elems(uint32_t t) { return is_k_quant(t) ? 64 : 32; }
+// Tasks per lane per pass: two of the small 32-element blocks, one K-quant task (64 elements with
+// their scales take the registers of two already).
+__host__ __device__ constexpr int tasks_per_pass(uint32_t t) { return is_k_quant(t) ? 1 : 2; }
 
 // ---- the quantized-x layout (gguf_act_bytes) --------------------------------------------------
 
 constexpr size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
-// Offsets of the six arrays for Mt rows of K elements.
+// Offsets of the six arrays for Mt rows of K elements (a family left out takes no bytes).
 struct ActLayout {
   size_t qs32, d32, s32, qs256, d256, bsum, total;
-  __host__ __device__ ActLayout(int Mt, int K) {
-    const size_t m = size_t(Mt), k = size_t(K);
+  __host__ __device__ ActLayout(int Mt, int K, bool legacy = true, bool k_quants = true) {
+    const size_t m = size_t(Mt), k = size_t(K), l = legacy ? 1 : 0, q = k_quants ? 1 : 0;
     qs32 = 0;
-    d32 = qs32 + round16(m * k);
-    s32 = d32 + round16(m * (k / 32) * 4);
-    qs256 = s32 + round16(m * (k / 32) * 4);
-    d256 = qs256 + round16(m * k);
-    bsum = d256 + round16(m * (k / 256) * 4);
-    total = bsum + round16(m * (k / 16) * 2);
+    d32 = qs32 + l * round16(m * k);
+    s32 = d32 + l * round16(m * (k / 32) * 4);
+    qs256 = s32 + l * round16(m * (k / 32) * 4);
+    d256 = qs256 + q * round16(m * k);
+    bsum = d256 + q * round16(m * (k / 256) * 4);
+    total = bsum + q * round16(m * (k / 16) * 2);
   }
 };
 
 // ---- x -> 8 bits --------------------------------------------------------------------------------
 
-// One warp per block of B elements (32 or 256): lane l holds elements l * B / 32 .. (l + 1) * B / 32 - 1.
+// Block `block` (of B elements: 32 or 256) of x [M, K] quantized by one warp into act (global or
+// shared memory): lane l holds elements l * B / 32 .. (l + 1) * B / 32 - 1.
 template <class T, int B>
-__global__ void __launch_bounds__(kWarps * 32) quantize_x_kernel(const T* __restrict__ x, int M, int K,
-                                                                  uint8_t* __restrict__ act, ActLayout L) {
+__device__ __forceinline__ void quantize_block(const T* __restrict__ x, int K, int64_t block, uint8_t* act,
+                                               const ActLayout& L) {
   constexpr int E = B / 32;  // elements per lane
-  detail::pdl_trigger();
-  detail::pdl_wait();  // x is the previous kernel's
   const int lane = threadIdx.x & 31;
-  const int64_t block = (blockIdx.x * int64_t(kWarps)) + (threadIdx.x >> 5);
   const int per_row = K / B;
-  if (block >= int64_t(M) * per_row) return;
   const int m = int(block / per_row), b = int(block % per_row);
   const T* src = x + int64_t(m) * K + int64_t(b) * B + lane * E;
   float v[E], amax = 0.f, bad = 0.f;
@@ -105,8 +105,16 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_x_kernel(const T* __rest
   }
   const size_t row_elems = size_t(m) * K + size_t(b) * B + size_t(lane) * E;
   int8_t* qs = reinterpret_cast<int8_t*>(act + (B == 32 ? L.qs32 : L.qs256)) + row_elems;
-#pragma unroll
-  for (int i = 0; i < E; ++i) qs[i] = q[i];
+  if constexpr (E == 1) {
+    qs[0] = q[0];
+  } else {
+    uint2 packed;
+    packed.x = uint32_t(uint8_t(q[0])) | uint32_t(uint8_t(q[1])) << 8 | uint32_t(uint8_t(q[2])) << 16 |
+               uint32_t(uint8_t(q[3])) << 24;
+    packed.y = uint32_t(uint8_t(q[4])) | uint32_t(uint8_t(q[5])) << 8 | uint32_t(uint8_t(q[6])) << 16 |
+               uint32_t(uint8_t(q[7])) << 24;
+    *reinterpret_cast<uint2*>(qs) = packed;
+  }
   if constexpr (B == 32) {
     sum = __reduce_add_sync(0xffffffffu, sum);
     if (lane == 0) {
@@ -119,6 +127,17 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_x_kernel(const T* __rest
     if ((lane & 1) == 0) reinterpret_cast<int16_t*>(act + L.bsum)[block * 16 + lane / 2] = int16_t(sum);
     if (lane == 0) reinterpret_cast<float*>(act + L.d256)[block] = d;
   }
+}
+
+// One warp per block.
+template <class T, int B>
+__global__ void __launch_bounds__(kWarps * 32) quantize_x_kernel(const T* __restrict__ x, int M, int K,
+                                                                  uint8_t* __restrict__ act, ActLayout L) {
+  detail::pdl_trigger();
+  detail::pdl_wait();  // x is the previous kernel's
+  const int64_t block = (blockIdx.x * int64_t(kWarps)) + (threadIdx.x >> 5);
+  if (block >= int64_t(M) * (K / B)) return;
+  quantize_block<T, B>(x, K, block, act, L);
 }
 
 // ---- weight loads -------------------------------------------------------------------------------
@@ -193,7 +212,11 @@ __device__ __forceinline__ void load_task(const uint8_t* __restrict__ row, int t
 
 // ggml's get_scale_min_k4: group j's 6-bit scale and min from the 12 scale bytes.
 __device__ __forceinline__ void scale_min_k4(int j, const uint32_t (&sc)[3], int& s, int& m) {
-  auto byte = [&](int i) { return int((sc[i >> 2] >> (8 * (i & 3))) & 0xFF); };
+  // Selects, not an index: a register array indexed at run time would go to local memory.
+  auto byte = [&](int i) {
+    const uint32_t word = i < 4 ? sc[0] : i < 8 ? sc[1] : sc[2];
+    return int((word >> (8 * (i & 3))) & 0xFF);
+  };
   if (j < 4) {
     s = byte(j) & 63;
     m = byte(j + 4) & 63;
@@ -205,16 +228,24 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint32_t (&sc)[3], int
 
 __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a(int(a), int(b), c); }
 
+// x's 8-bit activations: read-only global memory (a quantize kernel's output), or the CTA's shared
+// memory (a generic pointer: no non-coherent load).
+template <bool kShared, class V>
+__device__ __forceinline__ V act_ld(const V* p) {
+  if constexpr (kShared) return *p;
+  else return __ldg(p);
+}
+
 // The task's contribution to one row of x (its 8-bit activations at act for row m).
-template <uint32_t Q>
+template <uint32_t Q, bool S>
 __device__ __forceinline__ float task_dot(const TaskWeights& w, int t, const uint8_t* __restrict__ act,
                                           const ActLayout& L, int m, int K) {
   if constexpr (Q == kQ4_0 || Q == kQ4_1 || Q == kQ8_0) {
     const int64_t block = int64_t(m) * (K / 32) + t;
     const uint4* xq = reinterpret_cast<const uint4*>(act + L.qs32 + size_t(block) * 32);
-    const uint4 x0 = __ldg(xq), x1 = __ldg(xq + 1);
+    const uint4 x0 = act_ld<S>(xq), x1 = act_ld<S>(xq + 1);
     const uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    const float dx = __ldg(reinterpret_cast<const float*>(act + L.d32) + block);
+    const float dx = act_ld<S>(reinterpret_cast<const float*>(act + L.d32) + block);
     int sumi = 0;
     if constexpr (Q == kQ8_0) {
 #pragma unroll
@@ -227,20 +258,21 @@ __device__ __forceinline__ float task_dot(const TaskWeights& w, int t, const uin
         sumi = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, xs[i + 4], sumi);
       }
       const float d = half_bits(w.dm & 0xFFFF);
-      const float sx = __ldg(reinterpret_cast<const float*>(act + L.s32) + block);
+      const float sx = act_ld<S>(reinterpret_cast<const float*>(act + L.s32) + block);
       const float mn = Q == kQ4_1 ? half_bits(w.dm >> 16) : -8.f * d;
       return d * dx * float(sumi) + mn * sx;
     }
   } else {
     const int sb = t >> 2;  // super-block of the row
     const int64_t xblock = int64_t(m) * (K / 256) + sb;
-    const float dx = __ldg(reinterpret_cast<const float*>(act + L.d256) + xblock);
+    const float dx = act_ld<S>(reinterpret_cast<const float*>(act + L.d256) + xblock);
     const uint8_t* xq = act + L.qs256 + size_t(xblock) * 256;
     const int16_t* bsum = reinterpret_cast<const int16_t*>(act + L.bsum) + xblock * 16;
+    auto bs = [&](int i) { return int(act_ld<S>(bsum + i)); };
     if constexpr (Q == kQ4_K || Q == kQ5_K) {
       const int p = t & 3;
       const uint4* x4 = reinterpret_cast<const uint4*>(xq + 64 * p);
-      const uint4 a0 = __ldg(x4), a1 = __ldg(x4 + 1), b0 = __ldg(x4 + 2), b1 = __ldg(x4 + 3);
+      const uint4 a0 = act_ld<S>(x4), a1 = act_ld<S>(x4 + 1), b0 = act_ld<S>(x4 + 2), b1 = act_ld<S>(x4 + 3);
       const uint32_t lo_x[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
       const uint32_t hi_x[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
       int g_lo = 0, g_hi = 0;
@@ -258,14 +290,14 @@ __device__ __forceinline__ float task_dot(const TaskWeights& w, int t, const uin
       scale_min_k4(2 * p, w.sc, s_lo, m_lo);
       scale_min_k4(2 * p + 1, w.sc, s_hi, m_hi);
       const int sumi = s_lo * g_lo + s_hi * g_hi;
-      const int summ = m_lo * (bsum[4 * p] + bsum[4 * p + 1]) + m_hi * (bsum[4 * p + 2] + bsum[4 * p + 3]);
+      const int summ = m_lo * (bs(4 * p) + bs(4 * p + 1)) + m_hi * (bs(4 * p + 2) + bs(4 * p + 3));
       return half_bits(w.dm & 0xFFFF) * dx * float(sumi) - half_bits(w.dm >> 16) * dx * float(summ);
     } else {  // Q6_K
       const int h = (t >> 1) & 1, kk0 = t & 1;
       const int e_lo = 128 * h + 32 * kk0, e_hi = e_lo + 64;  // kk0 and kk0 + 2
       const uint4* xl = reinterpret_cast<const uint4*>(xq + e_lo);
       const uint4* xh = reinterpret_cast<const uint4*>(xq + e_hi);
-      const uint4 a0 = __ldg(xl), a1 = __ldg(xl + 1), b0 = __ldg(xh), b1 = __ldg(xh + 1);
+      const uint4 a0 = act_ld<S>(xl), a1 = act_ld<S>(xl + 1), b0 = act_ld<S>(xh), b1 = act_ld<S>(xh + 1);
       const uint32_t lo_x[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
       const uint32_t hi_x[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
       int run[4] = {0, 0, 0, 0};  // sums of 16: (kk0, l < 16), (kk0, l >= 16), (kk0 + 2, ...), (...)
@@ -280,8 +312,8 @@ __device__ __forceinline__ float task_dot(const TaskWeights& w, int t, const uin
       const int g = e_lo / 16;  // 8 h + 2 kk0
       const int sc0 = int(int8_t(w.sc[0] & 0xFF)), sc1 = int(int8_t(w.sc[0] >> 8));
       const int sc2 = int(int8_t(w.sc[1] & 0xFF)), sc3 = int(int8_t(w.sc[1] >> 8));
-      const int sumi = sc0 * (run[0] - 32 * bsum[g]) + sc1 * (run[1] - 32 * bsum[g + 1]) +
-                       sc2 * (run[2] - 32 * bsum[g + 4]) + sc3 * (run[3] - 32 * bsum[g + 5]);
+      const int sumi = sc0 * (run[0] - 32 * bs(g)) + sc1 * (run[1] - 32 * bs(g + 1)) +
+                       sc2 * (run[2] - 32 * bs(g + 4)) + sc3 * (run[3] - 32 * bs(g + 5));
       return half_bits(w.dm) * dx * float(sumi);
     }
   }
@@ -289,12 +321,15 @@ __device__ __forceinline__ float task_dot(const TaskWeights& w, int t, const uin
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
-template <class T, uint32_t Q, int M>
+// S: the CTA quantizes x itself into shared memory (act and L are then ignored; x given), saving
+// the quantize kernel's launch where x is small (gguf_gemv's rule).
+template <class T, uint32_t Q, int M, bool S>
 __global__ void __launch_bounds__(kWarps * 32)
-    gguf_gemv_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int N, int K, const uint8_t* __restrict__ act,
-                     ActLayout L, int row0, const T* __restrict__ bias, void* __restrict__ y, int ldy, int col0,
-                     Epilogue epilogue) {
-  constexpr int R = kRows, U = kTasksPerPass, P = R / 2;
+    gguf_gemv_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int N, int K, const T* __restrict__ x,
+                     const uint8_t* __restrict__ act, ActLayout L, int row0, const T* __restrict__ bias,
+                     void* __restrict__ y, int ldy, int col0, Epilogue epilogue) {
+  constexpr int R = kRows, U = tasks_per_pass(Q), P = R / 2;
+  extern __shared__ uint4 act_smem[];
   detail::pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int unit = blockIdx.x * kWarps + warp;
@@ -314,19 +349,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       rows[r] = min(n, N - 1);
     }
   }
-  if (!valid[0]) {  // whole warps: no shuffle below runs with missing lanes
-    detail::pdl_wait();
-    return;
-  }
   const int tasks = K / task_elems(Q);
-  float acc[R][M];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-  bool waited = false;
-  for (int base = lane; base < tasks; base += 32 * U) {
-    TaskWeights tw[R][U];
+  // The first pass's weights before waiting for the previous kernel (they do not depend on it).
+  TaskWeights tw[R][U];
+  auto load_pass = [&](int base) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int t = base + 32 * u;
@@ -334,10 +360,25 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int r = 0; r < R; ++r)
         if (t < tasks) load_task<Q>(w + size_t(rows[r]) * row_bytes, t, tw[r][u]);
     }
-    if (!waited) {  // act, bias and y may be the previous kernels': wait after the first weights
-      detail::pdl_wait();
-      waited = true;
-    }
+  };
+  if (valid[0]) load_pass(lane);
+  detail::pdl_wait();  // x / act, bias and y may be the previous kernels'
+  if constexpr (S) {
+    uint8_t* sa = reinterpret_cast<uint8_t*>(act_smem);
+    L = ActLayout(M, K, !is_k_quant(Q), is_k_quant(Q));
+    constexpr int B = is_k_quant(Q) ? 256 : 32;
+    for (int64_t b = warp; b < int64_t(M) * (K / B); b += kWarps) quantize_block<T, B>(x + int64_t(row0) * K, K, b, sa, L);
+    __syncthreads();
+    act = sa;
+    row0 = 0;  // act holds this launch's rows only
+  }
+  if (!valid[0]) return;  // whole warps: no shuffle below runs with missing lanes
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+  for (int base = lane; base < tasks;) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int t = base + 32 * u;
@@ -345,14 +386,17 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int m = 0; m < M; ++m)
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r][m] += task_dot<Q>(tw[r][u], t, act, L, row0 + m, K);
+        for (int r = 0; r < R; ++r) acc[r][m] += task_dot<Q, S>(tw[r][u], t, act, L, row0 + m, K);
     }
+    base += 32 * U;
+    if (base < tasks) load_pass(base);
   }
-  if (!waited) detail::pdl_wait();
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = detail::warp_sum(acc[r][m]);
+
+  // y and x are this launch's rows (the host offsets them); act's rows start at row0.
 
   if (swiglu) {
 #pragma unroll
@@ -366,7 +410,7 @@ __global__ void __launch_bounds__(kWarps * 32)
           g += to_float(bias[f]);
           u += to_float(bias[F + f]);
         }
-        static_cast<T*>(y)[int64_t(row0 + m) * F + f] = from_float<T>(silu(g) * u);
+        static_cast<T*>(y)[int64_t(m) * F + f] = from_float<T>(silu(g) * u);
       }
     return;
   }
@@ -378,7 +422,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int n = rows[r];
       float v = acc[r][m];
       if (bias != nullptr) v += to_float(bias[n]);
-      const int64_t o = int64_t(row0 + m) * ldy + col0 + n;
+      const int64_t o = int64_t(m) * ldy + col0 + n;
       switch (epilogue) {
         case Epilogue::Store: static_cast<T*>(y)[o] = from_float<T>(v); break;
         case Epilogue::StoreF32: static_cast<float*>(y)[o] = v; break;
@@ -387,29 +431,38 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 }
 
+// Bytes of the CTA's shared copy of x in the S kernels.
+size_t smem_act_bytes(uint32_t Q, int M, int K) { return ActLayout(M, K, !is_k_quant(Q), is_k_quant(Q)).total; }
+
 template <class T, uint32_t Q>
-void launch_type(const GgufSegment& seg, const uint8_t* act, const ActLayout& L, int row0, int M, int K,
-                 const void* bias, void* y, int ldy, int col0, Epilogue ep, cudaStream_t stream) {
+void launch_type(const GgufSegment& seg, const T* x, const uint8_t* act, const ActLayout& L, int row0, int M, int K,
+                 const void* bias, void* y, int ldy, int col0, Epilogue ep, bool x_in_smem, cudaStream_t stream) {
   const int N = seg.rows;
   const int units = ep == Epilogue::SwiGLU ? (N / 2 + kRows / 2 - 1) / (kRows / 2) : (N + kRows - 1) / kRows;
-  const detail::LaunchConfig config(dim3(unsigned((units + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0, stream,
+  const size_t smem = x_in_smem ? smem_act_bytes(Q, M, K) : 0;
+  const detail::LaunchConfig config(dim3(unsigned((units + kWarps - 1) / kWarps)), dim3(kWarps * 32), smem, stream,
                                     linear_programmatic_launch_enabled());
   const auto* w = static_cast<const uint8_t*>(seg.blocks);
   const uint64_t rb = gguf_row_bytes(Q, K);
   const auto* b = static_cast<const T*>(bias);
   auto go = [&](auto kernel) {
-    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, w, rb, N, K, act, L, row0, b, y, ldy, col0, ep),
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, w, rb, N, K, x, act, L, row0, b, y, ldy, col0, ep),
                        "cudaLaunchKernelEx(gguf_gemv)");
   };
+  auto go_m = [&](auto m_tag) {
+    constexpr int Mc = decltype(m_tag)::value;
+    if (x_in_smem) go(gguf_gemv_kernel<T, Q, Mc, true>);
+    else go(gguf_gemv_kernel<T, Q, Mc, false>);
+  };
   switch (M) {
-    case 1: return go(gguf_gemv_kernel<T, Q, 1>);
-    case 2: return go(gguf_gemv_kernel<T, Q, 2>);
-    case 3: return go(gguf_gemv_kernel<T, Q, 3>);
-    case 4: return go(gguf_gemv_kernel<T, Q, 4>);
-    case 5: return go(gguf_gemv_kernel<T, Q, 5>);
-    case 6: return go(gguf_gemv_kernel<T, Q, 6>);
-    case 7: return go(gguf_gemv_kernel<T, Q, 7>);
-    default: return go(gguf_gemv_kernel<T, Q, 8>);
+    case 1: return go_m(std::integral_constant<int, 1>{});
+    case 2: return go_m(std::integral_constant<int, 2>{});
+    case 3: return go_m(std::integral_constant<int, 3>{});
+    case 4: return go_m(std::integral_constant<int, 4>{});
+    case 5: return go_m(std::integral_constant<int, 5>{});
+    case 6: return go_m(std::integral_constant<int, 6>{});
+    case 7: return go_m(std::integral_constant<int, 7>{});
+    default: return go_m(std::integral_constant<int, 8>{});
   }
 }
 
@@ -466,26 +519,40 @@ void gguf_quantize_x(const void* x, int M, int K, DType dtype, bool legacy, bool
   check_launch("gguf_quantize_x");
 }
 
-void gguf_gemv(const GgufSegment& seg, const void* act, int act_rows, int row0, int M, int K, const void* bias,
-               void* y, int ldy, int col0, DType dtype, Epilogue epilogue, cudaStream_t stream) {
-  check(seg.blocks != nullptr && act != nullptr && y != nullptr, "gguf_gemv: null pointer");
+bool gguf_x_in_kernel(int M, int K) { return int64_t(M) * K <= kGgufXInKernelElements; }
+
+void gguf_gemv(const GgufSegment& seg, const void* x, const void* act, int act_rows, int row0, int M, int K,
+               const void* bias, void* y, int ldy, int col0, DType dtype, Epilogue epilogue, cudaStream_t stream) {
+  check(seg.blocks != nullptr && y != nullptr && (act != nullptr || x != nullptr), "gguf_gemv: null pointer");
   check(M >= 1 && M <= kGgufGemvMaxRows && row0 >= 0 && row0 + M <= act_rows,
-        "gguf_gemv: rows [{}, {}) of {} quantized (at most {} a launch)", row0, row0 + M, act_rows, kGgufGemvMaxRows);
+        "gguf_gemv: rows [{}, {}) of {} (at most {} a launch)", row0, row0 + M, act_rows, kGgufGemvMaxRows);
   check(seg.rows >= 1, "gguf_gemv: a segment of {} rows", seg.rows);
   if (const char* why = gguf_shape_problem(seg.type, K)) fail("gguf_gemv: type {}, K = {}: {}", seg.type, K, why);
-  check(detail::aligned16(seg.blocks) && detail::aligned16(act), "gguf_gemv: blocks and act must be 16-byte aligned");
+  check(detail::aligned16(seg.blocks) && (act == nullptr || detail::aligned16(act)),
+        "gguf_gemv: blocks and act must be 16-byte aligned");
   check(epilogue != Epilogue::SwiGLU || seg.rows % 2 == 0, "gguf_gemv: SwiGLU needs an even number of rows");
+  const bool in_kernel = act == nullptr;
+  check(!in_kernel || gguf_x_in_kernel(M, K), "gguf_gemv: x of {} x {} is too large to quantize in the kernel", M, K);
   const ActLayout L(act_rows, K);
   const auto* a = static_cast<const uint8_t*>(act);
+  // This launch's first row of y.
+  const size_t y_elem = epilogue == Epilogue::StoreF32 || epilogue == Epilogue::AddF32 ? 4 : 2;
+  const size_t y_row = epilogue == Epilogue::SwiGLU ? size_t(seg.rows / 2) : size_t(ldy);
+  void* y0 = static_cast<uint8_t*>(y) + size_t(row0) * y_row * y_elem;
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
+    const T* xt = static_cast<const T*>(x);
+    auto go = [&](auto q_tag) {
+      constexpr uint32_t Q = decltype(q_tag)::value;
+      launch_type<T, Q>(seg, xt, a, L, row0, M, K, bias, y0, ldy, col0, epilogue, in_kernel, stream);
+    };
     switch (seg.type) {
-      case kQ4_0: return launch_type<T, kQ4_0>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
-      case kQ4_1: return launch_type<T, kQ4_1>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
-      case kQ8_0: return launch_type<T, kQ8_0>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
-      case kQ4_K: return launch_type<T, kQ4_K>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
-      case kQ5_K: return launch_type<T, kQ5_K>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
-      default: return launch_type<T, kQ6_K>(seg, a, L, row0, M, K, bias, y, ldy, col0, epilogue, stream);
+      case kQ4_0: return go(std::integral_constant<uint32_t, kQ4_0>{});
+      case kQ4_1: return go(std::integral_constant<uint32_t, kQ4_1>{});
+      case kQ8_0: return go(std::integral_constant<uint32_t, kQ8_0>{});
+      case kQ4_K: return go(std::integral_constant<uint32_t, kQ4_K>{});
+      case kQ5_K: return go(std::integral_constant<uint32_t, kQ5_K>{});
+      default: return go(std::integral_constant<uint32_t, kQ6_K>{});
     }
   });
   check_launch("gguf_gemv");

@@ -70,12 +70,19 @@ size_t gguf_act_bytes(int M, int K);
 void gguf_quantize_x(const void* x, int M, int K, DType dtype, bool legacy, bool k_quants, void* act,
                      cudaStream_t stream);
 
-// y columns [col0, col0 + seg.rows) of rows [0, M) (row stride ldy elements of y's type) =
-// epilogue(x . seg^T + bias), with x as gguf_quantize_x left it in act (M <= kGgufGemvMaxRows,
-// act's row stride the M it was quantized for: act_rows). bias: seg.rows values or null. SwiGLU:
-// the segment is [gate; up] (seg.rows even) and y is [M, seg.rows / 2] (ldy, col0 ignored).
-void gguf_gemv(const GgufSegment& seg, const void* act, int act_rows, int row0, int M, int K, const void* bias,
-               void* y, int ldy, int col0, DType dtype, Epilogue epilogue, cudaStream_t stream);
+// Whether gguf_gemv quantizes x itself (each CTA into shared memory, saving the quantize kernel's
+// launch) for M rows of K elements: small x only, since every CTA repeats the work.
+constexpr int64_t kGgufXInKernelElements = 16384;
+bool gguf_x_in_kernel(int M, int K);
+
+// y columns [col0, col0 + seg.rows) of rows [row0, row0 + M) (row stride ldy elements of y's type)
+// = epilogue(x . seg^T + bias), M <= kGgufGemvMaxRows. x [act_rows, K] (16-bit dtype) comes
+// quantized in act as gguf_quantize_x left it for act_rows rows, or act is null and the kernel
+// quantizes x's rows itself (gguf_x_in_kernel(M, K) must hold). bias: seg.rows values or null.
+// SwiGLU: the segment is [gate; up] (seg.rows even) and y is [rows, seg.rows / 2] (ldy, col0
+// ignored).
+void gguf_gemv(const GgufSegment& seg, const void* x, const void* act, int act_rows, int row0, int M, int K,
+               const void* bias, void* y, int ldy, int col0, DType dtype, Epilogue epilogue, cudaStream_t stream);
 
 // w16 [seg.rows, K] (dtype) = the segment dequantized, as the loader would have converted it.
 void gguf_dequantize(const GgufSegment& seg, int K, DType dtype, void* w16, cudaStream_t stream);
