@@ -15,6 +15,8 @@
 #include "gpu/engine_steps.h"
 #include "gpu/gpu_test_util.h"
 #include "io/gguf.h"
+#include "model/arch/architecture.h"
+#include "model/gguf_model.h"
 #include "model/model_loader.h"
 #include "tiny_gguf.h"
 
@@ -152,8 +154,8 @@ TEST_F(GgufBlocksGpu, RunGgufMatchesTheReferenceForSegmentsEpiloguesAndRows) {
       std::vector<float> bf;
       DeviceBuffer<uint16_t> bias(random_bits(size_t(N), dt, bf, 0.1f));
       for (const int M : {1, 5, 12, 70}) {
-        std::vector<float> xf;
-        DeviceBuffer<uint16_t> x(random_bits(size_t(M) * K, dt, xf));
+        std::vector<float> xf;  // small: the random blocks' products would overflow f16 in SwiGLU
+        DeviceBuffer<uint16_t> x(random_bits(size_t(M) * K, dt, xf, 0.05f));
         std::vector<double> dot(size_t(M) * N);
         for (int r = 0; r < M; ++r)
           for (int n = 0; n < N; ++n) {
@@ -188,10 +190,12 @@ TEST_F(GgufBlocksGpu, RunGgufMatchesTheReferenceForSegmentsEpiloguesAndRows) {
                                           : ep == Epilogue::AddF32 ? init[size_t(r) * cols + j] + a
                                                                    : a;
             }
-          // Up to 64 rows: x in 8 bits per block (the CPU's stored path: NMSE ~1e-5 of the output);
-          // above: the weights rounded to 16 bits for cuBLASLt. A wrong nibble, scale or segment
-          // offset gives O(1).
-          expect_close(out, ref, {dt == DType::F16 ? 1e-4 : 2e-4, 0, 0}, what);
+          // Up to 64 rows: x in 8 bits per block, the CPU's stored path (1.3e-4 measured on an H100
+          // with these random blocks, whose K-quant minimums make each block's sum count): the
+          // 16-bit kernels' bound against the fp32 reference; above: the weights rounded to 16 bits
+          // for cuBLASLt. A wrong nibble, scale or segment offset gives O(1).
+          const bool blocks = dispatcher.gguf_choice(M) == LinearImpl::Gemv;
+          expect_close(out, ref, {blocks ? 5e-4 : dt == DType::F16 ? 1e-4 : 2e-4, 0, 0}, what);
         }
       }
     }
@@ -206,18 +210,22 @@ TEST_F(GgufBlocksGpu, TinyGgufInItsBlocksStepsLikeTheCpuEngine) {
   const auto dir = scratch_dir("gguf_blocks_gpu");
   const std::string path = (dir / "tiny.gguf").string();
   write_tiny_llama_gguf(path);
-  const PlannedModel p = plan_model(path);
-  const ModelConfig& c = p.config();
-  const LoadedModel cpu_model = load_model(path, {}, cpu::stored_load_options());
-  const cuda::DeviceModel dm = cuda::DeviceModel::from_plan(c, p.plan, DType::F16, {}, nullptr, true);
+  // No tokenizer in the file: the loaders below, not load_model.
+  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
+  const ModelConfig c = llama_config_from_gguf(*file);
+  const WeightPlan plan = plan_llama_gguf(file, c);
+  const LoadOptions stored = cpu::stored_load_options();
+  DecoderWeights cpu_weights = load_gguf_weights(file, c, llama_gguf_tensor_specs(c), {}, stored.stored_types);
+  if (stored.prepare_stored) stored.prepare_stored(cpu_weights, true);
+  const cuda::DeviceModel dm = cuda::DeviceModel::from_plan(c, plan, DType::F16, {}, nullptr, true);
   ASSERT_TRUE(dm.gguf());
   // Layer 0: q/k/v are Q6_K, Q8_0, Q4_0 (three segments), o Q4_1; gate/up F16/BF16 stay 16-bit.
   EXPECT_EQ(dm.layers[0].g_qkv.count, 3);
   EXPECT_EQ(dm.layers[0].g_o.count, 1);
   EXPECT_TRUE(dm.layers[0].g_in.empty());
   const EngineLimits l = small_step_limits(c, 1024);
-  CpuEngine cpu(c, cpu_model.weights, l);
-  std::unique_ptr<Engine> gpu = plan_gpu_engine(c, p.plan, l);
+  CpuEngine cpu(c, cpu_weights, l);
+  std::unique_ptr<Engine> gpu = plan_gpu_engine(c, plan, l);
   // Decode steps of three rows (the block GEMV) after a prefill of 70+ tokens a row (dequantized
   // for cuBLASLt).
   step_engines_alike({&cpu, gpu.get()}, c.vocab_size, 3, 100, {70, 1, 1, 1},

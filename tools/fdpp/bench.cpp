@@ -95,8 +95,11 @@ int run_bench(const BenchArgs& a) {
   check(a.engine.quantization == "none" || tp == 1, "--quantization {} with --tensor-parallel {} is not supported yet",
         a.engine.quantization, tp);
   if (tp == 1) {
-    cuda::DeviceModel m = a.engine.load_format == "dummy" ? cuda::DeviceModel::dummy(config, dtype, 1234)
-                                                          : cuda::DeviceModel::from_plan(config, loaded.plan, dtype);
+    // As the runtime loads it (backend_select.cpp): a GGUF's blocks stay unless quantized otherwise.
+    cuda::DeviceModel m = a.engine.load_format == "dummy"
+                              ? cuda::DeviceModel::dummy(config, dtype, 1234)
+                              : cuda::DeviceModel::from_plan(config, loaded.plan, dtype, {}, nullptr,
+                                                             !quantizes_at_load(a.engine.quantization));
     if (a.engine.quantization == "fp8" && !m.int4()) m.quantize_fp8();
     if (a.engine.quantization == "int4" && !m.fp8()) m.quantize_int4();
     model = std::make_shared<const cuda::DeviceModel>(std::move(m));
