@@ -228,17 +228,28 @@ TEST_F(GgufBlocksGpu, TinyGgufInItsBlocksStepsLikeTheCpuEngine) {
   std::unique_ptr<Engine> gpu = plan_gpu_engine(c, plan, l);
   // Decode steps of three rows (the block GEMV) after a prefill of 70+ tokens a row (dequantized
   // for cuBLASLt).
+  int compared = 0;
   step_engines_alike({&cpu, gpu.get()}, c.vocab_size, 3, 100, {70, 1, 1, 1},
                      [&](size_t st, const std::vector<StepOutput>& o) {
     for (int r = 0; r < 3; ++r) {
       const auto a = row_logits(o[1], r, c.vocab_size), b = row_logits(o[0], r, c.vocab_size);
-      if (!std::all_of(b.begin(), b.end(), [](float v) { return std::isfinite(v); })) continue;  // random bytes
+      auto finite = [](std::span<const float> v) {
+        return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+      };
+      // Random block bytes can overflow f16 activations (or even fp32): compare the rows that do not.
+      if (!finite(a) || !finite(b)) {
+        std::printf("tiny GGUF in blocks step %zu row %d: not finite (GPU %d, CPU %d)\n", st, r, !finite(a),
+                    !finite(b));
+        continue;
+      }
       const double e = nmse(a, b);
       // 16-bit activations and weights of the 16-bit layers on the GPU; the blocks' products agree.
       EXPECT_LE(e, 2e-3) << "step " << st << " row " << r;
       std::printf("tiny GGUF in blocks step %zu row %d: NMSE %.3e\n", st, r, e);
+      ++compared;
     }
   });
+  EXPECT_GE(compared, 6) << "of 12 rows";
   fs::remove_all(dir);
 }
 
