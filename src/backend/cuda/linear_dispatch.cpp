@@ -271,10 +271,12 @@ void LinearDispatcher::run_gguf(const void* x, const GgufMatrix& m, const void* 
     run_impl(LinearImpl::Cublas, x, w16_.get(), bias, y, M, N, K, dtype, epilogue, stream);
     return;
   }
-  // Small x: each GEMV CTA quantizes it (no quantize launch); else once for every segment and launch.
+  // x quantized once by its own kernel for every segment and launch. FDPP_GGUF_X_IN_KERNEL=1 (an
+  // experiment switch, for comparison) has each GEMV CTA quantize a small x itself instead, which
+  // saves a launch but measured slower (docs/kernels/gguf_blocks.md).
   static const bool in_kernel_allowed = [] {
-    const char* v = std::getenv("FDPP_GGUF_X_IN_KERNEL");  // experiment switch (0: always the quantize kernel)
-    return v == nullptr || std::string_view(v) != "0";
+    const char* v = std::getenv("FDPP_GGUF_X_IN_KERNEL");
+    return v != nullptr && std::string_view(v) == "1";
   }();
   const bool in_kernel = in_kernel_allowed && M <= kGgufGemvMaxRows && gguf_x_in_kernel(M, K);
   if (!in_kernel) {
