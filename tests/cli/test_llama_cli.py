@@ -126,9 +126,11 @@ def test_info_shows_how_the_weights_run_the_template_and_the_end_tokens(default_
     assert re.search(r"^end tokens: +.*<\|im_end\|> \(2\)", r.stdout, re.M), r.stdout
     j = json.loads(run("info", "--json", "--device", "cuda", "--dtype", "bf16").stdout)
     assert j["runs_as"]["device"] == "cuda"
-    # The GGUF's layer matrices stay in their blocks on the GPU; the rest is converted to --dtype.
-    assert {w["runs_as"] for w in j["runs_as"]["weights"]} == {
-        "bf16", "Q4_1 in place (layer matrices; the rest bf16)", "Q8_0 in place (layer matrices; the rest bf16)"}
+    # The GGUF's layer matrices (all Q4_1) stay in their blocks on the GPU; the rest (F32 norms, the
+    # Q8_0 embeddings) is converted to --dtype.
+    assert {w["stored"]: w["runs_as"] for w in j["runs_as"]["weights"]} == {
+        "F32": "bf16", "Q4_1": "Q4_1 in place", "Q8_0": "bf16"}
+    assert 0 < j["cuda_weight_bytes"] < 2 * j["stored_bytes"]
     assert j["chat_template"] == {"name": "ChatML", "source": "GGUF tokenizer.chat_template"}
     assert {"id": 2, "text": "<|im_end|>"} in j["eos_tokens"]
     f32 = json.loads(run("info", "--json", "--device", "cpu", "--cpu-weights", "f32").stdout)

@@ -5,6 +5,9 @@
 #include "cli_common.h"
 #include "subcommands.h"
 #include <algorithm>
+#include <map>
+#include <set>
+#include <regex>
 #include <cmath>
 #include <iostream>
 #include <optional>
@@ -53,6 +56,30 @@ bool cpu_in_place(const ModelDescription& d, const InfoArgs& a, const std::strin
   return false;
 }
 
+// The GGUF tensors the GPU keeps in their stored blocks (DeviceModel::from_plan's rule, by
+// llama.cpp's tensor names): a layer's projections of the block types it multiplies
+// (backend/cuda/gguf_blocks.h), where every part of the matrix they are fused into is one of them.
+std::set<std::string> gpu_block_tensors(const ModelDescription& d) {
+  static const std::regex name(R"(blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down)\.weight)");
+  static const std::set<std::string> types = {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"};
+  std::map<std::string, std::vector<const TensorDescription*>> groups;  // "layer/matrix" -> its parts
+  if (d.format != "gguf") return {};
+  for (const TensorDescription& t : d.tensors) {
+    std::smatch m;
+    if (!std::regex_match(t.name, m, name)) continue;
+    const std::string part = m[2];
+    const char* matrix = part.starts_with("attn_") && part != "attn_output" ? "qkv"
+                         : part == "ffn_gate" || part == "ffn_up"         ? "in"
+                                                                          : part.c_str();
+    groups[m[1].str() + "/" + matrix].push_back(&t);
+  }
+  std::set<std::string> kept;
+  for (const auto& [key, parts] : groups)
+    if (std::all_of(parts.begin(), parts.end(), [](const TensorDescription* t) { return types.count(t->dtype) > 0; }))
+      for (const TensorDescription* t : parts) kept.insert(t->name);
+  return kept;
+}
+
 RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
   RunsAs r;
   r.device = a.device != "auto" ? a.device : resolve_device(Device::Auto) == Device::Cuda ? "cuda" : "cpu";
@@ -64,9 +91,12 @@ RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
     else if (stored == "F16" || stored == "F32") other_float += n;
   }
   const std::string gpu = a.dtype != "auto" ? a.dtype : bf16 > other_float ? "bf16" : "f16";
+  const std::set<std::string> blocks = r.device == "cuda" ? gpu_block_tensors(d) : std::set<std::string>{};
   std::string parts;
   for (const auto& [stored, n] : d.dtype_counts) {
     std::string as;
+    int in_blocks = 0;
+    for (const TensorDescription& t : d.tensors) in_blocks += t.dtype == stored && blocks.count(t.name) > 0;
     if (stored == "F8_E4M3") {
       // An FP8 checkpoint's projections: e4m3 bytes as stored on the GPU, dequantized on the CPU.
       as = r.device == "cuda" ? "fp8 (e4m3, fp32 row scales)" : "f32 (dequantized)";
@@ -76,11 +106,11 @@ RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
       as = r.device != "cuda"       ? "f32 (dequantized)"
            : stored.ends_with("4") ? fmt::format("int4 ({} group scales and zeros)", gpu)
                                    : "not loaded on the GPU (8-bit: run it with --device cpu)";
-    } else if (r.device == "cuda" && (stored == "Q4_0" || stored == "Q4_1" || stored == "Q8_0" || stored == "Q4_K" ||
-                                       stored == "Q5_K" || stored == "Q6_K")) {
-      // GGUF blocks the GPU computes on (backend/cuda/gguf_blocks.h): the layer matrices stay in
-      // them; embeddings, the lm head and expert stacks are converted like the rest.
-      as = fmt::format("{} in place (layer matrices; the rest {})", stored, gpu);
+    } else if (in_blocks > 0) {
+      // GGUF blocks the GPU multiplies: the layer matrices stay in them; embeddings, the lm head
+      // and expert stacks are converted like the rest.
+      as = in_blocks == n ? fmt::format("{} in place", stored)
+                          : fmt::format("{} in place x{}, {} x{}", stored, in_blocks, gpu, n - in_blocks);
     } else if (r.device == "cuda") {
       // The GPU holds the other weights as 16-bit floats, converted while streaming (--dtype).
       as = gpu;
@@ -188,6 +218,18 @@ int run_info(const InfoArgs& a) {
   std::string dtypes;
   for (const auto& [t, n] : d.dtype_counts) dtypes += fmt::format("{}{} x{}", dtypes.empty() ? "" : ", ", t, n);
   const RunsAs runs = weights_as_run(d, a);
+  // The GPU's weight memory: GGUF blocks it keeps, FP8 bytes and 4-bit packs about as stored, the
+  // rest 16-bit.
+  double cuda_weight_bytes = 0;
+  const std::set<std::string> gpu_blocks = gpu_block_tensors(d);
+  for (const TensorDescription& t : d.tensors) {
+    double elements = 1;
+    for (int64_t n : t.shape) elements *= static_cast<double>(n);
+    cuda_weight_bytes += gpu_blocks.count(t.name) > 0 || t.dtype.starts_with("AWQ") || t.dtype.starts_with("GPTQ")
+                             ? static_cast<double>(t.bytes)
+                         : t.dtype == "F8_E4M3" ? elements
+                                                : 2.0 * elements;
+  }
   std::unique_ptr<Tokenizer> tok;
   std::string tokenizer_problem;
   try {
@@ -225,6 +267,7 @@ int run_info(const InfoArgs& a) {
                      {"quantization",
                       d.quantization.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.quantization)},
                      {"cpu_weight_bytes", weight_bytes},
+                     {"cuda_weight_bytes", cuda_weight_bytes},
                      {"cpu_kv_cache_bytes", kv_bytes}};
     if (c.n_experts > 0) {
       nlohmann::json layers = nlohmann::json::array();
@@ -300,6 +343,7 @@ int run_info(const InfoArgs& a) {
   fmt::print("end tokens:   {}\n", eos_text.empty() ? "none" : eos_text);
   fmt::print("memory (cpu): {} weights (as run) + {} KV cache at {} tokens = {}\n", human_bytes(weight_bytes),
              human_bytes(kv_bytes), c.max_context, human_bytes(weight_bytes + kv_bytes));
+  if (runs.device == "cuda") fmt::print("memory (gpu): {} weights (as run)\n", human_bytes(cuda_weight_bytes));
   if (cal) {
     fmt::print("calibration:  {} (phi range [{:.2f}, {:.2f}], a = {:.2f}, b = {:.2f}, fallback {:.3f}% of rows)\n",
                cal->path, cal->phi_min(), cal->phi_max(), cal->layers[0].bounds.a, cal->layers[0].bounds.b,
