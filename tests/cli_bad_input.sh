@@ -101,7 +101,7 @@ usage "device tpu" "^fdpp: error: --device: 'tpu' is not one of auto, cpu, cuda"
 usage "-tp 0" "^fdpp: error: --tensor-parallel: .*0" "$BIN" generate --prompt hi -tp 0
 usage "-tp 2 with --device cpu" "--tensor-parallel 2 splits a model over GPUs; .*--device cpu" "$BIN" generate --prompt hi -tp 2 --device cpu
 usage "dtype garbage (also on the CPU)" "^fdpp: error: --dtype: 'garbage' is not one of" "$BIN" generate --prompt hi --dtype garbage --device cpu
-usage "quantization garbage" "^fdpp: error: --quantization: 'int3' is not one of none, fp8, int4, awq, gptq, awq_marlin, gptq_marlin \(see --help\)$" "$BIN" generate --prompt hi --quantization int3
+usage "quantization garbage" "^fdpp: error: --quantization: 'int3' is not one of none, fp8, int4, awq, gptq, gguf, awq_marlin, gptq_marlin \(see --help\)$" "$BIN" generate --prompt hi --quantization int3
 usage "fp8 on the CPU" "^fdpp: error: --quantization fp8 runs on the CUDA backend; it cannot be combined with --device cpu" "$BIN" generate --prompt hi --quantization fp8 --device cpu
 usage "fp8 KV cache on the CPU" "^fdpp: error: --kv-cache-dtype fp8 \(an e4m3 KV cache\) runs on the CUDA backend; it cannot be combined with --device cpu" "$BIN" generate --prompt hi --kv-cache-dtype fp8_e4m3 --device cpu
 usage "fp8_e5m2 KV cache" "^fdpp: error: --kv-cache-dtype: fp8_e5m2 is not supported: the fp8 KV cache is e4m3" "$BIN" generate --prompt hi --kv-cache-dtype fp8_e5m2
@@ -310,7 +310,7 @@ if [[ -d $HF ]]; then
   expect_ok "logits without a tokenizer" "$BIN" logits --device cpu --model "$HF" --token-ids 1,2,3 --out "$TMP/hf.npy"
 fi
 
-# vLLM's --quantization awq / gptq name the checkpoint's method: a model of another one is refused in
+# vLLM's --quantization awq / gptq / gguf name the checkpoint's method: a model of another one is refused in
 # one line naming both, and the right name runs (on the CPU, dequantized).
 AWQ="$(dirname "${BASH_SOURCE[0]}")/fixtures/int4/llama_awq_g32"
 if [[ -d $AWQ ]]; then
@@ -318,6 +318,11 @@ if [[ -d $AWQ ]]; then
     "$BIN" generate --device cpu --model "$AWQ" --quantization gptq -p hi -n 2
   expect_ok "--quantization awq_marlin on an AWQ checkpoint" "$BIN" generate --device cpu --model "$AWQ" \
     --quantization awq_marlin -p hi -n 2
+fi
+# --quantization gguf (vLLM's name for a GGUF file) likewise: refused for a checkpoint directory.
+if [[ -d $AWQ ]]; then
+  runtime "--quantization gguf on an AWQ checkpoint" "^fdpp: error: --quantization gguf: .*llama_awq_g32 is not a GGUF file \(awq \(4-bit, group 32\)\)$" \
+    "$BIN" generate --device cpu --model "$AWQ" --quantization gguf -p hi -n 2
 fi
 
 # FP8 checkpoints as published (tests/fixtures/fp8): info names the format, the CPU runs them

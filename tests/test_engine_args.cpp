@@ -165,10 +165,11 @@ TEST(EngineArgs, VllmSpellingsReachTheEngine) {
   EngineArgs b;
   set_engine_option(b, *find_engine_option("gpu_memory_utilization"), "1", "gpu_memory_utilization");
   EXPECT_EQ(b.gpu_memory_utilization, 1.0);
-  // quantization="awq" / "gptq" (and the marlin spellings) name the checkpoint's method: they reach
+  // quantization="awq" / "gptq" / "gguf" (and the marlin spellings) name the checkpoint's method: they reach
   // the runner as the method, need no GPU, and a dummy model (no checkpoint) refuses them.
   for (const auto& [given, method] : {std::pair{"awq", "awq"}, std::pair{"awq_marlin", "awq"},
-                                      std::pair{"gptq", "gptq"}, std::pair{"gptq_marlin", "gptq"}}) {
+                                      std::pair{"gptq", "gptq"}, std::pair{"gptq_marlin", "gptq"},
+                                      std::pair{"gguf", "gguf"}}) {
     EngineArgs q;
     ASSERT_EQ(cli_error(kGenerate, {"--quantization", given, "--device", "cpu"}, &q), "") << given;
     EXPECT_EQ(q.runner_options("").quantization, method);

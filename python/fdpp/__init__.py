@@ -879,7 +879,7 @@ class LLM:
             GPTQ checkpoints), "fp8" (CUDA: the layers' weights quantized to e4m3 at load, a scale
             per output row, as `--quantization fp8`) or "int4" (CUDA: 4 bits in groups of 128, as
             `--quantization int4`); a checkpoint published in FP8, AWQ or GPTQ runs as stored
-            either way, and dequantized on the CPU. "awq" and "gptq" (also "awq_marlin",
+            either way, and dequantized on the CPU. "awq", "gptq" and "gguf" (also "awq_marlin",
             "gptq_marlin") name the checkpoint's own method, as vLLM takes them: a model of another
             method is refused. Other methods are refused.
         generation_config: "auto" (the default, as vLLM's): the sampling defaults of the model

@@ -128,7 +128,7 @@ void check_dtype(const RunnerOptions& options) {
         "--dtype '{}' is not one of auto, f16, bf16", options.dtype);
   check(options.quantization == "none" || quantizes_at_load(options.quantization) ||
             names_checkpoint_method(options.quantization),
-        "--quantization '{}' is not one of none, fp8, int4, awq, gptq", options.quantization);
+        "--quantization '{}' is not one of none, fp8, int4, awq, gptq, gguf", options.quantization);
 }
 
 // --quantization fp8 and int4 are CUDA features of one GPU so far.

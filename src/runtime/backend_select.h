@@ -31,7 +31,8 @@ struct RunnerOptions {
   Device device = Device::Auto;
   std::string dtype = "auto";  // CUDA weights: "f16", "bf16", "auto" (bf16 for bf16 checkpoints, else f16)
   // "none" (the weights in `dtype`), "fp8" or "int4" (CUDA: the layers' matrices quantized at load:
-  // cuda/fp8.h, cuda/int4.h), or "awq" / "gptq" (the checkpoint's own method, checked by open_model).
+  // cuda/fp8.h, cuda/int4.h), or "awq" / "gptq" / "gguf" (the checkpoint's own method, checked by
+  // open_model).
   std::string quantization = "none";
   int64_t kv_cache_tokens = 0;
   // The KV cache's element type: "auto" (CPU: fp32, the reference; CUDA: the model's 16-bit dtype),

@@ -93,10 +93,10 @@ std::vector<EngineOption> build_table() {
                             "none; fp8 (CUDA: the layers' weights in e4m3 with a scale per output row, quantized at "
                             "load; activations quantized per token where FP8 tensor cores run); int4 (CUDA: the "
                             "layers' weights in 4 bits, groups of 128 with a zero point, rounded to nearest at load); "
-                            "or awq / gptq (also awq_marlin, gptq_marlin, as vLLM spells them): the checkpoint's own "
+                            "or awq / gptq / gguf (also awq_marlin, gptq_marlin, as vLLM spells them): the checkpoint's own "
                             "method, checked against it. Embeddings and lm head stay 16-bit. AWQ, GPTQ and FP8 "
                             "checkpoints run as stored whatever this says",
-                            {"none", "fp8", "int4", "awq", "gptq", "awq_marlin", "gptq_marlin"},
+                            {"none", "fp8", "int4", "awq", "gptq", "gguf", "awq_marlin", "gptq_marlin"},
                             &EngineArgs::quantization);
     o.assign = [](EngineArgs& a, const std::string& v) {
       a.quantization = v == "awq_marlin" ? "awq" : v == "gptq_marlin" ? "gptq" : v;

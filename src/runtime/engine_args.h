@@ -33,7 +33,7 @@ struct EngineArgs {
   std::string config;                // config.json for load_format dummy
   std::string device = "auto";       // auto, cpu, cuda
   std::string dtype = "auto";        // CUDA weights: auto, f16, bf16
-  std::string quantization = "none";  // none, fp8, int4 (CUDA, at load), awq, gptq (the checkpoint's)
+  std::string quantization = "none";  // none, fp8, int4 (CUDA, at load), awq, gptq, gguf (the checkpoint's)
   int64_t kv_cache_tokens = 0;       // 0: sized by the engine
   std::string kv_cache_dtype = "auto";  // RunnerOptions::kv_cache_dtype (fp8_e4m3 stored as fp8)
   int max_num_seqs = 0;              // sequences in one step; 0: auto (step_sizes)
@@ -119,9 +119,9 @@ struct EngineOption {
 };
 
 // --quantization values that quantize the weights at load (CUDA), and those that name the method a
-// checkpoint was published in (vLLM's quantization="awq"; open_model checks it against the model).
+// checkpoint was published in (vLLM's quantization="awq", "gguf"; open_model checks it against the model).
 inline bool quantizes_at_load(const std::string& q) { return q == "fp8" || q == "int4"; }
-inline bool names_checkpoint_method(const std::string& q) { return q == "awq" || q == "gptq"; }
+inline bool names_checkpoint_method(const std::string& q) { return q == "awq" || q == "gptq" || q == "gguf"; }
 
 // The table, in the order --help lists it.
 const std::vector<EngineOption>& engine_options();

@@ -67,14 +67,18 @@ OpenedModel open_model(const EngineArgs& args, const std::function<void(double)>
     m.weights = std::move(l.weights);
     m.tokenizer = std::move(l.tokenizer);
   }
-  // vLLM's quantization="awq" / "gptq" names the checkpoint's method: a model of another one is an
-  // error, as in vLLM, rather than a silent difference.
-  if (names_checkpoint_method(args.quantization))
-    check(m.description.quantization.starts_with(args.quantization), "--quantization {}: {} is not {} checkpoint ({})",
-          args.quantization, m.path, args.quantization == "awq" ? "an AWQ" : "a GPTQ",
+  // vLLM's quantization="awq" / "gptq" / "gguf" names the checkpoint's method: a model of another
+  // one is an error, as in vLLM, rather than a silent difference.
+  if (names_checkpoint_method(args.quantization)) {
+    const std::string& q = args.quantization;
+    const bool gguf = m.description.format == "gguf";
+    check(q == "gguf" ? gguf : m.description.quantization.starts_with(q), "--quantization {}: {} is not {} ({})", q,
+          m.path, q == "awq" ? "an AWQ checkpoint" : q == "gptq" ? "a GPTQ checkpoint" : "a GGUF file",
           !m.description.quantization.empty() ? m.description.quantization
-          : m.description.format == "gguf"    ? std::string("a GGUF file")
-                                              : std::string("no quantization_config"));
+          : gguf                              ? std::string("a GGUF file")
+                                              : fmt::format("a {} checkpoint without quantization_config",
+                                                            m.description.format));
+  }
   return m;
 }
 
