@@ -10,7 +10,7 @@
 # The default, "tests sanitizer attention" (the GPU suite, compute-sanitizer and the decode
 # attention grid with its peers), is what one call's 10 minutes hold; the summary gives each
 # stage's wall time. The rest go in further calls, e.g. "prefill ttft linear dataflow", "bench
-# peers", "load python"; tp needs two GPUs (nvidia-h200-x2).
+# peers", "gguf", "load python"; tp needs two GPUs (nvidia-h200-x2).
 # The GPU suite alone outgrew 300 s on an H100: split it over calls with googletest's own sharding
 # (GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=0, then 1), or pick tests with GTEST_FILTER.
 # Only a few files come back from the device call: everything is written under $OUT/full and
@@ -31,7 +31,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared GPU machines (
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
 stages="${*:-${FDPP_GPU_STAGES:-tests sanitizer attention}}"
 # In the order they run:
-known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune dataflow bench throughput tp peers load rss python"
+known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune dataflow bench gguf throughput tp peers load rss python"
 for s in $stages; do
   [[ " $known_stages " == *" $s "* ]] || { echo "gpu-check.sh: unknown stage '$s' (stages: $known_stages)" >&2; exit 2; }
 done
@@ -358,12 +358,11 @@ for b in sorted(rows.get("auto", {})):
 PY
 fi
 
-if stage bench; then
-  bench() {  # bench NAME ARGS...
-    local name=$1
-    shift
-    "${bench_bin:-$B/fdpp}" bench --load-format dummy "$@" --json >"$OUT/bench_$name.json" 2>"$OUT/bench_$name.err" || { log "bench $name failed: $(tail -1 "$OUT/bench_$name.err")"; return; }
-    python3 - "$OUT/bench_$name.json" "$name" <<'PY' | tee -a "$summary"
+run_bench() {  # run_bench NAME ARGS... (fdpp bench ARGS --json, its table into the summary)
+  local name=$1
+  shift
+  "${bench_bin:-$B/fdpp}" bench "$@" --json >"$OUT/bench_$name.json" 2>"$OUT/bench_$name.err" || { log "bench $name failed: $(tail -1 "$OUT/bench_$name.err")"; return; }
+  python3 - "$OUT/bench_$name.json" "$name" <<'PY' | tee -a "$summary"
 import json, sys
 r = json.load(open(sys.argv[1])); m = r["memory"]
 print(f"\n### fdpp {sys.argv[2]} ({r['dtype']}, attention {r.get('attention', '?')}, {r['gpu']}, read BW measured {r['read_bandwidth_measured']/1e12:.2f} TB/s)")
@@ -377,7 +376,14 @@ for x in r["results"]:
     fb = f"{x['attention_fallback_rows']}/{x['attention_rows']}" if "attention_rows" in x else "-"
     print(f"| {x['test']} | {ms:.3f} | {x['tokens_per_second']:.1f} | {100*x['roofline_measured']:.1f} | {100*x['roofline_design']:.1f} | {fb} |")
 PY
-  }
+}
+bench() {  # bench NAME ARGS...: random weights (--load-format dummy)
+  local name=$1
+  shift
+  run_bench "$name" --load-format dummy "$@"
+}
+
+if stage bench; then
   bench llama-2-7b --config "$root/configs/llama-2-7b.json" -b 1,8,32 -c 1024 -p 1024
   # Another build's fdpp on the same job, right after (FDPP_BENCH_BASE=PATH, e.g. the commit before a
   # change that should not move the speed), then ours again: noise shows as the two runs of ours differ.
@@ -406,6 +412,22 @@ PY
   fi
   for m in ${FDPP_BENCH_MORE_MODELS-llama-2-13b llama-3-8b opt-6.7b chatglm2-6b}; do
     bench $m --config "$root/configs/$m.json" -b 1 -c 1024 -p 1024
+  done
+fi
+
+# GGUF blocks on the GPU (docs/kernels/gguf_blocks.md): random Llama-2-7B files of llama.cpp's mixes
+# (bench/make_random_llama_gguf.py, which needs the gguf package: carried as a wheel in
+# .ref/wheels when the machine lacks it) against the f16 model, same call.
+if stage gguf; then
+  python3 -c "import gguf" 2>/dev/null || pip install --no-deps --target /tmp/gguf_py "$root"/.ref/wheels/gguf-*.whl >/dev/null 2>&1
+  bench llama-2-7b-f16 --config "$root/configs/llama-2-7b.json" --dtype f16 -b 1,8,16,64 -c 1024 -p 512
+  for mix in ${FDPP_GGUF_MIXES:-q4_k_m q4_0 q8_0}; do
+    if PYTHONPATH=/tmp/gguf_py python3 "$root/bench/make_random_llama_gguf.py" /tmp/llama7b-$mix.gguf --mix $mix >"$OUT/make_$mix.txt" 2>&1; then
+      run_bench llama-2-7b-$mix -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1,8,16,64 -c 1024 -p 512
+    else
+      log "gguf $mix: could not write the file: $(tail -1 "$OUT/make_$mix.txt")"
+    fi
+    rm -f /tmp/llama7b-$mix.gguf
   done
 fi
 
