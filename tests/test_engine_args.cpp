@@ -165,6 +165,12 @@ TEST(EngineArgs, VllmSpellingsReachTheEngine) {
   EngineArgs b;
   set_engine_option(b, *find_engine_option("gpu_memory_utilization"), "1", "gpu_memory_utilization");
   EXPECT_EQ(b.gpu_memory_utilization, 1.0);
+  // --gpu-weights reaches the runner (the GPU's GGUF blocks or their 16-bit conversion).
+  EngineArgs g;
+  EXPECT_EQ(g.runner_options("").gpu_weights, "stored");
+  ASSERT_EQ(cli_error(kGenerate, {"--gpu-weights", "dequantized"}, &g), "");
+  EXPECT_EQ(g.runner_options("").gpu_weights, "dequantized");
+  EXPECT_NE(cli_error(kGenerate, {"--gpu-weights", "f16"}), "");
   // quantization="awq" / "gptq" / "gguf" (and the marlin spellings) name the checkpoint's method: they reach
   // the runner as the method, need no GPU, and a dummy model (no checkpoint) refuses them.
   for (const auto& [given, method] : {std::pair{"awq", "awq"}, std::pair{"awq_marlin", "awq"},

@@ -860,6 +860,9 @@ class LLM:
         cpu_weights: on the CPU, "stored" multiplies GGUF weights in their stored format (8-bit
             activations, as llama.cpp; the CLI's default) and "f32" dequantizes them to the exact
             fp32 reference.
+        gpu_weights: on the GPU, "stored" keeps a GGUF file's layer matrices in their blocks (the
+            default) and "dequantized" converts them to `dtype` at load (faster prefill and large
+            batches for now).
         load_format: "auto" reads the model; "dummy" makes random weights of `config`'s shapes on
             the GPU, for measuring without a checkpoint (as `fdpp bench --load-format dummy`).
         config: the config.json of load_format="dummy" (configs/ has Llama-2-7B, Llama-3-8B, ...).
@@ -917,6 +920,7 @@ class LLM:
         threads: Optional[int] = None,
         calibration: Optional[Union[str, os.PathLike]] = None,
         cpu_weights: Optional[str] = None,
+        gpu_weights: Optional[str] = None,
         tensor_parallel_size: Optional[int] = None,
         load_format: Optional[str] = None,
         config: Optional[Union[str, os.PathLike]] = None,
@@ -960,6 +964,7 @@ class LLM:
             tensor_parallel=tensor_parallel if tensor_parallel is not None else tensor_parallel_size,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             attention=attention, linear=linear, cuda_graphs=cuda_graphs, threads=threads, cpu_weights=cpu_weights,
+            gpu_weights=gpu_weights,
             load_format=load_format, pdl=pdl, decode_path=decode_path,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling, quantization=quantization,

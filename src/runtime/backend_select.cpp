@@ -199,8 +199,8 @@ std::shared_ptr<const cuda::DeviceModel> device_model(const ModelConfig& config,
   if (options.plan == nullptr) return quantized(cuda::DeviceModel(config, weights, dtype));
   // fp8 quantizes after the 16-bit load, one matrix at a time: the 16-bit need is the peak.
   const cuda::KvDType kv_dtype = cuda_kv_cache_fp8(options.kv_cache_dtype) ? cuda::KvDType::Fp8E4M3 : cuda::KvDType::Model;
-  // A GGUF file's layer matrices stay in their blocks unless they are to be quantized otherwise.
-  const bool gguf_blocks = !quantizes_at_load(options.quantization);
+  // A GGUF file's layer matrices stay in their blocks unless asked otherwise or to be quantized.
+  const bool gguf_blocks = options.gpu_weights == "stored" && !quantizes_at_load(options.quantization);
   cuda::check_gpu_memory(
       memory_need(config, *options.plan, kv_tokens, step_tokens, cuda::kv_element_bytes(kv_dtype), gguf_blocks));
   cuda::StreamOptions so;

@@ -34,6 +34,9 @@ struct RunnerOptions {
   // cuda/fp8.h, cuda/int4.h), or "awq" / "gptq" / "gguf" (the checkpoint's own method, checked by
   // open_model).
   std::string quantization = "none";
+  // CUDA: "stored" keeps a GGUF file's layer matrices in their blocks (cuda/gguf_blocks.h), as
+  // `quantization` allows; "dequantized" converts them to `dtype` like every other tensor.
+  std::string gpu_weights = "stored";
   int64_t kv_cache_tokens = 0;
   // The KV cache's element type: "auto" (CPU: fp32, the reference; CUDA: the model's 16-bit dtype),
   // "f32" or "f16" (the CPU backend's; half the memory), or "fp8" (the CUDA backend's: e4m3 with

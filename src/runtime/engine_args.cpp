@@ -242,6 +242,11 @@ std::vector<EngineOption> build_table() {
                      "CPU weights: stored (GGUF blocks used in place, the fast path) or f32 (dequantized, the "
                      "reference)",
                      {"stored", "f32"}, &EngineArgs::cpu_weights));
+  t.push_back(choice("gpu_weights", "--gpu-weights", kModelUsers,
+                     "GPU weights of a GGUF file: stored (its layer matrices in their Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K "
+                     "blocks, a quarter to half the memory, faster decode of a few tokens) or dequantized (to "
+                     "--dtype at load, faster prefill and large batches for now)",
+                     {"stored", "dequantized"}, &EngineArgs::gpu_weights));
   {
     EngineOption o = integer("tensor_parallel", "--tensor-parallel,--tensor-parallel-size", kModelUsers,
                              "split the model over this many GPUs of the host (-tp; NCCL; 1: one GPU)", 1, 64,
@@ -359,6 +364,7 @@ RunnerOptions EngineArgs::runner_options(const std::string& model_path, const En
   o.device = requested_device();
   o.dtype = dtype;
   o.quantization = quantization;
+  o.gpu_weights = gpu_weights;
   o.kv_cache_tokens = kv_cache_tokens;
   o.kv_cache_dtype = kv_cache_dtype;
   o.cuda_graphs = cuda_graphs;

@@ -53,6 +53,7 @@ struct EngineArgs {
   std::string calibration;           // "": looked up beside the model, then in the cache
   int threads = 0;                   // CPU threads; 0: $OMP_NUM_THREADS, else the physical cores
   std::string cpu_weights = "stored";  // CPU: stored (GGUF blocks in place) or f32 (the reference)
+  std::string gpu_weights = "stored";  // CUDA: stored (GGUF layer matrices in their blocks) or dequantized
   int tensor_parallel = 1;           // GPUs the model is split over
   int n_gpu_layers = -1;             // llama.cpp's -ngl; -1: not given, 0: the CPU
   std::string step_log;              // "": none; else a JSON line per scheduler step (bench/step_timeline.py)

@@ -99,7 +99,8 @@ int run_bench(const BenchArgs& a) {
     cuda::DeviceModel m = a.engine.load_format == "dummy"
                               ? cuda::DeviceModel::dummy(config, dtype, 1234)
                               : cuda::DeviceModel::from_plan(config, loaded.plan, dtype, {}, nullptr,
-                                                             !quantizes_at_load(a.engine.quantization));
+                                                             a.engine.gpu_weights == "stored" &&
+                                                                 !quantizes_at_load(a.engine.quantization));
     if (a.engine.quantization == "fp8" && !m.int4()) m.quantize_fp8();
     if (a.engine.quantization == "int4" && !m.fp8()) m.quantize_int4();
     model = std::make_shared<const cuda::DeviceModel>(std::move(m));
