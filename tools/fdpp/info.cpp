@@ -36,6 +36,7 @@ struct InfoArgs {
   std::string device = "auto";
   std::string dtype = "auto";
   std::string cpu_weights = "stored";
+  std::string gpu_weights = "stored";
 };
 
 // The weights as the chosen backend will hold them: per stored dtype, what it becomes.
@@ -91,7 +92,8 @@ RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
     else if (stored == "F16" || stored == "F32") other_float += n;
   }
   const std::string gpu = a.dtype != "auto" ? a.dtype : bf16 > other_float ? "bf16" : "f16";
-  const std::set<std::string> blocks = r.device == "cuda" ? gpu_block_tensors(d) : std::set<std::string>{};
+  const std::set<std::string> blocks =
+      r.device == "cuda" && a.gpu_weights == "stored" ? gpu_block_tensors(d) : std::set<std::string>{};
   std::string parts;
   for (const auto& [stored, n] : d.dtype_counts) {
     std::string as;
@@ -221,7 +223,7 @@ int run_info(const InfoArgs& a) {
   // The GPU's weight memory: GGUF blocks it keeps, FP8 bytes and 4-bit packs about as stored, the
   // rest 16-bit.
   double cuda_weight_bytes = 0;
-  const std::set<std::string> gpu_blocks = gpu_block_tensors(d);
+  const std::set<std::string> gpu_blocks = a.gpu_weights == "stored" ? gpu_block_tensors(d) : std::set<std::string>{};
   for (const TensorDescription& t : d.tensors) {
     double elements = 1;
     for (int64_t n : t.shape) elements *= static_cast<double>(n);
@@ -378,6 +380,9 @@ Subcommand register_info(CLI::App& app) {
   info->add_option("--cpu-weights", a.cpu_weights, "the CPU's weights as --cpu-weights takes them: stored, f32")
       ->capture_default_str()
       ->check(CLI::IsMember({"stored", "f32"}));
+  info->add_option("--gpu-weights", a.gpu_weights, "the GPU's weights as --gpu-weights takes them: stored, dequantized")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"stored", "dequantized"}));
   info->add_flag("--json", a.json, "print JSON");
   return {info, [] { return run_info(a); }};
 }
