@@ -365,9 +365,6 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
             layer, p->src.name, p->fp8() ? "FP8" : "packed integers");
     return buffer_of(parts);
   };
-  // A layer matrix: 16-bit as buffer() makes it or, when the checkpoint stores its parts in FP8
-  // (PlannedTensor::fp8), their e4m3 bytes as stored, with the parts' row scales concatenated into
-  // `scale`: per-tensor scales of q, k and v each cover their own rows of the fused matrix.
   // GGUF blocks as stored: runs of parts of one type become the matrix's segments, each starting
   // 16-byte aligned in one buffer.
   auto blocks = [&](const std::vector<const PlannedTensor*>& parts, GgufMatrix& g) {
@@ -393,6 +390,10 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     m.gguf_ = true;
     return d;
   };
+  // A layer matrix: 16-bit as buffer() makes it or, when the checkpoint stores its parts in FP8
+  // (PlannedTensor::fp8), their e4m3 bytes as stored, with the parts' row scales concatenated into
+  // `scale`: per-tensor scales of q, k and v each cover their own rows of the fused matrix; or its
+  // GGUF blocks (with gguf_blocks, where keeps_gguf_blocks allows), segments into `g`.
   auto matrix = [&](std::initializer_list<WeightSlot> slots, int layer, DeviceBuffer& scale, DeviceInt4& int4,
                     GgufMatrix& g, const char* what) {
     if (gguf_blocks)
