@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/gemv_rows.cuh"
 #include "backend/cuda/gguf_blocks.h"
 
 namespace fdpp::cuda {
@@ -349,34 +350,18 @@ __device__ __forceinline__ float task_dot(const TaskValues& v, int t, const uint
   }
 }
 
-__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
-
 template <class T, uint32_t Q, int M>
 __global__ void __launch_bounds__(kWarps * 32)
     gguf_gemv_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int N, int K,
                      const uint8_t* __restrict__ act, ActLayout L, int row0, const T* __restrict__ bias,
                      void* __restrict__ y, int ldy, int col0, Epilogue epilogue) {
-  constexpr int R = kRows, U = tasks_per_pass(Q), P = R / 2;
+  constexpr int R = kRows, U = tasks_per_pass(Q);
   detail::pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int unit = blockIdx.x * kWarps + warp;
-  const bool swiglu = epilogue == Epilogue::SwiGLU;
-  const int F = N / 2;
-  int rows[R];
-  bool valid[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (swiglu) {
-      const int f = unit * P + (r % P);
-      valid[r] = f < F;
-      rows[r] = (r < P ? 0 : F) + min(f, F - 1);
-    } else {
-      const int n = unit * R + r;
-      valid[r] = n < N;
-      rows[r] = min(n, N - 1);
-    }
-  }
-  if (!valid[0]) {  // whole warps: no shuffle below runs with missing lanes
+  const detail::WarpRows<R> wr(unit, N, epilogue == Epilogue::SwiGLU);
+  const int(&rows)[R] = wr.row;
+  if (!wr.valid[0]) {  // whole warps: no shuffle below runs with missing lanes
     detail::pdl_wait();
     return;
   }
@@ -419,37 +404,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int m = 0; m < M; ++m) acc[r][m] = detail::warp_sum(acc[r][m]);
 
   // y is this launch's rows (the host offsets it); act's rows start at row0.
-  if (swiglu) {
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        if (lane != (p * M + m) % 32 || !valid[p]) continue;
-        const int f = rows[p];
-        float g = acc[p][m], u = acc[P + p][m];
-        if (bias != nullptr) {
-          g += to_float(bias[f]);
-          u += to_float(bias[F + f]);
-        }
-        static_cast<T*>(y)[int64_t(m) * F + f] = from_float<T>(silu(g) * u);
-      }
-    return;
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      if (lane != (r * M + m) % 32 || !valid[r]) continue;
-      const int n = rows[r];
-      float v = acc[r][m];
-      if (bias != nullptr) v += to_float(bias[n]);
-      const int64_t o = int64_t(m) * ldy + col0 + n;
-      switch (epilogue) {
-        case Epilogue::Store: static_cast<T*>(y)[o] = from_float<T>(v); break;
-        case Epilogue::StoreF32: static_cast<float*>(y)[o] = v; break;
-        default: static_cast<float*>(y)[o] += v; break;  // AddF32
-      }
-    }
+  detail::store_rows<T, R, M>(acc, wr, N, lane, nullptr, bias, y, ldy, col0, epilogue);
 }
 
 template <class T, uint32_t Q>
