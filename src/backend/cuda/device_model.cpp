@@ -372,22 +372,22 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
   // 16-byte aligned in one buffer.
   auto blocks = [&](const std::vector<const PlannedTensor*>& parts, GgufMatrix& g) {
     const int64_t K = parts[0]->cols();
-    std::vector<uint64_t> part_at;
+    std::vector<uint64_t> part_at, segment_at;
     uint64_t bytes = 0;
     g = GgufMatrix();
     for (size_t i = 0; i < parts.size(); ++i) {
       const auto type = static_cast<uint32_t>(parts[i]->src.type);
       if (i == 0 || type != g.segments[g.count - 1].type) {
         bytes = (bytes + 15) / 16 * 16;
-        g.segments[g.count++] = {type, 0, reinterpret_cast<const void*>(bytes)};  // an offset until allocated
+        segment_at.push_back(bytes);
+        g.segments[g.count++] = {type, 0, nullptr};
       }
       part_at.push_back(bytes);
       g.segments[g.count - 1].rows += static_cast<int>(parts[i]->rows());
       bytes += static_cast<uint64_t>(parts[i]->rows()) * gguf_row_bytes(type, K);
     }
     DeviceBuffer d(static_cast<size_t>(bytes));
-    for (int i = 0; i < g.count; ++i)
-      g.segments[i].blocks = d.as<uint8_t>() + reinterpret_cast<uintptr_t>(g.segments[i].blocks);
+    for (int i = 0; i < g.count; ++i) g.segments[i].blocks = d.as<uint8_t>() + segment_at[static_cast<size_t>(i)];
     for (size_t i = 0; i < parts.size(); ++i) jobs.push_back({parts[i], d.as<uint8_t>() + part_at[i], true});
     m.bytes_ += d.bytes();
     m.gguf_ = true;
