@@ -48,6 +48,12 @@ std::vector<float> cpu_stored(GgmlType t, const std::vector<uint8_t>& w, int N, 
   return y;
 }
 
+// The loader's rule (model/weight_plan.h) sends the kernels exactly the types they have (host code).
+TEST(GgufBlocksRule, KernelsTakeEveryTypeTheLoaderKeepsInBlocks) {
+  for (uint32_t t = 0; t < 40; ++t) EXPECT_EQ(cuda::gguf_gpu_type(t), gguf_gpu_block_type(static_cast<GgmlType>(t))) << t;
+  for (const GgmlType t : kTypes) EXPECT_EQ(cuda::gguf_shape_problem(u32(t), 4096), nullptr);
+}
+
 TEST_F(GgufBlocksGpu, GemvOfEveryTypeMatchesTheCpuStoredPath) {
   for (const GgmlType t : kTypes) {
     const bool kq = cuda::gguf_k_quant(u32(t));
