@@ -438,10 +438,16 @@ if stage gguf; then
         python3 "$root/bench/gpu_busy.py" /tmp/gguf_$mix.gputrace >"$OUT/trace_$mix.txt" 2>&1
         head -8 "$OUT/trace_$mix.txt" | cut -c1-150 | tee -a "$summary"
       fi
-      # llama.cpp's CUDA build on the same file (FDPP_LLAMA_BENCH=PATH, or .ref/llama-bench).
-      lb="${FDPP_LLAMA_BENCH:-$root/.ref/llama-bench}"
+      # llama.cpp's CUDA build on the same file: FDPP_LLAMA_BENCH=PATH, or .ref/llama.tar.xz (its
+      # llama-bench, and lib/ with what it links that the GPU machine may lack, tried last).
+      if [[ -z ${FDPP_LLAMA_BENCH:-} && -f $root/.ref/llama.tar.xz && ! -x /tmp/llama/llama-bench ]]; then
+        mkdir -p /tmp/llama && tar xJf "$root/.ref/llama.tar.xz" -C /tmp/llama
+      fi
+      lb="${FDPP_LLAMA_BENCH:-/tmp/llama/llama-bench}"
       if [[ -x $lb ]]; then
-        "$lb" -m /tmp/llama7b-$mix.gguf -ngl 99 -p 512 -n 128 -r 3 -o md >"$OUT/llama_bench_$mix.md" 2>"$OUT/llama_bench_$mix.err" \
+        # Its tg128 from depth 0 averages 64 tokens of context: fdpp's batch 1 at 64 beside it.
+        run_bench llama-2-7b-$mix-c64 -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1 -c 64 -p 0
+        LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$lb")/lib" "$lb" -m /tmp/llama7b-$mix.gguf -ngl 99 -p 512 -n 128 -d 0,1024 -r 3 -o md >"$OUT/llama_bench_$mix.md" 2>"$OUT/llama_bench_$mix.err" \
           || log "llama-bench $mix failed: $(tail -2 "$OUT/llama_bench_$mix.err")"
         { echo; echo "### llama.cpp llama-bench, $mix"; cat "$OUT/llama_bench_$mix.md"; } | tee -a "$summary"
       fi
