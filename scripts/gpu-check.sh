@@ -421,9 +421,36 @@ fi
 if stage gguf; then
   python3 -c "import gguf" 2>/dev/null || pip install --no-deps --target /tmp/gguf_py "$root"/.ref/wheels/gguf-*.whl >/dev/null 2>&1
   bench llama-2-7b-f16 --config "$root/configs/llama-2-7b.json" --dtype f16 -b 1,8,16,64 -c 1024 -p 512
+  bench llama-2-7b-int4 --config "$root/configs/llama-2-7b.json" --dtype f16 --quantization int4 -b 1,8 -c 1024 -p 512
   for mix in ${FDPP_GGUF_MIXES:-q4_k_m q4_0 q8_0}; do
     if PYTHONPATH=/tmp/gguf_py python3 "$root/bench/make_random_llama_gguf.py" /tmp/llama7b-$mix.gguf --mix $mix >"$OUT/make_$mix.txt" 2>&1; then
       run_bench llama-2-7b-$mix -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1,8,16,64 -c 1024 -p 512
+      # Host memory and time of the load (the loader's own line: peak RSS, weights streamed), twice:
+      # the first read from disk, the second from the page cache.
+      for pass in 1 2; do
+        "$B/fdpp" logits -m /tmp/llama7b-$mix.gguf --token-ids 1,2,3 --out /tmp/gguf_logits.npy --device cuda \
+          2>&1 >/dev/null | grep -E "^load:|error" | sed "s/^/gguf $mix load $pass: /" | tee -a "$summary"
+      done
+      # Kernel time per step at batch 1 (FDPP_GGUF_TRACE=1; the tracer is tools/gpu_trace).
+      if [[ ${FDPP_GGUF_TRACE:-0} == 1 && -f $B/libfdpp_gpu_trace.so ]]; then
+        FDPP_PDL=0 CUDA_INJECTION64_PATH="$B/libfdpp_gpu_trace.so" FDPP_GPU_TRACE_OUT=/tmp/gguf_$mix.gputrace \
+          "$B/fdpp" bench -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1 -c 1024 -r 3 >/dev/null 2>&1
+        python3 "$root/bench/gpu_busy.py" /tmp/gguf_$mix.gputrace >"$OUT/trace_$mix.txt" 2>&1
+        head -8 "$OUT/trace_$mix.txt" | cut -c1-150 | tee -a "$summary"
+      fi
+      # llama.cpp's CUDA build on the same file: FDPP_LLAMA_BENCH=PATH, or .ref/llama.tar.xz (its
+      # llama-bench, and lib/ with what it links that the GPU machine may lack, tried last).
+      if [[ -z ${FDPP_LLAMA_BENCH:-} && -f $root/.ref/llama.tar.xz && ! -x /tmp/llama/llama-bench ]]; then
+        mkdir -p /tmp/llama && tar xJf "$root/.ref/llama.tar.xz" -C /tmp/llama
+      fi
+      lb="${FDPP_LLAMA_BENCH:-/tmp/llama/llama-bench}"
+      if [[ -x $lb ]]; then
+        # Its tg128 from depth 0 averages 64 tokens of context: fdpp's batch 1 at 64 beside it.
+        run_bench llama-2-7b-$mix-c64 -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1 -c 64 -p 0
+        LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$lb")/lib" "$lb" -m /tmp/llama7b-$mix.gguf -ngl 99 -p 512 -n 128 -d 0,1024 -r 3 -o md >"$OUT/llama_bench_$mix.md" 2>"$OUT/llama_bench_$mix.err" \
+          || log "llama-bench $mix failed: $(tail -2 "$OUT/llama_bench_$mix.err")"
+        { echo; echo "### llama.cpp llama-bench, $mix"; cat "$OUT/llama_bench_$mix.md"; } | tee -a "$summary"
+      fi
     else
       log "gguf $mix: could not write the file: $(tail -1 "$OUT/make_$mix.txt")"
     fi

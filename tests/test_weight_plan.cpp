@@ -259,6 +259,49 @@ TEST(WeightPlan, QuantizedFusedTensorsSplitByRows) {
   }
 }
 
+// Which GGUF tensors the GPU keeps in their blocks (gguf_gpu_block_tensors, asked by the GPU loader
+// and fdpp info): a fused layer matrix stays in blocks only when every part can, mixed block types
+// included (each becomes a segment). A part in F16 or an unsupported type, rows of partial blocks,
+// an expert's part, a column slice, an added constant and the model-wide slots are converted.
+TEST(WeightPlan, GgufGpuBlockRuleTakesWholeLayerMatricesOfItsTypes) {
+  using G = gguf::GgmlType;
+  using S = WeightSlot;
+  static const uint8_t byte = 0;  // data only needs to be present
+  WeightPlan plan;
+  auto add = [&](S slot, int layer, int64_t rows, int64_t cols, G type) -> PlannedTensor& {
+    PlannedTensor& p = plan.tensors.emplace_back();
+    p.slot = slot;
+    p.layer = layer;
+    p.shape = {rows, cols};
+    p.src.name = fmt::format("{}.{}", slot_name(slot), layer);
+    p.src.type = type;
+    p.src.data = &byte;
+    return p;
+  };
+  add(S::TokEmbeddings, -1, 32, 256, G::Q8_0);
+  // Layer 0: q/k/v of three block types, o, gate/up and down all kept.
+  add(S::Wq, 0, 256, 256, G::Q4_K), add(S::Wk, 0, 64, 256, G::Q5_K), add(S::Wv, 0, 64, 256, G::Q6_K);
+  add(S::Wo, 0, 256, 256, G::Q8_0);
+  add(S::WGate, 0, 512, 256, G::Q4_0), add(S::WUp, 0, 512, 256, G::Q4_1);
+  add(S::WDown, 0, 256, 512, G::Q6_K);
+  // Layer 1: one F16 part converts the whole q/k/v; a Q2_K o; gate/up with rows of 96 elements
+  // (whole Q4_0 blocks but not Q4_K ones: the parts mix); down shifted.
+  add(S::Wq, 1, 256, 256, G::Q4_K), add(S::Wk, 1, 64, 256, G::F16), add(S::Wv, 1, 64, 256, G::Q4_K);
+  add(S::Wo, 1, 256, 256, G::Q2_K);
+  add(S::WGate, 1, 512, 96, G::Q4_0), add(S::WUp, 1, 512, 96, G::Q4_K);
+  add(S::WDown, 1, 256, 512, G::Q4_K).add = 1.f;
+  // Layer 2: an expert's part and a column slice are converted; up alone (no gate) is kept.
+  add(S::Wq, 2, 256, 256, G::Q4_K).expert = 0;
+  add(S::Wo, 2, 256, 256, G::Q4_K).stored_cols = 512;
+  add(S::WUp, 2, 512, 256, G::Q4_K);
+  std::set<std::string> kept;
+  for (const PlannedTensor* p : gguf_gpu_block_tensors(plan)) kept.insert(p->src.name);
+  EXPECT_EQ(kept, (std::set<std::string>{"wq.0", "wk.0", "wv.0", "wo.0", "w_gate.0", "w_up.0", "w_down.0", "w_up.2"}));
+  for (const uint32_t t : {0u, 1u, 2u, 3u, 6u, 8u, 10u, 12u, 13u, 14u, 15u, 30u})
+    EXPECT_EQ(gguf_gpu_block_type(static_cast<G>(t)), t == 2 || t == 3 || t == 8 || t == 12 || t == 13 || t == 14)
+        << t;
+}
+
 TEST(WeightPlan, GgufOfEveryTypeGivesTheFp32LoadersWeights) {
   const auto dir = test::scratch_dir("weight_plan_gguf");
   const std::string path = (dir / "tiny.gguf").string();

@@ -1,5 +1,6 @@
 #include "model/weight_plan.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/fp8_e4m3.h"
@@ -113,6 +114,48 @@ int64_t WeightPlan::elements() const {
   int64_t n = 0;
   for (const PlannedTensor& t : tensors) n += t.numel();
   return n;
+}
+
+const std::vector<std::vector<WeightSlot>>& layer_matrix_slots() {
+  using S = WeightSlot;
+  static const std::vector<std::vector<WeightSlot>> groups = {
+      {S::Wq, S::Wk, S::Wv}, {S::Wo}, {S::WGate, S::WUp}, {S::WDown}};
+  return groups;
+}
+
+std::vector<const PlannedTensor*> layer_matrix_parts(const WeightPlan& plan, std::span<const WeightSlot> slots,
+                                                     int layer) {
+  std::vector<const PlannedTensor*> parts;
+  for (const WeightSlot s : slots)
+    if (const PlannedTensor* p = plan.find(s, layer); p != nullptr && p->numel() > 0) parts.push_back(p);
+  return parts;
+}
+
+bool gguf_gpu_block_type(gguf::GgmlType type) {
+  using T = gguf::GgmlType;
+  return type == T::Q4_0 || type == T::Q4_1 || type == T::Q8_0 || type == T::Q4_K || type == T::Q5_K ||
+         type == T::Q6_K;
+}
+
+std::set<const PlannedTensor*> gguf_gpu_block_tensors(const WeightPlan& plan) {
+  // The kernels index a row's elements in 32 bits with room to spare.
+  constexpr int64_t kMaxRow = int64_t{1} << 24;
+  auto kept = [](const PlannedTensor* p, int64_t K) {
+    return gguf_gpu_block_type(p->src.type) && p->src.data != nullptr && !p->fp8() && !p->packed() &&
+           p->stored_cols == 0 && p->add == 0.f && p->expert < 0 && p->cols() == K && K <= kMaxRow &&
+           K % static_cast<int64_t>(gguf::block_elements(p->src.type)) == 0;
+  };
+  int layers = 0;
+  for (const PlannedTensor& t : plan.tensors) layers = std::max(layers, t.layer + 1);
+  std::set<const PlannedTensor*> in_blocks;
+  for (int layer = 0; layer < layers; ++layer)
+    for (const auto& slots : layer_matrix_slots()) {
+      const auto parts = layer_matrix_parts(plan, slots, layer);
+      if (!parts.empty() &&
+          std::all_of(parts.begin(), parts.end(), [&](const PlannedTensor* p) { return kept(p, parts[0]->cols()); }))
+        in_blocks.insert(parts.begin(), parts.end());
+    }
+  return in_blocks;
 }
 
 WeightPlan plan_from_weights(const DecoderWeights& w, const ModelConfig& config) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -132,6 +133,21 @@ struct WeightPlan {
   uint64_t stored_bytes() const;
   int64_t elements() const;
 };
+
+// The layer matrices the backends fuse, each as its slots in fused order: q/k/v, o, gate/up (or
+// up alone), down.
+const std::vector<std::vector<WeightSlot>>& layer_matrix_slots();
+// The parts of one fused layer matrix the plan has (present, not empty), in fused order.
+std::vector<const PlannedTensor*> layer_matrix_parts(const WeightPlan& plan, std::span<const WeightSlot> slots,
+                                                     int layer);
+
+// The GGUF block types the CUDA backend multiplies as stored (backend/cuda/gguf_blocks.h).
+bool gguf_gpu_block_type(gguf::GgmlType type);
+// The tensors of a plan the GPU keeps in their GGUF blocks: every part of a layer matrix is one of
+// those types, unsliced and unshifted, not an expert's, and the parts share a row length of whole
+// blocks the kernels take. Embeddings, the lm head and the rest are converted to 16 bits. The GPU
+// loader and fdpp info both ask this.
+std::set<const PlannedTensor*> gguf_gpu_block_tensors(const WeightPlan& plan);
 
 // Row n of a slot that permute_heads applies to comes from this stored row (identity when 0).
 inline int64_t planned_source_row(int64_t n, int64_t rows, int permute_heads) {

@@ -173,9 +173,9 @@ cuda::GpuMemoryNeed memory_need(const ModelConfig& c, const WeightPlan& plan, in
   need.activations = static_cast<uint64_t>(step_tokens) * per_token + (uint64_t{512} << 20);
   // 4-bit layers above the flat GEMM's rows, and GGUF blocks above the block GEMV's: the largest
   // matrix dequantized to 16 bits (int4.h, gguf_blocks.h).
-  const bool packed = std::any_of(plan.tensors.begin(), plan.tensors.end(), [&](const PlannedTensor& t) {
-    return t.packed() || (gguf_blocks && t.layer >= 0 && cuda::gguf_gpu_type(static_cast<uint32_t>(t.src.type)));
-  });
+  const bool packed =
+      std::any_of(plan.tensors.begin(), plan.tensors.end(), [](const PlannedTensor& t) { return t.packed(); }) ||
+      (gguf_blocks && !gguf_gpu_block_tensors(plan).empty());
   if (packed) {
     const uint64_t H = c.hidden, gated = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;
     need.activations += 2 * std::max({H * (c.q_dim() + 2 * c.kv_dim()), H * c.q_dim(), (1 + gated) * H * c.ffn_hidden});

@@ -48,6 +48,12 @@ std::vector<float> cpu_stored(GgmlType t, const std::vector<uint8_t>& w, int N, 
   return y;
 }
 
+// The loader's rule (model/weight_plan.h) sends the kernels exactly the types they have (host code).
+TEST(GgufBlocksRule, KernelsTakeEveryTypeTheLoaderKeepsInBlocks) {
+  for (uint32_t t = 0; t < 40; ++t) EXPECT_EQ(cuda::gguf_gpu_type(t), gguf_gpu_block_type(static_cast<GgmlType>(t))) << t;
+  for (const GgmlType t : kTypes) EXPECT_EQ(cuda::gguf_shape_problem(u32(t), 4096), nullptr);
+}
+
 TEST_F(GgufBlocksGpu, GemvOfEveryTypeMatchesTheCpuStoredPath) {
   for (const GgmlType t : kTypes) {
     const bool kq = cuda::gguf_k_quant(u32(t));
@@ -66,19 +72,14 @@ TEST_F(GgufBlocksGpu, GemvOfEveryTypeMatchesTheCpuStoredPath) {
           cuda::DeviceBuffer act(cuda::gguf_act_bytes(M, K));
           DeviceBuffer<float> y(size_t(M) * N);
           const std::vector<float> want = cpu_stored(t, w, N, K, xf, M);
-          // x quantized by the quantize kernel, and (small x) by each GEMV CTA into shared memory.
-          for (const bool in_kernel : {false, true}) {
-            if (in_kernel && !cuda::gguf_x_in_kernel(M, K)) continue;
-            y.poison();
-            if (!in_kernel) cuda::gguf_quantize_x(x.get(), M, K, dt, !kq, kq, act.get(), nullptr);
-            cuda::gguf_gemv(seg, x.get(), in_kernel ? nullptr : act.get(), M, 0, M, K, nullptr, y.get(), N, 0, dt,
-                            Epilogue::StoreF32, nullptr);
-            sync(what);
-            // The same integers; the fp32 sums of the per-block terms in another order.
-            const double e = nmse(y.download(), want);
-            EXPECT_LE(e, 1e-9) << what << (in_kernel ? " (x in the kernel)" : "");
-            std::printf("%s%s: NMSE %.2e against the CPU\n", what.c_str(), in_kernel ? " x in kernel" : "", e);
-          }
+          y.poison();
+          cuda::gguf_quantize_x(x.get(), M, K, dt, !kq, kq, act.get(), nullptr);
+          cuda::gguf_gemv(seg, act.get(), M, 0, M, K, nullptr, y.get(), N, 0, dt, Epilogue::StoreF32, nullptr);
+          sync(what);
+          // The same integers; the fp32 sums of the per-block terms in another order.
+          const double e = nmse(y.download(), want);
+          EXPECT_LE(e, 1e-9) << what;
+          std::printf("%s: NMSE %.2e against the CPU\n", what.c_str(), e);
         }
     }
   }
@@ -97,17 +98,32 @@ TEST_F(GgufBlocksGpu, NanInARowOfXReachesOnlyThatRow) {
     DeviceBuffer<uint16_t> x(xb);
     cuda::DeviceBuffer act(cuda::gguf_act_bytes(M, K));
     DeviceBuffer<float> y(size_t(M) * N);
-    ASSERT_TRUE(cuda::gguf_x_in_kernel(M, K));
-    for (const bool in_kernel : {false, true}) {
-      if (!in_kernel) cuda::gguf_quantize_x(x.get(), M, K, DType::F16, !kq, kq, act.get(), nullptr);
-      cuda::gguf_gemv({u32(t), N, blocks.get()}, x.get(), in_kernel ? nullptr : act.get(), M, 0, M, K, nullptr,
-                      y.get(), N, 0, DType::F16, Epilogue::StoreF32, nullptr);
-      sync("gguf_gemv NaN");
-      const std::vector<float> got = y.download();
-      for (int r = 0; r < M; ++r)
-        for (int n = 0; n < N; ++n)
-          EXPECT_EQ(std::isnan(got[size_t(r) * N + n]), r == 1)
-              << gguf::type_name(t) << (in_kernel ? " x in kernel" : "") << " row " << r << " col " << n;
+    cuda::gguf_quantize_x(x.get(), M, K, DType::F16, !kq, kq, act.get(), nullptr);
+    cuda::gguf_gemv({u32(t), N, blocks.get()}, act.get(), M, 0, M, K, nullptr, y.get(), N, 0, DType::F16,
+                    Epilogue::StoreF32, nullptr);
+    sync("gguf_gemv NaN");
+    const std::vector<float> got = y.download();
+    for (int r = 0; r < M; ++r)
+      for (int n = 0; n < N; ++n)
+        EXPECT_EQ(std::isnan(got[size_t(r) * N + n]), r == 1) << gguf::type_name(t) << " row " << r << " col " << n;
+  }
+}
+
+// The prefill path's dequantization: the host's dequantization rounded to 16 bits, bit for bit.
+TEST_F(GgufBlocksGpu, DequantizeIsTheHostDequantizationBitForBit) {
+  const int N = 5, K = 512;
+  for (const GgmlType t : kTypes) {
+    const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
+    std::vector<float> f(size_t(N) * K);
+    gguf::dequantize(t, w.data(), f.data(), f.size());
+    cuda::DeviceBuffer blocks(w.size());
+    cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
+    for (const DType dt : {DType::F16, DType::BF16}) {
+      DeviceBuffer<uint16_t> out(f.size());
+      out.poison();
+      cuda::gguf_dequantize({u32(t), N, blocks.get()}, K, dt, out.get(), nullptr);
+      sync("gguf_dequantize");
+      EXPECT_EQ(out.download(), to_bits(f, dt)) << gguf::type_name(t) << " " << name(dt);
     }
   }
 }

@@ -177,6 +177,9 @@ void expect_files_split(const ModelConfig& c, const WeightPlan& plan, cuda::DTyp
   ro.device = Device::Cuda;
   ro.dtype = dtype == cuda::DType::F16 ? "f16" : "bf16";
   ro.plan = &plan;
+  // Tensor parallelism loads a GGUF file's matrices in 16 bits: the one-GPU reference does too (its
+  // default keeps them in their blocks, with 8-bit activations: test_gguf_blocks.cpp holds that).
+  ro.gpu_weights = "dequantized";
   auto one = make_engine(c, {}, ro, limits_for(c));
   ro.tensor_parallel = tp_ranks();
   if (ro.tensor_parallel > 1) {

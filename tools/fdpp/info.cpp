@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <map>
 #include <set>
-#include <regex>
 #include <cmath>
 #include <iostream>
 #include <optional>
@@ -57,31 +56,21 @@ bool cpu_in_place(const ModelDescription& d, const InfoArgs& a, const std::strin
   return false;
 }
 
-// The GGUF tensors the GPU keeps in their stored blocks (DeviceModel::from_plan's rule, by
-// llama.cpp's tensor names): a layer's projections of the block types it multiplies
-// (backend/cuda/gguf_blocks.h), where every part of the matrix they are fused into is one of them.
-std::set<std::string> gpu_block_tensors(const ModelDescription& d) {
-  static const std::regex name(R"(blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down)\.weight)");
-  static const std::set<std::string> types = {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"};
-  std::map<std::string, std::vector<const TensorDescription*>> groups;  // "layer/matrix" -> its parts
+// The names of the GGUF tensors the GPU keeps in their stored blocks, by the GPU loader's own rule
+// (model/weight_plan.h gguf_gpu_block_tensors) over the file's plan, which reads no weight data.
+std::set<std::string> gpu_block_tensors(const std::string& path, const ModelDescription& d) {
   if (d.format != "gguf") return {};
-  for (const TensorDescription& t : d.tensors) {
-    std::smatch m;
-    if (!std::regex_match(t.name, m, name)) continue;
-    const std::string part = m[2];
-    const char* matrix = part.starts_with("attn_") && part != "attn_output" ? "qkv"
-                         : part == "ffn_gate" || part == "ffn_up"         ? "in"
-                                                                          : part.c_str();
-    groups[m[1].str() + "/" + matrix].push_back(&t);
+  std::set<std::string> names;
+  try {
+    const PlannedModel m = plan_model(path);
+    for (const PlannedTensor* t : gguf_gpu_block_tensors(m.plan)) names.insert(t->src.name);
+  } catch (const Error&) {
+    // A file the GPU loader cannot plan is refused when run, with that error; info describes it as stored.
   }
-  std::set<std::string> kept;
-  for (const auto& [key, parts] : groups)
-    if (std::all_of(parts.begin(), parts.end(), [](const TensorDescription* t) { return types.count(t->dtype) > 0; }))
-      for (const TensorDescription* t : parts) kept.insert(t->name);
-  return kept;
+  return names;
 }
 
-RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
+RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a, const std::set<std::string>& gpu_blocks) {
   RunsAs r;
   r.device = a.device != "auto" ? a.device : resolve_device(Device::Auto) == Device::Cuda ? "cuda" : "cpu";
   // gpu_dtype's rule (runtime/backend_select.h) over tensor counts: auto takes bf16 for a checkpoint
@@ -92,8 +81,7 @@ RunsAs weights_as_run(const ModelDescription& d, const InfoArgs& a) {
     else if (stored == "F16" || stored == "F32") other_float += n;
   }
   const std::string gpu = a.dtype != "auto" ? a.dtype : bf16 > other_float ? "bf16" : "f16";
-  const std::set<std::string> blocks =
-      r.device == "cuda" && a.gpu_weights == "stored" ? gpu_block_tensors(d) : std::set<std::string>{};
+  const std::set<std::string> blocks = r.device == "cuda" ? gpu_blocks : std::set<std::string>{};
   std::string parts;
   for (const auto& [stored, n] : d.dtype_counts) {
     std::string as;
@@ -219,11 +207,12 @@ int run_info(const InfoArgs& a) {
 #endif
   std::string dtypes;
   for (const auto& [t, n] : d.dtype_counts) dtypes += fmt::format("{}{} x{}", dtypes.empty() ? "" : ", ", t, n);
-  const RunsAs runs = weights_as_run(d, a);
+  const std::set<std::string> gpu_blocks =
+      a.gpu_weights == "stored" ? gpu_block_tensors(path, d) : std::set<std::string>{};
+  const RunsAs runs = weights_as_run(d, a, gpu_blocks);
   // The GPU's weight memory: GGUF blocks it keeps, FP8 bytes and 4-bit packs about as stored, the
   // rest 16-bit.
   double cuda_weight_bytes = 0;
-  const std::set<std::string> gpu_blocks = a.gpu_weights == "stored" ? gpu_block_tensors(d) : std::set<std::string>{};
   for (const TensorDescription& t : d.tensors) {
     double elements = 1;
     for (int64_t n : t.shape) elements *= static_cast<double>(n);

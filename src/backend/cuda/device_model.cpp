@@ -257,47 +257,10 @@ DeviceBuffer upload_int4(const std::vector<const PlannedTensor*>& parts, DType d
   return words;
 }
 
-// Whether the parts of one layer matrix (fused in this order) stay in their GGUF blocks: every part
-// a GGUF block type the GPU computes on, unsliced, with rows of one length the kernels take.
-bool keeps_gguf_blocks(const std::vector<const PlannedTensor*>& parts) {
-  if (parts.empty() || static_cast<int>(parts.size()) > GgufMatrix::kMaxSegments) return false;
-  for (const PlannedTensor* p : parts) {
-    const auto type = static_cast<uint32_t>(p->src.type);
-    if (p->src.data == nullptr || p->fp8() || p->packed() || p->stored_cols > 0 || p->add != 0.f ||
-        p->expert >= 0 || p->cols() != parts[0]->cols() || gguf_shape_problem(type, p->cols()) != nullptr)
-      return false;
-  }
-  return true;
-}
-
-// The layer matrices from_plan fuses: q/k/v, o, gate/up (or up alone), down.
-const std::vector<std::vector<WeightSlot>>& layer_matrix_slots() {
-  using S = WeightSlot;
-  static const std::vector<std::vector<WeightSlot>> groups = {
-      {S::Wq, S::Wk, S::Wv}, {S::Wo}, {S::WGate, S::WUp}, {S::WDown}};
-  return groups;
-}
-
-std::vector<const PlannedTensor*> present_parts(const WeightPlan& plan, const std::vector<WeightSlot>& slots,
-                                                int layer) {
-  std::vector<const PlannedTensor*> parts;
-  for (const WeightSlot s : slots)
-    if (const PlannedTensor* p = plan.find(s, layer); p != nullptr && p->numel() > 0) parts.push_back(p);
-  return parts;
-}
-
 }  // namespace
 
 uint64_t plan_device_bytes(const WeightPlan& plan, bool gguf_blocks) {
-  std::set<const PlannedTensor*> in_blocks;
-  if (gguf_blocks) {
-    int layers = 0;
-    for (const PlannedTensor& t : plan.tensors) layers = std::max(layers, t.layer + 1);
-    for (int layer = 0; layer < layers; ++layer)
-      for (const auto& slots : layer_matrix_slots())
-        if (const auto parts = present_parts(plan, slots, layer); keeps_gguf_blocks(parts))
-          in_blocks.insert(parts.begin(), parts.end());
-  }
+  const std::set<const PlannedTensor*> in_blocks = gguf_blocks ? gguf_gpu_block_tensors(plan) : std::set<const PlannedTensor*>{};
   uint64_t n = 0;
   for (const PlannedTensor& t : plan.tensors)
     n += in_blocks.count(&t) > 0 ? t.bytes_of(t.numel())
@@ -322,6 +285,8 @@ void check_gpu_memory(const GpuMemoryNeed& need) {
 DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan, DType dtype,
                                    const StreamOptions& options, StreamStats* stats, bool gguf_blocks) {
   DeviceModel m(c, dtype);
+  static_assert(GgufMatrix::kMaxSegments >= 3, "q, k and v fuse into one matrix of up to three types");
+  const std::set<const PlannedTensor*> in_blocks = gguf_blocks ? gguf_gpu_block_tensors(plan) : std::set<const PlannedTensor*>{};
   const bool swiglu = c.activation == Activation::SwiGLU || c.activation == Activation::GeGLU;  // gated
   std::vector<StreamJob> jobs;
   // A device buffer made of the planned slots present among `slots`, concatenated in that order
@@ -344,10 +309,7 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
     return d;
   };
   auto buffer = [&](std::initializer_list<WeightSlot> slots, int layer) {
-    std::vector<const PlannedTensor*> parts;
-    for (const WeightSlot s : slots)
-      if (const PlannedTensor* p = plan.find(s, layer); p != nullptr && p->numel() > 0) parts.push_back(p);
-    return buffer_of(parts);
+    return buffer_of(layer_matrix_parts(plan, slots, layer));
   };
   // An expert slot: one stacked tensor (GGUF) or one part per expert (Hugging Face), in expert order.
   auto experts = [&](WeightSlot slot, int layer) {
@@ -369,22 +331,22 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
   // 16-byte aligned in one buffer.
   auto blocks = [&](const std::vector<const PlannedTensor*>& parts, GgufMatrix& g) {
     const int64_t K = parts[0]->cols();
-    std::vector<uint64_t> part_at;
+    std::vector<uint64_t> part_at, segment_at;
     uint64_t bytes = 0;
     g = GgufMatrix();
     for (size_t i = 0; i < parts.size(); ++i) {
       const auto type = static_cast<uint32_t>(parts[i]->src.type);
       if (i == 0 || type != g.segments[g.count - 1].type) {
         bytes = (bytes + 15) / 16 * 16;
-        g.segments[g.count++] = {type, 0, reinterpret_cast<const void*>(bytes)};  // an offset until allocated
+        segment_at.push_back(bytes);
+        g.segments[g.count++] = {type, 0, nullptr};
       }
       part_at.push_back(bytes);
       g.segments[g.count - 1].rows += static_cast<int>(parts[i]->rows());
       bytes += static_cast<uint64_t>(parts[i]->rows()) * gguf_row_bytes(type, K);
     }
     DeviceBuffer d(static_cast<size_t>(bytes));
-    for (int i = 0; i < g.count; ++i)
-      g.segments[i].blocks = d.as<uint8_t>() + reinterpret_cast<uintptr_t>(g.segments[i].blocks);
+    for (int i = 0; i < g.count; ++i) g.segments[i].blocks = d.as<uint8_t>() + segment_at[static_cast<size_t>(i)];
     for (size_t i = 0; i < parts.size(); ++i) jobs.push_back({parts[i], d.as<uint8_t>() + part_at[i], true});
     m.bytes_ += d.bytes();
     m.gguf_ = true;
@@ -396,16 +358,14 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
   // GGUF blocks (with gguf_blocks, where keeps_gguf_blocks allows), segments into `g`.
   auto matrix = [&](std::initializer_list<WeightSlot> slots, int layer, DeviceBuffer& scale, DeviceInt4& int4,
                     GgufMatrix& g, const char* what) {
-    if (gguf_blocks)
-      if (const auto parts = present_parts(plan, slots, layer); keeps_gguf_blocks(parts)) return blocks(parts, g);
-    std::vector<const PlannedTensor*> parts;
+    const std::vector<const PlannedTensor*> parts = layer_matrix_parts(plan, slots, layer);
+    // The rule keeps a matrix's parts in blocks all together or not at all.
+    if (!parts.empty() && in_blocks.count(parts[0]) > 0) return blocks(parts, g);
     size_t fp8_parts = 0, packed_parts = 0;
-    for (const WeightSlot s : slots)
-      if (const PlannedTensor* p = plan.find(s, layer); p != nullptr && p->numel() > 0) {
-        parts.push_back(p);
-        fp8_parts += p->fp8() ? 1 : 0;
-        packed_parts += p->packed() ? 1 : 0;
-      }
+    for (const PlannedTensor* p : parts) {
+      fp8_parts += p->fp8() ? 1 : 0;
+      packed_parts += p->packed() ? 1 : 0;
+    }
     if (packed_parts > 0) {
       check(packed_parts == parts.size(),
             "layer {}: the {} weights mix packed integers and 16-bit matrices; fdpp fuses them into one matrix, so "

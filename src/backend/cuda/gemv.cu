@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/flat_gemm.h"
 #include "backend/cuda/fp8.h"
+#include "backend/cuda/gemv_rows.cuh"
 
 namespace fdpp::cuda {
 
@@ -133,8 +134,6 @@ __device__ __forceinline__ void fp8x16_to_float(const uint4& v, float (&f)[16]) 
   }
 }
 
-__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
-
 // Programmatic dependent launch (cuda_common.cuh; kernel_options.h): the first pass's weight loads
 // are issued before waiting for the previous kernel (which may write x or y). No-ops otherwise.
 
@@ -142,27 +141,14 @@ template <class T, int M, bool W8>
 __global__ void __launch_bounds__(kWarpsPerCta * 32)
     gemv_ex_kernel(const T* __restrict__ x, const void* __restrict__ w, const float* __restrict__ w_scale,
                    const T* __restrict__ bias, void* __restrict__ y, int N, int K, Epilogue epilogue) {
-  constexpr int R = ExShape<M, W8>::R, U = ExShape<M, W8>::U, P = R / 2;
+  constexpr int R = ExShape<M, W8>::R, U = ExShape<M, W8>::U;
   detail::pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int unit = blockIdx.x * kWarpsPerCta + warp;
-  const bool swiglu = epilogue == Epilogue::SwiGLU;
-  const int F = N / 2;
   // Rows of this warp (clamped into W for loading; results of rows past the end are not stored).
-  int rows[R];
-  bool valid[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (swiglu) {
-      const int f = unit * P + (r % P);
-      valid[r] = f < F;
-      rows[r] = (r < P ? 0 : F) + min(f, F - 1);
-    } else {
-      const int n = unit * R + r;
-      valid[r] = n < N;
-      rows[r] = min(n, N - 1);
-    }
-  }
+  const detail::WarpRows<R> wr(unit, N, epilogue == Epilogue::SwiGLU);
+  const int(&rows)[R] = wr.row;
+  const bool(&valid)[R] = wr.valid;
   if (!valid[0]) {  // whole warps: no shuffle below runs with missing lanes
     detail::pdl_wait();
     return;
@@ -239,44 +225,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
 
-  if (swiglu) {
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        if (lane != (p * M + m) % 32 || !valid[p]) continue;
-        const int f = rows[p];
-        float g = acc[p][m], u = acc[P + p][m];
-        if constexpr (W8) {
-          g *= w_scale[f];
-          u *= w_scale[F + f];
-        }
-        if (bias != nullptr) {
-          g += to_float(bias[f]);
-          u += to_float(bias[F + f]);
-        }
-        static_cast<T*>(y)[int64_t(m) * F + f] = from_float<T>(silu(g) * u);
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      if (lane != (r * M + m) % 32 || !valid[r]) continue;
-      const int n = rows[r];
-      float v = acc[r][m];
-      if constexpr (W8) v *= w_scale[n];
-      if (bias != nullptr) v += to_float(bias[n]);
-      const int64_t o = int64_t(m) * N + n;
-      switch (epilogue) {
-        case Epilogue::Store: static_cast<T*>(y)[o] = from_float<T>(v); break;
-        case Epilogue::StoreF32: static_cast<float*>(y)[o] = v; break;
-        default: static_cast<float*>(y)[o] += v; break;  // AddF32
-      }
-    }
-  }
+  detail::store_rows<T, R, M>(acc, wr, N, lane, W8 ? w_scale : nullptr, bias, y, N, 0, epilogue);
 }
 
 template <class T, int M, bool W8>

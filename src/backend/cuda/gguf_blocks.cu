@@ -1,11 +1,11 @@
 // GGUF blocks on the GPU (gguf_blocks.h): x's 8-bit quantization, the block GEMV and the
-// dequantization for large products.
+// dequantization for large products (one thread per task, bit-identical to the loader's conversion).
 //
 // The GEMV: a warp owns R = 2 weight rows; lane l takes the row's tasks l, l + 32, ... (a task is
 // one 32-element block of Q4_0/Q4_1/Q8_0, or 64 elements of a K-quant super-block: Q4_K/Q5_K's
 // groups 2p and 2p + 1, which share their bytes' low and high nibbles, and Q6_K's elements 32 kk +
 // l and 32 (kk + 2) + l of one half, likewise), U tasks per pass (tasks_per_pass), all of a pass's weight bytes
-// loaded before the first use. Blocks are read where they lie: Q4_K and Q5_K (144 and 176 bytes)
+// loaded before the first use and unpacked once for every row of x. Blocks are read where they lie: Q4_K and Q5_K (144 and 176 bytes)
 // with 16-byte loads, Q4_1 (20) with 4-byte ones and Q4_0, Q8_0 and Q6_K (18, 34 and 210 bytes,
 // 2-byte aligned) with 2-byte ones; the L1 turns the warp's strided loads into whole lines. The
 // integer sums are the CPU's (cpu/quant_matmul.cpp's scalar kernels); only the fp32 order of the
@@ -17,8 +17,8 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/gemv_rows.cuh"
 #include "backend/cuda/gguf_blocks.h"
-#include "backend/cuda/weight_convert.h"
 
 namespace fdpp::cuda {
 
@@ -49,9 +49,10 @@ __host__ __device__ constexpr BlockShape block_shape(uint32_t t) {
 __host__ __device__ constexpr bool is_k_quant(uint32_t t) { return t == kQ4_K || t == kQ5_K || t == kQ6_K; }
 // Elements of one lane task.
 __host__ __device__ constexpr int task_elems(uint32_t t) { return is_k_quant(t) ? 64 : 32; }
-// Tasks per lane per pass: two of the small 32-element blocks, one K-quant task (64 elements with
-// their scales take the registers of two already).
-__host__ __device__ constexpr int tasks_per_pass(uint32_t t) { return is_k_quant(t) ? 1 : 2; }
+// Tasks per lane per pass, all loaded before the first is used: two of the small 32-element blocks,
+// one K-quant task (64 elements with their scales take the registers of two already), two when x has
+// one or two rows, where the registers allow it and a 4096-long row then takes a single pass.
+__host__ __device__ constexpr int tasks_per_pass(uint32_t t, int M) { return is_k_quant(t) && M > 2 ? 1 : 2; }
 
 // ---- the quantized-x layout (gguf_act_bytes) --------------------------------------------------
 
@@ -228,131 +229,152 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint32_t (&sc)[3], int
 
 __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a(int(a), int(b), c); }
 
-// x's 8-bit activations: read-only global memory (a quantize kernel's output), or the CTA's shared
-// memory (a generic pointer: no non-coherent load).
-template <bool kShared, class V>
-__device__ __forceinline__ V act_ld(const V* p) {
-  if constexpr (kShared) return *p;
-  else return __ldg(p);
+// A task's weights unpacked once, for every row of x: 4-byte groups of 8-bit values in x's element
+// order (lo: the task's first 32 elements, hi: its second 32; Q4_0/Q4_1: lo[0..4) elements 0..15,
+// hi[0..4) 16..31; Q8_0: lo[0..8)), and the scales that multiply their sums.
+struct TaskValues {
+  uint32_t lo[8], hi[8];
+  float d, m;          // the block's scale and its minimum (Q4_1, K-quants' dmin) or -8 d (Q4_0)
+  int s0, s1, s2, s3;  // Q4_K/Q5_K: scale and min of groups 2p, 2p + 1; Q6_K: the four scales of 16
+};
+
+template <uint32_t Q>
+__device__ __forceinline__ TaskValues unpack_task(const TaskWeights& w, int t) {
+  TaskValues v;
+  if constexpr (Q == kQ4_0 || Q == kQ4_1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v.lo[i] = w.q[i] & 0x0F0F0F0Fu;
+      v.hi[i] = (w.q[i] >> 4) & 0x0F0F0F0Fu;
+    }
+    v.d = half_bits(w.dm & 0xFFFF);
+    v.m = Q == kQ4_1 ? half_bits(w.dm >> 16) : -8.f * v.d;
+  } else if constexpr (Q == kQ8_0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v.lo[i] = w.q[i];
+    v.d = half_bits(w.dm);
+  } else if constexpr (Q == kQ4_K || Q == kQ5_K) {
+    const int p = t & 3;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v.lo[i] = w.q[i] & 0x0F0F0F0Fu;
+      v.hi[i] = (w.q[i] >> 4) & 0x0F0F0F0Fu;
+      if constexpr (Q == kQ5_K) {
+        v.lo[i] |= ((w.h[i] >> (2 * p)) & 0x01010101u) << 4;
+        v.hi[i] |= ((w.h[i] >> (2 * p + 1)) & 0x01010101u) << 4;
+      }
+    }
+    scale_min_k4(2 * p, w.sc, v.s0, v.s1);
+    scale_min_k4(2 * p + 1, w.sc, v.s2, v.s3);
+    v.d = half_bits(w.dm & 0xFFFF);
+    v.m = half_bits(w.dm >> 16);
+  } else {  // Q6_K: unsigned 6-bit values (q + 32)
+    const int kk0 = t & 1;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v.lo[i] = (w.q[i] & 0x0F0F0F0Fu) | (((w.h[i] >> (2 * kk0)) & 0x03030303u) << 4);
+      v.hi[i] = ((w.q[i] >> 4) & 0x0F0F0F0Fu) | (((w.h[i] >> (2 * kk0 + 4)) & 0x03030303u) << 4);
+    }
+    v.s0 = int(int8_t(w.sc[0] & 0xFF));
+    v.s1 = int(int8_t(w.sc[0] >> 8));
+    v.s2 = int(int8_t(w.sc[1] & 0xFF));
+    v.s3 = int(int8_t(w.sc[1] >> 8));
+    v.d = half_bits(w.dm);
+  }
+  return v;
 }
 
-// The task's contribution to one row of x (its 8-bit activations at act for row m).
-template <uint32_t Q, bool S>
-__device__ __forceinline__ float task_dot(const TaskWeights& w, int t, const uint8_t* __restrict__ act,
+__device__ __forceinline__ void load8(const uint8_t* p, uint32_t (&x)[8]) {
+  const uint4 a = __ldg(reinterpret_cast<const uint4*>(p)), b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+
+// The task's contribution to row m of x (its 8-bit activations in act).
+template <uint32_t Q>
+__device__ __forceinline__ float task_dot(const TaskValues& v, int t, const uint8_t* __restrict__ act,
                                           const ActLayout& L, int m, int K) {
   if constexpr (Q == kQ4_0 || Q == kQ4_1 || Q == kQ8_0) {
     const int64_t block = int64_t(m) * (K / 32) + t;
-    const uint4* xq = reinterpret_cast<const uint4*>(act + L.qs32 + size_t(block) * 32);
-    const uint4 x0 = act_ld<S>(xq), x1 = act_ld<S>(xq + 1);
-    const uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    const float dx = act_ld<S>(reinterpret_cast<const float*>(act + L.d32) + block);
+    uint32_t xs[8];
+    load8(act + L.qs32 + size_t(block) * 32, xs);
+    const float dx = __ldg(reinterpret_cast<const float*>(act + L.d32) + block);
     int sumi = 0;
     if constexpr (Q == kQ8_0) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) sumi = dp4a(w.q[i], xs[i], sumi);
-      return half_bits(w.dm) * dx * float(sumi);
+      for (int i = 0; i < 8; ++i) sumi = dp4a(v.lo[i], xs[i], sumi);
+      return v.d * dx * float(sumi);
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        sumi = dp4a(w.q[i] & 0x0F0F0F0Fu, xs[i], sumi);
-        sumi = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, xs[i + 4], sumi);
+        sumi = dp4a(v.lo[i], xs[i], sumi);
+        sumi = dp4a(v.hi[i], xs[i + 4], sumi);
       }
-      const float d = half_bits(w.dm & 0xFFFF);
-      const float sx = act_ld<S>(reinterpret_cast<const float*>(act + L.s32) + block);
-      const float mn = Q == kQ4_1 ? half_bits(w.dm >> 16) : -8.f * d;
-      return d * dx * float(sumi) + mn * sx;
+      const float sx = __ldg(reinterpret_cast<const float*>(act + L.s32) + block);
+      return v.d * dx * float(sumi) + v.m * sx;
     }
   } else {
-    const int sb = t >> 2;  // super-block of the row
-    const int64_t xblock = int64_t(m) * (K / 256) + sb;
-    const float dx = act_ld<S>(reinterpret_cast<const float*>(act + L.d256) + xblock);
+    const int64_t xblock = int64_t(m) * (K / 256) + (t >> 2);
+    const float dx = __ldg(reinterpret_cast<const float*>(act + L.d256) + xblock);
     const uint8_t* xq = act + L.qs256 + size_t(xblock) * 256;
     const int16_t* bsum = reinterpret_cast<const int16_t*>(act + L.bsum) + xblock * 16;
-    auto bs = [&](int i) { return int(act_ld<S>(bsum + i)); };
+    auto bs = [&](int i) { return int(__ldg(bsum + i)); };
+    // The task's two runs of 32 elements: Q4_K/Q5_K's groups 2p, 2p + 1; Q6_K's kk0, kk0 + 2.
+    const int e_lo = Q == kQ6_K ? 128 * ((t >> 1) & 1) + 32 * (t & 1) : 64 * (t & 3);
+    const int e_hi = e_lo + (Q == kQ6_K ? 64 : 32);
+    uint32_t lo_x[8], hi_x[8];
+    load8(xq + e_lo, lo_x);
+    load8(xq + e_hi, hi_x);
     if constexpr (Q == kQ4_K || Q == kQ5_K) {
-      const int p = t & 3;
-      const uint4* x4 = reinterpret_cast<const uint4*>(xq + 64 * p);
-      const uint4 a0 = act_ld<S>(x4), a1 = act_ld<S>(x4 + 1), b0 = act_ld<S>(x4 + 2), b1 = act_ld<S>(x4 + 3);
-      const uint32_t lo_x[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-      const uint32_t hi_x[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
       int g_lo = 0, g_hi = 0;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        uint32_t lo = w.q[i] & 0x0F0F0F0Fu, hi = (w.q[i] >> 4) & 0x0F0F0F0Fu;
-        if constexpr (Q == kQ5_K) {
-          lo |= ((w.h[i] >> (2 * p)) & 0x01010101u) << 4;
-          hi |= ((w.h[i] >> (2 * p + 1)) & 0x01010101u) << 4;
-        }
-        g_lo = dp4a(lo, lo_x[i], g_lo);
-        g_hi = dp4a(hi, hi_x[i], g_hi);
+        g_lo = dp4a(v.lo[i], lo_x[i], g_lo);
+        g_hi = dp4a(v.hi[i], hi_x[i], g_hi);
       }
-      int s_lo, m_lo, s_hi, m_hi;
-      scale_min_k4(2 * p, w.sc, s_lo, m_lo);
-      scale_min_k4(2 * p + 1, w.sc, s_hi, m_hi);
-      const int sumi = s_lo * g_lo + s_hi * g_hi;
-      const int summ = m_lo * (bs(4 * p) + bs(4 * p + 1)) + m_hi * (bs(4 * p + 2) + bs(4 * p + 3));
-      return half_bits(w.dm & 0xFFFF) * dx * float(sumi) - half_bits(w.dm >> 16) * dx * float(summ);
+      const int g = e_lo / 16;
+      const int sumi = v.s0 * g_lo + v.s2 * g_hi;
+      const int summ = v.s1 * (bs(g) + bs(g + 1)) + v.s3 * (bs(g + 2) + bs(g + 3));
+      return v.d * dx * float(sumi) - v.m * dx * float(summ);
     } else {  // Q6_K
-      const int h = (t >> 1) & 1, kk0 = t & 1;
-      const int e_lo = 128 * h + 32 * kk0, e_hi = e_lo + 64;  // kk0 and kk0 + 2
-      const uint4* xl = reinterpret_cast<const uint4*>(xq + e_lo);
-      const uint4* xh = reinterpret_cast<const uint4*>(xq + e_hi);
-      const uint4 a0 = act_ld<S>(xl), a1 = act_ld<S>(xl + 1), b0 = act_ld<S>(xh), b1 = act_ld<S>(xh + 1);
-      const uint32_t lo_x[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-      const uint32_t hi_x[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
       int run[4] = {0, 0, 0, 0};  // sums of 16: (kk0, l < 16), (kk0, l >= 16), (kk0 + 2, ...), (...)
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const uint32_t lo = (w.q[i] & 0x0F0F0F0Fu) | (((w.h[i] >> (2 * kk0)) & 0x03030303u) << 4);
-        const uint32_t hi = ((w.q[i] >> 4) & 0x0F0F0F0Fu) | (((w.h[i] >> (2 * kk0 + 4)) & 0x03030303u) << 4);
-        run[i / 4] = dp4a(lo, lo_x[i], run[i / 4]);
-        run[2 + i / 4] = dp4a(hi, hi_x[i], run[2 + i / 4]);
+        run[i / 4] = dp4a(v.lo[i], lo_x[i], run[i / 4]);
+        run[2 + i / 4] = dp4a(v.hi[i], hi_x[i], run[2 + i / 4]);
       }
       // q - 32: subtract 32 x the run's activation sum (bsums index = the scale's index).
       const int g = e_lo / 16;  // 8 h + 2 kk0
-      const int sc0 = int(int8_t(w.sc[0] & 0xFF)), sc1 = int(int8_t(w.sc[0] >> 8));
-      const int sc2 = int(int8_t(w.sc[1] & 0xFF)), sc3 = int(int8_t(w.sc[1] >> 8));
-      const int sumi = sc0 * (run[0] - 32 * bs(g)) + sc1 * (run[1] - 32 * bs(g + 1)) +
-                       sc2 * (run[2] - 32 * bs(g + 4)) + sc3 * (run[3] - 32 * bs(g + 5));
-      return half_bits(w.dm) * dx * float(sumi);
+      const int sumi = v.s0 * (run[0] - 32 * bs(g)) + v.s1 * (run[1] - 32 * bs(g + 1)) +
+                       v.s2 * (run[2] - 32 * bs(g + 4)) + v.s3 * (run[3] - 32 * bs(g + 5));
+      return v.d * dx * float(sumi);
     }
   }
 }
 
-__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
-
-// S: the CTA quantizes x itself into shared memory (act and L are then ignored; x given), saving
-// the quantize kernel's launch where x is small (gguf_gemv's rule).
-template <class T, uint32_t Q, int M, bool S>
+template <class T, uint32_t Q, int M>
 __global__ void __launch_bounds__(kWarps * 32)
-    gguf_gemv_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int N, int K, const T* __restrict__ x,
+    gguf_gemv_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int N, int K,
                      const uint8_t* __restrict__ act, ActLayout L, int row0, const T* __restrict__ bias,
                      void* __restrict__ y, int ldy, int col0, Epilogue epilogue) {
-  constexpr int R = kRows, U = tasks_per_pass(Q), P = R / 2;
-  extern __shared__ uint4 act_smem[];
+  constexpr int R = kRows, U = tasks_per_pass(Q, M);
   detail::pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int unit = blockIdx.x * kWarps + warp;
-  const bool swiglu = epilogue == Epilogue::SwiGLU;
-  const int F = N / 2;
-  int rows[R];
-  bool valid[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (swiglu) {
-      const int f = unit * P + (r % P);
-      valid[r] = f < F;
-      rows[r] = (r < P ? 0 : F) + min(f, F - 1);
-    } else {
-      const int n = unit * R + r;
-      valid[r] = n < N;
-      rows[r] = min(n, N - 1);
-    }
+  const detail::WarpRows<R> wr(unit, N, epilogue == Epilogue::SwiGLU);
+  const int(&rows)[R] = wr.row;
+  if (!wr.valid[0]) {  // whole warps: no shuffle below runs with missing lanes
+    detail::pdl_wait();
+    return;
   }
   const int tasks = K / task_elems(Q);
-  // The first pass's weights before waiting for the previous kernel (they do not depend on it).
-  TaskWeights tw[R][U];
-  auto load_pass = [&](int base) {
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+  bool waited = false;
+  for (int base = lane; base < tasks; base += 32 * U) {
+    TaskWeights tw[R][U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int t = base + 32 * u;
@@ -360,109 +382,114 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int r = 0; r < R; ++r)
         if (t < tasks) load_task<Q>(w + size_t(rows[r]) * row_bytes, t, tw[r][u]);
     }
-  };
-  if (valid[0]) load_pass(lane);
-  detail::pdl_wait();  // x / act, bias and y may be the previous kernels'
-  if constexpr (S) {
-    uint8_t* sa = reinterpret_cast<uint8_t*>(act_smem);
-    L = ActLayout(M, K, !is_k_quant(Q), is_k_quant(Q));
-    constexpr int B = is_k_quant(Q) ? 256 : 32;
-    for (int64_t b = warp; b < int64_t(M) * (K / B); b += kWarps) quantize_block<T, B>(x + int64_t(row0) * K, K, b, sa, L);
-    __syncthreads();
-    act = sa;
-    row0 = 0;  // act holds this launch's rows only
-  }
-  if (!valid[0]) return;  // whole warps: no shuffle below runs with missing lanes
-  float acc[R][M];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-  for (int base = lane; base < tasks;) {
+    if (!waited) {  // act, bias and y may be the previous kernels': wait after the first weights
+      detail::pdl_wait();
+      waited = true;
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int t = base + 32 * u;
       if (t >= tasks) break;
 #pragma unroll
-      for (int m = 0; m < M; ++m)
+      for (int r = 0; r < R; ++r) {
+        const TaskValues v = unpack_task<Q>(tw[r][u], t);  // once for all M rows of x
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r][m] += task_dot<Q, S>(tw[r][u], t, act, L, row0 + m, K);
+        for (int m = 0; m < M; ++m) acc[r][m] += task_dot<Q>(v, t, act, L, row0 + m, K);
+      }
     }
-    base += 32 * U;
-    if (base < tasks) load_pass(base);
   }
+  if (!waited) detail::pdl_wait();
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = detail::warp_sum(acc[r][m]);
 
-  // y and x are this launch's rows (the host offsets them); act's rows start at row0.
-
-  if (swiglu) {
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        if (lane != (p * M + m) % 32 || !valid[p]) continue;
-        const int f = rows[p];
-        float g = acc[p][m], u = acc[P + p][m];
-        if (bias != nullptr) {
-          g += to_float(bias[f]);
-          u += to_float(bias[F + f]);
-        }
-        static_cast<T*>(y)[int64_t(m) * F + f] = from_float<T>(silu(g) * u);
-      }
-    return;
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      if (lane != (r * M + m) % 32 || !valid[r]) continue;
-      const int n = rows[r];
-      float v = acc[r][m];
-      if (bias != nullptr) v += to_float(bias[n]);
-      const int64_t o = int64_t(m) * ldy + col0 + n;
-      switch (epilogue) {
-        case Epilogue::Store: static_cast<T*>(y)[o] = from_float<T>(v); break;
-        case Epilogue::StoreF32: static_cast<float*>(y)[o] = v; break;
-        default: static_cast<float*>(y)[o] += v; break;  // AddF32
-      }
-    }
+  // y is this launch's rows (the host offsets it); act's rows start at row0.
+  detail::store_rows<T, R, M>(acc, wr, N, lane, nullptr, bias, y, ldy, col0, epilogue);
 }
 
-// Bytes of the CTA's shared copy of x in the S kernels.
-size_t smem_act_bytes(uint32_t Q, int M, int K) { return ActLayout(M, K, !is_k_quant(Q), is_k_quant(Q)).total; }
-
 template <class T, uint32_t Q>
-void launch_type(const GgufSegment& seg, const T* x, const uint8_t* act, const ActLayout& L, int row0, int M, int K,
-                 const void* bias, void* y, int ldy, int col0, Epilogue ep, bool x_in_smem, cudaStream_t stream) {
+void launch_type(const GgufSegment& seg, const uint8_t* act, const ActLayout& L, int row0, int M, int K,
+                 const void* bias, void* y, int ldy, int col0, Epilogue ep, cudaStream_t stream) {
   const int N = seg.rows;
   const int units = ep == Epilogue::SwiGLU ? (N / 2 + kRows / 2 - 1) / (kRows / 2) : (N + kRows - 1) / kRows;
-  const size_t smem = x_in_smem ? smem_act_bytes(Q, M, K) : 0;
-  const detail::LaunchConfig config(dim3(unsigned((units + kWarps - 1) / kWarps)), dim3(kWarps * 32), smem, stream,
+  const detail::LaunchConfig config(dim3(unsigned((units + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0, stream,
                                     linear_programmatic_launch_enabled());
   const auto* w = static_cast<const uint8_t*>(seg.blocks);
   const uint64_t rb = gguf_row_bytes(Q, K);
   const auto* b = static_cast<const T*>(bias);
   auto go = [&](auto kernel) {
-    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, w, rb, N, K, x, act, L, row0, b, y, ldy, col0, ep),
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, w, rb, N, K, act, L, row0, b, y, ldy, col0, ep),
                        "cudaLaunchKernelEx(gguf_gemv)");
   };
-  auto go_m = [&](auto m_tag) {
-    constexpr int Mc = decltype(m_tag)::value;
-    if (x_in_smem) go(gguf_gemv_kernel<T, Q, Mc, true>);
-    else go(gguf_gemv_kernel<T, Q, Mc, false>);
-  };
   switch (M) {
-    case 1: return go_m(std::integral_constant<int, 1>{});
-    case 2: return go_m(std::integral_constant<int, 2>{});
-    case 3: return go_m(std::integral_constant<int, 3>{});
-    case 4: return go_m(std::integral_constant<int, 4>{});
-    case 5: return go_m(std::integral_constant<int, 5>{});
-    case 6: return go_m(std::integral_constant<int, 6>{});
-    case 7: return go_m(std::integral_constant<int, 7>{});
-    default: return go_m(std::integral_constant<int, 8>{});
+    case 1: return go(gguf_gemv_kernel<T, Q, 1>);
+    case 2: return go(gguf_gemv_kernel<T, Q, 2>);
+    case 3: return go(gguf_gemv_kernel<T, Q, 3>);
+    case 4: return go(gguf_gemv_kernel<T, Q, 4>);
+    case 5: return go(gguf_gemv_kernel<T, Q, 5>);
+    case 6: return go(gguf_gemv_kernel<T, Q, 6>);
+    case 7: return go(gguf_gemv_kernel<T, Q, 7>);
+    default: return go(gguf_gemv_kernel<T, Q, 8>);
+  }
+}
+
+// ---- dequantization (products above kFlatGemmMaxM rows) -------------------------------------------
+
+// One thread per task: its 32 or 64 weights as the host's dequantization computes them (gguf_dequant.cpp's
+// fp32 operations, uncontracted), rounded to T, stored 8 at a time.
+template <class T, uint32_t Q>
+__global__ void __launch_bounds__(256) dequantize_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int N,
+                                                         int K, T* __restrict__ out) {
+  const int tasks = K / task_elems(Q);
+  const int64_t id = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (id >= int64_t(N) * tasks) return;
+  const int n = int(id / tasks), t = int(id % tasks);
+  TaskWeights tw;
+  load_task<Q>(w + size_t(n) * row_bytes, t, tw);
+  const TaskValues v = unpack_task<Q>(tw, t);
+  // Byte j of word i of lo / hi, as a weight.
+  auto value = [&](uint32_t word, int j, int run) {
+    const uint32_t byte = (word >> (8 * j)) & 0xFF;
+    const float q = float(byte);
+    if constexpr (Q == kQ4_0) return __fmul_rn(q - 8.f, v.d);
+    else if constexpr (Q == kQ4_1) return __fadd_rn(__fmul_rn(q, v.d), v.m);
+    else if constexpr (Q == kQ8_0) return __fmul_rn(float(int8_t(uint8_t(byte))), v.d);
+    else if constexpr (Q == kQ4_K || Q == kQ5_K) {
+      const float d1 = __fmul_rn(v.d, float(run == 0 ? v.s0 : v.s2)), m1 = __fmul_rn(v.m, float(run == 0 ? v.s1 : v.s3));
+      return __fsub_rn(__fmul_rn(d1, q), m1);
+    } else {  // Q6_K: run 0..3 = the scales of 16
+      const int sc = run == 0 ? v.s0 : run == 1 ? v.s1 : run == 2 ? v.s2 : v.s3;
+      return __fmul_rn(__fmul_rn(v.d, float(sc)), q - 32.f);
+    }
+  };
+  // 8 weights from words i and i + 1 of `words`, stored at element e of the row.
+  auto store8 = [&](const uint32_t* words, int i, int run, int64_t e) {
+    alignas(16) T h[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) h[j] = from_float<T>(value(words[i + j / 4], j % 4, run));
+    *reinterpret_cast<uint4*>(out + int64_t(n) * K + e) = *reinterpret_cast<const uint4*>(h);
+  };
+  if constexpr (Q == kQ4_0 || Q == kQ4_1) {
+    const int64_t e0 = int64_t(t) * 32;
+    store8(v.lo, 0, 0, e0);
+    store8(v.lo, 2, 0, e0 + 8);
+    store8(v.hi, 0, 0, e0 + 16);
+    store8(v.hi, 2, 0, e0 + 24);
+  } else if constexpr (Q == kQ8_0) {
+    const int64_t e0 = int64_t(t) * 32;
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) store8(v.lo, i, 0, e0 + 4 * i);
+  } else {
+    const int64_t sb = int64_t(t >> 2) * 256;
+    const int e_lo = Q == kQ6_K ? 128 * ((t >> 1) & 1) + 32 * (t & 1) : 64 * (t & 3);
+    const int e_hi = e_lo + (Q == kQ6_K ? 64 : 32);
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      // Q6_K's scales change every 16 elements (words 0-3, 4-7); Q4_K/Q5_K's every 32 (lo, hi).
+      store8(v.lo, i, Q == kQ6_K ? i / 4 : 0, sb + e_lo + 4 * i);
+      store8(v.hi, i, Q == kQ6_K ? 2 + i / 4 : 1, sb + e_hi + 4 * i);
+    }
   }
 }
 
@@ -519,20 +546,15 @@ void gguf_quantize_x(const void* x, int M, int K, DType dtype, bool legacy, bool
   check_launch("gguf_quantize_x");
 }
 
-bool gguf_x_in_kernel(int M, int K) { return int64_t(M) * K <= kGgufXInKernelElements; }
-
-void gguf_gemv(const GgufSegment& seg, const void* x, const void* act, int act_rows, int row0, int M, int K,
-               const void* bias, void* y, int ldy, int col0, DType dtype, Epilogue epilogue, cudaStream_t stream) {
-  check(seg.blocks != nullptr && y != nullptr && (act != nullptr || x != nullptr), "gguf_gemv: null pointer");
+void gguf_gemv(const GgufSegment& seg, const void* act, int act_rows, int row0, int M, int K, const void* bias,
+               void* y, int ldy, int col0, DType dtype, Epilogue epilogue, cudaStream_t stream) {
+  check(seg.blocks != nullptr && act != nullptr && y != nullptr, "gguf_gemv: null pointer");
   check(M >= 1 && M <= kGgufGemvMaxRows && row0 >= 0 && row0 + M <= act_rows,
-        "gguf_gemv: rows [{}, {}) of {} (at most {} a launch)", row0, row0 + M, act_rows, kGgufGemvMaxRows);
+        "gguf_gemv: rows [{}, {}) of {} quantized (at most {} a launch)", row0, row0 + M, act_rows, kGgufGemvMaxRows);
   check(seg.rows >= 1, "gguf_gemv: a segment of {} rows", seg.rows);
   if (const char* why = gguf_shape_problem(seg.type, K)) fail("gguf_gemv: type {}, K = {}: {}", seg.type, K, why);
-  check(detail::aligned16(seg.blocks) && (act == nullptr || detail::aligned16(act)),
-        "gguf_gemv: blocks and act must be 16-byte aligned");
+  check(detail::aligned16(seg.blocks) && detail::aligned16(act), "gguf_gemv: blocks and act must be 16-byte aligned");
   check(epilogue != Epilogue::SwiGLU || seg.rows % 2 == 0, "gguf_gemv: SwiGLU needs an even number of rows");
-  const bool in_kernel = act == nullptr;
-  check(!in_kernel || gguf_x_in_kernel(M, K), "gguf_gemv: x of {} x {} is too large to quantize in the kernel", M, K);
   const ActLayout L(act_rows, K);
   const auto* a = static_cast<const uint8_t*>(act);
   // This launch's first row of y.
@@ -541,18 +563,13 @@ void gguf_gemv(const GgufSegment& seg, const void* x, const void* act, int act_r
   void* y0 = static_cast<uint8_t*>(y) + size_t(row0) * y_row * y_elem;
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const T* xt = static_cast<const T*>(x);
-    auto go = [&](auto q_tag) {
-      constexpr uint32_t Q = decltype(q_tag)::value;
-      launch_type<T, Q>(seg, xt, a, L, row0, M, K, bias, y0, ldy, col0, epilogue, in_kernel, stream);
-    };
     switch (seg.type) {
-      case kQ4_0: return go(std::integral_constant<uint32_t, kQ4_0>{});
-      case kQ4_1: return go(std::integral_constant<uint32_t, kQ4_1>{});
-      case kQ8_0: return go(std::integral_constant<uint32_t, kQ8_0>{});
-      case kQ4_K: return go(std::integral_constant<uint32_t, kQ4_K>{});
-      case kQ5_K: return go(std::integral_constant<uint32_t, kQ5_K>{});
-      default: return go(std::integral_constant<uint32_t, kQ6_K>{});
+      case kQ4_0: return launch_type<T, kQ4_0>(seg, a, L, row0, M, K, bias, y0, ldy, col0, epilogue, stream);
+      case kQ4_1: return launch_type<T, kQ4_1>(seg, a, L, row0, M, K, bias, y0, ldy, col0, epilogue, stream);
+      case kQ8_0: return launch_type<T, kQ8_0>(seg, a, L, row0, M, K, bias, y0, ldy, col0, epilogue, stream);
+      case kQ4_K: return launch_type<T, kQ4_K>(seg, a, L, row0, M, K, bias, y0, ldy, col0, epilogue, stream);
+      case kQ5_K: return launch_type<T, kQ5_K>(seg, a, L, row0, M, K, bias, y0, ldy, col0, epilogue, stream);
+      default: return launch_type<T, kQ6_K>(seg, a, L, row0, M, K, bias, y0, ldy, col0, epilogue, stream);
     }
   });
   check_launch("gguf_gemv");
@@ -561,7 +578,24 @@ void gguf_gemv(const GgufSegment& seg, const void* x, const void* act, int act_r
 void gguf_dequantize(const GgufSegment& seg, int K, DType dtype, void* w16, cudaStream_t stream) {
   check(seg.blocks != nullptr && w16 != nullptr, "gguf_dequantize: null pointer");
   if (const char* why = gguf_shape_problem(seg.type, K)) fail("gguf_dequantize: type {}, K = {}: {}", seg.type, K, why);
-  convert_stored_type(seg.type, seg.blocks, int64_t(seg.rows) * K, K, 0, w16, dtype, stream);
+  check(detail::aligned16(seg.blocks) && detail::aligned16(w16), "gguf_dequantize: pointers must be 16-byte aligned");
+  const int64_t threads = int64_t(seg.rows) * (K / task_elems(seg.type));
+  const unsigned blocks = unsigned((threads + 255) / 256);
+  const auto* w = static_cast<const uint8_t*>(seg.blocks);
+  const uint64_t rb = gguf_row_bytes(seg.type, K);
+  detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* out = static_cast<T*>(w16);
+    switch (seg.type) {
+      case kQ4_0: return dequantize_kernel<T, kQ4_0><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
+      case kQ4_1: return dequantize_kernel<T, kQ4_1><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
+      case kQ8_0: return dequantize_kernel<T, kQ8_0><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
+      case kQ4_K: return dequantize_kernel<T, kQ4_K><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
+      case kQ5_K: return dequantize_kernel<T, kQ5_K><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
+      default: return dequantize_kernel<T, kQ6_K><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
+    }
+  });
+  check_launch("gguf_dequantize");
 }
 
 }  // namespace fdpp::cuda

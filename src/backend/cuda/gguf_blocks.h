@@ -6,8 +6,8 @@
 // path (cpu/quant_matmul.h) in integer arithmetic: x is first quantized to 8 bits per block
 // (gguf_quantize_x: amax / 127 per 32 elements for Q4_0/Q4_1/Q8_0, per 256 with sums per 16 for the
 // K-quants), then each warp streams R weight rows and takes 8-bit dot products (dp4a) of the
-// unpacked weights with it, scaling once per block as the CPU kernels do. A row of x is quantized
-// once per product and read from L1/L2 by every warp; the weights are read once.
+// unpacked weights with it, scaling once per block as the CPU kernels do. x is quantized once per
+// product and read from L1/L2 by every warp; the weights are read once per 8 rows of x.
 // Larger products dequantize the matrix into a 16-bit scratch (weight_convert's kernels) and run
 // cuBLASLt: prefill is compute-bound, and 16-bit activations keep its accuracy.
 //
@@ -70,21 +70,14 @@ size_t gguf_act_bytes(int M, int K);
 void gguf_quantize_x(const void* x, int M, int K, DType dtype, bool legacy, bool k_quants, void* act,
                      cudaStream_t stream);
 
-// Whether gguf_gemv quantizes x itself (each CTA into shared memory, saving the quantize kernel's
-// launch) for M rows of K elements: small x only, since every CTA repeats the work.
-constexpr int64_t kGgufXInKernelElements = 16384;
-bool gguf_x_in_kernel(int M, int K);
-
 // y columns [col0, col0 + seg.rows) of rows [row0, row0 + M) (row stride ldy elements of y's type)
-// = epilogue(x . seg^T + bias), M <= kGgufGemvMaxRows. x [act_rows, K] (16-bit dtype) comes
-// quantized in act as gguf_quantize_x left it for act_rows rows, or act is null and the kernel
-// quantizes x's rows itself (gguf_x_in_kernel(M, K) must hold). bias: seg.rows values or null.
-// SwiGLU: the segment is [gate; up] (seg.rows even) and y is [rows, seg.rows / 2] (ldy, col0
-// ignored).
-void gguf_gemv(const GgufSegment& seg, const void* x, const void* act, int act_rows, int row0, int M, int K,
-               const void* bias, void* y, int ldy, int col0, DType dtype, Epilogue epilogue, cudaStream_t stream);
+// = epilogue(x . seg^T + bias), with x as gguf_quantize_x left it in act for act_rows rows
+// (M <= kGgufGemvMaxRows). bias: seg.rows values or null. SwiGLU: the segment is [gate; up]
+// (seg.rows even) and y is [rows, seg.rows / 2] (ldy, col0 ignored).
+void gguf_gemv(const GgufSegment& seg, const void* act, int act_rows, int row0, int M, int K, const void* bias,
+               void* y, int ldy, int col0, DType dtype, Epilogue epilogue, cudaStream_t stream);
 
-// w16 [seg.rows, K] (dtype) = the segment dequantized, as the loader would have converted it.
+// w16 [seg.rows, K] (dtype) = the segment dequantized, bit for bit as the loader converts it.
 void gguf_dequantize(const GgufSegment& seg, int K, DType dtype, void* w16, cudaStream_t stream);
 
 }  // namespace fdpp::cuda

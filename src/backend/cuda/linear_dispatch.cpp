@@ -1,6 +1,5 @@
 #include "backend/cuda/linear_dispatch.h"
 
-#include <cstdlib>
 #include <string_view>
 
 #include <algorithm>
@@ -271,19 +270,9 @@ void LinearDispatcher::run_gguf(const void* x, const GgufMatrix& m, const void* 
     run_impl(LinearImpl::Cublas, x, w16_.get(), bias, y, M, N, K, dtype, epilogue, stream);
     return;
   }
-  // x quantized once by its own kernel for every segment and launch. FDPP_GGUF_X_IN_KERNEL=1 (an
-  // experiment switch, for comparison) has each GEMV CTA quantize a small x itself instead, which
-  // saves a launch but measured slower (docs/kernels/gguf_blocks.md).
-  static const bool in_kernel_allowed = [] {
-    const char* v = std::getenv("FDPP_GGUF_X_IN_KERNEL");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
-  const bool in_kernel = in_kernel_allowed && M <= kGgufGemvMaxRows && gguf_x_in_kernel(M, K);
-  if (!in_kernel) {
-    const size_t x_bytes = gguf_act_bytes(M, K);
-    if (x_bytes > gguf_x_.bytes()) grow_outside_capture(gguf_x_, x_bytes, stream, "the GGUF products' 8-bit x");
-    gguf_quantize_x(x, M, K, dtype, m.has_legacy(), m.has_k_quants(), gguf_x_.get(), stream);
-  }
+  const size_t x_bytes = gguf_act_bytes(M, K);
+  if (x_bytes > gguf_x_.bytes()) grow_outside_capture(gguf_x_, x_bytes, stream, "the GGUF products' 8-bit x");
+  gguf_quantize_x(x, M, K, dtype, m.has_legacy(), m.has_k_quants(), gguf_x_.get(), stream);
   // SwiGLU over two segments (gate and up of different types): each into the scratch, then silu_mul.
   const bool split_swiglu = epilogue == Epilogue::SwiGLU && m.count > 1;
   void* out = split_swiglu ? scratch(static_cast<size_t>(M) * static_cast<size_t>(N) * elem, stream) : y;
@@ -293,8 +282,7 @@ void LinearDispatcher::run_gguf(const void* x, const GgufMatrix& m, const void* 
     int col = 0;
     for (int i = 0; i < m.count; ++i) {
       const void* b = bias == nullptr ? nullptr : static_cast<const uint8_t*>(bias) + static_cast<size_t>(col) * elem;
-      gguf_gemv(m.segments[i], x, in_kernel ? nullptr : gguf_x_.get(), M, r0, rows, K, b, out, N, col, dtype, ep,
-                stream);
+      gguf_gemv(m.segments[i], gguf_x_.get(), M, r0, rows, K, b, out, N, col, dtype, ep, stream);
       col += m.segments[i].rows;
     }
   }
