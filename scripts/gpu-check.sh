@@ -446,7 +446,7 @@ if stage gguf; then
       lb="${FDPP_LLAMA_BENCH:-/tmp/llama/llama-bench}"
       if [[ -x $lb ]]; then
         # Its tg128 from depth 0 averages 64 tokens of context: fdpp's batch 1 at 64 beside it.
-        run_bench llama-2-7b-$mix-c64 -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1 -c 64 -p 0
+        run_bench llama-2-7b-$mix-c64 -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1 -c 64 -p 16
         LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$lb")/lib" "$lb" -m /tmp/llama7b-$mix.gguf -ngl 99 -p 512 -n 128 -d 0,1024 -r 3 -o md >"$OUT/llama_bench_$mix.md" 2>"$OUT/llama_bench_$mix.err" \
           || log "llama-bench $mix failed: $(tail -2 "$OUT/llama_bench_$mix.err")"
         { echo; echo "### llama.cpp llama-bench, $mix"; cat "$OUT/llama_bench_$mix.md"; } | tee -a "$summary"
