@@ -49,7 +49,8 @@ stage() {
   stage_name=$1 stage_t0=$(date +%s)
 }
 
-# The binaries may travel compressed (.ref/bin.tar.xz: fdpp, fdpp_gpu_tests, lib/ of build-gpu).
+# The binaries may travel compressed (.ref/bin.tar.xz: fdpp, fdpp_gpu_tests, lib/ of build-gpu, as
+# scripts/pack_device.py packs them).
 if [[ -f $root/.ref/bin.tar.xz ]]; then mkdir -p "$B" && tar xJf "$root/.ref/bin.tar.xz" -C "$B"; fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"

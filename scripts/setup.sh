@@ -11,7 +11,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config python3-pip
   libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libomp-dev
   libgtest-dev googletest clang libminizip-dev
-  libsentencepiece-dev libcpp-httplib-dev python3-venv
+  libsentencepiece-dev libcpp-httplib-dev python3-venv zstd xz-utils
 )
 
 if [[ "${FDPP_SKIP_APT:-0}" != 1 ]]; then
