@@ -5,7 +5,6 @@
 #include "cli_common.h"
 #include "subcommands.h"
 #include <algorithm>
-#include <map>
 #include <set>
 #include <cmath>
 #include <iostream>
@@ -65,7 +64,7 @@ std::set<std::string> gpu_block_tensors(const std::string& path, const ModelDesc
     const PlannedModel m = plan_model(path);
     for (const PlannedTensor* t : gguf_gpu_block_tensors(m.plan)) names.insert(t->src.name);
   } catch (const Error&) {
-    // A file the GPU loader cannot plan is refused when run, with that error; info describes it as stored.
+    // A file the GPU loader cannot plan is refused when run, with that error; here no tensor stays in blocks.
   }
   return names;
 }
