@@ -422,10 +422,16 @@ fi
 if stage gguf; then
   python3 -c "import gguf" 2>/dev/null || pip install --no-deps --target /tmp/gguf_py "$root"/.ref/wheels/gguf-*.whl >/dev/null 2>&1
   bench llama-2-7b-f16 --config "$root/configs/llama-2-7b.json" --dtype f16 -b 1,8,16,64 -c 1024 -p 512
-  bench llama-2-7b-int4 --config "$root/configs/llama-2-7b.json" --dtype f16 --quantization int4 -b 1,8 -c 1024 -p 512
+  # FDPP_GGUF_INT4=0 leaves out the int4 run (short calls).
+  [[ ${FDPP_GGUF_INT4:-1} == 1 ]] && bench llama-2-7b-int4 --config "$root/configs/llama-2-7b.json" --dtype f16 --quantization int4 -b 1,8 -c 1024 -p 512
   for mix in ${FDPP_GGUF_MIXES:-q4_k_m q4_0 q8_0}; do
     if PYTHONPATH=/tmp/gguf_py python3 "$root/bench/make_random_llama_gguf.py" /tmp/llama7b-$mix.gguf --mix $mix >"$OUT/make_$mix.txt" 2>&1; then
       run_bench llama-2-7b-$mix -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1,8,16,64 -c 1024 -p 512
+      # The same file with the linear kernels forced (FDPP_GGUF_LINEAR="gemv flat": the block GEMV
+      # at every batch, the flat GEMM over the blocks), beside the dispatcher's own choice.
+      for linear in ${FDPP_GGUF_LINEAR:-}; do
+        run_bench llama-2-7b-$mix-$linear -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1,4,8,16,64 -c 1024 --linear $linear
+      done
       # Host memory and time of the load (the loader's own line: peak RSS, weights streamed), twice:
       # the first read from disk, the second from the page cache.
       for pass in 1 2; do
