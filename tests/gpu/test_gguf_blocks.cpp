@@ -57,15 +57,16 @@ TEST(GgufBlocksRule, KernelsTakeEveryTypeTheLoaderKeepsInBlocks) {
 TEST_F(GgufBlocksGpu, GemvOfEveryTypeMatchesTheCpuStoredPath) {
   for (const GgmlType t : kTypes) {
     const bool kq = cuda::gguf_k_quant(u32(t));
-    for (const int K : kq ? std::vector<int>{256, 2816} : std::vector<int>{32, 2080}) {
-      const int N = 37;  // odd: the last warp's second row is past the end
+    for (const int K : kq ? std::vector<int>{256, 2816, 4352} : std::vector<int>{32, 2080}) {
+      // Odd: the last warp's second row is past the end; the staged GEMV's last warp has one unit.
+      const int N = 37;
       const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
       ASSERT_EQ(w.size(), cuda::gguf_row_bytes(u32(t), K) * N);
       cuda::DeviceBuffer blocks(w.size());
       cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
       const cuda::GgufSegment seg{u32(t), N, blocks.get()};
       for (const DType dt : {DType::F16, DType::BF16})
-        for (const int M : {1, 3, 8}) {
+        for (const int M : {1, 2, 3, 8}) {  // the staged GEMV (1, 2) and the register GEMV (3-8)
           const std::string what = fmt::format("gguf_gemv {} {} K={} M={}", gguf::type_name(t), name(dt), K, M);
           std::vector<float> xf;
           DeviceBuffer<uint16_t> x(random_bits(size_t(M) * K, dt, xf));

@@ -60,6 +60,7 @@ namespace fdpp::cuda {
 namespace {
 
 using detail::check_launch;
+using detail::cp_async_wait;
 using detail::fp8x8_to;
 using detail::from_float;
 using detail::to_float;
@@ -150,10 +151,6 @@ __device__ __forceinline__ void cp_async_ca(unsigned dst, const void* src) {
 __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Plain C++ shared loads (not asm): the compiler orders them against __syncthreads and schedules them.
