@@ -110,6 +110,84 @@ TEST_F(GgufBlocksGpu, NanInARowOfXReachesOnlyThatRow) {
   }
 }
 
+// The flat GEMM over Q4_K and Q6_K blocks (16-bit x, tensor cores): every m_tiles (M 1..64), split-K
+// (few 64-row tiles over a long K), a segment's columns inside a wider y, bias, and the SwiGLU of
+// one segment, against fp64 over the dequantized weights. Q6_K's rows start at every even offset
+// from the 16-byte boundary (210-byte blocks, 17 of them a row).
+TEST_F(GgufBlocksGpu, FlatGemmOverQ4KAndQ6KBlocksMatchesTheDequantizedProduct) {
+  int dev = 0, sms = 0;
+  cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  const int N = 100, ldy = 117, col0 = 9;
+  for (const GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+    cuda::WeightFormat format;
+    ASSERT_TRUE(cuda::flat_gemm_gguf_format(u32(t), format));
+    for (const int K : {256, 4352}) {
+      const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
+      std::vector<float> wf(size_t(N) * K);
+      gguf::dequantize(t, w.data(), wf.data(), wf.size());
+      cuda::DeviceBuffer blocks(w.size());
+      cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
+      size_t ws_bytes = 16384;
+      for (int M = 1; M <= cuda::kFlatGemmMaxM; ++M)
+        ws_bytes = std::max(ws_bytes, cuda::flat_gemm_workspace_bytes(M, N, K, sms, format));
+      cuda::DeviceBuffer ws(ws_bytes);
+      cuda_ok(cudaMemset(ws.get(), 0, ws_bytes), "zero the workspace");
+      for (const DType dt : {DType::F16, DType::BF16})
+        for (const int M : {1, 3, 8, 9, 17, 40, 64}) {
+          std::vector<float> xf, bf;
+          DeviceBuffer<uint16_t> x(random_bits(size_t(M) * K, dt, xf, 0.05f));
+          DeviceBuffer<uint16_t> bias(random_bits(size_t(N), dt, bf, 0.1f));
+          std::vector<double> dot(size_t(M) * N);
+          for (int r = 0; r < M; ++r)
+            for (int n = 0; n < N; ++n) {
+              double acc = bf[n];
+              for (int k = 0; k < K; ++k) acc += double(xf[size_t(r) * K + k]) * wf[size_t(n) * K + k];
+              dot[size_t(r) * N + n] = acc;
+            }
+          const std::string what =
+              fmt::format("flat_gemm_gguf {} {} K={} M={}", gguf::type_name(t), name(dt), K, M);
+          // StoreF32 into columns [col0, col0 + N) of rows of ldy; the other columns stay as they were.
+          std::vector<float> init(size_t(M) * ldy, -7.f);
+          DeviceBuffer<float> y(init);
+          cuda::flat_gemm_gguf(x.get(), u32(t), blocks.get(), bias.get(), y.get(), M, N, K, ldy, col0, dt,
+                               Epilogue::StoreF32, ws.get(), ws_bytes, nullptr);
+          sync(what);
+          const std::vector<float> got = y.download();
+          std::vector<float> out, ref;
+          bool others_kept = true;
+          for (int r = 0; r < M; ++r)
+            for (int j = 0; j < ldy; ++j) {
+              const float v = got[size_t(r) * ldy + j];
+              if (j >= col0 && j < col0 + N) {
+                out.push_back(v);
+                ref.push_back(float(dot[size_t(r) * N + j - col0]));
+              } else {
+                others_kept = others_kept && v == -7.f;
+              }
+            }
+          EXPECT_TRUE(others_kept) << what << ": a column outside the segment's was written";
+          // The weights are rounded to 16 bits (scale and minimum each once, then one fused
+          // multiply-add): the 16-bit kernels' bound. A wrong nibble, scale or offset gives O(1).
+          expect_close(out, ref, {dt == DType::F16 ? 1e-4 : 2e-4, 0, 0}, what);
+          // SwiGLU of the one segment: y [M, N / 2] = silu(gate) * up.
+          DeviceBuffer<uint16_t> ys(size_t(M) * N / 2);
+          ys.poison();
+          cuda::flat_gemm_gguf(x.get(), u32(t), blocks.get(), bias.get(), ys.get(), M, N, K, 0, 0, dt,
+                               Epilogue::SwiGLU, ws.get(), ws_bytes, nullptr);
+          sync(what + " SwiGLU");
+          std::vector<float> sref(size_t(M) * N / 2);
+          for (int r = 0; r < M; ++r)
+            for (int f = 0; f < N / 2; ++f) {
+              const double g = dot[size_t(r) * N + f], u = dot[size_t(r) * N + N / 2 + f];
+              sref[size_t(r) * N / 2 + f] = float(g / (1 + std::exp(-g)) * u);
+            }
+          expect_close(from_bits(ys.download(), dt), sref, {dt == DType::F16 ? 2e-4 : 4e-4, 0, 0}, what + " SwiGLU");
+        }
+    }
+  }
+}
+
 // The prefill path's dequantization: the host's dequantization rounded to 16 bits, bit for bit.
 TEST_F(GgufBlocksGpu, DequantizeIsTheHostDequantizationBitForBit) {
   const int N = 5, K = 512;
@@ -142,6 +220,8 @@ TEST_F(GgufBlocksGpu, RunGgufMatchesTheReferenceForSegmentsEpiloguesAndRows) {
       {{GgmlType::Q4_K, 40}, {GgmlType::Q6_K, 24}, {GgmlType::Q8_0, 64}},
       {{GgmlType::Q5_K, 96}},                        // one segment: SwiGLU fused in the GEMV
       {{GgmlType::Q4_K, 48}, {GgmlType::Q6_K, 48}},  // SwiGLU over two types: through silu_mul
+      {{GgmlType::Q6_K, 40}, {GgmlType::Q4_K, 64}},  // the flat GEMM's types: its segments' columns
+      {{GgmlType::Q4_K, 128}},                       // SwiGLU fused in the flat GEMM
   };
   for (const DType dt : {DType::F16, DType::BF16}) {
     LinearChooser chooser;
@@ -207,11 +287,11 @@ TEST_F(GgufBlocksGpu, RunGgufMatchesTheReferenceForSegmentsEpiloguesAndRows) {
                                           : ep == Epilogue::AddF32 ? init[size_t(r) * cols + j] + a
                                                                    : a;
             }
-          // Up to 64 rows: x in 8 bits per block, the CPU's stored path (1.3e-4 measured on an H100
+          // The block GEMV: x in 8 bits per block, the CPU's stored path (1.3e-4 measured on an H100
           // with these random blocks, whose K-quant minimums make each block's sum count): the
-          // 16-bit kernels' bound against the fp32 reference; above: the weights rounded to 16 bits
-          // for cuBLASLt. A wrong nibble, scale or segment offset gives O(1).
-          const bool blocks = dispatcher.gguf_choice(M) == LinearImpl::Gemv;
+          // 16-bit kernels' bound against the fp32 reference; the flat GEMM and cuBLASLt: the
+          // weights rounded to 16 bits. A wrong nibble, scale or segment offset gives O(1).
+          const bool blocks = dispatcher.gguf_choice(M, m) == LinearImpl::Gemv;
           expect_close(out, ref, {blocks ? 5e-4 : dt == DType::F16 ? 1e-4 : 2e-4, 0, 0}, what);
         }
       }

@@ -1128,7 +1128,7 @@ void CudaEngine::warm_up() {
     // The forward's calls (Forward in this file) at `rows` rows, each where the dispatcher picks
     // cuBLASLt; the GEMV and flat GEMM need no timing.
     auto call = [&](const void* x, const LayerMatrix& w, const DeviceBuffer& bias, void* y, int n, int k) {
-      const LinearImpl impl = !w.gguf.empty()   ? linear_->gguf_choice(rows)
+      const LinearImpl impl = !w.gguf.empty()   ? linear_->gguf_choice(rows, w.gguf)
                               : !w.int4.empty() ? linear_->int4_choice(rows)
                               : w.scale.empty() ? linear_->choose(rows, n, k)
                                                 : linear_->fp8_choice(rows, n, k, Epilogue::Store, !bias.empty());

@@ -51,6 +51,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/flat_gemm.h"
+#include "backend/cuda/gguf_block_fields.cuh"
 #include "backend/cuda/int4.h"
 #include "backend/cuda/mma_fragments.cuh"
 #include "backend/cuda/per_device.h"
@@ -71,6 +72,13 @@ constexpr int kBlockK = 128;
 // 4-bit weights at up to 16 tokens: 256 k per stage (8 KB of words for 64 rows), so that a stage
 // and its barrier carry half the bytes of a 16-bit one, not an eighth (their x tiles stay small).
 constexpr int kBlockKInt4 = 256;
+// GGUF blocks: a stage is one super-block (256 k) of each of the 64 rows. A row's slice in shared
+// memory is Q4_K's 144 bytes as stored, or Q6_K's 210 bytes copied from the 16-byte boundary at or
+// below them (they are only 2-byte aligned), in 224.
+constexpr int kBlockKGguf = 256;
+constexpr bool is_gguf(WeightFormat f) { return f == WeightFormat::GgufQ4K || f == WeightFormat::GgufQ6K; }
+constexpr int gguf_block_bytes(WeightFormat f) { return f == WeightFormat::GgufQ4K ? 144 : 210; }
+constexpr int gguf_slice_bytes(WeightFormat f) { return f == WeightFormat::GgufQ4K ? 144 : 224; }
 constexpr int kSemaphores = 4096;                // fixed semaphore slots at the workspace's start
 constexpr size_t kSemaphoreBytes = kSemaphores * 4;
 constexpr int kRedStride = kBlockN + 4;          // fp32 reduction rows, padded (bank spread)
@@ -92,6 +100,9 @@ struct WarpLayout<8> {
 };
 
 constexpr int default_stages(int mt, WeightFormat format = WeightFormat::Bits16) {
+  // GGUF blocks: 9-14 KB of weights and mt * 4 KB of x per stage: 4 stages at mt 1, 2 (53-90 KB),
+  // 3 at mt 4, 8 (77-141 KB).
+  if (is_gguf(format)) return mt <= 2 ? 4 : 3;
   // 4-bit weights: 4 stages of 256 k at mt 1, 2 (14 and 18 KB each) and of 128 k at mt 4.
   if (format == WeightFormat::Int4) return mt == 8 ? 3 : 4;
   // FP8 weights: half the bytes per stage, so deeper pipelines fit (6 at mt = 1, 4 at mt = 2, 4).
@@ -105,6 +116,7 @@ constexpr int default_stages(int mt, WeightFormat format = WeightFormat::Bits16)
 
 // K per stage: kBlockK, or kBlockKInt4 for 4-bit weights at m_tiles 1 and 2.
 constexpr int block_k_for(WeightFormat format, int mt) {
+  if (is_gguf(format)) return kBlockKGguf;
   return format == WeightFormat::Int4 && mt <= 2 ? kBlockKInt4 : kBlockK;
 }
 
@@ -115,6 +127,7 @@ constexpr unsigned int4_zs_row_bytes(int bk) { return unsigned(bk / 8); }
 
 constexpr unsigned weight_stage_bytes(WeightFormat format, int bk) {
   return format == WeightFormat::Int4  ? int4_w_bytes(bk) + kBlockN * int4_zs_row_bytes(bk)
+         : is_gguf(format)             ? unsigned(kBlockN * gguf_slice_bytes(format))
          : format == WeightFormat::Fp8 ? kBlockN * bk
                                        : kBlockN * bk * 2;
 }
@@ -141,6 +154,12 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
 __device__ __forceinline__ void cp_async16_policy(unsigned dst, const void* src, bool valid, uint64_t policy) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+}
+// The first `bytes` (0-16) of the 16 at src, the rest zero-filled, with an L2 eviction policy.
+__device__ __forceinline__ void cp_async16_policy_bytes(unsigned dst, const void* src, int bytes, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(bytes),
+               "l"(policy)
                : "memory");
 }
 // 4, 8 or 16 bytes through L1 (the zs words: every CTA of a row tile reads them).
@@ -217,14 +236,16 @@ struct Args {
   const float* w_scale;  // FP8 weights: per-row scales, applied in the epilogue
   const uint32_t* zs;    // 4-bit weights (int4.h): per-group scale and zero words
   int group_size, zs_stride;
+  int ldy, col0;  // y's row stride and first column (Store, StoreF32, AddF32): N and 0 but for GGUF segments
 };
 
 // FP8: the weights are e4m3 bytes (fp8.h) with per-row scales; Int4: q4 words with per-group zs
-// words (int4.h). The tiles hold them as stored and each lane converts its pieces to T in registers
-// before the MMA (FP8's row scale in the epilogue, 4-bit's group scale with the conversion).
+// words (int4.h); GGUF: Q4_K or Q6_K super-blocks (gguf_block_fields.cuh). The tiles hold them as
+// stored and each lane converts its pieces to T in registers before the MMA (FP8's row scale in the
+// epilogue, the others' scales with the conversion).
 template <class T, int MT, int STAGES, WeightFormat WF>
 __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(const Args a) {
-  constexpr bool W8 = WF == WeightFormat::Fp8, W4 = WF == WeightFormat::Int4;
+  constexpr bool W8 = WF == WeightFormat::Fp8, W4 = WF == WeightFormat::Int4, WG = is_gguf(WF);
   constexpr int BK = block_k_for(WF, MT);  // K per stage
   constexpr int CK = BK / 8;               // 16-byte chunks per 16-bit row of the stage (x, 16-bit W)
   static_assert(!W4 || BK == 128 || BK == 256, "4-bit tiles are laid out for 128 or 256 k per stage");
@@ -237,8 +258,9 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   constexpr unsigned kStageBytes = kWBytes + XR * BK * 2;
   constexpr unsigned kZsBytes = int4_zs_row_bytes(BK);  // a row's zs words per stage (4-bit)
   // 16-byte chunks per weight row per stage
-  constexpr int kWChunks = W4 ? BK / 32 : W8 ? BK / 16 : CK;
-  constexpr int kWLoads = kBlockN * kWChunks / kThreads;  // 4 (2 for FP8, 2 or 1 for 4-bit)
+  constexpr int kWChunks = WG ? gguf_slice_bytes(WF) / 16 : W4 ? BK / 32 : W8 ? BK / 16 : CK;
+  // 4 (2 for FP8, 2 or 1 for 4-bit; GGUF: 3 or 4, the last pass partial)
+  constexpr int kWLoads = (kBlockN * kWChunks + kThreads - 1) / kThreads;
   constexpr int kXChunks = XR * CK;                        // 128 .. 1024
   constexpr int kXLoads = (kXChunks + kThreads - 1) / kThreads;
 
@@ -251,8 +273,9 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   const bool swiglu = a.epilogue == Epilogue::SwiGLU;
   const int F = N / 2;
   const T* __restrict__ x = static_cast<const T*>(a.x);
-  // row r at r * K * 2, r * K (FP8) or r * K / 2 (4-bit) bytes
+  // row r at r * K * 2, r * K (FP8), r * K / 2 (4-bit) or r * K / 256 super-blocks (GGUF) bytes
   const unsigned char* __restrict__ w = static_cast<const unsigned char*>(a.w);
+  const int64_t gguf_row_bytes = WG ? int64_t(K / kBlockKGguf) * gguf_block_bytes(WF) : 0;
 
   // Weight row of local row r (clamped into the matrix: rows past the end load real data whose
   // results are never stored).
@@ -270,12 +293,13 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   const unsigned ld_dst = swz<CK>(tid / CK, tid % CK);
   constexpr unsigned kRowsPerPass = kThreads / CK;  // 16 (8 for 256-k stages)
   // FP8: chunk q = tid + 256 i -> row q / 8, chunk q % 8 (16 k each), 32 rows per pass; 4-bit: chunk
-  // q -> row q / (BK / 32), chunk q % (BK / 32) (32 k each), 32 or 64 rows per pass.
+  // q -> row q / (BK / 32), chunk q % (BK / 32) (32 k each), 32 or 64 rows per pass; GGUF: row
+  // q / 9 (14 for Q6_K), chunk q % 9 (14), the chunk moving with i.
   constexpr unsigned kWRowsPerPass = kThreads / kWChunks;
   const int w_ld_c = W4 ? (tid % kWChunks) * 32 : W8 ? (tid % kWChunks) * 16 : ld_c;  // k of the thread's chunk
   int w_rows[kWLoads];
 #pragma unroll
-  for (int i = 0; i < kWLoads; ++i) w_rows[i] = w_row(tid / kWChunks + kWRowsPerPass * i);
+  for (int i = 0; i < kWLoads; ++i) w_rows[i] = w_row(min((tid + kThreads * i) / kWChunks, kBlockN - 1));
   // Token rows past M (the padding of the last n8 tile) are zero-filled without a read: at M = 1 the
   // other seven rows would otherwise fetch row 0 again from L2 every stage.
   int x_rows[kXLoads];
@@ -305,7 +329,22 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
     const unsigned stage_base = smem_base + unsigned(stage) * kStageBytes;
 #pragma unroll
     for (int i = 0; i < kWLoads; ++i) {
-      if constexpr (W4) {
+      if constexpr (WG) {  // K is whole super-blocks: no tail
+        const int q = tid + kThreads * i;
+        if (kBlockN * kWChunks % kThreads != 0 && q >= kBlockN * kWChunks) break;
+        const int r = q / kWChunks, j = q % kWChunks;
+        const unsigned dst = stage_base + unsigned(r * gguf_slice_bytes(WF) + 16 * j);
+        const unsigned char* row = w + int64_t(w_rows[i]) * gguf_row_bytes;
+        const unsigned char* first = row + int64_t(kt) * gguf_block_bytes(WF);
+        if constexpr (WF == WeightFormat::GgufQ4K) {
+          cp_async16_policy(dst, first + 16 * j, true, policy);
+        } else {  // from the 16-byte boundary at or below the block; nothing past the row's end is read
+          const uintptr_t src = (reinterpret_cast<uintptr_t>(first) & ~uintptr_t(15)) + 16 * uintptr_t(j);
+          const uintptr_t end = reinterpret_cast<uintptr_t>(row + gguf_row_bytes);
+          const int bytes = src >= end ? 0 : int(min(uintptr_t(16), end - src));
+          cp_async16_policy_bytes(dst, reinterpret_cast<const void*>(src), bytes, policy);
+        }
+      } else if constexpr (W4) {
         const int r = tid / kWChunks + int(kWRowsPerPass) * i;
         cp_async16_policy(stage_base + swz4<BK>(r, tid % kWChunks),
                           w + int64_t(w_rows[i]) * (K / 2) + (ok ? k / 2 : 0), ok, policy);
@@ -388,6 +427,24 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
       detail::cp_async_commit();
     }
     const unsigned base = unsigned(it % STAGES) * kStageBytes;
+    // GGUF: where each of this lane's weight rows' super-block starts in its slice (Q6_K: 0-14 bytes in).
+    int slice_lo[RT], slice_hi[RT];
+    if constexpr (WG) {
+      const int kt = kt_begin + it;
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        const int r0 = (wn * RT + rt) * 16 + g;
+        auto start = [&](int r) {
+          int in = 0;
+          if constexpr (WF == WeightFormat::GgufQ6K)
+            in = int((reinterpret_cast<uintptr_t>(w) + uint64_t(w_row(r)) * gguf_row_bytes +
+                      uint64_t(kt) * gguf_block_bytes(WF)) & 15);
+          return int(base) + r * gguf_slice_bytes(WF) + in;
+        };
+        slice_lo[rt] = start(r0);
+        slice_hi[rt] = start(r0 + 8);
+      }
+    }
 #pragma unroll
     for (int kg = 0; kg < KG; ++kg) {
       const int c = (wk * KG + kg) * 4 + t;  // this lane's chunk within the stage
@@ -395,7 +452,15 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt) {
         const int r0 = (wn * RT + rt) * 16 + g;
-        if constexpr (W4) {  // the word c (k 8c .. 8c + 7) of rows r0 and r0 + 8, with their groups' zs
+        if constexpr (WG) {  // k 8c .. 8c + 7 of rows r0 and r0 + 8's super-blocks
+          if constexpr (WF == WeightFormat::GgufQ4K) {
+            lo[rt] = detail::gguf_q4k_chunk_to<T>(smem + slice_lo[rt], c);
+            hi[rt] = detail::gguf_q4k_chunk_to<T>(smem + slice_hi[rt], c);
+          } else {
+            lo[rt] = detail::gguf_q6k_chunk_to<T>(smem + slice_lo[rt], c);
+            hi[rt] = detail::gguf_q6k_chunk_to<T>(smem + slice_hi[rt], c);
+          }
+        } else if constexpr (W4) {  // the word c (k 8c .. 8c + 7) of rows r0 and r0 + 8, with their groups' zs
           // The group of this 32-k chunk (c >> 2) among the stage's zs words (gs 32, 64 or 128).
           const unsigned lg = many_groups ? unsigned((c >> 2) >> (gs_log2 - 5)) : 0u;
           const unsigned word = unsigned(c & 3) * 4, zs_at = base + int4_w_bytes(BK) + lg * 4;
@@ -507,7 +572,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
     float v = total(m, r);
     if constexpr (W8) v *= a.w_scale[n];
     if (bias != nullptr) v += to_float(bias[n]);
-    const int64_t o = int64_t(m) * N + n;
+    const int64_t o = int64_t(m) * a.ldy + a.col0 + n;
     switch (a.epilogue) {
       case Epilogue::Store: static_cast<T*>(a.y)[o] = from_float<T>(v); break;
       case Epilogue::StoreF32: static_cast<float*>(a.y)[o] = v; break;
@@ -635,12 +700,14 @@ size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors, Weigh
 }
 
 namespace {
-// The weights' extra parts by format: FP8's row scales, 4-bit's zs words and group size.
+// The weights' extra parts by format: FP8's row scales, 4-bit's zs words and group size; and where
+// y's columns go (a GGUF segment's, inside a wider y).
 struct WeightParts {
   WeightFormat format = WeightFormat::Bits16;
   const float* w_scale = nullptr;
   const uint32_t* zs = nullptr;
   int group_size = 0, zs_stride = 0;
+  int ldy = 0, col0 = 0;  // 0: y is [M, N]
 };
 
 void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const WeightParts& parts, const void* bias,
@@ -650,7 +717,10 @@ void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const
   check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
   check(N >= 1 && K >= 1, "flat_gemm: N = {}, K = {} must be positive", N, K);
   const WeightFormat format = parts.format;
-  const int k_multiple = format == WeightFormat::Int4 ? 32 : format == WeightFormat::Fp8 ? 16 : 8;
+  const int k_multiple = is_gguf(format)                ? kBlockKGguf
+                         : format == WeightFormat::Int4 ? 32
+                         : format == WeightFormat::Fp8  ? 16
+                                                        : 8;
   check(K % k_multiple == 0, "flat_gemm: K = {} is not a multiple of {} (rows are streamed in 16-byte chunks)", K,
         k_multiple);
   check(detail::aligned16(x) && detail::aligned16(w), "flat_gemm: x ({}) and w ({}) must be 16-byte aligned", x, w);
@@ -666,7 +736,8 @@ void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const
         "flat_gemm: the plan was made for other weights than these");
   Args args{x,           w,        bias,          y,       M,          N,
             K,           plan.tiles_n, plan.splits, plan.k_tiles, epilogue, nullptr,
-            nullptr,     parts.w_scale, parts.zs,  parts.group_size, parts.zs_stride};
+            nullptr,     parts.w_scale, parts.zs,  parts.group_size, parts.zs_stride,
+            parts.ldy > 0 ? parts.ldy : N, parts.col0};
   if (plan.splits > 1) {
     check(workspace != nullptr && workspace_bytes >= plan.workspace_bytes,
           "flat_gemm: split-K ({} splits) needs {} bytes of zeroed workspace, got {} at {}", plan.splits,
@@ -680,6 +751,8 @@ void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const
     switch (format) {
       case WeightFormat::Fp8: return launch_weights<T, WeightFormat::Fp8>(plan, args, stream);
       case WeightFormat::Int4: return launch_weights<T, WeightFormat::Int4>(plan, args, stream);
+      case WeightFormat::GgufQ4K: return launch_weights<T, WeightFormat::GgufQ4K>(plan, args, stream);
+      case WeightFormat::GgufQ6K: return launch_weights<T, WeightFormat::GgufQ6K>(plan, args, stream);
       default: return launch_weights<T, WeightFormat::Bits16>(plan, args, stream);
     }
   });
@@ -722,6 +795,29 @@ void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int g
   parts.group_size = group_size;
   parts.zs_stride = zs_stride;
   run_flat_gemm(plan, x, q4, parts, bias, y, M, N, K, dtype, epilogue, workspace, workspace_bytes, stream);
+}
+
+bool flat_gemm_gguf_format(uint32_t ggml_type, WeightFormat& format) {
+  constexpr uint32_t kQ4_K = 12, kQ6_K = 14;  // ggml's type numbers (io/gguf.h's GgmlType)
+  if (ggml_type == kQ4_K) format = WeightFormat::GgufQ4K;
+  else if (ggml_type == kQ6_K) format = WeightFormat::GgufQ6K;
+  else return false;
+  return true;
+}
+
+void flat_gemm_gguf(const void* x, uint32_t ggml_type, const void* w, const void* bias, void* y, int M, int N, int K,
+                    int ldy, int col0, DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream) {
+  WeightParts parts;
+  check(flat_gemm_gguf_format(ggml_type, parts.format), "flat_gemm_gguf: no flat GEMM for ggml type {}", ggml_type);
+  check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm_gguf: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
+  check(K % kBlockKGguf == 0, "flat_gemm_gguf: K = {} is not whole super-blocks of {}", K, kBlockKGguf);
+  check(epilogue == Epilogue::SwiGLU || (ldy >= N && col0 >= 0 && col0 <= ldy - N),
+        "flat_gemm_gguf: columns [{}, {}) of rows of {}", col0, col0 + N, ldy);
+  parts.ldy = epilogue == Epilogue::SwiGLU ? 0 : ldy;
+  parts.col0 = epilogue == Epilogue::SwiGLU ? 0 : col0;
+  const FlatGemmPlan plan = flat_gemm_plan(M, N, K, multiprocessors_of_current_device(), 0, 0, parts.format);
+  run_flat_gemm(plan, x, w, parts, bias, y, M, N, K, dtype, epilogue, workspace, workspace_bytes, stream);
 }
 
 void flat_gemm(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,

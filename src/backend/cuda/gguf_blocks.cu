@@ -19,6 +19,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemv_rows.cuh"
+#include "backend/cuda/gguf_block_fields.cuh"
 #include "backend/cuda/gguf_blocks.h"
 #include "backend/cuda/per_device.h"
 
@@ -28,6 +29,8 @@ namespace {
 
 using detail::check_launch;
 using detail::from_float;
+using detail::half_bits;
+using detail::scale_min_k4;
 using detail::to_float;
 
 // ggml's type numbers (io/gguf.h's GgmlType).
@@ -151,7 +154,6 @@ __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t* p) {
   return __byte_perm(ld_u16(p), ld_u16(p + 2), 0x5410);
 }
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-__device__ __forceinline__ float half_bits(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
 
 // One task's weight bytes, as loaded (before the activations are known).
 struct TaskWeights {
@@ -219,22 +221,6 @@ __device__ __forceinline__ void load_task(const uint8_t* __restrict__ row, int t
     w.sc[0] = ld_u16(b + 192 + 8 * h + 2 * kk0);
     w.sc[1] = ld_u16(b + 192 + 8 * h + 2 * kk0 + 4);
     w.dm = ld_u16(b + 208);
-  }
-}
-
-// ggml's get_scale_min_k4: group j's 6-bit scale and min from the 12 scale bytes.
-__device__ __forceinline__ void scale_min_k4(int j, const uint32_t (&sc)[3], int& s, int& m) {
-  // Selects, not an index: a register array indexed at run time would go to local memory.
-  auto byte = [&](int i) {
-    const uint32_t word = i < 4 ? sc[0] : i < 8 ? sc[1] : sc[2];
-    return int((word >> (8 * (i & 3))) & 0xFF);
-  };
-  if (j < 4) {
-    s = byte(j) & 63;
-    m = byte(j + 4) & 63;
-  } else {
-    s = (byte(j + 4) & 0x0F) | ((byte(j - 4) >> 6) << 4);
-    m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
   }
 }
 

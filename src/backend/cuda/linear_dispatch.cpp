@@ -224,27 +224,55 @@ void LinearDispatcher::run_int4(const void* x, const uint32_t* q4, const Int4Mat
   run_impl(LinearImpl::Cublas, x, w16_.get(), bias, y, M, N, K, dtype, epilogue, stream);
 }
 
-LinearImpl LinearDispatcher::gguf_choice(int M) const {
-  if (chooser_.mode() == LinearMode::Cublas) return LinearImpl::Cublas;
-  if (chooser_.mode() == LinearMode::Auto && M > kFlatGemmMaxM) return LinearImpl::Cublas;
-  return LinearImpl::Gemv;
+LinearImpl LinearDispatcher::gguf_choice(int M, bool flat_types) const {
+  switch (chooser_.mode()) {
+    case LinearMode::Cublas: return LinearImpl::Cublas;
+    case LinearMode::Gemv: return LinearImpl::Gemv;  // the block GEMV at every M, 8 rows a launch
+    case LinearMode::Flat:
+      if (M > kFlatGemmMaxM) return LinearImpl::Cublas;
+      return flat_types ? LinearImpl::Flat : LinearImpl::Gemv;
+    default:
+      if (M > kFlatGemmMaxM) return LinearImpl::Cublas;
+      return flat_types && M >= kGgufFlatMinM ? LinearImpl::Flat : LinearImpl::Gemv;
+  }
+}
+
+LinearImpl LinearDispatcher::gguf_choice(int M, const GgufMatrix& m) const {
+  bool flat_types = !m.empty();
+  for (int i = 0; i < m.count; ++i) {
+    WeightFormat format;
+    flat_types = flat_types && flat_gemm_gguf_format(m.segments[i].type, format);
+  }
+  return gguf_choice(M, flat_types);
 }
 
 void LinearDispatcher::reserve_gguf(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream) {
   check(max_m >= 1, "linear dispatch: reserve_gguf for M = {}", max_m);
-  size_t x_bytes = 0, w_bytes = 0, sc = 0;
+  size_t x_bytes = 0, w_bytes = 0, sc = 0, ws = 0;
+  const int flat_rows = std::min(max_m, kFlatGemmMaxM);
   for (const LinearShape& s : shapes) {
     // The block GEMV's 8-bit x up to its rows, and a SwiGLU over two segment types' scratch.
-    const int gemv_rows = gguf_choice(max_m) == LinearImpl::Gemv ? max_m : std::min(max_m, kFlatGemmMaxM);
-    if (gguf_choice(gemv_rows) == LinearImpl::Gemv) {
+    const int gemv_rows = gguf_choice(max_m, false) == LinearImpl::Gemv ? max_m : flat_rows;
+    if (gguf_choice(gemv_rows, false) == LinearImpl::Gemv) {
       x_bytes = std::max(x_bytes, gguf_act_bytes(gemv_rows, s.k));
       sc = std::max(sc, static_cast<size_t>(gemv_rows) * static_cast<size_t>(s.n) * 2);
     }
-    if (gguf_choice(max_m) == LinearImpl::Cublas) {
+    // The flat GEMM's split-K workspace for any segment of these rows: its plan depends on the
+    // segment's row count, which a shape does not tell, so every count of 64-row tiles up to one
+    // per SM (more tiles never split).
+    if (gguf_choice(flat_rows, true) == LinearImpl::Flat && s.k % 256 == 0) {
+      for (const WeightFormat f : {WeightFormat::GgufQ4K, WeightFormat::GgufQ6K})
+        for (int m = 1; m <= flat_rows; ++m)
+          for (int tiles = 1; tiles <= gpu_.sm_count; ++tiles)
+            ws = std::max(ws, flat_gemm_workspace_bytes(m, 64 * tiles, s.k, gpu_.sm_count, f));
+      sc = std::max(sc, static_cast<size_t>(flat_rows) * static_cast<size_t>(s.n) * 2);
+    }
+    if (gguf_choice(max_m, false) == LinearImpl::Cublas) {
       w_bytes = std::max(w_bytes, static_cast<size_t>(s.n) * static_cast<size_t>(s.k) * 2);
       sc = std::max(sc, static_cast<size_t>(max_m) * static_cast<size_t>(s.n) * 2);  // SwiGLU's gate and up
     }
   }
+  ensure_flat_workspace(ws, stream);
   if (x_bytes > gguf_x_.bytes()) grow_outside_capture(gguf_x_, x_bytes, stream, "the GGUF products' 8-bit x");
   if (w_bytes > w16_.bytes()) grow_outside_capture(w16_, w_bytes, stream, "the dequantized weights' scratch");
   if (sc > 0) scratch(sc, stream);
@@ -259,7 +287,8 @@ void LinearDispatcher::run_gguf(const void* x, const GgufMatrix& m, const void* 
   check(epilogue != Epilogue::SwiGLU || N % 2 == 0, "linear: the SwiGLU epilogue needs an even N (gate; up), not {}",
         N);
   const size_t elem = 2;  // bytes of a 16-bit value of x, y and bias
-  if (gguf_choice(M) == LinearImpl::Cublas) {
+  const LinearImpl impl = gguf_choice(M, m);
+  if (impl == LinearImpl::Cublas) {
     const size_t w_bytes = static_cast<size_t>(N) * static_cast<size_t>(K) * elem;
     if (w_bytes > w16_.bytes()) grow_outside_capture(w16_, w_bytes, stream, "the dequantized weights' scratch");
     size_t row = 0;
@@ -270,20 +299,35 @@ void LinearDispatcher::run_gguf(const void* x, const GgufMatrix& m, const void* 
     run_impl(LinearImpl::Cublas, x, w16_.get(), bias, y, M, N, K, dtype, epilogue, stream);
     return;
   }
-  const size_t x_bytes = gguf_act_bytes(M, K);
-  if (x_bytes > gguf_x_.bytes()) grow_outside_capture(gguf_x_, x_bytes, stream, "the GGUF products' 8-bit x");
-  gguf_quantize_x(x, M, K, dtype, m.has_legacy(), m.has_k_quants(), gguf_x_.get(), stream);
   // SwiGLU over two segments (gate and up of different types): each into the scratch, then silu_mul.
   const bool split_swiglu = epilogue == Epilogue::SwiGLU && m.count > 1;
   void* out = split_swiglu ? scratch(static_cast<size_t>(M) * static_cast<size_t>(N) * elem, stream) : y;
   const Epilogue ep = split_swiglu ? Epilogue::Store : epilogue;
-  for (int r0 = 0; r0 < M; r0 += kGgufGemvMaxRows) {
-    const int rows = std::min(kGgufGemvMaxRows, M - r0);
+  auto segment_bias = [&](int col) {
+    return bias == nullptr ? nullptr : static_cast<const uint8_t*>(bias) + static_cast<size_t>(col) * elem;
+  };
+  if (impl == LinearImpl::Flat) {  // 16-bit x straight into the flat GEMM over each segment's blocks
     int col = 0;
     for (int i = 0; i < m.count; ++i) {
-      const void* b = bias == nullptr ? nullptr : static_cast<const uint8_t*>(bias) + static_cast<size_t>(col) * elem;
-      gguf_gemv(m.segments[i], gguf_x_.get(), M, r0, rows, K, b, out, N, col, dtype, ep, stream);
-      col += m.segments[i].rows;
+      const GgufSegment& seg = m.segments[i];
+      WeightFormat format;
+      flat_gemm_gguf_format(seg.type, format);
+      ensure_flat_workspace(flat_gemm_workspace_bytes(M, seg.rows, K, gpu_.sm_count, format), stream);
+      flat_gemm_gguf(x, seg.type, seg.blocks, segment_bias(col), out, M, seg.rows, K, N, col, dtype, ep,
+                     flat_ws_.get(), flat_ws_.bytes(), stream);
+      col += seg.rows;
+    }
+  } else {
+    const size_t x_bytes = gguf_act_bytes(M, K);
+    if (x_bytes > gguf_x_.bytes()) grow_outside_capture(gguf_x_, x_bytes, stream, "the GGUF products' 8-bit x");
+    gguf_quantize_x(x, M, K, dtype, m.has_legacy(), m.has_k_quants(), gguf_x_.get(), stream);
+    for (int r0 = 0; r0 < M; r0 += kGgufGemvMaxRows) {
+      const int rows = std::min(kGgufGemvMaxRows, M - r0);
+      int col = 0;
+      for (int i = 0; i < m.count; ++i) {
+        gguf_gemv(m.segments[i], gguf_x_.get(), M, r0, rows, K, segment_bias(col), out, N, col, dtype, ep, stream);
+        col += m.segments[i].rows;
+      }
     }
   }
   if (split_swiglu) silu_mul(out, y, M, N / 2, dtype, stream);

@@ -108,17 +108,23 @@ class LinearDispatcher {
   // The kernel of a 4-bit call (Flat or Cublas).
   LinearImpl int4_choice(int M) const;
 
-  // GGUF blocks (gguf_blocks.h): m's segments hold [N, K] in row order. Up to kFlatGemmMaxM rows x
-  // is quantized to 8 bits into the dispatcher's scratch and each segment's block GEMV runs (8 rows
-  // of x a launch; a SwiGLU over segments of two types goes through the scratch and silu_mul), as
-  // the CPU computes blocks; above, the segments are dequantized into the weight scratch and
-  // cuBLASLt multiplies them (unless --linear forces the other way where its limit allows).
+  // GGUF blocks (gguf_blocks.h): m's segments hold [N, K] in row order. Up to kFlatGemmMaxM rows
+  // each segment is multiplied in its blocks (a SwiGLU over segments of two types goes through the
+  // scratch and silu_mul): by the flat GEMM (16-bit x, tensor cores) from kGgufFlatMinM rows where
+  // every segment's type has one (flat_gemm_gguf_format), else by the block GEMV, x quantized to 8
+  // bits into the dispatcher's scratch as the CPU computes blocks (8 rows of x a launch). Above,
+  // the segments are dequantized into the weight scratch and cuBLASLt multiplies them. --linear
+  // gemv|flat|cublas forces one way where its limit allows.
   void run_gguf(const void* x, const GgufMatrix& m, const void* bias, void* y, int M, int N, int K, DType dtype,
                 Epilogue epilogue, cudaStream_t stream);
   // Workspaces for run_gguf up to max_m rows of these shapes. Call before capturing graphs.
   void reserve_gguf(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream);
-  // The kernel of a GGUF call: Gemv (the block GEMV) or Cublas (dequantized).
-  LinearImpl gguf_choice(int M) const;
+  // The kernel of a GGUF call over m: Gemv (the block GEMV), Flat (the flat GEMM over the blocks) or
+  // Cublas (dequantized); flat_types: whether every segment's type has the flat GEMM.
+  LinearImpl gguf_choice(int M, const GgufMatrix& m) const;
+  LinearImpl gguf_choice(int M, bool flat_types) const;
+  // The fewest rows of x that go to the GGUF flat GEMM rather than the block GEMV (docs/PERFORMANCE.md).
+  static constexpr int kGgufFlatMinM = 3;
 
   // The same with the implementation given (no choice, no fallback): M must be within its limit.
   void run_impl(LinearImpl impl, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,

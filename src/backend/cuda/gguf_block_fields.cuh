@@ -1,0 +1,109 @@
+// GGUF super-block fields read on the GPU: Q4_K's 6-bit scales and mins, and the conversions of a
+// slice of 8 consecutive weights of a Q4_K or Q6_K super-block to the 16-bit values of an MMA
+// fragment (flat_gemm.cu). The block GEMV (gguf_blocks.cu) shares the scale decoding. The layouts
+// are ggml's: Q4_K = d, dmin (f16), 12 scale bytes, 128 nibble bytes (bytes 32p .. 32p + 31 hold
+// elements 64p .. 64p + 31 in their low nibbles, 64p + 32 .. 64p + 63 in their high ones); Q6_K =
+// 128 low-nibble bytes, 64 bytes of 2-bit highs, 16 int8 scales (one per 16 elements), d (f16).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/mma_fragments.cuh"
+
+namespace fdpp::cuda::detail {
+
+__device__ __forceinline__ float half_bits(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
+
+// ggml's get_scale_min_k4: group j's 6-bit scale and min from the 12 scale bytes.
+__device__ __forceinline__ void scale_min_k4(int j, const uint32_t (&sc)[3], int& s, int& m) {
+  // Selects, not an index: a register array indexed at run time would go to local memory.
+  auto byte = [&](int i) {
+    const uint32_t word = i < 4 ? sc[0] : i < 8 ? sc[1] : sc[2];
+    return int((word >> (8 * (i & 3))) & 0xFF);
+  };
+  if (j < 4) {
+    s = byte(j) & 63;
+    m = byte(j + 4) & 63;
+  } else {
+    s = (byte(j + 4) & 0x0F) | ((byte(j - 4) >> 6) << 4);
+    m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+  }
+}
+
+// Bytes (2i, 2i + 1) of the 8 in (lo, hi) as the low bytes of two 16-bit halves.
+__device__ __forceinline__ uint32_t byte_pair(uint32_t lo, uint32_t hi, int i) {
+  const uint32_t word = i < 2 ? lo : hi;
+  return __byte_perm(word, 0, (i & 1) ? 0x4342 : 0x4140);
+}
+
+// Weights k = 8c .. 8c + 7 (c = 0..31) of the Q4_K super-block at blk (16-byte aligned, shared
+// memory) as 8 T in register order (k 8c in the low half of .x): T(d sc_j) q - T(dmin m_j), the
+// nibble's conversion exact ((magic + q) - magic) and the fused multiply-add rounded once.
+template <class T>
+__device__ __forceinline__ uint4 gguf_q4k_chunk_to(const unsigned char* blk, int c) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const int j = c >> 2;  // the 32-element group
+  const uint4 head = *reinterpret_cast<const uint4*>(blk);
+  const uint32_t sc[3] = {head.y, head.z, head.w};
+  int s, m;
+  scale_min_k4(j, sc, s, m);
+  const T scale = from_float<T>(half_bits(head.x & 0xFFFF) * float(s));
+  const T neg_min = from_float<T>(-(half_bits(head.x >> 16) * float(m)));
+  const T2 s2{scale, scale}, nm2{neg_min, neg_min};
+  const uint32_t magic = int4_magic2<T>();
+  const T2 magic2 = *reinterpret_cast<const T2*>(&magic);
+  const uint2 q = *reinterpret_cast<const uint2*>(blk + 16 + 32 * (j >> 1) + 8 * (c & 3));
+  const int shift = 4 * (j & 1);
+  uint32_t r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t u = ((byte_pair(q.x, q.y, i) >> shift) & 0x000F000Fu) | magic;
+    const T2 v = __hfma2(__hsub2(*reinterpret_cast<const T2*>(&u), magic2), s2, nm2);
+    r[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// 8 bytes at a 2-byte aligned shared-memory address: three aligned words, funnel-shifted.
+__device__ __forceinline__ uint2 load8_a2(const unsigned char* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
+  const uint32_t w0 = w[0], w1 = w[1], w2 = w[2];
+  const uint32_t shift = uint32_t(a & 3) * 8;
+  return make_uint2(__funnelshift_r(w0, w1, shift), __funnelshift_r(w1, w2, shift));
+}
+
+// Weights k = 8c .. 8c + 7 of the Q6_K super-block at blk (2-byte aligned, shared memory; 4 bytes
+// past its 210 readable) as 8 T in register order: T(d sc) (q - 32), the 6-bit value's conversion
+// exact ((magic + q) - (magic + 32)) and the product rounded once.
+template <class T>
+__device__ __forceinline__ uint4 gguf_q6k_chunk_to(const unsigned char* blk, int c) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const int h = c >> 4, kk = (c >> 2) & 3, l0 = 8 * (c & 3);  // half, quarter of the half, first l
+  const uint2 ql = load8_a2(blk + 64 * h + 32 * (kk & 1) + l0);
+  const uint2 qh = load8_a2(blk + 128 + 32 * h + l0);
+  const int sc = int(static_cast<int8_t>(blk[192 + 8 * h + 2 * kk + (l0 >> 4)]));
+  const uint32_t d_bits = uint32_t(blk[208]) | uint32_t(blk[209]) << 8;
+  const T scale = from_float<T>(half_bits(d_bits) * float(sc));
+  const T2 s2{scale, scale};
+  const uint32_t magic = int4_magic2<T>(), magic32 = magic + 0x00200020u;  // magic + 32: exact in both types
+  const T2 offset2 = *reinterpret_cast<const T2*>(&magic32);
+  const int shift_l = 4 * (kk >> 1), shift_h = 2 * kk;
+  uint32_t r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t low = (byte_pair(ql.x, ql.y, i) >> shift_l) & 0x000F000Fu;
+    const uint32_t high = ((byte_pair(qh.x, qh.y, i) >> shift_h) & 0x00030003u) << 4;
+    const uint32_t u = low | high | magic;
+    const T2 v = __hmul2(__hsub2(*reinterpret_cast<const T2*>(&u), offset2), s2);
+    r[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+}  // namespace fdpp::cuda::detail
