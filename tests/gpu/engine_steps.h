@@ -37,14 +37,16 @@ inline cuda::EngineOptions small_step_cuda_options() {
   return eo;
 }
 // A checkpoint's GPU engine the runtime's way (open_engine's): its plan streamed by make_engine,
-// without CUDA graphs, with --quantization `quantization`.
+// without CUDA graphs, with --quantization `quantization` and --linear `linear`.
 inline std::unique_ptr<Engine> plan_gpu_engine(const ModelConfig& c, const WeightPlan& plan, const EngineLimits& l,
-                                               const std::string& quantization = "none") {
+                                               const std::string& quantization = "none",
+                                               const std::string& linear = "") {
   RunnerOptions o;
   o.device = Device::Cuda;
   o.plan = &plan;
   o.cuda_graphs = false;
   o.quantization = quantization;
+  o.linear = linear;
   return make_engine(c, DecoderWeights{}, o, l);
 }
 

@@ -58,15 +58,14 @@ TEST_F(GgufBlocksGpu, GemvOfEveryTypeMatchesTheCpuStoredPath) {
   for (const GgmlType t : kTypes) {
     const bool kq = cuda::gguf_k_quant(u32(t));
     for (const int K : kq ? std::vector<int>{256, 2816, 4352} : std::vector<int>{32, 2080}) {
-      // Odd: the last warp's second row is past the end; the staged GEMV's last warp has one unit.
-      const int N = 37;
+      const int N = 37;  // odd: the last warp's second row is past the end
       const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
       ASSERT_EQ(w.size(), cuda::gguf_row_bytes(u32(t), K) * N);
       cuda::DeviceBuffer blocks(w.size());
       cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
       const cuda::GgufSegment seg{u32(t), N, blocks.get()};
       for (const DType dt : {DType::F16, DType::BF16})
-        for (const int M : {1, 2, 3, 8}) {  // the staged GEMV (1, 2) and the register GEMV (3-8)
+        for (const int M : {1, 2, 3, 8}) {
           const std::string what = fmt::format("gguf_gemv {} {} K={} M={}", gguf::type_name(t), name(dt), K, M);
           std::vector<float> xf;
           DeviceBuffer<uint16_t> x(random_bits(size_t(M) * K, dt, xf));
@@ -322,31 +321,35 @@ TEST_F(GgufBlocksGpu, TinyGgufInItsBlocksStepsLikeTheCpuEngine) {
   EXPECT_TRUE(dm.layers[0].g_in.empty());
   const EngineLimits l = small_step_limits(c, 1024);
   CpuEngine cpu(c, cpu_weights, l);
-  std::unique_ptr<Engine> gpu = plan_gpu_engine(c, plan, l);
-  // Decode steps of three rows (the block GEMV) after a prefill of 70+ tokens a row (dequantized
-  // for cuBLASLt).
-  int compared = 0;
-  step_engines_alike({&cpu, gpu.get()}, c.vocab_size, 3, 100, {70, 1, 1, 1},
-                     [&](size_t st, const std::vector<StepOutput>& o) {
-    for (int r = 0; r < 3; ++r) {
-      const auto a = row_logits(o[1], r, c.vocab_size), b = row_logits(o[0], r, c.vocab_size);
-      auto finite = [](std::span<const float> v) {
-        return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-      };
-      // Random block bytes can overflow f16 activations (or even fp32): compare the rows that do not.
-      if (!finite(a) || !finite(b)) {
-        std::printf("tiny GGUF in blocks step %zu row %d: not finite (GPU %d, CPU %d)\n", st, r, !finite(a),
-                    !finite(b));
-        continue;
+  // Decode steps of three rows after a prefill of 70+ tokens a row (dequantized for cuBLASLt). The
+  // block GEMV (--linear gemv) computes the CPU's 8-bit arithmetic; by default layer 1's Q4_K down
+  // projection goes to the flat GEMM at three rows (16-bit x).
+  for (const std::string linear : {"gemv", ""}) {
+    const std::string mode = linear.empty() ? "default" : linear;
+    std::unique_ptr<Engine> gpu = plan_gpu_engine(c, plan, l, "none", linear);
+    int compared = 0;
+    step_engines_alike({&cpu, gpu.get()}, c.vocab_size, 3, 100, {70, 1, 1, 1},
+                       [&](size_t st, const std::vector<StepOutput>& o) {
+      for (int r = 0; r < 3; ++r) {
+        const auto a = row_logits(o[1], r, c.vocab_size), b = row_logits(o[0], r, c.vocab_size);
+        auto finite = [](std::span<const float> v) {
+          return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+        };
+        // Random block bytes can overflow f16 activations (or even fp32): compare the rows that do not.
+        if (!finite(a) || !finite(b)) {
+          std::printf("tiny GGUF in blocks (%s) step %zu row %d: not finite (GPU %d, CPU %d)\n", mode.c_str(), st, r,
+                      !finite(a), !finite(b));
+          continue;
+        }
+        const double e = nmse(a, b);
+        // 16-bit activations and weights of the 16-bit layers on the GPU; the blocks' products agree.
+        EXPECT_LE(e, 2e-3) << mode << " step " << st << " row " << r;
+        std::printf("tiny GGUF in blocks (%s) step %zu row %d: NMSE %.3e\n", mode.c_str(), st, r, e);
+        ++compared;
       }
-      const double e = nmse(a, b);
-      // 16-bit activations and weights of the 16-bit layers on the GPU; the blocks' products agree.
-      EXPECT_LE(e, 2e-3) << "step " << st << " row " << r;
-      std::printf("tiny GGUF in blocks step %zu row %d: NMSE %.3e\n", st, r, e);
-      ++compared;
-    }
-  });
-  EXPECT_GE(compared, 6) << "of 12 rows";
+    });
+    EXPECT_GE(compared, 6) << mode << ": of 12 rows";
+  }
   fs::remove_all(dir);
 }
 

@@ -1,16 +1,17 @@
 // GGUF blocks on the GPU (gguf_blocks.h): x's 8-bit quantization, the block GEMVs and the
 // dequantization for large products (one thread per task, bit-identical to the loader's conversion).
 //
-// The GEMVs: a warp owns R = 2 weight rows; lane l takes the row's tasks l, l + 32, ... (a task is one
+// The GEMV: a warp owns R = 2 weight rows; lane l takes the row's tasks l, l + 32, ... (a task is one
 // 32-element block of Q4_0/Q4_1/Q8_0, or 64 elements of a K-quant super-block: Q4_K/Q5_K's groups 2p
 // and 2p + 1, which share their bytes' low and high nibbles, and Q6_K's elements 32 kk + l and
-// 32 (kk + 2) + l of one half, likewise). Each task is unpacked once for every row of x, and x's
-// values for a task are loaded once for both weight rows. With three to eight rows of x (the register
-// GEMV) a lane loads U tasks per pass (tasks_per_pass) straight into registers before the first is
-// used: Q4_K and Q5_K (144 and 176 bytes) with 16-byte loads, Q4_1 (20) with 4-byte ones and Q4_0,
-// Q8_0 and Q6_K (18, 34 and 210 bytes, 2-byte aligned) with 2-byte ones. With one or two rows (the
-// staged GEMV, below) the rows stream through shared memory instead. The integer sums are the CPU's
-// (cpu/quant_matmul.cpp's scalar kernels); only the fp32 order of the per-block terms differs.
+// 32 (kk + 2) + l of one half, likewise), U tasks per pass (tasks_per_pass), all of a pass's weight
+// bytes loaded before the first use. Each task is unpacked once for every row of x, and x's values
+// for a task are loaded once for both weight rows. Blocks are read where they lie: Q4_K and Q5_K
+// (144 and 176 bytes) with 16-byte loads, Q4_1 (20) with 4-byte ones and Q4_0, Q8_0 and Q6_K (18, 34
+// and 210 bytes, 2-byte aligned) with 2-byte ones; the L1 turns the warp's strided loads into whole
+// lines. The integer sums are the CPU's (cpu/quant_matmul.cpp's scalar kernels); only the fp32 order
+// of the per-block terms differs. (Products of 3-64 rows over Q4_K/Q6_K matrices go to the flat GEMM
+// instead: flat_gemm.h, flat_gemm_gguf.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -21,7 +22,6 @@
 #include "backend/cuda/gemv_rows.cuh"
 #include "backend/cuda/gguf_block_fields.cuh"
 #include "backend/cuda/gguf_blocks.h"
-#include "backend/cuda/per_device.h"
 
 namespace fdpp::cuda {
 
@@ -54,9 +54,9 @@ __host__ __device__ constexpr BlockShape block_shape(uint32_t t) {
 __host__ __device__ constexpr bool is_k_quant(uint32_t t) { return t == kQ4_K || t == kQ5_K || t == kQ6_K; }
 // Elements of one lane task.
 __host__ __device__ constexpr int task_elems(uint32_t t) { return is_k_quant(t) ? 64 : 32; }
-// Tasks per lane per pass of the register GEMV (three to eight rows of x), all loaded before the first
-// is used: two of the small 32-element blocks, one K-quant task (64 elements with their scales take
-// the registers of two already).
+// Tasks per lane per pass, all loaded before the first is used: two of the small 32-element blocks,
+// one K-quant task (64 elements with their scales take the registers of two already; two at one or
+// two rows of x measured no faster).
 __host__ __device__ constexpr int tasks_per_pass(uint32_t t) { return is_k_quant(t) ? 1 : 2; }
 
 // ---- the quantized-x layout (gguf_act_bytes) --------------------------------------------------
@@ -163,16 +163,8 @@ struct TaskWeights {
   uint32_t sc[3];  // Q4_K/Q5_K: the 12 scale bytes; Q6_K: sc[0] = the two scales of kk, sc[1] those of kk + 2
 };
 
-// 16 bytes of weights: from global memory streamed past L1 (read once), or from shared memory.
-template <bool kShared>
-__device__ __forceinline__ uint4 ld_weights16(const uint8_t* p) {
-  if constexpr (kShared) return *reinterpret_cast<const uint4*>(p);
-  else return __ldcs(reinterpret_cast<const uint4*>(p));
-}
-
-// Task t of a row (row: the row's first byte), from global memory or from a staged round in shared
-// memory (row: the round's first block, t: the task's index in the round).
-template <uint32_t Q, bool kShared = false>
+// Task t of a row (row: the row's first byte).
+template <uint32_t Q>
 __device__ __forceinline__ void load_task(const uint8_t* __restrict__ row, int t, TaskWeights& w) {
   if constexpr (Q == kQ4_0) {
     const uint8_t* b = row + size_t(t) * 18;
@@ -192,19 +184,18 @@ __device__ __forceinline__ void load_task(const uint8_t* __restrict__ row, int t
   } else if constexpr (Q == kQ4_K || Q == kQ5_K) {
     const int p = t & 3;
     const uint8_t* b = row + size_t(t >> 2) * (Q == kQ4_K ? 144 : 176);
-    const uint4 head = ld_weights16<kShared>(b);  // d, dmin, 12 scale bytes
+    const uint4 head = __ldcs(reinterpret_cast<const uint4*>(b));  // d, dmin, 12 scale bytes
     w.dm = head.x;
     w.sc[0] = head.y;
     w.sc[1] = head.z;
     w.sc[2] = head.w;
-    const uint8_t* qs = b + (Q == kQ4_K ? 16 : 48) + 32 * p;
-    const uint4 q0 = ld_weights16<kShared>(qs), q1 = ld_weights16<kShared>(qs + 16);
+    const uint4* qs = reinterpret_cast<const uint4*>(b + (Q == kQ4_K ? 16 : 48) + 32 * p);
+    const uint4 q0 = __ldcs(qs), q1 = __ldcs(qs + 1);
     w.q[0] = q0.x, w.q[1] = q0.y, w.q[2] = q0.z, w.q[3] = q0.w;
     w.q[4] = q1.x, w.q[5] = q1.y, w.q[6] = q1.z, w.q[7] = q1.w;
     if constexpr (Q == kQ5_K) {
-      // Shared by the block's four tasks: through L1 when read from global memory.
       const uint4* qh = reinterpret_cast<const uint4*>(b + 16);
-      const uint4 h0 = kShared ? qh[0] : __ldg(qh), h1 = kShared ? qh[1] : __ldg(qh + 1);
+      const uint4 h0 = __ldg(qh), h1 = __ldg(qh + 1);  // shared by the block's four tasks
       w.h[0] = h0.x, w.h[1] = h0.y, w.h[2] = h0.z, w.h[3] = h0.w;
       w.h[4] = h1.x, w.h[5] = h1.y, w.h[6] = h1.z, w.h[7] = h1.w;
     }
@@ -433,116 +424,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   detail::store_rows<T, R, M>(acc, wr, N, lane, nullptr, bias, y, ldy, col0, epilogue);
 }
 
-// ---- the staged GEMV (one or two rows of x) --------------------------------------------------------
-//
-// With one or two rows of x the arithmetic is light and the register GEMV waits on memory: each warp
-// loads its rows once and has nothing in flight while it computes and stores. Here each warp streams
-// its kStagedUnits units of R rows through a kStages-deep cp.async pipeline in shared memory, a round
-// of 32 tasks (one per lane) of both rows per stage, so the next rounds' bytes arrive while this one
-// is computed. The copies are 16 bytes from the 16-byte boundary at or below each round's first byte
-// (Q4_0, Q8_0 and Q6_K blocks are only 2-byte aligned), up to the row's end and no further.
-
-constexpr int kStagedWarps = 4;  // per CTA
-constexpr int kStagedUnits = 2;  // units of kRows rows per warp, one after the other
-constexpr int kStages = 4;       // rounds in flight per warp
-
-// Bytes of a round (32 tasks) of a row, and of its slot in shared memory (room for the start's
-// offset below the round's first byte).
-__host__ __device__ constexpr int round_bytes(uint32_t t) { return (is_k_quant(t) ? 8 : 32) * block_shape(t).bytes; }
-__host__ __device__ constexpr int slot_bytes(uint32_t t) { return (round_bytes(t) + 16 + 15) / 16 * 16; }
-constexpr int staged_smem_bytes(uint32_t t) { return kStagedWarps * kStages * kRows * slot_bytes(t); }
-
-// Round k of a row into slot (the warp's lanes together); returns the round's first byte's offset in
-// the slot. Source bytes past the row's end are not read (zero-filled).
-template <uint32_t Q>
-__device__ __forceinline__ void copy_round(const uint8_t* row, uint64_t row_bytes, int k, uint8_t* slot, int lane) {
-  constexpr int RB = round_bytes(Q);
-  const uintptr_t first = reinterpret_cast<uintptr_t>(row) + uint64_t(k) * RB;
-  const uintptr_t end = reinterpret_cast<uintptr_t>(row) + min(uint64_t(k + 1) * RB, row_bytes);
-  const uintptr_t aligned = first & ~uintptr_t(15);
-  const int chunks = int((end - aligned + 15) / 16);
-  for (int c = lane; c < chunks; c += 32) {
-    const uintptr_t src = aligned + 16 * uintptr_t(c);
-    detail::cp_async16_zfill(slot + 16 * c, reinterpret_cast<const void*>(src), int(min(uintptr_t(16), end - src)));
-  }
-}
-template <uint32_t Q>
-__device__ __forceinline__ int round_offset(const uint8_t* row, int k) {
-  return int((reinterpret_cast<uintptr_t>(row) + uint64_t(k) * round_bytes(Q)) & 15);
-}
-
-template <class T, uint32_t Q, int M>
-__global__ void __launch_bounds__(kStagedWarps * 32)
-    gguf_gemv_staged_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int N, int K,
-                            const uint8_t* __restrict__ act, ActLayout L, int row0, const T* __restrict__ bias,
-                            void* __restrict__ y, int ldy, int col0, Epilogue epilogue) {
-  constexpr int R = kRows, SLOT = slot_bytes(Q);
-  extern __shared__ __align__(16) uint8_t staged[];
-  detail::pdl_trigger();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const bool swiglu = epilogue == Epilogue::SwiGLU;
-  const int all_units = swiglu ? (N / 2 + R / 2 - 1) / (R / 2) : (N + R - 1) / R;
-  const int first_unit = (blockIdx.x * kStagedWarps + warp) * kStagedUnits;
-  const int units = min(kStagedUnits, all_units - first_unit);
-  if (units <= 0) {  // whole warps: no shuffle below runs with missing lanes
-    detail::pdl_wait();
-    return;
-  }
-  const int tasks = K / task_elems(Q), rounds = (tasks + 31) / 32, stages = units * rounds;
-  uint8_t* const slots = staged + warp * (kStages * R * SLOT);
-  auto slot = [&](int s, int r) { return slots + ((s % kStages) * R + r) * SLOT; };
-  auto row_of = [&](const detail::WarpRows<R>& wr, int r) { return w + size_t(wr.row[r]) * row_bytes; };
-  // Stage s (unit s / rounds, round s % rounds) into its slots; a group is committed either way, so
-  // that the wait below counts the same number of groups at every stage.
-  auto issue = [&](int s) {
-    if (s < stages) {
-      const detail::WarpRows<R> wr(first_unit + s / rounds, N, swiglu);
-#pragma unroll
-      for (int r = 0; r < R; ++r) copy_round<Q>(row_of(wr, r), row_bytes, s % rounds, slot(s, r), lane);
-    }
-    detail::cp_async_commit();
-  };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
-  detail::pdl_wait();  // act, bias and y may be the previous kernels': the weights are already on their way
-
-  float acc[R][M];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-  for (int s = 0; s < stages; ++s) {
-    issue(s + kStages - 1);  // into the slot stage s - 1 used (done: the __syncwarp below)
-    detail::cp_async_wait<kStages - 1>();  // stage s's copies, this lane's
-    __syncwarp();                          // and the other lanes'
-    const int k = s % rounds;
-    const detail::WarpRows<R> wr(first_unit + s / rounds, N, swiglu);
-    const int t = 32 * k + lane;
-    if (t < tasks) {
-      TaskWeights tw[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        load_task<Q, true>(slot(s, r) + round_offset<Q>(row_of(wr, r), k), lane, tw[r]);
-      accumulate_task<Q, R, M>(tw, t, act, L, row0, K, acc);
-    }
-    __syncwarp();
-    if (k == rounds - 1) {  // the unit's last round: finish its rows
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          acc[r][m] = detail::warp_sum(acc[r][m]);
-        }
-      detail::store_rows<T, R, M>(acc, wr, N, lane, nullptr, bias, y, ldy, col0, epilogue);
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-    }
-  }
-  detail::cp_async_wait<0>();  // the trailing groups are empty; none is left in flight at exit
-}
-
 template <class T, uint32_t Q>
 void launch_type(const GgufSegment& seg, const uint8_t* act, const ActLayout& L, int row0, int M, int K,
                  const void* bias, void* y, int ldy, int col0, Epilogue ep, cudaStream_t stream) {
@@ -557,25 +438,9 @@ void launch_type(const GgufSegment& seg, const uint8_t* act, const ActLayout& L,
     detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, w, rb, N, K, act, L, row0, b, y, ldy, col0, ep),
                        "cudaLaunchKernelEx(gguf_gemv)");
   };
-  auto staged = [&](auto kernel) {
-    constexpr int smem = staged_smem_bytes(Q);
-    // A per-kernel attribute of the current device, set before any launch is captured (per_device.h).
-    once_per_device(reinterpret_cast<const void*>(kernel), [&] {
-      detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                         "gguf_gemv: cudaFuncSetAttribute");
-      detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                              int(cudaSharedmemCarveoutMaxShared)),
-                         "gguf_gemv: cudaFuncSetAttribute");
-    });
-    const int warps = (units + kStagedUnits - 1) / kStagedUnits;
-    const detail::LaunchConfig sc(dim3(unsigned((warps + kStagedWarps - 1) / kStagedWarps)), dim3(kStagedWarps * 32),
-                                  smem, stream, linear_programmatic_launch_enabled());
-    detail::cuda_check(cudaLaunchKernelEx(sc.get(), kernel, w, rb, N, K, act, L, row0, b, y, ldy, col0, ep),
-                       "cudaLaunchKernelEx(gguf_gemv staged)");
-  };
   switch (M) {
-    case 1: return staged(gguf_gemv_staged_kernel<T, Q, 1>);
-    case 2: return staged(gguf_gemv_staged_kernel<T, Q, 2>);
+    case 1: return go(gguf_gemv_kernel<T, Q, 1>);
+    case 2: return go(gguf_gemv_kernel<T, Q, 2>);
     case 3: return go(gguf_gemv_kernel<T, Q, 3>);
     case 4: return go(gguf_gemv_kernel<T, Q, 4>);
     case 5: return go(gguf_gemv_kernel<T, Q, 5>);
