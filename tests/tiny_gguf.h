@@ -14,11 +14,15 @@
 
 #include "core/half.h"
 #include "gguf_writer.h"
+#include "io/gguf.h"
 #include "test_util.h"
 
 namespace fdpp::test {
 
-inline std::vector<uint8_t> random_stored(gguf::GgmlType t, uint64_t n) {
+// weight_rms > 0: the quantized blocks' scales are then rescaled so that the dequantized weights'
+// root mean square is weight_rms, as the 16-bit types' (otherwise random scale bytes times random
+// quants give weights of magnitude 1-40, whose activations leave fp16's range in a two-layer model).
+inline std::vector<uint8_t> random_stored(gguf::GgmlType t, uint64_t n, float weight_rms = 0.f) {
   using gguf::GgmlType;
   std::normal_distribution<float> normal(0.f, 0.05f);
   std::uniform_int_distribution<int> byte(0, 255);
@@ -55,6 +59,28 @@ inline std::vector<uint8_t> random_stored(gguf::GgmlType t, uint64_t n) {
       std::memcpy(&out[b * bb], &d, 4);
     }
   }
+  if (weight_rms > 0.f) {
+    std::vector<float> w(n);
+    gguf::dequantize(t, out.data(), w.data(), n);
+    double sq = 0;
+    for (float v : w) sq += double(v) * v;
+    // Every weight is linear in its block's scales (d and dmin): one factor rescales them all.
+    const float factor = sq > 0 ? weight_rms / float(std::sqrt(sq / double(n))) : 1.f;
+    for (uint64_t b = 0; b < n / be; ++b) {
+      for (int o : halves) {
+        uint16_t h;
+        std::memcpy(&h, &out[b * bb + o], 2);
+        h = f32_to_fp16(fp16_to_f32(h) * factor);
+        std::memcpy(&out[b * bb + o], &h, 2);
+      }
+      if (t == GgmlType::Q8_K) {
+        float d;
+        std::memcpy(&d, &out[b * bb], 4);
+        d *= factor;
+        std::memcpy(&out[b * bb], &d, 4);
+      }
+    }
+  }
   return out;
 }
 
@@ -74,6 +100,9 @@ inline std::vector<gguf::GgmlType> tiny_gguf_matrix_types() {
   return {G::Q4_K, G::Q6_K, G::Q8_0, G::Q4_0, G::Q4_1, G::F16, G::BF16, G::F32, G::Q5_0,
           G::Q5_1, G::Q2_K, G::Q3_K, G::Q5_K, G::Q8_K};
 }
+
+// The root mean square of the tiny model's weights, whatever their type (random_stored).
+inline constexpr float kTinyWeightRms = 0.05f;
 
 // hidden 256 (K-quant rows), 4 heads of 64, 2 KV heads, ffn 512, 2 layers, vocab 300, untied.
 inline std::vector<uint8_t> tiny_llama_gguf();
@@ -98,7 +127,7 @@ inline std::vector<uint8_t> tiny_llama_gguf() {
   size_t k = 0;
   auto matrix = [&](const std::string& name, uint64_t rows, uint64_t cols) {
     const G t = types[k++ % types.size()];
-    w.tensor(name, {cols, rows}, t, random_stored(t, rows * cols));
+    w.tensor(name, {cols, rows}, t, random_stored(t, rows * cols, kTinyWeightRms));
   };
   auto vec = [&](const std::string& name, uint64_t n, float offset) { add_f32_vector(w, name, n, offset); };
   matrix("token_embd.weight", V, H);

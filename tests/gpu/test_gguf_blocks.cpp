@@ -323,32 +323,24 @@ TEST_F(GgufBlocksGpu, TinyGgufInItsBlocksStepsLikeTheCpuEngine) {
   CpuEngine cpu(c, cpu_weights, l);
   // Decode steps of three rows after a prefill of 70+ tokens a row (dequantized for cuBLASLt). The
   // block GEMV (--linear gemv) computes the CPU's 8-bit arithmetic; by default layer 1's Q4_K down
-  // projection goes to the flat GEMM at three rows (16-bit x).
+  // projection goes to the flat GEMM at three rows (16-bit x), whose distance from the CPU is then
+  // the CPU's own 8-bit rounding (bounded on the CPU: test_quant_repack.cpp).
   for (const std::string linear : {"gemv", ""}) {
     const std::string mode = linear.empty() ? "default" : linear;
     std::unique_ptr<Engine> gpu = plan_gpu_engine(c, plan, l, "none", linear);
-    int compared = 0;
     step_engines_alike({&cpu, gpu.get()}, c.vocab_size, 3, 100, {70, 1, 1, 1},
                        [&](size_t st, const std::vector<StepOutput>& o) {
       for (int r = 0; r < 3; ++r) {
         const auto a = row_logits(o[1], r, c.vocab_size), b = row_logits(o[0], r, c.vocab_size);
-        auto finite = [](std::span<const float> v) {
-          return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-        };
-        // Random block bytes can overflow f16 activations (or even fp32): compare the rows that do not.
-        if (!finite(a) || !finite(b)) {
-          std::printf("tiny GGUF in blocks (%s) step %zu row %d: not finite (GPU %d, CPU %d)\n", mode.c_str(), st, r,
-                      !finite(a), !finite(b));
-          continue;
-        }
+        // A value not finite on either side fails the bound (nmse gives infinity or NaN).
         const double e = nmse(a, b);
-        // 16-bit activations and weights of the 16-bit layers on the GPU; the blocks' products agree.
-        EXPECT_LE(e, 2e-3) << mode << " step " << st << " row " << r;
+        // 16-bit activations and weights of the 16-bit layers on the GPU; the blocks' products agree
+        // (--linear gemv), or differ by the CPU's 8-bit rounding of one product's x (default), which
+        // the CPU's own test bounds at 5e-3 over the whole model.
+        EXPECT_LE(e, linear.empty() ? 5e-3 : 2e-3) << mode << " step " << st << " row " << r;
         std::printf("tiny GGUF in blocks (%s) step %zu row %d: NMSE %.3e\n", mode.c_str(), st, r, e);
-        ++compared;
       }
     });
-    EXPECT_GE(compared, 6) << mode << ": of 12 rows";
   }
   fs::remove_all(dir);
 }
