@@ -61,7 +61,7 @@ TEST_F(GgufBlocksGpu, GemvOfEveryTypeMatchesTheCpuStoredPath) {
       const int N = 37;  // odd: the last warp's second row is past the end
       const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
       ASSERT_EQ(w.size(), cuda::gguf_row_bytes(u32(t), K) * N);
-      cuda::DeviceBuffer blocks(w.size());
+      cuda::DeviceBuffer blocks(w.size() + cuda::kGgufBlocksTailBytes);
       cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
       const cuda::GgufSegment seg{u32(t), N, blocks.get()};
       for (const DType dt : {DType::F16, DType::BF16})
@@ -90,7 +90,7 @@ TEST_F(GgufBlocksGpu, NanInARowOfXReachesOnlyThatRow) {
   for (const GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K}) {
     const bool kq = cuda::gguf_k_quant(u32(t));
     const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
-    cuda::DeviceBuffer blocks(w.size());
+    cuda::DeviceBuffer blocks(w.size() + cuda::kGgufBlocksTailBytes);
     cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
     std::vector<float> xf;
     std::vector<uint16_t> xb = random_bits(size_t(M) * K, DType::F16, xf);
@@ -125,7 +125,7 @@ TEST_F(GgufBlocksGpu, FlatGemmOverQ4KAndQ6KBlocksMatchesTheDequantizedProduct) {
       const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
       std::vector<float> wf(size_t(N) * K);
       gguf::dequantize(t, w.data(), wf.data(), wf.size());
-      cuda::DeviceBuffer blocks(w.size());
+      cuda::DeviceBuffer blocks(w.size() + cuda::kGgufBlocksTailBytes);
       cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
       size_t ws_bytes = 16384;
       for (int M = 1; M <= cuda::kFlatGemmMaxM; ++M)
@@ -194,7 +194,7 @@ TEST_F(GgufBlocksGpu, DequantizeIsTheHostDequantizationBitForBit) {
     const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
     std::vector<float> f(size_t(N) * K);
     gguf::dequantize(t, w.data(), f.data(), f.size());
-    cuda::DeviceBuffer blocks(w.size());
+    cuda::DeviceBuffer blocks(w.size() + cuda::kGgufBlocksTailBytes);
     cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
     for (const DType dt : {DType::F16, DType::BF16}) {
       DeviceBuffer<uint16_t> out(f.size());
@@ -238,7 +238,7 @@ TEST_F(GgufBlocksGpu, RunGgufMatchesTheReferenceForSegmentsEpiloguesAndRows) {
         N += p.rows;
         bytes += (stored.back().size() + 15) / 16 * 16;
       }
-      cuda::DeviceBuffer blocks(bytes);
+      cuda::DeviceBuffer blocks(bytes + cuda::kGgufBlocksTailBytes);
       cuda::GgufMatrix m;
       size_t at = 0;
       for (size_t i = 0; i < parts.size(); ++i) {

@@ -345,7 +345,7 @@ DeviceModel DeviceModel::from_plan(const ModelConfig& c, const WeightPlan& plan,
       g.segments[g.count - 1].rows += static_cast<int>(parts[i]->rows());
       bytes += static_cast<uint64_t>(parts[i]->rows()) * gguf_row_bytes(type, K);
     }
-    DeviceBuffer d(static_cast<size_t>(bytes));
+    DeviceBuffer d(static_cast<size_t>(bytes + kGgufBlocksTailBytes));
     for (int i = 0; i < g.count; ++i) g.segments[i].blocks = d.as<uint8_t>() + segment_at[static_cast<size_t>(i)];
     for (size_t i = 0; i < parts.size(); ++i) jobs.push_back({parts[i], d.as<uint8_t>() + part_at[i], true});
     m.bytes_ += d.bytes();

@@ -149,11 +149,36 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_x_kernel(const T* __rest
 // ---- weight loads -------------------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
-// 4 bytes at a 2-byte aligned address.
-__device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t* p) {
-  return __byte_perm(ld_u16(p), ld_u16(p + 2), 0x5410);
-}
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// W words (4W bytes) at a 2-byte aligned address, read as W / 4 + 1 aligned 16-byte loads from the
+// 16-byte boundary at or below p and shifted into place: a warp's 2-byte loads of blocks spread
+// over as many cache lines took 2-4x the L1 wavefronts per byte. May read up to 16 bytes past
+// p + 4W (kGgufBlocksTailBytes).
+template <int W>
+__device__ __forceinline__ void load_words_a2(const uint8_t* p, uint32_t (&out)[W]) {
+  static_assert(W % 4 == 0, "whole 16-byte loads");
+  constexpr int kLoads = W / 4 + 1;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uint4* base = reinterpret_cast<const uint4*>(a & ~uintptr_t(15));
+  uint32_t raw[4 * kLoads];
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const uint4 v = __ldcs(base + i);
+    raw[4 * i] = v.x, raw[4 * i + 1] = v.y, raw[4 * i + 2] = v.z, raw[4 * i + 3] = v.w;
+  }
+  // Down by (a & 15) / 4 words with selects (a register array indexed at run time would go to
+  // local memory), then by the remaining 0 or 2 bytes.
+  const int words = int(a & 15) >> 2;
+  uint32_t s1[4 * kLoads - 1], s2[4 * kLoads - 3];
+#pragma unroll
+  for (int j = 0; j < 4 * kLoads - 1; ++j) s1[j] = (words & 1) ? raw[j + 1] : raw[j];
+#pragma unroll
+  for (int j = 0; j < 4 * kLoads - 3; ++j) s2[j] = (words & 2) ? s1[j + 2] : s1[j];
+  const uint32_t shift = uint32_t(a & 2) * 8;
+#pragma unroll
+  for (int i = 0; i < W; ++i) out[i] = __funnelshift_r(s2[i], s2[i + 1], shift);
+}
 
 // One task's weight bytes, as loaded (before the activations are known).
 struct TaskWeights {
@@ -169,8 +194,10 @@ __device__ __forceinline__ void load_task(const uint8_t* __restrict__ row, int t
   if constexpr (Q == kQ4_0) {
     const uint8_t* b = row + size_t(t) * 18;
     w.dm = ld_u16(b);
+    uint32_t q[4];
+    load_words_a2<4>(b + 2, q);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w.q[i] = ld_u32_a2(b + 2 + 4 * i);
+    for (int i = 0; i < 4; ++i) w.q[i] = q[i];
   } else if constexpr (Q == kQ4_1) {
     const uint8_t* b = row + size_t(t) * 20;
     w.dm = ld_u32(b);
@@ -179,8 +206,7 @@ __device__ __forceinline__ void load_task(const uint8_t* __restrict__ row, int t
   } else if constexpr (Q == kQ8_0) {
     const uint8_t* b = row + size_t(t) * 34;
     w.dm = ld_u16(b);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w.q[i] = ld_u32_a2(b + 2 + 4 * i);
+    load_words_a2<8>(b + 2, w.q);
   } else if constexpr (Q == kQ4_K || Q == kQ5_K) {
     const int p = t & 3;
     const uint8_t* b = row + size_t(t >> 2) * (Q == kQ4_K ? 144 : 176);
@@ -202,13 +228,8 @@ __device__ __forceinline__ void load_task(const uint8_t* __restrict__ row, int t
   } else {  // Q6_K: task (h, kk0) = t & 3 as 2 h + kk0
     const int h = (t >> 1) & 1, kk0 = t & 1;
     const uint8_t* b = row + size_t(t >> 2) * 210;
-    const uint8_t* ql = b + 64 * h + 32 * kk0;
-    const uint8_t* qh = b + 128 + 32 * h;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      w.q[i] = ld_u32_a2(ql + 4 * i);
-      w.h[i] = ld_u32_a2(qh + 4 * i);
-    }
+    load_words_a2<8>(b + 64 * h + 32 * kk0, w.q);  // ql (both stay inside the block's 210 bytes)
+    load_words_a2<8>(b + 128 + 32 * h, w.h);       // qh
     w.sc[0] = ld_u16(b + 192 + 8 * h + 2 * kk0);
     w.sc[1] = ld_u16(b + 192 + 8 * h + 2 * kk0 + 4);
     w.dm = ld_u16(b + 208);

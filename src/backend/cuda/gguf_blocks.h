@@ -40,7 +40,12 @@ const char* gguf_shape_problem(uint32_t ggml_type, int64_t K);
 // Whether the type's activations are the K-quants' (256-element blocks) or the 32-element ones.
 bool gguf_k_quant(uint32_t ggml_type);
 
-// A run of rows of one type: rows x gguf_row_bytes(type, K) bytes at `blocks` (16-byte aligned).
+// Readable bytes a buffer of blocks needs past its last block: the GEMV reads the 2-byte aligned
+// types (Q4_0, Q8_0) with aligned 16-byte loads, which may reach that far beyond a block.
+constexpr uint64_t kGgufBlocksTailBytes = 16;
+
+// A run of rows of one type: rows x gguf_row_bytes(type, K) bytes at `blocks` (16-byte aligned, in
+// a buffer with kGgufBlocksTailBytes more after its last segment).
 struct GgufSegment {
   uint32_t type = 0;
   int rows = 0;
