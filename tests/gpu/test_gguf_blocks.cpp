@@ -109,18 +109,21 @@ TEST_F(GgufBlocksGpu, NanInARowOfXReachesOnlyThatRow) {
   }
 }
 
-// The flat GEMM over Q4_K and Q6_K blocks (16-bit x, tensor cores): every m_tiles (M 1..64), split-K
-// (few 64-row tiles over a long K), a segment's columns inside a wider y, bias, and the SwiGLU of
-// one segment, against fp64 over the dequantized weights. Q6_K's rows start at every even offset
-// from the 16-byte boundary (210-byte blocks, 17 of them a row).
-TEST_F(GgufBlocksGpu, FlatGemmOverQ4KAndQ6KBlocksMatchesTheDequantizedProduct) {
+// The flat GEMM over GGUF blocks (16-bit x, tensor cores), every type it takes: every m_tiles (M
+// 1..64), split-K (few 64-row tiles over a long K), a segment's columns inside a wider y, bias, and
+// the SwiGLU of one segment, against fp64 over the dequantized weights. Q6_K's rows start at every
+// even offset from the 16-byte boundary (210-byte blocks, 17 of them a row); Q4_0's and Q8_0's
+// blocks (18 and 34 bytes) at every even offset within a stage.
+TEST_F(GgufBlocksGpu, FlatGemmOverEveryFlatTypeMatchesTheDequantizedProduct) {
   int dev = 0, sms = 0;
   cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
   cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   const int N = 100, ldy = 117, col0 = 9;
-  for (const GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+  cuda::WeightFormat none;
+  EXPECT_FALSE(cuda::flat_gemm_gguf_format(u32(GgmlType::Q4_1), none)) << "Q4_1 has no flat format";
+  for (const GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::Q8_0}) {
     cuda::WeightFormat format;
-    ASSERT_TRUE(cuda::flat_gemm_gguf_format(u32(t), format));
+    ASSERT_TRUE(cuda::flat_gemm_gguf_format(u32(t), format)) << gguf::type_name(t);
     for (const int K : {256, 4352}) {
       const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
       std::vector<float> wf(size_t(N) * K);
@@ -207,7 +210,7 @@ TEST_F(GgufBlocksGpu, DequantizeIsTheHostDequantizationBitForBit) {
 }
 
 // run_gguf over a matrix of three segments (q/k/v of a Q4_K_M file: two types, and a third), a
-// gate/up of one segment and of two: every epilogue, M across the GEMV's 8-row launches and past
+// gate/up of one segment and of two, each through the flat GEMM and through the block GEMV: every epilogue, M across the GEMV's 8-row launches and past
 // kFlatGemmMaxM (dequantized for cuBLASLt), against fp64 over the dequantized weights.
 TEST_F(GgufBlocksGpu, RunGgufMatchesTheReferenceForSegmentsEpiloguesAndRows) {
   const int K = 768;
@@ -221,6 +224,9 @@ TEST_F(GgufBlocksGpu, RunGgufMatchesTheReferenceForSegmentsEpiloguesAndRows) {
       {{GgmlType::Q4_K, 48}, {GgmlType::Q6_K, 48}},  // SwiGLU over two types: through silu_mul
       {{GgmlType::Q6_K, 40}, {GgmlType::Q4_K, 64}},  // the flat GEMM's types: its segments' columns
       {{GgmlType::Q4_K, 128}},                       // SwiGLU fused in the flat GEMM
+      // Q4_1 has no flat format: the block GEMV at every M up to 64 (8 rows a launch).
+      {{GgmlType::Q4_K, 40}, {GgmlType::Q4_1, 24}, {GgmlType::Q8_0, 64}},
+      {{GgmlType::Q4_1, 48}, {GgmlType::Q5_K, 48}},  // SwiGLU over two types in the GEMV
   };
   for (const DType dt : {DType::F16, DType::BF16}) {
     LinearChooser chooser;

@@ -72,13 +72,26 @@ constexpr int kBlockK = 128;
 // 4-bit weights at up to 16 tokens: 256 k per stage (8 KB of words for 64 rows), so that a stage
 // and its barrier carry half the bytes of a 16-bit one, not an eighth (their x tiles stay small).
 constexpr int kBlockKInt4 = 256;
-// GGUF blocks: a stage is one super-block (256 k) of each of the 64 rows. A row's slice in shared
-// memory is Q4_K's 144 bytes as stored, or Q6_K's 210 bytes copied from the 16-byte boundary at or
-// below them (they are only 2-byte aligned), in 224.
+// GGUF blocks: a stage is 256 k (one super-block, or eight Q4_0 / Q8_0 blocks) of each of the 64
+// rows. A row's slice in shared memory is the stored bytes as they are where they are 16-byte
+// aligned (Q4_K 144, Q5_K 176, Q4_0 144, Q8_0 272 bytes: whole 16-byte chunks, so every stage of
+// a row starts aligned), or Q6_K's 210 bytes copied from the 16-byte boundary at or below them
+// (2-byte aligned), in 224.
 constexpr int kBlockKGguf = 256;
-constexpr bool is_gguf(WeightFormat f) { return f == WeightFormat::GgufQ4K || f == WeightFormat::GgufQ6K; }
-constexpr int gguf_block_bytes(WeightFormat f) { return f == WeightFormat::GgufQ4K ? 144 : 210; }
-constexpr int gguf_slice_bytes(WeightFormat f) { return f == WeightFormat::GgufQ4K ? 144 : 224; }
+constexpr bool is_gguf(WeightFormat f) {
+  return f == WeightFormat::GgufQ4K || f == WeightFormat::GgufQ6K || f == WeightFormat::GgufQ5K ||
+         f == WeightFormat::GgufQ4_0 || f == WeightFormat::GgufQ8_0;
+}
+// Bytes of 256 k of a row.
+constexpr int gguf_block_bytes(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::GgufQ6K: return 210;
+    case WeightFormat::GgufQ5K: return 176;
+    case WeightFormat::GgufQ8_0: return 8 * 34;
+    default: return 144;  // Q4_K; Q4_0 (8 x 18)
+  }
+}
+constexpr int gguf_slice_bytes(WeightFormat f) { return f == WeightFormat::GgufQ6K ? 224 : gguf_block_bytes(f); }
 constexpr int kSemaphores = 4096;                // fixed semaphore slots at the workspace's start
 constexpr size_t kSemaphoreBytes = kSemaphores * 4;
 constexpr int kRedStride = kBlockN + 4;          // fp32 reduction rows, padded (bank spread)
@@ -100,8 +113,8 @@ struct WarpLayout<8> {
 };
 
 constexpr int default_stages(int mt, WeightFormat format = WeightFormat::Bits16) {
-  // GGUF blocks: 9-14 KB of weights and mt * 4 KB of x per stage: 4 stages at mt 1, 2 (53-90 KB),
-  // 3 at mt 4, 8 (77-141 KB).
+  // GGUF blocks: 9-17 KB of weights and mt * 4 KB of x per stage: 4 stages at mt 1, 2 (53-102 KB),
+  // 3 at mt 4, 8 (77-150 KB).
   if (is_gguf(format)) return mt <= 2 ? 4 : 3;
   // 4-bit weights: 4 stages of 256 k at mt 1, 2 (14 and 18 KB each) and of 128 k at mt 4.
   if (format == WeightFormat::Int4) return mt == 8 ? 3 : 4;
@@ -239,8 +252,18 @@ struct Args {
   int ldy, col0;  // y's row stride and first column (Store, StoreF32, AddF32): N and 0 but for GGUF segments
 };
 
+// Weights k = 8c .. 8c + 7 of a GGUF row's 256-k slice in shared memory, as 8 T.
+template <class T, WeightFormat WF>
+__device__ __forceinline__ uint4 gguf_chunk_to(const unsigned char* slice, int c) {
+  if constexpr (WF == WeightFormat::GgufQ4K) return detail::gguf_q4k_chunk_to<T>(slice, c);
+  else if constexpr (WF == WeightFormat::GgufQ5K) return detail::gguf_q5k_chunk_to<T>(slice, c);
+  else if constexpr (WF == WeightFormat::GgufQ6K) return detail::gguf_q6k_chunk_to<T>(slice, c);
+  else if constexpr (WF == WeightFormat::GgufQ4_0) return detail::gguf_q4_0_chunk_to<T>(slice, c);
+  else return detail::gguf_q8_0_chunk_to<T>(slice, c);
+}
+
 // FP8: the weights are e4m3 bytes (fp8.h) with per-row scales; Int4: q4 words with per-group zs
-// words (int4.h); GGUF: Q4_K or Q6_K super-blocks (gguf_block_fields.cuh). The tiles hold them as
+// words (int4.h); GGUF: blocks as stored (gguf_block_fields.cuh). The tiles hold them as
 // stored and each lane converts its pieces to T in registers before the MMA (FP8's row scale in the
 // epilogue, the others' scales with the conversion).
 template <class T, int MT, int STAGES, WeightFormat WF>
@@ -259,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   constexpr unsigned kZsBytes = int4_zs_row_bytes(BK);  // a row's zs words per stage (4-bit)
   // 16-byte chunks per weight row per stage
   constexpr int kWChunks = WG ? gguf_slice_bytes(WF) / 16 : W4 ? BK / 32 : W8 ? BK / 16 : CK;
-  // 4 (2 for FP8, 2 or 1 for 4-bit; GGUF: 3 or 4, the last pass partial)
+  // 4 (2 for FP8, 2 or 1 for 4-bit; GGUF: 3 to 5, the last pass partial)
   constexpr int kWLoads = (kBlockN * kWChunks + kThreads - 1) / kThreads;
   constexpr int kXChunks = XR * CK;                        // 128 .. 1024
   constexpr int kXLoads = (kXChunks + kThreads - 1) / kThreads;
@@ -273,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   const bool swiglu = a.epilogue == Epilogue::SwiGLU;
   const int F = N / 2;
   const T* __restrict__ x = static_cast<const T*>(a.x);
-  // row r at r * K * 2, r * K (FP8), r * K / 2 (4-bit) or r * K / 256 super-blocks (GGUF) bytes
+  // row r at r * K * 2, r * K (FP8), r * K / 2 (4-bit) or r * (K / 256) * gguf_block_bytes (GGUF) bytes
   const unsigned char* __restrict__ w = static_cast<const unsigned char*>(a.w);
   const int64_t gguf_row_bytes = WG ? int64_t(K / kBlockKGguf) * gguf_block_bytes(WF) : 0;
 
@@ -294,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
   constexpr unsigned kRowsPerPass = kThreads / CK;  // 16 (8 for 256-k stages)
   // FP8: chunk q = tid + 256 i -> row q / 8, chunk q % 8 (16 k each), 32 rows per pass; 4-bit: chunk
   // q -> row q / (BK / 32), chunk q % (BK / 32) (32 k each), 32 or 64 rows per pass; GGUF: row
-  // q / 9 (14 for Q6_K), chunk q % 9 (14), the chunk moving with i.
+  // q / (slice bytes / 16), chunk q % (slice bytes / 16), the chunk moving with i.
   constexpr unsigned kWRowsPerPass = kThreads / kWChunks;
   const int w_ld_c = W4 ? (tid % kWChunks) * 32 : W8 ? (tid % kWChunks) * 16 : ld_c;  // k of the thread's chunk
   int w_rows[kWLoads];
@@ -336,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
         const unsigned dst = stage_base + unsigned(r * gguf_slice_bytes(WF) + 16 * j);
         const unsigned char* row = w + int64_t(w_rows[i]) * gguf_row_bytes;
         const unsigned char* first = row + int64_t(kt) * gguf_block_bytes(WF);
-        if constexpr (WF == WeightFormat::GgufQ4K) {
+        if constexpr (WF != WeightFormat::GgufQ6K) {
           cp_async16_policy(dst, first + 16 * j, true, policy);
         } else {  // from the 16-byte boundary at or below the block; nothing past the row's end is read
           const uintptr_t src = (reinterpret_cast<uintptr_t>(first) & ~uintptr_t(15)) + 16 * uintptr_t(j);
@@ -453,13 +476,8 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
       for (int rt = 0; rt < RT; ++rt) {
         const int r0 = (wn * RT + rt) * 16 + g;
         if constexpr (WG) {  // k 8c .. 8c + 7 of rows r0 and r0 + 8's super-blocks
-          if constexpr (WF == WeightFormat::GgufQ4K) {
-            lo[rt] = detail::gguf_q4k_chunk_to<T>(smem + slice_lo[rt], c);
-            hi[rt] = detail::gguf_q4k_chunk_to<T>(smem + slice_hi[rt], c);
-          } else {
-            lo[rt] = detail::gguf_q6k_chunk_to<T>(smem + slice_lo[rt], c);
-            hi[rt] = detail::gguf_q6k_chunk_to<T>(smem + slice_hi[rt], c);
-          }
+          lo[rt] = gguf_chunk_to<T, WF>(smem + slice_lo[rt], c);
+          hi[rt] = gguf_chunk_to<T, WF>(smem + slice_hi[rt], c);
         } else if constexpr (W4) {  // the word c (k 8c .. 8c + 7) of rows r0 and r0 + 8, with their groups' zs
           // The group of this 32-k chunk (c >> 2) among the stage's zs words (gs 32, 64 or 128).
           const unsigned lg = many_groups ? unsigned((c >> 2) >> (gs_log2 - 5)) : 0u;
@@ -753,6 +771,9 @@ void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const
       case WeightFormat::Int4: return launch_weights<T, WeightFormat::Int4>(plan, args, stream);
       case WeightFormat::GgufQ4K: return launch_weights<T, WeightFormat::GgufQ4K>(plan, args, stream);
       case WeightFormat::GgufQ6K: return launch_weights<T, WeightFormat::GgufQ6K>(plan, args, stream);
+      case WeightFormat::GgufQ5K: return launch_weights<T, WeightFormat::GgufQ5K>(plan, args, stream);
+      case WeightFormat::GgufQ4_0: return launch_weights<T, WeightFormat::GgufQ4_0>(plan, args, stream);
+      case WeightFormat::GgufQ8_0: return launch_weights<T, WeightFormat::GgufQ8_0>(plan, args, stream);
       default: return launch_weights<T, WeightFormat::Bits16>(plan, args, stream);
     }
   });
@@ -798,11 +819,16 @@ void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int g
 }
 
 bool flat_gemm_gguf_format(uint32_t ggml_type, WeightFormat& format) {
-  constexpr uint32_t kQ4_K = 12, kQ6_K = 14;  // ggml's type numbers (io/gguf.h's GgmlType)
-  if (ggml_type == kQ4_K) format = WeightFormat::GgufQ4K;
-  else if (ggml_type == kQ6_K) format = WeightFormat::GgufQ6K;
-  else return false;
-  return true;
+  // ggml's type numbers (io/gguf.h's GgmlType)
+  constexpr uint32_t kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+  switch (ggml_type) {
+    case kQ4_0: format = WeightFormat::GgufQ4_0; return true;
+    case kQ8_0: format = WeightFormat::GgufQ8_0; return true;
+    case kQ4_K: format = WeightFormat::GgufQ4K; return true;
+    case kQ5_K: format = WeightFormat::GgufQ5K; return true;
+    case kQ6_K: format = WeightFormat::GgufQ6K; return true;
+    default: return false;
+  }
 }
 
 void flat_gemm_gguf(const void* x, uint32_t ggml_type, const void* w, const void* bias, void* y, int M, int N, int K,
@@ -811,7 +837,7 @@ void flat_gemm_gguf(const void* x, uint32_t ggml_type, const void* w, const void
   WeightParts parts;
   check(flat_gemm_gguf_format(ggml_type, parts.format), "flat_gemm_gguf: no flat GEMM for ggml type {}", ggml_type);
   check(M >= 1 && M <= kFlatGemmMaxM, "flat_gemm_gguf: M = {} out of range [1, {}]", M, kFlatGemmMaxM);
-  check(K % kBlockKGguf == 0, "flat_gemm_gguf: K = {} is not whole super-blocks of {}", K, kBlockKGguf);
+  check(K % kBlockKGguf == 0, "flat_gemm_gguf: K = {} is not a multiple of {}", K, kBlockKGguf);
   check(epilogue == Epilogue::SwiGLU || (ldy >= N && col0 >= 0 && col0 <= ldy - N),
         "flat_gemm_gguf: columns [{}, {}) of rows of {}", col0, col0 + N, ldy);
   parts.ldy = epilogue == Epilogue::SwiGLU ? 0 : ldy;

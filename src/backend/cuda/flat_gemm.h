@@ -25,9 +25,9 @@ namespace fdpp::cuda {
 enum class Epilogue { Store, StoreF32, AddF32, SwiGLU };
 
 // How the flat GEMM's weights are stored: 16-bit, e4m3 with row scales (fp8.h), 4-bit words with
-// group scales and zeros (int4.h), or GGUF's Q4_K / Q6_K super-blocks as the file stores them
-// (gguf_blocks.h). The plan's stage sizes depend on it.
-enum class WeightFormat { Bits16, Fp8, Int4, GgufQ4K, GgufQ6K };
+// group scales and zeros (int4.h), or GGUF blocks as the file stores them (gguf_blocks.h: Q4_K,
+// Q5_K and Q6_K super-blocks, Q4_0 and Q8_0 blocks). The plan's stage sizes depend on it.
+enum class WeightFormat { Bits16, Fp8, Int4, GgufQ4K, GgufQ6K, GgufQ5K, GgufQ4_0, GgufQ8_0 };
 
 // ImplB: flat GEMM on tensor cores, M padded to 8 (not 64), K streamed through shared memory by a
 // cp.async pipeline 3 to 6 stages deep (flat_gemm_plan), split-K where N alone cannot fill the GPU.
@@ -86,7 +86,7 @@ void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int g
                     size_t workspace_bytes, cudaStream_t stream);
 
 // The flat GEMM over GGUF blocks kept in place (gguf_blocks.h): w [N rows of gguf_row_bytes(type, K)],
-// type Q4_K or Q6_K (flat_gemm_gguf_format), K a multiple of 256, 16-byte aligned. Each super-block
+// a type flat_gemm_gguf_format takes, K a multiple of 256, 16-byte aligned. Each block
 // slice a lane reads is converted to `dtype` in registers before the MMA (x stays 16-bit: no 8-bit
 // activations). y's columns [col0, col0 + N) of rows of ldy elements (Store, StoreF32, AddF32), or
 // for SwiGLU y [M, N / 2] (ldy and col0 ignored). The workspace as flat_gemm_workspace_bytes(...,
@@ -94,7 +94,7 @@ void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int g
 void flat_gemm_gguf(const void* x, uint32_t ggml_type, const void* w, const void* bias, void* y, int M, int N, int K,
                     int ldy, int col0, DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes,
                     cudaStream_t stream);
-// The flat GEMM's format for a ggml type, or false where it has none (only Q4_K and Q6_K so far).
+// The flat GEMM's format for a ggml type (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K), or false where it has none.
 bool flat_gemm_gguf_format(uint32_t ggml_type, WeightFormat& format);
 
 void gemv_ex(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,

@@ -1,9 +1,11 @@
-// GGUF super-block fields read on the GPU: Q4_K's 6-bit scales and mins, and the conversions of a
-// slice of 8 consecutive weights of a Q4_K or Q6_K super-block to the 16-bit values of an MMA
-// fragment (flat_gemm.cu). The block GEMV (gguf_blocks.cu) shares the scale decoding. The layouts
-// are ggml's: Q4_K = d, dmin (f16), 12 scale bytes, 128 nibble bytes (bytes 32p .. 32p + 31 hold
-// elements 64p .. 64p + 31 in their low nibbles, 64p + 32 .. 64p + 63 in their high ones); Q6_K =
-// 128 low-nibble bytes, 64 bytes of 2-bit highs, 16 int8 scales (one per 16 elements), d (f16).
+// GGUF block fields read on the GPU: Q4_K's 6-bit scales and mins, and the conversions of a slice
+// of 8 consecutive weights of 256 (a Q4_K, Q5_K or Q6_K super-block, or eight Q4_0 or Q8_0 blocks)
+// to the 16-bit values of an MMA fragment (flat_gemm.cu). The block GEMV (gguf_blocks.cu) shares
+// the scale decoding. The layouts are ggml's: Q4_K = d, dmin (f16), 12 scale bytes, 128 nibble
+// bytes (bytes 32p .. 32p + 31 hold elements 64p .. 64p + 31 in their low nibbles, 64p + 32 ..
+// 64p + 63 in their high ones); Q5_K = Q4_K's head, 32 bytes of fifth bits, then its nibbles; Q6_K
+// = 128 low-nibble bytes, 64 bytes of 2-bit highs, 16 int8 scales (one per 16 elements), d (f16);
+// Q4_0 = d (f16), 16 nibble bytes; Q8_0 = d (f16), 32 int8.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -102,6 +104,78 @@ __device__ __forceinline__ uint4 gguf_q6k_chunk_to(const unsigned char* blk, int
     const uint32_t u = low | high | magic;
     const T2 v = __hmul2(__hsub2(*reinterpret_cast<const T2*>(&u), offset2), s2);
     r[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// Weights k = 8c .. 8c + 7 (c = 0..31) of the Q5_K super-block at blk (16-byte aligned): Q4_K's
+// nibbles with a fifth bit, bit j of qh[l] for element 32 j + l, as T(d sc_j) q - T(dmin m_j).
+template <class T>
+__device__ __forceinline__ uint4 gguf_q5k_chunk_to(const unsigned char* blk, int c) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const int j = c >> 2, l0 = 8 * (c & 3);
+  const uint4 head = *reinterpret_cast<const uint4*>(blk);
+  const uint32_t sc[3] = {head.y, head.z, head.w};
+  int s, m;
+  scale_min_k4(j, sc, s, m);
+  const T scale = from_float<T>(half_bits(head.x & 0xFFFF) * float(s));
+  const T neg_min = from_float<T>(-(half_bits(head.x >> 16) * float(m)));
+  const T2 s2{scale, scale}, nm2{neg_min, neg_min};
+  const uint32_t magic = int4_magic2<T>();
+  const T2 magic2 = *reinterpret_cast<const T2*>(&magic);
+  const uint2 qh = *reinterpret_cast<const uint2*>(blk + 16 + l0);
+  const uint2 q = *reinterpret_cast<const uint2*>(blk + 48 + 32 * (j >> 1) + l0);
+  const int shift = 4 * (j & 1);
+  uint32_t r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t high = ((byte_pair(qh.x, qh.y, i) >> j) & 0x00010001u) << 4;
+    const uint32_t u = ((byte_pair(q.x, q.y, i) >> shift) & 0x000F000Fu) | high | magic;
+    const T2 v = __hfma2(__hsub2(*reinterpret_cast<const T2*>(&u), magic2), s2, nm2);
+    r[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// Weights k = 8c .. 8c + 7 (c = 0..31) of the eight Q4_0 blocks of 32 at blk (18 bytes each, 2-byte
+// aligned; 4 bytes past the last readable): d (q - 8), element e of a block in the low nibble of its
+// byte e (e < 16) or the high nibble of byte e - 16; q - 8 converted exactly, then multiplied by
+// T(d) (exact in f16; bf16 rounds d first).
+template <class T>
+__device__ __forceinline__ uint4 gguf_q4_0_chunk_to(const unsigned char* blk, int c) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const unsigned char* b = blk + 18 * (c >> 2);
+  const uint32_t d_bits = uint32_t(b[0]) | uint32_t(b[1]) << 8;
+  const T d = from_float<T>(half_bits(d_bits));
+  const T2 d2{d, d};
+  const uint32_t magic = int4_magic2<T>(), magic8 = magic + 0x00080008u;  // magic + 8: exact in both types
+  const T2 offset2 = *reinterpret_cast<const T2*>(&magic8);
+  const uint2 q = load8_a2(b + 2 + 8 * (c & 1));
+  const int shift = 4 * ((c >> 1) & 1);
+  uint32_t r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t u = ((byte_pair(q.x, q.y, i) >> shift) & 0x000F000Fu) | magic;
+    const T2 v = __hmul2(__hsub2(*reinterpret_cast<const T2*>(&u), offset2), d2);
+    r[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// Weights k = 8c .. 8c + 7 (c = 0..31) of the eight Q8_0 blocks of 32 at blk (34 bytes each, 2-byte
+// aligned; 4 bytes past the last readable): d q for the int8 q in fp32, rounded once to T.
+template <class T>
+__device__ __forceinline__ uint4 gguf_q8_0_chunk_to(const unsigned char* blk, int c) {
+  const unsigned char* b = blk + 34 * (c >> 2);
+  const uint32_t d_bits = uint32_t(b[0]) | uint32_t(b[1]) << 8;
+  const float d = half_bits(d_bits);
+  const uint2 q = load8_a2(b + 2 + 8 * (c & 3));
+  uint32_t r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t word = i < 2 ? q.x : q.y;
+    const int lo = int(int8_t(word >> (16 * (i & 1)))), hi = int(int8_t(word >> (16 * (i & 1) + 8)));
+    r[i] = pack2<T>(d * float(lo), d * float(hi));
   }
   return make_uint4(r[0], r[1], r[2], r[3]);
 }
