@@ -250,6 +250,25 @@ TEST(RepackWeights, ExpertStacksStayAViewPerExpert) {
   EXPECT_EQ(out, ref);
 }
 
+// A GGUF file loaded twice: dequantized to fp32 (the reference) and in its stored blocks as the CPU
+// runs them (cpu::stored_load_options). As load_model takes a GGUF file, without the tokenizer the
+// tiny files lack.
+struct StoredAndFp32 {
+  ModelConfig config;
+  DecoderWeights fp32, stored;
+};
+StoredAndFp32 load_stored_and_fp32(const std::string& path) {
+  const auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
+  StoredAndFp32 m;
+  m.config = llama_config_from_gguf(*file);
+  const auto specs = llama_gguf_tensor_specs(m.config);
+  m.fp32 = load_gguf_weights(file, m.config, specs, {});
+  const LoadOptions options = cpu::stored_load_options();
+  m.stored = load_gguf_weights(file, m.config, specs, {}, options.stored_types);
+  options.prepare_stored(m.stored, file->on_disk());
+  return m;
+}
+
 // The tiny Llama GGUF (every block type fdpp reads, tiny_gguf.h) through the stored path against
 // the same file dequantized to fp32: 8-bit activations in every quantized product, two layers deep.
 // The GPU's block test (tests/gpu/test_gguf_blocks.cpp) compares the two engines on this file, and
@@ -258,13 +277,9 @@ TEST(RepackWeights, TinyGgufOfEveryBlockTypeGivesTheFp32Logits) {
   const auto dir = test::scratch_dir("repack_tiny");
   const std::string path = (dir / "tiny.gguf").string();
   test::write_tiny_llama_gguf(path);
-  const auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
-  const ModelConfig c = llama_config_from_gguf(*file);
-  const auto specs = llama_gguf_tensor_specs(c);
-  const DecoderWeights ref = load_gguf_weights(file, c, specs, {});
-  const LoadOptions options = cpu::stored_load_options();
-  DecoderWeights fast = load_gguf_weights(file, c, specs, {}, options.stored_types);
-  options.prepare_stored(fast, file->on_disk());
+  const StoredAndFp32 m = load_stored_and_fp32(path);
+  const ModelConfig& c = m.config;
+  const DecoderWeights &ref = m.fp32, &fast = m.stored;
   const std::vector<int32_t> ids{1, 7, 42, 99, 150, 201, 250, 299, 3, 77, 123, 180};
   const int vocab = c.vocab_size;
   std::vector<float> a(ids.size() * vocab), b(ids.size() * vocab, NAN);
@@ -295,14 +310,9 @@ TEST(RepackWeights, QuantizedExpertStacksRunAWholeMoeModel) {
     const auto bytes = test::tiny_moe_gguf(ffn, types);
     std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
                                                 static_cast<std::streamsize>(bytes.size()));
-    // As load_model takes a GGUF file, without the tokenizer the tiny file lacks.
-    const auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::open(path));
-    const ModelConfig c = llama_config_from_gguf(*file);
-    const auto specs = llama_gguf_tensor_specs(c);
-    const DecoderWeights ref = load_gguf_weights(file, c, specs, {});
-    const LoadOptions options = cpu::stored_load_options();
-    DecoderWeights fast = load_gguf_weights(file, c, specs, {}, options.stored_types);
-    options.prepare_stored(fast, file->on_disk());
+    const StoredAndFp32 m = load_stored_and_fp32(path);
+    const ModelConfig& c = m.config;
+    const DecoderWeights &ref = m.fp32, &fast = m.stored;
     const StoredMatrix& gate = fast.layers[0].experts_gate.stored;
     ASSERT_FALSE(gate.empty());
     EXPECT_EQ(gate.matrices, 4);
