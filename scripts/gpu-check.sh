@@ -428,9 +428,10 @@ if stage gguf; then
     if PYTHONPATH=/tmp/gguf_py python3 "$root/bench/make_random_llama_gguf.py" /tmp/llama7b-$mix.gguf --mix $mix >"$OUT/make_$mix.txt" 2>&1; then
       run_bench llama-2-7b-$mix -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1,8,16,64 -c 1024 -p 512
       # The same file with the linear kernels forced (FDPP_GGUF_LINEAR="gemv flat": the block GEMV
-      # at every batch, the flat GEMM over the blocks), beside the dispatcher's own choice.
+      # at every batch, the flat GEMM over the blocks), beside the dispatcher's own choice, at
+      # FDPP_GGUF_LINEAR_BATCHES.
       for linear in ${FDPP_GGUF_LINEAR:-}; do
-        run_bench llama-2-7b-$mix-$linear -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1,4,8,16,64 -c 1024 --linear $linear
+        run_bench llama-2-7b-$mix-$linear -m /tmp/llama7b-$mix.gguf --dtype f16 -b "${FDPP_GGUF_LINEAR_BATCHES:-1,4,8,16,64}" -c 1024 -p 512 --linear $linear
       done
       # Host memory and time of the load (the loader's own line: peak RSS, weights streamed), twice:
       # the first read from disk, the second from the page cache.

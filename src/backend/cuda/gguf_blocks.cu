@@ -54,10 +54,12 @@ __host__ __device__ constexpr BlockShape block_shape(uint32_t t) {
 __host__ __device__ constexpr bool is_k_quant(uint32_t t) { return t == kQ4_K || t == kQ5_K || t == kQ6_K; }
 // Elements of one lane task.
 __host__ __device__ constexpr int task_elems(uint32_t t) { return is_k_quant(t) ? 64 : 32; }
-// Tasks per lane per pass, all loaded before the first is used: two of the small 32-element blocks,
-// one K-quant task (64 elements with their scales take the registers of two already; two at one or
-// two rows of x measured no faster).
-__host__ __device__ constexpr int tasks_per_pass(uint32_t t) { return is_k_quant(t) ? 1 : 2; }
+// Tasks per lane per pass, all loaded before the first is used: two of the small 32-element blocks;
+// one K-quant task (64 elements with their scales take the registers of two already) from three
+// rows of x, two at one or two rows, where the registers allow it. The first pass's weights are
+// read before the programmatic-launch wait, so two tasks a lane put twice the bytes in flight
+// while the previous kernel drains (docs/kernels/gguf_blocks.md).
+__host__ __device__ constexpr int tasks_per_pass(uint32_t t, int M) { return is_k_quant(t) && M > 2 ? 1 : 2; }
 
 // ---- the quantized-x layout (gguf_act_bytes) --------------------------------------------------
 
@@ -395,7 +397,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     gguf_gemv_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int N, int K,
                      const uint8_t* __restrict__ act, ActLayout L, int row0, const T* __restrict__ bias,
                      void* __restrict__ y, int ldy, int col0, Epilogue epilogue) {
-  constexpr int R = kRows, U = tasks_per_pass(Q);
+  constexpr int R = kRows, U = tasks_per_pass(Q, M);
   detail::pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int unit = blockIdx.x * kWarps + warp;
