@@ -192,19 +192,24 @@ TEST_F(GgufBlocksGpu, FlatGemmOverEveryFlatTypeMatchesTheDequantizedProduct) {
 
 // The prefill path's dequantization: the host's dequantization rounded to 16 bits, bit for bit.
 TEST_F(GgufBlocksGpu, DequantizeIsTheHostDequantizationBitForBit) {
-  const int N = 5, K = 512;
+  const int N = 5;
   for (const GgmlType t : kTypes) {
-    const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
-    std::vector<float> f(size_t(N) * K);
-    gguf::dequantize(t, w.data(), f.data(), f.size());
-    cuda::DeviceBuffer blocks(w.size() + cuda::kGgufBlocksTailBytes);
-    cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
-    for (const DType dt : {DType::F16, DType::BF16}) {
-      DeviceBuffer<uint16_t> out(f.size());
-      out.poison();
-      cuda::gguf_dequantize({u32(t), N, blocks.get()}, K, dt, out.get(), nullptr);
-      sync("gguf_dequantize");
-      EXPECT_EQ(out.download(), to_bits(f, dt)) << gguf::type_name(t) << " " << name(dt);
+    // A warp converts 256 weights of a row: rows of 32-element blocks may end in a partial span.
+    const std::vector<int> ks =
+        gguf::block_elements(t) == 256 ? std::vector<int>{256, 768} : std::vector<int>{96, 512, 800};
+    for (const int K : ks) {
+      const std::vector<uint8_t> w = random_stored(t, uint64_t(N) * K);
+      std::vector<float> f(size_t(N) * K);
+      gguf::dequantize(t, w.data(), f.data(), f.size());
+      cuda::DeviceBuffer blocks(w.size() + cuda::kGgufBlocksTailBytes);
+      cuda_ok(cudaMemcpy(blocks.get(), w.data(), w.size(), cudaMemcpyHostToDevice), "upload");
+      for (const DType dt : {DType::F16, DType::BF16}) {
+        DeviceBuffer<uint16_t> out(f.size());
+        out.poison();
+        cuda::gguf_dequantize({u32(t), N, blocks.get()}, K, dt, out.get(), nullptr);
+        sync("gguf_dequantize");
+        EXPECT_EQ(out.download(), to_bits(f, dt)) << gguf::type_name(t) << " " << name(dt) << " K=" << K;
+      }
     }
   }
 }

@@ -475,61 +475,84 @@ void launch_type(const GgufSegment& seg, const uint8_t* act, const ActLayout& L,
 
 // ---- dequantization (products above kFlatGemmMaxM rows) -------------------------------------------
 
-// One thread per task: its 32 or 64 weights as the host's dequantization computes them (gguf_dequant.cpp's
-// fp32 operations, uncontracted), rounded to T, stored 8 at a time.
-template <class T, uint32_t Q>
-__global__ void __launch_bounds__(256) dequantize_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int N,
-                                                         int K, T* __restrict__ out) {
-  const int tasks = K / task_elems(Q);
-  const int64_t id = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (id >= int64_t(N) * tasks) return;
-  const int n = int(id / tasks), t = int(id % tasks);
-  TaskWeights tw;
-  load_task<Q>(w + size_t(n) * row_bytes, t, tw);
-  const TaskValues v = unpack_task<Q>(tw, t);
-  // Byte j of word i of lo / hi, as a weight.
-  auto value = [&](uint32_t word, int j, int run) {
-    const uint32_t byte = (word >> (8 * j)) & 0xFF;
-    const float q = float(byte);
-    if constexpr (Q == kQ4_0) return __fmul_rn(q - 8.f, v.d);
-    else if constexpr (Q == kQ4_1) return __fadd_rn(__fmul_rn(q, v.d), v.m);
-    else if constexpr (Q == kQ8_0) return __fmul_rn(float(int8_t(uint8_t(byte))), v.d);
-    else if constexpr (Q == kQ4_K || Q == kQ5_K) {
-      const float d1 = __fmul_rn(v.d, float(run == 0 ? v.s0 : v.s2)), m1 = __fmul_rn(v.m, float(run == 0 ? v.s1 : v.s3));
-      return __fsub_rn(__fmul_rn(d1, q), m1);
-    } else {  // Q6_K: run 0..3 = the scales of 16
-      const int sc = run == 0 ? v.s0 : run == 1 ? v.s1 : run == 2 ? v.s2 : v.s3;
-      return __fmul_rn(__fmul_rn(v.d, float(sc)), q - 32.f);
+// A warp per 256 weights of a row (a super-block, or eight blocks of 32), lane c converting weights
+// 8c .. 8c + 7 and storing them as one 16-byte store, so that each store instruction of the warp
+// writes 512 contiguous bytes (a thread per 32- or 64-weight task wrote 16 bytes each at a
+// 128-byte stride). The values are the host's dequantization's (gguf_dequant.cpp's fp32 operations,
+// uncontracted), rounded to T.
+template <uint32_t Q>
+__device__ __forceinline__ void chunk_fp32(const uint8_t* __restrict__ span, int c, float (&v)[8]) {
+  using detail::load8_a2;
+  // Byte i (0..7) of the 8 at q, shifted right by `shift` and masked.
+  auto nib = [](const uint2& q, int i, int shift, uint32_t mask) {
+    return ((i < 4 ? q.x : q.y) >> (8 * (i & 3) + shift)) & mask;
+  };
+  if constexpr (Q == kQ4_0 || Q == kQ4_1 || Q == kQ8_0) {
+    constexpr int kBlock = Q == kQ4_0 ? 18 : Q == kQ4_1 ? 20 : 34, kHead = Q == kQ4_1 ? 4 : 2;
+    const uint8_t* b = span + kBlock * (c >> 2);
+    const float d = half_bits(uint32_t(b[0]) | uint32_t(b[1]) << 8);
+    if constexpr (Q == kQ8_0) {
+      const uint2 q = load8_a2(b + kHead + 8 * (c & 3));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(float(int8_t(uint8_t(nib(q, i, 0, 0xFF)))), d);
+    } else {
+      // Elements 0..15 of a block in the low nibbles of its 16 bytes, 16..31 in the high ones.
+      const uint2 q = load8_a2(b + kHead + 8 * (c & 1));
+      const int shift = 4 * ((c >> 1) & 1);
+      const float m = Q == kQ4_1 ? half_bits(uint32_t(b[2]) | uint32_t(b[3]) << 8) : 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float q4 = float(nib(q, i, shift, 0xF));
+        v[i] = Q == kQ4_0 ? __fmul_rn(q4 - 8.f, d) : __fadd_rn(__fmul_rn(q4, d), m);
+      }
     }
-  };
-  // 8 weights from words i and i + 1 of `words`, stored at element e of the row.
-  auto store8 = [&](const uint32_t* words, int i, int run, int64_t e) {
-    alignas(16) T h[8];
+  } else if constexpr (Q == kQ4_K || Q == kQ5_K) {
+    const int j = c >> 2, l0 = 8 * (c & 3);
+    const uint4 head = __ldg(reinterpret_cast<const uint4*>(span));
+    const uint32_t sc[3] = {head.y, head.z, head.w};
+    int s, m;
+    scale_min_k4(j, sc, s, m);
+    const float d1 = __fmul_rn(half_bits(head.x & 0xFFFF), float(s)), m1 = __fmul_rn(half_bits(head.x >> 16), float(m));
+    const uint2 q = __ldg(reinterpret_cast<const uint2*>(span + (Q == kQ4_K ? 16 : 48) + 32 * (j >> 1) + l0));
+    uint2 qh = make_uint2(0, 0);
+    if constexpr (Q == kQ5_K) qh = __ldg(reinterpret_cast<const uint2*>(span + 16 + l0));
 #pragma unroll
-    for (int j = 0; j < 8; ++j) h[j] = from_float<T>(value(words[i + j / 4], j % 4, run));
-    *reinterpret_cast<uint4*>(out + int64_t(n) * K + e) = *reinterpret_cast<const uint4*>(h);
-  };
-  if constexpr (Q == kQ4_0 || Q == kQ4_1) {
-    const int64_t e0 = int64_t(t) * 32;
-    store8(v.lo, 0, 0, e0);
-    store8(v.lo, 2, 0, e0 + 8);
-    store8(v.hi, 0, 0, e0 + 16);
-    store8(v.hi, 2, 0, e0 + 24);
-  } else if constexpr (Q == kQ8_0) {
-    const int64_t e0 = int64_t(t) * 32;
+    for (int i = 0; i < 8; ++i) {
+      uint32_t q5 = nib(q, i, 4 * (j & 1), 0xF);
+      if constexpr (Q == kQ5_K) q5 |= nib(qh, i, j, 1) << 4;
+      v[i] = __fsub_rn(__fmul_rn(d1, float(q5)), m1);
+    }
+  } else {  // Q6_K
+    const int h = c >> 4, kk = (c >> 2) & 3, l0 = 8 * (c & 3);
+    const uint2 ql = load8_a2(span + 64 * h + 32 * (kk & 1) + l0);
+    const uint2 qh = load8_a2(span + 128 + 32 * h + l0);
+    const int sc = int(int8_t(span[192 + 8 * h + 2 * kk + (l0 >> 4)]));
+    const float d1 = __fmul_rn(half_bits(uint32_t(span[208]) | uint32_t(span[209]) << 8), float(sc));
 #pragma unroll
-    for (int i = 0; i < 8; i += 2) store8(v.lo, i, 0, e0 + 4 * i);
-  } else {
-    const int64_t sb = int64_t(t >> 2) * 256;
-    const int e_lo = Q == kQ6_K ? 128 * ((t >> 1) & 1) + 32 * (t & 1) : 64 * (t & 3);
-    const int e_hi = e_lo + (Q == kQ6_K ? 64 : 32);
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      // Q6_K's scales change every 16 elements (words 0-3, 4-7); Q4_K/Q5_K's every 32 (lo, hi).
-      store8(v.lo, i, Q == kQ6_K ? i / 4 : 0, sb + e_lo + 4 * i);
-      store8(v.hi, i, Q == kQ6_K ? 2 + i / 4 : 1, sb + e_hi + 4 * i);
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t q6 = nib(ql, i, 4 * (kk >> 1), 0xF) | nib(qh, i, 2 * kk, 3) << 4;
+      v[i] = __fmul_rn(d1, float(q6) - 32.f);
     }
   }
+}
+
+template <class T, uint32_t Q>
+__global__ void __launch_bounds__(kWarps * 32) dequantize_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes,
+                                                                 int N, int K, T* __restrict__ out) {
+  constexpr int kSpanBytes = block_shape(Q).bytes * (256 / block_shape(Q).elems);
+  const int spans = (K + 255) / 256;  // the last one partial where K is not a multiple of 256 (32-blocks)
+  const int64_t span = blockIdx.x * int64_t(kWarps) + (threadIdx.x >> 5);
+  const int c = threadIdx.x & 31;
+  if (span >= int64_t(N) * spans) return;
+  const int n = int(span / spans), s = int(span % spans);
+  const int e = 256 * s + 8 * c;
+  if (e >= K) return;
+  float v[8];
+  chunk_fp32<Q>(w + size_t(n) * row_bytes + size_t(s) * kSpanBytes, c, v);
+  alignas(16) T h[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) h[i] = from_float<T>(v[i]);
+  *reinterpret_cast<uint4*>(out + int64_t(n) * K + e) = *reinterpret_cast<const uint4*>(h);
 }
 
 }  // namespace
@@ -618,20 +641,20 @@ void gguf_dequantize(const GgufSegment& seg, int K, DType dtype, void* w16, cuda
   check(seg.blocks != nullptr && w16 != nullptr, "gguf_dequantize: null pointer");
   if (const char* why = gguf_shape_problem(seg.type, K)) fail("gguf_dequantize: type {}, K = {}: {}", seg.type, K, why);
   check(detail::aligned16(seg.blocks) && detail::aligned16(w16), "gguf_dequantize: pointers must be 16-byte aligned");
-  const int64_t threads = int64_t(seg.rows) * (K / task_elems(seg.type));
-  const unsigned blocks = unsigned((threads + 255) / 256);
+  const int64_t warps = int64_t(seg.rows) * ((K + 255) / 256);
+  const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
   const auto* w = static_cast<const uint8_t*>(seg.blocks);
   const uint64_t rb = gguf_row_bytes(seg.type, K);
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     T* out = static_cast<T*>(w16);
     switch (seg.type) {
-      case kQ4_0: return dequantize_kernel<T, kQ4_0><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
-      case kQ4_1: return dequantize_kernel<T, kQ4_1><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
-      case kQ8_0: return dequantize_kernel<T, kQ8_0><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
-      case kQ4_K: return dequantize_kernel<T, kQ4_K><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
-      case kQ5_K: return dequantize_kernel<T, kQ5_K><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
-      default: return dequantize_kernel<T, kQ6_K><<<blocks, 256, 0, stream>>>(w, rb, seg.rows, K, out);
+      case kQ4_0: return dequantize_kernel<T, kQ4_0><<<blocks, kWarps * 32, 0, stream>>>(w, rb, seg.rows, K, out);
+      case kQ4_1: return dequantize_kernel<T, kQ4_1><<<blocks, kWarps * 32, 0, stream>>>(w, rb, seg.rows, K, out);
+      case kQ8_0: return dequantize_kernel<T, kQ8_0><<<blocks, kWarps * 32, 0, stream>>>(w, rb, seg.rows, K, out);
+      case kQ4_K: return dequantize_kernel<T, kQ4_K><<<blocks, kWarps * 32, 0, stream>>>(w, rb, seg.rows, K, out);
+      case kQ5_K: return dequantize_kernel<T, kQ5_K><<<blocks, kWarps * 32, 0, stream>>>(w, rb, seg.rows, K, out);
+      default: return dequantize_kernel<T, kQ6_K><<<blocks, kWarps * 32, 0, stream>>>(w, rb, seg.rows, K, out);
     }
   });
   check_launch("gguf_dequantize");
