@@ -120,8 +120,8 @@ TEST_F(GgufBlocksGpu, FlatGemmOverEveryFlatTypeMatchesTheDequantizedProduct) {
   cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   const int N = 100, ldy = 117, col0 = 9;
   cuda::WeightFormat none;
-  EXPECT_FALSE(cuda::flat_gemm_gguf_format(u32(GgmlType::Q4_1), none)) << "Q4_1 has no flat format";
-  for (const GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::Q8_0}) {
+  EXPECT_FALSE(cuda::flat_gemm_gguf_format(u32(GgmlType::Q5_0), none)) << "a type the GPU does not keep";
+  for (const GgmlType t : kTypes) {
     cuda::WeightFormat format;
     ASSERT_TRUE(cuda::flat_gemm_gguf_format(u32(t), format)) << gguf::type_name(t);
     for (const int K : {256, 4352}) {
@@ -215,7 +215,7 @@ TEST_F(GgufBlocksGpu, DequantizeIsTheHostDequantizationBitForBit) {
 }
 
 // run_gguf over a matrix of three segments (q/k/v of a Q4_K_M file: two types, and a third), a
-// gate/up of one segment and of two, each through the flat GEMM and through the block GEMV: every epilogue, M across the GEMV's 8-row launches and past
+// gate/up of one segment and of two, by the dispatcher's choice and with the block GEMV forced: every epilogue, M across the GEMV's 8-row launches and past
 // kFlatGemmMaxM (dequantized for cuBLASLt), against fp64 over the dequantized weights.
 TEST_F(GgufBlocksGpu, RunGgufMatchesTheReferenceForSegmentsEpiloguesAndRows) {
   const int K = 768;
@@ -225,84 +225,88 @@ TEST_F(GgufBlocksGpu, RunGgufMatchesTheReferenceForSegmentsEpiloguesAndRows) {
   };
   const std::vector<std::vector<Part>> matrices = {
       {{GgmlType::Q4_K, 40}, {GgmlType::Q6_K, 24}, {GgmlType::Q8_0, 64}},
-      {{GgmlType::Q5_K, 96}},                        // one segment: SwiGLU fused in the GEMV
+      {{GgmlType::Q5_K, 96}},                        // one segment: SwiGLU fused in the kernel
       {{GgmlType::Q4_K, 48}, {GgmlType::Q6_K, 48}},  // SwiGLU over two types: through silu_mul
-      {{GgmlType::Q6_K, 40}, {GgmlType::Q4_K, 64}},  // the flat GEMM's types: its segments' columns
-      {{GgmlType::Q4_K, 128}},                       // SwiGLU fused in the flat GEMM
-      // Q4_1 has no flat format: the block GEMV at every M up to 64 (8 rows a launch).
+      {{GgmlType::Q6_K, 40}, {GgmlType::Q4_K, 64}},  // segments' columns of y
+      {{GgmlType::Q4_K, 128}},                       // SwiGLU fused, two 64-row tiles
       {{GgmlType::Q4_K, 40}, {GgmlType::Q4_1, 24}, {GgmlType::Q8_0, 64}},
-      {{GgmlType::Q4_1, 48}, {GgmlType::Q5_K, 48}},  // SwiGLU over two types in the GEMV
+      {{GgmlType::Q4_1, 48}, {GgmlType::Q5_K, 48}},  // SwiGLU over two types
   };
-  for (const DType dt : {DType::F16, DType::BF16}) {
-    LinearChooser chooser;
-    cuda::LinearDispatcher dispatcher(dt, chooser);
-    for (const auto& parts : matrices) {
-      int N = 0;
-      std::vector<std::vector<uint8_t>> stored;
-      std::vector<float> wf;  // [N, K] dequantized
-      size_t bytes = 0;
-      for (const Part& p : parts) {
-        stored.push_back(random_stored(p.t, uint64_t(p.rows) * K));
-        std::vector<float> f(size_t(p.rows) * K);
-        gguf::dequantize(p.t, stored.back().data(), f.data(), f.size());
-        wf.insert(wf.end(), f.begin(), f.end());
-        N += p.rows;
-        bytes += (stored.back().size() + 15) / 16 * 16;
-      }
-      cuda::DeviceBuffer blocks(bytes + cuda::kGgufBlocksTailBytes);
-      cuda::GgufMatrix m;
-      size_t at = 0;
-      for (size_t i = 0; i < parts.size(); ++i) {
-        cuda_ok(cudaMemcpy(blocks.as<uint8_t>() + at, stored[i].data(), stored[i].size(), cudaMemcpyHostToDevice),
-                "upload");
-        m.segments[m.count++] = {u32(parts[i].t), parts[i].rows, blocks.as<uint8_t>() + at};
-        at += (stored[i].size() + 15) / 16 * 16;
-      }
-      std::vector<float> bf;
-      DeviceBuffer<uint16_t> bias(random_bits(size_t(N), dt, bf, 0.1f));
-      for (const int M : {1, 5, 12, 70}) {
-        std::vector<float> xf;  // small: the random blocks' products would overflow f16 in SwiGLU
-        DeviceBuffer<uint16_t> x(random_bits(size_t(M) * K, dt, xf, 0.05f));
-        std::vector<double> dot(size_t(M) * N);
-        for (int r = 0; r < M; ++r)
-          for (int n = 0; n < N; ++n) {
-            double s = 0;
-            for (int k = 0; k < K; ++k) s += double(xf[size_t(r) * K + k]) * wf[size_t(n) * K + k];
-            dot[size_t(r) * N + n] = s + bf[n];
-          }
-        for (const Epilogue ep : {Epilogue::Store, Epilogue::AddF32, Epilogue::SwiGLU}) {
-          const int cols = ep == Epilogue::SwiGLU ? N / 2 : N;
-          const std::string what = fmt::format("run_gguf {} {} segments M={} {}", name(dt), parts.size(), M,
-                                               epilogue_name(ep));
-          std::vector<float> init(size_t(M) * cols, 0.f), out;
-          if (ep == Epilogue::AddF32) {
-            init = random_vector(init.size());
-            DeviceBuffer<float> y(init);
-            dispatcher.run_gguf(x.get(), m, bias.get(), y.get(), M, N, K, dt, ep, nullptr);
-            sync(what);
-            out = y.download();
-          } else {
-            DeviceBuffer<uint16_t> y(init.size());
-            y.poison();
-            dispatcher.run_gguf(x.get(), m, bias.get(), y.get(), M, N, K, dt, ep, nullptr);
-            sync(what);
-            out = from_bits(y.download(), dt);
-          }
-          std::vector<float> ref(init.size());
+  // The dispatcher's own choice (the block GEMV at one or two rows, the flat GEMM to 64, cuBLASLt
+  // above), and --linear gemv (the block GEMV at every M, 8 rows a launch).
+  for (const LinearMode mode : {LinearMode::Auto, LinearMode::Gemv}) {
+    for (const DType dt : {DType::F16, DType::BF16}) {
+      LinearChooser chooser;
+      chooser.set_mode(mode);
+      cuda::LinearDispatcher dispatcher(dt, chooser);
+      for (const auto& parts : matrices) {
+        int N = 0;
+        std::vector<std::vector<uint8_t>> stored;
+        std::vector<float> wf;  // [N, K] dequantized
+        size_t bytes = 0;
+        for (const Part& p : parts) {
+          stored.push_back(random_stored(p.t, uint64_t(p.rows) * K));
+          std::vector<float> f(size_t(p.rows) * K);
+          gguf::dequantize(p.t, stored.back().data(), f.data(), f.size());
+          wf.insert(wf.end(), f.begin(), f.end());
+          N += p.rows;
+          bytes += (stored.back().size() + 15) / 16 * 16;
+        }
+        cuda::DeviceBuffer blocks(bytes + cuda::kGgufBlocksTailBytes);
+        cuda::GgufMatrix m;
+        size_t at = 0;
+        for (size_t i = 0; i < parts.size(); ++i) {
+          cuda_ok(cudaMemcpy(blocks.as<uint8_t>() + at, stored[i].data(), stored[i].size(), cudaMemcpyHostToDevice),
+                  "upload");
+          m.segments[m.count++] = {u32(parts[i].t), parts[i].rows, blocks.as<uint8_t>() + at};
+          at += (stored[i].size() + 15) / 16 * 16;
+        }
+        std::vector<float> bf;
+        DeviceBuffer<uint16_t> bias(random_bits(size_t(N), dt, bf, 0.1f));
+        for (const int M : {1, 5, 12, 70}) {
+          std::vector<float> xf;  // small: the random blocks' products would overflow f16 in SwiGLU
+          DeviceBuffer<uint16_t> x(random_bits(size_t(M) * K, dt, xf, 0.05f));
+          std::vector<double> dot(size_t(M) * N);
           for (int r = 0; r < M; ++r)
-            for (int j = 0; j < cols; ++j) {
-              const float a = float(dot[size_t(r) * N + j]);
-              const float u = ep == Epilogue::SwiGLU ? float(dot[size_t(r) * N + cols + j]) : 0.f;
-              ref[size_t(r) * cols + j] = ep == Epilogue::SwiGLU   ? a / (1.f + std::exp(-a)) * u
-                                          : ep == Epilogue::AddF32 ? init[size_t(r) * cols + j] + a
-                                                                   : a;
+            for (int n = 0; n < N; ++n) {
+              double s = 0;
+              for (int k = 0; k < K; ++k) s += double(xf[size_t(r) * K + k]) * wf[size_t(n) * K + k];
+              dot[size_t(r) * N + n] = s + bf[n];
             }
-          // The block GEMV: x in 8 bits per block, the CPU's stored path (1.3e-4 measured on an H100
-          // with these random blocks, whose K-quant minimums make each block's sum count): the
-          // 16-bit kernels' bound against the fp32 reference; the flat GEMM and cuBLASLt: the
-          // weights rounded to 16 bits. A wrong nibble, scale or segment offset gives O(1).
-          const bool blocks = dispatcher.gguf_choice(M, m) == LinearImpl::Gemv;
-          expect_close(out, ref, {blocks ? 5e-4 : dt == DType::F16 ? 1e-4 : 2e-4, 0, 0}, what);
+          for (const Epilogue ep : {Epilogue::Store, Epilogue::AddF32, Epilogue::SwiGLU}) {
+            const int cols = ep == Epilogue::SwiGLU ? N / 2 : N;
+            const std::string what = fmt::format("run_gguf {} {} {} segments M={} {}", linear_mode_name(mode), name(dt),
+                                                 parts.size(), M, epilogue_name(ep));
+            std::vector<float> init(size_t(M) * cols, 0.f), out;
+            if (ep == Epilogue::AddF32) {
+              init = random_vector(init.size());
+              DeviceBuffer<float> y(init);
+              dispatcher.run_gguf(x.get(), m, bias.get(), y.get(), M, N, K, dt, ep, nullptr);
+              sync(what);
+              out = y.download();
+            } else {
+              DeviceBuffer<uint16_t> y(init.size());
+              y.poison();
+              dispatcher.run_gguf(x.get(), m, bias.get(), y.get(), M, N, K, dt, ep, nullptr);
+              sync(what);
+              out = from_bits(y.download(), dt);
+            }
+            std::vector<float> ref(init.size());
+            for (int r = 0; r < M; ++r)
+              for (int j = 0; j < cols; ++j) {
+                const float a = float(dot[size_t(r) * N + j]);
+                const float u = ep == Epilogue::SwiGLU ? float(dot[size_t(r) * N + cols + j]) : 0.f;
+                ref[size_t(r) * cols + j] = ep == Epilogue::SwiGLU   ? a / (1.f + std::exp(-a)) * u
+                                            : ep == Epilogue::AddF32 ? init[size_t(r) * cols + j] + a
+                                                                     : a;
+              }
+            // The block GEMV: x in 8 bits per block, the CPU's stored path (1.3e-4 measured on an H100
+            // with these random blocks, whose K-quant minimums make each block's sum count): the
+            // 16-bit kernels' bound against the fp32 reference; the flat GEMM and cuBLASLt: the
+            // weights rounded to 16 bits. A wrong nibble, scale or segment offset gives O(1).
+            const bool blocks = dispatcher.gguf_choice(M, m) == LinearImpl::Gemv;
+            expect_close(out, ref, {blocks ? 5e-4 : dt == DType::F16 ? 1e-4 : 2e-4, 0, 0}, what);
+          }
         }
       }
     }
@@ -333,9 +337,10 @@ TEST_F(GgufBlocksGpu, TinyGgufInItsBlocksStepsLikeTheCpuEngine) {
   const EngineLimits l = small_step_limits(c, 1024);
   CpuEngine cpu(c, cpu_weights, l);
   // Decode steps of three rows after a prefill of 70+ tokens a row (dequantized for cuBLASLt). The
-  // block GEMV (--linear gemv) computes the CPU's 8-bit arithmetic; by default layer 1's Q4_K down
-  // projection goes to the flat GEMM at three rows (16-bit x), whose distance from the CPU is then
-  // the CPU's own 8-bit rounding (bounded on the CPU: test_quant_repack.cpp).
+  // block GEMV (--linear gemv) computes the CPU's 8-bit arithmetic; by default the matrices whose
+  // parts all have a flat format (layer 0's q/k/v and o, layer 1's down) go to the flat GEMM at
+  // three rows (16-bit x), whose distance from the CPU is then the CPU's own 8-bit rounding (bounded
+  // on the CPU: test_quant_repack.cpp).
   for (const std::string linear : {"gemv", ""}) {
     const std::string mode = linear.empty() ? "default" : linear;
     std::unique_ptr<Engine> gpu = plan_gpu_engine(c, plan, l, "none", linear);

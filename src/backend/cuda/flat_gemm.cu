@@ -72,15 +72,15 @@ constexpr int kBlockK = 128;
 // 4-bit weights at up to 16 tokens: 256 k per stage (8 KB of words for 64 rows), so that a stage
 // and its barrier carry half the bytes of a 16-bit one, not an eighth (their x tiles stay small).
 constexpr int kBlockKInt4 = 256;
-// GGUF blocks: a stage is 256 k (one super-block, or eight Q4_0 / Q8_0 blocks) of each of the 64
-// rows. A row's slice in shared memory is the stored bytes as they are where they are 16-byte
-// aligned (Q4_K 144, Q5_K 176, Q4_0 144, Q8_0 272 bytes: whole 16-byte chunks, so every stage of
-// a row starts aligned), or Q6_K's 210 bytes copied from the 16-byte boundary at or below them
-// (2-byte aligned), in 224.
+// GGUF blocks: a stage is 256 k (one super-block, or eight Q4_0 / Q4_1 / Q8_0 blocks) of each of
+// the 64 rows. A row's slice in shared memory is the stored bytes as they are where those are whole
+// 16-byte chunks (Q4_K 144, Q5_K 176, Q4_0 144, Q4_1 160, Q8_0 272 bytes, so every stage of a row
+// starts aligned), or Q6_K's 210 bytes copied from the 16-byte boundary at or below them (2-byte
+// aligned), in 224.
 constexpr int kBlockKGguf = 256;
 constexpr bool is_gguf(WeightFormat f) {
   return f == WeightFormat::GgufQ4K || f == WeightFormat::GgufQ6K || f == WeightFormat::GgufQ5K ||
-         f == WeightFormat::GgufQ4_0 || f == WeightFormat::GgufQ8_0;
+         f == WeightFormat::GgufQ4_0 || f == WeightFormat::GgufQ4_1 || f == WeightFormat::GgufQ8_0;
 }
 // Bytes of 256 k of a row.
 constexpr int gguf_block_bytes(WeightFormat f) {
@@ -88,6 +88,7 @@ constexpr int gguf_block_bytes(WeightFormat f) {
     case WeightFormat::GgufQ6K: return 210;
     case WeightFormat::GgufQ5K: return 176;
     case WeightFormat::GgufQ8_0: return 8 * 34;
+    case WeightFormat::GgufQ4_1: return 8 * 20;
     default: return 144;  // Q4_K; Q4_0 (8 x 18)
   }
 }
@@ -259,6 +260,7 @@ __device__ __forceinline__ uint4 gguf_chunk_to(const unsigned char* slice, int c
   else if constexpr (WF == WeightFormat::GgufQ5K) return detail::gguf_q5k_chunk_to<T>(slice, c);
   else if constexpr (WF == WeightFormat::GgufQ6K) return detail::gguf_q6k_chunk_to<T>(slice, c);
   else if constexpr (WF == WeightFormat::GgufQ4_0) return detail::gguf_q4_0_chunk_to<T>(slice, c);
+  else if constexpr (WF == WeightFormat::GgufQ4_1) return detail::gguf_q4_1_chunk_to<T>(slice, c);
   else return detail::gguf_q8_0_chunk_to<T>(slice, c);
 }
 
@@ -773,6 +775,7 @@ void run_flat_gemm(const FlatGemmPlan& plan, const void* x, const void* w, const
       case WeightFormat::GgufQ6K: return launch_weights<T, WeightFormat::GgufQ6K>(plan, args, stream);
       case WeightFormat::GgufQ5K: return launch_weights<T, WeightFormat::GgufQ5K>(plan, args, stream);
       case WeightFormat::GgufQ4_0: return launch_weights<T, WeightFormat::GgufQ4_0>(plan, args, stream);
+      case WeightFormat::GgufQ4_1: return launch_weights<T, WeightFormat::GgufQ4_1>(plan, args, stream);
       case WeightFormat::GgufQ8_0: return launch_weights<T, WeightFormat::GgufQ8_0>(plan, args, stream);
       default: return launch_weights<T, WeightFormat::Bits16>(plan, args, stream);
     }
@@ -820,9 +823,10 @@ void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int g
 
 bool flat_gemm_gguf_format(uint32_t ggml_type, WeightFormat& format) {
   // ggml's type numbers (io/gguf.h's GgmlType)
-  constexpr uint32_t kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+  constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
   switch (ggml_type) {
     case kQ4_0: format = WeightFormat::GgufQ4_0; return true;
+    case kQ4_1: format = WeightFormat::GgufQ4_1; return true;
     case kQ8_0: format = WeightFormat::GgufQ8_0; return true;
     case kQ4_K: format = WeightFormat::GgufQ4K; return true;
     case kQ5_K: format = WeightFormat::GgufQ5K; return true;

@@ -26,8 +26,8 @@ enum class Epilogue { Store, StoreF32, AddF32, SwiGLU };
 
 // How the flat GEMM's weights are stored: 16-bit, e4m3 with row scales (fp8.h), 4-bit words with
 // group scales and zeros (int4.h), or GGUF blocks as the file stores them (gguf_blocks.h: Q4_K,
-// Q5_K and Q6_K super-blocks, Q4_0 and Q8_0 blocks). The plan's stage sizes depend on it.
-enum class WeightFormat { Bits16, Fp8, Int4, GgufQ4K, GgufQ6K, GgufQ5K, GgufQ4_0, GgufQ8_0 };
+// Q5_K and Q6_K super-blocks, Q4_0, Q4_1 and Q8_0 blocks). The plan's stage sizes depend on it.
+enum class WeightFormat { Bits16, Fp8, Int4, GgufQ4K, GgufQ6K, GgufQ5K, GgufQ4_0, GgufQ4_1, GgufQ8_0 };
 
 // ImplB: flat GEMM on tensor cores, M padded to 8 (not 64), K streamed through shared memory by a
 // cp.async pipeline 3 to 6 stages deep (flat_gemm_plan), split-K where N alone cannot fill the GPU.
@@ -94,7 +94,8 @@ void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int g
 void flat_gemm_gguf(const void* x, uint32_t ggml_type, const void* w, const void* bias, void* y, int M, int N, int K,
                     int ldy, int col0, DType dtype, Epilogue epilogue, void* workspace, size_t workspace_bytes,
                     cudaStream_t stream);
-// The flat GEMM's format for a ggml type (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K), or false where it has none.
+// The flat GEMM's format for a ggml type (every type gguf_gpu_type keeps: Q4_0, Q4_1, Q8_0, Q4_K,
+// Q5_K, Q6_K), or false where it has none.
 bool flat_gemm_gguf_format(uint32_t ggml_type, WeightFormat& format);
 
 void gemv_ex(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,

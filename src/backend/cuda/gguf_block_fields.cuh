@@ -1,11 +1,11 @@
 // GGUF block fields read on the GPU: Q4_K's 6-bit scales and mins, and the conversions of a slice
-// of 8 consecutive weights of 256 (a Q4_K, Q5_K or Q6_K super-block, or eight Q4_0 or Q8_0 blocks)
+// of 8 consecutive weights of 256 (a Q4_K, Q5_K or Q6_K super-block, or eight Q4_0, Q4_1 or Q8_0 blocks)
 // to the 16-bit values of an MMA fragment (flat_gemm.cu). The block GEMV (gguf_blocks.cu) shares
 // the scale decoding. The layouts are ggml's: Q4_K = d, dmin (f16), 12 scale bytes, 128 nibble
 // bytes (bytes 32p .. 32p + 31 hold elements 64p .. 64p + 31 in their low nibbles, 64p + 32 ..
 // 64p + 63 in their high ones); Q5_K = Q4_K's head, 32 bytes of fifth bits, then its nibbles; Q6_K
 // = 128 low-nibble bytes, 64 bytes of 2-bit highs, 16 int8 scales (one per 16 elements), d (f16);
-// Q4_0 = d (f16), 16 nibble bytes; Q8_0 = d (f16), 32 int8.
+// Q4_0 = d (f16), 16 nibble bytes; Q4_1 = d, m (f16), 16 nibble bytes; Q8_0 = d (f16), 32 int8.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -157,6 +157,30 @@ __device__ __forceinline__ uint4 gguf_q4_0_chunk_to(const unsigned char* blk, in
   for (int i = 0; i < 4; ++i) {
     const uint32_t u = ((byte_pair(q.x, q.y, i) >> shift) & 0x000F000Fu) | magic;
     const T2 v = __hmul2(__hsub2(*reinterpret_cast<const T2*>(&u), offset2), d2);
+    r[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// Weights k = 8c .. 8c + 7 (c = 0..31) of the eight Q4_1 blocks of 32 at blk (20 bytes each, 4-byte
+// aligned; 4 bytes past the last readable): q T(d) + T(m), Q4_0's nibble order, q converted exactly
+// and the fused multiply-add rounded once.
+template <class T>
+__device__ __forceinline__ uint4 gguf_q4_1_chunk_to(const unsigned char* blk, int c) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const unsigned char* b = blk + 20 * (c >> 2);
+  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
+  const T d = from_float<T>(half_bits(dm & 0xFFFF)), m = from_float<T>(half_bits(dm >> 16));
+  const T2 d2{d, d}, m2{m, m};
+  const uint32_t magic = int4_magic2<T>();
+  const T2 magic2 = *reinterpret_cast<const T2*>(&magic);
+  const uint2 q = load8_a2(b + 4 + 8 * (c & 1));
+  const int shift = 4 * ((c >> 1) & 1);
+  uint32_t r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t u = ((byte_pair(q.x, q.y, i) >> shift) & 0x000F000Fu) | magic;
+    const T2 v = __hfma2(__hsub2(*reinterpret_cast<const T2*>(&u), magic2), d2, m2);
     r[i] = *reinterpret_cast<const uint32_t*>(&v);
   }
   return make_uint4(r[0], r[1], r[2], r[3]);

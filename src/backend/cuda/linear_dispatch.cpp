@@ -262,7 +262,7 @@ void LinearDispatcher::reserve_gguf(int max_m, std::span<const LinearShape> shap
     // per SM (more tiles never split).
     if (gguf_choice(flat_rows, true) == LinearImpl::Flat && s.k % 256 == 0) {
       for (const WeightFormat f : {WeightFormat::GgufQ4K, WeightFormat::GgufQ5K, WeightFormat::GgufQ6K,
-                                   WeightFormat::GgufQ4_0, WeightFormat::GgufQ8_0})
+                                   WeightFormat::GgufQ4_0, WeightFormat::GgufQ4_1, WeightFormat::GgufQ8_0})
         for (int m = 1; m <= flat_rows; ++m)
           for (int tiles = 1; tiles <= gpu_.sm_count; ++tiles)
             ws = std::max(ws, flat_gemm_workspace_bytes(m, 64 * tiles, s.k, gpu_.sm_count, f));
