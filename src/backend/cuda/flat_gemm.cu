@@ -256,11 +256,11 @@ struct Args {
 // Weights k = 8c .. 8c + 7 of a GGUF row's 256-k slice in shared memory, as 8 T.
 template <class T, WeightFormat WF>
 __device__ __forceinline__ uint4 gguf_chunk_to(const unsigned char* slice, int c) {
-  if constexpr (WF == WeightFormat::GgufQ4K) return detail::gguf_q4k_chunk_to<T>(slice, c);
-  else if constexpr (WF == WeightFormat::GgufQ5K) return detail::gguf_q5k_chunk_to<T>(slice, c);
+  if constexpr (WF == WeightFormat::GgufQ4K) return detail::gguf_q4k_q5k_chunk_to<T, false>(slice, c);
+  else if constexpr (WF == WeightFormat::GgufQ5K) return detail::gguf_q4k_q5k_chunk_to<T, true>(slice, c);
   else if constexpr (WF == WeightFormat::GgufQ6K) return detail::gguf_q6k_chunk_to<T>(slice, c);
-  else if constexpr (WF == WeightFormat::GgufQ4_0) return detail::gguf_q4_0_chunk_to<T>(slice, c);
-  else if constexpr (WF == WeightFormat::GgufQ4_1) return detail::gguf_q4_1_chunk_to<T>(slice, c);
+  else if constexpr (WF == WeightFormat::GgufQ4_0) return detail::gguf_q4_0_q4_1_chunk_to<T, false>(slice, c);
+  else if constexpr (WF == WeightFormat::GgufQ4_1) return detail::gguf_q4_0_q4_1_chunk_to<T, true>(slice, c);
   else return detail::gguf_q8_0_chunk_to<T>(slice, c);
 }
 

@@ -43,34 +43,6 @@ __device__ __forceinline__ uint32_t byte_pair(uint32_t lo, uint32_t hi, int i) {
   return __byte_perm(word, 0, (i & 1) ? 0x4342 : 0x4140);
 }
 
-// Weights k = 8c .. 8c + 7 (c = 0..31) of the Q4_K super-block at blk (16-byte aligned, shared
-// memory) as 8 T in register order (k 8c in the low half of .x): T(d sc_j) q - T(dmin m_j), the
-// nibble's conversion exact ((magic + q) - magic) and the fused multiply-add rounded once.
-template <class T>
-__device__ __forceinline__ uint4 gguf_q4k_chunk_to(const unsigned char* blk, int c) {
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  const int j = c >> 2;  // the 32-element group
-  const uint4 head = *reinterpret_cast<const uint4*>(blk);
-  const uint32_t sc[3] = {head.y, head.z, head.w};
-  int s, m;
-  scale_min_k4(j, sc, s, m);
-  const T scale = from_float<T>(half_bits(head.x & 0xFFFF) * float(s));
-  const T neg_min = from_float<T>(-(half_bits(head.x >> 16) * float(m)));
-  const T2 s2{scale, scale}, nm2{neg_min, neg_min};
-  const uint32_t magic = int4_magic2<T>();
-  const T2 magic2 = *reinterpret_cast<const T2*>(&magic);
-  const uint2 q = *reinterpret_cast<const uint2*>(blk + 16 + 32 * (j >> 1) + 8 * (c & 3));
-  const int shift = 4 * (j & 1);
-  uint32_t r[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t u = ((byte_pair(q.x, q.y, i) >> shift) & 0x000F000Fu) | magic;
-    const T2 v = __hfma2(__hsub2(*reinterpret_cast<const T2*>(&u), magic2), s2, nm2);
-    r[i] = *reinterpret_cast<const uint32_t*>(&v);
-  }
-  return make_uint4(r[0], r[1], r[2], r[3]);
-}
-
 // 8 bytes at a 2-byte aligned shared-memory address: three aligned words, funnel-shifted.
 __device__ __forceinline__ uint2 load8_a2(const unsigned char* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -80,110 +52,82 @@ __device__ __forceinline__ uint2 load8_a2(const unsigned char* p) {
   return make_uint2(__funnelshift_r(w0, w1, shift), __funnelshift_r(w1, w2, shift));
 }
 
-// Weights k = 8c .. 8c + 7 of the Q6_K super-block at blk (2-byte aligned, shared memory; 4 bytes
-// past its 210 readable) as 8 T in register order: T(d sc) (q - 32), the 6-bit value's conversion
-// exact ((magic + q) - (magic + 32)) and the product rounded once.
+// Bits [shift, shift + bits) of each of the 8 bytes in q, as the low bits of 4 pairs of 16-bit
+// halves (byte 2i in the low half of pair i).
+__device__ __forceinline__ void quant_pairs(const uint2& q, int shift, int bits, uint32_t (&pairs)[4]) {
+  const uint32_t mask = ((1u << bits) - 1) * 0x00010001u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) pairs[i] = (byte_pair(q.x, q.y, i) >> shift) & mask;
+}
+
+// 8 unsigned quants (below 128, in the 16-bit halves of pairs) as 8 T in register order (k 8c in
+// the low half of .x): (q - offset) scale + add, q - offset converted exactly ((magic + q) - (magic
+// + offset)) and the fused multiply-add rounded once.
 template <class T>
-__device__ __forceinline__ uint4 gguf_q6k_chunk_to(const unsigned char* blk, int c) {
+__device__ __forceinline__ uint4 quants_to(const uint32_t (&pairs)[4], uint32_t offset, T scale, T add) {
   using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  const int h = c >> 4, kk = (c >> 2) & 3, l0 = 8 * (c & 3);  // half, quarter of the half, first l
-  const uint2 ql = load8_a2(blk + 64 * h + 32 * (kk & 1) + l0);
-  const uint2 qh = load8_a2(blk + 128 + 32 * h + l0);
-  const int sc = int(static_cast<int8_t>(blk[192 + 8 * h + 2 * kk + (l0 >> 4)]));
-  const uint32_t d_bits = uint32_t(blk[208]) | uint32_t(blk[209]) << 8;
-  const T scale = from_float<T>(half_bits(d_bits) * float(sc));
-  const T2 s2{scale, scale};
-  const uint32_t magic = int4_magic2<T>(), magic32 = magic + 0x00200020u;  // magic + 32: exact in both types
-  const T2 offset2 = *reinterpret_cast<const T2*>(&magic32);
-  const int shift_l = 4 * (kk >> 1), shift_h = 2 * kk;
+  const T2 s2{scale, scale}, a2{add, add};
+  const uint32_t magic = int4_magic2<T>(), magic_offset = magic + offset * 0x00010001u;
+  const T2 offset2 = *reinterpret_cast<const T2*>(&magic_offset);
   uint32_t r[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t low = (byte_pair(ql.x, ql.y, i) >> shift_l) & 0x000F000Fu;
-    const uint32_t high = ((byte_pair(qh.x, qh.y, i) >> shift_h) & 0x00030003u) << 4;
-    const uint32_t u = low | high | magic;
-    const T2 v = __hmul2(__hsub2(*reinterpret_cast<const T2*>(&u), offset2), s2);
+    const uint32_t u = pairs[i] | magic;
+    const T2 v = __hfma2(__hsub2(*reinterpret_cast<const T2*>(&u), offset2), s2, a2);
     r[i] = *reinterpret_cast<const uint32_t*>(&v);
   }
   return make_uint4(r[0], r[1], r[2], r[3]);
 }
 
-// Weights k = 8c .. 8c + 7 (c = 0..31) of the Q5_K super-block at blk (16-byte aligned): Q4_K's
-// nibbles with a fifth bit, bit j of qh[l] for element 32 j + l, as T(d sc_j) q - T(dmin m_j).
-template <class T>
-__device__ __forceinline__ uint4 gguf_q5k_chunk_to(const unsigned char* blk, int c) {
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  const int j = c >> 2, l0 = 8 * (c & 3);
+// Weights k = 8c .. 8c + 7 (c = 0..31) of the Q4_K (or, with kFifthBit, Q5_K) super-block at blk
+// (16-byte aligned, shared memory): T(d sc_j) q - T(dmin m_j); Q5_K's fifth bit of element 32 j + l
+// is bit j of qh[l].
+template <class T, bool kFifthBit>
+__device__ __forceinline__ uint4 gguf_q4k_q5k_chunk_to(const unsigned char* blk, int c) {
+  const int j = c >> 2, l0 = 8 * (c & 3);  // the 32-element group, the first of its 8 elements
   const uint4 head = *reinterpret_cast<const uint4*>(blk);
   const uint32_t sc[3] = {head.y, head.z, head.w};
   int s, m;
   scale_min_k4(j, sc, s, m);
-  const T scale = from_float<T>(half_bits(head.x & 0xFFFF) * float(s));
-  const T neg_min = from_float<T>(-(half_bits(head.x >> 16) * float(m)));
-  const T2 s2{scale, scale}, nm2{neg_min, neg_min};
-  const uint32_t magic = int4_magic2<T>();
-  const T2 magic2 = *reinterpret_cast<const T2*>(&magic);
-  const uint2 qh = *reinterpret_cast<const uint2*>(blk + 16 + l0);
-  const uint2 q = *reinterpret_cast<const uint2*>(blk + 48 + 32 * (j >> 1) + l0);
-  const int shift = 4 * (j & 1);
-  uint32_t r[4];
+  uint32_t q[4];
+  quant_pairs(*reinterpret_cast<const uint2*>(blk + (kFifthBit ? 48 : 16) + 32 * (j >> 1) + l0), 4 * (j & 1), 4, q);
+  if constexpr (kFifthBit) {
+    uint32_t high[4];
+    quant_pairs(*reinterpret_cast<const uint2*>(blk + 16 + l0), j, 1, high);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t high = ((byte_pair(qh.x, qh.y, i) >> j) & 0x00010001u) << 4;
-    const uint32_t u = ((byte_pair(q.x, q.y, i) >> shift) & 0x000F000Fu) | high | magic;
-    const T2 v = __hfma2(__hsub2(*reinterpret_cast<const T2*>(&u), magic2), s2, nm2);
-    r[i] = *reinterpret_cast<const uint32_t*>(&v);
+    for (int i = 0; i < 4; ++i) q[i] |= high[i] << 4;
   }
-  return make_uint4(r[0], r[1], r[2], r[3]);
+  return quants_to<T>(q, 0, from_float<T>(half_bits(head.x & 0xFFFF) * float(s)),
+                      from_float<T>(-(half_bits(head.x >> 16) * float(m))));
 }
 
-// Weights k = 8c .. 8c + 7 (c = 0..31) of the eight Q4_0 blocks of 32 at blk (18 bytes each, 2-byte
-// aligned; 4 bytes past the last readable): d (q - 8), element e of a block in the low nibble of its
-// byte e (e < 16) or the high nibble of byte e - 16; q - 8 converted exactly, then multiplied by
-// T(d) (exact in f16; bf16 rounds d first).
+// Weights k = 8c .. 8c + 7 of the Q6_K super-block at blk (2-byte aligned, shared memory; 4 bytes
+// past its 210 readable): T(d sc) (q - 32).
 template <class T>
-__device__ __forceinline__ uint4 gguf_q4_0_chunk_to(const unsigned char* blk, int c) {
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  const unsigned char* b = blk + 18 * (c >> 2);
-  const uint32_t d_bits = uint32_t(b[0]) | uint32_t(b[1]) << 8;
-  const T d = from_float<T>(half_bits(d_bits));
-  const T2 d2{d, d};
-  const uint32_t magic = int4_magic2<T>(), magic8 = magic + 0x00080008u;  // magic + 8: exact in both types
-  const T2 offset2 = *reinterpret_cast<const T2*>(&magic8);
-  const uint2 q = load8_a2(b + 2 + 8 * (c & 1));
-  const int shift = 4 * ((c >> 1) & 1);
-  uint32_t r[4];
+__device__ __forceinline__ uint4 gguf_q6k_chunk_to(const unsigned char* blk, int c) {
+  const int h = c >> 4, kk = (c >> 2) & 3, l0 = 8 * (c & 3);  // half, quarter of the half, first l
+  uint32_t q[4], high[4];
+  quant_pairs(load8_a2(blk + 64 * h + 32 * (kk & 1) + l0), 4 * (kk >> 1), 4, q);
+  quant_pairs(load8_a2(blk + 128 + 32 * h + l0), 2 * kk, 2, high);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t u = ((byte_pair(q.x, q.y, i) >> shift) & 0x000F000Fu) | magic;
-    const T2 v = __hmul2(__hsub2(*reinterpret_cast<const T2*>(&u), offset2), d2);
-    r[i] = *reinterpret_cast<const uint32_t*>(&v);
-  }
-  return make_uint4(r[0], r[1], r[2], r[3]);
+  for (int i = 0; i < 4; ++i) q[i] |= high[i] << 4;
+  const int sc = int(static_cast<int8_t>(blk[192 + 8 * h + 2 * kk + (l0 >> 4)]));
+  const uint32_t d_bits = uint32_t(blk[208]) | uint32_t(blk[209]) << 8;
+  return quants_to<T>(q, 32, from_float<T>(half_bits(d_bits) * float(sc)), from_float<T>(0.f));
 }
 
-// Weights k = 8c .. 8c + 7 (c = 0..31) of the eight Q4_1 blocks of 32 at blk (20 bytes each, 4-byte
-// aligned; 4 bytes past the last readable): q T(d) + T(m), Q4_0's nibble order, q converted exactly
-// and the fused multiply-add rounded once.
-template <class T>
-__device__ __forceinline__ uint4 gguf_q4_1_chunk_to(const unsigned char* blk, int c) {
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  const unsigned char* b = blk + 20 * (c >> 2);
-  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
-  const T d = from_float<T>(half_bits(dm & 0xFFFF)), m = from_float<T>(half_bits(dm >> 16));
-  const T2 d2{d, d}, m2{m, m};
-  const uint32_t magic = int4_magic2<T>();
-  const T2 magic2 = *reinterpret_cast<const T2*>(&magic);
-  const uint2 q = load8_a2(b + 4 + 8 * (c & 1));
-  const int shift = 4 * ((c >> 1) & 1);
-  uint32_t r[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t u = ((byte_pair(q.x, q.y, i) >> shift) & 0x000F000Fu) | magic;
-    const T2 v = __hfma2(__hsub2(*reinterpret_cast<const T2*>(&u), magic2), d2, m2);
-    r[i] = *reinterpret_cast<const uint32_t*>(&v);
-  }
-  return make_uint4(r[0], r[1], r[2], r[3]);
+// Weights k = 8c .. 8c + 7 (c = 0..31) of the eight Q4_0 (or, with kMin, Q4_1) blocks of 32 at blk
+// (18 or 20 bytes each; 4 bytes past the last readable): (q - 8) T(d), or q T(d) + T(m); element e
+// of a block in the low nibble of its byte e (e < 16) or the high nibble of byte e - 16.
+template <class T, bool kMin>
+__device__ __forceinline__ uint4 gguf_q4_0_q4_1_chunk_to(const unsigned char* blk, int c) {
+  constexpr int kHead = kMin ? 4 : 2;  // d (and m), f16
+  const unsigned char* b = blk + (16 + kHead) * (c >> 2);
+  uint32_t q[4];
+  quant_pairs(load8_a2(b + kHead + 8 * (c & 1)), 4 * ((c >> 1) & 1), 4, q);
+  const T d = from_float<T>(half_bits(uint32_t(b[0]) | uint32_t(b[1]) << 8));
+  const T m = from_float<T>(kMin ? half_bits(uint32_t(b[2]) | uint32_t(b[3]) << 8) : 0.f);
+  return quants_to<T>(q, kMin ? 0 : 8, d, m);
 }
 
 // Weights k = 8c .. 8c + 7 (c = 0..31) of the eight Q8_0 blocks of 32 at blk (34 bytes each, 2-byte
