@@ -61,7 +61,7 @@ namespace fdpp::cuda {
 namespace {
 
 using detail::check_launch;
-using detail::cp_async_wait;
+using detail::cp_async_wait_group;
 using detail::fp8x8_to;
 using detail::from_float;
 using detail::to_float;
@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) detail::cp_async_commit();
   for (int it = 0; it < nk; ++it) {
-    cp_async_wait<STAGES - 2>();
+    cp_async_wait_group<STAGES - 2>();
     __syncthreads();
     {
       const int nxt = it + STAGES - 1;
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 2 : 3) flat_gemm_kernel(co
       }
     }
   }
-  cp_async_wait<0>();
+  cp_async_wait_group<0>();
   __syncthreads();  // every warp is done with the pipeline buffers: they become the reduction area
 #pragma unroll
   for (int ka = 1; ka < KA; ++ka)
