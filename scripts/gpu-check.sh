@@ -10,7 +10,7 @@
 # The default, "tests sanitizer attention" (the GPU suite, compute-sanitizer and the decode
 # attention grid with its peers), is what one call's 10 minutes hold; the summary gives each
 # stage's wall time. The rest go in further calls, e.g. "prefill ttft linear dataflow", "bench
-# peers", "gguf", "load python"; tp needs two GPUs (nvidia-h200-x2).
+# peers", "gguf", "moe", "load python"; tp needs two GPUs (nvidia-h200-x2).
 # The GPU suite alone outgrew 300 s on an H100: split it over calls with googletest's own sharding
 # (GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=0, then 1), or pick tests with GTEST_FILTER.
 # Only a few files come back from the device call: everything is written under $OUT/full and
@@ -31,7 +31,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared GPU machines (
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
 stages="${*:-${FDPP_GPU_STAGES:-tests sanitizer attention}}"
 # In the order they run:
-known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune dataflow bench gguf throughput tp peers load rss python"
+known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune dataflow bench gguf moe throughput tp peers load rss python"
 for s in $stages; do
   [[ " $known_stages " == *" $s "* ]] || { echo "gpu-check.sh: unknown stage '$s' (stages: $known_stages)" >&2; exit 2; }
 done
@@ -463,6 +463,21 @@ if stage gguf; then
       log "gguf $mix: could not write the file: $(tail -1 "$OUT/make_$mix.txt")"
     fi
     rm -f /tmp/llama7b-$mix.gguf
+  done
+fi
+
+# Issue 45: the expert models at full size with random weights (fdpp bench counts the bytes a step
+# reads: the attention weights and the chosen experts), then HF transformers' own MoE forward on
+# the same config (bench/peers/moe_peers.py). Mixtral in bf16 (93 GB) needs the H200's memory: on a
+# smaller card its bench fails with the engine's out-of-memory message, logged.
+if stage moe; then
+  for m in ${FDPP_MOE_MODELS:-qwen3-30b-a3b mixtral-8x7b}; do
+    bench $m --config "$root/configs/$m.json" --dtype bf16 -b 1,8,64 -c 1024 -p 512
+    if [[ ${FDPP_MOE_PEERS:-1} == 1 ]]; then
+      python3 "$root/bench/peers/moe_peers.py" "$root/configs/$m.json" -p 512 -b 1,64 -c 1024 --backends grouped_mm \
+        --json "$OUT/hf_$m.json" >"$OUT/hf_$m.txt" 2>&1 || log "moe_peers $m failed: $(tail -1 "$OUT/hf_$m.txt")"
+      { echo; grep -E "^\|" "$OUT/hf_$m.txt"; } | tee -a "$summary"
+    fi
   done
 fi
 
