@@ -449,6 +449,8 @@ if stage gguf; then
           "$B/fdpp" bench -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1 -c 1024 -r 3 >/dev/null 2>&1
         python3 "$root/bench/gpu_busy.py" /tmp/gguf_$mix.gputrace >"$OUT/trace_$mix.txt" 2>&1
         head -8 "$OUT/trace_$mix.txt" | cut -c1-150 | tee -a "$summary"
+        # The decode steps alone (the kernels of CUDA graphs), every kernel listed.
+        python3 "$root/bench/gpu_busy.py" /tmp/gguf_$mix.gputrace --graphs-only --top 40 >"$OUT/trace_${mix}_decode.txt" 2>&1
       fi
       # llama.cpp's CUDA build on the same file: FDPP_LLAMA_BENCH=PATH, or .ref/llama.tar.xz (its
       # llama-bench, and lib/ with what it links that the GPU machine may lack, tried last).
