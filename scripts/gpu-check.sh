@@ -428,6 +428,13 @@ if stage gguf; then
     bench llama-2-7b-int4 --config "$root/configs/llama-2-7b.json" --dtype f16 --quantization int4 -b 1,8 -c 1024 -p 512
     bench llama-2-7b-fp8 --config "$root/configs/llama-2-7b.json" --dtype f16 --quantization fp8 -b 1,8,64 -c 1024 -p 512
   fi
+  # The f16 model's decode steps kernel by kernel beside the mixes' (FDPP_GGUF_TRACE=1, below): what a
+  # step costs besides reading the weights, whatever their format.
+  if [[ ${FDPP_GGUF_TRACE:-0} == 1 && -f $B/libfdpp_gpu_trace.so ]]; then
+    FDPP_PDL=0 CUDA_INJECTION64_PATH="$B/libfdpp_gpu_trace.so" FDPP_GPU_TRACE_OUT=/tmp/f16.gputrace \
+      "$B/fdpp" bench --load-format dummy --config "$root/configs/llama-2-7b.json" --dtype f16 -b 1 -c 1024 -r 3 >/dev/null 2>&1
+    python3 "$root/bench/gpu_busy.py" /tmp/f16.gputrace --graphs-only --top 40 >"$OUT/trace_f16_decode.txt" 2>&1
+  fi
   for mix in ${FDPP_GGUF_MIXES:-q4_k_m q4_0 q8_0}; do
     if PYTHONPATH=/tmp/gguf_py python3 "$root/bench/make_random_llama_gguf.py" /tmp/llama7b-$mix.gguf --mix $mix >"$OUT/make_$mix.txt" 2>&1; then
       run_bench llama-2-7b-$mix -m /tmp/llama7b-$mix.gguf --dtype f16 -b 1,8,16,64 -c 1024 -p 512
