@@ -319,6 +319,31 @@ TEST_F(CudaKernels, FlatGemmSplitKReplaysAndCudaGraph) {
   cudaStreamDestroy(stream);
 }
 
+// Planning only (no GPU): the workspace bound that callers reserve before they know their N is at
+// least every plan's workspace, and not far above the largest of them.
+TEST(FlatGemmPlanning, WorkspaceBoundCoversEveryShape) {
+  using cuda::WeightFormat;
+  for (const int sms : {114, 132})
+    for (const WeightFormat f : {WeightFormat::Bits16, WeightFormat::Fp8, WeightFormat::Int4, WeightFormat::GgufQ4K,
+                                 WeightFormat::GgufQ6K, WeightFormat::GgufQ5K, WeightFormat::GgufQ4_0,
+                                 WeightFormat::GgufQ4_1, WeightFormat::GgufQ8_0})
+      for (const int max_m : {1, 3, 8, 33, 64}) {
+        const size_t bound = cuda::flat_gemm_workspace_bound(max_m, sms, f);
+        size_t largest = 0;
+        for (int m = 1; m <= max_m; ++m)
+          for (const int K : {256, 4096, 14336, 28672})
+            for (int n = 1; n <= 64 * (sms + 2); n += n < 256 ? 7 : 64) {
+              const size_t ws = cuda::flat_gemm_workspace_bytes(m, n, K, sms, f);
+              ASSERT_LE(ws, bound) << "M " << m << " N " << n << " K " << K << " SMs " << sms << " format "
+                                   << static_cast<int>(f);
+              largest = std::max(largest, ws);
+            }
+        EXPECT_LE(bound, 2 * largest + 16384) << "max M " << max_m << " SMs " << sms << " format "
+                                              << static_cast<int>(f);
+      }
+  EXPECT_NE(error_of([] { cuda::flat_gemm_workspace_bound(0, 132); }).find("max_m = 0"), std::string::npos);
+}
+
 TEST_F(CudaKernels, FlatGemmRejectsBadArguments) {
   DeviceBuffer<uint16_t> buf(1 << 16);
   void* q = buf.get();

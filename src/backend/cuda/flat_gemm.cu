@@ -719,6 +719,20 @@ size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors, Weigh
   return flat_gemm_plan(M, N, K, multiprocessors, 0, 0, format).workspace_bytes;
 }
 
+size_t flat_gemm_workspace_bound(int max_m, int multiprocessors, WeightFormat format) {
+  check(max_m >= 1 && multiprocessors >= 1, "flat_gemm_workspace_bound: max_m = {}, multiprocessors = {}", max_m,
+        multiprocessors);
+  size_t bound = 0;
+  for (int m = 1; m <= std::min(max_m, kFlatGemmMaxM); ++m) {
+    // A plan with no split (N of one wave or more) tells this M's CTAs per SM; a split plan's
+    // tiles_n * splits is at most that many slots.
+    const FlatGemmPlan p = flat_gemm_plan(m, kBlockN * multiprocessors, kBlockKGguf, multiprocessors, 0, 0, format);
+    const size_t slots = size_t(multiprocessors) * size_t(p.ctas_per_sm);
+    bound = std::max(bound, kSemaphoreBytes + slots * size_t(m) * kBlockN * sizeof(float));
+  }
+  return bound;
+}
+
 namespace {
 // The weights' extra parts by format: FP8's row scales, 4-bit's zs words and group size; and where
 // y's columns go (a GGUF segment's, inside a wider y).

@@ -39,6 +39,11 @@ constexpr int kFlatGemmMaxM = 64;
 // largest shape serves every call on a stream.
 size_t flat_gemm_workspace_bytes(int M, int N, int K, int multiprocessors,
                                  WeightFormat format = WeightFormat::Bits16);
+// At least flat_gemm_workspace_bytes(M, N, K, multiprocessors, format) for every M <= max_m and
+// every N and K (the split rule keeps tiles_n * splits within one resident wave: flat_gemm_plan).
+// For callers that reserve before they know the row counts they will see (a GGUF matrix's
+// segments).
+size_t flat_gemm_workspace_bound(int max_m, int multiprocessors, WeightFormat format = WeightFormat::Bits16);
 void flat_gemm(const void* x, const void* w, const void* bias, void* y, int M, int N, int K, DType dtype,
                Epilogue epilogue, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 

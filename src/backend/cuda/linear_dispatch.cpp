@@ -258,14 +258,11 @@ void LinearDispatcher::reserve_gguf(int max_m, std::span<const LinearShape> shap
       sc = std::max(sc, static_cast<size_t>(gemv_rows) * static_cast<size_t>(s.n) * 2);
     }
     // The flat GEMM's split-K workspace for any segment of these rows: its plan depends on the
-    // segment's row count, which a shape does not tell, so every count of 64-row tiles up to one
-    // per SM (more tiles never split).
+    // segment's row count, which a shape does not tell, so the bound over every N.
     if (gguf_choice(flat_rows, true) == LinearImpl::Flat && s.k % 256 == 0) {
       for (const WeightFormat f : {WeightFormat::GgufQ4K, WeightFormat::GgufQ5K, WeightFormat::GgufQ6K,
                                    WeightFormat::GgufQ4_0, WeightFormat::GgufQ4_1, WeightFormat::GgufQ8_0})
-        for (int m = 1; m <= flat_rows; ++m)
-          for (int tiles = 1; tiles <= gpu_.sm_count; ++tiles)
-            ws = std::max(ws, flat_gemm_workspace_bytes(m, 64 * tiles, s.k, gpu_.sm_count, f));
+        ws = std::max(ws, flat_gemm_workspace_bound(flat_rows, gpu_.sm_count, f));
       sc = std::max(sc, static_cast<size_t>(flat_rows) * static_cast<size_t>(s.n) * 2);
     }
     if (gguf_choice(max_m, false) == LinearImpl::Cublas) {
