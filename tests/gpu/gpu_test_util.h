@@ -21,6 +21,7 @@
 #include "backend/cuda/flat_gemm.h"
 #include "backend/cuda/kernels.h"
 #include "core/half.h"
+#include "fdpp/error.h"
 #include "test_util.h"
 
 namespace fdpp::test {
@@ -38,6 +39,17 @@ inline void cuda_ok(cudaError_t err, const std::string& what) {
 inline void sync(const std::string& kernel) {
   cuda_ok(cudaGetLastError(), kernel + " (launch)");
   cuda_ok(cudaDeviceSynchronize(), kernel + " (execution)");
+}
+
+// f() throws an fdpp::Error whose message contains needle (a launcher's argument check).
+template <class F>
+void expect_error_naming(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an fdpp::Error mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 inline bool gpu_available() {

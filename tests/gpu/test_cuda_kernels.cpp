@@ -582,6 +582,74 @@ TEST_F(CudaKernels, RopeQkCacheFp8EqualsRopeThenCacheWriteBitForBit) {
             }
 }
 
+// rope_qk_cache with Qwen3's q/k norms folded in equals head_rms_norm followed by rope_qk_cache,
+// bit for bit: q (every dim normed, the rotated ones rotated), the k and v bytes of the 16-bit and
+// e4m3 caches in both layouts; both styles, partial rotary, a skipped slot, head dims 64 to 256.
+TEST_F(CudaKernels, RopeQkCacheWithHeadNormEqualsHeadNormThenRope) {
+  for (DType t : kTypes)
+    for (RopeStyle style : {RopeStyle::RotateHalf, RopeStyle::Interleaved})
+      for (int D : {64, 128, 256})
+        for (int n_freq : {D / 2, D / 8})
+          for (const bool fp8 : {false, true})
+            for (const bool head_major : {true, false}) {
+              cuda::KernelOptions options;
+              options.kv_head_major = head_major;
+              const cuda::KernelOptionsScope scope(options);
+              const cuda::KvQuant quant = fp8 ? kFp8Kv : cuda::KvQuant{};
+              const int T = 7, H = 6, KVH = 2, block_size = 8, n_slots = 40;
+              const int width = (H + 2 * KVH) * D;
+              std::vector<float> x_f, qw_f, kw_f;
+              const auto qkv = random_bits(size_t(T) * width, t, x_f, 3.f);
+              const auto qw = random_bits(size_t(D), t, qw_f), kw = random_bits(size_t(D), t, kw_f);
+              const std::vector<int32_t> positions{0, 3, 100, 4095, 7, 131071, 9}, slots{5, 0, 39, -1, 17, 18, 2};
+              std::vector<float> inv(n_freq);
+              for (int i = 0; i < n_freq; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / (2 * n_freq));
+              DeviceBuffer<uint16_t> q1(qkv), q2(qkv), d_qw(qw), d_kw(kw);
+              DeviceBuffer<int32_t> d_pos(positions), d_slots(slots);
+              DeviceBuffer<float> d_inv(inv);
+              const size_t cache_bytes = size_t(n_slots) * KVH * D * (fp8 ? 1 : 2);
+              DeviceBuffer<uint8_t> k1(cache_bytes), v1(cache_bytes), k2(cache_bytes), v2(cache_bytes);
+              for (auto* b : {&k1, &v1, &k2, &v2}) b->poison();
+              const float eps = 1e-6f;
+              cuda::head_rms_norm(q1.get(), T, H, KVH, D, d_qw.get(), d_kw.get(), eps, t, nullptr);
+              cuda::rope_qk_cache(q1.get(), d_pos.get(), d_inv.get(), n_freq, d_slots.get(), T, H, KVH, D, block_size,
+                                  style, k1.get(), v1.get(), t, nullptr, quant);
+              cuda::rope_qk_cache(q2.get(), d_pos.get(), d_inv.get(), n_freq, d_slots.get(), T, H, KVH, D, block_size,
+                                  style, k2.get(), v2.get(), t, nullptr, quant, 1.f,
+                                  cuda::HeadNorm{d_qw.get(), d_kw.get(), eps});
+              sync("rope_qk_cache with the head norm");
+              std::ostringstream what;
+              what << name(t) << (style == RopeStyle::RotateHalf ? " rotate-half" : " interleaved") << " D " << D
+                   << " n_freq " << n_freq << (fp8 ? " fp8" : " 16-bit") << (head_major ? " head-major" : " token-major");
+              EXPECT_TRUE(k1.download() == k2.download()) << what.str() << ": k cache differs";
+              EXPECT_TRUE(v1.download() == v2.download()) << what.str() << ": v cache differs";
+              const auto a = q1.download(), b = q2.download();
+              size_t q_bad = 0, q_normed = 0;
+              for (int i = 0; i < T; ++i)
+                for (int j = 0; j < H * D; ++j) {
+                  const size_t at = size_t(i) * width + j;
+                  q_bad += a[at] != b[at];
+                  q_normed += b[at] != qkv[at];
+                }
+              EXPECT_EQ(q_bad, 0u) << what.str() << ": q differs from head_rms_norm then rope_qk_cache";
+              EXPECT_GT(q_normed, size_t(T) * H * D / 2) << what.str() << ": q was left as it was";
+            }
+  // One weight without the other, or an eps that is not a finite non-negative number: refused
+  // before any launch.
+  DeviceBuffer<uint16_t> buf(1 << 12);
+  DeviceBuffer<int32_t> ints(16);
+  DeviceBuffer<float> f32(64);
+  void* p = buf.get();
+  const int32_t* ip = ints.get();
+  expect_error_naming([&] { cuda::rope_qk_cache(p, ip, f32.get(), 8, ip, 1, 2, 1, 64, 16, RopeStyle::RotateHalf, p, p,
+                                                DType::F16, nullptr, {}, 1.f, cuda::HeadNorm{p, nullptr, 1e-6f}); },
+                      "both q and k weights");
+  expect_error_naming([&] { cuda::rope_qk_cache(p, ip, f32.get(), 8, ip, 1, 2, 1, 64, 16, RopeStyle::RotateHalf, p, p,
+                                                DType::F16, nullptr, {}, 1.f, cuda::HeadNorm{p, p, NAN}); },
+                      "eps");
+  sync("(no launch expected)");
+}
+
 
 // ================================================================================================
 // attention
@@ -1995,16 +2063,6 @@ TEST_F(CudaKernels, TokenMaskThenSampleStaysInsideTheMask) {
 // ================================================================================================
 // argument validation
 // ================================================================================================
-
-template <class F>
-void expect_error_naming(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an fdpp::Error mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 TEST_F(CudaKernels, LaunchersRejectBadArguments) {
   DeviceBuffer<uint16_t> buf(1 << 16);

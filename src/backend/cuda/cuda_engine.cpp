@@ -401,9 +401,17 @@ struct CudaEngine::Forward {
   void stream_as_input() {
     convert_stored_type(0 /* F32 */, e.x_.get(), static_cast<int64_t>(n) * H, H, 0, e.normed_.get(), dt, st);
   }
+  // An expert layer's pre-MLP norm (RMSNorm, the delta added, no write-back) waits for moe_mlp: a
+  // step of one token folds it into the router's launch.
+  int ffn_norm_pending = -1;
   void add_norm(int layer, BlockNorm which, bool add_delta, bool write_back) {
     const DeviceLayer& L = m.layers[layer];
     const bool attention_norm = which == BlockNorm::Attention;
+    if (!attention_norm && c.is_moe_layer(layer) && c.pre_norm && add_delta && !write_back &&
+        c.norm == NormType::RMSNorm && L.ffn_norm_bias.empty()) {
+      ffn_norm_pending = layer;
+      return;
+    }
     residual_norm(e.x_.as<float>(), add_delta ? e.o_.get() : nullptr, nullptr,
                   attention_norm ? L.attn_norm.get() : L.ffn_norm.get(),
                   attention_norm ? L.attn_norm_bias.get() : L.ffn_norm_bias.get(), e.normed_.get(), n, H, c.norm_eps,
@@ -414,7 +422,11 @@ struct CudaEngine::Forward {
     e.layer_linear(e.normed_.get(), L.qkv(), L.b_qkv, e.qkv_.get(), n, Q + 2 * KV, H,
                    Epilogue::Store);
   }
-  void qk_norm(int layer) {
+  // The q/k norms wait for the rotary kernel, which applies them (one launch fewer a layer); a
+  // cache write without rotation runs them first.
+  bool qk_norm_pending = false;
+  void qk_norm(int) { qk_norm_pending = true; }
+  void apply_qk_norm(int layer) {
     const DeviceLayer& L = m.layers[layer];
     head_rms_norm(e.qkv_.get(), n, c.n_heads, c.n_kv_heads, c.head_dim, L.q_norm.get(), L.k_norm.get(), c.norm_eps,
                   dt, st);
@@ -423,11 +435,18 @@ struct CudaEngine::Forward {
     // The layer's rope (Gemma 3: the local layers' own base), LongRope's attention factor on the
     // rotated dims of q and k.
     const RopeConfig& rope = c.rope_of(layer);
+    const DeviceLayer& L = m.layers[layer];
+    const HeadNorm head_norm = qk_norm_pending
+                                   ? HeadNorm{L.q_norm.get(), L.k_norm.get(), static_cast<float>(c.norm_eps)}
+                                   : HeadNorm{};
+    qk_norm_pending = false;
     rope_qk_cache(e.qkv_.get(), in.positions, m.inv_freq_of(layer), rope.rotary_dim / 2, in.slots, n, c.n_heads,
                   c.n_kv_heads, c.head_dim, e.options_.block_size, c.rope_style, e.layer_k(layer), e.layer_v(layer),
-                  dt, st, e.layer_kv_quant(layer), static_cast<float>(rope.attention_factor));
+                  dt, st, e.layer_kv_quant(layer), static_cast<float>(rope.attention_factor), head_norm);
   }
   void write_cache(int layer) {
+    if (qk_norm_pending) apply_qk_norm(layer);
+    qk_norm_pending = false;
     kv_cache_write(e.qkv_.get(), in.slots, n, c.n_heads, c.n_kv_heads, c.head_dim, e.options_.block_size,
                    e.layer_k(layer), e.layer_v(layer), dt, st, e.layer_kv_quant(layer));
   }
@@ -528,10 +547,17 @@ struct CudaEngine::Forward {
     const MoeRouting r{e.moe_pick_expert_.as<int32_t>(), e.moe_pick_weight_.as<float>(), e.moe_pick_row_.as<int32_t>(),
                        e.moe_row_token_.as<int32_t>(), e.moe_tile_expert_.as<int32_t>(),
                        e.moe_block_tile_.as<int32_t>()};
-    if (n == 1 && moe_route_one_fits(e.normed_.get(), L.router.get(), H)) {
+    MoeInputNorm norm;
+    if (ffn_norm_pending == layer)
+      norm = {e.x_.as<float>(), e.o_.get(), L.ffn_norm.get(), c.norm_eps};
+    ffn_norm_pending = -1;
+    if (n == 1 && moe_route_one_fits(e.normed_.get(), L.router.get(), H, norm)) {
       moe_route_one(e.normed_.get(), L.router.get(), e.moe_logits_.as<float>(), e.moe_arrivals_.as<unsigned>(), H, NE,
-                    K, c.norm_topk_prob, r, dt, st);
+                    K, c.norm_topk_prob, r, dt, st, norm);
     } else {
+      if (norm.stream != nullptr)
+        residual_norm(norm.stream, norm.delta, nullptr, norm.weight, nullptr, e.normed_.get(), n, H, c.norm_eps,
+                      c.norm, false, dt, st);
       e.linear(e.normed_.get(), L.router.get(), nullptr, e.moe_logits_.get(), n, NE, H, /*fp32_out=*/true);
       moe_route(e.moe_logits_.as<float>(), n, NE, K, c.norm_topk_prob, r, st);
       moe_align(n, K, NE, r, st);

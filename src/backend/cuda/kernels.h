@@ -122,13 +122,21 @@ void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_h
                     int block_size, void* k_cache, void* v_cache, DType dtype, cudaStream_t stream,
                     const KvQuant& kv_quant = {});
 
+// Qwen3's q/k norms folded into rope_qk_cache: with weights, each q and k head is first normed as
+// head_rms_norm does (same bits). Empty: no norm.
+struct HeadNorm {
+  const void* q_weight = nullptr;  // [head_dim] 16-bit, both or neither
+  const void* k_weight = nullptr;
+  float eps = 0.f;
+};
+
 // rope_qk and kv_cache_write in one launch: q rotated in place, k (rotated) and v written into the
 // cache at slots[t] (skipped for negative slots), bit for bit what the two launches give; the k
-// heads in qkv are left unrotated.
+// heads in qkv are left unrotated (and un-normed). With head_norm: head_rms_norm, then this.
 void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, const int32_t* slots,
                    int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, RopeStyle style,
                    void* k_cache, void* v_cache, DType dtype, cudaStream_t stream, const KvQuant& kv_quant = {},
-                   float rotary_scale = 1.f);
+                   float rotary_scale = 1.f, const HeadNorm& head_norm = {});
 
 // ---- attention -------------------------------------------------------------------------------
 // Decode: one query token per sequence. q is read from qkv [batch, (H + 2 KVH) * D] (after rope).

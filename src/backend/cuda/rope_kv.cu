@@ -186,6 +186,78 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
   }
 }
 
+// Qwen3's q/k norms, the rotary embedding and the cache write in one launch: a warp per (token, head
+// of q, k or v). A q or k head is first scaled by its RMSNorm (the sum of squares taken in
+// head_rms_norm's order, lane-strided then a warp sum, and the normed values rounded to T as it
+// stores them), then rotated and written as rope_qk_cache_kernel does: the bits of head_rms_norm
+// followed by rope_qk_cache. q gets every normed dim (rotated or not); k and v go to the cache.
+template <class T, class KV, bool kInterleaved>
+__global__ void norm_rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
+                                          const float* __restrict__ inv_freq, int n_freq,
+                                          const int32_t* __restrict__ slots, int n_tokens, int n_heads,
+                                          int n_kv_heads, int head_dim, KvCacheLayout layout,
+                                          void* __restrict__ k_cache, void* __restrict__ v_cache, float k_scale,
+                                          float v_scale, float rotary_scale, const T* __restrict__ q_weight,
+                                          const T* __restrict__ k_weight, float eps) {
+  detail::pdl_trigger();
+  detail::pdl_wait();  // qkv is the previous kernel's
+  const int heads = n_heads + 2 * n_kv_heads;
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= int64_t(n_tokens) * heads) return;  // whole warps leave together
+  const int64_t t = r / heads;
+  const int h = static_cast<int>(r - t * heads);
+  const bool is_q = h < n_heads, is_k = !is_q && h < n_heads + n_kv_heads;
+  const int32_t slot = is_q ? 0 : slots[t];
+  if (slot < 0) return;  // warp-uniform: a padding row's k and v are not written
+  T* head = qkv + t * int64_t(heads) * head_dim + int64_t(h) * head_dim;
+  const T* w = is_q ? q_weight : is_k ? k_weight : nullptr;
+  float inv = 1.f;
+  if (w != nullptr) {
+    float ss = 0.f;
+    for (int i = lane; i < head_dim; i += 32) {
+      const float v = to_float(head[i]);
+      ss += v * v;
+    }
+    ss = detail::warp_sum(ss);
+    inv = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / head_dim + eps));
+  }
+  const float angle_pos = static_cast<float>(positions[t]);
+  const int kvh = is_k ? h - n_heads : h - n_heads - n_kv_heads;
+  for (int p = lane; p < head_dim / 2; p += 32) {
+    const int ia = p < n_freq && !kInterleaved ? p : 2 * p;
+    const int ib = p < n_freq && !kInterleaved ? p + n_freq : 2 * p + 1;
+    T a = head[ia], b = head[ib];
+    if (w != nullptr) {
+      a = from_float<T>(to_float(a) * inv * to_float(w[ia]));
+      b = from_float<T>(to_float(b) * inv * to_float(w[ib]));
+    }
+    if ((is_q || is_k) && p < n_freq) {
+      float sn, cs;
+      sincosf(angle_pos * inv_freq[p], &sn, &cs);
+      float ra, rb;
+      rotate_pair(to_float(a), to_float(b), cs, sn, rotary_scale, ra, rb);
+      a = from_float<T>(ra);
+      b = from_float<T>(rb);
+    }
+    if (is_q) {
+      head[ia] = a;
+      head[ib] = b;
+      continue;
+    }
+    if constexpr (std::is_same_v<KV, Fp8Cache>) {
+      uint8_t* dst = static_cast<uint8_t*>(is_k ? k_cache : v_cache) + layout.slot_row(slot, kvh);
+      const float scale = is_k ? k_scale : v_scale;
+      dst[ia] = to_fp8(to_float(a), scale);
+      dst[ib] = to_fp8(to_float(b), scale);
+    } else {
+      T* dst = static_cast<T*>(is_k ? k_cache : v_cache) + layout.slot_row(slot, kvh);
+      dst[ia] = a;
+      dst[ib] = b;
+    }
+  }
+}
+
 }  // namespace
 
 void check_kv_quant(const KvQuant& q, int head_dim, const char* what) {
@@ -201,7 +273,7 @@ void check_kv_quant(const KvQuant& q, int head_dim, const char* what) {
 void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, int n_freq, const int32_t* slots,
                    int n_tokens, int n_heads, int n_kv_heads, int head_dim, int block_size, RopeStyle style,
                    void* k_cache, void* v_cache, DType dtype, cudaStream_t stream, const KvQuant& kv_quant,
-                   float rotary_scale) {
+                   float rotary_scale, const HeadNorm& head_norm) {
   check(qkv != nullptr && positions != nullptr && inv_freq != nullptr && slots != nullptr && k_cache != nullptr &&
             v_cache != nullptr,
         "rope_qk_cache: null pointer (qkv {}, positions {}, inv_freq {}, slots {}, k_cache {}, v_cache {})", qkv,
@@ -217,12 +289,31 @@ void rope_qk_cache(void* qkv, const int32_t* positions, const float* inv_freq, i
   check_kv_quant(kv_quant, head_dim, "rope_qk_cache");
   check(std::isfinite(rotary_scale) && rotary_scale > 0.f, "rope_qk_cache: rotary_scale = {} must be positive",
         rotary_scale);
+  const bool normed = head_norm.q_weight != nullptr;
+  check(normed == (head_norm.k_weight != nullptr), "rope_qk_cache: the head norm needs both q and k weights");
+  check(!normed || (std::isfinite(head_norm.eps) && head_norm.eps >= 0.f),
+        "rope_qk_cache: head norm eps = {} must be finite and non-negative", head_norm.eps);
   const KvCacheLayout layout = kv_cache_layout(block_size, n_kv_heads, head_dim, "rope_qk_cache");
   const int64_t total = int64_t(n_tokens) * (n_heads + 2 * n_kv_heads) * (head_dim / 2);
   const bool fp8 = kv_quant.dtype == KvDType::Fp8E4M3;
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool interleaved = style == RopeStyle::Interleaved;
+    if (normed) {
+      auto* kernel = fp8 ? (interleaved ? norm_rope_qk_cache_kernel<T, Fp8Cache, true>
+                                        : norm_rope_qk_cache_kernel<T, Fp8Cache, false>)
+                         : (interleaved ? norm_rope_qk_cache_kernel<T, T, true> : norm_rope_qk_cache_kernel<T, T, false>);
+      const int64_t warps = int64_t(n_tokens) * (n_heads + 2 * n_kv_heads);
+      const detail::LaunchConfig config(dim3(static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads)),
+                                        dim3(kThreads), 0, stream, programmatic_launch_enabled());
+      detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, static_cast<T*>(qkv), positions, inv_freq, n_freq,
+                                            slots, n_tokens, n_heads, n_kv_heads, head_dim, layout, k_cache, v_cache,
+                                            kv_quant.k_scale, kv_quant.v_scale, rotary_scale,
+                                            static_cast<const T*>(head_norm.q_weight),
+                                            static_cast<const T*>(head_norm.k_weight), head_norm.eps),
+                         "cudaLaunchKernelEx(rope_qk_cache, with the head norm)");
+      return;
+    }
     auto* kernel = fp8 ? (interleaved ? rope_qk_cache_kernel<T, Fp8Cache, true> : rope_qk_cache_kernel<T, Fp8Cache, false>)
                        : (interleaved ? rope_qk_cache_kernel<T, T, true> : rope_qk_cache_kernel<T, T, false>);
     const detail::LaunchConfig config(dim3(grid_for(total, kThreads)), dim3(kThreads), 0, stream,
