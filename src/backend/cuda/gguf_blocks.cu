@@ -10,8 +10,8 @@
 // (144 and 176 bytes) with 16-byte loads, Q4_1 (20) with 4-byte ones and Q4_0, Q8_0 and Q6_K (18, 34
 // and 210 bytes, 2-byte aligned) with 2-byte ones; the L1 turns the warp's strided loads into whole
 // lines. The integer sums are the CPU's (cpu/quant_matmul.cpp's scalar kernels); only the fp32 order
-// of the per-block terms differs. (Products of 3-64 rows over Q4_K/Q6_K matrices go to the flat GEMM
-// instead: flat_gemm.h, flat_gemm_gguf.)
+// of the per-block terms differs. (Products of 4-64 rows over matrices whose types all have a flat
+// format go to the flat GEMM instead: flat_gemm.h, flat_gemm_gguf.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
