@@ -253,15 +253,24 @@ struct Args {
   int ldy, col0;  // y's row stride and first column (Store, StoreF32, AddF32): N and 0 but for GGUF segments
 };
 
+// The ggml type of a GGUF weight format.
+constexpr uint32_t ggml_type_of(WeightFormat f) {
+  using namespace detail::ggml_type;
+  switch (f) {
+    case WeightFormat::GgufQ4K: return kQ4_K;
+    case WeightFormat::GgufQ5K: return kQ5_K;
+    case WeightFormat::GgufQ6K: return kQ6_K;
+    case WeightFormat::GgufQ4_0: return kQ4_0;
+    case WeightFormat::GgufQ4_1: return kQ4_1;
+    default: return kQ8_0;
+  }
+}
+
 // Weights k = 8c .. 8c + 7 of a GGUF row's 256-k slice in shared memory, as 8 T.
 template <class T, WeightFormat WF>
 __device__ __forceinline__ uint4 gguf_chunk_to(const unsigned char* slice, int c) {
-  if constexpr (WF == WeightFormat::GgufQ4K) return detail::gguf_q4k_q5k_chunk_to<T, false>(slice, c);
-  else if constexpr (WF == WeightFormat::GgufQ5K) return detail::gguf_q4k_q5k_chunk_to<T, true>(slice, c);
-  else if constexpr (WF == WeightFormat::GgufQ6K) return detail::gguf_q6k_chunk_to<T>(slice, c);
-  else if constexpr (WF == WeightFormat::GgufQ4_0) return detail::gguf_q4_0_q4_1_chunk_to<T, false>(slice, c);
-  else if constexpr (WF == WeightFormat::GgufQ4_1) return detail::gguf_q4_0_q4_1_chunk_to<T, true>(slice, c);
-  else return detail::gguf_q8_0_chunk_to<T>(slice, c);
+  if constexpr (WF == WeightFormat::GgufQ8_0) return detail::gguf_q8_0_chunk_to<T>(slice, c);
+  else return detail::gguf_chunk_to<T, ggml_type_of(WF)>(slice, c);
 }
 
 // FP8: the weights are e4m3 bytes (fp8.h) with per-row scales; Int4: q4 words with per-group zs
@@ -836,8 +845,7 @@ void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int g
 }
 
 bool flat_gemm_gguf_format(uint32_t ggml_type, WeightFormat& format) {
-  // ggml's type numbers (io/gguf.h's GgmlType)
-  constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+  using namespace detail::ggml_type;
   switch (ggml_type) {
     case kQ4_0: format = WeightFormat::GgufQ4_0; return true;
     case kQ4_1: format = WeightFormat::GgufQ4_1; return true;

@@ -1,7 +1,8 @@
-// GGUF block fields read on the GPU: Q4_K's 6-bit scales and mins, and the conversions of a slice
-// of 8 consecutive weights of 256 (a Q4_K, Q5_K or Q6_K super-block, or eight Q4_0, Q4_1 or Q8_0 blocks)
-// to the 16-bit values of an MMA fragment (flat_gemm.cu). The block GEMV (gguf_blocks.cu) shares
-// the scale decoding. The layouts are ggml's: Q4_K = d, dmin (f16), 12 scale bytes, 128 nibble
+// GGUF block fields read on the GPU: Q4_K's 6-bit scales and mins, the fields of a slice of 8
+// consecutive weights of 256 (a Q4_K, Q5_K or Q6_K super-block, or eight Q4_0, Q4_1 or Q8_0 blocks),
+// which the prefill's dequantization (gguf_blocks.cu) turns into fp32 as the host does, and their
+// conversion to the 16-bit values of an MMA fragment (flat_gemm.cu). The block GEMV shares the
+// scale decoding. The layouts are ggml's: Q4_K = d, dmin (f16), 12 scale bytes, 128 nibble
 // bytes (bytes 32p .. 32p + 31 hold elements 64p .. 64p + 31 in their low nibbles, 64p + 32 ..
 // 64p + 63 in their high ones); Q5_K = Q4_K's head, 32 bytes of fifth bits, then its nibbles; Q6_K
 // = 128 low-nibble bytes, 64 bytes of 2-bit highs, 16 int8 scales (one per 16 elements), d (f16);
@@ -18,6 +19,11 @@
 #include "backend/cuda/mma_fragments.cuh"
 
 namespace fdpp::cuda::detail {
+
+// ggml's type numbers (io/gguf.h's GgmlType) of the blocks the GPU keeps.
+namespace ggml_type {
+inline constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+}  // namespace ggml_type
 
 __device__ __forceinline__ float half_bits(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
 
@@ -60,74 +66,84 @@ __device__ __forceinline__ void quant_pairs(const uint2& q, int shift, int bits,
   for (int i = 0; i < 4; ++i) pairs[i] = (byte_pair(q.x, q.y, i) >> shift) & mask;
 }
 
-// 8 unsigned quants (below 128, in the 16-bit halves of pairs) as 8 T in register order (k 8c in
-// the low half of .x): (q - offset) scale + add, q - offset converted exactly ((magic + q) - (magic
-// + offset)) and the fused multiply-add rounded once.
-template <class T>
-__device__ __forceinline__ uint4 quants_to(const uint32_t (&pairs)[4], uint32_t offset, T scale, T add) {
+// Weights k = 8c .. 8c + 7 (c = 0..31) of 256 k of a row of ggml type Q (Q4_K, Q5_K, Q6_K, Q4_0,
+// Q4_1; Q8_0's signed quants are read apart) at blk: weight i is (q_i - offset) scale + add, q_i
+// the unsigned quant (below 128) in the 16-bit halves of pairs (weight 2i in the low half of pair
+// i), scale and add in fp32 as the host's dequantization forms them (add 0 where the type has
+// none). blk 16-byte aligned for Q4_K and Q5_K, 2-byte aligned for the others (4 bytes readable
+// past the last byte); shared or global memory.
+struct ChunkFields {
+  uint32_t pairs[4];
+  uint32_t offset;
+  float scale, add;
+};
+template <uint32_t Q>
+__device__ __forceinline__ ChunkFields gguf_chunk_fields(const unsigned char* blk, int c) {
+  using namespace ggml_type;
+  ChunkFields f;
+  if constexpr (Q == kQ4_K || Q == kQ5_K) {
+    // T(d sc_j) q - T(dmin m_j); Q5_K's fifth bit of element 32 j + l is bit j of qh[l].
+    const int j = c >> 2, l0 = 8 * (c & 3);  // the 32-element group, the first of its 8 elements
+    const uint4 head = *reinterpret_cast<const uint4*>(blk);
+    const uint32_t sc[3] = {head.y, head.z, head.w};
+    int s, m;
+    scale_min_k4(j, sc, s, m);
+    quant_pairs(*reinterpret_cast<const uint2*>(blk + (Q == kQ5_K ? 48 : 16) + 32 * (j >> 1) + l0), 4 * (j & 1), 4,
+                f.pairs);
+    if constexpr (Q == kQ5_K) {
+      uint32_t high[4];
+      quant_pairs(*reinterpret_cast<const uint2*>(blk + 16 + l0), j, 1, high);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f.pairs[i] |= high[i] << 4;
+    }
+    f.offset = 0;
+    f.scale = __fmul_rn(half_bits(head.x & 0xFFFF), float(s));
+    f.add = -__fmul_rn(half_bits(head.x >> 16), float(m));
+  } else if constexpr (Q == kQ6_K) {
+    // d sc (q - 32)
+    const int h = c >> 4, kk = (c >> 2) & 3, l0 = 8 * (c & 3);  // half, quarter of the half, first l
+    uint32_t high[4];
+    quant_pairs(load8_a2(blk + 64 * h + 32 * (kk & 1) + l0), 4 * (kk >> 1), 4, f.pairs);
+    quant_pairs(load8_a2(blk + 128 + 32 * h + l0), 2 * kk, 2, high);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f.pairs[i] |= high[i] << 4;
+    const int sc = int(static_cast<int8_t>(blk[192 + 8 * h + 2 * kk + (l0 >> 4)]));
+    f.offset = 32;
+    f.scale = __fmul_rn(half_bits(uint32_t(blk[208]) | uint32_t(blk[209]) << 8), float(sc));
+    f.add = 0.f;
+  } else {
+    static_assert(Q == kQ4_0 || Q == kQ4_1, "gguf_chunk_fields: Q4_K, Q5_K, Q6_K, Q4_0 or Q4_1");
+    // (q - 8) d, or q d + m; element e of a block in the low nibble of its byte e (e < 16) or the
+    // high nibble of byte e - 16.
+    constexpr int kHead = Q == kQ4_1 ? 4 : 2;  // d (and m), f16
+    const unsigned char* b = blk + (16 + kHead) * (c >> 2);
+    quant_pairs(load8_a2(b + kHead + 8 * (c & 1)), 4 * ((c >> 1) & 1), 4, f.pairs);
+    f.offset = Q == kQ4_1 ? 0 : 8;
+    f.scale = half_bits(uint32_t(b[0]) | uint32_t(b[1]) << 8);
+    f.add = Q == kQ4_1 ? half_bits(uint32_t(b[2]) | uint32_t(b[3]) << 8) : 0.f;
+  }
+  return f;
+}
+
+// The same 8 weights as T in register order (k 8c in the low half of .x): (q - offset) T(scale) +
+// T(add), q - offset converted exactly ((magic + q) - (magic + offset)) and the fused multiply-add
+// rounded once.
+template <class T, uint32_t Q>
+__device__ __forceinline__ uint4 gguf_chunk_to(const unsigned char* blk, int c) {
   using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const ChunkFields f = gguf_chunk_fields<Q>(blk, c);
+  const T scale = from_float<T>(f.scale), add = from_float<T>(f.add);
   const T2 s2{scale, scale}, a2{add, add};
-  const uint32_t magic = int4_magic2<T>(), magic_offset = magic + offset * 0x00010001u;
+  const uint32_t magic = int4_magic2<T>(), magic_offset = magic + f.offset * 0x00010001u;
   const T2 offset2 = *reinterpret_cast<const T2*>(&magic_offset);
   uint32_t r[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t u = pairs[i] | magic;
+    const uint32_t u = f.pairs[i] | magic;
     const T2 v = __hfma2(__hsub2(*reinterpret_cast<const T2*>(&u), offset2), s2, a2);
     r[i] = *reinterpret_cast<const uint32_t*>(&v);
   }
   return make_uint4(r[0], r[1], r[2], r[3]);
-}
-
-// Weights k = 8c .. 8c + 7 (c = 0..31) of the Q4_K (or, with kFifthBit, Q5_K) super-block at blk
-// (16-byte aligned, shared memory): T(d sc_j) q - T(dmin m_j); Q5_K's fifth bit of element 32 j + l
-// is bit j of qh[l].
-template <class T, bool kFifthBit>
-__device__ __forceinline__ uint4 gguf_q4k_q5k_chunk_to(const unsigned char* blk, int c) {
-  const int j = c >> 2, l0 = 8 * (c & 3);  // the 32-element group, the first of its 8 elements
-  const uint4 head = *reinterpret_cast<const uint4*>(blk);
-  const uint32_t sc[3] = {head.y, head.z, head.w};
-  int s, m;
-  scale_min_k4(j, sc, s, m);
-  uint32_t q[4];
-  quant_pairs(*reinterpret_cast<const uint2*>(blk + (kFifthBit ? 48 : 16) + 32 * (j >> 1) + l0), 4 * (j & 1), 4, q);
-  if constexpr (kFifthBit) {
-    uint32_t high[4];
-    quant_pairs(*reinterpret_cast<const uint2*>(blk + 16 + l0), j, 1, high);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) q[i] |= high[i] << 4;
-  }
-  return quants_to<T>(q, 0, from_float<T>(half_bits(head.x & 0xFFFF) * float(s)),
-                      from_float<T>(-(half_bits(head.x >> 16) * float(m))));
-}
-
-// Weights k = 8c .. 8c + 7 of the Q6_K super-block at blk (2-byte aligned, shared memory; 4 bytes
-// past its 210 readable): T(d sc) (q - 32).
-template <class T>
-__device__ __forceinline__ uint4 gguf_q6k_chunk_to(const unsigned char* blk, int c) {
-  const int h = c >> 4, kk = (c >> 2) & 3, l0 = 8 * (c & 3);  // half, quarter of the half, first l
-  uint32_t q[4], high[4];
-  quant_pairs(load8_a2(blk + 64 * h + 32 * (kk & 1) + l0), 4 * (kk >> 1), 4, q);
-  quant_pairs(load8_a2(blk + 128 + 32 * h + l0), 2 * kk, 2, high);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) q[i] |= high[i] << 4;
-  const int sc = int(static_cast<int8_t>(blk[192 + 8 * h + 2 * kk + (l0 >> 4)]));
-  const uint32_t d_bits = uint32_t(blk[208]) | uint32_t(blk[209]) << 8;
-  return quants_to<T>(q, 32, from_float<T>(half_bits(d_bits) * float(sc)), from_float<T>(0.f));
-}
-
-// Weights k = 8c .. 8c + 7 (c = 0..31) of the eight Q4_0 (or, with kMin, Q4_1) blocks of 32 at blk
-// (18 or 20 bytes each; 4 bytes past the last readable): (q - 8) T(d), or q T(d) + T(m); element e
-// of a block in the low nibble of its byte e (e < 16) or the high nibble of byte e - 16.
-template <class T, bool kMin>
-__device__ __forceinline__ uint4 gguf_q4_0_q4_1_chunk_to(const unsigned char* blk, int c) {
-  constexpr int kHead = kMin ? 4 : 2;  // d (and m), f16
-  const unsigned char* b = blk + (16 + kHead) * (c >> 2);
-  uint32_t q[4];
-  quant_pairs(load8_a2(b + kHead + 8 * (c & 1)), 4 * ((c >> 1) & 1), 4, q);
-  const T d = from_float<T>(half_bits(uint32_t(b[0]) | uint32_t(b[1]) << 8));
-  const T m = from_float<T>(kMin ? half_bits(uint32_t(b[2]) | uint32_t(b[3]) << 8) : 0.f);
-  return quants_to<T>(q, kMin ? 0 : 8, d, m);
 }
 
 // Weights k = 8c .. 8c + 7 (c = 0..31) of the eight Q8_0 blocks of 32 at blk (34 bytes each, 2-byte

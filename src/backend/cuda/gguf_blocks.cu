@@ -10,8 +10,8 @@
 // (144 and 176 bytes) with 16-byte loads, Q4_1 (20) with 4-byte ones and Q4_0, Q8_0 and Q6_K (18, 34
 // and 210 bytes, 2-byte aligned) with 2-byte ones; the L1 turns the warp's strided loads into whole
 // lines. The integer sums are the CPU's (cpu/quant_matmul.cpp's scalar kernels); only the fp32 order
-// of the per-block terms differs. (Products of 3-64 rows over Q4_K/Q6_K matrices go to the flat GEMM
-// instead: flat_gemm.h, flat_gemm_gguf.)
+// of the per-block terms differs. (Products of 4-64 rows over matrices whose types all have a flat
+// format go to the flat GEMM instead: flat_gemm.h, flat_gemm_gguf.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -33,8 +33,7 @@ using detail::half_bits;
 using detail::scale_min_k4;
 using detail::to_float;
 
-// ggml's type numbers (io/gguf.h's GgmlType).
-constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+using namespace detail::ggml_type;  // kQ4_0 .. kQ6_K
 
 constexpr int kWarps = 8;  // per CTA
 constexpr int kRows = 2;   // weight rows per warp (a gate row and its up row for SwiGLU)
@@ -482,56 +481,20 @@ void launch_type(const GgufSegment& seg, const uint8_t* act, const ActLayout& L,
 // uncontracted), rounded to T.
 template <uint32_t Q>
 __device__ __forceinline__ void chunk_fp32(const uint8_t* __restrict__ span, int c, float (&v)[8]) {
-  using detail::load8_a2;
-  // Byte i (0..7) of the 8 at q, shifted right by `shift` and masked.
-  auto nib = [](const uint2& q, int i, int shift, uint32_t mask) {
-    return ((i < 4 ? q.x : q.y) >> (8 * (i & 3) + shift)) & mask;
-  };
-  if constexpr (Q == kQ4_0 || Q == kQ4_1 || Q == kQ8_0) {
-    constexpr int kBlock = Q == kQ4_0 ? 18 : Q == kQ4_1 ? 20 : 34, kHead = Q == kQ4_1 ? 4 : 2;
-    const uint8_t* b = span + kBlock * (c >> 2);
+  if constexpr (Q == kQ8_0) {
+    const uint8_t* b = span + 34 * (c >> 2);
     const float d = half_bits(uint32_t(b[0]) | uint32_t(b[1]) << 8);
-    if constexpr (Q == kQ8_0) {
-      const uint2 q = load8_a2(b + kHead + 8 * (c & 3));
+    const uint2 q = detail::load8_a2(b + 2 + 8 * (c & 3));
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(float(int8_t(uint8_t(nib(q, i, 0, 0xFF)))), d);
-    } else {
-      // Elements 0..15 of a block in the low nibbles of its 16 bytes, 16..31 in the high ones.
-      const uint2 q = load8_a2(b + kHead + 8 * (c & 1));
-      const int shift = 4 * ((c >> 1) & 1);
-      const float m = Q == kQ4_1 ? half_bits(uint32_t(b[2]) | uint32_t(b[3]) << 8) : 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float q4 = float(nib(q, i, shift, 0xF));
-        v[i] = Q == kQ4_0 ? __fmul_rn(q4 - 8.f, d) : __fadd_rn(__fmul_rn(q4, d), m);
-      }
-    }
-  } else if constexpr (Q == kQ4_K || Q == kQ5_K) {
-    const int j = c >> 2, l0 = 8 * (c & 3);
-    const uint4 head = __ldg(reinterpret_cast<const uint4*>(span));
-    const uint32_t sc[3] = {head.y, head.z, head.w};
-    int s, m;
-    scale_min_k4(j, sc, s, m);
-    const float d1 = __fmul_rn(half_bits(head.x & 0xFFFF), float(s)), m1 = __fmul_rn(half_bits(head.x >> 16), float(m));
-    const uint2 q = __ldg(reinterpret_cast<const uint2*>(span + (Q == kQ4_K ? 16 : 48) + 32 * (j >> 1) + l0));
-    uint2 qh = make_uint2(0, 0);
-    if constexpr (Q == kQ5_K) qh = __ldg(reinterpret_cast<const uint2*>(span + 16 + l0));
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(float(int8_t(uint8_t((i < 4 ? q.x : q.y) >> (8 * (i & 3))))), d);
+  } else {
+    const detail::ChunkFields f = detail::gguf_chunk_fields<Q>(span, c);
+    constexpr bool kAdd = Q == kQ4_1 || Q == kQ4_K || Q == kQ5_K;  // no "+ 0": it would turn -0 into +0
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      uint32_t q5 = nib(q, i, 4 * (j & 1), 0xF);
-      if constexpr (Q == kQ5_K) q5 |= nib(qh, i, j, 1) << 4;
-      v[i] = __fsub_rn(__fmul_rn(d1, float(q5)), m1);
-    }
-  } else {  // Q6_K
-    const int h = c >> 4, kk = (c >> 2) & 3, l0 = 8 * (c & 3);
-    const uint2 ql = load8_a2(span + 64 * h + 32 * (kk & 1) + l0);
-    const uint2 qh = load8_a2(span + 128 + 32 * h + l0);
-    const int sc = int(int8_t(span[192 + 8 * h + 2 * kk + (l0 >> 4)]));
-    const float d1 = __fmul_rn(half_bits(uint32_t(span[208]) | uint32_t(span[209]) << 8), float(sc));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t q6 = nib(ql, i, 4 * (kk >> 1), 0xF) | nib(qh, i, 2 * kk, 3) << 4;
-      v[i] = __fmul_rn(d1, float(q6) - 32.f);
+      const int q = int((f.pairs[i >> 1] >> (16 * (i & 1))) & 0xFFFF) - int(f.offset);
+      const float x = __fmul_rn(float(q), f.scale);
+      v[i] = kAdd ? __fadd_rn(x, f.add) : x;
     }
   }
 }

@@ -249,6 +249,7 @@ LinearImpl LinearDispatcher::gguf_choice(int M, const GgufMatrix& m) const {
 void LinearDispatcher::reserve_gguf(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream) {
   check(max_m >= 1, "linear dispatch: reserve_gguf for M = {}", max_m);
   size_t x_bytes = 0, w_bytes = 0, sc = 0, ws = 0;
+  bool flat = false;  // a shape the flat GEMM can take
   const int flat_rows = std::min(max_m, kFlatGemmMaxM);
   for (const LinearShape& s : shapes) {
     // The block GEMV's 8-bit x up to its rows, and a SwiGLU over two segment types' scratch.
@@ -257,12 +258,8 @@ void LinearDispatcher::reserve_gguf(int max_m, std::span<const LinearShape> shap
       x_bytes = std::max(x_bytes, gguf_act_bytes(gemv_rows, s.k));
       sc = std::max(sc, static_cast<size_t>(gemv_rows) * static_cast<size_t>(s.n) * 2);
     }
-    // The flat GEMM's split-K workspace for any segment of these rows: its plan depends on the
-    // segment's row count, which a shape does not tell, so the bound over every N.
     if (gguf_choice(flat_rows, true) == LinearImpl::Flat && s.k % 256 == 0) {
-      for (const WeightFormat f : {WeightFormat::GgufQ4K, WeightFormat::GgufQ5K, WeightFormat::GgufQ6K,
-                                   WeightFormat::GgufQ4_0, WeightFormat::GgufQ4_1, WeightFormat::GgufQ8_0})
-        ws = std::max(ws, flat_gemm_workspace_bound(flat_rows, gpu_.sm_count, f));
+      flat = true;
       sc = std::max(sc, static_cast<size_t>(flat_rows) * static_cast<size_t>(s.n) * 2);
     }
     if (gguf_choice(max_m, false) == LinearImpl::Cublas) {
@@ -270,6 +267,12 @@ void LinearDispatcher::reserve_gguf(int max_m, std::span<const LinearShape> shap
       sc = std::max(sc, static_cast<size_t>(max_m) * static_cast<size_t>(s.n) * 2);  // SwiGLU's gate and up
     }
   }
+  // The flat GEMM's split-K workspace for any segment of these rows: its plan depends on the
+  // segment's row count, which a shape does not tell, so the bound over every N.
+  if (flat)
+    for (const WeightFormat f : {WeightFormat::GgufQ4K, WeightFormat::GgufQ5K, WeightFormat::GgufQ6K,
+                                 WeightFormat::GgufQ4_0, WeightFormat::GgufQ4_1, WeightFormat::GgufQ8_0})
+      ws = std::max(ws, flat_gemm_workspace_bound(flat_rows, gpu_.sm_count, f));
   ensure_flat_workspace(ws, stream);
   if (x_bytes > gguf_x_.bytes()) grow_outside_capture(gguf_x_, x_bytes, stream, "the GGUF products' 8-bit x");
   if (w_bytes > w16_.bytes()) grow_outside_capture(w16_, w_bytes, stream, "the dequantized weights' scratch");

@@ -123,8 +123,9 @@ class LinearDispatcher {
   // Cublas (dequantized); flat_types: whether every segment's type has the flat GEMM.
   LinearImpl gguf_choice(int M, const GgufMatrix& m) const;
   LinearImpl gguf_choice(int M, bool flat_types) const;
-  // The fewest rows of x that go to the GGUF flat GEMM rather than the block GEMV (docs/PERFORMANCE.md).
-  static constexpr int kGgufFlatMinM = 3;
+  // The fewest rows of x that go to the GGUF flat GEMM rather than the block GEMV: at 3 rows the
+  // GEMV measured faster on a Q4_K_M file, at 4 the flat GEMM (docs/PERFORMANCE.md).
+  static constexpr int kGgufFlatMinM = 4;
 
   // The same with the implementation given (no choice, no fallback): M must be within its limit.
   void run_impl(LinearImpl impl, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
