@@ -486,10 +486,24 @@ fi
 if stage moe; then
   for m in ${FDPP_MOE_MODELS:-qwen3-30b-a3b mixtral-8x7b}; do
     bench $m --config "$root/configs/$m.json" --dtype bf16 -b 1,8,64 -c 1024 -p 512
+    # The same model with switches (FDPP_MOE_VARIANT="FDPP_FOLD_NORMS=0 ...") right after, then the
+    # default again: noise shows as the two default runs differ.
+    if [[ -n ${FDPP_MOE_VARIANT:-} ]]; then
+      (export $FDPP_MOE_VARIANT; bench $m-variant --config "$root/configs/$m.json" --dtype bf16 -b 1,8,64 -c 1024 -p 512)
+      bench $m-again --config "$root/configs/$m.json" --dtype bf16 -b 1,8,64 -c 1024 -p 512
+    fi
     if [[ ${FDPP_MOE_PEERS:-1} == 1 ]]; then
       python3 "$root/bench/peers/moe_peers.py" "$root/configs/$m.json" -p 512 -b 1,64 -c 1024 --backends grouped_mm \
         --json "$OUT/hf_$m.json" >"$OUT/hf_$m.txt" 2>&1 || log "moe_peers $m failed: $(tail -1 "$OUT/hf_$m.txt")"
       { echo; grep -E "^\|" "$OUT/hf_$m.txt"; } | tee -a "$summary"
+    fi
+    # One-token steps kernel by kernel (FDPP_MOE_TRACE=1; FDPP_PDL=0 so that each kernel's time is
+    # its own): what a layer costs besides reading its experts.
+    if [[ ${FDPP_MOE_TRACE:-0} == 1 && -f $B/libfdpp_gpu_trace.so ]]; then
+      FDPP_PDL=0 CUDA_INJECTION64_PATH="$B/libfdpp_gpu_trace.so" FDPP_GPU_TRACE_OUT=/tmp/moe_$m.gputrace \
+        "$B/fdpp" bench --load-format dummy --config "$root/configs/$m.json" --dtype bf16 -b 1 -c 1024 -r 3 >/dev/null 2>&1
+      python3 "$root/bench/gpu_busy.py" /tmp/moe_$m.gputrace --graphs-only --top 40 >"$OUT/trace_${m}_decode.txt" 2>&1
+      head -24 "$OUT/trace_${m}_decode.txt" | cut -c1-150 | tee -a "$summary"
     fi
   done
 fi

@@ -146,6 +146,14 @@ TEST(EnvironmentFallback, MoePath) {
   env.vars = {{"FDPP_MOE_PATH", "tensor"}};
   EXPECT_EQ(test::error_of([&] { resolve_kernel_options({}, env.lookup()); }),
             "FDPP_MOE_PATH 'tensor' is not one of auto, mma, core");
+  // The folded norms (the same bits either way; a measurement switch, variable only).
+  env.vars = {};
+  EXPECT_TRUE(resolve_kernel_options({}, env.lookup()).fold_norms);
+  env.vars = {{"FDPP_FOLD_NORMS", "0"}};
+  EXPECT_FALSE(resolve_kernel_options({}, env.lookup()).fold_norms);
+  env.vars = {{"FDPP_FOLD_NORMS", "sometimes"}};
+  EXPECT_EQ(test::error_of([&] { resolve_kernel_options({}, env.lookup()); }),
+            "FDPP_FOLD_NORMS 'sometimes' is not one of on, off (or 1, 0)");
 }
 
 // The KV cache layout (a measurement switch of bench-attention and, through the variable, of the

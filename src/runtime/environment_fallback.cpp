@@ -85,6 +85,8 @@ cuda::KernelOptions resolve_kernel_options(const KernelFlags& flags, const Envir
   else if (const std::string e = variable(env, "FDPP_KV_LAYOUT"); !e.empty())
     o.kv_head_major = parse_kv_head_major(e, "FDPP_KV_LAYOUT");
   if (const std::string e = variable(env, "FDPP_MOE_PATH"); !e.empty()) o.moe_path = parse_moe_path(e, "FDPP_MOE_PATH");
+  if (const std::string e = variable(env, "FDPP_FOLD_NORMS"); !e.empty())
+    o.fold_norms = parse_switch(e, "FDPP_FOLD_NORMS");
   return o;
 }
 

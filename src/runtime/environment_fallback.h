@@ -16,6 +16,7 @@
 //   FDPP_KV_LAYOUT        --kv-layout          KernelOptions::kv_head_major (head-major|token-major;
 //                                              bench-attention)
 //   FDPP_MOE_PATH         (none)               KernelOptions::moe_path (auto|mma|core)
+//   FDPP_FOLD_NORMS       (none)               KernelOptions::fold_norms
 //   FDPP_LINEAR           --linear             DispatchSelectOptions::mode
 //   FDPP_DISPATCH_TABLE   --dispatch-table     DispatchSelectOptions::table_path
 //   FDPP_GEMV_MAX_M       (none)               DispatchSelectOptions::gemv_max_m

@@ -407,8 +407,8 @@ struct CudaEngine::Forward {
   void add_norm(int layer, BlockNorm which, bool add_delta, bool write_back) {
     const DeviceLayer& L = m.layers[layer];
     const bool attention_norm = which == BlockNorm::Attention;
-    if (!attention_norm && c.is_moe_layer(layer) && c.pre_norm && add_delta && !write_back &&
-        c.norm == NormType::RMSNorm && L.ffn_norm_bias.empty()) {
+    if (!attention_norm && current_kernel_options().fold_norms && c.is_moe_layer(layer) && c.pre_norm && add_delta &&
+        !write_back && c.norm == NormType::RMSNorm && L.ffn_norm_bias.empty()) {
       ffn_norm_pending = layer;
       return;
     }
@@ -425,7 +425,13 @@ struct CudaEngine::Forward {
   // The q/k norms wait for the rotary kernel, which applies them (one launch fewer a layer); a
   // cache write without rotation runs them first.
   bool qk_norm_pending = false;
-  void qk_norm(int) { qk_norm_pending = true; }
+  void qk_norm(int layer) {
+    if (current_kernel_options().fold_norms) {
+      qk_norm_pending = true;
+    } else {
+      apply_qk_norm(layer);
+    }
+  }
   void apply_qk_norm(int layer) {
     const DeviceLayer& L = m.layers[layer];
     head_rms_norm(e.qkv_.get(), n, c.n_heads, c.n_kv_heads, c.head_dim, L.q_norm.get(), L.k_norm.get(), c.norm_eps,
