@@ -281,60 +281,6 @@ TEST_F(CudaKernels, MoeRouteOneMatchesRouterThenRoute) {
   }
 }
 
-// moe_route_one with the layer's pre-MLP RMSNorm folded in equals residual_norm (the delta added to
-// the stream, x written) followed by moe_route_one, bit for bit: the stream, x, the logits and the
-// routing. Hidden sizes whose residual_norm block has 1 to 32 warps, and one past 1,024 threads
-// (units summed twice a thread); each case launches twice.
-TEST_F(CudaKernels, MoeRouteOneWithFoldedNormEqualsNormThenRoute) {
-  DeviceBuffer<uint32_t> arrivals(std::vector<uint32_t>{0u});
-  for (DType t : kTypes) {
-    for (const auto [experts, H, k] : {std::tuple{128, 2048, 8}, std::tuple{8, 4096, 2}, std::tuple{60, 2056, 4},
-                                        std::tuple{3, 8, 1}, std::tuple{16, 8192, 4}, std::tuple{4, 8200, 2}}) {
-      const std::string what =
-          std::string(name(t)) + " E=" + std::to_string(experts) + " H=" + std::to_string(H) + " k=" + std::to_string(k);
-      std::vector<float> stream = random_vector(size_t(H), 4.f), unused;
-      const auto delta = random_bits(size_t(H), t, unused, 2.f);
-      const auto weight = random_bits(size_t(H), t, unused);
-      const auto bw = random_bits(size_t(experts) * H, t, unused, 0.2f);
-      DeviceBuffer<uint16_t> d_delta(delta), d_weight(weight), d_w(bw);
-      for (int launch = 0; launch < 2; ++launch) {
-        DeviceBuffer<float> s1(stream), s2(stream), l1(static_cast<size_t>(experts)), l2(static_cast<size_t>(experts));
-        DeviceBuffer<uint16_t> x1(static_cast<size_t>(H)), x2(static_cast<size_t>(H));
-        for (auto* b : {&x1, &x2}) b->poison();
-        l1.poison();
-        l2.poison();
-        Routing plain(1, k, experts), folded(1, k, experts);
-        const double eps = 1e-6;
-        cuda::residual_norm(s1.get(), d_delta.get(), nullptr, d_weight.get(), nullptr, x1.get(), 1, H, eps,
-                            NormType::RMSNorm, false, t, nullptr);
-        cuda::moe_route_one(x1.get(), d_w.get(), l1.get(), arrivals.get(), H, experts, k, true, plain.r, t, nullptr);
-        const cuda::MoeInputNorm norm{s2.get(), d_delta.get(), d_weight.get(), eps};
-        ASSERT_TRUE(cuda::moe_route_one_fits(x2.get(), d_w.get(), H, norm)) << what;
-        cuda::moe_route_one(x2.get(), d_w.get(), l2.get(), arrivals.get(), H, experts, k, true, folded.r, t, nullptr,
-                            norm);
-        sync("moe_route_one with the norm " + what);
-        EXPECT_EQ(arrivals.download()[0], 0u) << what;
-        EXPECT_EQ(s1.download(), s2.download()) << what << ": the stream";
-        EXPECT_EQ(x1.download(), x2.download()) << what << ": x";
-        EXPECT_EQ(l1.download(), l2.download()) << what << ": the logits";
-        EXPECT_EQ(plain.pick_expert.download(), folded.pick_expert.download()) << what;
-        EXPECT_EQ(plain.pick_weight.download(), folded.pick_weight.download()) << what;
-        EXPECT_EQ(plain.row_token.download(), folded.row_token.download()) << what;
-      }
-    }
-  }
-  // The folded norm without its delta or weight, or with an eps that is not finite: refused.
-  DeviceBuffer<uint16_t> buf(64);
-  DeviceBuffer<float> f32(64);
-  Routing r(1, 1, 4);
-  for (const cuda::MoeInputNorm bad : {cuda::MoeInputNorm{f32.get(), nullptr, buf.get(), 1e-6},
-                                       cuda::MoeInputNorm{f32.get(), buf.get(), buf.get(), NAN}})
-    expect_error_naming([&] { cuda::moe_route_one(buf.get(), buf.get(), f32.get(), arrivals.get(), 8, 4, 1, true, r.r,
-                                                  DType::F16, nullptr, bad); },
-                        "moe_route_one");
-  sync("(no launch expected)");
-}
-
 // FDPP_GPU_BENCH=1: one expert layer, from the router's logits to the combined output, of
 // Qwen3-30B-A3B and Mixtral 8x7B in bf16 at several token counts: fdpp's kernels (the automatic
 // choice) against the second peer, the dense path called once per chosen expert

@@ -401,17 +401,9 @@ struct CudaEngine::Forward {
   void stream_as_input() {
     convert_stored_type(0 /* F32 */, e.x_.get(), static_cast<int64_t>(n) * H, H, 0, e.normed_.get(), dt, st);
   }
-  // An expert layer's pre-MLP norm (RMSNorm, the delta added, no write-back) waits for moe_mlp: a
-  // step of one token folds it into the router's launch.
-  int ffn_norm_pending = -1;
   void add_norm(int layer, BlockNorm which, bool add_delta, bool write_back) {
     const DeviceLayer& L = m.layers[layer];
     const bool attention_norm = which == BlockNorm::Attention;
-    if (!attention_norm && current_kernel_options().fold_norms && c.is_moe_layer(layer) && c.pre_norm && add_delta &&
-        !write_back && c.norm == NormType::RMSNorm && L.ffn_norm_bias.empty()) {
-      ffn_norm_pending = layer;
-      return;
-    }
     residual_norm(e.x_.as<float>(), add_delta ? e.o_.get() : nullptr, nullptr,
                   attention_norm ? L.attn_norm.get() : L.ffn_norm.get(),
                   attention_norm ? L.attn_norm_bias.get() : L.ffn_norm_bias.get(), e.normed_.get(), n, H, c.norm_eps,
@@ -553,17 +545,10 @@ struct CudaEngine::Forward {
     const MoeRouting r{e.moe_pick_expert_.as<int32_t>(), e.moe_pick_weight_.as<float>(), e.moe_pick_row_.as<int32_t>(),
                        e.moe_row_token_.as<int32_t>(), e.moe_tile_expert_.as<int32_t>(),
                        e.moe_block_tile_.as<int32_t>()};
-    MoeInputNorm norm;
-    if (ffn_norm_pending == layer)
-      norm = {e.x_.as<float>(), e.o_.get(), L.ffn_norm.get(), c.norm_eps};
-    ffn_norm_pending = -1;
-    if (n == 1 && moe_route_one_fits(e.normed_.get(), L.router.get(), H, norm)) {
+    if (n == 1 && moe_route_one_fits(e.normed_.get(), L.router.get(), H)) {
       moe_route_one(e.normed_.get(), L.router.get(), e.moe_logits_.as<float>(), e.moe_arrivals_.as<unsigned>(), H, NE,
-                    K, c.norm_topk_prob, r, dt, st, norm);
+                    K, c.norm_topk_prob, r, dt, st);
     } else {
-      if (norm.stream != nullptr)
-        residual_norm(norm.stream, norm.delta, nullptr, norm.weight, nullptr, e.normed_.get(), n, H, c.norm_eps,
-                      c.norm, false, dt, st);
       e.linear(e.normed_.get(), L.router.get(), nullptr, e.moe_logits_.get(), n, NE, H, /*fp32_out=*/true);
       moe_route(e.moe_logits_.as<float>(), n, NE, K, c.norm_topk_prob, r, st);
       moe_align(n, K, NE, r, st);

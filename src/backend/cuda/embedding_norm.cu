@@ -12,7 +12,6 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/norm_threads.cuh"
 
 namespace fdpp::cuda {
 
@@ -21,7 +20,6 @@ namespace {
 using detail::aligned16;
 using detail::check_launch;
 using detail::load8;
-using detail::row_threads;
 using detail::store8;
 using detail::to_float;
 using detail::from_float;
@@ -199,6 +197,14 @@ __global__ void residual_norm_kernel(NormArgs a) {
       if (a.write_back) x[i] = y;
     }
   }
+}
+
+// Threads per row-block: one 8-element unit (or one element) per thread up to 1024 threads.
+int row_threads(int units) {
+  int t = ((units + 31) / 32) * 32;
+  if (t < 32) t = 32;
+  if (t > 1024) t = 1024;
+  return t;
 }
 
 // head_rms_norm: one warp per (token, head); the head's elements are strided over the lanes. Row r

@@ -76,9 +76,8 @@ struct KernelOptions {
   // measurement switch: bench-attention --kv-layout token-major).
   bool kv_head_major = true;
   MoePath moe_path = MoePath::Auto;
-  // Norms folded into the next kernel of a step (one launch fewer each): Qwen3's q/k norms into the
-  // rotary kernel, an expert layer's pre-MLP norm into a one-token router. Off: their own launches
-  // (the same bits; a measurement switch, FDPP_FOLD_NORMS).
+  // Qwen3's q/k norms folded into the rotary kernel (one launch fewer a layer). Off: their own
+  // launch (the same bits; a measurement switch, FDPP_FOLD_NORMS).
   bool fold_norms = true;
 
   bool linear_programmatic() const { return linear_programmatic_launch.value_or(programmatic_launch); }

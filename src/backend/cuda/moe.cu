@@ -2,13 +2,11 @@
 // products per tile, and the weighted combine.
 #include <algorithm>
 #include <climits>
-#include <cmath>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernel_options.h"
 #include "backend/cuda/mma_fragments.cuh"
 #include "backend/cuda/moe.h"
-#include "backend/cuda/norm_threads.cuh"
 #include "backend/cuda/per_device.h"
 
 namespace fdpp::cuda {
@@ -120,102 +118,39 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 // loaded before the wait for the previous kernel (they do not depend on it), as the GEMV does;
 // every warp stores its logit, and the last CTA to arrive (a counter in global memory, reset by
 // that CTA for the next launch) routes the token from them.
-//
-// kNorm: the layer's pre-MLP norm is folded in (MoeInputNorm). Each warp forms x = RMSNorm(stream +
-// delta) * weight itself, rounded to T, with the sum of squares taken in residual_norm's order
-// (its block of row_threads(H / 8) threads, each summing its 8-element units, warp sums, then the
-// sum of the warp sums), so x has residual_norm's bits. Only the last CTA writes stream += delta
-// and x (for the expert kernels): every other CTA has read the stream by then.
 constexpr int kRouterWarps = 4;
 constexpr int kRouterUnroll = 8;  // 16-byte chunks a lane loads per pass: a 2,048-wide row in one
-
 template <class T>
-struct RouterInput {
-  const T* x;  // the normed row (without the norm folded in)
-  float* stream;
-  const T* delta;
-  const T* weight;
-  double eps;
-};
-
-// Unit c (8 elements) of stream + delta, residual_norm's first pass.
-template <class T>
-__device__ __forceinline__ void residual_unit(const RouterInput<T>& in, int c, float (&v)[8]) {
-  const float4* sp = reinterpret_cast<const float4*>(in.stream + c * 8);
-  const float4 s0 = sp[0], s1 = sp[1];
-  float d[8];
-  detail::load8(in.delta + c * 8, d);
-  const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = s[i] + d[i];
-}
-
-// 1 / RMS of stream + delta, by one warp, with residual_norm's bits.
-template <class T>
-__device__ float residual_inv_rms(const RouterInput<T>& in, int H) {
-  const int lane = threadIdx.x & 31, units = H / 8, threads = detail::row_threads(units);
-  float warp_total = 0.f;  // lane w: the sum of residual_norm's warp w
-  for (int w = 0; w < threads / 32; ++w) {
-    float acc = 0.f;
-    for (int c = 32 * w + lane; c < units; c += threads) {
-      float v[8];
-      residual_unit(in, c, v);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc += v[i] * v[i];
-    }
-    acc = warp_sum(acc);
-    if (lane == w) warp_total = acc;
-  }
-  const float total = warp_sum(warp_total);
-  return static_cast<float>(1.0 / sqrt(static_cast<double>(total) / H + in.eps));
-}
-
-// Unit c of the router's input x as floats: read (plain) or formed from the residual (kNorm), and
-// then y rounded to T (out: its T bits, to store).
-template <class T, bool kNorm>
-__device__ __forceinline__ void input_unit(const RouterInput<T>& in, int c, float inv, float (&fx)[8]) {
-  if constexpr (kNorm) {
-    float v[8], w[8];
-    residual_unit(in, c, v);
-    detail::load8(in.weight + c * 8, w);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) fx[i] = to_float(from_float<T>(v[i] * inv * w[i]));
-  } else {
-    detail::load8(in.x + c * 8, fx);
-  }
-}
-
-template <class T, bool kNorm>
 __global__ void __launch_bounds__(kRouterWarps * 32)
-    moe_route_one_kernel(RouterInput<T> in, const T* __restrict__ w, int H, int E, int k, bool normalize,
+    moe_route_one_kernel(const T* __restrict__ x, const T* __restrict__ w, int H, int E, int k, bool normalize,
                          float* __restrict__ logits, unsigned* __restrict__ arrivals, MoeRouting r,
-                         int64_t blocks_cap, T* __restrict__ normed_out) {
+                         int64_t blocks_cap) {
   detail::pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int e = blockIdx.x * kRouterWarps + warp;
-  const int chunks = H / 8;
-  const uint4* w4 = reinterpret_cast<const uint4*>(w + int64_t(e) * H);
-  auto load_pass = [&](int base, uint4 (&wv)[kRouterUnroll]) {
-#pragma unroll
-    for (int u = 0; u < kRouterUnroll; ++u) {
-      const int c = base + 32 * u;
-      wv[u] = c < chunks ? __ldcs(w4 + c) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  uint4 wv[kRouterUnroll];
-  if (e < E) load_pass(lane, wv);  // the first pass's weights, before the wait
-  detail::pdl_wait();              // x (or the stream and delta) are the previous kernels'
-  const float inv = kNorm ? residual_inv_rms(in, H) : 1.f;
+  bool waited = false;
   if (e < E) {
+    const int chunks = H / 8;
+    const uint4* w4 = reinterpret_cast<const uint4*>(w + int64_t(e) * H);
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);
     float acc = 0.f;
     for (int base = lane; base < chunks; base += 32 * kRouterUnroll) {
-      if (base != lane) load_pass(base, wv);
+      uint4 wv[kRouterUnroll];
+#pragma unroll
+      for (int u = 0; u < kRouterUnroll; ++u) {
+        const int c = base + 32 * u;
+        wv[u] = c < chunks ? __ldcs(w4 + c) : make_uint4(0, 0, 0, 0);
+      }
+      if (!waited) {  // x is the previous kernel's
+        detail::pdl_wait();
+        waited = true;
+      }
 #pragma unroll
       for (int u = 0; u < kRouterUnroll; ++u) {
         const int c = base + 32 * u;
         if (c >= chunks) break;
         float fx[8];
-        input_unit<T, kNorm>(in, c, inv, fx);
+        detail::load8(reinterpret_cast<const T*>(x4 + c), fx);
         const T* ew = reinterpret_cast<const T*>(&wv[u]);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc = fmaf(to_float(ew[i]), fx[i], acc);
@@ -227,6 +162,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
       __threadfence();
     }
   }
+  if (!waited) detail::pdl_wait();  // the chain of waits stays transitive (cuda_common.cuh)
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -234,25 +170,10 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!last) return;
-  if (warp == 0) {
-    __threadfence();
-    if (lane == 0) *arrivals = 0u;
-    route_token<true>(logits, E, k, normalize, 0, r, true, blocks_cap);
-  } else if constexpr (kNorm) {
-    // Every other CTA is done with the stream: the other warps write it and x while warp 0 routes.
-    for (int c = threadIdx.x - 32; c < chunks; c += (kRouterWarps - 1) * 32) {
-      float v[8], wn[8], y[8];
-      residual_unit(in, c, v);
-      detail::load8(in.weight + c * 8, wn);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) y[i] = v[i] * inv * wn[i];
-      float4* sp = reinterpret_cast<float4*>(in.stream + c * 8);
-      sp[0] = make_float4(v[0], v[1], v[2], v[3]);
-      sp[1] = make_float4(v[4], v[5], v[6], v[7]);
-      detail::store8(normed_out + c * 8, y);
-    }
-  }
+  if (!last || warp != 0) return;
+  __threadfence();
+  if (lane == 0) *arrivals = 0u;
+  route_token<true>(logits, E, k, normalize, 0, r, true, blocks_cap);
 }
 
 // Exclusive prefix sums over E values, in place of value(e) into out[0..E] (out[E] the total), by
@@ -835,35 +756,24 @@ void moe_route(const float* logits, int n, int n_experts, int k, bool normalize,
   check_launch("moe_route");
 }
 
-bool moe_route_one_fits(const void* x, const void* router, int H, const MoeInputNorm& norm) {
-  const bool norm_fits = norm.stream == nullptr || (detail::aligned16(norm.stream) && detail::aligned16(norm.delta) &&
-                                                    detail::aligned16(norm.weight));
-  return H % 8 == 0 && detail::aligned16(x) && detail::aligned16(router) && norm_fits;
+bool moe_route_one_fits(const void* x, const void* router, int H) {
+  return H % 8 == 0 && detail::aligned16(x) && detail::aligned16(router);
 }
 
-void moe_route_one(void* x, const void* router, float* logits, unsigned* arrivals, int H, int n_experts, int k,
-                   bool normalize, const MoeRouting& r, DType dtype, cudaStream_t stream, const MoeInputNorm& norm) {
+void moe_route_one(const void* x, const void* router, float* logits, unsigned* arrivals, int H, int n_experts, int k,
+                   bool normalize, const MoeRouting& r, DType dtype, cudaStream_t stream) {
   check(x != nullptr && router != nullptr && logits != nullptr && arrivals != nullptr, "moe_route_one: null pointer");
   check_routing(r, "moe_route_one");
   check(n_experts > 0 && n_experts <= 1024 && k > 0 && k <= 32 && k <= n_experts,
         "moe_route_one: experts = {} (at most 1024), k = {} (at most 32 and the experts) out of range", n_experts, k);
-  const bool folded = norm.stream != nullptr;
-  check(!folded || (norm.delta != nullptr && norm.weight != nullptr),
-        "moe_route_one: the folded norm needs the stream, the delta and the norm weight");
-  check(!folded || (std::isfinite(norm.eps) && norm.eps >= 0), "moe_route_one: norm eps = {} must be finite and non-negative",
-        norm.eps);
-  check(moe_route_one_fits(x, router, H, norm), "moe_route_one: H = {} must be a multiple of 8 with 16-byte aligned rows",
-        H);
+  check(moe_route_one_fits(x, router, H), "moe_route_one: H = {} must be a multiple of 8 with 16-byte aligned rows", H);
   const detail::LaunchConfig config(dim3((n_experts + kRouterWarps - 1) / kRouterWarps), dim3(kRouterWarps * 32), 0,
                                     stream, programmatic_launch_enabled());
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const RouterInput<T> in{static_cast<const T*>(x), norm.stream, static_cast<const T*>(norm.delta),
-                            static_cast<const T*>(norm.weight), norm.eps};
-    auto* kernel = folded ? moe_route_one_kernel<T, true> : moe_route_one_kernel<T, false>;
-    detail::cuda_check(cudaLaunchKernelEx(config.get(), kernel, in, static_cast<const T*>(router), H, n_experts, k,
-                                          normalize, logits, arrivals, r, moe_routing_sizes(1, k, n_experts).blocks,
-                                          static_cast<T*>(x)),
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_route_one_kernel<T>, static_cast<const T*>(x),
+                                          static_cast<const T*>(router), H, n_experts, k, normalize, logits, arrivals,
+                                          r, moe_routing_sizes(1, k, n_experts).blocks),
                        "cudaLaunchKernelEx(moe_route_one)");
   });
   check_launch("moe_route_one");

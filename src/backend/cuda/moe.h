@@ -72,25 +72,13 @@ bool moe_use_tensor_cores(int n);
 void moe_route(const float* logits, int n, int n_experts, int k, bool normalize, const MoeRouting& r,
                cudaStream_t stream);
 
-// The layer's pre-MLP RMSNorm folded into moe_route_one (one launch fewer a layer): x =
-// RMSNorm(stream + delta) * weight, the bits residual_norm(stream, delta, ..., out = x) gives, and
-// stream += delta. Empty (stream null): x is read as it is.
-struct MoeInputNorm {
-  float* stream = nullptr;       // [H] fp32, updated in place
-  const void* delta = nullptr;   // [H] 16-bit
-  const void* weight = nullptr;  // [H] 16-bit
-  double eps = 0;
-};
-
 // The router product and moe_route for a step of one token, in one launch: logits = router . x
 // (x [H] 16-bit, router [E, H] 16-bit; logits [E] fp32 are written as moe_route reads them), then the
 // same picks and alignment. arrivals: one unsigned, zero before the first launch; the kernel's CTAs
-// count themselves there (the last one routes) and leave it zero. With norm, x is written (the
-// norm's output), else only read. Needs moe_route_one_fits.
-bool moe_route_one_fits(const void* x, const void* router, int H, const MoeInputNorm& norm = {});
-void moe_route_one(void* x, const void* router, float* logits, unsigned* arrivals, int H, int n_experts, int k,
-                   bool normalize, const MoeRouting& r, DType dtype, cudaStream_t stream,
-                   const MoeInputNorm& norm = {});
+// count themselves there (the last one routes) and leave it zero. Needs moe_route_one_fits.
+bool moe_route_one_fits(const void* x, const void* router, int H);
+void moe_route_one(const void* x, const void* router, float* logits, unsigned* arrivals, int H, int n_experts, int k,
+                   bool normalize, const MoeRouting& r, DType dtype, cudaStream_t stream);
 
 // Fills pick_row, row_token, tile_expert and block_tile (the rows, tiles and blocks of
 // moe_routing_sizes(n, ...)) from pick_expert for n tokens. Rows of padding get token -1. A step
