@@ -123,6 +123,21 @@ __global__ void kv_cache_write_kernel(const Src* __restrict__ qkv, const int32_t
 // The cache's element as a kernel template argument: T itself, or an e4m3 byte.
 struct Fp8Cache {};
 
+// One pair (a at ia, b at ib) of a k or v row into the cache at row offset `row`: T as it is, or
+// e4m3 bytes of a / scale (KV = Fp8Cache).
+template <class T, class KV>
+__device__ __forceinline__ void write_cache_pair(void* cache, int64_t row, int ia, int ib, T a, T b, float scale) {
+  if constexpr (std::is_same_v<KV, Fp8Cache>) {
+    uint8_t* dst = static_cast<uint8_t*>(cache) + row;
+    dst[ia] = to_fp8(to_float(a), scale);
+    dst[ib] = to_fp8(to_float(b), scale);
+  } else {
+    T* dst = static_cast<T*>(cache) + row;
+    dst[ia] = a;
+    dst[ib] = b;
+  }
+}
+
 // rope_qk + kv_cache_write in one launch (one per layer instead of two): one thread per (token,
 // head of q, k or v, pair of dims). Pairs below n_freq rotate (q and k heads); the others pass
 // through. Rotated k and v go to the cache at the token's slot (skipped when the slot is
@@ -173,16 +188,8 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
     const int32_t slot = slots[t];
     if (slot < 0) continue;
     const int kvh = is_k ? h - n_heads : h - n_heads - n_kv_heads;
-    if constexpr (std::is_same_v<KV, Fp8Cache>) {
-      uint8_t* dst = static_cast<uint8_t*>(is_k ? k_cache : v_cache) + layout.slot_row(slot, kvh);
-      const float scale = is_k ? k_scale : v_scale;
-      dst[ia] = to_fp8(to_float(a), scale);
-      dst[ib] = to_fp8(to_float(b), scale);
-    } else {
-      T* dst = static_cast<T*>(is_k ? k_cache : v_cache) + layout.slot_row(slot, kvh);
-      dst[ia] = a;
-      dst[ib] = b;
-    }
+    write_cache_pair<T, KV>(is_k ? k_cache : v_cache, layout.slot_row(slot, kvh), ia, ib, a, b,
+                            is_k ? k_scale : v_scale);
   }
 }
 
@@ -245,16 +252,8 @@ __global__ void norm_rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __
       head[ib] = b;
       continue;
     }
-    if constexpr (std::is_same_v<KV, Fp8Cache>) {
-      uint8_t* dst = static_cast<uint8_t*>(is_k ? k_cache : v_cache) + layout.slot_row(slot, kvh);
-      const float scale = is_k ? k_scale : v_scale;
-      dst[ia] = to_fp8(to_float(a), scale);
-      dst[ib] = to_fp8(to_float(b), scale);
-    } else {
-      T* dst = static_cast<T*>(is_k ? k_cache : v_cache) + layout.slot_row(slot, kvh);
-      dst[ia] = a;
-      dst[ib] = b;
-    }
+    write_cache_pair<T, KV>(is_k ? k_cache : v_cache, layout.slot_row(slot, kvh), ia, ib, a, b,
+                            is_k ? k_scale : v_scale);
   }
 }
 
