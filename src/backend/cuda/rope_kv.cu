@@ -37,6 +37,25 @@ __device__ __forceinline__ void rotate_pair(float a0, float b0, float c, float s
   b = __fmul_rn(__fmaf_rn(b0, c, __fmul_rn(a0, s)), scale);
 }
 
+// Pair p of a head: rotated pairs are (p, p + n_freq) or (2p, 2p + 1); the dims after 2 * n_freq
+// pass through as (2p, 2p + 1) in both styles.
+template <bool kInterleaved>
+__device__ __forceinline__ void pair_dims(int p, int n_freq, int& ia, int& ib) {
+  ia = p < n_freq && !kInterleaved ? p : 2 * p;
+  ib = p < n_freq && !kInterleaved ? p + n_freq : 2 * p + 1;
+}
+
+// (a, b) rotated by position * inv_freq and rounded to T, as both cache-writing kernels do.
+template <class T>
+__device__ __forceinline__ void rotate_rounded(T& a, T& b, int32_t position, float inv_freq, float rotary_scale) {
+  float sn, cs;
+  sincosf(static_cast<float>(position) * inv_freq, &sn, &cs);
+  float ra, rb;
+  rotate_pair(to_float(a), to_float(b), cs, sn, rotary_scale, ra, rb);
+  a = from_float<T>(ra);
+  b = from_float<T>(rb);
+}
+
 template <class T, bool kInterleaved>
 __global__ void rope_qk_kernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
                                const float* __restrict__ inv_freq, int n_freq, int n_tokens, int n_rot_heads,
@@ -165,20 +184,11 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
     const int64_t t = rest / heads;
     const bool is_q = h < n_heads, is_k = !is_q && h < n_heads + n_kv_heads;
     T* head = qkv + t * row_stride + int64_t(h) * head_dim;
-    // Rotated pairs: (i, i + n_freq) or (2i, 2i + 1); the dims after 2 * n_freq pass through as
-    // (2p, 2p + 1) in both styles.
-    const bool rotate = (is_q || is_k) && p < n_freq;
-    const int ia = p < n_freq && !kInterleaved ? p : 2 * p;
-    const int ib = p < n_freq && !kInterleaved ? p + n_freq : 2 * p + 1;
+    int ia, ib;
+    pair_dims<kInterleaved>(p, n_freq, ia, ib);
     T a = head[ia], b = head[ib];
-    if (rotate) {
-      const float angle = static_cast<float>(positions[t]) * inv_freq[p];
-      float sn, cs;
-      sincosf(angle, &sn, &cs);
-      float ra, rb;
-      rotate_pair(to_float(a), to_float(b), cs, sn, rotary_scale, ra, rb);
-      a = from_float<T>(ra);
-      b = from_float<T>(rb);
+    if ((is_q || is_k) && p < n_freq) {
+      rotate_rounded(a, b, positions[t], inv_freq[p], rotary_scale);
       if (is_q) {
         head[ia] = a;
         head[ib] = b;
@@ -229,24 +239,17 @@ __global__ void norm_rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __
     ss = detail::warp_sum(ss);
     inv = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / head_dim + eps));
   }
-  const float angle_pos = static_cast<float>(positions[t]);
+  const int32_t position = positions[t];
   const int kvh = is_k ? h - n_heads : h - n_heads - n_kv_heads;
   for (int p = lane; p < head_dim / 2; p += 32) {
-    const int ia = p < n_freq && !kInterleaved ? p : 2 * p;
-    const int ib = p < n_freq && !kInterleaved ? p + n_freq : 2 * p + 1;
+    int ia, ib;
+    pair_dims<kInterleaved>(p, n_freq, ia, ib);
     T a = head[ia], b = head[ib];
     if (w != nullptr) {
       a = from_float<T>(to_float(a) * inv * to_float(w[ia]));
       b = from_float<T>(to_float(b) * inv * to_float(w[ib]));
     }
-    if ((is_q || is_k) && p < n_freq) {
-      float sn, cs;
-      sincosf(angle_pos * inv_freq[p], &sn, &cs);
-      float ra, rb;
-      rotate_pair(to_float(a), to_float(b), cs, sn, rotary_scale, ra, rb);
-      a = from_float<T>(ra);
-      b = from_float<T>(rb);
-    }
+    if ((is_q || is_k) && p < n_freq) rotate_rounded(a, b, position, inv_freq[p], rotary_scale);
     if (is_q) {
       head[ia] = a;
       head[ib] = b;
