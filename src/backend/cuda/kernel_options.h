@@ -76,7 +76,7 @@ struct KernelOptions {
   // measurement switch: bench-attention --kv-layout token-major).
   bool kv_head_major = true;
   MoePath moe_path = MoePath::Auto;
-  // Qwen3's q/k norms folded into the rotary kernel (one launch fewer a layer). Off: their own
+  // Qwen3's and Gemma 3's q/k norms folded into the rotary kernel (one launch fewer a layer). Off: their own
   // launch (the same bits; a measurement switch, FDPP_FOLD_NORMS).
   bool fold_norms = true;
 

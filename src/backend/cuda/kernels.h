@@ -122,7 +122,7 @@ void kv_cache_write(const void* qkv, const int32_t* slots, int n_tokens, int n_h
                     int block_size, void* k_cache, void* v_cache, DType dtype, cudaStream_t stream,
                     const KvQuant& kv_quant = {});
 
-// Qwen3's q/k norms folded into rope_qk_cache: with weights, each q and k head is first normed as
+// The q/k norms (Qwen3, Gemma 3) folded into rope_qk_cache: with weights, each q and k head is first normed as
 // head_rms_norm does (same bits). Empty: no norm.
 struct HeadNorm {
   const void* q_weight = nullptr;  // [head_dim] 16-bit, both or neither

@@ -203,7 +203,7 @@ __global__ void rope_qk_cache_kernel(T* __restrict__ qkv, const int32_t* __restr
   }
 }
 
-// Qwen3's q/k norms, the rotary embedding and the cache write in one launch: a warp per (token, head
+// The q/k norms (Qwen3, Gemma 3), the rotary embedding and the cache write in one launch: a warp per (token, head
 // of q, k or v). A q or k head is first scaled by its RMSNorm (the sum of squares taken in
 // head_rms_norm's order, lane-strided then a warp sum, and the normed values rounded to T as it
 // stores them), then rotated and written as rope_qk_cache_kernel does: the bits of head_rms_norm
