@@ -54,6 +54,22 @@ TEST(GgufBlocksRule, KernelsTakeEveryTypeTheLoaderKeepsInBlocks) {
   for (const GgmlType t : kTypes) EXPECT_EQ(cuda::gguf_shape_problem(u32(t), 4096), nullptr);
 }
 
+// Where a matrix leaves the block GEMV for the flat GEMM (host code): Q4_0 from 6 rows, every
+// other type from kGgufFlatMinM, a matrix of several types at the largest of its segments'.
+TEST(GgufBlocksRule, FlatGemmThresholdPerType) {
+  using cuda::LinearDispatcher;
+  EXPECT_EQ(LinearDispatcher::gguf_flat_min_m(u32(GgmlType::Q4_0)), 6);
+  for (const GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
+    EXPECT_EQ(LinearDispatcher::gguf_flat_min_m(u32(t)), LinearDispatcher::kGgufFlatMinM) << u32(t);
+  cuda::GgufMatrix k_quants, mixed;
+  k_quants.count = mixed.count = 2;
+  k_quants.segments[0].type = mixed.segments[0].type = u32(GgmlType::Q4_K);
+  k_quants.segments[1].type = u32(GgmlType::Q6_K);
+  mixed.segments[1].type = u32(GgmlType::Q4_0);
+  EXPECT_EQ(LinearDispatcher::gguf_flat_min_m(k_quants), LinearDispatcher::kGgufFlatMinM);
+  EXPECT_EQ(LinearDispatcher::gguf_flat_min_m(mixed), 6);
+}
+
 TEST_F(GgufBlocksGpu, GemvOfEveryTypeMatchesTheCpuStoredPath) {
   for (const GgmlType t : kTypes) {
     const bool kq = cuda::gguf_k_quant(u32(t));

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "io/gguf.h"
+
 namespace fdpp::cuda {
 
 static_assert(LinearLimits{}.gemv_max_m == kGemvMaxM, "dispatch_table.h's default GEMV limit must be kGemvMaxM");
@@ -224,7 +226,17 @@ void LinearDispatcher::run_int4(const void* x, const uint32_t* q4, const Int4Mat
   run_impl(LinearImpl::Cublas, x, w16_.get(), bias, y, M, N, K, dtype, epilogue, stream);
 }
 
-LinearImpl LinearDispatcher::gguf_choice(int M, bool flat_types) const {
+int LinearDispatcher::gguf_flat_min_m(uint32_t ggml_type) {
+  return ggml_type == static_cast<uint32_t>(gguf::GgmlType::Q4_0) ? 6 : kGgufFlatMinM;
+}
+
+int LinearDispatcher::gguf_flat_min_m(const GgufMatrix& m) {
+  int rows = kGgufFlatMinM;
+  for (int i = 0; i < m.count; ++i) rows = std::max(rows, gguf_flat_min_m(m.segments[i].type));
+  return rows;
+}
+
+LinearImpl LinearDispatcher::gguf_choice(int M, bool flat_types, int flat_min_m) const {
   switch (chooser_.mode()) {
     case LinearMode::Cublas: return LinearImpl::Cublas;
     case LinearMode::Gemv: return LinearImpl::Gemv;  // the block GEMV at every M, 8 rows a launch
@@ -233,7 +245,7 @@ LinearImpl LinearDispatcher::gguf_choice(int M, bool flat_types) const {
       return flat_types ? LinearImpl::Flat : LinearImpl::Gemv;
     default:
       if (M > kFlatGemmMaxM) return LinearImpl::Cublas;
-      return flat_types && M >= kGgufFlatMinM ? LinearImpl::Flat : LinearImpl::Gemv;
+      return flat_types && M >= flat_min_m ? LinearImpl::Flat : LinearImpl::Gemv;
   }
 }
 
@@ -243,7 +255,7 @@ LinearImpl LinearDispatcher::gguf_choice(int M, const GgufMatrix& m) const {
     WeightFormat format;
     flat_types = flat_types && flat_gemm_gguf_format(m.segments[i].type, format);
   }
-  return gguf_choice(M, flat_types);
+  return gguf_choice(M, flat_types, gguf_flat_min_m(m));
 }
 
 void LinearDispatcher::reserve_gguf(int max_m, std::span<const LinearShape> shapes, cudaStream_t stream) {

@@ -110,7 +110,7 @@ class LinearDispatcher {
 
   // GGUF blocks (gguf_blocks.h): m's segments hold [N, K] in row order. Up to kFlatGemmMaxM rows
   // each segment is multiplied in its blocks (a SwiGLU over segments of two types goes through the
-  // scratch and silu_mul): by the flat GEMM (16-bit x, tensor cores) from kGgufFlatMinM rows where
+  // scratch and silu_mul): by the flat GEMM (16-bit x, tensor cores) from gguf_flat_min_m rows where
   // every segment's type has one (flat_gemm_gguf_format), else by the block GEMV, x quantized to 8
   // bits into the dispatcher's scratch as the CPU computes blocks (8 rows of x a launch). Above,
   // the segments are dequantized into the weight scratch and cuBLASLt multiplies them. --linear
@@ -122,10 +122,14 @@ class LinearDispatcher {
   // The kernel of a GGUF call over m: Gemv (the block GEMV), Flat (the flat GEMM over the blocks) or
   // Cublas (dequantized); flat_types: whether every segment's type has the flat GEMM.
   LinearImpl gguf_choice(int M, const GgufMatrix& m) const;
-  LinearImpl gguf_choice(int M, bool flat_types) const;
+  LinearImpl gguf_choice(int M, bool flat_types, int flat_min_m = kGgufFlatMinM) const;
   // The fewest rows of x that go to the GGUF flat GEMM rather than the block GEMV: at 3 rows the
   // GEMV measured faster on a Q4_K_M file, at 4 the flat GEMM (docs/PERFORMANCE.md).
   static constexpr int kGgufFlatMinM = 4;
+  // The same per ggml type, where it was measured elsewhere: Q4_0's GEMV led up to 5 rows, the flat
+  // GEMM from 6 (H100, docs/results/2026-12-07d-h100). A matrix of several types takes the largest.
+  static int gguf_flat_min_m(uint32_t ggml_type);
+  static int gguf_flat_min_m(const GgufMatrix& m);
 
   // The same with the implementation given (no choice, no fallback): M must be within its limit.
   void run_impl(LinearImpl impl, const void* x, const void* w, const void* bias, void* y, int M, int N, int K,
