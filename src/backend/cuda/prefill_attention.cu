@@ -45,6 +45,7 @@
 #include "backend/cuda/mma_fragments.cuh"
 #include "backend/cuda/per_device.h"
 #include "backend/cuda/prefill_plan.h"
+#include "backend/cuda/wgmma.cuh"
 
 namespace fdpp::cuda {
 
@@ -112,6 +113,122 @@ __device__ __forceinline__ int swz(int r, int c) {
 
 using Fp8 = __nv_fp8_e4m3;  // the cache element of an e4m3 KV cache
 
+
+// ---- one 16-row block's scores: masks and softmax (both kernels) ---------------------------------
+
+// Soft-cap and masks of one 16-row block's S tile of key tile kt (bk keys; element e of n-tile j
+// is row half e >> 1, key kt * bk + 8j + 2t + (e & 1)), in place on the raw logits. lim, low: the
+// thread's two rows' last visible key and (kMasked) the key at or below which their window hides
+// keys (-1: none). Causal masking only in tiles that reach past the tile's first query position.
+template <bool kMasked, int NJ>
+__device__ __forceinline__ void mask_scores(float (&s)[NJ][4], int kt, int bk, int t, const prefill::TileWork& w,
+                                            const int (&lim)[2], const int (&low)[2], float softcap, float scale) {
+  if constexpr (kMasked) {
+    // Soft-capping of the raw logits, before the masks (a masked key stays -inf) and before any
+    // max: the softmax, the unified max and its guard all see the capped logits.
+    if (softcap > 0.f) {
+      const float cap_in = scale / softcap, cap_out = softcap / scale;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = cap_out * tanhf(s[j][e] * cap_in);
+    }
+    // Both sides per row, in tiles that reach a row's causal limit or lie below a row's window.
+    if (kt >= w.first_masked_tile || kt * bk < w.window_mask_end) {
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = kt * bk + 8 * j + 2 * t + (e & 1);
+          if (key > lim[e >> 1] || key <= low[e >> 1]) s[j][e] = -INFINITY;
+        }
+    }
+  } else if (kt >= w.first_masked_tile) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kt * bk + 8 * j + 2 * t + (e & 1);
+        if (key > lim[e >> 1]) s[j][e] = -INFINITY;
+      }
+  }
+}
+
+// Scores -> P in place for one 16-row block (the raw logits of NJ n-tiles; o: its ND O tiles).
+// kAsync: P = 2^(x sl2 - phi2), no max, no rescale (m[] the thread's own max of its raw logits per
+// row, l[] its partial sum); masked keys give 2^-inf = 0. Sync: the online softmax (m[] the row max
+// over the row's 4 threads, O and l rescaled by 2^(m_old - m)).
+template <bool kAsync, bool kMasked, int NJ, int ND>
+__device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND][4], float (&l)[2], float (&m)[2],
+                                               float sl2, float phi2) {
+  if constexpr (kAsync) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hf = e >> 1;
+        m[hf] = fmaxf(m[hf], s[j][e]);
+        s[j][e] = fast_exp2(fmaf(s[j][e], sl2, -phi2));
+        l[hf] += s[j][e];
+      }
+  } else {
+    // Key 0 lies in tile 0 and is visible to every row, so m is finite from the first tile on (m_old
+    // = -inf there gives alpha = 2^-inf = 0 on zero accumulators).
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hf], s[j][2 * hf + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 threads (t = 0..3)
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[hf], mx);
+      // A window can hide a whole tile from some rows: their max stays -inf until their first
+      // visible key, and -inf - -inf would make alpha NaN. The exponents then take 0 as their
+      // reference (alpha = 2^-inf = 0 on zero accumulators, P = 2^-inf = 0) while m stays -inf, so
+      // that the row's first visible tile sets its true max. (Without a window key 0 is visible to
+      // every row.)
+      const float m_ref = kMasked && m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = fast_exp2((m[hf] - m_ref) * sl2);
+      const float ms = m_ref * sl2;
+      m[hf] = m_new;
+      l[hf] *= alpha;
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        o[j][2 * hf] *= alpha;
+        o[j][2 * hf + 1] *= alpha;
+      }
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        s[j][2 * hf] = fast_exp2(fmaf(s[j][2 * hf], sl2, -ms));
+        s[j][2 * hf + 1] = fast_exp2(fmaf(s[j][2 * hf + 1], sl2, -ms));
+        l[hf] += s[j][2 * hf] + s[j][2 * hf + 1];
+      }
+    }
+  }
+}
+
+// The async guard of one thread's two rows after the walk: reduces each row's max and sum over
+// its 4 threads (l[] then holds the row sums) and returns how many of the rows (counted by t = 0,
+// rows below `rows` only) fail: a max logit x_max with x_max - phi outside the effective range, or
+// a NaN sum (comparisons with NaN are false; a NaN logit is skipped by fmaxf but poisons the sum,
+// which !(sum <= FLT_MAX) catches). row: the thread's first row (the second is row + 8).
+__device__ __forceinline__ int failed_rows(const float (&m)[2], float (&l)[2], float sl2, const PrefillArgs& a,
+                                           int row, int rows, int t) {
+  int bad = 0;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = m[hf], sum = l[hf];
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    l[hf] = sum;
+    const float rel = mx * sl2 - a.phi2;  // sl2 > 0: the max of the raw logits, scaled
+    const bool ok = rel >= a.lo2 && rel <= a.hi2 && sum <= FLT_MAX;
+    if (!ok && t == 0 && row + 8 * hf < rows) ++bad;
+  }
+  return bad;
+}
 
 // Compile-time view of one prefill::kConfigs entry.
 template <int I>
@@ -319,92 +436,10 @@ struct Cta {
         }
       }
 
-      if constexpr (kMasked) {
-        // Soft-capping of the raw logits, before the masks (a masked key stays -inf) and before any
-        // max: the softmax, the unified max and its guard all see the capped logits.
-        if (softcap > 0.f) {
-          const float cap_in = scale / softcap, cap_out = softcap / scale;
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int j = 0; j < kBK / 8; ++j)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) s[mt][j][e] = cap_out * tanhf(s[mt][j][e] * cap_in);
-        }
-        // Both sides per row, in tiles that reach a row's causal limit or lie below a row's window.
-        if (kt >= w.first_masked_tile || kt * kBK < w.window_mask_end) {
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int j = 0; j < kBK / 8; ++j)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int key = kt * kBK + 8 * j + 2 * t + (e & 1);
-                if (key > lim[mt][e >> 1] || key <= low[mt][e >> 1]) s[mt][j][e] = -INFINITY;
-              }
-        }
-      }
-      // Causal mask (raw logits -> -inf), only in tiles that reach past the tile's first query
-      // position. Element e of n-tile j: row half e >> 1, key kt * kBK + 8j + 2t + (e & 1).
-      if (!kMasked && kt >= w.first_masked_tile) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-          for (int j = 0; j < kBK / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int key = kt * kBK + 8 * j + 2 * t + (e & 1);
-              if (key > lim[mt][e >> 1]) s[mt][j][e] = -INFINITY;
-            }
-      }
-
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        if constexpr (kAsync) {
-          // P = 2^(x sl2 - phi2): no max, no rescale. Masked keys give 2^-inf = 0.
-#pragma unroll
-          for (int j = 0; j < kBK / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int hf = e >> 1;
-              m[mt][hf] = fmaxf(m[mt][hf], s[mt][j][e]);
-              s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], sl2, -phi2));
-              l[mt][hf] += s[mt][j][e];
-            }
-        } else {
-          // Online softmax. Key 0 lies in tile 0 and is visible to every row, so m is finite from
-          // the first tile on (m_old = -inf there gives alpha = 2^-inf = 0 on zero accumulators).
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < kBK / 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * hf], s[mt][j][2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 threads (t = 0..3)
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[mt][hf], mx);
-            // A window can hide a whole tile from some rows: their max stays -inf until their first
-            // visible key, and -inf - -inf would make alpha NaN. The exponents then take 0 as their
-            // reference (alpha = 2^-inf = 0 on zero accumulators, P = 2^-inf = 0) while m stays -inf,
-            // so that the row's first visible tile sets its true max. (Without a window key 0 is
-            // visible to every row.)
-            const float m_ref = kMasked && m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = fast_exp2((m[mt][hf] - m_ref) * sl2);
-            const float ms = m_ref * sl2;
-            m[mt][hf] = m_new;
-            l[mt][hf] *= alpha;
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-              o[mt][j][2 * hf] *= alpha;
-              o[mt][j][2 * hf + 1] *= alpha;
-            }
-#pragma unroll
-            for (int j = 0; j < kBK / 8; ++j) {
-              s[mt][j][2 * hf] = fast_exp2(fmaf(s[mt][j][2 * hf], sl2, -ms));
-              s[mt][j][2 * hf + 1] = fast_exp2(fmaf(s[mt][j][2 * hf + 1], sl2, -ms));
-              l[mt][hf] += s[mt][j][2 * hf] + s[mt][j][2 * hf + 1];
-            }
-          }
-        }
+        mask_scores<kMasked>(s[mt], kt, kBK, t, w, lim[mt], low[mt], softcap, scale);
+        softmax_scores<kAsync, kMasked>(s[mt], o[mt], l[mt], m[mt], sl2, phi2);
       }
 
       // O += P V. The accumulators of n-tiles 2ks and 2ks + 1 are the A fragment of k-step ks
@@ -551,21 +586,7 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
     c.template walk<true>(qf, true, a.phi2, o, l, m);
     int bad = 0;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = m[mt][hf], sum = l[mt][hf];
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        l[mt][hf] = sum;
-        const float rel = mx * c.sl2 - a.phi2;  // sl2 > 0: the max of the raw logits, scaled
-        // Fails when outside [lo, hi] or NaN (comparisons with NaN are false); a NaN logit is
-        // skipped by fmaxf but poisons the sum, which !(sum <= FLT_MAX) catches.
-        const bool ok = rel >= a.lo2 && rel <= a.hi2 && sum <= FLT_MAX;
-        if (!ok && t == 0 && wr0 + 16 * mt + g + 8 * hf < c.w.rows) ++bad;
-      }
+    for (int mt = 0; mt < kMT; ++mt) bad += failed_rows(m[mt], l[mt], c.sl2, a, wr0 + 16 * mt + g, c.w.rows, t);
     sums_reduced = true;
     if (bad > 0) atomicAdd(&fail_rows, bad);
     __syncthreads();  // fail_rows complete; every warp is done with the K/V buffers
@@ -634,6 +655,262 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
   }
 }
 
+
+// ---- the warpgroup-MMA kernel (sm_90a; prefill_plan.h: wg128n128) --------------------------------
+//
+// CTA = (query head, 128-row query tile of one chunk): 2 warpgroups (8 warps) of 64 rows each. Q,
+// K and V tiles live in shared memory in 128-byte-swizzled atoms (wgmma.cuh: sw128_offset), loaded
+// by every thread with cp.async as in the mma.sync kernel (one block table lookup per key row,
+// zeros past the visible keys), tile kt + 1 in flight while tile kt is computed. Per warpgroup and
+// key tile of 128:
+//   * S = Q K^T: D / 16 wgmma m64n128k16, both operands read by the tensor cores from shared
+//     memory (K-major descriptors: Q's rows and K's rows hold contiguous dims).
+//   * masks and softmax in registers: the accumulator layout of each warp's 16 rows is the
+//     mma.sync one (row g / g + 8, keys 8j + 2t, + 1), so mask_scores and softmax_scores serve both
+//     kernels, and so do the unified max, its guard and the exact fallback walk.
+//   * O += P V: P packed to 16 bits in registers (the accumulators of keys 16ks .. 16ks + 15 are
+//     the A fragment of k-step ks), V read from shared memory as an MN-major operand (its rows hold
+//     contiguous dims), one wgmma m64n64k16 per 64 dims.
+// A warpgroup whose rows lie past the chunk, or before the tile's keys, skips the tile (uniform
+// over the warpgroup, as wgmma requires); the barriers stay matched.
+template <class T, int D, int I, bool kMasked>
+struct WgCta {
+  static constexpr prefill::TileConfig kConfig = prefill::kConfigs[I];
+  static constexpr int kBQ = prefill::config_bq(kConfig), kBK = kConfig.bk;
+  static constexpr int kThreads = prefill::config_threads(kConfig), kStages = kConfig.stages;
+  static constexpr int KCH = D / 8;  // 16-byte chunks per row
+  static_assert(kBQ == 128 && kThreads == 256 && kBK == 128 && (D == 64 || D == 128), "wgmma tile");
+  static constexpr uint32_t kTileBytes = kBK * D * 2;
+  const T* k_cache;
+  const T* v_cache;
+  const int32_t* table;
+  int start, kvh, tid, wg, warp, lane;  // warp: within the warpgroup
+  KvCacheLayout kv;
+  float sl2, softcap, scale;
+  prefill::TileWork w;
+  unsigned char* q_s;  // [kBQ][D] swizzled, 1 KB aligned
+  unsigned char* k_s;  // [stages][kBK][D]
+  unsigned char* v_s;
+
+  __device__ __forceinline__ void load_kv(int kt, int buf) const {
+    const int mask = (1 << kv.block_shift) - 1;
+    constexpr int kRowsPerPass = kThreads / KCH;
+#pragma unroll
+    for (int i = 0; i < kBK / kRowsPerPass; ++i) {
+      const int r = tid / KCH + i * kRowsPerPass, cc = tid % KCH;
+      const int key = kt * kBK + r;
+      const uint32_t off = buf * kTileBytes + detail::sw128_offset(kBK, r, cc);
+      if (key < w.key_end && (!kMasked || key >= w.key_begin)) {
+        const int64_t src = kv.row(table[key >> kv.block_shift], key & mask, kvh) + cc * 8;
+        cp_async16(k_s + off, k_cache + src);
+        cp_async16(v_s + off, v_cache + src);
+      } else {
+        *reinterpret_cast<uint4*>(k_s + off) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(v_s + off) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+
+  // One walk over all key tiles (the mma.sync kernel's Cta::walk, for this thread's two rows).
+  template <bool kAsync>
+  __device__ __forceinline__ void walk(float phi2, float (&o)[D / 8][4], float (&l)[2], float (&m)[2]) const {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    l[0] = l[1] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    const int g = lane >> 2, t = lane & 3;
+    const int wg0 = wg * 64;        // the warpgroup's first row of the tile
+    const int r0 = wg0 + warp * 16 + g;  // this thread's rows: r0, r0 + 8
+    int lim[2], low[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      lim[hf] = prefill::row_key_limit(start, w, r0 + 8 * hf);
+      low[hf] = w.window > 0 ? lim[hf] - w.window : -1;
+    }
+    const bool wg_active = wg0 < w.rows;
+    const int wg_lim = prefill::row_key_limit(start, w, wg0 + 63);
+    const int wg_first = w.window > 0 ? prefill::row_key_limit(start, w, wg0) - w.window + 1 : 0;
+    const int kt0 = kMasked ? w.first_key_tile : 0;
+    const uint32_t q_addr = detail::smem_addr(q_s) + wg0 * 128;  // the warpgroup's rows of each column block
+    const uint32_t k_addr = detail::smem_addr(k_s), v_addr = detail::smem_addr(v_s);
+
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (kt0 + st < w.n_key_tiles) load_kv(kt0 + st, st);
+      cp_async_commit();
+    }
+    int buf = 0;
+    for (int kt = kt0; kt < w.n_key_tiles; ++kt) {
+      cp_async_wait_group<kStages - 2>();
+      detail::fence_proxy_async_shared();  // this thread's copies and zero stores, seen by wgmma
+      __syncthreads();  // tile kt (and Q) visible; every warpgroup is done with tile kt - 1
+      {
+        const int nt = kt + kStages - 1;
+        int nb = buf + kStages - 1;
+        if (nb >= kStages) nb -= kStages;
+        if (nt < w.n_key_tiles) load_kv(nt, nb);
+        cp_async_commit();
+      }
+      const uint32_t kb = k_addr + buf * kTileBytes, vb = v_addr + buf * kTileBytes;
+      if (++buf == kStages) buf = 0;
+      if (!wg_active || kt * kBK > wg_lim) continue;
+      if (kMasked && kt * kBK + kBK <= wg_first) continue;
+
+      // S = Q K^T. k-step ks reads dims 16ks .. 16ks + 15: column block ks / 4, 32 bytes per step
+      // inside its 128-byte rows.
+      float s[kBK / 8][4];
+      float(&sf)[kBK / 2] = reinterpret_cast<float(&)[kBK / 2]>(s);
+      detail::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t col = (ks >> 2) * 128 * 128 + (ks & 3) * 32;  // (Q and K tiles both have 128 rows)
+        detail::wgmma_m64n128k16_ss<T>(sf, detail::wgmma_desc_sw128(q_addr + col),
+                                       detail::wgmma_desc_sw128(kb + col), ks > 0);
+      }
+      detail::wgmma_commit();
+      detail::wgmma_pin(sf);
+      detail::wgmma_wait<0>();
+      detail::wgmma_pin(sf);
+
+      mask_scores<kMasked>(s, kt, kBK, t, w, lim, low, softcap, scale);
+      softmax_scores<kAsync, kMasked>(s, o, l, m, sl2, phi2);
+
+      // O += P V: keys 16ks .. 16ks + 15 are rows 16ks .. of each 64-dim column block of V (2 KB
+      // per k-step); dims 64h .. 64h + 63 are O's n-tiles 8h .. 8h + 7.
+      // Every A fragment is packed before the fence: a register written between two wgmma of a
+      // batch makes ptxas serialize them (warning C7519).
+      uint32_t pa[kBK / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        pa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
+        pa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
+        pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+        pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      }
+      detail::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks)
+#pragma unroll
+        for (int h = 0; h < D / 64; ++h) {
+          float(&oh)[32] = *reinterpret_cast<float(*)[32]>(&o[8 * h][0]);
+          detail::wgmma_m64n64k16_rs<T>(oh, pa[ks], detail::wgmma_desc_sw128(vb + h * kBK * 128 + ks * 16 * 128),
+                                         true);
+        }
+      detail::wgmma_commit();
+      float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
+      detail::wgmma_pin(of);
+      detail::wgmma_wait<0>();
+      detail::wgmma_pin(of);
+    }
+    cp_async_wait_group<0>();
+  }
+};
+
+template <class T, int D, int I, bool kMasked>
+__global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]), 1)
+    prefill_attention_wgmma_kernel(PrefillArgs a) {
+#if FDPP_WGMMA_DEVICE
+  using Walk = WgCta<T, D, I, kMasked>;
+  constexpr int KCH = D / 8;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ int fail_rows;
+
+  const int chunk = blockIdx.z;
+  int start, n, q_row0;
+  if (a.q_begin != nullptr) {
+    q_row0 = a.q_begin[chunk];
+    n = a.q_begin[chunk + 1] - q_row0;
+    start = a.starts[chunk];
+  } else {
+    q_row0 = 0;
+    n = a.single_n;
+    start = a.single_start;
+  }
+  Walk c;
+  c.w = prefill::tile_work(start, n, blockIdx.y, Walk::kBQ, Walk::kBK);
+  if (c.w.rows <= 0) return;
+  if constexpr (kMasked) prefill::apply_window(start, a.window, Walk::kBK, c.w);
+  c.kv = a.kv;
+  c.sl2 = a.scale_log2;
+  c.softcap = a.softcap;
+  c.scale = a.scale;
+  c.k_cache = static_cast<const T*>(a.k_cache);
+  c.v_cache = static_cast<const T*>(a.v_cache);
+  c.table = a.block_tables + int64_t(chunk) * a.max_blocks_per_seq;
+  c.start = start;
+  const int h = blockIdx.x;
+  c.kvh = h / a.group;
+  c.tid = threadIdx.x;
+  c.wg = threadIdx.x >> 7;
+  c.warp = (threadIdx.x >> 5) & 3;
+  c.lane = threadIdx.x & 31;
+  // Swizzled tiles need 1 KB alignment: the launch adds 1 KB of slack.
+  unsigned char* base = smem_raw + ((1024 - (detail::smem_addr(smem_raw) & 1023)) & 1023);
+  c.q_s = base;
+  c.k_s = base + Walk::kBQ * D * 2;
+  c.v_s = c.k_s + Walk::kStages * Walk::kBK * D * 2;
+  if (threadIdx.x == 0) fail_rows = 0;
+
+  const int H = a.n_heads;
+  const int64_t qkv_row = int64_t(H + 2 * a.n_kv_heads) * D;
+  {
+    const T* q = static_cast<const T*>(a.qkv) + int64_t(h) * D;
+#pragma unroll
+    for (int i = threadIdx.x; i < Walk::kBQ * KCH; i += Walk::kThreads) {
+      const int r = i / KCH, cc = i % KCH;
+      unsigned char* dst = c.q_s + detail::sw128_offset(Walk::kBQ, r, cc);
+      if (r < c.w.rows) {
+        cp_async16(dst, q + int64_t(q_row0 + c.w.q0 + r) * qkv_row + cc * 8);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+
+  float o[D / 8][4], l[2], m[2];
+  const int g = c.lane >> 2, t = c.lane & 3;
+  const int r0 = c.wg * 64 + c.warp * 16 + g;
+  bool sums_reduced = false;
+  if (a.async) {
+    c.template walk<true>(a.phi2, o, l, m);
+    const int bad = failed_rows(m, l, c.sl2, a, r0, c.w.rows, t);
+    sums_reduced = true;
+    if (bad > 0) atomicAdd(&fail_rows, bad);
+    __syncthreads();
+    const int failed = fail_rows;
+    if (failed > 0) {
+      if (threadIdx.x == 0 && a.fallback_rows != nullptr)
+        atomicAdd(a.fallback_rows, static_cast<unsigned long long>(failed));
+      c.template walk<false>(0.f, o, l, m);
+      sums_reduced = false;
+    }
+  } else {
+    c.template walk<false>(0.f, o, l, m);
+  }
+  if (!sums_reduced) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
+      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
+    }
+  }
+  // O / l straight from the registers: each row's 4 threads write 16 contiguous bytes per n-tile.
+  T* out = static_cast<T*>(a.out);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = r0 + 8 * hf;
+    if (r >= c.w.rows) continue;
+    const float inv = 1.f / l[hf];
+    T* row = out + int64_t(q_row0 + c.w.q0 + r) * H * D + int64_t(h) * D + 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(row + 8 * j) = pack2<T>(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
+  }
+#else
+  __trap();  // never launched: launch() sends wgmma configurations elsewhere off sm_90a builds
+#endif
+}
+
 template <class T, class KV, int D, int I, bool kMasked>
 void launch_prefill(const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream, const char* what) {
   using C = Cfg<I>;
@@ -650,6 +927,37 @@ void launch_prefill(const PrefillArgs& a, int chunks, int max_chunk_tokens, cuda
   kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a);
 }
 
+template <class T, int D, int I, bool kMasked>
+void launch_prefill_wgmma(const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream,
+                          const char* what) {
+  using C = WgCta<T, D, I, kMasked>;
+  const prefill::Grid g = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads, C::kBQ);
+  check(g.y <= 65535 && g.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what, g.y,
+        C::kBQ);
+  // 1 KB of slack: the kernel aligns its swizzled tiles to 1 KB.
+  const size_t smem = prefill::smem_bytes(D, C::kBQ, C::kBK, C::kStages, 2) + 1024;
+  auto* kernel = prefill_attention_wgmma_kernel<T, D, I, kMasked>;
+  once_per_device(reinterpret_cast<const void*>(kernel), [&] {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+               "cudaFuncSetAttribute(prefill_attention_wgmma_kernel, max dynamic shared memory)");
+  });
+  kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a);
+}
+
+// Whether the current device runs the wgmma kernels: built for sm_90a and a compute capability 9.x
+// device (sm_90a code runs on 9.0 only).
+bool wgmma_runs_here() {
+#if defined(FDPP_BUILT_SM90A)
+  int device = 0, major = 0, minor = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
 // Configuration `config` at head dim D (one prefill::config_fits; launch() picks one), masked or not.
 template <class T, class KV, int D, int I>
 void launch_one(int config, const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream,
@@ -657,7 +965,15 @@ void launch_one(int config, const PrefillArgs& a, int chunks, int max_chunk_toke
   if constexpr (prefill::config_fits(prefill::kConfigs[I], D, int(sizeof(KV)))) {
     if (config != I) return;
     const bool masked = a.window > 0 || a.softcap > 0.f;
-    if (masked) {
+    if constexpr (prefill::kConfigs[I].wgmma) {
+      if constexpr (std::is_same_v<KV, T>) {  // (config_fits: a 16-bit cache)
+        if (masked) {
+          launch_prefill_wgmma<T, D, I, true>(a, chunks, max_chunk_tokens, stream, what);
+        } else {
+          launch_prefill_wgmma<T, D, I, false>(a, chunks, max_chunk_tokens, stream, what);
+        }
+      }
+    } else if (masked) {
       launch_prefill<T, KV, D, I, true>(a, chunks, max_chunk_tokens, stream, what);
     } else {
       launch_prefill<T, KV, D, I, false>(a, chunks, max_chunk_tokens, stream, what);
@@ -715,10 +1031,13 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   check(a.window >= 0 && std::isfinite(a.softcap) && a.softcap >= 0.f && std::isfinite(a.softcap / logit_scale),
         "{}: window = {}, softcap = {} out of range", what, a.window, a.softcap);
   a.scale = logit_scale;
-  // A configuration that does not run at this head dim (its shared memory, its registers) gives way
-  // to the default, which runs at every one.
+  // A configuration that does not run at this head dim (its shared memory, its registers), or a
+  // wgmma one where the device or the build lacks sm_90a, gives way to the default, which runs
+  // everywhere.
   const int kv_bytes = static_cast<int>(kv_element_bytes(kv_quant.dtype));
-  if (!prefill::config_fits(prefill::kConfigs[config], head_dim, kv_bytes)) config = 0;
+  if (!prefill::config_fits(prefill::kConfigs[config], head_dim, kv_bytes) ||
+      (prefill::kConfigs[config].wgmma && !wgmma_runs_here()))
+    config = 0;
   check(aligned16(a.qkv) && aligned16(a.k_cache) && aligned16(a.v_cache) && aligned16(a.out),
         "{}: qkv, out and the k/v cache pointers must be 16-byte aligned", what);
   check(dtype == DType::F16 || dtype == DType::BF16, "{}: unknown dtype {}", what, static_cast<int>(dtype));

@@ -31,6 +31,11 @@ namespace fdpp::cuda::prefill {
 //     k-step: every K (B) fragment feeds two mma instead of one and every V fragment likewise,
 //     halving ldmatrix traffic per mma, the limit of the 16-row warps. Q 32 + K/V 2 x 16 = 64 KB,
 //     2 CTAs/SM (255 registers, O 128 + S 32).
+//   wg128n128 (sm_90a only): warpgroup MMA (wgmma). 2 warpgroups x 64 rows, 128-key tiles, 2 stages;
+//     S = Q K^T with Q and K read by the tensor cores straight from 128-byte-swizzled shared tiles,
+//     O += P V with P from registers and V from shared memory. D = 64 or 128 with a 16-bit cache;
+//     S 64 + O 64 fp32 registers per thread; shared Q 32 + K/V 2 x 64 = 160 KB (D = 128), one CTA
+//     of 8 warps per SM.
 // Tried and left out because ptxas spills them (sm_90a, nvcc 13.0, D = 128): m128n64w4 (FA2's
 // Hopper/Ampere D = 128 forward tile: O 128 + S 64 registers, 348 bytes of spill stores) and
 // m128n128w8 (8 x 16 rows, 128-key tiles: 48 bytes).
@@ -41,12 +46,14 @@ struct TileConfig {
   int bk;       // keys per tile
   int stages;   // K/V shared buffers (cp.async pipeline depth)
   int min_ctas; // __launch_bounds__ min blocks per SM
+  bool wgmma = false;  // warpgroup MMA (prefill_attention.cu's wgmma kernel; sm_90a)
 };
 inline constexpr TileConfig kConfigs[] = {
     {"m64n64", 4, 1, 64, 2, 2},
     {"m128n64w8", 8, 1, 64, 2, 1},
     {"m128n64w8s3", 8, 1, 64, 3, 1},
     {"m128n32w4", 4, 2, 32, 2, 2},
+    {"wg128n128", 8, 1, 128, 2, 1, true},
 };
 inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr int config_bq(const TileConfig& c) { return 16 * c.warps * c.m_tiles; }
@@ -71,7 +78,10 @@ inline constexpr size_t smem_bytes(int head_dim, int bq = kBQ, int bk = kBK, int
 // At 256 Q is re-read from shared memory per k-step (its fragments would take 64 more registers):
 // m64n64 (160 KB) and m128n64w8 (192 KB) run there, the others fall back to m64n64. An e4m3 cache
 // (kv_bytes 1) halves the K/V buffers: m128n64w8s3 (160 KB) runs at 256 too.
+// The wgmma kernel takes D = 64 and 128 with a 16-bit cache (its rows are whole 64-element swizzle
+// atoms; an e4m3 cache would need its bytes widened before the tensor cores read them).
 inline constexpr bool config_fits(const TileConfig& c, int head_dim, int kv_bytes = 2) {
+  if (c.wgmma) return (head_dim == 64 || head_dim == 128) && kv_bytes == 2;
   return smem_bytes(head_dim, config_bq(c), c.bk, c.stages, kv_bytes) <= 227 * 1024 &&
          (head_dim <= 128 || c.m_tiles == 1);
 }
