@@ -355,14 +355,19 @@ void* CudaEngine::layer_v(int layer) const {
 }
 
 namespace {
-// The prefill tile configuration for a step whose longest chunk has max_chunk tokens. Measured on
-// the H200 (2026-11-30 run b, fp16, head_dim 128, causal, 32/32 and 32/8 heads): at 1 x 1024
-// m128n64w8s3 is fastest (40.5 us; m128n32w4 56.9 us), from 1 x 4096 up and at 8 x 2048 m128n32w4
-// is (497.7 vs 525.1 us at 4K, 1062.9 vs 1111.8 us at 8 x 2K, 285 vs 280 TFLOP/s at 32K).
-int prefill_config_for(int configured, int max_chunk) {
+// The prefill tile configuration for a step whose longest chunk has max_chunk tokens. The
+// warpgroup-MMA kernel wherever it runs (sm_90a, head_dim 64 or 128, a 16-bit cache): on the H100
+// it led the mma.sync configurations at every point of the prefill grid, 1 x 1K to 1 x 32K and 8 x
+// 2K (docs/kernels/prefill_attention.md). Elsewhere, measured on the H200 (2026-11-30 run b, fp16,
+// head_dim 128, causal, 32/32 and 32/8 heads): at 1 x 1024 m128n64w8s3 is fastest (40.5 us;
+// m128n32w4 56.9 us), from 1 x 4096 up and at 8 x 2048 m128n32w4 is (497.7 vs 525.1 us at 4K,
+// 1062.9 vs 1111.8 us at 8 x 2K, 285 vs 280 TFLOP/s at 32K).
+int prefill_config_for(int configured, int max_chunk, int head_dim, KvDType kv_dtype) {
   if (configured >= 0) return configured;
+  static const int wgmma = prefill_attention_config_index("wg128n128");
   static const int small = prefill_attention_config_index("m128n64w8s3");
   static const int large = prefill_attention_config_index("m128n32w4");
+  if (prefill_attention_config_runs(wgmma, head_dim, kv_dtype)) return wgmma;
   return max_chunk <= 1536 ? small : large;
 }
 }  // namespace
@@ -491,8 +496,9 @@ struct CudaEngine::Forward {
                                static_cast<int>(chunks.size()), n, max_chunk, c.n_heads, c.n_kv_heads, c.head_dim,
                                e.options_.block_size, scale, async ? &e.unified_max_[layer] : nullptr,
                                e.fallback_rows_.as<unsigned long long>() + 1, e.attn_.get(), dt, st,
-                               prefill_config_for(e.options_.prefill_attention_config, max_chunk), window, softcap,
-                               e.layer_kv_quant(layer));
+                               prefill_config_for(e.options_.prefill_attention_config, max_chunk, c.head_dim,
+                                                  e.layer_kv_quant(layer).dtype),
+                               window, softcap, e.layer_kv_quant(layer));
     }
   }
   void out_proj(int layer) {

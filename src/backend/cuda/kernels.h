@@ -277,6 +277,10 @@ void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* 
 int prefill_attention_configs();
 const char* prefill_attention_config_name(int config);
 int prefill_attention_config_index(const char* name);
+// Whether `config` runs as itself at head_dim with a cache of kv_dtype on the current device (else
+// the launchers run the default instead): its shared memory and registers fit, and the warpgroup-MMA
+// ones need an sm_90a build and a compute capability 9.0 device.
+bool prefill_attention_config_runs(int config, int head_dim, KvDType kv_dtype);
 
 // The range of (row max logit - phi) the prefill kernel honours: [a, b] intersected with what
 // 16-bit P = e^(x - phi) carries into the tensor cores: bf16 keeps [a, b]; fp16 caps it to

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -32,18 +33,23 @@ void once_per_device(const void* key, F&& configure) {
   done.insert({key, device});
 }
 
-// The current device's multiprocessor count (cached per device).
-inline int multiprocessors_of_current_device() {
+// An attribute of the current device (cached per device and attribute).
+inline int current_device_attribute(cudaDeviceAttr attribute) {
   static std::mutex mu;
-  static std::set<std::pair<int, int>> known;  // (device, count)
+  static std::map<std::pair<int, int>, int> known;  // (device, attribute) -> value
   const int device = current_device();
   std::lock_guard<std::mutex> lock(mu);
-  for (const auto& [d, n] : known)
-    if (d == device) return n;
-  int n = 0;
-  FDPP_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  known.insert({device, n});
-  return n;
+  const auto key = std::make_pair(device, static_cast<int>(attribute));
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  int value = 0;
+  FDPP_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  known.emplace(key, value);
+  return value;
+}
+
+// The current device's multiprocessor count.
+inline int multiprocessors_of_current_device() {
+  return current_device_attribute(cudaDevAttrMultiProcessorCount);
 }
 
 }  // namespace fdpp::cuda

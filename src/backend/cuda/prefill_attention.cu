@@ -161,24 +161,38 @@ __device__ __forceinline__ void mask_scores(float (&s)[NJ][4], int kt, int bk, i
 template <bool kAsync, bool kMasked, int NJ, int ND>
 __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND][4], float (&l)[2], float (&m)[2],
                                                float sl2, float phi2) {
+  // Maxima and sums run in four independent partials per row (element e & 1 of even / odd n-tiles),
+  // combined at the end: one chain of 2 NJ dependent steps per row would set the tile's latency
+  // at the few warps per SM of the large tiles.
+  static_assert(NJ % 2 == 0, "n-tiles in pairs");
   if constexpr (kAsync) {
 #pragma unroll
-    for (int j = 0; j < NJ; ++j)
+    for (int hf = 0; hf < 2; ++hf) {
+      float mp[4] = {m[hf], -INFINITY, -INFINITY, -INFINITY}, lp[4] = {l[hf], 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int hf = e >> 1;
-        m[hf] = fmaxf(m[hf], s[j][e]);
-        s[j][e] = fast_exp2(fmaf(s[j][e], sl2, -phi2));
-        l[hf] += s[j][e];
-      }
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const int p = 2 * (j & 1) + b;
+          float& x = s[j][2 * hf + b];
+          mp[p] = fmaxf(mp[p], x);
+          x = fast_exp2(fmaf(x, sl2, -phi2));
+          lp[p] += x;
+        }
+      m[hf] = fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
+      l[hf] = (lp[0] + lp[1]) + (lp[2] + lp[3]);
+    }
   } else {
     // Key 0 lies in tile 0 and is visible to every row, so m is finite from the first tile on (m_old
     // = -inf there gives alpha = 2^-inf = 0 on zero accumulators).
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float mx = -INFINITY;
+      float mp[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < NJ; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hf], s[j][2 * hf + 1]));
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) mp[2 * (j & 1) + b] = fmaxf(mp[2 * (j & 1) + b], s[j][2 * hf + b]);
+      float mx = fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 threads (t = 0..3)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[hf], mx);
@@ -191,18 +205,21 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND]
       const float alpha = fast_exp2((m[hf] - m_ref) * sl2);
       const float ms = m_ref * sl2;
       m[hf] = m_new;
-      l[hf] *= alpha;
 #pragma unroll
       for (int j = 0; j < ND; ++j) {
         o[j][2 * hf] *= alpha;
         o[j][2 * hf + 1] *= alpha;
       }
+      float lp[4] = {l[hf] * alpha, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int j = 0; j < NJ; ++j) {
-        s[j][2 * hf] = fast_exp2(fmaf(s[j][2 * hf], sl2, -ms));
-        s[j][2 * hf + 1] = fast_exp2(fmaf(s[j][2 * hf + 1], sl2, -ms));
-        l[hf] += s[j][2 * hf] + s[j][2 * hf + 1];
-      }
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          float& x = s[j][2 * hf + b];
+          x = fast_exp2(fmaf(x, sl2, -ms));
+          lp[2 * (j & 1) + b] += x;
+        }
+      l[hf] = (lp[0] + lp[1]) + (lp[2] + lp[3]);
     }
   }
 }
@@ -948,11 +965,8 @@ void launch_prefill_wgmma(const PrefillArgs& a, int chunks, int max_chunk_tokens
 // device (sm_90a code runs on 9.0 only).
 bool wgmma_runs_here() {
 #if defined(FDPP_BUILT_SM90A)
-  int device = 0, major = 0, minor = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-  cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
-  return major == 9 && minor == 0;
+  return current_device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
+         current_device_attribute(cudaDevAttrComputeCapabilityMinor) == 0;
 #else
   return false;
 #endif
@@ -1034,10 +1048,7 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   // A configuration that does not run at this head dim (its shared memory, its registers), or a
   // wgmma one where the device or the build lacks sm_90a, gives way to the default, which runs
   // everywhere.
-  const int kv_bytes = static_cast<int>(kv_element_bytes(kv_quant.dtype));
-  if (!prefill::config_fits(prefill::kConfigs[config], head_dim, kv_bytes) ||
-      (prefill::kConfigs[config].wgmma && !wgmma_runs_here()))
-    config = 0;
+  if (!prefill_attention_config_runs(config, head_dim, kv_quant.dtype)) config = 0;
   check(aligned16(a.qkv) && aligned16(a.k_cache) && aligned16(a.v_cache) && aligned16(a.out),
         "{}: qkv, out and the k/v cache pointers must be 16-byte aligned", what);
   check(dtype == DType::F16 || dtype == DType::BF16, "{}: unknown dtype {}", what, static_cast<int>(dtype));
@@ -1075,6 +1086,13 @@ int prefill_attention_configs() { return prefill::kNumConfigs; }
 
 const char* prefill_attention_config_name(int config) {
   return config >= 0 && config < prefill::kNumConfigs ? prefill::kConfigs[config].name : nullptr;
+}
+
+bool prefill_attention_config_runs(int config, int head_dim, KvDType kv_dtype) {
+  if (config < 0 || config >= prefill::kNumConfigs) return false;
+  const prefill::TileConfig& c = prefill::kConfigs[config];
+  return prefill::config_fits(c, head_dim, static_cast<int>(kv_element_bytes(kv_dtype))) &&
+         (!c.wgmma || wgmma_runs_here());
 }
 
 int prefill_attention_config_index(const char* name) {
