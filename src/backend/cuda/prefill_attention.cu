@@ -761,17 +761,21 @@ struct WgCta {
       cp_async_wait_group<kStages - 2>();
       detail::fence_proxy_async_shared();  // this thread's copies and zero stores, seen by wgmma
       __syncthreads();  // tile kt (and Q) visible; every warpgroup is done with tile kt - 1
-      {
+      const uint32_t kb = k_addr + buf * kTileBytes, vb = v_addr + buf * kTileBytes;
+      // Tile kt + kStages - 1 into the buffer of tile kt - 1, issued once this warpgroup's S product
+      // is under way: the table lookups and copies then overlap the tensor cores' work.
+      const auto load_next = [&] {
         const int nt = kt + kStages - 1;
         int nb = buf + kStages - 1;
         if (nb >= kStages) nb -= kStages;
         if (nt < w.n_key_tiles) load_kv(nt, nb);
         cp_async_commit();
+        if (++buf == kStages) buf = 0;
+      };
+      if (!wg_active || kt * kBK > wg_lim || (kMasked && kt * kBK + kBK <= wg_first)) {
+        load_next();
+        continue;
       }
-      const uint32_t kb = k_addr + buf * kTileBytes, vb = v_addr + buf * kTileBytes;
-      if (++buf == kStages) buf = 0;
-      if (!wg_active || kt * kBK > wg_lim) continue;
-      if (kMasked && kt * kBK + kBK <= wg_first) continue;
 
       // S = Q K^T. k-step ks reads dims 16ks .. 16ks + 15: column block ks / 4, 32 bytes per step
       // inside its 128-byte rows.
@@ -786,6 +790,7 @@ struct WgCta {
       }
       detail::wgmma_commit();
       detail::wgmma_pin(sf);
+      load_next();
       detail::wgmma_wait<0>();
       detail::wgmma_pin(sf);
 

@@ -36,7 +36,6 @@ namespace fdpp::cuda::prefill {
 //     O += P V with P from registers and V from shared memory. D = 64 or 128 with a 16-bit cache;
 //     S 64 + O 64 fp32 registers per thread; shared Q 32 + K/V 2 x 64 = 160 KB (D = 128), one CTA
 //     of 8 warps per SM.
-//   wg128n128s3: the same with 3 stages (32 + 192 = 224 KB): two tiles in flight while one computes.
 // Tried and left out because ptxas spills them (sm_90a, nvcc 13.0, D = 128): m128n64w4 (FA2's
 // Hopper/Ampere D = 128 forward tile: O 128 + S 64 registers, 348 bytes of spill stores) and
 // m128n128w8 (8 x 16 rows, 128-key tiles: 48 bytes).
@@ -55,7 +54,6 @@ inline constexpr TileConfig kConfigs[] = {
     {"m128n64w8s3", 8, 1, 64, 3, 1},
     {"m128n32w4", 4, 2, 32, 2, 2},
     {"wg128n128", 8, 1, 128, 2, 1, true},
-    {"wg128n128s3", 8, 1, 128, 3, 1, true},
 };
 inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr int config_bq(const TileConfig& c) { return 16 * c.warps * c.m_tiles; }
