@@ -364,7 +364,7 @@ namespace {
 // 1062.9 vs 1111.8 us at 8 x 2K, 285 vs 280 TFLOP/s at 32K).
 int prefill_config_for(int configured, int max_chunk, int head_dim, KvDType kv_dtype) {
   if (configured >= 0) return configured;
-  static const int wgmma = prefill_attention_config_index("wg128n128");
+  static const int wgmma = prefill_attention_config_index("wg128n128p");
   static const int small = prefill_attention_config_index("m128n64w8s3");
   static const int large = prefill_attention_config_index("m128n32w4");
   if (prefill_attention_config_runs(wgmma, head_dim, kv_dtype)) return wgmma;

@@ -154,13 +154,14 @@ __device__ __forceinline__ void mask_scores(float (&s)[NJ][4], int kt, int bk, i
   }
 }
 
-// Scores -> P in place for one 16-row block (the raw logits of NJ n-tiles; o: its ND O tiles).
-// kAsync: P = 2^(x sl2 - phi2), no max, no rescale (m[] the thread's own max of its raw logits per
-// row, l[] its partial sum); masked keys give 2^-inf = 0. Sync: the online softmax (m[] the row max
-// over the row's 4 threads, O and l rescaled by 2^(m_old - m)).
-template <bool kAsync, bool kMasked, int NJ, int ND>
-__device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND][4], float (&l)[2], float (&m)[2],
-                                               float sl2, float phi2) {
+// Scores -> P in place for one 16-row block (the raw logits of NJ n-tiles). kAsync: P = 2^(x sl2 -
+// phi2), no max, no rescale (m[] the thread's own max of its raw logits per row, l[] its partial
+// sum); masked keys give 2^-inf = 0. Sync: the online softmax (m[] the row max over the row's 4
+// threads, l rescaled by alpha = 2^(m_old - m), and rescale_o(hf, alpha) called for each row half
+// so that the caller rescales O, now or once its in-flight products are done).
+template <bool kAsync, bool kMasked, int NJ, class RescaleO>
+__device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], float (&m)[2], float sl2, float phi2,
+                                             RescaleO&& rescale_o) {
   // Maxima and sums run in four independent partials per row (element e & 1 of even / odd n-tiles),
   // combined at the end: one chain of 2 NJ dependent steps per row would set the tile's latency
   // at the few warps per SM of the large tiles.
@@ -205,11 +206,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND]
       const float alpha = fast_exp2((m[hf] - m_ref) * sl2);
       const float ms = m_ref * sl2;
       m[hf] = m_new;
-#pragma unroll
-      for (int j = 0; j < ND; ++j) {
-        o[j][2 * hf] *= alpha;
-        o[j][2 * hf + 1] *= alpha;
-      }
+      rescale_o(hf, alpha);
       float lp[4] = {l[hf] * alpha, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < NJ; ++j)
@@ -222,6 +219,19 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND]
       l[hf] = (lp[0] + lp[1]) + (lp[2] + lp[3]);
     }
   }
+}
+
+// softmax_tile with O (its ND n-tiles) rescaled at once.
+template <bool kAsync, bool kMasked, int NJ, int ND>
+__device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND][4], float (&l)[2], float (&m)[2],
+                                               float sl2, float phi2) {
+  softmax_tile<kAsync, kMasked>(s, l, m, sl2, phi2, [&](int hf, float alpha) {
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+      o[j][2 * hf] *= alpha;
+      o[j][2 * hf + 1] *= alpha;
+    }
+  });
 }
 
 // The async guard of one thread's two rows after the walk: reduces each row's max and sum over
@@ -826,6 +836,137 @@ struct WgCta {
     }
     cp_async_wait_group<0>();
   }
+
+  // S = Q K^T of the key tile at shared address kb, issued and committed (not waited for).
+  __device__ __forceinline__ void issue_s(float (&sf)[kBK / 2], uint32_t q_addr, uint32_t kb) const {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const uint32_t col = (ks >> 2) * 128 * 128 + (ks & 3) * 32;
+      detail::wgmma_m64n128k16_ss<T>(sf, detail::wgmma_desc_sw128(q_addr + col), detail::wgmma_desc_sw128(kb + col),
+                                     ks > 0);
+    }
+    detail::wgmma_commit();
+  }
+
+  // O += P V of a key tile whose P is packed in pa and whose V is at shared address vb, issued and
+  // committed (not waited for).
+  __device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[kBK / 16][4],
+                                           uint32_t vb) const {
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks)
+#pragma unroll
+      for (int h = 0; h < D / 64; ++h) {
+        float(&oh)[32] = *reinterpret_cast<float(*)[32]>(&o[8 * h][0]);
+        detail::wgmma_m64n64k16_rs<T>(oh, pa[ks], detail::wgmma_desc_sw128(vb + h * kBK * 128 + ks * 16 * 128), true);
+      }
+    detail::wgmma_commit();
+  }
+
+  // The pipelined walk (kConfig.pipelined, 3 buffers): tile kt's S product is issued together with
+  // tile kt - 1's PV product, and tile kt's softmax runs while that PV product is on the tensor
+  // cores (FlashAttention-3's intra-warpgroup overlap). P of the previous tile waits packed in
+  // registers (pa); in sync mode O's rescale by this tile's alpha waits for the PV product. Tile
+  // kt + 1 is copied while tile kt computes, into the buffer of tile kt - 2: at the barrier every
+  // warpgroup has finished its PV product of tile kt - 2.
+  template <bool kAsync>
+  __device__ __forceinline__ void walk_pipelined(float phi2, float (&o)[D / 8][4], float (&l)[2],
+                                                 float (&m)[2]) const {
+    static_assert(kStages == 3, "the pipelined walk keeps tiles kt - 1, kt and kt + 1");
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    l[0] = l[1] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    const int g = lane >> 2, t = lane & 3;
+    const int wg0 = wg * 64;
+    const int r0 = wg0 + warp * 16 + g;
+    int lim[2], low[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      lim[hf] = prefill::row_key_limit(start, w, r0 + 8 * hf);
+      low[hf] = w.window > 0 ? lim[hf] - w.window : -1;
+    }
+    const bool wg_active = wg0 < w.rows;
+    const int wg_lim = prefill::row_key_limit(start, w, wg0 + 63);
+    const int wg_first = w.window > 0 ? prefill::row_key_limit(start, w, wg0) - w.window + 1 : 0;
+    const int kt0 = kMasked ? w.first_key_tile : 0;
+    const uint32_t q_addr = detail::smem_addr(q_s) + wg0 * 128;
+    const uint32_t k_addr = detail::smem_addr(k_s), v_addr = detail::smem_addr(v_s);
+    float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
+
+    // P of the previous tile, waiting for its PV product, and that tile's V. The PV product is
+    // issued every tile, with P = 0 where there is none (the first tile; after a flush), so that
+    // no wgmma sits under a branch ptxas cannot prove uniform and every S read follows the same
+    // wait (else ptxas serializes the products: warnings C7514, C7520).
+    uint32_t pa[kBK / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
+    uint32_t v_pending = v_addr;  // any filled V buffer: 0 * V adds nothing
+    auto flush = [&] {
+      detail::wgmma_fence();
+      issue_pv(o, pa, v_pending);
+      detail::wgmma_wait<0>();
+      detail::wgmma_pin(of);
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
+    };
+
+    if (kt0 < w.n_key_tiles) load_kv(kt0, 0);
+    cp_async_commit();
+    int buf = 0;  // (kt - kt0) % 3
+    for (int kt = kt0; kt < w.n_key_tiles; ++kt) {
+      cp_async_wait_group<0>();
+      detail::fence_proxy_async_shared();
+      __syncthreads();  // tile kt visible; every warpgroup is done with tile kt - 2
+      const uint32_t kb = k_addr + buf * kTileBytes, vb = v_addr + buf * kTileBytes;
+      const int nb = buf == kStages - 1 ? 0 : buf + 1;
+      const auto load_next = [&] {
+        if (kt + 1 < w.n_key_tiles) load_kv(kt + 1, nb);
+        cp_async_commit();
+      };
+      buf = nb;
+      if (!wg_active || kt * kBK > wg_lim || (kMasked && kt * kBK + kBK <= wg_first)) {
+        load_next();
+        flush();  // tile kt - 1's V is overwritten by the next tile's copies
+        v_pending = vb;
+        continue;
+      }
+
+      float s[kBK / 8][4];
+      float(&sf)[kBK / 2] = reinterpret_cast<float(&)[kBK / 2]>(s);
+      detail::wgmma_fence();
+      issue_s(sf, q_addr, kb);
+      issue_pv(o, pa, v_pending);
+      load_next();
+      detail::wgmma_wait<1>();  // S done; the PV product may still run
+      detail::wgmma_pin(sf);
+
+      mask_scores<kMasked>(s, kt, kBK, t, w, lim, low, softcap, scale);
+      float alpha[2] = {1.f, 1.f};
+      softmax_tile<kAsync, kMasked>(s, l, m, sl2, phi2, [&](int hf, float a) { alpha[hf] = a; });
+
+      detail::wgmma_wait<0>();  // the previous tile's PV product: O and pa are free
+      detail::wgmma_pin(of);
+      if constexpr (!kAsync) {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          o[j][0] *= alpha[0];
+          o[j][1] *= alpha[0];
+          o[j][2] *= alpha[1];
+          o[j][3] *= alpha[1];
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        pa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
+        pa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
+        pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+        pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      }
+      v_pending = vb;
+    }
+    flush();
+    cp_async_wait_group<0>();
+  }
 };
 
 template <class T, int D, int I, bool kMasked>
@@ -893,8 +1034,16 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
   const int g = c.lane >> 2, t = c.lane & 3;
   const int r0 = c.wg * 64 + c.warp * 16 + g;
   bool sums_reduced = false;
+  auto walk = [&](auto async_tag, float phi2) {
+    constexpr bool kAsync = decltype(async_tag)::value;
+    if constexpr (Walk::kConfig.pipelined) {
+      c.template walk_pipelined<kAsync>(phi2, o, l, m);
+    } else {
+      c.template walk<kAsync>(phi2, o, l, m);
+    }
+  };
   if (a.async) {
-    c.template walk<true>(a.phi2, o, l, m);
+    walk(std::true_type{}, a.phi2);
     const int bad = failed_rows(m, l, c.sl2, a, r0, c.w.rows, t);
     sums_reduced = true;
     if (bad > 0) atomicAdd(&fail_rows, bad);
@@ -903,11 +1052,11 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
     if (failed > 0) {
       if (threadIdx.x == 0 && a.fallback_rows != nullptr)
         atomicAdd(a.fallback_rows, static_cast<unsigned long long>(failed));
-      c.template walk<false>(0.f, o, l, m);
+      walk(std::false_type{}, 0.f);
       sums_reduced = false;
     }
   } else {
-    c.template walk<false>(0.f, o, l, m);
+    walk(std::false_type{}, 0.f);
   }
   if (!sums_reduced) {
 #pragma unroll

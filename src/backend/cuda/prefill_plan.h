@@ -36,6 +36,9 @@ namespace fdpp::cuda::prefill {
 //     O += P V with P from registers and V from shared memory. D = 64 or 128 with a 16-bit cache;
 //     S 64 + O 64 fp32 registers per thread; shared Q 32 + K/V 2 x 64 = 160 KB (D = 128), one CTA
 //     of 8 warps per SM.
+//   wg128n128p: the same, pipelined inside each warpgroup: tile kt's S product is issued with tile
+//     kt - 1's PV product and tile kt's softmax runs while the latter is on the tensor cores; P of
+//     the previous tile waits packed in registers; 3 K/V buffers (224 KB), one tile in flight.
 // Tried and left out because ptxas spills them (sm_90a, nvcc 13.0, D = 128): m128n64w4 (FA2's
 // Hopper/Ampere D = 128 forward tile: O 128 + S 64 registers, 348 bytes of spill stores) and
 // m128n128w8 (8 x 16 rows, 128-key tiles: 48 bytes).
@@ -46,7 +49,8 @@ struct TileConfig {
   int bk;       // keys per tile
   int stages;   // K/V shared buffers (cp.async pipeline depth)
   int min_ctas; // __launch_bounds__ min blocks per SM
-  bool wgmma = false;  // warpgroup MMA (prefill_attention.cu's wgmma kernel; sm_90a)
+  bool wgmma = false;      // warpgroup MMA (prefill_attention.cu's wgmma kernel; sm_90a)
+  bool pipelined = false;  // wgmma: tile kt's softmax beside tile kt - 1's PV product (3 stages)
 };
 inline constexpr TileConfig kConfigs[] = {
     {"m64n64", 4, 1, 64, 2, 2},
@@ -54,6 +58,7 @@ inline constexpr TileConfig kConfigs[] = {
     {"m128n64w8s3", 8, 1, 64, 3, 1},
     {"m128n32w4", 4, 2, 32, 2, 2},
     {"wg128n128", 8, 1, 128, 2, 1, true},
+    {"wg128n128p", 8, 1, 128, 3, 1, true, true},
 };
 inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr int config_bq(const TileConfig& c) { return 16 * c.warps * c.m_tiles; }
