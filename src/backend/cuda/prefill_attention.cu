@@ -837,13 +837,14 @@ struct WgCta {
     cp_async_wait_group<0>();
   }
 
-  // S = Q K^T of the key tile at shared address kb, issued and committed (not waited for).
-  __device__ __forceinline__ void issue_s(float (&sf)[kBK / 2], uint32_t q_addr, uint32_t kb) const {
+  // S = Q K^T of the key tile whose descriptor (at its first byte) is kd; qd: Q's. Issued and
+  // committed, not waited for. A descriptor's address field counts 16-byte units, so an offset
+  // inside the shared window is added to it directly.
+  __device__ __forceinline__ void issue_s(float (&sf)[kBK / 2], uint64_t qd, uint64_t kd) const {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      const uint32_t col = (ks >> 2) * 128 * 128 + (ks & 3) * 32;
-      detail::wgmma_m64n128k16_ss<T>(sf, detail::wgmma_desc_sw128(q_addr + col), detail::wgmma_desc_sw128(kb + col),
-                                     ks > 0);
+      const uint32_t col = ((ks >> 2) * 128 * 128 + (ks & 3) * 32) >> 4;
+      detail::wgmma_m64n128k16_ss<T>(sf, qd + col, kd + col, ks > 0);
     }
     detail::wgmma_commit();
   }
@@ -851,13 +852,13 @@ struct WgCta {
   // O += P V of a key tile whose P is packed in pa and whose V is at shared address vb, issued and
   // committed (not waited for).
   __device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[kBK / 16][4],
-                                           uint32_t vb) const {
+                                           uint64_t vd) const {
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks)
 #pragma unroll
       for (int h = 0; h < D / 64; ++h) {
         float(&oh)[32] = *reinterpret_cast<float(*)[32]>(&o[8 * h][0]);
-        detail::wgmma_m64n64k16_rs<T>(oh, pa[ks], detail::wgmma_desc_sw128(vb + h * kBK * 128 + ks * 16 * 128), true);
+        detail::wgmma_m64n64k16_rs<T>(oh, pa[ks], vd + ((h * kBK * 128 + ks * 16 * 128) >> 4), true);
       }
     detail::wgmma_commit();
   }
@@ -900,7 +901,8 @@ struct WgCta {
     uint32_t pa[kBK / 16][4];
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
-    uint32_t v_pending = v_addr;  // any filled V buffer: 0 * V adds nothing
+    uint64_t v_pending = detail::wgmma_desc_sw128(v_addr);  // any filled V buffer: 0 * V adds nothing
+    const uint64_t q_desc = detail::wgmma_desc_sw128(q_addr);
     auto flush = [&] {
       detail::wgmma_fence();
       issue_pv(o, pa, v_pending);
@@ -927,14 +929,15 @@ struct WgCta {
       if (!wg_active || kt * kBK > wg_lim || (kMasked && kt * kBK + kBK <= wg_first)) {
         load_next();
         flush();  // tile kt - 1's V is overwritten by the next tile's copies
-        v_pending = vb;
+        v_pending = detail::wgmma_desc_sw128(vb);
         continue;
       }
 
       float s[kBK / 8][4];
       float(&sf)[kBK / 2] = reinterpret_cast<float(&)[kBK / 2]>(s);
+      const uint64_t k_desc = detail::wgmma_desc_sw128(kb);
       detail::wgmma_fence();
-      issue_s(sf, q_addr, kb);
+      issue_s(sf, q_desc, k_desc);
       issue_pv(o, pa, v_pending);
       load_next();
       detail::wgmma_wait<1>();  // S done; the PV product may still run
@@ -962,7 +965,7 @@ struct WgCta {
         pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
         pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
       }
-      v_pending = vb;
+      v_pending = detail::wgmma_desc_sw128(vb);
     }
     flush();
     cp_async_wait_group<0>();
