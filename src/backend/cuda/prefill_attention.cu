@@ -897,7 +897,8 @@ struct WgCta {
     // P of the previous tile, waiting for its PV product, and that tile's V. The PV product is
     // issued every tile, with P = 0 where there is none (the first tile; after a flush), so that
     // no wgmma sits under a branch ptxas cannot prove uniform and every S read follows the same
-    // wait (else ptxas serializes the products: warnings C7514, C7520).
+    // wait (else ptxas serializes the products: warnings C7514, C7520); pa is pinned after each
+    // wait that retires its reads (C7513).
     uint32_t pa[kBK / 16][4];
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
@@ -908,6 +909,7 @@ struct WgCta {
       issue_pv(o, pa, v_pending);
       detail::wgmma_wait<0>();
       detail::wgmma_pin(of);
+      detail::wgmma_pin(pa);
 #pragma unroll
       for (int ks = 0; ks < kBK / 16; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
     };
@@ -949,6 +951,7 @@ struct WgCta {
 
       detail::wgmma_wait<0>();  // the previous tile's PV product: O and pa are free
       detail::wgmma_pin(of);
+      detail::wgmma_pin(pa);
       if constexpr (!kAsync) {
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {

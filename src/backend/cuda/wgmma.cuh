@@ -74,6 +74,17 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for the A fragments of register-A products: after the wait that retires them, so that
+// the compiler cannot move the next writes of those registers above it (ptxas would then serialize
+// the products: warning C7513).
+template <int N>
+__device__ __forceinline__ void wgmma_pin(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
+
 // d (64 x 128 fp32, the m64n128 accumulator layout) (+)= A (64 x 16, K-major, shared) . B (16 x 128,
 // K-major: 128 rows of 16 contiguous k, shared). accumulate = false overwrites d.
 template <class T>
