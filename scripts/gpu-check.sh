@@ -297,7 +297,7 @@ if stage ttft; then
   ttft() {  # ttft CONFIG LENGTHS: fdpp for each prefill attention configuration, then HF
     for pc in ${FDPP_TTFT_PREFILL_CONFIGS:-m64n64}; do
       "$B/fdpp" bench --load-format dummy --config "$root/configs/$1.json" -b 1 -c 1024 --steps 4 --mixed-chunk 0 \
-        -p "$2" -r 3 --prefill-config "$pc" --json >"$OUT/ttft_$1_$pc.json" 2>"$OUT/ttft_$1_$pc.err" \
+        -p "$2" -r 3 --prefill-attention "$pc" --json >"$OUT/ttft_$1_$pc.json" 2>"$OUT/ttft_$1_$pc.err" \
         || log "ttft $1 $pc failed: $(tail -1 "$OUT/ttft_$1_$pc.err")"
       python3 - "$OUT/ttft_$1_$pc.json" "$1" "$pc" <<'PY' | tee -a "$summary"
 import json, sys

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/prefill_plan.h"
 #include "engine_flags.h"
 #include "fdpp/error.h"
 #include "runtime/engine_args.h"
@@ -73,6 +74,8 @@ const std::vector<BadValue>& bad_values() {
       {"gpu_memory_utilization", "most", "'most' is not a number"},
       {"gpu_memory_utilization", "nan", "'nan' is not a number"},
       {"decode_path", "simd", "'simd' is not one of auto, mma, core"},
+      {"prefill_attention", "fa3",
+       "'fa3' is not one of auto, m64n64, m128n64w8, m128n64w8s3, m128n32w4, wg128n128, wg128n128p"},
       {"kv_cache_dtype", "int8", "'int8' is not one of auto, f32, f16, fp8, fp8_e4m3"},
       // vLLM's other fp8 is named in its refusal, not listed as unknown.
       {"kv_cache_dtype", "fp8_e5m2", "fp8_e5m2 is not supported: the fp8 KV cache is e4m3 (fp8, fp8_e4m3)"},
@@ -145,6 +148,11 @@ TEST(EngineArgs, GoodValuesLandInTheArgs) {
   EXPECT_EQ(a.calibration, "c.json");
   EXPECT_EQ(a.threads, 3);
   EXPECT_EQ(a.cpu_weights, "f32");
+  // A prefill configuration by name reaches the engine as its index in the tile table; auto as -1.
+  EXPECT_EQ(a.runner_options("m").prefill_attention_config, -1);
+  EngineArgs named;
+  ASSERT_EQ(cli_error(kGenerate, {"--prefill-attention", "m128n32w4"}, &named), "");
+  EXPECT_STREQ(cuda::prefill::kConfigs[named.runner_options("m").prefill_attention_config].name, "m128n32w4");
   // The Python keyword of the same option, and its alias.
   EngineArgs p;
   set_engine_option(p, *find_engine_option("tensor_parallel_size"), "4", "tensor_parallel_size");

@@ -867,6 +867,8 @@ class LLM:
             the GPU, for measuring without a checkpoint (as `fdpp bench --load-format dummy`).
         config: the config.json of load_format="dummy" (configs/ has Llama-2-7B, Llama-3-8B, ...).
         pdl, decode_path: CUDA kernel switches ("on"/"off"; "auto", "mma", "core"), as the CLI's.
+        prefill_attention: CUDA prefill attention's tile configuration: "auto" (the default) or one
+            by name, as the CLI's --prefill-attention.
 
     vLLM's keywords:
         gpu_memory_utilization: on the GPU, the share in (0, 1] of the memory left free by the
@@ -926,6 +928,7 @@ class LLM:
         config: Optional[Union[str, os.PathLike]] = None,
         pdl: Optional[str] = None,
         decode_path: Optional[str] = None,
+        prefill_attention: Optional[str] = None,
         step_log: Optional[Union[str, os.PathLike]] = None,
         gpu_memory_utilization: Optional[float] = None,
         enforce_eager: Optional[bool] = None,
@@ -965,7 +968,7 @@ class LLM:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             attention=attention, linear=linear, cuda_graphs=cuda_graphs, threads=threads, cpu_weights=cpu_weights,
             gpu_weights=gpu_weights,
-            load_format=load_format, pdl=pdl, decode_path=decode_path,
+            load_format=load_format, pdl=pdl, decode_path=decode_path, prefill_attention=prefill_attention,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling, quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,

@@ -221,6 +221,7 @@ cuda::EngineOptions engine_options(const ModelConfig& config, const RunnerOption
   eo.attention = options.attention == "sync" ? cuda::AttentionMode::Sync : cuda::AttentionMode::Async;
   if (options.attention == "async" || !options.calibration.empty())
     eo.unified_max_phi = resolve_unified_max_phi(config, options);
+  eo.prefill_attention_config = options.prefill_attention_config;
   eo.linear_mode = options.linear;
   eo.model_path = options.model_path;
   eo.dispatch_table = options.dispatch_table;

@@ -48,6 +48,9 @@ struct RunnerOptions {
   double memory_fraction = 0.90;
   // CUDA decode attention: "async" (unified max, FlashDecoding++) or "sync" (FlashDecoding).
   std::string attention = "async";
+  // CUDA prefill attention's tile configuration (prefill_plan.h kConfigs index; -1: the engine's
+  // choice, EngineOptions::prefill_attention_config).
+  int prefill_attention_config = -1;
   // Per-layer unified max phi from the model's calibration file (empty: phi = 0, see EngineOptions).
   std::vector<float> unified_max_phi;
   // CUDA linear layers: "" or auto, gemv, flat, cublas; the model's path (a dispatch table beside

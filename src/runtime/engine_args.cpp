@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "backend/cuda/prefill_plan.h"
 #include "engine/linear_chooser.h"
 #include "engine/scheduler.h"
 #include "fdpp/error.h"
@@ -208,6 +209,15 @@ std::vector<EngineOption> build_table() {
   t.push_back(choice("attention", "--attention", kModelUsers,
                      "CUDA decode attention: async (unified max, FlashDecoding++) or sync (FlashDecoding)",
                      {"async", "sync"}, &EngineArgs::attention));
+  {
+    std::vector<std::string> configs{"auto"};
+    for (const cuda::prefill::TileConfig& c : cuda::prefill::kConfigs) configs.emplace_back(c.name);
+    t.push_back(choice("prefill_attention", "--prefill-attention", kModelUsers,
+                       "CUDA prefill attention's tile configuration: auto (the engine's choice per GPU and chunk "
+                       "length) or one by name (wg* need an sm_90a build and GPU; one that does not run at the "
+                       "model's head dim gives way to the default)",
+                       std::move(configs), &EngineArgs::prefill_attention));
+  }
   t.push_back(choice("linear", "--linear", kModelUsers,
                      "CUDA linear layers: auto (the tuned dispatch table), gemv, flat or cublas", 
                      {"auto", "gemv", "flat", "cublas"}, &EngineArgs::linear, "FDPP_LINEAR"));
@@ -370,6 +380,7 @@ RunnerOptions EngineArgs::runner_options(const std::string& model_path, const En
   o.cuda_graphs = cuda_graphs;
   o.memory_fraction = gpu_memory_utilization;
   o.attention = attention;
+  o.prefill_attention_config = prefill_attention_config_index();
   const DispatchSelectOptions lin = resolve_linear_flags(linear, dispatch_table, env);
   o.linear = lin.mode;
   o.dispatch_table = lin.table_path;
@@ -380,6 +391,12 @@ RunnerOptions EngineArgs::runner_options(const std::string& model_path, const En
   o.calibration = calibration;
   o.tensor_parallel = tensor_parallel;
   return o;
+}
+
+int EngineArgs::prefill_attention_config_index() const {
+  for (int i = 0; i < cuda::prefill::kNumConfigs; ++i)
+    if (prefill_attention == cuda::prefill::kConfigs[i].name) return i;
+  return -1;
 }
 
 EngineArgs::StepSizes EngineArgs::step_sizes(Device d) const {

@@ -47,6 +47,7 @@ struct EngineArgs {
   // kv_cache_tokens does not size it (vLLM's gpu_memory_utilization; vLLM counts the weights in).
   double gpu_memory_utilization = 0.90;
   std::string attention = "async";   // async (unified max) or sync
+  std::string prefill_attention = "auto";  // CUDA prefill attention: auto or a tile configuration's name
   std::string linear;                // "": $FDPP_LINEAR, else auto
   std::string dispatch_table;        // "": $FDPP_DISPATCH_TABLE, else looked up
   KernelFlags kernels;               // --pdl, --decode-path ("": the variables, else defaults)
@@ -84,6 +85,8 @@ struct EngineArgs {
   // the same output tokens/s).
   int auto_gpu_step_tokens = 8192;
   StepSizes step_sizes(Device device) const;
+  // prefill_attention as an index of cuda::prefill::kConfigs; -1 for auto (the choice checked it).
+  int prefill_attention_config_index() const;
   // The limits of an engine that serves many sequences (serve, Python, generate --file) on `device`.
   EngineLimits engine_limits(Device device) const;
   // The scheduler over such an engine: an automatic batch takes up to the engine's rows, admitted

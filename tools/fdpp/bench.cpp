@@ -133,11 +133,7 @@ int run_bench(const BenchArgs& a) {
   eo.dispatch_table = linear_options.table_path;
   eo.gemv_max_m = linear_options.gemv_max_m;
   eo.kernels = resolve_kernel_options(a.engine.kernels);
-  if (!a.prefill_config.empty()) {
-    eo.prefill_attention_config = cuda::prefill_attention_config_index(a.prefill_config.c_str());
-    check(eo.prefill_attention_config >= 0, "--prefill-config '{}' is not a prefill attention configuration",
-          a.prefill_config);
-  }
+  eo.prefill_attention_config = a.engine.prefill_attention_config_index();
   if (a.engine.load_format != "dummy") eo.model_path = loaded.description.path;
   // One GPU, or the model split over tp GPUs (rank 0's GPU is the one whose memory is reported;
   // every rank holds the same shapes).
@@ -404,7 +400,6 @@ Subcommand register_bench(CLI::App& app) {
   bench->add_option("--steps", b.steps, "timed decode steps per (batch, context)")->capture_default_str()->check(CLI::Range(1, 100000));
   bench->add_option("--bandwidth", b.bandwidth, "read bandwidth in bytes/s for the roofline (default: measure)");
   bench->add_flag("--json", b.json, "print JSON");
-  bench->add_option("--prefill-config", b.prefill_config, "prefill attention tile configuration (bench-attention --prefill lists them)");
   bench->add_option("--mixed-chunk", b.mixed_chunk,
                     "mixed test: batch - 1 sequences decode while one prefills a chunk of this many tokens (0: off)")
       ->capture_default_str();

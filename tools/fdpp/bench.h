@@ -20,7 +20,6 @@ struct BenchArgs {
   double bandwidth = 0;  // bytes/s; 0: measure
   bool json = false;
   int mixed_chunk = 512;            // the mixed test's prefill chunk (0: no mixed test)
-  std::string prefill_config;       // prefill attention tile configuration ("": the engine's default)
 };
 
 int run_bench(const BenchArgs& args);

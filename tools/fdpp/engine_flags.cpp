@@ -13,7 +13,8 @@ std::string help_group(const std::string& name) {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> groups = {
       {"Model", {"model", "load_format", "config", "dtype", "calibration"}},
       {"Devices", {"device", "threads", "cpu_weights", "gpu_weights", "tensor_parallel", "n_gpu_layers"}},
-      {"Kernels", {"attention", "linear", "dispatch_table", "pdl", "decode_path", "cuda_graphs", "enforce_eager"}},
+      {"Kernels", {"attention", "prefill_attention", "linear", "dispatch_table", "pdl", "decode_path", "cuda_graphs",
+                   "enforce_eager"}},
       {"Diagnostics", {"step_log"}},
   };
   for (const auto& [group, names] : groups)

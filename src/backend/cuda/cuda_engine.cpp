@@ -54,6 +54,31 @@ std::string tensor_parallel_model_problem(const ModelConfig& c) {
   return "";
 }
 
+namespace {
+// The prefill tile configuration of an engine: the one asked for, else the warpgroup-MMA kernel
+// wherever it runs (sm_90a, head_dim 64 or 128, a 16-bit cache; decided once, since it asks the
+// device): on the H100 it led the mma.sync configurations at every point of the prefill grid, 1 x
+// 1K to 1 x 32K and 8 x 2K (docs/kernels/prefill_attention.md). -1 where neither: chosen per step
+// by prefill_config_for_chunk.
+int fixed_prefill_config(int configured, int head_dim, KvDType kv_dtype) {
+  check(configured >= -1 && configured < prefill_attention_configs(),
+        "prefill attention configuration {} out of range [-1, {})", configured, prefill_attention_configs());
+  if (configured >= 0) return configured;
+  const int wgmma = prefill_attention_config_index("wg128n128p");
+  return prefill_attention_config_runs(wgmma, head_dim, kv_dtype) ? wgmma : -1;
+}
+
+// Without a fixed configuration, by the step's longest chunk, measured on the H200 (2026-11-30 run
+// b, fp16, head_dim 128, causal, 32/32 and 32/8 heads): at 1 x 1024 m128n64w8s3 is fastest (40.5
+// us; m128n32w4 56.9 us), from 1 x 4096 up and at 8 x 2048 m128n32w4 is (497.7 vs 525.1 us at 4K,
+// 1062.9 vs 1111.8 us at 8 x 2K, 285 vs 280 TFLOP/s at 32K).
+int prefill_config_for_chunk(int max_chunk) {
+  static const int small = prefill_attention_config_index("m128n64w8s3");
+  static const int large = prefill_attention_config_index("m128n32w4");
+  return max_chunk <= 1536 ? small : large;
+}
+}  // namespace
+
 CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOptions& options)
     : model_(std::move(model)), options_(options) {
   const ModelConfig& c = model_->config();
@@ -64,6 +89,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, const EngineOpt
   const KvQuant& kvq = options.kv_quant;
   check(kvq.dtype == KvDType::Model || kvq.dtype == KvDType::Fp8E4M3, "unknown KV cache dtype {}",
         static_cast<int>(kvq.dtype));
+  prefill_config_ = fixed_prefill_config(options.prefill_attention_config, c.head_dim, kvq.dtype);
   // A 16-bit cache passes the options as they are (the model's scales are an e4m3 cache's alone).
   layer_kv_quant_.assign(static_cast<size_t>(c.n_layers), kvq);
   if (kvq.dtype == KvDType::Fp8E4M3) {
@@ -354,24 +380,6 @@ void* CudaEngine::layer_v(int layer) const {
   return static_cast<char*>(layer_k(layer)) + static_cast<size_t>(num_blocks_) * block_bytes_;
 }
 
-namespace {
-// The prefill tile configuration for a step whose longest chunk has max_chunk tokens. The
-// warpgroup-MMA kernel wherever it runs (sm_90a, head_dim 64 or 128, a 16-bit cache): on the H100
-// it led the mma.sync configurations at every point of the prefill grid, 1 x 1K to 1 x 32K and 8 x
-// 2K (docs/kernels/prefill_attention.md). Elsewhere, measured on the H200 (2026-11-30 run b, fp16,
-// head_dim 128, causal, 32/32 and 32/8 heads): at 1 x 1024 m128n64w8s3 is fastest (40.5 us;
-// m128n32w4 56.9 us), from 1 x 4096 up and at 8 x 2048 m128n32w4 is (497.7 vs 525.1 us at 4K,
-// 1062.9 vs 1111.8 us at 8 x 2K, 285 vs 280 TFLOP/s at 32K).
-int prefill_config_for(int configured, int max_chunk, int head_dim, KvDType kv_dtype) {
-  if (configured >= 0) return configured;
-  static const int wgmma = prefill_attention_config_index("wg128n128p");
-  static const int small = prefill_attention_config_index("m128n64w8s3");
-  static const int large = prefill_attention_config_index("m128n32w4");
-  if (prefill_attention_config_runs(wgmma, head_dim, kv_dtype)) return wgmma;
-  return max_chunk <= 1536 ? small : large;
-}
-}  // namespace
-
 // The op set of model/forward.h on the GPU, in 16-bit with fp32 accumulation and an fp32 residual
 // stream (x_). The add of a block's output is fused into the next norm (residual_norm), q, k and v
 // are one GEMM, SwiGLU runs in the gate/up GEMM's epilogue where the chosen kernel has one, and the
@@ -496,8 +504,7 @@ struct CudaEngine::Forward {
                                static_cast<int>(chunks.size()), n, max_chunk, c.n_heads, c.n_kv_heads, c.head_dim,
                                e.options_.block_size, scale, async ? &e.unified_max_[layer] : nullptr,
                                e.fallback_rows_.as<unsigned long long>() + 1, e.attn_.get(), dt, st,
-                               prefill_config_for(e.options_.prefill_attention_config, max_chunk, c.head_dim,
-                                                  e.layer_kv_quant(layer).dtype),
+                               e.prefill_config_ >= 0 ? e.prefill_config_ : prefill_config_for_chunk(max_chunk),
                                window, softcap, e.layer_kv_quant(layer));
     }
   }

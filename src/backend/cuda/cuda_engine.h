@@ -45,7 +45,8 @@ struct EngineOptions {
   // or the synchronized split-KV kernel (FlashDecoding), for comparison.
   AttentionMode attention = AttentionMode::Async;
   // Prefill attention's tile configuration (kernels.h: prefill_attention_configs()); -1: chosen
-  // per step by the longest chunk (cuda_engine.cpp: prefill_config_for).
+  // the wgmma kernel where it runs, else per step by the longest chunk (cuda_engine.cpp:
+  // fixed_prefill_config).
   int prefill_attention_config = -1;
   // The KV cache's element type (kernels.h: KvQuant): the model's 16-bit dtype, or e4m3 bytes
   // (--kv-cache-dtype fp8: half the bytes per token; head dims 64, 128, 256). An e4m3 cache takes
@@ -213,6 +214,7 @@ class CudaEngine final : public Engine {
   int64_t num_blocks_ = 0;
   size_t kv_elem_bytes_ = 2;  // bytes of one cached K or V element (kv_element_bytes)
   std::vector<KvQuant> layer_kv_quant_;  // per layer: options_.kv_quant with the layer's scales
+  int prefill_config_ = -1;  // prefill attention's configuration; -1: by each step's longest chunk
   size_t block_bytes_ = 0;     // one layer's k (or v) block
   DeviceBuffer kv_;         // [layers][2][num_blocks][block_size][kv_dim]
   int logit_capacity_ = 0;  // rows of logits_

@@ -279,8 +279,56 @@ struct Cfg {
 // it starts at the window's first key tile, never reads a key below TileWork::key_begin, caps S
 // before the masks and masks per row on both sides. Without it the walk is the plain causal one.
 // KV: the cache's element, T or Fp8 (e4m3 bytes, turned into T in registers before each mma).
+// What a CTA of either kernel takes from its launch (blockIdx: head x, query tile y, chunk z): its
+// chunk's rows in qkv, its tile of query rows and keys (prefill::tile_work), the cache and the
+// scales. begin() is false where the tile has no rows: the CTA returns, before any barrier.
+template <class KV>
+struct WalkBase {
+  const KV* k_cache;
+  const KV* v_cache;
+  const int32_t* table;
+  int start, kvh, tid, lane;
+  int q_row0;  // the chunk's first row in qkv and out
+  KvCacheLayout kv;
+  float sl2;             // scale * log2(e)
+  float softcap, scale;  // kMasked
+  prefill::TileWork w;
+
+  template <bool kMasked>
+  __device__ __forceinline__ bool begin(const PrefillArgs& a, int bq, int bk) {
+    const int chunk = blockIdx.z;
+    int n;
+    if (a.q_begin != nullptr) {
+      q_row0 = a.q_begin[chunk];
+      n = a.q_begin[chunk + 1] - q_row0;
+      start = a.starts[chunk];
+    } else {
+      q_row0 = 0;
+      n = a.single_n;
+      start = a.single_start;
+    }
+    w = prefill::tile_work(start, n, blockIdx.y, bq, bk);
+    if (w.rows <= 0) return false;
+    if constexpr (kMasked) prefill::apply_window(start, a.window, bk, w);
+    kv = a.kv;
+    sl2 = a.scale_log2;
+    softcap = a.softcap;
+    scale = a.scale;
+    k_cache = static_cast<const KV*>(a.k_cache);
+    v_cache = static_cast<const KV*>(a.v_cache);
+    table = a.block_tables + int64_t(chunk) * a.max_blocks_per_seq;
+    kvh = blockIdx.x / a.group;
+    tid = threadIdx.x;
+    lane = threadIdx.x & 31;
+    return true;
+  }
+};
+
 template <class T, class KV, int D, class C, bool kMasked = false>
-struct Cta {
+struct Cta : WalkBase<KV> {
+  using B = WalkBase<KV>;
+  using B::k_cache, B::v_cache, B::table, B::start, B::kvh, B::tid, B::lane, B::q_row0, B::kv, B::sl2, B::softcap,
+      B::scale, B::w;
   static constexpr bool kFp8 = std::is_same_v<KV, Fp8>;
   static_assert(kFp8 || std::is_same_v<KV, T>, "cache element: T or e4m3");
   static constexpr int kKvEpc = 16 / int(sizeof(KV));  // cache elements per 16-byte chunk
@@ -288,14 +336,7 @@ struct Cta {
   static constexpr int kBK = C::kBK, kMT = C::kMT, kThreads = C::kThreads;
   static constexpr bool kQRegs = C::kQRegs && D <= 128;  // (at 256: prefill::config_fits)
   static_assert(!kFp8 || kBK % 32 == 0, "e4m3 K: one ldmatrix.x4 covers 32 keys");
-  const KV* k_cache;
-  const KV* v_cache;
-  const int32_t* table;
-  int start, kvh, tid, warp, lane;
-  KvCacheLayout kv;
-  float sl2;  // scale * log2(e)
-  float softcap, scale;  // kMasked
-  prefill::TileWork w;
+  int warp;
   T* q_s;   // [bq][D]; with an e4m3 cache its columns are permuted (q_fp8_k_order)
   KV* k_s;  // [stages][kBK][D]
   KV* v_s;  // [stages][kBK][D]
@@ -534,34 +575,11 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int fail_rows;
 
-  const int chunk = blockIdx.z;
-  int start, n, q_row0;
-  if (a.q_begin != nullptr) {
-    q_row0 = a.q_begin[chunk];
-    n = a.q_begin[chunk + 1] - q_row0;
-    start = a.starts[chunk];
-  } else {
-    q_row0 = 0;
-    n = a.single_n;
-    start = a.single_start;
-  }
   Walk c;
-  c.w = prefill::tile_work(start, n, blockIdx.y, C::kBQ, C::kBK);
-  if (c.w.rows <= 0) return;  // uniform over the CTA: before any barrier
-  if constexpr (kMasked) prefill::apply_window(start, a.window, C::kBK, c.w);
-  c.kv = a.kv;
-  c.sl2 = a.scale_log2;
-  c.softcap = a.softcap;
-  c.scale = a.scale;
-  c.k_cache = static_cast<const KV*>(a.k_cache);
-  c.v_cache = static_cast<const KV*>(a.v_cache);
-  c.table = a.block_tables + int64_t(chunk) * a.max_blocks_per_seq;
-  c.start = start;
+  if (!c.template begin<kMasked>(a, C::kBQ, C::kBK)) return;  // uniform over the CTA: before any barrier
   const int h = blockIdx.x;
-  c.kvh = h / a.group;
-  c.tid = threadIdx.x;
+  const int q_row0 = c.q_row0;
   c.warp = threadIdx.x >> 5;
-  c.lane = threadIdx.x & 31;
   c.q_s = reinterpret_cast<T*>(smem_raw);
   c.k_s = reinterpret_cast<KV*>(c.q_s + C::kBQ * D);
   c.v_s = c.k_s + C::kStages * C::kBK * D;
@@ -701,20 +719,17 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
 // A warpgroup whose rows lie past the chunk, or before the tile's keys, skips the tile (uniform
 // over the warpgroup, as wgmma requires); the barriers stay matched.
 template <class T, int D, int I, bool kMasked>
-struct WgCta {
+struct WgCta : WalkBase<T> {
+  using B = WalkBase<T>;
+  using B::k_cache, B::v_cache, B::table, B::start, B::kvh, B::tid, B::lane, B::q_row0, B::kv, B::sl2, B::softcap,
+      B::scale, B::w;
   static constexpr prefill::TileConfig kConfig = prefill::kConfigs[I];
   static constexpr int kBQ = prefill::config_bq(kConfig), kBK = kConfig.bk;
   static constexpr int kThreads = prefill::config_threads(kConfig), kStages = kConfig.stages;
   static constexpr int KCH = D / 8;  // 16-byte chunks per row
   static_assert(kBQ == 128 && kThreads == 256 && kBK == 128 && (D == 64 || D == 128), "wgmma tile");
   static constexpr uint32_t kTileBytes = kBK * D * 2;
-  const T* k_cache;
-  const T* v_cache;
-  const int32_t* table;
-  int start, kvh, tid, wg, warp, lane;  // warp: within the warpgroup
-  KvCacheLayout kv;
-  float sl2, softcap, scale;
-  prefill::TileWork w;
+  int wg, warp;  // warp: within the warpgroup
   unsigned char* q_s;  // [kBQ][D] swizzled, 1 KB aligned
   unsigned char* k_s;  // [stages][kBK][D]
   unsigned char* v_s;
@@ -984,35 +999,12 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
   extern __shared__ unsigned char smem_raw[];
   __shared__ int fail_rows;
 
-  const int chunk = blockIdx.z;
-  int start, n, q_row0;
-  if (a.q_begin != nullptr) {
-    q_row0 = a.q_begin[chunk];
-    n = a.q_begin[chunk + 1] - q_row0;
-    start = a.starts[chunk];
-  } else {
-    q_row0 = 0;
-    n = a.single_n;
-    start = a.single_start;
-  }
   Walk c;
-  c.w = prefill::tile_work(start, n, blockIdx.y, Walk::kBQ, Walk::kBK);
-  if (c.w.rows <= 0) return;
-  if constexpr (kMasked) prefill::apply_window(start, a.window, Walk::kBK, c.w);
-  c.kv = a.kv;
-  c.sl2 = a.scale_log2;
-  c.softcap = a.softcap;
-  c.scale = a.scale;
-  c.k_cache = static_cast<const T*>(a.k_cache);
-  c.v_cache = static_cast<const T*>(a.v_cache);
-  c.table = a.block_tables + int64_t(chunk) * a.max_blocks_per_seq;
-  c.start = start;
+  if (!c.template begin<kMasked>(a, Walk::kBQ, Walk::kBK)) return;  // uniform over the CTA
   const int h = blockIdx.x;
-  c.kvh = h / a.group;
-  c.tid = threadIdx.x;
+  const int q_row0 = c.q_row0;
   c.wg = threadIdx.x >> 7;
   c.warp = (threadIdx.x >> 5) & 3;
-  c.lane = threadIdx.x & 31;
   // Swizzled tiles need 1 KB alignment: the launch adds 1 KB of slack.
   unsigned char* base = smem_raw + ((1024 - (detail::smem_addr(smem_raw) & 1023)) & 1023);
   c.q_s = base;
