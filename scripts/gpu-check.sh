@@ -31,7 +31,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared GPU machines (
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
 stages="${*:-${FDPP_GPU_STAGES:-tests sanitizer attention}}"
 # In the order they run:
-known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft linear tune dataflow bench gguf moe throughput tp peers load rss python"
+known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft realtext linear tune dataflow bench gguf moe throughput tp peers load rss python"
 for s in $stages; do
   [[ " $known_stages " == *" $s "* ]] || { echo "gpu-check.sh: unknown stage '$s' (stages: $known_stages)" >&2; exit 2; }
 done
@@ -314,6 +314,44 @@ PY
   ttft llama-2-7b "${FDPP_TTFT_7B:-1024,4096}"
   ttft llama-3-8b "${FDPP_TTFT_L3:-8000}"
   ttft llama-3.1-8b "${FDPP_TTFT_L31:-32000}"
+fi
+
+if stage realtext; then
+  # Issue 41, item 2: prefill attention's fallback rows on real text. A real model's first layers
+  # (bench/gguf_first_layers.py: the default model's, with the embeddings of the prompts' tokens;
+  # FDPP_REALTEXT_MODEL, xz or plain) over real prompts (*.txt in FDPP_REALTEXT_DIR), one
+  # generated token each, per dtype, per phi (0, and the calibration file *.calib.json there when
+  # there is one) and per prefill configuration; the engine's counters give the rows.
+  dir="${FDPP_REALTEXT_DIR:-$root/.ref/realtext}"
+  rt_model="${FDPP_REALTEXT_MODEL:-$dir/model.gguf.xz}"
+  if [[ $rt_model == *.xz ]]; then xz -dc "$rt_model" >/tmp/realtext_model.gguf && rt_model=/tmp/realtext_model.gguf; fi
+  calib=$(ls "$dir"/*.calib.json 2>/dev/null | head -1)
+  { echo; echo "### prefill attention on real text: rows recomputed by the unified max's fallback"
+    echo "| dtype | phi | configuration | prompt | tokens | prefill rows | fallback rows | share | prefill ms |"
+    echo "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"; } | tee -a "$summary"
+  for dt in ${FDPP_REALTEXT_DTYPES:-f16 bf16}; do
+    for phi in zero ${calib:+calibrated}; do
+      for pc in ${FDPP_REALTEXT_CONFIGS:-auto}; do
+        for txt in "$dir"/*.txt; do
+          name=$(basename "$txt" .txt)
+          res="$OUT/realtext_${dt}_${phi}_${pc}_$name.json"
+          cal_args=()
+          [[ $phi == calibrated ]] && cal_args=(--calibration "$calib")
+          "$B/fdpp" generate -m "$rt_model" --dtype "$dt" --prefill-attention "$pc" -n 1 --json "${cal_args[@]}" \
+            -p "$(cat "$txt")" >"$res" 2>"$res.err" \
+            || { log "realtext $dt $phi $pc $name failed: $(tail -1 "$res.err")"; continue; }
+          python3 - "$res" "$dt" "$phi" "$pc" "$name" <<'PY' | tee -a "$summary"
+import json, sys
+r = json.load(open(sys.argv[1]))
+a, t = r["attention"], r["timings"]
+share = a["prefill_fallback_rows"] / max(a["prefill_rows"], 1)
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {sys.argv[5]} | {t['prompt_tokens']} | {a['prefill_rows']} | "
+      f"{a['prefill_fallback_rows']} | {100 * share:.2f}% | {t['prefill_seconds'] * 1e3:.1f} |")
+PY
+        done
+      done
+    done
+  done
 fi
 
 if stage linear; then
