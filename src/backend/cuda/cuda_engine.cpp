@@ -64,7 +64,7 @@ int fixed_prefill_config(int configured, int head_dim, KvDType kv_dtype) {
   check(configured >= -1 && configured < prefill_attention_configs(),
         "prefill attention configuration {} out of range [-1, {})", configured, prefill_attention_configs());
   if (configured >= 0) return configured;
-  const int wgmma = prefill_attention_config_index("wg128n128p");
+  const int wgmma = prefill_attention_config_index("wg128n128");
   return prefill_attention_config_runs(wgmma, head_dim, kv_dtype) ? wgmma : -1;
 }
 

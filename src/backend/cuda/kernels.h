@@ -258,12 +258,14 @@ void decode_attention_async(const DecodeAttentionParams& p, cudaStream_t stream)
 // empty chunk is skipped).
 //
 // unified_max == nullptr: the synchronized online softmax (FlashAttention-2). Otherwise the
-// asynchronized softmax of FlashDecoding++: every row accumulates sum e^(x - phi) v and
-// sum e^(x - phi) with no running max and no rescaling; a row whose max logit x_max has
-// x_max - phi outside prefill_attention_effective_range(*unified_max, dtype) (or NaN logits) makes
-// its query tile (64 or 128 rows, by configuration) recompute all its rows with the synchronized softmax, so the result always
-// equals the stable softmax to 16-bit rounding; *fallback_rows (device, nullable) is incremented by
-// the number of rows outside the range.
+// asynchronized softmax: every row accumulates sum 2^(x - c) v and sum 2^(x - c) against a
+// reference c shared by its threads, with no running max; c is the row's first tile's max and is
+// raised, rescaling once, only by a tile whose max passes c by the top of
+// prefill_attention_effective_range(*unified_max, dtype) (phi itself is decode's; in prefill's
+// 16-bit P an offline phi left most rows of real fp16 text outside the range). Every row equals
+// the stable softmax to 16-bit rounding. A row with a non-finite sum (NaN or infinite logits)
+// makes its query tile (64 or 128 rows, by configuration) recompute its rows with the synchronized
+// softmax; *fallback_rows (device, nullable) is incremented by the number of such rows.
 void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                               int max_blocks_per_seq, const int32_t* q_begin, const int32_t* starts, int chunks,
                               int total_q_tokens, int max_chunk_tokens, int n_heads, int n_kv_heads, int head_dim,
@@ -282,10 +284,10 @@ int prefill_attention_config_index(const char* name);
 // ones need an sm_90a build and a compute capability 9.0 device.
 bool prefill_attention_config_runs(int config, int head_dim, KvDType kv_dtype);
 
-// The range of (row max logit - phi) the prefill kernel honours: [a, b] intersected with what
-// 16-bit P = e^(x - phi) carries into the tensor cores: bf16 keeps [a, b]; fp16 caps it to
-// [-3 ln 2, 11] (overflow at 65504 = e^11.09; resolution within 8x of the synchronized path's;
-// prefill_plan.h has the derivation). Rows outside it fall back.
+// The range of (logit - reference) that 16-bit P = e^(x - c) carries into the tensor cores: [a, b]
+// intersected with fp16's [-3 ln 2, 11] (overflow at 65504 = e^11.09; resolution within 8x of the
+// synchronized path's; prefill_plan.h has the derivation); bf16 keeps [a, b]. The prefill kernel
+// raises a row's reference where a logit would pass the top.
 UnifiedMaxRange prefill_attention_effective_range(const UnifiedMaxRange& range, DType dtype);
 
 // One chunk, host-side start and length: n_tokens query tokens at positions start_pos ..

@@ -1,6 +1,7 @@
 // Causal prefill attention over the paged KV cache on tensor cores (FlashAttention-2 style,
-// mma.sync m16n8k16 with ldmatrix), for a variable-length batch of chunks, with the
-// asynchronized softmax of FlashDecoding++ (unified max phi, no running max, no rescale) or the
+// mma.sync m16n8k16 with ldmatrix; and warpgroup MMA on sm_90a, below), for a variable-length
+// batch of chunks, with the asynchronized softmax (a shared reference per row instead of a running
+// max: no rescale unless a tile's logits pass the reference by what 16-bit P can carry) or the
 // synchronized online softmax (its ablation twin and its exact fallback).
 //
 // CTA = (query head, 64-row query tile of one chunk); 4 warps, 16 query rows each (prefill_plan.h
@@ -14,14 +15,15 @@
 //   * S = Q K^T (fp32 accumulators, 16 x 64 per warp), times scale * log2(e); the causal mask only
 //     in tiles that reach past the tile's first query position.
 //   * sync: running max m per row (quad shuffle), P = 2^(S - m), O and l rescaled by 2^(m_old - m).
-//     async: P = 2^(S - phi), l += P, O += P V; each thread only tracks the max of its own S
-//     elements for the guard (no shuffle, no rescale).
+//     async: P = 2^(S - c), l += P, O += P V with c the row's reference, set by its first tile and
+//     raised (with one rescale) only by a tile whose max passes c by the effective range's top
+//     (softmax_tile): one warp vote per tile where nothing passes.
 //   * O += P V with P converted to the 16-bit type in registers (the S accumulator layout is the A
 //     fragment layout of the next mma), V through ldmatrix.trans.
-//   * async guard at the end: a row whose max logit x_max has x_max - phi outside the effective
-//     range (prefill_plan.h: effective_range) or a NaN sum fails; if any row of the CTA fails,
-//     the CTA adds the number of failing rows to *fallback_rows and walks all its keys again with
-//     the synchronized softmax (every row of the tile is rewritten by that exact walk).
+//   * async guard at the end: a row whose sum is not finite (a NaN or infinite logit) fails; if
+//     any row of the CTA fails, the CTA adds the number of failing rows to *fallback_rows and
+//     walks all its keys again with the synchronized softmax (every row of the tile is rewritten
+//     by that walk).
 //   * O / l staged through the (by then unused) Q buffer and stored with 16-byte writes.
 // Shared memory rows (D 16-bit elements = 8 or 16 chunks of 16 bytes) are XOR-swizzled: chunk c of
 // row r lives at chunk c ^ (r & 7), so the 8 rows an ldmatrix reads at one logical chunk hit 8
@@ -77,7 +79,7 @@ struct PrefillArgs {
   KvCacheLayout kv;  // where the cache's rows are (kv_cache_layout.h)
   float scale_log2;  // scale * log2(e): S is kept in log2 units, P = 2^(...)
   bool async;
-  float phi2, lo2, hi2;  // unified max and its effective range, log2 units
+  float hi2;  // async: how far (log2 units) a row's logits may pass its reference (softmax_tile)
   unsigned long long* fallback_rows;
   void* out;
   // Masked kernels (kMasked): a sliding window of `window` keys per row, soft-capped logits
@@ -154,33 +156,67 @@ __device__ __forceinline__ void mask_scores(float (&s)[NJ][4], int kt, int bk, i
   }
 }
 
-// Scores -> P in place for one 16-row block (the raw logits of NJ n-tiles). kAsync: P = 2^(x sl2 -
-// phi2), no max, no rescale (m[] the thread's own max of its raw logits per row, l[] its partial
-// sum); masked keys give 2^-inf = 0. Sync: the online softmax (m[] the row max over the row's 4
-// threads, l rescaled by alpha = 2^(m_old - m), and rescale_o(hf, alpha) called for each row half
-// so that the caller rescales O, now or once its in-flight products are done).
+// Scores -> P in place for one 16-row block (the raw logits of NJ n-tiles); rescale_o(hf, alpha)
+// asks the caller to rescale O's row half hf, now or once its in-flight products are done.
+// kAsync: the asynchronized softmax. m[] holds each row's reference c (log2 units, the same in the
+// row's 4 threads; -inf before its first visible key) and P = 2^(x sl2 - c), so tiles add without
+// a running max while every logit stays within hi2 of c: what 16-bit P carries into the P.V mma
+// (prefill_plan.h: effective_range). c is set by the row's first visible tile, to that tile's max,
+// and raised (l and O rescaled once) by a tile whose max passes c + hi2; a tile none of the warp's
+// rows passes costs one vote over the plain unified max. So the row's largest P is at least 1 and
+// at most 2^hi2: every row is exact, with no offline phi and no recomputed rows (an offline phi in
+// fp16's 13-nat window sent most rows of real text to the fallback; docs/kernels/prefill_attention.md).
+// Sync: the online softmax (m[] the row max over the row's 4 threads, l rescaled by alpha = 2^(m_old
+// - m) every tile).
 template <bool kAsync, bool kMasked, int NJ, class RescaleO>
-__device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], float (&m)[2], float sl2, float phi2,
+__device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], float (&m)[2], float sl2, float hi2,
                                              RescaleO&& rescale_o) {
   // Maxima and sums run in four independent partials per row (element e & 1 of even / odd n-tiles),
   // combined at the end: one chain of 2 NJ dependent steps per row would set the tile's latency
   // at the few warps per SM of the large tiles.
   static_assert(NJ % 2 == 0, "n-tiles in pairs");
   if constexpr (kAsync) {
+    float tmax[2];  // this tile's max per row half, over the thread's own keys
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float mp[4] = {m[hf], -INFINITY, -INFINITY, -INFINITY}, lp[4] = {l[hf], 0.f, 0.f, 0.f};
+      float mp[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) mp[2 * (j & 1) + b] = fmaxf(mp[2 * (j & 1) + b], s[j][2 * hf + b]);
+      tmax[hf] = fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
+    }
+    // (-inf - -inf is NaN: a row with no visible key yet and none here compares false.)
+    const bool over = tmax[0] * sl2 - m[0] > hi2 || tmax[1] * sl2 - m[1] > hi2;
+    if (__any_sync(0xffffffffu, over)) {  // warp-uniform: the shuffles see every lane
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = tmax[hf];
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 threads (t = 0..3)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float c = mx * sl2;
+        if (c - m[hf] > hi2) {  // the same in the row's 4 threads
+          const float alpha = fast_exp2(m[hf] - c);  // 0 on a row's first visible tile (zero accumulators)
+          m[hf] = c;
+          l[hf] *= alpha;
+          rescale_o(hf, alpha);
+        }
+      }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      // A window can hide this tile and every earlier one from a row: its keys here are all -inf
+      // and take 0 as their reference (2^-inf = 0) until its first visible tile sets c.
+      const float c = kMasked && m[hf] == -INFINITY ? 0.f : m[hf];
+      float lp[4] = {l[hf], 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < NJ; ++j)
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          const int p = 2 * (j & 1) + b;
           float& x = s[j][2 * hf + b];
-          mp[p] = fmaxf(mp[p], x);
-          x = fast_exp2(fmaf(x, sl2, -phi2));
-          lp[p] += x;
+          x = fast_exp2(fmaf(x, sl2, -c));
+          lp[2 * (j & 1) + b] += x;
         }
-      m[hf] = fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
       l[hf] = (lp[0] + lp[1]) + (lp[2] + lp[3]);
     }
   } else {
@@ -224,8 +260,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], f
 // softmax_tile with O (its ND n-tiles) rescaled at once.
 template <bool kAsync, bool kMasked, int NJ, int ND>
 __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND][4], float (&l)[2], float (&m)[2],
-                                               float sl2, float phi2) {
-  softmax_tile<kAsync, kMasked>(s, l, m, sl2, phi2, [&](int hf, float alpha) {
+                                               float sl2, float hi2) {
+  softmax_tile<kAsync, kMasked>(s, l, m, sl2, hi2, [&](int hf, float alpha) {
 #pragma unroll
     for (int j = 0; j < ND; ++j) {
       o[j][2 * hf] *= alpha;
@@ -234,25 +270,20 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND]
   });
 }
 
-// The async guard of one thread's two rows after the walk: reduces each row's max and sum over
-// its 4 threads (l[] then holds the row sums) and returns how many of the rows (counted by t = 0,
-// rows below `rows` only) fail: a max logit x_max with x_max - phi outside the effective range, or
-// a NaN sum (comparisons with NaN are false; a NaN logit is skipped by fmaxf but poisons the sum,
-// which !(sum <= FLT_MAX) catches). row: the thread's first row (the second is row + 8).
-__device__ __forceinline__ int failed_rows(const float (&m)[2], float (&l)[2], float sl2, const PrefillArgs& a,
-                                           int row, int rows, int t) {
+// The async guard of one thread's two rows after the walk: reduces each row's sum over its 4
+// threads (l[] then holds the row sums) and returns how many of the rows (counted by t = 0, rows
+// below `rows` only) have a sum that is not finite: a NaN or infinite logit (fmaxf skips a NaN, the
+// sum does not). Those CTAs are recomputed the synchronized way and counted. row: the thread's
+// first row (the second is row + 8).
+__device__ __forceinline__ int failed_rows(float (&l)[2], int row, int rows, int t) {
   int bad = 0;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    float mx = m[hf], sum = l[hf];
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    float sum = l[hf];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     l[hf] = sum;
-    const float rel = mx * sl2 - a.phi2;  // sl2 > 0: the max of the raw logits, scaled
-    const bool ok = rel >= a.lo2 && rel <= a.hi2 && sum <= FLT_MAX;
-    if (!ok && t == 0 && row + 8 * hf < rows) ++bad;
+    if (!(sum <= FLT_MAX) && t == 0 && row + 8 * hf < rows) ++bad;
   }
   return bad;
 }
@@ -379,13 +410,13 @@ struct Cta : WalkBase<KV> {
     ldmatrix_x4(qa, smem_addr(q_s + swz<T, D>(warp * C::kWarpRows + mt * 16 + (lane & 15), 2 * ks + (lane >> 4))));
   }
 
-  // One walk over all key tiles. kAsync: unified max (m[] returns each thread's max of its own raw
-  // logits QK^T (unscaled) per row, l[] its own partial sum of 2^(x sl2 - phi2)); sync: online
-  // softmax (m[] the row max of the raw logits, l[] the thread's partial sum relative to it). o: this
+  // One walk over all key tiles. kAsync: the asynchronized softmax (m[] each row's reference in
+  // log2 units, l[] the thread's partial sum of 2^(x sl2 - m)); sync: online softmax (m[] the row
+  // max of the raw logits, l[] the thread's partial sum relative to it; softmax_tile). o: this
   // thread's O fragments, unnormalized. Row (mt, hf) of the thread: warp * kWarpRows + 16 mt + g + 8 hf.
   // Logits stay raw (unscaled) until the exponent: 2^(x sl2 - c) is one FFMA + one MUFU per element.
   template <bool kAsync>
-  __device__ __forceinline__ void walk(uint32_t (&qf)[kMT][kQRegs ? D / 16 : 1][4], bool load_q, float phi2,
+  __device__ __forceinline__ void walk(uint32_t (&qf)[kMT][kQRegs ? D / 16 : 1][4], bool load_q, float hi2,
                                        float (&o)[kMT][D / 8][4], float (&l)[kMT][2], float (&m)[kMT][2]) const {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -507,7 +538,7 @@ struct Cta : WalkBase<KV> {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         mask_scores<kMasked>(s[mt], kt, kBK, t, w, lim[mt], low[mt], softcap, scale);
-        softmax_scores<kAsync, kMasked>(s[mt], o[mt], l[mt], m[mt], sl2, phi2);
+        softmax_scores<kAsync, kMasked>(s[mt], o[mt], l[mt], m[mt], sl2, hi2);
       }
 
       // O += P V. The accumulators of n-tiles 2ks and 2ks + 1 are the A fragment of k-step ks
@@ -628,10 +659,10 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
   const int wr0 = c.warp * C::kWarpRows;
   bool sums_reduced = false;  // l[] holds the row sums (else each thread's partial sum)
   if (a.async) {
-    c.template walk<true>(qf, true, a.phi2, o, l, m);
+    c.template walk<true>(qf, true, a.hi2, o, l, m);
     int bad = 0;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) bad += failed_rows(m[mt], l[mt], c.sl2, a, wr0 + 16 * mt + g, c.w.rows, t);
+    for (int mt = 0; mt < kMT; ++mt) bad += failed_rows(l[mt], wr0 + 16 * mt + g, c.w.rows, t);
     sums_reduced = true;
     if (bad > 0) atomicAdd(&fail_rows, bad);
     __syncthreads();  // fail_rows complete; every warp is done with the K/V buffers
@@ -755,7 +786,7 @@ struct WgCta : WalkBase<T> {
 
   // One walk over all key tiles (the mma.sync kernel's Cta::walk, for this thread's two rows).
   template <bool kAsync>
-  __device__ __forceinline__ void walk(float phi2, float (&o)[D / 8][4], float (&l)[2], float (&m)[2]) const {
+  __device__ __forceinline__ void walk(float hi2, float (&o)[D / 8][4], float (&l)[2], float (&m)[2]) const {
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     l[0] = l[1] = 0.f;
@@ -820,7 +851,7 @@ struct WgCta : WalkBase<T> {
       detail::wgmma_pin(sf);
 
       mask_scores<kMasked>(s, kt, kBK, t, w, lim, low, softcap, scale);
-      softmax_scores<kAsync, kMasked>(s, o, l, m, sl2, phi2);
+      softmax_scores<kAsync, kMasked>(s, o, l, m, sl2, hi2);
 
       // O += P V: keys 16ks .. 16ks + 15 are rows 16ks .. of each 64-dim column block of V (2 KB
       // per k-step); dims 64h .. 64h + 63 are O's n-tiles 8h .. 8h + 7.
@@ -849,143 +880,6 @@ struct WgCta : WalkBase<T> {
       detail::wgmma_wait<0>();
       detail::wgmma_pin(of);
     }
-    cp_async_wait_group<0>();
-  }
-
-  // S = Q K^T of the key tile whose descriptor (at its first byte) is kd; qd: Q's. Issued and
-  // committed, not waited for. A descriptor's address field counts 16-byte units, so an offset
-  // inside the shared window is added to it directly.
-  __device__ __forceinline__ void issue_s(float (&sf)[kBK / 2], uint64_t qd, uint64_t kd) const {
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const uint32_t col = ((ks >> 2) * 128 * 128 + (ks & 3) * 32) >> 4;
-      detail::wgmma_m64n128k16_ss<T>(sf, qd + col, kd + col, ks > 0);
-    }
-    detail::wgmma_commit();
-  }
-
-  // O += P V of a key tile whose P is packed in pa and whose V is at shared address vb, issued and
-  // committed (not waited for).
-  __device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[kBK / 16][4],
-                                           uint64_t vd) const {
-#pragma unroll
-    for (int ks = 0; ks < kBK / 16; ++ks)
-#pragma unroll
-      for (int h = 0; h < D / 64; ++h) {
-        float(&oh)[32] = *reinterpret_cast<float(*)[32]>(&o[8 * h][0]);
-        detail::wgmma_m64n64k16_rs<T>(oh, pa[ks], vd + ((h * kBK * 128 + ks * 16 * 128) >> 4), true);
-      }
-    detail::wgmma_commit();
-  }
-
-  // The pipelined walk (kConfig.pipelined, 3 buffers): tile kt's S product is issued together with
-  // tile kt - 1's PV product, and tile kt's softmax runs while that PV product is on the tensor
-  // cores (FlashAttention-3's intra-warpgroup overlap). P of the previous tile waits packed in
-  // registers (pa); in sync mode O's rescale by this tile's alpha waits for the PV product. Tile
-  // kt + 1 is copied while tile kt computes, into the buffer of tile kt - 2: at the barrier every
-  // warpgroup has finished its PV product of tile kt - 2.
-  template <bool kAsync>
-  __device__ __forceinline__ void walk_pipelined(float phi2, float (&o)[D / 8][4], float (&l)[2],
-                                                 float (&m)[2]) const {
-    static_assert(kStages == 3, "the pipelined walk keeps tiles kt - 1, kt and kt + 1");
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    l[0] = l[1] = 0.f;
-    m[0] = m[1] = -INFINITY;
-    const int g = lane >> 2, t = lane & 3;
-    const int wg0 = wg * 64;
-    const int r0 = wg0 + warp * 16 + g;
-    int lim[2], low[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      lim[hf] = prefill::row_key_limit(start, w, r0 + 8 * hf);
-      low[hf] = w.window > 0 ? lim[hf] - w.window : -1;
-    }
-    const bool wg_active = wg0 < w.rows;
-    const int wg_lim = prefill::row_key_limit(start, w, wg0 + 63);
-    const int wg_first = w.window > 0 ? prefill::row_key_limit(start, w, wg0) - w.window + 1 : 0;
-    const int kt0 = kMasked ? w.first_key_tile : 0;
-    const uint32_t q_addr = detail::smem_addr(q_s) + wg0 * 128;
-    const uint32_t k_addr = detail::smem_addr(k_s), v_addr = detail::smem_addr(v_s);
-    float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
-
-    // P of the previous tile, waiting for its PV product, and that tile's V. The PV product is
-    // issued every tile, with P = 0 where there is none (the first tile; after a flush), so that
-    // no wgmma sits under a branch ptxas cannot prove uniform and every S read follows the same
-    // wait (else ptxas serializes the products: warnings C7514, C7520); pa is pinned after each
-    // wait that retires its reads (C7513).
-    uint32_t pa[kBK / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < kBK / 16; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
-    uint64_t v_pending = detail::wgmma_desc_sw128(v_addr);  // any filled V buffer: 0 * V adds nothing
-    const uint64_t q_desc = detail::wgmma_desc_sw128(q_addr);
-    auto flush = [&] {
-      detail::wgmma_fence();
-      issue_pv(o, pa, v_pending);
-      detail::wgmma_wait<0>();
-      detail::wgmma_pin(of);
-      detail::wgmma_pin(pa);
-#pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
-    };
-
-    if (kt0 < w.n_key_tiles) load_kv(kt0, 0);
-    cp_async_commit();
-    int buf = 0;  // (kt - kt0) % 3
-    for (int kt = kt0; kt < w.n_key_tiles; ++kt) {
-      cp_async_wait_group<0>();
-      detail::fence_proxy_async_shared();
-      __syncthreads();  // tile kt visible; every warpgroup is done with tile kt - 2
-      const uint32_t kb = k_addr + buf * kTileBytes, vb = v_addr + buf * kTileBytes;
-      const int nb = buf == kStages - 1 ? 0 : buf + 1;
-      const auto load_next = [&] {
-        if (kt + 1 < w.n_key_tiles) load_kv(kt + 1, nb);
-        cp_async_commit();
-      };
-      buf = nb;
-      if (!wg_active || kt * kBK > wg_lim || (kMasked && kt * kBK + kBK <= wg_first)) {
-        load_next();
-        flush();  // tile kt - 1's V is overwritten by the next tile's copies
-        v_pending = detail::wgmma_desc_sw128(vb);
-        continue;
-      }
-
-      float s[kBK / 8][4];
-      float(&sf)[kBK / 2] = reinterpret_cast<float(&)[kBK / 2]>(s);
-      const uint64_t k_desc = detail::wgmma_desc_sw128(kb);
-      detail::wgmma_fence();
-      issue_s(sf, q_desc, k_desc);
-      issue_pv(o, pa, v_pending);
-      load_next();
-      detail::wgmma_wait<1>();  // S done; the PV product may still run
-      detail::wgmma_pin(sf);
-
-      mask_scores<kMasked>(s, kt, kBK, t, w, lim, low, softcap, scale);
-      float alpha[2] = {1.f, 1.f};
-      softmax_tile<kAsync, kMasked>(s, l, m, sl2, phi2, [&](int hf, float a) { alpha[hf] = a; });
-
-      detail::wgmma_wait<0>();  // the previous tile's PV product: O and pa are free
-      detail::wgmma_pin(of);
-      detail::wgmma_pin(pa);
-      if constexpr (!kAsync) {
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-          o[j][0] *= alpha[0];
-          o[j][1] *= alpha[0];
-          o[j][2] *= alpha[1];
-          o[j][3] *= alpha[1];
-        }
-      }
-#pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks) {
-        pa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
-        pa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
-        pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-        pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-      }
-      v_pending = detail::wgmma_desc_sw128(vb);
-    }
-    flush();
     cp_async_wait_group<0>();
   }
 };
@@ -1032,17 +926,10 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
   const int g = c.lane >> 2, t = c.lane & 3;
   const int r0 = c.wg * 64 + c.warp * 16 + g;
   bool sums_reduced = false;
-  auto walk = [&](auto async_tag, float phi2) {
-    constexpr bool kAsync = decltype(async_tag)::value;
-    if constexpr (Walk::kConfig.pipelined) {
-      c.template walk_pipelined<kAsync>(phi2, o, l, m);
-    } else {
-      c.template walk<kAsync>(phi2, o, l, m);
-    }
-  };
+  auto walk = [&](auto async_tag, float hi2) { c.template walk<decltype(async_tag)::value>(hi2, o, l, m); };
   if (a.async) {
-    walk(std::true_type{}, a.phi2);
-    const int bad = failed_rows(m, l, c.sl2, a, r0, c.w.rows, t);
+    walk(std::true_type{}, a.hi2);
+    const int bad = failed_rows(l, r0, c.w.rows, t);
     sums_reduced = true;
     if (bad > 0) atomicAdd(&fail_rows, bad);
     __syncthreads();
@@ -1215,10 +1102,12 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
               unified_max->a < unified_max->b,
           "{}: unified max phi = {}, range [{}, {}] is not a finite, non-empty interval", what, unified_max->phi,
           unified_max->a, unified_max->b);
+    // Only the range's top matters here: a row's reference follows its own maxima (softmax_tile),
+    // so phi and the bottom, which decode's kernels use, do not.
     float lo = 0.f, hi = 0.f;
     prefill::effective_range(dtype == DType::F16, unified_max->a, unified_max->b, &lo, &hi);
-    a.phi2 = unified_max->phi * detail::kLog2e;
-    a.lo2 = lo * detail::kLog2e;
+    check(hi > 0.f, "{}: unified max range [{}, {}] leaves 16-bit P no room above its reference", what,
+          unified_max->a, unified_max->b);
     a.hi2 = hi * detail::kLog2e;
   }
   detail::dispatch_dtype(dtype, [&](auto tag) {

@@ -36,9 +36,6 @@ namespace fdpp::cuda::prefill {
 //     O += P V with P from registers and V from shared memory. D = 64 or 128 with a 16-bit cache;
 //     S 64 + O 64 fp32 registers per thread; shared Q 32 + K/V 2 x 64 = 160 KB (D = 128), one CTA
 //     of 8 warps per SM.
-//   wg128n128p: the same, pipelined inside each warpgroup: tile kt's S product is issued with tile
-//     kt - 1's PV product and tile kt's softmax runs while the latter is on the tensor cores; P of
-//     the previous tile waits packed in registers; 3 K/V buffers (224 KB), one tile in flight.
 // Tried and left out because ptxas spills them (sm_90a, nvcc 13.0, D = 128): m128n64w4 (FA2's
 // Hopper/Ampere D = 128 forward tile: O 128 + S 64 registers, 348 bytes of spill stores) and
 // m128n128w8 (8 x 16 rows, 128-key tiles: 48 bytes).
@@ -49,8 +46,7 @@ struct TileConfig {
   int bk;       // keys per tile
   int stages;   // K/V shared buffers (cp.async pipeline depth)
   int min_ctas; // __launch_bounds__ min blocks per SM
-  bool wgmma = false;      // warpgroup MMA (prefill_attention.cu's wgmma kernel; sm_90a)
-  bool pipelined = false;  // wgmma: tile kt's softmax beside tile kt - 1's PV product (3 stages)
+  bool wgmma = false;  // warpgroup MMA (prefill_attention.cu's wgmma kernel; sm_90a)
 };
 inline constexpr TileConfig kConfigs[] = {
     {"m64n64", 4, 1, 64, 2, 2},
@@ -58,7 +54,6 @@ inline constexpr TileConfig kConfigs[] = {
     {"m128n64w8s3", 8, 1, 64, 3, 1},
     {"m128n32w4", 4, 2, 32, 2, 2},
     {"wg128n128", 8, 1, 128, 2, 1, true},
-    {"wg128n128p", 8, 1, 128, 3, 1, true, true},
 };
 inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr int config_bq(const TileConfig& c) { return 16 * c.warps * c.m_tiles; }
@@ -169,17 +164,17 @@ FDPP_PREFILL_HD void apply_window(int start, int window, int bk, TileWork& w) {
   w.window_mask_end = last > 0 ? last : 0;
 }
 
-// The unified-max range the kernel applies, in natural-log units of (row max logit - phi): the
-// caller's range intersected with what 16-bit P = e^(x - phi) can carry into the P.V mma.
+// The range of (logit - a row's reference c), in natural-log units, that 16-bit P = e^(x - c)
+// carries into the P.V mma: the caller's [a, b] intersected with 16-bit P's.
 //   bf16 P has fp32's exponent range, so [a, b] (derived for fp32 in attention/unified_max.cpp)
 //   holds as given.
 //   fp16 P overflows above 65504 = e^11.09, so b <= 11.0 (e^11 = 59874). Below, fp16 goes
 //   subnormal at 2^-14: the synchronized path has its largest P at 1 (= 2^0), so its P keep full
-//   precision down to 2^-14 relative to the max; requiring the unified path's largest P to be at
-//   least 2^-3 (a >= -3 ln 2 = -2.08) keeps its resolution within 8x of that. The fp16 range is
-//   13.1 nats wide: rows outside it fall back (exact, counted), so phi for fp16 prefill wants
-//   calibrating to the row maxima of prefill.
-// An empty intersection (lo > hi) sends every row to the fallback.
+//   precision down to 2^-14 relative to the max; a largest P of at least 2^-3 (a >= -3 ln 2 =
+//   -2.08) keeps the resolution within 8x of that.
+// The kernel's asynchronized softmax keeps each row's largest P in [1, e^b] (its reference follows
+// the row's maxima, prefill_attention.cu: softmax_tile), so only the top bounds it; the whole
+// 13.1-nat fp16 window around one offline phi held too few rows of real text.
 constexpr float kF16MaxLogitRel = 11.0f;
 constexpr float kF16MinLogitRel = -2.0794415f;  // -3 ln 2
 inline void effective_range(bool fp16, float a, float b, float* lo, float* hi) {

@@ -74,17 +74,6 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The same for the A fragments of register-A products: after the wait that retires them, so that
-// the compiler cannot move the next writes of those registers above it (ptxas would then serialize
-// the products: warning C7513).
-template <int N>
-__device__ __forceinline__ void wgmma_pin(uint32_t (&a)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
-}
-
 // The accumulator operands of the m64n64 (32 fp32 registers per thread) and m64n128 (64) shapes,
 // spelled once for every dtype's asm below.
 #define FDPP_WGMMA_D32(d)                                                                                     \
