@@ -322,6 +322,7 @@ if stage realtext; then
   # FDPP_REALTEXT_MODEL, xz or plain) over real prompts (*.txt in FDPP_REALTEXT_DIR), one
   # generated token each, per dtype, per phi (0, and the calibration file *.calib.json there when
   # there is one) and per prefill configuration; the engine's counters give the rows.
+  # bench/realtext_prepare.sh makes the default FDPP_REALTEXT_DIR, .ref/realtext.
   dir="${FDPP_REALTEXT_DIR:-$root/.ref/realtext}"
   rt_model="${FDPP_REALTEXT_MODEL:-$dir/model.gguf.xz}"
   if [[ $rt_model == *.xz ]]; then xz -dc "$rt_model" >/tmp/realtext_model.gguf && rt_model=/tmp/realtext_model.gguf; fi
