@@ -31,7 +31,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared GPU machines (
 export FDPP_TEST_DIR_OVERRIDE="$root/tests"
 stages="${*:-${FDPP_GPU_STAGES:-tests sanitizer attention}}"
 # In the order they run:
-known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft realtext linear tune dataflow bench gguf moe throughput tp peers load rss python"
+known_stages="tests sanitizer attention attnlayout attnstream flashinfer attnprofile prefill ttft realtext longctx linear tune dataflow bench gguf moe throughput tp peers load rss python"
 for s in $stages; do
   [[ " $known_stages " == *" $s "* ]] || { echo "gpu-check.sh: unknown stage '$s' (stages: $known_stages)" >&2; exit 2; }
 done
@@ -353,6 +353,71 @@ PY
       done
     done
   done
+fi
+
+if stage longctx; then
+  # Issue 41, item 3: long prompts end to end, Llama-3.1-8B bf16 (dummy weights), fdpp serve with
+  # its defaults (a prompt prefilled in chunks of --max-batched-tokens beside the decode rows):
+  #  - one prompt alone at each of FDPP_LONGCTX_LENS tokens: TTFT (2 warmup requests first);
+  #  - the first of them arriving while 64 chat requests (264 in, 200 out) decode: its TTFT, their
+  #    ITL while it prefills, and the step log's mixed steps;
+  # the device memory (nvidia-smi every 200 ms): once the server is up, and the stage's peak.
+  l31="$root/configs/llama-3.1-8b.json"
+  lport=8091
+  lens="${FDPP_LONGCTX_LENS:-32000 130000}"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$OUT/longctx_mem.log" &
+  smi=$!
+  "$B/fdpp" serve --load-format dummy --config "$l31" --dtype bf16 --port "$lport" \
+    --step-log "$OUT/longctx_steps.jsonl" >"$OUT/longctx_serve.log" 2>&1 &
+  srv=$!
+  up=0
+  for _ in $(seq 1 600); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$lport/v1/models', timeout=2)" \
+      >/dev/null 2>&1 && { up=1; break; }
+    kill -0 $srv 2>/dev/null || break
+    sleep 1
+  done
+  if [[ $up == 1 ]]; then
+    mem_up=$(tail -1 "$OUT/longctx_mem.log")
+    bench_one() {  # NAME INPUT_LEN OUTPUT_LEN PROMPTS WARMUP
+      python3 "$root/bench/serve_bench.py" --base-url "http://127.0.0.1:$lport" --num-prompts "$4" --warmup "$5" \
+        --input-len "$2" --output-len "$3" --vocab-size 128256 --seed 7 --result-json "$OUT/longctx_$1.json" \
+        >"$OUT/longctx_$1.log" 2>&1 || log "longctx $1 failed: $(tail -1 "$OUT/longctx_$1.log")"
+    }
+    for len in $lens; do bench_one "alone_$len" "$len" 16 1 2; done
+    first=${lens%% *}
+    bench_one chat 264 200 64 0 &
+    chat=$!
+    sleep 3
+    bench_one "mixed_$first" "$first" 16 1 0
+    wait $chat
+    python3 - "$OUT" "$mem_up" "$first" $lens <<'PY' | tee -a "$summary"
+import json, sys, os
+out, mem_up, first, lens = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+def run(name):
+    try:
+        return json.load(open(os.path.join(out, f"longctx_{name}.json")))["runs"][0]
+    except Exception as e:
+        return None
+print("\n### long prompts, Llama-3.1-8B bf16 (dummy weights), fdpp serve defaults")
+print("| request | prompt tokens | TTFT ms | TPOT p50 ms | ITL p99 ms |\n| --- | ---: | ---: | ---: | ---: |")
+for name, n in [(f"alone_{l}", l) for l in lens] + [(f"mixed_{first}", first), ("chat", "64 x 264")]:
+    r = run(name)
+    if r is None:
+        print(f"| {name} | {n} | failed | | |"); continue
+    print(f"| {name} | {n} | {r['ttft_ms']['p50']:.0f} | {r['tpot_ms']['p50'] or float('nan'):.1f} | "
+          f"{(r.get('itl_ms') or {}).get('p99') or float('nan'):.1f} |")
+mem = [int(x) for x in open(os.path.join(out, "longctx_mem.log")).read().split() if x.isdigit()]
+print(f"device memory: {mem_up} MiB once the server was up, at most {max(mem) if mem else '?'} MiB in the stage")
+steps = [json.loads(l) for l in open(os.path.join(out, "longctx_steps.jsonl"))]
+mixed = [s for s in steps if s.get("prefill_tokens", 0) > 0 and s.get("decode_rows", 0) > 0]
+print(f"steps: {len(steps)}, {len(mixed)} with prefill tokens and decode rows together")
+PY
+  else
+    log "longctx: fdpp serve did not come up: $(tail -1 "$OUT/longctx_serve.log")"
+  fi
+  kill $srv 2>/dev/null; wait $srv 2>/dev/null
+  kill $smi 2>/dev/null; wait $smi 2>/dev/null
 fi
 
 if stage linear; then
