@@ -10,6 +10,7 @@
 // soft-capping included.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -190,6 +191,20 @@ float masked_attention_row(const float* q, const float* k, const float* v, int l
   return mx;
 }
 
+// The max logit of the first key tile (bk keys, tiles from key 0) that row (keys 0 .. len - 1, a
+// window of `window` keys) sees: the async softmax takes that tile against phi.
+float first_tile_max(const float* q, const float* k, int len, int D, float scale, int window, float softcap, int bk) {
+  const int first = window > 0 ? std::max(0, len - window) : 0;
+  const int end = std::min(len - 1, (first / bk + 1) * bk - 1);
+  float mx = -INFINITY;
+  for (int j = first; j <= end; ++j) {
+    float x = cpu::attention_dot(q, k + size_t(j) * D, D) * scale;
+    if (softcap > 0.f) x = softcap * std::tanh(x / softcap);
+    mx = std::max(mx, x);
+  }
+  return mx;
+}
+
 void run_varlen(const VarlenCase& c) {
   const int D = c.D, H = c.H, KVH = c.KVH, G = H / KVH, C = static_cast<int>(c.chunks.size());
   const int width = (H + 2 * KVH) * D;
@@ -321,8 +336,10 @@ void run_varlen(const VarlenCase& c) {
   what0 << " chunks";
   for (const auto& ch : c.chunks) what0 << " " << ch.start << "+" << ch.n;
 
-  // Rows to check (the NaN row aside), and the reference: the stable softmax.
+  // Rows to check (the NaN row aside), and the reference: the stable softmax; for the fallback
+  // count, each row's first tile max per tile width.
   std::vector<std::pair<int, int>> checked;  // (chunk, row in chunk)
+  bool all_rows = true;
   for (int i = 0; i < C; ++i) {
     const int n = c.chunks[i].n;
     if (n <= c.check_rows) {
@@ -330,6 +347,7 @@ void run_varlen(const VarlenCase& c) {
         if (q_begin[i] + r != c.nan_row) checked.push_back({i, r});
       continue;
     }
+    all_rows = false;
     std::set<int> pick;
     for (int r = 0; r < 4; ++r) pick.insert({r, n - 1 - r});
     while (static_cast<int>(pick.size()) < c.check_rows) pick.insert(uniform_int(0, n - 1));
@@ -337,6 +355,10 @@ void run_varlen(const VarlenCase& c) {
       if (q_begin[i] + r != c.nan_row) checked.push_back({i, r});
   }
   std::vector<float> ref(checked.size() * H * D);
+  // Async rows that fall back: a first tile's max outside phi's fp32 range [a, b] (the ends within
+  // fp32 rounding of the GPU's logits may go either way), per configuration's tile width.
+  std::map<int, std::pair<long long, long long>> expect_fallback;  // bk -> (rows, ambiguous)
+  for (const auto& cfg : cuda::prefill::kConfigs) expect_fallback[cfg.bk] = {0, 0};
   for (size_t k = 0; k < checked.size(); ++k) {
     const auto [i, r] = checked[k];
     const int L = c.chunks[i].start + c.chunks[i].n, len = c.chunks[i].start + r + 1;
@@ -348,6 +370,12 @@ void run_varlen(const VarlenCase& c) {
         masked_attention_row(q, kk, vv, len, D, scale, c.window, c.softcap, &ref[(k * H + h) * D]);
       } else {
         stable_attention_row(q, kk, vv, len, D, D, scale, &ref[(k * H + h) * D]);
+      }
+      if (!all_rows) continue;
+      for (auto& [bk, e] : expect_fallback) {
+        const float rel = first_tile_max(q, kk, len, D, scale, c.window, c.softcap, bk) - range.phi;
+        if (!(rel >= range.a && rel <= range.b)) ++e.first;
+        if (std::fabs(rel - range.a) < 1e-3f || std::fabs(rel - range.b) < 1e-3f) ++e.second;
       }
     }
   }
@@ -381,10 +409,20 @@ void run_varlen(const VarlenCase& c) {
       size_t nan = 0;
       for (float x : out) nan += !std::isfinite(x);
       EXPECT_EQ(nan, c.nan_row >= 0 ? size_t(H) * D : 0u) << what << ": unwritten or non-finite outputs";
-      // Finite rows never fall back, whatever phi and however far their logits wander (the async
-      // reference follows each row's maxima); a NaN row does, once per head.
-      const auto fb = d_fallback.download()[0];
-      EXPECT_EQ(fb, async && c.nan_row >= 0 ? unsigned(H) : 0u) << what << ": rows recomputed";
+      // Sync never falls back. Async: the rows whose first tile leaves phi's range, however far
+      // their later logits wander (each row's reference follows its maxima), and a NaN row once
+      // per head.
+      const long long fb = static_cast<long long>(d_fallback.download()[0]);
+      if (!async) {
+        EXPECT_EQ(fb, 0) << what << ": the synchronized mode counted fallbacks";
+      } else if (all_rows) {
+        const auto [rows, ambiguous] = expect_fallback[cuda::prefill::kConfigs[config].bk];
+        const long long nan_rows = c.nan_row >= 0 ? H : 0;
+        EXPECT_GE(fb, rows + nan_rows - ambiguous) << what;
+        EXPECT_LE(fb, rows + nan_rows + ambiguous) << what;
+        if (c.rows == Rows::Adversarial) EXPECT_GT(fb, 0) << what << ": adversarial rows did not fall back";
+        if (c.rows == Rows::Rising) EXPECT_EQ(rows, 0) << what << ": rising rows start in range";
+      }
     }
 }
 
@@ -418,9 +456,9 @@ TEST_F(CudaKernels, PrefillLongSequences) {
   run_varlen({DType::F16, 128, 4, 1, 32, {{0, 1025}, {3000, 2047}, {0, 2048}}, Rows::Normal, -1.f, 40});
 }
 
-// Rows far above or below phi, and rows whose logits climb past their reference several times:
-// exact, none recomputed.
-TEST_F(CudaKernels, PrefillAdversarialRowsStayExactWithoutFallback) {
+// Rows far above or below phi: recomputed exactly and counted; rows whose logits climb past their
+// reference several times (rising): exact, none recomputed.
+TEST_F(CudaKernels, PrefillAdversarialRowsFallBackRisingRowsDoNot) {
   for (DType t : kTypes)
     for (int D : {64, 96, 128}) {
       run_varlen({t, D, 8, 2, 16, {{0, 130}, {17, 300}, {200, 5}}, Rows::Adversarial, 0.f});
@@ -430,9 +468,9 @@ TEST_F(CudaKernels, PrefillAdversarialRowsStayExactWithoutFallback) {
   run_varlen({DType::F16, 128, 4, 1, 16, {{0, 8192}}, Rows::Rising, 0.f, 40});
 }
 
-// phi far from the logits (+200, -200: every row would leave a range around it) or near them: the
-// prefill kernel does not use it; the same exact rows, none recomputed.
-TEST_F(CudaKernels, PrefillResultDoesNotDependOnPhi) {
+// phi far from the logits: every row's first tile leaves phi's range (from below with phi = +200,
+// from above with phi = -200) and is recomputed exactly; phi = 3 keeps every row in range.
+TEST_F(CudaKernels, PrefillPhiOutOfRangeRecomputesEveryRow) {
   for (float phi : {200.f, -200.f, 3.f})
     for (DType t : kTypes) run_varlen({t, 128, 4, 2, 16, {{5, 100}, {0, 70}}, Rows::Normal, phi});
 }
@@ -475,9 +513,9 @@ TEST_F(CudaKernels, PrefillFp8CacheOneChunkApiAndScales) {
   run_varlen(fp8_case({DType::BF16, 128, 4, 2, 16, {{1000, 2500}}, Rows::Normal, -1.f, 40}));
 }
 
-// Rows far above or below phi, and rising rows, with an e4m3 cache (the reference follows the true,
-// k_scale-folded logits): exact, none recomputed.
-TEST_F(CudaKernels, PrefillFp8CacheAdversarialRowsStayExact) {
+// Rows far above or below phi, and rising rows, with an e4m3 cache: the guard and the references
+// see the true (k_scale-folded) logits, so exactly the rows the CPU finds out of range fall back.
+TEST_F(CudaKernels, PrefillFp8CacheAdversarialRowsFallBack) {
   for (DType t : kTypes)
     for (int D : {64, 128, 256}) {
       run_varlen(fp8_case({t, D, 8, 2, 16, {{0, 130}, {17, 300}, {200, 5}}, Rows::Adversarial, 0.f}));

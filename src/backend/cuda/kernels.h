@@ -259,13 +259,14 @@ void decode_attention_async(const DecodeAttentionParams& p, cudaStream_t stream)
 //
 // unified_max == nullptr: the synchronized online softmax (FlashAttention-2). Otherwise the
 // asynchronized softmax: every row accumulates sum 2^(x - c) v and sum 2^(x - c) against a
-// reference c shared by its threads, with no running max; c is the row's first tile's max and is
-// raised, rescaling once, only by a tile whose max passes c by the top of
-// prefill_attention_effective_range(*unified_max, dtype) (phi itself is decode's; in prefill's
-// 16-bit P an offline phi left most rows of real fp16 text outside the range). Every row equals
-// the stable softmax to 16-bit rounding. A row with a non-finite sum (NaN or infinite logits)
-// makes its query tile (64 or 128 rows, by configuration) recompute its rows with the synchronized
-// softmax; *fallback_rows (device, nullable) is incremented by the number of such rows.
+// reference c shared by its threads, with no running max. A row's first visible key tile is taken
+// against phi (the unified max of FlashDecoding++) in fp32, then c becomes that tile's max; a later
+// tile whose max passes c by the top of prefill_attention_effective_range(*unified_max, dtype)
+// raises c to it, rescaling once. A row whose first tile's max x has x - phi outside [a, b], or
+// whose sum is not finite (NaN or infinite logits), makes its query tile (64 or 128 rows, by
+// configuration) recompute its rows with the synchronized softmax; *fallback_rows (device,
+// nullable) is incremented by the number of such rows. Every row equals the stable softmax to
+// 16-bit rounding.
 void prefill_attention_varlen(const void* qkv, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                               int max_blocks_per_seq, const int32_t* q_begin, const int32_t* starts, int chunks,
                               int total_q_tokens, int max_chunk_tokens, int n_heads, int n_kv_heads, int head_dim,

@@ -66,6 +66,14 @@ using detail::mma16816;
 using detail::pack2;
 using detail::smem_addr;
 
+// The asynchronized softmax's numbers, log2 units of the scaled logits: the unified max phi2 and the
+// range [lo2, hi2] around it where a row's max may lie for P = 2^(x - phi2) in fp32 (decode's guard
+// range, attention/unified_max.h), and cap2: how far a logit may pass a row's reference for 16-bit
+// P (prefill_plan.h: effective_range's top).
+struct AsyncRefs {
+  float phi2, lo2, hi2, cap2;
+};
+
 struct PrefillArgs {
   const void* qkv;
   const void* k_cache;
@@ -79,7 +87,7 @@ struct PrefillArgs {
   KvCacheLayout kv;  // where the cache's rows are (kv_cache_layout.h)
   float scale_log2;  // scale * log2(e): S is kept in log2 units, P = 2^(...)
   bool async;
-  float hi2;  // async: how far (log2 units) a row's logits may pass its reference (softmax_tile)
+  AsyncRefs um;  // async: the unified max and the ranges around it (softmax_tile)
   unsigned long long* fallback_rows;
   void* out;
   // Masked kernels (kMasked): a sliding window of `window` keys per row, soft-capped logits
@@ -159,18 +167,21 @@ __device__ __forceinline__ void mask_scores(float (&s)[NJ][4], int kt, int bk, i
 // Scores -> P in place for one 16-row block (the raw logits of NJ n-tiles); rescale_o(hf, alpha)
 // asks the caller to rescale O's row half hf, now or once its in-flight products are done.
 // kAsync: the asynchronized softmax. m[] holds each row's reference c (log2 units, the same in the
-// row's 4 threads; -inf before its first visible key) and P = 2^(x sl2 - c), so tiles add without
-// a running max while every logit stays within hi2 of c: what 16-bit P carries into the P.V mma
-// (prefill_plan.h: effective_range). c is set by the row's first visible tile, to that tile's max,
-// and raised (l and O rescaled once) by a tile whose max passes c + hi2; a tile none of the warp's
-// rows passes costs one vote over the plain unified max. So the row's largest P is at least 1 and
-// at most 2^hi2: every row is exact, with no offline phi and no recomputed rows (an offline phi in
-// fp16's 13-nat window sent most rows of real text to the fallback; docs/kernels/prefill_attention.md).
+// row's 4 threads; -inf before the row's first visible key) and P = 2^(x sl2 - c) is taken in one
+// pass with the tile's max, as with one unified max: no running max, no shuffle, no rescale, and
+// a warp vote per tile. A row's first visible tile is taken against phi (FlashDecoding++'s unified
+// max, in fp32: exact while the row's max lies in [lo2, hi2] around it), and then c becomes that
+// tile's max; a later tile whose max passes c by more than cap2, what 16-bit P carries into the
+// P.V mma, raises c to it. Either way the tile's P (still fp32), l and O are rescaled once by 2^(c_old
+// - c). So each row's largest P lies in [1, 2^cap2], and only a row whose first tile's max leaves
+// phi's fp32 range (its sum set to NaN) or whose logits are not finite goes to the fallback. With
+// one offline phi for the whole row in fp16's 13-nat window instead, 2.5% (phi = 0) to 96%
+// (calibrated phi) of the rows of real text fell back (docs/kernels/prefill_attention.md).
 // Sync: the online softmax (m[] the row max over the row's 4 threads, l rescaled by alpha = 2^(m_old
 // - m) every tile).
 template <bool kAsync, bool kMasked, int NJ, class RescaleO>
-__device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], float (&m)[2], float sl2, float hi2,
-                                             RescaleO&& rescale_o) {
+__device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], float (&m)[2], float sl2,
+                                             const AsyncRefs& u, RescaleO&& rescale_o) {
   // Maxima and sums run in four independent partials per row (element e & 1 of even / odd n-tiles),
   // combined at the end: one chain of 2 NJ dependent steps per row would set the tile's latency
   // at the few warps per SM of the large tiles.
@@ -179,15 +190,23 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], f
     float tmax[2];  // this tile's max per row half, over the thread's own keys
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float mp[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+      const float ref = m[hf] == -INFINITY ? u.phi2 : m[hf];
+      float mp[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, lp[4] = {l[hf], 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < NJ; ++j)
 #pragma unroll
-        for (int b = 0; b < 2; ++b) mp[2 * (j & 1) + b] = fmaxf(mp[2 * (j & 1) + b], s[j][2 * hf + b]);
+        for (int b = 0; b < 2; ++b) {
+          const int p = 2 * (j & 1) + b;
+          float& x = s[j][2 * hf + b];
+          mp[p] = fmaxf(mp[p], x);
+          x = fast_exp2(fmaf(x, sl2, -ref));
+          lp[p] += x;
+        }
       tmax[hf] = fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
+      l[hf] = (lp[0] + lp[1]) + (lp[2] + lp[3]);
     }
     // (-inf - -inf is NaN: a row with no visible key yet and none here compares false.)
-    const bool over = tmax[0] * sl2 - m[0] > hi2 || tmax[1] * sl2 - m[1] > hi2;
+    const bool over = tmax[0] * sl2 - m[0] > u.cap2 || tmax[1] * sl2 - m[1] > u.cap2;
     if (__any_sync(0xffffffffu, over)) {  // warp-uniform: the shuffles see every lane
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -195,29 +214,21 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], f
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 threads (t = 0..3)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float c = mx * sl2;
-        if (c - m[hf] > hi2) {  // the same in the row's 4 threads
-          const float alpha = fast_exp2(m[hf] - c);  // 0 on a row's first visible tile (zero accumulators)
+        if (c - m[hf] > u.cap2) {  // the same in the row's 4 threads
+          const bool first = m[hf] == -INFINITY;
+          const float ref = first ? u.phi2 : m[hf];
+          if (first && !(c - u.phi2 >= u.lo2 && c - u.phi2 <= u.hi2)) l[hf] = NAN;  // P left fp32's range
+          const float alpha = fast_exp2(ref - c);
           m[hf] = c;
           l[hf] *= alpha;
+#pragma unroll
+          for (int j = 0; j < NJ; ++j) {
+            s[j][2 * hf] *= alpha;
+            s[j][2 * hf + 1] *= alpha;
+          }
           rescale_o(hf, alpha);
         }
       }
-    }
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      // A window can hide this tile and every earlier one from a row: its keys here are all -inf
-      // and take 0 as their reference (2^-inf = 0) until its first visible tile sets c.
-      const float c = kMasked && m[hf] == -INFINITY ? 0.f : m[hf];
-      float lp[4] = {l[hf], 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          float& x = s[j][2 * hf + b];
-          x = fast_exp2(fmaf(x, sl2, -c));
-          lp[2 * (j & 1) + b] += x;
-        }
-      l[hf] = (lp[0] + lp[1]) + (lp[2] + lp[3]);
     }
   } else {
     // Key 0 lies in tile 0 and is visible to every row, so m is finite from the first tile on (m_old
@@ -260,8 +271,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], f
 // softmax_tile with O (its ND n-tiles) rescaled at once.
 template <bool kAsync, bool kMasked, int NJ, int ND>
 __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND][4], float (&l)[2], float (&m)[2],
-                                               float sl2, float hi2) {
-  softmax_tile<kAsync, kMasked>(s, l, m, sl2, hi2, [&](int hf, float alpha) {
+                                               float sl2, const AsyncRefs& u) {
+  softmax_tile<kAsync, kMasked>(s, l, m, sl2, u, [&](int hf, float alpha) {
 #pragma unroll
     for (int j = 0; j < ND; ++j) {
       o[j][2 * hf] *= alpha;
@@ -273,8 +284,8 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND]
 // The async guard of one thread's two rows after the walk: reduces each row's sum over its 4
 // threads (l[] then holds the row sums) and returns how many of the rows (counted by t = 0, rows
 // below `rows` only) have a sum that is not finite: a NaN or infinite logit (fmaxf skips a NaN, the
-// sum does not). Those CTAs are recomputed the synchronized way and counted. row: the thread's
-// first row (the second is row + 8).
+// sum does not), or a first tile whose max left phi's range (softmax_tile). Those CTAs are
+// recomputed the synchronized way and counted. row: the thread's first row (the second is row + 8).
 __device__ __forceinline__ int failed_rows(float (&l)[2], int row, int rows, int t) {
   int bad = 0;
 #pragma unroll
@@ -416,8 +427,8 @@ struct Cta : WalkBase<KV> {
   // thread's O fragments, unnormalized. Row (mt, hf) of the thread: warp * kWarpRows + 16 mt + g + 8 hf.
   // Logits stay raw (unscaled) until the exponent: 2^(x sl2 - c) is one FFMA + one MUFU per element.
   template <bool kAsync>
-  __device__ __forceinline__ void walk(uint32_t (&qf)[kMT][kQRegs ? D / 16 : 1][4], bool load_q, float hi2,
-                                       float (&o)[kMT][D / 8][4], float (&l)[kMT][2], float (&m)[kMT][2]) const {
+  __device__ __forceinline__ void walk(uint32_t (&qf)[kMT][kQRegs ? D / 16 : 1][4], bool load_q,
+                                       const AsyncRefs& u, float (&o)[kMT][D / 8][4], float (&l)[kMT][2], float (&m)[kMT][2]) const {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -538,7 +549,7 @@ struct Cta : WalkBase<KV> {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         mask_scores<kMasked>(s[mt], kt, kBK, t, w, lim[mt], low[mt], softcap, scale);
-        softmax_scores<kAsync, kMasked>(s[mt], o[mt], l[mt], m[mt], sl2, hi2);
+        softmax_scores<kAsync, kMasked>(s[mt], o[mt], l[mt], m[mt], sl2, u);
       }
 
       // O += P V. The accumulators of n-tiles 2ks and 2ks + 1 are the A fragment of k-step ks
@@ -659,7 +670,7 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
   const int wr0 = c.warp * C::kWarpRows;
   bool sums_reduced = false;  // l[] holds the row sums (else each thread's partial sum)
   if (a.async) {
-    c.template walk<true>(qf, true, a.hi2, o, l, m);
+    c.template walk<true>(qf, true, a.um, o, l, m);
     int bad = 0;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) bad += failed_rows(l[mt], wr0 + 16 * mt + g, c.w.rows, t);
@@ -670,11 +681,11 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
     if (failed > 0) {
       if (threadIdx.x == 0 && a.fallback_rows != nullptr)
         atomicAdd(a.fallback_rows, static_cast<unsigned long long>(failed));
-      c.template walk<false>(qf, false, 0.f, o, l, m);
+      c.template walk<false>(qf, false, a.um, o, l, m);
       sums_reduced = false;
     }
   } else {
-    c.template walk<false>(qf, true, 0.f, o, l, m);
+    c.template walk<false>(qf, true, a.um, o, l, m);
   }
   if (!sums_reduced) {
 #pragma unroll
@@ -786,7 +797,7 @@ struct WgCta : WalkBase<T> {
 
   // One walk over all key tiles (the mma.sync kernel's Cta::walk, for this thread's two rows).
   template <bool kAsync>
-  __device__ __forceinline__ void walk(float hi2, float (&o)[D / 8][4], float (&l)[2], float (&m)[2]) const {
+  __device__ __forceinline__ void walk(const AsyncRefs& u, float (&o)[D / 8][4], float (&l)[2], float (&m)[2]) const {
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     l[0] = l[1] = 0.f;
@@ -851,7 +862,7 @@ struct WgCta : WalkBase<T> {
       detail::wgmma_pin(sf);
 
       mask_scores<kMasked>(s, kt, kBK, t, w, lim, low, softcap, scale);
-      softmax_scores<kAsync, kMasked>(s, o, l, m, sl2, hi2);
+      softmax_scores<kAsync, kMasked>(s, o, l, m, sl2, u);
 
       // O += P V: keys 16ks .. 16ks + 15 are rows 16ks .. of each 64-dim column block of V (2 KB
       // per k-step); dims 64h .. 64h + 63 are O's n-tiles 8h .. 8h + 7.
@@ -926,9 +937,9 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
   const int g = c.lane >> 2, t = c.lane & 3;
   const int r0 = c.wg * 64 + c.warp * 16 + g;
   bool sums_reduced = false;
-  auto walk = [&](auto async_tag, float hi2) { c.template walk<decltype(async_tag)::value>(hi2, o, l, m); };
+  auto walk = [&](auto async_tag) { c.template walk<decltype(async_tag)::value>(a.um, o, l, m); };
   if (a.async) {
-    walk(std::true_type{}, a.hi2);
+    walk(std::true_type{});
     const int bad = failed_rows(l, r0, c.w.rows, t);
     sums_reduced = true;
     if (bad > 0) atomicAdd(&fail_rows, bad);
@@ -937,11 +948,11 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
     if (failed > 0) {
       if (threadIdx.x == 0 && a.fallback_rows != nullptr)
         atomicAdd(a.fallback_rows, static_cast<unsigned long long>(failed));
-      walk(std::false_type{}, 0.f);
+      walk(std::false_type{});
       sums_reduced = false;
     }
   } else {
-    walk(std::false_type{}, 0.f);
+    walk(std::false_type{});
   }
   if (!sums_reduced) {
 #pragma unroll
@@ -1102,13 +1113,12 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
               unified_max->a < unified_max->b,
           "{}: unified max phi = {}, range [{}, {}] is not a finite, non-empty interval", what, unified_max->phi,
           unified_max->a, unified_max->b);
-    // Only the range's top matters here: a row's reference follows its own maxima (softmax_tile),
-    // so phi and the bottom, which decode's kernels use, do not.
     float lo = 0.f, hi = 0.f;
     prefill::effective_range(dtype == DType::F16, unified_max->a, unified_max->b, &lo, &hi);
     check(hi > 0.f, "{}: unified max range [{}, {}] leaves 16-bit P no room above its reference", what,
           unified_max->a, unified_max->b);
-    a.hi2 = hi * detail::kLog2e;
+    a.um = {unified_max->phi * detail::kLog2e, unified_max->a * detail::kLog2e, unified_max->b * detail::kLog2e,
+            hi * detail::kLog2e};
   }
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);

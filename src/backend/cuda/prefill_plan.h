@@ -174,7 +174,8 @@ FDPP_PREFILL_HD void apply_window(int start, int window, int bk, TileWork& w) {
 //   -2.08) keeps the resolution within 8x of that.
 // The kernel's asynchronized softmax keeps each row's largest P in [1, e^b] (its reference follows
 // the row's maxima, prefill_attention.cu: softmax_tile), so only the top bounds it; the whole
-// 13.1-nat fp16 window around one offline phi held too few rows of real text.
+// 13.1-nat fp16 window around one offline phi held too few rows of real text. phi and [a, b] still
+// bound a row's first key tile, whose P is taken against phi in fp32.
 constexpr float kF16MaxLogitRel = 11.0f;
 constexpr float kF16MinLogitRel = -2.0794415f;  // -3 ln 2
 inline void effective_range(bool fp16, float a, float b, float* lo, float* hi) {
