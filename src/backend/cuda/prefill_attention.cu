@@ -207,6 +207,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], f
     }
     // (-inf - -inf is NaN: a row with no visible key yet and none here compares false.)
     const bool over = tmax[0] * sl2 - m[0] > u.cap2 || tmax[1] * sl2 - m[1] > u.cap2;
+    float alpha[2] = {1.f, 1.f};  // this tile's P rescale per row half
     if (__any_sync(0xffffffffu, over)) {  // warp-uniform: the shuffles see every lane
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -218,18 +219,19 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], f
           const bool first = m[hf] == -INFINITY;
           const float ref = first ? u.phi2 : m[hf];
           if (first && !(c - u.phi2 >= u.lo2 && c - u.phi2 <= u.hi2)) l[hf] = NAN;  // P left fp32's range
-          const float alpha = fast_exp2(ref - c);
+          alpha[hf] = fast_exp2(ref - c);
           m[hf] = c;
-          l[hf] *= alpha;
-#pragma unroll
-          for (int j = 0; j < NJ; ++j) {
-            s[j][2 * hf] *= alpha;
-            s[j][2 * hf + 1] *= alpha;
-          }
-          rescale_o(hf, alpha);
+          l[hf] *= alpha[hf];
+          rescale_o(hf, alpha[hf]);
         }
       }
     }
+    // P outside the branch: S's registers written on a path divergent within a warpgroup make
+    // ptxas serialize the wgmma kernel's products (warning C7518).
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= alpha[e >> 1];
   } else {
     // Key 0 lies in tile 0 and is visible to every row, so m is finite from the first tile on (m_old
     // = -inf there gives alpha = 2^-inf = 0 on zero accumulators).
