@@ -17,7 +17,7 @@
 //   * sync: running max m per row (quad shuffle), P = 2^(S - m), O and l rescaled by 2^(m_old - m).
 //     async: P = 2^(S - c), l += P, O += P V with c the row's reference, set by its first tile and
 //     raised (with one rescale) only by a tile whose max passes c by the effective range's top
-//     (softmax_tile): one warp vote per tile where nothing passes.
+//     (softmax_scores): one warp vote per tile where nothing passes.
 //   * O += P V with P converted to the 16-bit type in registers (the S accumulator layout is the A
 //     fragment layout of the next mma), V through ldmatrix.trans.
 //   * async guard at the end: a row whose sum is not finite (a NaN or infinite logit) fails; if
@@ -87,7 +87,7 @@ struct PrefillArgs {
   KvCacheLayout kv;  // where the cache's rows are (kv_cache_layout.h)
   float scale_log2;  // scale * log2(e): S is kept in log2 units, P = 2^(...)
   bool async;
-  AsyncRefs um;  // async: the unified max and the ranges around it (softmax_tile)
+  AsyncRefs um;  // async: the unified max and the ranges around it (softmax_scores)
   unsigned long long* fallback_rows;
   void* out;
   // Masked kernels (kMasked): a sliding window of `window` keys per row, soft-capped logits
@@ -164,8 +164,8 @@ __device__ __forceinline__ void mask_scores(float (&s)[NJ][4], int kt, int bk, i
   }
 }
 
-// Scores -> P in place for one 16-row block (the raw logits of NJ n-tiles); rescale_o(hf, alpha)
-// asks the caller to rescale O's row half hf, now or once its in-flight products are done.
+// Scores -> P in place for one 16-row block (the raw logits of NJ n-tiles; o: its ND O tiles, rescaled
+// here).
 // kAsync: the asynchronized softmax. m[] holds each row's reference c (log2 units, the same in the
 // row's 4 threads; -inf before the row's first visible key) and P = 2^(x sl2 - c) is taken in one
 // pass with the tile's max, as with one unified max: no running max, no shuffle, no rescale, and
@@ -179,9 +179,17 @@ __device__ __forceinline__ void mask_scores(float (&s)[NJ][4], int kt, int bk, i
 // (calibrated phi) of the rows of real text fell back (docs/kernels/prefill_attention.md).
 // Sync: the online softmax (m[] the row max over the row's 4 threads, l rescaled by alpha = 2^(m_old
 // - m) every tile).
-template <bool kAsync, bool kMasked, int NJ, class RescaleO>
-__device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], float (&m)[2], float sl2,
-                                             const AsyncRefs& u, RescaleO&& rescale_o) {
+template <bool kAsync, bool kMasked, int NJ, int ND>
+__device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND][4], float (&l)[2], float (&m)[2],
+                                               float sl2, const AsyncRefs& u) {
+  // O's row half hf times alpha (its ND n-tiles).
+  const auto rescale_o = [&](int hf, float alpha) {
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+      o[j][2 * hf] *= alpha;
+      o[j][2 * hf + 1] *= alpha;
+    }
+  };
   // Maxima and sums run in four independent partials per row (element e & 1 of even / odd n-tiles),
   // combined at the end: one chain of 2 NJ dependent steps per row would set the tile's latency
   // at the few warps per SM of the large tiles.
@@ -270,23 +278,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NJ][4], float (&l)[2], f
   }
 }
 
-// softmax_tile with O (its ND n-tiles) rescaled at once.
-template <bool kAsync, bool kMasked, int NJ, int ND>
-__device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND][4], float (&l)[2], float (&m)[2],
-                                               float sl2, const AsyncRefs& u) {
-  softmax_tile<kAsync, kMasked>(s, l, m, sl2, u, [&](int hf, float alpha) {
-#pragma unroll
-    for (int j = 0; j < ND; ++j) {
-      o[j][2 * hf] *= alpha;
-      o[j][2 * hf + 1] *= alpha;
-    }
-  });
-}
-
 // The async guard of one thread's two rows after the walk: reduces each row's sum over its 4
 // threads (l[] then holds the row sums) and returns how many of the rows (counted by t = 0, rows
 // below `rows` only) have a sum that is not finite: a NaN or infinite logit (fmaxf skips a NaN, the
-// sum does not), or a first tile whose max left phi's range (softmax_tile). Those CTAs are
+// sum does not), or a first tile whose max left phi's range (softmax_scores). Those CTAs are
 // recomputed the synchronized way and counted. row: the thread's first row (the second is row + 8).
 __device__ __forceinline__ int failed_rows(float (&l)[2], int row, int rows, int t) {
   int bad = 0;
@@ -425,7 +420,7 @@ struct Cta : WalkBase<KV> {
 
   // One walk over all key tiles. kAsync: the asynchronized softmax (m[] each row's reference in
   // log2 units, l[] the thread's partial sum of 2^(x sl2 - m)); sync: online softmax (m[] the row
-  // max of the raw logits, l[] the thread's partial sum relative to it; softmax_tile). o: this
+  // max of the raw logits, l[] the thread's partial sum relative to it; softmax_scores). o: this
   // thread's O fragments, unnormalized. Row (mt, hf) of the thread: warp * kWarpRows + 16 mt + g + 8 hf.
   // Logits stay raw (unscaled) until the exponent: 2^(x sl2 - c) is one FFMA + one MUFU per element.
   template <bool kAsync>

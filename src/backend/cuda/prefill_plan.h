@@ -173,7 +173,7 @@ FDPP_PREFILL_HD void apply_window(int start, int window, int bk, TileWork& w) {
 //   precision down to 2^-14 relative to the max; a largest P of at least 2^-3 (a >= -3 ln 2 =
 //   -2.08) keeps the resolution within 8x of that.
 // The kernel's asynchronized softmax keeps each row's largest P in [1, e^b] (its reference follows
-// the row's maxima, prefill_attention.cu: softmax_tile), so only the top bounds it; the whole
+// the row's maxima, prefill_attention.cu: softmax_scores), so only the top bounds it; the whole
 // 13.1-nat fp16 window around one offline phi held too few rows of real text. phi and [a, b] still
 // bound a row's first key tile, whose P is taken against phi in fp32.
 constexpr float kF16MaxLogitRel = 11.0f;
