@@ -214,10 +214,10 @@ async def sample_metrics(http, stop, out):
 
 def percentiles(xs, scale=1000.0):
     if not xs:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
     a = np.asarray(xs) * scale
     return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99))}
+            "p99": float(np.percentile(a, 99)), "max": float(a.max())}
 
 
 def warmup_prompts(args, vocab, rng):
@@ -344,7 +344,7 @@ def print_table(res):
     for name, key in (("Time to First Token", "ttft_ms"), ("Time per Output Token (excl. 1st)", "tpot_ms"),
                       ("Inter-token Latency", "itl_ms"), ("End-to-end Latency", "e2el_ms")):
         print(f"{name:-^{w}}")
-        for stat in ("mean", "p50", "p90", "p99"):
+        for stat in ("mean", "p50", "p90", "p99", "max"):
             v = res[key][stat]
             print(f"{stat.upper() + ' (ms)':<34}{'-' if v is None else f'{v:.2f}':>10}")
     if res["errors"]:
