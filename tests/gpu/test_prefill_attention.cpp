@@ -119,6 +119,21 @@ TEST(PrefillPlan, Fp8CacheSharedMemory) {
   }
 }
 
+TEST(PrefillPlan, WarpSpecializedProducerOwnsNoRows) {
+  // A warp-specialized configuration adds a producer warpgroup that owns no rows: its query rows
+  // per CTA are its compute warps' (wg128n128ws: 8 x 16 = 128 rows, 256 + 128 = 384 threads).
+  for (const pf::TileConfig& c : pf::kConfigs) {
+    EXPECT_TRUE(!c.ws || c.wgmma) << c.name;
+    EXPECT_EQ(pf::config_bq(c), 16 * c.warps * c.m_tiles) << c.name;
+    EXPECT_EQ(pf::config_threads(c), 32 * c.warps + (c.ws ? pf::kProducerThreads : 0)) << c.name;
+  }
+  const int ws = cuda::prefill_attention_config_index("wg128n128ws");
+  if (ws >= 0) {
+    EXPECT_EQ(pf::config_bq(pf::kConfigs[ws]), 128);
+    EXPECT_EQ(pf::config_threads(pf::kConfigs[ws]), 384);
+  }
+}
+
 TEST(PrefillPlan, EffectiveRangeOfSixteenBitP) {
   const auto b = derive_unified_max_bounds(0.f, 131072);
   const cuda::UnifiedMaxRange r{1.5f, b.a, b.b};

@@ -36,6 +36,12 @@ namespace fdpp::cuda::prefill {
 //     O += P V with P from registers and V from shared memory. D = 64 or 128 with a 16-bit cache;
 //     S 64 + O 64 fp32 registers per thread; shared Q 32 + K/V 2 x 64 = 160 KB (D = 128), one CTA
 //     of 8 warps per SM.
+//   wg128n128ws (sm_90a only): wg128n128's tiles and products in FlashAttention-3's warp-specialized
+//     form (ws): one more warpgroup, the producer (128 threads, registers lowered by setmaxnreg),
+//     only streams K/V tiles into the stages with cp.async and per-stage full/empty mbarriers; the
+//     8 compute warps (2 consumer warpgroups of 64 rows, registers raised) take turns on the tensor
+//     cores (ping-pong on named barriers) while the other runs its softmax. 384 threads; bq stays
+//     16 x warps = 128 (the producer owns no rows). Same shared memory as wg128n128.
 // Tried and left out because ptxas spills them (sm_90a, nvcc 13.0, D = 128): m128n64w4 (FA2's
 // Hopper/Ampere D = 128 forward tile: O 128 + S 64 registers, 348 bytes of spill stores) and
 // m128n128w8 (8 x 16 rows, 128-key tiles: 48 bytes).
@@ -46,7 +52,9 @@ struct TileConfig {
   int bk;       // keys per tile
   int stages;   // K/V shared buffers (cp.async pipeline depth)
   int min_ctas; // __launch_bounds__ min blocks per SM
-  bool wgmma = false;  // warpgroup MMA (prefill_attention.cu's wgmma kernel; sm_90a)
+  bool wgmma = false;  // warpgroup MMA (prefill_attention.cu's wgmma kernels; sm_90a)
+  bool ws = false;     // warp-specialized (wgmma only): a producer warpgroup besides the `warps`
+                       // compute warps, which alone own query rows
 };
 inline constexpr TileConfig kConfigs[] = {
     {"m64n64", 4, 1, 64, 2, 2},
@@ -54,10 +62,19 @@ inline constexpr TileConfig kConfigs[] = {
     {"m128n64w8s3", 8, 1, 64, 3, 1},
     {"m128n32w4", 4, 2, 32, 2, 2},
     {"wg128n128", 8, 1, 128, 2, 1, true},
+    {"wg128n128ws", 8, 1, 128, 2, 1, true, true},
 };
 inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr int config_bq(const TileConfig& c) { return 16 * c.warps * c.m_tiles; }
-constexpr int config_threads(const TileConfig& c) { return 32 * c.warps; }
+// Producer warpgroup of a warp-specialized configuration: 128 threads that load and own no rows.
+constexpr int kProducerThreads = 128;
+constexpr int config_threads(const TileConfig& c) { return 32 * c.warps + (c.ws ? kProducerThreads : 0); }
+constexpr bool configs_consistent() {
+  for (const TileConfig& c : kConfigs)
+    if (c.ws && !c.wgmma) return false;  // (only the wgmma kernel has a warp-specialized twin)
+  return true;
+}
+static_assert(configs_consistent(), "kConfigs: ws needs wgmma");
 
 // The default configuration's numbers (index 0), kept by name for the callers that predate the
 // table.
@@ -78,8 +95,9 @@ inline constexpr size_t smem_bytes(int head_dim, int bq = kBQ, int bk = kBK, int
 // At 256 Q is re-read from shared memory per k-step (its fragments would take 64 more registers):
 // m64n64 (160 KB) and m128n64w8 (192 KB) run there, the others fall back to m64n64. An e4m3 cache
 // (kv_bytes 1) halves the K/V buffers: m128n64w8s3 (160 KB) runs at 256 too.
-// The wgmma kernel takes D = 64 and 128 with a 16-bit cache (its rows are whole 64-element swizzle
-// atoms; an e4m3 cache would need its bytes widened before the tensor cores read them).
+// The wgmma kernels (wg128n128 and its warp-specialized twin) take D = 64 and 128 with a 16-bit
+// cache (their rows are whole 64-element swizzle atoms; an e4m3 cache would need its bytes widened
+// before the tensor cores read them).
 inline constexpr bool config_fits(const TileConfig& c, int head_dim, int kv_bytes = 2) {
   if (c.wgmma) return (head_dim == 64 || head_dim == 128) && kv_bytes == 2;
   return smem_bytes(head_dim, config_bq(c), c.bk, c.stages, kv_bytes) <= 227 * 1024 &&
