@@ -1103,7 +1103,9 @@ struct WsCta : WalkBase<T> {
     uint32_t pph = 0;
     bool pv_due = false;        // the previous tile's P (pa) waits for its PV product
     uint32_t pa[kBK / 16][4];  // that P, packed: the A fragments of its k-steps
-    // Turn i issues tile i - 1's PV product (i > 0) and tile i's S product (i < n).
+    // Turn i issues tile i - 1's PV product (i > 0) and tile i's S product (i < n), each product
+    // under its own fence and commit: with one fence and two commits around both conditional
+    // products, ptxas serialized them (warning C7520, "WG.AR in divergent path").
     for (int i = 0; i <= n; ++i) {
       const int kt = kt0 + i;
       const bool s_due =
@@ -1116,10 +1118,10 @@ struct WsCta : WalkBase<T> {
       float s[kBK / 8][4];
       float(&sf)[kBK / 2] = reinterpret_cast<float(&)[kBK / 2]>(s);
       const uint32_t kb = k_s + st * kTileBytes, vb = v_s + pst * kTileBytes;
-      detail::wgmma_fence();
       if (pv_due) {
         // O += P V of the previous tile (WgCta: keys 16ks .. 16ks + 15 are rows 16ks .. of each
         // 64-dim column block of V; dims 64h .. 64h + 63 are O's n-tiles 8h .. 8h + 7).
+        detail::wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < kBK / 16; ++ks)
 #pragma unroll
@@ -1128,22 +1130,29 @@ struct WsCta : WalkBase<T> {
             detail::wgmma_m64n64k16_rs<T>(oh, pa[ks], detail::wgmma_desc_sw128(vb + h * kBK * 128 + ks * 16 * 128),
                                            true);
           }
+        detail::wgmma_commit();
       }
-      detail::wgmma_commit();
       if (s_due) {
         // S = Q K^T (WgCta: k-step ks reads dims 16ks .. 16ks + 15, column block ks / 4).
+        detail::wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           const uint32_t col = (ks >> 2) * 128 * 128 + (ks & 3) * 32;  // (Q and K tiles both have 128 rows)
           detail::wgmma_m64n128k16_ss<T>(sf, detail::wgmma_desc_sw128(q_addr + col),
                                          detail::wgmma_desc_sw128(kb + col), ks > 0);
         }
+        detail::wgmma_commit();
       }
-      detail::wgmma_commit();
-      if (cw == 0 || i < n) detail::named_barrier_arrive(other_turn, kConsumerThreads);
+      if (cw == 0 || i < n) detail::named_barrier_arrive(other_turn, kConsumerThreads);  // the other's turn
       detail::wgmma_pin(of);
       detail::wgmma_pin(sf);
-      detail::wgmma_wait<1>();  // the PV product: the previous tile's stage is read
+      // The PV product done (the S product, committed after it, may still run): the previous
+      // tile's stage is read, and each warp frees it for the producer.
+      if (s_due) {
+        detail::wgmma_wait<1>();
+      } else {
+        detail::wgmma_wait<0>();
+      }
       detail::wgmma_pin(of);
       if (i > 0 && lane == 0) detail::mbarrier_arrive(empty + 8 * pst);
       detail::wgmma_wait<0>();
