@@ -1,8 +1,9 @@
 // Causal prefill attention over the paged KV cache on tensor cores (FlashAttention-2 style,
-// mma.sync m16n8k16 with ldmatrix; and warpgroup MMA on sm_90a, below), for a variable-length
-// batch of chunks, with the asynchronized softmax (a shared reference per row instead of a running
-// max: no rescale unless a tile's logits pass the reference by what 16-bit P can carry) or the
-// synchronized online softmax (its ablation twin and its exact fallback).
+// mma.sync m16n8k16 with ldmatrix; and warpgroup MMA on sm_90a, below, plain and warp-specialized
+// in FlashAttention-3's producer/consumer form), for a variable-length batch of chunks, with the
+// asynchronized softmax (a shared reference per row instead of a running max: no rescale unless a
+// tile's logits pass the reference by what 16-bit P can carry) or the synchronized online softmax
+// (its ablation twin and its exact fallback).
 //
 // CTA = (query head, 64-row query tile of one chunk); 4 warps, 16 query rows each (prefill_plan.h
 // has the tile plan and the worked numbers). Per CTA:
