@@ -41,7 +41,8 @@ namespace fdpp::cuda::prefill {
 //     only streams K/V tiles into the stages with cp.async and per-stage full/empty mbarriers; the
 //     8 compute warps (2 consumer warpgroups of 64 rows, registers raised) take turns on the tensor
 //     cores (ping-pong on named barriers) while the other runs its softmax. 384 threads; bq stays
-//     16 x warps = 128 (the producer owns no rows). Same shared memory as wg128n128.
+//     16 x warps = 128 (the producer owns no rows). Same shared memory as wg128n128;
+//     wg128n128ws3: with 3 stages (224 KB at D = 128), so the producer runs two tiles ahead.
 // Tried and left out because ptxas spills them (sm_90a, nvcc 13.0, D = 128): m128n64w4 (FA2's
 // Hopper/Ampere D = 128 forward tile: O 128 + S 64 registers, 348 bytes of spill stores) and
 // m128n128w8 (8 x 16 rows, 128-key tiles: 48 bytes).
@@ -63,6 +64,7 @@ inline constexpr TileConfig kConfigs[] = {
     {"m128n32w4", 4, 2, 32, 2, 2},
     {"wg128n128", 8, 1, 128, 2, 1, true},
     {"wg128n128ws", 8, 1, 128, 2, 1, true, true},
+    {"wg128n128ws3", 8, 1, 128, 3, 1, true, true},
 };
 inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr int config_bq(const TileConfig& c) { return 16 * c.warps * c.m_tiles; }
