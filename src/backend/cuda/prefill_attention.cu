@@ -1221,7 +1221,6 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
     detail::setmaxnreg_dec<Walk::kProducerRegs>();
     c.stream(0, threadIdx.x);
     if (a.async) {
-      __syncwarp();
       detail::named_barrier_sync(Walk::kBarVerdict, Walk::kThreads);
       if (fail_rows > 0) c.stream(tiles, threadIdx.x);
     }
@@ -1262,7 +1261,6 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
     const int bad = failed_rows(l, r0, c.w.rows, t);
     sums_reduced = true;
     if (bad > 0) atomicAdd(&fail_rows, bad);
-    __syncwarp();  // bar.sync is .aligned: every lane of the warp reaches it together
     detail::named_barrier_sync(Walk::kBarVerdict, Walk::kThreads);  // with the producer
     const int failed = fail_rows;
     if (failed > 0) {

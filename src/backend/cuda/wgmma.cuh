@@ -201,15 +201,16 @@ __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, 
 #endif
 }
 // Named barriers (id 1..15; 0 is __syncthreads): `threads` in all, a multiple of 32. sync waits for
-// them, arrive counts this warp without waiting.
+// them, arrive counts this warp without waiting. Not .aligned (bar.sync is): the producer and the
+// consumers reach one barrier at different instructions, which .aligned forbids (synccheck).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 #if FDPP_WGMMA_DEVICE
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 #endif
 }
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 #if FDPP_WGMMA_DEVICE
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 #endif
 }
 // The calling warpgroup's registers per thread, lowered or raised (a multiple of 8 in 24..256;
