@@ -1,7 +1,7 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) primitives: shared-memory matrix descriptors over the
 // 128-byte-swizzled layout, the two products the prefill attention needs, and the fences around
-// them, and the warp-specialization primitives (mbarriers, named barriers, setmaxnreg) of the
-// producer/consumer kernel. A warpgroup is 4 consecutive warps (128 threads); every thread of it
+// them, and the warp-specialization primitives (mbarriers, TMA loads, named barriers, setmaxnreg)
+// of the producer/consumer kernel. A warpgroup is 4 consecutive warps (128 threads); every thread of it
 // calls each wgmma function here together. Private: .cu files only; callers compile the bodies only
 // for sm_90a (FDPP_WGMMA_DEVICE below) and launch them only where the device runs them.
 #pragma once
@@ -146,8 +146,8 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
 #undef FDPP_WGMMA_D64
 #undef FDPP_WGMMA_D32
 
-// ---- warp specialization (sm_90a): mbarriers, cp.async completion on an mbarrier, named barriers,
-// register reallocation. Shared addresses are 32-bit shared-window addresses (smem_addr).
+// ---- warp specialization (sm_90a): mbarriers, cp.async completion on an mbarrier, TMA, named
+// barriers, register reallocation. Shared addresses are 32-bit shared-window addresses (smem_addr).
 
 // An mbarrier of `count` arrivals per phase. Initialized by one thread; mbarrier_init_fence() and a
 // CTA barrier before any other thread uses it.
@@ -200,6 +200,36 @@ __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, 
                : "memory");
 #endif
 }
+// ---- TMA (cp.async.bulk.tensor) into an mbarrier's transaction count. `tmap`: the generic address
+// of a CUtensorMap in kernel parameter space (a const __grid_constant__ parameter) or global memory.
+
+// One arrival that also raises the phase's expected transaction count by `bytes`: the phase then
+// completes once its arrivals are in and that many bytes of async copies have landed (complete_tx).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// Box (c0, c1, c2, c3) of a 4D tensor map into shared memory at `dst` (the map's swizzle applied on
+// the shared address bits: 128-byte swizzle needs dst 1 KB aligned for sw128_offset's layout), its
+// bytes counted off `bar`'s transaction count as they land.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, int c0, int c1, int c2, int c3,
+                                            uint32_t bar) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+#endif
+}
+// Brings a tensor map into the TMA unit's descriptor cache ahead of its first use.
+__device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+#endif
+}
+
 // Named barriers (id 1..15; 0 is __syncthreads): `threads` in all, a multiple of 32. sync waits for
 // them, arrive counts this warp without waiting. Not .aligned (bar.sync is): the producer and the
 // consumers reach one barrier at different instructions, which .aligned forbids (synccheck).
