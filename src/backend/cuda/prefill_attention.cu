@@ -1,9 +1,9 @@
 // Causal prefill attention over the paged KV cache on tensor cores (FlashAttention-2 style,
 // mma.sync m16n8k16 with ldmatrix; and warpgroup MMA on sm_90a, below, plain and warp-specialized
-// in FlashAttention-3's producer/consumer form), for a variable-length batch of chunks, with the
-// asynchronized softmax (a shared reference per row instead of a running max: no rescale unless a
-// tile's logits pass the reference by what 16-bit P can carry) or the synchronized online softmax
-// (its ablation twin and its exact fallback).
+// in FlashAttention-3's producer/consumer form, its producer on cp.async or on TMA by KV page), for
+// a variable-length batch of chunks, with the asynchronized softmax (a shared reference per row
+// instead of a running max: no rescale unless a tile's logits pass the reference by what 16-bit P
+// can carry) or the synchronized online softmax (its ablation twin and its exact fallback).
 //
 // CTA = (query head, 64-row query tile of one chunk); 4 warps, 16 query rows each (prefill_plan.h
 // has the tile plan and the worked numbers). Per CTA:
@@ -37,6 +37,8 @@
 // the same way (q_fp8_k_order); V's give the output accumulators of each 16 dims as an even-dim and
 // an odd-dim tile, put back in order where O is written. k_scale folds into the logit scale (so
 // the softcap, the unified max and its guard see the true logits), v_scale into 1 / l.
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through cudaGetDriverEntryPoint*
+
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -97,6 +99,15 @@ struct PrefillArgs {
   int window;
   float softcap, scale;
   float v_scale;  // the output's multiplier: 1, or the e4m3 cache's v_scale
+  // TMA configurations (TileConfig::tma): the tensor maps' dimension of a key in its block, 1 or 2
+  // (the kv head is the other): the maps order their middle dimensions by stride (kv_tensor_map).
+  int tma_key_dim;
+};
+
+// The TMA configurations' tensor maps over the K and V caches (kv_tensor_map), passed by value as
+// one __grid_constant__ kernel parameter (64-byte aligned); zero and unread elsewhere.
+struct KvTmaMaps {
+  CUtensorMap k, v;
 };
 
 using detail::fast_exp2;
@@ -1008,6 +1019,27 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
 // A consumer with no work in a tile (rows past the chunk, a tile past its rows' causal limit or
 // below their windows) still waits on the tile's full barriers, takes and hands over its turn and
 // arrives on the empty barrier, only without products: every barrier stays matched.
+//
+// The TMA producer (TileConfig::tma, wg128n128wst; stream_tma): the consumers are the same, only the
+// producer loads differently. A tile of 128 keys is 128 / R pages of R = min(block_size, 128) keys
+// (one block's keys of the CTA's kv head, or a 128-key part of a larger block). The launcher builds
+// one tensor map per cache (kv_tensor_map: dims (D, key in block, kv head, block) with the cache's
+// strides, box (64, R, 1, 1), 128-byte swizzle), so that one box lands a page's 64-dim column block
+// at rows p R .. of the stage's column block in exactly sw128_offset's layout (R >= 8: whole 1 KB
+// atoms). Per tile, K and V alike:
+//   * pages the tile's rows see throughout ([p_lo, p_hi): below key_end, and at or above a window's
+//     key_begin) come by TMA: lane p of producer warp 0 looks page p up in the block table (once for
+//     K and V, before the wait on the empty barrier) and issues D / 64 boxes; lane 0 first adds the
+//     tile's bytes to the full barrier (arrive.expect_tx);
+//   * the other pages (the one holding the last visible key, the one holding a window's first, and
+//     those wholly past or below: their table entries may be invalid) are written by the producer's
+//     128 threads as before, row by row: cp.async of the visible rows, zeros (src-size 0) for the
+//     rest, so a stale or NaN slot of a partly visible page is never read (0 x NaN = NaN in P V).
+//     Each thread then waits for its copies and fences them for the async proxy (the consumers'
+//     wgmma);
+//   * each producer warp arrives on the full barrier once (lane 0, after __syncwarp): the full
+//     barriers count 4 + 1 arrivals (the warps and the expect_tx) and the TMA bytes. Tiles wholly
+//     visible (all but a walk's last and a window's first) have no row copies at all.
 template <class T, int D, int I, bool kMasked>
 struct WsCta : WalkBase<T> {
   using B = WalkBase<T>;
@@ -1022,6 +1054,11 @@ struct WsCta : WalkBase<T> {
                     (D == 64 || D == 128) && kStages >= 2,
                 "warp-specialized wgmma tile");
   static constexpr uint32_t kTileBytes = kBK * D * 2;
+  static constexpr bool kTma = kConfig.tma;
+  static constexpr int kProducerWarps = kProducerThreads / 32;
+  // Arrivals per phase of a full barrier: each producer thread's cp.async.mbarrier.arrive.noinc, or
+  // (TMA) each producer warp's lane 0 plus the arrive.expect_tx of the TMA bytes.
+  static constexpr int kFullArrivals = kTma ? kProducerWarps + 1 : kProducerThreads;
   // Registers per thread after setmaxnreg. The CTA is launched with 168 per thread (launch bounds
   // 384 threads, 1 CTA: 65536 / 384 rounded down to 8), 64512 in all, and setmaxnreg only moves
   // them between warpgroups: producer 128 x 40 + consumers 256 x 232 = 64512.
@@ -1035,10 +1072,19 @@ struct WsCta : WalkBase<T> {
   uint32_t full_k, full_v, empty;  // shared addresses of `stages` mbarriers each, 8 bytes apart
 
   // The producer (thread ptid of 128): every key tile of one walk into the stages; `it` tiles were
-  // streamed before. Thread ptid copies chunk column ptid % KCH of rows ptid / KCH + i kRowsPerPass:
-  // within a column block the swizzle of those rows is the same (r & 7), so row i lies i
-  // kRowsPerPass 128-byte rows after row 0's chunk.
-  __device__ __forceinline__ void stream(int it, int ptid) const {
+  // streamed before.
+  __device__ __forceinline__ void stream(int it, int ptid, const KvTmaMaps& maps, int tma_key_dim) const {
+    if constexpr (kTma) {
+      stream_tma(it, ptid, maps, tma_key_dim);
+    } else {
+      stream_cp_async(it, ptid);
+    }
+  }
+
+  // The cp.async producer: thread ptid copies chunk column ptid % KCH of rows ptid / KCH + i
+  // kRowsPerPass: within a column block the swizzle of those rows is the same (r & 7), so row i lies
+  // i kRowsPerPass 128-byte rows after row 0's chunk.
+  __device__ __forceinline__ void stream_cp_async(int it, int ptid) const {
     constexpr int kRowsPerPass = kProducerThreads / KCH;  // 8 (D = 128) or 16 (D = 64)
     static_assert(kBK % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "rows per pass");
     const int pr = ptid / KCH, cc = ptid % KCH;
@@ -1064,6 +1110,89 @@ struct WsCta : WalkBase<T> {
       detail::cp_async_mbarrier_arrive_noinc(full_k + 8 * st);
       copy_tile(v_cache, v_s + st * kTileBytes + chunk_off, kt);
       detail::cp_async_mbarrier_arrive_noinc(full_v + 8 * st);
+      if (++st == kStages) {
+        st = 0;
+        ph ^= 1;
+      }
+    }
+  }
+
+  // The TMA producer (the header above). Lane p of warp 0 owns page p of each tile (at most 16:
+  // R >= 8); the row copies of partly visible pages follow stream_cp_async's thread-to-chunk map.
+  __device__ __forceinline__ void stream_tma(int it, int ptid, const KvTmaMaps& maps, int tma_key_dim) const {
+    constexpr int kRowsPerPass = kProducerThreads / KCH;  // 8 (D = 128) or 16 (D = 64)
+    static_assert(kBK % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "rows per pass");
+    const int pw = ptid >> 5;
+    const int pr = ptid / KCH, cc = ptid % KCH;
+    const int mask = (1 << kv.block_shift) - 1;
+    const int log_rows = kv.block_shift < 7 ? kv.block_shift : 7;  // R = min(block_size, kBK) rows per page
+    const int pages = kBK >> log_rows;
+    const uint32_t page_bytes = uint32_t(D * 2) << log_rows;
+    const int64_t col = int64_t(kvh) * kv.head_stride + cc * 8;
+    const uint32_t chunk_off = detail::sw128_offset(kBK, pr, cc);
+    const int kt0 = kMasked ? w.first_key_tile : 0;
+    int st = it % kStages;
+    uint32_t ph = (it / kStages) & 1;
+    for (int kt = kt0; kt < w.n_key_tiles; ++kt) {
+      const int k0 = kt * kBK;
+      // Pages [p_lo, p_hi) are visible throughout (k0 < key_end: the walk's tiles hold a visible key).
+      const int p_hi = min((w.key_end - k0) >> log_rows, pages);
+      const int p_lo =
+          kMasked && w.key_begin > k0 ? min((w.key_begin - k0 + (1 << log_rows) - 1) >> log_rows, pages) : 0;
+      const uint32_t tx = p_hi > p_lo ? uint32_t(p_hi - p_lo) * page_bytes : 0u;
+      // Lane p's page: its block and first key in the block, looked up before the wait.
+      const int p = ptid;  // (warp 0 only)
+      const bool tma_page = pw == 0 && p >= p_lo && p < p_hi;
+      int block = 0, key_in_block = 0;
+      if (tma_page) {
+        const int key = k0 + (p << log_rows);
+        block = table[key >> kv.block_shift];
+        key_in_block = key & mask;
+      }
+      detail::mbarrier_wait(empty + 8 * st, ph ^ 1);  // both consumers are done with its last tile
+      const uint32_t fk = full_k + 8 * st, fv = full_v + 8 * st;
+      if (pw == 0) {
+        if (ptid == 0) {
+          detail::mbarrier_arrive_expect_tx(fk, tx);
+          detail::mbarrier_arrive_expect_tx(fv, tx);
+        }
+        __syncwarp();
+        if (tma_page) {
+          const int c1 = tma_key_dim == 1 ? key_in_block : kvh, c2 = tma_key_dim == 1 ? kvh : key_in_block;
+          const uint32_t dst = st * kTileBytes + uint32_t(p) * (128u << log_rows);  // rows p R .. of column block 0
+#pragma unroll
+          for (int cb = 0; cb < D / 64; ++cb)
+            detail::tma_load_4d(k_s + dst + cb * kBK * 128, &maps.k, cb * 64, c1, c2, block, fk);
+#pragma unroll
+          for (int cb = 0; cb < D / 64; ++cb)
+            detail::tma_load_4d(v_s + dst + cb * kBK * 128, &maps.v, cb * 64, c1, c2, block, fv);
+        }
+      }
+      if (p_lo > 0 || p_hi < pages) {  // (uniform over the producer)
+        // Rows of the pages TMA does not load: the visible ones copied, the others zeroed.
+        // (Not unrolled: a rare path, kept within the producer's registers.)
+        const uint32_t kd = k_s + st * kTileBytes + chunk_off, vd = v_s + st * kTileBytes + chunk_off;
+#pragma unroll 1
+        for (int i = 0; i < kBK / kRowsPerPass; ++i) {
+          const int r = pr + i * kRowsPerPass;
+          const int pg = r >> log_rows;
+          if (pg >= p_lo && pg < p_hi) continue;
+          const int key = k0 + r;
+          const bool ok = key < w.key_end && (!kMasked || key >= w.key_begin);
+          int64_t off = 0;  // (a zero fill reads nothing; the address only has to be a valid one)
+          if (ok) off = kv.row(table[key >> kv.block_shift], key & mask, 0) + col;
+          detail::cp_async16_zfill(kd + i * kRowsPerPass * 128, k_cache + off, ok);
+          detail::cp_async16_zfill(vd + i * kRowsPerPass * 128, v_cache + off, ok);
+        }
+        cp_async_commit();
+        cp_async_wait_group<0>();
+        detail::fence_proxy_async_shared();  // this thread's writes, seen by the consumers' wgmma
+      }
+      __syncwarp();
+      if ((ptid & 31) == 0) {
+        detail::mbarrier_arrive(fk);
+        detail::mbarrier_arrive(fv);
+      }
       if (++st == kStages) {
         st = 0;
         ph ^= 1;
@@ -1113,7 +1242,9 @@ struct WsCta : WalkBase<T> {
           i < n && wg_active && kt * kBK <= wg_lim && !(kMasked && kt * kBK + kBK <= wg_first);  // warpgroup-uniform
       if (i < n) detail::mbarrier_wait(full_k + 8 * st, ph);
       if (i > 0) detail::mbarrier_wait(full_v + 8 * pst, pph);
-      detail::fence_proxy_async_shared();  // the producer's copies, seen by wgmma
+      // The cp.async producer's copies, seen by wgmma (the TMA producer's land in the async proxy,
+      // and it fences its own row copies before it arrives).
+      if constexpr (!kTma) detail::fence_proxy_async_shared();
       if (cw == 1 || i > 0) detail::named_barrier_sync(own_turn, kConsumerThreads);
 
       float s[kBK / 8][4];
@@ -1183,7 +1314,7 @@ struct WsCta : WalkBase<T> {
 
 template <class T, int D, int I, bool kMasked>
 __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]), 1)
-    prefill_attention_ws_kernel(PrefillArgs a) {
+    prefill_attention_ws_kernel(PrefillArgs a, const __grid_constant__ KvTmaMaps maps) {
 #if FDPP_WGMMA_DEVICE
   using Walk = WsCta<T, D, I, kMasked>;
   constexpr int KCH = D / 8;
@@ -1205,8 +1336,8 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
   c.empty = c.full_v + 8 * kStages;
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
-      detail::mbarrier_init(c.full_k + 8 * st, Walk::kProducerThreads);
-      detail::mbarrier_init(c.full_v + 8 * st, Walk::kProducerThreads);
+      detail::mbarrier_init(c.full_k + 8 * st, Walk::kFullArrivals);
+      detail::mbarrier_init(c.full_v + 8 * st, Walk::kFullArrivals);
       detail::mbarrier_init(c.empty + 8 * st, Walk::kConsumerThreads / 32);
     }
     fail_rows = 0;
@@ -1219,10 +1350,14 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
   if (threadIdx.x < Walk::kProducerThreads) {
     // The producer: the async walk's keys, then, only if a row failed, the fallback walk's.
     detail::setmaxnreg_dec<Walk::kProducerRegs>();
-    c.stream(0, threadIdx.x);
+    if (Walk::kTma && threadIdx.x == 0) {
+      detail::prefetch_tensormap(&maps.k);
+      detail::prefetch_tensormap(&maps.v);
+    }
+    c.stream(0, threadIdx.x, maps, a.tma_key_dim);
     if (a.async) {
       detail::named_barrier_sync(Walk::kBarVerdict, Walk::kThreads);
-      if (fail_rows > 0) c.stream(tiles, threadIdx.x);
+      if (fail_rows > 0) c.stream(tiles, threadIdx.x, maps, a.tma_key_dim);
     }
     cp_async_commit();
     cp_async_wait_group<0>();  // no copy outlives the producer
@@ -1329,8 +1464,64 @@ void launch_prefill_wgmma(const PrefillArgs& a, int chunks, int max_chunk_tokens
   kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a);
 }
 
+// cuTensorMapEncodeTiled, through the runtime's driver entry point (no link to libcuda).
+using TensorMapEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                          const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                          CUtensorMapFloatOOBfill);
+TensorMapEncodeTiled tensor_map_encoder() {
+  static const TensorMapEncodeTiled encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    check(err == cudaSuccess && found == cudaDriverEntryPointSuccess && fn != nullptr,
+          "prefill attention: the driver has no cuTensorMapEncodeTiled ({}, query result {})", cudaGetErrorString(err),
+          static_cast<int>(found));
+    return reinterpret_cast<TensorMapEncodeTiled>(fn);
+  }();
+  return encode;
+}
+
+// The TMA producer's tensor map over one layer's K or V cache (WsCta::stream_tma): 4 dimensions,
+// innermost first: D, then the key in its block and the kv head ordered by their strides (head-major:
+// key, head; token-major: head, key; key_dim says which is 1), then the block. Box (64, R, 1, 1)
+// (the head's 1 and the key's R = min(block_size, 128) in their dimensions): one 128-byte row segment
+// per key, 128-byte swizzle. The block count is not known here; the map claims a bound no block
+// number of a cache in one device's memory reaches (1 TB of blocks, at most 2^31 - 1), since no box
+// is ever issued for a block the table does not hold.
+template <class T>
+CUtensorMap kv_tensor_map(const void* cache, int head_dim, int n_kv_heads, const KvCacheLayout& kv, int key_dim,
+                          const char* what) {
+  static_assert(sizeof(T) == 2, "16-bit cache");
+  const uint64_t block_size = uint64_t(1) << kv.block_shift;
+  const uint64_t rows = std::min<uint64_t>(block_size, 128);
+  const uint64_t block_bytes = uint64_t(kv.block_stride) * 2;
+  const uint64_t blocks = std::max<uint64_t>(1, std::min<uint64_t>((uint64_t(1) << 40) / block_bytes, 0x7fffffffu));
+  const bool key_first = key_dim == 1;
+  const cuuint64_t dims[4] = {cuuint64_t(head_dim), key_first ? block_size : cuuint64_t(n_kv_heads),
+                              key_first ? cuuint64_t(n_kv_heads) : block_size, blocks};
+  const cuuint64_t strides[3] = {cuuint64_t(key_first ? kv.token_stride : kv.head_stride) * 2,
+                                 cuuint64_t(key_first ? kv.head_stride : kv.token_stride) * 2, block_bytes};
+  const cuuint32_t box[4] = {64, cuuint32_t(key_first ? rows : 1), cuuint32_t(key_first ? 1 : rows), 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = tensor_map_encoder()(
+      &map, std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+      const_cast<void*>(cache), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check(r == CUDA_SUCCESS,
+        "{}: cuTensorMapEncodeTiled failed ({}) for the KV cache at {} (head_dim {}, {} kv heads, block_size {})", what,
+        static_cast<int>(r), cache, head_dim, n_kv_heads, block_size);
+  return map;
+}
+
 template <class T, int D, int I, bool kMasked>
-void launch_prefill_ws(const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream, const char* what) {
+void launch_prefill_ws(PrefillArgs a, int chunks, int max_chunk_tokens, cudaStream_t stream, const char* what) {
   using C = WsCta<T, D, I, kMasked>;
   const prefill::Grid g = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads, C::kBQ);
   check(g.y <= 65535 && g.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what, g.y,
@@ -1342,7 +1533,16 @@ void launch_prefill_ws(const PrefillArgs& a, int chunks, int max_chunk_tokens, c
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                "cudaFuncSetAttribute(prefill_attention_ws_kernel, max dynamic shared memory)");
   });
-  kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a);
+  KvTmaMaps maps;
+  std::memset(&maps, 0, sizeof(maps));
+  if constexpr (C::kTma) {
+    // (launch: the block size fits, prefill::config_fits_cache.) Head-major (a kv head's keys of a
+    // block adjacent, head_stride > token_stride): the key is the maps' dimension 1; token-major: 2.
+    a.tma_key_dim = a.kv.head_stride > a.kv.token_stride ? 1 : 2;
+    maps.k = kv_tensor_map<T>(a.k_cache, D, a.n_kv_heads, a.kv, a.tma_key_dim, what);
+    maps.v = kv_tensor_map<T>(a.v_cache, D, a.n_kv_heads, a.kv, a.tma_key_dim, what);
+  }
+  kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a, maps);
 }
 
 // Whether the current device runs the wgmma kernels: built for sm_90a and a compute capability 9.x
@@ -1448,6 +1648,9 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   check(max_chunk_tokens >= 1, "{}: max_chunk_tokens = {} must be positive", what, max_chunk_tokens);
   a.group = a.n_heads / a.n_kv_heads;
   a.kv = kv_cache_layout(block_size, a.n_kv_heads, head_dim, what);
+  // A TMA configuration over blocks too small for its page boxes takes its cp.async twin.
+  if (!prefill::config_fits_cache(prefill::kConfigs[config], block_size))
+    config = prefill::config_cache_fallback(config);
   a.scale_log2 = logit_scale * detail::kLog2e;
   a.async = unified_max != nullptr;
   if (a.async) {

@@ -43,6 +43,12 @@ namespace fdpp::cuda::prefill {
 //     cores (ping-pong on named barriers) while the other runs its softmax. 384 threads; bq stays
 //     16 x warps = 128 (the producer owns no rows). Same shared memory as wg128n128;
 //     wg128n128ws3: with 3 stages (224 KB at D = 128), so the producer runs two tiles ahead.
+//   wg128n128wst (sm_90a only): wg128n128ws with a TMA producer (tma): one thread per page of the
+//     tile issues a cp.async.bulk.tensor box per 64-dim column block (a tensor map over each cache,
+//     built per launch), looked up once per page; the producer's 128 threads copy row by row only
+//     the pages a tile sees in part (its last visible key, a window's first) and zero-fill the pages
+//     it sees nothing of. Pages of 8 keys or more (the box lands on whole 8-row swizzle atoms); a
+//     cache of smaller blocks takes wg128n128ws instead (config_fits_cache). Same shared memory.
 // Tried and left out because ptxas spills them (sm_90a, nvcc 13.0, D = 128): m128n64w4 (FA2's
 // Hopper/Ampere D = 128 forward tile: O 128 + S 64 registers, 348 bytes of spill stores) and
 // m128n128w8 (8 x 16 rows, 128-key tiles: 48 bytes).
@@ -56,6 +62,7 @@ struct TileConfig {
   bool wgmma = false;  // warpgroup MMA (prefill_attention.cu's wgmma kernels; sm_90a)
   bool ws = false;     // warp-specialized (wgmma only): a producer warpgroup besides the `warps`
                        // compute warps, which alone own query rows
+  bool tma = false;    // (ws only) the producer loads whole KV pages with TMA (tensor maps)
 };
 inline constexpr TileConfig kConfigs[] = {
     {"m64n64", 4, 1, 64, 2, 2},
@@ -65,18 +72,48 @@ inline constexpr TileConfig kConfigs[] = {
     {"wg128n128", 8, 1, 128, 2, 1, true},
     {"wg128n128ws", 8, 1, 128, 2, 1, true, true},
     {"wg128n128ws3", 8, 1, 128, 3, 1, true, true},
+    {"wg128n128wst", 8, 1, 128, 2, 1, true, true, true},
 };
 inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr int config_bq(const TileConfig& c) { return 16 * c.warps * c.m_tiles; }
 // Producer warpgroup of a warp-specialized configuration: 128 threads that load and own no rows.
 constexpr int kProducerThreads = 128;
 constexpr int config_threads(const TileConfig& c) { return 32 * c.warps + (c.ws ? kProducerThreads : 0); }
+// Only the wgmma kernel has a warp-specialized twin, and only that one a TMA producer.
 constexpr bool configs_consistent() {
   for (const TileConfig& c : kConfigs)
-    if (c.ws && !c.wgmma) return false;  // (only the wgmma kernel has a warp-specialized twin)
+    if ((c.ws && !c.wgmma) || (c.tma && !c.ws)) return false;
   return true;
 }
-static_assert(configs_consistent(), "kConfigs: ws needs wgmma");
+static_assert(configs_consistent(), "kConfigs: ws needs wgmma, tma needs ws");
+
+// The TMA producer loads a KV page (one block's keys of one kv head) as boxes of min(block_size,
+// 128) rows into 128-byte-swizzled tiles: a box must start on an 8-row (1 KB) swizzle atom, so
+// blocks of at least 8 keys (block sizes are powers of two). Either cache layout serves (the tensor
+// map has the layout's strides).
+constexpr int kTmaMinBlockSize = 8;
+constexpr bool config_fits_cache(const TileConfig& c, int block_size) {
+  return !c.tma || block_size >= kTmaMinBlockSize;
+}
+// What runs configuration i over a cache it does not fit (config_fits_cache): a TMA configuration's
+// cp.async twin (the same tiles and stages), else i itself.
+constexpr int config_cache_fallback(int i) {
+  const TileConfig& c = kConfigs[i];
+  if (!c.tma) return i;
+  for (int j = 0; j < kNumConfigs; ++j) {
+    const TileConfig& d = kConfigs[j];
+    if (!d.tma && d.ws == c.ws && d.wgmma == c.wgmma && d.warps == c.warps && d.m_tiles == c.m_tiles && d.bk == c.bk &&
+        d.stages == c.stages)
+      return j;
+  }
+  return 0;
+}
+constexpr bool cache_fallbacks_fit() {
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (!config_fits_cache(kConfigs[config_cache_fallback(i)], 1)) return false;
+  return true;
+}
+static_assert(cache_fallbacks_fit(), "kConfigs: a TMA configuration needs a cp.async twin");
 
 // The default configuration's numbers (index 0), kept by name for the callers that predate the
 // table.
