@@ -2,7 +2,7 @@
 // query row owned once, every row sees exactly keys 0 .. its position), then the kernel against the
 // CPU's stable softmax (NMSE <= 5e-4, outputs poisoned first, NaN never passes) over variable-length
 // batches of chunks with start offsets anywhere, GQA groups 1..16, head_dim 64, 96 and 128, block
-// sizes 16 and 32, lengths 1..32K, in the synchronized and the unified-max mode, every tile
+// sizes 8 to 256 (either cache layout), lengths 1..32K, in the synchronized and the unified-max mode, every tile
 // configuration (prefill_plan.h kConfigs) on the same inputs; adversarial rows
 // (logits far above or below phi) must come out exact and be counted exactly as the CPU counts
 // rows outside the range. The same runs over an e4m3 (fp8) cache with k_scale, v_scale != 1 against
@@ -117,6 +117,47 @@ TEST(PrefillPlan, Fp8CacheSharedMemory) {
     EXPECT_FALSE(pf::config_fits(pf::kConfigs[s3], 256));
     EXPECT_TRUE(pf::config_fits(pf::kConfigs[s3], 256, 1));
   }
+}
+
+TEST(PrefillPlan, WarpSpecializedProducerOwnsNoRows) {
+  // A warp-specialized configuration adds a producer warpgroup that owns no rows: its query rows
+  // per CTA are its compute warps' (wg128n128ws: 8 x 16 = 128 rows, 256 + 128 = 384 threads).
+  for (const pf::TileConfig& c : pf::kConfigs) {
+    EXPECT_TRUE(!c.ws || c.wgmma) << c.name;
+    EXPECT_EQ(pf::config_bq(c), 16 * c.warps * c.m_tiles) << c.name;
+    EXPECT_EQ(pf::config_threads(c), 32 * c.warps + (c.ws ? pf::kProducerThreads : 0)) << c.name;
+  }
+  const int ws = cuda::prefill_attention_config_index("wg128n128ws");
+  if (ws >= 0) {
+    EXPECT_EQ(pf::config_bq(pf::kConfigs[ws]), 128);
+    EXPECT_EQ(pf::config_threads(pf::kConfigs[ws]), 384);
+  }
+}
+
+// A TMA configuration reads KV pages as boxes of whole 8-row swizzle atoms: blocks of 8 keys or
+// more, in either layout; over smaller blocks the launcher runs its cp.async twin (same tiles).
+TEST(PrefillPlan, TmaConfigurationsTakeTheirTwinOverSmallBlocks) {
+  for (int i = 0; i < pf::kNumConfigs; ++i) {
+    const pf::TileConfig& c = pf::kConfigs[i];
+    EXPECT_TRUE(!c.tma || c.ws) << c.name;
+    const int twin = pf::config_cache_fallback(i);
+    ASSERT_TRUE(twin >= 0 && twin < pf::kNumConfigs) << c.name;
+    if (!c.tma) {
+      EXPECT_EQ(twin, i) << c.name;
+      for (int bs : {1, 2, 8, 16, 1024}) EXPECT_TRUE(pf::config_fits_cache(c, bs)) << c.name << " block " << bs;
+      continue;
+    }
+    const pf::TileConfig& t = pf::kConfigs[twin];
+    EXPECT_FALSE(t.tma) << c.name;
+    EXPECT_TRUE(t.ws == c.ws && t.wgmma == c.wgmma && t.warps == c.warps && t.m_tiles == c.m_tiles && t.bk == c.bk &&
+                t.stages == c.stages)
+        << c.name << " -> " << t.name;
+    for (int bs : {1, 2, 4}) EXPECT_FALSE(pf::config_fits_cache(c, bs)) << c.name << " block " << bs;
+    for (int bs : {8, 16, 32, 64, 128, 256, 1 << 20})
+      EXPECT_TRUE(pf::config_fits_cache(c, bs)) << c.name << " block " << bs;
+  }
+  const int wst = cuda::prefill_attention_config_index("wg128n128wst");
+  if (wst >= 0) EXPECT_STREQ(pf::kConfigs[pf::config_cache_fallback(wst)].name, "wg128n128ws");
 }
 
 TEST(PrefillPlan, EffectiveRangeOfSixteenBitP) {
@@ -454,6 +495,30 @@ TEST_F(CudaKernels, PrefillLongSequences) {
   run_varlen({DType::BF16, 128, 4, 2, 32, {{0, 16384}}, Rows::Normal, -1.f, 24});
   run_varlen({DType::BF16, 64, 4, 2, 16, {{1000, 4097}}, Rows::Normal, -1.f, 48});
   run_varlen({DType::F16, 128, 4, 1, 32, {{0, 1025}, {3000, 2047}, {0, 2048}}, Rows::Normal, -1.f, 40});
+}
+
+// Block sizes that the TMA producer (wg128n128wst) reads differently, every configuration on the
+// same inputs: 8 (16 page boxes per 128-key tile), 64 and 128 (2 and 1), 256 (a tile is a part of
+// one block: the box starts inside it). Pages cut by a chunk's last visible key (the rest of the
+// block NaN) and by a window's first (the blocks wholly below it given back: -1, NaN), and the
+// token-major cache (its tensor map orders kv head before key).
+TEST_F(CudaKernels, PrefillVarlenBlockSizesAndLayouts) {
+  const std::vector<Chunk> chunks = {{0, 1}, {37, 100}, {500, 333}, {63, 65}, {0, 200}, {129, 2}};
+  for (DType t : kTypes)
+    for (int bs : {8, 64, 128, 256}) {
+      run_varlen({t, 128, 8, 2, bs, chunks});
+      VarlenCase c{t, 64, 8, 2, bs, {{0, 130}, {300, 77}, {40, 1}, {700, 300}}, Rows::Normal, 0.f};
+      c.window = bs == 8 ? 45 : 150;
+      run_varlen(c);
+    }
+  cuda::KernelOptions token_major;
+  token_major.kv_head_major = false;
+  const cuda::KernelOptionsScope scope(token_major);
+  for (DType t : kTypes)
+    for (int bs : {8, 16, 256}) {
+      run_varlen({t, 128, 8, 2, bs, chunks});
+      run_varlen({t, 64, 4, 1, bs, chunks});  // one kv head: its stride and the key's coincide
+    }
 }
 
 // Rows far above or below phi: recomputed exactly and counted; rows whose logits climb past their

@@ -282,7 +282,8 @@ const char* prefill_attention_config_name(int config);
 int prefill_attention_config_index(const char* name);
 // Whether `config` runs as itself at head_dim with a cache of kv_dtype on the current device (else
 // the launchers run the default instead): its shared memory and registers fit, and the warpgroup-MMA
-// ones need an sm_90a build and a compute capability 9.0 device.
+// ones need an sm_90a build and a compute capability 9.0 device. A TMA configuration (wg128n128wst)
+// over a cache of blocks smaller than 8 keys runs as its cp.async twin (wg128n128ws) instead.
 bool prefill_attention_config_runs(int config, int head_dim, KvDType kv_dtype);
 
 // The range of (logit - reference) that 16-bit P = e^(x - c) carries into the tensor cores: [a, b]

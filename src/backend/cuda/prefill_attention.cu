@@ -1,8 +1,9 @@
 // Causal prefill attention over the paged KV cache on tensor cores (FlashAttention-2 style,
-// mma.sync m16n8k16 with ldmatrix; and warpgroup MMA on sm_90a, below), for a variable-length
-// batch of chunks, with the asynchronized softmax (a shared reference per row instead of a running
-// max: no rescale unless a tile's logits pass the reference by what 16-bit P can carry) or the
-// synchronized online softmax (its ablation twin and its exact fallback).
+// mma.sync m16n8k16 with ldmatrix; and warpgroup MMA on sm_90a, below, plain and warp-specialized
+// in FlashAttention-3's producer/consumer form, its producer on cp.async or on TMA by KV page), for
+// a variable-length batch of chunks, with the asynchronized softmax (a shared reference per row
+// instead of a running max: no rescale unless a tile's logits pass the reference by what 16-bit P
+// can carry) or the synchronized online softmax (its ablation twin and its exact fallback).
 //
 // CTA = (query head, 64-row query tile of one chunk); 4 warps, 16 query rows each (prefill_plan.h
 // has the tile plan and the worked numbers). Per CTA:
@@ -36,6 +37,8 @@
 // the same way (q_fp8_k_order); V's give the output accumulators of each 16 dims as an even-dim and
 // an odd-dim tile, put back in order where O is written. k_scale folds into the logit scale (so
 // the softcap, the unified max and its guard see the true logits), v_scale into 1 / l.
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through cudaGetDriverEntryPoint*
+
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -96,6 +99,15 @@ struct PrefillArgs {
   int window;
   float softcap, scale;
   float v_scale;  // the output's multiplier: 1, or the e4m3 cache's v_scale
+  // TMA configurations (TileConfig::tma): the tensor maps' dimension of a key in its block, 1 or 2
+  // (the kv head is the other): the maps order their middle dimensions by stride (kv_tensor_map).
+  int tma_key_dim;
+};
+
+// The TMA configurations' tensor maps over the K and V caches (kv_tensor_map), passed by value as
+// one __grid_constant__ kernel parameter (64-byte aligned); zero and unread elsewhere.
+struct KvTmaMaps {
+  CUtensorMap k, v;
 };
 
 using detail::fast_exp2;
@@ -975,6 +987,450 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
 #endif
 }
 
+// ---- the warp-specialized warpgroup-MMA kernel (sm_90a; prefill_plan.h: wg128n128ws) -------------
+//
+// wg128n128's CTA (128 query rows of one head, 128-key tiles, the same 128-byte-swizzled shared
+// tiles and the same two products per tile and warpgroup) in FlashAttention-3's producer/consumer
+// form, 3 warpgroups (384 threads):
+//   * Warpgroup 0, the producer (registers lowered to kProducerRegs by setmaxnreg), only loads: it
+//     walks the key tiles, looks each key row up in the block table and issues the cp.async copies
+//     of K and V into a ring of `stages` buffers. Keys past the visible ones (and below a window)
+//     are zero-filled by the copy itself (src-size 0), so every byte of a stage is written by a
+//     cp.async whose completion is tracked. Per stage: a "full" mbarrier for K and one for V (128
+//     arrivals: cp.async.mbarrier.arrive.noinc by each producer thread after its copies of the
+//     tile, so S may start before V has landed), and an "empty" mbarrier (8 arrivals: one per
+//     consumer warp once its products have read the stage), which the producer waits on before it
+//     refills the stage. Stage and phase follow a running tile count that producer and consumers
+//     keep alike (stage it % stages, phase (it / stages) & 1).
+//   * Warpgroups 1 and 2, the consumers (registers raised to kConsumerRegs): 64 query rows each,
+//     their Q loaded by the warpgroup itself. Per key tile a consumer waits on the stage's full
+//     barriers (then fence.proxy.async: the copies were generic-proxy writes, wgmma reads through
+//     the async proxy), and runs WgCta's S = Q K^T, masks and softmax in registers (mask_scores,
+//     softmax_scores) and O += P V, with WgCta's skips of tiles its rows see nothing of.
+//   * Ping-pong: the consumers take turns on the tensor cores. A turn issues the previous tile's PV
+//     product and this tile's S product back to back; the warpgroup then hands the turn over (one
+//     named barrier per consumer: bar.sync on its own takes the turn, bar.arrive on the other's
+//     gives it), waits for its products and runs its softmax while the other's products run.
+//     Consumer 0 takes its first turn without waiting and consumer 1 does not hand back its last,
+//     so the barriers are balanced at the end of every walk.
+//   * The async fallback: after the async walk the consumers count the failing rows (failed_rows)
+//     and all 384 threads meet at a named barrier; if any row failed, the producer streams the
+//     keys once more and the consumers walk them again with the synchronized softmax.
+// A consumer with no work in a tile (rows past the chunk, a tile past its rows' causal limit or
+// below their windows) still waits on the tile's full barriers, takes and hands over its turn and
+// arrives on the empty barrier, only without products: every barrier stays matched.
+//
+// The TMA producer (TileConfig::tma, wg128n128wst; stream_tma): the consumers are the same, only the
+// producer loads differently. A tile of 128 keys is 128 / R pages of R = min(block_size, 128) keys
+// (one block's keys of the CTA's kv head, or a 128-key part of a larger block). The launcher builds
+// one tensor map per cache (kv_tensor_map: dims (D, key in block, kv head, block) with the cache's
+// strides, box (64, R, 1, 1), 128-byte swizzle), so that one box lands a page's 64-dim column block
+// at rows p R .. of the stage's column block in exactly sw128_offset's layout (R >= 8: whole 1 KB
+// atoms). Per tile, K and V alike:
+//   * pages the tile's rows see throughout ([p_lo, p_hi): below key_end, and at or above a window's
+//     key_begin) come by TMA: lane p of producer warp 0 looks page p up in the block table (once for
+//     K and V, before the wait on the empty barrier) and issues D / 64 boxes; lane 0 first adds the
+//     tile's bytes to the full barrier (arrive.expect_tx);
+//   * the other pages (the one holding the last visible key, the one holding a window's first, and
+//     those wholly past or below: their table entries may be invalid) are written by the producer's
+//     128 threads as before, row by row: cp.async of the visible rows, zeros (src-size 0) for the
+//     rest, so a stale or NaN slot of a partly visible page is never read (0 x NaN = NaN in P V).
+//     Each thread then waits for its copies and fences them for the async proxy (the consumers'
+//     wgmma);
+//   * each producer warp arrives on the full barrier once (lane 0, after __syncwarp): the full
+//     barriers count 4 + 1 arrivals (the warps and the expect_tx) and the TMA bytes. Tiles wholly
+//     visible (all but a walk's last and a window's first) have no row copies at all.
+template <class T, int D, int I, bool kMasked>
+struct WsCta : WalkBase<T> {
+  using B = WalkBase<T>;
+  using B::k_cache, B::v_cache, B::table, B::start, B::kvh, B::lane, B::kv, B::sl2, B::softcap, B::scale, B::w;
+  static constexpr prefill::TileConfig kConfig = prefill::kConfigs[I];
+  static constexpr int kBQ = prefill::config_bq(kConfig), kBK = kConfig.bk, kStages = kConfig.stages;
+  static constexpr int kThreads = prefill::config_threads(kConfig);
+  static constexpr int kProducerThreads = prefill::kProducerThreads;
+  static constexpr int kConsumerThreads = kThreads - kProducerThreads;
+  static constexpr int KCH = D / 8;  // 16-byte chunks per row
+  static_assert(kConfig.ws && kBQ == 128 && kThreads == 384 && kConsumerThreads == 256 && kBK == 128 &&
+                    (D == 64 || D == 128) && kStages >= 2,
+                "warp-specialized wgmma tile");
+  static constexpr uint32_t kTileBytes = kBK * D * 2;
+  static constexpr bool kTma = kConfig.tma;
+  static constexpr int kProducerWarps = kProducerThreads / 32;
+  // Arrivals per phase of a full barrier: each producer thread's cp.async.mbarrier.arrive.noinc, or
+  // (TMA) each producer warp's lane 0 plus the arrive.expect_tx of the TMA bytes.
+  static constexpr int kFullArrivals = kTma ? kProducerWarps + 1 : kProducerThreads;
+  // Registers per thread after setmaxnreg. The CTA is launched with 168 per thread (launch bounds
+  // 384 threads, 1 CTA: 65536 / 384 rounded down to 8), 64512 in all, and setmaxnreg only moves
+  // them between warpgroups: producer 128 x 40 + consumers 256 x 232 = 64512.
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 168 * 384, "registers");
+  // Named barriers (0 is __syncthreads): the CTA's verdict after the async walk (384 threads), each
+  // consumer's turn (256: its own bar.sync, the other's bar.arrive), each consumer's Q (128).
+  static constexpr int kBarVerdict = 1, kBarTurn = 2, kBarQ = 4;
+  int cw, warp;                    // consumer warpgroup (0, 1); warp within it
+  uint32_t q_s, k_s, v_s;          // shared addresses: Q [kBQ][D], K and V [stages][kBK][D], 1 KB aligned
+  uint32_t full_k, full_v, empty;  // shared addresses of `stages` mbarriers each, 8 bytes apart
+
+  // The producer (thread ptid of 128): every key tile of one walk into the stages; `it` tiles were
+  // streamed before.
+  __device__ __forceinline__ void stream(int it, int ptid, const KvTmaMaps& maps, int tma_key_dim) const {
+    if constexpr (kTma) {
+      stream_tma(it, ptid, maps, tma_key_dim);
+    } else {
+      stream_cp_async(it, ptid);
+    }
+  }
+
+  // The cp.async producer: thread ptid copies chunk column ptid % KCH of rows ptid / KCH + i
+  // kRowsPerPass: within a column block the swizzle of those rows is the same (r & 7), so row i lies
+  // i kRowsPerPass 128-byte rows after row 0's chunk.
+  __device__ __forceinline__ void stream_cp_async(int it, int ptid) const {
+    constexpr int kRowsPerPass = kProducerThreads / KCH;  // 8 (D = 128) or 16 (D = 64)
+    static_assert(kBK % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "rows per pass");
+    const int pr = ptid / KCH, cc = ptid % KCH;
+    const int mask = (1 << kv.block_shift) - 1;
+    const int64_t col = int64_t(kvh) * kv.head_stride + cc * 8;
+    const uint32_t chunk_off = detail::sw128_offset(kBK, pr, cc);
+    const int kt0 = kMasked ? w.first_key_tile : 0;
+    int st = it % kStages;
+    uint32_t ph = (it / kStages) & 1;
+    const auto copy_tile = [&](const T* src, uint32_t dst, int kt) {
+#pragma unroll
+      for (int i = 0; i < kBK / kRowsPerPass; ++i) {
+        const int key = kt * kBK + pr + i * kRowsPerPass;
+        const bool ok = key < w.key_end && (!kMasked || key >= w.key_begin);
+        int64_t off = 0;  // (a zero fill reads nothing; the address only has to be a valid one)
+        if (ok) off = kv.row(table[key >> kv.block_shift], key & mask, 0) + col;
+        detail::cp_async16_zfill(dst + i * kRowsPerPass * 128, src + off, ok);
+      }
+    };
+    for (int kt = kt0; kt < w.n_key_tiles; ++kt) {
+      detail::mbarrier_wait(empty + 8 * st, ph ^ 1);  // both consumers are done with its last tile
+      copy_tile(k_cache, k_s + st * kTileBytes + chunk_off, kt);
+      detail::cp_async_mbarrier_arrive_noinc(full_k + 8 * st);
+      copy_tile(v_cache, v_s + st * kTileBytes + chunk_off, kt);
+      detail::cp_async_mbarrier_arrive_noinc(full_v + 8 * st);
+      if (++st == kStages) {
+        st = 0;
+        ph ^= 1;
+      }
+    }
+  }
+
+  // The TMA producer (the header above). Lane p of warp 0 owns page p of each tile (at most 16:
+  // R >= 8); the row copies of partly visible pages follow stream_cp_async's thread-to-chunk map.
+  __device__ __forceinline__ void stream_tma(int it, int ptid, const KvTmaMaps& maps, int tma_key_dim) const {
+    constexpr int kRowsPerPass = kProducerThreads / KCH;  // 8 (D = 128) or 16 (D = 64)
+    static_assert(kBK % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "rows per pass");
+    const int pw = ptid >> 5;
+    const int pr = ptid / KCH, cc = ptid % KCH;
+    const int mask = (1 << kv.block_shift) - 1;
+    const int log_rows = kv.block_shift < 7 ? kv.block_shift : 7;  // R = min(block_size, kBK) rows per page
+    const int pages = kBK >> log_rows;
+    const uint32_t page_bytes = uint32_t(D * 2) << log_rows;
+    const int64_t col = int64_t(kvh) * kv.head_stride + cc * 8;
+    const uint32_t chunk_off = detail::sw128_offset(kBK, pr, cc);
+    const int kt0 = kMasked ? w.first_key_tile : 0;
+    int st = it % kStages;
+    uint32_t ph = (it / kStages) & 1;
+    for (int kt = kt0; kt < w.n_key_tiles; ++kt) {
+      const int k0 = kt * kBK;
+      // Pages [p_lo, p_hi) are visible throughout (k0 < key_end: the walk's tiles hold a visible key).
+      const int p_hi = min((w.key_end - k0) >> log_rows, pages);
+      const int p_lo =
+          kMasked && w.key_begin > k0 ? min((w.key_begin - k0 + (1 << log_rows) - 1) >> log_rows, pages) : 0;
+      const uint32_t tx = p_hi > p_lo ? uint32_t(p_hi - p_lo) * page_bytes : 0u;
+      // Lane p's page: its block and first key in the block, looked up before the wait.
+      const int p = ptid;  // (warp 0 only)
+      const bool tma_page = pw == 0 && p >= p_lo && p < p_hi;
+      int block = 0, key_in_block = 0;
+      if (tma_page) {
+        const int key = k0 + (p << log_rows);
+        block = table[key >> kv.block_shift];
+        key_in_block = key & mask;
+      }
+      detail::mbarrier_wait(empty + 8 * st, ph ^ 1);  // both consumers are done with its last tile
+      const uint32_t fk = full_k + 8 * st, fv = full_v + 8 * st;
+      if (pw == 0) {
+        if (ptid == 0) {
+          detail::mbarrier_arrive_expect_tx(fk, tx);
+          detail::mbarrier_arrive_expect_tx(fv, tx);
+        }
+        __syncwarp();
+        if (tma_page) {
+          const int c1 = tma_key_dim == 1 ? key_in_block : kvh, c2 = tma_key_dim == 1 ? kvh : key_in_block;
+          const uint32_t dst = st * kTileBytes + uint32_t(p) * (128u << log_rows);  // rows p R .. of column block 0
+#pragma unroll
+          for (int cb = 0; cb < D / 64; ++cb)
+            detail::tma_load_4d(k_s + dst + cb * kBK * 128, &maps.k, cb * 64, c1, c2, block, fk);
+#pragma unroll
+          for (int cb = 0; cb < D / 64; ++cb)
+            detail::tma_load_4d(v_s + dst + cb * kBK * 128, &maps.v, cb * 64, c1, c2, block, fv);
+        }
+      }
+      if (p_lo > 0 || p_hi < pages) {  // (uniform over the producer)
+        // Rows of the pages TMA does not load: the visible ones copied, the others zeroed.
+        // (Not unrolled: a rare path, kept within the producer's registers.)
+        const uint32_t kd = k_s + st * kTileBytes + chunk_off, vd = v_s + st * kTileBytes + chunk_off;
+#pragma unroll 1
+        for (int i = 0; i < kBK / kRowsPerPass; ++i) {
+          const int r = pr + i * kRowsPerPass;
+          const int pg = r >> log_rows;
+          if (pg >= p_lo && pg < p_hi) continue;
+          const int key = k0 + r;
+          const bool ok = key < w.key_end && (!kMasked || key >= w.key_begin);
+          int64_t off = 0;  // (a zero fill reads nothing; the address only has to be a valid one)
+          if (ok) off = kv.row(table[key >> kv.block_shift], key & mask, 0) + col;
+          detail::cp_async16_zfill(kd + i * kRowsPerPass * 128, k_cache + off, ok);
+          detail::cp_async16_zfill(vd + i * kRowsPerPass * 128, v_cache + off, ok);
+        }
+        cp_async_commit();
+        cp_async_wait_group<0>();
+        detail::fence_proxy_async_shared();  // this thread's writes, seen by the consumers' wgmma
+      }
+      __syncwarp();
+      if ((ptid & 31) == 0) {
+        detail::mbarrier_arrive(fk);
+        detail::mbarrier_arrive(fv);
+      }
+      if (++st == kStages) {
+        st = 0;
+        ph ^= 1;
+      }
+    }
+  }
+
+  // A consumer's walk over all key tiles (WgCta::walk's products, masks and softmax for this
+  // thread's two rows); `it` tiles were streamed before it.
+  template <bool kAsync>
+  __device__ __forceinline__ void walk(int it, const AsyncRefs& u, float (&o)[D / 8][4], float (&l)[2],
+                                       float (&m)[2]) const {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    l[0] = l[1] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    const int g = lane >> 2, t = lane & 3;
+    const int wg0 = cw * 64;             // the warpgroup's first row of the tile
+    const int r0 = wg0 + warp * 16 + g;  // this thread's rows: r0, r0 + 8
+    int lim[2], low[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      lim[hf] = prefill::row_key_limit(start, w, r0 + 8 * hf);
+      low[hf] = w.window > 0 ? lim[hf] - w.window : -1;
+    }
+    const bool wg_active = wg0 < w.rows;
+    const int wg_lim = prefill::row_key_limit(start, w, wg0 + 63);
+    const int wg_first = w.window > 0 ? prefill::row_key_limit(start, w, wg0) - w.window + 1 : 0;
+    const int kt0 = kMasked ? w.first_key_tile : 0;
+    const int n = w.n_key_tiles - kt0;
+    const uint32_t q_addr = q_s + wg0 * 128;  // the warpgroup's rows of each column block
+    const int own_turn = kBarTurn + cw, other_turn = kBarTurn + (cw ^ 1);
+    float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
+
+    int st = it % kStages;  // this tile's stage and phase
+    uint32_t ph = (it / kStages) & 1;
+    int pst = 0;  // the previous tile's stage and phase
+    uint32_t pph = 0;
+    bool pv_due = false;        // the previous tile's P (pa) waits for its PV product
+    uint32_t pa[kBK / 16][4];  // that P, packed: the A fragments of its k-steps
+    // Turn i issues tile i - 1's PV product (i > 0) and tile i's S product (i < n), each product
+    // under its own fence and commit: with one fence and two commits around both conditional
+    // products, ptxas serialized them (warning C7520, "WG.AR in divergent path").
+    for (int i = 0; i <= n; ++i) {
+      const int kt = kt0 + i;
+      const bool s_due =
+          i < n && wg_active && kt * kBK <= wg_lim && !(kMasked && kt * kBK + kBK <= wg_first);  // warpgroup-uniform
+      if (i < n) detail::mbarrier_wait(full_k + 8 * st, ph);
+      if (i > 0) detail::mbarrier_wait(full_v + 8 * pst, pph);
+      // The cp.async producer's copies, seen by wgmma (the TMA producer's land in the async proxy,
+      // and it fences its own row copies before it arrives).
+      if constexpr (!kTma) detail::fence_proxy_async_shared();
+      if (cw == 1 || i > 0) detail::named_barrier_sync(own_turn, kConsumerThreads);
+
+      float s[kBK / 8][4];
+      float(&sf)[kBK / 2] = reinterpret_cast<float(&)[kBK / 2]>(s);
+      const uint32_t kb = k_s + st * kTileBytes, vb = v_s + pst * kTileBytes;
+      if (pv_due) {
+        // O += P V of the previous tile (WgCta: keys 16ks .. 16ks + 15 are rows 16ks .. of each
+        // 64-dim column block of V; dims 64h .. 64h + 63 are O's n-tiles 8h .. 8h + 7).
+        detail::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kBK / 16; ++ks)
+#pragma unroll
+          for (int h = 0; h < D / 64; ++h) {
+            float(&oh)[32] = *reinterpret_cast<float(*)[32]>(&o[8 * h][0]);
+            detail::wgmma_m64n64k16_rs<T>(oh, pa[ks], detail::wgmma_desc_sw128(vb + h * kBK * 128 + ks * 16 * 128),
+                                           true);
+          }
+        detail::wgmma_commit();
+      }
+      if (s_due) {
+        // S = Q K^T (WgCta: k-step ks reads dims 16ks .. 16ks + 15, column block ks / 4).
+        detail::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          const uint32_t col = (ks >> 2) * 128 * 128 + (ks & 3) * 32;  // (Q and K tiles both have 128 rows)
+          detail::wgmma_m64n128k16_ss<T>(sf, detail::wgmma_desc_sw128(q_addr + col),
+                                         detail::wgmma_desc_sw128(kb + col), ks > 0);
+        }
+        detail::wgmma_commit();
+      }
+      if (cw == 0 || i < n) detail::named_barrier_arrive(other_turn, kConsumerThreads);  // the other's turn
+      detail::wgmma_pin(of);
+      detail::wgmma_pin(sf);
+      // The PV product done (the S product, committed after it, may still run): the previous
+      // tile's stage is read, and each warp frees it for the producer.
+      if (s_due) {
+        detail::wgmma_wait<1>();
+      } else {
+        detail::wgmma_wait<0>();
+      }
+      detail::wgmma_pin(of);
+      if (i > 0 && lane == 0) detail::mbarrier_arrive(empty + 8 * pst);
+      detail::wgmma_wait<0>();
+      detail::wgmma_pin(sf);
+
+      if (s_due) {
+        mask_scores<kMasked>(s, kt, kBK, t, w, lim, low, softcap, scale);
+        softmax_scores<kAsync, kMasked>(s, o, l, m, sl2, u);
+#pragma unroll
+        for (int ks = 0; ks < kBK / 16; ++ks) {
+          pa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
+          pa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
+          pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+          pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+        }
+      }
+      pv_due = s_due;
+      pst = st;
+      pph = ph;
+      if (++st == kStages) {
+        st = 0;
+        ph ^= 1;
+      }
+    }
+  }
+};
+
+template <class T, int D, int I, bool kMasked>
+__global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]), 1)
+    prefill_attention_ws_kernel(PrefillArgs a, const __grid_constant__ KvTmaMaps maps) {
+#if FDPP_WGMMA_DEVICE
+  using Walk = WsCta<T, D, I, kMasked>;
+  constexpr int KCH = D / 8;
+  constexpr int kStages = Walk::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t bars[3 * kStages];  // full K, full V, empty
+  __shared__ int fail_rows;
+
+  Walk c;
+  if (!c.template begin<kMasked>(a, Walk::kBQ, Walk::kBK)) return;  // uniform over the CTA
+  const int h = blockIdx.x;
+  const int q_row0 = c.q_row0;
+  // Swizzled tiles need 1 KB alignment: the launch adds 1 KB of slack.
+  c.q_s = (detail::smem_addr(smem_raw) + 1023u) & ~1023u;
+  c.k_s = c.q_s + Walk::kBQ * D * 2;
+  c.v_s = c.k_s + kStages * Walk::kTileBytes;
+  c.full_k = detail::smem_addr(bars);
+  c.full_v = c.full_k + 8 * kStages;
+  c.empty = c.full_v + 8 * kStages;
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kStages; ++st) {
+      detail::mbarrier_init(c.full_k + 8 * st, Walk::kFullArrivals);
+      detail::mbarrier_init(c.full_v + 8 * st, Walk::kFullArrivals);
+      detail::mbarrier_init(c.empty + 8 * st, Walk::kConsumerThreads / 32);
+    }
+    fail_rows = 0;
+    detail::mbarrier_init_fence();
+  }
+  __syncthreads();  // the barriers initialized and fail_rows 0, for every warpgroup
+  const int kt0 = kMasked ? c.w.first_key_tile : 0;
+  const int tiles = c.w.n_key_tiles - kt0;  // per walk
+
+  if (threadIdx.x < Walk::kProducerThreads) {
+    // The producer: the async walk's keys, then, only if a row failed, the fallback walk's.
+    detail::setmaxnreg_dec<Walk::kProducerRegs>();
+    if (Walk::kTma && threadIdx.x == 0) {
+      detail::prefetch_tensormap(&maps.k);
+      detail::prefetch_tensormap(&maps.v);
+    }
+    c.stream(0, threadIdx.x, maps, a.tma_key_dim);
+    if (a.async) {
+      detail::named_barrier_sync(Walk::kBarVerdict, Walk::kThreads);
+      if (fail_rows > 0) c.stream(tiles, threadIdx.x, maps, a.tma_key_dim);
+    }
+    cp_async_commit();
+    cp_async_wait_group<0>();  // no copy outlives the producer
+    return;
+  }
+
+  detail::setmaxnreg_inc<Walk::kConsumerRegs>();
+  const int ctid = threadIdx.x - Walk::kProducerThreads;  // 0 .. 255
+  c.cw = ctid >> 7;
+  c.warp = (ctid >> 5) & 3;
+  const int H = a.n_heads;
+  const int64_t qkv_row = int64_t(H + 2 * a.n_kv_heads) * D;
+  {
+    // The warpgroup's 64 Q rows (rows past the chunk zero-filled), seen by its wgmma after the wait,
+    // the proxy fence and the warpgroup's barrier.
+    const T* q = static_cast<const T*>(a.qkv) + int64_t(h) * D;
+#pragma unroll
+    for (int i = ctid & 127; i < 64 * KCH; i += 128) {
+      const int r = c.cw * 64 + i / KCH, cc = i % KCH;
+      const bool ok = r < c.w.rows;
+      const T* src = ok ? q + int64_t(q_row0 + c.w.q0 + r) * qkv_row + cc * 8 : q;
+      detail::cp_async16_zfill(c.q_s + detail::sw128_offset(Walk::kBQ, r, cc), src, ok);
+    }
+    cp_async_commit();
+    cp_async_wait_group<0>();
+    detail::fence_proxy_async_shared();
+    detail::named_barrier_sync(Walk::kBarQ + c.cw, 128);
+  }
+
+  float o[D / 8][4], l[2], m[2];
+  const int g = c.lane >> 2, t = c.lane & 3;
+  const int r0 = c.cw * 64 + c.warp * 16 + g;
+  bool sums_reduced = false;
+  if (a.async) {
+    c.template walk<true>(0, a.um, o, l, m);
+    const int bad = failed_rows(l, r0, c.w.rows, t);
+    sums_reduced = true;
+    if (bad > 0) atomicAdd(&fail_rows, bad);
+    detail::named_barrier_sync(Walk::kBarVerdict, Walk::kThreads);  // with the producer
+    const int failed = fail_rows;
+    if (failed > 0) {
+      if (ctid == 0 && a.fallback_rows != nullptr)
+        atomicAdd(a.fallback_rows, static_cast<unsigned long long>(failed));
+      c.template walk<false>(tiles, a.um, o, l, m);
+      sums_reduced = false;
+    }
+  } else {
+    c.template walk<false>(0, a.um, o, l, m);
+  }
+  if (!sums_reduced) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
+      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
+    }
+  }
+  // O / l straight from the registers (WgCta's epilogue).
+  T* out = static_cast<T*>(a.out);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = r0 + 8 * hf;
+    if (r >= c.w.rows) continue;
+    const float inv = 1.f / l[hf];
+    T* row = out + int64_t(q_row0 + c.w.q0 + r) * H * D + int64_t(h) * D + 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(row + 8 * j) = pack2<T>(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
+  }
+#else
+  __trap();  // never launched: launch() sends wgmma configurations elsewhere off sm_90a builds
+#endif
+}
+
 template <class T, class KV, int D, int I, bool kMasked>
 void launch_prefill(const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream, const char* what) {
   using C = Cfg<I>;
@@ -1008,6 +1464,87 @@ void launch_prefill_wgmma(const PrefillArgs& a, int chunks, int max_chunk_tokens
   kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a);
 }
 
+// cuTensorMapEncodeTiled, through the runtime's driver entry point (no link to libcuda).
+using TensorMapEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                          const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                          CUtensorMapFloatOOBfill);
+TensorMapEncodeTiled tensor_map_encoder() {
+  static const TensorMapEncodeTiled encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    check(err == cudaSuccess && found == cudaDriverEntryPointSuccess && fn != nullptr,
+          "prefill attention: the driver has no cuTensorMapEncodeTiled ({}, query result {})", cudaGetErrorString(err),
+          static_cast<int>(found));
+    return reinterpret_cast<TensorMapEncodeTiled>(fn);
+  }();
+  return encode;
+}
+
+// The TMA producer's tensor map over one layer's K or V cache (WsCta::stream_tma): 4 dimensions,
+// innermost first: D, then the key in its block and the kv head ordered by their strides (head-major:
+// key, head; token-major: head, key; key_dim says which is 1), then the block. Box (64, R, 1, 1)
+// (the head's 1 and the key's R = min(block_size, 128) in their dimensions): one 128-byte row segment
+// per key, 128-byte swizzle. The block count is not known here; the map claims a bound no block
+// number of a cache in one device's memory reaches (1 TB of blocks, at most 2^31 - 1), since no box
+// is ever issued for a block the table does not hold.
+template <class T>
+CUtensorMap kv_tensor_map(const void* cache, int head_dim, int n_kv_heads, const KvCacheLayout& kv, int key_dim,
+                          const char* what) {
+  static_assert(sizeof(T) == 2, "16-bit cache");
+  const uint64_t block_size = uint64_t(1) << kv.block_shift;
+  const uint64_t rows = std::min<uint64_t>(block_size, 128);
+  const uint64_t block_bytes = uint64_t(kv.block_stride) * 2;
+  const uint64_t blocks = std::max<uint64_t>(1, std::min<uint64_t>((uint64_t(1) << 40) / block_bytes, 0x7fffffffu));
+  const bool key_first = key_dim == 1;
+  const cuuint64_t dims[4] = {cuuint64_t(head_dim), key_first ? block_size : cuuint64_t(n_kv_heads),
+                              key_first ? cuuint64_t(n_kv_heads) : block_size, blocks};
+  const cuuint64_t strides[3] = {cuuint64_t(key_first ? kv.token_stride : kv.head_stride) * 2,
+                                 cuuint64_t(key_first ? kv.head_stride : kv.token_stride) * 2, block_bytes};
+  const cuuint32_t box[4] = {64, cuuint32_t(key_first ? rows : 1), cuuint32_t(key_first ? 1 : rows), 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = tensor_map_encoder()(
+      &map, std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+      const_cast<void*>(cache), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check(r == CUDA_SUCCESS,
+        "{}: cuTensorMapEncodeTiled failed ({}) for the KV cache at {} (head_dim {}, {} kv heads, block_size {})", what,
+        static_cast<int>(r), cache, head_dim, n_kv_heads, block_size);
+  return map;
+}
+
+template <class T, int D, int I, bool kMasked>
+void launch_prefill_ws(PrefillArgs a, int chunks, int max_chunk_tokens, cudaStream_t stream, const char* what) {
+  using C = WsCta<T, D, I, kMasked>;
+  const prefill::Grid g = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads, C::kBQ);
+  check(g.y <= 65535 && g.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what, g.y,
+        C::kBQ);
+  // 1 KB of slack: the kernel aligns its swizzled tiles to 1 KB.
+  const size_t smem = prefill::smem_bytes(D, C::kBQ, C::kBK, C::kStages, 2) + 1024;
+  auto* kernel = prefill_attention_ws_kernel<T, D, I, kMasked>;
+  once_per_device(reinterpret_cast<const void*>(kernel), [&] {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+               "cudaFuncSetAttribute(prefill_attention_ws_kernel, max dynamic shared memory)");
+  });
+  KvTmaMaps maps;
+  std::memset(&maps, 0, sizeof(maps));
+  if constexpr (C::kTma) {
+    // (launch: the block size fits, prefill::config_fits_cache.) Head-major (a kv head's keys of a
+    // block adjacent, head_stride > token_stride): the key is the maps' dimension 1; token-major: 2.
+    a.tma_key_dim = a.kv.head_stride > a.kv.token_stride ? 1 : 2;
+    maps.k = kv_tensor_map<T>(a.k_cache, D, a.n_kv_heads, a.kv, a.tma_key_dim, what);
+    maps.v = kv_tensor_map<T>(a.v_cache, D, a.n_kv_heads, a.kv, a.tma_key_dim, what);
+  }
+  kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a, maps);
+}
+
 // Whether the current device runs the wgmma kernels: built for sm_90a and a compute capability 9.x
 // device (sm_90a code runs on 9.0 only).
 bool wgmma_runs_here() {
@@ -1027,7 +1564,15 @@ void launch_one(int config, const PrefillArgs& a, int chunks, int max_chunk_toke
     if (config != I) return;
     const bool masked = a.window > 0 || a.softcap > 0.f;
     if constexpr (prefill::kConfigs[I].wgmma) {
-      if constexpr (std::is_same_v<KV, T>) {  // (config_fits: a 16-bit cache)
+      if constexpr (!std::is_same_v<KV, T>) {
+        // (config_fits: a 16-bit cache only)
+      } else if constexpr (prefill::kConfigs[I].ws) {
+        if (masked) {
+          launch_prefill_ws<T, D, I, true>(a, chunks, max_chunk_tokens, stream, what);
+        } else {
+          launch_prefill_ws<T, D, I, false>(a, chunks, max_chunk_tokens, stream, what);
+        }
+      } else {
         if (masked) {
           launch_prefill_wgmma<T, D, I, true>(a, chunks, max_chunk_tokens, stream, what);
         } else {
@@ -1103,6 +1648,9 @@ void launch(PrefillArgs a, int chunks, int max_chunk_tokens, int head_dim, int b
   check(max_chunk_tokens >= 1, "{}: max_chunk_tokens = {} must be positive", what, max_chunk_tokens);
   a.group = a.n_heads / a.n_kv_heads;
   a.kv = kv_cache_layout(block_size, a.n_kv_heads, head_dim, what);
+  // A TMA configuration over blocks too small for its page boxes takes its cp.async twin.
+  if (!prefill::config_fits_cache(prefill::kConfigs[config], block_size))
+    config = prefill::config_cache_fallback(config);
   a.scale_log2 = logit_scale * detail::kLog2e;
   a.async = unified_max != nullptr;
   if (a.async) {

@@ -36,6 +36,19 @@ namespace fdpp::cuda::prefill {
 //     O += P V with P from registers and V from shared memory. D = 64 or 128 with a 16-bit cache;
 //     S 64 + O 64 fp32 registers per thread; shared Q 32 + K/V 2 x 64 = 160 KB (D = 128), one CTA
 //     of 8 warps per SM.
+//   wg128n128ws (sm_90a only): wg128n128's tiles and products in FlashAttention-3's warp-specialized
+//     form (ws): one more warpgroup, the producer (128 threads, registers lowered by setmaxnreg),
+//     only streams K/V tiles into the stages with cp.async and per-stage full/empty mbarriers; the
+//     8 compute warps (2 consumer warpgroups of 64 rows, registers raised) take turns on the tensor
+//     cores (ping-pong on named barriers) while the other runs its softmax. 384 threads; bq stays
+//     16 x warps = 128 (the producer owns no rows). Same shared memory as wg128n128;
+//     wg128n128ws3: with 3 stages (224 KB at D = 128), so the producer runs two tiles ahead.
+//   wg128n128wst (sm_90a only): wg128n128ws with a TMA producer (tma): one thread per page of the
+//     tile issues a cp.async.bulk.tensor box per 64-dim column block (a tensor map over each cache,
+//     built per launch), looked up once per page; the producer's 128 threads copy row by row only
+//     the pages a tile sees in part (its last visible key, a window's first) and zero-fill the pages
+//     it sees nothing of. Pages of 8 keys or more (the box lands on whole 8-row swizzle atoms); a
+//     cache of smaller blocks takes wg128n128ws instead (config_fits_cache). Same shared memory.
 // Tried and left out because ptxas spills them (sm_90a, nvcc 13.0, D = 128): m128n64w4 (FA2's
 // Hopper/Ampere D = 128 forward tile: O 128 + S 64 registers, 348 bytes of spill stores) and
 // m128n128w8 (8 x 16 rows, 128-key tiles: 48 bytes).
@@ -46,7 +59,10 @@ struct TileConfig {
   int bk;       // keys per tile
   int stages;   // K/V shared buffers (cp.async pipeline depth)
   int min_ctas; // __launch_bounds__ min blocks per SM
-  bool wgmma = false;  // warpgroup MMA (prefill_attention.cu's wgmma kernel; sm_90a)
+  bool wgmma = false;  // warpgroup MMA (prefill_attention.cu's wgmma kernels; sm_90a)
+  bool ws = false;     // warp-specialized (wgmma only): a producer warpgroup besides the `warps`
+                       // compute warps, which alone own query rows
+  bool tma = false;    // (ws only) the producer loads whole KV pages with TMA (tensor maps)
 };
 inline constexpr TileConfig kConfigs[] = {
     {"m64n64", 4, 1, 64, 2, 2},
@@ -54,10 +70,50 @@ inline constexpr TileConfig kConfigs[] = {
     {"m128n64w8s3", 8, 1, 64, 3, 1},
     {"m128n32w4", 4, 2, 32, 2, 2},
     {"wg128n128", 8, 1, 128, 2, 1, true},
+    {"wg128n128ws", 8, 1, 128, 2, 1, true, true},
+    {"wg128n128ws3", 8, 1, 128, 3, 1, true, true},
+    {"wg128n128wst", 8, 1, 128, 2, 1, true, true, true},
 };
 inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr int config_bq(const TileConfig& c) { return 16 * c.warps * c.m_tiles; }
-constexpr int config_threads(const TileConfig& c) { return 32 * c.warps; }
+// Producer warpgroup of a warp-specialized configuration: 128 threads that load and own no rows.
+constexpr int kProducerThreads = 128;
+constexpr int config_threads(const TileConfig& c) { return 32 * c.warps + (c.ws ? kProducerThreads : 0); }
+// Only the wgmma kernel has a warp-specialized twin, and only that one a TMA producer.
+constexpr bool configs_consistent() {
+  for (const TileConfig& c : kConfigs)
+    if ((c.ws && !c.wgmma) || (c.tma && !c.ws)) return false;
+  return true;
+}
+static_assert(configs_consistent(), "kConfigs: ws needs wgmma, tma needs ws");
+
+// The TMA producer loads a KV page (one block's keys of one kv head) as boxes of min(block_size,
+// 128) rows into 128-byte-swizzled tiles: a box must start on an 8-row (1 KB) swizzle atom, so
+// blocks of at least 8 keys (block sizes are powers of two). Either cache layout serves (the tensor
+// map has the layout's strides).
+constexpr int kTmaMinBlockSize = 8;
+constexpr bool config_fits_cache(const TileConfig& c, int block_size) {
+  return !c.tma || block_size >= kTmaMinBlockSize;
+}
+// What runs configuration i over a cache it does not fit (config_fits_cache): a TMA configuration's
+// cp.async twin (the same tiles and stages), else i itself.
+constexpr int config_cache_fallback(int i) {
+  const TileConfig& c = kConfigs[i];
+  if (!c.tma) return i;
+  for (int j = 0; j < kNumConfigs; ++j) {
+    const TileConfig& d = kConfigs[j];
+    if (!d.tma && d.ws == c.ws && d.wgmma == c.wgmma && d.warps == c.warps && d.m_tiles == c.m_tiles && d.bk == c.bk &&
+        d.stages == c.stages)
+      return j;
+  }
+  return 0;
+}
+constexpr bool cache_fallbacks_fit() {
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (!config_fits_cache(kConfigs[config_cache_fallback(i)], 1)) return false;
+  return true;
+}
+static_assert(cache_fallbacks_fit(), "kConfigs: a TMA configuration needs a cp.async twin");
 
 // The default configuration's numbers (index 0), kept by name for the callers that predate the
 // table.
@@ -78,8 +134,9 @@ inline constexpr size_t smem_bytes(int head_dim, int bq = kBQ, int bk = kBK, int
 // At 256 Q is re-read from shared memory per k-step (its fragments would take 64 more registers):
 // m64n64 (160 KB) and m128n64w8 (192 KB) run there, the others fall back to m64n64. An e4m3 cache
 // (kv_bytes 1) halves the K/V buffers: m128n64w8s3 (160 KB) runs at 256 too.
-// The wgmma kernel takes D = 64 and 128 with a 16-bit cache (its rows are whole 64-element swizzle
-// atoms; an e4m3 cache would need its bytes widened before the tensor cores read them).
+// The wgmma kernels (wg128n128 and its warp-specialized twin) take D = 64 and 128 with a 16-bit
+// cache (their rows are whole 64-element swizzle atoms; an e4m3 cache would need its bytes widened
+// before the tensor cores read them).
 inline constexpr bool config_fits(const TileConfig& c, int head_dim, int kv_bytes = 2) {
   if (c.wgmma) return (head_dim == 64 || head_dim == 128) && kv_bytes == 2;
   return smem_bytes(head_dim, config_bq(c), c.bk, c.stages, kv_bytes) <= 227 * 1024 &&

@@ -1,8 +1,9 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) primitives: shared-memory matrix descriptors over the
 // 128-byte-swizzled layout, the two products the prefill attention needs, and the fences around
-// them. A warpgroup is 4 consecutive warps (128 threads); every thread of it calls each function
-// here together. Private: .cu files only; callers compile the bodies only for sm_90a
-// (FDPP_WGMMA_DEVICE below) and launch them only where the device runs them.
+// them, and the warp-specialization primitives (mbarriers, TMA loads, named barriers, setmaxnreg)
+// of the producer/consumer kernel. A warpgroup is 4 consecutive warps (128 threads); every thread of it
+// calls each wgmma function here together. Private: .cu files only; callers compile the bodies only
+// for sm_90a (FDPP_WGMMA_DEVICE below) and launch them only where the device runs them.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -144,5 +145,119 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
 #undef FDPP_WGMMA_M64N128K16_SS
 #undef FDPP_WGMMA_D64
 #undef FDPP_WGMMA_D32
+
+// ---- warp specialization (sm_90a): mbarriers, cp.async completion on an mbarrier, TMA, named
+// barriers, register reallocation. Shared addresses are 32-bit shared-window addresses (smem_addr).
+
+// An mbarrier of `count` arrivals per phase. Initialized by one thread; mbarrier_init_fence() and a
+// CTA barrier before any other thread uses it.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbarrier_init_fence() {
+#if FDPP_WGMMA_DEVICE
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// Waits until the phase of parity `parity` (0 or 1) has completed (acquire: the writes released by
+// its arrivals are visible after). A fresh barrier is in phase 0, so waiting on parity 1 returns at
+// once ("the phase before the first" counts as complete): producers wait on their empty barriers
+// with the parity flipped.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+#if FDPP_WGMMA_DEVICE
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+#endif
+}
+// One arrival (release: this thread's earlier memory accesses happen before the phase completes).
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+// One arrival once every cp.async this thread has issued so far has landed; .noinc: the barrier's
+// expected count must include it (one per issuing thread and phase).
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint32_t bar) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+// 16 bytes global -> shared (.cg), or 16 zero bytes where !valid (src-size 0: nothing is read, and
+// the zeros are written by the copy itself, so they complete, and are tracked, like a copy).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+// ---- TMA (cp.async.bulk.tensor) into an mbarrier's transaction count. `tmap`: the generic address
+// of a CUtensorMap in kernel parameter space (a const __grid_constant__ parameter) or global memory.
+
+// One arrival that also raises the phase's expected transaction count by `bytes`: the phase then
+// completes once its arrivals are in and that many bytes of async copies have landed (complete_tx).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// Box (c0, c1, c2, c3) of a 4D tensor map into shared memory at `dst` (the map's swizzle applied on
+// the shared address bits: 128-byte swizzle needs dst 1 KB aligned for sw128_offset's layout), its
+// bytes counted off `bar`'s transaction count as they land.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, int c0, int c1, int c2, int c3,
+                                            uint32_t bar) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+#endif
+}
+// Brings a tensor map into the TMA unit's descriptor cache ahead of its first use.
+__device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+#endif
+}
+
+// Named barriers (id 1..15; 0 is __syncthreads): `threads` in all, a multiple of 32. sync waits for
+// them, arrive counts this warp without waiting. Not .aligned (bar.sync is): the producer and the
+// consumers reach one barrier at different instructions, which .aligned forbids (synccheck).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+#if FDPP_WGMMA_DEVICE
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+// The calling warpgroup's registers per thread, lowered or raised (a multiple of 8 in 24..256;
+// every warp of the warpgroup executes it).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg");
+#if FDPP_WGMMA_DEVICE
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg");
+#if FDPP_WGMMA_DEVICE
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
 
 }  // namespace fdpp::cuda::detail
