@@ -13,7 +13,10 @@
 #include <cctype>
 #include <deque>
 #include <optional>
+#include <string_view>
+#include <utility>
 
+#include "core/version.h"
 #include "fdpp/error.h"
 #include "io/json_file.h"  // json_show
 
@@ -146,6 +149,14 @@ class Delivery {
 };
 
 namespace {
+
+// Every route HttpServer::route registers, by method ("/v1/models/" stands for the ids under it):
+// the error handler answers another method on one of them with 405.
+constexpr std::pair<std::string_view, std::string_view> kRoutes[] = {
+    {"GET", "/health"},       {"GET", "/version"},        {"GET", "/metrics"},
+    {"GET", "/v1/models"},    {"GET", "/v1/models/"},     {"POST", "/tokenize"},
+    {"POST", "/detokenize"},  {"POST", "/v1/completions"}, {"POST", "/v1/chat/completions"},
+};
 
 // log_id: the request's name in the per-request log line; "" for no line.
 GenerationCallbacks callbacks_for(const std::shared_ptr<Channel>& ch, Delivery& delivery, std::string log_id) {
@@ -372,7 +383,21 @@ void HttpServer::route() {
   s.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string msg;
+    if (res.status == 404) {
+      // A route of another method: 405 with the method it takes, as vLLM (FastAPI) answers.
+      for (const auto& [method, path] : kRoutes) {
+        const bool match = path.back() == '/' ? req.path.rfind(path, 0) == 0 && req.path.size() > path.size()
+                                              : req.path == path;
+        if (match && method != req.method) {
+          res.status = 405;
+          res.set_header("Allow", std::string(method));
+          msg = fmt::format("{} {} is not allowed; {} takes {}", req.method, req.path, req.path, method);
+          break;
+        }
+      }
+    }
     switch (res.status) {
+      case 405: break;
       case 404: msg = fmt::format("no route {} {}", req.method, req.path); break;
       case 413: msg = fmt::format("the request body exceeds the limit of {} bytes", options_.limits.max_body_bytes); break;
       default: msg = fmt::format("HTTP {}", res.status);
@@ -397,6 +422,9 @@ void HttpServer::route() {
     res.status = ready_ && !draining_ ? 200 : 503;
     if (res.status == 503) res.set_header("Retry-After", std::to_string(options_.retry_after_seconds));
     res.set_content(dump(json{{"status", status}}), "application/json");
+  });
+  s.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump(json{{"version", kVersion}}), "application/json");
   });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const SchedulerStats stats = ready_ ? scheduler_->stats() : SchedulerStats{};

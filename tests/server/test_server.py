@@ -44,6 +44,8 @@ def sse_events(response):
 
 def test_health_and_models(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    version = subprocess.run([FDPP, "--version"], capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert httpx.get(server.url + "/version").json() == {"version": version}
     models = client(server).models.list().data
     assert [m.id for m in models] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
 
@@ -330,6 +332,12 @@ def test_body_limit_and_unknown_route_then_still_serving(server):
     r = httpx.get(server.url + "/v1/nope")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert httpx.post(server.url + "/v1/embeddings", json={}).status_code == 404
+    # A known route under another method: 405 with the method it takes (vLLM's answer), not 404.
+    for method, path, allowed in (("GET", "/v1/completions", "POST"), ("PUT", "/v1/chat/completions", "POST"),
+                                  ("POST", "/health", "GET"), ("DELETE", "/v1/models/x", "GET")):
+        r = httpx.request(method, server.url + path, json={})
+        assert r.status_code == 405 and r.headers["allow"] == allowed, (method, path, r.status_code, r.text)
+        assert path in r.json()["error"]["message"]
     r = client(server).completions.create(model=server.model_id, prompt="Hello", max_tokens=2)
     assert r.usage.completion_tokens >= 1
 

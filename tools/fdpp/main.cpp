@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "core/version.h"
 #include "cli_common.h"
 #include "fdpp/error.h"
 #include "help_format.h"
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return fmt::format("fdpp: error: {} (see --help)\n", e.what());
   });
-  app.set_version_flag("--version", "fdpp 0.1.0");
+  app.set_version_flag("--version", fmt::format("fdpp {}", kVersion));
   // Set before the subcommands exist: each takes its parent's formatter.
   app.formatter(std::make_shared<HelpFormatter>());
 
