@@ -80,6 +80,51 @@ TEST(PrefillPlan, EveryRowOnceAndExactlyItsCausalKeys) {
     }
 }
 
+// The wgmma walks compute each warpgroup's key tiles as one range (warpgroup_tile_range): it holds
+// exactly the tiles of the per-tile rule the walks used before (some rows in the chunk, the tile at
+// or below the last row's causal limit, above the first row's window start), and every key any of
+// the warpgroup's rows sees.
+TEST(PrefillPlan, WarpgroupTileRangeHoldsEveryKeyItsRowsSee) {
+  constexpr int kBQ = 128, kBK = 128;
+  const std::vector<std::pair<int, int>> chunks = {{0, 1},   {0, 64},   {0, 65},     {0, 128},  {0, 129}, {100, 150},
+                                                   {127, 1}, {128, 64}, {1, 255},    {999, 3},  {5, 700}, {4095, 300},
+                                                   {0, 2000}, {63, 64}, {8191, 129}, {300, 1}};
+  int checked = 0;
+  for (const int window : {0, 1, 63, 64, 100, 128, 129, 500, 4096})
+    for (const bool masked : {false, true}) {
+      if (window > 0 && !masked) continue;  // a window is always a masked walk
+      for (auto [start, n] : chunks)
+        for (int y = 0; y < (n + kBQ - 1) / kBQ; ++y) {
+          pf::TileWork w = pf::tile_work(start, n, y, kBQ, kBK);
+          pf::apply_window(start, window, kBK, w);
+          const int kt0 = masked ? w.first_key_tile : 0;
+          const int tiles = w.n_key_tiles - kt0;
+          for (const int wg0 : {0, 64}) {
+            int a = -1, b = -1;
+            pf::warpgroup_tile_range(start, w, wg0, kBK, kt0, tiles, masked, a, b);
+            ASSERT_TRUE(a >= 0 && a <= b && b <= tiles) << a << " " << b << " of " << tiles;
+            const int lim = pf::row_key_limit(start, w, wg0 + 63);
+            const int first = w.window > 0 ? pf::row_key_limit(start, w, wg0) - w.window + 1 : 0;
+            for (int i = 0; i < tiles; ++i) {
+              const int kt = kt0 + i;
+              const bool rule = wg0 < w.rows && kt * kBK <= lim && !(masked && kt * kBK + kBK <= first);
+              ASSERT_EQ(i >= a && i < b, rule) << "start " << start << " n " << n << " y " << y << " window "
+                                               << window << " rows " << wg0 << " tile " << kt;
+            }
+            for (int r = wg0; r < std::min(wg0 + 64, w.rows); ++r)
+              for (int kt = kt0; kt < w.n_key_tiles; ++kt)
+                for (int key = kt * kBK; key < (kt + 1) * kBK; ++key)
+                  if (key < w.key_end && (w.window == 0 || key >= w.key_begin) && pf::key_visible(start, w, kt, key, r))
+                    ASSERT_TRUE(kt - kt0 >= a && kt - kt0 < b)
+                        << "row " << r << " sees key " << key << " of an uncomputed tile: start " << start << " n " << n
+                        << " y " << y << " window " << window;
+            ++checked;
+          }
+        }
+    }
+  EXPECT_GT(checked, 500);
+}
+
 TEST(PrefillPlan, ConfigurationsByNameAndIndex) {
   ASSERT_EQ(cuda::prefill_attention_configs(), pf::kNumConfigs);
   ASSERT_GE(pf::kNumConfigs, 1);

@@ -253,17 +253,22 @@ struct Args {
   int ldy, col0;  // y's row stride and first column (Store, StoreF32, AddF32): N and 0 but for GGUF segments
 };
 
-// The ggml type of a GGUF weight format.
+// The GGUF weight formats and their ggml types: the one table both directions read.
+struct GgufFormatType {
+  WeightFormat format;
+  uint32_t ggml_type;
+};
+constexpr GgufFormatType kGgufFormatTypes[] = {
+    {WeightFormat::GgufQ4_0, detail::ggml_type::kQ4_0}, {WeightFormat::GgufQ4_1, detail::ggml_type::kQ4_1},
+    {WeightFormat::GgufQ8_0, detail::ggml_type::kQ8_0}, {WeightFormat::GgufQ4K, detail::ggml_type::kQ4_K},
+    {WeightFormat::GgufQ5K, detail::ggml_type::kQ5_K}, {WeightFormat::GgufQ6K, detail::ggml_type::kQ6_K},
+};
+
+// The ggml type of a GGUF weight format (kGgufFormatTypes; every caller passes a GGUF format).
 constexpr uint32_t ggml_type_of(WeightFormat f) {
-  using namespace detail::ggml_type;
-  switch (f) {
-    case WeightFormat::GgufQ4K: return kQ4_K;
-    case WeightFormat::GgufQ5K: return kQ5_K;
-    case WeightFormat::GgufQ6K: return kQ6_K;
-    case WeightFormat::GgufQ4_0: return kQ4_0;
-    case WeightFormat::GgufQ4_1: return kQ4_1;
-    default: return kQ8_0;
-  }
+  for (const GgufFormatType& t : kGgufFormatTypes)
+    if (t.format == f) return t.ggml_type;
+  return detail::ggml_type::kQ8_0;
 }
 
 // Weights k = 8c .. 8c + 7 of a GGUF row's 256-k slice in shared memory, as 8 T.
@@ -845,16 +850,12 @@ void flat_gemm_int4(const void* x, const uint32_t* q4, const uint32_t* zs, int g
 }
 
 bool flat_gemm_gguf_format(uint32_t ggml_type, WeightFormat& format) {
-  using namespace detail::ggml_type;
-  switch (ggml_type) {
-    case kQ4_0: format = WeightFormat::GgufQ4_0; return true;
-    case kQ4_1: format = WeightFormat::GgufQ4_1; return true;
-    case kQ8_0: format = WeightFormat::GgufQ8_0; return true;
-    case kQ4_K: format = WeightFormat::GgufQ4K; return true;
-    case kQ5_K: format = WeightFormat::GgufQ5K; return true;
-    case kQ6_K: format = WeightFormat::GgufQ6K; return true;
-    default: return false;
-  }
+  for (const GgufFormatType& t : kGgufFormatTypes)
+    if (t.ggml_type == ggml_type) {
+      format = t.format;
+      return true;
+    }
+  return false;
 }
 
 void flat_gemm_gguf(const void* x, uint32_t ggml_type, const void* w, const void* bias, void* y, int M, int N, int K,

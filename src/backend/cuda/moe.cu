@@ -2,6 +2,7 @@
 // products per tile, and the weighted combine.
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernel_options.h"
@@ -32,18 +33,18 @@ constexpr int kCombineThreads = 64;
 // One token's routing by one warp: the softmax of its E logits (l: global or shared memory), the
 // top k by k rounds of a warp arg-max, ties to the lower expert (cpu::route_experts' order), and
 // its picks written at t * k. Lane l holds the probabilities of experts l, l + 32, ... in
-// registers and keeps its own best untaken one, so a round is one shuffle reduction. A step of one
+// registers (L of them: E <= 32 L) and keeps its own best untaken one, so a round is one shuffle
+// reduction; L is the fewest that hold E, since the rounds are one warp's dependent chain. A step of one
 // token (one_token) is also aligned here: its k picks are k different experts, a tile and a block
 // each, in pick order (moe_align's result up to the order of the experts, which nothing reads).
-constexpr int kRouteMaxPerLane = 32;  // E <= 1024
-template <bool kGlobal>
+template <bool kGlobal, int L>
 __device__ void route_token(const float* l, int E, int k, bool normalize, int64_t t, const MoeRouting& r,
                             bool one_token, int64_t blocks_cap) {
   const int lane = threadIdx.x & 31;
-  float p[kRouteMaxPerLane];
+  float p[L];
   float mx = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < kRouteMaxPerLane; ++i) {
+  for (int i = 0; i < L; ++i) {
     const int e = lane + 32 * i;
     p[i] = e < E ? (kGlobal ? __ldcg(l + e) : l[e]) : -INFINITY;
     mx = fmaxf(mx, p[i]);
@@ -51,18 +52,18 @@ __device__ void route_token(const float* l, int E, int k, bool normalize, int64_
   mx = warp_max(mx);
   float sum = 0.f;
 #pragma unroll
-  for (int i = 0; i < kRouteMaxPerLane; ++i) {
+  for (int i = 0; i < L; ++i) {
     p[i] = lane + 32 * i < E ? expf(p[i] - mx) : -1.f;  // -1: no expert, or taken
     sum += fmaxf(p[i], 0.f);
   }
   sum = warp_sum(sum);
 #pragma unroll
-  for (int i = 0; i < kRouteMaxPerLane; ++i) p[i] = p[i] >= 0.f ? p[i] / sum : -1.f;
+  for (int i = 0; i < L; ++i) p[i] = p[i] >= 0.f ? p[i] / sum : -1.f;
   // This lane's best untaken probability and its slot (the first of equals: the lower expert).
   auto lane_best = [&](float& best, int& slot) {
     best = -1.f, slot = 0;
 #pragma unroll
-    for (int i = 0; i < kRouteMaxPerLane; ++i)
+    for (int i = 0; i < L; ++i)
       if (p[i] > best) best = p[i], slot = i;
   };
   float best;
@@ -81,7 +82,7 @@ __device__ void route_token(const float* l, int E, int k, bool normalize, int64_
     }
     if ((be & 31) == lane) {
 #pragma unroll
-      for (int i = 0; i < kRouteMaxPerLane; ++i)
+      for (int i = 0; i < L; ++i)
         if (i == (be >> 5)) p[i] = -1.f;
       lane_best(best, slot);
     }
@@ -103,7 +104,17 @@ __device__ void route_token(const float* l, int E, int k, bool normalize, int64_
   }
 }
 
+// Calls f(std::integral_constant<int, L>) with the fewest probability slots per lane that hold E
+// experts (E <= 1024, checked by the callers).
+template <class F>
+void with_route_slots(int E, F&& f) {
+  if (E <= 128) f(std::integral_constant<int, 4>{});
+  else if (E <= 256) f(std::integral_constant<int, 8>{});
+  else f(std::integral_constant<int, 32>{});
+}
+
 // One warp per token (route_token).
+template <int L>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     moe_route_kernel(const float* __restrict__ logits, int n, int E, int k, bool normalize, MoeRouting r,
                      int64_t blocks_cap) {
@@ -111,7 +122,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   detail::pdl_wait();
   const int t = blockIdx.x * kRouteWarps + (threadIdx.x >> 5);
   if (t >= n) return;
-  route_token<false>(logits + int64_t(t) * E, E, k, normalize, t, r, n == 1, blocks_cap);
+  route_token<false, L>(logits + int64_t(t) * E, E, k, normalize, t, r, n == 1, blocks_cap);
 }
 
 // One token's router product and routing in one launch. A warp per expert row: its weights are
@@ -120,7 +131,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 // that CTA for the next launch) routes the token from them.
 constexpr int kRouterWarps = 4;
 constexpr int kRouterUnroll = 8;  // 16-byte chunks a lane loads per pass: a 2,048-wide row in one
-template <class T>
+template <class T, int L>
 __global__ void __launch_bounds__(kRouterWarps * 32)
     moe_route_one_kernel(const T* __restrict__ x, const T* __restrict__ w, int H, int E, int k, bool normalize,
                          float* __restrict__ logits, unsigned* __restrict__ arrivals, MoeRouting r,
@@ -173,7 +184,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   if (!last || warp != 0) return;
   __threadfence();
   if (lane == 0) *arrivals = 0u;
-  route_token<true>(logits, E, k, normalize, 0, r, true, blocks_cap);
+  route_token<true, L>(logits, E, k, normalize, 0, r, true, blocks_cap);
 }
 
 // Exclusive prefix sums over E values, in place of value(e) into out[0..E] (out[E] the total), by
@@ -594,12 +605,14 @@ __global__ void __launch_bounds__(kOneWarps * 32)
 }
 
 // One token on the CUDA cores: out[0, c] = sum_j weight_j (act[pick_row[j]] . W_{e_j}[c]), the down
-// products and the combine in one launch. A warp per output column; each pass has U 16-byte chunks
-// of the column's row of P experts in flight per lane (P x U = 24), so that a decode step's 8 rows
-// of 1.5 KB (Qwen3-30B-A3B) are loaded at once rather than one after the other.
-constexpr int kDownLoads = 24;
+// products and the combine in one launch. A warp per output column, kDownWarps a CTA; each pass has
+// U 16-byte chunks of the column's row of P experts in flight per lane (P x U = kDownLoads), so that
+// a decode step's 8 rows of 1.5 KB (Qwen3-30B-A3B) stream together rather than one after the other.
+// 8 loads a lane and 8 warps a CTA measured faster than 24 and 4 (docs/kernels/moe.md).
+constexpr int kDownLoads = 8;
+constexpr int kDownWarps = 8;
 template <class T, int P>
-__global__ void __launch_bounds__(kOneWarps * 32)
+__global__ void __launch_bounds__(kDownWarps * 32)
     moe_down_combine_one_kernel(const T* __restrict__ act, const T* __restrict__ w, T* __restrict__ out, int K, int N,
                                 int k, const int32_t* __restrict__ pick_expert, const float* __restrict__ pick_weight,
                                 const int32_t* __restrict__ pick_row) {
@@ -607,7 +620,7 @@ __global__ void __launch_bounds__(kOneWarps * 32)
   detail::pdl_trigger();
   detail::pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n = blockIdx.x * kOneWarps + warp;
+  const int n = blockIdx.x * kDownWarps + warp;
   if (n >= N) return;
   const int chunks = K / 8;
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -750,9 +763,11 @@ void moe_route(const float* logits, int n, int n_experts, int k, bool normalize,
         n_experts, k);
   const detail::LaunchConfig config(dim3((n + kRouteWarps - 1) / kRouteWarps), dim3(kRouteWarps * 32), 0, stream,
                                     programmatic_launch_enabled());
-  detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_route_kernel, logits, n, n_experts, k, normalize, r,
-                                        moe_routing_sizes(n, k, n_experts).blocks),
-                     "cudaLaunchKernelEx(moe_route)");
+  with_route_slots(n_experts, [&](auto slots) {
+    detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_route_kernel<decltype(slots)::value>, logits, n, n_experts,
+                                          k, normalize, r, moe_routing_sizes(n, k, n_experts).blocks),
+                       "cudaLaunchKernelEx(moe_route)");
+  });
   check_launch("moe_route");
 }
 
@@ -771,10 +786,12 @@ void moe_route_one(const void* x, const void* router, float* logits, unsigned* a
                                     stream, programmatic_launch_enabled());
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_route_one_kernel<T>, static_cast<const T*>(x),
-                                          static_cast<const T*>(router), H, n_experts, k, normalize, logits, arrivals,
-                                          r, moe_routing_sizes(1, k, n_experts).blocks),
-                       "cudaLaunchKernelEx(moe_route_one)");
+    with_route_slots(n_experts, [&](auto slots) {
+      detail::cuda_check(cudaLaunchKernelEx(config.get(), moe_route_one_kernel<T, decltype(slots)::value>,
+                                            static_cast<const T*>(x), static_cast<const T*>(router), H, n_experts, k,
+                                            normalize, logits, arrivals, r, moe_routing_sizes(1, k, n_experts).blocks),
+                         "cudaLaunchKernelEx(moe_route_one)");
+    });
   });
   check_launch("moe_route_one");
 }
@@ -835,11 +852,11 @@ void moe_down_combine(const void* act, const void* w, void* down, void* out, int
   }
   check(out != nullptr && K > 0 && N > 0 && k > 0, "moe_down_combine: null output or K = {}, N = {}, k = {}", K, N, k);
   check_routing(r, "moe_down_combine");
-  const detail::LaunchConfig config(dim3(static_cast<unsigned>((N + kOneWarps - 1) / kOneWarps)),
-                                    dim3(kOneWarps * 32), 0, stream, programmatic_launch_enabled());
+  const detail::LaunchConfig config(dim3(static_cast<unsigned>((N + kDownWarps - 1) / kDownWarps)),
+                                    dim3(kDownWarps * 32), 0, stream, programmatic_launch_enabled());
   detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    // As many picks a pass as k needs (up to 8), the rest of the 24 loads a lane along K.
+    // As many picks a pass as k needs (up to 8), the rest of the kDownLoads a lane along K.
     auto* kernel = k <= 2 ? moe_down_combine_one_kernel<T, 2>
                  : k <= 4 ? moe_down_combine_one_kernel<T, 4>
                           : moe_down_combine_one_kernel<T, 8>;

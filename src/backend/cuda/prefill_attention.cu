@@ -42,6 +42,8 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -191,15 +193,21 @@ __device__ __forceinline__ void mask_scores(float (&s)[NJ][4], int kt, int bk, i
 // (calibrated phi) of the rows of real text fell back (docs/kernels/prefill_attention.md).
 // Sync: the online softmax (m[] the row max over the row's 4 threads, l rescaled by alpha = 2^(m_old
 // - m) every tile).
-template <bool kAsync, bool kMasked, int NJ, int ND>
+// kDeferO: O is not touched (a P V product may still be accumulating into it); each row half's
+// factor is multiplied into o_scale[hf] instead, for the caller to apply before its next P V.
+template <bool kAsync, bool kMasked, int NJ, int ND, bool kDeferO = false>
 __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND][4], float (&l)[2], float (&m)[2],
-                                               float sl2, const AsyncRefs& u) {
-  // O's row half hf times alpha (its ND n-tiles).
+                                               float sl2, const AsyncRefs& u, float* o_scale = nullptr) {
+  // O's row half hf times alpha (its ND n-tiles), or that factor kept for later.
   const auto rescale_o = [&](int hf, float alpha) {
+    if constexpr (kDeferO) {
+      o_scale[hf] *= alpha;
+    } else {
 #pragma unroll
-    for (int j = 0; j < ND; ++j) {
-      o[j][2 * hf] *= alpha;
-      o[j][2 * hf + 1] *= alpha;
+      for (int j = 0; j < ND; ++j) {
+        o[j][2 * hf] *= alpha;
+        o[j][2 * hf + 1] *= alpha;
+      }
     }
   };
   // Maxima and sums run in four independent partials per row (element e & 1 of even / odd n-tiles),
@@ -330,6 +338,38 @@ struct Cfg {
 // it starts at the window's first key tile, never reads a key below TileWork::key_begin, caps S
 // before the masks and masks per row on both sides. Without it the walk is the plain causal one.
 // KV: the cache's element, T or Fp8 (e4m3 bytes, turned into T in registers before each mma).
+// A wgmma walk's start for this thread's two rows: O, the sums and the maxima.
+template <int ND>
+__device__ __forceinline__ void clear_rows(float (&o)[ND][4], float (&l)[2], float (&m)[2]) {
+#pragma unroll
+  for (int j = 0; j < ND; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  l[0] = l[1] = 0.f;
+  m[0] = m[1] = -INFINITY;
+}
+
+// The wgmma walks' turns (WgCta::walk, WsCta::walk): turn i (0 .. n) issues tile i's S product and
+// tile i - 1's P V product; a warpgroup's tiles with products are one range [a, b), so its turns
+// come in straight-line kinds: none before a, S alone at a, both for a < i < b, P V alone at b, none
+// after b (a = b: none at all). ptxas tracks the wgmma groups of each kind exactly; with the
+// products under runtime conditions in one loop body it serialized every wgmma of the kernel
+// (C7514, C7515).
+template <bool S, bool PV>
+struct TurnKind {
+  static constexpr bool kS = S, kPV = PV;
+};
+template <class Turn>
+__device__ __forceinline__ void run_turns(int a, int b, int n, const Turn& turn) {
+  if (a < b) {
+    for (int i = 0; i < a; ++i) turn(i, TurnKind<false, false>{});
+    turn(a, TurnKind<true, false>{});
+    for (int i = a + 1; i < b; ++i) turn(i, TurnKind<true, true>{});
+    turn(b, TurnKind<false, true>{});
+    for (int i = b + 1; i <= n; ++i) turn(i, TurnKind<false, false>{});
+  } else {
+    for (int i = 0; i <= n; ++i) turn(i, TurnKind<false, false>{});
+  }
+}
+
 // What a CTA of either kernel takes from its launch (blockIdx: head x, query tile y, chunk z): its
 // chunk's rows in qkv, its tile of query rows and keys (prefill::tile_work), the cache and the
 // scales. begin() is false where the tile has no rows: the CTA returns, before any barrier.
@@ -372,6 +412,16 @@ struct WalkBase {
     tid = threadIdx.x;
     lane = threadIdx.x & 31;
     return true;
+  }
+
+  // Rows r0 and r0 + 8 of the tile (a wgmma thread's two): the last key each may see, and the
+  // highest key below its window (-1 without one).
+  __device__ __forceinline__ void row_limits(int r0, int (&lim)[2], int (&low)[2]) const {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      lim[hf] = prefill::row_key_limit(start, w, r0 + 8 * hf);
+      low[hf] = w.window > 0 ? lim[hf] - w.window : -1;
+    }
   }
 };
 
@@ -752,6 +802,58 @@ __global__ void __launch_bounds__(Cfg<I>::kThreads, Cfg<I>::kMinCtas) prefill_at
 }
 
 
+// The wgmma walks' products and P, for one warpgroup's 64 rows of 128-byte-swizzled tiles (WgCta's
+// layout: 128 rows per column block of 64 dims, for Q, K and V alike).
+// S = Q K^T: k-step ks reads dims 16ks .. 16ks + 15, column block ks / 4, 32 bytes per step inside
+// its 128-byte rows. One group, committed.
+template <class T, int D>
+__device__ __forceinline__ void issue_s_product(float (&sf)[64], uint32_t q_addr, uint32_t kb) {
+  detail::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const uint32_t col = (ks >> 2) * 128 * 128 + (ks & 3) * 32;  // (Q and K tiles both have 128 rows)
+    detail::wgmma_m64n128k16_ss<T>(sf, detail::wgmma_desc_sw128(q_addr + col), detail::wgmma_desc_sw128(kb + col),
+                                   ks > 0);
+  }
+  detail::wgmma_commit();
+}
+// O += P V: keys 16ks .. 16ks + 15 are rows 16ks .. of each 64-dim column block of V (2 KB per
+// k-step); dims 64h .. 64h + 63 are O's n-tiles 8h .. 8h + 7. One group, committed.
+template <class T, int ND>
+__device__ __forceinline__ void issue_pv_product(float (&o)[ND][4], const uint32_t (&pa)[8][4], uint32_t vb) {
+  detail::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int h = 0; h < ND / 8; ++h) {
+      float(&oh)[32] = *reinterpret_cast<float(*)[32]>(&o[8 * h][0]);
+      detail::wgmma_m64n64k16_rs<T>(oh, pa[ks], detail::wgmma_desc_sw128(vb + h * 128 * 128 + ks * 16 * 128), true);
+    }
+  detail::wgmma_commit();
+}
+// Once P V is done: O takes the softmax's deferred rescale (o_scale, then reset) and pa the tile's
+// P in 16 bits, the A fragments of P V's k-steps. Every A fragment is packed before the next fence: a
+// register written between two wgmma of a batch makes ptxas serialize them (warning C7519).
+template <class T, int ND>
+__device__ __forceinline__ void rescale_o_pack_p(float (&o)[ND][4], float (&o_scale)[2], const float (&s)[16][4],
+                                                 uint32_t (&pa)[8][4]) {
+#pragma unroll
+  for (int j = 0; j < ND; ++j) {
+    o[j][0] *= o_scale[0];
+    o[j][1] *= o_scale[0];
+    o[j][2] *= o_scale[1];
+    o[j][3] *= o_scale[1];
+  }
+  o_scale[0] = o_scale[1] = 1.f;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    pa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
+    pa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
+    pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+    pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+  }
+}
+
 // ---- the warpgroup-MMA kernel (sm_90a; prefill_plan.h: wg128n128) --------------------------------
 //
 // CTA = (query head, 128-row query tile of one chunk): 2 warpgroups (8 warps) of 64 rows each. Q,
@@ -777,6 +879,7 @@ struct WgCta : WalkBase<T> {
   static constexpr prefill::TileConfig kConfig = prefill::kConfigs[I];
   static constexpr int kBQ = prefill::config_bq(kConfig), kBK = kConfig.bk;
   static constexpr int kThreads = prefill::config_threads(kConfig), kStages = kConfig.stages;
+  static constexpr int kD = D;
   static constexpr int KCH = D / 8;  // 16-byte chunks per row
   static_assert(kBQ == 128 && kThreads == 256 && kBK == 128 && (D == 64 || D == 128), "wgmma tile");
   static constexpr uint32_t kTileBytes = kBK * D * 2;
@@ -785,7 +888,9 @@ struct WgCta : WalkBase<T> {
   unsigned char* k_s;  // [stages][kBK][D]
   unsigned char* v_s;
 
-  __device__ __forceinline__ void load_kv(int kt, int buf) const {
+  // Key tile kt of one cache (K or V) into buffer buf of its stages (dst): cp.async of the visible
+  // rows, zeros for the others.
+  __device__ __forceinline__ void load_tile(const T* cache, unsigned char* dst, int kt, int buf) const {
     const int mask = (1 << kv.block_shift) - 1;
     constexpr int kRowsPerPass = kThreads / KCH;
 #pragma unroll
@@ -794,115 +899,103 @@ struct WgCta : WalkBase<T> {
       const int key = kt * kBK + r;
       const uint32_t off = buf * kTileBytes + detail::sw128_offset(kBK, r, cc);
       if (key < w.key_end && (!kMasked || key >= w.key_begin)) {
-        const int64_t src = kv.row(table[key >> kv.block_shift], key & mask, kvh) + cc * 8;
-        cp_async16(k_s + off, k_cache + src);
-        cp_async16(v_s + off, v_cache + src);
+        cp_async16(dst + off, cache + kv.row(table[key >> kv.block_shift], key & mask, kvh) + cc * 8);
       } else {
-        *reinterpret_cast<uint4*>(k_s + off) = make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(v_s + off) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(dst + off) = make_uint4(0, 0, 0, 0);
       }
     }
   }
 
-  // One walk over all key tiles (the mma.sync kernel's Cta::walk, for this thread's two rows).
+  // One walk over all key tiles (the mma.sync kernel's Cta::walk, for this thread's two rows), in
+  // WsCta::walk's turns: turn i (0 .. n) issues tile i's S product, then tile i - 1's P V product,
+  // and runs tile i's softmax while P V accumulates (FlashAttention-3's intra-warpgroup overlap;
+  // run_turns says what ptxas needs for it). Loads: K and V of a tile go into buffer (tile % 2) of
+  // their stages. Turn i needs K(i) and V(i - 1); after the CTA's barrier at its start (every
+  // warpgroup done with turn i - 1: S(i - 1) and P V(i - 2) read their buffers) it loads K(i + 1)
+  // over K(i - 1) and V(i) over V(i - 2), which land during the turn.
   template <bool kAsync>
   __device__ __forceinline__ void walk(const AsyncRefs& u, float (&o)[D / 8][4], float (&l)[2], float (&m)[2]) const {
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    l[0] = l[1] = 0.f;
-    m[0] = m[1] = -INFINITY;
+    static_assert(kStages == 2, "K(i + 1) and V(i) take the buffers of K(i - 1) and V(i - 2)");
+    clear_rows(o, l, m);
     const int g = lane >> 2, t = lane & 3;
     const int wg0 = wg * 64;        // the warpgroup's first row of the tile
     const int r0 = wg0 + warp * 16 + g;  // this thread's rows: r0, r0 + 8
     int lim[2], low[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      lim[hf] = prefill::row_key_limit(start, w, r0 + 8 * hf);
-      low[hf] = w.window > 0 ? lim[hf] - w.window : -1;
-    }
-    const bool wg_active = wg0 < w.rows;
-    const int wg_lim = prefill::row_key_limit(start, w, wg0 + 63);
-    const int wg_first = w.window > 0 ? prefill::row_key_limit(start, w, wg0) - w.window + 1 : 0;
+    this->row_limits(r0, lim, low);
     const int kt0 = kMasked ? w.first_key_tile : 0;
+    const int n = w.n_key_tiles - kt0;
+    int a, b;
+    prefill::warpgroup_tile_range(start, w, wg0, kBK, kt0, n, kMasked, a, b);
     const uint32_t q_addr = detail::smem_addr(q_s) + wg0 * 128;  // the warpgroup's rows of each column block
     const uint32_t k_addr = detail::smem_addr(k_s), v_addr = detail::smem_addr(v_s);
+    float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
+    float o_scale[2] = {1.f, 1.f};  // O's rescale from this turn's softmax, due once P V is done
+    uint32_t pa[kBK / 16][4];        // this turn's P, packed: the A fragments of its k-steps
 
-#pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
-      if (kt0 + st < w.n_key_tiles) load_kv(kt0 + st, st);
-      cp_async_commit();
-    }
-    int buf = 0;
-    for (int kt = kt0; kt < w.n_key_tiles; ++kt) {
-      cp_async_wait_group<kStages - 2>();
+    load_tile(k_cache, k_s, kt0, 0);
+    cp_async_commit();
+    const auto turn = [&](int i, auto kind) {
+      constexpr bool kS = decltype(kind)::kS, kPV = decltype(kind)::kPV;
+      const int kt = kt0 + i;
+      cp_async_wait_group<0>();
       detail::fence_proxy_async_shared();  // this thread's copies and zero stores, seen by wgmma
-      __syncthreads();  // tile kt (and Q) visible; every warpgroup is done with tile kt - 1
-      const uint32_t kb = k_addr + buf * kTileBytes, vb = v_addr + buf * kTileBytes;
-      // Tile kt + kStages - 1 into the buffer of tile kt - 1, issued once this warpgroup's S product
-      // is under way: the table lookups and copies then overlap the tensor cores' work.
-      const auto load_next = [&] {
-        const int nt = kt + kStages - 1;
-        int nb = buf + kStages - 1;
-        if (nb >= kStages) nb -= kStages;
-        if (nt < w.n_key_tiles) load_kv(nt, nb);
-        cp_async_commit();
-        if (++buf == kStages) buf = 0;
-      };
-      if (!wg_active || kt * kBK > wg_lim || (kMasked && kt * kBK + kBK <= wg_first)) {
-        load_next();
-        continue;
-      }
-
-      // S = Q K^T. k-step ks reads dims 16ks .. 16ks + 15: column block ks / 4, 32 bytes per step
-      // inside its 128-byte rows.
+      __syncthreads();  // K(i) and V(i - 1) (and Q) visible; every warpgroup is done with turn i - 1
       float s[kBK / 8][4];
       float(&sf)[kBK / 2] = reinterpret_cast<float(&)[kBK / 2]>(s);
-      detail::wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const uint32_t col = (ks >> 2) * 128 * 128 + (ks & 3) * 32;  // (Q and K tiles both have 128 rows)
-        detail::wgmma_m64n128k16_ss<T>(sf, detail::wgmma_desc_sw128(q_addr + col),
-                                       detail::wgmma_desc_sw128(kb + col), ks > 0);
+      if constexpr (kS) issue_s_product<T, D>(sf, q_addr, k_addr + (i & 1) * kTileBytes);
+      if constexpr (kPV) issue_pv_product<T>(o, pa, v_addr + ((i - 1) & 1) * kTileBytes);
+      // The next turn's tiles, while the products run: the table lookups and copies overlap them.
+      if (i + 1 < n) load_tile(k_cache, k_s, kt + 1, (i + 1) & 1);
+      if (i < n) load_tile(v_cache, v_s, kt, i & 1);
+      cp_async_commit();
+      if constexpr (kS) detail::wgmma_pin(sf);
+      if constexpr (kPV) detail::wgmma_pin(of);
+      if constexpr (kS && kPV) {
+        detail::wgmma_wait<1>();  // S done; P V may still run
+      } else {
+        detail::wgmma_wait<0>();
       }
-      detail::wgmma_commit();
-      detail::wgmma_pin(sf);
-      load_next();
-      detail::wgmma_wait<0>();
-      detail::wgmma_pin(sf);
-
-      mask_scores<kMasked>(s, kt, kBK, t, w, lim, low, softcap, scale);
-      softmax_scores<kAsync, kMasked>(s, o, l, m, sl2, u);
-
-      // O += P V: keys 16ks .. 16ks + 15 are rows 16ks .. of each 64-dim column block of V (2 KB
-      // per k-step); dims 64h .. 64h + 63 are O's n-tiles 8h .. 8h + 7.
-      // Every A fragment is packed before the fence: a register written between two wgmma of a
-      // batch makes ptxas serialize them (warning C7519).
-      uint32_t pa[kBK / 16][4];
-#pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks) {
-        pa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
-        pa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
-        pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-        pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      if constexpr (kS) {
+        detail::wgmma_pin(sf);
+        mask_scores<kMasked>(s, kt, kBK, t, w, lim, low, softcap, scale);
+        softmax_scores<kAsync, kMasked, kBK / 8, D / 8, true>(s, o, l, m, sl2, u, o_scale);
       }
-      detail::wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks)
-#pragma unroll
-        for (int h = 0; h < D / 64; ++h) {
-          float(&oh)[32] = *reinterpret_cast<float(*)[32]>(&o[8 * h][0]);
-          detail::wgmma_m64n64k16_rs<T>(oh, pa[ks], detail::wgmma_desc_sw128(vb + h * kBK * 128 + ks * 16 * 128),
-                                         true);
-        }
-      detail::wgmma_commit();
-      float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
-      detail::wgmma_pin(of);
-      detail::wgmma_wait<0>();
-      detail::wgmma_pin(of);
-    }
+      if constexpr (kS && kPV) detail::wgmma_wait<0>();
+      if constexpr (kPV) detail::wgmma_pin(of);
+      if constexpr (kS) rescale_o_pack_p<T>(o, o_scale, s, pa);  // P V done
+    };
+
+    run_turns(a, b, n, turn);
     cp_async_wait_group<0>();
   }
 };
+
+// The wgmma kernels' epilogue: this thread's two rows (r0, r0 + 8 of the tile, first query row
+// `row0`) of O / l straight from the registers; each row's 4 threads (t) write 16 contiguous bytes
+// per n-tile. The row sums are reduced over the 4 threads first unless failed_rows did it.
+template <class T, int D>
+__device__ __forceinline__ void store_wgmma_rows(const PrefillArgs& a, const float (&o)[D / 8][4], float (&l)[2],
+                                                 bool sums_reduced, int r0, int rows, int row0, int h, int t) {
+  if (!sums_reduced) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
+      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
+    }
+  }
+  T* out = static_cast<T*>(a.out);
+  const int H = a.n_heads;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = r0 + 8 * hf;
+    if (r >= rows) continue;
+    const float inv = 1.f / l[hf];
+    T* row = out + int64_t(row0 + r) * H * D + int64_t(h) * D + 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(row + 8 * j) = pack2<T>(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
+  }
+}
 
 template <class T, int D, int I, bool kMasked>
 __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]), 1)
@@ -963,25 +1056,7 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
   } else {
     walk(std::false_type{});
   }
-  if (!sums_reduced) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
-      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
-    }
-  }
-  // O / l straight from the registers: each row's 4 threads write 16 contiguous bytes per n-tile.
-  T* out = static_cast<T*>(a.out);
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int r = r0 + 8 * hf;
-    if (r >= c.w.rows) continue;
-    const float inv = 1.f / l[hf];
-    T* row = out + int64_t(q_row0 + c.w.q0 + r) * H * D + int64_t(h) * D + 2 * t;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(row + 8 * j) = pack2<T>(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
-  }
+  store_wgmma_rows<T, D>(a, o, l, sums_reduced, r0, c.w.rows, q_row0 + c.w.q0, h, t);
 #else
   __trap();  // never launched: launch() sends wgmma configurations elsewhere off sm_90a builds
 #endif
@@ -996,12 +1071,15 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
 //     walks the key tiles, looks each key row up in the block table and issues the cp.async copies
 //     of K and V into a ring of `stages` buffers. Keys past the visible ones (and below a window)
 //     are zero-filled by the copy itself (src-size 0), so every byte of a stage is written by a
-//     cp.async whose completion is tracked. Per stage: a "full" mbarrier for K and one for V (128
+//     cp.async whose completion is tracked. Per stage and tensor (K, V): a "full" mbarrier (128
 //     arrivals: cp.async.mbarrier.arrive.noinc by each producer thread after its copies of the
-//     tile, so S may start before V has landed), and an "empty" mbarrier (8 arrivals: one per
-//     consumer warp once its products have read the stage), which the producer waits on before it
-//     refills the stage. Stage and phase follow a running tile count that producer and consumers
-//     keep alike (stage it % stages, phase (it / stages) & 1).
+//     tile) and an "empty" one (8 arrivals: one per consumer warp once its product has read the
+//     tile), which the producer waits on before it refills that tensor's half of the stage. K is
+//     read by S and V by P V a turn later, so each is freed as soon as its own product is done,
+//     and the producer streams K a tile ahead of V: step j loads K(j), then V(j - 1), so that
+//     K(i + 2) and V(i + 1) are loading while the consumers run turn i. Stage and phase follow a
+//     running tile count that producer and consumers keep alike (stage it % stages, phase
+//     (it / stages) & 1).
 //   * Warpgroups 1 and 2, the consumers (registers raised to kConsumerRegs): 64 query rows each,
 //     their Q loaded by the warpgroup itself. Per key tile a consumer waits on the stage's full
 //     barriers (then fence.proxy.async: the copies were generic-proxy writes, wgmma reads through
@@ -1049,6 +1127,7 @@ struct WsCta : WalkBase<T> {
   static constexpr int kThreads = prefill::config_threads(kConfig);
   static constexpr int kProducerThreads = prefill::kProducerThreads;
   static constexpr int kConsumerThreads = kThreads - kProducerThreads;
+  static constexpr int kD = D;
   static constexpr int KCH = D / 8;  // 16-byte chunks per row
   static_assert(kConfig.ws && kBQ == 128 && kThreads == 384 && kConsumerThreads == 256 && kBK == 128 &&
                     (D == 64 || D == 128) && kStages >= 2,
@@ -1069,7 +1148,8 @@ struct WsCta : WalkBase<T> {
   static constexpr int kBarVerdict = 1, kBarTurn = 2, kBarQ = 4;
   int cw, warp;                    // consumer warpgroup (0, 1); warp within it
   uint32_t q_s, k_s, v_s;          // shared addresses: Q [kBQ][D], K and V [stages][kBK][D], 1 KB aligned
-  uint32_t full_k, full_v, empty;  // shared addresses of `stages` mbarriers each, 8 bytes apart
+  // Shared addresses of `stages` mbarriers each, 8 bytes apart.
+  uint32_t full_k, full_v, empty_k, empty_v;
 
   // The producer (thread ptid of 128): every key tile of one walk into the stages; `it` tiles were
   // streamed before.
@@ -1092,8 +1172,6 @@ struct WsCta : WalkBase<T> {
     const int64_t col = int64_t(kvh) * kv.head_stride + cc * 8;
     const uint32_t chunk_off = detail::sw128_offset(kBK, pr, cc);
     const int kt0 = kMasked ? w.first_key_tile : 0;
-    int st = it % kStages;
-    uint32_t ph = (it / kStages) & 1;
     const auto copy_tile = [&](const T* src, uint32_t dst, int kt) {
 #pragma unroll
       for (int i = 0; i < kBK / kRowsPerPass; ++i) {
@@ -1104,22 +1182,40 @@ struct WsCta : WalkBase<T> {
         detail::cp_async16_zfill(dst + i * kRowsPerPass * 128, src + off, ok);
       }
     };
-    for (int kt = kt0; kt < w.n_key_tiles; ++kt) {
-      detail::mbarrier_wait(empty + 8 * st, ph ^ 1);  // both consumers are done with its last tile
-      copy_tile(k_cache, k_s + st * kTileBytes + chunk_off, kt);
-      detail::cp_async_mbarrier_arrive_noinc(full_k + 8 * st);
-      copy_tile(v_cache, v_s + st * kTileBytes + chunk_off, kt);
-      detail::cp_async_mbarrier_arrive_noinc(full_v + 8 * st);
-      if (++st == kStages) {
-        st = 0;
-        ph ^= 1;
+    const int n = w.n_key_tiles - kt0;
+    for (int j = 0; j <= n; ++j) {  // K(j), then V(j - 1)
+      if (j < n) {
+        const int st = (it + j) % kStages;
+        detail::mbarrier_wait(empty_k + 8 * st, (((it + j) / kStages) & 1) ^ 1);  // both consumers' S is done
+        copy_tile(k_cache, k_s + st * kTileBytes + chunk_off, kt0 + j);
+        detail::cp_async_mbarrier_arrive_noinc(full_k + 8 * st);
+      }
+      if (j > 0) {
+        const int st = (it + j - 1) % kStages;
+        detail::mbarrier_wait(empty_v + 8 * st, (((it + j - 1) / kStages) & 1) ^ 1);  // both consumers' P V is done
+        copy_tile(v_cache, v_s + st * kTileBytes + chunk_off, kt0 + j - 1);
+        detail::cp_async_mbarrier_arrive_noinc(full_v + 8 * st);
       }
     }
   }
 
   // The TMA producer (the header above). Lane p of warp 0 owns page p of each tile (at most 16:
   // R >= 8); the row copies of partly visible pages follow stream_cp_async's thread-to-chunk map.
+  // Step j loads K(j), then V(j - 1), as stream_cp_async.
   __device__ __forceinline__ void stream_tma(int it, int ptid, const KvTmaMaps& maps, int tma_key_dim) const {
+    const int kt0 = kMasked ? w.first_key_tile : 0;
+    const int n = w.n_key_tiles - kt0;
+    for (int j = 0; j <= n; ++j) {
+      if (j < n) load_tile_tma(it + j, kt0 + j, ptid, &maps.k, k_cache, k_s, full_k, empty_k, tma_key_dim);
+      if (j > 0) load_tile_tma(it + j - 1, kt0 + j - 1, ptid, &maps.v, v_cache, v_s, full_v, empty_v, tma_key_dim);
+    }
+  }
+
+  // Key tile kt of one tensor (K or V: its map, cache, stages and barriers) into the stage of
+  // running tile count `idx`.
+  __device__ __forceinline__ void load_tile_tma(int idx, int kt, int ptid, const CUtensorMap* map, const T* cache,
+                                                uint32_t tiles_s, uint32_t full, uint32_t empty,
+                                                int tma_key_dim) const {
     constexpr int kRowsPerPass = kProducerThreads / KCH;  // 8 (D = 128) or 16 (D = 64)
     static_assert(kBK % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "rows per pass");
     const int pw = ptid >> 5;
@@ -1128,118 +1224,93 @@ struct WsCta : WalkBase<T> {
     const int log_rows = kv.block_shift < 7 ? kv.block_shift : 7;  // R = min(block_size, kBK) rows per page
     const int pages = kBK >> log_rows;
     const uint32_t page_bytes = uint32_t(D * 2) << log_rows;
-    const int64_t col = int64_t(kvh) * kv.head_stride + cc * 8;
-    const uint32_t chunk_off = detail::sw128_offset(kBK, pr, cc);
-    const int kt0 = kMasked ? w.first_key_tile : 0;
-    int st = it % kStages;
-    uint32_t ph = (it / kStages) & 1;
-    for (int kt = kt0; kt < w.n_key_tiles; ++kt) {
-      const int k0 = kt * kBK;
-      // Pages [p_lo, p_hi) are visible throughout (k0 < key_end: the walk's tiles hold a visible key).
-      const int p_hi = min((w.key_end - k0) >> log_rows, pages);
-      const int p_lo =
-          kMasked && w.key_begin > k0 ? min((w.key_begin - k0 + (1 << log_rows) - 1) >> log_rows, pages) : 0;
-      const uint32_t tx = p_hi > p_lo ? uint32_t(p_hi - p_lo) * page_bytes : 0u;
-      // Lane p's page: its block and first key in the block, looked up before the wait.
-      const int p = ptid;  // (warp 0 only)
-      const bool tma_page = pw == 0 && p >= p_lo && p < p_hi;
-      int block = 0, key_in_block = 0;
-      if (tma_page) {
-        const int key = k0 + (p << log_rows);
-        block = table[key >> kv.block_shift];
-        key_in_block = key & mask;
-      }
-      detail::mbarrier_wait(empty + 8 * st, ph ^ 1);  // both consumers are done with its last tile
-      const uint32_t fk = full_k + 8 * st, fv = full_v + 8 * st;
-      if (pw == 0) {
-        if (ptid == 0) {
-          detail::mbarrier_arrive_expect_tx(fk, tx);
-          detail::mbarrier_arrive_expect_tx(fv, tx);
-        }
-        __syncwarp();
-        if (tma_page) {
-          const int c1 = tma_key_dim == 1 ? key_in_block : kvh, c2 = tma_key_dim == 1 ? kvh : key_in_block;
-          const uint32_t dst = st * kTileBytes + uint32_t(p) * (128u << log_rows);  // rows p R .. of column block 0
-#pragma unroll
-          for (int cb = 0; cb < D / 64; ++cb)
-            detail::tma_load_4d(k_s + dst + cb * kBK * 128, &maps.k, cb * 64, c1, c2, block, fk);
-#pragma unroll
-          for (int cb = 0; cb < D / 64; ++cb)
-            detail::tma_load_4d(v_s + dst + cb * kBK * 128, &maps.v, cb * 64, c1, c2, block, fv);
-        }
-      }
-      if (p_lo > 0 || p_hi < pages) {  // (uniform over the producer)
-        // Rows of the pages TMA does not load: the visible ones copied, the others zeroed.
-        // (Not unrolled: a rare path, kept within the producer's registers.)
-        const uint32_t kd = k_s + st * kTileBytes + chunk_off, vd = v_s + st * kTileBytes + chunk_off;
-#pragma unroll 1
-        for (int i = 0; i < kBK / kRowsPerPass; ++i) {
-          const int r = pr + i * kRowsPerPass;
-          const int pg = r >> log_rows;
-          if (pg >= p_lo && pg < p_hi) continue;
-          const int key = k0 + r;
-          const bool ok = key < w.key_end && (!kMasked || key >= w.key_begin);
-          int64_t off = 0;  // (a zero fill reads nothing; the address only has to be a valid one)
-          if (ok) off = kv.row(table[key >> kv.block_shift], key & mask, 0) + col;
-          detail::cp_async16_zfill(kd + i * kRowsPerPass * 128, k_cache + off, ok);
-          detail::cp_async16_zfill(vd + i * kRowsPerPass * 128, v_cache + off, ok);
-        }
-        cp_async_commit();
-        cp_async_wait_group<0>();
-        detail::fence_proxy_async_shared();  // this thread's writes, seen by the consumers' wgmma
-      }
+    const int st = idx % kStages;
+    const uint32_t ph = (idx / kStages) & 1;
+    const int k0 = kt * kBK;
+    // Pages [p_lo, p_hi) are visible throughout (k0 < key_end: the walk's tiles hold a visible key).
+    const int p_hi = min((w.key_end - k0) >> log_rows, pages);
+    const int p_lo =
+        kMasked && w.key_begin > k0 ? min((w.key_begin - k0 + (1 << log_rows) - 1) >> log_rows, pages) : 0;
+    const uint32_t tx = p_hi > p_lo ? uint32_t(p_hi - p_lo) * page_bytes : 0u;
+    // Lane p's page: its block and first key in the block, looked up before the wait.
+    const int p = ptid;  // (warp 0 only)
+    const bool tma_page = pw == 0 && p >= p_lo && p < p_hi;
+    int block = 0, key_in_block = 0;
+    if (tma_page) {
+      const int key = k0 + (p << log_rows);
+      block = table[key >> kv.block_shift];
+      key_in_block = key & mask;
+    }
+    const uint32_t fb = full + 8 * st;
+    detail::mbarrier_wait(empty + 8 * st, ph ^ 1);  // both consumers are done with its last tile
+    if (pw == 0) {
+      if (ptid == 0) detail::mbarrier_arrive_expect_tx(fb, tx);
       __syncwarp();
-      if ((ptid & 31) == 0) {
-        detail::mbarrier_arrive(fk);
-        detail::mbarrier_arrive(fv);
-      }
-      if (++st == kStages) {
-        st = 0;
-        ph ^= 1;
+      if (tma_page) {
+        const int c1 = tma_key_dim == 1 ? key_in_block : kvh, c2 = tma_key_dim == 1 ? kvh : key_in_block;
+        const uint32_t dst = tiles_s + st * kTileBytes + uint32_t(p) * (128u << log_rows);  // rows p R .. of block 0
+#pragma unroll
+        for (int cb = 0; cb < D / 64; ++cb) detail::tma_load_4d(dst + cb * kBK * 128, map, cb * 64, c1, c2, block, fb);
       }
     }
+    if (p_lo > 0 || p_hi < pages) {  // (uniform over the producer)
+      // Rows of the pages TMA does not load: the visible ones copied, the others zeroed.
+      // (Not unrolled: a rare path, kept within the producer's registers.)
+      const int64_t col = int64_t(kvh) * kv.head_stride + cc * 8;
+      const uint32_t d0 = tiles_s + st * kTileBytes + detail::sw128_offset(kBK, pr, cc);
+#pragma unroll 1
+      for (int i = 0; i < kBK / kRowsPerPass; ++i) {
+        const int r = pr + i * kRowsPerPass;
+        const int pg = r >> log_rows;
+        if (pg >= p_lo && pg < p_hi) continue;
+        const int key = k0 + r;
+        const bool ok = key < w.key_end && (!kMasked || key >= w.key_begin);
+        int64_t off = 0;  // (a zero fill reads nothing; the address only has to be a valid one)
+        if (ok) off = kv.row(table[key >> kv.block_shift], key & mask, 0) + col;
+        detail::cp_async16_zfill(d0 + i * kRowsPerPass * 128, cache + off, ok);
+      }
+      cp_async_commit();
+      cp_async_wait_group<0>();
+      detail::fence_proxy_async_shared();  // this thread's writes, seen by the consumers' wgmma
+    }
+    __syncwarp();
+    if ((ptid & 31) == 0) detail::mbarrier_arrive(fb);
   }
 
   // A consumer's walk over all key tiles (WgCta::walk's products, masks and softmax for this
   // thread's two rows); `it` tiles were streamed before it.
+  //
+  // Turn i (0 .. n) issues tile i's S product and tile i - 1's P V product, S first (FlashAttention-3's
+  // intra-warpgroup overlap): after wgmma.wait_group 1 S is done while P V still accumulates into O,
+  // and this tile's mask and softmax run meanwhile. So the softmax must not touch O: its rescale
+  // factor (o_scale) is applied after the wait for P V, when P is packed into pa (which P V reads).
+  // The turns come in run_turns' straight-line kinds. Every turn waits on its tile's full
+  // barriers, takes and hands over the turn and frees its stages (K once S is done, V once P V is),
+  // so every barrier stays matched.
   template <bool kAsync>
   __device__ __forceinline__ void walk(int it, const AsyncRefs& u, float (&o)[D / 8][4], float (&l)[2],
                                        float (&m)[2]) const {
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    l[0] = l[1] = 0.f;
-    m[0] = m[1] = -INFINITY;
+    clear_rows(o, l, m);
     const int g = lane >> 2, t = lane & 3;
     const int wg0 = cw * 64;             // the warpgroup's first row of the tile
     const int r0 = wg0 + warp * 16 + g;  // this thread's rows: r0, r0 + 8
     int lim[2], low[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      lim[hf] = prefill::row_key_limit(start, w, r0 + 8 * hf);
-      low[hf] = w.window > 0 ? lim[hf] - w.window : -1;
-    }
-    const bool wg_active = wg0 < w.rows;
-    const int wg_lim = prefill::row_key_limit(start, w, wg0 + 63);
-    const int wg_first = w.window > 0 ? prefill::row_key_limit(start, w, wg0) - w.window + 1 : 0;
+    this->row_limits(r0, lim, low);
     const int kt0 = kMasked ? w.first_key_tile : 0;
     const int n = w.n_key_tiles - kt0;
+    int a, b;
+    prefill::warpgroup_tile_range(start, w, wg0, kBK, kt0, n, kMasked, a, b);
     const uint32_t q_addr = q_s + wg0 * 128;  // the warpgroup's rows of each column block
     const int own_turn = kBarTurn + cw, other_turn = kBarTurn + (cw ^ 1);
     float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
+    float o_scale[2] = {1.f, 1.f};  // O's rescale from this turn's softmax, due once P V is done
+    uint32_t pa[kBK / 16][4];        // the last softmax's P, packed: the A fragments of its k-steps
 
-    int st = it % kStages;  // this tile's stage and phase
-    uint32_t ph = (it / kStages) & 1;
-    int pst = 0;  // the previous tile's stage and phase
-    uint32_t pph = 0;
-    bool pv_due = false;        // the previous tile's P (pa) waits for its PV product
-    uint32_t pa[kBK / 16][4];  // that P, packed: the A fragments of its k-steps
-    // Turn i issues tile i - 1's PV product (i > 0) and tile i's S product (i < n), each product
-    // under its own fence and commit: with one fence and two commits around both conditional
-    // products, ptxas serialized them (warning C7520, "WG.AR in divergent path").
-    for (int i = 0; i <= n; ++i) {
+    const auto turn = [&](int i, auto kind) {
+      constexpr bool kS = decltype(kind)::kS, kPV = decltype(kind)::kPV;
       const int kt = kt0 + i;
-      const bool s_due =
-          i < n && wg_active && kt * kBK <= wg_lim && !(kMasked && kt * kBK + kBK <= wg_first);  // warpgroup-uniform
+      const int st = (it + i) % kStages, pst = (it + i + kStages - 1) % kStages;  // this tile's and the previous
+      const uint32_t ph = ((it + i) / kStages) & 1, pph = ((it + i + kStages - 1) / kStages - 1) & 1;
       if (i < n) detail::mbarrier_wait(full_k + 8 * st, ph);
       if (i > 0) detail::mbarrier_wait(full_v + 8 * pst, pph);
       // The cp.async producer's copies, seen by wgmma (the TMA producer's land in the async proxy,
@@ -1249,66 +1320,33 @@ struct WsCta : WalkBase<T> {
 
       float s[kBK / 8][4];
       float(&sf)[kBK / 2] = reinterpret_cast<float(&)[kBK / 2]>(s);
-      const uint32_t kb = k_s + st * kTileBytes, vb = v_s + pst * kTileBytes;
-      if (pv_due) {
-        // O += P V of the previous tile (WgCta: keys 16ks .. 16ks + 15 are rows 16ks .. of each
-        // 64-dim column block of V; dims 64h .. 64h + 63 are O's n-tiles 8h .. 8h + 7).
-        detail::wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < kBK / 16; ++ks)
-#pragma unroll
-          for (int h = 0; h < D / 64; ++h) {
-            float(&oh)[32] = *reinterpret_cast<float(*)[32]>(&o[8 * h][0]);
-            detail::wgmma_m64n64k16_rs<T>(oh, pa[ks], detail::wgmma_desc_sw128(vb + h * kBK * 128 + ks * 16 * 128),
-                                           true);
-          }
-        detail::wgmma_commit();
-      }
-      if (s_due) {
-        // S = Q K^T (WgCta: k-step ks reads dims 16ks .. 16ks + 15, column block ks / 4).
-        detail::wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          const uint32_t col = (ks >> 2) * 128 * 128 + (ks & 3) * 32;  // (Q and K tiles both have 128 rows)
-          detail::wgmma_m64n128k16_ss<T>(sf, detail::wgmma_desc_sw128(q_addr + col),
-                                         detail::wgmma_desc_sw128(kb + col), ks > 0);
-        }
-        detail::wgmma_commit();
-      }
+      if constexpr (kS) issue_s_product<T, D>(sf, q_addr, k_s + st * kTileBytes);
+      if constexpr (kPV) issue_pv_product<T>(o, pa, v_s + pst * kTileBytes);  // the previous tile's
       if (cw == 0 || i < n) detail::named_barrier_arrive(other_turn, kConsumerThreads);  // the other's turn
-      detail::wgmma_pin(of);
-      detail::wgmma_pin(sf);
-      // The PV product done (the S product, committed after it, may still run): the previous
-      // tile's stage is read, and each warp frees it for the producer.
-      if (s_due) {
+      if constexpr (kS) detail::wgmma_pin(sf);
+      if constexpr (kPV) detail::wgmma_pin(of);
+      // S done (P V, committed after it, may still run): this tile's K is read.
+      if constexpr (kS && kPV) {
         detail::wgmma_wait<1>();
       } else {
         detail::wgmma_wait<0>();
       }
-      detail::wgmma_pin(of);
-      if (i > 0 && lane == 0) detail::mbarrier_arrive(empty + 8 * pst);
-      detail::wgmma_wait<0>();
-      detail::wgmma_pin(sf);
-
-      if (s_due) {
+      if constexpr (kS) detail::wgmma_pin(sf);
+      if (i < n && lane == 0) detail::mbarrier_arrive(empty_k + 8 * st);
+      if constexpr (kS) {
         mask_scores<kMasked>(s, kt, kBK, t, w, lim, low, softcap, scale);
-        softmax_scores<kAsync, kMasked>(s, o, l, m, sl2, u);
-#pragma unroll
-        for (int ks = 0; ks < kBK / 16; ++ks) {
-          pa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
-          pa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
-          pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-          pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-        }
+        softmax_scores<kAsync, kMasked, kBK / 8, D / 8, true>(s, o, l, m, sl2, u, o_scale);
       }
-      pv_due = s_due;
-      pst = st;
-      pph = ph;
-      if (++st == kStages) {
-        st = 0;
-        ph ^= 1;
-      }
-    }
+      if constexpr (kS && kPV) detail::wgmma_wait<0>();
+      if constexpr (kPV) detail::wgmma_pin(of);
+      // P V done: the previous tile's V is read, O may take this softmax's rescale, and pa is free
+      // for this tile's P. (O rescaled before the next turn's P V instead, between the products, made
+      // ptxas serialize them: C7520, a compiler-inserted warpgroup arrive in a divergent path.)
+      if (i > 0 && lane == 0) detail::mbarrier_arrive(empty_v + 8 * pst);
+      if constexpr (kS) rescale_o_pack_p<T>(o, o_scale, s, pa);
+    };
+
+    run_turns(a, b, n, turn);
   }
 };
 
@@ -1320,7 +1358,7 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
   constexpr int KCH = D / 8;
   constexpr int kStages = Walk::kStages;
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t bars[3 * kStages];  // full K, full V, empty
+  __shared__ __align__(8) uint64_t bars[4 * kStages];  // full K, full V, empty K, empty V
   __shared__ int fail_rows;
 
   Walk c;
@@ -1333,12 +1371,14 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
   c.v_s = c.k_s + kStages * Walk::kTileBytes;
   c.full_k = detail::smem_addr(bars);
   c.full_v = c.full_k + 8 * kStages;
-  c.empty = c.full_v + 8 * kStages;
+  c.empty_k = c.full_v + 8 * kStages;
+  c.empty_v = c.empty_k + 8 * kStages;
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
       detail::mbarrier_init(c.full_k + 8 * st, Walk::kFullArrivals);
       detail::mbarrier_init(c.full_v + 8 * st, Walk::kFullArrivals);
-      detail::mbarrier_init(c.empty + 8 * st, Walk::kConsumerThreads / 32);
+      detail::mbarrier_init(c.empty_k + 8 * st, Walk::kConsumerThreads / 32);
+      detail::mbarrier_init(c.empty_v + 8 * st, Walk::kConsumerThreads / 32);
     }
     fail_rows = 0;
     detail::mbarrier_init_fence();
@@ -1407,25 +1447,7 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
   } else {
     c.template walk<false>(0, a.um, o, l, m);
   }
-  if (!sums_reduced) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
-      l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
-    }
-  }
-  // O / l straight from the registers (WgCta's epilogue).
-  T* out = static_cast<T*>(a.out);
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int r = r0 + 8 * hf;
-    if (r >= c.w.rows) continue;
-    const float inv = 1.f / l[hf];
-    T* row = out + int64_t(q_row0 + c.w.q0 + r) * H * D + int64_t(h) * D + 2 * t;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(row + 8 * j) = pack2<T>(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
-  }
+  store_wgmma_rows<T, D>(a, o, l, sums_reduced, r0, c.w.rows, q_row0 + c.w.q0, h, t);
 #else
   __trap();  // never launched: launch() sends wgmma configurations elsewhere off sm_90a builds
 #endif
@@ -1447,20 +1469,29 @@ void launch_prefill(const PrefillArgs& a, int chunks, int max_chunk_tokens, cuda
   kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a);
 }
 
+// The wgmma kernels' grid and shared memory (CTA type C, 16-bit tiles, 1 KB of slack: the kernel
+// aligns its swizzled tiles to 1 KB), the kernel's shared-memory limit raised once per device.
+template <class C, class Kernel>
+size_t prepare_wgmma_launch(Kernel* kernel, const PrefillArgs& a, int chunks, int max_chunk_tokens, const char* what,
+                            prefill::Grid& g) {
+  g = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads, C::kBQ);
+  check(g.y <= 65535 && g.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what, g.y,
+        C::kBQ);
+  const size_t smem = prefill::smem_bytes(C::kD, C::kBQ, C::kBK, C::kStages, 2) + 1024;
+  once_per_device(reinterpret_cast<const void*>(kernel), [&] {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+               "cudaFuncSetAttribute(prefill attention wgmma kernel, max dynamic shared memory)");
+  });
+  return smem;
+}
+
 template <class T, int D, int I, bool kMasked>
 void launch_prefill_wgmma(const PrefillArgs& a, int chunks, int max_chunk_tokens, cudaStream_t stream,
                           const char* what) {
   using C = WgCta<T, D, I, kMasked>;
-  const prefill::Grid g = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads, C::kBQ);
-  check(g.y <= 65535 && g.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what, g.y,
-        C::kBQ);
-  // 1 KB of slack: the kernel aligns its swizzled tiles to 1 KB.
-  const size_t smem = prefill::smem_bytes(D, C::kBQ, C::kBK, C::kStages, 2) + 1024;
   auto* kernel = prefill_attention_wgmma_kernel<T, D, I, kMasked>;
-  once_per_device(reinterpret_cast<const void*>(kernel), [&] {
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-               "cudaFuncSetAttribute(prefill_attention_wgmma_kernel, max dynamic shared memory)");
-  });
+  prefill::Grid g;
+  const size_t smem = prepare_wgmma_launch<C>(kernel, a, chunks, max_chunk_tokens, what, g);
   kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a);
 }
 
@@ -1520,27 +1551,35 @@ CUtensorMap kv_tensor_map(const void* cache, int head_dim, int n_kv_heads, const
   return map;
 }
 
+// kv_tensor_map, encoded once per set of inputs: a prefill step launches the TMA kernel twice per
+// layer, and the map is a pure function of its inputs, so a hit needs no invalidation. Per thread
+// (each device's engine runs its own); emptied when it holds kMaxMaps (caches come and go).
+template <class T>
+CUtensorMap cached_kv_tensor_map(const void* cache, int head_dim, int n_kv_heads, const KvCacheLayout& kv, int key_dim,
+                                 const char* what) {
+  using Key = std::tuple<const void*, int, int, int, int64_t, int64_t, int64_t, int>;
+  constexpr size_t kMaxMaps = 1024;
+  thread_local std::map<Key, CUtensorMap> maps;
+  const Key key{cache, head_dim, n_kv_heads, kv.block_shift, kv.block_stride, kv.token_stride, kv.head_stride, key_dim};
+  if (const auto it = maps.find(key); it != maps.end()) return it->second;
+  if (maps.size() >= kMaxMaps) maps.clear();
+  return maps.emplace(key, kv_tensor_map<T>(cache, head_dim, n_kv_heads, kv, key_dim, what)).first->second;
+}
+
 template <class T, int D, int I, bool kMasked>
 void launch_prefill_ws(PrefillArgs a, int chunks, int max_chunk_tokens, cudaStream_t stream, const char* what) {
   using C = WsCta<T, D, I, kMasked>;
-  const prefill::Grid g = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads, C::kBQ);
-  check(g.y <= 65535 && g.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what, g.y,
-        C::kBQ);
-  // 1 KB of slack: the kernel aligns its swizzled tiles to 1 KB.
-  const size_t smem = prefill::smem_bytes(D, C::kBQ, C::kBK, C::kStages, 2) + 1024;
   auto* kernel = prefill_attention_ws_kernel<T, D, I, kMasked>;
-  once_per_device(reinterpret_cast<const void*>(kernel), [&] {
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-               "cudaFuncSetAttribute(prefill_attention_ws_kernel, max dynamic shared memory)");
-  });
+  prefill::Grid g;
+  const size_t smem = prepare_wgmma_launch<C>(kernel, a, chunks, max_chunk_tokens, what, g);
   KvTmaMaps maps;
   std::memset(&maps, 0, sizeof(maps));
   if constexpr (C::kTma) {
     // (launch: the block size fits, prefill::config_fits_cache.) Head-major (a kv head's keys of a
     // block adjacent, head_stride > token_stride): the key is the maps' dimension 1; token-major: 2.
     a.tma_key_dim = a.kv.head_stride > a.kv.token_stride ? 1 : 2;
-    maps.k = kv_tensor_map<T>(a.k_cache, D, a.n_kv_heads, a.kv, a.tma_key_dim, what);
-    maps.v = kv_tensor_map<T>(a.v_cache, D, a.n_kv_heads, a.kv, a.tma_key_dim, what);
+    maps.k = cached_kv_tensor_map<T>(a.k_cache, D, a.n_kv_heads, a.kv, a.tma_key_dim, what);
+    maps.v = cached_kv_tensor_map<T>(a.v_cache, D, a.n_kv_heads, a.kv, a.tma_key_dim, what);
   }
   kernel<<<dim3(g.x, g.y, g.z), C::kThreads, smem, stream>>>(a, maps);
 }

@@ -38,11 +38,11 @@ namespace fdpp::cuda::prefill {
 //     of 8 warps per SM.
 //   wg128n128ws (sm_90a only): wg128n128's tiles and products in FlashAttention-3's warp-specialized
 //     form (ws): one more warpgroup, the producer (128 threads, registers lowered by setmaxnreg),
-//     only streams K/V tiles into the stages with cp.async and per-stage full/empty mbarriers; the
+//     only streams K/V tiles into the stages with cp.async and per-stage full/empty mbarriers (K and V
+//     each its own, K streamed a tile ahead of V); the
 //     8 compute warps (2 consumer warpgroups of 64 rows, registers raised) take turns on the tensor
 //     cores (ping-pong on named barriers) while the other runs its softmax. 384 threads; bq stays
 //     16 x warps = 128 (the producer owns no rows). Same shared memory as wg128n128;
-//     wg128n128ws3: with 3 stages (224 KB at D = 128), so the producer runs two tiles ahead.
 //   wg128n128wst (sm_90a only): wg128n128ws with a TMA producer (tma): one thread per page of the
 //     tile issues a cp.async.bulk.tensor box per 64-dim column block (a tensor map over each cache,
 //     built per launch), looked up once per page; the producer's 128 threads copy row by row only
@@ -63,6 +63,8 @@ struct TileConfig {
   bool ws = false;     // warp-specialized (wgmma only): a producer warpgroup besides the `warps`
                        // compute warps, which alone own query rows
   bool tma = false;    // (ws only) the producer loads whole KV pages with TMA (tensor maps)
+  const char* cp_async_twin = nullptr;  // (tma only) the same tiles with a cp.async producer, for
+                                        // caches of blocks TMA cannot take (config_fits_cache)
 };
 inline constexpr TileConfig kConfigs[] = {
     {"m64n64", 4, 1, 64, 2, 2},
@@ -71,8 +73,7 @@ inline constexpr TileConfig kConfigs[] = {
     {"m128n32w4", 4, 2, 32, 2, 2},
     {"wg128n128", 8, 1, 128, 2, 1, true},
     {"wg128n128ws", 8, 1, 128, 2, 1, true, true},
-    {"wg128n128ws3", 8, 1, 128, 3, 1, true, true},
-    {"wg128n128wst", 8, 1, 128, 2, 1, true, true, true},
+    {"wg128n128wst", 8, 1, 128, 2, 1, true, true, true, "wg128n128ws"},
 };
 inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr int config_bq(const TileConfig& c) { return 16 * c.warps * c.m_tiles; }
@@ -95,22 +96,24 @@ constexpr int kTmaMinBlockSize = 8;
 constexpr bool config_fits_cache(const TileConfig& c, int block_size) {
   return !c.tma || block_size >= kTmaMinBlockSize;
 }
+constexpr bool same_name(const char* a, const char* b) {
+  for (; *a != 0 && *a == *b; ++a, ++b) {
+  }
+  return *a == *b;
+}
 // What runs configuration i over a cache it does not fit (config_fits_cache): a TMA configuration's
-// cp.async twin (the same tiles and stages), else i itself.
+// named cp.async twin, else i itself (-1: the twin is not in the table, which cache_fallbacks_fit
+// rules out at compile time).
 constexpr int config_cache_fallback(int i) {
   const TileConfig& c = kConfigs[i];
   if (!c.tma) return i;
-  for (int j = 0; j < kNumConfigs; ++j) {
-    const TileConfig& d = kConfigs[j];
-    if (!d.tma && d.ws == c.ws && d.wgmma == c.wgmma && d.warps == c.warps && d.m_tiles == c.m_tiles && d.bk == c.bk &&
-        d.stages == c.stages)
-      return j;
-  }
-  return 0;
+  for (int j = 0; j < kNumConfigs; ++j)
+    if (c.cp_async_twin != nullptr && same_name(kConfigs[j].name, c.cp_async_twin)) return j;
+  return -1;
 }
 constexpr bool cache_fallbacks_fit() {
   for (int i = 0; i < kNumConfigs; ++i)
-    if (!config_fits_cache(kConfigs[config_cache_fallback(i)], 1)) return false;
+    if (config_cache_fallback(i) < 0 || !config_fits_cache(kConfigs[config_cache_fallback(i)], 1)) return false;
   return true;
 }
 static_assert(cache_fallbacks_fit(), "kConfigs: a TMA configuration needs a cp.async twin");
@@ -219,6 +222,23 @@ FDPP_PREFILL_HD void apply_window(int start, int window, int bk, TileWork& w) {
   w.first_key_tile = w.key_begin / bk;
   const int last = row_key_limit(start, w, w.rows - 1) - window + 1;
   w.window_mask_end = last > 0 ? last : 0;
+}
+
+// The key tiles that the 64 rows r0 .. r0 + 63 of the tile (one wgmma warpgroup) compute, as one
+// range: tiles kt0 + a .. kt0 + b - 1 of a walk of n tiles from kt0 (a = b = 0: none). A tile is
+// computed where some of the rows are in the chunk, it starts at or below their last row's causal
+// limit and (masked walks) ends above their first row's window start. The wgmma walks issue their
+// products in straight-line kinds over the range (prefill_attention.cu, run_turns).
+FDPP_PREFILL_HD void warpgroup_tile_range(int start, const TileWork& w, int r0, int bk, int kt0, int n, bool masked,
+                                          int& a, int& b) {
+  a = b = 0;
+  if (r0 >= w.rows) return;
+  const int lim = row_key_limit(start, w, r0 + 63);
+  const int first = w.window > 0 ? row_key_limit(start, w, r0) - w.window + 1 : 0;
+  const int lo = (masked && first > 0 ? first / bk : 0) - kt0, hi = lim / bk - kt0 + 1;
+  a = lo > 0 ? lo : 0;
+  b = hi < n ? hi : n;
+  if (b <= a) a = b = 0;
 }
 
 // The range of (logit - a row's reference c), in natural-log units, that 16-bit P = e^(x - c)
