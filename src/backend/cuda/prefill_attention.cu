@@ -181,13 +181,13 @@ __device__ __forceinline__ void mask_scores(float (&s)[NJ][4], int kt, int bk, i
 // Scores -> P in place for one 16-row block (the raw logits of NJ n-tiles; o: its ND O tiles, rescaled
 // here).
 // kAsync: the asynchronized softmax. m[] holds each row's reference c (log2 units, the same in the
-// row's 4 threads; -inf before the row's first visible key) and P = 2^(x sl2 - c) is taken in one
-// pass with the tile's max, as with one unified max: no running max, no shuffle, no rescale, and
-// a warp vote per tile. A row's first visible tile is taken against phi (FlashDecoding++'s unified
-// max, in fp32: exact while the row's max lies in [lo2, hi2] around it), and then c becomes that
-// tile's max; a later tile whose max passes c by more than cap2, what 16-bit P carries into the
-// P.V mma, raises c to it. Either way the tile's P (still fp32), l and O are rescaled once by 2^(c_old
-// - c). So each row's largest P lies in [1, 2^cap2], and only a row whose first tile's max leaves
+// row's 4 threads; -inf before the row's first visible key) and P = 2^(x sl2 - c), as with one
+// unified max: no running max, no shuffle, no rescale, and a warp vote per tile. A row's first
+// visible tile is held to phi (FlashDecoding++'s unified max, in fp32: exact while the row's max
+// lies in [lo2, hi2] around it), and then c becomes that tile's max; a later tile whose max passes
+// c by more than cap2, what 16-bit P carries into the P.V mma, raises c to it. Either way l and O
+// are rescaled once by 2^(c_old - c) (c_old = phi for the first) and the tile's P is taken against
+// the new c. So each row's largest P lies in [1, 2^cap2], and only a row whose first tile's max leaves
 // phi's fp32 range (its sum set to NaN) or whose logits are not finite goes to the fallback. With
 // one offline phi for the whole row in fp16's 13-nat window instead, 2.5% (phi = 0) to 96%
 // (calibrated phi) of the rows of real text fell back (docs/kernels/prefill_attention.md).
@@ -215,27 +215,21 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND]
   // at the few warps per SM of the large tiles.
   static_assert(NJ % 2 == 0, "n-tiles in pairs");
   if constexpr (kAsync) {
+    // The tile's max first, P after the vote: P is taken against the reference the vote leaves, so
+    // a raised row needs no second pass over P (an FMUL per score, which had made this path slower
+    // than the synchronized one).
     float tmax[2];  // this tile's max per row half, over the thread's own keys
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const float ref = m[hf] == -INFINITY ? u.phi2 : m[hf];
-      float mp[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, lp[4] = {l[hf], 0.f, 0.f, 0.f};
+      float mp[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
       for (int j = 0; j < NJ; ++j)
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          const int p = 2 * (j & 1) + b;
-          float& x = s[j][2 * hf + b];
-          mp[p] = fmaxf(mp[p], x);
-          x = fast_exp2(fmaf(x, sl2, -ref));
-          lp[p] += x;
-        }
+        for (int b = 0; b < 2; ++b) mp[2 * (j & 1) + b] = fmaxf(mp[2 * (j & 1) + b], s[j][2 * hf + b]);
       tmax[hf] = fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
-      l[hf] = (lp[0] + lp[1]) + (lp[2] + lp[3]);
     }
     // (-inf - -inf is NaN: a row with no visible key yet and none here compares false.)
     const bool over = tmax[0] * sl2 - m[0] > u.cap2 || tmax[1] * sl2 - m[1] > u.cap2;
-    float alpha[2] = {1.f, 1.f};  // this tile's P rescale per row half
     if (__any_sync(0xffffffffu, over)) {  // warp-uniform: the shuffles see every lane
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -245,21 +239,31 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND]
         const float c = mx * sl2;
         if (c - m[hf] > u.cap2) {  // the same in the row's 4 threads
           const bool first = m[hf] == -INFINITY;
-          const float ref = first ? u.phi2 : m[hf];
-          if (first && !(c - u.phi2 >= u.lo2 && c - u.phi2 <= u.hi2)) l[hf] = NAN;  // P left fp32's range
-          alpha[hf] = fast_exp2(ref - c);
+          // The first tile's P, taken against phi in fp32, would leave fp32's range: the row falls back.
+          if (first && !(c - u.phi2 >= u.lo2 && c - u.phi2 <= u.hi2)) l[hf] = NAN;
+          const float alpha = fast_exp2((first ? u.phi2 : m[hf]) - c);
           m[hf] = c;
-          l[hf] *= alpha[hf];
-          rescale_o(hf, alpha[hf]);
+          l[hf] *= alpha;
+          rescale_o(hf, alpha);
         }
       }
     }
     // P outside the branch: S's registers written on a path divergent within a warpgroup make
     // ptxas serialize the wgmma kernel's products (warning C7518).
 #pragma unroll
-    for (int j = 0; j < NJ; ++j)
+    for (int hf = 0; hf < 2; ++hf) {
+      const float ref = m[hf] == -INFINITY ? u.phi2 : m[hf];
+      float lp[4] = {l[hf], 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] *= alpha[e >> 1];
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          float& x = s[j][2 * hf + b];
+          x = fast_exp2(fmaf(x, sl2, -ref));
+          lp[2 * (j & 1) + b] += x;
+        }
+      l[hf] = (lp[0] + lp[1]) + (lp[2] + lp[3]);
+    }
   } else {
     // Key 0 lies in tile 0 and is visible to every row, so m is finite from the first tile on (m_old
     // = -inf there gives alpha = 2^-inf = 0 on zero accumulators).
@@ -831,9 +835,19 @@ __device__ __forceinline__ void issue_pv_product(float (&o)[ND][4], const uint32
     }
   detail::wgmma_commit();
 }
-// Once P V is done: O takes the softmax's deferred rescale (o_scale, then reset) and pa the tile's
 // P in 16 bits, the A fragments of P V's k-steps. Every A fragment is packed before the next fence: a
 // register written between two wgmma of a batch makes ptxas serialize them (warning C7519).
+template <class T>
+__device__ __forceinline__ void pack_p(const float (&s)[16][4], uint32_t (&pa)[8][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    pa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
+    pa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
+    pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+    pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+  }
+}
+// Once P V is done: O takes the softmax's deferred rescale (o_scale, then reset) and pa the tile's P.
 template <class T, int ND>
 __device__ __forceinline__ void rescale_o_pack_p(float (&o)[ND][4], float (&o_scale)[2], const float (&s)[16][4],
                                                  uint32_t (&pa)[8][4]) {
@@ -845,13 +859,7 @@ __device__ __forceinline__ void rescale_o_pack_p(float (&o)[ND][4], float (&o_sc
     o[j][3] *= o_scale[1];
   }
   o_scale[0] = o_scale[1] = 1.f;
-#pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
-    pa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
-    pa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
-    pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-    pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-  }
+  pack_p<T>(s, pa);
 }
 
 // ---- the warpgroup-MMA kernel (sm_90a; prefill_plan.h: wg128n128) --------------------------------
@@ -888,9 +896,9 @@ struct WgCta : WalkBase<T> {
   unsigned char* k_s;  // [stages][kBK][D]
   unsigned char* v_s;
 
-  // Key tile kt of one cache (K or V) into buffer buf of its stages (dst): cp.async of the visible
-  // rows, zeros for the others.
-  __device__ __forceinline__ void load_tile(const T* cache, unsigned char* dst, int kt, int buf) const {
+  // Key tile kt of K and V into buffer buf of their stages: cp.async of the visible rows, zeros for
+  // the others.
+  __device__ __forceinline__ void load_kv(int kt, int buf) const {
     const int mask = (1 << kv.block_shift) - 1;
     constexpr int kRowsPerPass = kThreads / KCH;
 #pragma unroll
@@ -899,23 +907,23 @@ struct WgCta : WalkBase<T> {
       const int key = kt * kBK + r;
       const uint32_t off = buf * kTileBytes + detail::sw128_offset(kBK, r, cc);
       if (key < w.key_end && (!kMasked || key >= w.key_begin)) {
-        cp_async16(dst + off, cache + kv.row(table[key >> kv.block_shift], key & mask, kvh) + cc * 8);
+        const int64_t src = kv.row(table[key >> kv.block_shift], key & mask, kvh) + cc * 8;
+        cp_async16(k_s + off, k_cache + src);
+        cp_async16(v_s + off, v_cache + src);
       } else {
-        *reinterpret_cast<uint4*>(dst + off) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(k_s + off) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(v_s + off) = make_uint4(0, 0, 0, 0);
       }
     }
   }
 
-  // One walk over all key tiles (the mma.sync kernel's Cta::walk, for this thread's two rows), in
-  // WsCta::walk's turns: turn i (0 .. n) issues tile i's S product, then tile i - 1's P V product,
-  // and runs tile i's softmax while P V accumulates (FlashAttention-3's intra-warpgroup overlap;
-  // run_turns says what ptxas needs for it). Loads: K and V of a tile go into buffer (tile % 2) of
-  // their stages. Turn i needs K(i) and V(i - 1); after the CTA's barrier at its start (every
-  // warpgroup done with turn i - 1: S(i - 1) and P V(i - 2) read their buffers) it loads K(i + 1)
-  // over K(i - 1) and V(i) over V(i - 2), which land during the turn.
+  // One walk over all key tiles (the mma.sync kernel's Cta::walk, for this thread's two rows): per
+  // tile, S, its softmax, then P V. Every warpgroup takes every tile's CTA barrier, outside its
+  // range too. FlashAttention-3's intra-warpgroup overlap (WsCta's turns) measured slower here on
+  // the H100 (docs/kernels/prefill_attention.md), and its per-warpgroup ranges of turns would put
+  // the CTA barrier under divergent conditions.
   template <bool kAsync>
   __device__ __forceinline__ void walk(const AsyncRefs& u, float (&o)[D / 8][4], float (&l)[2], float (&m)[2]) const {
-    static_assert(kStages == 2, "K(i + 1) and V(i) take the buffers of K(i - 1) and V(i - 2)");
     clear_rows(o, l, m);
     const int g = lane >> 2, t = lane & 3;
     const int wg0 = wg * 64;        // the warpgroup's first row of the tile
@@ -923,49 +931,53 @@ struct WgCta : WalkBase<T> {
     int lim[2], low[2];
     this->row_limits(r0, lim, low);
     const int kt0 = kMasked ? w.first_key_tile : 0;
-    const int n = w.n_key_tiles - kt0;
     int a, b;
-    prefill::warpgroup_tile_range(start, w, wg0, kBK, kt0, n, kMasked, a, b);
+    prefill::warpgroup_tile_range(start, w, wg0, kBK, kt0, w.n_key_tiles - kt0, kMasked, a, b);
     const uint32_t q_addr = detail::smem_addr(q_s) + wg0 * 128;  // the warpgroup's rows of each column block
     const uint32_t k_addr = detail::smem_addr(k_s), v_addr = detail::smem_addr(v_s);
     float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
-    float o_scale[2] = {1.f, 1.f};  // O's rescale from this turn's softmax, due once P V is done
-    uint32_t pa[kBK / 16][4];        // this turn's P, packed: the A fragments of its k-steps
 
-    load_tile(k_cache, k_s, kt0, 0);
-    cp_async_commit();
-    const auto turn = [&](int i, auto kind) {
-      constexpr bool kS = decltype(kind)::kS, kPV = decltype(kind)::kPV;
-      const int kt = kt0 + i;
-      cp_async_wait_group<0>();
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (kt0 + st < w.n_key_tiles) load_kv(kt0 + st, st);
+      cp_async_commit();
+    }
+    int buf = 0;
+    for (int kt = kt0; kt < w.n_key_tiles; ++kt) {
+      cp_async_wait_group<kStages - 2>();
       detail::fence_proxy_async_shared();  // this thread's copies and zero stores, seen by wgmma
-      __syncthreads();  // K(i) and V(i - 1) (and Q) visible; every warpgroup is done with turn i - 1
+      __syncthreads();  // tile kt (and Q) visible; every warpgroup is done with tile kt - 1
+      const uint32_t kb = k_addr + buf * kTileBytes, vb = v_addr + buf * kTileBytes;
+      // Tile kt + kStages - 1 into the buffer of tile kt - 1, issued once this warpgroup's S product
+      // is under way: the table lookups and copies then overlap the tensor cores' work.
+      const auto load_next = [&] {
+        const int nt = kt + kStages - 1;
+        int nb = buf + kStages - 1;
+        if (nb >= kStages) nb -= kStages;
+        if (nt < w.n_key_tiles) load_kv(nt, nb);
+        cp_async_commit();
+        if (++buf == kStages) buf = 0;
+      };
+      if (kt - kt0 < a || kt - kt0 >= b) {
+        load_next();
+        continue;
+      }
       float s[kBK / 8][4];
       float(&sf)[kBK / 2] = reinterpret_cast<float(&)[kBK / 2]>(s);
-      if constexpr (kS) issue_s_product<T, D>(sf, q_addr, k_addr + (i & 1) * kTileBytes);
-      if constexpr (kPV) issue_pv_product<T>(o, pa, v_addr + ((i - 1) & 1) * kTileBytes);
-      // The next turn's tiles, while the products run: the table lookups and copies overlap them.
-      if (i + 1 < n) load_tile(k_cache, k_s, kt + 1, (i + 1) & 1);
-      if (i < n) load_tile(v_cache, v_s, kt, i & 1);
-      cp_async_commit();
-      if constexpr (kS) detail::wgmma_pin(sf);
-      if constexpr (kPV) detail::wgmma_pin(of);
-      if constexpr (kS && kPV) {
-        detail::wgmma_wait<1>();  // S done; P V may still run
-      } else {
-        detail::wgmma_wait<0>();
-      }
-      if constexpr (kS) {
-        detail::wgmma_pin(sf);
-        mask_scores<kMasked>(s, kt, kBK, t, w, lim, low, softcap, scale);
-        softmax_scores<kAsync, kMasked, kBK / 8, D / 8, true>(s, o, l, m, sl2, u, o_scale);
-      }
-      if constexpr (kS && kPV) detail::wgmma_wait<0>();
-      if constexpr (kPV) detail::wgmma_pin(of);
-      if constexpr (kS) rescale_o_pack_p<T>(o, o_scale, s, pa);  // P V done
-    };
-
-    run_turns(a, b, n, turn);
+      issue_s_product<T, D>(sf, q_addr, kb);
+      detail::wgmma_pin(sf);
+      load_next();
+      detail::wgmma_wait<0>();
+      detail::wgmma_pin(sf);
+      mask_scores<kMasked>(s, kt, kBK, t, w, lim, low, softcap, scale);
+      softmax_scores<kAsync, kMasked, kBK / 8, D / 8>(s, o, l, m, sl2, u);
+      uint32_t pa[kBK / 16][4];
+      pack_p<T>(s, pa);
+      issue_pv_product<T>(o, pa, vb);
+      detail::wgmma_pin(of);
+      detail::wgmma_wait<0>();
+      detail::wgmma_pin(of);
+    }
     cp_async_wait_group<0>();
   }
 };
