@@ -400,6 +400,12 @@ void HttpServer::route() {
       case 405: break;
       case 404: msg = fmt::format("no route {} {}", req.method, req.path); break;
       case 413: msg = fmt::format("the request body exceeds the limit of {} bytes", options_.limits.max_body_bytes); break;
+      case 400:
+        // httplib rejects a request it cannot read before any route sees it.
+        msg = req.method == "POST" && !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")
+                  ? "the POST has no body: send the JSON request with a Content-Length header"
+                  : "malformed HTTP request";
+        break;
       default: msg = fmt::format("HTTP {}", res.status);
     }
     res.set_content(dump(error_body(ApiError(res.status, msg))), "application/json");

@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -338,6 +339,17 @@ def test_body_limit_and_unknown_route_then_still_serving(server):
         r = httpx.request(method, server.url + path, json={})
         assert r.status_code == 405 and r.headers["allow"] == allowed, (method, path, r.status_code, r.text)
         assert path in r.json()["error"]["message"]
+    # A POST with neither a body nor a Content-Length (curl -X POST): httplib refuses it before routing;
+    # the error says what is missing.
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), raw
+    assert "Content-Length" in json.loads(body)["error"]["message"], raw
     r = client(server).completions.create(model=server.model_id, prompt="Hello", max_tokens=2)
     assert r.usage.completion_tokens >= 1
 
