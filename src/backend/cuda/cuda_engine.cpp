@@ -55,16 +55,17 @@ std::string tensor_parallel_model_problem(const ModelConfig& c) {
 }
 
 namespace {
-// The prefill tile configuration of an engine: the one asked for, else the warpgroup-MMA kernel
-// wherever it runs (sm_90a, head_dim 64 or 128, a 16-bit cache; decided once, since it asks the
-// device): on the H100 it led the mma.sync configurations at every point of the prefill grid, 1 x
-// 1K to 1 x 32K and 8 x 2K (docs/kernels/prefill_attention.md). -1 where neither: chosen per step
-// by prefill_config_for_chunk.
+// The prefill tile configuration of an engine: the one asked for, else the warp-specialized
+// warpgroup-MMA kernel with the TMA producer wherever it runs (sm_90a, head_dim 64 or 128, a 16-bit
+// cache; decided once, since it asks the device; caches of blocks under 8 keys take its cp.async
+// twin at launch): it leads the mma.sync configurations and wg128n128 on the prefill grid
+// (docs/kernels/prefill_attention.md). -1 where neither: chosen per step by
+// prefill_config_for_chunk.
 int fixed_prefill_config(int configured, int head_dim, KvDType kv_dtype) {
   check(configured >= -1 && configured < prefill_attention_configs(),
         "prefill attention configuration {} out of range [-1, {})", configured, prefill_attention_configs());
   if (configured >= 0) return configured;
-  const int wgmma = prefill_attention_config_index("wg128n128");
+  const int wgmma = prefill_attention_config_index("wg128n128wst");
   return prefill_attention_config_runs(wgmma, head_dim, kv_dtype) ? wgmma : -1;
 }
 
