@@ -41,11 +41,12 @@ namespace fdpp::cuda::prefill {
 //     only streams K/V tiles into the stages with cp.async and per-stage full/empty mbarriers (K and V
 //     each its own, K streamed a tile ahead of V); the
 //     8 compute warps (2 consumer warpgroups of 64 rows, registers raised) take turns on the tensor
-//     cores (ping-pong on named barriers) while the other runs its softmax. 384 threads; bq stays
+//     cores (ping-pong on named barriers) while the other runs its softmax, each overlapping its
+//     softmax with its previous tile's P V product. 384 threads; bq stays
 //     16 x warps = 128 (the producer owns no rows). Same shared memory as wg128n128;
-//   wg128n128wst (sm_90a only): wg128n128ws with a TMA producer (tma): one thread per page of the
-//     tile issues a cp.async.bulk.tensor box per 64-dim column block (a tensor map over each cache,
-//     built per launch), looked up once per page; the producer's 128 threads copy row by row only
+//   wg128n128wst (sm_90a only; the engine's default there): wg128n128ws with a TMA producer (tma):
+//     one thread per page of the tile issues a cp.async.bulk.tensor box per 64-dim column block (a
+//     tensor map over each cache, kept per set of inputs), looked up once per page; the producer's 128 threads copy row by row only
 //     the pages a tile sees in part (its last visible key, a window's first) and zero-fill the pages
 //     it sees nothing of. Pages of 8 keys or more (the box lands on whole 8-row swizzle atoms); a
 //     cache of smaller blocks takes wg128n128ws instead (config_fits_cache). Same shared memory.
