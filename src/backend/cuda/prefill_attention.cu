@@ -178,6 +178,34 @@ __device__ __forceinline__ void mask_scores(float (&s)[NJ][4], int kt, int bk, i
   }
 }
 
+// Row half hf of a 16-row block's NJ n-tiles: the thread's max of its scores, and P = 2^(x sl2 -
+// ref) in place with the row sum's new value (l0 plus this tile's P). Maxima and sums run in four
+// independent partials (element e & 1 of even / odd n-tiles), combined at the end: one chain of
+// 2 NJ dependent steps per row would set the tile's latency at the few warps per SM of the large
+// tiles.
+template <int NJ>
+__device__ __forceinline__ float row_half_max(const float (&s)[NJ][4], int hf) {
+  float mp[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int b = 0; b < 2; ++b) mp[2 * (j & 1) + b] = fmaxf(mp[2 * (j & 1) + b], s[j][2 * hf + b]);
+  return fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
+}
+template <int NJ>
+__device__ __forceinline__ float exp_row_half(float (&s)[NJ][4], int hf, float sl2, float ref, float l0) {
+  float lp[4] = {l0, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      float& x = s[j][2 * hf + b];
+      x = fast_exp2(fmaf(x, sl2, -ref));
+      lp[2 * (j & 1) + b] += x;
+    }
+  return (lp[0] + lp[1]) + (lp[2] + lp[3]);
+}
+
 // Scores -> P in place for one 16-row block (the raw logits of NJ n-tiles; o: its ND O tiles, rescaled
 // here).
 // kAsync: the asynchronized softmax. m[] holds each row's reference c (log2 units, the same in the
@@ -210,24 +238,12 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND]
       }
     }
   };
-  // Maxima and sums run in four independent partials per row (element e & 1 of even / odd n-tiles),
-  // combined at the end: one chain of 2 NJ dependent steps per row would set the tile's latency
-  // at the few warps per SM of the large tiles.
   static_assert(NJ % 2 == 0, "n-tiles in pairs");
   if constexpr (kAsync) {
     // The tile's max first, P after the vote: P is taken against the reference the vote leaves, so
     // a raised row needs no second pass over P (an FMUL per score, which had made this path slower
     // than the synchronized one).
-    float tmax[2];  // this tile's max per row half, over the thread's own keys
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float mp[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int b = 0; b < 2; ++b) mp[2 * (j & 1) + b] = fmaxf(mp[2 * (j & 1) + b], s[j][2 * hf + b]);
-      tmax[hf] = fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
-    }
+    const float tmax[2] = {row_half_max(s, 0), row_half_max(s, 1)};  // over the thread's own keys
     // (-inf - -inf is NaN: a row with no visible key yet and none here compares false.)
     const bool over = tmax[0] * sl2 - m[0] > u.cap2 || tmax[1] * sl2 - m[1] > u.cap2;
     if (__any_sync(0xffffffffu, over)) {  // warp-uniform: the shuffles see every lane
@@ -251,30 +267,13 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND]
     // P outside the branch: S's registers written on a path divergent within a warpgroup make
     // ptxas serialize the wgmma kernel's products (warning C7518).
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const float ref = m[hf] == -INFINITY ? u.phi2 : m[hf];
-      float lp[4] = {l[hf], 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          float& x = s[j][2 * hf + b];
-          x = fast_exp2(fmaf(x, sl2, -ref));
-          lp[2 * (j & 1) + b] += x;
-        }
-      l[hf] = (lp[0] + lp[1]) + (lp[2] + lp[3]);
-    }
+    for (int hf = 0; hf < 2; ++hf) l[hf] = exp_row_half(s, hf, sl2, m[hf] == -INFINITY ? u.phi2 : m[hf], l[hf]);
   } else {
     // Key 0 lies in tile 0 and is visible to every row, so m is finite from the first tile on (m_old
     // = -inf there gives alpha = 2^-inf = 0 on zero accumulators).
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float mp[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int b = 0; b < 2; ++b) mp[2 * (j & 1) + b] = fmaxf(mp[2 * (j & 1) + b], s[j][2 * hf + b]);
-      float mx = fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
+      float mx = row_half_max(s, hf);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 threads (t = 0..3)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[hf], mx);
@@ -288,16 +287,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NJ][4], float (&o)[ND]
       const float ms = m_ref * sl2;
       m[hf] = m_new;
       rescale_o(hf, alpha);
-      float lp[4] = {l[hf] * alpha, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          float& x = s[j][2 * hf + b];
-          x = fast_exp2(fmaf(x, sl2, -ms));
-          lp[2 * (j & 1) + b] += x;
-        }
-      l[hf] = (lp[0] + lp[1]) + (lp[2] + lp[3]);
+      l[hf] = exp_row_half(s, hf, sl2, ms, l[hf] * alpha);
     }
   }
 }
