@@ -44,7 +44,7 @@ struct Routing {
 };
 
 TEST_F(CudaKernels, MoeRouteMatchesTheCpuPicks) {
-  for (int experts : {4, 8, 64, 128, 200}) {
+  for (int experts : {4, 8, 64, 128, 200, 300}) {  // 4, 8 and 32 probability slots a lane
     for (int k : {1, 2, 8}) {
       if (k > experts) continue;
       for (bool normalize : {false, true}) {
