@@ -76,7 +76,7 @@ const std::vector<BadValue>& bad_values() {
       {"decode_path", "simd", "'simd' is not one of auto, mma, core"},
       {"prefill_attention", "fa3",
        "'fa3' is not one of auto, m64n64, m128n64w8, m128n64w8s3, m128n32w4, wg128n128, wg128n128ws, "
-       "wg128n128wst"},
+       "wg128n128wst, wg128n128wst3v"},
       {"kv_cache_dtype", "int8", "'int8' is not one of auto, f32, f16, fp8, fp8_e4m3"},
       // vLLM's other fp8 is named in its refusal, not listed as unknown.
       {"kv_cache_dtype", "fp8_e5m2", "fp8_e5m2 is not supported: the fp8 KV cache is e4m3 (fp8, fp8_e4m3)"},

@@ -132,7 +132,11 @@ TEST(PrefillPlan, ConfigurationsByNameAndIndex) {
   for (int i = 0; i < pf::kNumConfigs; ++i) {
     EXPECT_EQ(cuda::prefill_attention_config_index(cuda::prefill_attention_config_name(i)), i);
     const auto& c = pf::kConfigs[i];
-    EXPECT_LE(pf::smem_bytes(128, pf::config_bq(c), c.bk, c.stages), size_t(227) * 1024) << c.name;
+    // (+ 1 KB: the wgmma kernels align their swizzled tiles.)
+    EXPECT_LE(pf::config_smem_bytes(c, 128) + (c.wgmma ? 1024 : 0), size_t(227) * 1024) << c.name;
+    EXPECT_EQ(pf::config_smem_bytes(c, 128) - pf::smem_bytes(128, pf::config_bq(c), c.bk, c.stages),
+              size_t(pf::config_v_stages(c) - c.stages) * c.bk * 128 * 2)
+        << c.name;
   }
   EXPECT_EQ(cuda::prefill_attention_config_index("nope"), -1);
   EXPECT_EQ(cuda::prefill_attention_config_name(pf::kNumConfigs), nullptr);

@@ -1126,6 +1126,10 @@ struct WsCta : WalkBase<T> {
   using B::k_cache, B::v_cache, B::table, B::start, B::kvh, B::lane, B::kv, B::sl2, B::softcap, B::scale, B::w;
   static constexpr prefill::TileConfig kConfig = prefill::kConfigs[I];
   static constexpr int kBQ = prefill::config_bq(kConfig), kBK = kConfig.bk, kStages = kConfig.stages;
+  // V's stages (kStages are K's), and how many tiles the producer loads V behind K: one with as many
+  // stages as K (V is freed a turn after K), none with more.
+  static constexpr int kStagesV = prefill::config_v_stages(kConfig);
+  static constexpr int kVLag = kStagesV > kStages ? 0 : 1;
   static constexpr int kThreads = prefill::config_threads(kConfig);
   static constexpr int kProducerThreads = prefill::kProducerThreads;
   static constexpr int kConsumerThreads = kThreads - kProducerThreads;
@@ -1149,7 +1153,7 @@ struct WsCta : WalkBase<T> {
   // consumer's turn (256: its own bar.sync, the other's bar.arrive), each consumer's Q (128).
   static constexpr int kBarVerdict = 1, kBarTurn = 2, kBarQ = 4;
   int cw, warp;                    // consumer warpgroup (0, 1); warp within it
-  uint32_t q_s, k_s, v_s;          // shared addresses: Q [kBQ][D], K and V [stages][kBK][D], 1 KB aligned
+  uint32_t q_s, k_s, v_s;          // shared addresses: Q [kBQ][D], K [kStages][kBK][D], V [kStagesV][kBK][D], 1 KB aligned
   // Shared addresses of `stages` mbarriers each, 8 bytes apart.
   uint32_t full_k, full_v, empty_k, empty_v;
 
@@ -1185,17 +1189,18 @@ struct WsCta : WalkBase<T> {
       }
     };
     const int n = w.n_key_tiles - kt0;
-    for (int j = 0; j <= n; ++j) {  // K(j), then V(j - 1)
+    for (int j = 0; j < n + kVLag; ++j) {  // K(j), then V(j - kVLag)
       if (j < n) {
         const int st = (it + j) % kStages;
         detail::mbarrier_wait(empty_k + 8 * st, (((it + j) / kStages) & 1) ^ 1);  // both consumers' S is done
         copy_tile(k_cache, k_s + st * kTileBytes + chunk_off, kt0 + j);
         detail::cp_async_mbarrier_arrive_noinc(full_k + 8 * st);
       }
-      if (j > 0) {
-        const int st = (it + j - 1) % kStages;
-        detail::mbarrier_wait(empty_v + 8 * st, (((it + j - 1) / kStages) & 1) ^ 1);  // both consumers' P V is done
-        copy_tile(v_cache, v_s + st * kTileBytes + chunk_off, kt0 + j - 1);
+      if (j >= kVLag) {
+        const int jv = j - kVLag;
+        const int st = (it + jv) % kStagesV;
+        detail::mbarrier_wait(empty_v + 8 * st, (((it + jv) / kStagesV) & 1) ^ 1);  // both consumers' P V is done
+        copy_tile(v_cache, v_s + st * kTileBytes + chunk_off, kt0 + jv);
         detail::cp_async_mbarrier_arrive_noinc(full_v + 8 * st);
       }
     }
@@ -1203,18 +1208,21 @@ struct WsCta : WalkBase<T> {
 
   // The TMA producer (the header above). Lane p of warp 0 owns page p of each tile (at most 16:
   // R >= 8); the row copies of partly visible pages follow stream_cp_async's thread-to-chunk map.
-  // Step j loads K(j), then V(j - 1), as stream_cp_async.
+  // Step j loads K(j), then V(j - kVLag), as stream_cp_async.
   __device__ __forceinline__ void stream_tma(int it, int ptid, const KvTmaMaps& maps, int tma_key_dim) const {
     const int kt0 = kMasked ? w.first_key_tile : 0;
     const int n = w.n_key_tiles - kt0;
-    for (int j = 0; j <= n; ++j) {
-      if (j < n) load_tile_tma(it + j, kt0 + j, ptid, &maps.k, k_cache, k_s, full_k, empty_k, tma_key_dim);
-      if (j > 0) load_tile_tma(it + j - 1, kt0 + j - 1, ptid, &maps.v, v_cache, v_s, full_v, empty_v, tma_key_dim);
+    for (int j = 0; j < n + kVLag; ++j) {
+      if (j < n) load_tile_tma<kStages>(it + j, kt0 + j, ptid, &maps.k, k_cache, k_s, full_k, empty_k, tma_key_dim);
+      if (j >= kVLag)
+        load_tile_tma<kStagesV>(it + j - kVLag, kt0 + j - kVLag, ptid, &maps.v, v_cache, v_s, full_v, empty_v,
+                                tma_key_dim);
     }
   }
 
-  // Key tile kt of one tensor (K or V: its map, cache, stages and barriers) into the stage of
-  // running tile count `idx`.
+  // Key tile kt of one tensor (K or V: its map, cache, stages and barriers; S stages) into the stage
+  // of running tile count `idx`.
+  template <int S>
   __device__ __forceinline__ void load_tile_tma(int idx, int kt, int ptid, const CUtensorMap* map, const T* cache,
                                                 uint32_t tiles_s, uint32_t full, uint32_t empty,
                                                 int tma_key_dim) const {
@@ -1226,8 +1234,8 @@ struct WsCta : WalkBase<T> {
     const int log_rows = kv.block_shift < 7 ? kv.block_shift : 7;  // R = min(block_size, kBK) rows per page
     const int pages = kBK >> log_rows;
     const uint32_t page_bytes = uint32_t(D * 2) << log_rows;
-    const int st = idx % kStages;
-    const uint32_t ph = (idx / kStages) & 1;
+    const int st = idx % S;
+    const uint32_t ph = (idx / S) & 1;
     const int k0 = kt * kBK;
     // Pages [p_lo, p_hi) are visible throughout (k0 < key_end: the walk's tiles hold a visible key).
     const int p_hi = min((w.key_end - k0) >> log_rows, pages);
@@ -1311,8 +1319,9 @@ struct WsCta : WalkBase<T> {
     const auto turn = [&](int i, auto kind) {
       constexpr bool kS = decltype(kind)::kS, kPV = decltype(kind)::kPV;
       const int kt = kt0 + i;
-      const int st = (it + i) % kStages, pst = (it + i + kStages - 1) % kStages;  // this tile's and the previous
-      const uint32_t ph = ((it + i) / kStages) & 1, pph = ((it + i + kStages - 1) / kStages - 1) & 1;
+      // This tile's K stage and the previous tile's V stage, with their phases.
+      const int st = (it + i) % kStages, pst = (it + i + kStagesV - 1) % kStagesV;
+      const uint32_t ph = ((it + i) / kStages) & 1, pph = ((it + i + kStagesV - 1) / kStagesV - 1) & 1;
       if (i < n) detail::mbarrier_wait(full_k + 8 * st, ph);
       if (i > 0) detail::mbarrier_wait(full_v + 8 * pst, pph);
       // The cp.async producer's copies, seen by wgmma (the TMA producer's land in the async proxy,
@@ -1358,9 +1367,9 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
 #if FDPP_WGMMA_DEVICE
   using Walk = WsCta<T, D, I, kMasked>;
   constexpr int KCH = D / 8;
-  constexpr int kStages = Walk::kStages;
+  constexpr int kStages = Walk::kStages, kStagesV = Walk::kStagesV;
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t bars[4 * kStages];  // full K, full V, empty K, empty V
+  __shared__ __align__(8) uint64_t bars[2 * (kStages + kStagesV)];  // full K, full V, empty K, empty V
   __shared__ int fail_rows;
 
   Walk c;
@@ -1373,13 +1382,15 @@ __global__ void __launch_bounds__(prefill::config_threads(prefill::kConfigs[I]),
   c.v_s = c.k_s + kStages * Walk::kTileBytes;
   c.full_k = detail::smem_addr(bars);
   c.full_v = c.full_k + 8 * kStages;
-  c.empty_k = c.full_v + 8 * kStages;
+  c.empty_k = c.full_v + 8 * kStagesV;
   c.empty_v = c.empty_k + 8 * kStages;
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
       detail::mbarrier_init(c.full_k + 8 * st, Walk::kFullArrivals);
-      detail::mbarrier_init(c.full_v + 8 * st, Walk::kFullArrivals);
       detail::mbarrier_init(c.empty_k + 8 * st, Walk::kConsumerThreads / 32);
+    }
+    for (int st = 0; st < kStagesV; ++st) {
+      detail::mbarrier_init(c.full_v + 8 * st, Walk::kFullArrivals);
       detail::mbarrier_init(c.empty_v + 8 * st, Walk::kConsumerThreads / 32);
     }
     fail_rows = 0;
@@ -1479,7 +1490,7 @@ size_t prepare_wgmma_launch(Kernel* kernel, const PrefillArgs& a, int chunks, in
   g = prefill::plan_grid(chunks, max_chunk_tokens, a.n_heads, C::kBQ);
   check(g.y <= 65535 && g.x <= 0x7fffffffu, "{}: {} query tiles of {} rows exceed the grid limit 65535", what, g.y,
         C::kBQ);
-  const size_t smem = prefill::smem_bytes(C::kD, C::kBQ, C::kBK, C::kStages, 2) + 1024;
+  const size_t smem = prefill::config_smem_bytes(C::kConfig, C::kD) + 1024;
   once_per_device(reinterpret_cast<const void*>(kernel), [&] {
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                "cudaFuncSetAttribute(prefill attention wgmma kernel, max dynamic shared memory)");

@@ -50,6 +50,9 @@ namespace fdpp::cuda::prefill {
 //     the pages a tile sees in part (its last visible key, a window's first) and zero-fill the pages
 //     it sees nothing of. Pages of 8 keys or more (the box lands on whole 8-row swizzle atoms); a
 //     cache of smaller blocks takes wg128n128ws instead (config_fits_cache). Same shared memory.
+//   wg128n128wst3v (sm_90a only): wg128n128wst with three V stages (v_stages; 192 KB at D = 128),
+//     the producer loading each tile's V with its K: V then arrives three turns before its P V
+//     product instead of two (the consumers of wg128n128wst stalled most on V's full barrier).
 // Tried and left out because ptxas spills them (sm_90a, nvcc 13.0, D = 128): m128n64w4 (FA2's
 // Hopper/Ampere D = 128 forward tile: O 128 + S 64 registers, 348 bytes of spill stores) and
 // m128n128w8 (8 x 16 rows, 128-key tiles: 48 bytes).
@@ -66,6 +69,8 @@ struct TileConfig {
   bool tma = false;    // (ws only) the producer loads whole KV pages with TMA (tensor maps)
   const char* cp_async_twin = nullptr;  // (tma only) the same tiles with a cp.async producer, for
                                         // caches of blocks TMA cannot take (config_fits_cache)
+  int v_stages = 0;  // (ws only) V buffers, when more than `stages` (K's): the producer then loads a
+                     // tile's V with its K instead of a tile later
 };
 inline constexpr TileConfig kConfigs[] = {
     {"m64n64", 4, 1, 64, 2, 2},
@@ -75,9 +80,11 @@ inline constexpr TileConfig kConfigs[] = {
     {"wg128n128", 8, 1, 128, 2, 1, true},
     {"wg128n128ws", 8, 1, 128, 2, 1, true, true},
     {"wg128n128wst", 8, 1, 128, 2, 1, true, true, true, "wg128n128ws"},
+    {"wg128n128wst3v", 8, 1, 128, 2, 1, true, true, true, "wg128n128ws", 3},
 };
 inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr int config_bq(const TileConfig& c) { return 16 * c.warps * c.m_tiles; }
+constexpr int config_v_stages(const TileConfig& c) { return c.v_stages > c.stages ? c.v_stages : c.stages; }
 // Producer warpgroup of a warp-specialized configuration: 128 threads that load and own no rows.
 constexpr int kProducerThreads = 128;
 constexpr int config_threads(const TileConfig& c) { return 32 * c.warps + (c.ws ? kProducerThreads : 0); }
@@ -88,6 +95,12 @@ constexpr bool configs_consistent() {
   return true;
 }
 static_assert(configs_consistent(), "kConfigs: ws needs wgmma, tma needs ws");
+constexpr bool v_stages_consistent() {
+  for (const TileConfig& c : kConfigs)
+    if (c.v_stages != 0 && (!c.ws || c.v_stages <= c.stages)) return false;
+  return true;
+}
+static_assert(v_stages_consistent(), "kConfigs: v_stages only on ws configurations, and more than stages");
 
 // The TMA producer loads a KV page (one block's keys of one kv head) as boxes of min(block_size,
 // 128) rows into 128-byte-swizzled tiles: a box must start on an 8-row (1 KB) swizzle atom, so
@@ -131,6 +144,11 @@ static_assert(kConfigs[0].warps == kWarps && config_bq(kConfigs[0]) == kBQ && kC
 // cache's element (kv_bytes: 2, or 1 for an e4m3 cache).
 inline constexpr size_t smem_bytes(int head_dim, int bq = kBQ, int bk = kBK, int stages = 2, int kv_bytes = 2) {
   return size_t(bq) * head_dim * 2 + size_t(2 * stages * bk) * head_dim * kv_bytes;
+}
+
+// The same for a configuration, whose V may have more stages than K (TileConfig::v_stages).
+inline constexpr size_t config_smem_bytes(const TileConfig& c, int head_dim, int kv_bytes = 2) {
+  return size_t(config_bq(c)) * head_dim * 2 + size_t((c.stages + config_v_stages(c)) * c.bk) * head_dim * kv_bytes;
 }
 
 // Whether a configuration runs at a head dim: its shared memory within the 227 KB of an SM, and at
