@@ -295,7 +295,7 @@ if stage ttft; then
   # Issue 11: time to first token end to end (fdpp bench's pp: the prompt in one step, first token
   # sampled) against HF transformers' sdpa forward of the same shape, same run.
   ttft() {  # ttft CONFIG LENGTHS: fdpp for each prefill attention configuration, then HF
-    for pc in ${FDPP_TTFT_PREFILL_CONFIGS:-m64n64}; do
+    for pc in ${FDPP_TTFT_PREFILL_CONFIGS:-auto}; do
       "$B/fdpp" bench --load-format dummy --config "$root/configs/$1.json" -b 1 -c 1024 --steps 4 --mixed-chunk 0 \
         -p "$2" -r 3 --prefill-attention "$pc" --json >"$OUT/ttft_$1_$pc.json" 2>"$OUT/ttft_$1_$pc.err" \
         || log "ttft $1 $pc failed: $(tail -1 "$OUT/ttft_$1_$pc.err")"
@@ -314,6 +314,23 @@ PY
   ttft llama-2-7b "${FDPP_TTFT_7B:-1024,4096}"
   ttft llama-3-8b "${FDPP_TTFT_L3:-8000}"
   ttft llama-3.1-8b "${FDPP_TTFT_L31:-32000}"
+  # FDPP_TTFT_TRACE=1: the longest Llama-3.1-8B prompt's time by kernel class (attention, GEMMs,
+  # the rest), fdpp (the engine's default kernels, under tools/gpu_trace) against HF (torch.profiler).
+  if [[ ${FDPP_TTFT_TRACE:-0} == 1 && -f $B/libfdpp_gpu_trace.so ]]; then
+    n=${FDPP_TTFT_L31:-32000}
+    n=${n##*,}
+    cfg="$root/configs/llama-3.1-8b.json"
+    layers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' "$cfg")
+    CUDA_INJECTION64_PATH="$B/libfdpp_gpu_trace.so" FDPP_GPU_TRACE_OUT=/tmp/ttft_fdpp.gputrace "$B/fdpp" bench \
+      --load-format dummy --config "$cfg" -b 1 -c 1024 --steps 1 --mixed-chunk 0 -p "$n" -r 1 >/dev/null 2>"$OUT/ttft_trace.err"
+    python3 "$root/bench/gpu_busy.py" /tmp/ttft_fdpp.gputrace --window first-attention --top 1000 \
+      --json "$OUT/ttft_trace_fdpp.json" >/dev/null 2>>"$OUT/ttft_trace.err"
+    python3 "$root/bench/peers/prefill_peers.py" "$cfg" --lengths "$n" --reps 1 --kernels --json "$OUT/ttft_trace_hf.json" \
+      >/dev/null 2>>"$OUT/ttft_trace.err"
+    { echo; echo "### llama-3.1-8b pp$n by kernel class"; } | tee -a "$summary"
+    python3 "$root/bench/ttft_breakdown.py" --fdpp "$OUT/ttft_trace_fdpp.json" --layers "$layers" \
+      --hf "$OUT/ttft_trace_hf.json" 2>&1 | tee -a "$summary"
+  fi
 fi
 
 if stage realtext; then
